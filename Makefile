@@ -1,0 +1,117 @@
+# kvkeep - one Makefile, named variants (STYLE.md 13).
+#
+#   make            release binary build/kvkeep (-O2, warnings are errors)
+#   make test       build everything, run every test, print "N passed, N failed"
+#   make demo       generate the demo model if missing and run the demo
+#   make deps       install missing Debian packages (build set)
+#   make debug      -O0 -g3 build in build/debug: for gdb, nothing optimised away
+#   make asan       AddressSanitizer+UBSan build in build/asan: finds memory errors
+#                   that a normal build survives by luck
+#   make ubsan      UndefinedBehaviorSanitizer alone in build/ubsan: overflow,
+#                   misaligned loads, bad shifts, trapping on the first report
+#   make tsan       ThreadSanitizer build in build/tsan: data races between the
+#                   server, writer and pool threads
+#   make san-test   run the unit tests and fuzz corpora under asan (CI does this)
+#   make fuzz       libFuzzer targets with clang in build/fuzz: finds inputs
+#                   that crash the parsers of untrusted bytes
+#   make clean
+#
+# Variables: BUILD (output folder), CC, OPT, SAN, WERROR.
+
+BUILD ?= build
+CC ?= gcc
+OPT ?= -O2
+SAN ?=
+WERROR ?= -Werror
+KVKEEP_VERSION := 0.1.0
+
+CFLAGS_ALL = -std=gnu11 $(OPT) -g -Wall -Wextra $(WERROR) -Wno-missing-field-initializers -Wno-format-truncation \
+	-fno-strict-aliasing -D_GNU_SOURCE -DKVKEEP_VERSION=\"$(KVKEEP_VERSION)\" \
+	-Isrc -pthread $(SAN) $(CFLAGS)
+LDFLAGS_ALL = -pthread $(SAN) $(LDFLAGS)
+LDLIBS_ALL = -ljansson -lmicrohttpd -lxxhash -lpcre2-8 -lutf8proc -ledit -ldl -lm $(LDLIBS)
+
+LIB_SRC := $(sort $(wildcard src/base/*.c src/model/*.c src/engine/*.c src/cache/*.c \
+	src/store/*.c src/server/*.c))
+CLI_SRC := $(sort $(wildcard src/cli/*.c))
+UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/tests/replay_%)
+LIB := $(BUILD)/libkvkeep.a
+
+.PHONY: all deps deps-test npm test tests demo debug asan ubsan tsan san-test fuzz clean
+
+all: deps $(BUILD)/kvkeep
+
+deps:
+	@bash scripts/deps.sh build
+
+deps-test:
+	@bash scripts/deps.sh test
+
+npm:
+	@bash scripts/npm.sh
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/kvkeep: $(CLI_OBJ) $(LIB)
+	$(CC) $(LDFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS_ALL)
+
+$(BUILD)/tests/test_%: $(BUILD)/obj/tests/unit/test_%.o $(BUILD)/obj/tests/unit/kt.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< $(BUILD)/obj/tests/unit/kt.o $(LIB) $(LDLIBS_ALL)
+
+$(BUILD)/tests/replay_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/obj/tests/fuzz/replay.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< $(BUILD)/obj/tests/fuzz/replay.o $(LIB) $(LDLIBS_ALL)
+
+tests: $(BUILD)/kvkeep $(UNIT_BIN) $(REPLAY_BIN)
+
+test: deps-test npm
+	@$(MAKE) --no-print-directory tests
+	@bash tests/run.sh $(BUILD)
+
+demo: deps npm
+	@$(MAKE) --no-print-directory $(BUILD)/kvkeep
+	@bash scripts/demo.sh $(BUILD)
+
+debug:
+	@$(MAKE) --no-print-directory BUILD=build/debug OPT="-O0 -g3" $(if $(T),$(T),build/debug/kvkeep)
+
+asan:
+	@$(MAKE) --no-print-directory BUILD=build/asan OPT="-O1" \
+		SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" tests
+
+ubsan:
+	@$(MAKE) --no-print-directory BUILD=build/ubsan OPT="-O1" \
+		SAN="-fsanitize=undefined -fno-sanitize-recover=all" tests
+
+tsan:
+	@$(MAKE) --no-print-directory BUILD=build/tsan OPT="-O1" SAN="-fsanitize=thread" tests
+
+san-test: asan
+	@KVKEEP_SANITIZER=1 bash tests/run.sh build/asan --unit-only
+
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=build/fuzz/fuzz_%)
+fuzz: $(FUZZ_BIN)
+
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(LIB_SRC)
+	@mkdir -p build/fuzz
+	clang-14 -std=gnu11 -O1 -g -D_GNU_SOURCE -Isrc -pthread -fsanitize=fuzzer,address,undefined \
+		-o $@ $< $(LIB_SRC) $(LDLIBS_ALL)
+
+clean:
+	rm -rf build
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(UNIT_SRC:%.c=$(BUILD)/obj/%.d) $(FUZZ_SRC:%.c=$(BUILD)/obj/%.d)

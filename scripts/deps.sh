@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# scripts/deps.sh build|test
+#
+# Installs the Debian packages kvkeep needs when some are missing: as root
+# with apt-get, otherwise prints the exact command and stops with status 1.
+#   build: compiler and the libraries the binary links.
+#   test:  build + the test oracles (Debian's python3 with torch, numpy and
+#          jinja2; Node.js and npm for the tokenizer oracle and the openai
+#          client; promtool; clang for the fuzz build) and OpenBLAS, the
+#          yardstick of `kvkeep bench engine`.
+set -eu
+BUILD_PKGS="gcc make libc6-dev libmicrohttpd-dev libjansson-dev libxxhash-dev libpcre2-dev libutf8proc-dev libedit-dev"
+TEST_PKGS="python3 python3-torch python3-numpy python3-jinja2 nodejs npm prometheus clang-14 libclang-rt-14-dev libopenblas0-pthread valgrind procps curl"
+set_name=${1:-build}
+pkgs=$BUILD_PKGS
+[ "$set_name" = test ] && pkgs="$BUILD_PKGS $TEST_PKGS"
+
+missing=""
+for p in $pkgs; do
+	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+		missing="$missing $p"
+	fi
+done
+[ -z "$missing" ] && exit 0
+
+line="apt-get install -y --no-install-recommends$missing"
+if [ "$(id -u)" != 0 ]; then
+	echo "kvkeep needs these Debian packages:$missing"
+	echo "run as root:  $line"
+	exit 1
+fi
+echo "installing:$missing"
+export DEBIAN_FRONTEND=noninteractive
+if ! apt-get install -y -q --no-install-recommends $missing; then
+	apt-get update -q
+	apt-get install -y -q --no-install-recommends $missing
+fi

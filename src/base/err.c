@@ -1,0 +1,95 @@
+/*
+ * err.c - error strings and the thread-local message buffer.
+ */
+#include "base/err.h"
+#include "base/log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char g_msg[1024];
+static uint64_t g_corrupt;
+
+const char *kv_strerror(int err)
+{
+	switch (err) {
+	case KV_OK: return "ok";
+	case KV_ERR_NOT_OURS: return "not ours";
+	case KV_ERR_VERSION: return "unsupported version";
+	case KV_ERR_INCOMPATIBLE: return "incompatible";
+	case KV_ERR_CORRUPT: return "corrupt";
+	case KV_ERR_IO: return "i/o error";
+	case KV_ERR_NOMEM: return "out of memory";
+	case KV_ERR_FULL: return "full";
+	case KV_ERR_INVALID: return "invalid argument";
+	case KV_ERR_NOT_FOUND: return "not found";
+	case KV_ERR_UNSUPPORTED: return "unsupported";
+	case KV_ERR_CANCELLED: return "cancelled";
+	case KV_ERR_TIMEOUT: return "timed out";
+	}
+	return "unknown error";
+}
+
+int kv_failv(int err, const char *fmt, va_list ap)
+{
+	vsnprintf(g_msg, sizeof g_msg, fmt, ap);
+	return err;
+}
+
+int kv_fail(int err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	kv_failv(err, fmt, ap);
+	va_end(ap);
+	return err;
+}
+
+int kv_fail_ctx(int err, const char *fmt, ...)
+{
+	char old[sizeof g_msg];
+	char pre[512];
+	va_list ap;
+
+	memcpy(old, g_msg, sizeof old);
+	va_start(ap, fmt);
+	vsnprintf(pre, sizeof pre, fmt, ap);
+	va_end(ap);
+	if (old[0])
+		snprintf(g_msg, sizeof g_msg, "%s: %s", pre, old);
+	else
+		snprintf(g_msg, sizeof g_msg, "%s", pre);
+	return err;
+}
+
+const char *kv_errmsg(void)
+{
+	return g_msg;
+}
+
+void kv_errclear(void)
+{
+	g_msg[0] = 0;
+}
+
+int kv_corrupt_report(const char *src, int line, const char *datafile, uint64_t offset,
+		      const char *fmt, ...)
+{
+	char why[768];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof why, fmt, ap);
+	va_end(ap);
+	__atomic_add_fetch(&g_corrupt, 1, __ATOMIC_RELAXED);
+	kv_fail(KV_ERR_CORRUPT, "%s: %s (offset %llu)", datafile ? datafile : "?", why,
+		(unsigned long long)offset);
+	kv_log(KV_LOG_WARN, "corrupt", "file=%s offset=%llu src=%s:%d why=\"%s\"",
+	       datafile ? datafile : "?", (unsigned long long)offset, src, line, why);
+	return KV_ERR_CORRUPT;
+}
+
+uint64_t kv_corrupt_count(void)
+{
+	return __atomic_load_n(&g_corrupt, __ATOMIC_RELAXED);
+}

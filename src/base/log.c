@@ -1,0 +1,89 @@
+/*
+ * log.c - see log.h.
+ */
+#include "base/log.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+static int g_level = -1;
+static int g_fd = 2;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+int kv_log_parse_level(const char *s)
+{
+	if (!s)
+		return -1;
+	if (!strcasecmp(s, "debug")) return KV_LOG_DEBUG;
+	if (!strcasecmp(s, "info")) return KV_LOG_INFO;
+	if (!strcasecmp(s, "warn") || !strcasecmp(s, "warning")) return KV_LOG_WARN;
+	if (!strcasecmp(s, "error")) return KV_LOG_ERROR;
+	if (!strcasecmp(s, "off") || !strcasecmp(s, "none")) return KV_LOG_OFF;
+	return -1;
+}
+
+static void init_level(void)
+{
+	const char *e = getenv("KVKEEP_LOG");
+	int l = kv_log_parse_level(e);
+	if (__atomic_load_n(&g_level, __ATOMIC_RELAXED) < 0)
+		__atomic_store_n(&g_level, l < 0 ? KV_LOG_INFO : l, __ATOMIC_RELAXED);
+	if (e && *e && l < 0)
+		kv_log(KV_LOG_WARN, "log.level_invalid", "value=\"%s\" using=info", e);
+}
+
+int kv_log_enabled(int level)
+{
+	pthread_once(&g_once, init_level);
+	return level >= __atomic_load_n(&g_level, __ATOMIC_RELAXED);
+}
+
+void kv_log_set_level(int level)
+{
+	pthread_once(&g_once, init_level);
+	__atomic_store_n(&g_level, level, __ATOMIC_RELAXED);
+}
+
+void kv_log_set_fd(int fd)
+{
+	g_fd = fd;
+}
+
+void kv_log(int level, const char *event, const char *fields, ...)
+{
+	static const char *names[] = {"debug", "info", "warn", "error", "off"};
+	char line[4096];
+	struct timespec ts;
+	struct tm tm;
+	size_t n;
+	int k;
+
+	if (!kv_log_enabled(level))
+		return;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	k = snprintf(line, sizeof line, "ts=%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ level=%s event=%s",
+		     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+		     ts.tv_nsec / 1000000, names[level < 0 ? 0 : level > 4 ? 4 : level], event);
+	n = k < 0 ? 0 : (size_t)k;
+	if (fields && n < sizeof line - 2) {
+		va_list ap;
+		line[n++] = ' ';
+		va_start(ap, fields);
+		k = vsnprintf(line + n, sizeof line - n, fields, ap);
+		va_end(ap);
+		if (k > 0)
+			n += (size_t)k;
+	}
+	if (n > sizeof line - 2)
+		n = sizeof line - 2;
+	line[n++] = '\n';
+	ssize_t w = write(g_fd, line, n);
+	(void)w;
+}

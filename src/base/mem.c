@@ -1,0 +1,131 @@
+/*
+ * mem.c - see mem.h.
+ *
+ * Block layout: [header 64 B: magic u32, cat u32, size u64, pad][user data].
+ * The raw block comes from posix_memalign(64), so user data is aligned too.
+ */
+#include "base/mem.h"
+#include "base/err.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define HDR 64
+#define MAGIC 0x6b766d6du /* "kvmm" */
+
+struct hdr {
+	uint32_t magic;
+	uint32_t cat;
+	uint64_t size;
+};
+
+static int64_t g_used[KV_MEM__COUNT];
+static int64_t g_peak[KV_MEM__COUNT];
+
+static int clamp_cat(int cat)
+{
+	return (cat < 0 || cat >= KV_MEM__COUNT) ? KV_MEM_OTHER : cat;
+}
+
+void kv_mem_note(int cat, int64_t delta)
+{
+	cat = clamp_cat(cat);
+	int64_t now = __atomic_add_fetch(&g_used[cat], delta, __ATOMIC_RELAXED);
+	int64_t pk = __atomic_load_n(&g_peak[cat], __ATOMIC_RELAXED);
+	while (now > pk && !__atomic_compare_exchange_n(&g_peak[cat], &pk, now, 1, __ATOMIC_RELAXED,
+							 __ATOMIC_RELAXED))
+		;
+}
+
+void *kv_alloc(int cat, size_t size)
+{
+	void *raw = NULL;
+	struct hdr *h;
+
+	cat = clamp_cat(cat);
+	if (size > SIZE_MAX - HDR || posix_memalign(&raw, 64, size + HDR) != 0) {
+		kv_fail(KV_ERR_NOMEM, "allocation of %zu bytes (%s) failed", size, kv_mem_cat_name(cat));
+		return NULL;
+	}
+	h = raw;
+	h->magic = MAGIC;
+	h->cat = (uint32_t)cat;
+	h->size = size;
+	kv_mem_note(cat, (int64_t)size);
+	return (char *)raw + HDR;
+}
+
+void *kv_zalloc(int cat, size_t size)
+{
+	void *p = kv_alloc(cat, size);
+	if (p)
+		memset(p, 0, size);
+	return p;
+}
+
+static struct hdr *hdr_of(const void *p)
+{
+	struct hdr *h = (struct hdr *)((char *)p - HDR);
+	/* A wrong pointer here is our own bug, never input data. */
+	if (h->magic != MAGIC)
+		abort();
+	return h;
+}
+
+size_t kv_alloc_size(const void *p)
+{
+	return p ? hdr_of(p)->size : 0;
+}
+
+void *kv_realloc(int cat, void *p, size_t size)
+{
+	void *q;
+	size_t old;
+
+	if (!p)
+		return kv_alloc(cat, size);
+	old = hdr_of(p)->size;
+	q = kv_alloc(hdr_of(p)->cat, size);
+	if (!q)
+		return NULL;
+	memcpy(q, p, old < size ? old : size);
+	kv_free(p);
+	return q;
+}
+
+void kv_free(void *p)
+{
+	struct hdr *h;
+	if (!p)
+		return;
+	h = hdr_of(p);
+	kv_mem_note((int)h->cat, -(int64_t)h->size);
+	h->magic = 0;
+	free(h);
+}
+
+uint64_t kv_mem_used(int cat)
+{
+	int64_t v = __atomic_load_n(&g_used[clamp_cat(cat)], __ATOMIC_RELAXED);
+	return v < 0 ? 0 : (uint64_t)v;
+}
+
+uint64_t kv_mem_peak(int cat)
+{
+	int64_t v = __atomic_load_n(&g_peak[clamp_cat(cat)], __ATOMIC_RELAXED);
+	return v < 0 ? 0 : (uint64_t)v;
+}
+
+uint64_t kv_mem_total(void)
+{
+	uint64_t t = 0;
+	for (int i = 0; i < KV_MEM__COUNT; i++)
+		t += kv_mem_used(i);
+	return t;
+}
+
+const char *kv_mem_cat_name(int cat)
+{
+	static const char *n[KV_MEM__COUNT] = {"weights", "kv_pages", "cache", "scratch", "other"};
+	return n[clamp_cat(cat)];
+}

@@ -1,0 +1,50 @@
+/*
+ * mem.h - the accounting allocator (STYLE.md 9).
+ *
+ * Memory that the budget or /metrics counts goes through here, tagged with
+ * a category. Every block is 64-byte aligned (AVX-512 friendly) and carries
+ * a 64-byte header in front of it holding its size and category, so
+ * kv_free() needs no size. Memory that is not malloc'd (mmap'd weights) is
+ * reported with kv_mem_note(). Counters are process-wide atomics.
+ *
+ * Use it for large or budgeted buffers (weights, KV pages, snapshots,
+ * scratch); small bookkeeping strings may use plain malloc.
+ */
+#ifndef KV_BASE_MEM_H
+#define KV_BASE_MEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum kv_mem_cat {
+	KV_MEM_WEIGHTS = 0, /* model weights (malloc'd copies or mmap'd, noted) */
+	KV_MEM_KV,          /* KV pages of the page pool */
+	KV_MEM_CACHE,       /* prefix-cache bookkeeping, snapshots, tails */
+	KV_MEM_SCRATCH,     /* activations and per-sequence scratch */
+	KV_MEM_OTHER,       /* anything else worth counting */
+	KV_MEM__COUNT
+};
+
+/* Returns NULL on failure (and records a kv_fail message). 64-byte aligned. */
+void *kv_alloc(int cat, size_t size);
+/* Like kv_alloc, memory zeroed. */
+void *kv_zalloc(int cat, size_t size);
+/* Resize, keeping the category; NULL in -> kv_alloc. On failure the old
+ * block is untouched and NULL is returned. */
+void *kv_realloc(int cat, void *p, size_t size);
+/* Frees a block from kv_alloc/kv_zalloc/kv_realloc; NULL is a no-op. */
+void kv_free(void *p);
+/* Size the caller asked for when allocating p. */
+size_t kv_alloc_size(const void *p);
+
+/* Adjust a category by delta bytes for memory not from kv_alloc (mmap). */
+void kv_mem_note(int cat, int64_t delta);
+/* Bytes currently in use in a category / in all categories. */
+uint64_t kv_mem_used(int cat);
+uint64_t kv_mem_total(void);
+/* Highest value kv_mem_used(cat) has had. */
+uint64_t kv_mem_peak(int cat);
+/* Short lowercase name ("weights", "kv_pages", ...). */
+const char *kv_mem_cat_name(int cat);
+
+#endif
