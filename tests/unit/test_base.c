@@ -13,6 +13,7 @@
 #include "base/log.h"
 #include "base/map.h"
 #include "base/mem.h"
+#include "base/pages.h"
 #include "base/pool.h"
 
 #include <dirent.h>
@@ -435,6 +436,34 @@ KT_CASE(json_helpers)
 	KT_CHECK(strstr(kv_errmsg(), "line 1"));
 }
 
-KT_MAIN(errors_have_names, crc32c_vectors, xxh3_basics, buf_appends, map_matches_a_model, mem_accounting,
+KT_CASE(pages_refcount)
+{
+	uint64_t before = kv_mem_used(KV_MEM_KV);
+	struct kv_pages *p = kv_pages_create(4096, 3, 1);
+	struct kv_page *a = kv_page_alloc(p), *b = kv_page_alloc(p), *c = kv_page_alloc(p);
+	KT_REQUIRE(a && b && c);
+	KT_CHECK(kv_page_alloc(p) == NULL); /* limit */
+	KT_EQ_U64(kv_pages_in_use(p), 3);
+	KT_EQ_U64(kv_mem_used(KV_MEM_KV), before + 3 * 4096);
+	kv_page_ref(a);
+	KT_EQ_INT(kv_page_refs(a), 2);
+	kv_page_unref(a);
+	KT_EQ_U64(kv_pages_in_use(p), 3);
+	kv_page_unref(a);
+	kv_page_unref(b);
+	KT_EQ_U64(kv_pages_in_use(p), 1);
+	/* one kept on the free list, one returned to the system */
+	KT_EQ_U64(kv_mem_used(KV_MEM_KV), before + 2 * 4096);
+	struct kv_page *d = kv_page_alloc(p);
+	KT_REQUIRE(d);
+	kv_page_unref(c);
+	kv_page_unref(d);
+	kv_page_unref(NULL);
+	KT_EQ_U64(kv_pages_in_use(p), 0);
+	kv_pages_destroy(p);
+	KT_EQ_U64(kv_mem_used(KV_MEM_KV), before);
+}
+
+KT_MAIN(errors_have_names, pages_refcount, crc32c_vectors, xxh3_basics, buf_appends, map_matches_a_model, mem_accounting,
 	pool_covers_every_index_once, clock_moves, durable_write_basic, durable_write_faults,
 	durable_write_crash_each_step, durable_write_crash_exit_child, read_only_folder, json_helpers)
