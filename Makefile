@@ -108,7 +108,7 @@ fuzz: $(FUZZ_BIN)
 
 build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(LIB_SRC)
 	@mkdir -p build/fuzz
-	clang-14 -std=gnu11 -O1 -g -D_GNU_SOURCE -Isrc -pthread -fsanitize=fuzzer,address,undefined \
+	clang-14 -std=gnu11 -O1 -g -D_GNU_SOURCE -DKVKEEP_VERSION=\"$(KVKEEP_VERSION)\" -Isrc -pthread -fsanitize=fuzzer,address,undefined \
 		-o $@ $< $(LIB_SRC) $(LDLIBS_ALL)
 
 clean:

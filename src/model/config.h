@@ -11,9 +11,34 @@
  *   qwen3_next  hybrid Qwen3-Next (fused DeltaNet projections). MoE
  *               configurations (num_experts > 0 on any layer) are
  *               rejected with KV_ERR_UNSUPPORTED for now.
- * Anything else is KV_ERR_UNSUPPORTED naming the model_type. Impossible
- * shapes (heads not dividing, zero sizes, head counts that do not match
- * GQA, rotary dims odd, ...) are KV_ERR_INVALID naming the field.
+ *   qwen3_5_text  the flat text config of Qwen3.5 (what the nested
+ *               "text_config" holds), read like qwen3_5.
+ * Anything else is KV_ERR_UNSUPPORTED naming the model_type (qwen3_moe and
+ * qwen3_5_moe get a message saying MoE). Impossible shapes (heads not
+ * dividing, zero sizes, head counts that do not match GQA, rotary dims
+ * odd, layer_types of the wrong length, ...) are KV_ERR_INVALID naming the
+ * field, e.g. "config.json: text_config.num_key_value_heads: 3 does not
+ * divide num_attention_heads 16". Features the engine does not implement
+ * (sliding windows, rope scaling other than "default", attention biases,
+ * an activation other than silu) are KV_ERR_UNSUPPORTED naming the field.
+ *
+ * Defaults for missing fields are those of the Hugging Face configuration
+ * classes (configuration_qwen3.py, configuration_qwen3_next.py,
+ * configuration_qwen3_5.py): e.g. head_dim 128 for qwen3 and 256 for the
+ * hybrids, num_key_value_heads = num_attention_heads for qwen3,
+ * partial_rotary_factor 0.25 for the hybrids, rope_theta 10000,
+ * rms_norm_eps 1e-6, tie_word_embeddings false, and for qwen3_next
+ * num_experts 512 -- so a qwen3_next config is MoE (rejected) unless it
+ * says "num_experts": 0 or lists every layer in "mlp_only_layers".
+ * rope_theta / partial_rotary_factor inside "rope_parameters" win over the
+ * top-level ones (that is how transformers standardises them).
+ *
+ * Weight names (docs/models.md): qwen3 and flat qwen3_5_text checkpoints
+ * use "model.layers.N...."; nested qwen3_5 checkpoints
+ * (Qwen3_5ForConditionalGeneration, the real Qwen3.5 releases) use
+ * "model.language_model.layers.N....", with "lm_head.weight" at the top
+ * level in both. kv_config_tensors lists what a config implies and
+ * kv_config_check_weights checks a weights handle against it.
  */
 #ifndef KV_MODEL_CONFIG_H
 #define KV_MODEL_CONFIG_H
@@ -33,7 +58,7 @@ struct kv_model_config {
 	int n_layers;                 /* num_hidden_layers */
 	int n_heads;                  /* num_attention_heads (query heads) */
 	int n_kv_heads;               /* num_key_value_heads */
-	int head_dim;                 /* head_dim (default hidden / n_heads) */
+	int head_dim;                 /* head_dim (HF default: 128 qwen3, 256 hybrids) */
 	int intermediate;             /* intermediate_size */
 	int vocab;                    /* vocab_size */
 	double rms_eps;               /* rms_norm_eps */
@@ -58,6 +83,10 @@ struct kv_model_config {
 	int n_eos;
 	int bos_id;                   /* -1 if absent */
 	char torch_dtype[16];         /* "bfloat16", "float32", ... or "" */
+	/* Added by the model layer (additive). */
+	int text_nested;              /* qwen3_5 fields came from "text_config" */
+	int fused_deltanet;           /* qwen3_next: in_proj_qkvz / in_proj_ba */
+	char architecture[64];        /* "architectures"[0] or "" */
 };
 
 /* Parse config.json text. `what` names the source in messages. */
@@ -79,5 +108,51 @@ uint64_t kv_config_conv_state_bytes(const struct kv_model_config *c);
 uint64_t kv_config_param_count(const struct kv_model_config *c);
 /* "qwen3", "qwen3_5", "qwen3_next". */
 const char *kv_arch_name(int arch);
+
+/*
+ * The tensors a config implies, with their Hugging Face names and shapes
+ * (nn.Linear weights are [out, in]). `role` says what the tensor is for,
+ * so generators and loaders can treat classes alike.
+ */
+enum kv_tensor_role {
+	KV_ROLE_EMBED = 0,    /* embed_tokens [vocab, hidden] */
+	KV_ROLE_LM_HEAD,      /* lm_head [vocab, hidden] (absent when tied) */
+	KV_ROLE_NORM,         /* RMSNorm weight used as w */
+	KV_ROLE_NORM_OFFSET,  /* RMSNorm weight used as (1 + w) */
+	KV_ROLE_LINEAR,       /* projection reading the normalised input */
+	KV_ROLE_LINEAR_OUT,   /* projection writing into the residual stream */
+	KV_ROLE_LINEAR_A,     /* DeltaNet in_proj_a (feeds the decay) */
+	KV_ROLE_CONV,         /* DeltaNet conv1d.weight [conv_dim, 1, K] */
+	KV_ROLE_DT_BIAS,      /* DeltaNet dt_bias [Hv] */
+	KV_ROLE_A_LOG,        /* DeltaNet A_log [Hv] */
+};
+
+struct kv_tensor_spec {
+	char name[96];
+	int ndim;
+	int64_t shape[4];
+	int role;             /* enum kv_tensor_role */
+	int layer;            /* model layer, -1 outside the layers */
+};
+
+/* Weight-name prefix of the text model: "model.language_model." for a
+ * nested qwen3_5 config, else "model.". */
+const char *kv_config_default_prefix(const struct kv_model_config *c);
+/* All tensors for `prefix` (NULL: the default prefix). *out is malloc'd
+ * (free()), *n its length. */
+int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struct kv_tensor_spec **out,
+		      size_t *n);
+
+struct kv_weights;
+/*
+ * Check that every tensor the config implies is present with its shape
+ * and a float dtype (F32, BF16, F16). The prefix is found from the
+ * weights ("model.language_model." if its embed_tokens is there, else
+ * "model.") and copied into prefix (may be NULL). Extra tensors (mtp.*,
+ * model.visual.*) are ignored. KV_ERR_INCOMPATIBLE names the first
+ * missing or mismatched tensor.
+ */
+int kv_config_check_weights(const struct kv_model_config *c, const struct kv_weights *w, char *prefix,
+			    size_t cap);
 
 #endif

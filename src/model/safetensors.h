@@ -2,7 +2,7 @@
  * safetensors.h - reader (mmap) and writer of the safetensors format.
  *
  * Format, as read here (MODELS.md):
- *   u64 LE  N                 header length, 8 <= ... <= KV_ST_MAX_HEADER
+ *   u64 LE  N                 header length, 2 <= N <= KV_ST_MAX_HEADER
  *   N bytes JSON object       { "__metadata__": {str: str, ...}?,
  *                               "<name>": {"dtype": "BF16",
  *                                          "shape": [d0, d1, ...],
@@ -12,15 +12,33 @@
  * Rules checked on open (each failure names the file and the rule):
  *   file at least 8 bytes; N within bounds and inside the file; header is
  *   a JSON object; no duplicate names; every dtype known; shape a list of
- *   non-negative integers; e - b == numel x dtype size; 0 <= b <= e <= data
- *   section size; no two tensors overlap; __metadata__ values are strings.
+ *   non-negative integers, at most KV_ST_MAX_DIMS of them, whose product
+ *   does not overflow; data_offsets two non-negative integers; e - b ==
+ *   numel x dtype size; 0 <= b <= e <= data section size; no two tensors
+ *   overlap; __metadata__ an object whose values are strings; the JSON
+ *   nested at most 16 deep. Failures are KV_ERR_CORRUPT through
+ *   KV_CORRUPT (logged and counted), e.g. "model.safetensors: tensor 'x':
+ *   data_offsets [0, 40] past the data section of 32 bytes (offset 88)".
+ * Tensors may leave gaps between them (we accept what other readers
+ * accept); overlap is corruption. A tensor with zero elements has b == e.
  * Data may be unaligned (other writers do not pad the header): views are
  * plain pointers and readers must use memcpy-safe access for unaligned
- * data (kv_st_is_aligned says whether a view is naturally aligned).
+ * data (kv_st_is_aligned says whether a view is naturally aligned;
+ * kv_tensor_view refuses unaligned data, kv_tensor_to_f32 and
+ * kv_tensor_dup work on any).
  *
- * The writer pads the header with spaces to a multiple of 8 and lays
- * tensors out contiguously in the order they were added, each padded to
- * 64 bytes. It writes through the durable write helper.
+ * The writer pads the header with spaces to a multiple of 8 -- more
+ * precisely, so that the data section starts at a file offset that is a
+ * multiple of 64 -- and lays tensors out contiguously, without gaps, in
+ * the order they were added (the official safetensors library rejects
+ * gaps, and the disk tier's objects must open in standard tools). So in
+ * a file of ours every tensor of an element size s sits at a file offset
+ * that is a multiple of s when all tensors before it have sizes that keep
+ * it so (true for a file of one dtype). "__metadata__" comes first. The
+ * writer goes through the durable write helper (temp file, fdatasync,
+ * rename) and never copies large tensor data: it writes the header, then
+ * each tensor's bytes straight from the caller's buffer (small tensors are
+ * batched through one 1 MiB staging buffer to save syscalls).
  */
 #ifndef KV_MODEL_SAFETENSORS_H
 #define KV_MODEL_SAFETENSORS_H
@@ -89,8 +107,35 @@ uint64_t kv_st_file_size(const struct kv_st *st);
 uint64_t kv_st_header_len(const struct kv_st *st);
 int kv_st_is_aligned(const struct kv_tensor *t);
 
-/* Element i of a tensor as float (F32, F16, BF16, F64; others return 0). */
+/* Element i of a tensor as float: float dtypes converted, integer and
+ * BOOL dtypes by value, F8 types and i >= numel give 0. Unaligned-safe. */
 float kv_tensor_getf(const struct kv_tensor *t, uint64_t i);
+
+/*
+ * Typed views. kv_tensor_view returns the data pointer when the tensor
+ * has dtype `dt` and its data is naturally aligned for it, else NULL with
+ * a kv_fail message naming the tensor, its file and what differed. The
+ * pointer lives as long as the file/weights handle.
+ */
+const void *kv_tensor_view(const struct kv_tensor *t, int dt);
+const float *kv_tensor_f32(const struct kv_tensor *t);
+const uint16_t *kv_tensor_bf16(const struct kv_tensor *t);
+const uint16_t *kv_tensor_f16(const struct kv_tensor *t);
+const int32_t *kv_tensor_i32(const struct kv_tensor *t);
+const int64_t *kv_tensor_i64(const struct kv_tensor *t);
+const uint8_t *kv_tensor_u8(const struct kv_tensor *t);
+/* Convert elements [start, start + n) of an F32/BF16/F16/F64 tensor to f32
+ * into dst (any alignment of the source). KV_ERR_INVALID for another dtype
+ * or a range past numel. */
+int kv_tensor_to_f32(const struct kv_tensor *t, float *dst, uint64_t start, uint64_t n);
+/* A 64-byte aligned copy of the raw bytes, from kv_alloc(cat, nbytes)
+ * (free with kv_free). For unaligned tensors the engine wants in place. */
+void *kv_tensor_dup(const struct kv_tensor *t, int mem_cat);
+/* Check dtype class and shape: KV_ERR_INCOMPATIBLE naming the tensor, its
+ * file, the expected and the found shape. dt < 0 accepts any dtype. */
+int kv_tensor_expect(const struct kv_tensor *t, int dt, int ndim, const int64_t *shape);
+/* "[d0, d1, ...]" into buf (always NUL-terminated); returns buf. */
+const char *kv_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
 /* bf16 / f16 conversions. */
 float kv_bf16_to_f32(uint16_t h);
 uint16_t kv_f32_to_bf16(float f); /* round to nearest even, NaN kept */
@@ -103,6 +148,10 @@ uint16_t kv_f32_to_f16(float f);
  * is validated; a tensor the index names but its shard lacks is an error.
  */
 struct kv_weights;
+/* Errors: KV_ERR_NOT_FOUND when the folder has neither file, KV_ERR_CORRUPT
+ * for a malformed file or index (message names the file and the rule).
+ * The mapped bytes are counted under KV_MEM_WEIGHTS (kv_mem_note) while
+ * the handle is open. Tensor pointers stay valid until kv_weights_close. */
 int kv_weights_open(const char *model_dir, struct kv_weights **out);
 void kv_weights_close(struct kv_weights *w);
 const struct kv_tensor *kv_weights_find(const struct kv_weights *w, const char *name);
@@ -111,13 +160,35 @@ const struct kv_tensor *kv_weights_at(const struct kv_weights *w, size_t i);
 /* Total bytes of tensor data (what is mapped). */
 uint64_t kv_weights_bytes(const struct kv_weights *w);
 
-/* Writer. Tensor data is borrowed until kv_stw_write returns. */
+/* Number of shard files (1 for a single model.safetensors). */
+size_t kv_weights_nfiles(const struct kv_weights *w);
+
+/*
+ * Writer. Tensor data is borrowed until kv_stw_write / kv_stw_to_mem
+ * returns (the writer keeps the pointer, not a copy). Names and metadata
+ * are copied. Errors (KV_ERR_INVALID): unknown dtype, nbytes != numel x
+ * dtype size, more than KV_ST_MAX_DIMS dims, negative dims, a duplicate
+ * or empty name, "__metadata__" as a tensor name, invalid UTF-8.
+ */
 struct kv_stw;
 struct kv_stw *kv_stw_create(void);
 void kv_stw_destroy(struct kv_stw *w);
 int kv_stw_add(struct kv_stw *w, const char *name, int dtype, int ndim, const int64_t *shape,
 	       const void *data, uint64_t nbytes);
+/*
+ * Like kv_stw_add, but the bytes are produced at write time: fill(ctx,
+ * dst, nbytes) must write exactly the tensor's nbytes into dst (a writer
+ * scratch buffer, valid during the call) and return KV_OK or an error,
+ * which aborts the write. Lets a generator write a large model with one
+ * tensor in memory at a time. ctx is borrowed like data.
+ */
+typedef int (*kv_stw_fill_fn)(void *ctx, void *dst, uint64_t nbytes);
+int kv_stw_add_fill(struct kv_stw *w, const char *name, int dtype, int ndim, const int64_t *shape,
+		    kv_stw_fill_fn fill, void *ctx);
+/* Add or replace a __metadata__ entry (both strings copied). */
 int kv_stw_meta(struct kv_stw *w, const char *key, const char *val);
+/* Size the file will have, known before writing. */
+uint64_t kv_stw_size(const struct kv_stw *w);
 /* flags: KV_DW_* from base/durable.h. */
 int kv_stw_write(struct kv_stw *w, const char *path, unsigned flags);
 /* Serialise into one malloc'd buffer (free()); for tests and small objects. */

@@ -1,0 +1,635 @@
+/*
+ * config.c - config.json of qwen3 / qwen3_5 / qwen3_next, see config.h.
+ *
+ * The parser reads the fields the engine needs, applies the defaults of
+ * the Hugging Face configuration classes, and then checks every shape
+ * relation the engine relies on, so the engine can size buffers from the
+ * struct without re-checking. Messages name the field with its JSON path
+ * ("text_config.num_key_value_heads") and the file.
+ */
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "base/err.h"
+#include "base/io.h"
+#include "base/json.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CFG_MAX_BYTES (16u * 1024 * 1024)
+#define CFG_MAX_DIM (1 << 20)     /* hidden, intermediate */
+#define CFG_MAX_HEADS 4096
+#define CFG_MAX_HEAD_DIM 4096
+#define CFG_MAX_VOCAB (1 << 24)
+#define CFG_MAX_KERNEL 64
+
+struct cfgp {
+	const char *what;     /* file name for messages */
+	json_t *root;
+	json_t *text;         /* text_config or root */
+	const char *tprefix;  /* "text_config." or "" */
+};
+
+/* Integer field of the text config in [lo, hi]; def when absent/null. */
+static int get_int(struct cfgp *p, json_t *obj, const char *pre, const char *key, int64_t def, int64_t lo,
+		   int64_t hi, int *out)
+{
+	int64_t v;
+	json_t *j = json_object_get(obj, key);
+	/* Reals are accepted when integral (4096.0); huge ones are refused
+	 * before any conversion to an integer type. */
+	if (j && !json_is_null(j) && (!json_is_number(j) || (json_is_real(j) && !(fabs(json_real_value(j)) < 0x1p53))))
+		return kv_fail(KV_ERR_INVALID, "%s: %s%s must be an integer", p->what, pre, key);
+	if (kv_json_get_int(obj, key, def, &v, p->what))
+		return kv_fail(KV_ERR_INVALID, "%s: %s%s must be an integer", p->what, pre, key);
+	if (v < lo || v > hi)
+		return kv_fail(KV_ERR_INVALID, "%s: %s%s is %lld, must be in [%lld, %lld]", p->what, pre, key,
+			       (long long)v, (long long)lo, (long long)hi);
+	*out = (int)v;
+	return KV_OK;
+}
+
+static int get_num(struct cfgp *p, json_t *obj, const char *pre, const char *key, double def, double *out)
+{
+	if (kv_json_get_num(obj, key, def, out, p->what))
+		return kv_fail(KV_ERR_INVALID, "%s: %s%s must be a number", p->what, pre, key);
+	if (!isfinite(*out))
+		return kv_fail(KV_ERR_INVALID, "%s: %s%s is not finite", p->what, pre, key);
+	return KV_OK;
+}
+
+static int get_bool(struct cfgp *p, json_t *obj, const char *pre, const char *key, int def, int *out)
+{
+	if (kv_json_get_bool(obj, key, def, out, p->what))
+		return kv_fail(KV_ERR_INVALID, "%s: %s%s must be true or false", p->what, pre, key);
+	return KV_OK;
+}
+
+/* A key of the text config, else of the root (fields Qwen3.5 may keep at
+ * either level: tie_word_embeddings, eos/bos ids, dtype). */
+static json_t *text_or_root(struct cfgp *p, const char *key, const char **pre)
+{
+	json_t *v = json_object_get(p->text, key);
+	*pre = p->tprefix;
+	if (v && !json_is_null(v))
+		return p->text;
+	*pre = "";
+	return p->root;
+}
+
+static int parse_eos(struct cfgp *p, struct kv_model_config *c)
+{
+	const char *pre;
+	json_t *obj = text_or_root(p, "eos_token_id", &pre), *v = json_object_get(obj, "eos_token_id"), *e;
+	size_t i;
+	for (i = 0; i < 8; i++)
+		c->eos_ids[i] = -1;
+	c->n_eos = 0;
+	if (!v || json_is_null(v))
+		return KV_OK;
+	if (json_is_integer(v)) {
+		if (json_integer_value(v) < 0 || json_integer_value(v) >= CFG_MAX_VOCAB)
+			return kv_fail(KV_ERR_INVALID, "%s: %seos_token_id %lld out of range", p->what, pre,
+				       (long long)json_integer_value(v));
+		c->eos_ids[0] = (int)json_integer_value(v);
+		c->n_eos = 1;
+		return KV_OK;
+	}
+	if (!json_is_array(v))
+		return kv_fail(KV_ERR_INVALID, "%s: %seos_token_id must be an integer or a list", p->what, pre);
+	if (json_array_size(v) > 8)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %seos_token_id lists %zu ids, at most 8 are supported", p->what,
+			       pre, json_array_size(v));
+	json_array_foreach(v, i, e) {
+		if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) >= CFG_MAX_VOCAB)
+			return kv_fail(KV_ERR_INVALID, "%s: %seos_token_id[%zu] is not a valid token id", p->what, pre, i);
+		c->eos_ids[c->n_eos++] = (int)json_integer_value(e);
+	}
+	return KV_OK;
+}
+
+/* rope_theta, partial_rotary_factor and the rope type. */
+static int parse_rope(struct cfgp *p, struct kv_model_config *c, double def_partial)
+{
+	json_t *rp = json_object_get(p->text, "rope_parameters");
+	json_t *rs = json_object_get(p->text, "rope_scaling");
+	const char *pre = p->tprefix;
+	int rc;
+
+	if ((rc = get_num(p, p->text, pre, "rope_theta", 10000.0, &c->rope_theta)))
+		return rc;
+	if ((rc = get_num(p, p->text, pre, "partial_rotary_factor", def_partial, &c->partial_rotary)))
+		return rc;
+	if (rp && !json_is_null(rp)) {
+		char pp[64];
+		if (!json_is_object(rp))
+			return kv_fail(KV_ERR_INVALID, "%s: %srope_parameters must be an object", p->what, pre);
+		snprintf(pp, sizeof pp, "%srope_parameters.", pre);
+		if ((rc = get_num(p, rp, pp, "rope_theta", c->rope_theta, &c->rope_theta)) ||
+		    (rc = get_num(p, rp, pp, "partial_rotary_factor", c->partial_rotary, &c->partial_rotary)))
+			return rc;
+	}
+	/* Only plain RoPE is implemented; "mrope" (the multimodal variant)
+	 * reduces to it for text. Anything else changes the frequencies. */
+	json_t *objs[2] = {rp, rs};
+	const char *names[2] = {"rope_parameters", "rope_scaling"};
+	for (int i = 0; i < 2; i++) {
+		json_t *o = objs[i], *t;
+		if (!o || json_is_null(o))
+			continue;
+		if (!json_is_object(o))
+			return kv_fail(KV_ERR_INVALID, "%s: %s%s must be an object or null", p->what, pre, names[i]);
+		t = json_object_get(o, "rope_type");
+		if (!t)
+			t = json_object_get(o, "type");
+		if (t && !json_is_null(t)) {
+			const char *s = json_string_value(t);
+			if (!s)
+				return kv_fail(KV_ERR_INVALID, "%s: %s%s.rope_type must be a string", p->what, pre,
+					       names[i]);
+			if (strcmp(s, "default") && strcmp(s, "mrope"))
+				return kv_fail(KV_ERR_UNSUPPORTED,
+					       "%s: %s%s.rope_type '%s' is not supported (only default RoPE)", p->what,
+					       pre, names[i], s);
+		}
+	}
+	if (!(c->rope_theta > 0))
+		return kv_fail(KV_ERR_INVALID, "%s: %srope_theta must be positive", p->what, pre);
+	if (!(c->partial_rotary > 0 && c->partial_rotary <= 1))
+		return kv_fail(KV_ERR_INVALID, "%s: %spartial_rotary_factor %g must be in (0, 1]", p->what, pre,
+			       c->partial_rotary);
+	/* transformers: dim = int(head_dim * partial_rotary_factor). */
+	c->rotary_dim = (int)((double)c->head_dim * c->partial_rotary);
+	if (c->rotary_dim < 2 || (c->rotary_dim & 1))
+		return kv_fail(KV_ERR_INVALID,
+			       "%s: %spartial_rotary_factor %g x head_dim %d gives rotary dim %d, which must be even "
+			       "and >= 2",
+			       p->what, pre, c->partial_rotary, c->head_dim, c->rotary_dim);
+	return KV_OK;
+}
+
+static int parse_layer_types(struct cfgp *p, struct kv_model_config *c)
+{
+	const char *pre = p->tprefix;
+	json_t *lt = json_object_get(p->text, "layer_types"), *v;
+	size_t i;
+	int rc;
+
+	if (lt && !json_is_null(lt)) {
+		if (!json_is_array(lt))
+			return kv_fail(KV_ERR_INVALID, "%s: %slayer_types must be a list", p->what, pre);
+		if (json_array_size(lt) != (size_t)c->n_layers)
+			return kv_fail(KV_ERR_INVALID, "%s: %slayer_types has %zu entries, num_hidden_layers is %d",
+				       p->what, pre, json_array_size(lt), c->n_layers);
+		json_array_foreach(lt, i, v) {
+			const char *s = json_string_value(v);
+			if (!s)
+				return kv_fail(KV_ERR_INVALID, "%s: %slayer_types[%zu] must be a string", p->what, pre, i);
+			/* "attention" / "mamba" are the legacy names transformers remaps. */
+			if (!strcmp(s, "full_attention") || !strcmp(s, "attention"))
+				c->layer_type[i] = KV_LAYER_ATTN;
+			else if (c->hybrid && (!strcmp(s, "linear_attention") || !strcmp(s, "mamba")))
+				c->layer_type[i] = KV_LAYER_DELTANET;
+			else if (!strcmp(s, "sliding_attention") || !strcmp(s, "linear_attention"))
+				return kv_fail(KV_ERR_UNSUPPORTED, "%s: %slayer_types[%zu] '%s' is not supported for %s",
+					       p->what, pre, i, s, c->model_type);
+			else
+				return kv_fail(KV_ERR_INVALID, "%s: %slayer_types[%zu] '%s' is not a known layer type",
+					       p->what, pre, i, s);
+		}
+	} else if (c->hybrid) {
+		int interval;
+		if ((rc = get_int(p, p->text, pre, "full_attention_interval", 4, 1, 1 << 20, &interval)))
+			return rc;
+		for (int l = 0; l < c->n_layers; l++)
+			c->layer_type[l] = (l + 1) % interval == 0 ? KV_LAYER_ATTN : KV_LAYER_DELTANET;
+	} else {
+		int sw = 0, mwl;
+		json_t *swv = json_object_get(p->text, "sliding_window");
+		if ((rc = get_bool(p, p->text, pre, "use_sliding_window", 0, &sw)) ||
+		    (rc = get_int(p, p->text, pre, "max_window_layers", 28, 0, 1 << 20, &mwl)))
+			return rc;
+		for (int l = 0; l < c->n_layers; l++) {
+			/* transformers: sliding iff a window is set and l >= max_window_layers. */
+			if (sw && swv && !json_is_null(swv) && l >= mwl)
+				return kv_fail(KV_ERR_UNSUPPORTED,
+					       "%s: %suse_sliding_window makes layer %d sliding-window attention, which is "
+					       "not supported",
+					       p->what, pre, l);
+			c->layer_type[l] = KV_LAYER_ATTN;
+		}
+	}
+	c->n_attn_layers = c->n_deltanet_layers = 0;
+	for (int l = 0; l < c->n_layers; l++) {
+		if (c->layer_type[l] == KV_LAYER_ATTN)
+			c->n_attn_layers++;
+		else
+			c->n_deltanet_layers++;
+	}
+	return KV_OK;
+}
+
+/* qwen3_next: refuse MoE, by transformers' own rule for which layers are
+ * sparse: not in mlp_only_layers and num_experts > 0 and
+ * (l + 1) % decoder_sparse_step == 0. */
+static int check_moe(struct cfgp *p, struct kv_model_config *c)
+{
+	const char *pre = p->tprefix;
+	json_t *mol = json_object_get(p->text, "mlp_only_layers"), *v;
+	int n_experts, step, rc;
+	uint8_t dense_only[KV_MAX_LAYERS] = {0};
+	size_t i;
+
+	if ((rc = get_int(p, p->text, pre, "num_experts", 512, 0, 1 << 20, &n_experts)))
+		return rc;
+	if (n_experts == 0)
+		return KV_OK;
+	if (mol && !json_is_null(mol)) {
+		if (!json_is_array(mol))
+			return kv_fail(KV_ERR_INVALID, "%s: %smlp_only_layers must be a list", p->what, pre);
+		json_array_foreach(mol, i, v) {
+			if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= c->n_layers)
+				return kv_fail(KV_ERR_INVALID, "%s: %smlp_only_layers[%zu] is not a layer index", p->what,
+					       pre, i);
+			dense_only[json_integer_value(v)] = 1;
+		}
+	}
+	if ((rc = get_int(p, p->text, pre, "decoder_sparse_step", 1, 1, 1 << 20, &step)))
+		return rc;
+	for (int l = 0; l < c->n_layers; l++)
+		if (!dense_only[l] && (l + 1) % step == 0)
+			return kv_fail(KV_ERR_UNSUPPORTED,
+				       "%s: %s: mixture-of-experts layers are not supported (num_experts %d, layer %d "
+				       "is sparse; a dense qwen3_next config sets num_experts to 0)",
+				       p->what, c->model_type, n_experts, l);
+	return KV_OK;
+}
+
+static int parse(struct cfgp *p, struct kv_model_config *c)
+{
+	const char *mt, *pre, *s;
+	json_t *v, *arch;
+	int rc, def_vocab, def_hidden, def_inter, def_layers, def_heads, def_kv, def_hd;
+
+	memset(c, 0, sizeof *c);
+	c->bos_id = -1;
+	for (int i = 0; i < 8; i++)
+		c->eos_ids[i] = -1;
+	if (!json_is_object(p->root))
+		return kv_fail(KV_ERR_INVALID, "%s: not a JSON object", p->what);
+	v = json_object_get(p->root, "model_type");
+	if (!v)
+		return kv_fail(KV_ERR_INVALID, "%s: model_type missing", p->what);
+	if (!(mt = json_string_value(v)))
+		return kv_fail(KV_ERR_INVALID, "%s: model_type must be a string", p->what);
+	snprintf(c->model_type, sizeof c->model_type, "%s", mt);
+	p->text = p->root;
+	p->tprefix = "";
+	if (!strcmp(mt, "qwen3")) {
+		c->arch = KV_ARCH_QWEN3;
+		def_vocab = 151936, def_hidden = 4096, def_inter = 22016, def_layers = 32, def_heads = 32;
+		def_kv = -1, def_hd = 128;
+	} else if (!strcmp(mt, "qwen3_5") || !strcmp(mt, "qwen3_5_text")) {
+		c->arch = KV_ARCH_QWEN3_5;
+		def_vocab = 248320, def_hidden = 4096, def_inter = 12288, def_layers = 32, def_heads = 16;
+		def_kv = 4, def_hd = 256;
+		v = json_object_get(p->root, "text_config");
+		if (v && !json_is_null(v)) {
+			if (!json_is_object(v))
+				return kv_fail(KV_ERR_INVALID, "%s: text_config must be an object", p->what);
+			p->text = v;
+			p->tprefix = "text_config.";
+			c->text_nested = 1;
+		}
+	} else if (!strcmp(mt, "qwen3_next")) {
+		c->arch = KV_ARCH_QWEN3_NEXT;
+		c->fused_deltanet = 1;
+		def_vocab = 151936, def_hidden = 2048, def_inter = 5632, def_layers = 48, def_heads = 16;
+		def_kv = 2, def_hd = 256;
+	} else if (strstr(mt, "moe")) {
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: model_type '%s': mixture-of-experts models are not supported",
+			       p->what, mt);
+	} else {
+		return kv_fail(KV_ERR_UNSUPPORTED,
+			       "%s: model_type '%s' is not supported (supported: qwen3, qwen3_5, qwen3_next)", p->what,
+			       mt);
+	}
+	c->hybrid = c->arch != KV_ARCH_QWEN3;
+	c->attn_output_gate = c->hybrid;
+	c->norm_plus_one = c->hybrid;
+	pre = p->tprefix;
+	arch = json_object_get(p->root, "architectures");
+	if (json_is_array(arch) && json_is_string(json_array_get(arch, 0)))
+		snprintf(c->architecture, sizeof c->architecture, "%s", json_string_value(json_array_get(arch, 0)));
+
+	if ((rc = get_int(p, p->text, pre, "vocab_size", def_vocab, 1, CFG_MAX_VOCAB, &c->vocab)) ||
+	    (rc = get_int(p, p->text, pre, "hidden_size", def_hidden, 1, CFG_MAX_DIM, &c->hidden)) ||
+	    (rc = get_int(p, p->text, pre, "intermediate_size", def_inter, 1, CFG_MAX_DIM, &c->intermediate)) ||
+	    (rc = get_int(p, p->text, pre, "num_hidden_layers", def_layers, 1, 1 << 20, &c->n_layers)) ||
+	    (rc = get_int(p, p->text, pre, "num_attention_heads", def_heads, 1, CFG_MAX_HEADS, &c->n_heads)))
+		return rc;
+	if (c->n_layers > KV_MAX_LAYERS)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %snum_hidden_layers %d is more than the %d supported", p->what,
+			       pre, c->n_layers, KV_MAX_LAYERS);
+	if ((rc = get_int(p, p->text, pre, "num_key_value_heads", def_kv < 0 ? c->n_heads : def_kv, 1,
+			  CFG_MAX_HEADS, &c->n_kv_heads)) ||
+	    (rc = get_int(p, p->text, pre, "head_dim", def_hd, 1, CFG_MAX_HEAD_DIM, &c->head_dim)) ||
+	    (rc = get_int(p, p->text, pre, "max_position_embeddings", 32768, 0, 1 << 30, &c->max_positions)) ||
+	    (rc = get_num(p, p->text, pre, "rms_norm_eps", 1e-6, &c->rms_eps)))
+		return rc;
+	if (c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads)
+		return kv_fail(KV_ERR_INVALID, "%s: %snum_key_value_heads %d does not divide num_attention_heads %d",
+			       p->what, pre, c->n_kv_heads, c->n_heads);
+	if (!(c->rms_eps > 0 && c->rms_eps < 1))
+		return kv_fail(KV_ERR_INVALID, "%s: %srms_norm_eps %g must be in (0, 1)", p->what, pre, c->rms_eps);
+	if ((rc = parse_rope(p, c, c->hybrid ? 0.25 : 1.0)))
+		return rc;
+	if (!c->hybrid && c->partial_rotary != 1.0)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %spartial_rotary_factor %g: qwen3 rotates all of head_dim",
+			       p->what, pre, c->partial_rotary);
+
+	/* Features the engine does not implement. */
+	{
+		int bias = 0;
+		json_t *o = text_or_root(p, "tie_word_embeddings", &s);
+		if ((rc = get_bool(p, o, s, "tie_word_embeddings", 0, &c->tie_embeddings)) ||
+		    (rc = get_bool(p, p->text, pre, "attention_bias", 0, &bias)))
+			return rc;
+		if (bias)
+			return kv_fail(KV_ERR_UNSUPPORTED, "%s: %sattention_bias true is not supported", p->what, pre);
+		if (!kv_json_get_str(p->text, "hidden_act", "silu", &s, p->what) && s && strcmp(s, "silu"))
+			return kv_fail(KV_ERR_UNSUPPORTED, "%s: %shidden_act '%s' is not supported (only silu)", p->what,
+				       pre, s);
+		v = json_object_get(p->text, "hidden_act");
+		if (v && !json_is_null(v) && !json_is_string(v))
+			return kv_fail(KV_ERR_INVALID, "%s: %shidden_act must be a string", p->what, pre);
+	}
+
+	if (c->hybrid) {
+		if ((rc = get_int(p, p->text, pre, "linear_num_key_heads", 16, 1, CFG_MAX_HEADS, &c->lin_k_heads)) ||
+		    (rc = get_int(p, p->text, pre, "linear_num_value_heads", 32, 1, CFG_MAX_HEADS, &c->lin_v_heads)) ||
+		    (rc = get_int(p, p->text, pre, "linear_key_head_dim", 128, 1, CFG_MAX_HEAD_DIM, &c->lin_k_dim)) ||
+		    (rc = get_int(p, p->text, pre, "linear_value_head_dim", 128, 1, CFG_MAX_HEAD_DIM, &c->lin_v_dim)) ||
+		    (rc = get_int(p, p->text, pre, "linear_conv_kernel_dim", 4, 1, CFG_MAX_KERNEL, &c->conv_kernel)))
+			return rc;
+		if (c->lin_v_heads % c->lin_k_heads)
+			return kv_fail(KV_ERR_INVALID,
+				       "%s: %slinear_num_key_heads %d does not divide linear_num_value_heads %d", p->what,
+				       pre, c->lin_k_heads, c->lin_v_heads);
+	}
+	if ((rc = parse_layer_types(p, c)))
+		return rc;
+	if (c->arch == KV_ARCH_QWEN3_NEXT && (rc = check_moe(p, c)))
+		return rc;
+	if (c->arch == KV_ARCH_QWEN3_5 && json_object_get(p->text, "num_experts") &&
+	    json_integer_value(json_object_get(p->text, "num_experts")) > 0)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %snum_experts: mixture-of-experts models are not supported",
+			       p->what, pre);
+
+	if ((rc = parse_eos(p, c)))
+		return rc;
+	{
+		json_t *o = text_or_root(p, "bos_token_id", &s);
+		int bos;
+		if ((rc = get_int(p, o, s, "bos_token_id", -1, -1, CFG_MAX_VOCAB - 1, &bos)))
+			return rc;
+		c->bos_id = bos;
+	}
+	{
+		json_t *o = text_or_root(p, "torch_dtype", &s);
+		json_t *d = json_object_get(o, "torch_dtype");
+		if (!d || json_is_null(d))
+			d = json_object_get(text_or_root(p, "dtype", &s), "dtype");
+		if (json_is_string(d))
+			snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", json_string_value(d));
+	}
+	return KV_OK;
+}
+
+int kv_config_parse(const char *text, size_t len, const char *what, struct kv_model_config *out)
+{
+	struct cfgp p = {what ? what : "config.json", NULL, NULL, ""};
+	int rc = kv_json_parse(p.what, text, len, KV_JSON_MAX_DEPTH, &p.root);
+	if (rc) {
+		memset(out, 0, sizeof *out);
+		return rc;
+	}
+	rc = parse(&p, out);
+	json_decref(p.root);
+	return rc;
+}
+
+int kv_config_load(const char *model_dir, struct kv_model_config *out)
+{
+	char path[4096], *buf;
+	size_t len;
+	int rc;
+	if ((size_t)snprintf(path, sizeof path, "%s/config.json", model_dir) >= sizeof path)
+		return kv_fail(KV_ERR_INVALID, "model folder path too long");
+	if ((rc = kv_io_read_file(path, CFG_MAX_BYTES, &buf, &len))) {
+		memset(out, 0, sizeof *out);
+		return rc;
+	}
+	rc = kv_config_parse(buf, len, path, out);
+	free(buf);
+	return rc;
+}
+
+/* --- derived numbers ----------------------------------------------------- */
+
+uint64_t kv_config_conv_dim(const struct kv_model_config *c)
+{
+	if (!c->hybrid)
+		return 0;
+	return 2ull * (uint64_t)c->lin_k_heads * (uint64_t)c->lin_k_dim +
+	       (uint64_t)c->lin_v_heads * (uint64_t)c->lin_v_dim;
+}
+
+uint64_t kv_config_kv_bytes_per_token(const struct kv_model_config *c, int elem_bytes)
+{
+	return (uint64_t)c->n_attn_layers * 2 * (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim *
+	       (uint64_t)elem_bytes;
+}
+
+uint64_t kv_config_recurrent_state_bytes(const struct kv_model_config *c)
+{
+	if (!c->hybrid)
+		return 0;
+	return (uint64_t)c->lin_v_heads * (uint64_t)c->lin_k_dim * (uint64_t)c->lin_v_dim * 4;
+}
+
+uint64_t kv_config_conv_state_bytes(const struct kv_model_config *c)
+{
+	if (!c->hybrid)
+		return 0;
+	return kv_config_conv_dim(c) * (uint64_t)(c->conv_kernel - 1) * 4;
+}
+
+const char *kv_arch_name(int arch)
+{
+	switch (arch) {
+	case KV_ARCH_QWEN3: return "qwen3";
+	case KV_ARCH_QWEN3_5: return "qwen3_5";
+	case KV_ARCH_QWEN3_NEXT: return "qwen3_next";
+	}
+	return "unknown";
+}
+
+const char *kv_config_default_prefix(const struct kv_model_config *c)
+{
+	return c->text_nested ? "model.language_model." : "model.";
+}
+
+/* --- tensor table -------------------------------------------------------- */
+
+struct specs {
+	struct kv_tensor_spec *v;
+	size_t n, cap;
+	int oom;
+};
+
+static void spec(struct specs *s, int layer, int role, int ndim, int64_t d0, int64_t d1, int64_t d2,
+		 const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+
+static void spec(struct specs *s, int layer, int role, int ndim, int64_t d0, int64_t d1, int64_t d2,
+		 const char *fmt, ...)
+{
+	va_list ap;
+	struct kv_tensor_spec *t;
+	if (s->oom)
+		return;
+	if (s->n == s->cap) {
+		size_t nc = s->cap ? s->cap * 2 : 64;
+		struct kv_tensor_spec *nv = realloc(s->v, nc * sizeof *nv);
+		if (!nv) {
+			s->oom = 1;
+			return;
+		}
+		s->v = nv;
+		s->cap = nc;
+	}
+	t = &s->v[s->n++];
+	memset(t, 0, sizeof *t);
+	va_start(ap, fmt);
+	vsnprintf(t->name, sizeof t->name, fmt, ap);
+	va_end(ap);
+	t->ndim = ndim;
+	t->shape[0] = d0;
+	t->shape[1] = d1;
+	t->shape[2] = d2;
+	t->role = role;
+	t->layer = layer;
+}
+
+int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struct kv_tensor_spec **out,
+		      size_t *n)
+{
+	struct specs s = {0};
+	const char *p = prefix ? prefix : kv_config_default_prefix(c);
+	const int64_t H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, I = c->intermediate;
+	const int64_t Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+	const int64_t conv = (int64_t)kv_config_conv_dim(c);
+	const int norm = c->norm_plus_one ? KV_ROLE_NORM_OFFSET : KV_ROLE_NORM;
+
+	*out = NULL;
+	*n = 0;
+	spec(&s, -1, KV_ROLE_EMBED, 2, c->vocab, H, 0, "%sembed_tokens.weight", p);
+	for (int l = 0; l < c->n_layers; l++) {
+		spec(&s, l, norm, 1, H, 0, 0, "%slayers.%d.input_layernorm.weight", p, l);
+		if (c->layer_type[l] == KV_LAYER_ATTN) {
+			int64_t qout = nh * hd * (c->attn_output_gate ? 2 : 1);
+			spec(&s, l, KV_ROLE_LINEAR, 2, qout, H, 0, "%slayers.%d.self_attn.q_proj.weight", p, l);
+			spec(&s, l, KV_ROLE_LINEAR, 2, nkv * hd, H, 0, "%slayers.%d.self_attn.k_proj.weight", p, l);
+			spec(&s, l, KV_ROLE_LINEAR, 2, nkv * hd, H, 0, "%slayers.%d.self_attn.v_proj.weight", p, l);
+			spec(&s, l, KV_ROLE_LINEAR_OUT, 2, H, nh * hd, 0, "%slayers.%d.self_attn.o_proj.weight", p, l);
+			spec(&s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.q_norm.weight", p, l);
+			spec(&s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.k_norm.weight", p, l);
+		} else {
+			if (c->fused_deltanet) {
+				spec(&s, l, KV_ROLE_LINEAR, 2, 2 * Hk * dk + 2 * Hv * dv, H, 0,
+				     "%slayers.%d.linear_attn.in_proj_qkvz.weight", p, l);
+				spec(&s, l, KV_ROLE_LINEAR, 2, 2 * Hv, H, 0, "%slayers.%d.linear_attn.in_proj_ba.weight", p,
+				     l);
+			} else {
+				spec(&s, l, KV_ROLE_LINEAR, 2, 2 * Hk * dk + Hv * dv, H, 0,
+				     "%slayers.%d.linear_attn.in_proj_qkv.weight", p, l);
+				spec(&s, l, KV_ROLE_LINEAR, 2, Hv * dv, H, 0, "%slayers.%d.linear_attn.in_proj_z.weight", p,
+				     l);
+				spec(&s, l, KV_ROLE_LINEAR, 2, Hv, H, 0, "%slayers.%d.linear_attn.in_proj_b.weight", p, l);
+				spec(&s, l, KV_ROLE_LINEAR_A, 2, Hv, H, 0, "%slayers.%d.linear_attn.in_proj_a.weight", p, l);
+			}
+			spec(&s, l, KV_ROLE_CONV, 3, conv, 1, c->conv_kernel, "%slayers.%d.linear_attn.conv1d.weight", p,
+			     l);
+			spec(&s, l, KV_ROLE_DT_BIAS, 1, Hv, 0, 0, "%slayers.%d.linear_attn.dt_bias", p, l);
+			spec(&s, l, KV_ROLE_A_LOG, 1, Hv, 0, 0, "%slayers.%d.linear_attn.A_log", p, l);
+			spec(&s, l, KV_ROLE_NORM, 1, dv, 0, 0, "%slayers.%d.linear_attn.norm.weight", p, l);
+			spec(&s, l, KV_ROLE_LINEAR_OUT, 2, H, Hv * dv, 0, "%slayers.%d.linear_attn.out_proj.weight", p, l);
+		}
+		spec(&s, l, norm, 1, H, 0, 0, "%slayers.%d.post_attention_layernorm.weight", p, l);
+		spec(&s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.gate_proj.weight", p, l);
+		spec(&s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.up_proj.weight", p, l);
+		spec(&s, l, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.down_proj.weight", p, l);
+	}
+	spec(&s, -1, norm, 1, H, 0, 0, "%snorm.weight", p);
+	if (!c->tie_embeddings)
+		spec(&s, -1, KV_ROLE_LM_HEAD, 2, c->vocab, H, 0, "lm_head.weight");
+	if (s.oom) {
+		free(s.v);
+		return kv_fail(KV_ERR_NOMEM, "out of memory listing tensors");
+	}
+	*out = s.v;
+	*n = s.n;
+	return KV_OK;
+}
+
+uint64_t kv_config_param_count(const struct kv_model_config *c)
+{
+	struct kv_tensor_spec *v;
+	size_t n;
+	uint64_t total = 0;
+	if (kv_config_tensors(c, NULL, &v, &n))
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		uint64_t e = 1;
+		for (int d = 0; d < v[i].ndim; d++)
+			e *= (uint64_t)v[i].shape[d];
+		total += e;
+	}
+	free(v);
+	return total;
+}
+
+int kv_config_check_weights(const struct kv_model_config *c, const struct kv_weights *w, char *prefix,
+			    size_t cap)
+{
+	struct kv_tensor_spec *v;
+	size_t n;
+	const char *p = "model.";
+	int rc;
+
+	if (kv_weights_find(w, "model.language_model.embed_tokens.weight"))
+		p = "model.language_model.";
+	if (prefix && cap)
+		snprintf(prefix, cap, "%s", p);
+	if ((rc = kv_config_tensors(c, p, &v, &n)))
+		return rc;
+	for (size_t i = 0; i < n && !rc; i++) {
+		const struct kv_tensor *t = kv_weights_find(w, v[i].name);
+		char want[160];
+		if (!t) {
+			rc = kv_fail(KV_ERR_INCOMPATIBLE, "weights lack tensor '%s' (expected shape %s)", v[i].name,
+				     kv_shape_str(v[i].ndim, v[i].shape, want, sizeof want));
+			break;
+		}
+		if ((rc = kv_tensor_expect(t, -1, v[i].ndim, v[i].shape)))
+			break;
+		if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->dtype != KV_DT_F16)
+			rc = kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is %s, expected F32, BF16 or F16", t->file,
+				     t->name, kv_dtype_name(t->dtype));
+	}
+	free(v);
+	return rc;
+}

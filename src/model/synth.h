@@ -1,0 +1,110 @@
+/*
+ * synth.h - synthetic model folders in the real Hugging Face layout.
+ *
+ * No weights can be downloaded here, so tests and benchmarks run on
+ * models written by `kvkeep mkmodel`: a folder with config.json,
+ * model.safetensors (deterministic random weights, same seed -> same
+ * bytes), tokenizer.json and tokenizer_config.json (with a chat template).
+ * Names, shapes and config fields are exactly those the Hugging Face
+ * modeling code loads (see kv_config_tensors and docs/models.md), so the
+ * engine loads a synthetic folder the way it loads a real one.
+ *
+ * Weights are scaled so that activations stay finite and well-conditioned
+ * over long contexts: projections ~ N(0, 1/fan_in), residual output
+ * projections further scaled by 1/sqrt(2 x n_layers), RMSNorm weights
+ * near 1 (near 0 where the model stores (1 + w) offsets), DeltaNet decays
+ * alpha = exp(g) spread over 0.9 .. 0.999 per value head. docs/models.md
+ * explains every choice. The normal deviates are made from integer
+ * arithmetic only (a sum of four 16-bit uniforms), so the bytes do not
+ * depend on the libm of the machine; only A_log uses exp/log.
+ *
+ * The built-in tokenizer is a small byte-level BPE (256 byte tokens in
+ * GPT-2 byte-level form, merges learned deterministically from a built-in
+ * English/code text with the Qwen3 pre-tokenizer regex, the Qwen3 added
+ * tokens) in the same JSON structure as the real Qwen3 tokenizer.json.
+ */
+#ifndef KV_MODEL_SYNTH_H
+#define KV_MODEL_SYNTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/config.h"
+
+struct kv_synth_preset {
+	const char *name;
+	const char *summary;
+	int arch;                  /* KV_ARCH_QWEN3 or KV_ARCH_QWEN3_5 */
+	int hidden;
+	int n_layers;
+	int n_heads;
+	int n_kv_heads;
+	int head_dim;
+	int intermediate;
+	int full_attention_interval; /* hybrid: layer i is attention iff (i+1) % it == 0 */
+	int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, conv_kernel;
+	double partial_rotary;     /* 1.0 dense */
+	double rope_theta;
+	double rms_eps;
+	int tie_embeddings;
+	int max_positions;
+	int config_only;           /* too big to synthesise: config + tokenizer only */
+};
+
+size_t kv_synth_preset_count(void);
+const struct kv_synth_preset *kv_synth_preset_at(size_t i);
+/* NULL if there is no preset of that name. */
+const struct kv_synth_preset *kv_synth_preset_find(const char *name);
+
+struct kv_synth_opts {
+	const char *preset;        /* preset name */
+	const char *out_dir;       /* created if missing (mode 0755) */
+	const char *tokenizer_dir; /* copy tokenizer.json + tokenizer_config.json
+				    * from here; NULL: the built-in tokenizer */
+	uint64_t seed;             /* weights seed */
+	int dtype;                 /* KV_DT_BF16 or KV_DT_F32 (must be set) */
+	int config_only;           /* no model.safetensors */
+	unsigned dw_flags;         /* KV_DW_* for every file written */
+};
+
+/*
+ * Write the folder. Errors: KV_ERR_INVALID for an unknown preset, a bad
+ * dtype, or weights asked of a config-only preset; I/O errors as the
+ * durable writer reports them; tokenizer files that are not valid JSON
+ * are KV_ERR_INVALID naming the file. The folder's config.json always has
+ * vocab_size = max id + 1 over the tokenizer's vocab and added tokens.
+ */
+int kv_synth_write(const struct kv_synth_opts *o);
+
+/*
+ * config.json text of a preset for a tokenizer with `vocab` ids and the
+ * given bos/eos ids (-1: absent). *out is malloc'd (free()).
+ */
+int kv_synth_config_json(const struct kv_synth_preset *p, int vocab, int bos_id, int eos_id, int dtype,
+			 char **out, size_t *len);
+
+/*
+ * The built-in tokenizer: tokenizer.json and tokenizer_config.json texts,
+ * malloc'd (free()). Deterministic (no seed involved).
+ */
+int kv_synth_tokenizer(char **tok_json, size_t *tok_len, char **cfg_json, size_t *cfg_len);
+/* The ChatML chat template written into tokenizer_config.json. */
+const char *kv_synth_chat_template(void);
+
+/*
+ * Scan tokenizer.json text: number of ids (max id + 1 over model.vocab and
+ * added_tokens) and the ids of "<|endoftext|>" and "<|im_end|>" (-1 when
+ * absent). KV_ERR_INVALID naming `what` when the JSON is not a tokenizer.
+ */
+int kv_synth_tokenizer_ids(const char *json, size_t len, const char *what, int *n_ids, int *bos_id,
+			   int *eos_id);
+
+/*
+ * The values of one tensor, as written to model.safetensors: nbytes of
+ * dtype (F32 or BF16) for spec s of config c. Exposed so tests can check
+ * the statistics without a file.
+ */
+int kv_synth_fill(const struct kv_model_config *c, const struct kv_tensor_spec *s, uint64_t seed, int dtype,
+		  void *dst, uint64_t nbytes);
+
+#endif
