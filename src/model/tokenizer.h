@@ -6,13 +6,18 @@
  *      only the non-special added tokens are split out, special literals
  *      are encoded as ordinary text);
  *   2. NFC normalisation when the normalizer asks for it (libutf8proc);
- *   3. the Split pre-tokenizer regex, run verbatim by PCRE2 (UTF + UCP, JIT);
+ *   3. the Split pre-tokenizer regex, run verbatim by PCRE2 (UTF + UCP, JIT;
+ *      code points PCRE2 classes differently from Hugging Face's regex
+ *      engine are seen through stand-ins, see tokenizer.c);
  *   4. GPT-2 byte-level mapping, BPE merges by rank, vocabulary lookup.
+ * The ids are those of Hugging Face's encode(text, add_special_tokens=
+ * False); docs/tokenizer.md lists what tokenizer.json may contain.
  * Decode reverses the byte-level mapping; added tokens decode to their
  * literal content. A per-piece cache makes repeated words cheap.
  *
  * Thread-safety: a loaded tokenizer is read-only and may be used from
- * several threads at once (the piece cache is per thread or locked).
+ * several threads at once (the piece cache is a lock-free table per call
+ * in front of a shared table of 16 mutex-guarded shards).
  */
 #ifndef KV_MODEL_TOKENIZER_H
 #define KV_MODEL_TOKENIZER_H
@@ -41,6 +46,20 @@ int kv_tok_encode(const struct kv_tok *t, const char *text, size_t len, int allo
 		  size_t *n);
 
 /*
+ * kv_tok_encode with the piece cache bypassed when use_cache is 0 (tests
+ * compare both paths, benchmarks time the uncached path). The ids never
+ * depend on the cache.
+ */
+int kv_tok_encode_opt(const struct kv_tok *t, const char *text, size_t len, int allow_special, int use_cache,
+		      int32_t **ids, size_t *n);
+/* Empty the piece cache (safe while other threads encode). */
+void kv_tok_cache_clear(const struct kv_tok *t);
+/* Lookups in the shared piece cache that hit / missed since load (either
+ * may be NULL). Repeats within one encode call are served by a per-call
+ * table first and are not counted. */
+void kv_tok_cache_stats(const struct kv_tok *t, uint64_t *hits, uint64_t *misses);
+
+/*
  * Decode ids to UTF-8 (malloc'd, NUL-terminated). Unknown ids are
  * KV_ERR_INVALID. With skip_special, special added tokens are dropped.
  * Byte sequences that are not valid UTF-8 on their own come out as
@@ -51,7 +70,8 @@ int kv_tok_decode(const struct kv_tok *t, const int32_t *ids, size_t n, int skip
 
 /* Id of an exact token string (vocab or added token), or -1. */
 int32_t kv_tok_id(const struct kv_tok *t, const char *token);
-/* Token string of an id as stored in the vocab (byte-level form), or NULL. */
+/* Token string of an id as stored in the vocab (byte-level form), or NULL.
+ * Owned by t, valid until kv_tok_free. */
 const char *kv_tok_piece(const struct kv_tok *t, int32_t id);
 /* 1 if id is a special added token. */
 int kv_tok_is_special(const struct kv_tok *t, int32_t id);

@@ -62,6 +62,18 @@ int kt_sh(const char *fmt, ...)
 	return WIFEXITED(r) ? WEXITSTATUS(r) : 128 + WTERMSIG(r);
 }
 
+static char g_skip[512];
+
+void kt_skip(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(g_skip, sizeof g_skip, fmt, ap);
+	va_end(ap);
+	if (!g_skip[0])
+		snprintf(g_skip, sizeof g_skip, "skipped");
+}
+
 const char *kt_bin(void)
 {
 	const char *b = getenv("KT_BIN");
@@ -105,11 +117,14 @@ int kt_main_list(int argc, char **argv, const char *file, void (**fns)(void), in
 		kt_failed_checks = 0;
 		g_first[0] = 0;
 		g_tmp[0] = 0;
+		g_skip[0] = 0;
 		kv_errclear();
 		fns[i]();
 		if (kt_failed_checks) {
 			printf("FAIL %s:%s: %s\n", stem, name, g_first);
 			failed++;
+		} else if (g_skip[0]) {
+			printf("skip %s:%s: %s\n", stem, name, g_skip);
 		} else {
 			printf("ok %s:%s\n", stem, name);
 			if (g_tmp[0])

@@ -28,6 +28,9 @@ uint64_t kt_rand(uint64_t *state);
 int kt_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Path of the kvkeep binary under test ($KT_BIN, else build/kvkeep). */
 const char *kt_bin(void);
+/* Mark the running case as not run here (e.g. the CPU lacks AVX2): unless
+ * a check failed, it reports "skip <file>:<case>: why", never "ok". */
+void kt_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #define KT_CASE(name) static void name(void)
 
