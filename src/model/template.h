@@ -34,22 +34,54 @@ void kv_tmpl_free(struct kv_tmpl *t);
 int kv_tmpl_render(const struct kv_tmpl *t, const json_t *ctx, char **out, size_t *len);
 
 /*
+ * Caps for one render; 0 in a field means the default (4M steps, 64 MiB
+ * of output, 512 MiB of interpreter memory). A render that passes a cap
+ * stops with KV_ERR_INVALID (KV_ERR_NOMEM for memory) naming the cap.
+ * Steps count executed statements, loop iterations, macro calls and items
+ * processed by filters.
+ */
+struct kv_tmpl_limits {
+	uint64_t max_steps;
+	size_t max_output;   /* bytes of rendered text (and of any one string) */
+	size_t max_memory;   /* bytes the interpreter may hold during a render */
+};
+int kv_tmpl_render_ex(const struct kv_tmpl *t, const json_t *ctx, const struct kv_tmpl_limits *lim, char **out,
+		      size_t *len);
+
+/*
  * The chat layer: a model's template plus its special tokens.
  * kv_chat_load reads <dir>/tokenizer_config.json (chat_template as a
- * string, or a list of {name, template} where "default" is used, or a
- * chat_template.jinja file beside it) and the bos/eos tokens.
+ * string, or a list of {name, template} where "default" is used, and
+ * "tool_use" for requests with tools when present; a chat_template.jinja
+ * file beside it wins over both), the special tokens (bos/eos/unk/sep/pad/
+ * cls/mask, additional_special_tokens) and added_tokens_decoder (where
+ * boundaries may cut). tok is borrowed and must outlive the chat; it may
+ * be NULL (then renders give text only). A missing config or template is
+ * KV_ERR_NOT_FOUND, a template that does not compile KV_ERR_INVALID or
+ * KV_ERR_UNSUPPORTED with line and column. A loaded chat is read-only and
+ * may be used from several threads at once.
  */
 struct kv_chat;
 int kv_chat_load(const char *model_dir, const struct kv_tok *tok, struct kv_chat **out);
 int kv_chat_load_mem(const char *tokenizer_config_json, size_t len, const struct kv_tok *tok,
 		     struct kv_chat **out);
 void kv_chat_free(struct kv_chat *c);
+/* Replace the chat's template(s) with this source (a --chat-template
+ * override); `what` names it in errors. On error c is unchanged. */
+int kv_chat_set_template(struct kv_chat *c, const char *src, size_t len, const char *what);
 /* 1 if the template renders Qwen3.5-style XML tool calls (<function=...>). */
 int kv_chat_xml_tools(const struct kv_chat *c);
 
 struct kv_chat_opts {
 	int add_generation_prompt;   /* 1 for a request the model answers */
 	int enable_thinking;         /* -1: leave undefined, 0 false, 1 true */
+	const json_t *kwargs;        /* optional object of extra template variables
+	                                (the request's chat_template_kwargs); borrowed */
+	int skip_boundaries;         /* 1: tokens only, no boundary search */
+	int max_message_boundaries;  /* 0: every message end; N > 0: only the last N
+	                                message ends are searched (plus the end of
+	                                system + tools), which bounds the cost on long
+	                                conversations (see kv_chat_render) */
 };
 
 /*
@@ -58,7 +90,8 @@ struct kv_chat_opts {
  * tools (or of the first message when there is neither), then the end of
  * every later message before the generation prompt. The tokens of
  * render(messages[:k]) are an exact prefix of `tokens` at each boundary.
- * is_anchor marks boundary[0] when it ends system + tools.
+ * first_is_system marks boundary[0] when it ends system + tools (the
+ * anchor of DESIGN.md section 5).
  */
 struct kv_chat_render {
 	char *text;            /* malloc'd rendered prompt */
@@ -68,17 +101,70 @@ struct kv_chat_render {
 	int32_t *boundaries;   /* malloc'd, ascending token positions */
 	size_t n_boundaries;
 	int first_is_system;   /* boundary[0] ends system (+ tools) */
+	size_t *boundary_bytes;/* malloc'd: byte offset in text of each boundary */
+	uint32_t *boundary_msgs;/* malloc'd: boundary i ends render(messages[:k]),
+	                           k = boundary_msgs[i] */
+	int first_from_probe;  /* boundary[0] came from the probe (see below) */
 };
 
 /*
- * Prepare and render an OpenAI `messages` array (+ optional `tools`).
- * Preparation, exactly as the server does it: content given as a list of
- * text parts is joined into one string (no separator); null content stays
- * null... (see template.c for the full rules). Unknown roles and malformed
- * messages are KV_ERR_INVALID naming the message index.
+ * Preparation, exactly as the server does it (kv_chat_prepare_messages):
+ *  - messages must be a non-empty array of objects;
+ *  - role must be "system", "user", "assistant" or "tool" (anything else is
+ *    KV_ERR_INVALID naming the message index);
+ *  - content given as a list of parts is joined into one string with no
+ *    separator; only {"type": "text", "text": "..."} parts are accepted
+ *    (other part types are KV_ERR_UNSUPPORTED); content that is a string,
+ *    null or absent is passed unchanged, other types are KV_ERR_INVALID;
+ *  - tool_calls, when present, must be an array of {"function": {"name":
+ *    string, "arguments": JSON string or object}}; arguments given as a
+ *    JSON string stay a string, so the model's own bytes are re-rendered;
+ *  - every other field reaches the template unchanged.
+ * *out is a new array (json_decref it); its messages share values with
+ * the input.
+ */
+int kv_chat_prepare_messages(const json_t *messages, json_t **out);
+
+/*
+ * Prepare and render an OpenAI `messages` array (+ optional `tools`, an
+ * array; null or empty means none). The template sees, as with Hugging
+ * Face: the tokenizer_config special tokens (bos_token, eos_token, ...,
+ * additional_special_tokens), opts->kwargs, enable_thinking when >= 0,
+ * messages, tools (none when absent), documents (none) and
+ * add_generation_prompt. With tools and a "tool_use" named template, that
+ * template is used.
+ *
+ * How boundaries are found: for each k the template renders messages[:k]
+ * without the generation prompt, compared byte by byte against the full
+ * render as it is produced (no copy; the render stops at the first
+ * difference). A k whose render is a prefix of the full text, ending at a
+ * "clean cut", gives a boundary. A clean cut is the end of the text or a
+ * position where an added token (no lstrip/rstrip/normalized) starts and
+ * no added token straddles it: the tokenizer starts a new segment there,
+ * so the tokens of the prefix are exactly the first tokens of the whole.
+ * Templates that re-render earlier turns differently (Qwen3 drops old
+ * reasoning) thus get no boundary where the prefix property fails. The
+ * end of system + tools comes from rendering messages[:h] (h = 1 if the
+ * first message is a system message, else 0); if that render fails (some
+ * templates insist on a user message) a probe user message is appended
+ * and the last clean cut shared by both renders is used. Tokens are then
+ * encoded segment by segment between cuts. Cost: one render per message
+ * (the prefix renders store nothing), so O(messages^2) template work in
+ * all: a few ms at 100 messages, ~0.1-0.3 s at 400 (docs/templates.md).
+ * max_message_boundaries limits the search to the newest messages, which
+ * are the ones a live conversation has not cached yet.
+ *
+ * Needs a tokenizer (kv_chat_load's tok); with tok NULL only text is
+ * produced. out is filled on success (kv_chat_render_free); on error it
+ * is left empty.
  */
 int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t *tools,
 		   const struct kv_chat_opts *opts, struct kv_chat_render *out);
 void kv_chat_render_free(struct kv_chat_render *r);
+
+/* The template source used without tools (tool_use = 0) or with tools
+ * (the "tool_use" template when there is one): for fingerprints. Valid
+ * while c lives. */
+const char *kv_chat_template_source(const struct kv_chat *c, int tool_use);
 
 #endif
