@@ -53,4 +53,32 @@ struct ke_layout {
 	size_t snapshot_bytes;   /* all recurrent state, f32 */
 };
 
+/*
+ * Helpers (additive): addressing and copying rows of the page format, for
+ * the cache and the disk tier, which move tails without interpreting them.
+ */
+
+/* Byte offset of row t of segment s in a buffer holding `stride` rows per
+ * segment (stride = page_tokens for a page, or n for a compact tail). */
+static inline size_t ke_layout_row_off(const struct ke_layout *l, int s, int t, int stride)
+{
+	return ((size_t)s * (size_t)stride + (size_t)t) * l->row_bytes;
+}
+
+/* Copy the first n rows of every segment from src (src_stride rows per
+ * segment) to dst (dst_stride rows per segment). n <= both strides. */
+static inline void ke_layout_copy_rows(const struct ke_layout *l, void *dst, int dst_stride, const void *src,
+				       int src_stride, int n)
+{
+	for (int s = 0; s < l->n_segments; s++)
+		__builtin_memcpy((char *)dst + ke_layout_row_off(l, s, 0, dst_stride),
+				 (const char *)src + ke_layout_row_off(l, s, 0, src_stride), (size_t)n * l->row_bytes);
+}
+
+/* Bytes of a compact tail of n rows (n rows per segment). */
+static inline size_t ke_layout_tail_bytes(const struct ke_layout *l, int n)
+{
+	return (size_t)l->n_segments * (size_t)n * l->row_bytes;
+}
+
 #endif

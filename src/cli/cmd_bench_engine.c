@@ -1,0 +1,370 @@
+/*
+ * cmd_bench_engine.c - `kvkeep bench engine`: speed of the engine on a
+ * model folder. A benchmark, not a test: it asserts nothing.
+ *
+ *   kvkeep bench engine --model DIR [--json] [--contexts 1024,8192]
+ *       [--decode-tokens N] [--repeat N] [--gemm-m M]
+ *
+ * Measured in one run:
+ *   memcpy     bandwidth of a 256 MiB memcpy (bytes copied per second;
+ *              single thread and all pool threads, the higher is used)
+ *   gemm       this engine's GEMM on the model's 3 largest weight shapes,
+ *              M = --gemm-m activation rows (default 256, a prefill
+ *              chunk), with the model's weight dtype and with f32 copies,
+ *              next to OpenBLAS cblas_sgemm (f32) on the same shapes. The
+ *              library is dlopen'ed (libopenblas.so.0) only as a yardstick;
+ *              "not installed" when absent. GFLOP/s = 2 M N K / time,
+ *              summed over the shapes, best of --repeat runs.
+ *   prefill    for each context C: a fresh sequence prefills C random
+ *              tokens; tokens/s = C / time.
+ *   decode     then --decode-tokens greedy steps at that context; tokens/s.
+ *   bound      decode_bound_tokens_per_s = memcpy bandwidth / weight bytes
+ *              one decode step reads (every matrix once + one embedding
+ *              row, ke_model_decode_bytes). Per context, for information,
+ *              decode_bound_with_kv_tokens_per_s also counts what a step
+ *              must read besides weights: the KV of the whole context, and
+ *              for hybrids the recurrent state (read and written).
+ * --json prints one object; the top-level prefill/decode figures are those
+ * of the first context, "contexts" has all of them.
+ */
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/mem.h"
+#include "engine/par.h"
+#include "cli/cli.h"
+#include "engine/gemm.h"
+#include "engine/isa.h"
+#include "engine/sample.h"
+#include "engine/seq.h"
+#include "engine/vec.h"
+#include "model/safetensors.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_CTX 8
+#define MAX_SHAPES 3
+
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *,
+			 int);
+typedef void (*set_threads_fn)(int);
+
+struct copy_job {
+	char *dst;
+	const char *src;
+	size_t n;
+};
+
+static void copy_part(void *ctx, size_t b, size_t e, int thread)
+{
+	const struct copy_job *j = ctx;
+	(void)thread;
+	memcpy(j->dst + b, j->src + b, e - b);
+}
+
+/* bytes copied per second, best of 10, on 1 thread and on all threads */
+static double memcpy_bw(double *single)
+{
+	size_t n = 256u << 20;
+	char *a = kv_alloc(KV_MEM_OTHER, n), *b = kv_alloc(KV_MEM_OTHER, n);
+	double best1 = 0, bestp = 0;
+	if (!a || !b)
+		goto out;
+	memset(a, 1, n);
+	memset(b, 2, n);
+	struct copy_job j = {b, a, n};
+	for (int r = 0; r < 10; r++) {
+		double t = kv_now_s();
+		memcpy(b, a, n);
+		t = kv_now_s() - t;
+		if (n / t > best1)
+			best1 = (double)n / t;
+		t = kv_now_s();
+		ke_par_for(n, n / (size_t)ke_par_threads() + 1, copy_part, &j);
+		t = kv_now_s() - t;
+		if (n / t > bestp)
+			bestp = (double)n / t;
+	}
+out:
+	kv_free(a);
+	kv_free(b);
+	*single = best1;
+	return best1 > bestp ? best1 : bestp;
+}
+
+struct shape {
+	const struct ke_mat *w;
+	const char *name;
+	double ours, ours_f32, blas; /* best seconds */
+};
+
+static double time_best(int repeat, void (*fn)(void *), void *ctx)
+{
+	double best = 1e30;
+	fn(ctx); /* warm-up: page faults, caches, thread wake-up */
+	for (int r = 0; r < repeat; r++) {
+		double t = kv_now_s();
+		fn(ctx);
+		t = kv_now_s() - t;
+		best = t < best ? t : best;
+	}
+	return best;
+}
+
+struct gemm_ctx {
+	const struct ke_mat *w;
+	const float *x, *wf;
+	float *y;
+	int m;
+	sgemm_fn sg;
+};
+
+static void run_ours(void *p)
+{
+	struct gemm_ctx *g = p;
+	ke_gemm(g->w, g->x, (size_t)g->w->cols, g->m, g->y, (size_t)g->w->rows, 0);
+}
+
+static void run_blas(void *p)
+{
+	struct gemm_ctx *g = p;
+	/* RowMajor, NoTrans x, Trans w: y[m][n] = sum_k x[m][k] w[n][k] */
+	g->sg(101, 111, 112, g->m, g->w->rows, g->w->cols, 1.0f, g->x, g->w->cols, g->wf, g->w->cols, 0.0f, g->y,
+	      g->w->rows);
+}
+
+struct ctx_result {
+	int ctx;
+	double prefill_tps, decode_tps, bound_kv;
+};
+
+static int cmd_bench_engine(int argc, char **argv)
+{
+	const char *model = NULL, *ctxs = "1024,8192";
+	int64_t decode_tokens = 32, repeat = 3, gemm_m = 256;
+	int json = 0, kv_f32 = 0;
+	struct kv_flag flags[] = {
+		{"model", KV_FLAG_STR, &model, "DIR", "model folder"},
+		{"json", KV_FLAG_BOOL, &json, NULL, "print one JSON object"},
+		{"contexts", KV_FLAG_STR, &ctxs, "LIST", "context lengths for prefill/decode (default 1024,8192)"},
+		{"decode-tokens", KV_FLAG_INT, &decode_tokens, "N", "decode steps timed per context (default 32)"},
+		{"repeat", KV_FLAG_INT, &repeat, "N", "GEMM repetitions, best kept (default 3)"},
+		{"gemm-m", KV_FLAG_INT, &gemm_m, "M", "activation rows of the GEMM measurement (default 256)"},
+		{"kv-f32", KV_FLAG_BOOL, &kv_f32, NULL, "f32 KV (default bf16)"},
+		{0},
+	};
+	const char *usage = "usage: kvkeep bench engine --model DIR [--json] [--contexts 1024,8192]";
+	int rc = kv_flags_parse(usage, flags, argc, argv, NULL, 0, NULL);
+	if (rc == 1)
+		return 0;
+	if (rc)
+		return 2;
+	int32_t *cl = NULL;
+	size_t ncl = 0;
+	if (!model || kv_parse_int_list(ctxs, &cl, &ncl) || ncl == 0 || ncl > MAX_CTX || decode_tokens < 1 ||
+	    decode_tokens > 100000 || repeat < 1 || repeat > 1000 || gemm_m < 1 || gemm_m > 8192) {
+		fprintf(stderr, "kvkeep bench engine: --model is required; contexts 1..%d values; see --help\n", MAX_CTX);
+		free(cl);
+		return 2;
+	}
+	for (size_t i = 0; i < ncl; i++)
+		if (cl[i] < 1 || cl[i] > 1 << 20) {
+			fprintf(stderr, "kvkeep bench engine: context %d out of range\n", cl[i]);
+			free(cl);
+			return 2;
+		}
+
+	struct ke_model *m = NULL;
+	struct ke_model_params mp = {.kv_f32 = kv_f32};
+	if (ke_model_load(model, &mp, &m)) {
+		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+		free(cl);
+		return 1;
+	}
+	const struct kv_model_config *c = ke_model_config(m);
+	int V = c->vocab, threads = ke_par_threads();
+	int status = 1;
+
+	/* memory bandwidth and the decode bound */
+	double bw1, bw = memcpy_bw(&bw1);
+	double wbytes = (double)ke_model_decode_bytes(m);
+	double state_bytes = (double)ke_model_layout(m)->snapshot_bytes;
+	double bound = bw > 0 ? bw / wbytes : 0;
+
+	/* GEMM on the largest distinct shapes */
+	struct shape sh[MAX_SHAPES];
+	int nsh = 0;
+	for (int i = 0; i < ke_model_n_mats(m) && nsh < MAX_SHAPES; i++) {
+		const char *nm;
+		const struct ke_mat *w = ke_model_mat(m, i, &nm);
+		int dup = 0;
+		for (int j = 0; j < nsh; j++)
+			dup |= sh[j].w->rows == w->rows && sh[j].w->cols == w->cols && sh[j].w->dtype == w->dtype;
+		if (!dup) {
+			memset(&sh[nsh], 0, sizeof sh[nsh]);
+			sh[nsh].w = w;
+			sh[nsh].name = nm;
+			nsh++;
+		}
+	}
+	void *blas = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+	sgemm_fn sg = blas ? (sgemm_fn)dlsym(blas, "cblas_sgemm") : NULL;
+	set_threads_fn st = blas ? (set_threads_fn)dlsym(blas, "openblas_set_num_threads") : NULL;
+	if (st)
+		st(threads);
+	double fl_total = 0, t_ours = 0, t_ours32 = 0, t_blas = 0;
+	for (int i = 0; i < nsh; i++) {
+		const struct ke_mat *w = sh[i].w;
+		size_t nk = (size_t)w->rows * w->cols;
+		float *x = kv_alloc(KV_MEM_OTHER, (size_t)gemm_m * w->cols * 4);
+		float *y = kv_alloc(KV_MEM_OTHER, (size_t)gemm_m * w->rows * 4);
+		float *wf = kv_alloc(KV_MEM_OTHER, nk * 4);
+		if (!x || !y || !wf) {
+			fprintf(stderr, "kvkeep: out of memory for the GEMM benchmark\n");
+			kv_free(x);
+			kv_free(y);
+			kv_free(wf);
+			goto out;
+		}
+		uint64_t seed = 1;
+		for (size_t k = 0; k < (size_t)gemm_m * w->cols; k++) {
+			seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+			x[k] = (float)((int64_t)(seed >> 40) - (1 << 23)) / (float)(1 << 23);
+		}
+		if (w->dtype == KV_DT_BF16)
+			ke_vec_bf16_to_f32(wf, w->data, nk);
+		else
+			memcpy(wf, w->data, nk * 4);
+		struct ke_mat w32 = {wf, KV_DT_F32, w->rows, w->cols, (size_t)w->cols};
+		struct gemm_ctx g = {w, x, wf, y, (int)gemm_m, sg};
+		sh[i].ours = time_best((int)repeat, run_ours, &g);
+		g.w = &w32;
+		sh[i].ours_f32 = time_best((int)repeat, run_ours, &g);
+		if (sg)
+			sh[i].blas = time_best((int)repeat, run_blas, &g);
+		double fl = 2.0 * (double)gemm_m * w->rows * w->cols;
+		fl_total += fl;
+		t_ours += sh[i].ours;
+		t_ours32 += sh[i].ours_f32;
+		t_blas += sh[i].blas;
+		kv_free(x);
+		kv_free(y);
+		kv_free(wf);
+	}
+	double g_ours = fl_total / t_ours / 1e9, g_ours32 = fl_total / t_ours32 / 1e9;
+	double g_blas = sg ? fl_total / t_blas / 1e9 : 0;
+
+	/* prefill and decode per context */
+	struct ctx_result res[MAX_CTX];
+	float *logits = kv_alloc(KV_MEM_SCRATCH, (size_t)V * 4);
+	int maxc = 0;
+	for (size_t i = 0; i < ncl; i++)
+		maxc = cl[i] > maxc ? cl[i] : maxc;
+	int32_t *tok = malloc((size_t)maxc * sizeof *tok);
+	if (!logits || !tok) {
+		fprintf(stderr, "kvkeep: out of memory\n");
+		goto out2;
+	}
+	uint64_t seed = 7;
+	for (int i = 0; i < maxc; i++) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		tok[i] = (int32_t)((seed >> 33) % (uint64_t)V);
+	}
+	for (size_t i = 0; i < ncl; i++) {
+		struct ke_seq *s = NULL;
+		if (ke_seq_create(m, NULL, &s)) {
+			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+			goto out2;
+		}
+		double t = kv_now_s();
+		rc = ke_seq_prefill(s, tok, cl[i], NULL, logits);
+		double tp = kv_now_s() - t;
+		int32_t next = ke_argmax(logits, V);
+		t = kv_now_s();
+		for (int k = 0; k < decode_tokens && !rc; k++) {
+			rc = ke_seq_decode(s, next, logits);
+			next = ke_argmax(logits, V);
+		}
+		double td = kv_now_s() - t;
+		ke_seq_destroy(s);
+		if (rc) {
+			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+			goto out2;
+		}
+		res[i].ctx = cl[i];
+		res[i].prefill_tps = cl[i] / tp;
+		res[i].decode_tps = (double)decode_tokens / td;
+		double step_bytes = wbytes + 2.0 * state_bytes +
+				    (double)(cl[i] + decode_tokens / 2) * (double)ke_model_layout(m)->kv_bytes_per_token;
+		res[i].bound_kv = bw / step_bytes;
+		if (!json)
+			fprintf(stderr, "context %d: prefill %.1f tok/s, decode %.2f tok/s\n", cl[i], res[i].prefill_tps,
+				res[i].decode_tps);
+	}
+
+	if (json) {
+		printf("{\"model\": \"%s\", \"arch\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"weight_dtype\": \"%s\", "
+		       "\"kv_dtype\": \"%s\",\n", model, kv_arch_name(c->arch), ke_isa_name(ke_isa()), threads,
+		       kv_dtype_name(sh[0].w->dtype), kv_f32 ? "f32" : "bf16");
+		printf(" \"gemm_m\": %d, \"gemm_gflops\": %.2f, \"gemm_f32_gflops\": %.2f, ", (int)gemm_m, g_ours, g_ours32);
+		if (sg)
+			printf("\"openblas_gflops\": %.2f, \"gemm_ratio_vs_openblas\": %.3f, "
+			       "\"gemm_f32_ratio_vs_openblas\": %.3f,\n", g_blas, g_ours / g_blas, g_ours32 / g_blas);
+		else
+			printf("\"openblas_gflops\": null, \"openblas\": \"not installed\", \"gemm_ratio_vs_openblas\": null,\n");
+		printf(" \"gemm_shapes\": [");
+		for (int i = 0; i < nsh; i++) {
+			double fl = 2.0 * (double)gemm_m * sh[i].w->rows * sh[i].w->cols;
+			printf("%s{\"name\": \"%s\", \"n\": %d, \"k\": %d, \"gflops\": %.2f, \"f32_gflops\": %.2f, "
+			       "\"openblas_gflops\": %.2f}", i ? ", " : "", sh[i].name, sh[i].w->rows, sh[i].w->cols,
+			       fl / sh[i].ours / 1e9, fl / sh[i].ours_f32 / 1e9, sg ? fl / sh[i].blas / 1e9 : 0.0);
+		}
+		printf("],\n \"memcpy_gb_per_s\": %.2f, \"memcpy_1thread_gb_per_s\": %.2f, \"decode_weight_bytes\": %.0f, "
+		       "\"recurrent_state_bytes\": %.0f,\n", bw / 1e9, bw1 / 1e9, wbytes, state_bytes);
+		printf(" \"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, \"decode_bound_tokens_per_s\": %.2f, "
+		       "\"decode_vs_bound\": %.3f,\n", res[0].prefill_tps, res[0].decode_tps, bound, res[0].decode_tps / bound);
+		printf(" \"contexts\": [");
+		for (size_t i = 0; i < ncl; i++)
+			printf("%s{\"context\": %d, \"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, "
+			       "\"decode_vs_bound\": %.3f, \"decode_bound_with_kv_tokens_per_s\": %.2f}", i ? ", " : "",
+			       res[i].ctx, res[i].prefill_tps, res[i].decode_tps, res[i].decode_tps / bound, res[i].bound_kv);
+		printf("]}\n");
+	} else {
+		printf("model %s (%s, %s weights, %s KV), isa %s, %d threads\n", model, kv_arch_name(c->arch),
+		       kv_dtype_name(sh[0].w->dtype), kv_f32 ? "f32" : "bf16", ke_isa_name(ke_isa()), threads);
+		printf("memcpy: %.2f GB/s (1 thread %.2f GB/s)\n", bw / 1e9, bw1 / 1e9);
+		for (int i = 0; i < nsh; i++) {
+			double fl = 2.0 * (double)gemm_m * sh[i].w->rows * sh[i].w->cols;
+			printf("gemm %-44s M=%d N=%d K=%d: %.1f GFLOP/s (f32 weights %.1f), openblas ", sh[i].name, (int)gemm_m,
+			       sh[i].w->rows, sh[i].w->cols, fl / sh[i].ours / 1e9, fl / sh[i].ours_f32 / 1e9);
+			if (sg)
+				printf("%.1f GFLOP/s\n", fl / sh[i].blas / 1e9);
+			else
+				printf("not installed\n");
+		}
+		printf("gemm total: %.1f GFLOP/s (f32 weights %.1f); openblas sgemm ", g_ours, g_ours32);
+		if (sg)
+			printf("%.1f GFLOP/s; ratio %.2f (f32 weights %.2f)\n", g_blas, g_ours / g_blas, g_ours32 / g_blas);
+		else
+			printf("not installed\n");
+		for (size_t i = 0; i < ncl; i++)
+			printf("context %6d: prefill %9.1f tok/s, decode %8.2f tok/s (%.0f%% of the weights bound; "
+			       "bound with KV + state reads %.2f tok/s)\n", res[i].ctx, res[i].prefill_tps, res[i].decode_tps,
+			       100.0 * res[i].decode_tps / bound, res[i].bound_kv);
+		printf("decode bound: %.2f tok/s (%.1f MB of weights per token at %.2f GB/s; recurrent state %.1f MB "
+		       "not counted)\n", bound, wbytes / 1e6, bw / 1e9, state_bytes / 1e6);
+	}
+	status = 0;
+out2:
+	free(tok);
+	kv_free(logits);
+out:
+	if (blas)
+		dlclose(blas);
+	free(cl);
+	ke_model_destroy(m);
+	return status;
+}
+KV_COMMAND(bench_engine, "bench engine", "engine speed: GEMM vs OpenBLAS, prefill and decode tokens/s", cmd_bench_engine);

@@ -1,0 +1,263 @@
+/*
+ * attn.c - see attn.h.
+ */
+#include "engine/attn.h"
+#include "engine/gemm.h"
+#include "engine/isa.h"
+#include "engine/vec.h"
+#include "model/safetensors.h"
+#include "engine/par.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+size_t ke_attn_scratch_floats(int group, int head_dim)
+{
+	/* scores [G][BLOCK], acc [G][hd], m [G], l [G] */
+	return (size_t)group * KE_ATTN_BLOCK + (size_t)group * (size_t)head_dim + 2u * (size_t)group + 16u;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TGT2 __attribute__((target("avx2,fma")))
+
+TGT2 static inline __m256 ld8(const char *p, int bf)
+{
+	if (bf)
+		return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+	return _mm256_loadu_ps((const float *)(const void *)p);
+}
+
+/* A 16-column strip of GS query rows: acc rows stay in registers across
+ * the block's keys. */
+TGT2 static inline __attribute__((always_inline)) void pv_strip(const int GS, float *acc, const float *P,
+								const char *const *vrow, int nb, int hd, int d0, int bf)
+{
+	size_t es = bf ? 2 : 4;
+	__m256 a[4][2];
+#pragma GCC unroll 4
+	for (int i = 0; i < GS; i++) {
+		a[i][0] = _mm256_loadu_ps(acc + (size_t)i * hd + d0);
+		a[i][1] = _mm256_loadu_ps(acc + (size_t)i * hd + d0 + 8);
+	}
+	for (int j = 0; j < nb; j++) {
+		__m256 v0 = ld8(vrow[j] + (size_t)d0 * es, bf), v1 = ld8(vrow[j] + (size_t)(d0 + 8) * es, bf);
+#pragma GCC unroll 4
+		for (int i = 0; i < GS; i++) {
+			__m256 p = _mm256_broadcast_ss(P + (size_t)i * KE_ATTN_BLOCK + j);
+			a[i][0] = _mm256_fmadd_ps(p, v0, a[i][0]);
+			a[i][1] = _mm256_fmadd_ps(p, v1, a[i][1]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < GS; i++) {
+		_mm256_storeu_ps(acc + (size_t)i * hd + d0, a[i][0]);
+		_mm256_storeu_ps(acc + (size_t)i * hd + d0 + 8, a[i][1]);
+	}
+}
+
+#define TGT5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+
+TGT5 static inline __m512 ld16(const char *p, int bf)
+{
+	if (bf)
+		return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+	return _mm512_loadu_ps((const float *)(const void *)p);
+}
+
+/* The same strip with 32 columns in two 16-lane registers per row. */
+TGT5 static inline __attribute__((always_inline)) void pv_strip5(const int GS, float *acc, const float *P,
+								 const char *const *vrow, int nb, int hd, int d0, int bf)
+{
+	size_t es = bf ? 2 : 4;
+	__m512 a[4][2];
+#pragma GCC unroll 4
+	for (int i = 0; i < GS; i++) {
+		a[i][0] = _mm512_loadu_ps(acc + (size_t)i * hd + d0);
+		a[i][1] = _mm512_loadu_ps(acc + (size_t)i * hd + d0 + 16);
+	}
+	for (int j = 0; j < nb; j++) {
+		__m512 v0 = ld16(vrow[j] + (size_t)d0 * es, bf), v1 = ld16(vrow[j] + (size_t)(d0 + 16) * es, bf);
+#pragma GCC unroll 4
+		for (int i = 0; i < GS; i++) {
+			__m512 p = _mm512_set1_ps(P[(size_t)i * KE_ATTN_BLOCK + j]);
+			a[i][0] = _mm512_fmadd_ps(p, v0, a[i][0]);
+			a[i][1] = _mm512_fmadd_ps(p, v1, a[i][1]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < GS; i++) {
+		_mm512_storeu_ps(acc + (size_t)i * hd + d0, a[i][0]);
+		_mm512_storeu_ps(acc + (size_t)i * hd + d0 + 16, a[i][1]);
+	}
+}
+
+#define PVS5(gs, bf) \
+	TGT5 static void pv5_##gs##_##bf(float *acc, const float *P, const char *const *vrow, int nb, int hd, int d0) \
+	{ pv_strip5(gs, acc, P, vrow, nb, hd, d0, bf); }
+PVS5(1, 0) PVS5(2, 0) PVS5(3, 0) PVS5(4, 0) PVS5(1, 1) PVS5(2, 1) PVS5(3, 1) PVS5(4, 1)
+
+#define PVS(gs, bf) \
+	TGT2 static void pv_##gs##_##bf(float *acc, const float *P, const char *const *vrow, int nb, int hd, int d0) \
+	{ pv_strip(gs, acc, P, vrow, nb, hd, d0, bf); }
+PVS(1, 0) PVS(2, 0) PVS(3, 0) PVS(4, 0) PVS(1, 1) PVS(2, 1) PVS(3, 1) PVS(4, 1)
+typedef void (*pv_fn)(float *, const float *, const char *const *, int, int, int);
+static const pv_fn g_pv[2][4] = {{pv_1_0, pv_2_0, pv_3_0, pv_4_0}, {pv_1_1, pv_2_1, pv_3_1, pv_4_1}};
+static const pv_fn g_pv5[2][4] = {{pv5_1_0, pv5_2_0, pv5_3_0, pv5_4_0}, {pv5_1_1, pv5_2_1, pv5_3_1, pv5_4_1}};
+
+/* acc[i][d] = fma(P[i][j], V_j[d], acc[i][d]) for j ascending, i < G:
+ * the same operations, element by element, as pv_scalar below. */
+static void pv_avx2(float *acc, const float *P, const char *const *vrow, int nb, int G, int hd, int bf, int isa)
+{
+	int d0 = 0;
+	if (isa >= KE_ISA_AVX512)
+		for (; d0 + 32 <= hd; d0 += 32)
+			for (int g0 = 0; g0 < G; g0 += 4) {
+				int gs = G - g0 < 4 ? G - g0 : 4;
+				g_pv5[bf][gs - 1](acc + (size_t)g0 * hd, P + (size_t)g0 * KE_ATTN_BLOCK, vrow, nb, hd, d0);
+			}
+	for (; d0 + 16 <= hd; d0 += 16)
+		for (int g0 = 0; g0 < G; g0 += 4) {
+			int gs = G - g0 < 4 ? G - g0 : 4;
+			g_pv[bf][gs - 1](acc + (size_t)g0 * hd, P + (size_t)g0 * KE_ATTN_BLOCK, vrow, nb, hd, d0);
+		}
+	for (int d = d0; d < hd; d++)
+		for (int j = 0; j < nb; j++)
+			for (int i = 0; i < G; i++) {
+				float v;
+				if (bf) {
+					uint16_t h;
+					memcpy(&h, vrow[j] + (size_t)d * 2, 2);
+					uint32_t u = (uint32_t)h << 16;
+					memcpy(&v, &u, 4);
+				} else {
+					memcpy(&v, vrow[j] + (size_t)d * 4, 4);
+				}
+				float *y = acc + (size_t)i * hd + d;
+				*y = fmaf(P[(size_t)i * KE_ATTN_BLOCK + j], v, *y);
+			}
+}
+#endif
+
+static void pv_scalar(float *acc, const float *P, const char *const *vrow, int nb, int G, int hd, int bf)
+{
+	for (int j = 0; j < nb; j++)
+		for (int i = 0; i < G; i++) {
+			float pj = P[(size_t)i * KE_ATTN_BLOCK + j];
+			if (bf)
+				ke_vec_axpy_bf16_isa(KE_ISA_SCALAR, acc + (size_t)i * hd, pj, vrow[j], hd);
+			else
+				ke_vec_axpy_isa(KE_ISA_SCALAR, acc + (size_t)i * hd, pj, (const float *)(const void *)vrow[j], hd);
+		}
+}
+
+static inline const char *kv_row(const struct ke_layout *lay, struct kv_page *const *pages, int seg, int pos)
+{
+	int B = lay->page_tokens;
+	const struct kv_page *pg = pages[pos / B];
+	return (const char *)pg->data + ((size_t)seg * (size_t)B + (size_t)(pos % B)) * lay->row_bytes;
+}
+
+/* One query token, one KV head: G query rows. */
+static void attn_unit(const struct ke_attn_args *a, int t, int g, float *scr, int isa)
+{
+	const struct ke_layout *lay = a->lay;
+	int hd = lay->head_dim, Hkv = lay->n_kv_heads, G = a->n_heads / Hkv, B = lay->page_tokens;
+	int pos = a->pos0 + t;
+	int kseg = (a->layer * 2 + 0) * Hkv + g, vseg = (a->layer * 2 + 1) * Hkv + g;
+	int bf = lay->kv_dtype == KV_DT_BF16;
+	float *S = scr;                               /* [G][BLOCK] */
+	float *acc = S + (size_t)G * KE_ATTN_BLOCK;   /* [G][hd] */
+	float *m = acc + (size_t)G * hd;              /* [G] */
+	float *l = m + G;                             /* [G] */
+	const float *q = a->q + ((size_t)t * a->n_heads + (size_t)g * G) * hd;
+
+	memset(acc, 0, (size_t)G * hd * sizeof *acc);
+	for (int i = 0; i < G; i++) {
+		m[i] = -FLT_MAX;
+		l[i] = 0.0f;
+	}
+	for (int b0 = 0; b0 <= pos; b0 += KE_ATTN_BLOCK) {
+		int nb = pos + 1 - b0 < KE_ATTN_BLOCK ? pos + 1 - b0 : KE_ATTN_BLOCK;
+		/* Scores, one gemm per stretch of the block that lies in one page. */
+		for (int j0 = 0; j0 < nb;) {
+			int p = b0 + j0;
+			int in_page = B - p % B;
+			int n = nb - j0 < in_page ? nb - j0 : in_page;
+			struct ke_mat km = {kv_row(lay, a->pages, kseg, p), lay->kv_dtype, n, hd, (size_t)hd};
+			ke_gemm_range(isa, &km, q, (size_t)hd, G, S + j0, KE_ATTN_BLOCK, 0, 0, n);
+			j0 += n;
+		}
+		for (int i = 0; i < G; i++) {
+			float *s = S + (size_t)i * KE_ATTN_BLOCK;
+			float bm = -FLT_MAX;
+			for (int j = 0; j < nb; j++) {
+				s[j] = s[j] * a->scale;
+				bm = s[j] > bm ? s[j] : bm;
+			}
+			float mn = m[i] > bm ? m[i] : bm;
+			float c = ke_exp(m[i] - mn);
+			for (int j = 0; j < nb; j++)
+				s[j] = s[j] - mn;
+			ke_vec_exp(s, s, nb);
+			float sum = 0.0f;
+			for (int j = 0; j < nb; j++)
+				sum = sum + s[j];
+			l[i] = l[i] * c + sum;
+			m[i] = mn;
+			if (c != 1.0f) /* x * 1 == x exactly: skipping it changes no bit */
+				ke_vec_scale(acc + (size_t)i * hd, c, hd);
+		}
+		const char *vrow[KE_ATTN_BLOCK];
+		for (int j = 0; j < nb; j++)
+			vrow[j] = kv_row(lay, a->pages, vseg, b0 + j);
+#if defined(__x86_64__)
+		if (isa >= KE_ISA_AVX2)
+			pv_avx2(acc, S, vrow, nb, G, hd, bf, isa);
+		else
+#endif
+			pv_scalar(acc, S, vrow, nb, G, hd, bf);
+	}
+	float *o = a->out + ((size_t)t * a->n_heads + (size_t)g * G) * hd;
+	for (int i = 0; i < G; i++) {
+		float inv = 1.0f / l[i];
+		for (int d = 0; d < hd; d++)
+			o[(size_t)i * hd + d] = acc[(size_t)i * hd + d] * inv;
+	}
+}
+
+struct attn_job {
+	const struct ke_attn_args *a;
+	int isa;
+	size_t scr_floats;
+};
+
+static void attn_part(void *ctx, size_t b, size_t e, int thread)
+{
+	const struct attn_job *j = ctx;
+	const struct ke_attn_args *a = j->a;
+	int Hkv = a->lay->n_kv_heads;
+	float *scr = a->scratch + (size_t)thread * j->scr_floats;
+	/* Causal work grows with the token index; units are handed out zigzag
+	 * (n-1, 0, n-2, 1, ...) so the big ones go first and chunks stay
+	 * balanced. Order never affects results. */
+	for (size_t u = b; u < e; u++) {
+		size_t k = u / (size_t)Hkv;
+		int t = (int)(k % 2 == 1 ? k / 2 : (size_t)a->n_tok - 1 - k / 2);
+		attn_unit(a, t, (int)(u % (size_t)Hkv), scr, j->isa);
+	}
+}
+
+void ke_attn(const struct ke_attn_args *a)
+{
+	int G = a->n_heads / a->lay->n_kv_heads;
+	struct attn_job j = {a, ke_isa(), ke_attn_scratch_floats(G, a->lay->head_dim)};
+	size_t units = (size_t)a->n_tok * (size_t)a->lay->n_kv_heads;
+	double work = (double)a->n_tok * (double)(a->pos0 + a->n_tok) * a->n_heads * a->lay->head_dim;
+	if (a->scratch_threads < ke_par_threads() || units == 1 || work < KE_PAR_MIN_WORK)
+		attn_part(&j, 0, units, 0);
+	else
+		ke_par_for(units, 1, attn_part, &j);
+}

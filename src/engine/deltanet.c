@@ -1,0 +1,227 @@
+/*
+ * deltanet.c - see deltanet.h.
+ */
+#include "engine/deltanet.h"
+#include "engine/isa.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TGT2 __attribute__((target("avx2,fma")))
+#endif
+
+void ke_dn_conv(float *state, const float *w, float *x, int C, int K)
+{
+	int K1 = K - 1;
+	for (int c = 0; c < C; c++) {
+		float *st = state + (size_t)c * K1;
+		const float *wc = w + (size_t)c * K;
+		float acc = 0.0f;
+		for (int j = 0; j < K1; j++)
+			acc = acc + wc[j] * st[j];
+		float xc = x[c];
+		acc = acc + wc[K1] * xc;
+		if (K1 > 0) {
+			memmove(st, st + 1, (size_t)(K1 - 1) * sizeof *st);
+			st[K1 - 1] = xc;
+		}
+		x[c] = acc;
+	}
+}
+
+static void rule_scalar(float *S, const float *q, const float *k, const float *v, float alpha, float beta,
+			float *o, int dk, int dv, float *u)
+{
+	for (int j = 0; j < dv; j++)
+		u[j] = 0.0f;
+	for (int i = 0; i < dk; i++) {
+		float *s = S + (size_t)i * dv;
+		for (int j = 0; j < dv; j++) {
+			s[j] = s[j] * alpha;
+			u[j] = fmaf(s[j], k[i], u[j]);
+		}
+	}
+	for (int j = 0; j < dv; j++) {
+		u[j] = (v[j] - u[j]) * beta;
+		o[j] = 0.0f;
+	}
+	for (int i = 0; i < dk; i++) {
+		float *s = S + (size_t)i * dv;
+		for (int j = 0; j < dv; j++) {
+			s[j] = fmaf(k[i], u[j], s[j]);
+			o[j] = fmaf(s[j], q[i], o[j]);
+		}
+	}
+}
+
+#if defined(__x86_64__)
+/* dv a multiple of 8 (the caller checks). */
+TGT2 static void rule_avx2(float *S, const float *q, const float *k, const float *v, float alpha, float beta,
+			   float *o, int dk, int dv, float *u)
+{
+	__m256 al = _mm256_set1_ps(alpha), be = _mm256_set1_ps(beta);
+	for (int j = 0; j < dv; j += 8)
+		_mm256_storeu_ps(u + j, _mm256_setzero_ps());
+	for (int i = 0; i < dk; i++) {
+		float *s = S + (size_t)i * dv;
+		__m256 ki = _mm256_set1_ps(k[i]);
+		for (int j = 0; j < dv; j += 8) {
+			__m256 sv = _mm256_mul_ps(_mm256_loadu_ps(s + j), al);
+			_mm256_storeu_ps(s + j, sv);
+			_mm256_storeu_ps(u + j, _mm256_fmadd_ps(sv, ki, _mm256_loadu_ps(u + j)));
+		}
+	}
+	for (int j = 0; j < dv; j += 8) {
+		__m256 d = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v + j), _mm256_loadu_ps(u + j)), be);
+		_mm256_storeu_ps(u + j, d);
+		_mm256_storeu_ps(o + j, _mm256_setzero_ps());
+	}
+	for (int i = 0; i < dk; i++) {
+		float *s = S + (size_t)i * dv;
+		__m256 ki = _mm256_set1_ps(k[i]), qi = _mm256_set1_ps(q[i]);
+		for (int j = 0; j < dv; j += 8) {
+			__m256 sv = _mm256_fmadd_ps(ki, _mm256_loadu_ps(u + j), _mm256_loadu_ps(s + j));
+			_mm256_storeu_ps(s + j, sv);
+			_mm256_storeu_ps(o + j, _mm256_fmadd_ps(sv, qi, _mm256_loadu_ps(o + j)));
+		}
+	}
+}
+#endif
+
+#if defined(__x86_64__)
+/*
+ * Fused sweep, one strip of NV vectors of W lanes (columns j0..j0+NV*W)
+ * at a time; every column is independent, so strips do not interact.
+ *   u = read of token 0 (after its decay);
+ *   per token t: d = (v_t - u) * beta_t; o_t = 0; u = 0 (if t+1 < n);
+ *     for i: S[i] = fma(k_t[i], d, S[i]); o_t = fma(S[i], q_t[i], o_t);
+ *            if t+1 < n: S[i] = S[i] * alpha_{t+1}; u = fma(S[i], k_{t+1}[i], u)
+ */
+#define DN_SWEEP(NAME, NV, TGT, VT, W, LOAD, STORE, SET1, ZERO, MUL, SUB, FMA) \
+	TGT static void NAME(float *S, int n, const float *q, const float *k, const float *v, size_t sq, \
+			     const float *alpha, const float *beta, size_t sab, float *o, size_t so, int dk, int dv, \
+			     int j0) \
+	{ \
+		VT u[4], d[4], ov[4]; \
+		for (int x = 0; x < NV; x++) \
+			u[x] = ZERO(); \
+		{ \
+			VT al = SET1(alpha[0]); \
+			for (int i = 0; i < dk; i++) { \
+				float *s = S + (size_t)i * dv + j0; \
+				VT ki = SET1(k[i]); \
+				for (int x = 0; x < NV; x++) { \
+					VT sv = MUL(LOAD(s + x * W), al); \
+					STORE(s + x * W, sv); \
+					u[x] = FMA(sv, ki, u[x]); \
+				} \
+			} \
+		} \
+		for (int t = 0; t < n; t++) { \
+			const float *qt = q + (size_t)t * sq, *kt = k + (size_t)t * sq, *vt = v + (size_t)t * sq; \
+			VT be = SET1(beta[(size_t)t * sab]); \
+			for (int x = 0; x < NV; x++) { \
+				d[x] = MUL(SUB(LOAD(vt + j0 + x * W), u[x]), be); \
+				ov[x] = ZERO(); \
+				u[x] = ZERO(); \
+			} \
+			if (t + 1 < n) { \
+				const float *kn = kt + sq; \
+				VT al = SET1(alpha[(size_t)(t + 1) * sab]); \
+				for (int i = 0; i < dk; i++) { \
+					float *s = S + (size_t)i * dv + j0; \
+					VT ki = SET1(kt[i]), qi = SET1(qt[i]), kni = SET1(kn[i]); \
+					for (int x = 0; x < NV; x++) { \
+						VT sv = FMA(ki, d[x], LOAD(s + x * W)); \
+						ov[x] = FMA(sv, qi, ov[x]); \
+						sv = MUL(sv, al); \
+						STORE(s + x * W, sv); \
+						u[x] = FMA(sv, kni, u[x]); \
+					} \
+				} \
+			} else { \
+				for (int i = 0; i < dk; i++) { \
+					float *s = S + (size_t)i * dv + j0; \
+					VT ki = SET1(kt[i]), qi = SET1(qt[i]); \
+					for (int x = 0; x < NV; x++) { \
+						VT sv = FMA(ki, d[x], LOAD(s + x * W)); \
+						STORE(s + x * W, sv); \
+						ov[x] = FMA(sv, qi, ov[x]); \
+					} \
+				} \
+			} \
+			float *ot = o + (size_t)t * so + j0; \
+			for (int x = 0; x < NV; x++) \
+				STORE(ot + x * W, ov[x]); \
+		} \
+	}
+
+#define TGT5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#define AVX2_OPS TGT2, __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_setzero_ps, \
+	_mm256_mul_ps, _mm256_sub_ps, _mm256_fmadd_ps
+#define AVX512_OPS TGT5, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_setzero_ps, \
+	_mm512_mul_ps, _mm512_sub_ps, _mm512_fmadd_ps
+#define DN_SWEEP_(...) DN_SWEEP(__VA_ARGS__)
+DN_SWEEP_(sweep_avx2_4, 4, AVX2_OPS)
+DN_SWEEP_(sweep_avx2_1, 1, AVX2_OPS)
+DN_SWEEP_(sweep_avx512_4, 4, AVX512_OPS)
+DN_SWEEP_(sweep_avx512_1, 1, AVX512_OPS)
+#endif
+
+#define DV_MAX 1024
+
+void ke_dn_rule_seq(int isa, float *S, int n, const float *q, const float *k, const float *v, size_t sq,
+		    const float *alpha, const float *beta, size_t sab, float *o, size_t so, int dk, int dv)
+{
+	if (n <= 0)
+		return;
+	int best = ke_isa_best();
+	if (isa > best)
+		isa = best;
+#if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX512 && dv % 16 == 0) {
+		int j0 = 0;
+		for (; j0 + 64 <= dv; j0 += 64)
+			sweep_avx512_4(S, n, q, k, v, sq, alpha, beta, sab, o, so, dk, dv, j0);
+		for (; j0 < dv; j0 += 16)
+			sweep_avx512_1(S, n, q, k, v, sq, alpha, beta, sab, o, so, dk, dv, j0);
+		return;
+	}
+	if (isa >= KE_ISA_AVX2 && dv % 8 == 0) {
+		int j0 = 0;
+		for (; j0 + 32 <= dv; j0 += 32)
+			sweep_avx2_4(S, n, q, k, v, sq, alpha, beta, sab, o, so, dk, dv, j0);
+		for (; j0 < dv; j0 += 8)
+			sweep_avx2_1(S, n, q, k, v, sq, alpha, beta, sab, o, so, dk, dv, j0);
+		return;
+	}
+#endif
+	for (int t = 0; t < n; t++)
+		ke_dn_rule_isa(KE_ISA_SCALAR, S, q + (size_t)t * sq, k + (size_t)t * sq, v + (size_t)t * sq,
+			       alpha[(size_t)t * sab], beta[(size_t)t * sab], o + (size_t)t * so, dk, dv);
+}
+
+void ke_dn_rule_isa(int isa, float *S, const float *q, const float *k, const float *v, float alpha, float beta,
+		    float *o, int dk, int dv)
+{
+	float u[DV_MAX];
+	/* The model loader rejects dv > DV_MAX; this keeps a stray caller safe. */
+	if (dv > DV_MAX)
+		return;
+#if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX2 && ke_isa_best() >= KE_ISA_AVX2 && dv % 8 == 0) {
+		rule_avx2(S, q, k, v, alpha, beta, o, dk, dv, u);
+		return;
+	}
+#endif
+	(void)isa;
+	rule_scalar(S, q, k, v, alpha, beta, o, dk, dv, u);
+}
+
+void ke_dn_rule(float *S, const float *q, const float *k, const float *v, float alpha, float beta, float *o,
+		int dk, int dv)
+{
+	ke_dn_rule_isa(ke_isa(), S, q, k, v, alpha, beta, o, dk, dv);
+}

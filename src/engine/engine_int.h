@@ -1,0 +1,113 @@
+/*
+ * engine_int.h - structures shared by model.c, seq.c and forward.c.
+ * Private to src/engine: other layers use model.h and seq.h.
+ */
+#ifndef KV_ENGINE_ENGINE_INT_H
+#define KV_ENGINE_ENGINE_INT_H
+
+#include "base/pages.h"
+#include "engine/gemm.h"
+#include "engine/layout.h"
+#include "engine/model.h"
+#include "engine/seq.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+struct ke_layer {
+	int type;                 /* enum kv_layer_type */
+	int idx;                  /* index among the layers of its type */
+	const float *in_norm;     /* [hidden] effective weight (1 + w for hybrids) */
+	const float *post_norm;   /* [hidden] */
+	struct ke_mat gate, up, down;
+	/* attention */
+	struct ke_mat q, k, v, o;
+	const float *q_norm;      /* [head_dim] effective */
+	const float *k_norm;
+	/* DeltaNet */
+	int fused;                /* qwen3_next: qkvz and ba */
+	struct ke_mat qkv, z, b, a; /* qkv = in_proj_qkv or in_proj_qkvz; b = in_proj_b or in_proj_ba */
+	struct ke_mat out;
+	const float *conv_w;      /* [conv_dim][K] */
+	const float *neg_a;       /* [Hv] -exp(A_log) */
+	const float *dt_bias;     /* [Hv] */
+	const float *gnorm;       /* [dv] plain weight */
+};
+
+#define KE_MAX_MATS (KV_MAX_LAYERS * 8 + 2)
+
+struct ke_model {
+	char dir[1024];
+	char prefix[64];
+	struct kv_model_config cfg;
+	struct ke_layout lay;
+	struct kv_weights *w;
+	struct kv_pages *pages;
+	struct ke_mat embed;      /* [vocab][hidden] */
+	struct ke_mat lm_head;    /* embed when tied */
+	const float *final_norm;  /* [hidden] effective */
+	struct ke_layer layers[KV_MAX_LAYERS];
+	float *inv_freq;          /* [rotary_dim / 2] */
+	void *owned;              /* one kv_alloc block holding every f32 copy */
+	uint64_t decode_bytes;
+	int n_mats;
+	struct ke_mat mats[KE_MAX_MATS];
+	const char *mat_names[KE_MAX_MATS];
+	int conv_dim;
+};
+
+/* Per-sequence scratch, carved from one block, sized for `chunk` rows.
+ * x, h, the RoPE tables and the attention scratch are separate; the
+ * attention, DeltaNet and MLP buffers overlay one region (ke_scratch_plan),
+ * so a buffer of one group is garbage once another group has run. */
+struct ke_scratch {
+	int chunk;
+	float *x;      /* [C][hidden] residual stream */
+	float *h;      /* [C][hidden] normalised input */
+	float *q;      /* [C][H hd (x2 gated)] q_proj output */
+	float *qh;     /* [C][H hd] queries */
+	float *gate;   /* [C][H hd] output gate (hybrid) */
+	float *k;      /* [C][Hkv hd] */
+	float *v;      /* [C][Hkv hd] */
+	float *att;    /* [C][H hd] */
+	float *m1;     /* [C][I] */
+	float *m2;     /* [C][I] */
+	float *mix;    /* [C][qkv or qkvz width] DeltaNet projections */
+	float *dq;     /* [C][conv_dim] q|k|v after conv (rearranged for fused) */
+	float *z;      /* [C][Hv dv] */
+	float *ba;     /* [C][2 Hv] b then a (or fused ba output) */
+	float *beta;   /* [C][Hv] */
+	float *alpha;  /* [C][Hv] */
+	float *core;   /* [C][Hv dv] */
+	float *cosv;   /* [C][rot/2] */
+	float *sinv;   /* [C][rot/2] */
+	float *attn_scr; /* threads x ke_attn_scratch_floats */
+	int attn_threads;
+	void *block;
+	size_t bytes;
+};
+
+struct ke_seq {
+	struct ke_model *m;
+	struct ke_seq_params p;
+	int pos;
+	int32_t *tokens;
+	int tok_cap;
+	struct kv_page **pages;
+	int n_pages;
+	int pages_cap;
+	float *rec;               /* snapshot_bytes, or NULL for dense */
+	struct ke_scratch sc;
+};
+
+/* Scratch layout for a model and chunk; with block == NULL only sizes. */
+size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *sc, void *block);
+
+/*
+ * Forward n <= chunk tokens at positions [s->pos, s->pos + n). Pages for
+ * those positions must be present and writable. Logits: rows_out (n x V)
+ * for every row if set, else last_out (V) for the last row if set.
+ * Advances nothing: the caller updates pos and tokens.
+ */
+void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, float *last_out);
+
+#endif

@@ -1,0 +1,271 @@
+/*
+ * forward.c - the forward pass of one chunk of tokens (dense Qwen3 and the
+ * hybrid Qwen3.5 / Qwen3-Next), following Hugging Face's modeling code;
+ * docs/engine.md lists the math and where kvkeep's order of operations
+ * differs (it never differs in what is computed).
+ *
+ * Shapes below: n = tokens in the chunk, D = hidden, I = intermediate,
+ * H/Hkv = query/KV heads of attention, hd = head_dim, Hk/Hv = key/value
+ * heads of the DeltaNet with dims dk/dv, C = conv channels = 2 Hk dk + Hv dv.
+ * Every row is computed by kernels whose result does not depend on n.
+ */
+#include "engine/engine_int.h"
+#include "engine/attn.h"
+#include "engine/deltanet.h"
+#include "engine/isa.h"
+#include "engine/vec.h"
+#include "engine/par.h"
+
+#include <math.h>
+#include <string.h>
+
+static void embed_row(const struct ke_model *m, int32_t id, float *out)
+{
+	int D = m->cfg.hidden;
+	const char *row = (const char *)m->embed.data + (size_t)id * m->embed.ld * (m->embed.dtype == KV_DT_BF16 ? 2 : 4);
+	if (m->embed.dtype == KV_DT_BF16)
+		ke_vec_bf16_to_f32(out, row, (size_t)D);
+	else
+		memcpy(out, row, (size_t)D * sizeof *out);
+}
+
+/* cos/sin of position x inverse frequency, f32 like Hugging Face. */
+static void rope_tables(const struct ke_model *m, int pos0, int n, float *cs, float *sn)
+{
+	int half = m->cfg.rotary_dim / 2;
+	for (int t = 0; t < n; t++) {
+		float p = (float)(pos0 + t);
+		for (int i = 0; i < half; i++) {
+			float f = m->inv_freq[i] * p;
+			cs[(size_t)t * half + i] = cosf(f);
+			sn[(size_t)t * half + i] = sinf(f);
+		}
+	}
+}
+
+/* rotate-half RoPE on the first 2 half dims of x */
+static void rope(float *x, const float *cs, const float *sn, int half)
+{
+	for (int i = 0; i < half; i++) {
+		float x1 = x[i], x2 = x[i + half];
+		x[i] = x1 * cs[i] - x2 * sn[i];
+		x[i + half] = x2 * cs[i] + x1 * sn[i];
+	}
+}
+
+static void write_row(const struct ke_layout *lay, struct kv_page **pages, int seg, int pos, const float *src)
+{
+	int B = lay->page_tokens;
+	char *dst = (char *)pages[pos / B]->data + ke_layout_row_off(lay, seg, pos % B, B);
+	if (lay->kv_dtype == KV_DT_BF16)
+		ke_vec_f32_to_bf16(dst, src, (size_t)lay->head_dim);
+	else
+		memcpy(dst, src, (size_t)lay->head_dim * sizeof *src);
+}
+
+static void attn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
+{
+	const struct ke_model *m = s->m;
+	const struct kv_model_config *c = &m->cfg;
+	const struct ke_layout *lay = &m->lay;
+	struct ke_scratch *sc = &s->sc;
+	int D = c->hidden, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
+	int gated = c->attn_output_gate, half = c->rotary_dim / 2;
+	size_t qw = (size_t)H * hd * (gated ? 2 : 1), kw = (size_t)Hkv * hd;
+	float eps = (float)c->rms_eps;
+
+	ke_gemm(&ly->q, sc->h, (size_t)D, n, sc->q, qw, 0);
+	ke_gemm(&ly->k, sc->h, (size_t)D, n, sc->k, kw, 0);
+	ke_gemm(&ly->v, sc->h, (size_t)D, n, sc->v, kw, 0);
+	for (int t = 0; t < n; t++) {
+		const float *cs = sc->cosv + (size_t)t * half, *sn = sc->sinv + (size_t)t * half;
+		for (int h = 0; h < H; h++) {
+			/* hybrid q_proj rows per head: [query hd | gate hd] */
+			const float *src = sc->q + (size_t)t * qw + (size_t)h * hd * (gated ? 2 : 1);
+			float *dst = sc->qh + ((size_t)t * H + h) * hd;
+			if (gated)
+				memcpy(sc->gate + ((size_t)t * H + h) * hd, src + hd, (size_t)hd * sizeof *src);
+			ke_vec_rmsnorm(dst, src, ly->q_norm, hd, eps);
+			rope(dst, cs, sn, half);
+		}
+		for (int g = 0; g < Hkv; g++) {
+			float *k = sc->k + (size_t)t * kw + (size_t)g * hd;
+			ke_vec_rmsnorm(k, k, ly->k_norm, hd, eps);
+			rope(k, cs, sn, half);
+			write_row(lay, s->pages, (ly->idx * 2 + 0) * Hkv + g, s->pos + t, k);
+			write_row(lay, s->pages, (ly->idx * 2 + 1) * Hkv + g, s->pos + t, sc->v + (size_t)t * kw + (size_t)g * hd);
+		}
+	}
+	struct ke_attn_args a = {
+		.lay = lay,
+		.pages = s->pages,
+		.layer = ly->idx,
+		.n_heads = H,
+		.q = sc->qh,
+		.out = sc->att,
+		.pos0 = s->pos,
+		.n_tok = n,
+		.scale = (float)(1.0 / sqrt((double)hd)),
+		.scratch = sc->attn_scr,
+		.scratch_threads = sc->attn_threads,
+	};
+	ke_attn(&a);
+	if (gated) {
+		size_t tot = (size_t)n * H * hd;
+		for (size_t i = 0; i < tot; i++)
+			sc->att[i] = sc->att[i] * (1.0f / (1.0f + ke_exp(0.0f - sc->gate[i])));
+	}
+	ke_gemm(&ly->o, sc->att, (size_t)H * hd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
+}
+
+struct dn_job {
+	const struct kv_model_config *c;
+	float *S;          /* [Hv][dk][dv] */
+	const float *dq;   /* [n][C] */
+	const float *beta, *alpha; /* [n][Hv] */
+	float *core;       /* [n][Hv dv] */
+	int n, C;
+};
+
+static void dn_heads(void *ctx, size_t b, size_t e, int thread)
+{
+	const struct dn_job *j = ctx;
+	const struct kv_model_config *c = j->c;
+	int Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim, r = Hv / Hk;
+	size_t kd = (size_t)Hk * dk;
+	int isa = ke_isa();
+	(void)thread;
+	for (size_t h = b; h < e; h++) {
+		int kh = (int)h / r;
+		float *S = j->S + h * (size_t)dk * dv;
+		/* q, k of key head kh and v of value head h, all rows C floats apart */
+		const float *row = j->dq;
+		ke_dn_rule_seq(isa, S, j->n, row + (size_t)kh * dk, row + kd + (size_t)kh * dk,
+			       row + 2 * kd + h * (size_t)dv, (size_t)j->C, j->alpha + h, j->beta + h, (size_t)Hv,
+			       j->core + h * (size_t)dv, (size_t)Hv * dv, dk, dv);
+	}
+}
+
+static void l2norm(float *x, int n)
+{
+	float ss = ke_vec_dot(x, x, n);
+	float inv = 1.0f / sqrtf(ss + 1e-6f);
+	for (int i = 0; i < n; i++)
+		x[i] = x[i] * inv;
+}
+
+static void dn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
+{
+	const struct ke_model *m = s->m;
+	const struct kv_model_config *c = &m->cfg;
+	struct ke_scratch *sc = &s->sc;
+	const struct ke_rec_layer *rl = &m->lay.rec[ly->idx];
+	int D = c->hidden, Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+	int r = Hv / Hk, K = c->conv_kernel, C = m->conv_dim;
+	size_t kd = (size_t)Hk * dk, vd = (size_t)Hv * dv;
+	float eps = (float)c->rms_eps;
+	float *conv = s->rec + rl->conv_off / sizeof(float);
+	float *S = s->rec + rl->state_off / sizeof(float);
+
+	if (ly->fused) {
+		/* Qwen3-Next: qkvz grouped per key head g as [q_g | k_g | v_g (r dv) | z_g (r dv)],
+		 * ba as [b_g (r) | a_g (r)]; regroup into [q | k | v], z, b, a. */
+		size_t qw = 2 * kd + 2 * vd, gw = 2 * (size_t)dk + 2 * (size_t)r * dv;
+		ke_gemm(&ly->qkv, sc->h, (size_t)D, n, sc->mix, qw, 0);
+		ke_gemm(&ly->b, sc->h, (size_t)D, n, sc->ba, 2 * (size_t)Hv, 0);
+		for (int t = 0; t < n; t++) {
+			float *dq = sc->dq + (size_t)t * C, *z = sc->z + (size_t)t * vd;
+			for (int g = 0; g < Hk; g++) {
+				const float *src = sc->mix + (size_t)t * qw + (size_t)g * gw;
+				size_t rv = (size_t)r * dv;
+				memcpy(dq + (size_t)g * dk, src, (size_t)dk * 4);
+				memcpy(dq + kd + (size_t)g * dk, src + dk, (size_t)dk * 4);
+				memcpy(dq + 2 * kd + g * rv, src + 2 * dk, rv * 4);
+				memcpy(z + g * rv, src + 2 * dk + rv, rv * 4);
+				const float *ba = sc->ba + (size_t)t * 2 * Hv + (size_t)g * 2 * r;
+				memcpy(sc->beta + (size_t)t * Hv + (size_t)g * r, ba, (size_t)r * 4);
+				memcpy(sc->alpha + (size_t)t * Hv + (size_t)g * r, ba + r, (size_t)r * 4);
+			}
+		}
+	} else {
+		ke_gemm(&ly->qkv, sc->h, (size_t)D, n, sc->dq, (size_t)C, 0);
+		ke_gemm(&ly->z, sc->h, (size_t)D, n, sc->z, vd, 0);
+		ke_gemm(&ly->b, sc->h, (size_t)D, n, sc->beta, (size_t)Hv, 0);
+		ke_gemm(&ly->a, sc->h, (size_t)D, n, sc->alpha, (size_t)Hv, 0);
+	}
+	/* causal conv, token by token through the conv state, then SiLU */
+	for (int t = 0; t < n; t++)
+		ke_dn_conv(conv, ly->conv_w, sc->dq + (size_t)t * C, C, K);
+	ke_vec_silu(sc->dq, n * C);
+	float qscale = (float)(1.0 / sqrt((double)dk));
+	for (int t = 0; t < n; t++) {
+		float *row = sc->dq + (size_t)t * C;
+		for (int g = 0; g < Hk; g++) {
+			float *q = row + (size_t)g * dk, *k = row + kd + (size_t)g * dk;
+			l2norm(q, dk);
+			for (int i = 0; i < dk; i++)
+				q[i] = q[i] * qscale;
+			l2norm(k, dk);
+		}
+		for (int h = 0; h < Hv; h++) {
+			float *bp = sc->beta + (size_t)t * Hv + h, *ap = sc->alpha + (size_t)t * Hv + h;
+			float b = *bp, x = *ap + ly->dt_bias[h];
+			float sp = x > 20.0f ? x : log1pf(expf(x));   /* torch softplus, threshold 20 */
+			*bp = 1.0f / (1.0f + expf(-b));
+			*ap = expf(ly->neg_a[h] * sp);
+		}
+	}
+	struct dn_job j = {c, S, sc->dq, sc->beta, sc->alpha, sc->core, n, C};
+	if (Hv > 1 && 4.0 * n * Hv * dk * dv >= KE_PAR_MIN_WORK)
+		ke_par_for((size_t)Hv, 1, dn_heads, &j);
+	else
+		dn_heads(&j, 0, (size_t)Hv, 0);
+	/* gated RMSNorm per value head: (norm(o) * w) * silu(z) */
+	ke_vec_silu(sc->z, (int)((size_t)n * vd));
+	for (int t = 0; t < n; t++)
+		for (int h = 0; h < Hv; h++) {
+			float *o = sc->core + (size_t)t * vd + (size_t)h * dv;
+			const float *z = sc->z + (size_t)t * vd + (size_t)h * dv;
+			ke_vec_rmsnorm(o, o, ly->gnorm, dv, eps);
+			for (int i = 0; i < dv; i++)
+				o[i] = o[i] * z[i];
+		}
+	ke_gemm(&ly->out, sc->core, vd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
+}
+
+void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, float *last_out)
+{
+	const struct ke_model *m = s->m;
+	const struct kv_model_config *c = &m->cfg;
+	struct ke_scratch *sc = &s->sc;
+	int D = c->hidden, I = c->intermediate, V = c->vocab;
+	float eps = (float)c->rms_eps;
+
+	for (int t = 0; t < n; t++)
+		embed_row(m, tok[t], sc->x + (size_t)t * D);
+	if (c->n_attn_layers)
+		rope_tables(m, s->pos, n, sc->cosv, sc->sinv);
+	for (int l = 0; l < c->n_layers; l++) {
+		const struct ke_layer *ly = &m->layers[l];
+		for (int t = 0; t < n; t++)
+			ke_vec_rmsnorm(sc->h + (size_t)t * D, sc->x + (size_t)t * D, ly->in_norm, D, eps);
+		if (ly->type == KV_LAYER_ATTN)
+			attn_layer(s, ly, n);
+		else
+			dn_layer(s, ly, n);
+		for (int t = 0; t < n; t++)
+			ke_vec_rmsnorm(sc->h + (size_t)t * D, sc->x + (size_t)t * D, ly->post_norm, D, eps);
+		ke_gemm(&ly->gate, sc->h, (size_t)D, n, sc->m1, (size_t)I, 0);
+		ke_gemm(&ly->up, sc->h, (size_t)D, n, sc->m2, (size_t)I, 0);
+		ke_vec_silu_mul(sc->m1, sc->m2, (int)((size_t)n * I));
+		ke_gemm(&ly->down, sc->m1, (size_t)I, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
+	}
+	if (rows_out) {
+		for (int t = 0; t < n; t++)
+			ke_vec_rmsnorm(sc->h + (size_t)t * D, sc->x + (size_t)t * D, m->final_norm, D, eps);
+		ke_gemm(&m->lm_head, sc->h, (size_t)D, n, rows_out, (size_t)V, 0);
+	} else if (last_out) {
+		ke_vec_rmsnorm(sc->h, sc->x + (size_t)(n - 1) * D, m->final_norm, D, eps);
+		ke_gemm(&m->lm_head, sc->h, (size_t)D, 1, last_out, (size_t)V, 0);
+	}
+}

@@ -1,0 +1,419 @@
+/*
+ * gemm.c - see gemm.h for the numerics contract.
+ *
+ * Loop structure (all paths): the caller's column range is cut into
+ * blocks of NB weight rows small enough to stay in L2; inside a block, for
+ * each tile of MR activation rows, the NR-row weight tiles are swept. A
+ * tile keeps MR x NR lane accumulators in registers for the whole K, so
+ * every output sees the canonical order whatever MR and NR are; tile
+ * sizes are chosen per path for speed only.
+ *
+ * The SIMD functions use explicit fused multiply-adds wherever the scalar
+ * reference calls fmaf(), and nothing else that could be contracted.
+ */
+#include "engine/gemm.h"
+#include "engine/isa.h"
+#include "model/safetensors.h"
+#include "engine/par.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* Weight bytes per block: a block of rows is swept by every row tile of
+ * the activations, so it should stay in L2 (1 MB on this CPU). */
+#define NB_BYTES (256u * 1024u)
+
+static inline float ld_bf16(const void *p)
+{
+	uint16_t h;
+	uint32_t u;
+	float f;
+	memcpy(&h, p, 2);
+	u = (uint32_t)h << 16;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+static inline float w_at(const struct ke_mat *w, int n, int k)
+{
+	size_t i = (size_t)n * w->ld + (size_t)k;
+	if (w->dtype == KV_DT_BF16)
+		return ld_bf16((const char *)w->data + i * 2);
+	float f;
+	memcpy(&f, (const char *)w->data + i * 4, 4);
+	return f;
+}
+
+static inline float tree16(float *a)
+{
+	for (int j = 0; j < 8; j++)
+		a[j] = a[j] + a[j + 8];
+	for (int j = 0; j < 4; j++)
+		a[j] = a[j] + a[j + 4];
+	for (int j = 0; j < 2; j++)
+		a[j] = a[j] + a[j + 2];
+	return a[0] + a[1];
+}
+
+float ke_dot_ref(const float *a, const float *b, int n)
+{
+	float acc[16] = {0};
+	for (int k = 0; k < n; k += 16)
+		for (int j = 0; j < 16; j++) {
+			float x = k + j < n ? a[k + j] : 0.0f, y = k + j < n ? b[k + j] : 0.0f;
+			acc[j] = fmaf(x, y, acc[j]);
+		}
+	return tree16(acc);
+}
+
+/* --- scalar reference ----------------------------------------------------- */
+
+static void gemm_scalar(const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
+			unsigned flags, int n0, int n1)
+{
+	int K = w->cols;
+	for (int i = 0; i < m; i++) {
+		const float *xr = x + (size_t)i * ldx;
+		for (int n = n0; n < n1; n++) {
+			float acc[16] = {0};
+			for (int k = 0; k < K; k += 16)
+				for (int j = 0; j < 16; j++) {
+					float xv = 0.0f, wv = 0.0f;
+					if (k + j < K) {
+						xv = xr[k + j];
+						wv = w_at(w, n, k + j);
+					}
+					acc[j] = fmaf(xv, wv, acc[j]);
+				}
+			float r = tree16(acc);
+			float *yo = y + (size_t)i * ldy + n;
+			*yo = (flags & KE_GEMM_ACCUM) ? *yo + r : r;
+		}
+	}
+}
+
+#if defined(__x86_64__)
+
+/* --- AVX2 + FMA ----------------------------------------------------------- */
+
+#define TGT2 __attribute__((target("avx2,fma")))
+#define INL __attribute__((always_inline)) inline
+
+/* Lanes 0-7 of a 16-lane accumulator live in one register, 8-15 in another. */
+TGT2 static INL float hsum2(__m256 lo, __m256 hi)
+{
+	__m256 t = _mm256_add_ps(lo, hi);                                              /* j + j+8 */
+	__m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)); /* j + j+4 */
+	__m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));                                 /* j + j+2 */
+	__m128 r = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));                              /* 0 + 1 */
+	return _mm_cvtss_f32(r);
+}
+
+TGT2 static INL __m256 ld8w(const void *p, int bf)
+{
+	if (bf)
+		return _mm256_castsi256_ps(
+			_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+	return _mm256_loadu_ps((const float *)p);
+}
+
+/* MR x NR tile, AVX2. x rows at x + i*ldx, w rows at w + j*wstride bytes. */
+TGT2 static INL void tile2(const int MR, const int NR, const int bf, const float *x, size_t ldx, const char *w,
+			   size_t wstride, int K, float *y, size_t ldy, unsigned flags)
+{
+	__m256 lo[3][2], hi[3][2];
+	const size_t es = bf ? 2 : 4;
+#pragma GCC unroll 3
+	for (int i = 0; i < MR; i++)
+#pragma GCC unroll 2
+		for (int j = 0; j < NR; j++) {
+			lo[i][j] = _mm256_setzero_ps();
+			hi[i][j] = _mm256_setzero_ps();
+		}
+	int k = 0;
+	for (; k + 16 <= K; k += 16) {
+		__m256 wv[2];
+#pragma GCC unroll 2
+		for (int j = 0; j < NR; j++)
+			wv[j] = ld8w(w + j * wstride + (size_t)k * es, bf);
+#pragma GCC unroll 3
+		for (int i = 0; i < MR; i++) {
+			__m256 xv = _mm256_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 2
+			for (int j = 0; j < NR; j++)
+				lo[i][j] = _mm256_fmadd_ps(xv, wv[j], lo[i][j]);
+		}
+#pragma GCC unroll 2
+		for (int j = 0; j < NR; j++)
+			wv[j] = ld8w(w + j * wstride + (size_t)(k + 8) * es, bf);
+#pragma GCC unroll 3
+		for (int i = 0; i < MR; i++) {
+			__m256 xv = _mm256_loadu_ps(x + i * ldx + k + 8);
+#pragma GCC unroll 2
+			for (int j = 0; j < NR; j++)
+				hi[i][j] = _mm256_fmadd_ps(xv, wv[j], hi[i][j]);
+		}
+	}
+	if (k < K) {
+		/* Zero-padded last block, through small buffers. */
+		float xb[3][16], wb[2][16];
+		int r = K - k;
+#pragma GCC unroll 3
+		for (int i = 0; i < MR; i++) {
+			memset(xb[i], 0, sizeof xb[i]);
+			memcpy(xb[i], x + i * ldx + k, (size_t)r * 4);
+		}
+#pragma GCC unroll 2
+		for (int j = 0; j < NR; j++) {
+			memset(wb[j], 0, sizeof wb[j]);
+			const char *wp = w + j * wstride + (size_t)k * es;
+			for (int t = 0; t < r; t++) {
+				if (bf)
+					wb[j][t] = ld_bf16(wp + (size_t)t * 2);
+				else
+					memcpy(&wb[j][t], wp + (size_t)t * 4, 4);
+			}
+		}
+#pragma GCC unroll 3
+		for (int i = 0; i < MR; i++) {
+			__m256 x0 = _mm256_loadu_ps(xb[i]), x1 = _mm256_loadu_ps(xb[i] + 8);
+#pragma GCC unroll 2
+			for (int j = 0; j < NR; j++) {
+				lo[i][j] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(wb[j]), lo[i][j]);
+				hi[i][j] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(wb[j] + 8), hi[i][j]);
+			}
+		}
+	}
+#pragma GCC unroll 3
+	for (int i = 0; i < MR; i++)
+#pragma GCC unroll 2
+		for (int j = 0; j < NR; j++) {
+			float r = hsum2(lo[i][j], hi[i][j]);
+			float *yo = y + i * ldy + j;
+			*yo = (flags & KE_GEMM_ACCUM) ? *yo + r : r;
+		}
+}
+
+#define T2(mr, nr, bf) \
+	TGT2 static void t2_##mr##_##nr##_##bf(const float *x, size_t ldx, const char *w, size_t ws, int K, \
+					      float *y, size_t ldy, unsigned fl) \
+	{ tile2(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl); }
+T2(1, 1, 0) T2(1, 2, 0) T2(2, 1, 0) T2(2, 2, 0) T2(3, 1, 0) T2(3, 2, 0)
+T2(1, 1, 1) T2(1, 2, 1) T2(2, 1, 1) T2(2, 2, 1) T2(3, 1, 1) T2(3, 2, 1)
+
+typedef void (*tile_fn)(const float *, size_t, const char *, size_t, int, float *, size_t, unsigned);
+
+static const tile_fn g_t2[2][3][2] = {
+	{{t2_1_1_0, t2_1_2_0}, {t2_2_1_0, t2_2_2_0}, {t2_3_1_0, t2_3_2_0}},
+	{{t2_1_1_1, t2_1_2_1}, {t2_2_1_1, t2_2_2_1}, {t2_3_1_1, t2_3_2_1}},
+};
+
+/* --- AVX-512 -------------------------------------------------------------- */
+
+#define TGT5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#define MR5 4
+#define NR5 6
+
+TGT5 static INL float hsum5(__m512 a)
+{
+	__m256 t = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)); /* j + j+8 */
+	__m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));    /* j + j+4 */
+	__m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));                                    /* j + j+2 */
+	__m128 r = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));                                 /* 0 + 1 */
+	return _mm_cvtss_f32(r);
+}
+
+/* Four canonical reductions at once: lanes (j, j+8) of every accumulator,
+ * then (j, j+4), (j, j+2), (0, 1), each an IEEE add of the same pair as
+ * hsum5 (addition is commutative bit for bit). Returns {a, b, c, d}. */
+TGT5 static INL __m128 hsum4x5(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+	__m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+	__m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+	/* ab = [ta0 ta1 tb0 tb1] (128-bit chunks of the 8-lane partial sums) */
+	__m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+	/* u = [ua ub uc ud], 4 lanes each */
+	__m512 v = _mm512_add_ps(u, _mm512_permute_ps(u, 0xEE));
+	__m512 w = _mm512_add_ps(v, _mm512_permute_ps(v, 0x55));
+	/* lane 0 of each 128-bit chunk */
+	return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+									      0, 0), w));
+}
+
+TGT5 static INL __m512 ld16w(const void *p, int bf)
+{
+	if (bf)
+		return _mm512_castsi512_ps(
+			_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+	return _mm512_loadu_ps((const float *)p);
+}
+
+TGT5 static INL __m512 ld16w_mask(const void *p, int bf, __mmask16 m)
+{
+	if (bf)
+		return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+	return _mm512_maskz_loadu_ps(m, p);
+}
+
+TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float *x, size_t ldx, const char *w,
+			   size_t wstride, int K, float *y, size_t ldy, unsigned flags)
+{
+	__m512 acc[MR5][NR5];
+	const size_t es = bf ? 2 : 4;
+#pragma GCC unroll 4
+	for (int i = 0; i < MR; i++)
+#pragma GCC unroll 6
+		for (int j = 0; j < NR; j++)
+			acc[i][j] = _mm512_setzero_ps();
+	int k = 0;
+	for (; k + 16 <= K; k += 16) {
+		__m512 wv[NR5];
+#pragma GCC unroll 6
+		for (int j = 0; j < NR; j++)
+			wv[j] = ld16w(w + j * wstride + (size_t)k * es, bf);
+#pragma GCC unroll 4
+		for (int i = 0; i < MR; i++) {
+			__m512 xv = _mm512_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 6
+			for (int j = 0; j < NR; j++)
+				acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+		}
+	}
+	if (k < K) {
+		__mmask16 m = (__mmask16)((1u << (K - k)) - 1u);
+		__m512 wv[NR5];
+#pragma GCC unroll 6
+		for (int j = 0; j < NR; j++)
+			wv[j] = ld16w_mask(w + j * wstride + (size_t)k * es, bf, m);
+#pragma GCC unroll 4
+		for (int i = 0; i < MR; i++) {
+			__m512 xv = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
+#pragma GCC unroll 6
+			for (int j = 0; j < NR; j++)
+				acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+		}
+	}
+	/* Reductions four accumulators at a time (hsum4x5: the same pairs as
+	 * hsum5), the rest one by one. */
+	float r[MR5 * NR5];
+	const int T = MR * NR;
+	int q = 0;
+#pragma GCC unroll 6
+	for (; q + 4 <= T; q += 4)
+		_mm_storeu_ps(r + q, hsum4x5(acc[q / NR][q % NR], acc[(q + 1) / NR][(q + 1) % NR],
+					      acc[(q + 2) / NR][(q + 2) % NR], acc[(q + 3) / NR][(q + 3) % NR]));
+#pragma GCC unroll 3
+	for (; q < T; q++)
+		r[q] = hsum5(acc[q / NR][q % NR]);
+#pragma GCC unroll 4
+	for (int i = 0; i < MR; i++)
+#pragma GCC unroll 6
+		for (int j = 0; j < NR; j++) {
+			float *yo = y + i * ldy + j;
+			*yo = (flags & KE_GEMM_ACCUM) ? *yo + r[i * NR + j] : r[i * NR + j];
+		}
+}
+
+#define T5(mr, nr, bf) \
+	TGT5 static void t5_##mr##_##nr##_##bf(const float *x, size_t ldx, const char *w, size_t ws, int K, \
+					      float *y, size_t ldy, unsigned fl) \
+	{ tile5(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl); }
+#define T5ROW(mr, bf) T5(mr, 1, bf) T5(mr, 2, bf) T5(mr, 3, bf) T5(mr, 4, bf) T5(mr, 5, bf) T5(mr, 6, bf)
+T5ROW(1, 0) T5ROW(2, 0) T5ROW(3, 0) T5ROW(4, 0)
+T5ROW(1, 1) T5ROW(2, 1) T5ROW(3, 1) T5ROW(4, 1)
+
+#define T5TAB(mr, bf) {t5_##mr##_1_##bf, t5_##mr##_2_##bf, t5_##mr##_3_##bf, t5_##mr##_4_##bf, \
+		       t5_##mr##_5_##bf, t5_##mr##_6_##bf}
+static const tile_fn g_t5[2][MR5][NR5] = {
+	{T5TAB(1, 0), T5TAB(2, 0), T5TAB(3, 0), T5TAB(4, 0)},
+	{T5TAB(1, 1), T5TAB(2, 1), T5TAB(3, 1), T5TAB(4, 1)},
+};
+
+#endif /* __x86_64__ */
+
+/* Blocked sweep over [n0, n1) with a tile table. */
+static void sweep(const tile_fn *tab, int mr_max, int nr_max, const struct ke_mat *w, const float *x, size_t ldx,
+		  int m, float *y, size_t ldy, unsigned flags, int n0, int n1)
+{
+	size_t es = w->dtype == KV_DT_BF16 ? 2 : 4;
+	size_t wstride = w->ld * es;
+	size_t row_bytes = (size_t)w->cols * es;
+	int nb = (int)(NB_BYTES / (row_bytes ? row_bytes : 1));
+	if (nb < nr_max)
+		nb = nr_max;
+	nb -= nb % nr_max;
+	const char *wd = w->data;
+	for (int b0 = n0; b0 < n1; b0 += nb) {
+		int b1 = b0 + nb < n1 ? b0 + nb : n1;
+		for (int i = 0; i < m; i += mr_max) {
+			int mr = m - i < mr_max ? m - i : mr_max;
+			for (int n = b0; n < b1; n += nr_max) {
+				int nr = b1 - n < nr_max ? b1 - n : nr_max;
+				tab[(mr - 1) * nr_max + (nr - 1)](x + (size_t)i * ldx, ldx, wd + (size_t)n * wstride,
+								  wstride, w->cols, y + (size_t)i * ldy + n, ldy, flags);
+			}
+		}
+	}
+}
+
+void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
+		   unsigned flags, int n0, int n1)
+{
+	if (m <= 0 || n1 <= n0)
+		return;
+	int best = ke_isa_best();
+	if (isa > best)
+		isa = best;
+	int bf = w->dtype == KV_DT_BF16;
+#if defined(__x86_64__)
+	if (isa == KE_ISA_AVX512) {
+		sweep(&g_t5[bf][0][0], MR5, NR5, w, x, ldx, m, y, ldy, flags, n0, n1);
+		return;
+	}
+	if (isa == KE_ISA_AVX2) {
+		sweep(&g_t2[bf][0][0], 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
+		return;
+	}
+#endif
+	(void)bf;
+	gemm_scalar(w, x, ldx, m, y, ldy, flags, n0, n1);
+}
+
+struct gemm_job {
+	int isa;
+	const struct ke_mat *w;
+	const float *x;
+	size_t ldx;
+	int m;
+	float *y;
+	size_t ldy;
+	unsigned flags;
+};
+
+static void gemm_part(void *ctx, size_t b, size_t e, int thread)
+{
+	const struct gemm_job *j = ctx;
+	(void)thread;
+	ke_gemm_range(j->isa, j->w, j->x, j->ldx, j->m, j->y, j->ldy, j->flags, (int)b, (int)e);
+}
+
+void ke_gemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy, unsigned flags)
+{
+	struct gemm_job j = {ke_isa(), w, x, ldx, m, y, ldy, flags};
+	/* Waking a worker costs microseconds (much more when the cores are
+	 * busy with other processes): small products run on the caller. */
+	double work = (double)m * w->rows * w->cols;
+	if (work < KE_PAR_MIN_WORK) {
+		gemm_part(&j, 0, (size_t)w->rows, 0);
+		return;
+	}
+	/* Chunks: about four per thread, a multiple of every path's NR (6 and
+	 * 2) so chunks hold whole tiles. */
+	size_t per = (size_t)w->rows / (4u * (size_t)ke_par_threads()) + 1;
+	size_t grain = (per + 11) / 12 * 12;
+	ke_par_for((size_t)w->rows, grain, gemm_part, &j);
+}

@@ -1,0 +1,56 @@
+/*
+ * gemm.h - the batch-invariant matrix product of the engine.
+ *
+ *   y[i][n] = sum_k x[i][k] * w[n][k]      x: [M x K] f32 activations
+ *                                           w: [N x K] f32 or bf16 weights
+ *                                              (nn.Linear layout: output n
+ *                                              reads row n)
+ *
+ * Numerics (the contract every path keeps, DESIGN.md 8): each output is
+ * reduced in one fixed order that depends only on K, never on M, N, the
+ * tile it was computed in, the thread that computed it or the CPU path:
+ *   1. 16 lane accumulators a[0..15] start at +0;
+ *   2. for each block b of 16 columns (the last one zero-padded):
+ *        a[j] = fma(x[16b + j], w[16b + j], a[j])     (one rounding)
+ *   3. fixed tree: a[j] += a[j+8] (j<8); a[j] += a[j+4] (j<4);
+ *      a[j] += a[j+2] (j<2); y = a[0] + a[1].
+ * So decode (M = 1) and prefill (M = 2048) give bit-identical rows, and the
+ * scalar, AVX2 and AVX-512 paths give bit-identical results (tested).
+ * bf16 weights are widened exactly (bits << 16) in registers.
+ *
+ * Threads split N (output columns) through the global pool; the reduction
+ * over K is never split.
+ */
+#ifndef KV_ENGINE_GEMM_H
+#define KV_ENGINE_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A read-only weight matrix: `rows` rows of `cols` elements, row r at
+ * element offset r * ld. Data may be unaligned (mmap'd safetensors). */
+struct ke_mat {
+	const void *data;
+	int dtype;        /* KV_DT_F32 or KV_DT_BF16 (model/safetensors.h) */
+	int rows;         /* N */
+	int cols;         /* K */
+	size_t ld;        /* elements from one row to the next (>= cols) */
+};
+
+/* Multiply-adds below which a kernel call stays on the calling thread. */
+#define KE_PAR_MIN_WORK 262144.0
+
+#define KE_GEMM_ACCUM 1u  /* y += product instead of y = product */
+
+/* y = x w^T for m rows, on the global thread pool, current ISA path. */
+void ke_gemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy, unsigned flags);
+/* Same, single-threaded, output columns [n0, n1) only, on a given path
+ * (enum ke_isa, clamped to what the CPU has). For tests and callers that
+ * parallelise at their own level (attention). */
+void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
+		   unsigned flags, int n0, int n1);
+
+/* The canonical dot product above for one pair of f32 vectors (scalar). */
+float ke_dot_ref(const float *a, const float *b, int n);
+
+#endif

@@ -1,0 +1,70 @@
+/*
+ * isa.c - see isa.h.
+ */
+#include "engine/isa.h"
+#include "base/log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int g_isa = -1;  /* atomic: -1 until detected */
+
+int ke_isa_best(void)
+{
+#if defined(__x86_64__)
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+	    __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2"))
+		return KE_ISA_AVX512;
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+		return KE_ISA_AVX2;
+#endif
+	return KE_ISA_SCALAR;
+}
+
+const char *ke_isa_name(int isa)
+{
+	switch (isa) {
+	case KE_ISA_AVX2:
+		return "avx2";
+	case KE_ISA_AVX512:
+		return "avx512";
+	default:
+		return "scalar";
+	}
+}
+
+int ke_isa_set(int isa)
+{
+	int best = ke_isa_best();
+	if (isa < KE_ISA_SCALAR)
+		isa = KE_ISA_SCALAR;
+	if (isa > best)
+		isa = best;
+	__atomic_store_n(&g_isa, isa, __ATOMIC_RELEASE);
+	return isa;
+}
+
+int ke_isa(void)
+{
+	int v = __atomic_load_n(&g_isa, __ATOMIC_ACQUIRE);
+	if (v >= 0)
+		return v;
+	int best = ke_isa_best(), want = best;
+	const char *e = getenv("KVKEEP_ISA");
+	if (e && *e) {
+		if (!strcmp(e, "scalar"))
+			want = KE_ISA_SCALAR;
+		else if (!strcmp(e, "avx2"))
+			want = KE_ISA_AVX2;
+		else if (!strcmp(e, "avx512"))
+			want = KE_ISA_AVX512;
+		else
+			KV_WARN("engine.isa", "msg=\"unknown KVKEEP_ISA ignored\" value=%s", e);
+		if (want > best)
+			KV_WARN("engine.isa", "msg=\"KVKEEP_ISA above what the CPU has\" want=%s using=%s",
+				ke_isa_name(want), ke_isa_name(best));
+	}
+	return ke_isa_set(want);
+}

@@ -1,0 +1,431 @@
+/*
+ * model.c - see model.h.
+ */
+#include "engine/model.h"
+#include "engine/attn.h"
+#include "engine/engine_int.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "engine/par.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DV_MAX 1024
+#define HEAD_DIM_MAX 4096
+
+struct loader {
+	struct ke_model *m;
+	float *next;     /* next free float in m->owned */
+	float *end;
+};
+
+static int find(struct loader *L, const char *name, const struct kv_tensor **out)
+{
+	const struct kv_tensor *t = kv_weights_find(L->m->w, name);
+	if (!t)
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: weights lack tensor '%s'", L->m->dir, name);
+	*out = t;
+	return KV_OK;
+}
+
+static int load_mat(struct loader *L, struct ke_mat *mat, const char *fmt, int layer)
+{
+	char name[160];
+	const struct kv_tensor *t = NULL;
+	int rc;
+	snprintf(name, sizeof name, fmt, L->m->prefix, layer);
+	if ((rc = find(L, name, &t)))
+		return rc;
+	if (t->ndim != 2)
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' has %d dims, a matrix has 2", t->file, name, t->ndim);
+	if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; the engine runs F32 or BF16 matrices", t->file,
+			       name, kv_dtype_name(t->dtype));
+	if (t->shape[0] <= 0 || t->shape[1] <= 0 || t->shape[0] > INT32_MAX || t->shape[1] > INT32_MAX)
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' has an unusable shape", t->file, name);
+	mat->data = t->data;
+	mat->dtype = t->dtype;
+	mat->rows = (int)t->shape[0];
+	mat->cols = (int)t->shape[1];
+	mat->ld = (size_t)t->shape[1];
+	struct ke_model *m = L->m;
+	if (m->n_mats < KE_MAX_MATS) {
+		m->mats[m->n_mats] = *mat;
+		m->mat_names[m->n_mats] = t->name;
+		m->n_mats++;
+	}
+	return KV_OK;
+}
+
+/* A small tensor of n elements as f32 (1 + w when plus_one). */
+static int load_vec(struct loader *L, const float **out, int n, int plus_one, const char *fmt, int layer)
+{
+	char name[160];
+	const struct kv_tensor *t = NULL;
+	int rc;
+	snprintf(name, sizeof name, fmt, L->m->prefix, layer);
+	if ((rc = find(L, name, &t)))
+		return rc;
+	if ((uint64_t)n != t->numel)
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' has %llu elements, expected %d", t->file, name,
+			       (unsigned long long)t->numel, n);
+	if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->dtype != KV_DT_F16)
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is %s, expected F32, BF16 or F16", t->file, name,
+			       kv_dtype_name(t->dtype));
+	if (L->next + n > L->end)
+		return kv_fail(KV_ERR_INVALID, "%s: internal: small-tensor arena too small", name);
+	float *v = L->next;
+	L->next += n;
+	if ((rc = kv_tensor_to_f32(t, v, 0, (uint64_t)n)))
+		return kv_fail_ctx(rc, "%s", name);
+	for (int i = 0; i < n; i++) {
+		if (!isfinite(v[i]))
+			return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' element %d is not finite", t->file, name, i);
+		if (plus_one)
+			v[i] = 1.0f + v[i];
+	}
+	*out = v;
+	return KV_OK;
+}
+
+static size_t arena_floats(const struct kv_model_config *c)
+{
+	size_t n = (size_t)c->hidden + (size_t)c->rotary_dim / 2 + 64;
+	size_t C = (size_t)kv_config_conv_dim(c);
+	for (int l = 0; l < c->n_layers; l++) {
+		n += 2 * (size_t)c->hidden;
+		if (c->layer_type[l] == KV_LAYER_ATTN)
+			n += 2 * (size_t)c->head_dim;
+		else
+			n += C * (size_t)c->conv_kernel + 2 * (size_t)c->lin_v_heads + (size_t)c->lin_v_dim;
+	}
+	return n;
+}
+
+static int cmp_mat(const void *a, const void *b)
+{
+	const struct ke_mat *x = a, *y = b;
+	double sx = (double)x->rows * x->cols, sy = (double)y->rows * y->cols;
+	return sx < sy ? 1 : sx > sy ? -1 : 0;
+}
+
+static void fill_layout(struct ke_model *m, int kv_dtype, int B)
+{
+	const struct kv_model_config *c = &m->cfg;
+	struct ke_layout *l = &m->lay;
+	size_t es = kv_dtype == KV_DT_BF16 ? 2 : 4;
+	memset(l, 0, sizeof *l);
+	l->page_tokens = B;
+	l->kv_dtype = kv_dtype;
+	l->n_attn_layers = c->n_attn_layers;
+	l->n_kv_heads = c->n_kv_heads;
+	l->head_dim = c->head_dim;
+	l->n_segments = c->n_attn_layers * 2 * c->n_kv_heads;
+	l->row_bytes = (size_t)c->head_dim * es;
+	l->page_bytes = (size_t)l->n_segments * (size_t)B * l->row_bytes;
+	l->kv_bytes_per_token = (size_t)l->n_segments * l->row_bytes;
+	size_t off = 0;
+	int C = (int)kv_config_conv_dim(c), K1 = c->conv_kernel - 1;
+	for (int i = 0; i < c->n_layers; i++) {
+		if (c->layer_type[i] != KV_LAYER_DELTANET)
+			continue;
+		struct ke_rec_layer *r = &l->rec[l->n_rec_layers++];
+		r->layer = i;
+		r->conv_off = off;
+		r->conv_bytes = (size_t)C * (size_t)K1 * 4;
+		r->conv_dims[0] = C;
+		r->conv_dims[1] = K1;
+		off += r->conv_bytes;
+		r->state_off = off;
+		r->state_bytes = (size_t)c->lin_v_heads * (size_t)c->lin_k_dim * (size_t)c->lin_v_dim * 4;
+		r->state_dims[0] = c->lin_v_heads;
+		r->state_dims[1] = c->lin_k_dim;
+		r->state_dims[2] = c->lin_v_dim;
+		off += r->state_bytes;
+	}
+	l->snapshot_bytes = off;
+}
+
+int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_model **out)
+{
+	struct ke_model_params dp = {0};
+	struct ke_model *m;
+	struct kv_model_config *c;
+	struct loader L;
+	int rc;
+
+	*out = NULL;
+	if (!p)
+		p = &dp;
+	if (p->page_tokens < 0 || p->page_tokens > 65536)
+		return kv_fail(KV_ERR_INVALID, "page_tokens %d must be in [1, 65536]", p->page_tokens);
+	m = calloc(1, sizeof *m);
+	if (!m)
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	snprintf(m->dir, sizeof m->dir, "%s", dir);
+	c = &m->cfg;
+	if ((rc = kv_config_load(dir, c)))
+		goto fail;
+	if (c->hybrid && c->lin_v_dim > DV_MAX) {
+		rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: linear_value_head_dim %d is above the %d supported", dir,
+			     c->lin_v_dim, DV_MAX);
+		goto fail;
+	}
+	if (c->head_dim > HEAD_DIM_MAX) {
+		rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: head_dim %d is above the %d supported", dir, c->head_dim,
+			     HEAD_DIM_MAX);
+		goto fail;
+	}
+	if ((rc = kv_weights_open(dir, &m->w)))
+		goto fail;
+	if ((rc = kv_config_check_weights(c, m->w, m->prefix, sizeof m->prefix)))
+		goto fail;
+
+	size_t nf = arena_floats(c);
+	m->owned = kv_alloc(KV_MEM_WEIGHTS, nf * sizeof(float));
+	if (!m->owned) {
+		rc = KV_ERR_NOMEM;
+		goto fail;
+	}
+	L.m = m;
+	L.next = m->owned;
+	L.end = L.next + nf;
+	int po = c->norm_plus_one;
+	m->conv_dim = (int)kv_config_conv_dim(c);
+	if ((rc = load_mat(&L, &m->embed, "%sembed_tokens.weight", 0)))
+		goto fail;
+	m->n_mats--; /* the embedding table is looked up, not multiplied (unless tied, below) */
+	if ((rc = load_vec(&L, &m->final_norm, c->hidden, po, "%snorm.weight", 0)))
+		goto fail;
+	if (c->tie_embeddings) {
+		m->lm_head = m->embed;
+		m->mats[m->n_mats] = m->embed;
+		m->mat_names[m->n_mats++] = "lm_head (tied embed_tokens)";
+	} else {
+		char save[64];
+		snprintf(save, sizeof save, "%s", m->prefix);
+		m->prefix[0] = 0; /* lm_head.weight sits at the top level */
+		rc = load_mat(&L, &m->lm_head, "%slm_head.weight", 0);
+		snprintf(m->prefix, sizeof m->prefix, "%s", save);
+		if (rc)
+			goto fail;
+	}
+	int n_attn = 0, n_dn = 0;
+	for (int i = 0; i < c->n_layers; i++) {
+		struct ke_layer *ly = &m->layers[i];
+		ly->type = c->layer_type[i];
+		if ((rc = load_vec(&L, &ly->in_norm, c->hidden, po, "%slayers.%d.input_layernorm.weight", i)) ||
+		    (rc = load_vec(&L, &ly->post_norm, c->hidden, po, "%slayers.%d.post_attention_layernorm.weight", i)))
+			goto fail;
+		if (ly->type == KV_LAYER_ATTN) {
+			ly->idx = n_attn++;
+			if ((rc = load_mat(&L, &ly->q, "%slayers.%d.self_attn.q_proj.weight", i)) ||
+			    (rc = load_mat(&L, &ly->k, "%slayers.%d.self_attn.k_proj.weight", i)) ||
+			    (rc = load_mat(&L, &ly->v, "%slayers.%d.self_attn.v_proj.weight", i)) ||
+			    (rc = load_mat(&L, &ly->o, "%slayers.%d.self_attn.o_proj.weight", i)) ||
+			    (rc = load_vec(&L, &ly->q_norm, c->head_dim, po, "%slayers.%d.self_attn.q_norm.weight", i)) ||
+			    (rc = load_vec(&L, &ly->k_norm, c->head_dim, po, "%slayers.%d.self_attn.k_norm.weight", i)))
+				goto fail;
+		} else {
+			ly->idx = n_dn++;
+			ly->fused = c->fused_deltanet;
+			if (ly->fused) {
+				if ((rc = load_mat(&L, &ly->qkv, "%slayers.%d.linear_attn.in_proj_qkvz.weight", i)) ||
+				    (rc = load_mat(&L, &ly->b, "%slayers.%d.linear_attn.in_proj_ba.weight", i)))
+					goto fail;
+			} else {
+				if ((rc = load_mat(&L, &ly->qkv, "%slayers.%d.linear_attn.in_proj_qkv.weight", i)) ||
+				    (rc = load_mat(&L, &ly->z, "%slayers.%d.linear_attn.in_proj_z.weight", i)) ||
+				    (rc = load_mat(&L, &ly->b, "%slayers.%d.linear_attn.in_proj_b.weight", i)) ||
+				    (rc = load_mat(&L, &ly->a, "%slayers.%d.linear_attn.in_proj_a.weight", i)))
+					goto fail;
+			}
+			const float *a_log;
+			if ((rc = load_mat(&L, &ly->out, "%slayers.%d.linear_attn.out_proj.weight", i)) ||
+			    (rc = load_vec(&L, &ly->conv_w, m->conv_dim * c->conv_kernel, 0,
+					   "%slayers.%d.linear_attn.conv1d.weight", i)) ||
+			    (rc = load_vec(&L, &a_log, c->lin_v_heads, 0, "%slayers.%d.linear_attn.A_log", i)) ||
+			    (rc = load_vec(&L, &ly->dt_bias, c->lin_v_heads, 0, "%slayers.%d.linear_attn.dt_bias", i)) ||
+			    (rc = load_vec(&L, &ly->gnorm, c->lin_v_dim, 0, "%slayers.%d.linear_attn.norm.weight", i)))
+				goto fail;
+			/* g = -exp(A_log) * softplus(a + dt_bias): keep -exp(A_log) (same rounding
+			 * as Hugging Face's A_log.float().exp(), negated exactly). */
+			float *na = (float *)a_log;
+			for (int h = 0; h < c->lin_v_heads; h++)
+				na[h] = -expf(na[h]);
+			ly->neg_a = na;
+		}
+		if ((rc = load_mat(&L, &ly->gate, "%slayers.%d.mlp.gate_proj.weight", i)) ||
+		    (rc = load_mat(&L, &ly->up, "%slayers.%d.mlp.up_proj.weight", i)) ||
+		    (rc = load_mat(&L, &ly->down, "%slayers.%d.mlp.down_proj.weight", i)))
+			goto fail;
+	}
+	/* RoPE inverse frequencies as Hugging Face computes them, in f32:
+	 * 1 / base^(2i / rot). */
+	int half = c->rotary_dim / 2;
+	m->inv_freq = L.next;
+	L.next += half;
+	for (int i = 0; i < half; i++)
+		m->inv_freq[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rotary_dim);
+
+	fill_layout(m, p->kv_f32 ? KV_DT_F32 : KV_DT_BF16, p->page_tokens ? p->page_tokens : 256);
+	if (m->lay.n_segments > 0) {
+		m->pages = kv_pages_create(m->lay.page_bytes, p->max_pages, 8);
+		if (!m->pages) {
+			rc = kv_fail(KV_ERR_NOMEM, "out of memory for the page pool");
+			goto fail;
+		}
+	}
+	uint64_t db = 0;
+	for (int i = 0; i < m->n_mats; i++)
+		db += (uint64_t)m->mats[i].rows * (uint64_t)m->mats[i].cols * (m->mats[i].dtype == KV_DT_BF16 ? 2 : 4);
+	db += (uint64_t)c->hidden * (m->embed.dtype == KV_DT_BF16 ? 2 : 4);
+	m->decode_bytes = db;
+	/* Largest first, names kept in step: sort index pairs. */
+	for (int i = 1; i < m->n_mats; i++)
+		for (int j = i; j > 0 && cmp_mat(&m->mats[j - 1], &m->mats[j]) > 0; j--) {
+			struct ke_mat t = m->mats[j];
+			const char *tn = m->mat_names[j];
+			m->mats[j] = m->mats[j - 1];
+			m->mat_names[j] = m->mat_names[j - 1];
+			m->mats[j - 1] = t;
+			m->mat_names[j - 1] = tn;
+		}
+	KV_INFO("engine.model.load", "dir=%s arch=%s layers=%d attn=%d deltanet=%d hidden=%d vocab=%d kv=%s "
+		"page_tokens=%d weights_mb=%.1f", dir, kv_arch_name(c->arch), c->n_layers, c->n_attn_layers,
+		c->n_deltanet_layers, c->hidden, c->vocab, p->kv_f32 ? "f32" : "bf16", m->lay.page_tokens,
+		(double)kv_weights_bytes(m->w) / 1048576.0);
+	*out = m;
+	return KV_OK;
+fail:
+	ke_model_destroy(m);
+	return rc;
+}
+
+void ke_model_destroy(struct ke_model *m)
+{
+	if (!m)
+		return;
+	if (m->pages)
+		kv_pages_destroy(m->pages);
+	kv_free(m->owned);
+	if (m->w)
+		kv_weights_close(m->w);
+	free(m);
+}
+
+const struct kv_model_config *ke_model_config(const struct ke_model *m)
+{
+	return &m->cfg;
+}
+
+const struct ke_layout *ke_model_layout(const struct ke_model *m)
+{
+	return &m->lay;
+}
+
+struct kv_pages *ke_model_pages(struct ke_model *m)
+{
+	return m->pages;
+}
+
+const char *ke_model_prefix(const struct ke_model *m)
+{
+	return m->prefix;
+}
+
+uint64_t ke_model_decode_bytes(const struct ke_model *m)
+{
+	return m->decode_bytes;
+}
+
+int ke_model_n_mats(const struct ke_model *m)
+{
+	return m->n_mats;
+}
+
+const struct ke_mat *ke_model_mat(const struct ke_model *m, int i, const char **name)
+{
+	if (i < 0 || i >= m->n_mats)
+		return NULL;
+	if (name)
+		*name = m->mat_names[i];
+	return &m->mats[i];
+}
+
+/* --- scratch plan ---------------------------------------------------------- */
+
+size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *sc, void *block)
+{
+	const struct kv_model_config *c = &m->cfg;
+	size_t C = (size_t)chunk, off = 0;
+	char *b = block;
+	struct ke_scratch tmp;
+	if (!sc)
+		sc = &tmp;
+	memset(sc, 0, sizeof *sc);
+	sc->chunk = chunk;
+#define CARVE(field, nfloats) \
+	do { \
+		size_t _n = (size_t)(nfloats); \
+		sc->field = b ? (float *)(void *)(b + off) : NULL; \
+		off += ((_n * sizeof(float)) + 63) & ~(size_t)63; \
+	} while (0)
+	size_t Hhd = (size_t)c->n_heads * c->head_dim, KVhd = (size_t)c->n_kv_heads * c->head_dim;
+	CARVE(x, C * c->hidden);
+	CARVE(h, C * c->hidden);
+	if (c->n_attn_layers) {
+		/* live across the layers of a chunk */
+		CARVE(cosv, C * (size_t)(c->rotary_dim / 2 + 1));
+		CARVE(sinv, C * (size_t)(c->rotary_dim / 2 + 1));
+		int th = ke_par_threads();
+		sc->attn_threads = th;
+		CARVE(attn_scr, (size_t)th * ke_attn_scratch_floats(c->n_heads / c->n_kv_heads, c->head_dim));
+	}
+	/* One region for what lives inside one step of a layer: the attention
+	 * buffers, the DeltaNet buffers and the MLP buffers are never live at
+	 * the same time (each step ends by adding into x), so they overlay. */
+	size_t base = off, end = off;
+	CARVE(m1, C * c->intermediate);
+	CARVE(m2, C * c->intermediate);
+	end = off > end ? off : end;
+	if (c->n_attn_layers) {
+		off = base;
+		CARVE(q, C * Hhd * (c->attn_output_gate ? 2 : 1));
+		CARVE(qh, C * Hhd);
+		if (c->attn_output_gate)
+			CARVE(gate, C * Hhd);
+		CARVE(k, C * KVhd);
+		CARVE(v, C * KVhd);
+		CARVE(att, C * Hhd);
+		end = off > end ? off : end;
+	}
+	if (c->n_deltanet_layers) {
+		size_t Hv = (size_t)c->lin_v_heads, vd = Hv * c->lin_v_dim;
+		size_t conv = (size_t)kv_config_conv_dim(c);
+		off = base;
+		if (c->fused_deltanet) /* only Qwen3-Next regroups a fused projection */
+			CARVE(mix, C * (conv + vd));
+		CARVE(dq, C * conv);
+		CARVE(z, C * vd);
+		CARVE(ba, C * 2 * Hv);
+		CARVE(beta, C * Hv);
+		CARVE(alpha, C * Hv);
+		CARVE(core, C * vd);
+		end = off > end ? off : end;
+	}
+	off = end;
+#undef CARVE
+	sc->block = block;
+	sc->bytes = off;
+	return off;
+}
+
+size_t ke_model_scratch_bytes(const struct ke_model *m, int chunk)
+{
+	return ke_scratch_plan(m, chunk > 0 ? chunk : 256, NULL, NULL);
+}

@@ -1,0 +1,70 @@
+/*
+ * model.h - a loaded model: config, mmap'd weights, and the state layout.
+ *
+ * Families: qwen3 (dense), qwen3_5 (hybrid, separate DeltaNet
+ * projections), qwen3_next (hybrid, fused in_proj_qkvz / in_proj_ba; MoE
+ * configs are rejected by model/config.c). Weight names may carry the
+ * "model.language_model." prefix (multimodal Qwen3.5 checkpoints) or
+ * "model."; lm_head.weight, or the embeddings when tied. docs/engine.md
+ * has the math.
+ *
+ * Loading checks every tensor the config implies: present, the right
+ * shape, and a dtype the engine runs (F32 or BF16 for matrices; F32, BF16
+ * or F16 for the small vectors, which are converted to f32 copies). Every
+ * failure is an error whose message names the tensor (or the file, for a
+ * malformed or truncated file); nothing from the files reaches an assert.
+ *
+ * A loaded model is read-only: any number of sequences (seq.h) may use it
+ * at once from different threads, one forward at a time per sequence.
+ * Large matrices stay in the mapping (counted under KV_MEM_WEIGHTS by the
+ * safetensors reader); small f32 copies are kv_alloc'd under
+ * KV_MEM_WEIGHTS too. The model owns the page pool its sequences' KV
+ * pages come from (page_bytes = layout.page_bytes).
+ */
+#ifndef KV_ENGINE_MODEL_H
+#define KV_ENGINE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/pages.h"
+#include "engine/gemm.h"
+#include "engine/layout.h"
+#include "model/config.h"
+
+/* Bumped whenever a kernel's order of operations changes: part of the
+ * cache namespace, so KV written by other numerics is never reused. */
+#define KE_NUMERICS_VERSION "ke-numerics-1"
+
+struct ke_model_params {
+	int kv_f32;          /* 1: f32 KV; default (0): bf16 KV */
+	int page_tokens;     /* B, tokens per KV page; 0 = 256 */
+	size_t max_pages;    /* page pool limit, 0 = none */
+};
+
+struct ke_model;
+
+/* Load a model folder (config.json + model.safetensors[.index.json]).
+ * p may be NULL (defaults). *out owned by the caller (ke_model_destroy). */
+int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_model **out);
+/* All sequences of the model must be destroyed first. */
+void ke_model_destroy(struct ke_model *m);
+
+/* Views valid for the model's lifetime. */
+const struct kv_model_config *ke_model_config(const struct ke_model *m);
+const struct ke_layout *ke_model_layout(const struct ke_model *m);
+/* The pool KV pages come from (shared with the prefix cache). */
+struct kv_pages *ke_model_pages(struct ke_model *m);
+/* Weight-name prefix found ("model." or "model.language_model."). */
+const char *ke_model_prefix(const struct ke_model *m);
+
+/* Bytes of weights one decoded token reads (every matrix once, plus one
+ * embedding row): the numerator of the memory-bandwidth bound. */
+uint64_t ke_model_decode_bytes(const struct ke_model *m);
+/* The model's matrices, largest first (for benchmarks). i < ke_model_n_mats. */
+int ke_model_n_mats(const struct ke_model *m);
+const struct ke_mat *ke_model_mat(const struct ke_model *m, int i, const char **name);
+/* Scratch bytes a sequence with this prefill chunk will allocate. */
+size_t ke_model_scratch_bytes(const struct ke_model *m, int chunk);
+
+#endif

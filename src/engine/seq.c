@@ -1,0 +1,373 @@
+/*
+ * seq.c - see seq.h. Invariant kept by every function: n_pages ==
+ * ceil(pos / B) and the sequence holds exactly one reference on each.
+ */
+#include "engine/seq.h"
+#include "engine/engine_int.h"
+#include "base/err.h"
+#include "base/mem.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_CHUNK 256
+#define MAX_CHUNK 8192
+
+int ke_seq_create(struct ke_model *m, const struct ke_seq_params *p, struct ke_seq **out)
+{
+	struct ke_seq *s;
+	*out = NULL;
+	s = calloc(1, sizeof *s);
+	if (!s)
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	s->m = m;
+	if (p)
+		s->p = *p;
+	if (s->p.chunk <= 0)
+		s->p.chunk = DEFAULT_CHUNK;
+	if (s->p.chunk > MAX_CHUNK || s->p.max_tokens < 0) {
+		free(s);
+		return kv_fail(KV_ERR_INVALID, "sequence: chunk must be in [1, %d] and max_tokens >= 0", MAX_CHUNK);
+	}
+	size_t bytes = ke_scratch_plan(m, s->p.chunk, NULL, NULL);
+	void *block = kv_alloc(KV_MEM_SCRATCH, bytes);
+	if (!block) {
+		free(s);
+		return kv_fail(KV_ERR_NOMEM, "sequence: cannot allocate %zu bytes of scratch", bytes);
+	}
+	ke_scratch_plan(m, s->p.chunk, &s->sc, block);
+	if (m->lay.snapshot_bytes) {
+		s->rec = kv_zalloc(KV_MEM_SCRATCH, m->lay.snapshot_bytes);
+		if (!s->rec) {
+			ke_seq_destroy(s);
+			return kv_fail(KV_ERR_NOMEM, "sequence: cannot allocate %zu bytes of recurrent state",
+				       m->lay.snapshot_bytes);
+		}
+	}
+	*out = s;
+	return KV_OK;
+}
+
+void ke_seq_destroy(struct ke_seq *s)
+{
+	if (!s)
+		return;
+	for (int i = 0; i < s->n_pages; i++)
+		kv_page_unref(s->pages[i]);
+	free(s->pages);
+	kv_free(s->tokens);
+	kv_free(s->rec);
+	kv_free(s->sc.block);
+	free(s);
+}
+
+int ke_seq_pos(const struct ke_seq *s)
+{
+	return s->pos;
+}
+
+const int32_t *ke_seq_tokens(const struct ke_seq *s)
+{
+	return s->tokens;
+}
+
+int ke_seq_n_pages(const struct ke_seq *s)
+{
+	return s->n_pages;
+}
+
+struct kv_page *ke_seq_page(const struct ke_seq *s, int i)
+{
+	return i >= 0 && i < s->n_pages ? s->pages[i] : NULL;
+}
+
+struct ke_model *ke_seq_model(const struct ke_seq *s)
+{
+	return s->m;
+}
+
+size_t ke_seq_scratch_bytes(const struct ke_seq *s)
+{
+	return s->sc.bytes + s->m->lay.snapshot_bytes;
+}
+
+size_t ke_seq_snapshot_bytes(const struct ke_seq *s)
+{
+	return s->m->lay.snapshot_bytes;
+}
+
+static int tokens_reserve(struct ke_seq *s, int need)
+{
+	if (need <= s->tok_cap)
+		return KV_OK;
+	int cap = s->tok_cap ? s->tok_cap : 1024;
+	while (cap < need)
+		cap = cap > (1 << 29) ? need : cap * 2;
+	int32_t *t = kv_realloc(KV_MEM_OTHER, s->tokens, (size_t)cap * sizeof *t);
+	if (!t)
+		return kv_fail(KV_ERR_NOMEM, "sequence: out of memory for %d token ids", cap);
+	s->tokens = t;
+	s->tok_cap = cap;
+	return KV_OK;
+}
+
+static int pages_reserve(struct ke_seq *s, int need)
+{
+	if (need <= s->pages_cap)
+		return KV_OK;
+	int cap = s->pages_cap ? s->pages_cap : 16;
+	while (cap < need)
+		cap *= 2;
+	struct kv_page **p = realloc(s->pages, (size_t)cap * sizeof *p);
+	if (!p)
+		return kv_fail(KV_ERR_NOMEM, "sequence: out of memory for the page list");
+	s->pages = p;
+	s->pages_cap = cap;
+	return KV_OK;
+}
+
+/* Make positions [pos, end) writable: copy a shared partial page, add
+ * fresh pages. On failure nothing changed. */
+static int pages_for(struct ke_seq *s, int end)
+{
+	const struct ke_layout *lay = &s->m->lay;
+	int B = lay->page_tokens, rc;
+	if (lay->n_segments == 0)
+		return KV_OK;
+	int need = (end + B - 1) / B;
+	if ((rc = pages_reserve(s, need)))
+		return rc;
+	int have = s->n_pages;
+	struct kv_page *cow = NULL;
+	int part = s->pos % B;
+	if (part && kv_page_refs(s->pages[s->pos / B]) > 1) {
+		/* Shared partial page: never write into it; continue on a copy. */
+		cow = kv_page_alloc(s->m->pages);
+		if (!cow)
+			return kv_fail_ctx(KV_ERR_FULL, "sequence: copy-on-write of a shared page");
+		ke_layout_copy_rows(lay, cow->data, B, s->pages[s->pos / B]->data, B, part);
+	}
+	for (int i = have; i < need; i++) {
+		struct kv_page *pg = kv_page_alloc(s->m->pages);
+		if (!pg) {
+			/* the pool said why (limit reached or no memory); both mean no room */
+			rc = KV_ERR_FULL;
+			for (int j = have; j < i; j++)
+				kv_page_unref(s->pages[j]);
+			kv_page_unref(cow);
+			return kv_fail_ctx(rc, "sequence: KV page for position %d", i * B);
+		}
+		s->pages[i] = pg;
+	}
+	s->n_pages = need;
+	if (cow) {
+		kv_page_unref(s->pages[s->pos / B]);
+		s->pages[s->pos / B] = cow;
+	}
+	return KV_OK;
+}
+
+static int check_tokens(const struct ke_seq *s, const int32_t *tokens, int n)
+{
+	int V = s->m->cfg.vocab;
+	for (int i = 0; i < n; i++)
+		if (tokens[i] < 0 || tokens[i] >= V)
+			return kv_fail(KV_ERR_INVALID, "token %d at index %d is outside the vocabulary [0, %d)", tokens[i],
+				       i, V);
+	return KV_OK;
+}
+
+int ke_seq_prefill(struct ke_seq *s, const int32_t *tokens, int n, const struct ke_prefill_opts *o, float *logits)
+{
+	struct ke_prefill_opts none = {0};
+	int rc;
+	if (!o)
+		o = &none;
+	if (n <= 0 || !tokens)
+		return kv_fail(KV_ERR_INVALID, "prefill: no tokens");
+	if (n > INT32_MAX - s->pos || (s->p.max_tokens && s->pos + n > s->p.max_tokens))
+		return kv_fail(KV_ERR_INVALID, "prefill: %d + %d tokens exceed the sequence limit of %d", s->pos, n,
+			       s->p.max_tokens);
+	if ((rc = check_tokens(s, tokens, n)))
+		return rc;
+	if (o->n_stops < 0 || (o->n_stops > 0 && (!o->stops || !o->on_stop)))
+		return kv_fail(KV_ERR_INVALID, "prefill: stops need a list and a callback");
+	for (int i = 0; i < o->n_stops; i++)
+		if (o->stops[i] <= s->pos || o->stops[i] > s->pos + n || (i && o->stops[i] <= o->stops[i - 1]))
+			return kv_fail(KV_ERR_INVALID, "prefill: stop %d at position %d is not ascending inside (%d, %d]",
+				       i, o->stops[i], s->pos, s->pos + n);
+	if ((rc = tokens_reserve(s, s->pos + n)))
+		return rc;
+
+	int V = s->m->cfg.vocab, next_stop = 0;
+	int base = s->pos;   /* absolute position of tokens[0] */
+	int done = 0;
+	while (done < n) {
+		if (o->cancel && __atomic_load_n(o->cancel, __ATOMIC_ACQUIRE))
+			return kv_fail(KV_ERR_CANCELLED, "prefill cancelled at position %d", s->pos);
+		int end = done + s->p.chunk < n ? done + s->p.chunk : n;
+		if (next_stop < o->n_stops && o->stops[next_stop] - base < end)
+			end = o->stops[next_stop] - base;
+		int cnt = end - done;
+		if ((rc = pages_for(s, s->pos + cnt)))
+			return rc;
+		float *rows = o->logits_all ? o->logits_all + (size_t)done * V : NULL;
+		float *last = (!rows && end == n) ? logits : NULL;
+		ke_forward(s, tokens + done, cnt, rows, last);
+		memcpy(s->tokens + s->pos, tokens + done, (size_t)cnt * sizeof *tokens);
+		s->pos += cnt;
+		done = end;
+		if (rows && end == n && logits)
+			memcpy(logits, rows + (size_t)(cnt - 1) * V, (size_t)V * sizeof *logits);
+		if (next_stop < o->n_stops && o->stops[next_stop] == s->pos) {
+			next_stop++;
+			if ((rc = o->on_stop(o->ctx, s, s->pos)))
+				return rc;
+		}
+	}
+	return KV_OK;
+}
+
+int ke_seq_decode(struct ke_seq *s, int32_t token, float *logits)
+{
+	return ke_seq_prefill(s, &token, 1, NULL, logits);
+}
+
+int ke_seq_snapshot(const struct ke_seq *s, void *buf, size_t len)
+{
+	size_t need = s->m->lay.snapshot_bytes;
+	if (len != need)
+		return kv_fail(KV_ERR_INVALID, "snapshot: buffer of %zu bytes, the state is %zu", len, need);
+	if (need)
+		memcpy(buf, s->rec, need);
+	return KV_OK;
+}
+
+/* Cut pages and tokens to p (no state change). */
+static void cut(struct ke_seq *s, int p)
+{
+	const struct ke_layout *lay = &s->m->lay;
+	if (lay->n_segments) {
+		int keep = (p + lay->page_tokens - 1) / lay->page_tokens;
+		for (int i = keep; i < s->n_pages; i++)
+			kv_page_unref(s->pages[i]);
+		s->n_pages = keep;
+	}
+	s->pos = p;
+}
+
+int ke_seq_rewind(struct ke_seq *s, int p, const void *snap, size_t len)
+{
+	size_t need = s->m->lay.snapshot_bytes;
+	if (p < 0 || p > s->pos)
+		return kv_fail(KV_ERR_INVALID, "rewind to %d: the sequence is at %d", p, s->pos);
+	if (need) {
+		if (snap && len != need)
+			return kv_fail(KV_ERR_INVALID, "rewind: snapshot of %zu bytes, the state is %zu", len, need);
+		if (!snap && p != s->pos && p != 0)
+			return kv_fail(KV_ERR_INVALID, "rewind to %d: a hybrid model needs a snapshot taken there", p);
+		if (snap)
+			memcpy(s->rec, snap, need);
+		else if (p == 0)
+			memset(s->rec, 0, need);
+	} else if (snap && len) {
+		return kv_fail(KV_ERR_INVALID, "rewind: a dense model has no recurrent snapshot");
+	}
+	cut(s, p);
+	return KV_OK;
+}
+
+int ke_seq_truncate(struct ke_seq *s, int p)
+{
+	if (p < 0 || p > s->pos)
+		return kv_fail(KV_ERR_INVALID, "truncate to %d: the sequence is at %d", p, s->pos);
+	if (s->m->lay.snapshot_bytes && p != s->pos)
+		return kv_fail(KV_ERR_UNSUPPORTED, "truncate: a hybrid model's recurrent state cannot be cut; "
+			       "rewind with a snapshot taken at %d", p);
+	cut(s, p);
+	return KV_OK;
+}
+
+int ke_seq_resume(struct ke_model *m, const struct ke_seq_params *p, const struct ke_resume *r, struct ke_seq **out)
+{
+	const struct ke_layout *lay = &m->lay;
+	struct ke_seq *s = NULL;
+	int B = lay->page_tokens, rc;
+	*out = NULL;
+	if (r->pos < 0 || (r->pos > 0 && !r->tokens))
+		return kv_fail(KV_ERR_INVALID, "resume: position %d without tokens", r->pos);
+	if (p && p->max_tokens && r->pos > p->max_tokens)
+		return kv_fail(KV_ERR_INVALID, "resume: position %d past the sequence limit %d", r->pos, p->max_tokens);
+	int n_full = lay->n_segments ? r->pos / B : 0, tail = lay->n_segments ? r->pos % B : 0;
+	if (n_full && !r->pages)
+		return kv_fail(KV_ERR_INVALID, "resume at %d: %d full pages needed, none given", r->pos, n_full);
+	for (int i = 0; i < n_full; i++)
+		if (!r->pages[i] || r->pages[i]->pool != m->pages)
+			return kv_fail(KV_ERR_INCOMPATIBLE, "resume: page %d is not from this model's page pool", i);
+	if (tail && (!r->tail || r->tail_stride < tail))
+		return kv_fail(KV_ERR_INVALID, "resume at %d: a tail of %d rows is needed", r->pos, tail);
+	if (lay->snapshot_bytes) {
+		if (!r->snapshot || r->snapshot_len != lay->snapshot_bytes)
+			return kv_fail(KV_ERR_INVALID, "resume at %d: a hybrid model needs a snapshot of %zu bytes (got %zu)",
+				       r->pos, lay->snapshot_bytes, r->snapshot ? r->snapshot_len : 0);
+	} else if (r->snapshot && r->snapshot_len) {
+		return kv_fail(KV_ERR_INVALID, "resume: a dense model has no recurrent snapshot");
+	}
+	if ((rc = ke_seq_create(m, p, &s)))
+		return rc;
+	if (r->pos && (rc = check_tokens(s, r->tokens, r->pos)))
+		goto fail;
+	if ((rc = tokens_reserve(s, r->pos > 0 ? r->pos : 1)) || (rc = pages_reserve(s, n_full + 1)))
+		goto fail;
+	for (int i = 0; i < n_full; i++) {
+		kv_page_ref(r->pages[i]);
+		s->pages[s->n_pages++] = r->pages[i];
+	}
+	if (tail) {
+		struct kv_page *pg = kv_page_alloc(m->pages);
+		if (!pg) {
+			rc = kv_fail_ctx(KV_ERR_FULL, "resume: tail page");
+			goto fail;
+		}
+		ke_layout_copy_rows(lay, pg->data, B, r->tail, r->tail_stride, tail);
+		s->pages[s->n_pages++] = pg;
+	}
+	if (r->pos)
+		memcpy(s->tokens, r->tokens, (size_t)r->pos * sizeof *s->tokens);
+	if (lay->snapshot_bytes)
+		memcpy(s->rec, r->snapshot, lay->snapshot_bytes);
+	s->pos = r->pos;
+	*out = s;
+	return KV_OK;
+fail:
+	ke_seq_destroy(s);
+	return rc;
+}
+
+int ke_seq_fork(const struct ke_seq *src, int p, const struct ke_seq_params *params, struct ke_seq **out)
+{
+	const struct ke_layout *lay = &src->m->lay;
+	int B = lay->page_tokens;
+	*out = NULL;
+	if (p < 0 || p > src->pos)
+		return kv_fail(KV_ERR_INVALID, "fork at %d: the sequence is at %d", p, src->pos);
+	if (lay->snapshot_bytes && p != src->pos && p != 0)
+		return kv_fail(KV_ERR_INVALID, "fork at %d: a hybrid model can fork only at its position %d", p,
+			       src->pos);
+	struct ke_resume r = {
+		.pos = p,
+		.tokens = src->tokens,
+		.pages = src->pages,
+		.tail = (lay->n_segments && p % B) ? src->pages[p / B]->data : NULL,
+		.tail_stride = B,
+		.snapshot = lay->snapshot_bytes ? src->rec : NULL,
+		.snapshot_len = lay->snapshot_bytes,
+	};
+	struct ke_seq_params sp = params ? *params : src->p;
+	if (lay->snapshot_bytes && p == 0) {
+		/* position 0: the zero state, not the source's */
+		int rc = ke_seq_create(src->m, &sp, out);
+		return rc;
+	}
+	return ke_seq_resume(src->m, &sp, &r, out);
+}

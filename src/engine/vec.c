@@ -1,0 +1,301 @@
+/*
+ * vec.c - see vec.h. Each kernel: a scalar reference, then the AVX2 path
+ * that mirrors it operation for operation.
+ */
+#include "engine/vec.h"
+#include "engine/isa.h"
+#include "engine/gemm.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TGT2 __attribute__((target("avx2,fma")))
+#endif
+
+/* exp constants (Cephes expf). */
+#define EXP_HI 88.0f
+#define EXP_LO -86.0f
+#define LOG2E 1.44269504088896341f
+#define LN2_HI 0.693359375f
+#define LN2_LO -2.12194440e-4f
+#define P0 1.9875691500e-4f
+#define P1 1.3981999507e-3f
+#define P2 8.3334519073e-3f
+#define P3 4.1665795894e-2f
+#define P4 1.6666665459e-1f
+#define P5 5.0000001201e-1f
+
+float ke_exp(float x)
+{
+	x = x < EXP_HI ? x : EXP_HI;
+	x = x > EXP_LO ? x : EXP_LO;
+	float n = rintf(x * LOG2E);
+	float r = fmaf(n, -LN2_HI, x);
+	r = fmaf(n, -LN2_LO, r);
+	float p = P0;
+	p = fmaf(p, r, P1);
+	p = fmaf(p, r, P2);
+	p = fmaf(p, r, P3);
+	p = fmaf(p, r, P4);
+	p = fmaf(p, r, P5);
+	float r2 = r * r;
+	float y = fmaf(p, r2, r);
+	y = y + 1.0f;
+	/* y * 2^n by adding n to the exponent field: exact for the clamped
+	 * range (n >= -124 keeps the result normal), and no float multiply
+	 * that a compiler could fuse with a following add. */
+	uint32_t bits;
+	memcpy(&bits, &y, 4);
+	bits += (uint32_t)((int32_t)n) << 23;
+	memcpy(&y, &bits, 4);
+	return y;
+}
+
+static inline float bf16f(const void *p, size_t i)
+{
+	uint16_t h;
+	uint32_t u;
+	float f;
+	memcpy(&h, (const char *)p + 2 * i, 2);
+	u = (uint32_t)h << 16;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
+#if defined(__x86_64__)
+
+TGT2 static inline __m256 exp8(__m256 x)
+{
+	x = _mm256_min_ps(x, _mm256_set1_ps(EXP_HI));
+	x = _mm256_max_ps(x, _mm256_set1_ps(EXP_LO));
+	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HI), x);
+	r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LO), r);
+	__m256 p = _mm256_set1_ps(P0);
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P1));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P2));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P3));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P4));
+	p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(P5));
+	__m256 r2 = _mm256_mul_ps(r, r);
+	__m256 y = _mm256_fmadd_ps(p, r2, r);
+	y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+	__m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+	return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), e));
+}
+
+TGT2 static float dot_avx2(const float *a, const float *b, int n)
+{
+	__m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+	int k = 0;
+	for (; k + 16 <= n; k += 16) {
+		lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), lo);
+		hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), _mm256_loadu_ps(b + k + 8), hi);
+	}
+	if (k < n) {
+		float ta[16] = {0}, tb[16] = {0};
+		memcpy(ta, a + k, (size_t)(n - k) * 4);
+		memcpy(tb, b + k, (size_t)(n - k) * 4);
+		lo = _mm256_fmadd_ps(_mm256_loadu_ps(ta), _mm256_loadu_ps(tb), lo);
+		hi = _mm256_fmadd_ps(_mm256_loadu_ps(ta + 8), _mm256_loadu_ps(tb + 8), hi);
+	}
+	__m256 t = _mm256_add_ps(lo, hi);
+	__m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+	__m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+	__m128 r = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
+	return _mm_cvtss_f32(r);
+}
+
+TGT2 static void exp_avx2(float *y, const float *x, int n)
+{
+	int i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(x + i)));
+	for (; i < n; i++)
+		y[i] = ke_exp(x[i]);
+}
+
+TGT2 static void silu_mul_avx2(float *g, const float *u, int n)
+{
+	int i = 0;
+	const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+	for (; i + 8 <= n; i += 8) {
+		__m256 x = _mm256_loadu_ps(g + i);
+		__m256 e = exp8(_mm256_sub_ps(zero, x));
+		__m256 s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+		if (u)
+			s = _mm256_mul_ps(s, _mm256_loadu_ps(u + i));
+		_mm256_storeu_ps(g + i, s);
+	}
+	for (; i < n; i++) {
+		float s = g[i] / (1.0f + ke_exp(0.0f - g[i]));
+		g[i] = u ? s * u[i] : s;
+	}
+}
+
+TGT2 static void axpy_avx2(float *y, float a, const float *x, int n)
+{
+	int i = 0;
+	__m256 av = _mm256_set1_ps(a);
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+	for (; i < n; i++)
+		y[i] = fmaf(a, x[i], y[i]);
+}
+
+TGT2 static void axpy_bf16_avx2(float *y, float a, const void *x, int n)
+{
+	int i = 0;
+	__m256 av = _mm256_set1_ps(a);
+	const char *xb = x;
+	for (; i + 8 <= n; i += 8) {
+		__m256 xv = _mm256_castsi256_ps(
+			_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(xb + 2 * i))), 16));
+		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, xv, _mm256_loadu_ps(y + i)));
+	}
+	for (; i < n; i++)
+		y[i] = fmaf(a, bf16f(x, (size_t)i), y[i]);
+}
+
+#endif
+
+static int isa2(int isa)
+{
+	return isa >= KE_ISA_AVX2 && ke_isa_best() >= KE_ISA_AVX2;
+}
+
+float ke_vec_dot_isa(int isa, const float *a, const float *b, int n)
+{
+#if defined(__x86_64__)
+	if (isa2(isa))
+		return dot_avx2(a, b, n);
+#endif
+	(void)isa;
+	return ke_dot_ref(a, b, n);
+}
+
+float ke_vec_dot(const float *a, const float *b, int n)
+{
+	return ke_vec_dot_isa(ke_isa(), a, b, n);
+}
+
+void ke_vec_exp_isa(int isa, float *y, const float *x, int n)
+{
+#if defined(__x86_64__)
+	if (isa2(isa)) {
+		exp_avx2(y, x, n);
+		return;
+	}
+#endif
+	(void)isa;
+	for (int i = 0; i < n; i++)
+		y[i] = ke_exp(x[i]);
+}
+
+void ke_vec_exp(float *y, const float *x, int n)
+{
+	ke_vec_exp_isa(ke_isa(), y, x, n);
+}
+
+void ke_vec_silu_mul_isa(int isa, float *g, const float *u, int n)
+{
+#if defined(__x86_64__)
+	if (isa2(isa)) {
+		silu_mul_avx2(g, u, n);
+		return;
+	}
+#endif
+	(void)isa;
+	for (int i = 0; i < n; i++) {
+		float s = g[i] / (1.0f + ke_exp(0.0f - g[i]));
+		g[i] = u ? s * u[i] : s;
+	}
+}
+
+void ke_vec_silu_mul(float *g, const float *u, int n)
+{
+	ke_vec_silu_mul_isa(ke_isa(), g, u, n);
+}
+
+void ke_vec_silu(float *x, int n)
+{
+	ke_vec_silu_mul_isa(ke_isa(), x, NULL, n);
+}
+
+void ke_vec_axpy_isa(int isa, float *y, float a, const float *x, int n)
+{
+#if defined(__x86_64__)
+	if (isa2(isa)) {
+		axpy_avx2(y, a, x, n);
+		return;
+	}
+#endif
+	(void)isa;
+	for (int i = 0; i < n; i++)
+		y[i] = fmaf(a, x[i], y[i]);
+}
+
+void ke_vec_axpy(float *y, float a, const float *x, int n)
+{
+	ke_vec_axpy_isa(ke_isa(), y, a, x, n);
+}
+
+void ke_vec_axpy_bf16_isa(int isa, float *y, float a, const void *x, int n)
+{
+#if defined(__x86_64__)
+	if (isa2(isa)) {
+		axpy_bf16_avx2(y, a, x, n);
+		return;
+	}
+#endif
+	(void)isa;
+	for (int i = 0; i < n; i++)
+		y[i] = fmaf(a, bf16f(x, (size_t)i), y[i]);
+}
+
+void ke_vec_axpy_bf16(float *y, float a, const void *x, int n)
+{
+	ke_vec_axpy_bf16_isa(ke_isa(), y, a, x, n);
+}
+
+void ke_vec_scale(float *y, float a, int n)
+{
+	for (int i = 0; i < n; i++)
+		y[i] = y[i] * a;
+}
+
+void ke_vec_rmsnorm(float *out, const float *x, const float *w, int n, float eps)
+{
+	float ss = ke_vec_dot(x, x, n);
+	float r = 1.0f / sqrtf(ss / (float)n + eps);
+	if (w) {
+		for (int i = 0; i < n; i++)
+			out[i] = (x[i] * r) * w[i];
+	} else {
+		for (int i = 0; i < n; i++)
+			out[i] = x[i] * r;
+	}
+}
+
+void ke_vec_bf16_to_f32(float *y, const void *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		y[i] = bf16f(x, i);
+}
+
+void ke_vec_f32_to_bf16(void *y, const float *x, size_t n)
+{
+	char *o = y;
+	for (size_t i = 0; i < n; i++) {
+		uint32_t u;
+		uint16_t h;
+		memcpy(&u, &x[i], 4);
+		if ((u & 0x7fffffffu) > 0x7f800000u)
+			h = (uint16_t)((u >> 16) | 0x40u);
+		else
+			h = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+		memcpy(o + 2 * i, &h, 2);
+	}
+}

@@ -1,0 +1,446 @@
+#!/usr/bin/python3
+"""Reference forward pass of kvkeep's model families, in PyTorch.
+
+Implements the math of Hugging Face transformers' modeling code
+(models/qwen3/modeling_qwen3.py, models/qwen3_next/modeling_qwen3_next.py,
+models/qwen3_5/modular_qwen3_5.py) from scratch, for one unbatched prompt
+without a cache, and loads the same safetensors folder the C engine loads.
+It is the oracle of tests/ref/engine_ref.sh; it shares no code with the
+engine.
+
+    reference_model.py --model DIR --tokens 1,2,3 --logits-out F [--state-out F]
+        [--dtype float32|float64] [--check-chunked]
+    reference_model.py --make-next SRC DST
+        write a qwen3_next folder (fused in_proj_qkvz / in_proj_ba) holding
+        the same weights as the qwen3_5 folder SRC.
+    reference_model.py --compare A B --vocab V [--tol T]
+    reference_model.py --compare-state A B [--tol T]
+
+Outputs are raw little-endian float32: logits [n_tokens][vocab]; the state
+is, per DeltaNet layer in order, conv state [conv_dim][K-1] (the last K-1
+inputs of each channel, oldest first) then S [Hv][dk][dv] -- the snapshot
+format of src/engine/layout.h.
+
+Must run under Debian's /usr/bin/python3 (python3-torch, python3-numpy).
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+# --- safetensors ------------------------------------------------------------
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        buf = raw[base + b: base + end]
+        shape = e["shape"]
+        dt = e["dtype"]
+        if dt == "F32":
+            a = np.frombuffer(buf, dtype="<f4").astype(np.float32)
+        elif dt == "BF16":
+            a = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        elif dt == "F16":
+            a = np.frombuffer(buf, dtype="<f2").astype(np.float32)
+        else:
+            raise SystemExit(f"{path}: tensor {name}: dtype {dt} not handled by the reference")
+        out[name] = torch.from_numpy(a.reshape(shape).copy())
+    return out
+
+
+def write_safetensors(path, tensors):
+    header = {}
+    off = 0
+    blobs = []
+    for name, t in tensors.items():
+        a = t.detach().to(torch.float32).contiguous().numpy().astype("<f4")
+        b = a.tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def load_weights(d):
+    single = os.path.join(d, "model.safetensors")
+    if os.path.exists(single):
+        return read_safetensors(single)
+    with open(os.path.join(d, "model.safetensors.index.json")) as f:
+        idx = json.load(f)
+    w = {}
+    for shard in sorted(set(idx["weight_map"].values())):
+        w.update(read_safetensors(os.path.join(d, shard)))
+    return w
+
+# --- config -----------------------------------------------------------------
+
+class Cfg:
+    pass
+
+
+def load_config(d):
+    with open(os.path.join(d, "config.json")) as f:
+        j = json.load(f)
+    mt = j["model_type"]
+    t = j.get("text_config", j) if mt == "qwen3_5" else j
+    c = Cfg()
+    c.model_type = mt
+    c.hybrid = mt in ("qwen3_5", "qwen3_5_text", "qwen3_next")
+    c.fused = mt == "qwen3_next"
+    c.hidden = t["hidden_size"]
+    c.n_layers = t["num_hidden_layers"]
+    c.n_heads = t["num_attention_heads"]
+    c.n_kv = t.get("num_key_value_heads", c.n_heads)
+    c.head_dim = t.get("head_dim", 256 if c.hybrid else 128)
+    c.inter = t["intermediate_size"]
+    c.vocab = t["vocab_size"]
+    c.eps = t.get("rms_norm_eps", 1e-6)
+    rp = t.get("rope_parameters") or {}
+    c.theta = rp.get("rope_theta", t.get("rope_theta", 10000.0))
+    c.partial = rp.get("partial_rotary_factor", t.get("partial_rotary_factor", 0.25 if c.hybrid else 1.0))
+    c.tie = t.get("tie_word_embeddings", j.get("tie_word_embeddings", False))
+    if c.hybrid:
+        lt = t.get("layer_types")
+        if lt is None:
+            iv = t.get("full_attention_interval", 4)
+            lt = ["full_attention" if (i + 1) % iv == 0 else "linear_attention" for i in range(c.n_layers)]
+        c.layer_types = lt
+        c.Hk = t["linear_num_key_heads"]
+        c.Hv = t["linear_num_value_heads"]
+        c.dk = t["linear_key_head_dim"]
+        c.dv = t["linear_value_head_dim"]
+        c.K = t["linear_conv_kernel_dim"]
+    else:
+        c.layer_types = ["full_attention"] * c.n_layers
+    return c
+
+# --- model ------------------------------------------------------------------
+
+def rmsnorm(x, w, eps, plus_one):
+    # Qwen3RMSNorm: w * (x * rsqrt(mean(x^2) + eps)); the hybrids' zero-centred
+    # norm: (x * rsqrt(...)) * (1 + w)
+    v = x.pow(2).mean(-1, keepdim=True)
+    h = x * torch.rsqrt(v + eps)
+    return h * (1.0 + w) if plus_one else w * h
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_cos_sin(c, n, dt):
+    dim = int(c.head_dim * c.partial)
+    inv = 1.0 / (c.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim))
+    pos = torch.arange(n, dtype=torch.float32)
+    freqs = torch.outer(pos, inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dt), emb.sin().to(dt)
+
+
+def attention(c, W, p, h, cos, sin, dt):
+    n = h.shape[0]
+    hd, H, Hkv = c.head_dim, c.n_heads, c.n_kv
+    q = h @ W[p + "self_attn.q_proj.weight"].T
+    if c.hybrid:
+        q, gate = torch.chunk(q.view(n, H, 2 * hd), 2, dim=-1)
+        gate = gate.reshape(n, H * hd)
+    else:
+        q = q.view(n, H, hd)
+    k = (h @ W[p + "self_attn.k_proj.weight"].T).view(n, Hkv, hd)
+    v = (h @ W[p + "self_attn.v_proj.weight"].T).view(n, Hkv, hd)
+    q = rmsnorm(q, W[p + "self_attn.q_norm.weight"], c.eps, c.hybrid)
+    k = rmsnorm(k, W[p + "self_attn.k_norm.weight"], c.eps, c.hybrid)
+    rot = cos.shape[-1]
+    cs, sn = cos[:, None, :], sin[:, None, :]
+    q = torch.cat([q[..., :rot] * cs + rotate_half(q[..., :rot]) * sn, q[..., rot:]], dim=-1)
+    k = torch.cat([k[..., :rot] * cs + rotate_half(k[..., :rot]) * sn, k[..., rot:]], dim=-1)
+    q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)   # [heads, n, hd]
+    rep = H // Hkv
+    k = k.repeat_interleave(rep, dim=0)
+    v = v.repeat_interleave(rep, dim=0)
+    scores = (q @ k.transpose(1, 2)) * (hd ** -0.5)
+    mask = torch.full((n, n), float("-inf"), dtype=dt).triu(1)
+    probs = torch.softmax(scores + mask, dim=-1, dtype=dt)
+    o = (probs @ v).transpose(0, 1).reshape(n, H * hd)
+    if c.hybrid:
+        o = o * torch.sigmoid(gate)
+    return o @ W[p + "self_attn.o_proj.weight"].T
+
+
+def l2norm(x, eps=1e-6):
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def recurrent_rule(q, k, v, g, beta):
+    # torch_recurrent_gated_delta_rule, one head group at a time: [n, Hv, d]
+    n, Hv, dk = k.shape
+    dv = v.shape[-1]
+    S = torch.zeros(Hv, dk, dv, dtype=q.dtype)
+    out = torch.zeros(n, Hv, dv, dtype=q.dtype)
+    for t in range(n):
+        S = S * g[t].exp()[:, None, None]
+        kv_mem = (S * k[t][:, :, None]).sum(dim=-2)
+        delta = (v[t] - kv_mem) * beta[t][:, None]
+        S = S + k[t][:, :, None] * delta[:, None, :]
+        out[t] = (S * q[t][:, :, None]).sum(dim=-2)
+    return out, S
+
+
+def chunk_rule(q, k, v, g, beta, chunk=64):
+    # torch_chunk_gated_delta_rule (Hugging Face's prefill algorithm), for the
+    # cross-check of the recurrent form: q already scaled, [n, Hv, d].
+    q, k, v = (x.transpose(0, 1) for x in (q, k, v))   # [Hv, n, d]
+    beta, g = beta.transpose(0, 1), g.transpose(0, 1)   # [Hv, n]
+    Hv, n, dk = k.shape
+    dv = v.shape[-1]
+    pad = (chunk - n % chunk) % chunk
+    q = F.pad(q, (0, 0, 0, pad)); k = F.pad(k, (0, 0, 0, pad)); v = F.pad(v, (0, 0, 0, pad))
+    beta = F.pad(beta, (0, pad)); g = F.pad(g, (0, pad))
+    T = n + pad
+    vb = v * beta[..., None]
+    kb = k * beta[..., None]
+    q, k, v, kb, vb = (x.reshape(Hv, -1, chunk, x.shape[-1]) for x in (q, k, v, kb, vb))
+    g = g.reshape(Hv, -1, chunk).cumsum(dim=-1)
+    decay = ((g[..., :, None] - g[..., None, :]).tril().exp()).tril()
+    mask = torch.triu(torch.ones(chunk, chunk, dtype=torch.bool), diagonal=0)
+    attn = -((kb @ k.transpose(-1, -2)) * decay).masked_fill(mask, 0)
+    for i in range(1, chunk):
+        row = attn[..., i, :i].clone()
+        sub = attn[..., :i, :i].clone()
+        attn[..., i, :i] = row + (row[..., None] * sub).sum(-2)
+    attn = attn + torch.eye(chunk, dtype=attn.dtype)
+    value = attn @ vb
+    kcum = attn @ (kb * g.exp()[..., None])
+    S = torch.zeros(Hv, dk, dv, dtype=q.dtype)
+    out = torch.zeros_like(value)
+    mask = torch.triu(torch.ones(chunk, chunk, dtype=torch.bool), diagonal=1)
+    for i in range(T // chunk):
+        qi, ki, vi = q[:, i], k[:, i], value[:, i]
+        a = (qi @ ki.transpose(-1, -2) * decay[:, i]).masked_fill_(mask, 0)
+        vnew = vi - kcum[:, i] @ S
+        out[:, i] = (qi * g[:, i, :, None].exp()) @ S + a @ vnew
+        S = S * g[:, i, -1, None, None].exp() + (ki * (g[:, i, -1, None] - g[:, i]).exp()[..., None]).transpose(-1, -2) @ vnew
+    out = out.reshape(Hv, -1, dv)[:, :n].transpose(0, 1)
+    return out, S
+
+
+def deltanet(c, W, p, h, dt, check_chunked, stats):
+    n = h.shape[0]
+    Hk, Hv, dk, dv, K = c.Hk, c.Hv, c.dk, c.dv, c.K
+    r = Hv // Hk
+    kd, vd = Hk * dk, Hv * dv
+    if c.fused:
+        # fix_query_key_value_ordering: per key head g, [q_g | k_g | v_g (r dv) | z_g (r dv)], [b_g (r) | a_g (r)]
+        qkvz = (h @ W[p + "linear_attn.in_proj_qkvz.weight"].T).view(n, Hk, 2 * dk + 2 * r * dv)
+        ba = (h @ W[p + "linear_attn.in_proj_ba.weight"].T).view(n, Hk, 2 * r)
+        qq, kk, vv, z = torch.split(qkvz, [dk, dk, r * dv, r * dv], dim=2)
+        b, a = torch.split(ba, [r, r], dim=2)
+        mixed = torch.cat([qq.reshape(n, kd), kk.reshape(n, kd), vv.reshape(n, vd)], dim=-1)
+        z = z.reshape(n, Hv, dv)
+        b = b.reshape(n, Hv)
+        a = a.reshape(n, Hv)
+    else:
+        mixed = h @ W[p + "linear_attn.in_proj_qkv.weight"].T
+        z = (h @ W[p + "linear_attn.in_proj_z.weight"].T).view(n, Hv, dv)
+        b = h @ W[p + "linear_attn.in_proj_b.weight"].T
+        a = h @ W[p + "linear_attn.in_proj_a.weight"].T
+    C = mixed.shape[-1]
+    x = mixed.T[None]                                   # [1, C, n]
+    conv_state = F.pad(x, (K - 1, 0))[0, :, -(K - 1):] if K > 1 else x[0, :, :0]
+    w = W[p + "linear_attn.conv1d.weight"]              # [C, 1, K]
+    y = F.silu(F.conv1d(x, w, None, padding=K - 1, groups=C)[:, :, :n])[0].T   # [n, C]
+    q, k, v = torch.split(y, [kd, kd, vd], dim=-1)
+    q = l2norm(q.reshape(n, Hk, dk))
+    k = l2norm(k.reshape(n, Hk, dk))
+    v = v.reshape(n, Hv, dv)
+    beta = b.sigmoid()
+    g = -W[p + "linear_attn.A_log"].exp() * F.softplus(a + W[p + "linear_attn.dt_bias"])
+    q = q.repeat_interleave(r, dim=1) * (1.0 / dk ** 0.5)
+    k = k.repeat_interleave(r, dim=1)
+    core, S = recurrent_rule(q, k, v, g, beta)
+    if check_chunked:
+        core2, S2 = chunk_rule(q, k, v, g, beta)
+        stats.append(max(float((core - core2).abs().max() / core.abs().max()),
+                         float((S - S2).abs().max() / S.abs().max())))
+    nw = W[p + "linear_attn.norm.weight"]
+    vv = core.reshape(n * Hv, dv)
+    hn = vv * torch.rsqrt(vv.pow(2).mean(-1, keepdim=True) + c.eps)
+    hn = (nw * hn) * F.silu(z.reshape(n * Hv, dv))
+    out = hn.reshape(n, vd) @ W[p + "linear_attn.out_proj.weight"].T
+    return out, conv_state, S
+
+
+def forward(c, W, tokens, dt, check_chunked=False):
+    pre = "model.language_model." if "model.language_model.embed_tokens.weight" in W else "model."
+    W = {k: v.to(dt) for k, v in W.items()}
+    n = len(tokens)
+    x = W[pre + "embed_tokens.weight"][torch.tensor(tokens)]
+    cos, sin = rope_cos_sin(c, n, dt)
+    states = []
+    stats = []
+    for l in range(c.n_layers):
+        p = f"{pre}layers.{l}."
+        h = rmsnorm(x, W[p + "input_layernorm.weight"], c.eps, c.hybrid)
+        if c.layer_types[l] == "full_attention":
+            x = x + attention(c, W, p, h, cos, sin, dt)
+        else:
+            o, cs, S = deltanet(c, W, p, h, dt, check_chunked, stats)
+            states.append((cs, S))
+            x = x + o
+        h = rmsnorm(x, W[p + "post_attention_layernorm.weight"], c.eps, c.hybrid)
+        m = F.silu(h @ W[p + "mlp.gate_proj.weight"].T) * (h @ W[p + "mlp.up_proj.weight"].T)
+        x = x + m @ W[p + "mlp.down_proj.weight"].T
+    x = rmsnorm(x, W[pre + "norm.weight"], c.eps, c.hybrid)
+    head = W[pre + "embed_tokens.weight"] if c.tie else W["lm_head.weight"]
+    return x @ head.T, states, stats
+
+# --- tools ------------------------------------------------------------------
+
+def make_next(src, dst):
+    """qwen3_5 folder -> qwen3_next folder with fused projections, same math."""
+    c = load_config(src)
+    W = load_weights(src)
+    pre = "model.language_model." if "model.language_model.embed_tokens.weight" in W else "model."
+    Hk, Hv, dk, dv = c.Hk, c.Hv, c.dk, c.dv
+    r = Hv // Hk
+    kd, vd = Hk * dk, Hv * dv
+    out = {}
+    for name, t in W.items():
+        nn = "model." + name[len(pre):] if name.startswith(pre) else name
+        if ".linear_attn.in_proj_" in name:
+            continue
+        out[nn] = t
+    for l in range(c.n_layers):
+        if c.layer_types[l] != "linear_attention":
+            continue
+        p = f"{pre}layers.{l}.linear_attn."
+        qkv, z = W[p + "in_proj_qkv.weight"], W[p + "in_proj_z.weight"]
+        b, a = W[p + "in_proj_b.weight"], W[p + "in_proj_a.weight"]
+        rows, ba = [], []
+        for g in range(Hk):
+            rows += [qkv[g * dk:(g + 1) * dk], qkv[kd + g * dk: kd + (g + 1) * dk],
+                     qkv[2 * kd + g * r * dv: 2 * kd + (g + 1) * r * dv], z[g * r * dv:(g + 1) * r * dv]]
+            ba += [b[g * r:(g + 1) * r], a[g * r:(g + 1) * r]]
+        q = f"model.layers.{l}.linear_attn."
+        out[q + "in_proj_qkvz.weight"] = torch.cat(rows, 0)
+        out[q + "in_proj_ba.weight"] = torch.cat(ba, 0)
+    os.makedirs(dst, exist_ok=True)
+    write_safetensors(os.path.join(dst, "model.safetensors"), out)
+    with open(os.path.join(src, "config.json")) as f:
+        j = json.load(f)
+    t = dict(j.get("text_config", j))
+    t["model_type"] = "qwen3_next"
+    t["architectures"] = ["Qwen3NextForCausalLM"]
+    t["num_experts"] = 0
+    t["layer_types"] = c.layer_types
+    t.pop("text_config", None)
+    for k in ("eos_token_id", "bos_token_id", "tie_word_embeddings"):
+        if k in j and k not in t:
+            t[k] = j[k]
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(t, f, indent=2)
+    for fn in ("tokenizer.json", "tokenizer_config.json"):
+        s = os.path.join(src, fn)
+        if os.path.exists(s):
+            with open(s, "rb") as f, open(os.path.join(dst, fn), "wb") as g:
+                g.write(f.read())
+
+
+def compare_logits(a, b, vocab, tol):
+    x = np.fromfile(a, dtype="<f4")
+    y = np.fromfile(b, dtype="<f4")
+    if x.size != y.size or x.size % vocab:
+        print(f"size mismatch: {a} has {x.size} floats, {b} has {y.size} (vocab {vocab})")
+        return 1
+    x = x.reshape(-1, vocab).astype(np.float64)
+    y = y.reshape(-1, vocab).astype(np.float64)
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        print("non-finite logits")
+        return 1
+    # per position: max |engine - ref| / max |ref|
+    err = np.abs(x - y).max(axis=1) / np.maximum(np.abs(y).max(axis=1), 1e-30)
+    agree = int((x.argmax(axis=1) == y.argmax(axis=1)).sum())
+    print(f"positions {x.shape[0]}: max rel err {err.max():.3e} (worst at {int(err.argmax())}), "
+          f"mean {err.mean():.3e}, argmax agrees at {agree}/{x.shape[0]}, tol {tol:g}")
+    return 0 if err.max() <= tol else 1
+
+
+def compare_state(a, b, tol):
+    x = np.fromfile(a, dtype="<f4").astype(np.float64)
+    y = np.fromfile(b, dtype="<f4").astype(np.float64)
+    if x.size != y.size or x.size == 0:
+        print(f"state size mismatch: {x.size} vs {y.size} floats")
+        return 1
+    err = np.abs(x - y).max() / max(np.abs(y).max(), 1e-30)
+    print(f"state floats {x.size}: max rel err {err:.3e}, tol {tol:g}")
+    return 0 if err <= tol else 1
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model")
+    ap.add_argument("--tokens")
+    ap.add_argument("--logits-out")
+    ap.add_argument("--state-out")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--check-chunked", action="store_true")
+    ap.add_argument("--make-next", nargs=2)
+    ap.add_argument("--compare", nargs=2)
+    ap.add_argument("--compare-state", nargs=2)
+    ap.add_argument("--vocab", type=int)
+    ap.add_argument("--tol", type=float, default=1e-4)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    if a.make_next:
+        make_next(*a.make_next)
+        return 0
+    if a.compare:
+        return compare_logits(a.compare[0], a.compare[1], a.vocab, a.tol)
+    if a.compare_state:
+        return compare_state(a.compare_state[0], a.compare_state[1], a.tol)
+    c = load_config(a.model)
+    W = load_weights(a.model)
+    toks = [int(t) for t in a.tokens.split(",") if t.strip()]
+    dt = torch.float64 if a.dtype == "float64" else torch.float32
+    with torch.no_grad():
+        logits, states, stats = forward(c, W, toks, dt, a.check_chunked)
+    logits.to(torch.float32).numpy().astype("<f4").tofile(a.logits_out)
+    if a.state_out:
+        parts = []
+        for cs, S in states:
+            parts.append(cs.to(torch.float32).numpy().ravel())
+            parts.append(S.to(torch.float32).numpy().ravel())
+        (np.concatenate(parts) if parts else np.zeros(0, np.float32)).astype("<f4").tofile(a.state_out)
+    if a.check_chunked and stats:
+        worst = max(stats)
+        print(f"chunked vs recurrent delta rule: max rel diff {worst:.3e}")
+        if worst > 1e-4:
+            print("the chunked and recurrent forms disagree")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

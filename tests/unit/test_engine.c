@@ -1,0 +1,735 @@
+/*
+ * test_engine.c - models, sequences and forward passes on the synthetic
+ * tiny-dense (qwen3) and tiny-hybrid (qwen3_5) presets written by
+ * `$KT_BIN mkmodel`.
+ *
+ * The central property is batch invariance: the logits of a position are
+ * the same bytes (memcmp) however the prompt reached it -- whole prefill,
+ * prefill split at random points with random chunk sizes, token-by-token
+ * decode, resume from shared pages + tail + snapshot, fork, rewind --
+ * and whichever CPU path ran the kernels. Accuracy against PyTorch is
+ * tests/ref/engine_ref.sh's job.
+ */
+#include "kt.h"
+#include "base/durable.h"
+#include "base/err.h"
+#include "base/mem.h"
+#include "base/pages.h"
+#include "engine/isa.h"
+#include "engine/model.h"
+#include "engine/seq.h"
+#include "model/safetensors.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char g_dir[512];
+static uint64_t g_seed = 99;
+
+static void cleanup(void)
+{
+	if (g_dir[0])
+		kt_sh("rm -rf '%s'", g_dir);
+}
+
+/* The models folder of this run: tiny-dense and tiny-hybrid, bf16 and f32. */
+static const char *models(void)
+{
+	if (g_dir[0])
+		return g_dir;
+	const char *t = getenv("TMPDIR");
+	snprintf(g_dir, sizeof g_dir, "%s/kt-engine.XXXXXX", t && *t ? t : "/tmp");
+	if (!mkdtemp(g_dir)) {
+		g_dir[0] = 0;
+		return NULL;
+	}
+	atexit(cleanup);
+	const char *presets[] = {"tiny-dense", "tiny-hybrid"};
+	for (int i = 0; i < 2; i++)
+		if (kt_sh("'%s' mkmodel --preset %s --out '%s/%s' --no-sync >/dev/null 2>&1", kt_bin(), presets[i], g_dir,
+			  presets[i]) ||
+		    kt_sh("'%s' mkmodel --preset %s --dtype f32 --out '%s/%s-f32' --no-sync >/dev/null 2>&1", kt_bin(),
+			  presets[i], g_dir, presets[i]))
+			return NULL;
+	return g_dir;
+}
+
+static struct ke_model *load(const char *name, int kv_f32, int B)
+{
+	char path[1024];
+	struct ke_model *m = NULL;
+	const char *d = models();
+	if (!d) {
+		kt_fail(__FILE__, __LINE__, "cannot build models with %s mkmodel", kt_bin());
+		return NULL;
+	}
+	snprintf(path, sizeof path, "%s/%s", d, name);
+	struct ke_model_params p = {.kv_f32 = kv_f32, .page_tokens = B};
+	if (ke_model_load(path, &p, &m))
+		kt_fail(__FILE__, __LINE__, "load %s: %s", name, kv_errmsg());
+	return m;
+}
+
+static int32_t *rand_tokens(int n, int vocab)
+{
+	int32_t *t = malloc((size_t)n * sizeof *t);
+	for (int i = 0; i < n; i++)
+		t[i] = (int32_t)(kt_rand(&g_seed) % (uint64_t)vocab);
+	return t;
+}
+
+static struct ke_seq *seq_new(struct ke_model *m, int chunk)
+{
+	struct ke_seq *s = NULL;
+	struct ke_seq_params p = {.chunk = chunk};
+	if (ke_seq_create(m, &p, &s))
+		kt_fail(__FILE__, __LINE__, "seq: %s", kv_errmsg());
+	return s;
+}
+
+/* Logits of every position of tokens[0..n), whole prompt in one chunk. */
+static float *cold_logits(struct ke_model *m, const int32_t *tok, int n)
+{
+	int V = ke_model_config(m)->vocab;
+	float *all = malloc((size_t)n * V * sizeof *all);
+	struct ke_seq *s = seq_new(m, 512);
+	struct ke_prefill_opts o = {.logits_all = all};
+	if (!s || ke_seq_prefill(s, tok, n, &o, NULL))
+		kt_fail(__FILE__, __LINE__, "prefill: %s", kv_errmsg());
+	ke_seq_destroy(s);
+	return all;
+}
+
+/* Compare the valid KV rows of two sequences at the same position. */
+static int same_kv(const struct ke_seq *a, const struct ke_seq *b)
+{
+	const struct ke_layout *l = ke_model_layout(ke_seq_model(a));
+	int pos = ke_seq_pos(a), B = l->page_tokens;
+	if (pos != ke_seq_pos(b) || ke_seq_n_pages(a) != ke_seq_n_pages(b))
+		return 0;
+	for (int i = 0; i < ke_seq_n_pages(a); i++) {
+		int rows = pos - i * B < B ? pos - i * B : B;
+		for (int s = 0; s < l->n_segments; s++) {
+			size_t off = ke_layout_row_off(l, s, 0, B);
+			if (memcmp((char *)ke_seq_page(a, i)->data + off, (char *)ke_seq_page(b, i)->data + off,
+				   (size_t)rows * l->row_bytes))
+				return 0;
+		}
+	}
+	return 1;
+}
+
+static int same_state(const struct ke_seq *a, const struct ke_seq *b)
+{
+	size_t n = ke_seq_snapshot_bytes(a);
+	if (!n)
+		return 1;
+	char *x = malloc(n), *y = malloc(n);
+	ke_seq_snapshot(a, x, n);
+	ke_seq_snapshot(b, y, n);
+	int r = !memcmp(x, y, n);
+	free(x);
+	free(y);
+	return r;
+}
+
+KT_CASE(layout_of_tiny_models)
+{
+	struct ke_model *d = load("tiny-dense", 0, 0), *h = load("tiny-hybrid", 1, 16);
+	KT_REQUIRE(d && h);
+	const struct ke_layout *l = ke_model_layout(d);
+	const struct kv_model_config *c = ke_model_config(d);
+	KT_EQ_INT(l->page_tokens, 256);
+	KT_EQ_INT(l->kv_dtype, KV_DT_BF16);
+	KT_EQ_INT(l->n_attn_layers, c->n_layers);
+	KT_EQ_INT(l->n_segments, c->n_layers * 2 * c->n_kv_heads);
+	KT_EQ_U64(l->row_bytes, (uint64_t)c->head_dim * 2);
+	KT_EQ_U64(l->kv_bytes_per_token, kv_config_kv_bytes_per_token(c, 2));
+	KT_EQ_U64(l->page_bytes, l->kv_bytes_per_token * 256);
+	KT_EQ_INT(l->n_rec_layers, 0);
+	KT_EQ_U64(l->snapshot_bytes, 0);
+	l = ke_model_layout(h);
+	c = ke_model_config(h);
+	KT_EQ_INT(l->page_tokens, 16);
+	KT_EQ_INT(l->kv_dtype, KV_DT_F32);
+	KT_EQ_INT(l->n_attn_layers, c->n_attn_layers);
+	KT_EQ_INT(l->n_rec_layers, c->n_deltanet_layers);
+	KT_EQ_U64(l->kv_bytes_per_token, kv_config_kv_bytes_per_token(c, 4));
+	size_t off = 0;
+	for (int i = 0; i < l->n_rec_layers; i++) {
+		const struct ke_rec_layer *r = &l->rec[i];
+		KT_EQ_INT(c->layer_type[r->layer], KV_LAYER_DELTANET);
+		KT_EQ_U64(r->conv_off, off);
+		KT_EQ_U64(r->conv_bytes, kv_config_conv_state_bytes(c));
+		KT_EQ_U64(r->state_off, off + r->conv_bytes);
+		KT_EQ_U64(r->state_bytes, kv_config_recurrent_state_bytes(c));
+		KT_EQ_INT(r->state_dims[0] * r->state_dims[1] * r->state_dims[2] * 4, (int)r->state_bytes);
+		off += r->conv_bytes + r->state_bytes;
+	}
+	KT_EQ_U64(l->snapshot_bytes, off);
+	KT_EQ_INT(kv_pages_page_bytes(ke_model_pages(h)), (int)l->page_bytes);
+	ke_model_destroy(d);
+	ke_model_destroy(h);
+}
+
+/* whole vs 50 random splits vs token by token, logits + KV + state bytes */
+static void batch_invariance(const char *name)
+{
+	struct ke_model *m = load(name, 0, 16);
+	KT_REQUIRE(m);
+	int N = 100, V = ke_model_config(m)->vocab;
+	int32_t *tok = rand_tokens(N, V);
+	float *ref = cold_logits(m, tok, N), *got = malloc((size_t)N * V * sizeof *got);
+	struct ke_seq *whole = seq_new(m, 512);
+	KT_REQUIRE(whole);
+	KT_OK(ke_seq_prefill(whole, tok, N, NULL, NULL));
+
+	struct ke_seq *s = seq_new(m, 256);
+	for (int i = 0; i < N; i++)
+		KT_OK(ke_seq_decode(s, tok[i], got + (size_t)i * V));
+	KT_CHECKF(!memcmp(ref, got, (size_t)N * V * 4), "%s: token-by-token decode differs", name);
+	KT_CHECK(same_kv(whole, s) && same_state(whole, s));
+	ke_seq_destroy(s);
+
+	int bad = 0;
+	for (int rep = 0; rep < 50; rep++) {
+		int chunk = 1 + (int)(kt_rand(&g_seed) % 64);
+		s = seq_new(m, chunk);
+		memset(got, 0, (size_t)N * V * 4);
+		for (int at = 0; at < N;) {
+			int n = 1 + (int)(kt_rand(&g_seed) % 40);
+			if (at + n > N)
+				n = N - at;
+			struct ke_prefill_opts o = {.logits_all = got + (size_t)at * V};
+			KT_OK(ke_seq_prefill(s, tok + at, n, &o, NULL));
+			at += n;
+		}
+		if (memcmp(ref, got, (size_t)N * V * 4) || !same_kv(whole, s) || !same_state(whole, s))
+			bad++;
+		ke_seq_destroy(s);
+	}
+	KT_CHECKF(bad == 0, "%s: %d of 50 random splits differ from the whole prefill", name, bad);
+	ke_seq_destroy(whole);
+	free(tok);
+	free(ref);
+	free(got);
+	ke_model_destroy(m);
+}
+
+KT_CASE(batch_invariance_dense_50_splits)
+{
+	batch_invariance("tiny-dense");
+}
+
+KT_CASE(batch_invariance_hybrid_50_splits)
+{
+	batch_invariance("tiny-hybrid");
+}
+
+KT_CASE(cpu_paths_give_identical_logits)
+{
+	if (ke_isa_best() == KE_ISA_SCALAR) {
+		kt_skip("this CPU has only the scalar path");
+		return;
+	}
+	const char *names[] = {"tiny-dense", "tiny-hybrid"};
+	int saved = ke_isa();
+	for (int k = 0; k < 2; k++) {
+		struct ke_model *m = load(names[k], 0, 0);
+		KT_REQUIRE(m);
+		int N = 40, V = ke_model_config(m)->vocab;
+		int32_t *tok = rand_tokens(N, V);
+		ke_isa_set(KE_ISA_SCALAR);
+		float *ref = cold_logits(m, tok, N);
+		for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
+			ke_isa_set(isa);
+			float *got = cold_logits(m, tok, N);
+			KT_CHECKF(!memcmp(ref, got, (size_t)N * V * 4), "%s: %s logits differ from scalar", names[k],
+				  ke_isa_name(isa));
+			free(got);
+		}
+		free(ref);
+		free(tok);
+		ke_model_destroy(m);
+	}
+	ke_isa_set(saved);
+}
+
+struct stop_rec {
+	int n;
+	int pos[8];
+	void *snap[8];
+	struct kv_page *pages[8][16];
+	int n_pages[8];
+	void *tail[8];
+	int cancel_at;
+	int *cancel;
+	int fail_at;
+};
+
+static int on_stop(void *ctx, struct ke_seq *s, int pos)
+{
+	struct stop_rec *r = ctx;
+	const struct ke_layout *l = ke_model_layout(ke_seq_model(s));
+	int B = l->page_tokens, i = r->n++;
+	r->pos[i] = pos;
+	size_t sb = ke_seq_snapshot_bytes(s);
+	r->snap[i] = sb ? malloc(sb) : NULL;
+	if (sb)
+		ke_seq_snapshot(s, r->snap[i], sb);
+	r->n_pages[i] = pos / B;
+	for (int p = 0; p < pos / B; p++) {
+		r->pages[i][p] = ke_seq_page(s, p);
+		kv_page_ref(r->pages[i][p]);
+	}
+	int t = pos % B;
+	r->tail[i] = NULL;
+	if (t) { /* compact tail: t rows per segment */
+		r->tail[i] = malloc(ke_layout_tail_bytes(l, t));
+		ke_layout_copy_rows(l, r->tail[i], t, ke_seq_page(s, pos / B)->data, B, t);
+	}
+	if (r->cancel && pos == r->cancel_at)
+		*r->cancel = 1;
+	if (pos == r->fail_at)
+		return KV_ERR_NOMEM;
+	return KV_OK;
+}
+
+static void stop_rec_free(struct stop_rec *r)
+{
+	for (int i = 0; i < r->n; i++) {
+		free(r->snap[i]);
+		free(r->tail[i]);
+		for (int p = 0; p < r->n_pages[i]; p++)
+			kv_page_unref(r->pages[i][p]);
+	}
+}
+
+static uint64_t page_sum(const struct kv_page *pg, size_t n)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ ((const uint8_t *)pg->data)[i]) * 1099511628211ull;
+	return h;
+}
+
+/* Snapshots at stop points + shared pages + tails resume bit-identically. */
+static void resume_case(const char *name)
+{
+	struct ke_model *m = load(name, 0, 16);
+	KT_REQUIRE(m);
+	const struct ke_layout *l = ke_model_layout(m);
+	int P = 90, C = 30, V = ke_model_config(m)->vocab;
+	int32_t *tok = rand_tokens(P + C, V);
+	float *ref = malloc((size_t)C * V * 4), *got = malloc((size_t)C * V * 4);
+	struct stop_rec r = {.cancel_at = -1, .fail_at = -1};
+	int stops[] = {16, 37, 64, 90};
+	struct ke_prefill_opts o = {.stops = stops, .n_stops = 4, .on_stop = on_stop, .ctx = &r};
+	struct ke_seq *live = seq_new(m, 24);
+	KT_REQUIRE(live);
+	KT_OK(ke_seq_prefill(live, tok, P, &o, NULL));
+	KT_EQ_INT(r.n, 4);
+	for (int i = 0; i < r.n; i++)
+		KT_EQ_INT(r.pos[i], stops[i]);
+	uint64_t sums[16];
+	for (int p = 0; p < r.n_pages[3]; p++)
+		sums[p] = page_sum(r.pages[3][p], l->page_bytes);
+	struct ke_prefill_opts oc = {.logits_all = ref};
+	KT_OK(ke_seq_prefill(live, tok + P, C, &oc, NULL));
+	for (int i = 0; i < r.n; i++) {
+		int p = r.pos[i];
+		struct ke_resume rs = {
+			.pos = p, .tokens = tok, .pages = r.pages[i], .tail = r.tail[i], .tail_stride = p % 16,
+			.snapshot = r.snap[i], .snapshot_len = ke_seq_snapshot_bytes(live),
+		};
+		struct ke_seq *s = NULL;
+		KT_OK(ke_seq_resume(m, NULL, &rs, &s));
+		KT_REQUIRE(s);
+		KT_EQ_INT(ke_seq_pos(s), p);
+		KT_CHECK(!memcmp(ke_seq_tokens(s), tok, (size_t)p * 4));
+		if (p < P)
+			KT_OK(ke_seq_prefill(s, tok + p, P - p, NULL, NULL));
+		struct ke_prefill_opts og = {.logits_all = got};
+		KT_OK(ke_seq_prefill(s, tok + P, C, &og, NULL));
+		KT_CHECKF(!memcmp(ref, got, (size_t)C * V * 4), "%s: resumed at %d, logits differ from live", name, p);
+		KT_CHECK(same_kv(live, s) && same_state(live, s));
+		ke_seq_destroy(s);
+	}
+	/* the pages handed out at the stops were never written again */
+	for (int p = 0; p < r.n_pages[3]; p++)
+		KT_CHECKF(page_sum(r.pages[3][p], l->page_bytes) == sums[p], "shared page %d was modified", p);
+	stop_rec_free(&r);
+	ke_seq_destroy(live);
+	free(tok);
+	free(ref);
+	free(got);
+	ke_model_destroy(m);
+}
+
+KT_CASE(resume_from_snapshot_pages_tail_dense)
+{
+	resume_case("tiny-dense");
+}
+
+KT_CASE(resume_from_snapshot_pages_tail_hybrid)
+{
+	resume_case("tiny-hybrid");
+}
+
+KT_CASE(fork_shares_full_pages_and_copies_on_write)
+{
+	struct ke_model *m = load("tiny-dense", 0, 16);
+	KT_REQUIRE(m);
+	int V = ke_model_config(m)->vocab, P = 40;
+	int32_t *a = rand_tokens(60, V), *b = rand_tokens(20, V);
+	struct ke_seq *src = seq_new(m, 64), *f = NULL;
+	KT_REQUIRE(src);
+	KT_OK(ke_seq_prefill(src, a, P, NULL, NULL));
+	KT_OK(ke_seq_fork(src, 35, NULL, &f)); /* mid-page: page 2 holds 32..47 */
+	KT_REQUIRE(f);
+	KT_CHECK(ke_seq_page(f, 0) == ke_seq_page(src, 0) && ke_seq_page(f, 1) == ke_seq_page(src, 1));
+	KT_CHECK(ke_seq_page(f, 2) != ke_seq_page(src, 2));
+	KT_EQ_INT(kv_page_refs(ke_seq_page(src, 0)), 2);
+	uint64_t s0 = page_sum(ke_seq_page(src, 0), ke_model_layout(m)->page_bytes);
+	/* the fork continues with other tokens, the source with its own */
+	int32_t fa[55];
+	memcpy(fa, a, 35 * 4);
+	memcpy(fa + 35, b, 20 * 4);
+	float *lf = malloc((size_t)V * 4), *ls = malloc((size_t)V * 4);
+	KT_OK(ke_seq_prefill(f, b, 20, NULL, lf));
+	KT_OK(ke_seq_prefill(src, a + P, 20, NULL, ls));
+	float *cf = cold_logits(m, fa, 55), *cs = cold_logits(m, a, 60);
+	KT_CHECK(!memcmp(lf, cf + (size_t)54 * V, (size_t)V * 4));
+	KT_CHECK(!memcmp(ls, cs + (size_t)59 * V, (size_t)V * 4));
+	KT_CHECK(page_sum(ke_seq_page(src, 0), ke_model_layout(m)->page_bytes) == s0);
+	/* a sequence that shares its partial page (a resume handed the same page
+	 * to the cache) copies it before writing */
+	struct kv_page *last = ke_seq_page(f, ke_seq_n_pages(f) - 1);
+	kv_page_ref(last);
+	uint64_t sl = page_sum(last, ke_model_layout(m)->page_bytes);
+	KT_OK(ke_seq_decode(f, b[0], lf));
+	KT_CHECK(ke_seq_page(f, ke_seq_n_pages(f) - 1) != last);
+	KT_CHECK(page_sum(last, ke_model_layout(m)->page_bytes) == sl);
+	kv_page_unref(last);
+	/* hybrid: only at the current position */
+	struct ke_model *h = load("tiny-hybrid", 0, 16);
+	KT_REQUIRE(h);
+	struct ke_seq *hs = seq_new(h, 64), *hf = NULL;
+	KT_OK(ke_seq_prefill(hs, a, P, NULL, NULL));
+	KT_EQ_INT(ke_seq_fork(hs, 20, NULL, &hf), KV_ERR_INVALID);
+	KT_CHECK(hf == NULL);
+	KT_OK(ke_seq_fork(hs, P, NULL, &hf));
+	KT_CHECK(same_state(hs, hf) && same_kv(hs, hf));
+	ke_seq_destroy(hf);
+	ke_seq_destroy(hs);
+	ke_model_destroy(h);
+	ke_seq_destroy(f);
+	ke_seq_destroy(src);
+	free(cf);
+	free(cs);
+	free(lf);
+	free(ls);
+	free(a);
+	free(b);
+	ke_model_destroy(m);
+}
+
+KT_CASE(stop_points_callback_and_cancel)
+{
+	struct ke_model *m = load("tiny-hybrid", 0, 16);
+	KT_REQUIRE(m);
+	int N = 50, V = ke_model_config(m)->vocab;
+	int32_t *tok = rand_tokens(N, V);
+	float *ref = cold_logits(m, tok, N), *got = malloc((size_t)N * V * 4);
+	int cancel = 0;
+	struct stop_rec r = {.cancel_at = 17, .cancel = &cancel, .fail_at = -1};
+	int stops[] = {5, 17, 18, 40};
+	struct ke_prefill_opts o = {.stops = stops, .n_stops = 4, .on_stop = on_stop, .ctx = &r,
+				    .cancel = &cancel, .logits_all = got};
+	struct ke_seq *s = seq_new(m, 8);
+	KT_REQUIRE(s);
+	KT_EQ_INT(ke_seq_prefill(s, tok, N, &o, NULL), KV_ERR_CANCELLED);
+	KT_EQ_INT(ke_seq_pos(s), 17);
+	KT_EQ_INT(r.n, 2);
+	/* continue where it stopped: same bytes as never stopping */
+	cancel = 0;
+	int stops2[] = {18, 40};
+	struct ke_prefill_opts o2 = {.stops = stops2, .n_stops = 2, .on_stop = on_stop, .ctx = &r,
+				     .logits_all = got + (size_t)17 * V};
+	KT_OK(ke_seq_prefill(s, tok + 17, N - 17, &o2, NULL));
+	KT_EQ_INT(r.n, 4);
+	for (int i = 0; i < 4; i++)
+		KT_EQ_INT(r.pos[i], stops[i]);
+	KT_CHECK(!memcmp(ref, got, (size_t)N * V * 4));
+	/* a callback error ends the prefill with that code, state at the stop */
+	struct ke_seq *s2 = seq_new(m, 8);
+	struct stop_rec r2 = {.cancel_at = -1, .fail_at = 18};
+	struct ke_prefill_opts o3 = {.stops = stops, .n_stops = 4, .on_stop = on_stop, .ctx = &r2};
+	KT_EQ_INT(ke_seq_prefill(s2, tok, N, &o3, NULL), KV_ERR_NOMEM);
+	KT_EQ_INT(ke_seq_pos(s2), 18);
+	/* stops out of order or out of range are refused before anything runs */
+	int badstops[][2] = {{10, 10}, {20, 10}, {0, 5}, {5, N + 1}};
+	for (int i = 0; i < 4; i++) {
+		struct ke_seq *s3 = seq_new(m, 8);
+		struct ke_prefill_opts ob = {.stops = badstops[i], .n_stops = 2, .on_stop = on_stop, .ctx = &r2};
+		KT_EQ_INT(ke_seq_prefill(s3, tok, N, &ob, NULL), KV_ERR_INVALID);
+		KT_EQ_INT(ke_seq_pos(s3), 0);
+		ke_seq_destroy(s3);
+	}
+	stop_rec_free(&r);
+	stop_rec_free(&r2);
+	ke_seq_destroy(s);
+	ke_seq_destroy(s2);
+	free(tok);
+	free(ref);
+	free(got);
+	ke_model_destroy(m);
+}
+
+KT_CASE(rewind_and_truncate)
+{
+	const char *names[] = {"tiny-dense", "tiny-hybrid"};
+	for (int k = 0; k < 2; k++) {
+		struct ke_model *m = load(names[k], 0, 16);
+		KT_REQUIRE(m);
+		int N = 50, V = ke_model_config(m)->vocab, hyb = ke_model_layout(m)->snapshot_bytes > 0;
+		int32_t *tok = rand_tokens(N, V);
+		float *ref = cold_logits(m, tok, N), *lg = malloc((size_t)V * 4);
+		struct ke_seq *s = seq_new(m, 16);
+		size_t sb = ke_seq_snapshot_bytes(s);
+		void *snap = sb ? malloc(sb) : NULL;
+		KT_OK(ke_seq_prefill(s, tok, 30, NULL, NULL));
+		if (sb)
+			KT_OK(ke_seq_snapshot(s, snap, sb));
+		KT_OK(ke_seq_prefill(s, tok + 30, 20, NULL, NULL));
+		if (hyb) {
+			KT_EQ_INT(ke_seq_truncate(s, 30), KV_ERR_UNSUPPORTED);
+			KT_EQ_INT(ke_seq_rewind(s, 30, NULL, 0), KV_ERR_INVALID);
+			KT_OK(ke_seq_rewind(s, 30, snap, sb));
+		} else {
+			KT_OK(ke_seq_truncate(s, 30));
+		}
+		KT_EQ_INT(ke_seq_pos(s), 30);
+		KT_EQ_INT(ke_seq_n_pages(s), 2);
+		KT_OK(ke_seq_prefill(s, tok + 30, 20, NULL, lg));
+		KT_CHECKF(!memcmp(lg, ref + (size_t)49 * V, (size_t)V * 4), "%s: continuing after rewind differs", names[k]);
+		KT_OK(ke_seq_rewind(s, 0, NULL, 0)); /* back to the empty state */
+		KT_OK(ke_seq_prefill(s, tok, N, NULL, lg));
+		KT_CHECK(!memcmp(lg, ref + (size_t)49 * V, (size_t)V * 4));
+		KT_EQ_INT(ke_seq_rewind(s, N + 1, NULL, 0), KV_ERR_INVALID);
+		free(snap);
+		free(lg);
+		free(ref);
+		free(tok);
+		ke_seq_destroy(s);
+		ke_model_destroy(m);
+	}
+}
+
+KT_CASE(bad_inputs_and_page_limit)
+{
+	char path[1024];
+	const char *d = models();
+	KT_REQUIRE(d);
+	snprintf(path, sizeof path, "%s/tiny-dense", d);
+	struct ke_model *m = NULL;
+	struct ke_model_params p = {.page_tokens = 16, .max_pages = 2};
+	KT_OK(ke_model_load(path, &p, &m));
+	KT_REQUIRE(m);
+	int V = ke_model_config(m)->vocab;
+	int32_t *tok = rand_tokens(60, V);
+	struct ke_seq *s = seq_new(m, 8);
+	int32_t bad[3] = {1, V, 2}, neg = -1;
+	KT_EQ_INT(ke_seq_prefill(s, bad, 3, NULL, NULL), KV_ERR_INVALID);
+	KT_EQ_INT(ke_seq_prefill(s, &neg, 1, NULL, NULL), KV_ERR_INVALID);
+	KT_EQ_INT(ke_seq_prefill(s, tok, 0, NULL, NULL), KV_ERR_INVALID);
+	KT_EQ_INT(ke_seq_pos(s), 0);
+	/* 2 pages of 16 tokens: the third page is refused, the state stays at a
+	 * chunk boundary, the sequence still works */
+	KT_EQ_INT(ke_seq_prefill(s, tok, 60, NULL, NULL), KV_ERR_FULL);
+	KT_EQ_INT(ke_seq_pos(s), 32);
+	KT_EQ_INT(ke_seq_n_pages(s), 2);
+	KT_OK(ke_seq_truncate(s, 10));
+	float *lg = malloc((size_t)V * 4);
+	KT_OK(ke_seq_prefill(s, tok + 10, 5, NULL, lg));
+	ke_seq_destroy(s);
+	/* max_tokens */
+	struct ke_seq_params sp = {.max_tokens = 20};
+	KT_OK(ke_seq_create(m, &sp, &s));
+	KT_EQ_INT(ke_seq_prefill(s, tok, 21, NULL, NULL), KV_ERR_INVALID);
+	KT_OK(ke_seq_prefill(s, tok, 20, NULL, NULL));
+	KT_EQ_INT(ke_seq_decode(s, tok[0], lg), KV_ERR_INVALID);
+	/* resume with inconsistent pieces */
+	struct ke_seq *r = NULL;
+	struct ke_resume rs = {.pos = 20, .tokens = tok};
+	KT_EQ_INT(ke_seq_resume(m, NULL, &rs, &r), KV_ERR_INVALID); /* no pages */
+	struct kv_page *pg[1] = {ke_seq_page(s, 0)};
+	rs.pages = pg;
+	KT_EQ_INT(ke_seq_resume(m, NULL, &rs, &r), KV_ERR_INVALID); /* no tail */
+	char junk[8];
+	rs.snapshot = junk;
+	rs.snapshot_len = 8;
+	KT_EQ_INT(ke_seq_resume(m, NULL, &rs, &r), KV_ERR_INVALID); /* dense + snapshot */
+	KT_CHECK(r == NULL);
+	ke_seq_destroy(s);
+	free(lg);
+	free(tok);
+	ke_model_destroy(m);
+}
+
+KT_CASE(scratch_is_sized_once)
+{
+	struct ke_model *m = load("tiny-hybrid", 0, 16);
+	KT_REQUIRE(m);
+	uint64_t before = kv_mem_used(KV_MEM_SCRATCH);
+	struct ke_seq *s = seq_new(m, 64);
+	KT_REQUIRE(s);
+	KT_EQ_U64(kv_mem_used(KV_MEM_SCRATCH) - before, ke_seq_scratch_bytes(s));
+	KT_EQ_U64(ke_seq_scratch_bytes(s), ke_model_scratch_bytes(m, 64) + ke_model_layout(m)->snapshot_bytes);
+	int V = ke_model_config(m)->vocab;
+	int32_t *tok = rand_tokens(300, V);
+	float *lg = malloc((size_t)V * 4);
+	KT_OK(ke_seq_prefill(s, tok, 100, NULL, lg));
+	uint64_t scr = kv_mem_used(KV_MEM_SCRATCH), other = kv_mem_used(KV_MEM_OTHER);
+	uint64_t kv = kv_mem_used(KV_MEM_KV);
+	for (int i = 100; i < 300; i++)
+		KT_OK(ke_seq_decode(s, tok[i], lg));
+	KT_EQ_U64(kv_mem_used(KV_MEM_SCRATCH), scr);
+	KT_EQ_U64(kv_mem_used(KV_MEM_OTHER), other);
+	/* KV grows by whole pages only: 300 tokens = 19 pages of 16 */
+	KT_EQ_U64(kv_mem_used(KV_MEM_KV) - kv, (uint64_t)(19 - 7) * ke_model_layout(m)->page_bytes);
+	ke_seq_destroy(s);
+	KT_EQ_U64(kv_mem_used(KV_MEM_SCRATCH), before);
+	free(tok);
+	free(lg);
+	ke_model_destroy(m);
+}
+
+/* --- bad model folders -------------------------------------------------------- */
+
+enum { EDIT_DROP, EDIT_SHAPE, EDIT_F16, EDIT_I32 };
+
+/* Copy src's folder to dst, rewriting model.safetensors with one edit to `victim`. */
+static int edit_model(const char *src, const char *dst, const char *victim, int edit)
+{
+	char a[1024], b[1024];
+	if (kt_sh("rm -rf '%s' && cp -r '%s' '%s'", dst, src, dst))
+		return -1;
+	snprintf(a, sizeof a, "%s/model.safetensors", src);
+	snprintf(b, sizeof b, "%s/model.safetensors", dst);
+	struct kv_st *st;
+	if (kv_st_open(a, &st))
+		return -1;
+	struct kv_stw *w = kv_stw_create();
+	void *spare = NULL;
+	int found = 0;
+	for (size_t i = 0; i < kv_st_count(st); i++) {
+		const struct kv_tensor *t = kv_st_tensor(st, i);
+		found |= !strcmp(t->name, victim);
+		int64_t shape[KV_ST_MAX_DIMS];
+		memcpy(shape, t->shape, sizeof shape);
+		int dt = t->dtype;
+		uint64_t nb = t->nbytes;
+		if (!strcmp(t->name, victim)) {
+			if (edit == EDIT_DROP)
+				continue;
+			if (edit == EDIT_SHAPE) {
+				shape[t->ndim - 1] -= 1;
+				nb = nb / (uint64_t)t->shape[t->ndim - 1] * (uint64_t)shape[t->ndim - 1];
+			}
+			if (edit == EDIT_F16)
+				dt = KV_DT_F16; /* same bytes as bf16 */
+			if (edit == EDIT_I32) {
+				dt = KV_DT_I32;
+				nb = t->numel * 4;
+				spare = calloc(1, nb);
+			}
+		}
+		kv_stw_add(w, t->name, dt, t->ndim, shape, spare && !strcmp(t->name, victim) ? spare : t->data, nb);
+	}
+	int rc = found ? kv_stw_write(w, b, KV_DW_NO_SYNC) : -1; /* an edit that edits nothing tests nothing */
+	kv_stw_destroy(w);
+	kv_st_close(st);
+	free(spare);
+	return rc;
+}
+
+static void expect_load_fails(const char *dir, const char *needle)
+{
+	struct ke_model *m = NULL;
+	int rc = ke_model_load(dir, NULL, &m);
+	KT_CHECKF(rc != KV_OK && m == NULL, "%s loaded", dir);
+	KT_CHECKF(strstr(kv_errmsg(), needle) != NULL, "message \"%s\" does not name \"%s\"", kv_errmsg(), needle);
+}
+
+KT_CASE(bad_model_folders_fail_at_load_naming_the_tensor)
+{
+	const char *d = models();
+	KT_REQUIRE(d);
+	char src[1024], dst[1024];
+	snprintf(src, sizeof src, "%s/tiny-dense", d);
+	snprintf(dst, sizeof dst, "%s/bad", d);
+	const char *v1 = "model.layers.1.mlp.up_proj.weight", *v2 = "model.layers.0.self_attn.q_proj.weight";
+	KT_OK(edit_model(src, dst, v1, EDIT_DROP));
+	expect_load_fails(dst, v1);
+	KT_OK(edit_model(src, dst, v2, EDIT_SHAPE));
+	expect_load_fails(dst, v2);
+	KT_OK(edit_model(src, dst, v2, EDIT_F16));
+	expect_load_fails(dst, v2);
+	KT_OK(edit_model(src, dst, v1, EDIT_I32));
+	expect_load_fails(dst, v1);
+	snprintf(src, sizeof src, "%s/tiny-hybrid", d);
+	const char *v3 = "model.language_model.layers.0.linear_attn.A_log"; /* nested Qwen3.5 names */
+	KT_OK(edit_model(src, dst, v3, EDIT_DROP));
+	expect_load_fails(dst, v3);
+	/* truncated file: the message names the tensor that runs past the end */
+	KT_EQ_INT(kt_sh("rm -rf '%s' && cp -r '%s' '%s' && truncate -s -100 '%s/model.safetensors'", dst, src, dst, dst), 0);
+	expect_load_fails(dst, "tensor '");
+	KT_EQ_INT(kt_sh("truncate -s 5 '%s/model.safetensors'", dst), 0);
+	expect_load_fails(dst, "model.safetensors");
+	/* config problems */
+	KT_EQ_INT(kt_sh("rm -rf '%s' && cp -r '%s' '%s' && rm '%s/config.json'", dst, src, dst, dst), 0);
+	expect_load_fails(dst, "config.json");
+	KT_EQ_INT(kt_sh("echo '{\"model_type\": \"qwen3_next\", \"num_experts\": 8}' > '%s/config.json'", dst), 0);
+	expect_load_fails(dst, "expert");
+	KT_EQ_INT(kt_sh("echo 'not json' > '%s/config.json'", dst), 0);
+	expect_load_fails(dst, "config.json");
+	KT_EQ_INT(kt_sh("rm -rf '%s'", dst), 0);
+}
+
+KT_CASE(generate_cli_writes_the_logits)
+{
+	const char *d = models();
+	KT_REQUIRE(d);
+	struct ke_model *m = load("tiny-dense", 0, 0);
+	KT_REQUIRE(m);
+	int V = ke_model_config(m)->vocab;
+	int32_t tok[5] = {3, 14, 15, 92, 65};
+	float *ref = cold_logits(m, tok, 5);
+	char out[1024];
+	snprintf(out, sizeof out, "%s/logits.bin", d);
+	KT_EQ_INT(kt_sh("KVKEEP_LOG=warn '%s' generate --model '%s/tiny-dense' --tokens 3,14,15,92,65 --max-tokens 3 "
+			"--logits-out '%s' --quiet >/dev/null", kt_bin(), d, out), 0);
+	FILE *f = fopen(out, "rb");
+	KT_REQUIRE(f);
+	float *got = malloc((size_t)V * 4 + 4);
+	size_t n = fread(got, 4, (size_t)V + 1, f);
+	fclose(f);
+	KT_EQ_INT(n, V);
+	KT_CHECK(!memcmp(got, ref + (size_t)4 * V, (size_t)V * 4));
+	KT_EQ_INT(kt_sh("KVKEEP_LOG=warn '%s' generate --model '%s/tiny-hybrid' --prompt 'Hello world' --max-tokens 4 "
+			"--temperature 0.8 --seed 3 --quiet | grep -q '^ids: [0-9]* [0-9]* [0-9]* [0-9]*$'", kt_bin(), d), 0);
+	KT_EQ_INT(kt_sh("'%s' generate --model '%s/tiny-dense' --tokens 1,99999 2>/dev/null >/dev/null", kt_bin(), d), 1);
+	KT_EQ_INT(kt_sh("'%s' generate --model '%s/tiny-dense' 2>/dev/null", kt_bin(), d), 2);
+	KT_EQ_INT(kt_sh("'%s' generate --model '%s/tiny-dense' --tokens 1 --top-p 0 2>/dev/null >/dev/null", kt_bin(), d), 2);
+	free(got);
+	free(ref);
+	ke_model_destroy(m);
+}
+
+KT_MAIN(layout_of_tiny_models, batch_invariance_dense_50_splits, batch_invariance_hybrid_50_splits,
+	cpu_paths_give_identical_logits, resume_from_snapshot_pages_tail_dense, resume_from_snapshot_pages_tail_hybrid,
+	fork_shares_full_pages_and_copies_on_write, stop_points_callback_and_cancel, rewind_and_truncate,
+	bad_inputs_and_page_limit, scratch_is_sized_once, bad_model_folders_fail_at_load_naming_the_tensor,
+	generate_cli_writes_the_logits)

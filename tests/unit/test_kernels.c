@@ -1,0 +1,693 @@
+/*
+ * test_kernels.c - the engine's kernels: GEMM, vector ops, attention,
+ * DeltaNet, sampler.
+ *
+ * Three kinds of checks: accuracy against double-precision naive code;
+ * bit-identity between the scalar reference and the SIMD paths (skipped,
+ * not passed, where the CPU lacks a path); and batch invariance -- a
+ * row's bytes do not depend on how many rows, which chunk, which thread
+ * range or which page size it was computed with.
+ */
+#include "kt.h"
+#include "base/err.h"
+#include "base/pages.h"
+#include "engine/attn.h"
+#include "engine/deltanet.h"
+#include "engine/gemm.h"
+#include "engine/isa.h"
+#include "engine/sample.h"
+#include "engine/vec.h"
+#include "model/safetensors.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t g_seed = 12345;
+
+static float frand(void)
+{
+	return (float)((double)(kt_rand(&g_seed) >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0);
+}
+
+static int irand(int n)
+{
+	return (int)(kt_rand(&g_seed) % (uint64_t)n);
+}
+
+static uint16_t bf16_of(float f)
+{
+	uint16_t h;
+	ke_vec_f32_to_bf16(&h, &f, 1);
+	return h;
+}
+
+static float f_of_bf16(uint16_t h)
+{
+	float f;
+	ke_vec_bf16_to_f32(&f, &h, 1);
+	return f;
+}
+
+/* Weights as f32 or bf16 (w32 then holds the widened bf16 values). */
+struct wmat {
+	float *w32;
+	uint16_t *w16;
+	struct ke_mat m;
+};
+
+static void wmat_make(struct wmat *w, int N, int K, int bf)
+{
+	w->w32 = malloc((size_t)N * K * sizeof(float) + 64);
+	w->w16 = malloc((size_t)N * K * 2 + 64);
+	for (size_t i = 0; i < (size_t)N * K; i++) {
+		float f = frand();
+		w->w16[i] = bf16_of(f);
+		w->w32[i] = bf ? f_of_bf16(w->w16[i]) : f;
+	}
+	struct ke_mat m = {bf ? (void *)w->w16 : (void *)w->w32, bf ? KV_DT_BF16 : KV_DT_F32, N, K, (size_t)K};
+	w->m = m;
+}
+
+static void wmat_free(struct wmat *w)
+{
+	free(w->w32);
+	free(w->w16);
+}
+
+static float *rand_vec(size_t n)
+{
+	float *v = malloc(n * sizeof *v + 64);
+	for (size_t i = 0; i < n; i++)
+		v[i] = frand();
+	return v;
+}
+
+static const int g_K[] = {1, 5, 15, 16, 17, 31, 64, 100, 257};
+
+KT_CASE(gemm_matches_double_reference)
+{
+	for (int bf = 0; bf < 2; bf++)
+		for (size_t ki = 0; ki < sizeof g_K / sizeof g_K[0]; ki++) {
+			int K = g_K[ki], M = 1 + irand(9), N = 1 + irand(40);
+			struct wmat w;
+			wmat_make(&w, N, K, bf);
+			float *x = rand_vec((size_t)M * K), *y = malloc((size_t)M * N * sizeof *y);
+			ke_gemm(&w.m, x, (size_t)K, M, y, (size_t)N, 0);
+			for (int i = 0; i < M; i++)
+				for (int n = 0; n < N; n++) {
+					double ref = 0, mag = 0;
+					for (int k = 0; k < K; k++) {
+						ref += (double)x[i * K + k] * w.w32[(size_t)n * K + k];
+						mag += fabs((double)x[i * K + k] * w.w32[(size_t)n * K + k]);
+					}
+					double err = fabs(y[i * N + n] - ref);
+					KT_CHECKF(err <= 1e-6 * mag + 1e-30, "bf=%d K=%d (%d,%d): %g vs %g", bf, K, i, n,
+						  y[i * N + n], ref);
+				}
+			free(x);
+			free(y);
+			wmat_free(&w);
+		}
+}
+
+KT_CASE(gemm_simd_paths_bit_identical_to_scalar)
+{
+	int best = ke_isa_best();
+	if (best == KE_ISA_SCALAR) {
+		kt_skip("this CPU has no AVX2+FMA path to compare");
+		return;
+	}
+	for (int rep = 0; rep < 60; rep++) {
+		int bf = rep & 1, K = g_K[irand(9)] + (rep % 3 == 0 ? 256 : 0), M = 1 + irand(11), N = 1 + irand(50);
+		unsigned fl = rep % 4 == 3 ? KE_GEMM_ACCUM : 0;
+		struct wmat w;
+		wmat_make(&w, N, K, bf);
+		float *x = rand_vec((size_t)M * K), *y0 = rand_vec((size_t)M * N);
+		float *y1 = malloc((size_t)M * N * sizeof *y1), *y2 = malloc((size_t)M * N * sizeof *y2);
+		memcpy(y1, y0, (size_t)M * N * sizeof *y1);
+		memcpy(y2, y0, (size_t)M * N * sizeof *y2);
+		ke_gemm_range(KE_ISA_SCALAR, &w.m, x, (size_t)K, M, y0, (size_t)N, fl, 0, N);
+		ke_gemm_range(KE_ISA_AVX2, &w.m, x, (size_t)K, M, y1, (size_t)N, fl, 0, N);
+		KT_CHECKF(!memcmp(y0, y1, (size_t)M * N * sizeof *y0), "avx2 != scalar M=%d N=%d K=%d bf=%d", M, N, K, bf);
+		if (best >= KE_ISA_AVX512) {
+			ke_gemm_range(KE_ISA_AVX512, &w.m, x, (size_t)K, M, y2, (size_t)N, fl, 0, N);
+			KT_CHECKF(!memcmp(y0, y2, (size_t)M * N * sizeof *y0), "avx512 != scalar M=%d N=%d K=%d bf=%d", M, N,
+				  K, bf);
+		}
+		free(x);
+		free(y0);
+		free(y1);
+		free(y2);
+		wmat_free(&w);
+	}
+	if (best < KE_ISA_AVX512)
+		kt_skip("AVX2 checked; this CPU has no AVX-512 path");
+}
+
+KT_CASE(gemm_row_result_independent_of_m_and_split)
+{
+	/* the batch-invariance contract: decode (M=1) == prefill rows, whatever
+	 * the threads, ranges, tiles or neighbours */
+	for (int bf = 0; bf < 2; bf++)
+		for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++) {
+			int M = 37, N = 45, K = 300;
+			struct wmat w;
+			wmat_make(&w, N, K, bf);
+			float *x = rand_vec((size_t)M * K), *full = malloc((size_t)M * N * 4), *part = malloc((size_t)M * N * 4);
+			int saved = ke_isa();
+			ke_isa_set(isa);
+			ke_gemm(&w.m, x, (size_t)K, M, full, (size_t)N, 0);
+			for (int i = 0; i < M; i++)
+				ke_gemm(&w.m, x + (size_t)i * K, (size_t)K, 1, part + (size_t)i * N, (size_t)N, 0);
+			KT_CHECKF(!memcmp(full, part, (size_t)M * N * 4), "M=1 rows differ (isa %s bf %d)", ke_isa_name(isa), bf);
+			for (int rep = 0; rep < 10; rep++) {
+				int i0 = irand(M), m = 1 + irand(M - i0), n0 = irand(N), n1 = n0 + 1 + irand(N - n0);
+				memset(part, 0, (size_t)M * N * 4);
+				ke_gemm_range(isa, &w.m, x + (size_t)i0 * K, (size_t)K, m, part + (size_t)i0 * N, (size_t)N, 0, n0, n1);
+				for (int i = i0; i < i0 + m; i++)
+					KT_CHECKF(!memcmp(full + (size_t)i * N + n0, part + (size_t)i * N + n0, (size_t)(n1 - n0) * 4),
+						  "rows %d+%d cols [%d,%d) differ", i0, m, n0, n1);
+			}
+			ke_isa_set(saved);
+			free(x);
+			free(full);
+			free(part);
+			wmat_free(&w);
+		}
+}
+
+KT_CASE(gemm_accum_and_unaligned_weights)
+{
+	int M = 3, N = 13, K = 77;
+	struct wmat w;
+	wmat_make(&w, N, K, 1);
+	float *x = rand_vec((size_t)M * K), *y = malloc((size_t)M * N * 4), *acc = rand_vec((size_t)M * N);
+	float *acc0 = malloc((size_t)M * N * 4);
+	memcpy(acc0, acc, (size_t)M * N * 4);
+	ke_gemm(&w.m, x, (size_t)K, M, y, (size_t)N, 0);
+	ke_gemm(&w.m, x, (size_t)K, M, acc, (size_t)N, KE_GEMM_ACCUM);
+	for (int i = 0; i < M * N; i++)
+		KT_CHECK(acc[i] == acc0[i] + y[i]);
+	/* bf16 data at an odd byte address and f32 data at a non-multiple of 4
+	 * (safetensors from other writers) give the same bytes */
+	char *b16 = malloc((size_t)N * K * 2 + 3), *b32 = malloc((size_t)N * K * 4 + 3);
+	memcpy(b16 + 1, w.w16, (size_t)N * K * 2);
+	memcpy(b32 + 3, w.w32, (size_t)N * K * 4);
+	for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++) {
+		float *y2 = malloc((size_t)M * N * 4), *y3 = malloc((size_t)M * N * 4);
+		struct ke_mat u16 = {b16 + 1, KV_DT_BF16, N, K, (size_t)K}, u32 = {b32 + 3, KV_DT_F32, N, K, (size_t)K};
+		ke_gemm_range(isa, &w.m, x, (size_t)K, M, y, (size_t)N, 0, 0, N);
+		ke_gemm_range(isa, &u16, x, (size_t)K, M, y2, (size_t)N, 0, 0, N);
+		ke_gemm_range(isa, &u32, x, (size_t)K, M, y3, (size_t)N, 0, 0, N);
+		KT_CHECKF(!memcmp(y, y2, (size_t)M * N * 4), "unaligned bf16 differs on %s", ke_isa_name(isa));
+		KT_CHECKF(!memcmp(y, y3, (size_t)M * N * 4), "unaligned f32 (bf16 values) differs on %s", ke_isa_name(isa));
+		free(y2);
+		free(y3);
+	}
+	free(b16);
+	free(b32);
+	free(x);
+	free(y);
+	free(acc);
+	free(acc0);
+	wmat_free(&w);
+}
+
+KT_CASE(dot_is_the_gemm_order)
+{
+	for (int rep = 0; rep < 40; rep++) {
+		int n = 1 + irand(300);
+		float *a = rand_vec((size_t)n), *b = rand_vec((size_t)n), y;
+		float r = ke_dot_ref(a, b, n);
+		struct ke_mat m = {b, KV_DT_F32, 1, n, (size_t)n};
+		ke_gemm_range(KE_ISA_SCALAR, &m, a, (size_t)n, 1, &y, 1, 0, 0, 1);
+		KT_CHECK(r == y);
+		for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++)
+			KT_CHECKF(ke_vec_dot_isa(isa, a, b, n) == r, "n=%d isa %s", n, ke_isa_name(isa));
+		free(a);
+		free(b);
+	}
+}
+
+KT_CASE(exp_accuracy_and_paths)
+{
+	double worst = 0;
+	for (int i = 0; i <= 200000; i++) {
+		float x = -85.0f + 170.0f * (float)i / 200000.0f;
+		double e = exp((double)x), r = fabs((double)ke_exp(x) - e) / e;
+		if (r > worst)
+			worst = r;
+	}
+	KT_CHECKF(worst < 4e-7, "ke_exp max relative error %g", worst);
+	KT_CHECK(ke_exp(0.0f) == 1.0f);
+	KT_CHECK(ke_exp(-1000.0f) > 0.0f && ke_exp(-1000.0f) < 1e-37f);
+	KT_CHECK(isfinite(ke_exp(1000.0f)));
+	int n = 1003;
+	float *x = malloc(n * 4), *a = malloc(n * 4), *b = malloc(n * 4);
+	for (int i = 0; i < n; i++)
+		x[i] = i < 10 ? (float)(i * 40 - 200) : frand() * 100.0f;
+	ke_vec_exp_isa(KE_ISA_SCALAR, a, x, n);
+	if (ke_isa_best() >= KE_ISA_AVX2) {
+		ke_vec_exp_isa(KE_ISA_AVX2, b, x, n);
+		KT_CHECK(!memcmp(a, b, (size_t)n * 4));
+	} else {
+		kt_skip("no AVX2 path on this CPU (accuracy checked)");
+	}
+	free(x);
+	free(a);
+	free(b);
+}
+
+KT_CASE(silu_axpy_paths_and_accuracy)
+{
+	int n = 1000 + irand(100);
+	float *g = rand_vec((size_t)n), *u = rand_vec((size_t)n), *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+	for (int i = 0; i < n; i++)
+		g[i] *= 30.0f;
+	memcpy(a, g, (size_t)n * 4);
+	ke_vec_silu_mul_isa(KE_ISA_SCALAR, a, u, n);
+	for (int i = 0; i < n; i++) {
+		double s = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+		KT_CHECKF(fabs(a[i] - s) <= 1e-6 * fabs(s) + 1e-30, "silu(%g)*%g = %g, want %g", g[i], u[i], a[i], s);
+	}
+	if (ke_isa_best() < KE_ISA_AVX2) {
+		kt_skip("no AVX2 path on this CPU (accuracy checked)");
+		goto out;
+	}
+	memcpy(b, g, (size_t)n * 4);
+	ke_vec_silu_mul_isa(KE_ISA_AVX2, b, u, n);
+	KT_CHECK(!memcmp(a, b, (size_t)n * 4));
+	uint16_t *v16 = malloc((size_t)n * 2);
+	for (int i = 0; i < n; i++)
+		v16[i] = bf16_of(u[i]);
+	memcpy(a, g, (size_t)n * 4);
+	memcpy(b, g, (size_t)n * 4);
+	ke_vec_axpy_isa(KE_ISA_SCALAR, a, 0.37f, u, n);
+	ke_vec_axpy_isa(KE_ISA_AVX2, b, 0.37f, u, n);
+	KT_CHECK(!memcmp(a, b, (size_t)n * 4));
+	ke_vec_axpy_bf16_isa(KE_ISA_SCALAR, a, -1.3f, v16, n);
+	ke_vec_axpy_bf16_isa(KE_ISA_AVX2, b, -1.3f, v16, n);
+	KT_CHECK(!memcmp(a, b, (size_t)n * 4));
+	free(v16);
+out:
+	free(g);
+	free(u);
+	free(a);
+	free(b);
+}
+
+KT_CASE(rmsnorm_matches_double)
+{
+	int n = 200;
+	float *x = rand_vec((size_t)n), *w = rand_vec((size_t)n), *o = malloc((size_t)n * 4);
+	ke_vec_rmsnorm(o, x, w, n, 1e-6f);
+	double ss = 0;
+	for (int i = 0; i < n; i++)
+		ss += (double)x[i] * x[i];
+	double r = 1.0 / sqrt(ss / n + 1e-6);
+	for (int i = 0; i < n; i++)
+		KT_CHECK(fabs(o[i] - x[i] * r * w[i]) <= 1e-6 * fabs(x[i] * r * w[i]) + 1e-7);
+	ke_vec_rmsnorm(x, x, NULL, n, 1e-6f); /* in place, no weight */
+	double s2 = 0;
+	for (int i = 0; i < n; i++)
+		s2 += (double)x[i] * x[i];
+	KT_CHECK(fabs(s2 / n - 1.0) < 1e-4);
+	free(x);
+	free(w);
+	free(o);
+}
+
+/* --- attention ------------------------------------------------------------- */
+
+struct kvfix {
+	struct ke_layout lay;
+	struct kv_pages *pool;
+	struct kv_page *pages[64];
+	int n_pages;
+};
+
+/* One attention layer, Hkv heads of hd, B tokens per page, T positions of
+ * K/V from kv (positions x heads x hd each for K then V). */
+static void kvfix_make(struct kvfix *f, int Hkv, int hd, int B, int T, int bf, const float *kk, const float *vv)
+{
+	memset(f, 0, sizeof *f);
+	f->lay.page_tokens = B;
+	f->lay.kv_dtype = bf ? KV_DT_BF16 : KV_DT_F32;
+	f->lay.n_attn_layers = 1;
+	f->lay.n_kv_heads = Hkv;
+	f->lay.head_dim = hd;
+	f->lay.n_segments = 2 * Hkv;
+	f->lay.row_bytes = (size_t)hd * (bf ? 2 : 4);
+	f->lay.page_bytes = (size_t)f->lay.n_segments * B * f->lay.row_bytes;
+	f->pool = kv_pages_create(f->lay.page_bytes, 0, 0);
+	f->n_pages = (T + B - 1) / B;
+	for (int i = 0; i < f->n_pages; i++)
+		f->pages[i] = kv_page_alloc(f->pool);
+	for (int t = 0; t < T; t++)
+		for (int g = 0; g < Hkv; g++)
+			for (int kv = 0; kv < 2; kv++) {
+				const float *src = (kv ? vv : kk) + ((size_t)t * Hkv + g) * hd;
+				char *dst = (char *)f->pages[t / B]->data + ke_layout_row_off(&f->lay, kv * Hkv + g, t % B, B);
+				if (bf)
+					ke_vec_f32_to_bf16(dst, src, (size_t)hd);
+				else
+					memcpy(dst, src, (size_t)hd * 4);
+			}
+}
+
+static void kvfix_free(struct kvfix *f)
+{
+	for (int i = 0; i < f->n_pages; i++)
+		kv_page_unref(f->pages[i]);
+	kv_pages_destroy(f->pool);
+}
+
+static void run_attn(struct kvfix *f, int H, const float *q, float *out, int pos0, int n, float *scr, int threads)
+{
+	struct ke_attn_args a = {&f->lay, f->pages, 0, H, q, out, pos0, n, 0.25f, scr, threads};
+	ke_attn(&a);
+}
+
+KT_CASE(attention_matches_naive_softmax)
+{
+	int H = 6, Hkv = 2, hd = 40, T = 150, G = H / Hkv;
+	for (int bf = 0; bf < 2; bf++) {
+		float *kk = rand_vec((size_t)T * Hkv * hd), *vv = rand_vec((size_t)T * Hkv * hd);
+		float *q = rand_vec((size_t)T * H * hd), *out = malloc((size_t)T * H * hd * 4);
+		for (size_t i = 0; i < (size_t)T * H * hd; i++)
+			q[i] *= 3.0f; /* peaky softmax */
+		struct kvfix f;
+		kvfix_make(&f, Hkv, hd, 32, T, bf, kk, vv);
+		float *scr = malloc(16 * ke_attn_scratch_floats(G, hd) * 4);
+		run_attn(&f, H, q, out, 0, T, scr, 16);
+		double worst = 0;
+		for (int t = 0; t < T; t++)
+			for (int h = 0; h < H; h++) {
+				int g = h / G;
+				double s[150], mx = -1e300, sum = 0;
+				for (int j = 0; j <= t; j++) {
+					double d = 0;
+					for (int i = 0; i < hd; i++) {
+						float kf = kk[((size_t)j * Hkv + g) * hd + i];
+						if (bf)
+							kf = f_of_bf16(bf16_of(kf));
+						d += (double)q[((size_t)t * H + h) * hd + i] * kf;
+					}
+					s[j] = d * 0.25;
+					mx = s[j] > mx ? s[j] : mx;
+				}
+				for (int j = 0; j <= t; j++)
+					sum += (s[j] = exp(s[j] - mx));
+				for (int i = 0; i < hd; i++) {
+					double o = 0;
+					for (int j = 0; j <= t; j++) {
+						float vf = vv[((size_t)j * Hkv + g) * hd + i];
+						if (bf)
+							vf = f_of_bf16(bf16_of(vf));
+						o += s[j] / sum * vf;
+					}
+					double e = fabs(out[((size_t)t * H + h) * hd + i] - o);
+					worst = e > worst ? e : worst;
+				}
+			}
+		KT_CHECKF(worst < 2e-5, "bf=%d max abs error %g", bf, worst);
+		kvfix_free(&f);
+		free(kk);
+		free(vv);
+		free(q);
+		free(out);
+		free(scr);
+	}
+}
+
+KT_CASE(attention_invariant_to_chunks_threads_and_page_size)
+{
+	int H = 4, Hkv = 2, hd = 32, T = 300, G = H / Hkv;
+	float *kk = rand_vec((size_t)T * Hkv * hd), *vv = rand_vec((size_t)T * Hkv * hd);
+	float *q = rand_vec((size_t)T * H * hd);
+	size_t sz = (size_t)T * H * hd * 4;
+	float *full = malloc(sz), *part = malloc(sz);
+	float *scr = malloc(16 * ke_attn_scratch_floats(G, hd) * 4);
+	struct kvfix f, f2;
+	kvfix_make(&f, Hkv, hd, 64, T, 1, kk, vv);
+	kvfix_make(&f2, Hkv, hd, 7, T, 1, kk, vv); /* other page size, same rows */
+	run_attn(&f, H, q, full, 0, T, scr, 16);
+	for (int t = 0; t < T; t++) /* one query at a time, single thread */
+		run_attn(&f, H, q + (size_t)t * H * hd, part + (size_t)t * H * hd, t, 1, scr, 1);
+	KT_CHECK(!memcmp(full, part, sz));
+	for (int rep = 0; rep < 10; rep++) {
+		memset(part, 0, sz);
+		for (int t = 0; t < T;) {
+			int n = 1 + irand(90);
+			if (t + n > T)
+				n = T - t;
+			run_attn(&f2, H, q + (size_t)t * H * hd, part + (size_t)t * H * hd, t, n, scr, rep % 2 ? 16 : 1);
+			t += n;
+		}
+		KT_CHECKF(!memcmp(full, part, sz), "random chunks, page size 7, rep %d", rep);
+	}
+	kvfix_free(&f);
+	kvfix_free(&f2);
+	free(kk);
+	free(vv);
+	free(q);
+	free(full);
+	free(part);
+	free(scr);
+}
+
+/* --- DeltaNet --------------------------------------------------------------- */
+
+KT_CASE(deltanet_rule_matches_double_and_paths_agree)
+{
+	int dk = 24, dv = 40, T = 50;
+	float *S = calloc((size_t)dk * dv, 4), *S2 = calloc((size_t)dk * dv, 4);
+	double *Sd = calloc((size_t)dk * dv, 8);
+	float o[40], o2[40];
+	int same = 1;
+	double worst = 0;
+	for (int t = 0; t < T; t++) {
+		float q[24], k[24], v[40];
+		for (int i = 0; i < dk; i++) {
+			q[i] = frand() * 0.3f;
+			k[i] = frand() * 0.3f;
+		}
+		for (int j = 0; j < dv; j++)
+			v[j] = frand();
+		float alpha = 0.9f + 0.1f * (frand() + 1) / 2, beta = (frand() + 1) / 2;
+		ke_dn_rule_isa(KE_ISA_SCALAR, S, q, k, v, alpha, beta, o, dk, dv);
+		if (ke_isa_best() >= KE_ISA_AVX2) {
+			ke_dn_rule_isa(KE_ISA_AVX2, S2, q, k, v, alpha, beta, o2, dk, dv);
+			same &= !memcmp(o, o2, sizeof o) && !memcmp(S, S2, (size_t)dk * dv * 4);
+		}
+		double u[40];
+		for (int j = 0; j < dv; j++) {
+			u[j] = 0;
+			for (int i = 0; i < dk; i++) {
+				Sd[i * dv + j] *= alpha;
+				u[j] += Sd[i * dv + j] * k[i];
+			}
+		}
+		for (int j = 0; j < dv; j++) {
+			double d = (v[j] - u[j]) * beta, od = 0;
+			for (int i = 0; i < dk; i++)
+				Sd[i * dv + j] += k[i] * d;
+			(void)od;
+		}
+		for (int j = 0; j < dv; j++) {
+			double od = 0;
+			for (int i = 0; i < dk; i++)
+				od += Sd[i * dv + j] * q[i];
+			double e = fabs(o[j] - od);
+			worst = e > worst ? e : worst;
+		}
+	}
+	KT_CHECKF(worst < 1e-5, "max abs error %g", worst);
+	if (ke_isa_best() >= KE_ISA_AVX2)
+		KT_CHECK(same);
+	else
+		kt_skip("no AVX2 path on this CPU (accuracy checked)");
+	free(S);
+	free(S2);
+	free(Sd);
+}
+
+KT_CASE(deltanet_conv_is_causal_with_state)
+{
+	int C = 5, K = 4, T = 9;
+	float w[20], state[15] = {0}, x[9][5], hist[12][5] = {{0}};
+	for (int i = 0; i < C * K; i++)
+		w[i] = frand();
+	for (int t = 0; t < T; t++)
+		for (int c = 0; c < C; c++)
+			x[t][c] = hist[t + K - 1][c] = frand();
+	for (int t = 0; t < T; t++) {
+		float y[5];
+		memcpy(y, x[t], sizeof y);
+		ke_dn_conv(state, w, y, C, K);
+		for (int c = 0; c < C; c++) {
+			double r = 0;
+			for (int j = 0; j < K; j++)
+				r += (double)w[c * K + j] * hist[t + j][c];
+			KT_CHECKF(fabs(y[c] - r) < 1e-6, "t=%d c=%d %g vs %g", t, c, y[c], r);
+		}
+	}
+	for (int c = 0; c < C; c++) /* the state holds the last K-1 inputs, oldest first */
+		for (int j = 0; j < K - 1; j++)
+			KT_CHECK(state[c * (K - 1) + j] == x[T - (K - 1) + j][c]);
+}
+
+/* --- sampler ---------------------------------------------------------------- */
+
+KT_CASE(sampler_greedy_and_reproducible)
+{
+	float l[10] = {0.5f, 2.0f, -1.0f, 2.0f, 0.0f, 1.0f, -3.0f, 0.2f, 1.9f, 0.1f};
+	KT_EQ_INT(ke_argmax(l, 10), 1); /* lowest id among ties */
+	struct ke_sampler *s, *s2, *s3;
+	struct ke_sample_params p = {.temperature = 0.0, .top_p = 1.0};
+	KT_OK(ke_sampler_create(10, &p, &s));
+	KT_EQ_INT(ke_sample(s, l), 1);
+	ke_sampler_destroy(s);
+	p.temperature = 1.0;
+	p.seed = 42;
+	KT_OK(ke_sampler_create(10, &p, &s));
+	KT_OK(ke_sampler_create(10, &p, &s2));
+	p.seed = 43;
+	KT_OK(ke_sampler_create(10, &p, &s3));
+	int same = 1, diff = 0, a[200];
+	for (int i = 0; i < 200; i++) {
+		a[i] = ke_sample(s, l);
+		same &= a[i] == ke_sample(s2, l);
+		diff |= a[i] != ke_sample(s3, l);
+	}
+	KT_CHECK(same);
+	KT_CHECK(diff);
+	ke_sampler_seed(s, 42);
+	for (int i = 0; i < 200; i++)
+		KT_CHECK(ke_sample(s, l) == a[i]);
+	ke_sampler_destroy(s);
+	ke_sampler_destroy(s2);
+	ke_sampler_destroy(s3);
+}
+
+KT_CASE(sampler_filters)
+{
+	enum { V = 1000, N = 20000 };
+	float *l = malloc(V * 4);
+	for (int i = 0; i < V; i++)
+		l[i] = -5.0f + 0.01f * (float)((i * 37) % V); /* distinct */
+	int order[V];
+	for (int i = 0; i < V; i++)
+		order[i] = i;
+	for (int i = 0; i < V; i++) /* ids sorted by logit, descending */
+		for (int j = i; j > 0 && l[order[j]] > l[order[j - 1]]; j--) {
+			int t = order[j];
+			order[j] = order[j - 1];
+			order[j - 1] = t;
+		}
+	double z = 0;
+	for (int i = 0; i < V; i++)
+		z += exp(l[i] - l[order[0]]);
+	struct ke_sampler *s;
+	/* top-k 5: only the 5 best, frequencies near their renormalised mass */
+	struct ke_sample_params p = {.temperature = 1.0, .top_k = 5, .top_p = 1.0, .seed = 7};
+	KT_OK(ke_sampler_create(V, &p, &s));
+	int cnt[V];
+	memset(cnt, 0, sizeof cnt);
+	for (int i = 0; i < N; i++)
+		cnt[ke_sample(s, l)]++;
+	double z5 = 0;
+	for (int i = 0; i < 5; i++)
+		z5 += exp(l[order[i]] - l[order[0]]);
+	int inside = 0;
+	for (int i = 0; i < 5; i++) {
+		inside += cnt[order[i]];
+		double want = exp(l[order[i]] - l[order[0]]) / z5 * N;
+		KT_CHECKF(fabs(cnt[order[i]] - want) < 5 * sqrt(want) + 5, "top-k rank %d: %d draws, expected %.0f", i,
+			  cnt[order[i]], want);
+	}
+	KT_EQ_INT(inside, N);
+	ke_sampler_destroy(s);
+	/* top-p: the smallest prefix with mass >= p */
+	p.top_k = 0;
+	p.top_p = 0.05;
+	KT_OK(ke_sampler_create(V, &p, &s));
+	double acc = 0;
+	int need = 0;
+	while (acc < 0.05 * 1.0) {
+		acc += exp(l[order[need]] - l[order[0]]) / z;
+		need++;
+	}
+	memset(cnt, 0, sizeof cnt);
+	for (int i = 0; i < N; i++)
+		cnt[ke_sample(s, l)]++;
+	int used = 0, outside = 0;
+	for (int i = 0; i < V; i++) {
+		int rank = 0;
+		while (order[rank] != i)
+			rank++;
+		if (cnt[i])
+			used++;
+		if (cnt[i] && rank >= need)
+			outside++;
+	}
+	KT_EQ_INT(outside, 0);
+	KT_CHECKF(used == need, "top-p used %d tokens, the nucleus has %d", used, need);
+	ke_sampler_destroy(s);
+	/* min-p: nothing below min_p x p_max */
+	p.top_p = 1.0;
+	p.min_p = 0.9;
+	KT_OK(ke_sampler_create(V, &p, &s));
+	for (int i = 0; i < 2000; i++) {
+		int t = ke_sample(s, l);
+		KT_CHECK(exp(l[t] - l[order[0]]) >= 0.9 - 1e-12);
+	}
+	ke_sampler_destroy(s);
+	/* bad parameters are refused, naming the field */
+	struct ke_sample_params bad[] = {
+		{.temperature = -1, .top_p = 1}, {.temperature = 1, .top_p = 0}, {.temperature = 1, .top_p = 1.5},
+		{.temperature = 1, .top_p = 1, .min_p = 2}, {.temperature = 1, .top_p = 1, .top_k = -3},
+		{.temperature = NAN, .top_p = 1},
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		KT_EQ_INT(ke_sampler_create(V, &bad[i], &s), KV_ERR_INVALID);
+		KT_CHECK(s == NULL);
+	}
+	/* all -inf / NaN logits: token 0, no crash */
+	for (int i = 0; i < V; i++)
+		l[i] = i % 2 ? -INFINITY : NAN;
+	p.min_p = 0;
+	KT_OK(ke_sampler_create(V, &p, &s));
+	KT_EQ_INT(ke_sample(s, l), 0);
+	ke_sampler_destroy(s);
+	free(l);
+}
+
+KT_CASE(logprobs)
+{
+	float l[6] = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f, 2.0f}, lp[6];
+	ke_logsoftmax(l, 6, lp);
+	double sum = 0;
+	for (int i = 0; i < 6; i++)
+		sum += exp(lp[i]);
+	KT_CHECK(fabs(sum - 1.0) < 1e-6);
+	int32_t ids[6];
+	float top[6];
+	KT_EQ_INT(ke_top_logprobs(l, 6, 4, ids, top), 4);
+	KT_EQ_INT(ids[0], 1);
+	KT_EQ_INT(ids[1], 2);
+	KT_EQ_INT(ids[2], 5);
+	KT_EQ_INT(ids[3], 0);
+	for (int i = 0; i < 4; i++)
+		KT_CHECK(fabsf(top[i] - lp[ids[i]]) < 1e-6f);
+	KT_CHECK(fabsf(ke_token_logprob(l, 6, 3) - lp[3]) < 1e-6f);
+	KT_CHECK(isinf(ke_token_logprob(l, 6, 9)));
+	KT_EQ_INT(ke_top_logprobs(l, 6, 10, ids, top), 6);
+}
+
+KT_MAIN(gemm_matches_double_reference, gemm_simd_paths_bit_identical_to_scalar,
+	gemm_row_result_independent_of_m_and_split, gemm_accum_and_unaligned_weights, dot_is_the_gemm_order,
+	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
+	attention_invariant_to_chunks_threads_and_page_size, deltanet_rule_matches_double_and_paths_agree,
+	deltanet_conv_is_causal_with_state, sampler_greedy_and_reproducible, sampler_filters, logprobs)
