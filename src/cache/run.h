@@ -1,0 +1,80 @@
+/*
+ * run.h - the driver that runs one request through engine + prefix cache:
+ * lookup, restore, prefill with stop points and snapshots, decode, store.
+ * Used by the tests, by `kvkeep bench cache`, and by the server's
+ * scheduler (which calls it from its one scheduler thread, or from
+ * several threads: every cache call locks the cache, and each run has its
+ * own sequence).
+ *
+ * Multi-turn sessions are just successive runs whose prompts extend each
+ * other (the chat renderer makes them); nothing here keeps conversation
+ * state between runs.
+ *
+ *   kc_run(cache, model, params, result):
+ *     1. kc_turn_begin: lookup -> resume point p (pinned)
+ *     2. p > 0: ke_seq_resume from the shared full pages, the tail rows and
+ *        (hybrid) the snapshot; else a fresh sequence
+ *     3. hybrid and a memory cap given: kc_cache_reclaim_prefill
+ *     4. ke_seq_prefill(prompt[p:]) stopping at the turn's stop points;
+ *        at each one the snapshot and the pages go to kc_turn_at_stop
+ *     5. decode up to max_new tokens (forced tokens, a callback, or greedy
+ *        argmax); every generated token but the last is fed back
+ *     6. kc_turn_end: the completion entry (snapshot taken only if wanted)
+ */
+#ifndef KV_CACHE_RUN_H
+#define KV_CACHE_RUN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache/cache.h"
+#include "engine/model.h"
+#include "engine/seq.h"
+
+/* Pick the next token from logits (vocab floats). Return KV_OK, or
+ * anything else to stop generating (that code is not an error). */
+typedef int (*kc_pick_fn)(void *ctx, const float *logits, int vocab, int32_t *tok);
+
+struct kc_run_params {
+	const int32_t *prompt;      /* n tokens (borrowed) */
+	uint32_t n;
+	const uint32_t *bounds;     /* message boundaries (may be NULL) */
+	size_t n_bounds;
+	uint32_t max_new;           /* tokens to generate (0: prefill and store only) */
+	const int32_t *forced;      /* optional: the tokens to "generate" (max_new of them) */
+	kc_pick_fn pick;            /* optional: used when forced is NULL; default argmax */
+	void *pick_ctx;
+	const int32_t *stop_ids;    /* optional: generation ends after one of these */
+	size_t n_stop_ids;
+	float *logits;              /* optional out: logits after the prompt (vocab floats) */
+	int32_t *out;               /* optional out: the generated tokens (max_new slots) */
+	uint64_t mem_cap;           /* hybrid prefill projection against this cap (0: skip) */
+	int chunk;                  /* prefill chunk (0: engine default) */
+	const int *cancel;          /* read between prefill chunks */
+	/* Optional (the disk tier's --kv-disk-checkpoint-interval): every
+	 * `every` tokens of prefill and decode, on_every sees the sequence at
+	 * exactly that position (prefill stops there too). Its return value is
+	 * ignored: a checkpoint that cannot be taken never fails the run. */
+	uint32_t every;
+	void (*on_every)(void *ctx, struct ke_seq *s, int pos);
+	void *every_ctx;
+};
+
+struct kc_run_result {
+	uint32_t resumed;           /* p: tokens restored from the cache */
+	uint32_t shared;            /* tokens shared with the cache's best sequence */
+	uint32_t prefilled;         /* n - p */
+	uint32_t generated;         /* tokens in out */
+	uint32_t stops;             /* stop points the prefill paused at */
+	double lookup_ms, restore_ms, prefill_ms, decode_ms, store_ms;
+};
+
+/*
+ * Run one request. KV_OK; engine errors (KV_ERR_FULL page pool,
+ * KV_ERR_CANCELLED, KV_ERR_INVALID token ids) and KV_ERR_NOMEM come back
+ * as they are, after whatever was already stored (the boundary entry of a
+ * cancelled prefill stays: it is valid).
+ */
+int kc_run(struct kc_cache *c, struct ke_model *m, const struct kc_run_params *p, struct kc_run_result *r);
+
+#endif
