@@ -1,51 +1,51 @@
 /*
  * pool.c - see pool.h.
  *
- * Dispatch: the caller publishes (fn, ctx, n, grain), bumps `gen`, runs
- * range 0, then waits until `pending` reaches 0. Each worker spins on
- * `gen` for a while, then sleeps on a condition variable.
+ * Protocol of one call (all atomics sequentially consistent):
+ *   caller: publish fn/ctx/n/grain, next = 0, open = 1, bump gen, wake
+ *           sleepers; claim chunks; open = 0; wait until active == 0.
+ *   worker: see gen change; active++; if open and gen unchanged, claim
+ *           chunks until none; active--.
+ * If a worker's "active++" comes before the caller's "open = 0" in the
+ * total order, the caller sees active > 0 and waits for it; otherwise the
+ * worker sees open == 0 and leaves without touching the job. So the job
+ * (whose ctx usually lives on the caller's stack) is never used after the
+ * caller returns. Workers spin briefly before sleeping so the many small
+ * calls of a decode step stay cheap.
  */
 #include "base/pool.h"
-#include "base/err.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <unistd.h>
-#include <stdint.h>
 
-#define SPIN_ITERS 20000
+#define SPIN_ITERS 4000
 
 struct kv_pool {
-	int n;                   /* threads including the caller */
-	pthread_t *th;
-	pthread_mutex_t call_lock; /* one kv_pool_for at a time */
-	pthread_mutex_t lock;
+	int n;                     /* threads including the caller */
+	pthread_t *th;             /* th[1 .. n-1] */
+	pthread_mutex_t call;      /* one call at a time */
+	pthread_mutex_t lock;      /* guards sleepers and the wake condition */
 	pthread_cond_t wake;
-	pthread_cond_t done;
-	uint64_t gen;            /* bumped per dispatch (atomic) */
-	int pending;             /* workers still running this dispatch (atomic) */
-	int stop;
-	int sleepers;            /* workers blocked on `wake` (under lock) */
+	int sleepers;
+	int stop;                  /* atomic */
+	/* the current job */
 	kv_range_fn fn;
 	void *ctx;
 	size_t total, grain;
+	size_t next;               /* atomic: next unclaimed index */
+	int open;                  /* atomic */
+	int active;                /* atomic: workers inside the job */
+	uint64_t gen;              /* atomic */
 };
 
-static _Thread_local int t_in_worker;
+struct warg {
+	struct kv_pool *p;
+	int id;
+};
 
-static void range_of(const struct kv_pool *p, int t, size_t *b, size_t *e)
-{
-	size_t units = (p->total + p->grain - 1) / p->grain;
-	size_t per = units / (size_t)p->n, rem = units % (size_t)p->n;
-	size_t ub = (size_t)t * per + ((size_t)t < rem ? (size_t)t : rem);
-	size_t ue = ub + per + ((size_t)t < rem ? 1 : 0);
-	*b = ub * p->grain;
-	*e = ue * p->grain;
-	if (*b > p->total)
-		*b = p->total;
-	if (*e > p->total)
-		*e = p->total;
-}
+static _Thread_local int t_inside;
 
 static inline void cpu_relax(void)
 {
@@ -54,47 +54,48 @@ static inline void cpu_relax(void)
 #endif
 }
 
-struct warg {
-	struct kv_pool *p;
-	int t;
-};
+static void run_chunks(struct kv_pool *p, int id)
+{
+	for (;;) {
+		size_t b = __atomic_fetch_add(&p->next, p->grain, __ATOMIC_SEQ_CST);
+		if (b >= p->total)
+			return;
+		size_t e = b + p->grain < p->total ? b + p->grain : p->total;
+		p->fn(p->ctx, b, e, id);
+	}
+}
 
 static void *worker(void *arg)
 {
 	struct warg *wa = arg;
 	struct kv_pool *p = wa->p;
-	int t = wa->t;
+	int id = wa->id;
 	uint64_t seen = 0;
 
 	free(wa);
-	t_in_worker = 1;
+	t_inside = 1;
 	for (;;) {
 		uint64_t g;
 		int spins = 0;
-		while ((g = __atomic_load_n(&p->gen, __ATOMIC_ACQUIRE)) == seen && spins < SPIN_ITERS) {
+		while ((g = __atomic_load_n(&p->gen, __ATOMIC_SEQ_CST)) == seen && spins < SPIN_ITERS) {
 			cpu_relax();
 			spins++;
 		}
 		if (g == seen) {
 			pthread_mutex_lock(&p->lock);
 			p->sleepers++;
-			while ((g = __atomic_load_n(&p->gen, __ATOMIC_ACQUIRE)) == seen && !p->stop)
+			while ((g = __atomic_load_n(&p->gen, __ATOMIC_SEQ_CST)) == seen)
 				pthread_cond_wait(&p->wake, &p->lock);
 			p->sleepers--;
 			pthread_mutex_unlock(&p->lock);
 		}
-		if (p->stop)
+		if (__atomic_load_n(&p->stop, __ATOMIC_SEQ_CST))
 			return NULL;
 		seen = g;
-		size_t b, e;
-		range_of(p, t, &b, &e);
-		if (b < e)
-			p->fn(p->ctx, b, e, t);
-		if (__atomic_sub_fetch(&p->pending, 1, __ATOMIC_ACQ_REL) == 0) {
-			pthread_mutex_lock(&p->lock);
-			pthread_cond_signal(&p->done);
-			pthread_mutex_unlock(&p->lock);
-		}
+		__atomic_add_fetch(&p->active, 1, __ATOMIC_SEQ_CST);
+		if (__atomic_load_n(&p->open, __ATOMIC_SEQ_CST) && __atomic_load_n(&p->gen, __ATOMIC_SEQ_CST) == g)
+			run_chunks(p, id);
+		__atomic_sub_fetch(&p->active, 1, __ATOMIC_SEQ_CST);
 	}
 }
 
@@ -107,31 +108,32 @@ int kv_ncores(void)
 struct kv_pool *kv_pool_create(int n_threads)
 {
 	struct kv_pool *p = calloc(1, sizeof *p);
+	int want = n_threads > 0 ? n_threads : kv_ncores();
+
 	if (!p)
 		return NULL;
-	p->n = n_threads > 0 ? n_threads : kv_ncores();
-	if (p->n > 256)
-		p->n = 256;
-	pthread_mutex_init(&p->call_lock, NULL);
-	pthread_mutex_init(&p->lock, NULL);
-	pthread_cond_init(&p->wake, NULL);
-	pthread_cond_init(&p->done, NULL);
-	p->th = calloc((size_t)p->n, sizeof *p->th);
+	if (want > 256)
+		want = 256;
+	p->th = calloc((size_t)want, sizeof *p->th);
 	if (!p->th) {
 		free(p);
 		return NULL;
 	}
-	for (int t = 1; t < p->n; t++) {
+	pthread_mutex_init(&p->call, NULL);
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->wake, NULL);
+	p->n = 1;
+	for (int i = 1; i < want; i++) {
 		struct warg *wa = malloc(sizeof *wa);
-		if (wa) {
-			wa->p = p;
-			wa->t = t;
-		}
-		if (!wa || pthread_create(&p->th[t], NULL, worker, wa) != 0) {
-			free(wa);
-			p->n = t; /* run with the threads that started */
+		if (!wa)
 			break;
+		wa->p = p;
+		wa->id = i;
+		if (pthread_create(&p->th[i], NULL, worker, wa) != 0) {
+			free(wa);
+			break; /* run with the threads that started */
 		}
+		p->n = i + 1;
 	}
 	return p;
 }
@@ -141,16 +143,15 @@ void kv_pool_destroy(struct kv_pool *p)
 	if (!p)
 		return;
 	pthread_mutex_lock(&p->lock);
-	p->stop = 1;
-	__atomic_add_fetch(&p->gen, 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&p->stop, 1, __ATOMIC_SEQ_CST);
+	__atomic_add_fetch(&p->gen, 1, __ATOMIC_SEQ_CST);
 	pthread_cond_broadcast(&p->wake);
 	pthread_mutex_unlock(&p->lock);
 	for (int t = 1; t < p->n; t++)
 		pthread_join(p->th[t], NULL);
-	pthread_mutex_destroy(&p->call_lock);
+	pthread_mutex_destroy(&p->call);
 	pthread_mutex_destroy(&p->lock);
 	pthread_cond_destroy(&p->wake);
-	pthread_cond_destroy(&p->done);
 	free(p->th);
 	free(p);
 }
@@ -166,41 +167,29 @@ void kv_pool_for(struct kv_pool *p, size_t n, size_t grain, kv_range_fn fn, void
 		return;
 	if (grain == 0)
 		grain = 1;
-	if (!p || p->n == 1 || t_in_worker || n <= grain) {
+	if (!p || p->n == 1 || t_inside || n <= grain) {
 		fn(ctx, 0, n, 0);
 		return;
 	}
-	pthread_mutex_lock(&p->call_lock);
+	pthread_mutex_lock(&p->call);
 	p->fn = fn;
 	p->ctx = ctx;
 	p->total = n;
 	p->grain = grain;
-	__atomic_store_n(&p->pending, p->n - 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&p->next, 0, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&p->open, 1, __ATOMIC_SEQ_CST);
+	__atomic_add_fetch(&p->gen, 1, __ATOMIC_SEQ_CST);
 	pthread_mutex_lock(&p->lock);
-	__atomic_add_fetch(&p->gen, 1, __ATOMIC_RELEASE);
 	if (p->sleepers)
 		pthread_cond_broadcast(&p->wake);
 	pthread_mutex_unlock(&p->lock);
-
-	size_t b, e;
-	range_of(p, 0, &b, &e);
-	t_in_worker = 1;
-	if (b < e)
-		fn(ctx, b, e, 0);
-	t_in_worker = 0;
-
-	int spins = 0;
-	while (__atomic_load_n(&p->pending, __ATOMIC_ACQUIRE) > 0 && spins < SPIN_ITERS) {
+	t_inside = 1;
+	run_chunks(p, 0);
+	t_inside = 0;
+	__atomic_store_n(&p->open, 0, __ATOMIC_SEQ_CST);
+	while (__atomic_load_n(&p->active, __ATOMIC_SEQ_CST) > 0)
 		cpu_relax();
-		spins++;
-	}
-	if (__atomic_load_n(&p->pending, __ATOMIC_ACQUIRE) > 0) {
-		pthread_mutex_lock(&p->lock);
-		while (__atomic_load_n(&p->pending, __ATOMIC_ACQUIRE) > 0)
-			pthread_cond_wait(&p->done, &p->lock);
-		pthread_mutex_unlock(&p->lock);
-	}
-	pthread_mutex_unlock(&p->call_lock);
+	pthread_mutex_unlock(&p->call);
 }
 
 static struct kv_pool *g_pool;

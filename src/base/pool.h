@@ -1,15 +1,22 @@
 /*
  * pool.h - a pthread pool with a parallel-for over index ranges.
  *
- * kv_pool_for(pool, n, grain, fn, ctx) splits [0, n) into one contiguous
- * range per thread (range edges are multiples of `grain`), runs them, and
- * returns when all are done. The split depends only on n, grain and the
- * pool size, so callers that need determinism get it. The calling thread
- * runs the first range itself. Workers spin briefly before sleeping so the
- * many small dispatches of a decode step stay cheap.
+ * kv_pool_for(pool, n, grain, fn, ctx) runs fn over [0, n) in chunks of
+ * `grain` indices and returns when all are done. Chunks are claimed from a
+ * shared counter by the caller and by the workers, so a worker that the
+ * OS has not scheduled yet never holds up the call: when the counter runs
+ * out the caller closes the call and waits only for workers that are
+ * inside a chunk (a late worker sees the call closed and leaves). On a
+ * machine whose cores are busy with other processes this matters: a fixed
+ * split would make every call last until its slowest thread got a time
+ * slice.
  *
- * Calls from inside a worker run inline (no nesting). Calls from several
- * outside threads are serialised by a mutex.
+ * Which thread runs which chunk varies from call to call, so fn must
+ * compute each index on its own (the engine's kernels do: every output
+ * column has one fixed reduction order). The `thread` argument is unique
+ * among the threads inside one call (0 = the caller), for per-thread
+ * scratch. Calls from inside fn run inline. Calls from several outside
+ * threads are serialised by a mutex.
  */
 #ifndef KV_BASE_POOL_H
 #define KV_BASE_POOL_H
@@ -18,12 +25,15 @@
 
 struct kv_pool;
 
-/* fn gets [begin, end) and the index of the thread running it (0 = caller). */
+/* fn gets [begin, end) and the index of the thread running it (0 = caller,
+ * 1 .. size-1 = workers). */
 typedef void (*kv_range_fn)(void *ctx, size_t begin, size_t end, int thread);
 
-/* n_threads <= 0: one per online core. Returns NULL on failure. */
+/* n_threads <= 0: one per online core (the caller counts as one). NULL on
+ * failure. */
 struct kv_pool *kv_pool_create(int n_threads);
 void kv_pool_destroy(struct kv_pool *p);
+/* Threads a call may use, caller included (>= 1). */
 int kv_pool_size(const struct kv_pool *p);
 void kv_pool_for(struct kv_pool *p, size_t n, size_t grain, kv_range_fn fn, void *ctx);
 

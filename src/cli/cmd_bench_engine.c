@@ -30,7 +30,7 @@
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/mem.h"
-#include "engine/par.h"
+#include "base/pool.h"
 #include "cli/cli.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
@@ -82,7 +82,7 @@ static double memcpy_bw(double *single)
 		if (n / t > best1)
 			best1 = (double)n / t;
 		t = kv_now_s();
-		ke_par_for(n, n / (size_t)ke_par_threads() + 1, copy_part, &j);
+		kv_pool_for(kv_pool_global(), n, n / (size_t)kv_pool_size(kv_pool_global()) + 1, copy_part, &j);
 		t = kv_now_s() - t;
 		if (n / t > bestp)
 			bestp = (double)n / t;
@@ -184,7 +184,7 @@ static int cmd_bench_engine(int argc, char **argv)
 		return 1;
 	}
 	const struct kv_model_config *c = ke_model_config(m);
-	int V = c->vocab, threads = ke_par_threads();
+	int V = c->vocab, threads = kv_pool_size(kv_pool_global());
 	int status = 1;
 
 	/* memory bandwidth and the decode bound */

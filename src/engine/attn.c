@@ -6,7 +6,7 @@
 #include "engine/isa.h"
 #include "engine/vec.h"
 #include "model/safetensors.h"
-#include "engine/par.h"
+#include "base/pool.h"
 
 #include <float.h>
 #include <math.h>
@@ -256,8 +256,8 @@ void ke_attn(const struct ke_attn_args *a)
 	struct attn_job j = {a, ke_isa(), ke_attn_scratch_floats(G, a->lay->head_dim)};
 	size_t units = (size_t)a->n_tok * (size_t)a->lay->n_kv_heads;
 	double work = (double)a->n_tok * (double)(a->pos0 + a->n_tok) * a->n_heads * a->lay->head_dim;
-	if (a->scratch_threads < ke_par_threads() || units == 1 || work < KE_PAR_MIN_WORK)
+	if (a->scratch_threads < kv_pool_size(kv_pool_global()) || units == 1 || work < KE_PAR_MIN_WORK)
 		attn_part(&j, 0, units, 0);
 	else
-		ke_par_for(units, 1, attn_part, &j);
+		kv_pool_for(kv_pool_global(), units, 1, attn_part, &j);
 }

@@ -14,7 +14,7 @@
 #include "engine/deltanet.h"
 #include "engine/isa.h"
 #include "engine/vec.h"
-#include "engine/par.h"
+#include "base/pool.h"
 
 #include <math.h>
 #include <string.h>
@@ -217,7 +217,7 @@ static void dn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
 	}
 	struct dn_job j = {c, S, sc->dq, sc->beta, sc->alpha, sc->core, n, C};
 	if (Hv > 1 && 4.0 * n * Hv * dk * dv >= KE_PAR_MIN_WORK)
-		ke_par_for((size_t)Hv, 1, dn_heads, &j);
+		kv_pool_for(kv_pool_global(), (size_t)Hv, 1, dn_heads, &j);
 	else
 		dn_heads(&j, 0, (size_t)Hv, 0);
 	/* gated RMSNorm per value head: (norm(o) * w) * silu(z) */

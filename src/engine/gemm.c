@@ -14,7 +14,7 @@
 #include "engine/gemm.h"
 #include "engine/isa.h"
 #include "model/safetensors.h"
-#include "engine/par.h"
+#include "base/pool.h"
 
 #include <math.h>
 #include <string.h>
@@ -413,7 +413,7 @@ void ke_gemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *y
 	}
 	/* Chunks: about four per thread, a multiple of every path's NR (6 and
 	 * 2) so chunks hold whole tiles. */
-	size_t per = (size_t)w->rows / (4u * (size_t)ke_par_threads()) + 1;
+	size_t per = (size_t)w->rows / (4u * (size_t)kv_pool_size(kv_pool_global())) + 1;
 	size_t grain = (per + 11) / 12 * 12;
-	ke_par_for((size_t)w->rows, grain, gemm_part, &j);
+	kv_pool_for(kv_pool_global(), (size_t)w->rows, grain, gemm_part, &j);
 }

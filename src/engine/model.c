@@ -7,7 +7,7 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "engine/par.h"
+#include "base/pool.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -382,7 +382,7 @@ size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *s
 		/* live across the layers of a chunk */
 		CARVE(cosv, C * (size_t)(c->rotary_dim / 2 + 1));
 		CARVE(sinv, C * (size_t)(c->rotary_dim / 2 + 1));
-		int th = ke_par_threads();
+		int th = kv_pool_size(kv_pool_global());
 		sc->attn_threads = th;
 		CARVE(attn_scr, (size_t)th * ke_attn_scratch_floats(c->n_heads / c->n_kv_heads, c->head_dim));
 	}
