@@ -13,7 +13,10 @@
 #define DEFAULT_CHUNK 256
 #define MAX_CHUNK 8192
 
-int ke_seq_create(struct ke_model *m, const struct ke_seq_params *p, struct ke_seq **out)
+/* zero_rec = 0 leaves the recurrent state uninitialised: for resume,
+ * which overwrites all of it with a snapshot right away (touching 12 MiB
+ * twice would double the restore cost of a bench-hybrid sequence). */
+static int seq_create(struct ke_model *m, const struct ke_seq_params *p, int zero_rec, struct ke_seq **out)
 {
 	struct ke_seq *s;
 	*out = NULL;
@@ -37,7 +40,8 @@ int ke_seq_create(struct ke_model *m, const struct ke_seq_params *p, struct ke_s
 	}
 	ke_scratch_plan(m, s->p.chunk, &s->sc, block);
 	if (m->lay.snapshot_bytes) {
-		s->rec = kv_zalloc(KV_MEM_SCRATCH, m->lay.snapshot_bytes);
+		s->rec = zero_rec ? kv_zalloc(KV_MEM_SCRATCH, m->lay.snapshot_bytes)
+				  : kv_alloc(KV_MEM_SCRATCH, m->lay.snapshot_bytes);
 		if (!s->rec) {
 			ke_seq_destroy(s);
 			return kv_fail(KV_ERR_NOMEM, "sequence: cannot allocate %zu bytes of recurrent state",
@@ -46,6 +50,11 @@ int ke_seq_create(struct ke_model *m, const struct ke_seq_params *p, struct ke_s
 	}
 	*out = s;
 	return KV_OK;
+}
+
+int ke_seq_create(struct ke_model *m, const struct ke_seq_params *p, struct ke_seq **out)
+{
+	return seq_create(m, p, 1, out);
 }
 
 void ke_seq_destroy(struct ke_seq *s)
@@ -313,7 +322,7 @@ int ke_seq_resume(struct ke_model *m, const struct ke_seq_params *p, const struc
 	} else if (r->snapshot && r->snapshot_len) {
 		return kv_fail(KV_ERR_INVALID, "resume: a dense model has no recurrent snapshot");
 	}
-	if ((rc = ke_seq_create(m, p, &s)))
+	if ((rc = seq_create(m, p, lay->snapshot_bytes == 0, &s)))
 		return rc;
 	if (r->pos && (rc = check_tokens(s, r->tokens, r->pos)))
 		goto fail;
