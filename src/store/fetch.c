@@ -1,0 +1,679 @@
+/*
+ * fetch.c - disk lookups and loads into the RAM cache (store.h "fetch").
+ *
+ * Plan. With h_k the prompt's chain hashes (h_0 = namespace), the disk
+ * can resume the prompt at position p <= n - 1 when
+ *   - blocks h_1 .. h_{floor(p/B)} are on disk, and
+ *   - p is a block end (dense only), or a resume point (j, t) with
+ *     p = jB + t whose id kc_rp_id(h_j, prompt[jB, p)) names a tail file
+ *     (t > 0) and, for hybrid models, a snapshot file.
+ * After the scan the catalog answers both questions (the rps hanging
+ * under each h_j are its children). Before it, the file names are tried
+ * directly: blocks in order, then the resume points a stored entry can
+ * have on this prompt - its message boundaries, stride multiples and
+ * interval-checkpoint multiples.
+ *
+ * Load. The blocks the RAM hit already pins are not read again. Every
+ * file read is fully validated (obj.h) against the prompt's own tokens;
+ * a file that fails is quarantined (or, if it vanished, forgotten) and
+ * the plan is made again without it, so the result is a shorter hit or a
+ * miss, never a wrong one. The entry put into the RAM cache ends at p
+ * and carries, for hybrid models, the stored entry's anchor below p as
+ * its one checkpoint (read from the manifest ending at p), so the anchor
+ * survives the restart.
+ */
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/io.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "cache/index.h"
+#include "store/store_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define MAX_EXCL 32
+#define MAX_REPLANS 16
+
+struct plan {
+	uint32_t pos;             /* resume position (0: nothing) */
+	uint32_t e;               /* length of the entry to put: pos, or d x B (dense blocks) */
+	uint32_t j, t;            /* the resume point: node depth and tail rows (rp plans) */
+	int rp;                   /* 1: a resume point's files are used */
+	struct kv_h128 id;        /* its id */
+	int tail_area, snap_area; /* where its files are (-1: none needed) */
+	int anchor_flag;          /* catalog: the snapshot is a flagged anchor */
+};
+
+struct fctx {
+	struct ks_store *s;
+	const int32_t *tok;
+	uint32_t n;
+	struct kv_h128 *h;        /* chain hashes, nh of them */
+	uint32_t nh;
+	uint32_t max_blocks;      /* replans lower this when a block fails */
+	struct kv_h128 excl[MAX_EXCL];
+	uint32_t n_excl;
+	const uint32_t *bounds;
+	size_t n_bounds;
+	int direct;
+};
+
+static int excluded(const struct fctx *f, struct kv_h128 id)
+{
+	for (uint32_t i = 0; i < f->n_excl; i++)
+		if (kv_h128_eq(f->excl[i], id))
+			return 1;
+	return 0;
+}
+
+static void exclude(struct fctx *f, struct kv_h128 id)
+{
+	if (f->n_excl < MAX_EXCL)
+		f->excl[f->n_excl++] = id;
+	else
+		f->max_blocks = 0; /* too many bad files: give up on this prompt */
+}
+
+static int file_exists(const struct ks_store *s, int area, int kind, struct kv_h128 id)
+{
+	char path[4096];
+	struct stat sb;
+	ks_store_path(s, area, kind, id, path, sizeof path);
+	return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* Area holding (kind, id): main first; -1 when neither. Catalog mode
+ * needs mu held. */
+static int area_of(struct fctx *f, int kind, struct kv_h128 id)
+{
+	for (int a = 0; a < KS_AREA__COUNT; a++)
+		if (f->direct ? file_exists(f->s, a, kind, id) : ks_cat_find(f->s->cat, a, kind, id) >= 0)
+			return a;
+	return -1;
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* A resume point at p = jB + t: usable when its files exist. */
+static int try_rp(struct fctx *f, uint32_t j, uint32_t t, struct kv_h128 id, struct plan *pl)
+{
+	int ta = -1, sa = -1;
+	if (excluded(f, id))
+		return 0;
+	if (t && (ta = area_of(f, KS_TAIL, id)) < 0)
+		return 0;
+	if (f->s->hybrid && (sa = area_of(f, KS_SNAP, id)) < 0)
+		return 0;
+	if (!t && !f->s->hybrid)
+		return 0; /* a dense rp at a block end adds nothing over the block */
+	pl->pos = j * f->s->B + t;
+	pl->e = pl->pos;
+	pl->j = j;
+	pl->t = t;
+	pl->rp = 1;
+	pl->id = id;
+	pl->tail_area = ta;
+	pl->snap_area = sa;
+	return 1;
+}
+
+static void make_plan(struct fctx *f, struct plan *pl)
+{
+	struct ks_store *s = f->s;
+	uint32_t B = s->B, lim = f->n - 1, K = f->nh - 1, d = 0;
+	memset(pl, 0, sizeof *pl);
+	if (K > f->max_blocks)
+		K = f->max_blocks;
+	if (!f->direct)
+		pthread_mutex_lock(&s->mu);
+	while (d < K && (f->direct ? file_exists(s, KS_AREA_MAIN, KS_BLOCK, f->h[d + 1])
+				   : ks_cat_find(s->cat, KS_AREA_MAIN, KS_BLOCK, f->h[d + 1]) >= 0))
+		d++;
+
+	struct plan best = {0};
+	if (!f->direct) {
+		for (uint32_t j = 0; j <= d; j++) {
+			for (int32_t c = ks_cat_first_child(s->cat, f->h[j]); c >= 0;) {
+				const struct ks_rec *r = ks_cat_at(s->cat, c);
+				int32_t next = r ? r->next_sib : -1;
+				if (r && (r->kind == KS_TAIL || r->kind == KS_SNAP) && r->n < B && r->pos == j * B + r->n &&
+				    r->pos >= 1 && r->pos <= lim && r->pos > best.pos) {
+					struct kv_h128 id = kc_rp_id(f->h[j], f->tok + (size_t)j * B, r->n);
+					struct plan c2;
+					if (kv_h128_eq(id, r->id) && try_rp(f, j, r->n, id, &c2)) {
+						int32_t si = ks_cat_find(s->cat, c2.snap_area < 0 ? 0 : c2.snap_area, KS_SNAP, id);
+						const struct ks_rec *sr = ks_cat_at(s->cat, si);
+						c2.anchor_flag = sr ? sr->anchor : 0;
+						best = c2;
+					}
+				}
+				c = next;
+			}
+		}
+		pthread_mutex_unlock(&s->mu);
+	} else {
+		/* positions an entry of this prompt can end or checkpoint at */
+		uint32_t *cand = NULL;
+		size_t nc = 0, cap = f->n_bounds + 64;
+		uint32_t stride = s->p.stride, iv = s->p.ckpt_interval;
+		if (stride)
+			cap += lim / stride;
+		if (iv)
+			cap += lim / iv;
+		cand = malloc(cap * sizeof *cand);
+		if (cand) {
+			for (size_t i = 0; i < f->n_bounds; i++)
+				if (f->bounds[i] >= 1 && f->bounds[i] <= lim)
+					cand[nc++] = f->bounds[i];
+			for (uint32_t p = stride; stride && p <= lim && nc < cap; p += stride)
+				cand[nc++] = p;
+			for (uint32_t p = iv; iv && p <= lim && nc < cap; p += iv)
+				cand[nc++] = p;
+			qsort(cand, nc, sizeof *cand, cmp_desc);
+			for (size_t i = 0; i < nc; i++) {
+				uint32_t p = cand[i], j = p / B, t = p % B;
+				if ((i && cand[i - 1] == p) || j > d || p <= best.pos)
+					continue;
+				struct kv_h128 id = kc_rp_id(f->h[j], f->tok + (size_t)j * B, t);
+				if (try_rp(f, j, t, id, &best))
+					break; /* descending: the first usable one is the longest */
+			}
+			free(cand);
+		}
+	}
+	/* dense: full blocks resume anywhere inside them */
+	if (!s->hybrid && d && d * B >= best.pos) {
+		memset(&best, 0, sizeof best);
+		best.e = d * B;
+		best.pos = d * B < lim ? d * B : lim;
+		best.tail_area = best.snap_area = -1;
+	}
+	*pl = best;
+}
+
+/* Open + validate one object into the given destination. On failure the
+ * file is rejected (quarantine unless it is merely missing/foreign). */
+static int load_obj(struct ks_store *s, int area, int kind, struct kv_h128 id, struct kv_h128 parent,
+		    uint32_t pos, const struct ks_obj_dst *dst, struct ks_obj_info *info, uint64_t *bytes)
+{
+	char path[4096];
+	struct ks_obj *o;
+	int bad = KS_BAD_NONE, rc;
+	ks_store_path(s, area, kind, id, path, sizeof path);
+	rc = ks_obj_open(path, &s->L, kind, &s->p.ns, &o, &bad);
+	if (rc == KV_OK) {
+		const struct ks_obj_info *in = ks_obj_info(o);
+		if (!kv_h128_eq(in->id, id) || !kv_h128_eq(in->parent, parent) || in->pos != pos) {
+			bad = KS_BAD_HEADER;
+			rc = KV_CORRUPT(path, 0, "header names another object (id, parent or position differ)");
+		} else {
+			rc = ks_obj_read(o, dst, &bad);
+			if (rc == KV_OK) {
+				if (info)
+					*info = *in;
+				*bytes += in->file_size;
+			}
+		}
+		ks_obj_close(o);
+	}
+	if (rc == KV_OK)
+		return KV_OK;
+	if (rc == KV_ERR_NOT_FOUND) {
+		/* gone (evicted, pruned): just forget it */
+		pthread_mutex_lock(&s->mu);
+		ks_cat_del(s->cat, ks_cat_find(s->cat, area, kind, id));
+		pthread_mutex_unlock(&s->mu);
+		return rc;
+	}
+	ks_store_reject(s, path, area, kind, id, bad);
+	return rc;
+}
+
+/* Start reading a whole file into the page cache (a hint: the read that
+ * follows is the one that counts, and checks everything). */
+static void will_need(struct ks_store *s, int area, int kind, struct kv_h128 id)
+{
+	char path[4096];
+	ks_store_path(s, area, kind, id, path, sizeof path);
+	int fd = kv_io_open(path, O_RDONLY | O_CLOEXEC, 0);
+	if (fd < 0)
+		return;
+	(void)posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+	kv_io_close(fd);
+}
+
+/*
+ * Map in a fresh page's memory with one call before the read lands in it:
+ * faulting it in 4 KiB at a time inside the read's copy costs more than
+ * the copy on some virtual machines (measured here: a third of a
+ * restore's CPU time). Advisory: failure changes nothing.
+ */
+static void prefault(void *p, size_t n)
+{
+#ifdef MADV_POPULATE_WRITE
+	uintptr_t a = ((uintptr_t)p + 4095) & ~(uintptr_t)4095, e = ((uintptr_t)p + n) & ~(uintptr_t)4095;
+	if (e > a)
+		(void)madvise((void *)a, e - a, MADV_POPULATE_WRITE);
+#else
+	(void)p;
+	(void)n;
+#endif
+}
+
+/* The files of one plan, read by the loader threads: the blocks (items
+ * 0 .. n_want-1), then the resume point's tail and snapshot, if any. */
+struct blk_ctx {
+	struct ks_store *s;
+	const struct fctx *f;
+	const struct ks_req *rq;
+	struct kv_page **own;
+	const uint32_t *want;
+	uint32_t n_want;
+	int *rc;
+	uint64_t *bytes;
+	/* the resume point (plan.rp) */
+	const struct plan *pl;
+	void *tail, *snap;         /* destinations (NULL: not wanted) */
+	int tail_rc, snap_rc;
+	uint64_t tail_bytes, snap_bytes;
+	struct ks_obj_info snap_info;
+};
+
+static void load_block(struct blk_ctx *b, size_t i);
+
+static void load_item(void *ctx, size_t i)
+{
+	struct blk_ctx *b = ctx;
+	uint32_t B = b->s->B;
+	const struct plan *pl = b->pl;
+	if (i < b->n_want) {
+		load_block(b, i);
+		return;
+	}
+	if (i == b->n_want && b->tail) {
+		struct ks_obj_dst d = {.kv = b->tail, .expect = b->rq->tokens + (size_t)pl->j * B};
+		b->tail_rc = load_obj(b->s, pl->tail_area, KS_TAIL, pl->id, b->f->h[pl->j], pl->pos, &d, NULL, &b->tail_bytes);
+		return;
+	}
+	prefault(b->snap, b->s->L.snapshot_bytes);
+	struct ks_obj_dst d = {.snap = b->snap, .expect = b->rq->tokens + (size_t)pl->j * B};
+	b->snap_rc = load_obj(b->s, pl->snap_area, KS_SNAP, pl->id, b->f->h[pl->j], pl->pos, &d, &b->snap_info,
+			      &b->snap_bytes);
+}
+
+static void load_block(struct blk_ctx *b, size_t i)
+{
+	uint32_t k = b->want[i], B = b->s->B;
+	struct kv_page *pg = kv_page_alloc(b->s->p.pages);
+	b->bytes[i] = 0;
+	if (!pg) {
+		b->rc[i] = KV_ERR_NOMEM;
+		return;
+	}
+	prefault(pg->data, b->s->L.page_bytes);
+	struct ks_obj_dst d = {.kv = pg->data, .expect = b->rq->tokens + (size_t)k * B};
+	b->rc[i] = load_obj(b->s, KS_AREA_MAIN, KS_BLOCK, b->f->h[k + 1], b->f->h[k], (k + 1) * B, &d, NULL, &b->bytes[i]);
+	if (b->rc[i]) {
+		if (b->rc[i] == KV_ERR_NOMEM)
+			b->rc[i] = KV_ERR_CORRUPT; /* an allocation inside the check: treat as unusable */
+		kv_page_unref(pg);
+		return;
+	}
+	b->own[k] = pg;
+}
+
+static void touch_used(struct ks_store *s, int area, int kind, struct kv_h128 id)
+{
+	char path[4096];
+	ks_store_path(s, area, kind, id, path, sizeof path);
+	ks_dir_touch(path);
+	pthread_mutex_lock(&s->mu);
+	ks_cat_touch(s->cat, ks_cat_find(s->cat, area, kind, id), ks_dir_now_ns());
+	pthread_mutex_unlock(&s->mu);
+}
+
+static void note_bounds(struct ks_store *s, const struct fctx *f)
+{
+	uint32_t B = s->B;
+	pthread_mutex_lock(&s->mu);
+	for (size_t i = 0; i < f->n_bounds; i++) {
+		uint32_t b = f->bounds[i];
+		if (b == 0 || b > f->n || b / B >= f->nh)
+			continue;
+		s->bring[s->bring_next] = kc_rp_id(f->h[b / B], f->tok + (size_t)(b / B) * B, b % B);
+		s->bring_next = (s->bring_next + 1) % KS_BOUNDARY_RING;
+		if (s->bring_n < KS_BOUNDARY_RING)
+			s->bring_n++;
+	}
+	pthread_mutex_unlock(&s->mu);
+}
+
+uint32_t ks_fetch_probe(struct ks_store *s, const int32_t *tok, uint32_t n, const uint32_t *bounds, size_t n_bounds)
+{
+	struct fctx f = {.s = s, .tok = tok, .n = n, .bounds = bounds, .n_bounds = n_bounds, .max_blocks = UINT32_MAX};
+	struct plan pl;
+	f.direct = !atomic_load(&s->scan_done);
+	f.h = ks_store_chain(s, tok, n, &f.nh);
+	if (!f.h)
+		return 0;
+	make_plan(&f, &pl);
+	free(f.h);
+	return pl.pos;
+}
+
+int ks_fetch_run(struct ks_store *s, const struct ks_req *rq, struct ks_fetch *out)
+{
+	uint64_t t0 = kv_now_ns(), bytes = 0;
+	struct fctx f = {.s = s, .tok = rq->tokens, .n = rq->n, .bounds = rq->bounds, .n_bounds = rq->n_bounds,
+			 .max_blocks = UINT32_MAX};
+	struct kv_page **own = NULL, **pages = NULL, *tail_page = NULL;
+	uint32_t *want = NULL;
+	int *wrc = NULL;
+	uint64_t *wbytes = NULL;
+	void *snap = NULL, *asnap = NULL, *tail = NULL;
+	uint32_t B = s->B, files = 0, anchor = 0, own_n = 0;
+	struct plan pl = {0};
+	int rc = KV_OK;
+
+	f.direct = !atomic_load(&s->scan_done);
+	f.h = ks_store_chain(s, rq->tokens, rq->n, &f.nh);
+	if (!f.h)
+		return kv_fail(KV_ERR_NOMEM, "disk lookup: out of memory");
+	note_bounds(s, &f);
+	own_n = f.nh;
+	own = calloc(own_n + 1, sizeof *own);
+	pages = calloc(own_n + 1, sizeof *pages);
+	want = malloc((own_n + 1) * sizeof *want);
+	wrc = malloc((own_n + 1) * sizeof *wrc);
+	wbytes = malloc((own_n + 1) * sizeof *wbytes);
+	if (!own || !pages || !want || !wrc || !wbytes) {
+		rc = kv_fail(KV_ERR_NOMEM, "disk lookup: out of memory");
+		goto out;
+	}
+
+	for (int round = 0; round < MAX_REPLANS; round++) {
+		make_plan(&f, &pl);
+		if (pl.pos <= rq->ram_pos) {
+			pl.pos = 0;
+			break;
+		}
+		uint32_t nblk = pl.e / B, k;
+		/* blocks: the RAM hit's pages first, then the files, read in
+		 * parallel (a full device queue; CRCs checked while other reads
+		 * are under way) */
+		uint32_t n_want = 0;
+		for (k = 0; k < nblk; k++) {
+			if (k < rq->ram_n_pages && rq->ram_pages && rq->ram_pages[k])
+				pages[k] = rq->ram_pages[k];
+			else if (!own[k])
+				want[n_want++] = k;
+		}
+		/* tell the kernel every file this plan reads, so the device works
+		 * on all of them at once instead of one readahead window at a time */
+		for (uint32_t i = 0; i < n_want; i++)
+			will_need(s, KS_AREA_MAIN, KS_BLOCK, f.h[want[i] + 1]);
+		if (pl.rp && pl.t)
+			will_need(s, pl.tail_area, KS_TAIL, pl.id);
+		if (pl.rp && s->hybrid) {
+			will_need(s, pl.snap_area, KS_SNAP, pl.id);
+			will_need(s, KS_AREA_MAIN, KS_ENTRY, pl.id); /* its anchor is read next */
+		}
+		/* the resume point's files go with the blocks */
+		if (pl.rp && pl.t && !tail && !(tail = kv_alloc(KV_MEM_SCRATCH, s->L.page_bytes))) {
+			rc = kv_fail(KV_ERR_NOMEM, "disk lookup: out of memory");
+			goto out;
+		}
+		if (s->hybrid && !snap && !(snap = kc_cache_snap_alloc(s->p.cache))) {
+			rc = kv_fail(KV_ERR_NOMEM, "disk lookup: out of memory");
+			goto out;
+		}
+		struct blk_ctx bc = {.s = s, .f = &f, .rq = rq, .own = own, .want = want, .n_want = n_want, .rc = wrc,
+				     .bytes = wbytes, .pl = &pl, .tail = pl.rp && pl.t ? tail : NULL,
+				     .snap = pl.rp && s->hybrid ? snap : NULL};
+		size_t n_items = n_want + (bc.tail ? 1 : 0) + (bc.snap ? 1 : 0);
+		ks_par_run(n_items, KS_READ_THREADS, load_item, &bc);
+		uint32_t bad_k = UINT32_MAX;
+		for (uint32_t i = 0; i < n_want; i++) {
+			if (wrc[i] == KV_ERR_NOMEM) {
+				/* no room for the pages: a miss, not an error */
+				KV_WARN("store.fetch", "msg=\"no free KV page to load into\"");
+				pl.pos = 0;
+				goto done_plans;
+			}
+			if (wrc[i] && want[i] < bad_k)
+				bad_k = want[i];
+			if (!wrc[i]) {
+				bytes += wbytes[i];
+				files++;
+			}
+		}
+		if (bc.tail && !bc.tail_rc) {
+			bytes += bc.tail_bytes;
+			files++;
+		}
+		if (bc.snap && !bc.snap_rc) {
+			bytes += bc.snap_bytes;
+			files++;
+		}
+		if (bad_k != UINT32_MAX) {
+			f.max_blocks = bad_k;
+			continue;
+		}
+		if ((bc.tail && bc.tail_rc) || (bc.snap && bc.snap_rc)) {
+			exclude(&f, pl.id);
+			continue;
+		}
+		for (k = 0; k < nblk; k++)
+			if (!(k < rq->ram_n_pages && rq->ram_pages && rq->ram_pages[k]))
+				pages[k] = own[k];
+		if (bc.tail) {
+			if (!tail_page && !(tail_page = kv_page_alloc(s->p.pages))) {
+				pl.pos = 0;
+				goto done_plans;
+			}
+			ke_layout_copy_rows(&s->L, tail_page->data, (int)B, tail, (int)pl.t, (int)pl.t);
+			pages[nblk] = tail_page;
+		}
+		if (bc.snap)
+			pl.anchor_flag = bc.snap_info.anchor_flag;
+		break;
+	}
+done_plans:
+	/* dense: the first rows of a stored block or tail that shares only
+	 * part of its tokens with the prompt (the RAM tier does the same) */
+	if (!s->hybrid && !f.direct && (pl.pos || !rq->ram_pos)) {
+		uint32_t d = pl.rp ? pl.j : pl.e / B, lim = rq->n - 1, have = pl.pos > d * B ? pl.pos - d * B : 0;
+		struct {
+			int kind, area;
+			struct kv_h128 id;
+			uint32_t pos, n;
+		} cand[16];
+		int nc = 0;
+		if (d < f.nh && d <= f.max_blocks && lim > d * B) {
+			pthread_mutex_lock(&s->mu);
+			for (int32_t c = ks_cat_first_child(s->cat, f.h[d]); c >= 0 && nc < 16;) {
+				const struct ks_rec *r = ks_cat_at(s->cat, c);
+				if (!r)
+					break;
+				if (((r->kind == KS_BLOCK && r->area == KS_AREA_MAIN) || r->kind == KS_TAIL) && r->n > have &&
+				    !excluded(&f, r->id)) {
+					cand[nc].kind = r->kind;
+					cand[nc].area = r->area;
+					cand[nc].id = r->id;
+					cand[nc].pos = r->pos;
+					cand[nc].n = r->n;
+					nc++;
+				}
+				c = r->next_sib;
+			}
+			pthread_mutex_unlock(&s->mu);
+		}
+		uint32_t best = have;
+		struct kv_page *best_pg = NULL;
+		for (int i = 0; i < nc; i++) {
+			int32_t ctok[4096];
+			if (cand[i].n > B || B > 4096)
+				continue;
+			if (!tail && !(tail = kv_alloc(KV_MEM_SCRATCH, s->L.page_bytes)))
+				break;
+			struct kv_page *pg = kv_page_alloc(s->p.pages);
+			if (!pg)
+				break;
+			struct ks_obj_dst d2 = {.tokens = ctok, .kv = cand[i].kind == KS_BLOCK ? pg->data : tail};
+			if (load_obj(s, cand[i].area, cand[i].kind, cand[i].id, f.h[d], cand[i].pos, &d2, NULL, &bytes)) {
+				kv_page_unref(pg);
+				continue;
+			}
+			files++;
+			uint32_t m = cand[i].n < lim - d * B ? cand[i].n : lim - d * B, l = 0;
+			while (l < m && ctok[l] == rq->tokens[(size_t)d * B + l])
+				l++;
+			if (l > best) {
+				if (cand[i].kind == KS_TAIL)
+					ke_layout_copy_rows(&s->L, pg->data, (int)B, tail, (int)cand[i].n, (int)l);
+				kv_page_unref(best_pg);
+				best_pg = pg;
+				best = l;
+			} else {
+				kv_page_unref(pg);
+			}
+		}
+		if (best_pg && d * B + best > pl.pos && d * B + best > rq->ram_pos) {
+			/* blocks 1..d are loaded (or in RAM): the partial page ends the entry */
+			for (uint32_t k = 0; k < d; k++)
+				if (!pages[k])
+					best = 0;
+			if (best) {
+				pl.pos = pl.e = d * B + best;
+				pl.rp = 0;
+				kv_page_unref(tail_page);
+				tail_page = best_pg;
+				best_pg = NULL;
+				pages[d] = tail_page;
+			}
+		}
+		kv_page_unref(best_pg);
+	}
+	if (!pl.pos)
+		goto out;
+
+	/* the stored entry's anchor below p (hybrid), from its manifest */
+	if (s->hybrid && pl.rp) {
+		if (pl.anchor_flag) {
+			anchor = pl.pos;
+		} else {
+			int ea = -1;
+			for (int a = 0; a < KS_AREA__COUNT && ea < 0; a++)
+				if (ks_store_has(s, a, KS_ENTRY, pl.id))
+					ea = a;
+			uint32_t ck[KS_MAX_CKPT];
+			struct ks_obj_info ei;
+			struct ks_obj_dst d = {.ckpt = ck, .expect = rq->tokens};
+			if (ea >= 0 && load_obj(s, ea, KS_ENTRY, pl.id, f.h[pl.j], pl.pos, &d, &ei, &bytes) == KV_OK) {
+				files++;
+				uint32_t a = ei.anchor;
+				if (a && a < pl.pos && a / B < f.nh) {
+					struct kv_h128 aid = kc_rp_id(f.h[a / B], rq->tokens + (size_t)(a / B) * B, a % B);
+					int sa = ks_store_has(s, KS_AREA_MAIN, KS_SNAP, aid)   ? KS_AREA_MAIN
+						 : ks_store_has(s, KS_AREA_CKPT, KS_SNAP, aid) ? KS_AREA_CKPT
+											       : -1;
+					struct ks_obj_dst ad = {.expect = rq->tokens + (size_t)(a / B) * B};
+					if (sa >= 0 && (ad.snap = asnap = kc_cache_snap_alloc(s->p.cache)) &&
+					    load_obj(s, sa, KS_SNAP, aid, f.h[a / B], a, &ad, NULL, &bytes) == KV_OK) {
+						files++;
+						anchor = a;
+						touch_used(s, sa, KS_SNAP, aid);
+					} else {
+						kc_cache_snap_free(s->p.cache, asnap);
+						asnap = NULL;
+					}
+				}
+				touch_used(s, ea, KS_ENTRY, pl.id);
+			}
+		}
+	}
+
+	/* hand it to the RAM tier */
+	{
+		struct kc_put_ckpt ck = {.pos = anchor, .snap = asnap};
+		struct kc_put put = {.tokens = rq->tokens,
+				     .n = pl.e,
+				     .pages = pages,
+				     .snap = snap,
+				     .ckpt = anchor && anchor < pl.e ? &ck : NULL,
+				     .n_ckpt = anchor && anchor < pl.e ? 1 : 0,
+				     .anchor = anchor,
+				     .clean = 1};
+		uint64_t eid = 0;
+		if (!put.n_ckpt && asnap) {
+			kc_cache_snap_free(s->p.cache, asnap);
+			put.ckpt = NULL;
+		}
+		asnap = NULL;
+		int prc = kc_cache_put(s->p.cache, &put, &eid);
+		snap = NULL; /* consumed */
+		if (prc) {
+			KV_WARN("store.fetch", "msg=\"the RAM cache refused the loaded entry\" err=\"%s\"", kv_errmsg());
+			pl.pos = 0;
+			goto out;
+		}
+	}
+	/* last use of what served the hit */
+	for (uint32_t k = 0; k < pl.e / B; k++)
+		if (own[k])
+			touch_used(s, KS_AREA_MAIN, KS_BLOCK, f.h[k + 1]);
+	if (pl.rp && pl.t)
+		touch_used(s, pl.tail_area, KS_TAIL, pl.id);
+	if (pl.rp && s->hybrid)
+		touch_used(s, pl.snap_area, KS_SNAP, pl.id);
+
+out:
+	out->pos = rc ? 0 : pl.pos;
+	out->anchor = out->pos ? anchor : 0;
+	out->bytes = bytes;
+	out->files = files;
+	out->direct = f.direct;
+	out->seconds = (double)(kv_now_ns() - t0) / 1e9;
+	pthread_mutex_lock(&s->mu);
+	if (f.direct)
+		s->st.direct_lookups++;
+	if (out->pos) {
+		s->st.loads++;
+		s->st.load_bytes += bytes;
+		s->st.load_files += files;
+		s->st.load_tokens += out->pos;
+		s->st.load_seconds += out->seconds;
+	}
+	pthread_mutex_unlock(&s->mu);
+	if (out->pos)
+		KV_INFO("store.fetch", "resumed_at=%u anchor=%u prompt=%u ram_pos=%u files=%u bytes=%llu ms=%.2f direct=%d",
+			out->pos, out->anchor, rq->n, rq->ram_pos, files, (unsigned long long)bytes, out->seconds * 1e3,
+			f.direct);
+	for (uint32_t k = 0; k <= own_n && own; k++)
+		kv_page_unref(own[k]);
+	kv_page_unref(tail_page);
+	if (snap)
+		kc_cache_snap_free(s->p.cache, snap);
+	if (asnap)
+		kc_cache_snap_free(s->p.cache, asnap);
+	kv_free(tail);
+	free(own);
+	free(pages);
+	free(want);
+	free(wrc);
+	free(wbytes);
+	free(f.h);
+	return rc;
+}
