@@ -16,6 +16,9 @@ cd "$ROOT"
 export KT_BIN="$ROOT/$BUILD/kvkeep"
 export KT_BUILD="$ROOT/$BUILD"
 export KVKEEP_LOG=${KVKEEP_LOG:-warn}
+# servers started by tests write their disk cache here, never to ~/.cache
+export KVKEEP_CACHE_DIR=${KVKEEP_CACHE_DIR:-$ROOT/$BUILD/test-disk-cache}
+rm -rf "$ROOT/$BUILD/test-disk-cache"
 LOGDIR="$ROOT/$BUILD/test-logs"
 mkdir -p "$LOGDIR"
 pass=0; fail=0; skip=0

@@ -1,0 +1,856 @@
+/*
+ * cmd_bench_replay.c - `kvkeep bench replay`: replay recorded agent
+ * sessions against a server and report cache reuse and latency.
+ *
+ *   kvkeep bench replay (--base-url URL | --spawn "kvkeep serve ARGS")
+ *                       (--trace FILE.jsonl | --dir DIR) [--json] [--repeat N]
+ *                       [--max-tokens N] [--restart-after K] [--compare-cold]
+ *
+ * Each recorded body is sent in order, streamed, with only stream,
+ * stream_options.include_usage, temperature and the token cap changed
+ * (and "model" with --model; server/replay.h says exactly how). Per request it records the HTTP
+ * status, prompt / cached / generated tokens, time to first token and
+ * total time; bad trace lines and rejected bodies are reported on their
+ * row and the replay goes on.
+ *
+ * Spawn mode starts the server itself: the --spawn string is split like a
+ * shell would split words (single and double quotes, backslash), a leading
+ * "kvkeep" means this very binary, and "--port P" is appended with a free
+ * loopback port. It waits for GET /health to answer 200, then reads GET
+ * /v1/cache/info (kept in the report, so a reader can tell which cache
+ * tiers the server has). With --restart-after K it sends SIGTERM after the
+ * K-th request, waits for the process to exit, starts it again with the
+ * same arguments and goes on; the rows after that show what survived.
+ * With --compare-cold every request is sent once more to a server started
+ * with --disable-prefix-cache added, and the speedup of each is reported.
+ * The server's stdout and stderr go to our stderr, or to --server-log.
+ *
+ * Output: a table on stdout; with --json the table goes to stderr and
+ * stdout carries JSON Lines instead: one {"type":"request"} object per
+ * request (in order), one {"type":"restart"} object per restart, and a
+ * final {"type":"summary"} object (docs/bench-replay.md lists the fields).
+ *
+ * Exit status: 0 when every request succeeded, 3 when the replay ran but
+ * some lines were bad or requests failed, 1 when it could not run (trace
+ * unreadable, server did not start), 2 for bad flags.
+ */
+#include "cli/cli.h"
+#include "base/buf.h"
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/json.h"
+#include "server/http_client.h"
+#include "server/replay.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* --- the spawned server ---------------------------------------------------- */
+
+struct rp_server {
+	char **argv;        /* argv to exec, NULL-terminated, malloc'd strings */
+	int argc;
+	pid_t pid;          /* 0 when not running */
+	int port;
+	char url[128];      /* http://127.0.0.1:PORT */
+	const char *log_path;
+	int ready_timeout_s;
+	int stop_timeout_s;
+};
+
+static volatile pid_t g_child; /* for the signal handler */
+
+static void on_signal(int sig)
+{
+	pid_t p = g_child;
+	if (p > 0)
+		kill(p, SIGTERM);
+	_exit(128 + sig);
+}
+
+/* Split a command line into words: blanks separate, '...' is literal,
+ * "..." allows \" and \\, a backslash outside quotes escapes one char.
+ * Returns the word count or -1 (unterminated quote, no memory). */
+static int split_words(const char *s, char ***out)
+{
+	char **v = NULL;
+	int n = 0;
+	struct kv_buf w = KV_BUF_INIT;
+	*out = NULL;
+	while (*s) {
+		while (*s == ' ' || *s == '\t' || *s == '\n')
+			s++;
+		if (!*s)
+			break;
+		kv_buf_reset(&w);
+		kv_buf_reserve(&w, 1);
+		while (*s && *s != ' ' && *s != '\t' && *s != '\n') {
+			if (*s == '\'') {
+				const char *e = strchr(s + 1, '\'');
+				if (!e)
+					goto bad;
+				kv_buf_add(&w, s + 1, (size_t)(e - s - 1));
+				s = e + 1;
+			} else if (*s == '"') {
+				s++;
+				while (*s && *s != '"') {
+					if (*s == '\\' && (s[1] == '"' || s[1] == '\\'))
+						s++;
+					kv_buf_addc(&w, *s++);
+				}
+				if (*s != '"')
+					goto bad;
+				s++;
+			} else if (*s == '\\' && s[1]) {
+				kv_buf_addc(&w, s[1]);
+				s += 2;
+			} else {
+				kv_buf_addc(&w, *s++);
+			}
+		}
+		char **nv = realloc(v, (size_t)(n + 2) * sizeof *v);
+		if (!nv || w.oom)
+			goto bad;
+		v = nv;
+		v[n++] = strdup(w.p ? w.p : "");
+		v[n] = NULL;
+		if (!v[n - 1])
+			goto bad;
+	}
+	kv_buf_free(&w);
+	*out = v;
+	return n;
+bad:
+	for (int i = 0; i < n; i++)
+		free(v[i]);
+	free(v);
+	kv_buf_free(&w);
+	return -1;
+}
+
+static void free_words(char **v)
+{
+	for (int i = 0; v && v[i]; i++)
+		free(v[i]);
+	free(v);
+}
+
+/* A loopback port nobody listens on right now (the kernel's pick). */
+static int free_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t al = sizeof a;
+	int port = -1;
+	if (fd < 0)
+		return -1;
+	if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &al) == 0)
+		port = ntohs(a.sin_port);
+	close(fd);
+	return port;
+}
+
+/* Build the argv: words of `cmd`, "kvkeep" -> this binary, extra words,
+ * then --port P. */
+static int server_init(struct rp_server *s, const char *cmd, const char *extra, int port)
+{
+	char **w = NULL;
+	int n = split_words(cmd, &w);
+	if (n <= 0) {
+		free_words(w);
+		return kv_fail(KV_ERR_INVALID, "--spawn: cannot split '%s' into words (unbalanced quote?)", cmd);
+	}
+	s->argv = calloc((size_t)n + 5, sizeof *s->argv);
+	if (!s->argv) {
+		free_words(w);
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	}
+	for (int i = 0; i < n; i++)
+		s->argv[i] = w[i];
+	free(w);
+	s->argc = n;
+	if (!strcmp(s->argv[0], "kvkeep")) {
+		char self[4096];
+		ssize_t l = readlink("/proc/self/exe", self, sizeof self - 1);
+		if (l > 0) {
+			self[l] = 0;
+			free(s->argv[0]);
+			s->argv[0] = strdup(self);
+		}
+	}
+	if (extra)
+		s->argv[s->argc++] = strdup(extra);
+	s->port = port;
+	char ps[16];
+	snprintf(ps, sizeof ps, "%d", port);
+	s->argv[s->argc++] = strdup("--port");
+	s->argv[s->argc++] = strdup(ps);
+	s->argv[s->argc] = NULL;
+	for (int i = 0; i < s->argc; i++)
+		if (!s->argv[i])
+			return kv_fail(KV_ERR_NOMEM, "out of memory");
+	snprintf(s->url, sizeof s->url, "http://127.0.0.1:%d", port);
+	return KV_OK;
+}
+
+static void server_free(struct rp_server *s)
+{
+	free_words(s->argv);
+	s->argv = NULL;
+}
+
+static void describe_status(int st, char *out, size_t cap)
+{
+	if (WIFEXITED(st))
+		snprintf(out, cap, "exited %d", WEXITSTATUS(st));
+	else if (WIFSIGNALED(st))
+		snprintf(out, cap, "killed by signal %d", WTERMSIG(st));
+	else
+		snprintf(out, cap, "status 0x%x", st);
+}
+
+/* GET url+path; 0 and *body (malloc'd) when 200. */
+static int get_json(const char *url, const char *path, int timeout_ms, json_t **out)
+{
+	char full[300];
+	char *b = NULL;
+	size_t bl = 0;
+	int status = 0;
+	*out = NULL;
+	snprintf(full, sizeof full, "%s%s", url, path);
+	int rc = ksv_http_fetch(full, "GET", NULL, 0, timeout_ms, &status, &b, &bl);
+	if (rc == KV_OK && status == 200)
+		rc = kv_json_parse(full, b, bl, KV_JSON_MAX_DEPTH, out);
+	else if (rc == KV_OK)
+		rc = kv_fail(KV_ERR_NOT_FOUND, "%s: HTTP %d", full, status);
+	free(b);
+	return rc;
+}
+
+/* Start the server and wait until /health says 200. *ready_s: seconds it took. */
+static int server_start(struct rp_server *s, double *ready_s)
+{
+	double t0 = kv_now_s();
+	int log_fd = -1;
+	if (s->log_path) {
+		log_fd = open(s->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+		if (log_fd < 0)
+			return kv_fail(KV_ERR_IO, "--server-log %s: %s", s->log_path, strerror(errno));
+	}
+	fflush(stdout);
+	fflush(stderr);
+	pid_t pid = fork();
+	if (pid < 0) {
+		if (log_fd >= 0)
+			close(log_fd);
+		return kv_fail(KV_ERR_IO, "fork: %s", strerror(errno));
+	}
+	if (pid == 0) {
+		/* the server must not outlive us, and must never write into our stdout */
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		if (log_fd >= 0) {
+			dup2(log_fd, 1);
+			dup2(log_fd, 2);
+		} else {
+			dup2(2, 1);
+		}
+		signal(SIGINT, SIG_DFL);
+		signal(SIGTERM, SIG_DFL);
+		execvp(s->argv[0], s->argv);
+		fprintf(stderr, "kvkeep bench replay: cannot run %s: %s\n", s->argv[0], strerror(errno));
+		_exit(127);
+	}
+	if (log_fd >= 0)
+		close(log_fd);
+	s->pid = pid;
+	g_child = pid;
+	for (;;) {
+		int st;
+		pid_t w = waitpid(pid, &st, WNOHANG);
+		if (w == pid) {
+			char d[64];
+			describe_status(st, d, sizeof d);
+			s->pid = 0;
+			g_child = 0;
+			return kv_fail(KV_ERR_IO, "the server (%s) %s before it was ready%s", s->argv[0], d,
+				       s->log_path ? "; see --server-log" : "; its log is above");
+		}
+		char *b = NULL;
+		int status = 0;
+		char url[200];
+		snprintf(url, sizeof url, "%s/health", s->url);
+		if (ksv_http_fetch(url, "GET", NULL, 0, 2000, &status, &b, NULL) == KV_OK && status == 200) {
+			free(b);
+			*ready_s = kv_now_s() - t0;
+			return KV_OK;
+		}
+		free(b);
+		if (kv_now_s() - t0 > s->ready_timeout_s) {
+			kill(pid, SIGKILL);
+			waitpid(pid, NULL, 0);
+			s->pid = 0;
+			g_child = 0;
+			return kv_fail(KV_ERR_TIMEOUT, "the server did not answer /health with 200 within %d s",
+				       s->ready_timeout_s);
+		}
+		kv_sleep_ms(50);
+	}
+}
+
+/* SIGTERM and wait. *stop_s: seconds until it exited; describes the exit.
+ * Past the stop timeout it is killed and KV_ERR_TIMEOUT returned. */
+static int server_stop(struct rp_server *s, double *stop_s, char *desc, size_t cap)
+{
+	double t0 = kv_now_s();
+	int st = 0, rc = KV_OK;
+	*stop_s = 0;
+	snprintf(desc, cap, "not running");
+	if (s->pid <= 0)
+		return KV_OK;
+	kill(s->pid, SIGTERM);
+	for (;;) {
+		pid_t w = waitpid(s->pid, &st, WNOHANG);
+		if (w == s->pid)
+			break;
+		if (w < 0 && errno != EINTR) {
+			st = 0;
+			break;
+		}
+		if (kv_now_s() - t0 > s->stop_timeout_s) {
+			kill(s->pid, SIGKILL);
+			waitpid(s->pid, &st, 0);
+			rc = kv_fail(KV_ERR_TIMEOUT, "the server did not exit within %d s of SIGTERM; killed",
+				     s->stop_timeout_s);
+			break;
+		}
+		kv_sleep_ms(5);
+	}
+	*stop_s = kv_now_s() - t0;
+	describe_status(st, desc, cap);
+	s->pid = 0;
+	g_child = 0;
+	return rc;
+}
+
+/* --- rows and output -------------------------------------------------------- */
+
+struct rp_row {
+	size_t item;                  /* trace index */
+	int pass;                     /* 1-based */
+	int server_start;             /* which start of the server answered (1-based; 0: --base-url) */
+	int first_after_restart;
+	struct ksv_replay_result r;
+	int have_cold;
+	struct ksv_replay_result cold;
+};
+
+struct rp_out {
+	FILE *table;   /* stdout, or stderr with --json */
+	int json;
+};
+
+static const char *short_source(const char *s)
+{
+	const char *b = strrchr(s, '/');
+	return b ? b + 1 : s;
+}
+
+static void fmt_ms(char *o, size_t cap, double s)
+{
+	if (s < 0 || isnan(s))
+		snprintf(o, cap, "-");
+	else
+		snprintf(o, cap, "%.1f", s * 1000.0);
+}
+
+static void fmt_i(char *o, size_t cap, int64_t v)
+{
+	if (v < 0)
+		snprintf(o, cap, "-");
+	else
+		snprintf(o, cap, "%lld", (long long)v);
+}
+
+static void table_head(const struct rp_out *o)
+{
+	fprintf(o->table, "%4s %4s  %-24s %6s %8s %8s %7s %10s %10s %5s  %s\n", "#", "pass", "source", "status", "prompt",
+		"cached", "reuse", "ttft_ms", "total_ms", "gen", "note");
+}
+
+static void table_row(const struct rp_out *o, size_t n, const struct rp_row *w, const struct ksv_replay_item *it,
+		      const char *tag)
+{
+	const struct ksv_replay_result *r = &w->r;
+	char p[24], c[24], re[16], tt[24], to[24], g[24];
+	fmt_i(p, sizeof p, r->prompt_tokens);
+	fmt_i(c, sizeof c, r->cached_tokens);
+	if (r->prompt_tokens > 0 && r->cached_tokens >= 0)
+		snprintf(re, sizeof re, "%.1f%%", 100.0 * (double)r->cached_tokens / (double)r->prompt_tokens);
+	else
+		snprintf(re, sizeof re, "-");
+	fmt_ms(tt, sizeof tt, r->ttft_s);
+	fmt_ms(to, sizeof to, r->total_s);
+	fmt_i(g, sizeof g, it->body ? r->generated_tokens : -1);
+	char note[600];
+	snprintf(note, sizeof note, "%s%s%s", tag ? tag : "", tag && r->error[0] ? "; " : "", r->error);
+	fprintf(o->table, "%4zu %4d  %-24.24s %6d %8s %8s %7s %10s %10s %5s  %s\n", n, w->pass, short_source(it->source),
+		r->status, p, c, re, tt, to, g, note);
+	fflush(o->table);
+}
+
+static json_t *jnum_or_null(double v)
+{
+	return isnan(v) || isinf(v) ? json_null() : json_real(v);
+}
+
+static json_t *jms(double s)
+{
+	return s < 0 || isnan(s) ? json_null() : json_real(round(s * 1e6) / 1e3);
+}
+
+static json_t *jint(int64_t v)
+{
+	return v < 0 ? json_null() : json_integer(v);
+}
+
+static json_t *result_json(const struct ksv_replay_result *r)
+{
+	json_t *o = json_object();
+	json_object_set_new(o, "ok", json_boolean(r->ok));
+	json_object_set_new(o, "status", json_integer(r->status));
+	json_object_set_new(o, "prompt_tokens", jint(r->prompt_tokens));
+	json_object_set_new(o, "cached_tokens", jint(r->cached_tokens));
+	json_object_set_new(o, "reuse", r->prompt_tokens > 0 && r->cached_tokens >= 0
+						  ? json_real((double)r->cached_tokens / (double)r->prompt_tokens)
+						  : json_null());
+	json_object_set_new(o, "generated_tokens", jint(r->generated_tokens));
+	json_object_set_new(o, "ttft_ms", jms(r->ttft_s));
+	json_object_set_new(o, "total_ms", jms(r->total_s));
+	json_object_set_new(o, "error", r->error[0] ? json_string(r->error) : json_null());
+	return o;
+}
+
+static void emit_json(json_t *o)
+{
+	char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(10));
+	if (s) {
+		fputs(s, stdout);
+		fputc('\n', stdout);
+		free(s);
+	}
+	fflush(stdout);
+	json_decref(o);
+}
+
+static json_t *summary_json(const struct ksv_replay_summary *s)
+{
+	json_t *o = json_object();
+	json_object_set_new(o, "requests", json_integer((json_int_t)s->requests));
+	json_object_set_new(o, "ok", json_integer((json_int_t)s->ok));
+	json_object_set_new(o, "failed", json_integer((json_int_t)s->failed));
+	json_object_set_new(o, "prompt_tokens", json_integer(s->prompt_tokens));
+	json_object_set_new(o, "cached_tokens", json_integer(s->cached_tokens));
+	json_object_set_new(o, "generated_tokens", json_integer(s->generated_tokens));
+	json_object_set_new(o, "reuse_ratio", jnum_or_null(s->reuse_ratio));
+	json_object_set_new(o, "ttft_p50_ms", jms(s->ttft_p50_s));
+	json_object_set_new(o, "ttft_p90_ms", jms(s->ttft_p90_s));
+	json_object_set_new(o, "total_p50_ms", jms(s->total_p50_s));
+	json_object_set_new(o, "total_p90_ms", jms(s->total_p90_s));
+	return o;
+}
+
+static void summary_line(FILE *f, const char *label, const struct ksv_replay_summary *s)
+{
+	char t50[24], t90[24], o50[24], o90[24];
+	fmt_ms(t50, sizeof t50, s->ttft_p50_s);
+	fmt_ms(t90, sizeof t90, s->ttft_p90_s);
+	fmt_ms(o50, sizeof o50, s->total_p50_s);
+	fmt_ms(o90, sizeof o90, s->total_p90_s);
+	fprintf(f,
+		"%s: %zu requests (%zu ok, %zu failed), prompt %lld, cached %lld, reuse %s%.1f%%, generated %lld, "
+		"ttft p50 %s ms p90 %s ms, total p50 %s ms p90 %s ms\n",
+		label, s->requests, s->ok, s->failed, (long long)s->prompt_tokens, (long long)s->cached_tokens,
+		isnan(s->reuse_ratio) ? "n/a " : "", isnan(s->reuse_ratio) ? 0.0 : 100.0 * s->reuse_ratio,
+		(long long)s->generated_tokens, t50, t90, o50, o90);
+}
+
+/* Send one item (or record why it cannot be sent). */
+static void run_item(const struct ksv_url *u, const struct ksv_replay_item *it, int64_t max_tokens, const char *model,
+		     int timeout_ms, struct ksv_replay_result *r)
+{
+	memset(r, 0, sizeof *r);
+	r->prompt_tokens = r->cached_tokens = r->generated_tokens = -1;
+	r->ttft_s = -1;
+	r->total_s = -1; /* nothing was sent */
+	if (!it->body) {
+		snprintf(r->error, sizeof r->error, "bad trace line: %s", it->error);
+		return;
+	}
+	char *body = NULL;
+	size_t len = 0;
+	if (ksv_replay_prepare(it->body, max_tokens, model, &body, &len)) {
+		snprintf(r->error, sizeof r->error, "%s", kv_errmsg());
+		return;
+	}
+	ksv_replay_send(u, body, len, timeout_ms, r);
+	free(body);
+}
+
+/* --- command -------------------------------------------------------------- */
+
+static int cmd_bench_replay(int argc, char **argv)
+{
+	const char *base_url = NULL, *trace_path = NULL, *dir = NULL, *spawn = NULL, *server_log = NULL, *model = NULL;
+	int json = 0, compare_cold = 0;
+	int64_t repeat = 1, max_tokens = 16, restart_after = 0, timeout_s = 600, ready_timeout_s = 300,
+		stop_timeout_s = 30;
+	const struct kv_flag flags[] = {
+		{"base-url", KV_FLAG_STR, &base_url, "URL", "server to replay against, e.g. http://127.0.0.1:8000/v1"},
+		{"trace", KV_FLAG_STR, &trace_path, "FILE", "JSONL trace: one request body per line"},
+		{"dir", KV_FLAG_STR, &dir, "DIR", "folder of *.json request bodies, replayed in name order"},
+		{"json", KV_FLAG_BOOL, &json, NULL, "JSON Lines on stdout (requests, restarts, summary); table to stderr"},
+		{"repeat", KV_FLAG_INT, &repeat, "N", "replay the whole trace N times (default 1)"},
+		{"max-tokens", KV_FLAG_INT, &max_tokens, "N", "cap on generated tokens per request (default 16)"},
+		{"model", KV_FLAG_STR, &model, "NAME", "send this as every body's \"model\" (default: as recorded)"},
+		{"spawn", KV_FLAG_STR, &spawn, "CMD", "start this server command (\"kvkeep serve ARGS\"), --port is added"},
+		{"restart-after", KV_FLAG_INT, &restart_after, "K", "spawn mode: SIGTERM + restart after request K (0: never)"},
+		{"compare-cold", KV_FLAG_BOOL, &compare_cold, NULL,
+		 "spawn mode: resend every request to a --disable-prefix-cache server, report speedups"},
+		{"server-log", KV_FLAG_STR, &server_log, "FILE", "spawn mode: append the server's output here (default stderr)"},
+		{"timeout", KV_FLAG_INT, &timeout_s, "S", "per-request time limit in seconds (default 600)"},
+		{"ready-timeout", KV_FLAG_INT, &ready_timeout_s, "S", "spawn mode: wait this long for /health (default 300)"},
+		{"stop-timeout", KV_FLAG_INT, &stop_timeout_s, "S", "spawn mode: SIGKILL if SIGTERM takes longer (default 30)"},
+		{0}};
+	const char *usage = "usage: kvkeep bench replay (--base-url URL | --spawn \"kvkeep serve ARGS\")\n"
+			    "                           (--trace FILE.jsonl | --dir DIR) [--json] [--repeat N]\n"
+			    "                           [--max-tokens N] [--restart-after K] [--compare-cold]\n\n"
+			    "Replays recorded chat requests in order (streaming) and reports prompt, cached and\n"
+			    "generated tokens, time to first token and total time per request, plus a summary.\n"
+			    "Exit status: 0 all requests ok, 3 some failed or bad lines, 1 could not run, 2 usage.";
+	int rc = kv_flags_parse(usage, flags, argc, argv, NULL, 0, NULL);
+	if (rc)
+		return rc == 1 ? 0 : 2;
+	const char *why = NULL;
+	if (!!trace_path == !!dir)
+		why = "give exactly one of --trace FILE and --dir DIR";
+	else if (!!base_url == !!spawn)
+		why = "give exactly one of --base-url URL and --spawn CMD";
+	else if (repeat < 1 || repeat > 1000000)
+		why = "--repeat must be at least 1";
+	else if (max_tokens < 1)
+		why = "--max-tokens must be at least 1";
+	else if (restart_after < 0)
+		why = "--restart-after must be >= 0";
+	else if (restart_after && !spawn)
+		why = "--restart-after needs --spawn (a server we did not start cannot be restarted)";
+	else if (compare_cold && !spawn)
+		why = "--compare-cold needs --spawn (it starts a server with --disable-prefix-cache)";
+	else if (server_log && !spawn)
+		why = "--server-log needs --spawn";
+	else if (timeout_s < 1 || ready_timeout_s < 1 || stop_timeout_s < 1)
+		why = "--timeout, --ready-timeout and --stop-timeout must be at least 1 second";
+	if (why) {
+		fprintf(stderr, "kvkeep bench replay: %s (see --help)\n", why);
+		return 2;
+	}
+
+	struct ksv_replay_trace *tr = NULL;
+	rc = trace_path ? ksv_replay_load_jsonl(trace_path, &tr) : ksv_replay_load_dir(dir, &tr);
+	if (rc) {
+		fprintf(stderr, "kvkeep bench replay: %s\n", kv_errmsg());
+		return 1;
+	}
+	if (tr->n == 0) {
+		fprintf(stderr, "kvkeep bench replay: %s holds no requests\n", trace_path ? trace_path : dir);
+		ksv_replay_trace_free(tr);
+		return 1;
+	}
+	size_t bad_lines = 0;
+	for (size_t i = 0; i < tr->n; i++)
+		bad_lines += tr->items[i].body == NULL;
+
+	struct rp_out out = {json ? stderr : stdout, json};
+	struct rp_server srv = {0};
+	struct ksv_url u;
+	json_t *starts = json_array();
+	int fatal = 0, restarts = 0, server_start_no = 0;
+	int timeout_ms = timeout_s > 2000000 ? 2000000000 : (int)(timeout_s * 1000);
+	size_t total = 0;
+	struct rp_row *rows = NULL;
+	if (!__builtin_mul_overflow(tr->n, (size_t)repeat, &total) && total <= ((size_t)1 << 26))
+		rows = calloc(total, sizeof *rows);
+	double t_run = kv_now_s();
+	json_t *restart_events = json_array();
+	size_t seq = 0;
+	int after_restart_pending = 0;
+	struct ksv_replay_summary sum, cold_sum;
+	int have_cold = 0;
+	double *speed_ttft = NULL, *speed_total = NULL;
+	size_t n_sp_ttft = 0, n_sp_total = 0;
+
+	if (!rows || !starts || !restart_events) {
+		if (total == 0 || total > ((size_t)1 << 26))
+			fprintf(stderr, "kvkeep bench replay: %zu requests x --repeat %lld is more than 2^26 rows\n", tr->n,
+				(long long)repeat);
+		else
+			fprintf(stderr, "kvkeep bench replay: out of memory\n");
+		ksv_replay_trace_free(tr);
+		free(rows);
+		json_decref(starts);
+		json_decref(restart_events);
+		return 1;
+	}
+	signal(SIGINT, on_signal);
+	signal(SIGTERM, on_signal);
+	signal(SIGPIPE, SIG_IGN);
+
+	if (spawn) {
+		int port = free_port();
+		double ready_s = 0;
+		srv.log_path = server_log;
+		srv.ready_timeout_s = (int)(ready_timeout_s > 100000 ? 100000 : ready_timeout_s);
+		srv.stop_timeout_s = (int)(stop_timeout_s > 100000 ? 100000 : stop_timeout_s);
+		if (port <= 0 || server_init(&srv, spawn, NULL, port) || server_start(&srv, &ready_s)) {
+			fprintf(stderr, "kvkeep bench replay: %s\n", port <= 0 ? "no free loopback port" : kv_errmsg());
+			fatal = 1;
+			goto done;
+		}
+		server_start_no = 1;
+		fprintf(out.table, "server: %s ready on %s in %.2f s\n", srv.argv[0], srv.url, ready_s);
+		json_t *ci = NULL;
+		get_json(srv.url, "/v1/cache/info", 5000, &ci);
+		json_array_append_new(starts, json_pack("{s:i, s:f, s:o}", "start", 1, "ready_s", ready_s, "cache_info",
+							ci ? ci : json_null()));
+		char b[200];
+		snprintf(b, sizeof b, "%s/v1", srv.url);
+		ksv_url_parse(b, &u);
+	} else {
+		if (ksv_url_parse(base_url, &u)) {
+			fprintf(stderr, "kvkeep bench replay: %s\n", kv_errmsg());
+			fatal = 2;
+			goto done;
+		}
+		char root[400];
+		snprintf(root, sizeof root, "http://%s:%d", u.host, u.port);
+		json_t *ci = NULL;
+		get_json(root, "/v1/cache/info", 5000, &ci);
+		json_array_append_new(starts, json_pack("{s:i, s:n, s:o}", "start", 0, "ready_s", "cache_info",
+							ci ? ci : json_null()));
+	}
+
+	table_head(&out);
+	for (int64_t pass = 1; pass <= repeat && !fatal; pass++) {
+		for (size_t i = 0; i < tr->n && !fatal; i++) {
+			struct rp_row *w = &rows[seq];
+			w->item = i;
+			w->pass = (int)pass;
+			w->server_start = server_start_no;
+			w->first_after_restart = after_restart_pending && tr->items[i].body;
+			if (w->first_after_restart)
+				after_restart_pending = 0;
+			run_item(&u, &tr->items[i], max_tokens, model, timeout_ms, &w->r);
+			seq++;
+			table_row(&out, seq, w, &tr->items[i], w->first_after_restart ? "first after restart" : NULL);
+			if (restart_after > 0 && (int64_t)seq == restart_after && seq < total) {
+				double stop_s = 0, ready_s = 0;
+				char desc[64];
+				int src = server_stop(&srv, &stop_s, desc, sizeof desc);
+				fprintf(out.table, "---- restart after request %zu: SIGTERM, server %s after %.2f s%s%s\n", seq,
+					desc, stop_s, src ? "; " : "", src ? kv_errmsg() : "");
+				if (server_start(&srv, &ready_s)) {
+					fprintf(stderr, "kvkeep bench replay: restart failed: %s\n", kv_errmsg());
+					fatal = 1;
+					break;
+				}
+				restarts++;
+				server_start_no++;
+				after_restart_pending = 1;
+				fprintf(out.table, "---- server ready again in %.2f s\n", ready_s);
+				json_t *ci = NULL;
+				get_json(srv.url, "/v1/cache/info", 5000, &ci);
+				json_array_append_new(starts, json_pack("{s:i, s:f, s:o}", "start", server_start_no, "ready_s",
+									ready_s, "cache_info", ci ? json_incref(ci) : json_null()));
+				json_array_append_new(restart_events,
+						      json_pack("{s:s, s:I, s:s, s:s, s:f, s:b, s:f, s:o}", "type", "restart",
+								"after_request", (json_int_t)seq, "signal", "SIGTERM", "exit",
+								desc, "stop_s", stop_s, "stop_timed_out", src != 0, "ready_s",
+								ready_s, "cache_info", ci ? ci : json_null()));
+			}
+		}
+	}
+	if (restart_after > 0 && !restarts && !fatal)
+		fprintf(out.table, "note: --restart-after %lld is not before the last request; no restart happened\n",
+			(long long)restart_after);
+
+	if (compare_cold && !fatal) {
+		double stop_s = 0, ready_s = 0;
+		char desc[64];
+		server_stop(&srv, &stop_s, desc, sizeof desc);
+		server_free(&srv);
+		int port = free_port();
+		srv.port = 0;
+		if (port <= 0 || server_init(&srv, spawn, "--disable-prefix-cache", port) || server_start(&srv, &ready_s)) {
+			fprintf(stderr, "kvkeep bench replay: cold server: %s\n", port <= 0 ? "no free loopback port" : kv_errmsg());
+			fatal = 1;
+			goto done;
+		}
+		char b[200];
+		snprintf(b, sizeof b, "%s/v1", srv.url);
+		ksv_url_parse(b, &u);
+		fprintf(out.table, "\ncold server (--disable-prefix-cache) ready on %s in %.2f s\n", srv.url, ready_s);
+		struct ksv_replay_result *cold = calloc(tr->n, sizeof *cold);
+		speed_ttft = calloc(total, sizeof *speed_ttft);
+		speed_total = calloc(total, sizeof *speed_total);
+		if (!cold || !speed_ttft || !speed_total) {
+			free(cold);
+			fprintf(stderr, "kvkeep bench replay: out of memory\n");
+			fatal = 1;
+			goto done;
+		}
+		fprintf(out.table, "%4s  %-24s %6s %8s %8s %13s %13s %8s %14s %14s %8s  %s\n", "#", "source", "status",
+			"prompt", "cached", "warm_ttft_ms", "cold_ttft_ms", "speedup", "warm_total_ms", "cold_total_ms",
+			"speedup", "note");
+		for (size_t i = 0; i < tr->n; i++) {
+			run_item(&u, &tr->items[i], max_tokens, model, timeout_ms, &cold[i]);
+			/* the first pass's row of this item is what the cold one is set against */
+			const struct ksv_replay_result *wr = &rows[i].r;
+			char wt[24], ct[24], wo[24], co[24], s1[24] = "-", s2[24] = "-", p[24], c[24];
+			fmt_ms(wt, sizeof wt, wr->ttft_s);
+			fmt_ms(ct, sizeof ct, cold[i].ttft_s);
+			fmt_ms(wo, sizeof wo, wr->ok ? wr->total_s : -1);
+			fmt_ms(co, sizeof co, cold[i].ok ? cold[i].total_s : -1);
+			fmt_i(p, sizeof p, cold[i].prompt_tokens);
+			fmt_i(c, sizeof c, cold[i].cached_tokens);
+			if (wr->ok && cold[i].ok && wr->ttft_s > 0 && cold[i].ttft_s > 0)
+				snprintf(s1, sizeof s1, "%.2fx", cold[i].ttft_s / wr->ttft_s);
+			if (wr->ok && cold[i].ok && wr->total_s > 0)
+				snprintf(s2, sizeof s2, "%.2fx", cold[i].total_s / wr->total_s);
+			fprintf(out.table, "%4zu  %-24.24s %6d %8s %8s %13s %13s %8s %14s %14s %8s  %s\n", i + 1,
+				short_source(tr->items[i].source), cold[i].status, p, c, wt, ct, s1, wo, co, s2, cold[i].error);
+			fflush(out.table);
+		}
+		for (size_t k = 0; k < seq; k++) {
+			const struct ksv_replay_result *cr = &cold[rows[k].item];
+			rows[k].have_cold = 1;
+			rows[k].cold = *cr;
+			if (rows[k].r.ok && cr->ok && rows[k].r.ttft_s > 0 && cr->ttft_s > 0)
+				speed_ttft[n_sp_ttft++] = cr->ttft_s / rows[k].r.ttft_s;
+			if (rows[k].r.ok && cr->ok && rows[k].r.total_s > 0)
+				speed_total[n_sp_total++] = cr->total_s / rows[k].r.total_s;
+		}
+		ksv_replay_summarize(cold, tr->n, &cold_sum);
+		have_cold = 1;
+		free(cold);
+	}
+
+done:;
+	double stop_s = 0;
+	char desc[64];
+	if (srv.pid > 0)
+		server_stop(&srv, &stop_s, desc, sizeof desc);
+	server_free(&srv);
+
+	struct ksv_replay_result *flat = calloc(seq ? seq : 1, sizeof *flat);
+	for (size_t k = 0; flat && k < seq; k++)
+		flat[k] = rows[k].r;
+	ksv_replay_summarize(flat, flat ? seq : 0, &sum);
+	free(flat);
+	size_t n_failed = sum.failed;
+	if (seq > 0) {
+		fputc('\n', out.table);
+		summary_line(out.table, "summary", &sum);
+		if (have_cold) {
+			summary_line(out.table, "cold   ", &cold_sum);
+			double m1 = ksv_replay_quantile(speed_ttft, n_sp_ttft, 0.5), m2 = ksv_replay_quantile(speed_total, n_sp_total, 0.5);
+			fprintf(out.table, "speedup over cold: ttft p50 %.2fx, total p50 %.2fx\n", isnan(m1) ? 0.0 : m1,
+				isnan(m2) ? 0.0 : m2);
+		}
+		if (bad_lines)
+			fprintf(out.table, "%zu bad trace item%s (reported on their rows)\n", bad_lines, bad_lines == 1 ? "" : "s");
+	}
+	if (json && seq > 0) {
+		size_t ev = 0;
+		for (size_t k = 0; k < seq; k++) {
+			const struct rp_row *w = &rows[k];
+			const struct ksv_replay_item *it = &tr->items[w->item];
+			json_t *o = result_json(&w->r);
+			json_t *head = json_pack("{s:s, s:I, s:i, s:I, s:s, s:i, s:b, s:b}", "type", "request", "n",
+						 (json_int_t)(k + 1), "pass", w->pass, "index", (json_int_t)(w->item + 1),
+						 "source", it->source, "server_start", w->server_start, "first_after_restart",
+						 w->first_after_restart, "bad_line", it->body == NULL);
+			json_object_update(head, o);
+			json_decref(o);
+			if (w->have_cold) {
+				json_object_set_new(head, "cold", result_json(&w->cold));
+				int ok = w->r.ok && w->cold.ok;
+				json_object_set_new(head, "speedup_ttft",
+						    ok && w->r.ttft_s > 0 && w->cold.ttft_s > 0
+							    ? json_real(w->cold.ttft_s / w->r.ttft_s)
+							    : json_null());
+				json_object_set_new(head, "speedup_total", ok && w->r.total_s > 0
+										   ? json_real(w->cold.total_s / w->r.total_s)
+										   : json_null());
+			}
+			emit_json(head);
+			/* restart events go right after the request they follow */
+			while (ev < json_array_size(restart_events)) {
+				json_t *e = json_array_get(restart_events, ev);
+				if ((size_t)json_integer_value(json_object_get(e, "after_request")) != k + 1)
+					break;
+				emit_json(json_incref(e));
+				ev++;
+			}
+		}
+		json_t *s = json_pack("{s:s}", "type", "summary");
+		json_t *body = summary_json(&sum);
+		json_object_update(s, body);
+		json_decref(body);
+		json_object_set_new(s, "bad_lines", json_integer((json_int_t)bad_lines));
+		json_object_set_new(s, "passes", json_integer(repeat));
+		json_object_set_new(s, "max_tokens", json_integer(max_tokens));
+		json_object_set_new(s, "wall_s", json_real(kv_now_s() - t_run));
+		json_object_set_new(s, "restarts", json_integer(restarts));
+		json_t *ar = json_null();
+		for (size_t k = 0; k < seq; k++)
+			if (rows[k].first_after_restart) {
+				json_decref(ar);
+				ar = json_pack("{s:I, s:o, s:o, s:b}", "n", (json_int_t)(k + 1), "prompt_tokens",
+					       jint(rows[k].r.prompt_tokens), "cached_tokens", jint(rows[k].r.cached_tokens),
+					       "ok", rows[k].r.ok);
+				break;
+			}
+		json_object_set_new(s, "first_after_restart", ar);
+		json_object_set(s, "server_starts", starts);
+		if (have_cold) {
+			json_t *c = summary_json(&cold_sum);
+			json_object_set_new(c, "speedup_ttft_p50", jnum_or_null(ksv_replay_quantile(speed_ttft, n_sp_ttft, 0.5)));
+			json_object_set_new(c, "speedup_total_p50",
+					    jnum_or_null(ksv_replay_quantile(speed_total, n_sp_total, 0.5)));
+			json_object_set_new(s, "cold", c);
+		} else {
+			json_object_set_new(s, "cold", json_null());
+		}
+		json_object_set_new(s, "complete", json_boolean(!fatal));
+		emit_json(s);
+	}
+	free(speed_ttft);
+	free(speed_total);
+	free(rows);
+	json_decref(starts);
+	json_decref(restart_events);
+	ksv_replay_trace_free(tr);
+	if (fatal)
+		return fatal == 2 ? 2 : 1;
+	return n_failed ? 3 : 0;
+}
+KV_COMMAND(bench_replay, "bench replay", "replay recorded agent sessions: cache reuse and latency", cmd_bench_replay);

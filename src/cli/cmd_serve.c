@@ -1,0 +1,142 @@
+/*
+ * cmd_serve.c - `kvkeep serve`: flags, environment, signals; the server
+ * itself is src/server/server.c.
+ *
+ * Signals: the first SIGTERM or SIGINT asks the server to stop gracefully
+ * (stop accepting, end streams, flush); a second one exits at once.
+ */
+#include "cli/cli.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "server/server.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static struct ksv_server *g_srv;
+static volatile sig_atomic_t g_signals;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	if (++g_signals > 1)
+		_exit(130); /* second signal: leave now */
+	if (g_srv)
+		ksv_server_request_stop(g_srv);
+}
+
+static const char *USAGE =
+	"usage: kvkeep serve --model DIR [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [flags]\n"
+	"\n"
+	"Serve an OpenAI-compatible API (chat completions, completions, models, health,\n"
+	"metrics, cache admin) for one model folder, with the prefix cache in the loop.";
+
+static const char *ENV_HELP =
+	"\nenvironment:\n"
+	"  KVKEEP_PREFIX_CACHE_MAX_BYTES=N     hard byte cap of the RAM prefix cache; wins over\n"
+	"                                      --cache-memory-mb/percent (default: unset; blank or\n"
+	"                                      invalid is ignored with one log line)\n"
+	"  KVKEEP_HYBRID_CHECKPOINT_STRIDE=N   tokens between stride checkpoints of hybrid models\n"
+	"                                      (default 2048)\n"
+	"  KVKEEP_HYBRID_CHECKPOINT_MAX=N      checkpoints kept per entry, 0 disables (default 4)\n"
+	"  KVKEEP_LOG=debug|info|warn|error    log level (default info)\n"
+	"  KVKEEP_THREADS=N                    engine threads (default: one per core)\n"
+	"  KVKEEP_CACHE_DIR=DIR                disk cache folder when --cache-dir is not given\n"
+	"  KVKEEP_SHUTDOWN_BUDGET=S            seconds the SIGTERM flush may take (default 3.5)\n"
+	"  KVKEEP_KV_CHECKPOINT_MAX_BYTES=N    cap of kv_checkpoints/, oldest files first; 0 = no cap\n"
+	"                                      (default 20 GiB; read again at every startup scan)\n";
+
+static int cmd_serve(int argc, char **argv)
+{
+	struct ksv_opts o;
+	const char *model = NULL, *tok_unused = NULL;
+	int no_split = 0;
+	(void)tok_unused;
+	ksv_opts_default(&o);
+	struct kv_flag flags[] = {
+		{"model", KV_FLAG_STR, &model, "DIR", "model folder (config.json, *.safetensors, tokenizer files); required"},
+		{"host", KV_FLAG_STR, &o.host, "ADDR", "address to listen on (default 127.0.0.1)"},
+		{"port", KV_FLAG_INT, &o.port, "N", "port (default 8000; 0 picks a free one)"},
+		{"served-model-name", KV_FLAG_STR, &o.served_model_name, "NAME",
+		 "model id in the API (default: the model folder's name)"},
+		{"enable-prefix-cache", KV_FLAG_BOOL, &o.prefix_cache, NULL, "use the prefix cache (default: on)"},
+		{"disable-prefix-cache", KV_FLAG_CLEAR, &o.prefix_cache, NULL,
+		 "keep nothing: no lookups, nothing stored (RAM or disk)"},
+		{"prefix-cache-index", KV_FLAG_STR, &o.prefix_cache_index, "radix|hash",
+		 "index of cached blocks (default radix)"},
+		{"prefix-cache-size", KV_FLAG_INT, &o.prefix_cache_size, "N",
+		 "legacy mode: bound the cache by entry count (default: off, by bytes; the reference used 100)"},
+		{"cache-memory-mb", KV_FLAG_INT, &o.cache_memory_mb, "MB",
+		 "RAM cache budget in MiB (default: auto, 20% of available RAM)"},
+		{"cache-memory-percent", KV_FLAG_DOUBLE, &o.cache_memory_percent, "F",
+		 "RAM cache budget as a fraction of available RAM (default 0.20)"},
+		{"memory-cap-mb", KV_FLAG_INT, &o.memory_cap_mb, "MB",
+		 "memory cap for admission and the budget floor (default: the cgroup limit, else none)"},
+		{"hybrid-cache-entries", KV_FLAG_INT, &o.hybrid_cache_entries, "N",
+		 "non-trimmable (hybrid) entries kept (default: auto, 8 for hybrid models)"},
+		{"kv-disk-checkpoint-interval", KV_FLAG_INT, &o.kv_disk_checkpoint_interval, "N",
+		 "every N tokens of a long prefill or decode save a resume point to disk (default 0 = off)"},
+		{"cache-dir", KV_FLAG_STR, &o.cache_dir, "DIR",
+		 "disk cache folder (default: KVKEEP_CACHE_DIR, else XDG_CACHE_HOME/kvkeep, else ~/.cache/kvkeep)"},
+		{"disk-cache-max-mb", KV_FLAG_INT, &o.disk_cache_max_mb, "MB",
+		 "disk cache cap, least recently used out first (default: 10% of the filesystem)"},
+		{"cache-salt", KV_FLAG_STR, &o.cache_salt, "S",
+		 "fold S into the cache namespace: another salt never shares cached prefixes (default: none)"},
+		{"allow-request-salt", KV_FLAG_BOOL, &o.allow_request_salt, NULL,
+		 "accept a request's cache_salt field; such a request shares no cached prefix (default: refused)"},
+		{"kv-dtype", KV_FLAG_STR, &o.kv_dtype, "bf16|f32", "KV cache element type (default bf16)"},
+		{"page-tokens", KV_FLAG_INT, &o.page_tokens, "B", "tokens per KV page / cache block (default 256)"},
+		{"prefill-chunk", KV_FLAG_INT, &o.prefill_chunk, "N", "prefill tokens per forward step (default 256)"},
+		{"max-model-len", KV_FLAG_INT, &o.max_model_len, "N",
+		 "context length (default: max_position_embeddings of config.json, else 32768)"},
+		{"default-max-tokens", KV_FLAG_INT, &o.default_max_tokens, "N",
+		 "tokens generated when a request sets no max_tokens (default 2048)"},
+		{"no-reasoning-split", KV_FLAG_BOOL, &no_split, NULL,
+		 "leave <think>...</think> in content instead of reasoning_content (default: split)"},
+		{"max-body-mb", KV_FLAG_INT, &o.max_body_mb, "MB", "largest request body, else 413 (default 32)"},
+		{"max-connections", KV_FLAG_INT, &o.max_connections, "N", "concurrent connections (default 512)"},
+		{"header-timeout-ms", KV_FLAG_INT, &o.header_timeout_ms, "MS",
+		 "a request head must arrive within this; also the keep-alive idle limit (default 10000)"},
+		{"stall-timeout-s", KV_FLAG_INT, &o.stall_timeout_s, "S",
+		 "close a stream whose client reads nothing for this long (default 300, 0 = never)"},
+		{"max-queue", KV_FLAG_INT, &o.max_queue, "N",
+		 "requests that may wait for the engine; more get 429 (default 64)"},
+		{"retry-after-s", KV_FLAG_INT, &o.retry_after_s, "S", "Retry-After of 503 and 429 answers (default 2)"},
+		{NULL, 0, NULL, NULL, NULL},
+	};
+	int rc = kv_flags_parse(USAGE, flags, argc, argv, NULL, 0, NULL);
+	if (rc == 1) {
+		fputs(ENV_HELP, stdout);
+		return 0;
+	}
+	if (rc)
+		return 2;
+	o.model_dir = model;
+	o.split_reasoning = !no_split;
+	ksv_opts_env(&o);
+	if (ksv_opts_check(&o)) {
+		fprintf(stderr, "kvkeep serve: %s\n", kv_errmsg());
+		return 2;
+	}
+
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = SIG_IGN;
+	sigaction(SIGPIPE, &sa, NULL);
+
+	if (ksv_server_create(&o, &g_srv)) {
+		fprintf(stderr, "kvkeep serve: %s\n", kv_errmsg());
+		return 1;
+	}
+	sa.sa_handler = on_signal;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	rc = ksv_server_run(g_srv);
+	ksv_server_destroy(g_srv);
+	g_srv = NULL;
+	return rc ? 1 : 0;
+}
+KV_COMMAND(serve, "serve", "serve the OpenAI-compatible API for a model folder", cmd_serve);

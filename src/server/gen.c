@@ -1,0 +1,1135 @@
+/*
+ * gen.c - a generation request, from its body to its answer (see server.h).
+ *
+ * A generation request, end to end (DESIGN.md 3):
+ *
+ *   connection thread (handler)            engine worker (sched.h)
+ *   ---------------------------            -----------------------
+ *   parse + validate the body (400)
+ *   render the chat template -> tokens
+ *     and message boundaries
+ *   submit to the queue (429 when full) -> admission: evict LRU cache
+ *                                          entries before 503 (Retry-After)
+ *   wait for "started" or a failure   <-  "started" (status 200 decided)
+ *     (polling for a client hang-up)
+ *   reply: an error, or open the SSE       kc_run (cache/run.h, the cache's
+ *     stream and attach it                 driver): lookup, resume, prefill
+ *                                          prompt[p:] with the policy's stop
+ *                                          points and snapshots, decode
+ *                                          through pick() (sampler, logprobs,
+ *                                          text -> output pipeline -> SSE
+ *                                          chunks), store the entries
+ *   (stream: the connection thread         one log line; metrics
+ *    drains the chunks; non-stream:
+ *    wait for done, send the body)
+ *
+ * A client that hangs up sets the job's cancel flag (from the stream's
+ * on_gone callback or the handler's poll). The worker reads it between
+ * prefill chunks and before every decoded token, so the generation stops
+ * within one step and its sequence (and so its pages) is released.
+ *
+ * Lifetime of a request (struct gen): reference counted, one reference
+ * for the handler and one for the worker. A stream is ended by the worker
+ * when it finishes, or by the handler when it attaches a stream to a job
+ * that already finished.
+ */
+#include "server/server_int.h"
+#include "base/buf.h"
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "cache/run.h"
+#include "engine/sample.h"
+#include "server/openai.h"
+#include "server/output.h"
+#include "server/request.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { PH_QUEUED = 0, PH_STARTED, PH_DONE };
+
+/* --- a generation request ----------------------------------------------- */
+
+struct gen {
+	struct ksv_job job;
+	struct ksv_server *s;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int refs;
+	struct ksv_req req;
+	const char *route;
+	int32_t *prompt;
+	uint32_t n_prompt;
+	uint32_t *bounds;
+	size_t n_bounds;
+	int in_think;
+	int max_tokens;
+	char *forced;             /* text forced at the start of the answer (tool_choice), or NULL */
+	uint32_t n_forced;        /* its tokens, appended to the prompt */
+	uint64_t t_arrive;
+	/* phase, under mu */
+	int phase;
+	int fail_status;          /* 0, or the status of a failure before start */
+	char fail_msg[300];
+	/* stream, under mu */
+	struct ksv_stream *stream;
+	struct kv_buf pend;       /* SSE bytes made before the stream was attached */
+	int gone;
+	/* result (worker; read by the handler after PH_DONE) */
+	struct ksv_oai oai;
+	struct ksv_out *out;
+	struct kv_buf content, reasoning;
+	int have_content;
+	struct ksv_tool_call *calls;
+	size_t n_calls;
+	struct kv_buf cur_args;   /* arguments of the tool call being built */
+	int32_t *lp_ids;          /* per generated token: [1 + top] ids */
+	float *lp_vals;           /* and their logprobs */
+	size_t n_lp, cap_lp;
+	const char *finish;
+	struct ksv_usage usage;
+	const char *resume_kind;
+	int from_disk;            /* the resume point was loaded from the disk tier */
+	int salted;               /* a request cache_salt: no shared cache at all (--allow-request-salt) */
+	/* decode state (worker) */
+	struct ke_sampler *smp;
+	struct kv_tok_stream ds;
+	struct kv_buf piece, sse;
+	int n_gen;
+	uint64_t t_first, t_prev;
+	/* per-step logprobs for streaming */
+	struct ksv_lp step_lp;
+	struct ksv_lp_alt step_alts[KSV_MAX_TOP_LOGPROBS];
+	int step_lp_pending;
+};
+
+static void gen_unref(struct gen *g)
+{
+	pthread_mutex_lock(&g->mu);
+	int left = --g->refs;
+	pthread_mutex_unlock(&g->mu);
+	if (left)
+		return;
+	ksv_req_free(&g->req);
+	free(g->forced);
+	free(g->prompt);
+	free(g->bounds);
+	kv_buf_free(&g->pend);
+	kv_buf_free(&g->content);
+	kv_buf_free(&g->reasoning);
+	kv_buf_free(&g->cur_args);
+	for (size_t i = 0; i < g->n_calls; i++) {
+		free(g->calls[i].name);
+		free(g->calls[i].arguments);
+	}
+	free(g->calls);
+	free(g->lp_ids);
+	free(g->lp_vals);
+	ksv_out_destroy(g->out);
+	pthread_cond_destroy(&g->cv);
+	pthread_mutex_destroy(&g->mu);
+	free(g);
+}
+
+static void gen_set_phase(struct gen *g, int phase)
+{
+	pthread_mutex_lock(&g->mu);
+	g->phase = phase;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+}
+
+static void gen_fail(struct gen *g, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void gen_fail(struct gen *g, int status, const char *fmt, ...)
+{
+	va_list ap;
+	pthread_mutex_lock(&g->mu);
+	g->fail_status = status;
+	va_start(ap, fmt);
+	vsnprintf(g->fail_msg, sizeof g->fail_msg, fmt, ap);
+	va_end(ap);
+	g->phase = PH_DONE;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* Send SSE bytes to the client (or keep them until the stream is attached). */
+static void gen_emit(struct gen *g, struct kv_buf *b)
+{
+	if (!b->len)
+		return;
+	pthread_mutex_lock(&g->mu);
+	if (g->stream) {
+		if (ksv_stream_write(g->stream, b->p, b->len))
+			atomic_store(&g->job.cancel, 1);
+	} else if (!g->gone) {
+		kv_buf_add(&g->pend, b->p, b->len);
+	}
+	pthread_mutex_unlock(&g->mu);
+	kv_buf_reset(b);
+}
+
+/* --- token bytes (for logprobs) ------------------------------------------ */
+
+/* GPT-2 byte-level alphabet: code point -> byte, or -1. */
+static int bytelevel_byte(uint32_t cp)
+{
+	if ((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || (cp >= 174 && cp <= 255))
+		return (int)cp;
+	if (cp >= 256 && cp < 256 + 68) {
+		int k = (int)cp - 256, b;
+		for (b = 0; b < 256; b++) {
+			int direct = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+			if (!direct && k-- == 0)
+				return b;
+		}
+	}
+	return -1;
+}
+
+/* Raw bytes of one token from its vocabulary piece; falls back to the
+ * tokenizer's decode for pieces outside the byte-level alphabet. */
+static int piece_bytes(const struct kv_tok *t, int32_t id, struct kv_buf *out)
+{
+	const char *p = kv_tok_piece(t, id);
+	size_t start = out->len;
+	if (p) {
+		const unsigned char *u = (const unsigned char *)p;
+		int ok = 1;
+		while (*u && ok) {
+			uint32_t cp;
+			int n;
+			if (u[0] < 0x80) {
+				cp = u[0];
+				n = 1;
+			} else if ((u[0] & 0xE0) == 0xC0 && (u[1] & 0xC0) == 0x80) {
+				cp = ((uint32_t)(u[0] & 0x1F) << 6) | (u[1] & 0x3F);
+				n = 2;
+			} else {
+				ok = 0;
+				break;
+			}
+			int b = bytelevel_byte(cp);
+			if (b < 0) {
+				ok = 0;
+				break;
+			}
+			kv_buf_addc(out, (char)b);
+			u += n;
+		}
+		if (ok)
+			return KV_OK;
+		out->len = start;
+	}
+	char *txt = NULL;
+	size_t len = 0;
+	int rc = kv_tok_decode(t, &id, 1, 0, &txt, &len);
+	if (rc)
+		return rc;
+	kv_buf_add(out, txt, len);
+	free(txt);
+	return KV_OK;
+}
+
+int ksv_gen_token_table(struct ksv_server *s)
+{
+	struct kv_buf b = KV_BUF_INIT;
+	s->tb_off = malloc((size_t)s->vocab * sizeof *s->tb_off);
+	s->tb_len = malloc((size_t)s->vocab * sizeof *s->tb_len);
+	if (!s->tb_off || !s->tb_len)
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	for (int i = 0; i < s->vocab; i++) {
+		size_t at = b.len;
+		if (i < kv_tok_vocab_size(s->tok) && kv_tok_piece(s->tok, i))
+			piece_bytes(s->tok, i, &b);
+		if (b.len - at > 65535)
+			b.len = at + 65535;
+		s->tb_off[i] = (uint32_t)at;
+		s->tb_len[i] = (uint16_t)(b.len - at);
+	}
+	if (b.oom) {
+		kv_buf_free(&b);
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	}
+	s->tb_data = b.p ? kv_buf_take(&b) : calloc(1, 1);
+	return KV_OK;
+}
+
+static const char *tok_bytes(const struct ksv_server *s, int32_t id, size_t *len)
+{
+	if (id < 0 || id >= s->vocab) {
+		*len = 0;
+		return "";
+	}
+	*len = s->tb_len[id];
+	return s->tb_data + s->tb_off[id];
+}
+
+/* --- output events -------------------------------------------------------- */
+
+static void flush_step_lp(struct gen *g, struct kv_buf *sse)
+{
+	if (!g->step_lp_pending)
+		return;
+	g->step_lp_pending = 0;
+	ksv_oai_sse_delta(&g->oai, "", 0, NULL, 0, &g->step_lp, 1, sse);
+}
+
+/* The output pipeline's callback (worker thread). */
+static void on_event(void *ctx, const struct ksv_ev *e)
+{
+	struct gen *g = ctx;
+	struct kv_buf sse = KV_BUF_INIT;
+	if (g->req.stream) {
+		switch (e->kind) {
+		case KSV_EV_CONTENT:
+		case KSV_EV_REASONING: {
+			int lp = g->step_lp_pending;
+			g->step_lp_pending = 0;
+			if (e->kind == KSV_EV_CONTENT)
+				ksv_oai_sse_delta(&g->oai, e->text, e->len, NULL, 0, lp ? &g->step_lp : NULL, lp, &sse);
+			else
+				ksv_oai_sse_delta(&g->oai, NULL, 0, e->text, e->len, lp ? &g->step_lp : NULL, lp, &sse);
+			break;
+		}
+		case KSV_EV_TOOL_START: {
+			char id[32];
+			ksv_oai_tool_call_id(id);
+			ksv_oai_sse_tool_start(&g->oai, e->index, id, e->name ? e->name : "", &sse);
+			break;
+		}
+		case KSV_EV_TOOL_ARGS:
+			ksv_oai_sse_tool_args(&g->oai, e->index, e->text, e->len, &sse);
+			break;
+		default:
+			break;
+		}
+		gen_emit(g, &sse);
+		kv_buf_free(&sse);
+		return;
+	}
+	switch (e->kind) {
+	case KSV_EV_CONTENT:
+		kv_buf_add(&g->content, e->text, e->len);
+		g->have_content = 1;
+		break;
+	case KSV_EV_REASONING:
+		kv_buf_add(&g->reasoning, e->text, e->len);
+		break;
+	case KSV_EV_TOOL_START: {
+		struct ksv_tool_call *nc = realloc(g->calls, (g->n_calls + 1) * sizeof *nc);
+		if (!nc)
+			break;
+		g->calls = nc;
+		ksv_oai_tool_call_id(nc[g->n_calls].id);
+		nc[g->n_calls].name = strdup(e->name ? e->name : "");
+		nc[g->n_calls].arguments = NULL;
+		g->n_calls++;
+		kv_buf_reset(&g->cur_args);
+		break;
+	}
+	case KSV_EV_TOOL_ARGS:
+		kv_buf_add(&g->cur_args, e->text, e->len);
+		break;
+	case KSV_EV_TOOL_END:
+		if (g->n_calls) {
+			free(g->calls[g->n_calls - 1].arguments);
+			g->calls[g->n_calls - 1].arguments = strdup(g->cur_args.p ? g->cur_args.p : "");
+		}
+		kv_buf_reset(&g->cur_args);
+		break;
+	}
+}
+
+/* --- the worker ------------------------------------------------------------ */
+
+static int is_eos(const struct ksv_server *s, int32_t t)
+{
+	for (int i = 0; i < s->n_eos; i++)
+		if (s->eos[i] == t)
+			return 1;
+	return 0;
+}
+
+static void record_lp(struct gen *g, const float *logits, int32_t tok)
+{
+	struct ksv_server *s = g->s;
+	int top = g->req.top_logprobs, stride = 1 + KSV_MAX_TOP_LOGPROBS;
+	int32_t ids[KSV_MAX_TOP_LOGPROBS];
+	float lps[KSV_MAX_TOP_LOGPROBS];
+	float lp = ke_token_logprob(logits, s->vocab, tok);
+	int n = top ? ke_top_logprobs(logits, s->vocab, top, ids, lps) : 0;
+	if (g->req.stream) {
+		g->step_lp.bytes = tok_bytes(s, tok, &g->step_lp.len);
+		g->step_lp.logprob = lp;
+		g->step_lp.n_top = n;
+		g->step_lp.top = g->step_alts;
+		for (int i = 0; i < n; i++) {
+			g->step_alts[i].bytes = tok_bytes(s, ids[i], &g->step_alts[i].len);
+			g->step_alts[i].logprob = lps[i];
+		}
+		g->step_lp_pending = 1;
+		return;
+	}
+	if (g->n_lp == g->cap_lp) {
+		size_t nc = g->cap_lp ? g->cap_lp * 2 : 64;
+		int32_t *ni = realloc(g->lp_ids, nc * (size_t)stride * sizeof *ni);
+		if (!ni)
+			return;
+		g->lp_ids = ni;
+		float *nv = realloc(g->lp_vals, nc * (size_t)stride * sizeof *nv);
+		if (!nv)
+			return;
+		g->lp_vals = nv;
+		g->cap_lp = nc;
+	}
+	int32_t *ri = g->lp_ids + g->n_lp * (size_t)stride;
+	float *rv = g->lp_vals + g->n_lp * (size_t)stride;
+	ri[0] = tok;
+	rv[0] = lp;
+	for (int i = 0; i < top; i++) {
+		ri[1 + i] = i < n ? ids[i] : -1;
+		rv[1 + i] = i < n ? lps[i] : 0;
+	}
+	g->n_lp++;
+}
+
+static void gen_done(struct ksv_job *job);
+
+/* Memory a generation needs besides its KV: recurrent state, the
+ * sequence's scratch and the logits. */
+uint64_t ksv_gen_request_overhead(const struct ksv_server *s)
+{
+	return s->lay->snapshot_bytes + ke_model_scratch_bytes(s->model, (int)s->o.prefill_chunk) +
+	       (uint64_t)s->vocab * sizeof(float);
+}
+
+/* Stop codes of the pick callback (any non-KV_OK value ends decoding). */
+enum { PICK_EOS = 1, PICK_STOP_STRING = 2, PICK_CANCEL = 3 };
+
+/*
+ * kc_run's pick callback: one decode step. Runs the sampler, records
+ * logprobs, feeds the text through the output pipeline (which streams
+ * it), and decides whether generation goes on. The cancel flag is read
+ * here, before every token, so a client that left stops the generation
+ * within one step.
+ */
+static int pick(void *ctx, const float *logits, int vocab, int32_t *tok)
+{
+	struct gen *g = ctx;
+	struct ksv_server *s = g->s;
+	(void)vocab;
+	uint64_t now = kv_now_ns();
+	if (!g->t_first) { /* the first call comes right after the prefill */
+		g->t_first = now;
+		ksv_observe(s->f_ttft, (double)(now - g->t_arrive) / 1e9);
+	} else {
+		ksv_observe(s->f_itl, (double)(now - g->t_prev) / 1e9);
+	}
+	g->t_prev = now;
+	if (atomic_load(&g->job.cancel))
+		return PICK_CANCEL;
+	int32_t t = ke_sample(g->smp, logits);
+	if (!g->req.ignore_eos && is_eos(s, t)) {
+		g->finish = "stop";
+		return PICK_EOS;
+	}
+	g->n_gen++;
+	if (g->req.logprobs)
+		record_lp(g, logits, t);
+	kv_buf_reset(&g->piece);
+	kv_tok_stream_feed(&g->ds, t, &g->piece);
+	int hit = ksv_out_feed(g->out, g->piece.p ? g->piece.p : "", g->piece.len);
+	if (g->req.stream) {
+		flush_step_lp(g, &g->sse);
+		gen_emit(g, &g->sse);
+	}
+	*tok = t;
+	if (hit == 1) {
+		g->finish = "stop";
+		return PICK_STOP_STRING;
+	}
+	return KV_OK;
+}
+
+/*
+ * Ask the disk tier for this prompt: RAM first (a peek that counts
+ * nothing; its pages stay pinned while the disk tier uses them), then the
+ * files when they go further. Returns the position now in RAM from disk
+ * (0: nothing loaded). Never fails the request.
+ */
+static uint32_t disk_fetch(struct ksv_server *s, struct gen *g)
+{
+	struct kc_hit h;
+	struct ks_fetch f = {0};
+	kc_cache_peek(s->cache, g->prompt, g->n_prompt, &h);
+	struct kv_page **rp = h.n_pages ? malloc(h.n_pages * sizeof *rp) : NULL;
+	if (rp || !h.n_pages) {
+		if (rp)
+			kc_hit_pages(&h, rp);
+		struct ks_req rq = {.tokens = g->prompt,
+				    .n = g->n_prompt,
+				    .bounds = g->bounds,
+				    .n_bounds = g->n_bounds,
+				    .ram_pos = h.pos,
+				    .ram_pages = rp,
+				    .ram_n_pages = rp ? h.n_pages : 0};
+		ks_store_fetch(s->store, &rq, &f);
+	}
+	free(rp);
+	kc_hit_release(s->cache, &h);
+	return f.pos;
+}
+
+/* The recurrent state of a running sequence, for an interval checkpoint. */
+static int snap_fill(void *ctx, void *dst, size_t len)
+{
+	return ke_seq_snapshot(ctx, dst, len);
+}
+
+/* run.h on_every: --kv-disk-checkpoint-interval. Queued, never waited for. */
+static void disk_checkpoint(void *ctx, struct ke_seq *seq, int pos)
+{
+	struct ksv_server *s = ctx;
+	int n = ke_seq_n_pages(seq);
+	struct kv_page **pg = malloc(((size_t)n + 1) * sizeof *pg);
+	if (!pg)
+		return;
+	for (int i = 0; i < n; i++)
+		pg[i] = ke_seq_page(seq, i);
+	if (ks_store_ckpt(s->store, ke_seq_tokens(seq), (uint32_t)pos, pg, snap_fill, seq) == KV_ERR_FULL)
+		KV_DEBUG("store.ckpt_dropped", "pos=%d msg=\"the disk writer queue is full\"", pos);
+	free(pg);
+}
+
+static void gen_run(struct ksv_job *job)
+{
+	struct gen *g = (struct gen *)job;
+	struct ksv_server *s = g->s;
+	struct kc_run_result res;
+	int rc = KV_OK, started = 0, cancelled = 0, err_status = 0;
+	uint64_t t_start = kv_now_ns();
+	char errbuf[300] = "";
+	uint32_t p = 0;
+
+	memset(&res, 0, sizeof res);
+	ksv_observe(s->f_queue_wait, (double)(t_start - g->job.t_submit_ns) / 1e9);
+	if (atomic_load(&g->job.cancel)) {
+		cancelled = 1;
+		goto out;
+	}
+
+	/* admission: the request's projected memory against the cap; the
+	 * cache gives up LRU entries before we ever answer 503 */
+	uint64_t need = (uint64_t)(g->n_prompt + (uint32_t)g->max_tokens) * s->lay->kv_bytes_per_token +
+			ksv_gen_request_overhead(s);
+	uint64_t released = 0;
+	if (s->mem_cap && kc_cache_admit(s->cache, kv_mem_total(), need, s->mem_cap, &released) == KV_ERR_FULL) {
+		ksv_metrics_add(s->f_rej_503, 1);
+		err_status = 503;
+		snprintf(errbuf, sizeof errbuf,
+			 "not enough memory for this request (%llu MiB projected, cap %llu MiB) and the cache has "
+			 "nothing left to evict; retry later",
+			 (unsigned long long)(need / MiB), (unsigned long long)(s->mem_cap / MiB));
+		goto out;
+	}
+	struct ke_sample_params sp = {.temperature = g->req.temperature, .top_k = g->req.top_k,
+				      .top_p = g->req.top_p, .min_p = g->req.min_p,
+				      .seed = g->req.has_seed ? g->req.seed : (kv_now_ns() ^ (uint64_t)(uintptr_t)g)};
+	if ((rc = ke_sampler_create(s->vocab, &sp, &g->smp))) {
+		err_status = 400;
+		snprintf(errbuf, sizeof errbuf, "%s", kv_errmsg());
+		goto out;
+	}
+
+	/* status decided: the handler may open the stream now; later errors
+	 * reach a streaming client as an error event */
+	started = 1;
+	gen_set_phase(g, PH_STARTED);
+	if (g->req.stream) {
+		ksv_oai_sse_role(&g->oai, &g->sse);
+		gen_emit(g, &g->sse);
+	}
+	kv_tok_stream_init(&g->ds, s->tok, 1);
+	g->finish = "length";
+	if (g->forced) /* the answer starts with the forced tool-call opening */
+		ksv_out_feed(g->out, g->forced, strlen(g->forced));
+
+	/* the disk tier: when it holds more of this prompt than RAM, its files
+	 * are loaded into the RAM cache first (store.h) */
+	if (s->store && !g->salted)
+		g->from_disk = disk_fetch(s, g) > 0;
+
+	/* lookup, restore, prefill with the policy's stop points, decode
+	 * through pick(), store: the cache's driver does it all */
+	struct kc_run_params rp = {.prompt = g->prompt,
+				   .n = g->n_prompt,
+				   .bounds = g->bounds,
+				   .n_bounds = g->n_bounds,
+				   .max_new = (uint32_t)g->max_tokens,
+				   .pick = pick,
+				   .pick_ctx = g,
+				   .mem_cap = s->mem_cap,
+				   .chunk = (int)s->o.prefill_chunk,
+				   .cancel = (const int *)&g->job.cancel,
+				   .every = s->store && !g->salted ? ks_store_ckpt_interval(s->store) : 0,
+				   .on_every = disk_checkpoint,
+				   .every_ctx = s};
+	rc = kc_run(g->salted ? s->nocache : s->cache, s->model, &rp, &res);
+	ks_store_kick(s->store); /* new entries for the write-behind */
+	p = res.resumed;
+	if (rc == KV_ERR_CANCELLED || atomic_load(&g->job.cancel)) {
+		cancelled = 1;
+	} else if (rc) {
+		err_status = rc == KV_ERR_FULL || rc == KV_ERR_NOMEM ? 503 : 500;
+		snprintf(errbuf, sizeof errbuf, "engine: %s", kv_errmsg());
+	}
+	if (p == 0)
+		g->resume_kind = "miss";
+	else if (s->hybrid && g->n_bounds && p == g->bounds[0])
+		g->resume_kind = "anchor"; /* the end of system + tools */
+	else if (s->hybrid && p < res.shared)
+		g->resume_kind = "snap";
+	else
+		g->resume_kind = "hit";
+	/* forced tokens are part of the answer, not of the prompt */
+	g->usage.prompt_tokens = g->n_prompt - g->n_forced;
+	g->usage.cached_tokens = p < g->n_prompt - g->n_forced ? p : g->n_prompt - g->n_forced;
+	g->usage.completion_tokens = g->n_gen + g->n_forced;
+	if (!cancelled && !err_status) {
+		kv_buf_reset(&g->piece);
+		kv_tok_stream_finish(&g->ds, &g->piece);
+		if (g->piece.len)
+			ksv_out_feed(g->out, g->piece.p, g->piece.len);
+		ksv_out_finish(g->out);
+		if (g->req.stream) {
+			flush_step_lp(g, &g->sse);
+			gen_emit(g, &g->sse);
+		}
+		if (ksv_out_n_tool_calls(g->out) > 0 && !strcmp(g->finish, "stop"))
+			g->finish = "tool_calls";
+	}
+
+out:
+	/* counted before the client gets its answer, so a client that reads
+	 * /metrics right after sees its own request */
+	if (started) {
+		ksv_metrics_add(s->f_prompt_tok, g->n_prompt);
+		ksv_metrics_add(s->f_cached_tok, p);
+		ksv_metrics_add(s->f_gen_tok, g->n_gen);
+		ksv_series_add(ksv_series_get(s->f_resume, "kind", g->resume_kind ? g->resume_kind : "miss", NULL), 1);
+		ksv_observe(s->f_e2e, (double)(kv_now_ns() - g->t_arrive) / 1e9);
+	}
+	if (cancelled)
+		ksv_metrics_add(s->f_cancelled, 1);
+	/* finish the response */
+	if (!started) {
+		if (cancelled)
+			gen_fail(g, 499, "cancelled");
+		else
+			gen_fail(g, err_status ? err_status : 500, "%s", errbuf[0] ? errbuf : "internal error");
+	} else {
+		struct kv_buf *sse = &g->sse;
+		if (g->req.stream && cancelled && atomic_load(&s->stopping)) {
+			/* shutdown, not a hang-up: tell the client why the stream ends */
+			ksv_oai_sse_error(&g->oai, 503, "the server is shutting down", sse);
+			ksv_oai_sse_done(sse);
+			gen_emit(g, sse);
+		}
+		if (g->req.stream && !cancelled) {
+			if (err_status)
+				ksv_oai_sse_error(&g->oai, err_status, errbuf, sse);
+			else
+				ksv_oai_sse_finish(&g->oai, g->finish, sse);
+			ksv_oai_sse_usage(&g->oai, &g->usage, sse);
+			ksv_oai_sse_done(sse);
+			gen_emit(g, sse);
+		}
+		pthread_mutex_lock(&g->mu);
+		if (err_status && !g->req.stream) {
+			g->fail_status = err_status;
+			snprintf(g->fail_msg, sizeof g->fail_msg, "%s", errbuf);
+		}
+		g->phase = PH_DONE;
+		if (g->stream) {
+			ksv_stream_end(g->stream);
+			g->stream = NULL;
+		}
+		pthread_cond_broadcast(&g->cv);
+		pthread_mutex_unlock(&g->mu);
+	}
+
+	double dur = (double)(kv_now_ns() - g->t_arrive) / 1e9;
+	double gen_s = g->t_first ? (double)(g->t_prev - g->t_first) / 1e9 : 0;
+	KV_INFO("request",
+		"route=%s stream=%d prompt_tokens=%u cached_tokens=%u resume=%s disk=%d gen_tokens=%d forced_tokens=%u "
+		"finish=%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f%s%s",
+		g->route, g->req.stream, g->n_prompt - g->n_forced, p, g->resume_kind ? g->resume_kind : "none",
+		g->from_disk, g->n_gen,
+		g->n_forced,
+		cancelled ? "cancelled" : err_status ? "error" : g->finish ? g->finish : "none",
+		g->t_first ? (double)(g->t_first - g->t_arrive) / 1e6 : 0.0,
+		gen_s > 0 && g->n_gen > 1 ? (g->n_gen - 1) / gen_s : 0.0, (double)(t_start - g->job.t_submit_ns) / 1e6,
+		res.prefill_ms, dur * 1e3, err_status ? " error=" : "", err_status ? errbuf : "");
+	ke_sampler_destroy(g->smp);
+	g->smp = NULL;
+	kv_buf_free(&g->sse);
+	kv_buf_free(&g->piece);
+	/* the worker's reference is dropped in gen_done, after the scheduler
+	 * is through with the job */
+}
+
+static void gen_done(struct ksv_job *job)
+{
+	gen_unref((struct gen *)job);
+}
+
+static void on_gone_cb(void *arg)
+{
+	struct gen *g = arg;
+	ksv_sched_cancel(g->s->sched, &g->job);
+}
+
+/* Wait for the job to reach `phase`; 0, 1 if the client went away, 2 if
+ * the scheduler dropped the job before it ran (shutdown). */
+static int wait_phase(struct gen *g, int phase, struct ksv_conn *c)
+{
+	struct timespec ts;
+	pthread_mutex_lock(&g->mu);
+	while (g->phase < phase) {
+		if (ksv_sched_state(g->s->sched, &g->job) == KSV_JOB_CANCELLED) {
+			pthread_mutex_unlock(&g->mu);
+			return 2;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += 50 * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+		if (g->phase >= phase)
+			break;
+		pthread_mutex_unlock(&g->mu);
+		int gone = ksv_conn_gone(c);
+		pthread_mutex_lock(&g->mu);
+		if (gone) {
+			g->gone = 1;
+			pthread_mutex_unlock(&g->mu);
+			return 1;
+		}
+	}
+	pthread_mutex_unlock(&g->mu);
+	return 0;
+}
+
+static struct gen *gen_new(struct ksv_server *s, const char *route)
+{
+	struct gen *g = calloc(1, sizeof *g);
+	if (!g)
+		return NULL;
+	g->s = s;
+	g->refs = 1;
+	g->route = route;
+	g->t_arrive = kv_now_ns();
+	g->job.run = gen_run;
+	g->job.done = gen_done;
+	pthread_mutex_init(&g->mu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&g->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	return g;
+}
+
+/* Render the chat (or tokenize the completion prompt) into g. Replies and
+ * returns nonzero on a client error. */
+static int prepare_prompt(struct ksv_server *s, struct gen *g, struct ksv_conn *c)
+{
+	struct ksv_req *r = &g->req;
+	if (r->api == KSV_API_CHAT) {
+		if (!s->chat) {
+			ksv_reply_error(s, c, 500, NULL, "chat templates are not available in this build");
+			return 1;
+		}
+		struct kv_chat_opts co = {.add_generation_prompt = 1, .enable_thinking = r->enable_thinking};
+		struct kv_chat_render rr;
+		memset(&rr, 0, sizeof rr);
+		int rc = kv_chat_render(s->chat, r->messages, r->tools, &co, &rr);
+		if (rc) {
+			ksv_reply_error(s, c, rc == KV_ERR_NOMEM ? 500 : 400, "messages", "%s", kv_errmsg());
+			kv_chat_render_free(&rr);
+			return 1;
+		}
+		g->n_prompt = (uint32_t)rr.n_tokens;
+		g->prompt = malloc((rr.n_tokens ? rr.n_tokens : 1) * sizeof *g->prompt);
+		g->bounds = malloc((rr.n_boundaries ? rr.n_boundaries : 1) * sizeof *g->bounds);
+		if (!g->prompt || !g->bounds) {
+			kv_chat_render_free(&rr);
+			ksv_reply_error(s, c, 500, NULL, "out of memory");
+			return 1;
+		}
+		memcpy(g->prompt, rr.tokens, rr.n_tokens * sizeof *g->prompt);
+		for (size_t i = 0; i < rr.n_boundaries; i++)
+			if (rr.boundaries[i] > 0 && (uint32_t)rr.boundaries[i] < g->n_prompt)
+				g->bounds[g->n_bounds++] = (uint32_t)rr.boundaries[i];
+		/* the generation prompt may open a think block (Qwen3.5-style) */
+		static const char open_think[] = "<think>\n";
+		size_t ol = sizeof open_think - 1;
+		g->in_think = rr.text_len >= ol && !memcmp(rr.text + rr.text_len - ol, open_think, ol);
+		kv_chat_render_free(&rr);
+	} else if (r->prompt) {
+		int32_t *ids = NULL;
+		size_t n = 0;
+		int rc = kv_tok_encode(s->tok, r->prompt, r->prompt_len, 1, &ids, &n);
+		if (rc) {
+			ksv_reply_error(s, c, 400, "prompt", "%s", kv_errmsg());
+			return 1;
+		}
+		g->prompt = ids;
+		g->n_prompt = (uint32_t)n;
+	} else {
+		for (size_t i = 0; i < r->n_prompt_ids; i++)
+			if (r->prompt_ids[i] >= s->vocab) {
+				ksv_reply_error(s, c, 400, "prompt", "token id %d is outside the vocabulary (%d)", r->prompt_ids[i],
+					    s->vocab);
+				return 1;
+			}
+		g->prompt = malloc(r->n_prompt_ids * sizeof *g->prompt);
+		if (!g->prompt) {
+			ksv_reply_error(s, c, 500, NULL, "out of memory");
+			return 1;
+		}
+		memcpy(g->prompt, r->prompt_ids, r->n_prompt_ids * sizeof *g->prompt);
+		g->n_prompt = (uint32_t)r->n_prompt_ids;
+	}
+	if (g->n_prompt == 0) {
+		ksv_reply_error(s, c, 400, r->api == KSV_API_CHAT ? "messages" : "prompt", "the prompt is empty");
+		return 1;
+	}
+	if ((int64_t)g->n_prompt >= s->ctx_len) {
+		ksv_reply_error(s, c, 400, r->api == KSV_API_CHAT ? "messages" : "prompt",
+			    "the prompt is %u tokens; this model's context is %d tokens", g->n_prompt, s->ctx_len);
+		return 1;
+	}
+	return 0;
+}
+
+/* 1 if a tool name can be written into the template's syntax as is. */
+static int plain_name(const char *n)
+{
+	if (!*n)
+		return 0;
+	for (; *n; n++)
+		if (!((*n >= 'a' && *n <= 'z') || (*n >= 'A' && *n <= 'Z') || (*n >= '0' && *n <= '9') || *n == '_' ||
+		      *n == '-' || *n == '.'))
+			return 0;
+	return 1;
+}
+
+/*
+ * tool_choice "required" or a named function: the answer is made to start
+ * with the opening of a tool call in the template's own syntax, so the
+ * model can only continue it (a documented feature, not a test hook):
+ *   Qwen3 JSON   <tool_call>\n{"name": "NAME", "arguments":     (named)
+ *                <tool_call>\n{"name": "                       (required)
+ *   Qwen3.5 XML  <tool_call>\n<function=NAME>\n                  (named)
+ *                <tool_call>\n<function=                        (required)
+ * The forced tokens are prefilled after the generation prompt and count as
+ * completion tokens. Replies and returns nonzero on error.
+ */
+static int force_tool_call(struct ksv_server *s, struct gen *g, struct ksv_conn *c)
+{
+	struct ksv_req *r = &g->req;
+	struct kv_buf b = KV_BUF_INIT;
+	if (r->api != KSV_API_CHAT || !r->tools || (r->tool_choice != KSV_TC_REQUIRED && r->tool_choice != KSV_TC_NAMED))
+		return 0;
+	const char *name = r->tool_choice == KSV_TC_NAMED ? r->tool_name : NULL;
+	if (name && !plain_name(name)) {
+		ksv_reply_error(s, c, 400, "tool_choice", "tool name '%s' cannot be forced (letters, digits, _ - . only)", name);
+		return 1;
+	}
+	if (s->xml_tools) {
+		if (name)
+			kv_buf_printf(&b, "<tool_call>\n<function=%s>\n", name);
+		else
+			kv_buf_adds(&b, "<tool_call>\n<function=");
+	} else {
+		if (name)
+			kv_buf_printf(&b, "<tool_call>\n{\"name\": \"%s\", \"arguments\": ", name);
+		else
+			kv_buf_adds(&b, "<tool_call>\n{\"name\": \"");
+	}
+	int32_t *ids = NULL;
+	size_t n = 0;
+	if (b.oom || kv_tok_encode(s->tok, b.p, b.len, 1, &ids, &n)) {
+		kv_buf_free(&b);
+		ksv_reply_error(s, c, 500, NULL, "cannot encode the forced tool call: %s", kv_errmsg());
+		return 1;
+	}
+	int32_t *np = realloc(g->prompt, (g->n_prompt + n) * sizeof *np);
+	if (!np) {
+		free(ids);
+		kv_buf_free(&b);
+		ksv_reply_error(s, c, 500, NULL, "out of memory");
+		return 1;
+	}
+	memcpy(np + g->n_prompt, ids, n * sizeof *ids);
+	free(ids);
+	g->prompt = np;
+	g->n_prompt += (uint32_t)n;
+	g->n_forced = (uint32_t)n;
+	g->forced = kv_buf_take(&b);
+	if ((int64_t)g->n_prompt >= s->ctx_len) {
+		ksv_reply_error(s, c, 400, "messages", "the prompt is %u tokens; this model's context is %d tokens", g->n_prompt,
+			    s->ctx_len);
+		return 1;
+	}
+	return 0;
+}
+
+void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
+{
+	struct ksv_conn *c = rq->conn;
+	const char *route = api == KSV_API_CHAT ? "/v1/chat/completions" : "/v1/completions";
+	if (atomic_load(&s->stopping)) {
+		ksv_reply_error(s, c, 503, NULL, "the server is shutting down");
+		return;
+	}
+	struct gen *g = gen_new(s, route);
+	if (!g) {
+		ksv_reply_error(s, c, 500, NULL, "out of memory");
+		return;
+	}
+	if (ksv_req_parse(api, rq->body, rq->body_len, JSON_MAX_DEPTH, &g->req)) {
+		ksv_reply_error(s, c, 400, g->req.err_param, "%s", kv_errmsg());
+		gen_unref(g);
+		return;
+	}
+	if (g->req.model && strcmp(g->req.model, s->model_name)) {
+		ksv_reply_error(s, c, 404, "model", "the model '%s' does not exist (this server serves '%s')", g->req.model,
+			    s->model_name);
+		gen_unref(g);
+		return;
+	}
+	/* cache_salt: a namespace of its own per request is not implemented, so
+	 * a salted request shares nothing (no lookup, nothing stored, nothing
+	 * on disk) - and without --allow-request-salt it is refused rather
+	 * than silently sharing the server's namespace */
+	json_t *salt = json_object_get(g->req.body, "cache_salt");
+	if (salt && !json_is_null(salt)) {
+		if (!json_is_string(salt) || !s->o.allow_request_salt) {
+			ksv_reply_error(s, c, 400, "cache_salt", "%s",
+					!json_is_string(salt) ? "cache_salt must be a string"
+							      : "cache_salt is not accepted: start the server with --allow-request-salt");
+			gen_unref(g);
+			return;
+		}
+		g->salted = json_string_length(salt) > 0;
+	}
+	if (prepare_prompt(s, g, c)) {
+		gen_unref(g);
+		return;
+	}
+	if (force_tool_call(s, g, c)) {
+		gen_unref(g);
+		return;
+	}
+	int64_t room = s->ctx_len - (int64_t)g->n_prompt;
+	int64_t mt = g->req.max_tokens > 0 ? g->req.max_tokens : s->o.default_max_tokens;
+	if (g->n_forced && mt <= (int64_t)g->n_forced) {
+		ksv_reply_error(s, c, 400, g->req.max_tokens > 0 ? "max_tokens" : "tool_choice",
+			    "max_tokens %lld leaves no room: the forced tool-call opening alone takes %u tokens",
+			    (long long)mt, g->n_forced);
+		gen_unref(g);
+		return;
+	}
+	mt -= g->n_forced; /* forced tokens count against max_tokens */
+	g->max_tokens = (int)(mt < room ? mt : room);
+
+	struct ksv_out_params op = {.stop = g->req.stop,
+				    .n_stop = g->req.n_stop,
+				    .split_reasoning = s->o.split_reasoning && api == KSV_API_CHAT,
+				    .in_think = g->in_think,
+				    .tools = g->req.tool_choice != KSV_TC_NONE ? g->req.tools : NULL,
+				    .xml_tools = s->xml_tools,
+				    .fn = on_event,
+				    .ctx = g};
+	if (ksv_out_create(&op, &g->out)) {
+		ksv_reply_error(s, c, 500, NULL, "%s", kv_errmsg());
+		gen_unref(g);
+		return;
+	}
+	ksv_oai_init(&g->oai, api, s->model_name, g->req.stream && g->req.include_usage, g->req.logprobs);
+
+	g->refs++; /* the worker's reference */
+	int rc = ksv_sched_submit(s->sched, &g->job);
+	if (rc) {
+		g->refs--;
+		if (rc == KV_ERR_FULL) {
+			ksv_metrics_add(s->f_rej_429, 1);
+			ksv_reply_error(s, c, 429, NULL, "too many requests are waiting (%lld); retry later",
+				    (long long)s->o.max_queue);
+		} else {
+			ksv_reply_error(s, c, 503, NULL, "the server is shutting down");
+		}
+		gen_unref(g);
+		return;
+	}
+	int w = wait_phase(g, PH_STARTED, c);
+	if (w) {
+		/* the client left while queued or prefilling, or shutdown */
+		ksv_sched_cancel(s->sched, &g->job);
+		if (ksv_sched_state(s->sched, &g->job) == KSV_JOB_CANCELLED) {
+			/* removed before running: the worker's reference is ours to drop */
+			gen_unref(g);
+			if (w == 1)
+				ksv_metrics_add(s->f_cancelled, 1);
+		}
+		if (w == 2)
+			ksv_reply_error(s, c, 503, NULL, "the server is shutting down");
+		else
+			ksv_reply_error(s, c, 499, NULL, "client closed the connection");
+		gen_unref(g);
+		return;
+	}
+	pthread_mutex_lock(&g->mu);
+	int failed = g->phase == PH_DONE && g->fail_status;
+	pthread_mutex_unlock(&g->mu);
+	if (failed) {
+		ksv_reply_error(s, c, g->fail_status, NULL, "%s", g->fail_msg);
+		gen_unref(g);
+		return;
+	}
+	if (g->req.stream) {
+		ksv_conn_header(c, "Cache-Control", "no-cache");
+		ksv_conn_header(c, "X-Accel-Buffering", "no");
+		struct ksv_stream *st = ksv_conn_stream(c, 200, "text/event-stream; charset=utf-8");
+		if (!st) {
+			atomic_store(&g->job.cancel, 1);
+			ksv_reply_error(s, c, 500, NULL, "cannot open the stream");
+			gen_unref(g);
+			return;
+		}
+		pthread_mutex_lock(&g->mu);
+		if (g->pend.len)
+			ksv_stream_write(st, g->pend.p, g->pend.len);
+		kv_buf_free(&g->pend);
+		if (g->phase == PH_DONE) {
+			ksv_stream_end(st);
+		} else {
+			g->stream = st;
+			ksv_stream_on_gone(st, on_gone_cb, g);
+		}
+		pthread_mutex_unlock(&g->mu);
+		gen_unref(g);
+		return;
+	}
+	if (wait_phase(g, PH_DONE, c)) {
+		/* the job is running (it started): the cancel flag stops it */
+		ksv_sched_cancel(s->sched, &g->job);
+		ksv_reply_error(s, c, 499, NULL, "client closed the connection");
+		gen_unref(g);
+		return;
+	}
+	if (g->fail_status) {
+		ksv_reply_error(s, c, g->fail_status, NULL, "%s", g->fail_msg);
+		gen_unref(g);
+		return;
+	}
+	/* the whole body */
+	struct ksv_lp *lps = NULL;
+	struct ksv_lp_alt *alts = NULL;
+	int top = g->req.top_logprobs, stride = 1 + KSV_MAX_TOP_LOGPROBS;
+	if (g->n_lp) {
+		lps = calloc(g->n_lp, sizeof *lps);
+		alts = calloc(g->n_lp * (size_t)(top ? top : 1), sizeof *alts);
+		for (size_t i = 0; lps && alts && i < g->n_lp; i++) {
+			const int32_t *ri = g->lp_ids + i * (size_t)stride;
+			const float *rv = g->lp_vals + i * (size_t)stride;
+			lps[i].bytes = tok_bytes(s, ri[0], &lps[i].len);
+			lps[i].logprob = rv[0];
+			lps[i].top = alts + i * (size_t)top;
+			for (int k = 0; k < top && ri[1 + k] >= 0; k++) {
+				alts[i * (size_t)top + (size_t)k].bytes = tok_bytes(s, ri[1 + k], &alts[i * (size_t)top + (size_t)k].len);
+				alts[i * (size_t)top + (size_t)k].logprob = rv[1 + k];
+				lps[i].n_top = k + 1;
+			}
+		}
+	}
+	int calls = g->n_calls > 0;
+	struct ksv_oai_result res = {
+		.content = g->have_content || !calls ? (g->content.p ? g->content.p : "") : NULL,
+		.content_len = g->content.len,
+		.reasoning = g->reasoning.len ? g->reasoning.p : NULL,
+		.reasoning_len = g->reasoning.len,
+		.calls = g->calls,
+		.n_calls = g->n_calls,
+		.lps = lps && alts ? lps : NULL,
+		.n_lps = lps && alts ? g->n_lp : 0,
+		.finish_reason = g->finish,
+		.usage = g->usage,
+	};
+	for (size_t i = 0; i < g->n_calls; i++)
+		if (!g->calls[i].arguments)
+			g->calls[i].arguments = strdup("{}");
+	size_t len = 0;
+	char *body = ksv_oai_response(&g->oai, &res, &len);
+	free(lps);
+	free(alts);
+	if (body)
+		ksv_conn_reply(c, 200, "application/json", body, len);
+	else
+		ksv_reply_error(s, c, 500, NULL, "out of memory");
+	free(body);
+	gen_unref(g);
+}
+
+void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq)
+{
+	struct ksv_conn *c = rq->conn;
+	struct gen *g = gen_new(s, "/v1/cache/probe");
+	if (!g) {
+		ksv_reply_error(s, c, 500, NULL, "out of memory");
+		return;
+	}
+	if (ksv_req_parse_probe(rq->body, rq->body_len, JSON_MAX_DEPTH, &g->req)) {
+		ksv_reply_error(s, c, 400, g->req.err_param, "%s", kv_errmsg());
+		gen_unref(g);
+		return;
+	}
+	if (prepare_prompt(s, g, c)) {
+		gen_unref(g);
+		return;
+	}
+	struct kc_hit hit;
+	kc_cache_lookup(s->cache, g->prompt, g->n_prompt, &hit);
+	uint32_t pos = hit.pos, shared = hit.shared;
+	kc_hit_release(s->cache, &hit);
+	json_t *j = json_object(), *ram = json_object(), *disk = json_object();
+	json_object_set_new(j, "prompt_tokens", json_integer(g->n_prompt));
+	json_object_set_new(ram, "cached_tokens", json_integer(pos));
+	json_object_set_new(ram, "shared_tokens", json_integer(shared));
+	json_object_set_new(j, "ram", ram);
+	uint32_t dpos = s->store ? ks_store_probe(s->store, g->prompt, g->n_prompt, g->bounds, g->n_bounds) : 0;
+	json_object_set_new(disk, "available", json_boolean(s->store != NULL));
+	json_object_set_new(disk, "cached_tokens", json_integer(dpos));
+	json_object_set_new(j, "disk", disk);
+	if (dpos > pos)
+		pos = dpos;
+	json_object_set_new(j, "cached_tokens", json_integer(pos));
+	json_object_set_new(j, "cold_tokens", json_integer(g->n_prompt - pos));
+	json_t *bs = json_array();
+	for (size_t i = 0; i < g->n_bounds; i++)
+		json_array_append_new(bs, json_integer(g->bounds[i]));
+	json_object_set_new(j, "boundaries", bs);
+	ksv_reply_json(c, 200, j);
+	gen_unref(g);
+}

@@ -1,0 +1,91 @@
+/*
+ * options.c - see options.h.
+ */
+#include "server/options.h"
+#include "base/err.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void ksv_opts_default(struct ksv_opts *o)
+{
+	memset(o, 0, sizeof *o);
+	o->host = "127.0.0.1";
+	o->port = 8000;
+	o->prefix_cache = 1;
+	o->prefix_cache_index = "radix";
+	o->prefix_cache_size = -1;
+	o->cache_memory_mb = -1;
+	o->cache_memory_percent = -1;
+	o->memory_cap_mb = -1;
+	o->hybrid_cache_entries = -1;
+	o->kv_disk_checkpoint_interval = 0;
+	o->disk_cache_max_mb = -1;
+	o->kv_dtype = "bf16";
+	o->page_tokens = 256;
+	o->prefill_chunk = 256;
+	o->max_model_len = 0;
+	o->default_max_tokens = 2048;
+	o->split_reasoning = 1;
+	o->max_body_mb = 32;
+	o->max_connections = 512;
+	o->header_timeout_ms = 10000;
+	o->stall_timeout_s = 300;
+	o->max_queue = 64;
+	o->retry_after_s = 2;
+}
+
+void ksv_opts_env(struct ksv_opts *o)
+{
+	o->env_prefix_cache_max_bytes = getenv("KVKEEP_PREFIX_CACHE_MAX_BYTES");
+	o->env_checkpoint_stride = getenv("KVKEEP_HYBRID_CHECKPOINT_STRIDE");
+	o->env_checkpoint_max = getenv("KVKEEP_HYBRID_CHECKPOINT_MAX");
+	o->env_cache_dir = getenv("KVKEEP_CACHE_DIR");
+	o->env_shutdown_budget = getenv("KVKEEP_SHUTDOWN_BUDGET");
+	o->env_kv_checkpoint_max_bytes = getenv("KVKEEP_KV_CHECKPOINT_MAX_BYTES");
+}
+
+int ksv_opts_check(const struct ksv_opts *o)
+{
+	if (!o->model_dir || !*o->model_dir)
+		return kv_fail(KV_ERR_INVALID, "--model DIR is required");
+	if (o->port < 0 || o->port > 65535)
+		return kv_fail(KV_ERR_INVALID, "--port must be 0-65535");
+	if (strcmp(o->prefix_cache_index, "radix") && strcmp(o->prefix_cache_index, "hash"))
+		return kv_fail(KV_ERR_INVALID, "--prefix-cache-index must be radix or hash");
+	if (o->prefix_cache_size == 0 || o->prefix_cache_size < -1)
+		return kv_fail(KV_ERR_INVALID, "--prefix-cache-size must be >= 1");
+	if (o->cache_memory_mb < -1)
+		return kv_fail(KV_ERR_INVALID, "--cache-memory-mb must be >= 0");
+	if (o->cache_memory_percent != -1 && !(o->cache_memory_percent > 0 && o->cache_memory_percent <= 1))
+		return kv_fail(KV_ERR_INVALID, "--cache-memory-percent must be a fraction in (0, 1]");
+	if (o->memory_cap_mb == 0 || o->memory_cap_mb < -1)
+		return kv_fail(KV_ERR_INVALID, "--memory-cap-mb must be >= 1");
+	if (o->hybrid_cache_entries < -1)
+		return kv_fail(KV_ERR_INVALID, "--hybrid-cache-entries must be >= 0");
+	if (o->kv_disk_checkpoint_interval < 0)
+		return kv_fail(KV_ERR_INVALID, "--kv-disk-checkpoint-interval must be >= 0");
+	if (strcmp(o->kv_dtype, "bf16") && strcmp(o->kv_dtype, "f32"))
+		return kv_fail(KV_ERR_INVALID, "--kv-dtype must be bf16 or f32");
+	if (o->page_tokens < 1 || o->page_tokens > 65536)
+		return kv_fail(KV_ERR_INVALID, "--page-tokens must be 1-65536");
+	if (o->prefill_chunk < 1 || o->prefill_chunk > 65536)
+		return kv_fail(KV_ERR_INVALID, "--prefill-chunk must be 1-65536");
+	if (o->max_model_len < 0 || o->max_model_len > (1 << 24))
+		return kv_fail(KV_ERR_INVALID, "--max-model-len must be 0-16777216");
+	if (o->default_max_tokens < 1)
+		return kv_fail(KV_ERR_INVALID, "--default-max-tokens must be >= 1");
+	if (o->max_body_mb < 1 || o->max_body_mb > 4096)
+		return kv_fail(KV_ERR_INVALID, "--max-body-mb must be 1-4096");
+	if (o->max_connections < 4 || o->max_connections > 100000)
+		return kv_fail(KV_ERR_INVALID, "--max-connections must be 4-100000");
+	if (o->header_timeout_ms < 100)
+		return kv_fail(KV_ERR_INVALID, "--header-timeout-ms must be >= 100");
+	if (o->stall_timeout_s < 0)
+		return kv_fail(KV_ERR_INVALID, "--stall-timeout-s must be >= 0");
+	if (o->max_queue < 0 || o->max_queue > 100000)
+		return kv_fail(KV_ERR_INVALID, "--max-queue must be 0-100000");
+	if (o->retry_after_s < 1)
+		return kv_fail(KV_ERR_INVALID, "--retry-after-s must be >= 1");
+	return KV_OK;
+}

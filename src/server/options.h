@@ -1,0 +1,72 @@
+/*
+ * options.h - everything `kvkeep serve` can be told, in one struct.
+ *
+ * The command line (src/cli/cmd_serve.c) fills it from flags; the
+ * environment variables are read here (ksv_opts_env) so the server and
+ * the tests see the same rules. Defaults come from ksv_opts_default().
+ * Flags and variables keep the reference system's names (DESIGN.md 6, 9);
+ * docs/operations.md lists them all.
+ *
+ * String fields are borrowed (argv or getenv): they must outlive the
+ * server.
+ */
+#ifndef KV_SERVER_OPTIONS_H
+#define KV_SERVER_OPTIONS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct ksv_opts {
+	/* model and network */
+	const char *model_dir;            /* --model DIR (required) */
+	const char *host;                 /* --host, default 127.0.0.1 */
+	int64_t port;                     /* --port, default 8000 (0: any free port) */
+	const char *served_model_name;    /* --served-model-name, default: the folder's name */
+
+	/* prefix cache, RAM tier (DESIGN.md 4-6) */
+	int prefix_cache;                 /* --enable-prefix-cache (default) / --disable-prefix-cache */
+	const char *prefix_cache_index;   /* --prefix-cache-index radix|hash, default radix */
+	int64_t prefix_cache_size;        /* --prefix-cache-size N: legacy count mode; -1 = off (default) */
+	int64_t cache_memory_mb;          /* --cache-memory-mb; -1 = not given */
+	double cache_memory_percent;      /* --cache-memory-percent (fraction); -1 = not given (0.20) */
+	int64_t memory_cap_mb;            /* --memory-cap-mb; -1 = the cgroup limit, if any */
+	int64_t hybrid_cache_entries;     /* --hybrid-cache-entries; -1 = automatic (8 for hybrid) */
+	int64_t kv_disk_checkpoint_interval; /* --kv-disk-checkpoint-interval N; 0 = off (disk tier) */
+	const char *env_prefix_cache_max_bytes; /* KVKEEP_PREFIX_CACHE_MAX_BYTES */
+	const char *env_checkpoint_stride;      /* KVKEEP_HYBRID_CHECKPOINT_STRIDE (2048) */
+	const char *env_checkpoint_max;         /* KVKEEP_HYBRID_CHECKPOINT_MAX (4) */
+
+	/* disk tier: reserved for the disk-tier work (not read yet) */
+	const char *cache_dir;            /* --cache-dir; KVKEEP_CACHE_DIR */
+	int64_t disk_cache_max_mb;        /* --disk-cache-max-mb; -1 = 10% of the filesystem */
+	const char *cache_salt;           /* --cache-salt */
+	int allow_request_salt;           /* --allow-request-salt */
+	const char *env_cache_dir;        /* KVKEEP_CACHE_DIR */
+	const char *env_shutdown_budget;  /* KVKEEP_SHUTDOWN_BUDGET (3.5 s) */
+	const char *env_kv_checkpoint_max_bytes; /* KVKEEP_KV_CHECKPOINT_MAX_BYTES (20 GiB) */
+
+	/* engine */
+	const char *kv_dtype;             /* --kv-dtype bf16|f32, default bf16 */
+	int64_t page_tokens;              /* --page-tokens B, default 256 */
+	int64_t prefill_chunk;            /* --prefill-chunk, default 256 */
+	int64_t max_model_len;            /* --max-model-len; 0 = the config's max_position_embeddings */
+	int64_t default_max_tokens;       /* --default-max-tokens, when a request gives none: 2048 */
+	int split_reasoning;              /* 1 unless --no-reasoning-split */
+
+	/* HTTP limits */
+	int64_t max_body_mb;              /* --max-body-mb, default 32 */
+	int64_t max_connections;          /* --max-connections, default 512 */
+	int64_t header_timeout_ms;        /* --header-timeout-ms, default 10000 */
+	int64_t stall_timeout_s;          /* --stall-timeout-s, default 300 */
+	int64_t max_queue;                /* --max-queue: requests waiting for the engine, default 64 */
+	int64_t retry_after_s;            /* --retry-after-s sent with 503 / 429, default 2 */
+};
+
+/* Defaults of every field (environment not read). */
+void ksv_opts_default(struct ksv_opts *o);
+/* Fill the env_* fields from getenv (unset -> NULL). */
+void ksv_opts_env(struct ksv_opts *o);
+/* Range checks; KV_ERR_INVALID naming the flag. */
+int ksv_opts_check(const struct ksv_opts *o);
+
+#endif

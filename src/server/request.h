@@ -1,0 +1,94 @@
+/*
+ * request.h - OpenAI request bodies, parsed and validated into a struct.
+ *
+ * Accepted (POST /v1/chat/completions), as agent clients send them:
+ *   model                 string (optional; must name the served model)
+ *   messages              non-empty array of
+ *       {role: "system"|"developer"|"user"|"assistant"|"tool",
+ *        content: string | [{type: "text", text: string}, ...] | null,
+ *        name?: string,
+ *        tool_calls?: [{id: string, type?: "function",
+ *                       function: {name: string, arguments: string|object}}]  (assistant),
+ *        tool_call_id: string (tool, required),
+ *        reasoning_content?: string (assistant)}
+ *     content may be null or absent only for an assistant message (it is
+ *     rendered as "", as vLLM does: templates expect a string); "developer"
+ *     is rendered as "system" (the chat templates know no developer role).
+ *   tools                 [{type: "function", function: {name, description?, parameters?}}]
+ *   tool_choice           "auto" | "none" | "required" | {type: "function", function: {name}}
+ *   stream, stream_options.include_usage
+ *   max_tokens, max_completion_tokens (the latter wins; >= 1)
+ *   temperature [0, 2], top_p (0, 1], top_k (-1 or 0 = off, else >= 1),
+ *   min_p [0, 1], seed (integer), stop (string or up to 4 strings)
+ *   logprobs (bool), top_logprobs (0-20, needs logprobs: true)
+ *   n (must be 1), chat_template_kwargs.enable_thinking (bool),
+ *   ignore_eos (bool, vLLM's extension: generate max_tokens tokens even
+ *   past end-of-sequence tokens; benchmarks and tests use it)
+ *   presence_penalty / frequency_penalty (only 0: not implemented),
+ *   logit_bias (only empty), response_format (only {"type": "text"})
+ * POST /v1/completions takes prompt (string, [string], [int, ...] or
+ * [[int, ...]]) instead of messages/tools, logprobs as an integer 0-20 and
+ * echo (only false), suffix (only empty), best_of (only 1).
+ * Every other field is ignored. A field with a wrong type or value is
+ * KV_ERR_INVALID with a message naming it ("messages[2].content: ...") and
+ * the OpenAI `param` path in req->err_param.
+ */
+#ifndef KV_SERVER_REQUEST_H
+#define KV_SERVER_REQUEST_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum ksv_api { KSV_API_CHAT = 0, KSV_API_COMPLETION = 1 };
+enum ksv_tool_choice { KSV_TC_AUTO = 0, KSV_TC_NONE, KSV_TC_REQUIRED, KSV_TC_NAMED };
+
+#define KSV_MAX_STOP 4
+#define KSV_MAX_TOP_LOGPROBS 20
+
+struct ksv_req {
+	int api;                   /* enum ksv_api */
+	json_t *body;              /* owned: the parsed body */
+	const char *model;         /* borrowed from body; NULL when absent */
+	json_t *messages;          /* chat: owned copy, roles normalised; NULL for completions */
+	json_t *tools;             /* owned reference or NULL (no tools / empty list) */
+	int tool_choice;           /* enum ksv_tool_choice */
+	const char *tool_name;     /* KSV_TC_NAMED: borrowed */
+	/* completions */
+	const char *prompt;        /* borrowed, NULL when given as ids */
+	size_t prompt_len;
+	int32_t *prompt_ids;       /* malloc'd when given as ids */
+	size_t n_prompt_ids;
+	/* generation */
+	int stream;
+	int include_usage;
+	int64_t max_tokens;        /* -1: not given */
+	double temperature;        /* default 1.0 */
+	double top_p;              /* default 1.0 */
+	int top_k;                 /* 0 = off */
+	double min_p;              /* 0 = off */
+	uint64_t seed;
+	int has_seed;
+	const char *stop[KSV_MAX_STOP]; /* borrowed */
+	size_t n_stop;
+	int logprobs;              /* 1: report the chosen tokens' logprobs */
+	int top_logprobs;          /* 0..20 alternatives per token */
+	int enable_thinking;       /* -1 unset, 0, 1 */
+	int ignore_eos;            /* vLLM extension: keep generating past end-of-sequence tokens */
+	char err_param[96];        /* on error: the offending field's path */
+};
+
+/*
+ * Parse and validate a body. On error returns KV_ERR_INVALID (message set
+ * with kv_fail; req->err_param names the field) and req is left freeable.
+ * max_depth bounds JSON nesting (deeper bodies are refused before jansson
+ * sees them).
+ */
+int ksv_req_parse(int api, const char *body, size_t len, int max_depth, struct ksv_req *req);
+void ksv_req_free(struct ksv_req *req);
+
+/* Parse only the messages/tools of a chat body (for /v1/cache/probe, which
+ * takes a chat body without generation fields). Same rules. */
+int ksv_req_parse_probe(const char *body, size_t len, int max_depth, struct ksv_req *req);
+
+#endif

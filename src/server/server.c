@@ -1,0 +1,811 @@
+/*
+ * server.c - see server.h: loading, the route table and the small routes,
+ * metrics, and the server's life (run, stop, destroy). Generation requests
+ * are gen.c.
+ */
+#include "server/server.h"
+#include "server/server_int.h"
+#include "server/fingerprint.h"
+#include "base/buf.h"
+#include "base/clock.h"
+#include "base/err.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "base/json.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "base/pages.h"
+#include "cache/budget.h"
+#include "cache/cache.h"
+#include "cache/opts.h"
+#include "cache/policy.h"
+#include "cache/run.h"
+#include "engine/model.h"
+#include "engine/sample.h"
+#include "engine/seq.h"
+#include "model/config.h"
+#include "model/template.h"
+#include "model/tokenizer.h"
+#include "server/httpd.h"
+#include "server/metrics.h"
+#include "server/openai.h"
+#include "server/output.h"
+#include "server/request.h"
+#include "server/sched.h"
+#include "store/dir.h"
+#include "store/ns.h"
+#include "store/store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* --- replies ------------------------------------------------------------ */
+
+void ksv_reply_json(struct ksv_conn *c, int status, json_t *j)
+{
+	char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17));
+	json_decref(j);
+	if (!s) {
+		ksv_conn_reply(c, 500, "application/json", "{\"error\":{\"message\":\"out of memory\"}}", 37);
+		return;
+	}
+	ksv_conn_reply(c, status, "application/json", s, strlen(s));
+	free(s);
+}
+
+void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const char *param, const char *fmt, ...)
+{
+	char msg[600], ra[32];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	size_t len = 0;
+	char *body = ksv_oai_error(status, msg, param, &len);
+	if (status == 503 || status == 429) {
+		snprintf(ra, sizeof ra, "%lld", (long long)s->o.retry_after_s);
+		ksv_conn_header(c, "Retry-After", ra);
+	}
+	ksv_conn_reply(c, status, "application/json", body ? body : "{}", body ? len : 2);
+	free(body);
+}
+
+/* --- other routes ---------------------------------------------------------- */
+
+static const char *index_name(const struct ksv_server *s)
+{
+	return s->o.prefix_cache_index;
+}
+
+static json_t *stats_json(struct ksv_server *s)
+{
+	struct kc_stats st;
+	kc_cache_stats(s->cache, &st);
+	json_t *j = json_object();
+	json_object_set_new(j, "lookups", json_integer((json_int_t)st.lookups));
+	json_object_set_new(j, "hits", json_integer((json_int_t)st.hits));
+	json_object_set_new(j, "misses", json_integer((json_int_t)st.misses));
+	json_object_set_new(j, "tokens_saved", json_integer((json_int_t)st.tokens_saved));
+	json_object_set_new(j, "evictions", json_integer((json_int_t)st.evictions));
+	json_object_set_new(j, "pressure_evictions", json_integer((json_int_t)st.pressure_evictions));
+	json_object_set_new(j, "nontrimmable_skips", json_integer((json_int_t)st.nontrim_skips));
+	json_object_set_new(j, "snaps", json_integer((json_int_t)st.snaps));
+	json_object_set_new(j, "stores", json_integer((json_int_t)st.stores));
+	json_object_set_new(j, "bytes_in_use", json_integer((json_int_t)st.bytes_in_use));
+	json_object_set_new(j, "budget_bytes", json_integer((json_int_t)st.cap_bytes));
+	json_object_set_new(j, "entries", json_integer((json_int_t)st.entries));
+	json_object_set_new(j, "nodes", json_integer((json_int_t)st.nodes));
+	json_object_set_new(j, "resume_points", json_integer((json_int_t)st.rps));
+	json_object_set_new(j, "snapshots", json_integer((json_int_t)st.snapshots));
+	json_object_set_new(j, "dedup_bytes_saved", json_integer((json_int_t)st.dedup_bytes_saved));
+	json_object_set_new(j, "lookup_p50_ms", json_real(st.lookup_p50_ms));
+	json_object_set_new(j, "lookup_p99_ms", json_real(st.lookup_p99_ms));
+	return j;
+}
+
+/* The disk tier in GET /v1/cache/info. */
+static json_t *disk_json(struct ksv_server *s)
+{
+	struct ks_stats st;
+	char nsx[33];
+	ks_store_stats(s->store, &st);
+	kv_h128_hex(s->ns, nsx);
+	json_t *d = json_object(), *we = json_object(), *bad = json_object();
+	json_object_set_new(d, "dir", json_string(ks_store_root(s->store)));
+	json_object_set_new(d, "namespace_dir", json_string(ks_store_ns_dir(s->store)));
+	json_object_set_new(d, "salted", json_boolean(s->o.cache_salt && *s->o.cache_salt));
+	json_object_set_new(d, "writable", json_boolean(st.writable));
+	json_object_set_new(d, "scan_done", json_boolean(st.scan_done));
+	json_object_set_new(d, "files", json_integer((json_int_t)st.files[0]));
+	json_object_set_new(d, "bytes", json_integer((json_int_t)st.bytes[0]));
+	json_object_set_new(d, "checkpoint_files", json_integer((json_int_t)st.files[1]));
+	json_object_set_new(d, "checkpoint_bytes", json_integer((json_int_t)st.bytes[1]));
+	json_object_set_new(d, "cap_bytes", json_integer((json_int_t)st.cap_bytes));
+	json_object_set_new(d, "reserve_bytes", json_integer((json_int_t)st.reserve_bytes));
+	json_object_set_new(d, "checkpoint_cap_bytes", json_integer((json_int_t)st.ckpt_cap_bytes));
+	json_object_set_new(d, "checkpoint_interval", json_integer(ks_store_ckpt_interval(s->store)));
+	json_object_set_new(d, "written_objects", json_integer((json_int_t)(st.written[KS_BLOCK] + st.written[KS_TAIL] +
+									     st.written[KS_SNAP] + st.written[KS_ENTRY])));
+	json_object_set_new(d, "written_bytes", json_integer((json_int_t)st.written_bytes));
+	json_object_set_new(d, "loads", json_integer((json_int_t)st.loads));
+	json_object_set_new(d, "load_bytes", json_integer((json_int_t)st.load_bytes));
+	json_object_set_new(d, "quarantined", json_integer((json_int_t)st.quarantined));
+	json_object_set_new(d, "dirty_objects", json_integer((json_int_t)kc_cache_dirty_count(s->cache)));
+	for (int w = 0; w < KS_WERR__COUNT; w++)
+		json_object_set_new(we, ks_werr_name(w), json_integer((json_int_t)st.write_errors[w]));
+	for (int b = 1; b < KS_BAD__COUNT; b++)
+		json_object_set_new(bad, ks_bad_name(b), json_integer((json_int_t)st.bad[b]));
+	json_object_set_new(d, "write_errors", we);
+	json_object_set_new(d, "refused_files", bad);
+	return d;
+}
+
+static void handle_cache_info(struct ksv_server *s, struct ksv_conn *c)
+{
+	static const char *srcs[] = {"KVKEEP_PREFIX_CACHE_MAX_BYTES", "--cache-memory-mb", "--cache-memory-percent",
+				     "default percent", "floor"};
+	const struct kc_policy *pol = kc_cache_policy(s->cache);
+	json_t *j = json_object(), *b = json_object(), *p = json_object(), *tiers = json_array();
+	json_array_append_new(tiers, json_string("ram"));
+	if (s->store)
+		json_array_append_new(tiers, json_string("disk"));
+	json_object_set_new(j, "enabled", json_boolean(s->o.prefix_cache));
+	json_object_set_new(j, "model", json_string(s->model_name));
+	json_object_set_new(j, "index", json_string(index_name(s)));
+	json_object_set_new(j, "tiers", tiers);
+	json_object_set_new(j, "disk_tier", json_boolean(s->store != NULL));
+	if (s->store)
+		json_object_set_new(j, "disk", disk_json(s));
+	json_object_set_new(j, "hybrid", json_boolean(s->hybrid));
+	json_object_set_new(j, "page_tokens", json_integer(s->lay->page_tokens));
+	json_object_set_new(j, "kv_bytes_per_token", json_integer((json_int_t)s->lay->kv_bytes_per_token));
+	json_object_set_new(j, "snapshot_bytes", json_integer((json_int_t)s->lay->snapshot_bytes));
+	char nsx[33];
+	kv_h128_hex(s->ns, nsx);
+	json_object_set_new(j, "namespace", json_string(nsx));
+	json_object_set_new(b, "bytes", json_integer((json_int_t)kc_cache_budget(s->cache)));
+	json_object_set_new(b, "source", json_string(s->budget.source >= 0 && s->budget.source < 5 ? srcs[s->budget.source] : "?"));
+	json_object_set_new(b, "note", json_string(s->budget.note));
+	json_object_set_new(b, "memory_cap_bytes", json_integer((json_int_t)s->mem_cap));
+	json_object_set_new(j, "budget", b);
+	json_t *ad = json_object();
+	json_object_set_new(ad, "memory_cap_bytes", json_integer((json_int_t)s->mem_cap));
+	json_object_set_new(ad, "memory_used_bytes", json_integer((json_int_t)kv_mem_total()));
+	json_object_set_new(ad, "per_request_bytes", json_integer((json_int_t)ksv_gen_request_overhead(s)));
+	json_object_set_new(ad, "kv_bytes_per_token", json_integer((json_int_t)s->lay->kv_bytes_per_token));
+	json_object_set_new(j, "admission", ad);
+	json_object_set_new(p, "checkpoint_stride", json_integer(pol->stride));
+	json_object_set_new(p, "checkpoint_max", json_integer(pol->ckpt_max));
+	json_object_set_new(p, "anchor", json_boolean(pol->anchor));
+	json_object_set_new(p, "min_reuse", json_integer(pol->min_reuse));
+	json_object_set_new(p, "prefix_cache_size", json_integer(s->o.prefix_cache_size));
+	json_object_set_new(p, "hybrid_cache_entries", json_integer(s->o.hybrid_cache_entries));
+	json_object_set_new(j, "policy", p);
+	json_object_set_new(j, "stats", stats_json(s));
+	ksv_reply_json(c, 200, j);
+}
+
+static void handle_cache_clear(struct ksv_server *s, struct ksv_conn *c)
+{
+	struct kc_stats a, b;
+	kc_cache_stats(s->cache, &a);
+	kc_cache_clear(s->cache);
+	kc_cache_stats(s->cache, &b);
+	json_t *j = json_object();
+	json_object_set_new(j, "cleared_entries", json_integer((json_int_t)(a.entries - b.entries)));
+	json_object_set_new(j, "freed_bytes", json_integer((json_int_t)(a.bytes_in_use - b.bytes_in_use)));
+	json_object_set_new(j, "entries", json_integer((json_int_t)b.entries));
+	json_object_set_new(j, "bytes_in_use", json_integer((json_int_t)b.bytes_in_use));
+	ksv_reply_json(c, 200, j);
+}
+
+static void handle_models(struct ksv_server *s, struct ksv_conn *c, const char *id)
+{
+	json_t *m = json_object();
+	json_object_set_new(m, "id", json_string(s->model_name));
+	json_object_set_new(m, "object", json_string("model"));
+	json_object_set_new(m, "created", json_integer(s->created));
+	json_object_set_new(m, "owned_by", json_string("kvkeep"));
+	json_object_set_new(m, "max_model_len", json_integer(s->ctx_len));
+	if (id) {
+		if (strcmp(id, s->model_name)) {
+			json_decref(m);
+			ksv_reply_error(s, c, 404, "model", "the model '%s' does not exist", id);
+			return;
+		}
+		ksv_reply_json(c, 200, m);
+		return;
+	}
+	json_t *j = json_object(), *d = json_array();
+	json_array_append_new(d, m);
+	json_object_set_new(j, "object", json_string("list"));
+	json_object_set_new(j, "data", d);
+	ksv_reply_json(c, 200, j);
+}
+
+static void handle_metrics(struct ksv_server *s, struct ksv_conn *c)
+{
+	struct kv_buf b = KV_BUF_INIT;
+	ksv_metrics_render(s->m, &b);
+	if (b.oom) {
+		kv_buf_free(&b);
+		ksv_reply_error(s, c, 500, NULL, "out of memory");
+		return;
+	}
+	ksv_conn_reply(c, 200, KSV_METRICS_CONTENT_TYPE, b.p ? b.p : "", b.len);
+	kv_buf_free(&b);
+}
+
+struct route {
+	const char *path;
+	const char *method;
+};
+
+static const struct route routes[] = {
+	{"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/models", "GET"},
+	{"/health", "GET"},               {"/metrics", "GET"},          {"/v1/cache/info", "GET"},
+	{"/v1/cache/clear", "POST"},      {"/v1/cache/probe", "POST"},
+};
+
+/* Index of a path in routes[] (/v1/models/{id} counts as /v1/models), or -1. */
+static int route_index(const char *path)
+{
+	for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+		if (!strcmp(path, routes[i].path))
+			return (int)i;
+	if (!strncmp(path, "/v1/models/", 11) && path[11])
+		return 2;
+	return -1;
+}
+
+static const char *route_of(void *ctx, const char *path)
+{
+	(void)ctx;
+	int i = route_index(path);
+	return i < 0 ? "other" : routes[i].path;
+}
+
+static void handler(void *ctx, const struct ksv_request *rq)
+{
+	struct ksv_server *s = ctx;
+	struct ksv_conn *c = rq->conn;
+	const char *path = rq->path;
+	int idx = route_index(path);
+	const char *model_id = idx == 2 && !strncmp(path, "/v1/models/", 11) ? path + 11 : NULL;
+	if (idx < 0) {
+		ksv_reply_error(s, c, 404, NULL, "unknown route: %s %s", rq->method, path);
+		return;
+	}
+	ksv_conn_set_route(c, routes[idx].path);
+	int is_head = !strcmp(rq->method, "HEAD") && !strcmp(routes[idx].method, "GET");
+	if (strcmp(rq->method, routes[idx].method) && !is_head) {
+		ksv_conn_header(c, "Allow", routes[idx].method);
+		ksv_reply_error(s, c, 405, NULL, "%s does not accept %s (use %s)", path, rq->method, routes[idx].method);
+		return;
+	}
+	switch (idx) {
+	case 0:
+		ksv_gen_handle(s, rq, KSV_API_CHAT);
+		break;
+	case 1:
+		ksv_gen_handle(s, rq, KSV_API_COMPLETION);
+		break;
+	case 2:
+		handle_models(s, c, model_id);
+		break;
+	case 3: {
+		int stopping = atomic_load(&s->stopping);
+		json_t *j = json_object();
+		json_object_set_new(j, "status", json_string(stopping ? "shutting_down" : "ok"));
+		json_object_set_new(j, "model", json_string(s->model_name));
+		ksv_reply_json(c, stopping ? 503 : 200, j);
+		break;
+	}
+	case 4:
+		handle_metrics(s, c);
+		break;
+	case 5:
+		handle_cache_info(s, c);
+		break;
+	case 6:
+		handle_cache_clear(s, c);
+		break;
+	case 7:
+		ksv_gen_probe(s, rq);
+		break;
+	}
+}
+
+static void on_done(void *ctx, const char *route, int status, int gone, double seconds)
+{
+	struct ksv_server *s = ctx;
+	char st[16];
+	(void)gone;
+	(void)seconds;
+	snprintf(st, sizeof st, "%d", status);
+	ksv_series_add(ksv_series_get(s->f_requests, "route", route, "status", st, NULL), 1);
+}
+
+static void on_timeout(void *ctx)
+{
+	struct ksv_server *s = ctx;
+	ksv_metrics_add(s->f_timeouts, 1);
+}
+
+/* --- metrics ------------------------------------------------------------ */
+
+enum {
+	FC_LOOKUPS, FC_HITS, FC_MISSES, FC_SAVED, FC_EVICT, FC_PEVICT, FC_SKIPS, FC_SNAPS, FC_STORES, FC_BYTES,
+	FC_BUDGET, FC_ENTRIES, FC_NODES, FC_RPS, FC_SNAPSHOTS, FC_DEDUP, FC_P50, FC_P99, FC__N
+};
+
+/* The disk tier's counters (store.h struct ks_stats), copied at scrape time. */
+enum {
+	FD_FILES, FD_BYTES, FD_CKPT_FILES, FD_CKPT_BYTES, FD_CAP, FD_CKPT_CAP, FD_WRITTEN, FD_WRITTEN_BYTES, FD_WERR,
+	FD_REFUSED, FD_QUAR, FD_INCOMPLETE, FD_LOADS, FD_LOAD_BYTES, FD_LOAD_FILES, FD_LOAD_TOKENS, FD_LOAD_SECONDS,
+	FD_DIRECT, FD_EVICT, FD_CKPT_EVICT, FD_NS_REMOVED, FD_DEBRIS, FD_CKPT_QUEUED, FD_CKPT_WRITTEN, FD_DROPS,
+	FD_QUEUE, FD_SCAN_S, FD_SCAN_DONE, FD_WRITABLE, FD_RATE, FD_FLUSH_SAVED, FD_FLUSH_SKIPPED, FD_FLUSH_BYTES,
+	FD_DIRTY, FD__N
+};
+
+static void scrape_disk(struct ksv_server *s)
+{
+	struct ks_stats st;
+	if (!s->store)
+		return;
+	ks_store_stats(s->store, &st);
+	double v[FD__N] = {0};
+	v[FD_FILES] = (double)st.files[0];
+	v[FD_BYTES] = (double)st.bytes[0];
+	v[FD_CKPT_FILES] = (double)st.files[1];
+	v[FD_CKPT_BYTES] = (double)st.bytes[1];
+	v[FD_CAP] = (double)st.cap_bytes;
+	v[FD_CKPT_CAP] = (double)st.ckpt_cap_bytes;
+	v[FD_WRITTEN_BYTES] = (double)st.written_bytes;
+	v[FD_QUAR] = (double)st.quarantined;
+	v[FD_INCOMPLETE] = (double)st.incomplete;
+	v[FD_LOADS] = (double)st.loads;
+	v[FD_LOAD_BYTES] = (double)st.load_bytes;
+	v[FD_LOAD_FILES] = (double)st.load_files;
+	v[FD_LOAD_TOKENS] = (double)st.load_tokens;
+	v[FD_LOAD_SECONDS] = st.load_seconds;
+	v[FD_DIRECT] = (double)st.direct_lookups;
+	v[FD_EVICT] = (double)st.evictions;
+	v[FD_CKPT_EVICT] = (double)st.ckpt_evictions;
+	v[FD_NS_REMOVED] = (double)st.ns_removed;
+	v[FD_DEBRIS] = (double)st.debris_removed;
+	v[FD_CKPT_QUEUED] = (double)st.ckpts_queued;
+	v[FD_CKPT_WRITTEN] = (double)st.ckpts_written;
+	v[FD_DROPS] = (double)st.drops;
+	v[FD_QUEUE] = (double)st.queue_len;
+	v[FD_SCAN_S] = st.scan_seconds;
+	v[FD_SCAN_DONE] = st.scan_done;
+	v[FD_WRITABLE] = st.writable;
+	v[FD_RATE] = st.write_bps;
+	v[FD_FLUSH_SAVED] = (double)st.flush_entries_saved;
+	v[FD_FLUSH_SKIPPED] = (double)st.flush_entries_skipped;
+	v[FD_FLUSH_BYTES] = (double)st.flush_bytes;
+	v[FD_DIRTY] = (double)kc_cache_dirty_count(s->cache);
+	for (int i = 0; i < FD__N; i++)
+		if (i != FD_WRITTEN && i != FD_WERR && i != FD_REFUSED)
+			ksv_metrics_set(s->fd[i], v[i]);
+	for (int k = KS_BLOCK; k < KS_KIND__END; k++)
+		ksv_series_set(ksv_series_get(s->fd[FD_WRITTEN], "kind", ks_kind_name(k), NULL), (double)st.written[k]);
+	for (int w = 0; w < KS_WERR__COUNT; w++)
+		ksv_series_set(ksv_series_get(s->fd[FD_WERR], "kind", ks_werr_name(w), NULL), (double)st.write_errors[w]);
+	for (int b = 1; b < KS_BAD__COUNT; b++)
+		ksv_series_set(ksv_series_get(s->fd[FD_REFUSED], "reason", ks_bad_name(b), NULL), (double)st.bad[b]);
+}
+
+static int setup_disk_metrics(struct ksv_server *s)
+{
+	static const char *dn[FD__N][3] = {
+		{"kvkeep_disk_files", "Object files of this namespace on disk (main area).", "g"},
+		{"kvkeep_disk_bytes", "Bytes of those files.", "g"},
+		{"kvkeep_disk_checkpoint_files", "Files under kv_checkpoints/ for this namespace.", "g"},
+		{"kvkeep_disk_checkpoint_bytes", "Bytes under kv_checkpoints/ for this namespace.", "g"},
+		{"kvkeep_disk_cap_bytes", "Disk cap (--disk-cache-max-mb).", "g"},
+		{"kvkeep_disk_checkpoint_cap_bytes", "KVKEEP_KV_CHECKPOINT_MAX_BYTES (0 = no cap).", "g"},
+		{"kvkeep_disk_written_objects_total", "Objects written, by kind.", "c"},
+		{"kvkeep_disk_written_bytes_total", "Bytes written.", "c"},
+		{"kvkeep_disk_write_errors_total", "Writes that failed, by kind (enospc, eio, fsync, readonly, cap).", "c"},
+		{"kvkeep_disk_refused_files_total", "Files refused by the loader, by reason.", "c"},
+		{"kvkeep_disk_quarantined_files_total", "Corrupt files moved to quarantine/.", "c"},
+		{"kvkeep_disk_incomplete_entries_total", "Manifests not written because a dependency was missing.", "c"},
+		{"kvkeep_disk_loads_total", "Lookups served by loading from disk.", "c"},
+		{"kvkeep_disk_load_bytes_total", "Bytes read to serve them.", "c"},
+		{"kvkeep_disk_load_files_total", "Files read to serve them.", "c"},
+		{"kvkeep_disk_load_tokens_total", "Prompt tokens made available by them.", "c"},
+		{"kvkeep_disk_load_seconds_total", "Time spent loading them.", "c"},
+		{"kvkeep_disk_direct_lookups_total", "Disk lookups made before the startup scan was done.", "c"},
+		{"kvkeep_disk_evictions_total", "Files deleted by the disk cap or the free-space reserve.", "c"},
+		{"kvkeep_disk_checkpoint_evictions_total", "Checkpoint files deleted by their cap.", "c"},
+		{"kvkeep_disk_namespaces_removed_total", "Namespaces unused for 7 days that the scan removed.", "c"},
+		{"kvkeep_disk_temp_files_removed_total", "Temp debris of interrupted writes deleted at startup.", "c"},
+		{"kvkeep_disk_checkpoints_queued_total", "Interval checkpoints queued for the writer.", "c"},
+		{"kvkeep_disk_checkpoints_written_total", "Interval checkpoints written.", "c"},
+		{"kvkeep_disk_queue_drops_total", "Interval checkpoints dropped: the writer queue was full.", "c"},
+		{"kvkeep_disk_queue_length", "Interval checkpoints waiting for the writer.", "g"},
+		{"kvkeep_disk_scan_seconds", "Duration of the startup scan.", "g"},
+		{"kvkeep_disk_scan_done", "1 once the startup scan has finished.", "g"},
+		{"kvkeep_disk_writable", "0 when writes are off (read-only cache folder).", "g"},
+		{"kvkeep_disk_write_bytes_per_second", "Recently observed write rate.", "g"},
+		{"kvkeep_disk_flush_entries_saved_total", "Entries the shutdown flush wrote.", "c"},
+		{"kvkeep_disk_flush_entries_skipped_total", "Entries the shutdown flush skipped (budget).", "c"},
+		{"kvkeep_disk_flush_bytes_total", "Bytes the shutdown flush wrote.", "c"},
+		{"kvkeep_disk_dirty_objects", "Cache objects not yet written to disk.", "g"},
+	};
+	for (int i = 0; i < FD__N; i++) {
+		s->fd[i] = ksv_metrics_family(s->m, dn[i][0], dn[i][1], dn[i][2][0] == 'c' ? KSV_COUNTER : KSV_GAUGE, NULL, 0);
+		if (!s->fd[i])
+			return kv_fail(KV_ERR_NOMEM, "out of memory");
+	}
+	scrape_disk(s); /* every series exists from the first scrape */
+	return KV_OK;
+}
+
+static void scrape(void *ctx, struct ksv_metrics *m)
+{
+	struct ksv_server *s = ctx;
+	struct kc_stats st;
+	(void)m;
+	kc_cache_stats(s->cache, &st);
+	double v[FC__N] = {(double)st.lookups,      (double)st.hits,         (double)st.misses,
+			   (double)st.tokens_saved, (double)st.evictions,    (double)st.pressure_evictions,
+			   (double)st.nontrim_skips, (double)st.snaps,       (double)st.stores,
+			   (double)st.bytes_in_use, (double)st.cap_bytes,    (double)st.entries,
+			   (double)st.nodes,        (double)st.rps,          (double)st.snapshots,
+			   (double)st.dedup_bytes_saved, st.lookup_p50_ms / 1e3, st.lookup_p99_ms / 1e3};
+	for (int i = 0; i < FC__N; i++)
+		ksv_metrics_set(s->fc[i], v[i]);
+	for (int i = 0; i < KV_MEM__COUNT; i++) {
+		ksv_series_set(ksv_series_get(s->f_mem, "category", kv_mem_cat_name(i), NULL), (double)kv_mem_used(i));
+		ksv_series_set(ksv_series_get(s->f_mem_peak, "category", kv_mem_cat_name(i), NULL), (double)kv_mem_peak(i));
+	}
+	ksv_metrics_set(s->f_pages, (double)kv_pages_in_use(ke_model_pages(s->model)));
+	ksv_metrics_set(s->f_running, ksv_sched_running(s->sched));
+	ksv_metrics_set(s->f_waiting, ksv_sched_queued(s->sched));
+	struct ksv_httpd *http = __atomic_load_n(&s->http, __ATOMIC_ACQUIRE);
+	ksv_metrics_set(s->f_conns, http ? ksv_httpd_connections(http) : 0);
+	ksv_metrics_set(s->f_corrupt, (double)kv_corrupt_count());
+	scrape_disk(s);
+}
+
+static int setup_metrics(struct ksv_server *s)
+{
+	static const double ttft_b[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+	static const double itl_b[] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1};
+	static const double e2e_b[] = {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
+	struct ksv_metrics *m = s->m = ksv_metrics_create();
+	if (!m)
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+#define F(var, name, help, type) s->var = ksv_metrics_family(m, name, help, type, NULL, 0)
+#define H(var, name, help, b) s->var = ksv_metrics_family(m, name, help, KSV_HISTOGRAM, b, (int)(sizeof b / sizeof b[0]))
+	F(f_info, "kvkeep_info", "Build and model of this server (value 1).", KSV_GAUGE);
+	F(f_requests, "kvkeep_requests_total", "HTTP requests by route and status.", KSV_COUNTER);
+	F(f_prompt_tok, "kvkeep_prompt_tokens_total", "Prompt tokens of generation requests.", KSV_COUNTER);
+	F(f_cached_tok, "kvkeep_cached_tokens_total", "Prompt tokens resumed from the prefix cache.", KSV_COUNTER);
+	F(f_gen_tok, "kvkeep_generation_tokens_total", "Tokens generated.", KSV_COUNTER);
+	F(f_resume, "kvkeep_resume_total", "Generation requests by resume kind (miss, hit, snap, anchor).", KSV_COUNTER);
+	H(f_ttft, "kvkeep_time_to_first_token_seconds", "Time from request arrival to the first generated token.", ttft_b);
+	H(f_itl, "kvkeep_inter_token_latency_seconds", "Time between consecutive generated tokens.", itl_b);
+	H(f_e2e, "kvkeep_request_duration_seconds", "Time from arrival to the end of a generation request.", e2e_b);
+	H(f_queue_wait, "kvkeep_queue_wait_seconds", "Time a generation request waited for the engine.", e2e_b);
+	F(f_running, "kvkeep_requests_running", "Generation requests on the engine now.", KSV_GAUGE);
+	F(f_waiting, "kvkeep_requests_waiting", "Generation requests queued for the engine.", KSV_GAUGE);
+	F(f_cancelled, "kvkeep_requests_cancelled_total", "Generations stopped because the client went away.", KSV_COUNTER);
+	F(f_rej_503, "kvkeep_admission_rejections_total", "Requests answered 503: the cache could free nothing.", KSV_COUNTER);
+	F(f_rej_429, "kvkeep_queue_rejections_total", "Requests answered 429: the queue was full.", KSV_COUNTER);
+	F(f_timeouts, "kvkeep_http_header_timeouts_total", "Connections closed for a late request head or a stalled reader.", KSV_COUNTER);
+	F(f_conns, "kvkeep_http_connections", "Open HTTP connections.", KSV_GAUGE);
+	F(f_mem, "kvkeep_memory_bytes", "Bytes in use by category (accounting allocator).", KSV_GAUGE);
+	F(f_mem_peak, "kvkeep_memory_peak_bytes", "Highest bytes in use by category.", KSV_GAUGE);
+	F(f_pages, "kvkeep_kv_pages_in_use", "KV pages referenced by sequences or the cache.", KSV_GAUGE);
+	F(f_corrupt, "kvkeep_corrupt_reports_total", "Corruption reports (bad bytes found in files).", KSV_COUNTER);
+	static const char *cn[FC__N][2] = {
+		{"kvkeep_prefix_cache_lookups_total", "Prefix-cache lookups."},
+		{"kvkeep_prefix_cache_hits_total", "Lookups that found a resume point."},
+		{"kvkeep_prefix_cache_misses_total", "Lookups that found nothing."},
+		{"kvkeep_prefix_cache_tokens_saved_total", "Prompt tokens not prefilled thanks to hits."},
+		{"kvkeep_prefix_cache_evictions_total", "Entries evicted for any reason."},
+		{"kvkeep_prefix_cache_pressure_evictions_total", "Entries evicted by budget pressure or prefill reclaim."},
+		{"kvkeep_prefix_cache_nontrimmable_skips_total", "Hybrid entries the policy chose not to store."},
+		{"kvkeep_prefix_cache_snaps_total", "Hybrid lookups snapped down to a checkpoint."},
+		{"kvkeep_prefix_cache_stores_total", "Entries stored."},
+		{"kvkeep_prefix_cache_bytes", "Bytes held by the RAM prefix cache."},
+		{"kvkeep_prefix_cache_budget_bytes", "Byte budget of the RAM prefix cache (0 = none)."},
+		{"kvkeep_prefix_cache_entries", "Entries in the RAM prefix cache."},
+		{"kvkeep_prefix_cache_nodes", "Block nodes in the index."},
+		{"kvkeep_prefix_cache_resume_points", "Resume points held."},
+		{"kvkeep_prefix_cache_snapshots", "Recurrent snapshots held."},
+		{"kvkeep_prefix_cache_dedup_bytes_saved", "KV bytes not stored twice because entries share blocks."},
+		{"kvkeep_prefix_cache_lookup_p50_seconds", "Median lookup latency over the last 4096 lookups."},
+		{"kvkeep_prefix_cache_lookup_p99_seconds", "99th percentile lookup latency over the last 4096 lookups."},
+	};
+	for (int i = 0; i < FC__N; i++)
+		s->fc[i] = ksv_metrics_family(m, cn[i][0], cn[i][1], i < FC_BYTES ? KSV_COUNTER : KSV_GAUGE, NULL, 0);
+#undef F
+#undef H
+	ksv_series_set(ksv_series_get(s->f_info, "version", KVKEEP_VERSION, "model", s->model_name, "index",
+				      index_name(s), NULL), 1);
+	/* series that should exist from the first scrape */
+	ksv_metrics_add(s->f_prompt_tok, 0);
+	ksv_metrics_add(s->f_cached_tok, 0);
+	ksv_metrics_add(s->f_gen_tok, 0);
+	ksv_metrics_add(s->f_cancelled, 0);
+	ksv_metrics_add(s->f_rej_503, 0);
+	ksv_metrics_add(s->f_rej_429, 0);
+	ksv_metrics_add(s->f_timeouts, 0);
+	ksv_metrics_on_scrape(m, scrape, s);
+	return KV_OK;
+}
+
+static void add_eos(struct ksv_server *s, int32_t id)
+{
+	if (id < 0 || s->n_eos >= 16)
+		return;
+	for (int i = 0; i < s->n_eos; i++)
+		if (s->eos[i] == id)
+			return;
+	s->eos[s->n_eos++] = id;
+}
+
+static uint64_t cache_mem_used(void *ctx)
+{
+	(void)ctx;
+	return kv_mem_total();
+}
+
+/*
+ * The disk tier (DESIGN.md 7), unless the prefix cache is off. A folder
+ * that cannot be resolved or opened leaves the server without one (one
+ * log line); a folder that cannot be written gives a read-only one.
+ */
+static void open_disk_tier(struct ksv_server *s, const struct kc_policy *pol)
+{
+	const struct ksv_opts *o = &s->o;
+	char root[4096];
+	if (!o->prefix_cache)
+		return;
+	const char *flag = o->cache_dir && *o->cache_dir ? o->cache_dir : o->env_cache_dir;
+	if (ks_dir_root_from(flag, NULL, getenv("XDG_CACHE_HOME"), getenv("HOME"), root, sizeof root)) {
+		KV_WARN("store.disabled", "err=\"%s\" msg=\"no disk tier: serving from RAM only\"", kv_errmsg());
+		return;
+	}
+	struct ks_params sp = {.root = root,
+			       .ns = s->ns,
+			       .label = s->model_name,
+			       .salted = o->cache_salt && *o->cache_salt,
+			       .layout = s->lay,
+			       .cache = s->cache,
+			       .pages = ke_model_pages(s->model),
+			       .stride = pol->stride,
+			       .max_bytes = o->disk_cache_max_mb > 0 ? (uint64_t)o->disk_cache_max_mb * MiB : 0,
+			       .env_ckpt_max = o->env_kv_checkpoint_max_bytes,
+			       .ckpt_interval = (uint32_t)o->kv_disk_checkpoint_interval};
+	if (ks_store_open(&sp, &s->store)) {
+		KV_WARN("store.disabled", "root=%s err=\"%s\" msg=\"no disk tier: serving from RAM only\"", root,
+			kv_errmsg());
+		s->store = NULL;
+	}
+}
+
+int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
+{
+	struct ksv_server *s;
+	char path[4096];
+	int rc;
+
+	*out = NULL;
+	if ((rc = ksv_opts_check(o)))
+		return rc;
+	s = calloc(1, sizeof *s);
+	if (!s)
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	s->o = *o;
+	s->stop_pipe[0] = s->stop_pipe[1] = -1;
+	s->created = kv_wall_s();
+	if (o->served_model_name && *o->served_model_name) {
+		snprintf(s->model_name, sizeof s->model_name, "%s", o->served_model_name);
+	} else {
+		const char *dir = o->model_dir;
+		size_t l = strlen(dir);
+		while (l > 1 && dir[l - 1] == '/')
+			l--;
+		const char *b = dir + l;
+		while (b > dir && b[-1] != '/')
+			b--;
+		snprintf(s->model_name, sizeof s->model_name, "%.*s", (int)(dir + l - b), b);
+	}
+	uint64_t t0 = kv_now_ns();
+
+	snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
+	if ((rc = kv_tok_load(path, &s->tok))) {
+		kv_fail_ctx(rc, "tokenizer");
+		goto fail;
+	}
+	if ((rc = kv_chat_load(o->model_dir, s->tok, &s->chat))) {
+		kv_fail_ctx(rc, "chat template");
+		goto fail;
+	}
+	s->xml_tools = kv_chat_xml_tools(s->chat);
+	struct ke_model_params mp = {.kv_f32 = !strcmp(o->kv_dtype, "f32"), .page_tokens = (int)o->page_tokens};
+	if ((rc = ke_model_load(o->model_dir, &mp, &s->model)))
+		goto fail;
+	s->cfg = ke_model_config(s->model);
+	s->lay = ke_model_layout(s->model);
+	s->hybrid = s->lay->n_rec_layers > 0;
+	s->vocab = s->cfg->vocab;
+	if (kv_tok_vocab_size(s->tok) > s->vocab)
+		KV_WARN("serve.vocab", "tokenizer_ids=%d model_vocab=%d msg=\"tokenizer has ids the model cannot embed\"",
+			kv_tok_vocab_size(s->tok), s->vocab);
+	s->ctx_len = o->max_model_len > 0 ? (int)o->max_model_len : s->cfg->max_positions > 0 ? s->cfg->max_positions : 32768;
+	for (int i = 0; i < s->cfg->n_eos; i++)
+		add_eos(s, s->cfg->eos_ids[i]);
+	add_eos(s, kv_tok_id(s->tok, "<|im_end|>"));
+	add_eos(s, kv_tok_id(s->tok, "<|endoftext|>"));
+	if ((rc = ksv_gen_token_table(s)))
+		goto fail;
+
+	/* the cache's own resolution of the flags and environment (budget,
+	 * policy, memory cap), the same for every command */
+	struct kc_opts co;
+	kc_opts_default(&co);
+	co.enable = o->prefix_cache;
+	co.index = o->prefix_cache_index;
+	co.prefix_cache_size = o->prefix_cache_size;
+	co.cache_memory_mb = o->cache_memory_mb;
+	co.cache_memory_percent = o->cache_memory_percent;
+	co.hybrid_cache_entries = o->hybrid_cache_entries;
+	co.memory_cap_mb = o->memory_cap_mb;
+	struct kc_machine mach;
+	kc_machine_read(&mach);
+	mach.env_max_bytes = o->env_prefix_cache_max_bytes;
+	mach.env_stride = o->env_checkpoint_stride;
+	mach.env_ckpt_max = o->env_checkpoint_max;
+	/* the namespace of both tiers: the model fingerprint and the cache
+	 * salt (store/ns.h); the RAM cache's chain hashes start from it, so the
+	 * disk tier's file names agree with them */
+	s->ns = ks_ns_derive(ksv_model_fingerprint(o->model_dir, o->kv_dtype, (int)o->page_tokens), o->cache_salt);
+	struct kc_policy pol;
+	struct kc_params cp;
+	if ((rc = kc_opts_resolve(&co, &mach, s->lay, kv_mem_used(KV_MEM_WEIGHTS), s->ns, &pol, &cp, &s->budget)))
+		goto fail;
+	cp.mem_used = cache_mem_used;
+	s->mem_cap = cp.mem_cap;
+	if ((rc = kc_cache_create(&cp, &s->cache)))
+		goto fail;
+	{
+		/* salted requests (--allow-request-salt) run through a disabled
+		 * cache: they share nothing with anyone */
+		struct kc_params np = cp;
+		np.disabled = 1;
+		if ((rc = kc_cache_create(&np, &s->nocache)))
+			goto fail;
+	}
+	open_disk_tier(s, &pol);
+	s->sched = ksv_sched_create(1, (int)o->max_queue);
+	if (!s->sched) {
+		rc = KV_ERR_NOMEM;
+		goto fail;
+	}
+	if ((rc = setup_metrics(s)) || (s->store && (rc = setup_disk_metrics(s))))
+		goto fail;
+	if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK)) {
+		rc = kv_fail(KV_ERR_IO, "pipe: %s", strerror(errno));
+		goto fail;
+	}
+	struct ksv_httpd_params hp = {.host = o->host,
+				      .port = (int)o->port,
+				      .max_body = (size_t)o->max_body_mb * MiB,
+				      .max_connections = (int)o->max_connections,
+				      .header_timeout_ms = (int)o->header_timeout_ms,
+				      .stall_timeout_s = (int)o->stall_timeout_s,
+				      .handler = handler,
+				      .ctx = s,
+				      .on_done = on_done,
+				      .on_timeout = on_timeout,
+				      .route_of = route_of};
+	struct ksv_httpd *http = NULL;
+	if ((rc = ksv_httpd_start(&hp, &http)))
+		goto fail;
+	/* requests may already be arriving: publish the handle atomically */
+	__atomic_store_n(&s->http, http, __ATOMIC_RELEASE);
+	char nsx[33];
+	kv_h128_hex(s->ns, nsx);
+	KV_INFO("serve.ready",
+		"host=%s port=%d model=%s arch=%s hybrid=%d vocab=%d ctx=%d prefix_cache=%d index=%s budget_bytes=%llu "
+		"budget=\"%s\" mem_cap=%llu namespace=%s load_ms=%.0f",
+		o->host, ksv_httpd_port(s->http), s->model_name, kv_arch_name(s->cfg->arch), s->hybrid, s->vocab,
+		s->ctx_len, o->prefix_cache, o->prefix_cache_index, (unsigned long long)s->budget.bytes, s->budget.note,
+		(unsigned long long)s->mem_cap, nsx, (double)(kv_now_ns() - t0) / 1e6);
+	/* /health answers: now the disk index is built, in the background */
+	ks_store_start_scan(s->store);
+	*out = s;
+	return KV_OK;
+fail:
+	rc = rc ? rc : KV_ERR_INVALID;
+	{
+		char msg[1024];
+		snprintf(msg, sizeof msg, "%s", kv_errmsg());
+		ksv_server_destroy(s);
+		return kv_fail(rc, "%s", msg);
+	}
+}
+
+int ksv_server_port(const struct ksv_server *s)
+{
+	return s->http ? ksv_httpd_port(s->http) : 0;
+}
+
+void ksv_server_request_stop(struct ksv_server *s)
+{
+	if (s && s->stop_pipe[1] >= 0) {
+		char c = 1;
+		ssize_t w = write(s->stop_pipe[1], &c, 1);
+		(void)w;
+	}
+}
+
+int ksv_server_run(struct ksv_server *s)
+{
+	for (;;) {
+		struct pollfd pf = {.fd = s->stop_pipe[0], .events = POLLIN};
+		int r = poll(&pf, 1, 1000);
+		if (r > 0)
+			break;
+		if (r < 0 && errno != EINTR)
+			break;
+	}
+	uint64_t t0 = kv_now_ns();
+	KV_INFO("serve.stopping", "running=%d waiting=%d", ksv_sched_running(s->sched), ksv_sched_queued(s->sched));
+	atomic_store(&s->stopping, 1);
+	ksv_httpd_quiesce(s->http);
+	/* queued requests are cancelled, running ones stop at the next step */
+	ksv_sched_close(s->sched, 1);
+	for (int i = 0; i < 200 && ksv_sched_running(s->sched) > 0; i++)
+		kv_sleep_ms(10);
+	/* the shutdown flush gets what is left of the SIGTERM budget */
+	if (s->store) {
+		double budget = ks_store_budget_parse(s->o.env_shutdown_budget);
+		double left = budget - (double)(kv_now_ns() - t0) / 1e9;
+		ks_store_flush(s->store, left > 0 ? left : 0, NULL);
+	}
+	KV_INFO("serve.stopped", "ms=%.0f", (double)(kv_now_ns() - t0) / 1e6);
+	return KV_OK;
+}
+
+void ksv_server_destroy(struct ksv_server *s)
+{
+	if (!s)
+		return;
+	if (s->sched)
+		ksv_sched_close(s->sched, 1);
+	ksv_httpd_stop(s->http); /* joins connection threads: no handler runs after this */
+	ksv_sched_destroy(s->sched);
+	ks_store_close(s->store); /* before the cache: its writer holds cache views */
+	kc_cache_destroy(s->cache);
+	kc_cache_destroy(s->nocache);
+	ke_model_destroy(s->model);
+	kv_chat_free(s->chat);
+	kv_tok_free(s->tok);
+	ksv_metrics_destroy(s->m);
+	free(s->tb_off);
+	free(s->tb_len);
+	free(s->tb_data);
+	if (s->stop_pipe[0] >= 0)
+		close(s->stop_pipe[0]);
+	if (s->stop_pipe[1] >= 0)
+		close(s->stop_pipe[1]);
+	free(s);
+}

@@ -1,0 +1,87 @@
+/*
+ * server_int.h - what server.c (lifecycle, routes, metrics) and gen.c (a
+ * generation request from body to answer) share. Private to src/server.
+ */
+#ifndef KV_SERVER_SERVER_INT_H
+#define KV_SERVER_SERVER_INT_H
+
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "cache/budget.h"
+#include "cache/cache.h"
+#include "engine/model.h"
+#include "model/config.h"
+#include "model/template.h"
+#include "model/tokenizer.h"
+#include "server/httpd.h"
+#include "server/metrics.h"
+#include "server/options.h"
+#include "server/sched.h"
+#include "store/store.h"
+
+#define JSON_MAX_DEPTH 64
+#define MiB (1024ull * 1024ull)
+
+struct ksv_server {
+	struct ksv_opts o;
+	char model_name[256];
+	struct kv_tok *tok;
+	struct kv_chat *chat;
+	struct ke_model *model;
+	const struct kv_model_config *cfg;
+	const struct ke_layout *lay;
+	struct kc_cache *cache;
+	struct ks_store *store;           /* the disk tier (NULL: none, e.g. --disable-prefix-cache) */
+	struct kc_cache *nocache;         /* a disabled cache for requests with their own cache_salt */
+	struct ksv_sched *sched;
+	struct ksv_metrics *m;
+	struct ksv_httpd *http;
+	int vocab;
+	int32_t eos[16];
+	int n_eos;
+	int ctx_len;
+	int hybrid;
+	int xml_tools;
+	uint64_t mem_cap;
+	struct kc_budget budget;
+	struct kv_h128 ns;
+	int64_t created;
+	/* token id -> raw bytes, for logprobs */
+	uint32_t *tb_off;
+	uint16_t *tb_len;
+	char *tb_data;
+	/* stop */
+	int stop_pipe[2];
+	atomic_int stopping;
+	/* metric families */
+	struct ksv_family *f_requests, *f_prompt_tok, *f_gen_tok, *f_cached_tok, *f_resume, *f_ttft, *f_itl, *f_e2e,
+		*f_queue_wait, *f_running, *f_waiting, *f_cancelled, *f_timeouts, *f_conns, *f_mem, *f_mem_peak,
+		*f_pages, *f_rej_503, *f_rej_429, *f_corrupt, *f_info;
+	struct ksv_family *fc[24];
+	struct ksv_family *fd[40];        /* disk tier (server.c disk_metric_names) */
+};
+
+/* server.c */
+void ksv_reply_json(struct ksv_conn *c, int status, json_t *j);
+void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const char *param, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+
+/* gen.c */
+/* The token id -> raw bytes table used for logprobs. */
+int ksv_gen_token_table(struct ksv_server *s);
+/* POST /v1/chat/completions (api KSV_API_CHAT) and /v1/completions. */
+void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api);
+/* Memory a generation needs besides its KV (recurrent state, scratch,
+ * logits): the admission projection's constant part. */
+uint64_t ksv_gen_request_overhead(const struct ksv_server *s);
+/* POST /v1/cache/probe. */
+void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq);
+
+static inline void ksv_observe(struct ksv_family *f, double v)
+{
+	ksv_metrics_observe(f, v);
+}
+
+#endif

@@ -1,0 +1,603 @@
+/*
+ * test_server_format.c - the pure parts of the server: request validation
+ * (every refusal names its field), the OpenAI response and SSE chunk
+ * formats (checked by parsing them back), the stop-string matcher and the
+ * reasoning splitter fed at every split point, the metrics text format.
+ */
+#include "kt.h"
+#include "base/buf.h"
+#include "base/err.h"
+#include "server/metrics.h"
+#include "server/openai.h"
+#include "server/output.h"
+#include "server/request.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+
+static int parse(int api, const char *body, struct ksv_req *r)
+{
+	return ksv_req_parse(api, body, strlen(body), 64, r);
+}
+
+/* Expect KV_ERR_INVALID naming `param` in both the message and err_param. */
+static void expect_bad(int api, const char *body, const char *param, int line)
+{
+	struct ksv_req r;
+	int rc = parse(api, body, &r);
+	if (rc != KV_ERR_INVALID)
+		kt_fail(__FILE__, line, "accepted (rc %d): %s", rc, body);
+	else if (strcmp(r.err_param, param) || !strstr(kv_errmsg(), param))
+		kt_fail(__FILE__, line, "param '%s' (message '%s'), wanted '%s'", r.err_param, kv_errmsg(), param);
+	ksv_req_free(&r);
+}
+#define BAD(api, body, param) expect_bad(api, body, param, __LINE__)
+
+KT_CASE(request_agent_shapes)
+{
+	const char *body =
+		"{\"model\":\"m\",\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+		"\"messages\":["
+		"{\"role\":\"system\",\"content\":[{\"type\":\"text\",\"text\":\"be brief\"}]},"
+		"{\"role\":\"developer\",\"content\":\"dev\"},"
+		"{\"role\":\"user\",\"content\":\"hi\"},"
+		"{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\","
+		"\"function\":{\"name\":\"read\",\"arguments\":\"{\\\"p\\\":1}\"}}]},"
+		"{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":[{\"type\":\"text\",\"text\":\"ok\"}]},"
+		"{\"role\":\"tool\",\"tool_call_id\":\"call_2\",\"content\":\"ok2\"}],"
+		"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"read\",\"parameters\":{\"type\":\"object\"}}}],"
+		"\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"read\"}},"
+		"\"max_tokens\":5,\"max_completion_tokens\":7,\"temperature\":0,\"top_p\":0.5,\"top_k\":-1,\"min_p\":0.1,"
+		"\"seed\":-3,\"stop\":[\"a\",\"bb\"],\"logprobs\":true,\"top_logprobs\":20,\"n\":1,"
+		"\"presence_penalty\":0,\"parallel_tool_calls\":true,\"user\":\"u\",\"some_extension\":{\"x\":[1]},"
+		"\"chat_template_kwargs\":{\"enable_thinking\":false}}";
+	struct ksv_req r;
+	KT_OK(parse(KSV_API_CHAT, body, &r));
+	KT_EQ_STR(r.model, "m");
+	KT_EQ_INT(r.stream, 1);
+	KT_EQ_INT(r.include_usage, 1);
+	KT_EQ_INT(json_array_size(r.messages), 6);
+	KT_EQ_STR(json_string_value(json_object_get(json_array_get(r.messages, 1), "role")), "system");
+	KT_EQ_INT(r.tool_choice, KSV_TC_NAMED);
+	KT_EQ_STR(r.tool_name, "read");
+	KT_EQ_INT(r.max_tokens, 7);
+	KT_CHECK(r.temperature == 0 && r.top_p == 0.5 && r.top_k == 0 && r.min_p == 0.1);
+	KT_EQ_INT(r.has_seed, 1);
+	KT_EQ_U64(r.seed, (uint64_t)-3);
+	KT_EQ_INT(r.n_stop, 2);
+	KT_EQ_INT(r.logprobs, 1);
+	KT_EQ_INT(r.top_logprobs, 20);
+	KT_EQ_INT(r.enable_thinking, 0);
+	ksv_req_free(&r);
+
+	KT_OK(parse(KSV_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[],\"stop\":\"s\"}", &r));
+	KT_CHECK(r.tools == NULL);
+	KT_EQ_INT(r.max_tokens, -1);
+	KT_CHECK(r.temperature == 1.0);
+	KT_EQ_INT(r.n_stop, 1);
+	ksv_req_free(&r);
+}
+
+KT_CASE(request_errors_name_the_field)
+{
+	const int C = KSV_API_CHAT;
+	BAD(C, "[1,2]", "body");
+	BAD(C, "{}", "messages");
+	BAD(C, "{\"messages\":{}}", "messages");
+	BAD(C, "{\"messages\":[]}", "messages");
+	BAD(C, "{\"messages\":[1]}", "messages[0]");
+	BAD(C, "{\"messages\":[{\"content\":\"x\"}]}", "messages[0].role");
+	BAD(C, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "messages[0].role");
+	BAD(C, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "messages[0].content");
+	BAD(C, "{\"messages\":[{\"role\":\"user\"}]}", "messages[0].content");
+	BAD(C, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", "messages[0].content[0]");
+	BAD(C, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":3}]}]}",
+	    "messages[0].content[0].text");
+	BAD(C, "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "messages[0].tool_call_id");
+	BAD(C, "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":1}}]}]}",
+	    "messages[0].tool_calls[0].function.name");
+	BAD(C, "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":1}}]}]}",
+	    "messages[0].tool_calls[0].function.arguments");
+	BAD(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[]}]}", "messages[0].tool_calls");
+	const char *M = "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]";
+	char b[512];
+#define B(extra, param) do { snprintf(b, sizeof b, "{%s,%s}", M, extra); BAD(C, b, param); } while (0)
+	B("\"model\":3", "model");
+	B("\"stream\":\"yes\"", "stream");
+	B("\"stream_options\":{\"include_usage\":1}", "stream_options.include_usage");
+	B("\"max_tokens\":\"5\"", "max_tokens");
+	B("\"max_tokens\":0", "max_tokens");
+	B("\"max_tokens\":1.5", "max_tokens");
+	B("\"max_completion_tokens\":-1", "max_completion_tokens");
+	B("\"temperature\":3", "temperature");
+	B("\"temperature\":\"hot\"", "temperature");
+	B("\"top_p\":0", "top_p");
+	B("\"top_k\":-2", "top_k");
+	B("\"min_p\":2", "min_p");
+	B("\"seed\":1.5", "seed");
+	B("\"stop\":5", "stop");
+	B("\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]", "stop");
+	B("\"stop\":[\"\"]", "stop");
+	B("\"logprobs\":1", "logprobs");
+	B("\"logprobs\":true,\"top_logprobs\":21", "top_logprobs");
+	B("\"top_logprobs\":2", "top_logprobs");
+	B("\"n\":2", "n");
+	B("\"presence_penalty\":0.5", "presence_penalty");
+	B("\"logit_bias\":{\"1\":5}", "logit_bias");
+	B("\"response_format\":{\"type\":\"json_object\"}", "response_format");
+	B("\"tools\":{}", "tools");
+	B("\"tools\":[{\"type\":\"function\"}]", "tools[0].function");
+	B("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]", "tools[0].function.parameters");
+	B("\"tool_choice\":\"sometimes\"", "tool_choice");
+	B("\"tool_choice\":\"required\"", "tool_choice");
+	B("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+	  "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}", "tool_choice");
+	B("\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}", "chat_template_kwargs.enable_thinking");
+#undef B
+	/* malformed and deeply nested JSON */
+	struct ksv_req r;
+	KT_EQ_INT(parse(C, "{\"messages\":[", &r), KV_ERR_INVALID);
+	ksv_req_free(&r);
+	char deep[600];
+	memset(deep, '[', 300);
+	memset(deep + 300, ']', 300);
+	KT_EQ_INT(ksv_req_parse(C, deep, 600, 64, &r), KV_ERR_INVALID);
+	KT_CHECK(strstr(kv_errmsg(), "nested") != NULL);
+	ksv_req_free(&r);
+}
+
+KT_CASE(request_completions)
+{
+	struct ksv_req r;
+	KT_OK(parse(KSV_API_COMPLETION, "{\"prompt\":\"hello\",\"logprobs\":3}", &r));
+	KT_EQ_STR(r.prompt, "hello");
+	KT_EQ_INT(r.logprobs, 1);
+	KT_EQ_INT(r.top_logprobs, 3);
+	ksv_req_free(&r);
+	KT_OK(parse(KSV_API_COMPLETION, "{\"prompt\":[[1,2,3]]}", &r));
+	KT_EQ_INT(r.n_prompt_ids, 3);
+	KT_EQ_INT(r.prompt_ids[2], 3);
+	ksv_req_free(&r);
+	KT_OK(parse(KSV_API_COMPLETION, "{\"prompt\":[\"one\"]}", &r));
+	KT_EQ_STR(r.prompt, "one");
+	ksv_req_free(&r);
+	BAD(KSV_API_COMPLETION, "{}", "prompt");
+	BAD(KSV_API_COMPLETION, "{\"prompt\":\"\"}", "prompt");
+	BAD(KSV_API_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", "prompt");
+	BAD(KSV_API_COMPLETION, "{\"prompt\":[1,-2]}", "prompt");
+	BAD(KSV_API_COMPLETION, "{\"prompt\":\"x\",\"echo\":true}", "echo");
+	BAD(KSV_API_COMPLETION, "{\"prompt\":\"x\",\"best_of\":3}", "best_of");
+	BAD(KSV_API_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":true}", "logprobs");
+}
+
+/* Split an SSE text into its JSON events (parsed); returns the count. */
+static int sse_events(const char *text, json_t **ev, int cap, int *done)
+{
+	int n = 0;
+	*done = 0;
+	const char *p = text;
+	while ((p = strstr(p, "data: "))) {
+		p += 6;
+		const char *e = strstr(p, "\n\n");
+		if (!e)
+			break;
+		if ((size_t)(e - p) == 6 && !strncmp(p, "[DONE]", 6))
+			*done = 1;
+		else if (n < cap)
+			ev[n++] = json_loadb(p, (size_t)(e - p), 0, NULL);
+		p = e + 2;
+	}
+	return n;
+}
+
+#define JS(obj, path) json_string_value(json_object_get(obj, path))
+
+KT_CASE(chat_stream_chunks)
+{
+	struct ksv_oai o;
+	struct kv_buf b = KV_BUF_INIT;
+	ksv_oai_init(&o, KSV_API_CHAT, "tiny", 1, 1);
+	KT_CHECK(!strncmp(o.id, "chatcmpl-", 9));
+	struct ksv_lp_alt alts[2] = {{"a", 1, -0.25f}, {"\xff", 1, -1.5f}};
+	struct ksv_lp lp = {"\xe4\xbd", 2, -0.25f, 2, alts};
+	ksv_oai_sse_delta(&o, "Hel", 3, NULL, 0, &lp, 1, &b);
+	ksv_oai_sse_tool_start(&o, 0, "call_x", "read_file", &b);
+	ksv_oai_sse_tool_args(&o, 0, "{\"pa", 4, &b);
+	ksv_oai_sse_tool_args(&o, 0, "th\": 1}", 7, &b);
+	ksv_oai_sse_finish(&o, "tool_calls", &b);
+	struct ksv_usage u = {10, 4, 8};
+	ksv_oai_sse_usage(&o, &u, &b);
+	ksv_oai_sse_done(&b);
+	KT_REQUIRE(!b.oom);
+	json_t *ev[16];
+	int done;
+	int n = sse_events(b.p, ev, 16, &done);
+	KT_EQ_INT(n, 7);
+	KT_EQ_INT(done, 1);
+	for (int i = 0; i < n; i++) {
+		KT_REQUIRE(ev[i]);
+		KT_EQ_STR(JS(ev[i], "id"), o.id);
+		KT_EQ_STR(JS(ev[i], "object"), "chat.completion.chunk");
+		KT_EQ_STR(JS(ev[i], "model"), "tiny");
+		KT_CHECK(json_is_integer(json_object_get(ev[i], "created")));
+		KT_CHECK(json_object_get(ev[i], "usage") != NULL); /* null except the last */
+	}
+	json_t *d0 = json_object_get(json_array_get(json_object_get(ev[0], "choices"), 0), "delta");
+	KT_EQ_STR(JS(d0, "role"), "assistant");
+	KT_EQ_STR(JS(d0, "content"), "");
+	json_t *c1 = json_array_get(json_object_get(ev[1], "choices"), 0);
+	KT_EQ_STR(JS(json_object_get(c1, "delta"), "content"), "Hel");
+	KT_CHECK(json_is_null(json_object_get(c1, "finish_reason")));
+	json_t *lpc = json_array_get(json_object_get(json_object_get(c1, "logprobs"), "content"), 0);
+	KT_REQUIRE(lpc);
+	KT_CHECK(json_real_value(json_object_get(lpc, "logprob")) == -0.25);
+	KT_EQ_INT(json_array_size(json_object_get(lpc, "bytes")), 2);
+	KT_EQ_INT(json_integer_value(json_array_get(json_object_get(lpc, "bytes"), 0)), 0xe4);
+	KT_EQ_STR(JS(lpc, "token"), "\xEF\xBF\xBD\xEF\xBF\xBD"); /* invalid alone: U+FFFD each */
+	json_t *top = json_object_get(lpc, "top_logprobs");
+	KT_EQ_INT(json_array_size(top), 2);
+	KT_CHECK(json_real_value(json_object_get(json_array_get(top, 1), "logprob")) == -1.5);
+	json_t *tc = json_array_get(json_object_get(json_object_get(json_array_get(json_object_get(ev[2], "choices"), 0),
+									"delta"), "tool_calls"), 0);
+	KT_EQ_INT(json_integer_value(json_object_get(tc, "index")), 0);
+	KT_EQ_STR(JS(tc, "id"), "call_x");
+	KT_EQ_STR(JS(tc, "type"), "function");
+	KT_EQ_STR(JS(json_object_get(tc, "function"), "name"), "read_file");
+	KT_EQ_STR(JS(json_object_get(tc, "function"), "arguments"), "");
+	/* argument pieces concatenate to the JSON */
+	char args[64] = "";
+	for (int i = 3; i <= 4; i++) {
+		json_t *t = json_array_get(json_object_get(json_object_get(json_array_get(json_object_get(ev[i], "choices"), 0),
+									   "delta"), "tool_calls"), 0);
+		KT_CHECK(json_object_get(t, "id") == NULL);
+		strcat(args, JS(json_object_get(t, "function"), "arguments"));
+	}
+	KT_EQ_STR(args, "{\"path\": 1}");
+	json_t *c5 = json_array_get(json_object_get(ev[5], "choices"), 0);
+	KT_EQ_STR(JS(c5, "finish_reason"), "tool_calls");
+	KT_EQ_INT(json_array_size(json_object_get(ev[6], "choices")), 0);
+	json_t *us = json_object_get(ev[6], "usage");
+	KT_EQ_INT(json_integer_value(json_object_get(us, "prompt_tokens")), 10);
+	KT_EQ_INT(json_integer_value(json_object_get(us, "completion_tokens")), 4);
+	KT_EQ_INT(json_integer_value(json_object_get(us, "total_tokens")), 14);
+	KT_EQ_INT(json_integer_value(json_object_get(json_object_get(us, "prompt_tokens_details"), "cached_tokens")), 8);
+	for (int i = 0; i < n; i++)
+		json_decref(ev[i]);
+	kv_buf_free(&b);
+
+	/* without include_usage there is no usage key and no usage chunk */
+	ksv_oai_init(&o, KSV_API_CHAT, "tiny", 0, 0);
+	ksv_oai_sse_delta(&o, "x", 1, NULL, 0, NULL, 0, &b);
+	ksv_oai_sse_usage(&o, &u, &b);
+	n = sse_events(b.p, ev, 16, &done);
+	KT_EQ_INT(n, 2);
+	for (int i = 0; i < n; i++) {
+		KT_CHECK(json_object_get(ev[i], "usage") == NULL);
+		json_decref(ev[i]);
+	}
+	kv_buf_free(&b);
+}
+
+KT_CASE(chat_response_body)
+{
+	struct ksv_oai o;
+	ksv_oai_init(&o, KSV_API_CHAT, "tiny", 0, 0);
+	struct ksv_tool_call calls[1] = {{"call_abc", "f", "{\"a\": 1}"}};
+	struct ksv_oai_result r = {.content = NULL, .calls = calls, .n_calls = 1, .finish_reason = "tool_calls",
+				   .usage = {5, 3, 2}};
+	size_t len;
+	char *s = ksv_oai_response(&o, &r, &len);
+	KT_REQUIRE(s);
+	json_t *j = json_loads(s, 0, NULL);
+	KT_REQUIRE(j);
+	KT_EQ_STR(JS(j, "object"), "chat.completion");
+	json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+	json_t *m = json_object_get(ch, "message");
+	KT_EQ_STR(JS(m, "role"), "assistant");
+	KT_CHECK(json_is_null(json_object_get(m, "content")));
+	json_t *tc = json_array_get(json_object_get(m, "tool_calls"), 0);
+	KT_EQ_STR(JS(tc, "id"), "call_abc");
+	KT_EQ_STR(JS(json_object_get(tc, "function"), "arguments"), "{\"a\": 1}");
+	KT_CHECK(json_is_null(json_object_get(ch, "logprobs")));
+	KT_EQ_STR(JS(ch, "finish_reason"), "tool_calls");
+	json_decref(j);
+	free(s);
+	char id[32];
+	ksv_oai_tool_call_id(id);
+	KT_EQ_INT(strlen(id), 29);
+	KT_CHECK(!strncmp(id, "call_", 5));
+}
+
+KT_CASE(completion_bodies)
+{
+	struct ksv_oai o;
+	struct kv_buf b = KV_BUF_INIT;
+	ksv_oai_init(&o, KSV_API_COMPLETION, "tiny", 0, 1);
+	struct ksv_lp_alt alts[1] = {{"ab", 2, -0.5f}};
+	struct ksv_lp lps[2] = {{"ab", 2, -0.5f, 1, alts}, {"c", 1, -2.0f, 0, NULL}};
+	ksv_oai_sse_delta(&o, "abc", 3, NULL, 0, lps, 2, &b);
+	ksv_oai_sse_finish(&o, "length", &b);
+	json_t *ev[4];
+	int done;
+	KT_EQ_INT(sse_events(b.p, ev, 4, &done), 2);
+	json_t *c = json_array_get(json_object_get(ev[0], "choices"), 0);
+	KT_EQ_STR(JS(ev[0], "object"), "text_completion");
+	KT_EQ_STR(JS(c, "text"), "abc");
+	json_t *lp = json_object_get(c, "logprobs");
+	KT_EQ_INT(json_array_size(json_object_get(lp, "tokens")), 2);
+	KT_EQ_INT(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 1)), 2);
+	KT_CHECK(json_real_value(json_object_get(json_array_get(json_object_get(lp, "top_logprobs"), 0), "ab")) == -0.5);
+	KT_EQ_STR(JS(json_array_get(json_object_get(ev[1], "choices"), 0), "finish_reason"), "length");
+	json_decref(ev[0]);
+	json_decref(ev[1]);
+	kv_buf_free(&b);
+}
+
+KT_CASE(error_bodies)
+{
+	static const int st[] = {400, 404, 413, 500, 503};
+	static const char *types[] = {"invalid_request_error", "invalid_request_error", "invalid_request_error",
+				      "server_error", "overloaded_error"};
+	for (int i = 0; i < 5; i++) {
+		size_t len;
+		char *s = ksv_oai_error(st[i], "bad \"thing\"", i == 0 ? "messages[0].role" : NULL, &len);
+		json_t *j = json_loads(s, 0, NULL);
+		KT_REQUIRE(j);
+		json_t *e = json_object_get(j, "error");
+		KT_EQ_STR(JS(e, "message"), "bad \"thing\"");
+		KT_EQ_STR(JS(e, "type"), types[i]);
+		KT_CHECK(json_is_string(json_object_get(e, "code")));
+		if (i == 0)
+			KT_EQ_STR(JS(e, "param"), "messages[0].role");
+		else
+			KT_CHECK(json_is_null(json_object_get(e, "param")));
+		json_decref(j);
+		free(s);
+	}
+	json_t *t = ksv_json_text("a\xc3\x28z", 4);
+	KT_EQ_STR(json_string_value(t), "a\xEF\xBF\xBD(z");
+	json_decref(t);
+}
+
+/* --- output pipeline ---------------------------------------------------- */
+
+struct collect {
+	struct kv_buf content, reasoning, calls; /* calls: "name(args);" per call */
+	int starts, ends;
+};
+
+static void collect_fn(void *ctx, const struct ksv_ev *e)
+{
+	struct collect *c = ctx;
+	if (e->kind == KSV_EV_CONTENT)
+		kv_buf_add(&c->content, e->text, e->len);
+	else if (e->kind == KSV_EV_REASONING)
+		kv_buf_add(&c->reasoning, e->text, e->len);
+	else if (e->kind == KSV_EV_TOOL_START) {
+		kv_buf_printf(&c->calls, "%d:%s(", e->index, e->name);
+		c->starts++;
+	} else if (e->kind == KSV_EV_TOOL_ARGS)
+		kv_buf_add(&c->calls, e->text, e->len);
+	else if (e->kind == KSV_EV_TOOL_END) {
+		kv_buf_adds(&c->calls, ");");
+		c->ends++;
+	}
+}
+
+/* Run text through the pipeline split at one point; return stop flag. */
+static int run_split(const char *text, size_t split, const char *const *stop, size_t n_stop, int split_reasoning,
+		     int in_think, struct collect *c)
+{
+	struct ksv_out *o;
+	struct ksv_out_params p = {.stop = stop, .n_stop = n_stop, .split_reasoning = split_reasoning,
+				   .in_think = in_think, .fn = collect_fn, .ctx = c};
+	memset(c, 0, sizeof *c);
+	if (ksv_out_create(&p, &o))
+		return -1;
+	int hit = ksv_out_feed(o, text, split);
+	if (!hit)
+		hit = ksv_out_feed(o, text + split, strlen(text) - split);
+	ksv_out_finish(o);
+	ksv_out_destroy(o);
+	return hit;
+}
+
+static const char *cs(struct kv_buf *b)
+{
+	return b->p ? b->p : "";
+}
+
+KT_CASE(stop_strings_every_split)
+{
+	const char *stop[] = {"END", "ab\xc3\xa9"};
+	const char *text = "xxaEN ab\xc3 ab\xc3\xa9 tail END more";
+	for (size_t s = 0; s <= strlen(text); s++) {
+		struct collect c;
+		int hit = run_split(text, s, stop, 2, 0, 0, &c);
+		KT_EQ_INT(hit, 1);
+		KT_CHECKF(!strcmp(cs(&c.content), "xxaEN ab\xc3 "), "split %zu: '%s'", s, cs(&c.content));
+		kv_buf_free(&c.content);
+		kv_buf_free(&c.reasoning);
+	}
+	/* no match: everything comes out, including a held partial "EN" */
+	struct collect c;
+	KT_EQ_INT(run_split("abcEN", 3, stop, 2, 0, 0, &c), 0);
+	KT_EQ_STR(cs(&c.content), "abcEN");
+	kv_buf_free(&c.content);
+	int hit;
+	KT_EQ_U64(ksv_stop_scan("helloEN", 7, stop, 2, &hit), 5);
+	KT_EQ_INT(hit, 0);
+	KT_EQ_U64(ksv_stop_scan("heENDlo", 7, stop, 2, &hit), 2);
+	KT_EQ_INT(hit, 1);
+}
+
+KT_CASE(reasoning_split_every_split)
+{
+	const char *text = "\n<think>\nplan: a<b</think>\n\nanswer </thin";
+	for (size_t s = 0; s <= strlen(text); s++) {
+		struct collect c;
+		run_split(text, s, NULL, 0, 1, 0, &c);
+		KT_CHECKF(!strcmp(cs(&c.reasoning), "\nplan: a<b"), "split %zu reasoning '%s'", s, cs(&c.reasoning));
+		KT_CHECKF(!strcmp(cs(&c.content), "answer </thin"), "split %zu content '%s'", s, cs(&c.content));
+		kv_buf_free(&c.content);
+		kv_buf_free(&c.reasoning);
+	}
+	/* no think block: all content, even "<thi" at the very start */
+	struct collect c;
+	run_split("<thinker>", 2, NULL, 0, 1, 0, &c);
+	KT_EQ_STR(cs(&c.content), "<thinker>");
+	KT_EQ_STR(cs(&c.reasoning), "");
+	kv_buf_free(&c.content);
+	kv_buf_free(&c.reasoning);
+	/* prompt opened the block */
+	run_split("deep</think>out", 5, NULL, 0, 1, 1, &c);
+	KT_EQ_STR(cs(&c.reasoning), "deep");
+	KT_EQ_STR(cs(&c.content), "out");
+	kv_buf_free(&c.content);
+	kv_buf_free(&c.reasoning);
+	/* split off: raw text */
+	run_split("<think>x</think>y", 3, NULL, 0, 0, 0, &c);
+	KT_EQ_STR(cs(&c.content), "<think>x</think>y");
+	kv_buf_free(&c.content);
+	kv_buf_free(&c.reasoning);
+	/* unfinished think at the end stays reasoning */
+	run_split("<think>abc</th", 9, NULL, 0, 1, 0, &c);
+	KT_EQ_STR(cs(&c.reasoning), "abc</th");
+	kv_buf_free(&c.content);
+	kv_buf_free(&c.reasoning);
+}
+
+/* --- metrics -------------------------------------------------------------- */
+
+static void scrape_cb(void *ctx, struct ksv_metrics *m)
+{
+	(void)m;
+	ksv_metrics_set(ctx, 42);
+}
+
+KT_CASE(metrics_text_format)
+{
+	struct ksv_metrics *m = ksv_metrics_create();
+	KT_REQUIRE(m);
+	struct ksv_family *req = ksv_metrics_family(m, "kvkeep_requests_total", "Requests.", KSV_COUNTER, NULL, 0);
+	static const double bk[] = {0.1, 1};
+	struct ksv_family *h = ksv_metrics_family(m, "kvkeep_ttft_seconds", "TTFT\nline", KSV_HISTOGRAM, bk, 2);
+	struct ksv_family *g = ksv_metrics_family(m, "kvkeep_gauge", "G.", KSV_GAUGE, NULL, 0);
+	KT_CHECK(ksv_metrics_family(m, "bad name", "x", KSV_GAUGE, NULL, 0) == NULL);
+	KT_CHECK(ksv_metrics_family(m, "kvkeep_requests_total", "again", KSV_COUNTER, NULL, 0) == req);
+	ksv_metrics_on_scrape(m, scrape_cb, g);
+	ksv_series_add(ksv_series_get(req, "route", "/v1/x", "status", "200", NULL), 2);
+	ksv_series_add(ksv_series_get(req, "route", "/v1/x", "status", "200", NULL), 1);
+	ksv_series_add(ksv_series_get(req, "route", "we\"ird\\", "status", "4\n", NULL), 1);
+	ksv_series_add(ksv_series_get(req, "route", "/v1/x", "status", "200", NULL), -5); /* ignored */
+	ksv_metrics_observe(h, 0.05);
+	ksv_metrics_observe(h, 0.5);
+	ksv_metrics_observe(h, 7);
+	struct kv_buf b = KV_BUF_INIT;
+	ksv_metrics_render(m, &b);
+	const char *want[] = {
+		"# HELP kvkeep_requests_total Requests.\n# TYPE kvkeep_requests_total counter\n",
+		"kvkeep_requests_total{route=\"/v1/x\",status=\"200\"} 3\n",
+		"kvkeep_requests_total{route=\"we\\\"ird\\\\\",status=\"4\\n\"} 1\n",
+		"# HELP kvkeep_ttft_seconds TTFT\\nline\n# TYPE kvkeep_ttft_seconds histogram\n",
+		"kvkeep_ttft_seconds_bucket{le=\"0.10000000000000001\"} 1\n",
+		"kvkeep_ttft_seconds_bucket{le=\"1\"} 2\n",
+		"kvkeep_ttft_seconds_bucket{le=\"+Inf\"} 3\n",
+		"kvkeep_ttft_seconds_sum 7.5499999999999998\n",
+		"kvkeep_ttft_seconds_count 3\n",
+		"kvkeep_gauge 42\n",
+	};
+	for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+		KT_CHECKF(strstr(cs(&b), want[i]) != NULL, "missing: %s\n--- got:\n%s", want[i], cs(&b));
+	kv_buf_free(&b);
+	ksv_metrics_destroy(m);
+}
+
+static void free_collect(struct collect *c)
+{
+	kv_buf_free(&c->content);
+	kv_buf_free(&c->reasoning);
+	kv_buf_free(&c->calls);
+}
+
+/* Text through stop matcher, reasoning splitter and tool-call parser, split
+ * at every byte: the same content, reasoning and calls come out. */
+static void tool_pipeline_case(const char *text, int xml, const char *const *stop, size_t n_stop, const char *want_content,
+			       const char *want_reasoning, const char *want_calls, int line)
+{
+	json_t *tools = json_loads("[{\"type\": \"function\", \"function\": {\"name\": \"read_file\", \"parameters\": "
+				   "{\"type\": \"object\", \"properties\": {\"path\": {\"type\": \"string\"}, "
+				   "\"n\": {\"type\": \"integer\"}}}}}]", 0, NULL);
+	for (size_t split = 0; split <= strlen(text); split++) {
+		struct collect c;
+		struct ksv_out *o;
+		struct ksv_out_params p = {.stop = stop, .n_stop = n_stop, .split_reasoning = 1, .tools = tools,
+					   .xml_tools = xml, .fn = collect_fn, .ctx = &c};
+		memset(&c, 0, sizeof c);
+		if (ksv_out_create(&p, &o)) {
+			kt_fail(__FILE__, line, "create: %s", kv_errmsg());
+			break;
+		}
+		if (ksv_out_feed(o, text, split) != 1)
+			ksv_out_feed(o, text + split, strlen(text) - split);
+		ksv_out_finish(o);
+		int ok = !strcmp(cs(&c.content), want_content) && !strcmp(cs(&c.reasoning), want_reasoning) &&
+			 !strcmp(cs(&c.calls), want_calls) && c.starts == c.ends && c.starts == ksv_out_n_tool_calls(o);
+		if (!ok) {
+			kt_fail(__FILE__, line, "split %zu: content '%s' reasoning '%s' calls '%s' (%d/%d)", split,
+				cs(&c.content), cs(&c.reasoning), cs(&c.calls), c.starts, c.ends);
+			ksv_out_destroy(o);
+			free_collect(&c);
+			break;
+		}
+		ksv_out_destroy(o);
+		free_collect(&c);
+	}
+	json_decref(tools);
+}
+
+KT_CASE(tool_calls_through_the_pipeline)
+{
+	/* Qwen3 JSON form, two calls, text before, reasoning first */
+	tool_pipeline_case("<think>look</think>\n\nLet me look.\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": "
+			   "{\"path\": \"a.c\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"grep\", \"arguments\": {}}\n"
+			   "</tool_call>",
+			   0, NULL, 0, "Let me look.\n", "look", "0:read_file({\"path\": \"a.c\"});1:grep({});", __LINE__);
+	/* Qwen3.5 XML form: parameters coerced with the schema */
+	tool_pipeline_case("<tool_call>\n<function=read_file>\n<parameter=path>\nsrc/x.c\n</parameter>\n<parameter=n>\n"
+			   "12\n</parameter>\n</function>\n</tool_call>",
+			   1, NULL, 0, "", "", "0:read_file({\"path\": \"src/x.c\", \"n\": 12});", __LINE__);
+	/* malformed call: returned as content, nothing dropped */
+	tool_pipeline_case("<tool_call>\n{\"name\": oops}\n</tool_call>", 0, NULL, 0,
+			   "<tool_call>\n{\"name\": oops}\n</tool_call>", "", "", __LINE__);
+	/* a stop string inside the text ends it before the call */
+	const char *stop[] = {"STOP"};
+	tool_pipeline_case("abc STOP <tool_call>\n{\"name\": \"read_file\", \"arguments\": {}}\n</tool_call>", 0, stop, 1,
+			   "abc ", "", "", __LINE__);
+}
+
+/* The SSE shape of a streamed tool call, from the events the pipeline
+ * makes: start chunk with id/type/name, then argument pieces. */
+KT_CASE(tool_call_sse_from_pipeline)
+{
+	json_t *tools = json_loads("[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", 0, NULL);
+	struct collect c;
+	struct ksv_out *o;
+	memset(&c, 0, sizeof c);
+	struct ksv_out_params p = {.tools = tools, .fn = collect_fn, .ctx = &c};
+	KT_OK(ksv_out_create(&p, &o));
+	const char *t = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": [1, 2]}}\n</tool_call>";
+	for (size_t i = 0; t[i]; i++)
+		ksv_out_feed(o, t + i, 1);
+	ksv_out_finish(o);
+	KT_EQ_INT(ksv_out_n_tool_calls(o), 1);
+	KT_EQ_STR(cs(&c.calls), "0:f({\"x\": [1, 2]});");
+	ksv_out_destroy(o);
+	free_collect(&c);
+	json_decref(tools);
+}
+
+KT_MAIN(request_agent_shapes, request_errors_name_the_field, request_completions, chat_stream_chunks,
+	chat_response_body, completion_bodies, error_bodies, stop_strings_every_split, reasoning_split_every_split,
+	tool_calls_through_the_pipeline, tool_call_sse_from_pipeline, metrics_text_format)
