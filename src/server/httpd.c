@@ -54,6 +54,7 @@ struct track {
 	uint64_t deadline_ns;   /* head must be complete by then (when !busy) */
 	int busy;               /* a request head arrived; its handler owns the time */
 	int killed;             /* the watchdog shut it down */
+	int linger;             /* refused a body early: drain it before the close */
 };
 
 struct hdr {
@@ -400,6 +401,52 @@ static struct track *track_of(struct MHD_Connection *mc)
 	return ci ? (struct track *)ci->socket_context : NULL;
 }
 
+static void mark_linger(struct ksv_httpd *h, struct MHD_Connection *mc)
+{
+	struct track *t = track_of(mc);
+	if (t) {
+		pthread_mutex_lock(&h->tmu);
+		t->linger = 1;
+		pthread_mutex_unlock(&h->tmu);
+	}
+}
+
+/*
+ * Lingering close. A 413 goes out before the body is read; libmicrohttpd
+ * then closes the socket with the body's bytes still unread, and the
+ * kernel answers unread data with a reset, which makes many clients
+ * (node's fetch among them) lose the 413 they were sent and report a
+ * broken connection instead. So before the close we stop sending and read
+ * and drop what the client still sends, for at most LINGER_MS or
+ * LINGER_BYTES: nothing is kept, and a client that stops sending is not
+ * waited for.
+ */
+#define LINGER_MS 2000
+#define LINGER_BYTES (64u << 20)
+static void linger_drain(int fd)
+{
+	char buf[16384];
+	uint64_t end = kv_now_ns() + (uint64_t)LINGER_MS * 1000000ull;
+	size_t got = 0;
+	shutdown(fd, SHUT_WR);
+	while (got < LINGER_BYTES) {
+		uint64_t now = kv_now_ns();
+		if (now >= end)
+			break;
+		struct pollfd pf = {.fd = fd, .events = POLLIN};
+		int r = poll(&pf, 1, (int)((end - now) / 1000000ull) + 1);
+		if (r <= 0)
+			break;
+		ssize_t k = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+		if (k <= 0) {
+			if (k < 0 && (errno == EINTR || errno == EAGAIN))
+				continue;
+			break;
+		}
+		got += (size_t)k;
+	}
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
 				 const char *version, const char *upload_data, size_t *upload_size, void **con_cls)
 {
@@ -434,6 +481,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
 			unsigned long long v = strtoull(cl, &e, 10);
 			if (errno || e == cl || v > h->p.max_body) {
 				json_error_413(h->p.max_body, msg, sizeof msg);
+				mark_linger(h, mc);
 				ksv_conn_header(c, "Connection", "close");
 				ksv_conn_reply(c, 413, "application/json", msg, strlen(msg));
 			}
@@ -447,6 +495,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
 			return MHD_YES; /* discard what follows a refusal */
 		if (c->body.len + n > c->h->p.max_body) {
 			json_error_413(h->p.max_body, msg, sizeof msg);
+			mark_linger(h, mc);
 			ksv_conn_header(c, "Connection", "close");
 			if (ksv_conn_reply(c, 413, "application/json", msg, strlen(msg)))
 				return MHD_NO; /* libmicrohttpd would not take it here: just close */
@@ -531,6 +580,8 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
 	} else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
 		struct track *t = *socket_context;
 		struct ksv_stream *old = NULL;
+		if (t && t->linger && t->fd >= 0)
+			linger_drain(t->fd);
 		pthread_mutex_lock(&h->tmu);
 		if (t) {
 			if (t->prev)
