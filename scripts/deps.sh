@@ -10,7 +10,7 @@
 #          yardstick of `kvkeep bench engine`.
 set -eu
 BUILD_PKGS="gcc make libc6-dev libmicrohttpd-dev libjansson-dev libxxhash-dev libpcre2-dev libutf8proc-dev libedit-dev"
-TEST_PKGS="python3 python3-torch python3-numpy python3-jinja2 nodejs npm prometheus clang-14 libclang-rt-14-dev libopenblas0-pthread valgrind procps curl"
+TEST_PKGS="python3 python3-torch python3-numpy python3-jinja2 prometheus clang-14 libclang-rt-14-dev libopenblas0-pthread procps"
 set_name=${1:-build}
 pkgs=$BUILD_PKGS
 [ "$set_name" = test ] && pkgs="$BUILD_PKGS $TEST_PKGS"
@@ -21,6 +21,12 @@ for p in $pkgs; do
 		missing="$missing $p"
 	fi
 done
+# Node.js and npm: any install will do (some machines carry the NodeSource
+# build, whose nodejs package contains npm and conflicts with Debian's npm).
+if [ "$set_name" = test ]; then
+	command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+	command -v npm >/dev/null 2>&1 || missing="$missing npm"
+fi
 [ -z "$missing" ] && exit 0
 
 line="apt-get install -y --no-install-recommends$missing"
