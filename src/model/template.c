@@ -6729,10 +6729,12 @@ int kv_chat_prepare_messages(const json_t *messages, json_t **out)
 			json_decref(res);
 			return kv_fail(KV_ERR_INVALID, "messages[%zu] needs a \"role\" string", i);
 		}
-		if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "tool")) {
+		int developer = !strcmp(role, "developer");
+		if (strcmp(role, "system") && !developer && strcmp(role, "user") && strcmp(role, "assistant") &&
+		    strcmp(role, "tool")) {
 			json_decref(res);
-			return kv_fail(KV_ERR_INVALID, "messages[%zu]: unknown role '%.40s' (expected system, user, assistant "
-						       "or tool)", i, role);
+			return kv_fail(KV_ERR_INVALID, "messages[%zu]: unknown role '%.40s' (expected system, developer, "
+						       "user, assistant or tool)", i, role);
 		}
 		content = json_object_get(m, "content");
 		if (content && !json_is_string(content) && !json_is_null(content) && !json_is_array(content)) {
@@ -6769,6 +6771,14 @@ int kv_chat_prepare_messages(const json_t *messages, json_t **out)
 			json_decref(res);
 			return kv_fail(KV_ERR_NOMEM, "out of memory");
 		}
+		/* OpenAI's "developer" role is the system role of these templates. */
+		if (developer)
+			json_object_set_new(copy, "role", json_string("system"));
+		/* A turn that only calls tools has null (or no) content; the
+		 * templates test and concatenate it as a string (Qwen3's fails on
+		 * null), so it becomes "" as in vLLM's preparation. */
+		if (!content || json_is_null(content))
+			json_object_set_new(copy, "content", json_string(""));
 		if (json_is_array(content)) {
 			struct kv_buf b = KV_BUF_INIT;
 			size_t j;

@@ -110,12 +110,15 @@ struct kv_chat_render {
 /*
  * Preparation, exactly as the server does it (kv_chat_prepare_messages):
  *  - messages must be a non-empty array of objects;
- *  - role must be "system", "user", "assistant" or "tool" (anything else is
- *    KV_ERR_INVALID naming the message index);
+ *  - role must be "system", "developer", "user", "assistant" or "tool"
+ *    (anything else is KV_ERR_INVALID naming the message index);
+ *    "developer" becomes "system";
  *  - content given as a list of parts is joined into one string with no
  *    separator; only {"type": "text", "text": "..."} parts are accepted
- *    (other part types are KV_ERR_UNSUPPORTED); content that is a string,
- *    null or absent is passed unchanged, other types are KV_ERR_INVALID;
+ *    (other part types are KV_ERR_UNSUPPORTED); a string is passed
+ *    unchanged; null or absent content becomes "" (an assistant turn that
+ *    only calls tools; templates use content as a string); other types are
+ *    KV_ERR_INVALID;
  *  - tool_calls, when present, must be an array of {"function": {"name":
  *    string, "arguments": JSON string or object}}; arguments given as a
  *    JSON string stay a string, so the model's own bytes are re-rendered;

@@ -208,8 +208,6 @@ static int parse_messages(struct ksv_req *r, const json_t *msgs)
 		int is_asst = !strcmp(rs, "assistant"), is_tool = !strcmp(rs, "tool");
 		if (strcmp(rs, "system") && strcmp(rs, "developer") && strcmp(rs, "user") && !is_asst && !is_tool)
 			return bad(r, p, "unknown role '%s' (system, developer, user, assistant, tool)", rs);
-		if (!strcmp(rs, "developer"))
-			json_object_set_new(m, "role", json_string("system"));
 		const json_t *name = json_object_get(m, "name");
 		if (name && !json_is_null(name) && !json_is_string(name)) {
 			snprintf(p, sizeof p, "messages[%zu].name", i);
@@ -229,11 +227,6 @@ static int parse_messages(struct ksv_req *r, const json_t *msgs)
 		int rc = check_content(r, json_object_get(m, "content"), p, is_asst);
 		if (rc)
 			return rc;
-		/* an assistant turn that only calls tools has null content; the
-		 * templates (like vLLM's preparation) expect a string there */
-		const json_t *ct = json_object_get(m, "content");
-		if (!ct || json_is_null(ct))
-			json_object_set_new(m, "content", json_string(""));
 		const json_t *rc_ = json_object_get(m, "reasoning_content");
 		if (rc_ && !json_is_null(rc_) && !json_is_string(rc_)) {
 			snprintf(p, sizeof p, "messages[%zu].reasoning_content", i);

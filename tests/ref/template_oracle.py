@@ -90,6 +90,7 @@ def render(source, ctx):
 def prepare_messages(messages):
     """kvkeep's preparation (kv_chat_prepare_messages): content given as a
     list of text parts becomes one string, parts joined with no separator;
+    null or absent content becomes ""; the developer role becomes system;
     nothing else changes."""
     out = []
     for m in messages:
@@ -97,6 +98,10 @@ def prepare_messages(messages):
         c = m.get("content")
         if isinstance(c, list):
             m["content"] = "".join(p["text"] for p in c)
+        elif c is None:
+            m["content"] = ""
+        if m.get("role") == "developer":
+            m["role"] = "system"
         out.append(m)
     return out
 

@@ -275,7 +275,8 @@ KT_CASE(prepare_messages)
 	KT_REQUIRE(out);
 	KT_EQ_STR(json_string_value(json_object_get(json_array_get(out, 0), "content")), "ab");
 	json_t *m1 = json_array_get(out, 1);
-	KT_CHECK(json_is_null(json_object_get(m1, "content")));
+	KT_EQ_STR(json_string_value(json_object_get(m1, "content")), ""); /* null -> "" */
+	KT_CHECK(json_is_null(json_object_get(json_array_get(in, 1), "content"))); /* input untouched */
 	KT_EQ_INT(json_integer_value(json_object_get(m1, "extra")), 5);
 	json_t *args = json_object_get(json_object_get(json_array_get(json_object_get(m1, "tool_calls"), 0), "function"),
 				       "arguments");
@@ -283,6 +284,16 @@ KT_CASE(prepare_messages)
 	KT_EQ_STR(json_string_value(args), "{\"x\": 1}");
 	/* the input is not modified */
 	KT_CHECK(json_is_array(json_object_get(json_array_get(in, 0), "content")));
+	json_decref(out);
+	json_decref(in);
+
+	/* developer is the system role; absent content becomes "" */
+	in = jparse("[{\"role\": \"developer\", \"content\": \"d\"}, {\"role\": \"assistant\"}]");
+	KT_OK(kv_chat_prepare_messages(in, &out));
+	KT_REQUIRE(out);
+	KT_EQ_STR(json_string_value(json_object_get(json_array_get(out, 0), "role")), "system");
+	KT_EQ_STR(json_string_value(json_object_get(json_array_get(out, 1), "content")), "");
+	KT_EQ_STR(json_string_value(json_object_get(json_array_get(in, 0), "role")), "developer");
 	json_decref(out);
 	json_decref(in);
 
@@ -295,7 +306,6 @@ KT_CASE(prepare_messages)
 		{"{}", KV_ERR_INVALID, "non-empty"},
 		{"[{\"role\": \"user\", \"content\": \"a\"}, {\"role\": \"wizard\", \"content\": \"b\"}]", KV_ERR_INVALID,
 		 "messages[1]: unknown role 'wizard'"},
-		{"[{\"role\": \"developer\", \"content\": \"x\"}]", KV_ERR_INVALID, "unknown role"},
 		{"[{\"content\": \"x\"}]", KV_ERR_INVALID, "role"},
 		{"[\"hi\"]", KV_ERR_INVALID, "must be an object"},
 		{"[{\"role\": \"user\", \"content\": 5}]", KV_ERR_INVALID, "content"},
