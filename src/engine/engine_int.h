@@ -5,6 +5,8 @@
 #ifndef KV_ENGINE_ENGINE_INT_H
 #define KV_ENGINE_ENGINE_INT_H
 
+#include <pthread.h>
+
 #include "base/pages.h"
 #include "engine/gemm.h"
 #include "engine/layout.h"
@@ -35,6 +37,8 @@ struct ke_layer {
 
 #define KE_MAX_MATS (KV_MAX_LAYERS * 8 + 2)
 
+#define KE_STASH 2
+
 struct ke_model {
 	char dir[1024];
 	char prefix[64];
@@ -53,7 +57,22 @@ struct ke_model {
 	struct ke_mat mats[KE_MAX_MATS];
 	const char *mat_names[KE_MAX_MATS];
 	int conv_dim;
+	/* Buffers of destroyed sequences kept for the next ones (seq.c): on
+	 * this kind of machine the first touch of fresh memory runs at a few
+	 * hundred MB/s, so a new sequence that allocated its 10-30 MiB of
+	 * scratch and recurrent state afresh would pay tens of ms per request.
+	 * At most KE_STASH of each; guarded by stash_lock. */
+	pthread_mutex_t stash_lock;
+	int n_scratch, n_rec;
+	void *stash_scratch[KE_STASH]; /* kv_alloc blocks, all of one size per chunk */
+	size_t stash_scratch_bytes[KE_STASH];
+	void *stash_rec[KE_STASH];     /* lay.snapshot_bytes each */
 };
+
+/* Take a stashed buffer of `bytes` (NULL if none); give one back (freed
+ * when the stash is full). kind 0 = scratch block, 1 = recurrent state. */
+void *ke_stash_take(struct ke_model *m, int kind, size_t bytes);
+void ke_stash_put(struct ke_model *m, int kind, void *p);
 
 /* Per-sequence scratch, carved from one block, sized for `chunk` rows.
  * x, h, the RoPE tables and the attention scratch are separate; the

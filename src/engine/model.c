@@ -166,6 +166,7 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	m = calloc(1, sizeof *m);
 	if (!m)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	pthread_mutex_init(&m->stash_lock, NULL);
 	snprintf(m->dir, sizeof m->dir, "%s", dir);
 	c = &m->cfg;
 	if ((rc = kv_config_load(dir, c)))
@@ -306,10 +307,53 @@ fail:
 	return rc;
 }
 
+void *ke_stash_take(struct ke_model *m, int kind, size_t bytes)
+{
+	void *p = NULL;
+	pthread_mutex_lock(&m->stash_lock);
+	if (kind == 0) {
+		for (int i = 0; i < m->n_scratch; i++) {
+			if (m->stash_scratch_bytes[i] != bytes)
+				continue;
+			p = m->stash_scratch[i];
+			m->n_scratch--;
+			m->stash_scratch[i] = m->stash_scratch[m->n_scratch];
+			m->stash_scratch_bytes[i] = m->stash_scratch_bytes[m->n_scratch];
+			break;
+		}
+	} else if (m->n_rec && bytes == m->lay.snapshot_bytes) {
+		p = m->stash_rec[--m->n_rec];
+	}
+	pthread_mutex_unlock(&m->stash_lock);
+	return p;
+}
+
+void ke_stash_put(struct ke_model *m, int kind, void *p)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&m->stash_lock);
+	if (kind == 0 && m->n_scratch < KE_STASH) {
+		m->stash_scratch_bytes[m->n_scratch] = kv_alloc_size(p);
+		m->stash_scratch[m->n_scratch++] = p;
+		p = NULL;
+	} else if (kind == 1 && m->n_rec < KE_STASH) {
+		m->stash_rec[m->n_rec++] = p;
+		p = NULL;
+	}
+	pthread_mutex_unlock(&m->stash_lock);
+	kv_free(p);
+}
+
 void ke_model_destroy(struct ke_model *m)
 {
 	if (!m)
 		return;
+	for (int i = 0; i < m->n_scratch; i++)
+		kv_free(m->stash_scratch[i]);
+	for (int i = 0; i < m->n_rec; i++)
+		kv_free(m->stash_rec[i]);
+	pthread_mutex_destroy(&m->stash_lock);
 	if (m->pages)
 		kv_pages_destroy(m->pages);
 	kv_free(m->owned);

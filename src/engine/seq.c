@@ -15,7 +15,9 @@
 
 /* zero_rec = 0 leaves the recurrent state uninitialised: for resume,
  * which overwrites all of it with a snapshot right away (touching 12 MiB
- * twice would double the restore cost of a bench-hybrid sequence). */
+ * twice would double the restore cost of a bench-hybrid sequence).
+ * Scratch and recurrent buffers come from the model's stash when a
+ * destroyed sequence left some (warm memory, see engine_int.h). */
 static int seq_create(struct ke_model *m, const struct ke_seq_params *p, int zero_rec, struct ke_seq **out)
 {
 	struct ke_seq *s;
@@ -33,15 +35,20 @@ static int seq_create(struct ke_model *m, const struct ke_seq_params *p, int zer
 		return kv_fail(KV_ERR_INVALID, "sequence: chunk must be in [1, %d] and max_tokens >= 0", MAX_CHUNK);
 	}
 	size_t bytes = ke_scratch_plan(m, s->p.chunk, NULL, NULL);
-	void *block = kv_alloc(KV_MEM_SCRATCH, bytes);
+	void *block = ke_stash_take(m, 0, bytes);
+	if (!block)
+		block = kv_alloc(KV_MEM_SCRATCH, bytes);
 	if (!block) {
 		free(s);
 		return kv_fail(KV_ERR_NOMEM, "sequence: cannot allocate %zu bytes of scratch", bytes);
 	}
 	ke_scratch_plan(m, s->p.chunk, &s->sc, block);
 	if (m->lay.snapshot_bytes) {
-		s->rec = zero_rec ? kv_zalloc(KV_MEM_SCRATCH, m->lay.snapshot_bytes)
-				  : kv_alloc(KV_MEM_SCRATCH, m->lay.snapshot_bytes);
+		s->rec = ke_stash_take(m, 1, m->lay.snapshot_bytes);
+		if (!s->rec)
+			s->rec = kv_alloc(KV_MEM_SCRATCH, m->lay.snapshot_bytes);
+		if (s->rec && zero_rec)
+			memset(s->rec, 0, m->lay.snapshot_bytes);
 		if (!s->rec) {
 			ke_seq_destroy(s);
 			return kv_fail(KV_ERR_NOMEM, "sequence: cannot allocate %zu bytes of recurrent state",
@@ -65,8 +72,8 @@ void ke_seq_destroy(struct ke_seq *s)
 		kv_page_unref(s->pages[i]);
 	free(s->pages);
 	kv_free(s->tokens);
-	kv_free(s->rec);
-	kv_free(s->sc.block);
+	ke_stash_put(s->m, 1, s->rec);
+	ke_stash_put(s->m, 0, s->sc.block);
 	free(s);
 }
 

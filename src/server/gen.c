@@ -749,6 +749,16 @@ static struct gen *gen_new(struct ksv_server *s, const char *route)
 	return g;
 }
 
+/*
+ * Boundaries searched per request: the end of system + tools plus the
+ * ends of the newest messages. The search renders the template once per
+ * message searched, so an unbounded search costs O(messages^2) (0.1 s at
+ * 400 messages); the snapshots a turn needs are at the newest boundaries
+ * (what the next turn resumes from) and at the anchor, which is always
+ * searched.
+ */
+#define KSV_MAX_MESSAGE_BOUNDARIES 16
+
 /* Render the chat (or tokenize the completion prompt) into g. Replies and
  * returns nonzero on a client error. */
 static int prepare_prompt(struct ksv_server *s, struct gen *g, struct ksv_conn *c)
@@ -759,7 +769,11 @@ static int prepare_prompt(struct ksv_server *s, struct gen *g, struct ksv_conn *
 			ksv_reply_error(s, c, 500, NULL, "chat templates are not available in this build");
 			return 1;
 		}
-		struct kv_chat_opts co = {.add_generation_prompt = 1, .enable_thinking = r->enable_thinking};
+		const json_t *kw = json_object_get(r->body, "chat_template_kwargs");
+		struct kv_chat_opts co = {.add_generation_prompt = 1,
+					  .enable_thinking = r->enable_thinking,
+					  .kwargs = json_is_object(kw) ? kw : NULL,
+					  .max_message_boundaries = KSV_MAX_MESSAGE_BOUNDARIES};
 		struct kv_chat_render rr;
 		memset(&rr, 0, sizeof rr);
 		int rc = kv_chat_render(s->chat, r->messages, r->tools, &co, &rr);

@@ -599,11 +599,28 @@ KT_CASE(scratch_is_sized_once)
 	KT_EQ_U64(kv_mem_used(KV_MEM_OTHER), other);
 	/* KV grows by whole pages only: 300 tokens = 19 pages of 16 */
 	KT_EQ_U64(kv_mem_used(KV_MEM_KV) - kv, (uint64_t)(19 - 7) * ke_model_layout(m)->page_bytes);
+	uint64_t held = kv_mem_used(KV_MEM_SCRATCH);
 	ke_seq_destroy(s);
-	KT_EQ_U64(kv_mem_used(KV_MEM_SCRATCH), before);
+	/* the buffers stay with the model for the next sequence (warm memory) */
+	KT_EQ_U64(kv_mem_used(KV_MEM_SCRATCH), held);
+	s = seq_new(m, 64);
+	KT_REQUIRE(s);
+	KT_EQ_U64(kv_mem_used(KV_MEM_SCRATCH), held); /* reused, nothing new */
+	/* a reused recurrent state starts at zero like a fresh one */
+	size_t sb = ke_model_layout(m)->snapshot_bytes;
+	float *st = malloc(sb);
+	KT_REQUIRE(st);
+	KT_OK(ke_seq_snapshot(s, st, sb));
+	int zero = 1;
+	for (size_t i = 0; i < sb / 4; i++)
+		zero &= st[i] == 0.0f;
+	KT_CHECK(zero);
+	free(st);
+	ke_seq_destroy(s);
 	free(tok);
 	free(lg);
 	ke_model_destroy(m);
+	KT_EQ_U64(kv_mem_used(KV_MEM_SCRATCH), before);
 }
 
 /* --- bad model folders -------------------------------------------------------- */
