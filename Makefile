@@ -19,6 +19,7 @@
 # Variables: BUILD (output folder), CC, OPT, SAN, WERROR.
 
 BUILD ?= build
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CC ?= gcc
 OPT ?= -O2
 SAN ?=
@@ -79,18 +80,18 @@ $(BUILD)/tests/replay_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/obj/tests/fuz
 tests: $(BUILD)/kvkeep $(UNIT_BIN) $(REPLAY_BIN)
 
 test: deps-test npm
-	@$(MAKE) --no-print-directory tests
+	@$(MAKE) --no-print-directory -j$(JOBS) tests
 	@bash tests/run.sh $(BUILD)
 
 demo: deps npm
-	@$(MAKE) --no-print-directory $(BUILD)/kvkeep
+	@$(MAKE) --no-print-directory -j$(JOBS) $(BUILD)/kvkeep
 	@bash scripts/demo.sh $(BUILD)
 
 debug:
 	@$(MAKE) --no-print-directory BUILD=build/debug OPT="-O0 -g3" $(if $(T),$(T),build/debug/kvkeep)
 
 asan:
-	@$(MAKE) --no-print-directory BUILD=build/asan OPT="-O1" \
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build/asan OPT="-O1" \
 		SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" tests
 
 ubsan:
@@ -113,5 +114,9 @@ build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(LIB_SRC)
 
 clean:
 	rm -rf build
+
+# test objects are intermediate files to make; keep them so a rebuild
+# compiles only what changed
+.SECONDARY:
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(UNIT_SRC:%.c=$(BUILD)/obj/%.d) $(FUZZ_SRC:%.c=$(BUILD)/obj/%.d)

@@ -85,7 +85,7 @@ static int cmd_serve(int argc, char **argv)
 		{"cache-salt", KV_FLAG_STR, &o.cache_salt, "S",
 		 "fold S into the cache namespace: another salt never shares cached prefixes (default: none)"},
 		{"allow-request-salt", KV_FLAG_BOOL, &o.allow_request_salt, NULL,
-		 "accept a request's cache_salt field; such a request shares no cached prefix (default: refused)"},
+		 "accept a request's cache_salt field: requests with the same salt share a namespace of their own (default: refused)"},
 		{"kv-dtype", KV_FLAG_STR, &o.kv_dtype, "bf16|f32", "KV cache element type (default bf16)"},
 		{"page-tokens", KV_FLAG_INT, &o.page_tokens, "B", "tokens per KV page / cache block (default 256)"},
 		{"prefill-chunk", KV_FLAG_INT, &o.prefill_chunk, "N", "prefill tokens per forward step (default 256)"},

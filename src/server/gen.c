@@ -96,7 +96,8 @@ struct gen {
 	struct ksv_usage usage;
 	const char *resume_kind;
 	int from_disk;            /* the resume point was loaded from the disk tier */
-	int salted;               /* a request cache_salt: no shared cache at all (--allow-request-salt) */
+	const char *salt;         /* the request's cache_salt (borrowed from req.body), NULL: none */
+	struct ksv_tier tier;     /* RAM cache + disk store of its namespace (tenant.h) */
 	/* decode state (worker) */
 	struct ke_sampler *smp;
 	struct kv_tok_stream ds;
@@ -464,11 +465,11 @@ static int pick(void *ctx, const float *logits, int vocab, int32_t *tok)
  * files when they go further. Returns the position now in RAM from disk
  * (0: nothing loaded). Never fails the request.
  */
-static uint32_t disk_fetch(struct ksv_server *s, struct gen *g)
+static uint32_t disk_fetch(struct gen *g)
 {
 	struct kc_hit h;
 	struct ks_fetch f = {0};
-	kc_cache_peek(s->cache, g->prompt, g->n_prompt, &h);
+	kc_cache_peek(g->tier.cache, g->prompt, g->n_prompt, &h);
 	struct kv_page **rp = h.n_pages ? malloc(h.n_pages * sizeof *rp) : NULL;
 	if (rp || !h.n_pages) {
 		if (rp)
@@ -480,10 +481,10 @@ static uint32_t disk_fetch(struct ksv_server *s, struct gen *g)
 				    .ram_pos = h.pos,
 				    .ram_pages = rp,
 				    .ram_n_pages = rp ? h.n_pages : 0};
-		ks_store_fetch(s->store, &rq, &f);
+		ks_store_fetch(g->tier.store, &rq, &f);
 	}
 	free(rp);
-	kc_hit_release(s->cache, &h);
+	kc_hit_release(g->tier.cache, &h);
 	return f.pos;
 }
 
@@ -496,14 +497,14 @@ static int snap_fill(void *ctx, void *dst, size_t len)
 /* run.h on_every: --kv-disk-checkpoint-interval. Queued, never waited for. */
 static void disk_checkpoint(void *ctx, struct ke_seq *seq, int pos)
 {
-	struct ksv_server *s = ctx;
+	struct ks_store *store = ctx;
 	int n = ke_seq_n_pages(seq);
 	struct kv_page **pg = malloc(((size_t)n + 1) * sizeof *pg);
 	if (!pg)
 		return;
 	for (int i = 0; i < n; i++)
 		pg[i] = ke_seq_page(seq, i);
-	if (ks_store_ckpt(s->store, ke_seq_tokens(seq), (uint32_t)pos, pg, snap_fill, seq) == KV_ERR_FULL)
+	if (ks_store_ckpt(store, ke_seq_tokens(seq), (uint32_t)pos, pg, snap_fill, seq) == KV_ERR_FULL)
 		KV_DEBUG("store.ckpt_dropped", "pos=%d msg=\"the disk writer queue is full\"", pos);
 	free(pg);
 }
@@ -525,12 +526,21 @@ static void gen_run(struct ksv_job *job)
 		goto out;
 	}
 
+	/* the namespace of this request: the server's, or its cache_salt's */
+	if ((rc = ksv_tenant_get(s, g->salt, &g->tier))) {
+		err_status = 500;
+		snprintf(errbuf, sizeof errbuf, "cache for cache_salt: %s", kv_errmsg());
+		goto out;
+	}
+
 	/* admission: the request's projected memory against the cap; the
 	 * cache gives up LRU entries before we ever answer 503 */
 	uint64_t need = (uint64_t)(g->n_prompt + (uint32_t)g->max_tokens) * s->lay->kv_bytes_per_token +
 			ksv_gen_request_overhead(s);
 	uint64_t released = 0;
-	if (s->mem_cap && kc_cache_admit(s->cache, kv_mem_total(), need, s->mem_cap, &released) == KV_ERR_FULL) {
+	if (s->mem_cap && kc_cache_admit(g->tier.cache, kv_mem_total(), need, s->mem_cap, &released) == KV_ERR_FULL &&
+	    (g->tier.cache == s->cache ||
+	     kc_cache_admit(s->cache, kv_mem_total(), need, s->mem_cap, &released) == KV_ERR_FULL)) {
 		ksv_metrics_add(s->f_rej_503, 1);
 		err_status = 503;
 		snprintf(errbuf, sizeof errbuf,
@@ -563,8 +573,8 @@ static void gen_run(struct ksv_job *job)
 
 	/* the disk tier: when it holds more of this prompt than RAM, its files
 	 * are loaded into the RAM cache first (store.h) */
-	if (s->store && !g->salted)
-		g->from_disk = disk_fetch(s, g) > 0;
+	if (g->tier.store)
+		g->from_disk = disk_fetch(g) > 0;
 
 	/* lookup, restore, prefill with the policy's stop points, decode
 	 * through pick(), store: the cache's driver does it all */
@@ -578,11 +588,11 @@ static void gen_run(struct ksv_job *job)
 				   .mem_cap = s->mem_cap,
 				   .chunk = (int)s->o.prefill_chunk,
 				   .cancel = (const int *)&g->job.cancel,
-				   .every = s->store && !g->salted ? ks_store_ckpt_interval(s->store) : 0,
+				   .every = g->tier.store ? ks_store_ckpt_interval(g->tier.store) : 0,
 				   .on_every = disk_checkpoint,
-				   .every_ctx = s};
-	rc = kc_run(g->salted ? s->nocache : s->cache, s->model, &rp, &res);
-	ks_store_kick(s->store); /* new entries for the write-behind */
+				   .every_ctx = g->tier.store};
+	rc = kc_run(g->tier.cache, s->model, &rp, &res);
+	ks_store_kick(g->tier.store); /* new entries for the write-behind */
 	p = res.resumed;
 	if (rc == KV_ERR_CANCELLED || atomic_load(&g->job.cancel)) {
 		cancelled = 1;
@@ -933,10 +943,9 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 		gen_unref(g);
 		return;
 	}
-	/* cache_salt: a namespace of its own per request is not implemented, so
-	 * a salted request shares nothing (no lookup, nothing stored, nothing
-	 * on disk) - and without --allow-request-salt it is refused rather
-	 * than silently sharing the server's namespace */
+	/* cache_salt: with --allow-request-salt, requests with the same salt
+	 * share a namespace of their own (tenant.h); without it a salt is
+	 * refused rather than silently sharing the server's namespace */
 	json_t *salt = json_object_get(g->req.body, "cache_salt");
 	if (salt && !json_is_null(salt)) {
 		if (!json_is_string(salt) || !s->o.allow_request_salt) {
@@ -946,7 +955,7 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 			gen_unref(g);
 			return;
 		}
-		g->salted = json_string_length(salt) > 0;
+		g->salt = json_string_length(salt) > 0 ? json_string_value(salt) : NULL;
 	}
 	if (prepare_prompt(s, g, c)) {
 		gen_unref(g);
@@ -1123,17 +1132,37 @@ void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq)
 		gen_unref(g);
 		return;
 	}
-	struct kc_hit hit;
-	kc_cache_lookup(s->cache, g->prompt, g->n_prompt, &hit);
-	uint32_t pos = hit.pos, shared = hit.shared;
-	kc_hit_release(s->cache, &hit);
+	/* a cache_salt probes that salt's tier when it is open (tenant.h);
+	 * the lock keeps it open while we look */
+	const json_t *salt = json_object_get(g->req.body, "cache_salt");
+	const char *ss = json_is_string(salt) && json_string_length(salt) ? json_string_value(salt) : NULL;
+	if (ss && !s->o.allow_request_salt) {
+		ksv_reply_error(s, c, 400, "cache_salt", "cache_salt is not accepted: start the server with --allow-request-salt");
+		gen_unref(g);
+		return;
+	}
+	ksv_tenant_lock(s);
+	struct ksv_tier dflt = {s->cache, s->store};
+	const struct ksv_tier *t = ss ? ksv_tenant_find(s, ss) : &dflt;
+	uint32_t pos = 0, shared = 0, dpos = 0;
+	if (t) {
+		struct kc_hit hit;
+		kc_cache_peek(t->cache, g->prompt, g->n_prompt, &hit);
+		pos = hit.pos;
+		shared = hit.shared;
+		kc_hit_release(t->cache, &hit);
+		dpos = t->store ? ks_store_probe(t->store, g->prompt, g->n_prompt, g->bounds, g->n_bounds) : 0;
+	}
+	int have_disk = t ? t->store != NULL : s->store != NULL;
+	ksv_tenant_unlock(s);
 	json_t *j = json_object(), *ram = json_object(), *disk = json_object();
 	json_object_set_new(j, "prompt_tokens", json_integer(g->n_prompt));
+	if (ss)
+		json_object_set_new(j, "salt_tier_open", json_boolean(t != NULL));
 	json_object_set_new(ram, "cached_tokens", json_integer(pos));
 	json_object_set_new(ram, "shared_tokens", json_integer(shared));
 	json_object_set_new(j, "ram", ram);
-	uint32_t dpos = s->store ? ks_store_probe(s->store, g->prompt, g->n_prompt, g->bounds, g->n_bounds) : 0;
-	json_object_set_new(disk, "available", json_boolean(s->store != NULL));
+	json_object_set_new(disk, "available", json_boolean(have_disk));
 	json_object_set_new(disk, "cached_tokens", json_integer(dpos));
 	json_object_set_new(j, "disk", disk);
 	if (dpos > pos)

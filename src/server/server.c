@@ -164,6 +164,7 @@ static void handle_cache_info(struct ksv_server *s, struct ksv_conn *c)
 	json_object_set_new(j, "index", json_string(index_name(s)));
 	json_object_set_new(j, "tiers", tiers);
 	json_object_set_new(j, "disk_tier", json_boolean(s->store != NULL));
+	json_object_set_new(j, "salt_tiers_open", json_integer(ksv_tenant_count(s)));
 	if (s->store)
 		json_object_set_new(j, "disk", disk_json(s));
 	json_object_set_new(j, "hybrid", json_boolean(s->hybrid));
@@ -571,10 +572,12 @@ static uint64_t cache_mem_used(void *ctx)
  * that cannot be resolved or opened leaves the server without one (one
  * log line); a folder that cannot be written gives a read-only one.
  */
-static void open_disk_tier(struct ksv_server *s, const struct kc_policy *pol)
+void ksv_server_open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_cache *cache, int salted,
+			   struct ks_store **out)
 {
 	const struct ksv_opts *o = &s->o;
 	char root[4096];
+	*out = NULL;
 	if (!o->prefix_cache)
 		return;
 	const char *flag = o->cache_dir && *o->cache_dir ? o->cache_dir : o->env_cache_dir;
@@ -583,20 +586,20 @@ static void open_disk_tier(struct ksv_server *s, const struct kc_policy *pol)
 		return;
 	}
 	struct ks_params sp = {.root = root,
-			       .ns = s->ns,
+			       .ns = ns,
 			       .label = s->model_name,
-			       .salted = o->cache_salt && *o->cache_salt,
+			       .salted = salted,
 			       .layout = s->lay,
-			       .cache = s->cache,
+			       .cache = cache,
 			       .pages = ke_model_pages(s->model),
-			       .stride = pol->stride,
+			       .stride = s->policy.stride,
 			       .max_bytes = o->disk_cache_max_mb > 0 ? (uint64_t)o->disk_cache_max_mb * MiB : 0,
 			       .env_ckpt_max = o->env_kv_checkpoint_max_bytes,
 			       .ckpt_interval = (uint32_t)o->kv_disk_checkpoint_interval};
-	if (ks_store_open(&sp, &s->store)) {
+	if (ks_store_open(&sp, out)) {
 		KV_WARN("store.disabled", "root=%s err=\"%s\" msg=\"no disk tier: serving from RAM only\"", root,
 			kv_errmsg());
-		s->store = NULL;
+		*out = NULL;
 	}
 }
 
@@ -613,6 +616,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	if (!s)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	s->o = *o;
+	pthread_mutex_init(&s->tenant_lock, NULL);
 	s->stop_pipe[0] = s->stop_pipe[1] = -1;
 	s->created = kv_wall_s();
 	if (o->served_model_name && *o->served_model_name) {
@@ -676,24 +680,19 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	/* the namespace of both tiers: the model fingerprint and the cache
 	 * salt (store/ns.h); the RAM cache's chain hashes start from it, so the
 	 * disk tier's file names agree with them */
-	s->ns = ks_ns_derive(ksv_model_fingerprint(o->model_dir, o->kv_dtype, (int)o->page_tokens), o->cache_salt);
-	struct kc_policy pol;
+	s->fingerprint = ksv_model_fingerprint(o->model_dir, o->kv_dtype, (int)o->page_tokens);
+	s->ns = ks_ns_derive(s->fingerprint, o->cache_salt);
 	struct kc_params cp;
-	if ((rc = kc_opts_resolve(&co, &mach, s->lay, kv_mem_used(KV_MEM_WEIGHTS), s->ns, &pol, &cp, &s->budget)))
+	if ((rc = kc_opts_resolve(&co, &mach, s->lay, kv_mem_used(KV_MEM_WEIGHTS), s->ns, &s->policy, &cp, &s->budget)))
 		goto fail;
 	cp.mem_used = cache_mem_used;
+	cp.policy = &s->policy;
 	s->mem_cap = cp.mem_cap;
+	s->cache_params = cp;
 	if ((rc = kc_cache_create(&cp, &s->cache)))
 		goto fail;
-	{
-		/* salted requests (--allow-request-salt) run through a disabled
-		 * cache: they share nothing with anyone */
-		struct kc_params np = cp;
-		np.disabled = 1;
-		if ((rc = kc_cache_create(&np, &s->nocache)))
-			goto fail;
-	}
-	open_disk_tier(s, &pol);
+	s->budget_total = kc_cache_budget(s->cache);
+	ksv_server_open_store(s, s->ns, s->cache, o->cache_salt && *o->cache_salt, &s->store);
 	s->sched = ksv_sched_create(1, (int)o->max_queue);
 	if (!s->sched) {
 		rc = KV_ERR_NOMEM;
@@ -781,6 +780,13 @@ int ksv_server_run(struct ksv_server *s)
 		double left = budget - (double)(kv_now_ns() - t0) / 1e9;
 		ks_store_flush(s->store, left > 0 ? left : 0, NULL);
 	}
+	/* then the salted tiers, with what is still left */
+	{
+		double budget = ks_store_budget_parse(s->o.env_shutdown_budget);
+		double left = budget - (double)(kv_now_ns() - t0) / 1e9;
+		if (left > 0)
+			ksv_tenant_flush_all(s, left);
+	}
 	KV_INFO("serve.stopped", "ms=%.0f", (double)(kv_now_ns() - t0) / 1e6);
 	return KV_OK;
 }
@@ -793,9 +799,10 @@ void ksv_server_destroy(struct ksv_server *s)
 		ksv_sched_close(s->sched, 1);
 	ksv_httpd_stop(s->http); /* joins connection threads: no handler runs after this */
 	ksv_sched_destroy(s->sched);
+	ksv_tenant_close_all(s);
 	ks_store_close(s->store); /* before the cache: its writer holds cache views */
 	kc_cache_destroy(s->cache);
-	kc_cache_destroy(s->nocache);
+	pthread_mutex_destroy(&s->tenant_lock);
 	ke_model_destroy(s->model);
 	kv_chat_free(s->chat);
 	kv_tok_free(s->tok);

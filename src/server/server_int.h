@@ -6,6 +6,7 @@
 #define KV_SERVER_SERVER_INT_H
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -19,6 +20,7 @@
 #include "server/metrics.h"
 #include "server/options.h"
 #include "server/sched.h"
+#include "server/tenant.h"
 #include "store/store.h"
 
 #define JSON_MAX_DEPTH 64
@@ -34,7 +36,6 @@ struct ksv_server {
 	const struct ke_layout *lay;
 	struct kc_cache *cache;
 	struct ks_store *store;           /* the disk tier (NULL: none, e.g. --disable-prefix-cache) */
-	struct kc_cache *nocache;         /* a disabled cache for requests with their own cache_salt */
 	struct ksv_sched *sched;
 	struct ksv_metrics *m;
 	struct ksv_httpd *http;
@@ -46,7 +47,15 @@ struct ksv_server {
 	int xml_tools;
 	uint64_t mem_cap;
 	struct kc_budget budget;
-	struct kv_h128 ns;
+	struct kv_h128 ns;                /* namespace of the default tier */
+	struct kv_h128 fingerprint;       /* the model's (the namespace without a salt) */
+	struct kc_params cache_params;    /* the default cache's; salted tiers copy them */
+	struct kc_policy policy;
+	uint64_t budget_total;            /* RAM tier budget, shared by all tiers (tenant.h) */
+	/* per-request salts (tenant.h) */
+	pthread_mutex_t tenant_lock;
+	struct ksv_tenant tenants[KSV_MAX_TENANTS];
+	int n_tenants;
 	int64_t created;
 	/* token id -> raw bytes, for logprobs */
 	uint32_t *tb_off;
@@ -64,6 +73,10 @@ struct ksv_server {
 };
 
 /* server.c */
+/* Open the disk tier of namespace ns over `cache` (*out NULL when there is
+ * none: prefix cache off, no usable folder). */
+void ksv_server_open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_cache *cache, int salted,
+			   struct ks_store **out);
 void ksv_reply_json(struct ksv_conn *c, int status, json_t *j);
 void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const char *param, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));
