@@ -569,7 +569,12 @@ static int bench_transient(struct ke_model *m, uint32_t R, struct transient_res 
 	rc = ke_seq_create(m, NULL, &s);
 	if (!rc)
 		rc = ke_seq_prefill(s, tok, (int)R, NULL, NULL);
-	res->scratch = kv_mem_peak(KV_MEM_SCRATCH) > scratch0 ? kv_mem_peak(KV_MEM_SCRATCH) - scratch0 : 0;
+	/* The sequence's scratch and recurrent state. Since sequences reuse
+	 * the buffers of destroyed ones (engine_int.h), the warm-up's are
+	 * reused here: they stay resident between requests, so the RSS growth
+	 * below is the prefill's own and the scratch is a fixed cost. */
+	res->scratch = s ? ke_seq_scratch_bytes(s) : 0;
+	(void)scratch0;
 	if (res->have_rss && vm_kb("VmHWM:", &hwm) == 0 && hwm > rss0)
 		res->rss_growth = hwm - rss0;
 	res->kv = (uint64_t)R * L->kv_bytes_per_token;

@@ -70,16 +70,6 @@ static int parse(const char *usage, int argc, char **argv, struct copts *o, int 
 	return 0;
 }
 
-static int is_hex32(const char *n)
-{
-	if (strlen(n) != 32)
-		return 0;
-	for (int i = 0; i < 32; i++)
-		if (!((n[i] >= '0' && n[i] <= '9') || (n[i] >= 'a' && n[i] <= 'f')))
-			return 0;
-	return 1;
-}
-
 /* The namespace folders under the root, sorted. *out malloc'd strings. */
 static size_t list_ns(const char *root, char ***out)
 {
@@ -91,7 +81,7 @@ static size_t list_ns(const char *root, char ***out)
 	if (!d)
 		return 0;
 	while ((e = readdir(d))) {
-		if (!is_hex32(e->d_name))
+		if (!ks_dir_is_ns_name(e->d_name))
 			continue;
 		char **nv = realloc(v, (n + 1) * sizeof *v);
 		if (!nv)

@@ -50,7 +50,7 @@ struct ksv_req {
 	int api;                   /* enum ksv_api */
 	json_t *body;              /* owned: the parsed body */
 	const char *model;         /* borrowed from body; NULL when absent */
-	json_t *messages;          /* chat: owned copy, roles normalised; NULL for completions */
+	json_t *messages;          /* chat: owned copy as sent (validated); NULL for completions */
 	json_t *tools;             /* owned reference or NULL (no tools / empty list) */
 	int tool_choice;           /* enum ksv_tool_choice */
 	const char *tool_name;     /* KSV_TC_NAMED: borrowed */

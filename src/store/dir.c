@@ -271,3 +271,13 @@ int64_t ks_dir_now_ns(void)
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
+
+int ks_dir_is_ns_name(const char *n)
+{
+	if (strlen(n) != 32)
+		return 0;
+	for (int i = 0; i < 32; i++)
+		if (!((n[i] >= '0' && n[i] <= '9') || (n[i] >= 'a' && n[i] <= 'f')))
+			return 0;
+	return 1;
+}

@@ -18,6 +18,7 @@
 #include "base/io.h"
 #include "base/log.h"
 #include "store/ns.h"
+#include "store/dir.h"
 #include "store/store_int.h"
 
 #include <dirent.h>
@@ -99,16 +100,6 @@ static int scan_file(void *ctx, const char *path, const char *name, uint64_t siz
 	return 0;
 }
 
-static int is_hex32(const char *n)
-{
-	if (strlen(n) != 32)
-		return 0;
-	for (int i = 0; i < 32; i++)
-		if (!((n[i] >= '0' && n[i] <= '9') || (n[i] >= 'a' && n[i] <= 'f')))
-			return 0;
-	return 1;
-}
-
 /* Remove namespaces not used for max_age seconds. */
 static uint64_t age_out(struct ks_store *s)
 {
@@ -125,7 +116,7 @@ static uint64_t age_out(struct ks_store *s)
 		struct ks_ns_info ni;
 		struct stat sb;
 		int64_t last;
-		if (!is_hex32(e->d_name) || !strcmp(e->d_name, ours))
+		if (!ks_dir_is_ns_name(e->d_name) || !strcmp(e->d_name, ours))
 			continue;
 		snprintf(p, sizeof p, "%s/%s", s->root, e->d_name);
 		if (lstat(p, &sb) || !S_ISDIR(sb.st_mode))

@@ -58,7 +58,8 @@ KT_CASE(request_agent_shapes)
 	KT_EQ_INT(r.stream, 1);
 	KT_EQ_INT(r.include_usage, 1);
 	KT_EQ_INT(json_array_size(r.messages), 6);
-	KT_EQ_STR(json_string_value(json_object_get(json_array_get(r.messages, 1), "role")), "system");
+	/* accepted as sent; kv_chat_prepare_messages maps it to system at render */
+	KT_EQ_STR(json_string_value(json_object_get(json_array_get(r.messages, 1), "role")), "developer");
 	KT_EQ_INT(r.tool_choice, KSV_TC_NAMED);
 	KT_EQ_STR(r.tool_name, "read");
 	KT_EQ_INT(r.max_tokens, 7);
