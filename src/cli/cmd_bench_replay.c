@@ -39,34 +39,19 @@
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/json.h"
+#include "server/child.h"
 #include "server/http_client.h"
 #include "server/replay.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 /* --- the spawned server ---------------------------------------------------- */
-
-struct rp_server {
-	char **argv;        /* argv to exec, NULL-terminated, malloc'd strings */
-	int argc;
-	pid_t pid;          /* 0 when not running */
-	int port;
-	char url[128];      /* http://127.0.0.1:PORT */
-	const char *log_path;
-	int ready_timeout_s;
-	int stop_timeout_s;
-};
 
 static volatile pid_t g_child; /* for the signal handler */
 
@@ -145,24 +130,12 @@ static void free_words(char **v)
 	free(v);
 }
 
-/* A loopback port nobody listens on right now (the kernel's pick). */
-static int free_port(void)
-{
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t al = sizeof a;
-	int port = -1;
-	if (fd < 0)
-		return -1;
-	if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &al) == 0)
-		port = ntohs(a.sin_port);
-	close(fd);
-	return port;
-}
-
-/* Build the argv: words of `cmd`, "kvkeep" -> this binary, extra words,
- * then --port P. */
-static int server_init(struct rp_server *s, const char *cmd, const char *extra, int port)
+/*
+ * The spawned server: the words of the --spawn command ("kvkeep" = this
+ * binary), then `extra` (NULL: none); server/child.h adds --port.
+ */
+static int spawn_init(struct ksv_child *c, const char *cmd, const char *extra, const char *log_path,
+		      double ready_timeout_s, double stop_timeout_s)
 {
 	char **w = NULL;
 	int n = split_words(cmd, &w);
@@ -170,53 +143,36 @@ static int server_init(struct rp_server *s, const char *cmd, const char *extra, 
 		free_words(w);
 		return kv_fail(KV_ERR_INVALID, "--spawn: cannot split '%s' into words (unbalanced quote?)", cmd);
 	}
-	s->argv = calloc((size_t)n + 5, sizeof *s->argv);
-	if (!s->argv) {
+	char **v = realloc(w, (size_t)(n + 2) * sizeof *v);
+	if (!v) {
 		free_words(w);
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	}
-	for (int i = 0; i < n; i++)
-		s->argv[i] = w[i];
-	free(w);
-	s->argc = n;
-	if (!strcmp(s->argv[0], "kvkeep")) {
-		char self[4096];
-		ssize_t l = readlink("/proc/self/exe", self, sizeof self - 1);
-		if (l > 0) {
-			self[l] = 0;
-			free(s->argv[0]);
-			s->argv[0] = strdup(self);
-		}
-	}
+	w = v;
 	if (extra)
-		s->argv[s->argc++] = strdup(extra);
-	s->port = port;
-	char ps[16];
-	snprintf(ps, sizeof ps, "%d", port);
-	s->argv[s->argc++] = strdup("--port");
-	s->argv[s->argc++] = strdup(ps);
-	s->argv[s->argc] = NULL;
-	for (int i = 0; i < s->argc; i++)
-		if (!s->argv[i])
-			return kv_fail(KV_ERR_NOMEM, "out of memory");
-	snprintf(s->url, sizeof s->url, "http://127.0.0.1:%d", port);
-	return KV_OK;
+		w[n++] = strdup(extra);
+	w[n] = NULL;
+	int rc = ksv_child_init(c, w, n, 0);
+	free_words(w);
+	c->log_path = log_path;
+	c->ready_timeout_s = ready_timeout_s;
+	c->stop_timeout_s = stop_timeout_s;
+	return rc;
 }
 
-static void server_free(struct rp_server *s)
+/* Start it (and make it the one the signal handler stops). */
+static int spawn_start(struct ksv_child *c, double *ready_s)
 {
-	free_words(s->argv);
-	s->argv = NULL;
+	int rc = ksv_child_start(c, ready_s);
+	g_child = c->pid;
+	return rc;
 }
 
-static void describe_status(int st, char *out, size_t cap)
+static int spawn_stop(struct ksv_child *c, double *stop_s, char *desc, size_t cap)
 {
-	if (WIFEXITED(st))
-		snprintf(out, cap, "exited %d", WEXITSTATUS(st));
-	else if (WIFSIGNALED(st))
-		snprintf(out, cap, "killed by signal %d", WTERMSIG(st));
-	else
-		snprintf(out, cap, "status 0x%x", st);
+	int rc = ksv_child_stop(c, stop_s, desc, cap);
+	g_child = 0;
+	return rc;
 }
 
 /* GET url+path; 0 and *body (malloc'd) when 200. */
@@ -234,111 +190,6 @@ static int get_json(const char *url, const char *path, int timeout_ms, json_t **
 	else if (rc == KV_OK)
 		rc = kv_fail(KV_ERR_NOT_FOUND, "%s: HTTP %d", full, status);
 	free(b);
-	return rc;
-}
-
-/* Start the server and wait until /health says 200. *ready_s: seconds it took. */
-static int server_start(struct rp_server *s, double *ready_s)
-{
-	double t0 = kv_now_s();
-	int log_fd = -1;
-	if (s->log_path) {
-		log_fd = open(s->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-		if (log_fd < 0)
-			return kv_fail(KV_ERR_IO, "--server-log %s: %s", s->log_path, strerror(errno));
-	}
-	fflush(stdout);
-	fflush(stderr);
-	pid_t pid = fork();
-	if (pid < 0) {
-		if (log_fd >= 0)
-			close(log_fd);
-		return kv_fail(KV_ERR_IO, "fork: %s", strerror(errno));
-	}
-	if (pid == 0) {
-		/* the server must not outlive us, and must never write into our stdout */
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		if (log_fd >= 0) {
-			dup2(log_fd, 1);
-			dup2(log_fd, 2);
-		} else {
-			dup2(2, 1);
-		}
-		signal(SIGINT, SIG_DFL);
-		signal(SIGTERM, SIG_DFL);
-		execvp(s->argv[0], s->argv);
-		fprintf(stderr, "kvkeep bench replay: cannot run %s: %s\n", s->argv[0], strerror(errno));
-		_exit(127);
-	}
-	if (log_fd >= 0)
-		close(log_fd);
-	s->pid = pid;
-	g_child = pid;
-	for (;;) {
-		int st;
-		pid_t w = waitpid(pid, &st, WNOHANG);
-		if (w == pid) {
-			char d[64];
-			describe_status(st, d, sizeof d);
-			s->pid = 0;
-			g_child = 0;
-			return kv_fail(KV_ERR_IO, "the server (%s) %s before it was ready%s", s->argv[0], d,
-				       s->log_path ? "; see --server-log" : "; its log is above");
-		}
-		char *b = NULL;
-		int status = 0;
-		char url[200];
-		snprintf(url, sizeof url, "%s/health", s->url);
-		if (ksv_http_fetch(url, "GET", NULL, 0, 2000, &status, &b, NULL) == KV_OK && status == 200) {
-			free(b);
-			*ready_s = kv_now_s() - t0;
-			return KV_OK;
-		}
-		free(b);
-		if (kv_now_s() - t0 > s->ready_timeout_s) {
-			kill(pid, SIGKILL);
-			waitpid(pid, NULL, 0);
-			s->pid = 0;
-			g_child = 0;
-			return kv_fail(KV_ERR_TIMEOUT, "the server did not answer /health with 200 within %d s",
-				       s->ready_timeout_s);
-		}
-		kv_sleep_ms(50);
-	}
-}
-
-/* SIGTERM and wait. *stop_s: seconds until it exited; describes the exit.
- * Past the stop timeout it is killed and KV_ERR_TIMEOUT returned. */
-static int server_stop(struct rp_server *s, double *stop_s, char *desc, size_t cap)
-{
-	double t0 = kv_now_s();
-	int st = 0, rc = KV_OK;
-	*stop_s = 0;
-	snprintf(desc, cap, "not running");
-	if (s->pid <= 0)
-		return KV_OK;
-	kill(s->pid, SIGTERM);
-	for (;;) {
-		pid_t w = waitpid(s->pid, &st, WNOHANG);
-		if (w == s->pid)
-			break;
-		if (w < 0 && errno != EINTR) {
-			st = 0;
-			break;
-		}
-		if (kv_now_s() - t0 > s->stop_timeout_s) {
-			kill(s->pid, SIGKILL);
-			waitpid(s->pid, &st, 0);
-			rc = kv_fail(KV_ERR_TIMEOUT, "the server did not exit within %d s of SIGTERM; killed",
-				     s->stop_timeout_s);
-			break;
-		}
-		kv_sleep_ms(5);
-	}
-	*stop_s = kv_now_s() - t0;
-	describe_status(st, desc, cap);
-	s->pid = 0;
-	g_child = 0;
 	return rc;
 }
 
@@ -580,7 +431,7 @@ static int cmd_bench_replay(int argc, char **argv)
 		bad_lines += tr->items[i].body == NULL;
 
 	struct rp_out out = {json ? stderr : stdout, json};
-	struct rp_server srv = {0};
+	struct ksv_child srv = {0};
 	struct ksv_url u;
 	json_t *starts = json_array();
 	int fatal = 0, restarts = 0, server_start_no = 0;
@@ -615,13 +466,10 @@ static int cmd_bench_replay(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 
 	if (spawn) {
-		int port = free_port();
 		double ready_s = 0;
-		srv.log_path = server_log;
-		srv.ready_timeout_s = (int)(ready_timeout_s > 100000 ? 100000 : ready_timeout_s);
-		srv.stop_timeout_s = (int)(stop_timeout_s > 100000 ? 100000 : stop_timeout_s);
-		if (port <= 0 || server_init(&srv, spawn, NULL, port) || server_start(&srv, &ready_s)) {
-			fprintf(stderr, "kvkeep bench replay: %s\n", port <= 0 ? "no free loopback port" : kv_errmsg());
+		if (spawn_init(&srv, spawn, NULL, server_log, ready_timeout_s, stop_timeout_s) ||
+		    spawn_start(&srv, &ready_s)) {
+			fprintf(stderr, "kvkeep bench replay: %s\n", kv_errmsg());
 			fatal = 1;
 			goto done;
 		}
@@ -664,10 +512,10 @@ static int cmd_bench_replay(int argc, char **argv)
 			if (restart_after > 0 && (int64_t)seq == restart_after && seq < total) {
 				double stop_s = 0, ready_s = 0;
 				char desc[64];
-				int src = server_stop(&srv, &stop_s, desc, sizeof desc);
+				int src = spawn_stop(&srv, &stop_s, desc, sizeof desc);
 				fprintf(out.table, "---- restart after request %zu: SIGTERM, server %s after %.2f s%s%s\n", seq,
 					desc, stop_s, src ? "; " : "", src ? kv_errmsg() : "");
-				if (server_start(&srv, &ready_s)) {
+				if (spawn_start(&srv, &ready_s)) {
 					fprintf(stderr, "kvkeep bench replay: restart failed: %s\n", kv_errmsg());
 					fatal = 1;
 					break;
@@ -695,12 +543,11 @@ static int cmd_bench_replay(int argc, char **argv)
 	if (compare_cold && !fatal) {
 		double stop_s = 0, ready_s = 0;
 		char desc[64];
-		server_stop(&srv, &stop_s, desc, sizeof desc);
-		server_free(&srv);
-		int port = free_port();
-		srv.port = 0;
-		if (port <= 0 || server_init(&srv, spawn, "--disable-prefix-cache", port) || server_start(&srv, &ready_s)) {
-			fprintf(stderr, "kvkeep bench replay: cold server: %s\n", port <= 0 ? "no free loopback port" : kv_errmsg());
+		spawn_stop(&srv, &stop_s, desc, sizeof desc);
+		ksv_child_free(&srv);
+		if (spawn_init(&srv, spawn, "--disable-prefix-cache", server_log, ready_timeout_s, stop_timeout_s) ||
+		    spawn_start(&srv, &ready_s)) {
+			fprintf(stderr, "kvkeep bench replay: cold server: %s\n", kv_errmsg());
 			fatal = 1;
 			goto done;
 		}
@@ -757,8 +604,8 @@ done:;
 	double stop_s = 0;
 	char desc[64];
 	if (srv.pid > 0)
-		server_stop(&srv, &stop_s, desc, sizeof desc);
-	server_free(&srv);
+		spawn_stop(&srv, &stop_s, desc, sizeof desc);
+	ksv_child_free(&srv);
 
 	struct ksv_replay_result *flat = calloc(seq ? seq : 1, sizeof *flat);
 	for (size_t k = 0; flat && k < seq; k++)

@@ -22,43 +22,26 @@
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/err.h"
+#include "server/child.h"
 #include "server/http_client.h"
 
 #include <editline/readline.h>
 #include <errno.h>
 #include <jansson.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-static volatile pid_t g_child = -1;
+static struct ksv_child g_srv;              /* the server started with --model */
+static volatile pid_t g_child = -1;         /* its pid, for the signal handlers */
 static struct ksv_http *volatile g_active; /* connection of the answer streaming now */
 static volatile sig_atomic_t g_interrupted;
 
 static void stop_child(void)
 {
-	pid_t c = g_child;
-	if (c <= 0)
-		return;
-	kill(c, SIGTERM);
-	for (int i = 0; i < 500; i++) { /* 5 s */
-		int st;
-		pid_t r = waitpid(c, &st, WNOHANG);
-		if (r == c || (r < 0 && errno == ECHILD)) {
-			g_child = -1;
-			return;
-		}
-		kv_sleep_ms(10);
-	}
-	kill(c, SIGKILL);
-	waitpid(c, NULL, 0);
+	ksv_child_free(&g_srv); /* SIGTERM, SIGKILL after 5 s */
 	g_child = -1;
 }
 
@@ -84,81 +67,35 @@ static void on_sigterm(int sig)
 	_exit(143);
 }
 
-static int free_port(void)
-{
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t al = sizeof a;
-	int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
-	if (fd < 0)
-		return -1;
-	if (!bind(fd, (struct sockaddr *)&a, sizeof a) && !getsockname(fd, (struct sockaddr *)&a, &al))
-		port = ntohs(a.sin_port);
-	close(fd);
-	return port;
-}
-
-/* Start `kvkeep serve` and wait until /health answers 200. */
+/* Start `kvkeep serve` on a free loopback port and wait until /health
+ * answers 200 (server/child.h). */
 static int spawn_server(const char *model, int disable_cache, char **extra, int n_extra, const char *log_path,
 			char *base_url, size_t cap)
 {
-	for (int attempt = 0; attempt < 3; attempt++) {
-		int port = free_port();
-		if (port <= 0)
-			return kv_fail(KV_ERR_IO, "cannot find a free port");
-		char portstr[16];
-		snprintf(portstr, sizeof portstr, "%d", port);
-		char *av[64];
-		int ac = 0;
-		av[ac++] = "kvkeep";
-		av[ac++] = "serve";
-		av[ac++] = "--model";
-		av[ac++] = (char *)model;
-		av[ac++] = "--host";
-		av[ac++] = "127.0.0.1";
-		av[ac++] = "--port";
-		av[ac++] = portstr;
-		if (disable_cache)
-			av[ac++] = "--disable-prefix-cache";
-		for (int i = 0; i < n_extra && ac < 62; i++)
-			av[ac++] = extra[i];
-		av[ac] = NULL;
-		pid_t pid = fork();
-		if (pid < 0)
-			return kv_fail(KV_ERR_IO, "fork: %s", strerror(errno));
-		if (pid == 0) {
-			FILE *lf = fopen(log_path, "a");
-			if (lf) {
-				dup2(fileno(lf), 2);
-				dup2(fileno(lf), 1);
-			}
-			signal(SIGINT, SIG_IGN); /* Ctrl-C belongs to the chat, which stops us */
-			prctl(PR_SET_PDEATHSIG, SIGTERM); /* and if the chat dies, so do we */
-			if (!getenv("KVKEEP_LOG"))
-				setenv("KVKEEP_LOG", "warn", 1);
-			execv("/proc/self/exe", av);
-			_exit(127);
-		}
-		g_child = pid;
-		snprintf(base_url, cap, "http://127.0.0.1:%d/v1", port);
-		char url[128];
-		snprintf(url, sizeof url, "http://127.0.0.1:%d/health", port);
-		for (int i = 0; i < 1200; i++) { /* up to 120 s for a big model to load */
-			int st = 0;
-			if (ksv_http_fetch(url, "GET", NULL, 0, 1000, &st, NULL, NULL) == KV_OK && st == 200)
-				return KV_OK;
-			int wst;
-			if (waitpid(pid, &wst, WNOHANG) == pid) {
-				g_child = -1;
-				break; /* it died: maybe the port was taken; try again */
-			}
-			kv_sleep_ms(100);
-		}
-		if (g_child > 0) {
-			stop_child();
-			return kv_fail(KV_ERR_TIMEOUT, "the server did not become healthy (log: %s)", log_path);
-		}
-	}
-	return kv_fail(KV_ERR_IO, "the server did not start (log: %s)", log_path);
+	char *av[64];
+	int ac = 0;
+	av[ac++] = "kvkeep";
+	av[ac++] = "serve";
+	av[ac++] = "--model";
+	av[ac++] = (char *)model;
+	av[ac++] = "--host";
+	av[ac++] = "127.0.0.1";
+	if (disable_cache)
+		av[ac++] = "--disable-prefix-cache";
+	for (int i = 0; i < n_extra && ac < 63; i++)
+		av[ac++] = extra[i];
+	int rc = ksv_child_init(&g_srv, av, ac, 0);
+	if (rc)
+		return rc;
+	g_srv.log_path = log_path;
+	g_srv.log_level = "warn";
+	g_srv.ignore_sigint = 1; /* Ctrl-C belongs to the chat, which stops the server */
+	g_srv.stop_timeout_s = 5;
+	rc = ksv_child_start(&g_srv, NULL);
+	g_child = g_srv.pid > 0 ? g_srv.pid : -1;
+	if (rc == KV_OK)
+		snprintf(base_url, cap, "%s/v1", g_srv.url);
+	return rc;
 }
 
 static char *model_id(const char *base_url)
