@@ -147,13 +147,10 @@ void ks_scan_run(struct ks_store *s)
 	uint64_t removed = sc.cut || s->p.tool ? 0 : age_out(s);
 	/* the checkpoint cap is read again at every scan */
 	const char *env = s->p.env_ckpt_max ? s->p.env_ckpt_max : getenv("KVKEEP_KV_CHECKPOINT_MAX_BYTES");
-	char *end;
-	unsigned long long v;
-	if (env && *env && *env != '-' && (errno = 0, v = strtoull(env, &end, 10), !errno && !*end)) {
-		pthread_mutex_lock(&s->mu);
-		s->ckpt_cap_bytes = v;
-		pthread_mutex_unlock(&s->mu);
-	}
+	uint64_t cap = ks_ckpt_cap_parse(env);
+	pthread_mutex_lock(&s->mu);
+	s->ckpt_cap_bytes = cap;
+	pthread_mutex_unlock(&s->mu);
 	double secs = (double)(kv_now_ns() - sc.t0) / 1e9;
 	pthread_mutex_lock(&s->mu);
 	s->st.scan_files = sc.files;

@@ -9,6 +9,7 @@
 #include "base/io.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "cache/budget.h"
 #include "cache/index.h"
 #include "store/ns.h"
 #include "store/store_int.h"
@@ -42,16 +43,13 @@ double ks_store_budget_parse(const char *env)
 	return v;
 }
 
-/* KVKEEP_KV_CHECKPOINT_MAX_BYTES: bytes, 0 = no cap; blank/invalid: default. */
-static uint64_t ckpt_cap_parse(const char *v)
+uint64_t ks_ckpt_cap_parse(const char *v)
 {
-	char *end;
-	unsigned long long x;
+	uint64_t x;
 	if (!v || !*v)
 		return KS_CKPT_MAX_BYTES_DEFAULT;
-	errno = 0;
-	x = strtoull(v, &end, 10);
-	if (errno || *end || *v == '-') {
+	/* the same number rule as the cache's KVKEEP_* byte counts */
+	if (kc_budget_parse_u64(v, &x) != 0) {
 		KV_WARN("store.ckpt_cap", "value=\"%.40s\" msg=\"KVKEEP_KV_CHECKPOINT_MAX_BYTES is not a byte count: "
 					  "using 20 GiB\"",
 			v);
@@ -335,7 +333,7 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 		total = avail = 0;
 	s->cap_bytes = p->max_bytes ? p->max_bytes : (total ? total / 10 : (10ull << 30));
 	s->reserve_bytes = p->reserve_bytes ? p->reserve_bytes : (total / 20 < (4ull << 30) ? total / 20 : (4ull << 30));
-	s->ckpt_cap_bytes = ckpt_cap_parse(p->env_ckpt_max ? p->env_ckpt_max : getenv("KVKEEP_KV_CHECKPOINT_MAX_BYTES"));
+	s->ckpt_cap_bytes = ks_ckpt_cap_parse(p->env_ckpt_max ? p->env_ckpt_max : getenv("KVKEEP_KV_CHECKPOINT_MAX_BYTES"));
 
 	if (!p->no_threads) {
 		s->writer_running = 1;
