@@ -7,7 +7,6 @@
 
 #include <pthread.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 
 struct kv_pages {
 	size_t page_bytes;
@@ -18,42 +17,6 @@ struct kv_pages {
 	struct kv_page *free_list;
 	pthread_mutex_t lock;
 };
-
-/*
- * Page memory. Pages of 2 MiB and more are 2 MiB-aligned and marked for
- * transparent huge pages: the first touch of fresh memory is slow on
- * virtual machines (one fault per 4 KiB), and a restore from disk or a
- * prefill writes whole pages into fresh memory. Smaller pages come from
- * the accounting allocator.
- */
-#define HUGE_BYTES ((size_t)2 << 20)
-
-static void *page_mem_alloc(size_t bytes)
-{
-	void *m = NULL;
-	if (bytes < HUGE_BYTES)
-		return kv_alloc(KV_MEM_KV, bytes);
-	size_t n = (bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1);
-	if (posix_memalign(&m, HUGE_BYTES, n) != 0)
-		return NULL;
-#ifdef MADV_HUGEPAGE
-	madvise(m, n, MADV_HUGEPAGE);
-#endif
-	kv_mem_note(KV_MEM_KV, (int64_t)n);
-	return m;
-}
-
-static void page_mem_free(void *m, size_t bytes)
-{
-	if (!m)
-		return;
-	if (bytes < HUGE_BYTES) {
-		kv_free(m);
-		return;
-	}
-	free(m);
-	kv_mem_note(KV_MEM_KV, -(int64_t)((bytes + HUGE_BYTES - 1) & ~(HUGE_BYTES - 1)));
-}
 
 struct kv_pages *kv_pages_create(size_t page_bytes, size_t max_pages, size_t keep_free)
 {
@@ -74,7 +37,7 @@ void kv_pages_destroy(struct kv_pages *p)
 	while (p->free_list) {
 		struct kv_page *pg = p->free_list;
 		p->free_list = pg->next_free;
-		page_mem_free(pg->data, p->page_bytes);
+		kv_free(pg->data);
 		free(pg);
 	}
 	pthread_mutex_destroy(&p->lock);
@@ -101,7 +64,7 @@ struct kv_page *kv_page_alloc(struct kv_pages *p)
 	if (!pg) {
 		pg = calloc(1, sizeof *pg);
 		if (pg)
-			pg->data = page_mem_alloc(p->page_bytes);
+			pg->data = kv_alloc(KV_MEM_KV, p->page_bytes);
 		if (!pg || !pg->data) {
 			free(pg);
 			pthread_mutex_lock(&p->lock);
@@ -140,7 +103,7 @@ void kv_page_unref(struct kv_page *pg)
 	}
 	pthread_mutex_unlock(&p->lock);
 	if (pg) {
-		page_mem_free(pg->data, p->page_bytes);
+		kv_free(pg->data);
 		free(pg);
 	}
 }

@@ -7,8 +7,8 @@
  * immutable (only its single owner may write it); a full page is
  * immutable forever by convention of its users.
  *
- * Memory is counted under KV_MEM_KV (pages of 2 MiB and more are rounded up
- * to whole 2 MiB huge pages). Freed pages are kept on a short free
+ * Memory comes from the accounting allocator (KV_MEM_KV; pages of 1 MiB
+ * and more are huge-page aligned there). Freed pages are kept on a short free
  * list for reuse (at most `keep_free`), the rest go back to the system, so
  * kv_mem_used(KV_MEM_KV) tracks what is really held. Thread-safe.
  */
