@@ -224,7 +224,7 @@ static int32_t prepare(struct ke_sampler *s, const float *logits, double *pmax)
 {
 	const struct ke_sample_params *p = &s->p;
 	int V = s->vocab;
-	int greedy = p->temperature == 0.0 || p->top_k == 1;
+	int greedy = p->temperature == 0.0;
 	if (greedy && !s->penalties)
 		return ke_argmax(logits, V);
 	double *w = s->prob;

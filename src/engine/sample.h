@@ -11,8 +11,8 @@
  *      vLLM applies them right after the repetition penalty): a token
  *      generated c > 0 times gets logit - c f - q; prompt tokens are not
  *      counted;
- *   3. temperature == 0 (or top_k == 1): greedy, the lowest id among the
- *      maximal (penalised) logits;
+ *   3. temperature == 0: greedy, the lowest id among the maximal
+ *      (penalised) logits;
  *      else p = softmax(logits / T) in double;
  *   4. top_k > 0: keep the tokens whose p is >= the k-th largest p (ties
  *      with the k-th are kept, as HF's TopKLogitsWarper does);
