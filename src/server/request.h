@@ -50,6 +50,7 @@ enum ksv_api { KSV_API_CHAT = 0, KSV_API_COMPLETION = 1 };
 enum ksv_tool_choice { KSV_TC_AUTO = 0, KSV_TC_NONE, KSV_TC_REQUIRED, KSV_TC_NAMED };
 
 #define KSV_MAX_STOP 4
+#define KSV_MAX_TOP_LOGPROBS 20
 
 /* The sampling fields of one request; `set` has bit (1 << KV_GC_*) for
  * every field the request gave, KSV_SP_SEED for the seed. */
@@ -59,7 +60,6 @@ struct ksv_sampling {
 	double v[KV_GC_N];         /* indexed by enum kv_gencfg_field (top_k as a whole number) */
 	uint64_t seed;
 };
-#define KSV_MAX_TOP_LOGPROBS 20
 
 struct ksv_req {
 	int api;                   /* enum ksv_api */
