@@ -7,6 +7,7 @@
 //     --generation-config none restores the OpenAI defaults;
 //   - penalties are accepted, change greedy output, and out-of-range
 //     values get 400 naming the field;
+//   - a generation_config.json with a bad field is one warning and ignored;
 //   - greedy and seeded (penalised) sampling give the same tokens with the
 //     prefix cache on (cold and warm) and with --disable-prefix-cache;
 //   - `kvkeep generate` on a chat-rendered prompt stops at <|im_end|> on
@@ -74,6 +75,21 @@ await check(`${T}:generation_config_none_restores_the_openai_defaults`, async ()
     assert(d.stop_token_ids.includes(IM_END), 'the file\'s eos ids still stop generation');
     eq(await complete(B, { seed: 7 }), openaiSampled, 'no fields on "none" == the OpenAI values on "auto"');
   } finally { await B.stop(); }
+});
+
+await check(`${T}:a_bad_generation_config_is_a_warning_and_ignored`, async () => {
+  const dir = join(TMP, 'qwen35-badgc');
+  mkdirSync(dir, { recursive: true });
+  execFileSync('cp', ['-r', `${model}/.`, dir]);
+  writeFileSync(join(dir, 'generation_config.json'), '{"temperature": "warm", "top_k": 20}');
+  const E = await startServer(dir, ['--served-model-name', 'm']);
+  try {
+    const d = (await (await fetch(E.url('/v1/models'))).json()).data[0].sampling_defaults;
+    eq(d.source.top_k, 'openai', 'nothing of the file is used');
+    eq(d.temperature, 1, 'temperature');
+    assert(/level=warn event=serve\.generation_config [^\n]*temperature/.test(E.log()), 'no warning naming the field');
+    eq(await complete(E, { seed: 7 }), openaiSampled, 'samples with the OpenAI defaults');
+  } finally { await E.stop(); }
 });
 
 await check(`${T}:flags_beat_the_file_and_requests_beat_flags`, async () => {
