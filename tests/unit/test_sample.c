@@ -231,4 +231,37 @@ KT_CASE(samplers_are_independent_and_deterministic)
 	free(l);
 }
 
-KT_MAIN(dump_cases, penalties_follow_the_history, samplers_are_independent_and_deterministic)
+/* Small top_k is found by selection from the logits, large top_k from the
+ * sorted distribution: both keep exactly the k best, in proportion. */
+KT_CASE(top_k_paths_agree)
+{
+	enum { V = 3000 };
+	float *l = malloc(V * sizeof *l);
+	int32_t *ids = malloc(V * sizeof *ids);
+	double *pr = malloc(V * sizeof *pr);
+	for (int i = 0; i < V; i++)
+		l[i] = -6.0f + 12.0f * (float)((i * 7919) % V) / V; /* distinct */
+	int ks[] = {1, 5, 1000, 1024, 1025, 2999, 3000};
+	for (size_t j = 0; j < sizeof ks / sizeof ks[0]; j++) {
+		struct ke_sample_params p = {.temperature = 0.7, .top_k = ks[j], .top_p = 1, .seed = 1};
+		struct ke_sampler *s;
+		KT_OK(ke_sampler_create(V, &p, &s));
+		int n = ke_sampler_dist(s, l, ids, pr);
+		KT_EQ_INT(n, ks[j]);
+		float lowest = INFINITY;
+		for (int i = 0; i < n; i++)
+			lowest = l[ids[i]] < lowest ? l[ids[i]] : lowest;
+		int above = 0; /* no token outside is better than the worst inside */
+		for (int i = 0; i < V; i++)
+			above += l[i] >= lowest;
+		KT_EQ_INT(above, n);
+		for (int i = 1; i < n; i++)
+			KT_CHECK(fabs(pr[i] / pr[0] - exp((l[ids[i]] - l[ids[0]]) / 0.7)) < 1e-9);
+		ke_sampler_destroy(s);
+	}
+	free(l);
+	free(ids);
+	free(pr);
+}
+
+KT_MAIN(dump_cases, penalties_follow_the_history, samplers_are_independent_and_deterministic, top_k_paths_agree)
