@@ -19,7 +19,7 @@ import { execFileSync } from 'node:child_process';
 import { readFileSync, writeFileSync, rmSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import {
-  check, assert, eq, mkModel, startServer, postJSON, KT_BIN, TMP,
+  check, assert, eq, mkModel, startServer, postJSON, until, KT_BIN, TMP,
 } from './server_util.mjs';
 
 const T = 'sampling';
@@ -51,7 +51,9 @@ await check(`${T}:models_show_the_generation_config_defaults`, async () => {
   eq(d.source.min_p, 'openai', 'source of min_p');
   eq(d.generation_config, 'auto', 'mode');
   assert(d.stop_token_ids.includes(IM_END) && d.stop_token_ids.includes(ENDOFTEXT), `stop ids ${d.stop_token_ids}`);
-  assert(/event=serve\.sampling [^\n]*temperature=0\.6\(generation_config\)/.test(A.log()), 'no serve.sampling log line');
+  // the log file is written asynchronously: wait for the line
+  assert(await until(() => /event=serve\.sampling [^\n]*temperature=0\.6\(generation_config\)/.test(A.log()), 5000),
+    'no serve.sampling log line');
 });
 
 let fileSampled, openaiSampled, greedy;
@@ -87,7 +89,8 @@ await check(`${T}:a_bad_generation_config_is_a_warning_and_ignored`, async () =>
     const d = (await (await fetch(E.url('/v1/models'))).json()).data[0].sampling_defaults;
     eq(d.source.top_k, 'openai', 'nothing of the file is used');
     eq(d.temperature, 1, 'temperature');
-    assert(/level=warn event=serve\.generation_config [^\n]*temperature/.test(E.log()), 'no warning naming the field');
+    assert(await until(() => /level=warn event=serve\.generation_config [^\n]*temperature/.test(E.log()), 5000),
+      'no warning naming the field');
     eq(await complete(E, { seed: 7 }), openaiSampled, 'samples with the OpenAI defaults');
   } finally { await E.stop(); }
 });
