@@ -10,6 +10,7 @@
 //   - a generation_config.json with a bad field is one warning and ignored;
 //   - greedy and seeded (penalised) sampling give the same tokens with the
 //     prefix cache on (cold and warm) and with --disable-prefix-cache;
+//   - a stop string that straddles a token boundary ends the answer before it;
 //   - `kvkeep generate` on a chat-rendered prompt stops at <|im_end|> on
 //     the tiny-qwen35 preset (its config.json names only <|endoftext|>),
 //     with the same result as the --ignore-eos run cut at that token, and
@@ -142,6 +143,31 @@ await check(`${T}:same_tokens_with_and_without_the_prefix_cache`, async () => {
       eq(toks(off), toks(cold), `--disable-prefix-cache vs cache ${JSON.stringify(extra)}`);
     }
   } finally { await D.stop(); }
+});
+
+await check(`${T}:stop_strings_match_across_token_boundaries`, async () => {
+  const body = { model: 'm', messages: [{ role: 'user', content: 'Tell a story.' }], max_tokens: 40, ignore_eos: true,
+    temperature: 0, logprobs: true };
+  const r = await postJSON(A, '/v1/chat/completions', body);
+  eq(r.status, 200, r.text.slice(0, 200));
+  const toks = r.json.choices[0].logprobs.content.map((t) => Buffer.from(t.bytes));
+  const all = Buffer.concat(toks);
+  // a 4-byte stop string straddling a token boundary, valid UTF-8
+  let stop = null;
+  for (let i = 0, at = 0; i < toks.length - 1 && !stop; i++) {
+    at += toks[i].length;
+    if (at < 2 || at + 2 > all.length) continue;
+    const w = all.subarray(at - 2, at + 2);
+    const str = w.toString('utf8');
+    if (Buffer.from(str, 'utf8').equals(w) && !str.includes('<')) stop = str;
+  }
+  assert(stop, 'no boundary to test');
+  const cut = all.subarray(0, all.indexOf(Buffer.from(stop, 'utf8'))).toString('utf8');
+  const s2 = await postJSON(A, '/v1/chat/completions', { ...body, stop: [stop], logprobs: false });
+  eq(s2.status, 200, s2.text.slice(0, 200));
+  eq(s2.json.choices[0].finish_reason, 'stop', 'finish_reason');
+  eq((s2.json.choices[0].message.reasoning_content || '') + (s2.json.choices[0].message.content || ''), cut,
+    `text before ${JSON.stringify(stop)}`);
 });
 
 function execFileSyncStatus(args) {
