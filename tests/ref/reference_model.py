@@ -102,10 +102,10 @@ def load_config(d):
     with open(os.path.join(d, "config.json")) as f:
         j = json.load(f)
     mt = j["model_type"]
-    t = j.get("text_config", j) if mt == "qwen3_5" else j
+    t = j.get("text_config", j) if mt in ("qwen3_5", "qwen3_5_moe") else j
     c = Cfg()
     c.model_type = mt
-    c.hybrid = mt in ("qwen3_5", "qwen3_5_text", "qwen3_next")
+    c.hybrid = mt in ("qwen3_5", "qwen3_5_text", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
     c.fused = mt == "qwen3_next"
     c.hidden = t["hidden_size"]
     c.n_layers = t["num_hidden_layers"]
@@ -132,6 +132,20 @@ def load_config(d):
         c.K = t["linear_conv_kernel_dim"]
     else:
         c.layer_types = ["full_attention"] * c.n_layers
+    # Mixture of experts, as the decoder layers of modeling_qwen3_next.py
+    # and modeling_qwen3_5_moe.py decide it.
+    c.moe = [False] * c.n_layers
+    if mt in ("qwen3_5_moe", "qwen3_5_moe_text"):
+        c.moe = [True] * c.n_layers
+        c.norm_topk = True
+    elif mt == "qwen3_next" and t.get("num_experts", 512) > 0:
+        mol = t.get("mlp_only_layers") or []
+        step = t.get("decoder_sparse_step", 1)
+        c.moe = [l not in mol and (l + 1) % step == 0 for l in range(c.n_layers)]
+        c.norm_topk = t.get("norm_topk_prob", True)
+    if any(c.moe):
+        c.E = t.get("num_experts", 512 if mt == "qwen3_next" else 256)
+        c.topk = t.get("num_experts_per_tok", 10 if mt == "qwen3_next" else 8)
     return c
 
 # --- model ------------------------------------------------------------------
@@ -292,6 +306,39 @@ def deltanet(c, W, p, h, dt, check_chunked, stats):
     return out, conv_state, S
 
 
+def sparse_moe(c, W, p, h):
+    # Qwen3NextSparseMoeBlock / Qwen3_5MoeSparseMoeBlock: softmax router,
+    # top-k, optional renormalisation, experts summed by index_add_ in
+    # ascending expert id, plus the sigmoid-gated shared expert. Experts
+    # are read from the stacked tensors (experts.gate_up_proj / down_proj)
+    # or the per-expert ones (experts.N.{gate,up,down}_proj.weight).
+    n, D = h.shape
+    logits = h @ W[p + "gate.weight"].T
+    probs = F.softmax(logits, dim=-1, dtype=torch.float)
+    top_w, top_i = torch.topk(probs, c.topk, dim=-1)
+    if c.norm_topk:
+        top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+    top_w = top_w.to(h.dtype)
+    out = torch.zeros_like(h)
+    stacked = (p + "experts.gate_up_proj") in W
+    for e in range(c.E):
+        tok, pos = torch.where(top_i == e)
+        if tok.numel() == 0:
+            continue
+        xs = h[tok]
+        if stacked:
+            gate, up = (xs @ W[p + "experts.gate_up_proj"][e].T).chunk(2, dim=-1)
+            y = (F.silu(gate) * up) @ W[p + "experts.down_proj"][e].T
+        else:
+            q = f"{p}experts.{e}."
+            y = (F.silu(xs @ W[q + "gate_proj.weight"].T) * (xs @ W[q + "up_proj.weight"].T)) @ W[q + "down_proj.weight"].T
+        out.index_add_(0, tok, y * top_w[tok, pos, None])
+    s = F.silu(h @ W[p + "shared_expert.gate_proj.weight"].T) * (h @ W[p + "shared_expert.up_proj.weight"].T)
+    s = s @ W[p + "shared_expert.down_proj.weight"].T
+    s = torch.sigmoid(h @ W[p + "shared_expert_gate.weight"].T) * s
+    return out + s
+
+
 def forward(c, W, tokens, dt, check_chunked=False):
     pre = "model.language_model." if "model.language_model.embed_tokens.weight" in W else "model."
     W = {k: v.to(dt) for k, v in W.items()}
@@ -310,6 +357,9 @@ def forward(c, W, tokens, dt, check_chunked=False):
             states.append((cs, S))
             x = x + o
         h = rmsnorm(x, W[p + "post_attention_layernorm.weight"], c.eps, c.hybrid)
+        if c.moe[l]:
+            x = x + sparse_moe(c, W, p + "mlp.", h)
+            continue
         m = F.silu(h @ W[p + "mlp.gate_proj.weight"].T) * (h @ W[p + "mlp.up_proj.weight"].T)
         x = x + m @ W[p + "mlp.down_proj.weight"].T
     x = rmsnorm(x, W[pre + "norm.weight"], c.eps, c.hybrid)
