@@ -706,8 +706,12 @@ int kv_config_check_weights(const struct kv_model_config *c, const struct kv_wei
 		const struct kv_tensor *t = kv_weights_find(w, v[i].name);
 		char want[160];
 		if (!t) {
-			rc = kv_fail(KV_ERR_INCOMPATIBLE, "weights lack tensor '%s' (expected shape %s)", v[i].name,
-				     kv_shape_str(v[i].ndim, v[i].shape, want, sizeof want));
+			rc = kv_fail(KV_ERR_INCOMPATIBLE, "weights lack tensor '%s' (expected shape %s)%s", v[i].name,
+				     kv_shape_str(v[i].ndim, v[i].shape, want, sizeof want),
+				     strstr(v[i].name, ".mlp.experts.")
+					     ? "; routed experts are read from mlp.experts.gate_up_proj + "
+					       "mlp.experts.down_proj or from mlp.experts.N.{gate,up,down}_proj.weight"
+					     : "");
 			break;
 		}
 		if ((rc = kv_tensor_expect(t, -1, v[i].ndim, v[i].shape)))

@@ -3,7 +3,8 @@
 
 Implements the math of Hugging Face transformers' modeling code
 (models/qwen3/modeling_qwen3.py, models/qwen3_next/modeling_qwen3_next.py,
-models/qwen3_5/modular_qwen3_5.py) from scratch, for one unbatched prompt
+models/qwen3_5/modular_qwen3_5.py, models/qwen3_5_moe/modeling_qwen3_5_moe.py,
+including the sparse MoE blocks) from scratch, for one unbatched prompt
 without a cache, and loads the same safetensors folder the C engine loads.
 It is the oracle of tests/ref/engine_ref.sh; it shares no code with the
 engine.
@@ -13,6 +14,9 @@ engine.
     reference_model.py --make-next SRC DST
         write a qwen3_next folder (fused in_proj_qkvz / in_proj_ba) holding
         the same weights as the qwen3_5 folder SRC.
+    reference_model.py --split-experts SRC DST
+        rewrite stacked experts (mlp.experts.gate_up_proj / down_proj) as
+        per-expert tensors (mlp.experts.N.{gate,up,down}_proj.weight).
     reference_model.py --compare A B --vocab V [--tol T]
     reference_model.py --compare-state A B [--tol T]
 
@@ -368,6 +372,32 @@ def forward(c, W, tokens, dt, check_chunked=False):
 
 # --- tools ------------------------------------------------------------------
 
+def split_experts(src, dst):
+    """stacked experts.gate_up_proj / down_proj -> experts.N.{gate,up,down}_proj.weight."""
+    W = load_weights(src)
+    out = {}
+    for name, t in W.items():
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            base = name[: -len("gate_up_proj")]
+            I = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = t[e, :I].contiguous()
+                out[f"{base}{e}.up_proj.weight"] = t[e, I:].contiguous()
+        elif name.endswith(".mlp.experts.down_proj"):
+            base = name[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = t[e].contiguous()
+        else:
+            out[name] = t
+    os.makedirs(dst, exist_ok=True)
+    write_safetensors(os.path.join(dst, "model.safetensors"), out)
+    for fn in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        s = os.path.join(src, fn)
+        if os.path.exists(s):
+            with open(s, "rb") as f, open(os.path.join(dst, fn), "wb") as g:
+                g.write(f.read())
+
+
 def make_next(src, dst):
     """qwen3_5 folder -> qwen3_next folder with fused projections, same math."""
     c = load_config(src)
@@ -457,6 +487,7 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--check-chunked", action="store_true")
     ap.add_argument("--make-next", nargs=2)
+    ap.add_argument("--split-experts", nargs=2)
     ap.add_argument("--compare", nargs=2)
     ap.add_argument("--compare-state", nargs=2)
     ap.add_argument("--vocab", type=int)
@@ -465,6 +496,9 @@ def main():
     torch.set_num_threads(1)
     if a.make_next:
         make_next(*a.make_next)
+        return 0
+    if a.split_experts:
+        split_experts(*a.split_experts)
         return 0
     if a.compare:
         return compare_logits(a.compare[0], a.compare[1], a.vocab, a.tol)
