@@ -816,6 +816,36 @@ KT_CASE(bad_model_folders_fail_at_load_naming_the_tensor)
 	KT_EQ_INT(kt_sh("rm -rf '%s'", dst), 0);
 }
 
+/* Expert weights count as resident: the budget and admission read
+ * KV_MEM_WEIGHTS, which holds every mapped byte (all experts, routed to or
+ * not) and the expert views. */
+KT_CASE(moe_weights_are_counted_as_resident)
+{
+	const char *d = models();
+	KT_REQUIRE(d);
+	char path[1024];
+	snprintf(path, sizeof path, "%s/tiny-moe/model.safetensors", d);
+	FILE *f = fopen(path, "rb");
+	KT_REQUIRE(f);
+	fseek(f, 0, SEEK_END);
+	uint64_t file = (uint64_t)ftell(f);
+	fclose(f);
+	uint64_t before = kv_mem_used(KV_MEM_WEIGHTS);
+	struct ke_model *m = load("tiny-moe", 0, 0);
+	KT_REQUIRE(m);
+	const struct kv_model_config *c = ke_model_config(m);
+	uint64_t views = (uint64_t)c->n_moe_layers * 3 * (uint64_t)c->n_experts * sizeof(struct ke_mat);
+	KT_CHECKF(kv_mem_used(KV_MEM_WEIGHTS) - before >= file + views, "%llu counted for a %llu-byte file",
+		  (unsigned long long)(kv_mem_used(KV_MEM_WEIGHTS) - before), (unsigned long long)file);
+	/* decode reads k of E experts: the bound counts only those */
+	uint64_t all_experts = (uint64_t)c->n_moe_layers * c->n_experts * 3 * c->moe_intermediate * c->hidden * 2;
+	uint64_t used = (uint64_t)c->n_moe_layers * c->n_experts_per_tok * 3 * c->moe_intermediate * c->hidden * 2;
+	KT_CHECK(ke_model_decode_bytes(m) < file - (all_experts - used) + 4096);
+	KT_CHECK(ke_model_decode_bytes(m) > used);
+	ke_model_destroy(m);
+	KT_EQ_U64(kv_mem_used(KV_MEM_WEIGHTS), before);
+}
+
 /* Missing or misshapen expert tensors, both layouts: the error names the
  * tensor. */
 KT_CASE(bad_moe_folders_name_the_expert_tensor)
@@ -890,7 +920,7 @@ KT_CASE(generate_cli_writes_the_logits)
 KT_MAIN(layout_of_tiny_models, batch_invariance_dense_50_splits, batch_invariance_hybrid_50_splits,
 	cpu_paths_give_identical_logits, batch_invariance_moe_50_splits, batch_invariance_next_moe_50_splits,
 	cpu_paths_give_identical_logits_moe, moe_routing_ties_and_order, moe_reads_only_selected_experts,
-	bad_moe_folders_name_the_expert_tensor, resume_from_snapshot_pages_tail_dense, resume_from_snapshot_pages_tail_hybrid,
+	bad_moe_folders_name_the_expert_tensor, moe_weights_are_counted_as_resident, resume_from_snapshot_pages_tail_dense, resume_from_snapshot_pages_tail_hybrid,
 	fork_shares_full_pages_and_copies_on_write, stop_points_callback_and_cancel, rewind_and_truncate,
 	bad_inputs_and_page_limit, scratch_is_sized_once, bad_model_folders_fail_at_load_naming_the_tensor,
 	generate_cli_writes_the_logits)
