@@ -6,6 +6,7 @@
 #include "engine/vec.h"
 #include "base/err.h"
 #include "base/mem.h"
+#include "base/pool.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -156,7 +157,14 @@ struct moe_scr {
 	float *eo;     /* [C k][D] expert output of each slot */
 	float *so;     /* [C][D] shared expert output */
 	float *sg;     /* [C] shared expert gate logit */
+	int32_t *act;  /* [E] experts with at least one slot */
+	float *par;    /* threads x PAR_ROWS x (D + 2 Im): per-thread xin, g1, g2 */
 };
+
+/* Experts run in parallel (one per thread, single-threaded products) when
+ * each has at most PAR_ROWS tokens, as in decode; bigger groups split
+ * their products' rows over the threads instead. Same bits either way. */
+#define PAR_ROWS 16
 
 static size_t carve(const struct kv_model_config *c, int C, float *base, struct moe_scr *s)
 {
@@ -181,6 +189,8 @@ static size_t carve(const struct kv_model_config *c, int C, float *base, struct 
 	TAKE(eo, float, n * k * D);
 	TAKE(so, float, n * D);
 	TAKE(sg, float, n);
+	TAKE(act, int32_t, E);
+	TAKE(par, float, (size_t)kv_pool_size(kv_pool_global()) * PAR_ROWS * (D + 2 * Im));
 #undef TAKE
 	return off;
 }
@@ -231,6 +241,40 @@ void ke_moe_route(const struct ke_moe *mo, float *p, int32_t *sel, float *w)
 		}
 }
 
+struct expert_job {
+	const struct ke_moe *mo;
+	const struct moe_scr *s;
+	const float *h;
+	int D;
+	int shared_bufs;   /* 1: use the chunk-sized buffers (one thread) */
+};
+
+static void experts_part(void *ctx, size_t b0, size_t b1, int thread)
+{
+	const struct expert_job *j = ctx;
+	const struct ke_moe *mo = j->mo;
+	const struct moe_scr *s = j->s;
+	const int D = j->D, k = mo->k, I = mo->I;
+	const size_t Im = (size_t)(mo->I > mo->Is ? mo->I : mo->Is);
+	float *xin = s->xin, *g1 = s->g1, *g2 = s->g2;
+	if (!j->shared_bufs) {
+		xin = s->par + (size_t)thread * PAR_ROWS * ((size_t)D + 2 * Im);
+		g1 = xin + (size_t)PAR_ROWS * D;
+		g2 = g1 + (size_t)PAR_ROWS * Im;
+	}
+	for (size_t a = b0; a < b1; a++) {
+		int e = s->act[a], b = s->cnt[e], m = s->cnt[e + 1] - b;
+		for (int i = 0; i < m; i++)
+			memcpy(xin + (size_t)i * D, j->h + (size_t)(s->list[b + i] / k) * D, (size_t)D * sizeof *xin);
+		ke_gemm(&mo->gate[e], xin, (size_t)D, m, g1, (size_t)I, 0);
+		ke_gemm(&mo->up[e], xin, (size_t)D, m, g2, (size_t)I, 0);
+		ke_vec_silu_mul(g1, g2, m * I);
+		ke_gemm(&mo->down[e], g1, (size_t)I, m, xin, (size_t)D, 0);
+		for (int i = 0; i < m; i++)
+			memcpy(s->eo + (size_t)s->list[b + i] * D, xin + (size_t)i * D, (size_t)D * sizeof *xin);
+	}
+}
+
 void ke_moe_forward(const struct ke_moe *mo, const float *h, int n, int D, float *x, float *scratch)
 {
 	const int E = mo->E, k = mo->k;
@@ -262,18 +306,19 @@ void ke_moe_forward(const struct ke_moe *mo, const float *h, int n, int D, float
 
 	/* each expert once, on all its tokens; the rows do not depend on how
 	 * many there are (ke_gemm) */
+	int n_act = 0, max_m = 0;
 	for (int e = 0; e < E; e++) {
-		int b = s.cnt[e], m = s.cnt[e + 1] - b, I = mo->I;
-		if (!m)
-			continue;
-		for (int j = 0; j < m; j++)
-			memcpy(s.xin + (size_t)j * D, h + (size_t)(s.list[b + j] / k) * D, (size_t)D * sizeof *h);
-		ke_gemm(&mo->gate[e], s.xin, (size_t)D, m, s.g1, (size_t)I, 0);
-		ke_gemm(&mo->up[e], s.xin, (size_t)D, m, s.g2, (size_t)I, 0);
-		ke_vec_silu_mul(s.g1, s.g2, m * I);
-		ke_gemm(&mo->down[e], s.g1, (size_t)I, m, s.xin, (size_t)D, 0);
-		for (int j = 0; j < m; j++)
-			memcpy(s.eo + (size_t)s.list[b + j] * D, s.xin + (size_t)j * D, (size_t)D * sizeof *h);
+		int m = s.cnt[e + 1] - s.cnt[e];
+		if (m)
+			s.act[n_act++] = e;
+		max_m = m > max_m ? m : max_m;
+	}
+	struct expert_job j = {mo, &s, h, D, 0};
+	if (n_act > 1 && max_m <= PAR_ROWS) {
+		kv_pool_for(kv_pool_global(), (size_t)n_act, 1, experts_part, &j);
+	} else {
+		j.shared_bufs = 1;
+		experts_part(&j, 0, (size_t)n_act, 0);
 	}
 
 	/* shared expert and its gate */
