@@ -887,6 +887,30 @@ KT_CASE(bad_moe_folders_name_the_expert_tensor)
 	KT_EQ_INT(kt_sh("rm -rf '%s'", dst), 0);
 }
 
+/* Thread count: 1, 2 and 3 threads (experts run one per thread in decode,
+ * split by rows in prefill) give the same logits and state bytes. */
+KT_CASE(moe_threads_give_identical_logits)
+{
+	const char *d = models();
+	KT_REQUIRE(d);
+	const char *names[] = {"tiny-moe", "tiny-next"};
+	for (int k = 0; k < 2; k++)
+		for (int th = 1; th <= 3; th++)
+			KT_EQ_INT(kt_sh("KVKEEP_THREADS=%d KVKEEP_LOG=warn '%s' generate --model '%s/%s' --tokens "
+					"3,14,15,92,65,35,89,79,32,38,46,26,43,38,32,79,50,28,84,19 --max-tokens 6 "
+					"--ignore-eos --quiet --chunk 7 --all-logits-out '%s/%s.t%d.bin' --state-out "
+					"'%s/%s.t%d.st' >'%s/%s.t%d.out'",
+					th, kt_bin(), d, names[k], d, names[k], th, d, names[k], th, d, names[k], th),
+				  0);
+	for (int k = 0; k < 2; k++)
+		for (int th = 2; th <= 3; th++)
+			KT_CHECKF(!kt_sh("cmp -s '%s/%s.t1.bin' '%s/%s.t%d.bin' && cmp -s '%s/%s.t1.st' '%s/%s.t%d.st' && "
+					 "cmp -s '%s/%s.t1.out' '%s/%s.t%d.out'",
+					 d, names[k], d, names[k], th, d, names[k], d, names[k], th, d, names[k], d, names[k],
+					 th),
+				  "%s: %d threads differ from 1", names[k], th);
+}
+
 KT_CASE(generate_cli_writes_the_logits)
 {
 	const char *d = models();
@@ -920,7 +944,8 @@ KT_CASE(generate_cli_writes_the_logits)
 KT_MAIN(layout_of_tiny_models, batch_invariance_dense_50_splits, batch_invariance_hybrid_50_splits,
 	cpu_paths_give_identical_logits, batch_invariance_moe_50_splits, batch_invariance_next_moe_50_splits,
 	cpu_paths_give_identical_logits_moe, moe_routing_ties_and_order, moe_reads_only_selected_experts,
-	bad_moe_folders_name_the_expert_tensor, moe_weights_are_counted_as_resident, resume_from_snapshot_pages_tail_dense, resume_from_snapshot_pages_tail_hybrid,
+	bad_moe_folders_name_the_expert_tensor, moe_weights_are_counted_as_resident, moe_threads_give_identical_logits,
+	resume_from_snapshot_pages_tail_dense, resume_from_snapshot_pages_tail_hybrid,
 	fork_shares_full_pages_and_copies_on_write, stop_points_callback_and_cancel, rewind_and_truncate,
 	bad_inputs_and_page_limit, scratch_is_sized_once, bad_model_folders_fail_at_load_naming_the_tensor,
 	generate_cli_writes_the_logits)
