@@ -118,6 +118,21 @@ int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 			view(&mo->up[e], t, e, 2 * (int64_t)I, I, I, D);
 			view(&mo->down[e], dn, e, D, 0, D, I);
 		}
+	} else if (snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.gate_proj.weight", m->prefix, layer),
+		   kv_weights_find(m->w, name)) {
+		/* mlx-lm SwitchGLU: separate [E][I][D] gate and up stacks */
+		static const char *const nm[3] = {"gate_proj", "up_proj", "down_proj"};
+		const struct kv_tensor *st[3];
+		for (int j = 0; j < 3; j++) {
+			snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.%s.weight", m->prefix, layer, nm[j]);
+			if ((rc = get(m, name, 3, E, j == 2 ? D : I, j == 2 ? I : D, &st[j])))
+				goto fail;
+		}
+		for (int e = 0; e < E; e++) {
+			view(&mo->gate[e], st[0], e, I, 0, I, D);
+			view(&mo->up[e], st[1], e, I, 0, I, D);
+			view(&mo->down[e], st[2], e, D, 0, D, I);
+		}
 	} else {
 		for (int e = 0; e < E; e++) {
 			static const char *const nm[3] = {"gate_proj", "up_proj", "down_proj"};

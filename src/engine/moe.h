@@ -23,9 +23,10 @@
  * Weights stay in the mapping: an expert is three ke_mat views, either
  * into the per-expert tensors (mlp.experts.N.{gate,up,down}_proj.weight)
  * or into the stacked ones (mlp.experts.gate_up_proj [E][2I][D],
- * mlp.experts.down_proj [E][D][I]; the GGUF ffn_{gate,up,down}_exps and
- * MLX switch_mlp tensors are [E][rows][cols] stacks too and map the same
- * way). Only the selected experts' rows are read; in a prefill chunk the
+ * mlp.experts.down_proj [E][D][I]), or into mlx-lm's unquantized
+ * mlp.switch_mlp.{gate,up,down}_proj.weight stacks; GGUF's
+ * ffn_{gate,up,down}_exps are [E][rows][cols] stacks too and map the same
+ * way. Only the selected experts' rows are read; in a prefill chunk the
  * tokens routed to one expert are gathered and multiplied together, so
  * each expert's weights are read once per chunk.
  */

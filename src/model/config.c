@@ -569,6 +569,10 @@ static void moe_specs(struct specs *s, const struct kv_model_config *c, const ch
 	if (c->expert_layout == KV_EXPERTS_STACKED) {
 		spec(s, l, KV_ROLE_LINEAR, 3, E, 2 * I, H, "%slayers.%d.mlp.experts.gate_up_proj", p, l);
 		spec(s, l, KV_ROLE_LINEAR_OUT, 3, E, H, I, "%slayers.%d.mlp.experts.down_proj", p, l);
+	} else if (c->expert_layout == KV_EXPERTS_SWITCH) {
+		spec(s, l, KV_ROLE_LINEAR, 3, E, I, H, "%slayers.%d.mlp.switch_mlp.gate_proj.weight", p, l);
+		spec(s, l, KV_ROLE_LINEAR, 3, E, I, H, "%slayers.%d.mlp.switch_mlp.up_proj.weight", p, l);
+		spec(s, l, KV_ROLE_LINEAR_OUT, 3, E, H, I, "%slayers.%d.mlp.switch_mlp.down_proj.weight", p, l);
 	} else {
 		for (int e = 0; e < E && !s->oom; e++) {
 			spec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
@@ -681,7 +685,14 @@ void kv_config_detect_experts(struct kv_model_config *c, const struct kv_weights
 		if (!c->layer_moe[l])
 			continue;
 		snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", prefix, l);
-		c->expert_layout = kv_weights_find(w, name) ? KV_EXPERTS_STACKED : KV_EXPERTS_SPLIT;
+		c->expert_layout = KV_EXPERTS_SPLIT;
+		if (kv_weights_find(w, name)) {
+			c->expert_layout = KV_EXPERTS_STACKED;
+		} else {
+			snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.gate_proj.weight", prefix, l);
+			if (kv_weights_find(w, name))
+				c->expert_layout = KV_EXPERTS_SWITCH;
+		}
 		return;
 	}
 }
@@ -710,7 +721,8 @@ int kv_config_check_weights(const struct kv_model_config *c, const struct kv_wei
 				     kv_shape_str(v[i].ndim, v[i].shape, want, sizeof want),
 				     strstr(v[i].name, ".mlp.experts.")
 					     ? "; routed experts are read from mlp.experts.gate_up_proj + "
-					       "mlp.experts.down_proj or from mlp.experts.N.{gate,up,down}_proj.weight"
+					       "mlp.experts.down_proj, mlp.switch_mlp.{gate,up,down}_proj.weight or "
+					       "mlp.experts.N.{gate,up,down}_proj.weight"
 					     : "");
 			break;
 		}

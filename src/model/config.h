@@ -65,8 +65,11 @@ enum kv_arch { KV_ARCH_QWEN3 = 0, KV_ARCH_QWEN3_5 = 1, KV_ARCH_QWEN3_NEXT = 2 };
  *             parameters of transformers' Qwen3_5MoeExperts / Qwen3NextExperts;
  *   SPLIT     mlp.experts.N.{gate,up}_proj.weight [I, D] and
  *             mlp.experts.N.down_proj.weight [D, I] (nn.Linear per expert, the
- *             layout of the released Qwen3-Next checkpoints). */
-enum kv_expert_layout { KV_EXPERTS_STACKED = 0, KV_EXPERTS_SPLIT = 1 };
+ *             layout of the released Qwen3-Next checkpoints);
+ *   SWITCH    mlp.switch_mlp.{gate,up}_proj.weight [E, I, D] and
+ *             mlp.switch_mlp.down_proj.weight [E, D, I] (mlx-lm's SwitchGLU
+ *             stacks, unquantized). */
+enum kv_expert_layout { KV_EXPERTS_STACKED = 0, KV_EXPERTS_SPLIT = 1, KV_EXPERTS_SWITCH = 2 };
 enum kv_layer_type { KV_LAYER_ATTN = 0, KV_LAYER_DELTANET = 1 };
 
 struct kv_model_config {
@@ -184,14 +187,14 @@ struct kv_weights;
  * "model.") and copied into prefix (may be NULL). Extra tensors (mtp.*,
  * model.visual.*) are ignored. KV_ERR_INCOMPATIBLE names the first
  * missing or mismatched tensor. For MoE configs the expert layout is the
- * one the weights hold (STACKED if layer l's mlp.experts.gate_up_proj is
- * there, else SPLIT), see kv_config_detect_experts.
+ * one the weights hold, see kv_config_detect_experts.
  */
 int kv_config_check_weights(const struct kv_model_config *c, const struct kv_weights *w, char *prefix,
 			    size_t cap);
 
 /* Set c->expert_layout from the weights: STACKED when the first MoE
- * layer's "<prefix>layers.L.mlp.experts.gate_up_proj" exists, else SPLIT.
+ * layer's "<prefix>layers.L.mlp.experts.gate_up_proj" exists, SWITCH when
+ * its "mlp.switch_mlp.gate_proj.weight" does, else SPLIT.
  * No-op for dense configs. */
 void kv_config_detect_experts(struct kv_model_config *c, const struct kv_weights *w, const char *prefix);
 

@@ -13,7 +13,8 @@
 # presets tiny-moe (qwen3_5_moe, stacked experts.gate_up_proj / down_proj)
 # and tiny-next (qwen3_next, fused DeltaNet, per-expert tensors, one dense
 # layer, norm_topk_prob false); tiny-moe's experts are also rewritten per
-# expert (moe-split), which must give bit-identical logits.
+# expert (moe-split) and as mlx-lm's switch_mlp stacks (moe-switch), which
+# must both give bit-identical logits.
 # The bf16-weight presets with the default bf16 KV are checked against the
 # reference with a looser 2e-2 bound (bf16 KV rounding). The reference also
 # checks its own recurrent delta rule against Hugging Face's chunked form.
@@ -102,6 +103,16 @@ if [ -d "$T/tiny-moe" ]; then
 		fi
 	else
 		fail "split_experts" "$(tail -1 "$T/split.log")"
+	fi
+	if "$PY" "$REF" --switch-experts "$T/tiny-moe" "$T/moe-switch" >"$T/switch.log" 2>&1; then
+		run_pair moe-switch "$T/moe-switch" --kv-f32 1e-4 0
+		if [ -f "$T/moe-switch.c.bin" ] && cmp -s "$T/moe-switch.c.bin" "$T/tiny-moe.c.bin"; then
+			ok "moe_switch_mlp_layout_bit_identical_to_stacked"
+		else
+			fail "moe_switch_mlp_layout_bit_identical_to_stacked" "logits differ"
+		fi
+	else
+		fail "switch_experts" "$(tail -1 "$T/switch.log")"
 	fi
 fi
 mk tiny-moe bf16 "$T/tiny-moe-bf16" && run_pair tiny-moe-bf16 "$T/tiny-moe-bf16" "" 2e-2 1

@@ -17,6 +17,8 @@ engine.
     reference_model.py --split-experts SRC DST
         rewrite stacked experts (mlp.experts.gate_up_proj / down_proj) as
         per-expert tensors (mlp.experts.N.{gate,up,down}_proj.weight).
+    reference_model.py --switch-experts SRC DST
+        the same as mlx-lm's stacks (mlp.switch_mlp.{gate,up,down}_proj.weight).
     reference_model.py --compare A B --vocab V [--tol T]
     reference_model.py --compare-state A B [--tol T]
 
@@ -325,6 +327,7 @@ def sparse_moe(c, W, p, h):
     top_w = top_w.to(h.dtype)
     out = torch.zeros_like(h)
     stacked = (p + "experts.gate_up_proj") in W
+    switch = (p + "switch_mlp.gate_proj.weight") in W
     for e in range(c.E):
         tok, pos = torch.where(top_i == e)
         if tok.numel() == 0:
@@ -333,6 +336,9 @@ def sparse_moe(c, W, p, h):
         if stacked:
             gate, up = (xs @ W[p + "experts.gate_up_proj"][e].T).chunk(2, dim=-1)
             y = (F.silu(gate) * up) @ W[p + "experts.down_proj"][e].T
+        elif switch:
+            q = p + "switch_mlp."
+            y = (F.silu(xs @ W[q + "gate_proj.weight"][e].T) * (xs @ W[q + "up_proj.weight"][e].T)) @ W[q + "down_proj.weight"][e].T
         else:
             q = f"{p}experts.{e}."
             y = (F.silu(xs @ W[q + "gate_proj.weight"].T) * (xs @ W[q + "up_proj.weight"].T)) @ W[q + "down_proj.weight"].T
@@ -372,12 +378,20 @@ def forward(c, W, tokens, dt, check_chunked=False):
 
 # --- tools ------------------------------------------------------------------
 
-def split_experts(src, dst):
-    """stacked experts.gate_up_proj / down_proj -> experts.N.{gate,up,down}_proj.weight."""
+def split_experts(src, dst, switch=False):
+    """stacked experts.gate_up_proj / down_proj -> experts.N.{gate,up,down}_proj.weight
+    (or, switch, mlx-lm's switch_mlp.{gate,up,down}_proj.weight stacks)."""
     W = load_weights(src)
     out = {}
     for name, t in W.items():
-        if name.endswith(".mlp.experts.gate_up_proj"):
+        if switch and name.endswith(".mlp.experts.gate_up_proj"):
+            base = name[: -len("experts.gate_up_proj")] + "switch_mlp."
+            I = t.shape[1] // 2
+            out[base + "gate_proj.weight"] = t[:, :I].contiguous()
+            out[base + "up_proj.weight"] = t[:, I:].contiguous()
+        elif switch and name.endswith(".mlp.experts.down_proj"):
+            out[name[: -len("experts.down_proj")] + "switch_mlp.down_proj.weight"] = t.contiguous()
+        elif name.endswith(".mlp.experts.gate_up_proj"):
             base = name[: -len("gate_up_proj")]
             I = t.shape[1] // 2
             for e in range(t.shape[0]):
@@ -488,6 +502,7 @@ def main():
     ap.add_argument("--check-chunked", action="store_true")
     ap.add_argument("--make-next", nargs=2)
     ap.add_argument("--split-experts", nargs=2)
+    ap.add_argument("--switch-experts", nargs=2)
     ap.add_argument("--compare", nargs=2)
     ap.add_argument("--compare-state", nargs=2)
     ap.add_argument("--vocab", type=int)
@@ -499,6 +514,9 @@ def main():
         return 0
     if a.split_experts:
         split_experts(*a.split_experts)
+        return 0
+    if a.switch_experts:
+        split_experts(*a.switch_experts, switch=True)
         return 0
     if a.compare:
         return compare_logits(a.compare[0], a.compare[1], a.vocab, a.tol)

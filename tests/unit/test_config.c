@@ -437,6 +437,19 @@ KT_CASE(qwen35_moe)
 			seen = v[i].ndim == 3 && v[i].shape[0] == 256 && v[i].shape[1] == 1024 && v[i].shape[2] == 2048;
 	free(v);
 	KT_CHECK(seen);
+	/* mlx-lm's switch_mlp stacks: gate and up [E, I, D], down [E, D, I]. */
+	c.expert_layout = KV_EXPERTS_SWITCH;
+	KT_OK(kv_config_tensors(&c, NULL, &v, &n));
+	seen = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!strcmp(v[i].name, "model.language_model.layers.3.mlp.switch_mlp.up_proj.weight"))
+			seen += v[i].ndim == 3 && v[i].shape[0] == 256 && v[i].shape[1] == 512 && v[i].shape[2] == 2048;
+		if (!strcmp(v[i].name, "model.language_model.layers.3.mlp.switch_mlp.down_proj.weight"))
+			seen += v[i].ndim == 3 && v[i].shape[0] == 256 && v[i].shape[1] == 2048 && v[i].shape[2] == 512;
+		KT_CHECK(!strstr(v[i].name, "experts."));
+	}
+	free(v);
+	KT_EQ_INT(seen, 2);
 	/* Defaults of Qwen3_5MoeTextConfig; the flat text config too. */
 	KT_OK(parse("{\"model_type\": \"qwen3_5_moe_text\"}", &c));
 	KT_EQ_INT(c.hidden, 2048);
