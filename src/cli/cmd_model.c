@@ -145,6 +145,15 @@ static int cmd_model_info(int argc, char **argv)
 	}
 
 	uint64_t params = kv_config_param_count(&c);
+	uint64_t active = kv_config_active_param_count(&c);
+	/* Resident weights: every expert is mapped and counted, routed to or
+	 * not (docs/models.md). BF16 = 2 bytes a parameter; a Q4_K_M GGUF is
+	 * estimated at Q4KM_BITS bits a parameter over all of them (its mix of
+	 * Q4_K, Q6_K and F32 norms averages about that on Qwen models). */
+	const double Q4KM_BITS = 4.85;
+	uint64_t bf16_bytes = params * 2, q4_bytes = (uint64_t)((double)params * Q4KM_BITS / 8.0);
+	/* decode reads one row of an untied embedding table, all the rest */
+	uint64_t dec = active - (c.tie_embeddings ? 0 : (uint64_t)c.vocab * (uint64_t)c.hidden);
 	uint64_t kvb = kv_config_kv_bytes_per_token(&c, 2);
 	uint64_t rsb = kv_config_recurrent_state_bytes(&c);
 	uint64_t csb = kv_config_conv_state_bytes(&c);
@@ -163,6 +172,22 @@ static int cmd_model_info(int argc, char **argv)
 		json_object_set_new(o, "hidden", json_integer(c.hidden));
 		json_object_set_new(o, "vocab", json_integer(c.vocab));
 		json_object_set_new(o, "params", json_integer((json_int_t)params));
+		json_object_set_new(o, "active_params", json_integer((json_int_t)active));
+		json_object_set_new(o, "resident_bytes_bf16", json_integer((json_int_t)bf16_bytes));
+		json_object_set_new(o, "resident_bytes_q4_k_m_est", json_integer((json_int_t)q4_bytes));
+		json_object_set_new(o, "decode_bytes_per_token_bf16", json_integer((json_int_t)(dec * 2)));
+		json_object_set_new(o, "recurrent_bytes_per_sequence",
+				    json_integer((json_int_t)((rsb + csb) * (uint64_t)c.n_deltanet_layers)));
+		if (c.n_moe_layers) {
+			json_t *mo = json_object();
+			json_object_set_new(mo, "n_experts", json_integer(c.n_experts));
+			json_object_set_new(mo, "n_experts_per_tok", json_integer(c.n_experts_per_tok));
+			json_object_set_new(mo, "moe_intermediate", json_integer(c.moe_intermediate));
+			json_object_set_new(mo, "shared_intermediate", json_integer(c.shared_intermediate));
+			json_object_set_new(mo, "norm_topk_prob", json_boolean(c.norm_topk_prob));
+			json_object_set_new(mo, "n_moe_layers", json_integer(c.n_moe_layers));
+			json_object_set_new(o, "moe", mo);
+		}
 		json_object_set_new(o, "kv_bytes_per_token", json_integer((json_int_t)kvb));
 		json_object_set_new(o, "recurrent_state_bytes_per_layer", json_integer((json_int_t)rsb));
 		json_object_set_new(o, "conv_state_bytes_per_layer", json_integer((json_int_t)csb));
@@ -203,11 +228,24 @@ static int cmd_model_info(int argc, char **argv)
 		printf("\n");
 		printf("params       %llu (%.2f M)%s\n", (unsigned long long)params, (double)params / 1e6,
 		       c.tie_embeddings ? ", embeddings tied" : "");
+		if (c.n_moe_layers)
+			printf("experts      %d routed (top %d%s, %d x %d) + 1 shared (%d) on %d of %d layers\n"
+			       "active       %llu parameters a token reads (%.2f M)\n",
+			       c.n_experts, c.n_experts_per_tok, c.norm_topk_prob ? ", renormalised" : "",
+			       c.moe_intermediate, c.hidden, c.shared_intermediate, c.n_moe_layers, c.n_layers,
+			       (unsigned long long)active, (double)active / 1e6);
+		printf("resident     %.2f GiB as BF16, ~%.2f GiB as Q4_K_M (%.2f bits/weight, all experts resident)\n",
+		       (double)bf16_bytes / 1073741824.0, (double)q4_bytes / 1073741824.0, Q4KM_BITS);
+		printf("decode reads %.1f MiB of BF16 weights per token (~%.1f MiB as Q4_K_M)\n",
+		       (double)dec * 2 / 1048576.0, (double)dec * Q4KM_BITS / 8 / 1048576.0);
 		printf("kv/token     %llu bytes (16-bit KV)\n", (unsigned long long)kvb);
 		if (c.hybrid)
 			printf("recurrent    %llu bytes of delta-rule state + %llu bytes of conv state per DeltaNet "
 			       "layer\n",
 			       (unsigned long long)rsb, (unsigned long long)csb);
+		if (c.hybrid)
+			printf("             %.2f MiB of recurrent state per sequence\n",
+			       (double)((rsb + csb) * (uint64_t)c.n_deltanet_layers) / 1048576.0);
 		if (!has_weights)
 			printf("weights      none (config only)\n");
 		else if (w_rc)

@@ -255,6 +255,10 @@ void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, fl
 			dn_layer(s, ly, n);
 		for (int t = 0; t < n; t++)
 			ke_vec_rmsnorm(sc->h + (size_t)t * D, sc->x + (size_t)t * D, ly->post_norm, D, eps);
+		if (ly->moe) { /* sparse MoE block, moe.c */
+			ke_moe_forward(ly->moe, sc->h, n, D, sc->x, sc->moe);
+			continue;
+		}
 		ke_gemm(&ly->gate, sc->h, (size_t)D, n, sc->m1, (size_t)I, 0);
 		ke_gemm(&ly->up, sc->h, (size_t)D, n, sc->m2, (size_t)I, 0);
 		ke_vec_silu_mul(sc->m1, sc->m2, (int)((size_t)n * I));

@@ -260,6 +260,11 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 				na[h] = -expf(na[h]);
 			ly->neg_a = na;
 		}
+		if (c->layer_moe[i]) { /* moe.c */
+			if ((rc = ke_moe_load(m, i, &ly->moe)))
+				goto fail;
+			continue;
+		}
 		if ((rc = load_mat(&L, &ly->gate, "%slayers.%d.mlp.gate_proj.weight", i)) ||
 		    (rc = load_mat(&L, &ly->up, "%slayers.%d.mlp.up_proj.weight", i)) ||
 		    (rc = load_mat(&L, &ly->down, "%slayers.%d.mlp.down_proj.weight", i)))
@@ -285,6 +290,7 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	for (int i = 0; i < m->n_mats; i++)
 		db += (uint64_t)m->mats[i].rows * (uint64_t)m->mats[i].cols * (m->mats[i].dtype == KV_DT_BF16 ? 2 : 4);
 	db += (uint64_t)c->hidden * (m->embed.dtype == KV_DT_BF16 ? 2 : 4);
+	db += ke_moe_decode_bytes(m); /* only the k experts a token routes to */
 	m->decode_bytes = db;
 	/* Largest first, names kept in step: sort index pairs. */
 	for (int i = 1; i < m->n_mats; i++)
@@ -356,6 +362,8 @@ void ke_model_destroy(struct ke_model *m)
 	pthread_mutex_destroy(&m->stash_lock);
 	if (m->pages)
 		kv_pages_destroy(m->pages);
+	for (int i = 0; i < KV_MAX_LAYERS; i++)
+		ke_moe_free(m->layers[i].moe);
 	kv_free(m->owned);
 	if (m->w)
 		kv_weights_close(m->w);
@@ -436,6 +444,7 @@ size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *s
 	size_t base = off, end = off;
 	CARVE(m1, C * c->intermediate);
 	CARVE(m2, C * c->intermediate);
+	CARVE(moe, ke_moe_scratch_floats(c, chunk));
 	end = off > end ? off : end;
 	if (c->n_attn_layers) {
 		off = base;

@@ -7,9 +7,14 @@
 # token ids, and compares:
 #   logits   every one of the 64 positions: max|engine - ref| / max|ref| <= 1e-4
 #   state    DeltaNet conv state and S after the prompt: same bound
-# for tiny-dense (qwen3), tiny-hybrid (qwen3_5) and tiny-next (qwen3_next:
-# the same weights regrouped into the fused in_proj_qkvz / in_proj_ba
-# layout, which must also give logits bit-identical to tiny-hybrid's).
+# for tiny-dense (qwen3), tiny-hybrid (qwen3_5), tiny-hybrid regrouped into
+# qwen3_next's fused in_proj_qkvz / in_proj_ba layout (dense-next, which
+# must also give logits bit-identical to tiny-hybrid's), and the MoE
+# presets tiny-moe (qwen3_5_moe, stacked experts.gate_up_proj / down_proj)
+# and tiny-next (qwen3_next, fused DeltaNet, per-expert tensors, one dense
+# layer, norm_topk_prob false); tiny-moe's experts are also rewritten per
+# expert (moe-split) and as mlx-lm's switch_mlp stacks (moe-switch), which
+# must both give bit-identical logits.
 # The bf16-weight presets with the default bf16 KV are checked against the
 # reference with a looser 2e-2 bound (bf16 KV rounding). The reference also
 # checks its own recurrent delta rule against Hugging Face's chunked form.
@@ -75,9 +80,9 @@ run_pair() { # name dir kvflag tol check_state
 mk tiny-dense f32 "$T/tiny-dense" && run_pair tiny-dense "$T/tiny-dense" --kv-f32 1e-4 0
 mk tiny-hybrid f32 "$T/tiny-hybrid" && run_pair tiny-hybrid "$T/tiny-hybrid" --kv-f32 1e-4 1
 if [ -d "$T/tiny-hybrid" ]; then
-	if "$PY" "$REF" --make-next "$T/tiny-hybrid" "$T/tiny-next" >"$T/next.log" 2>&1; then
-		run_pair tiny-next "$T/tiny-next" --kv-f32 1e-4 1
-		if [ -f "$T/tiny-next.c.bin" ] && cmp -s "$T/tiny-next.c.bin" "$T/tiny-hybrid.c.bin"; then
+	if "$PY" "$REF" --make-next "$T/tiny-hybrid" "$T/dense-next" >"$T/next.log" 2>&1; then
+		run_pair dense-next "$T/dense-next" --kv-f32 1e-4 1
+		if [ -f "$T/dense-next.c.bin" ] && cmp -s "$T/dense-next.c.bin" "$T/tiny-hybrid.c.bin"; then
 			ok "qwen3_next_fused_layout_bit_identical_to_qwen3_5"
 		else
 			fail "qwen3_next_fused_layout_bit_identical_to_qwen3_5" "logits differ"
@@ -86,6 +91,31 @@ if [ -d "$T/tiny-hybrid" ]; then
 		fail "make_next" "$(tail -1 "$T/next.log")"
 	fi
 fi
+mk tiny-moe f32 "$T/tiny-moe" && run_pair tiny-moe "$T/tiny-moe" --kv-f32 1e-4 1
+mk tiny-next f32 "$T/tiny-next" && run_pair tiny-next "$T/tiny-next" --kv-f32 1e-4 1
+if [ -d "$T/tiny-moe" ]; then
+	if "$PY" "$REF" --split-experts "$T/tiny-moe" "$T/moe-split" >"$T/split.log" 2>&1; then
+		run_pair moe-split "$T/moe-split" --kv-f32 1e-4 0
+		if [ -f "$T/moe-split.c.bin" ] && cmp -s "$T/moe-split.c.bin" "$T/tiny-moe.c.bin"; then
+			ok "moe_per_expert_layout_bit_identical_to_stacked"
+		else
+			fail "moe_per_expert_layout_bit_identical_to_stacked" "logits differ"
+		fi
+	else
+		fail "split_experts" "$(tail -1 "$T/split.log")"
+	fi
+	if "$PY" "$REF" --switch-experts "$T/tiny-moe" "$T/moe-switch" >"$T/switch.log" 2>&1; then
+		run_pair moe-switch "$T/moe-switch" --kv-f32 1e-4 0
+		if [ -f "$T/moe-switch.c.bin" ] && cmp -s "$T/moe-switch.c.bin" "$T/tiny-moe.c.bin"; then
+			ok "moe_switch_mlp_layout_bit_identical_to_stacked"
+		else
+			fail "moe_switch_mlp_layout_bit_identical_to_stacked" "logits differ"
+		fi
+	else
+		fail "switch_experts" "$(tail -1 "$T/switch.log")"
+	fi
+fi
+mk tiny-moe bf16 "$T/tiny-moe-bf16" && run_pair tiny-moe-bf16 "$T/tiny-moe-bf16" "" 2e-2 1
 mk tiny-dense bf16 "$T/tiny-dense-bf16" && run_pair tiny-dense-bf16 "$T/tiny-dense-bf16" "" 2e-2 0
 mk tiny-hybrid bf16 "$T/tiny-hybrid-bf16" && run_pair tiny-hybrid-bf16 "$T/tiny-hybrid-bf16" "" 2e-2 1
 [ "$fails" -eq 0 ]
