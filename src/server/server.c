@@ -680,7 +680,23 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	/* the namespace of both tiers: the model fingerprint and the cache
 	 * salt (store/ns.h); the RAM cache's chain hashes start from it, so the
 	 * disk tier's file names agree with them */
-	s->fingerprint = ksv_model_fingerprint(o->model_dir, o->kv_dtype, (int)o->page_tokens);
+	{
+		/* weight content hashes are remembered beside the disk cache; with
+		 * no disk tier the namespace lives only as long as this process,
+		 * so the weights need not be read at all */
+		char root[4096], memo[4200];
+		const char *flag = o->cache_dir && *o->cache_dir ? o->cache_dir : o->env_cache_dir;
+		int disk = o->prefix_cache &&
+			   !ks_dir_root_from(flag, NULL, getenv("XDG_CACHE_HOME"), getenv("HOME"), root, sizeof root);
+		if (disk)
+			snprintf(memo, sizeof memo, "%s/%s", root, KSV_FP_MEMO_DIR);
+		struct ksv_fp_params fp = {.model_dir = o->model_dir,
+					   .kv_dtype = o->kv_dtype,
+					   .page_tokens = (int)o->page_tokens,
+					   .memo_dir = disk ? memo : NULL,
+					   .skip_weights = !disk};
+		s->fingerprint = ksv_model_fingerprint(&fp, NULL);
+	}
 	s->ns = ks_ns_derive(s->fingerprint, o->cache_salt);
 	struct kc_params cp;
 	if ((rc = kc_opts_resolve(&co, &mach, s->lay, kv_mem_used(KV_MEM_WEIGHTS), s->ns, &s->policy, &cp, &s->budget)))
