@@ -274,6 +274,34 @@ struct kv_h128 *ks_store_chain(const struct ks_store *s, const int32_t *tok, uin
 	return h;
 }
 
+int ks_store_claim(struct ks_store *s)
+{
+	int rc;
+	long pid = 0;
+	s->unclaimed = 1;
+	if ((rc = ks_dir_ensure(s->dir[KS_AREA_MAIN])) || (rc = ks_dir_ensure(s->dir[KS_AREA_CKPT])))
+		return rc;
+	if (s->lock_fd < 0 && (rc = ks_ns_lock(s->dir[KS_AREA_MAIN], 2.0, &s->lock_fd, &pid))) {
+		if (rc != KV_ERR_NOT_OURS)
+			return rc;
+		pthread_mutex_lock(&s->mu);
+		s->writable = 0;
+		s->ns_busy = 1;
+		pthread_mutex_unlock(&s->mu);
+		s->unclaimed = 0;
+		KV_WARN("store.ns_busy", "root=%s pid=%ld err=\"%s\" msg=\"another kvkeep server serves this namespace: "
+					 "this one reads its disk cache but writes and deletes nothing; give each "
+					 "server its own --cache-dir or --cache-salt\"",
+			s->root, pid, kv_errmsg());
+		return rc;
+	}
+	if ((rc = ks_ns_mark(s->dir[KS_AREA_MAIN], s->p.ns, s->label, s->p.salted, &s->L)))
+		return rc;
+	s->touched_ns = ks_dir_now_ns();
+	s->unclaimed = 0;
+	return KV_OK;
+}
+
 int ks_store_open(const struct ks_params *p, struct ks_store **out)
 {
 	struct ks_store *s;
@@ -285,6 +313,7 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 	if (!s)
 		return kv_fail(KV_ERR_NOMEM, "disk cache: out of memory");
 	s->p = *p;
+	s->lock_fd = -1;
 	s->L = *p->layout;
 	s->p.layout = &s->L;
 	s->B = (uint32_t)s->L.page_tokens;
@@ -313,13 +342,19 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 	for (int a = 0; a < KS_AREA__COUNT; a++)
 		ks_dir_ns_path(s->root, s->p.ns, a, s->dir[a], sizeof s->dir[a]);
 
-	/* folders and the marker; a folder we cannot write makes a read-only store */
+	/* folders, lock and marker. A folder we cannot write makes a read-only
+	 * store; a full disk is the same degraded-but-retrying state as an
+	 * ENOSPC during the run (the writer claims the namespace once there
+	 * is room); another server on the namespace makes a store that reads
+	 * and never writes or deletes. */
 	s->writable = 1;
 	if (p->tool) {
 		s->p.no_threads = 1;
-	} else if ((rc = ks_dir_ensure(s->dir[KS_AREA_MAIN])) || (rc = ks_dir_ensure(s->dir[KS_AREA_CKPT])) ||
-	    (rc = ks_ns_mark(s->dir[KS_AREA_MAIN], s->p.ns, s->label, s->p.salted, &s->L))) {
+	} else if ((rc = ks_store_claim(s)) == KV_ERR_FULL) {
+		ks_store_write_failed(s, rc, "namespace");
+	} else if (rc && rc != KV_ERR_NOT_OURS) {
 		s->writable = 0;
+		s->unclaimed = 0;
 		s->st.write_errors[KS_WERR_READONLY]++;
 		s->logged_werr[KS_WERR_READONLY] = 1;
 		KV_WARN("store.readonly", "root=%s err=\"%s\" msg=\"cannot write the disk cache folder: the disk tier is "
@@ -371,6 +406,8 @@ void ks_store_close(struct ks_store *s)
 		s->q_head = j->next;
 		ks_writer_job_free(j);
 	}
+	if (s->lock_fd >= 0)
+		kv_io_close(s->lock_fd); /* releases the namespace lock */
 	ks_cat_destroy(s->cat);
 	free(s->tool_order);
 	for (size_t i = 0; s->stg && i < s->n_stg; i++)

@@ -573,7 +573,116 @@ KT_CASE(budget_parse)
 	kv_log_set_level(KV_LOG_WARN);
 }
 
+/* A namespace whose server has run for 8 days (marker 8 days old) is not
+ * removed by another server's scan while the first one holds it; once it
+ * has stopped, the age-out removes it. */
+KT_CASE(live_namespace_survives_age_out)
+{
+	struct ts_env a, b, c;
+	struct ks_stats st;
+	struct ks_params pa = {.no_threads = 1, .ns = {0xa1, 0xa2}};
+	struct ks_params pb = {.no_threads = 1, .ns = {0xb1, 0xb2}};
+	struct ks_params pc = {.no_threads = 1, .ns = {0xc1, 0xc2}};
+	KT_OK(ts_open(&a, root_dir(), 0, &pa));
+	char mk[4300];
+	snprintf(mk, sizeof mk, "%s/namespace.safetensors", ks_store_ns_dir(a.s));
+	struct utimbuf ut = {.actime = time(NULL) - 8 * 86400, .modtime = time(NULL) - 8 * 86400};
+	KT_REQUIRE(utime(mk, &ut) == 0);
+	KT_OK(ts_open(&b, root_dir(), 0, &pb));
+	ks_store_start_scan(b.s);
+	ks_store_stats(b.s, &st);
+	KT_EQ_U64(st.ns_removed, 0);
+	KT_EQ_INT(access(mk, F_OK), 0);
+	/* the live server still writes */
+	int32_t tok[64];
+	ts_tokens(tok, 64, 64, 21);
+	session(&a, tok);
+	KT_CHECK(ks_store_drain(a.s) > 0);
+	ks_store_stats(a.s, &st);
+	KT_EQ_U64(st.write_errors[KS_WERR_EIO], 0);
+	ts_close(&b);
+	ts_close(&a);
+	KT_REQUIRE(utime(mk, &ut) == 0);
+	KT_OK(ts_open(&c, root_dir(), 0, &pc));
+	ks_store_start_scan(c.s);
+	ks_store_stats(c.s, &st);
+	KT_EQ_U64(st.ns_removed, 1);
+	KT_EQ_INT(access(mk, F_OK), -1);
+	ts_close(&c);
+}
+
+/* Two servers on one namespace: the second is told (store.ns_busy), reads
+ * but writes and deletes nothing; after the first stops, a new one writes. */
+KT_CASE(second_server_on_namespace)
+{
+	struct ts_env a, b;
+	struct ks_stats st;
+	int32_t tok[64];
+	ts_tokens(tok, 64, 64, 22);
+	KT_OK(ts_open(&a, root_dir(), 0, NULL));
+	session(&a, tok);
+	KT_CHECK(ks_store_drain(a.s) > 0);
+	/* debris of the first server's write in progress */
+	char tmp[4300];
+	snprintf(tmp, sizeof tmp, "%s/x.tmp.1.1", ks_store_ns_dir(a.s));
+	KT_OK(kv_durable_write(tmp, "x", 1, KV_DW_NO_SYNC));
+	kv_log_set_level(KV_LOG_ERROR);
+	KT_OK(ts_open(&b, root_dir(), 0, NULL));
+	kv_log_set_level(KV_LOG_WARN);
+	ks_store_start_scan(b.s);
+	ks_store_stats(b.s, &st);
+	KT_EQ_INT(st.writable, 0);
+	KT_EQ_U64(st.debris_removed, 0);
+	KT_EQ_INT(access(tmp, F_OK), 0);
+	/* it reads what the first one wrote */
+	uint32_t bounds[] = {B0, B1};
+	KT_CHECK(ts_lookup(&b, tok, N_PROMPT, bounds, 2, NULL, NULL) >= B1);
+	ts_close(&b);
+	ks_store_stats(a.s, &st);
+	KT_EQ_INT(st.writable, 1);
+	ts_close(&a);
+	KT_OK(ts_open(&b, root_dir(), 0, NULL));
+	ks_store_stats(b.s, &st);
+	KT_EQ_INT(st.writable, 1);
+	ts_close(&b);
+}
+
+/* A full disk at open: degraded but retrying, like an ENOSPC during the
+ * run; once there is room, the namespace is made and objects are written. */
+KT_CASE(full_disk_at_open_retries)
+{
+	struct ts_env e;
+	struct ks_stats st;
+	int32_t tok[64];
+	ts_tokens(tok, 64, 64, 23);
+	struct kv_io_fault fl = {.ops = KV_IO_BIT(KV_IO_OPEN) | KV_IO_BIT(KV_IO_MKDIR) | KV_IO_BIT(KV_IO_PWRITE),
+				 .err = ENOSPC,
+				 .path_substr = root_dir()};
+	kv_io_fault_set(&fl);
+	kv_log_set_level(KV_LOG_ERROR);
+	KT_OK(ts_open(&e, root_dir(), 0, NULL));
+	session(&e, tok);
+	ks_store_drain(e.s); /* still full */
+	kv_log_set_level(KV_LOG_WARN);
+	kv_io_fault_set(NULL);
+	ks_store_stats(e.s, &st);
+	KT_EQ_INT(st.writable, 1);
+	KT_EQ_U64(st.write_errors[KS_WERR_READONLY], 0);
+	KT_CHECK(st.write_errors[KS_WERR_ENOSPC] >= 1);
+	/* space is back */
+	ts_tokens(tok, 64, 0, 24);
+	session(&e, tok);
+	KT_CHECK(ks_store_drain(e.s) > 0);
+	ks_store_stats(e.s, &st);
+	KT_CHECK(st.written[KS_BLOCK] > 0);
+	char mk[4300];
+	snprintf(mk, sizeof mk, "%s/namespace.safetensors", ks_store_ns_dir(e.s));
+	KT_EQ_INT(access(mk, F_OK), 0);
+	ts_close(&e);
+}
+
 KT_MAIN(hybrid_restart_resumes_at_boundary, direct_lookup_before_the_scan, dense_restart_longest_prefix,
 	corrupt_files_give_shorter_hits, other_namespaces_are_never_hits, namespaces_age_out,
 	disk_cap_evicts_least_recently_used, interval_checkpoints_serve_hits, checkpoint_queue_drops_when_full,
-	io_faults_keep_serving, readonly_folder_at_open, write_behind_thread, catalog_orders_leaves_first, budget_parse)
+	io_faults_keep_serving, readonly_folder_at_open, write_behind_thread, catalog_orders_leaves_first, budget_parse,
+	live_namespace_survives_age_out, second_server_on_namespace, full_disk_at_open_retries)
