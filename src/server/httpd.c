@@ -447,6 +447,23 @@ static void linger_drain(int fd)
 	}
 }
 
+/* A whole 413 reply written straight to the socket (small: it fits the
+ * socket buffer), counted like any reply. */
+static void send_raw_413(struct ksv_conn *c, const char *body)
+{
+	char buf[1024];
+	int n = snprintf(buf, sizeof buf,
+			 "HTTP/1.1 413 Payload Too Large\r\nConnection: close\r\nContent-Type: application/json\r\n"
+			 "Content-Length: %zu\r\n\r\n%s",
+			 strlen(body), body);
+	if (c->fd >= 0 && n > 0 && (size_t)n < sizeof buf) {
+		ssize_t w = send(c->fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+		(void)w;
+	}
+	c->replied = 1;
+	c->status = 413;
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
 				 const char *version, const char *upload_data, size_t *upload_size, void **con_cls)
 {
@@ -497,9 +514,14 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
 			json_error_413(h->p.max_body, msg, sizeof msg);
 			mark_linger(h, mc);
 			ksv_conn_header(c, "Connection", "close");
-			if (ksv_conn_reply(c, 413, "application/json", msg, strlen(msg)))
-				return MHD_NO; /* libmicrohttpd would not take it here: just close */
-			return MHD_YES;
+			if (ksv_conn_reply(c, 413, "application/json", msg, strlen(msg)) == KV_OK)
+				return MHD_YES;
+			/* libmicrohttpd queues a response only before the body or
+			 * after all of it, and a chunked body has no length to
+			 * refuse up front: write the 413 to the socket ourselves
+			 * (nothing else of this request was sent), then close */
+			send_raw_413(c, msg);
+			return MHD_NO;
 		}
 		kv_buf_add(&c->body, upload_data, n);
 		if (c->body.oom)
@@ -558,6 +580,35 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
 	*con_cls = NULL;
 }
 
+/*
+ * The reserve. Idle connections (no request head yet, or keep-alive
+ * between requests) may hold at most max_connections - reserve slots:
+ * past that, each new connection shuts down the oldest idle one, so 512
+ * silent sockets (renewed forever by one peer) cannot keep /health and
+ * new requests out. Connections inside a request are never evicted; an
+ * idle keep-alive connection closed this way is one any HTTP client
+ * expects to see closed and retries.
+ */
+static int reserve_of(int max_connections)
+{
+	int r = max_connections / 8;
+	return r < 2 ? 2 : r > 64 ? 64 : r;
+}
+
+/* Shut down the oldest idle connection (caller holds tmu); 1 if one was. */
+static int evict_idle_locked(struct ksv_httpd *h)
+{
+	struct track *victim = NULL;
+	for (struct track *t = h->tracks; t; t = t->next)
+		if (t != h->tracks && !t->busy && !t->killed && t->fd >= 0 && !t->stream)
+			victim = t; /* the list is newest first: keep the last match; never the newest */
+	if (!victim)
+		return 0;
+	shutdown(victim->fd, SHUT_RDWR);
+	victim->killed = 1;
+	return 1;
+}
+
 static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
 			  enum MHD_ConnectionNotificationCode toe)
 {
@@ -575,7 +626,10 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
 			h->tracks->prev = t;
 		h->tracks = t;
 		h->n_conns++;
+		int evicted = h->n_conns > h->p.max_connections - reserve_of(h->p.max_connections) && evict_idle_locked(h);
 		pthread_mutex_unlock(&h->tmu);
+		if (evicted)
+			KV_DEBUG("http.evict_idle", "connections=%d limit=%d", h->n_conns, h->p.max_connections);
 		*socket_context = t;
 	} else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
 		struct track *t = *socket_context;

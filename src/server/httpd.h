@@ -18,7 +18,10 @@
  *     client takes no bytes for stall_timeout_s is closed.
  *   - At most max_connections connections exist at once (libmicrohttpd
  *     refuses more at accept time); each has its own thread, so a slow or
- *     blocked handler never delays another connection.
+ *     blocked handler never delays another connection. Idle connections
+ *     (no request head yet, or between keep-alive requests) keep a reserve
+ *     of max_connections / 8 slots (2-64) free: a new connection past that
+ *     closes the oldest idle one, so idle sockets cannot lock out /health.
  *   - A handler may block (it runs on its connection's thread); while it
  *     waits it can ask ksv_conn_gone() whether the client hung up.
  *
