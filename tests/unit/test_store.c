@@ -681,8 +681,41 @@ KT_CASE(full_disk_at_open_retries)
 	ts_close(&e);
 }
 
+/* `kvkeep cache` edges: prune --max-mb 0 deletes corrupt files too (and
+ * says so), verify --dir MISSING and prune --max-mb -1 are usage errors. */
+KT_CASE(cache_tool_edges)
+{
+	struct ts_env e;
+	int32_t tok[64];
+	ts_tokens(tok, 64, 64, 25);
+	KT_OK(ts_open(&e, root_dir(), 0, NULL));
+	session(&e, tok);
+	KT_CHECK(ks_store_drain(e.s) > 0);
+	ts_close(&e);
+	int objs = ts_count_files(root_dir(), ".safetensors") - 1; /* less the marker */
+	KT_REQUIRE(objs >= 3);
+	/* two corrupt objects: garbage in the header, and a truncated one */
+	KT_EQ_INT(kt_sh("cd %s && set -- $(find . -name '*.safetensors' ! -name namespace.safetensors | sort | head -2) && "
+			"printf garbagegarbage | dd of=$1 bs=1 seek=9 conv=notrunc 2>/dev/null && truncate -s 20 $2",
+			root_dir()),
+		0);
+	KT_EQ_INT(kt_sh("%s cache verify --dir %s >/dev/null", kt_bin(), root_dir()), 1);
+	KT_EQ_INT(kt_sh("%s cache prune --max-mb 0 --dir %s > %s/prune.txt", kt_bin(), root_dir(), kt_tmpdir()), 0);
+	KT_EQ_INT(kt_sh("grep -q '2 of them corrupt); 0.0 MiB left' %s/prune.txt", kt_tmpdir()), 0);
+	KT_EQ_INT(ts_count_files(root_dir(), ".safetensors"), 1);
+	KT_EQ_INT(kt_sh("%s cache verify --dir %s >/dev/null", kt_bin(), root_dir()), 0);
+	/* usage errors: exit 2 with a message */
+	KT_EQ_INT(kt_sh("%s cache verify --dir %s/missing 2>%s/err.txt >/dev/null", kt_bin(), kt_tmpdir(), kt_tmpdir()),
+		  2);
+	KT_EQ_INT(kt_sh("grep -q 'No such file' %s/err.txt", kt_tmpdir()), 0);
+	KT_EQ_INT(kt_sh("%s cache prune --max-mb 1 --dir %s/missing 2>/dev/null", kt_bin(), kt_tmpdir()), 2);
+	KT_EQ_INT(kt_sh("%s cache prune --max-mb -1 --dir %s 2>%s/err.txt", kt_bin(), root_dir(), kt_tmpdir()), 2);
+	KT_EQ_INT(kt_sh("grep -q 'must be 0 or more' %s/err.txt", kt_tmpdir()), 0);
+}
+
 KT_MAIN(hybrid_restart_resumes_at_boundary, direct_lookup_before_the_scan, dense_restart_longest_prefix,
 	corrupt_files_give_shorter_hits, other_namespaces_are_never_hits, namespaces_age_out,
 	disk_cap_evicts_least_recently_used, interval_checkpoints_serve_hits, checkpoint_queue_drops_when_full,
 	io_faults_keep_serving, readonly_folder_at_open, write_behind_thread, catalog_orders_leaves_first, budget_parse,
-	live_namespace_survives_age_out, second_server_on_namespace, full_disk_at_open_retries)
+	live_namespace_survives_age_out, second_server_on_namespace, full_disk_at_open_retries,
+	cache_tool_edges)
