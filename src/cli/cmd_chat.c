@@ -88,7 +88,7 @@ static int spawn_server(const char *model, int disable_cache, char **extra, int 
 	if (rc)
 		return rc;
 	g_srv.log_path = log_path;
-	g_srv.log_level = "warn";
+	g_srv.log_level = "info"; /* the file is the only trace of what the server saw: keep it all */
 	g_srv.ignore_sigint = 1; /* Ctrl-C belongs to the chat, which stops the server */
 	g_srv.stop_timeout_s = 5;
 	rc = ksv_child_start(&g_srv, NULL);

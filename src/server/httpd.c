@@ -287,6 +287,11 @@ void ksv_conn_set_route(struct ksv_conn *c, const char *route)
 	c->route = route;
 }
 
+const char *ksv_conn_route(const struct ksv_conn *c)
+{
+	return c->route ? c->route : "other";
+}
+
 void ksv_conn_header(struct ksv_conn *c, const char *name, const char *value)
 {
 	struct hdr *nh = realloc(c->hdrs, (c->n_hdrs + 1) * sizeof *nh);
@@ -385,6 +390,14 @@ int ksv_conn_gone(struct ksv_conn *c)
 }
 
 /* --- libmicrohttpd callbacks --------------------------------------------- */
+
+/* Every refusal is logged at info (a client's failing agent must leave a
+ * trace in the server log), like ksv_reply_error does for the server's. */
+static void log_413(const char *route, size_t limit, const char *how)
+{
+	KV_INFO("http.error", "route=%s status=413 msg=\"request body is larger than the limit of %zu bytes (%s)\"",
+		route ? route : "other", limit, how);
+}
 
 static const char *json_error_413(size_t limit, char *buf, size_t cap)
 {
@@ -498,6 +511,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
 			unsigned long long v = strtoull(cl, &e, 10);
 			if (errno || e == cl || v > h->p.max_body) {
 				json_error_413(h->p.max_body, msg, sizeof msg);
+				log_413(c->route, h->p.max_body, "Content-Length");
 				mark_linger(h, mc);
 				ksv_conn_header(c, "Connection", "close");
 				ksv_conn_reply(c, 413, "application/json", msg, strlen(msg));
@@ -512,6 +526,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
 			return MHD_YES; /* discard what follows a refusal */
 		if (c->body.len + n > c->h->p.max_body) {
 			json_error_413(h->p.max_body, msg, sizeof msg);
+			log_413(c->route, h->p.max_body, "chunked");
 			mark_linger(h, mc);
 			ksv_conn_header(c, "Connection", "close");
 			if (ksv_conn_reply(c, 413, "application/json", msg, strlen(msg)) == KV_OK)
@@ -543,6 +558,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
 	if (!c->replied) {
 		const char *e = "{\"error\":{\"message\":\"internal error: no response\",\"type\":\"server_error\","
 				"\"param\":null,\"code\":null}}";
+		KV_INFO("http.error", "route=%s status=500 msg=\"internal error: no response\"", c->route);
 		if (ksv_conn_reply(c, 500, "application/json", e, strlen(e)))
 			return MHD_NO;
 	}

@@ -91,6 +91,8 @@ int ksv_httpd_connections(const struct ksv_httpd *h);
 /* Label used for metrics and logs ("/v1/chat/completions"); the string must
  * be static. */
 void ksv_conn_set_route(struct ksv_conn *c, const char *route);
+/* The route label (static string). */
+const char *ksv_conn_route(const struct ksv_conn *c);
 /* Add a response header (copied) before replying, e.g. Retry-After. */
 void ksv_conn_header(struct ksv_conn *c, const char *name, const char *value);
 /* Request header value (case-insensitive), valid during the handler; NULL

@@ -72,6 +72,12 @@ void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const
 	va_end(ap);
 	size_t len = 0;
 	char *body = ksv_oai_error(status, msg, param, &len);
+	/* every refusal leaves a line at the default level: a user whose agent
+	 * fails must be able to see why in the server log */
+	char emsg[700], eparam[160];
+	kv_log_escape(msg, emsg, sizeof emsg);
+	kv_log_escape(param && *param ? param : "-", eparam, sizeof eparam);
+	KV_INFO("http.error", "route=%s status=%d param=\"%s\" msg=\"%s\"", ksv_conn_route(c), status, eparam, emsg);
 	if (status == 503 || status == 429) {
 		snprintf(ra, sizeof ra, "%lld", (long long)s->o.retry_after_s);
 		ksv_conn_header(c, "Retry-After", ra);
