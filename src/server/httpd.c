@@ -30,6 +30,7 @@
 #include "base/err.h"
 #include "base/log.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -311,6 +312,26 @@ void ksv_conn_header(struct ksv_conn *c, const char *name, const char *value)
 const char *ksv_conn_req_header(struct ksv_conn *c, const char *name)
 {
 	return MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, name);
+}
+
+void ksv_conn_peer(struct ksv_conn *c, char *out, size_t cap)
+{
+	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c->mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+	char ip[64] = "?";
+	int port = 0;
+	if (ci && ci->client_addr) {
+		const struct sockaddr *sa = ci->client_addr;
+		if (sa->sa_family == AF_INET) {
+			const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+			inet_ntop(AF_INET, &in->sin_addr, ip, sizeof ip);
+			port = ntohs(in->sin_port);
+		} else if (sa->sa_family == AF_INET6) {
+			const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+			inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof ip);
+			port = ntohs(in6->sin6_port);
+		}
+	}
+	snprintf(out, cap, "%s:%d", ip, port);
 }
 
 static int queue(struct ksv_conn *c, int status, const char *ctype, struct MHD_Response *r)

@@ -98,6 +98,8 @@ void ksv_conn_header(struct ksv_conn *c, const char *name, const char *value);
 /* Request header value (case-insensitive), valid during the handler; NULL
  * if absent. */
 const char *ksv_conn_req_header(struct ksv_conn *c, const char *name);
+/* The client's address as text ("127.0.0.1:53122"; "?" if unknown). */
+void ksv_conn_peer(struct ksv_conn *c, char *out, size_t cap);
 /* Whole-body reply; body is copied. Returns KV_OK or an error when a reply
  * was already given. */
 int ksv_conn_reply(struct ksv_conn *c, int status, const char *content_type, const char *body, size_t len);

@@ -60,6 +60,12 @@ struct ksv_opts {
 	int64_t stall_timeout_s;          /* --stall-timeout-s, default 300 */
 	int64_t max_queue;                /* --max-queue: requests waiting for the engine, default 64 */
 	int64_t retry_after_s;            /* --retry-after-s sent with 503 / 429, default 2 */
+
+	/* access (server/auth.h) */
+	const char *api_key;              /* --api-key (NULL: KVKEEP_API_KEY, else open) */
+	const char *admin_key;            /* --admin-key (NULL: KVKEEP_ADMIN_KEY, else loopback only) */
+	const char *env_api_key;          /* KVKEEP_API_KEY */
+	const char *env_admin_key;        /* KVKEEP_ADMIN_KEY */
 };
 
 /* Defaults of every field (environment not read). */

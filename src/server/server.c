@@ -6,6 +6,7 @@
 #include "server/server.h"
 #include "server/server_int.h"
 #include "server/fingerprint.h"
+#include "server/auth.h"
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/err.h"
@@ -294,6 +295,36 @@ static void handler(void *ctx, const struct ksv_request *rq)
 		return;
 	}
 	ksv_conn_set_route(c, routes[idx].path);
+	/* access (server/auth.h): before the method check, so a caller
+	 * without the key learns nothing about the route */
+	static const enum ksv_auth_class cls[] = {KSV_AUTH_API, KSV_AUTH_API, KSV_AUTH_API, KSV_AUTH_OPEN,
+						  KSV_AUTH_OPEN, KSV_AUTH_ADMIN, KSV_AUTH_ADMIN, KSV_AUTH_ADMIN};
+	_Static_assert(sizeof cls / sizeof cls[0] == sizeof routes / sizeof routes[0], "one class per route");
+	struct ksv_auth au = {.api_key = s->o.api_key ? s->o.api_key : s->o.env_api_key,
+			      .admin_key = s->o.admin_key ? s->o.admin_key : s->o.env_admin_key,
+			      .loopback = ksv_auth_is_loopback(s->o.host)};
+	const char *key = ksv_auth_presented(ksv_conn_req_header(c, "Authorization"), ksv_conn_req_header(c, "x-api-key"));
+	switch (ksv_auth_check(&au, cls[idx], key)) {
+	case KSV_AUTH_OK:
+		break;
+	case KSV_AUTH_UNAUTHORIZED:
+		ksv_conn_header(c, "WWW-Authenticate", "Bearer");
+		ksv_reply_error(s, c, 401, NULL, key ? "invalid API key" : "an API key is required (Authorization: Bearer KEY or x-api-key: KEY)");
+		return;
+	case KSV_AUTH_FORBIDDEN:
+		ksv_reply_error(s, c, 403, NULL,
+				"the cache admin routes are off: this server listens beyond loopback (--host %s) and has no "
+				"--admin-key",
+				s->o.host);
+		return;
+	}
+	if (cls[idx] == KSV_AUTH_ADMIN) {
+		/* probes can recover other clients' cached prefixes (docs/api.md):
+		 * every admin call leaves a line at the default level */
+		char peer[96];
+		ksv_conn_peer(c, peer, sizeof peer);
+		KV_INFO("cache.admin", "route=%s peer=%s body_bytes=%zu", routes[idx].path, peer, rq->body_len);
+	}
 	int is_head = !strcmp(rq->method, "HEAD") && !strcmp(routes[idx].method, "GET");
 	if (strcmp(rq->method, routes[idx].method) && !is_head) {
 		ksv_conn_header(c, "Allow", routes[idx].method);

@@ -403,6 +403,46 @@ await check(`${T}:sigterm_ends_streams_and_exits`, async () => {
   assert(Date.now() - t0 < 8000, 'exited promptly');
 });
 
+await check(`${T}:access_keys`, async () => {
+  const D = await startServer(model, [...common, '--api-key', 'k-api', '--admin-key', 'k-admin']);
+  try {
+    const chat = { model: NAME, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 };
+    eq((await postJSON(D, '/v1/chat/completions', chat)).status, 401, 'no key');
+    const wrong = await postJSON(D, '/v1/chat/completions', chat, { authorization: 'Bearer k-apX' });
+    eq(wrong.status, 401, 'wrong key');
+    eq(wrong.headers.get('www-authenticate'), 'Bearer', 'WWW-Authenticate');
+    eq((await postJSON(D, '/v1/chat/completions', chat, { authorization: 'Bearer k-api-longer' })).status, 401, 'key with a suffix');
+    eq((await postJSON(D, '/v1/chat/completions', chat, { authorization: 'Bearer k-api' })).status, 200, 'Bearer');
+    eq((await postJSON(D, '/v1/chat/completions', chat, { 'x-api-key': 'k-api' })).status, 200, 'x-api-key');
+    const r = await client(D, { apiKey: 'k-api' }).chat.completions.create(chat);
+    eq(r.choices.length, 1, 'openai client with apiKey');
+    eq((await fetch(D.url('/v1/models'))).status, 401, 'models need the key');
+    eq((await fetch(D.url('/health'))).status, 200, '/health stays open');
+    eq((await fetch(D.url('/metrics'))).status, 200, '/metrics stays open');
+    // admin routes: the admin key only
+    eq((await fetch(D.url('/v1/cache/info'), { headers: { authorization: 'Bearer k-api' } })).status, 401, 'info with the API key');
+    eq((await postJSON(D, '/v1/cache/clear', {}, { authorization: 'Bearer k-api' })).status, 401, 'clear with the API key');
+    eq((await postJSON(D, '/v1/cache/probe', chat, { 'x-api-key': 'k-api' })).status, 401, 'probe with the API key');
+    eq((await fetch(D.url('/v1/cache/info'), { headers: { authorization: 'Bearer k-admin' } })).status, 200, 'info with the admin key');
+    eq((await postJSON(D, '/v1/cache/probe', chat, { 'x-api-key': 'k-admin' })).status, 200, 'probe with the admin key');
+    eq((await postJSON(D, '/v1/cache/clear', {}, { authorization: 'Bearer k-admin' })).status, 200, 'clear with the admin key');
+    await sleep(100);
+    const log = D.log();
+    assert(/level=info event=cache.admin route=\/v1\/cache\/probe peer=127\.0\.0\.1:\d+/.test(log), 'probe logged at info');
+    assert(/event=http.error route=\/v1\/chat\/completions status=401/.test(log), '401 logged');
+  } finally { await D.stop(); }
+  // beyond loopback without --admin-key: the admin routes are refused
+  const E = await startServer(model, [...common, '--host', '0.0.0.0'], { KVKEEP_API_KEY: 'env-key' });
+  try {
+    const info = await fetch(E.url('/v1/cache/info'), { headers: { authorization: 'Bearer env-key' } });
+    eq(info.status, 403, 'admin routes off beyond loopback');
+    assert(/admin-key/.test(await info.text()), 'the 403 names --admin-key');
+    eq((await postJSON(E, '/v1/cache/clear', {}, { authorization: 'Bearer env-key' })).status, 403, 'clear off');
+    eq((await fetch(E.url('/v1/models'))).status, 401, 'KVKEEP_API_KEY is required');
+    eq((await fetch(E.url('/v1/models'), { headers: { authorization: 'Bearer env-key' } })).status, 200, 'KVKEEP_API_KEY accepted');
+  } finally { await E.stop(); }
+});
+
 await A.stop();
 await B.stop();
 process.exit(0);
