@@ -371,7 +371,9 @@ struct val {
 	uint8_t t;      /* enum vkind */
 	uint8_t safe;   /* V_STR: Markup (from |safe, |e, |tojson of Markup) */
 	uint16_t fn;    /* V_FUNC / V_METHOD: builtin id */
-	uint32_t pad;
+	uint8_t bigint; /* V_STR: an integer beyond int64 from the request's JSON (its
+			   digits): str() and tojson print it bare, as Python's int */
+	uint8_t pad[3];
 	union {
 		int64_t i;  /* V_INT, V_BOOL (0/1) */
 		double f;
@@ -2835,7 +2837,20 @@ static struct val from_json(struct rt *rt, const json_t *j, int depth)
 	case JSON_FALSE: return vbool(0);
 	case JSON_INTEGER: return vint((int64_t)json_integer_value(j));
 	case JSON_REAL: return vfloat(json_real_value(j));
-	case JSON_STRING: return vstr(json_string_value(j), json_string_length(j));
+	case JSON_STRING: {
+		/* a number jansson could not hold (base/json.h): an integer keeps
+		 * its digits, a real that overflowed is +-inf, as in Python */
+		const char *lit;
+		size_t n;
+		if (kv_json_number_literal(j, &lit, &n)) {
+			if (memchr(lit, '.', n) || memchr(lit, 'e', n) || memchr(lit, 'E', n))
+				return vfloat(lit[0] == '-' ? -INFINITY : INFINITY);
+			struct val v = vstr(lit, n);
+			v.bigint = 1;
+			return v;
+		}
+		return vstr(json_string_value(j), json_string_length(j));
+	}
 	case JSON_ARRAY: {
 		size_t n = json_array_size(j);
 		struct list *l = list_new(rt, NULL, n, L_LIST);
@@ -3074,7 +3089,9 @@ static void to_repr(struct rt *rt, const struct node *at, const struct val *v, s
 {
 	value_depth(rt, at, depth);
 	if (v->t == V_STR) {
-		if (v->safe) {
+		if (v->bigint) {
+			ob_add(rt, at, b, v->u.s.p, v->u.s.n);
+		} else if (v->safe) {
 			ob_adds(rt, at, b, "Markup(");
 			repr_str(rt, at, v->u.s.p, v->u.s.n, b);
 			ob_addc(rt, at, b, ')');
@@ -3207,7 +3224,10 @@ static void to_json(struct rt *rt, const struct node *at, const struct val *v, c
 		}
 		return;
 	case V_STR:
-		json_str(rt, at, v->u.s.p, v->u.s.n, o->ensure_ascii, b);
+		if (v->bigint)
+			ob_add(rt, at, b, v->u.s.p, v->u.s.n);
+		else
+			json_str(rt, at, v->u.s.p, v->u.s.n, o->ensure_ascii, b);
 		return;
 	case V_LIST:
 		if (v->u.l->kind == L_LIST || v->u.l->kind == L_TUPLE) {

@@ -9,6 +9,7 @@
  * every reported message boundary.
  */
 #include "kt.h"
+#include "base/json.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "model/template.h"
@@ -440,11 +441,11 @@ static void check_request(struct kv_chat *c, const char *path, const char *label
 		kt_fail(__FILE__, __LINE__, "%s: %s", path, kv_errmsg());
 		return;
 	}
-	json_error_t e;
-	req = json_loadb(buf, len, 0, &e);
+	/* the server's parser: it keeps numbers jansson cannot hold */
+	rc = kv_json_parse(path, buf, len, KV_JSON_MAX_DEPTH, &req);
 	free(buf);
-	if (!req) {
-		kt_fail(__FILE__, __LINE__, "%s: %s", path, e.text);
+	if (rc) {
+		kt_fail(__FILE__, __LINE__, "%s: %s", path, kv_errmsg());
 		return;
 	}
 	json_t *msgs = json_object_get(req, "messages"), *tools = json_object_get(req, "tools");
