@@ -90,6 +90,9 @@ static int cmd_serve(int argc, char **argv)
 		 "require this key on /v1/cache/info, clear, probe (default: KVKEEP_ADMIN_KEY, else loopback only)"},
 		{"allow-request-salt", KV_FLAG_BOOL, &o.allow_request_salt, NULL,
 		 "accept a request's cache_salt field: requests with the same salt share a namespace of their own (default: refused)"},
+		{"special-tokens-in-request", KV_FLAG_BOOL, &o.special_tokens_in_request, NULL,
+		 "special-token literals (<|im_start|>...) in request text become control tokens, as in Hugging Face "
+		 "(default: they are tokenized as the text they are)"},
 		{"kv-dtype", KV_FLAG_STR, &o.kv_dtype, "bf16|f32", "KV cache element type (default bf16)"},
 		{"page-tokens", KV_FLAG_INT, &o.page_tokens, "B", "tokens per KV page / cache block (default 256)"},
 		{"prefill-chunk", KV_FLAG_INT, &o.prefill_chunk, "N", "prefill tokens per forward step (default 256)"},
