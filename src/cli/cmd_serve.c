@@ -82,6 +82,8 @@ static int cmd_serve(int argc, char **argv)
 		 "disk cache folder (default: KVKEEP_CACHE_DIR, else XDG_CACHE_HOME/kvkeep, else ~/.cache/kvkeep)"},
 		{"disk-cache-max-mb", KV_FLAG_INT, &o.disk_cache_max_mb, "MB",
 		 "disk cache cap, least recently used out first (default: 10% of the filesystem)"},
+		{"disk-cache-max-files", KV_FLAG_INT, &o.disk_cache_max_files, "N",
+		 "disk cache object cap per namespace, least recently used out first (default 100000)"},
 		{"cache-salt", KV_FLAG_STR, &o.cache_salt, "S",
 		 "fold S into the cache namespace: another salt never shares cached prefixes (default: none)"},
 		{"api-key", KV_FLAG_STR, &o.api_key, "KEY",

@@ -21,6 +21,7 @@ void ksv_opts_default(struct ksv_opts *o)
 	o->hybrid_cache_entries = -1;
 	o->kv_disk_checkpoint_interval = 0;
 	o->disk_cache_max_mb = -1;
+	o->disk_cache_max_files = -1;
 	o->kv_dtype = "bf16";
 	o->page_tokens = 256;
 	o->prefill_chunk = 256;
@@ -89,6 +90,8 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--max-queue must be 0-100000");
 	if (o->retry_after_s < 1)
 		return kv_fail(KV_ERR_INVALID, "--retry-after-s must be >= 1");
+	if (o->disk_cache_max_files == 0 || o->disk_cache_max_files < -1)
+		return kv_fail(KV_ERR_INVALID, "--disk-cache-max-files must be >= 1");
 	if (o->api_key && !*o->api_key)
 		return kv_fail(KV_ERR_INVALID, "--api-key must not be empty");
 	if (o->admin_key && !*o->admin_key)

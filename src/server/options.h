@@ -39,6 +39,7 @@ struct ksv_opts {
 	/* disk tier: reserved for the disk-tier work (not read yet) */
 	const char *cache_dir;            /* --cache-dir; KVKEEP_CACHE_DIR */
 	int64_t disk_cache_max_mb;        /* --disk-cache-max-mb; -1 = 10% of the filesystem */
+	int64_t disk_cache_max_files;     /* --disk-cache-max-files; -1 = KS_MAX_FILES_DEFAULT (100K) */
 	const char *cache_salt;           /* --cache-salt */
 	int allow_request_salt;           /* --allow-request-salt */
 	const char *env_cache_dir;        /* KVKEEP_CACHE_DIR */

@@ -631,6 +631,7 @@ void ksv_server_open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_ca
 			       .pages = ke_model_pages(s->model),
 			       .stride = s->policy.stride,
 			       .max_bytes = o->disk_cache_max_mb > 0 ? (uint64_t)o->disk_cache_max_mb * MiB : 0,
+			       .max_files = o->disk_cache_max_files > 0 ? (uint64_t)o->disk_cache_max_files : 0,
 			       .env_ckpt_max = o->env_kv_checkpoint_max_bytes,
 			       .ckpt_interval = (uint32_t)o->kv_disk_checkpoint_interval};
 	if (ks_store_open(&sp, out)) {

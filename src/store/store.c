@@ -157,6 +157,20 @@ static uint64_t evict_order(struct ks_store *s, int32_t *order, size_t n, int ck
 	return freed;
 }
 
+/* Evict up to k records in order; returns how many went. */
+static size_t evict_count(struct ks_store *s, int32_t *order, size_t n, size_t k)
+{
+	size_t gone = 0;
+	for (size_t i = 0; i < n && gone < k; i++) {
+		size_t before = ks_cat_count(s->cat, -1);
+		if (!ks_cat_at(s->cat, order[i]))
+			continue;
+		ks_store_evict_locked(s, order[i], 0);
+		gone += before - ks_cat_count(s->cat, -1);
+	}
+	return gone;
+}
+
 int ks_store_make_room(struct ks_store *s, uint64_t need)
 {
 	uint64_t total = 0, avail = 0, used, over = 0;
@@ -177,6 +191,21 @@ int ks_store_make_room(struct ks_store *s, uint64_t need)
 			return kv_fail(KV_ERR_FULL, "disk cache cap: %llu bytes more do not fit (cap %llu, free %llu)",
 				       (unsigned long long)need, (unsigned long long)s->cap_bytes,
 				       (unsigned long long)avail);
+		}
+	}
+	/* the object cap bounds the index's memory and the startup scan: past
+	 * it, evict down to 95% so the sort is not paid on every write */
+	size_t cnt = ks_cat_count(s->cat, -1), add = need ? 1 : 0;
+	if (s->max_files && cnt + add > s->max_files) {
+		size_t target = s->max_files - s->max_files / 20;
+		order = NULL;
+		if (ks_cat_order(s->cat, -1, 0, &order, &n) == KV_OK) {
+			evict_count(s, order, n, cnt + add - target);
+			free(order);
+		}
+		if (ks_cat_count(s->cat, -1) + add > s->max_files) {
+			pthread_mutex_unlock(&s->mu);
+			return kv_fail(KV_ERR_FULL, "disk cache cap: %zu objects (the object cap)", s->max_files);
 		}
 	}
 	pthread_mutex_unlock(&s->mu);
@@ -367,6 +396,7 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 	if (ks_dir_fs(s->writable ? s->dir[KS_AREA_MAIN] : s->root, &total, &avail) != KV_OK)
 		total = avail = 0;
 	s->cap_bytes = p->max_bytes ? p->max_bytes : (total ? total / 10 : (10ull << 30));
+	s->max_files = p->max_files ? (size_t)p->max_files : KS_MAX_FILES_DEFAULT;
 	s->reserve_bytes = p->reserve_bytes ? p->reserve_bytes : (total / 20 < (4ull << 30) ? total / 20 : (4ull << 30));
 	s->ckpt_cap_bytes = ks_ckpt_cap_parse(p->env_ckpt_max ? p->env_ckpt_max : getenv("KVKEEP_KV_CHECKPOINT_MAX_BYTES"));
 
@@ -380,9 +410,9 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 	}
 	char hex[33];
 	kv_h128_hex(s->p.ns, hex);
-	KV_INFO("store.open", "root=%s namespace=%s writable=%d cap_mb=%llu reserve_mb=%llu ckpt_cap_mb=%llu "
+	KV_INFO("store.open", "root=%s namespace=%s writable=%d cap_mb=%llu max_files=%zu reserve_mb=%llu ckpt_cap_mb=%llu "
 			      "ckpt_interval=%u",
-		s->root, hex, s->writable, (unsigned long long)(s->cap_bytes >> 20),
+		s->root, hex, s->writable, (unsigned long long)(s->cap_bytes >> 20), s->max_files,
 		(unsigned long long)(s->reserve_bytes >> 20), (unsigned long long)(s->ckpt_cap_bytes >> 20),
 		s->p.ckpt_interval);
 	*out = s;

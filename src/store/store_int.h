@@ -86,6 +86,7 @@ struct ks_store {
 	int64_t touched_ns;              /* last marker touch (writer thread) */
 	int logged_werr[KS_WERR__COUNT]; /* logged once */
 	uint64_t cap_bytes, reserve_bytes, ckpt_cap_bytes;
+	size_t max_files;                /* object cap (both areas) */
 	int64_t last_enforce_ns;
 
 	struct ks_ckpt_job *q_head, *q_tail;
