@@ -45,6 +45,11 @@ log=$(ls "$TMP"/kvkeep-chat-serve.*.log 2>/dev/null | head -1)
 if grep -q 'level=info event=serve.ready' "$log" 2>/dev/null && grep -q 'level=info event=request ' "$log"; then
 	ok spawned_log_at_info; else bad spawned_log_at_info "$(head -c 300 "$log" 2>/dev/null)"; fi
 
+# --- KVKEEP_API_KEY: the spawned server requires it, the chat sends it ---
+printf 'hello\n' | KVKEEP_API_KEY=chat-key timeout 120 "$KT_BIN" chat --model "$TMP/m" --max-tokens 2 >"$TMP/out5" 2>"$TMP/err5"
+rc=$?
+if [ $rc -eq 0 ] && [ -s "$TMP/out5" ]; then ok api_key_round_trip; else bad api_key_round_trip "rc=$rc $(tail -2 "$TMP/err5")"; fi
+
 # --- spawned server, cache off ---
 rm -f "$TMP"/kvkeep-chat-serve.*.log
 printf 'hello there\nand a second turn\n' |
