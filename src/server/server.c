@@ -346,6 +346,8 @@ static void handler(void *ctx, const struct ksv_request *rq)
 		json_t *j = json_object();
 		json_object_set_new(j, "status", json_string(stopping ? "shutting_down" : "ok"));
 		json_object_set_new(j, "model", json_string(s->model_name));
+		if (stopping)
+			KV_INFO("http.error", "route=/health status=503 param=\"-\" msg=\"shutting down\"");
 		ksv_reply_json(c, stopping ? 503 : 200, j);
 		break;
 	}
