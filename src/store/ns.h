@@ -3,9 +3,9 @@
  *
  * A namespace is XXH3-128 over "kvkeep-ns|" + the model fingerprint (16
  * bytes, little endian lo then hi) + "|" + the cache salt. The fingerprint
- * is the server's hash of config.json, the tensor table, tokenizer.json,
- * the chat template, the KV dtype, the page size and the engine's
- * numerics version (server.c model_namespace). The salt is --cache-salt,
+ * is the server's hash of config.json, every byte of the weights,
+ * tokenizer.json, the chat template, the KV dtype, the page size and the
+ * engine's numerics version (server/fingerprint.h). The salt is --cache-salt,
  * or a request's cache_salt when --allow-request-salt is on; an empty
  * salt is no salt. Another namespace's files are never read as hits: the
  * loader checks every file's "namespace" metadata (obj.h step 4), and the
