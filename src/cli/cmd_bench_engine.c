@@ -233,10 +233,8 @@ static int cmd_bench_engine(int argc, char **argv)
 			seed = seed * 6364136223846793005ull + 1442695040888963407ull;
 			x[k] = (float)((int64_t)(seed >> 40) - (1 << 23)) / (float)(1 << 23);
 		}
-		if (w->dtype == KV_DT_BF16)
-			ke_vec_bf16_to_f32(wf, w->data, nk);
-		else
-			memcpy(wf, w->data, nk * 4);
+		for (int r = 0; r < w->rows; r++) /* any weight format, as the GEMM sees it */
+			ke_mat_row_f32(w, r, wf + (size_t)r * w->cols);
 		struct ke_mat w32 = {wf, KV_DT_F32, w->rows, w->cols, (size_t)w->cols};
 		struct gemm_ctx g = {w, x, wf, y, (int)gemm_m, sg};
 		sh[i].ours = time_best((int)repeat, run_ours, &g);

@@ -154,5 +154,10 @@ struct kv_weights;
  */
 int kv_config_check_weights(const struct kv_model_config *c, const struct kv_weights *w, char *prefix,
 			    size_t cap);
+/* Name of the lm_head weight for a prefix: "language_model.lm_head.weight"
+ * for mlx-lm's "language_model.model.", else "lm_head.weight". Also: the
+ * check accepts MLX quantized matrices (model/mlx.h) and mlx-lm's
+ * sanitized conv1d shape [C, K, 1]. */
+const char *kv_config_lm_head_name(const char *prefix);
 
 #endif
