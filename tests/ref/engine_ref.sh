@@ -10,7 +10,7 @@
 # for tiny-dense (qwen3), tiny-hybrid (qwen3_5) and tiny-next (qwen3_next:
 # the same weights regrouped into the fused in_proj_qkvz / in_proj_ba
 # layout, which must also give logits bit-identical to tiny-hybrid's).
-# MLX quantized folders (kvkeep convert-mlx, 4 and 8 bits, groups of 64 and
+# F16 matrices and MLX quantized folders (kvkeep convert-mlx, 4 and 8 bits, groups of 64 and
 # 32) run by the engine against the reference on the same weights
 # dequantized independently by reference_model.py --dequant-mlx.
 # The bf16-weight presets with the default bf16 KV are checked against the
@@ -105,4 +105,14 @@ mlx_pair() { # preset bits group check_state
 }
 [ -d "$T/tiny-dense" ] && { mlx_pair tiny-dense 4 64 0; mlx_pair tiny-dense 8 32 0; }
 [ -d "$T/tiny-hybrid" ] && { mlx_pair tiny-hybrid 4 64 1; mlx_pair tiny-hybrid 8 64 1; }
+# F16 matrices (the reference widens them exactly, as the engine does).
+f16_pair() { # preset check_state
+	if ! "$PY" "$REF" --to-f16 "$T/$1" "$T/$1-f16" >"$T/f16.log" 2>&1; then
+		fail "to_f16_$1" "$(tail -1 "$T/f16.log")"
+		return
+	fi
+	run_pair "$1-f16" "$T/$1-f16" --kv-f32 1e-4 "$2"
+}
+[ -d "$T/tiny-dense" ] && f16_pair tiny-dense 0
+[ -d "$T/tiny-hybrid" ] && f16_pair tiny-hybrid 1
 [ "$fails" -eq 0 ]

@@ -19,6 +19,8 @@ engine.
         group, evaluated in float64 and rounded once to float32, i.e. a
         fused multiply-add; mlx-lm's names, conv shape and shifted norms
         mapped back to Hugging Face's).
+    reference_model.py --to-f16 SRC DST
+        the folder SRC with every 2-D matrix stored as F16 (rounded once).
     reference_model.py --compare A B --vocab V [--tol T]
     reference_model.py --compare-state A B [--tol T]
 
@@ -426,6 +428,34 @@ def dequant_mlx(src, dst):
                 g.write(f.read())
 
 
+def to_f16(src, dst):
+    """Copy a folder with its matrices as F16 (vectors stay F32)."""
+    W = load_weights(src)
+    header, blobs, off = {}, [], 0
+    for name, t in W.items():
+        a = t.numpy()
+        if a.ndim == 2:
+            b, dt = a.astype("<f2").tobytes(), "F16"
+        else:
+            b, dt = a.astype("<f4").tobytes(), "F32"
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    os.makedirs(dst, exist_ok=True)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(os.path.join(dst, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    for fn in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        s = os.path.join(src, fn)
+        if os.path.exists(s):
+            with open(s, "rb") as f, open(os.path.join(dst, fn), "wb") as g:
+                g.write(f.read())
+
+
 def compare_logits(a, b, vocab, tol):
     x = np.fromfile(a, dtype="<f4")
     y = np.fromfile(b, dtype="<f4")
@@ -467,6 +497,7 @@ def main():
     ap.add_argument("--make-next", nargs=2)
     ap.add_argument("--compare", nargs=2)
     ap.add_argument("--dequant-mlx", nargs=2)
+    ap.add_argument("--to-f16", nargs=2)
     ap.add_argument("--compare-state", nargs=2)
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--tol", type=float, default=1e-4)
@@ -474,6 +505,9 @@ def main():
     torch.set_num_threads(1)
     if a.make_next:
         make_next(*a.make_next)
+        return 0
+    if a.to_f16:
+        to_f16(*a.to_f16)
         return 0
     if a.dequant_mlx:
         dequant_mlx(*a.dequant_mlx)
