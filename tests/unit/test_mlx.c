@@ -18,6 +18,8 @@
  *                not match config.json, a module marked false but
  *                quantized, a U32 tensor without a quantization block)
  *                are clear errors naming the tensor.
+ *   namespace    the cache fingerprint differs between 4 and 8 bits, two
+ *                group sizes and the float folder (the same for the same).
  *   model        an MLX tiny-hybrid gives the same logits for a prompt
  *                prefilled whole and in chunks of 1 and 7, on every path,
  *                and differs from the float model (it really is quantized).
@@ -34,6 +36,7 @@
 #include "model/mlx.h"
 #include "model/safetensors.h"
 #include "model/synth.h"
+#include "server/fingerprint.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -518,4 +521,24 @@ KT_CASE(model_chunk_invariance)
 	ke_model_destroy(f);
 }
 
-KT_MAIN(packing_round_trip, kernels_bit_identical, quant_config, load_errors, model_chunk_invariance)
+/* The cache namespace changes with the weight format: MLX 4 vs 8 bits,
+ * another group size, the float source. */
+KT_CASE(namespace_has_format)
+{
+	char a[1200], b[1200], c[1200], d[1200], hf[1200];
+	KT_OK(convert("tiny-dense", "n4", 4, 64, a, sizeof a));
+	KT_OK(convert("tiny-dense", "n8", 8, 64, b, sizeof b));
+	KT_OK(convert("tiny-dense", "n4g32", 4, 32, c, sizeof c));
+	KT_OK(convert("tiny-dense", "n4again", 4, 64, d, sizeof d));
+	snprintf(hf, sizeof hf, "%s/tiny-dense-hf", kt_tmpdir());
+	struct kv_h128 fa = ksv_model_fingerprint(a, "bf16", 256), fb = ksv_model_fingerprint(b, "bf16", 256);
+	struct kv_h128 fc = ksv_model_fingerprint(c, "bf16", 256), fd = ksv_model_fingerprint(d, "bf16", 256);
+	struct kv_h128 fh = ksv_model_fingerprint(hf, "bf16", 256);
+	KT_CHECK(memcmp(&fa, &fb, sizeof fa));
+	KT_CHECK(memcmp(&fa, &fc, sizeof fa));
+	KT_CHECK(memcmp(&fa, &fh, sizeof fa));
+	KT_CHECK(!memcmp(&fa, &fd, sizeof fa));
+}
+
+KT_MAIN(packing_round_trip, kernels_bit_identical, quant_config, load_errors, model_chunk_invariance,
+	namespace_has_format)
