@@ -34,6 +34,7 @@
 #include "cli/cli.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/mlxgemm.h"
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "engine/vec.h"
@@ -302,10 +303,11 @@ static int cmd_bench_engine(int argc, char **argv)
 				res[i].decode_tps);
 	}
 
+	char wfmt[32];
 	if (json) {
 		printf("{\"model\": \"%s\", \"arch\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"weight_dtype\": \"%s\", "
 		       "\"kv_dtype\": \"%s\",\n", model, kv_arch_name(c->arch), ke_isa_name(ke_isa()), threads,
-		       kv_dtype_name(sh[0].w->dtype), kv_f32 ? "f32" : "bf16");
+		       ke_mat_format(sh[0].w, wfmt, sizeof wfmt), kv_f32 ? "f32" : "bf16");
 		printf(" \"gemm_m\": %d, \"gemm_gflops\": %.2f, \"gemm_f32_gflops\": %.2f, ", (int)gemm_m, g_ours, g_ours32);
 		if (sg)
 			printf("\"openblas_gflops\": %.2f, \"gemm_ratio_vs_openblas\": %.3f, "
@@ -331,7 +333,7 @@ static int cmd_bench_engine(int argc, char **argv)
 		printf("]}\n");
 	} else {
 		printf("model %s (%s, %s weights, %s KV), isa %s, %d threads\n", model, kv_arch_name(c->arch),
-		       kv_dtype_name(sh[0].w->dtype), kv_f32 ? "f32" : "bf16", ke_isa_name(ke_isa()), threads);
+		       ke_mat_format(sh[0].w, wfmt, sizeof wfmt), kv_f32 ? "f32" : "bf16", ke_isa_name(ke_isa()), threads);
 		printf("memcpy: %.2f GB/s (1 thread %.2f GB/s)\n", bw / 1e9, bw1 / 1e9);
 		for (int i = 0; i < nsh; i++) {
 			double fl = 2.0 * (double)gemm_m * sh[i].w->rows * sh[i].w->cols;

@@ -32,6 +32,7 @@
 #include "base/mem.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -81,6 +82,15 @@ size_t ke_mat_bytes(const struct ke_mat *w)
 	}
 	}
 	return 0;
+}
+
+const char *ke_mat_format(const struct ke_mat *w, char *buf, size_t cap)
+{
+	if (w->dtype == KV_DT_MLX_AFFINE)
+		snprintf(buf, cap, "MLX%d g%d", w->bits, w->group);
+	else
+		snprintf(buf, cap, "%s", kv_dtype_name(w->dtype) ? kv_dtype_name(w->dtype) : "?");
+	return buf;
 }
 
 static inline const uint8_t *mlx_codes(const struct ke_mat *w, int r)

@@ -20,4 +20,7 @@ void ke_gemm_range_dq(int isa, const struct ke_mat *w, const float *x, size_t ld
  * each) on a given path (clamped to the CPU): the values the GEMM uses. */
 void ke_mat_dequant_rows(int isa, const struct ke_mat *w, int r0, int r1, float *out);
 
+/* "F32", "BF16", "F16", "MLX4 g64" ... into buf; returns buf. */
+const char *ke_mat_format(const struct ke_mat *w, char *buf, size_t cap);
+
 #endif
