@@ -12,8 +12,8 @@
  *         scales are bf16 or f16, as mlx writes them for such models,
  *         scale * q is exact in f32 and this equals scale * q + bias).
  * The product then runs the canonical 16-lane reduction of gemm.h on those
- * values, by handing blocks of dequantized rows to the f32 kernels of
- * ke_gemm_range. So a row's result depends only on the weights' values and
+ * values (fused in registers for decode, or blocks of dequantized rows
+ * handed to the f32 kernels of ke_gemm_range). So a row's result depends only on the weights' values and
  * the activation row: never on M, the block, the thread or the CPU path
  * (the scalar, AVX2 and AVX-512 dequantizers give the same bits; tested in
  * test_mlx.c).
