@@ -23,7 +23,26 @@ struct loader {
 	float *next;     /* next free float in m->owned */
 	float *end;
 	struct kv_mlx_qcfg *q; /* config.json's MLX quantization block, or NULL */
+	struct kv_tensor_spec *specs; /* what the config implies (float shapes) */
+	size_t n_specs;
 };
+
+/* The float shape the config implies for a matrix name; -1 if unknown. */
+static void spec_shape(const struct loader *L, const char *name, int64_t *rows, int64_t *cols)
+{
+	*rows = *cols = -1;
+	for (size_t i = 0; i < L->n_specs; i++) {
+		const struct kv_tensor_spec *v = &L->specs[i];
+		/* (m->prefix is swapped while lm_head loads: match both of its names) */
+		if (v->role == KV_ROLE_LM_HEAD ? !strcmp(name, kv_config_lm_head_name("")) ||
+						 !strcmp(name, kv_config_lm_head_name("language_model.model."))
+					       : !strcmp(v->name, name)) {
+			*rows = v->shape[0];
+			*cols = v->shape[1];
+			return;
+		}
+	}
+}
 
 static int find(struct loader *L, const char *name, const struct kv_tensor **out)
 {
@@ -49,7 +68,11 @@ static int load_mat(struct loader *L, struct ke_mat *mat, const char *fmt, int l
 		if (!L->q)
 			return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is U32 (MLX quantized) but config.json has no "
 				       "\"quantization\" block", t->file, name);
-		if ((rc = kv_mlx_matrix(L->m->w, name, L->q, -1, -1, &qm)))
+		int64_t er, ec;
+		spec_shape(L, name, &er, &ec);
+		if (er < 0)
+			return kv_fail(KV_ERR_INCOMPATIBLE, "%s: internal: no shape for '%s'", t->file, name);
+		if ((rc = kv_mlx_matrix(L->m->w, name, L->q, er, ec, &qm)))
 			return rc;
 		memset(mat, 0, sizeof *mat);
 		mat->data = qm.codes->data;
@@ -220,7 +243,7 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	L.next = m->owned;
 	L.end = L.next + nf;
 	L.q = NULL;
-	if ((rc = kv_mlx_qcfg_load(dir, &L.q)))
+	if ((rc = kv_mlx_qcfg_load(dir, &L.q)) || (rc = kv_config_tensors(c, m->prefix, &L.specs, &L.n_specs)))
 		goto fail;
 	int po = c->norm_plus_one;
 	/* mlx-lm's sanitize() stores conv1d as [C, K, 1] and, in the same
@@ -342,10 +365,12 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		c->n_deltanet_layers, c->hidden, c->vocab, p->kv_f32 ? "f32" : "bf16", m->lay.page_tokens,
 		(double)kv_weights_bytes(m->w) / 1048576.0);
 	kv_mlx_qcfg_free(L.q);
+	free(L.specs);
 	*out = m;
 	return KV_OK;
 fail:
 	kv_mlx_qcfg_free(L.q);
+	free(L.specs);
 	ke_model_destroy(m);
 	return rc;
 }

@@ -219,6 +219,11 @@ int kv_mlx_matrix(const struct kv_weights *w, const char *weight_name, const str
 			       "(found %s, %s, %s)", t->file, base, kv_shape_str(t->ndim, t->shape, a, sizeof a),
 			       kv_shape_str(s->ndim, s->shape, b, sizeof b), kv_shape_str(bi->ndim, bi->shape, sname,
 											  sizeof sname));
+	if (t->shape[0] <= 0 || t->shape[1] <= 0 || t->shape[1] > INT32_MAX / 32 || s->shape[0] <= 0 ||
+	    s->shape[1] <= 0 || s->shape[1] > INT32_MAX || rows > INT32_MAX || cols > INT32_MAX)
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: quantized matrix '%s' has an unusable shape (weight %s, scales %s)",
+			       t->file, base, kv_shape_str(t->ndim, t->shape, a, sizeof a),
+			       kv_shape_str(s->ndim, s->shape, b, sizeof b));
 	if (!is_float_dt(s->dtype) || s->dtype != bi->dtype)
 		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: quantized matrix '%s': scales (%s) and biases (%s) must share "
 			       "one of F32, BF16, F16", s->file, base, kv_dtype_name(s->dtype), kv_dtype_name(bi->dtype));

@@ -428,6 +428,13 @@ KT_CASE(load_errors)
 			p[8] = '8';
 		KT_OK(write_text(dir, "config.json", t));
 		expect_load_error(dir, "model.embed_tokens.", "bits mismatch");
+		/* 8 bits in groups of 32 fits 4-bit codes in groups of 64
+		 * internally (scales [out, in/64] either way): only the input size
+		 * the config implies tells them apart. */
+		while ((p = strstr(t, "\"group_size\": 64")))
+			memcpy(p + 14, "32", 2);
+		KT_OK(write_text(dir, "config.json", t));
+		expect_load_error(dir, "model.embed_tokens.weight", "8-bit g32 read as 4-bit g64");
 		free(t);
 	}
 	/* No quantization block at all. */
