@@ -16,7 +16,7 @@ int cmd_convert_mlx(int argc, char **argv);
 
 int cmd_convert_mlx(int argc, char **argv)
 {
-	const char *model = NULL, *out = NULL;
+	const char *model = NULL, *out = NULL, *overrides = NULL;
 	int64_t bits = 4, group = 64;
 	int no_sync = 0, rc;
 	struct kv_flag flags[] = {
@@ -24,10 +24,13 @@ int cmd_convert_mlx(int argc, char **argv)
 		{"out", KV_FLAG_STR, &out, "DIR", "output folder, created if missing"},
 		{"mlx-bits", KV_FLAG_INT, &bits, "4|8", "bits per weight (default 4)"},
 		{"group-size", KV_FLAG_INT, &group, "32|64|128", "weights per scale/bias group (default 64)"},
+		{"mlx-overrides", KV_FLAG_STR, &overrides, "LIST",
+		 "per-module formats, e.g. model.layers.0.mlp.down_proj=8:32,lm_head=float (default none)"},
 		{"no-sync", KV_FLAG_BOOL, &no_sync, NULL, "skip fsync (throwaway test folders)"},
 		{0},
 	};
-	const char *usage = "usage: kvkeep convert-mlx --model HF_DIR --out DIR [--mlx-bits 4|8] [--group-size 64]";
+	const char *usage = "usage: kvkeep convert-mlx --model HF_DIR --out DIR [--mlx-bits 4|8] [--group-size 64] "
+			    "[--mlx-overrides M=B:G,M=float]";
 
 	rc = kv_flags_parse(usage, flags, argc, argv, NULL, 0, NULL);
 	if (rc == 1)
@@ -52,6 +55,7 @@ int cmd_convert_mlx(int argc, char **argv)
 		.bits = (int)bits,
 		.group_size = (int)group,
 		.dw_flags = no_sync ? KV_DW_NO_SYNC : 0,
+		.overrides = overrides,
 	};
 	if ((rc = kv_mlx_write(&o))) {
 		fprintf(stderr, "kvkeep convert-mlx: %s\n", kv_errmsg());

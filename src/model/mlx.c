@@ -420,6 +420,54 @@ static int copy_file(const char *from_dir, const char *to_dir, const char *name,
 	return rc;
 }
 
+/* The override for module `mod` in a "M=B:G,M=float" list: 1 and bits /
+ * group set, 0 for float, -1 when the list does not name it. */
+static int find_override(const char *list, const char *mod, int *bits, int *group)
+{
+	size_t ml = strlen(mod);
+	for (const char *p = list; p && *p;) {
+		const char *e = strchr(p, ','), *eq = strchr(p, '=');
+		size_t len = e ? (size_t)(e - p) : strlen(p);
+		if (eq && (size_t)(eq - p) == ml && !strncmp(p, mod, ml) && eq < p + len) {
+			if (!strncmp(eq + 1, "float", 5))
+				return 0;
+			if (sscanf(eq + 1, "%d:%d", bits, group) == 2)
+				return 1;
+			return -2;
+		}
+		p = e ? e + 1 : NULL;
+	}
+	return -1;
+}
+
+/* Every entry of the list names a module of the model and a valid format. */
+static int check_overrides(const char *list, const struct kv_tensor_spec *dv, size_t n, const char *lm_name)
+{
+	for (const char *p = list; p && *p;) {
+		const char *e = strchr(p, ','), *eq = strchr(p, '=');
+		size_t len = e ? (size_t)(e - p) : strlen(p);
+		int bits = 0, group = 0, found = 0;
+		if (!eq || eq >= p + len)
+			return kv_fail(KV_ERR_INVALID, "MLX override '%.*s': expected MODULE=BITS:GROUP or MODULE=float",
+				       (int)len, p);
+		for (size_t i = 0; i < n && !found; i++) {
+			const char *nm = dv[i].role == KV_ROLE_LM_HEAD ? lm_name : dv[i].name;
+			size_t ml = (size_t)(eq - p);
+			found = strlen(nm) == ml + 7 && !strncmp(nm, p, ml) && !strcmp(nm + ml, ".weight") && dv[i].ndim == 2 &&
+				dv[i].role != KV_ROLE_CONV;
+		}
+		if (!found)
+			return kv_fail(KV_ERR_INVALID, "MLX override '%.*s': the model has no matrix of that name", (int)len, p);
+		if (strncmp(eq + 1, "float", 5) &&
+		    (sscanf(eq + 1, "%d:%d", &bits, &group) != 2 || (bits != 4 && bits != 8) ||
+		     (group != 32 && group != 64 && group != 128)))
+			return kv_fail(KV_ERR_INVALID, "MLX override '%.*s': bits must be 4 or 8, group 32, 64 or 128",
+				       (int)len, p);
+		p = e ? e + 1 : NULL;
+	}
+	return KV_OK;
+}
+
 int kv_mlx_write(const struct kv_mlx_write_opts *o)
 {
 	struct kv_model_config c;
@@ -455,6 +503,8 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 	const char *dprefix = lm ? "language_model.model." : "model.";
 	if ((rc = kv_config_tensors(&c, prefix, &sv, &n)) || (rc = kv_config_tensors(&c, dprefix, &dv, &n2)))
 		goto out;
+	if ((rc = check_overrides(o->overrides, dv, n2, kv_config_lm_head_name(dprefix))))
+		goto out;
 	if (!(st = kv_stw_create()) || !(jobs = calloc(3 * n + 1, sizeof *jobs)) || !(qo = json_object())) {
 		rc = kv_fail(KV_ERR_NOMEM, "out of memory");
 		goto out;
@@ -473,14 +523,26 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 		}
 		int matrix = s->role == KV_ROLE_EMBED || s->role == KV_ROLE_LM_HEAD || s->role == KV_ROLE_LINEAR ||
 			     s->role == KV_ROLE_LINEAR_OUT || s->role == KV_ROLE_LINEAR_A;
-		if (matrix && s->shape[1] % o->group_size == 0) {
-			char base[200], nm[220];
-			size_t L = strlen(dname) - 7; /* without ".weight" */
-			snprintf(base, sizeof base, "%.*s", (int)L, dname);
-			int64_t cs[2] = {s->shape[0], s->shape[1] * o->bits / 32};
-			int64_t ss[2] = {s->shape[0], s->shape[1] / o->group_size};
+		char base[200];
+		snprintf(base, sizeof base, "%.*s", (int)(strlen(dname) - 7), dname); /* without ".weight" */
+		int bits = o->bits, group = o->group_size, ov = matrix ? find_override(o->overrides, base, &bits, &group) : -1;
+		if (ov == 1 && s->shape[1] % group) {
+			rc = kv_fail(KV_ERR_INVALID, "MLX override for '%s': group %d does not divide its input size %lld",
+				     base, group, (long long)s->shape[1]);
+			break;
+		}
+		if (ov == 1) {
+			json_t *e = json_object();
+			json_object_set_new(e, "group_size", json_integer(group));
+			json_object_set_new(e, "bits", json_integer(bits));
+			json_object_set_new(qo, base, e);
+		}
+		if (matrix && ov != 0 && s->shape[1] % group == 0) {
+			char nm[220];
+			int64_t cs[2] = {s->shape[0], s->shape[1] * bits / 32};
+			int64_t ss[2] = {s->shape[0], s->shape[1] / group};
 			struct job *jc = &jobs[nj++], *js = &jobs[nj++], *jb = &jobs[nj++];
-			*jc = (struct job){t, J_CODES, o->bits, o->group_size, s->shape[0], s->shape[1]};
+			*jc = (struct job){t, J_CODES, bits, group, s->shape[0], s->shape[1]};
 			*js = *jc;
 			js->kind = J_SCALES;
 			*jb = *jc;
@@ -494,11 +556,8 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 			rc = kv_stw_add_fill(st, nm, t->dtype, 2, ss, fill_job, jb);
 			continue;
 		}
-		if (matrix) {
-			char base[200];
-			snprintf(base, sizeof base, "%.*s", (int)(strlen(dname) - 7), dname);
+		if (matrix)
 			json_object_set_new(qo, base, json_false());
-		}
 		struct job *j = &jobs[nj++];
 		*j = (struct job){t, J_COPY, 0, 0, 0, 0};
 		int64_t shape[4];

@@ -83,6 +83,11 @@ struct kv_mlx_write_opts {
 	int bits;            /* 4 or 8 */
 	int group_size;      /* 32, 64 or 128 */
 	unsigned dw_flags;   /* KV_DW_* (base/durable.h) */
+	/* Per-module overrides, "MODULE=BITS:GROUP" or "MODULE=float", comma
+	 * separated (MODULE is the output module path, e.g.
+	 * "model.layers.0.mlp.down_proj"); NULL for none. Written into the
+	 * quantization block as mlx-lm does for mixed recipes. */
+	const char *overrides;
 };
 
 /*

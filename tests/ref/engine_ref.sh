@@ -10,9 +10,11 @@
 # for tiny-dense (qwen3), tiny-hybrid (qwen3_5) and tiny-next (qwen3_next:
 # the same weights regrouped into the fused in_proj_qkvz / in_proj_ba
 # layout, which must also give logits bit-identical to tiny-hybrid's).
-# F16 matrices and MLX quantized folders (kvkeep convert-mlx, 4 and 8 bits, groups of 64 and
-# 32) run by the engine against the reference on the same weights
-# dequantized independently by reference_model.py --dequant-mlx.
+# F16 matrices (reference_model.py --to-f16) and MLX quantized folders
+# (kvkeep convert-mlx: 4 and 8 bits, groups of 64 and 32, and a mixed
+# folder with per-module overrides) run by the engine against the
+# reference on the same weights, dequantized independently by
+# reference_model.py --dequant-mlx; 1e-4 like the f32 folders.
 # The bf16-weight presets with the default bf16 KV are checked against the
 # reference with a looser 2e-2 bound (bf16 KV rounding). The reference also
 # checks its own recurrent delta rule against Hugging Face's chunked form.
@@ -91,9 +93,10 @@ if [ -d "$T/tiny-hybrid" ]; then
 fi
 mk tiny-dense bf16 "$T/tiny-dense-bf16" && run_pair tiny-dense-bf16 "$T/tiny-dense-bf16" "" 2e-2 0
 mk tiny-hybrid bf16 "$T/tiny-hybrid-bf16" && run_pair tiny-hybrid-bf16 "$T/tiny-hybrid-bf16" "" 2e-2 1
-mlx_pair() { # preset bits group check_state
-	local src="$T/$1" out="$T/$1-mlx$2g$3"
-	if ! "$BIN" convert-mlx --model "$src" --out "$out" --mlx-bits "$2" --group-size "$3" --no-sync >"$T/cv.log" 2>&1; then
+mlx_pair() { # preset bits group check_state [overrides]
+	local src="$T/$1" out="$T/$1-mlx$2g$3${5:+mixed}"
+	if ! "$BIN" convert-mlx --model "$src" --out "$out" --mlx-bits "$2" --group-size "$3" --no-sync \
+		${5:+--mlx-overrides "$5"} >"$T/cv.log" 2>&1; then
 		fail "convert_mlx_$1_$2" "$(tail -1 "$T/cv.log")"
 		return
 	fi
@@ -101,10 +104,13 @@ mlx_pair() { # preset bits group check_state
 		fail "dequant_mlx_$1_$2" "$(tail -1 "$T/dq.log")"
 		return
 	fi
-	run_pair "$1-mlx$2g$3" "$out" --kv-f32 1e-4 "$4" "$out-deq"
+	run_pair "$1-mlx$2g$3${5:+mixed}" "$out" --kv-f32 1e-4 "$4" "$out-deq"
 }
 [ -d "$T/tiny-dense" ] && { mlx_pair tiny-dense 4 64 0; mlx_pair tiny-dense 8 32 0; }
 [ -d "$T/tiny-hybrid" ] && { mlx_pair tiny-hybrid 4 64 1; mlx_pair tiny-hybrid 8 64 1; }
+# a mixed recipe: per-module overrides (8-bit groups of 32, a float matrix)
+[ -d "$T/tiny-hybrid" ] && mlx_pair tiny-hybrid 4 64 1 \
+	"language_model.model.layers.0.mlp.down_proj=8:32,language_model.model.layers.3.self_attn.q_proj=float,language_model.model.embed_tokens=8:64"
 # F16 matrices (the reference widens them exactly, as the engine does).
 f16_pair() { # preset check_state
 	if ! "$PY" "$REF" --to-f16 "$T/$1" "$T/$1-f16" >"$T/f16.log" 2>&1; then

@@ -18,6 +18,8 @@
  *                not match config.json, a module marked false but
  *                quantized, a U32 tensor without a quantization block)
  *                are clear errors naming the tensor.
+ *   mixed        writer overrides (8-bit g32 and float modules) are
+ *                honoured by the loader; bad override lists are refused.
  *   namespace    the cache fingerprint differs between 4 and 8 bits, two
  *                group sizes and the float folder (the same for the same).
  *   model        an MLX tiny-hybrid gives the same logits for a prompt
@@ -528,6 +530,46 @@ KT_CASE(model_chunk_invariance)
 	ke_model_destroy(f);
 }
 
+/* Per-module overrides: written into the quantization block, honoured by
+ * the loader; bad lists refused. */
+KT_CASE(mixed_overrides)
+{
+	char hf[1200], out[1200];
+	struct ke_model *m = NULL;
+	KT_OK(convert("tiny-dense", "plain", 4, 64, out, sizeof out));
+	snprintf(hf, sizeof hf, "%s/tiny-dense-hf", kt_tmpdir());
+	snprintf(out, sizeof out, "%s/mixed", kt_tmpdir());
+	struct kv_mlx_write_opts mo = {.hf_dir = hf, .out_dir = out, .bits = 4, .group_size = 64, .dw_flags = KV_DW_NO_SYNC,
+				       .overrides = "model.layers.0.mlp.down_proj=8:32,model.layers.3.self_attn.q_proj=float"};
+	KT_OK(kv_mlx_write(&mo));
+	KT_OK(ke_model_load(out, NULL, &m));
+	KT_REQUIRE(m);
+	int seen = 0;
+	for (int i = 0; i < ke_model_n_mats(m); i++) {
+		const char *name;
+		const struct ke_mat *w = ke_model_mat(m, i, &name);
+		if (!strcmp(name, "model.layers.0.mlp.down_proj.weight")) {
+			KT_CHECK(w->dtype == KV_DT_MLX_AFFINE && w->bits == 8 && w->group == 32);
+			seen |= 1;
+		} else if (!strcmp(name, "model.layers.3.self_attn.q_proj.weight")) {
+			KT_EQ_INT(w->dtype, KV_DT_F32);
+			seen |= 2;
+		} else if (!strcmp(name, "model.layers.1.mlp.down_proj.weight")) {
+			KT_CHECK(w->dtype == KV_DT_MLX_AFFINE && w->bits == 4 && w->group == 64);
+			seen |= 4;
+		}
+	}
+	KT_EQ_INT(seen, 7);
+	ke_model_destroy(m);
+	static const char *const bad[] = {"model.layers.9.mlp.up_proj=4:64", "model.layers.0.mlp.up_proj=3:64",
+					  "model.layers.0.mlp.up_proj", "model.layers.0.input_layernorm=4:64",
+					  "model.layers.0.mlp.up_proj=8:256"};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		mo.overrides = bad[i];
+		KT_CHECKF(kv_mlx_write(&mo) == KV_ERR_INVALID, "accepted '%s'", bad[i]);
+	}
+}
+
 /* The cache namespace changes with the weight format: MLX 4 vs 8 bits,
  * another group size, the float source. */
 KT_CASE(namespace_has_format)
@@ -548,4 +590,4 @@ KT_CASE(namespace_has_format)
 }
 
 KT_MAIN(packing_round_trip, kernels_bit_identical, quant_config, load_errors, model_chunk_invariance,
-	namespace_has_format)
+	mixed_overrides, namespace_has_format)
