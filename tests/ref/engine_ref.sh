@@ -108,6 +108,7 @@ mlx_pair() { # preset bits group check_state [overrides]
 }
 [ -d "$T/tiny-dense" ] && { mlx_pair tiny-dense 4 64 0; mlx_pair tiny-dense 8 32 0; }
 [ -d "$T/tiny-hybrid" ] && { mlx_pair tiny-hybrid 4 64 1; mlx_pair tiny-hybrid 8 64 1; }
+[ -d "$T/tiny-next" ] && mlx_pair tiny-next 4 64 1
 # a mixed recipe: per-module overrides (8-bit groups of 32, a float matrix)
 [ -d "$T/tiny-hybrid" ] && mlx_pair tiny-hybrid 4 64 1 \
 	"language_model.model.layers.0.mlp.down_proj=8:32,language_model.model.layers.3.self_attn.q_proj=float,language_model.model.embed_tokens=8:64"
