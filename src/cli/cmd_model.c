@@ -106,8 +106,8 @@ KV_COMMAND(mkmodel, "mkmodel", "write a synthetic model folder (Hugging Face lay
  * engine reads (what stays resident once touched; extra tensors such as
  * mtp.* are mapped but never read). */
 struct wtypes {
-	char name[8][16];
-	uint64_t count[8], bytes[8], resident;
+	char name[12][16];
+	uint64_t count[12], bytes[12], resident;
 	int n;
 };
 
@@ -117,8 +117,8 @@ static void wtypes_add(struct wtypes *t, const char *name, uint64_t bytes)
 	while (i < t->n && strcmp(t->name[i], name))
 		i++;
 	if (i == t->n) {
-		if (t->n == 8)
-			return;
+		if (t->n == 12)
+			return; /* more formats than any real file has */
 		snprintf(t->name[t->n++], sizeof t->name[0], "%s", name);
 	}
 	t->count[i]++;
@@ -277,9 +277,9 @@ static int cmd_model_info(int argc, char **argv)
 				}
 				json_object_set_new(wo, "types", ty);
 				json_object_set_new(wo, "resident_bytes", json_integer((json_int_t)wt.resident));
-			}
-			else
+			} else {
 				json_object_set_new(wo, "error", json_string(werr));
+			}
 			json_object_set_new(o, "weights", wo);
 		}
 		char *s = json_dumps(o, JSON_INDENT(2));
