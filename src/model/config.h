@@ -146,9 +146,11 @@ int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struc
 struct kv_weights;
 /*
  * Check that every tensor the config implies is present with its shape
- * and a float dtype (F32, BF16, F16). The prefix is found from the
- * weights ("model.language_model." if its embed_tokens is there, else
- * "model.") and copied into prefix (may be NULL). Extra tensors (mtp.*,
+ * and a float dtype (F32, BF16, F16), or as an MLX quantized matrix
+ * (model/mlx.h). The prefix is found from the weights
+ * ("model.language_model." or mlx-lm's "language_model.model." if its
+ * embed_tokens is there, else "model.") and copied into prefix (may be
+ * NULL). Extra tensors (mtp.*,
  * model.visual.*) are ignored. KV_ERR_INCOMPATIBLE names the first
  * missing or mismatched tensor.
  */
