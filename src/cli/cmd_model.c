@@ -8,6 +8,7 @@
  */
 #include "cli/cli.h"
 #include "model/config.h"
+#include "model/mlx.h"
 #include "model/safetensors.h"
 #include "model/synth.h"
 #include "base/durable.h"
@@ -100,6 +101,87 @@ static int cmd_mkmodel(int argc, char **argv)
 }
 KV_COMMAND(mkmodel, "mkmodel", "write a synthetic model folder (Hugging Face layout)", cmd_mkmodel);
 
+/* Per-format tensor counts and bytes (an MLX matrix's codes, scales and
+ * biases count as one "MLX<bits>" entry) and the bytes of the tensors the
+ * engine reads (what stays resident once touched; extra tensors such as
+ * mtp.* are mapped but never read). */
+struct wtypes {
+	char name[12][16];
+	uint64_t count[12], bytes[12], resident;
+	int n;
+};
+
+static void wtypes_add(struct wtypes *t, const char *name, uint64_t bytes)
+{
+	int i = 0;
+	while (i < t->n && strcmp(t->name[i], name))
+		i++;
+	if (i == t->n) {
+		if (t->n == 12)
+			return; /* more formats than any real file has */
+		snprintf(t->name[t->n++], sizeof t->name[0], "%s", name);
+	}
+	t->count[i]++;
+	t->bytes[i] += bytes;
+}
+
+static void weight_types(const struct kv_model_config *c, const struct kv_weights *w, const char *prefix,
+			 const struct kv_mlx_qcfg *q, struct wtypes *t)
+{
+	char nm[224];
+	memset(t, 0, sizeof *t);
+	for (size_t i = 0; i < kv_weights_count(w); i++) {
+		const struct kv_tensor *x = kv_weights_at(w, i);
+		size_t L = strlen(x->name);
+		if (L > 7 && (!strcmp(x->name + L - 7, ".scales") || !strcmp(x->name + L - 7, ".biases"))) {
+			snprintf(nm, sizeof nm, "%.*s.weight", (int)(L - 7), x->name);
+			const struct kv_tensor *q = kv_weights_find(w, nm);
+			if (q && q->dtype == KV_DT_U32)
+				continue; /* counted with its codes */
+		}
+		if (x->dtype == KV_DT_U32 && L > 7 && !strcmp(x->name + L - 7, ".weight")) {
+			char sn[240];
+			uint64_t b = x->nbytes;
+			int bits = 0, group = 0;
+			static const char *const sfx[2] = {"scales", "biases"};
+			for (int k = 0; k < 2; k++) {
+				snprintf(sn, sizeof sn, "%.*s.%s", (int)(L - 7), x->name, sfx[k]);
+				const struct kv_tensor *s = kv_weights_find(w, sn);
+				b += s ? s->nbytes : 0;
+			}
+			snprintf(nm, sizeof nm, "%.*s", (int)(L - 7), x->name);
+			if (q && kv_mlx_qcfg_lookup(q, nm, &bits, &group))
+				snprintf(sn, sizeof sn, "MLX%d g%d", bits, group);
+			else
+				snprintf(sn, sizeof sn, "U32");
+			wtypes_add(t, sn, b);
+			continue;
+		}
+		wtypes_add(t, kv_dtype_name(x->dtype) ? kv_dtype_name(x->dtype) : "?", x->nbytes);
+	}
+	struct kv_tensor_spec *v;
+	size_t n;
+	if (kv_config_tensors(c, prefix, &v, &n))
+		return;
+	for (size_t i = 0; i < n; i++) {
+		const char *name = v[i].role == KV_ROLE_LM_HEAD ? kv_config_lm_head_name(prefix) : v[i].name;
+		const struct kv_tensor *x = kv_weights_find(w, name);
+		if (!x)
+			continue;
+		t->resident += x->nbytes;
+		if (x->dtype == KV_DT_U32) {
+			size_t L = strlen(name);
+			static const char *const sfx[2] = {"scales", "biases"};
+			for (int k = 0; k < 2; k++) {
+				snprintf(nm, sizeof nm, "%.*s.%s", (int)(L - 7), name, sfx[k]);
+				const struct kv_tensor *s = kv_weights_find(w, nm);
+				t->resident += s ? s->nbytes : 0;
+			}
+		}
+	}
+	free(v);
+}
+
 static const char *layer_letter(int t)
 {
 	return t == KV_LAYER_ATTN ? "A" : "D";
@@ -144,6 +226,14 @@ static int cmd_model_info(int argc, char **argv)
 			snprintf(werr, sizeof werr, "%s", kv_errmsg());
 	}
 
+	struct wtypes wt = {0};
+	if (w && !w_rc) {
+		struct kv_mlx_qcfg *q = NULL;
+		if (kv_mlx_qcfg_load(pos[0], &q) == KV_OK) {
+			weight_types(&c, w, prefix, q, &wt);
+			kv_mlx_qcfg_free(q);
+		}
+	}
 	uint64_t params = kv_config_param_count(&c);
 	uint64_t active = kv_config_active_param_count(&c);
 	/* Resident weights: every expert is mapped and counted, routed to or
@@ -201,10 +291,20 @@ static int cmd_model_info(int argc, char **argv)
 				json_object_set_new(wo, "tensors", json_integer((json_int_t)kv_weights_count(w)));
 				json_object_set_new(wo, "bytes", json_integer((json_int_t)kv_weights_bytes(w)));
 			}
-			if (!w_rc)
+			if (!w_rc) {
 				json_object_set_new(wo, "prefix", json_string(prefix));
-			else
+				json_t *ty = json_object();
+				for (int i = 0; i < wt.n; i++) {
+					json_t *e = json_object();
+					json_object_set_new(e, "tensors", json_integer((json_int_t)wt.count[i]));
+					json_object_set_new(e, "bytes", json_integer((json_int_t)wt.bytes[i]));
+					json_object_set_new(ty, wt.name[i], e);
+				}
+				json_object_set_new(wo, "types", ty);
+				json_object_set_new(wo, "resident_bytes", json_integer((json_int_t)wt.resident));
+			} else {
 				json_object_set_new(wo, "error", json_string(werr));
+			}
 			json_object_set_new(o, "weights", wo);
 		}
 		char *s = json_dumps(o, JSON_INDENT(2));
@@ -250,9 +350,16 @@ static int cmd_model_info(int argc, char **argv)
 			printf("weights      none (config only)\n");
 		else if (w_rc)
 			printf("weights      INCOMPATIBLE: %s\n", werr);
-		else
+		else {
 			printf("weights      %zu tensors in %zu file(s), %llu bytes, prefix %s\n", kv_weights_count(w),
 			       kv_weights_nfiles(w), (unsigned long long)kv_weights_bytes(w), prefix);
+			for (int i = 0; i < wt.n; i++)
+				printf("  %-10s %llu %s, %llu bytes\n", wt.name[i], (unsigned long long)wt.count[i],
+				       strncmp(wt.name[i], "MLX", 3) ? "tensors" : "matrices (codes + scales + biases)",
+				       (unsigned long long)wt.bytes[i]);
+			printf("resident     %llu bytes (%.1f MiB) of weights the engine reads\n",
+			       (unsigned long long)wt.resident, (double)wt.resident / 1048576.0);
+		}
 	}
 	kv_weights_close(w);
 	if (w_rc) {

@@ -22,6 +22,10 @@
 static void embed_row(const struct ke_model *m, int32_t id, float *out)
 {
 	int D = m->cfg.hidden;
+	if (m->embed.dtype != KV_DT_BF16 && m->embed.dtype != KV_DT_F32) {
+		ke_mat_row_f32(&m->embed, id, out); /* F16 / MLX: the one row, dequantized */
+		return;
+	}
 	const char *row = (const char *)m->embed.data + (size_t)id * m->embed.ld * (m->embed.dtype == KV_DT_BF16 ? 2 : 4);
 	if (m->embed.dtype == KV_DT_BF16)
 		ke_vec_bf16_to_f32(out, row, (size_t)D);

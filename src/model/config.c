@@ -9,6 +9,7 @@
  */
 #include "model/config.h"
 #include "model/safetensors.h"
+#include "model/mlx.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/json.h"
@@ -697,6 +698,11 @@ void kv_config_detect_experts(struct kv_model_config *c, const struct kv_weights
 	}
 }
 
+const char *kv_config_lm_head_name(const char *prefix)
+{
+	return prefix && !strcmp(prefix, "language_model.model.") ? "language_model.lm_head.weight" : "lm_head.weight";
+}
+
 int kv_config_check_weights(const struct kv_model_config *c, const struct kv_weights *w, char *prefix,
 			    size_t cap)
 {
@@ -707,6 +713,8 @@ int kv_config_check_weights(const struct kv_model_config *c, const struct kv_wei
 
 	if (kv_weights_find(w, "model.language_model.embed_tokens.weight"))
 		p = "model.language_model.";
+	else if (kv_weights_find(w, "language_model.model.embed_tokens.weight"))
+		p = "language_model.model."; /* mlx-lm's Qwen3.5 names */
 	if (prefix && cap)
 		snprintf(prefix, cap, "%s", p);
 	struct kv_model_config cl = *c;
@@ -714,20 +722,31 @@ int kv_config_check_weights(const struct kv_model_config *c, const struct kv_wei
 	if ((rc = kv_config_tensors(&cl, p, &v, &n)))
 		return rc;
 	for (size_t i = 0; i < n && !rc; i++) {
-		const struct kv_tensor *t = kv_weights_find(w, v[i].name);
+		const char *name = v[i].role == KV_ROLE_LM_HEAD ? kv_config_lm_head_name(p) : v[i].name;
+		const struct kv_tensor *t = kv_weights_find(w, name);
 		char want[160];
 		if (!t) {
-			rc = kv_fail(KV_ERR_INCOMPATIBLE, "weights lack tensor '%s' (expected shape %s)%s", v[i].name,
+			rc = kv_fail(KV_ERR_INCOMPATIBLE, "weights lack tensor '%s' (expected shape %s)%s", name,
 				     kv_shape_str(v[i].ndim, v[i].shape, want, sizeof want),
-				     strstr(v[i].name, ".mlp.experts.")
+				     strstr(name, ".mlp.experts.")
 					     ? "; routed experts are read from mlp.experts.gate_up_proj + "
 					       "mlp.experts.down_proj, mlp.switch_mlp.{gate,up,down}_proj.weight or "
 					       "mlp.experts.N.{gate,up,down}_proj.weight"
 					     : "");
 			break;
 		}
-		if ((rc = kv_tensor_expect(t, -1, v[i].ndim, v[i].shape)))
+		if (t->dtype == KV_DT_U32 && v[i].ndim == 2 && v[i].role != KV_ROLE_CONV) {
+			/* An MLX quantized matrix: codes, scales, biases checked together. */
+			struct kv_mlx_qmat qm;
+			rc = kv_mlx_matrix(w, name, NULL, v[i].shape[0], v[i].shape[1], &qm);
+			continue;
+		}
+		if (v[i].role == KV_ROLE_CONV && t->ndim == 3 && t->shape[0] == v[i].shape[0] && t->shape[1] == v[i].shape[2] &&
+		    t->shape[2] == 1) {
+			/* mlx-lm's sanitized [C, K, 1]: the same bytes as [C, 1, K]. */
+		} else if ((rc = kv_tensor_expect(t, -1, v[i].ndim, v[i].shape))) {
 			break;
+		}
 		if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->dtype != KV_DT_F16)
 			rc = kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is %s, expected F32, BF16 or F16", t->file,
 				     t->name, kv_dtype_name(t->dtype));

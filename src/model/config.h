@@ -182,15 +182,22 @@ int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struc
 struct kv_weights;
 /*
  * Check that every tensor the config implies is present with its shape
- * and a float dtype (F32, BF16, F16). The prefix is found from the
- * weights ("model.language_model." if its embed_tokens is there, else
- * "model.") and copied into prefix (may be NULL). Extra tensors (mtp.*,
+ * and a float dtype (F32, BF16, F16), or as an MLX quantized matrix
+ * (model/mlx.h). The prefix is found from the weights
+ * ("model.language_model." or mlx-lm's "language_model.model." if its
+ * embed_tokens is there, else "model.") and copied into prefix (may be
+ * NULL). Extra tensors (mtp.*,
  * model.visual.*) are ignored. KV_ERR_INCOMPATIBLE names the first
  * missing or mismatched tensor. For MoE configs the expert layout is the
  * one the weights hold, see kv_config_detect_experts.
  */
 int kv_config_check_weights(const struct kv_model_config *c, const struct kv_weights *w, char *prefix,
 			    size_t cap);
+/* Name of the lm_head weight for a prefix: "language_model.lm_head.weight"
+ * for mlx-lm's "language_model.model.", else "lm_head.weight". Also: the
+ * check accepts MLX quantized matrices (model/mlx.h) and mlx-lm's
+ * sanitized conv1d shape [C, K, 1]. */
+const char *kv_config_lm_head_name(const char *prefix);
 
 /* Set c->expert_layout from the weights: STACKED when the first MoE
  * layer's "<prefix>layers.L.mlp.experts.gate_up_proj" exists, SWITCH when

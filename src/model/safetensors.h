@@ -65,7 +65,10 @@ enum kv_dtype {
 	KV_DT_BOOL,
 	KV_DT_F8_E4M3,
 	KV_DT_F8_E5M2,
-	KV_DT__COUNT
+	KV_DT__COUNT,
+	/* Weight-matrix formats that are not safetensors element types (no
+	 * size, no name; kv_dtype_parse never returns them): */
+	KV_DT_MLX_AFFINE, /* MLX affine groups, engine/gemm.h struct ke_mat */
 };
 
 /* Bytes per element; 0 for an unknown dtype. */

@@ -15,6 +15,12 @@
 # layer, norm_topk_prob false); tiny-moe's experts are also rewritten per
 # expert (moe-split) and as mlx-lm's switch_mlp stacks (moe-switch), which
 # must both give bit-identical logits.
+#
+# F16 matrices (reference_model.py --to-f16) and MLX quantized folders
+# (kvkeep convert-mlx: 4 and 8 bits, groups of 64 and 32, and a mixed
+# folder with per-module overrides) run by the engine against the
+# reference on the same weights, dequantized independently by
+# reference_model.py --dequant-mlx; 1e-4 like the f32 folders.
 # The bf16-weight presets with the default bf16 KV are checked against the
 # reference with a looser 2e-2 bound (bf16 KV rounding). The reference also
 # checks its own recurrent delta rule against Hugging Face's chunked form.
@@ -46,8 +52,8 @@ mk() { # preset dtype dir
 		{ fail "mkmodel_$1_$2" "$(tail -1 "$T/mk.log")"; return 1; }
 }
 
-run_pair() { # name dir kvflag tol check_state
-	local name=$1 dir=$2 kvflag=$3 tol=$4 check_state=$5 vocab
+run_pair() { # name dir kvflag tol check_state [reference_dir]
+	local name=$1 dir=$2 kvflag=$3 tol=$4 check_state=$5 rdir=${6:-$2} vocab
 	vocab=$("$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print(j.get('text_config', j)['vocab_size'])" "$dir/config.json")
 	TOK=$("$PY" -c "import random; r=random.Random(7); print(','.join(str(r.randrange($vocab)) for _ in range(64)))")
 	if ! KVKEEP_LOG=warn "$BIN" generate --model "$dir" --tokens "$TOK" --max-tokens 0 $kvflag --quiet \
@@ -55,7 +61,7 @@ run_pair() { # name dir kvflag tol check_state
 		fail "${name}_logits" "engine: $(tail -1 "$T/$name.gen.log")"
 		return
 	fi
-	if ! "$PY" "$REF" --model "$dir" --tokens "$TOK" --logits-out "$T/$name.r.bin" --state-out "$T/$name.r.st" \
+	if ! "$PY" "$REF" --model "$rdir" --tokens "$TOK" --logits-out "$T/$name.r.bin" --state-out "$T/$name.r.st" \
 		--check-chunked >"$T/$name.ref.log" 2>&1; then
 		fail "${name}_reference" "$(tail -1 "$T/$name.ref.log")"
 		return
@@ -118,4 +124,33 @@ fi
 mk tiny-moe bf16 "$T/tiny-moe-bf16" && run_pair tiny-moe-bf16 "$T/tiny-moe-bf16" "" 2e-2 1
 mk tiny-dense bf16 "$T/tiny-dense-bf16" && run_pair tiny-dense-bf16 "$T/tiny-dense-bf16" "" 2e-2 0
 mk tiny-hybrid bf16 "$T/tiny-hybrid-bf16" && run_pair tiny-hybrid-bf16 "$T/tiny-hybrid-bf16" "" 2e-2 1
+mlx_pair() { # preset bits group check_state [overrides]
+	local src="$T/$1" out="$T/$1-mlx$2g$3${5:+mixed}"
+	if ! "$BIN" convert-mlx --model "$src" --out "$out" --mlx-bits "$2" --group-size "$3" --no-sync \
+		${5:+--mlx-overrides "$5"} >"$T/cv.log" 2>&1; then
+		fail "convert_mlx_$1_$2" "$(tail -1 "$T/cv.log")"
+		return
+	fi
+	if ! "$PY" "$REF" --dequant-mlx "$out" "$out-deq" >"$T/dq.log" 2>&1; then
+		fail "dequant_mlx_$1_$2" "$(tail -1 "$T/dq.log")"
+		return
+	fi
+	run_pair "$1-mlx$2g$3${5:+mixed}" "$out" --kv-f32 1e-4 "$4" "$out-deq"
+}
+[ -d "$T/tiny-dense" ] && { mlx_pair tiny-dense 4 64 0; mlx_pair tiny-dense 8 32 0; }
+[ -d "$T/tiny-hybrid" ] && { mlx_pair tiny-hybrid 4 64 1; mlx_pair tiny-hybrid 8 64 1; }
+[ -d "$T/dense-next" ] && mlx_pair dense-next 4 64 1
+# a mixed recipe: per-module overrides (8-bit groups of 32, a float matrix)
+[ -d "$T/tiny-hybrid" ] && mlx_pair tiny-hybrid 4 64 1 \
+	"language_model.model.layers.0.mlp.down_proj=8:32,language_model.model.layers.3.self_attn.q_proj=float,language_model.model.embed_tokens=8:64"
+# F16 matrices (the reference widens them exactly, as the engine does).
+f16_pair() { # preset check_state
+	if ! "$PY" "$REF" --to-f16 "$T/$1" "$T/$1-f16" >"$T/f16.log" 2>&1; then
+		fail "to_f16_$1" "$(tail -1 "$T/f16.log")"
+		return
+	fi
+	run_pair "$1-f16" "$T/$1-f16" --kv-f32 1e-4 "$2"
+}
+[ -d "$T/tiny-dense" ] && f16_pair tiny-dense 0
+[ -d "$T/tiny-hybrid" ] && f16_pair tiny-hybrid 1
 [ "$fails" -eq 0 ]

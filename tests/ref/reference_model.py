@@ -19,6 +19,14 @@ engine.
         per-expert tensors (mlp.experts.N.{gate,up,down}_proj.weight).
     reference_model.py --switch-experts SRC DST
         the same as mlx-lm's stacks (mlp.switch_mlp.{gate,up,down}_proj.weight).
+    reference_model.py --dequant-mlx SRC DST
+        write a float32 Hugging Face folder holding the exactly dequantized
+        weights of the MLX quantized folder SRC (w = scale * q + bias per
+        group, evaluated in float64 and rounded once to float32, i.e. a
+        fused multiply-add; mlx-lm's names, conv shape and shifted norms
+        mapped back to Hugging Face's).
+    reference_model.py --to-f16 SRC DST
+        the folder SRC with every 2-D matrix stored as F16 (rounded once).
     reference_model.py --compare A B --vocab V [--tol T]
     reference_model.py --compare-state A B [--tol T]
 
@@ -62,6 +70,9 @@ def read_safetensors(path):
             a = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
         elif dt == "F16":
             a = np.frombuffer(buf, dtype="<f2").astype(np.float32)
+        elif dt == "U32":
+            out[name] = np.frombuffer(buf, dtype="<u4").reshape(shape).copy()
+            continue
         else:
             raise SystemExit(f"{path}: tensor {name}: dtype {dt} not handled by the reference")
         out[name] = torch.from_numpy(a.reshape(shape).copy())
@@ -462,6 +473,83 @@ def make_next(src, dst):
                 g.write(f.read())
 
 
+def dequant_mlx(src, dst):
+    """MLX affine folder -> float32 Hugging Face folder, same values."""
+    with open(os.path.join(src, "config.json")) as f:
+        j = json.load(f)
+    q = j["quantization"]
+    W = load_weights(src)
+    out = {}
+    sanitized = any(k.endswith("conv1d.weight") and tuple(v.shape)[-1] == 1 and v.ndim == 3 for k, v in W.items())
+    norm_sfx = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+                ".q_norm.weight", ".k_norm.weight")
+    for name, t in W.items():
+        if name.endswith(".scales") or name.endswith(".biases"):
+            continue
+        if isinstance(t, np.ndarray):  # U32 codes
+            base = name[:-len(".weight")]
+            o = q.get(base, q)
+            bits, gs = o["bits"], o["group_size"]
+            per = 32 // bits
+            rows, packed = t.shape
+            codes = np.zeros((rows, packed * per), dtype=np.int64)
+            for i in range(per):
+                codes[:, i::per] = (t.astype(np.int64) >> (bits * i)) & ((1 << bits) - 1)
+            sc = W[base + ".scales"].numpy().astype(np.float64)
+            bi = W[base + ".biases"].numpy().astype(np.float64)
+            g = np.repeat(np.arange(codes.shape[1] // gs), gs)
+            w = (sc[:, g] * codes + bi[:, g]).astype(np.float32)
+            t = torch.from_numpy(w)
+        elif name.endswith("conv1d.weight") and sanitized:
+            t = t.permute(0, 2, 1).contiguous()
+        if sanitized and any(name.endswith(x) for x in norm_sfx) and t.ndim == 1:
+            t = t - 1.0  # exact for the weights near 1 that norms hold
+        if name.startswith("language_model.model."):
+            name = "model.language_model." + name[len("language_model.model."):]
+        elif name.startswith("language_model."):
+            name = name[len("language_model."):]
+        out[name] = t
+    os.makedirs(dst, exist_ok=True)
+    write_safetensors(os.path.join(dst, "model.safetensors"), out)
+    j.pop("quantization", None)
+    j.pop("quantization_config", None)
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(j, f, indent=2)
+    for fn in ("tokenizer.json", "tokenizer_config.json"):
+        s = os.path.join(src, fn)
+        if os.path.exists(s):
+            with open(s, "rb") as f, open(os.path.join(dst, fn), "wb") as g:
+                g.write(f.read())
+
+
+def to_f16(src, dst):
+    """Copy a folder with its matrices as F16 (vectors stay F32)."""
+    W = load_weights(src)
+    header, blobs, off = {}, [], 0
+    for name, t in W.items():
+        a = t.numpy()
+        if a.ndim == 2:
+            b, dt = a.astype("<f2").tobytes(), "F16"
+        else:
+            b, dt = a.astype("<f4").tobytes(), "F32"
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    os.makedirs(dst, exist_ok=True)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(os.path.join(dst, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    for fn in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        s = os.path.join(src, fn)
+        if os.path.exists(s):
+            with open(s, "rb") as f, open(os.path.join(dst, fn), "wb") as g:
+                g.write(f.read())
+
+
 def compare_logits(a, b, vocab, tol):
     x = np.fromfile(a, dtype="<f4")
     y = np.fromfile(b, dtype="<f4")
@@ -504,6 +592,8 @@ def main():
     ap.add_argument("--split-experts", nargs=2)
     ap.add_argument("--switch-experts", nargs=2)
     ap.add_argument("--compare", nargs=2)
+    ap.add_argument("--dequant-mlx", nargs=2)
+    ap.add_argument("--to-f16", nargs=2)
     ap.add_argument("--compare-state", nargs=2)
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--tol", type=float, default=1e-4)
@@ -517,6 +607,12 @@ def main():
         return 0
     if a.switch_experts:
         split_experts(*a.switch_experts, switch=True)
+        return 0
+    if a.to_f16:
+        to_f16(*a.to_f16)
+        return 0
+    if a.dequant_mlx:
+        dequant_mlx(*a.dequant_mlx)
         return 0
     if a.compare:
         return compare_logits(a.compare[0], a.compare[1], a.vocab, a.tol)
