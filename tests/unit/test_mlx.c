@@ -572,6 +572,12 @@ KT_CASE(mixed_overrides)
 
 /* The cache namespace changes with the weight format: MLX 4 vs 8 bits,
  * another group size, the float source. */
+static struct kv_h128 fp_of(const char *dir)
+{
+	struct ksv_fp_params p = {.model_dir = dir, .kv_dtype = "bf16", .page_tokens = 256};
+	return ksv_model_fingerprint(&p, NULL);
+}
+
 KT_CASE(namespace_has_format)
 {
 	char a[1200], b[1200], c[1200], d[1200], hf[1200];
@@ -580,9 +586,7 @@ KT_CASE(namespace_has_format)
 	KT_OK(convert("tiny-dense", "n4g32", 4, 32, c, sizeof c));
 	KT_OK(convert("tiny-dense", "n4again", 4, 64, d, sizeof d));
 	snprintf(hf, sizeof hf, "%s/tiny-dense-hf", kt_tmpdir());
-	struct kv_h128 fa = ksv_model_fingerprint(a, "bf16", 256), fb = ksv_model_fingerprint(b, "bf16", 256);
-	struct kv_h128 fc = ksv_model_fingerprint(c, "bf16", 256), fd = ksv_model_fingerprint(d, "bf16", 256);
-	struct kv_h128 fh = ksv_model_fingerprint(hf, "bf16", 256);
+	struct kv_h128 fa = fp_of(a), fb = fp_of(b), fc = fp_of(c), fd = fp_of(d), fh = fp_of(hf);
 	KT_CHECK(memcmp(&fa, &fb, sizeof fa));
 	KT_CHECK(memcmp(&fa, &fc, sizeof fa));
 	KT_CHECK(memcmp(&fa, &fh, sizeof fa));
