@@ -13,6 +13,7 @@
 #include "engine/attn.h"
 #include "engine/deltanet.h"
 #include "engine/isa.h"
+#include "engine/qgemm.h"
 #include "engine/vec.h"
 #include "base/pool.h"
 
@@ -22,6 +23,10 @@
 static void embed_row(const struct ke_model *m, int32_t id, float *out)
 {
 	int D = m->cfg.hidden;
+	if (ke_qgemm_handles(&m->embed)) { /* quantized or F16 table: engine/qgemm.c */
+		ke_qgemm_row(&m->embed, id, out);
+		return;
+	}
 	const char *row = (const char *)m->embed.data + (size_t)id * m->embed.ld * (m->embed.dtype == KV_DT_BF16 ? 2 : 4);
 	if (m->embed.dtype == KV_DT_BF16)
 		ke_vec_bf16_to_f32(out, row, (size_t)D);
@@ -230,6 +235,16 @@ static void dn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
 			for (int i = 0; i < dv; i++)
 				o[i] = o[i] * z[i];
 		}
+	if (c->out_proj_tiled) {
+		/* out_proj kept in llama.cpp's tiled value-head order (GGUF blocks
+		 * straddle heads): feed it the heads in that order (z is dead). */
+		for (int t = 0; t < n; t++)
+			for (int h = 0; h < Hv; h++)
+				memcpy(sc->z + (size_t)t * vd + (size_t)h * dv,
+				       sc->core + (size_t)t * vd + (size_t)((h % Hk) * r + h / Hk) * dv, (size_t)dv * 4);
+		ke_gemm(&ly->out, sc->z, vd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
+		return;
+	}
 	ke_gemm(&ly->out, sc->core, vd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
 }
 

@@ -643,6 +643,15 @@ uint64_t kv_gguf_file_bytes(const struct kv_gguf *g)
 	return n;
 }
 
+int kv_gguf_header(const struct kv_gguf *g, size_t i, const void **p, size_t *n)
+{
+	if (i >= g->nf)
+		return kv_fail(KV_ERR_INVALID, "no file %zu in the set", i);
+	*p = g->f[i].base;
+	*n = (size_t)(g->f[i].data_off < g->f[i].size ? g->f[i].data_off : g->f[i].size);
+	return KV_OK;
+}
+
 size_t kv_gguf_kv_count(const struct kv_gguf *g) { return g->f[0].n_kv; }
 
 const struct kv_gguf_kv *kv_gguf_kv_at(const struct kv_gguf *g, size_t i)

@@ -101,6 +101,9 @@ const char *kv_gguf_path(const struct kv_gguf *g);
 uint32_t kv_gguf_version(const struct kv_gguf *g);
 size_t kv_gguf_nfiles(const struct kv_gguf *g);
 uint64_t kv_gguf_file_bytes(const struct kv_gguf *g);
+/* The header bytes (magic up to the data section: metadata and tensor
+ * table) of file i of the set, inside the mapping; for fingerprints. */
+int kv_gguf_header(const struct kv_gguf *g, size_t i, const void **p, size_t *n);
 
 size_t kv_gguf_kv_count(const struct kv_gguf *g);
 const struct kv_gguf_kv *kv_gguf_kv_at(const struct kv_gguf *g, size_t i);

@@ -16,6 +16,7 @@
  */
 #include "model/safetensors.h"
 #include "model/quant.h"
+#include "model/gguf_model.h"
 #include "base/buf.h"
 #include "base/durable.h"
 #include "base/err.h"
@@ -681,6 +682,11 @@ struct kv_weights {
 	struct kv_map *idx;           /* name -> index into all */
 	uint64_t bytes;               /* tensor data bytes */
 	uint64_t mapped;              /* file bytes noted under KV_MEM_WEIGHTS */
+	/* A GGUF model: the file, its tensors under HF names, permuted copies. */
+	struct kv_gguf *gguf;
+	struct kv_tensor *gt;
+	size_t n_gt;
+	void *gblob;
 };
 
 void kv_weights_close(struct kv_weights *w)
@@ -691,6 +697,9 @@ void kv_weights_close(struct kv_weights *w)
 		kv_st_close(w->files[i]);
 	if (w->mapped)
 		kv_mem_note(KV_MEM_WEIGHTS, -(int64_t)w->mapped);
+	kv_gguf_hf_free(w->gt, w->n_gt);
+	kv_free(w->gblob);
+	kv_gguf_close(w->gguf);
 	free(w->files);
 	free(w->all);
 	kv_map_destroy(w->idx);
@@ -829,6 +838,28 @@ int kv_weights_open(const char *model_dir, struct kv_weights **out)
 	*out = NULL;
 	if (!w)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	if (kv_gguf_is_model_path(model_dir)) {
+		struct kv_model_config c;
+		if (!(rc = kv_gguf_open(model_dir, &w->gguf)) && !(rc = kv_gguf_config(w->gguf, &c)) &&
+		    !(rc = kv_gguf_hf_tensors(w->gguf, &c, &w->gt, &w->n_gt, &w->gblob))) {
+			w->all = calloc(w->n_gt ? w->n_gt : 1, sizeof *w->all);
+			w->idx = kv_map_create(w->n_gt);
+			if (!w->all || !w->idx)
+				rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+			for (size_t i = 0; !rc && i < w->n_gt; i++) {
+				if (kv_map_put(w->idx, w->gt[i].name, strlen(w->gt[i].name), w->n))
+					rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+				w->all[w->n++] = &w->gt[i];
+				w->bytes += w->gt[i].nbytes;
+			}
+		}
+		if (rc) {
+			kv_weights_close(w);
+			return rc;
+		}
+		*out = w;
+		return KV_OK;
+	}
 	if ((size_t)snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", model_dir) >= sizeof ipath ||
 	    (size_t)snprintf(spath, sizeof spath, "%s/model.safetensors", model_dir) >= sizeof spath) {
 		free(w);
@@ -876,7 +907,14 @@ uint64_t kv_weights_bytes(const struct kv_weights *w)
 
 size_t kv_weights_nfiles(const struct kv_weights *w)
 {
+	if (w->gguf)
+		return kv_gguf_nfiles(w->gguf);
 	return w->nfiles;
+}
+
+const struct kv_gguf *kv_weights_gguf(const struct kv_weights *w)
+{
+	return w->gguf;
 }
 
 /* --- writer -------------------------------------------------------------- */

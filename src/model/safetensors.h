@@ -180,6 +180,12 @@ uint64_t kv_weights_bytes(const struct kv_weights *w);
 
 /* Number of shard files (1 for a single model.safetensors). */
 size_t kv_weights_nfiles(const struct kv_weights *w);
+/* The GGUF file behind the weights, or NULL for safetensors. A GGUF path
+ * (a .gguf file, a split set or a folder holding one: model/gguf.h) opens
+ * the same way; tensors come under their Hugging Face names
+ * (model/gguf_model.h). */
+struct kv_gguf;
+const struct kv_gguf *kv_weights_gguf(const struct kv_weights *w);
 
 /*
  * Writer. Tensor data is borrowed until kv_stw_write / kv_stw_to_mem

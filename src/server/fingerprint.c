@@ -6,6 +6,7 @@
 #include "base/err.h"
 #include "base/io.h"
 #include "engine/model.h"
+#include "model/gguf.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -58,6 +59,28 @@ struct kv_h128 ksv_model_fingerprint(const char *dir, const char *kv_dtype, int 
 {
 	struct kv_buf acc = KV_BUF_INIT;
 	kv_buf_printf(&acc, "kvkeep-ns-1|%s|%s|B=%d|", KE_NUMERICS_VERSION, kv_dtype, page_tokens);
+	if (kv_gguf_is_model_path(dir)) {
+		/* A GGUF's header holds everything the namespace depends on: the
+		 * metadata (hyperparameters, tokenizer, template) and the tensor
+		 * table with every tensor's type, so Q4_K_M and Q8_0 of one model
+		 * never share cache entries. */
+		struct kv_gguf *g = NULL;
+		kv_buf_adds(&acc, "gguf|");
+		if (kv_gguf_open(dir, &g) == KV_OK) {
+			for (size_t i = 0; i < kv_gguf_nfiles(g); i++) {
+				const void *p;
+				size_t n;
+				if (kv_gguf_header(g, i, &p, &n) == KV_OK) {
+					struct kv_h128 x = kv_xxh3_128(p, n, 0);
+					kv_buf_add(&acc, &x, sizeof x);
+				}
+			}
+			kv_gguf_close(g);
+		}
+		struct kv_h128 h = kv_xxh3_128(acc.p ? acc.p : "", acc.len, 0);
+		kv_buf_free(&acc);
+		return h;
+	}
 	hash_file(&acc, dir, "config.json", 16u << 20);
 	hash_file(&acc, dir, "tokenizer.json", 256u << 20);
 	hash_file(&acc, dir, "tokenizer_config.json", 64u << 20);
