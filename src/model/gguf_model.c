@@ -845,7 +845,7 @@ int kv_gguf_tokenizer_json(const struct kv_gguf *g, char **json, size_t *len)
 			json_object_set_new(a, "single_word", json_false());
 			json_object_set_new(a, "lstrip", json_false());
 			json_object_set_new(a, "rstrip", json_false());
-			json_object_set_new(a, "normalized", json_boolean(ty == 4));
+			json_object_set_new(a, "normalized", json_false()); /* as Qwen's tokenizer.json */
 			json_object_set_new(a, "special", json_boolean(ty == 3));
 			json_array_append_new(added, a);
 			json_decref(s);
@@ -919,4 +919,65 @@ out:
 int kv_gguf_chat_template(const struct kv_gguf *g, char **out)
 {
 	return kv_gguf_get_str(g, "tokenizer.chat_template", out);
+}
+
+int kv_gguf_tokenizer_config_json(const struct kv_gguf *g, char **json, size_t *len)
+{
+	const struct kv_gguf_kv *toks = kv_gguf_kv_find(g, "tokenizer.ggml.tokens"),
+				*types = kv_gguf_kv_find(g, "tokenizer.ggml.token_type");
+	char *tmpl = NULL;
+	json_t *cfg = json_object(), *dec = json_object();
+	int rc;
+	static const struct {
+		const char *gg, *hf;
+	} ids[] = {
+		{"tokenizer.ggml.bos_token_id", "bos_token"},
+		{"tokenizer.ggml.eos_token_id", "eos_token"},
+		{"tokenizer.ggml.padding_token_id", "pad_token"},
+	};
+	*json = NULL;
+	*len = 0;
+	if ((rc = kv_gguf_chat_template(g, &tmpl)))
+		goto out;
+	if (!toks || toks->type != KV_GGUF_ARR || toks->arr_type != KV_GGUF_STR) {
+		rc = KV_CORRUPT(kv_gguf_path(g), 0, "tokenizer.ggml.tokens missing or not a string array");
+		goto out;
+	}
+	json_object_set_new(cfg, "chat_template", json_string(tmpl));
+	for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
+		int64_t id;
+		if (kv_gguf_get_int(g, ids[i].gg, &id) == KV_OK && id >= 0 && (uint64_t)id < toks->n)
+			json_object_set_new(cfg, ids[i].hf, json_stringn(toks->astr[id], (size_t)toks->alen[id]));
+	}
+	kv_errclear();
+	for (uint64_t i = 0; types && types->type == KV_GGUF_ARR && i < toks->n && i < types->n; i++) {
+		int64_t ty = 1;
+		kv_gguf_arr_int(types, i, &ty);
+		if (ty != 3 && ty != 4)
+			continue;
+		json_t *a = json_object(), *s = json_stringn(toks->astr[i], (size_t)toks->alen[i]);
+		char key[32];
+		if (!s) {
+			json_decref(a);
+			continue;
+		}
+		json_object_set_new(a, "content", s);
+		json_object_set_new(a, "lstrip", json_false());
+		json_object_set_new(a, "normalized", json_false());
+		json_object_set_new(a, "rstrip", json_false());
+		json_object_set_new(a, "single_word", json_false());
+		json_object_set_new(a, "special", json_boolean(ty == 3));
+		snprintf(key, sizeof key, "%llu", (unsigned long long)i);
+		json_object_set_new(dec, key, a);
+	}
+	json_object_set(cfg, "added_tokens_decoder", dec);
+	*json = json_dumps(cfg, JSON_COMPACT);
+	rc = *json ? KV_OK : kv_fail(KV_ERR_NOMEM, "out of memory");
+	if (*json)
+		*len = strlen(*json);
+out:
+	free(tmpl);
+	json_decref(dec);
+	json_decref(cfg);
+	return rc;
 }

@@ -69,6 +69,10 @@ int kv_gguf_out_tiled(const struct kv_gguf *g, const struct kv_model_config *c);
 int kv_gguf_tokenizer_json(const struct kv_gguf *g, char **json, size_t *len);
 /* tokenizer.chat_template (malloc'd) or KV_ERR_NOT_FOUND. */
 int kv_gguf_chat_template(const struct kv_gguf *g, char **out);
+/* A tokenizer_config.json text (malloc'd) for the chat template loader:
+ * chat_template, bos/eos/pad token strings from their ids, and the
+ * control / user-defined tokens as added_tokens_decoder. */
+int kv_gguf_tokenizer_config_json(const struct kv_gguf *g, char **json, size_t *len);
 
 /* GGUF name of an HF tensor name and back (into buf); 0 if unmapped. */
 int kv_gguf_name_from_hf(const struct kv_model_config *c, const char *hf, char *buf, size_t cap);

