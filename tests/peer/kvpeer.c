@@ -954,7 +954,8 @@ static int cmd_bench(int argc, char **argv)
 		return fail("usage: kvpeer bench FILE.gguf [--prefill N] [--ctx C --decode D] [--threads 2] [--reps 3]\n"
 			    "    [--batch 512] [--ubatch 512] [--kv f16] [--fa auto]\n"
 			    "  prefill: tok/s of an N-token prompt fed in --batch chunks (0: skip);\n"
-			    "  decode: tok/s of D single-token steps after an untimed C-token prefill (0: skip);\n"
+			    "  decode: tok/s of D single-token steps after an untimed C-token prefill (0: skip;\n"
+			    "    with --ctx equal to --prefill the steps follow the timed prefill, as kvkeep bench engine);\n"
 			    "  --kv / --fa default to llama.cpp's own defaults (f16 KV, flash attention auto)"),
 		       2;
 	if (ubatch > batch)
@@ -996,10 +997,12 @@ static int cmd_bench(int argc, char **argv)
 				goto done;
 			tp[r] = (double)prefill / (now_s() - t0);
 		}
-		if (decode) {
+		if (decode && !(prefill && ctxlen == prefill)) {
 			llama_memory_clear(mem, true);
 			if (ctxlen && feed(c, tok, (int)ctxlen, (int)batch))
 				goto done;
+		}
+		if (decode) {
 			double t0 = now_s();
 			for (long k = 0; k < decode; k++)
 				if (feed(c, tok + ctxlen + k, 1, 1))
