@@ -87,11 +87,17 @@ struct kv_model_config {
 	int text_nested;              /* qwen3_5 fields came from "text_config" */
 	int fused_deltanet;           /* qwen3_next: in_proj_qkvz / in_proj_ba */
 	char architecture[64];        /* "architectures"[0] or "" */
+	/* Set when the model comes from a GGUF file (model/gguf_model.h). */
+	int gguf;                     /* 1: weights and metadata from a .gguf */
+	int a_is_neg_exp;             /* the A_log tensor holds -exp(A_log) (GGUF ssm_a) */
+	int out_proj_tiled;           /* DeltaNet out_proj columns in llama.cpp's tiled
+	                                 value-head order (its input must be permuted) */
 };
 
 /* Parse config.json text. `what` names the source in messages. */
 int kv_config_parse(const char *text, size_t len, const char *what, struct kv_model_config *out);
-/* Read <model_dir>/config.json. */
+/* Read <model_dir>/config.json, or the metadata of a GGUF model (a .gguf
+ * file or a folder holding one: model/gguf_model.h). */
 int kv_config_load(const char *model_dir, struct kv_model_config *out);
 
 /* conv channels of a DeltaNet layer: 2 Hk dk + Hv dv. */

@@ -15,6 +15,7 @@
  * aarch64), which is what safetensors stores.
  */
 #include "model/safetensors.h"
+#include "model/quant.h"
 #include "base/buf.h"
 #include "base/durable.h"
 #include "base/err.h"
@@ -52,6 +53,10 @@ static const struct {
 	[KV_DT_I16] = {"I16", 2},	  [KV_DT_U16] = {"U16", 2},	     [KV_DT_I32] = {"I32", 4},
 	[KV_DT_U32] = {"U32", 4},	  [KV_DT_I64] = {"I64", 8},	     [KV_DT_U64] = {"U64", 8},
 	[KV_DT_BOOL] = {"BOOL", 1},	  [KV_DT_F8_E4M3] = {"F8_E4M3", 1}, [KV_DT_F8_E5M2] = {"F8_E5M2", 1},
+	[KV_DT_Q4_0] = {"Q4_0", 0},	  [KV_DT_Q4_1] = {"Q4_1", 0},	     [KV_DT_Q5_0] = {"Q5_0", 0},
+	[KV_DT_Q5_1] = {"Q5_1", 0},	  [KV_DT_Q8_0] = {"Q8_0", 0},	     [KV_DT_Q2_K] = {"Q2_K", 0},
+	[KV_DT_Q3_K] = {"Q3_K", 0},	  [KV_DT_Q4_K] = {"Q4_K", 0},	     [KV_DT_Q5_K] = {"Q5_K", 0},
+	[KV_DT_Q6_K] = {"Q6_K", 0},	  [KV_DT_Q8_K] = {"Q8_K", 0},
 };
 
 size_t kv_dtype_size(int dt)
@@ -64,9 +69,17 @@ const char *kv_dtype_name(int dt)
 	return dt >= 0 && dt < KV_DT__COUNT ? g_dt[dt].name : NULL;
 }
 
+uint64_t kv_dtype_row_bytes(int dt, uint64_t n)
+{
+	int qk = kq_block_elems(dt);
+	if (qk <= 0 || n % (uint64_t)qk)
+		return 0;
+	return n / (uint64_t)qk * kq_block_bytes(dt);
+}
+
 int kv_dtype_parse(const char *s)
 {
-	for (int i = 0; s && i < KV_DT__COUNT; i++)
+	for (int i = 0; s && i <= KV_DT_F8_E5M2; i++)
 		if (!strcmp(s, g_dt[i].name))
 			return i;
 	return -1;
@@ -202,6 +215,16 @@ int kv_tensor_to_f32(const struct kv_tensor *t, float *dst, uint64_t start, uint
 		return kv_fail(KV_ERR_INVALID, "%s: tensor '%s': elements [%llu, +%llu) past its %llu",
 			       t->file ? t->file : "?", t->name, (unsigned long long)start, (unsigned long long)n,
 			       (unsigned long long)t->numel);
+	if (kq_is_quant(t->dtype)) {
+		/* Whole blocks only: rows are whole blocks in a valid file. */
+		uint64_t qk = (uint64_t)kq_block_elems(t->dtype);
+		if (start % qk || n % qk)
+			return kv_fail(KV_ERR_INVALID, "%s: tensor '%s': elements [%llu, +%llu) are not whole %s blocks",
+				       t->file ? t->file : "?", t->name, (unsigned long long)start,
+				       (unsigned long long)n, kv_dtype_name(t->dtype));
+		return kq_dequant_row(t->dtype, (const uint8_t *)t->data + start / qk * kq_block_bytes(t->dtype), dst,
+				      (size_t)n);
+	}
 	p = (const uint8_t *)t->data + start * es;
 	switch (t->dtype) {
 	case KV_DT_F32:
