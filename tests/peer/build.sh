@@ -5,8 +5,8 @@
 # Needs scripts/npm.sh to have installed tests/peer/node (node-llama-cpp
 # 3.22.1 and @node-llama-cpp/linux-x64 3.22.1) and git. llama.cpp's headers
 # are checked out of the release's source bundle (llama/gitRelease.bundle in
-# the node-llama-cpp package) into BUILD/peer/include: they are never copied
-# into this repository. The driver links the package's prebuilt libraries
+# the node-llama-cpp package) into BUILD/peer/include, and its Python GGUF
+# reader into BUILD/peer/gguf-py: they are never copied into this repository. The driver links the package's prebuilt libraries
 # with an rpath to their folder, where the CPU backend variants lie too.
 #
 # Exit status 3 (and a "skip" reason on stdout) when the npm package is not
@@ -29,13 +29,15 @@ command -v git >/dev/null || { echo "kvpeer: git is missing (make deps-test)" >&
 
 mkdir -p "$OUT"
 INC=$OUT/include
-# headers: once per bundle (the stamp is newer than the bundle)
+# headers and gguf-py: once per bundle (the stamp is newer than the bundle)
 if [ ! -f "$INC/.stamp" ] || [ "$BUNDLE" -nt "$INC/.stamp" ]; then
-	rm -rf "$INC" "$OUT/bundle.git"
+	rm -rf "$INC" "$OUT/gguf-py" "$OUT/bundle.git"
 	git init -q --bare "$OUT/bundle.git"
 	git -C "$OUT/bundle.git" fetch -q "$BUNDLE" HEAD
 	mkdir -p "$INC"
 	git -C "$OUT/bundle.git" archive FETCH_HEAD include ggml/include | tar -x -C "$INC"
+	# llama.cpp's own GGUF reader (Python), for tests that compare files
+	git -C "$OUT/bundle.git" archive FETCH_HEAD gguf-py | tar -x -C "$OUT"
 	rm -rf "$OUT/bundle.git"
 	touch "$INC/.stamp"
 fi
