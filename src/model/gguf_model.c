@@ -487,7 +487,7 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 		sscanf(t->gg, "blk.%d.", &layer);
 		if (is_mat) {
 			t->dt = kq_ftype_tensor_dtype(p->ftype, &mix, t->gg, layer, i_v, t->cols);
-			if (strstr(t->gg, "attn_v.weight"))
+			if (strstr(t->gg, "attn_v.weight") || strstr(t->gg, "attn_qkv.weight"))
 				i_v++;
 		} else {
 			t->dt = KV_DT_F32;

@@ -687,16 +687,13 @@ int kq_ftype_tensor_dtype(int ftype, const struct kq_mix_ctx *m, const char *nam
 			t = KV_DT_Q8_0;
 		else if (t != KV_DT_Q8_0)
 			t = KV_DT_Q6_K;
-	} else if (strstr(name, "attn_v.weight")) {
+	} else if (strstr(name, "attn_v.weight") || strstr(name, "attn_qkv.weight")) {
+		/* llama.cpp (v0.5.0) counts attn_v and attn_qkv together, in file
+		 * order, and gives both the attn_v rule */
 		if (kmix && use_more_bits(i_attn_v, m->n_attn_v))
 			t = KV_DT_Q6_K;
 	} else if (strstr(name, "ffn_down")) {
 		if (kmix && layer >= 0 && use_more_bits(layer, m->n_layers))
-			t = KV_DT_Q6_K;
-	} else if (strstr(name, "attn_qkv.weight")) {
-		if (ftype == KQ_FTYPE_Q4_K_M)
-			t = KV_DT_Q5_K;
-		else if (ftype == KQ_FTYPE_Q5_K_M)
 			t = KV_DT_Q6_K;
 	}
 	/* K types need rows of whole 256-blocks; llama.cpp falls back. */

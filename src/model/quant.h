@@ -92,14 +92,15 @@ const char *kq_ftype_name(int ftype);
  * dense qwen3/qwen35 models): the base type of the ftype, except
  *   output.weight (or token_embd.weight when there is no output.weight)
  *     -> Q6_K for the K mixes and Q6_K;
- *   attn_v.weight of the layers use_more_bits picks -> Q6_K (Q4_K_M,
- *     Q5_K_M);
+ *   attn_v.weight and attn_qkv.weight (DeltaNet in_proj_qkv), counted
+ *     together in file order: those use_more_bits picks -> Q6_K (Q4_K_M,
+ *     Q5_K_M) -- what llama.cpp v0.5.0's quantizer does (checked by
+ *     tests/peer/peer_models.sh, byte for byte);
  *   ffn_down.weight likewise by layer;
- *   attn_qkv.weight -> Q5_K (Q4_K_M), Q6_K (Q5_K_M);
  * and a K type whose row length is not a multiple of 256 falls back to
  * Q5_0 / Q5_1 / Q8_0 (for Q4_K / Q5_K / Q6_K), as llama.cpp does.
  * `name` is the GGUF tensor name, layer/n_layers its layer (-1 outside),
- * i_v/n_v the index among the model's attn_v tensors.
+ * i_attn_v the index among the model's attn_v + attn_qkv tensors.
  */
 struct kq_mix_ctx {
 	int n_layers;
