@@ -484,8 +484,10 @@ static void q_k_affine(const float *x, uint8_t *b, int nmax, uint8_t *L)
 	}
 	const float d = max_sc / 63.0f, dmin = max_mn / 63.0f;
 	const float isc = max_sc > 0.0f ? 63.0f / max_sc : 0.0f, imn = max_mn > 0.0f ? 63.0f / max_mn : 0.0f;
+	/* Scales round up (a smaller grid would clip the largest values),
+	 * mins to nearest. */
 	for (int s = 0; s < 8; s++) {
-		int a = nearest_int(isc * sc[s]), c = nearest_int(imn * mn[s]);
+		int a = (int)ceilf(isc * sc[s]), c = nearest_int(imn * mn[s]);
 		ls[s] = (uint8_t)(a < 0 ? 0 : a > 63 ? 63 : a);
 		lm[s] = (uint8_t)(c < 0 ? 0 : c > 63 ? 63 : c);
 	}
@@ -569,7 +571,9 @@ static void q_q6_k(const float *x, uint8_t *b)
 	}
 	const float iscale = max_sc != 0.0f ? -128.0f / max_sc : 0.0f;
 	for (int s = 0; s < 16; s++) {
-		int v = nearest_int(iscale * sc[s]);
+		/* magnitude rounded up: a smaller scale would clip the extremes */
+		float a = iscale * sc[s];
+		int v = a < 0 ? -(int)ceilf(-a) : (int)ceilf(a);
 		ls[s] = (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v);
 	}
 	f2h(b + 208, iscale != 0.0f ? 1.0f / iscale : 0.0f);
