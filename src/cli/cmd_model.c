@@ -8,6 +8,7 @@
  */
 #include "cli/cli.h"
 #include "model/config.h"
+#include "model/gguf.h"
 #include "model/safetensors.h"
 #include "model/synth.h"
 #include "base/durable.h"
@@ -135,7 +136,7 @@ static int cmd_model_info(int argc, char **argv)
 	}
 	snprintf(wpath, sizeof wpath, "%s/model.safetensors", pos[0]);
 	snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", pos[0]);
-	has_weights = stat(wpath, &sb) == 0 || stat(ipath, &sb) == 0;
+	has_weights = stat(wpath, &sb) == 0 || stat(ipath, &sb) == 0 || kv_gguf_is_model_path(pos[0]);
 	if (has_weights) {
 		w_rc = kv_weights_open(pos[0], &w);
 		if (!w_rc)
@@ -144,6 +145,22 @@ static int cmd_model_info(int argc, char **argv)
 			snprintf(werr, sizeof werr, "%s", kv_errmsg());
 	}
 
+	/* Tensor types as stored: a GGUF's own table (per-tensor types), else
+	 * the safetensors dtypes. */
+	uint64_t by_n[KV_DT__COUNT] = {0}, by_b[KV_DT__COUNT] = {0}, file_b = 0, owned_b = 0;
+	if (w) {
+		const struct kv_gguf *g = kv_weights_gguf(w);
+		size_t nt = g ? kv_gguf_tensor_count(g) : kv_weights_count(w);
+		for (size_t i = 0; i < nt; i++) {
+			const struct kv_tensor *t = g ? kv_gguf_tensor_at(g, i) : kv_weights_at(w, i);
+			if (t->dtype >= 0 && t->dtype < KV_DT__COUNT) {
+				by_n[t->dtype]++;
+				by_b[t->dtype] += t->nbytes;
+			}
+		}
+		file_b = g ? kv_gguf_file_bytes(g) : kv_weights_bytes(w);
+		owned_b = kv_weights_owned_bytes(w);
+	}
 	uint64_t params = kv_config_param_count(&c);
 	uint64_t kvb = kv_config_kv_bytes_per_token(&c, 2);
 	uint64_t rsb = kv_config_recurrent_state_bytes(&c);
@@ -175,6 +192,17 @@ static int cmd_model_info(int argc, char **argv)
 				json_object_set_new(wo, "files", json_integer((json_int_t)kv_weights_nfiles(w)));
 				json_object_set_new(wo, "tensors", json_integer((json_int_t)kv_weights_count(w)));
 				json_object_set_new(wo, "bytes", json_integer((json_int_t)kv_weights_bytes(w)));
+				json_object_set_new(wo, "format", json_string(kv_weights_gguf(w) ? "gguf" : "safetensors"));
+				json_t *ty = json_object();
+				for (int d = 0; d < KV_DT__COUNT; d++)
+					if (by_n[d]) {
+						json_t *e = json_object();
+						json_object_set_new(e, "tensors", json_integer((json_int_t)by_n[d]));
+						json_object_set_new(e, "bytes", json_integer((json_int_t)by_b[d]));
+						json_object_set_new(ty, kv_dtype_name(d), e);
+					}
+				json_object_set_new(wo, "types", ty);
+				json_object_set_new(wo, "resident_bytes", json_integer((json_int_t)(file_b + owned_b)));
 			}
 			if (!w_rc)
 				json_object_set_new(wo, "prefix", json_string(prefix));
@@ -212,9 +240,18 @@ static int cmd_model_info(int argc, char **argv)
 			printf("weights      none (config only)\n");
 		else if (w_rc)
 			printf("weights      INCOMPATIBLE: %s\n", werr);
-		else
-			printf("weights      %zu tensors in %zu file(s), %llu bytes, prefix %s\n", kv_weights_count(w),
-			       kv_weights_nfiles(w), (unsigned long long)kv_weights_bytes(w), prefix);
+		else {
+			printf("weights      %zu tensors in %zu %s file(s), %llu bytes, prefix %s\n", kv_weights_count(w),
+			       kv_weights_nfiles(w), kv_weights_gguf(w) ? "GGUF" : "safetensors",
+			       (unsigned long long)kv_weights_bytes(w), prefix);
+			for (int d = 0; d < KV_DT__COUNT; d++)
+				if (by_n[d])
+					printf("  %-9s %4llu tensors %12llu bytes\n", kv_dtype_name(d),
+					       (unsigned long long)by_n[d], (unsigned long long)by_b[d]);
+			printf("resident     %.1f MiB (%.1f MiB mapped from the file%s, %.1f MiB of copies)\n",
+			       (double)(file_b + owned_b) / 1048576.0, (double)file_b / 1048576.0,
+			       kv_weights_gguf(w) ? "s" : "", (double)owned_b / 1048576.0);
+		}
 	}
 	kv_weights_close(w);
 	if (w_rc) {

@@ -917,6 +917,11 @@ const struct kv_gguf *kv_weights_gguf(const struct kv_weights *w)
 	return w->gguf;
 }
 
+uint64_t kv_weights_owned_bytes(const struct kv_weights *w)
+{
+	return w->gblob ? (uint64_t)kv_alloc_size(w->gblob) : 0;
+}
+
 /* --- writer -------------------------------------------------------------- */
 
 struct stw_ent {

@@ -186,6 +186,9 @@ size_t kv_weights_nfiles(const struct kv_weights *w);
  * (model/gguf_model.h). */
 struct kv_gguf;
 const struct kv_gguf *kv_weights_gguf(const struct kv_weights *w);
+/* Bytes of tensor copies the handle owns (GGUF value-head permutations),
+ * on top of the mapped files. */
+uint64_t kv_weights_owned_bytes(const struct kv_weights *w);
 
 /*
  * Writer. Tensor data is borrowed until kv_stw_write / kv_stw_to_mem

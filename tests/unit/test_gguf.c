@@ -310,6 +310,10 @@ KT_CASE(convert_and_config)
 		kv_gguf_hf_free(hv, nh);
 		kv_free(blob);
 		kv_gguf_close(g);
+		/* kvkeep model info: per-type counts and bytes, resident size */
+		KT_EQ_INT(kt_sh("'%s' model info '%s' --json | /usr/bin/python3 -c \"import json,sys; w=json.load(sys.stdin)"
+				"['weights']; t=w['types']; assert w['format']=='gguf' and t['Q5_0']['tensors']>0 and "
+				"t['F32']['bytes']>0 and w['resident_bytes']>=sum(v['bytes'] for v in t.values())\"", kt_bin(), out), 0);
 	}
 }
 
