@@ -5,10 +5,19 @@
  * used by all M activation rows while it is hot in cache.
  */
 #include "engine/qgemm.h"
+#include "engine/isa.h"
 #include "model/quant.h"
 #include "model/safetensors.h"
 
 #include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* The fused kernels below must round exactly like model/quant.c: products
+ * and differences stay separate operations. */
+#pragma GCC optimize("fp-contract=off")
 
 /* Per-thread panel (256 KiB): pool threads live as long as the process. */
 static __thread float tl_panel[KE_QGEMM_MAX_K] __attribute__((aligned(64)));
@@ -28,10 +37,157 @@ void ke_qgemm_row(const struct ke_mat *w, int r, float *out)
 	kq_dequant_row(w->dtype, row_ptr(w, r), out, (size_t)w->cols);
 }
 
+#if defined(__x86_64__)
+/*
+ * Fused AVX2 GEMV for small M (decode): each group of 16 weights is
+ * dequantized in registers -- the same float operations as model/quant.c,
+ * so the same values -- and multiplied into the 16 lane accumulators in
+ * the canonical order of gemm.h (lanes 0-7 in one register, 8-15 in
+ * another, then the fixed tree), so results equal the panel path bit for
+ * bit. Types: Q8_0, Q4_K, Q6_K (what Q8_0 / Q4_K_M / Q6_K files are made
+ * of); others take the panel path.
+ */
+#define TGT2 __attribute__((target("avx2,fma")))
+#define FMR 4
+
+TGT2 static inline float q_hsum(__m256 lo, __m256 hi)
+{
+	__m256 t = _mm256_add_ps(lo, hi);
+	__m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+	__m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+	__m128 r = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
+	return _mm_cvtss_f32(r);
+}
+
+static inline float q_h2f(const uint8_t *p)
+{
+	uint16_t h;
+	memcpy(&h, p, 2);
+	return kv_f16_to_f32(h);
+}
+
+/* 16 unsigned byte values -> two vectors of floats. */
+TGT2 static inline void u8x16_f(__m128i b, __m256 *lo, __m256 *hi)
+{
+	*lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+	*hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
+}
+
+TGT2 static inline void s8x16_f(__m128i b, __m256 *lo, __m256 *hi)
+{
+	*lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+	*hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+}
+
+struct facc {
+	__m256 lo[FMR], hi[FMR];
+};
+
+TGT2 static inline void f_acc(struct facc *a, int mr, const float *x, size_t ldx, int k, __m256 wl, __m256 wh)
+{
+	for (int i = 0; i < mr; i++) {
+		a->lo[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (size_t)i * ldx + k), wl, a->lo[i]);
+		a->hi[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (size_t)i * ldx + k + 8), wh, a->hi[i]);
+	}
+}
+
+TGT2 static void fused_row(int dt, const uint8_t *row, int K, const float *x, size_t ldx, int mr, float *out)
+{
+	struct facc a;
+	for (int i = 0; i < FMR; i++)
+		a.lo[i] = a.hi[i] = _mm256_setzero_ps();
+	__m256 wl, wh;
+	if (dt == KV_DT_Q8_0) {
+		for (int b = 0; b < K / 32; b++) {
+			const uint8_t *blk = row + (size_t)b * 34;
+			__m256 d = _mm256_set1_ps(q_h2f(blk));
+			for (int g = 0; g < 2; g++) {
+				s8x16_f(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * g)), &wl, &wh);
+				f_acc(&a, mr, x, ldx, 32 * b + 16 * g, _mm256_mul_ps(wl, d), _mm256_mul_ps(wh, d));
+			}
+		}
+	} else if (dt == KV_DT_Q4_K) {
+		const __m128i m4 = _mm_set1_epi8(0x0F);
+		for (int b = 0; b < K / 256; b++) {
+			const uint8_t *blk = row + (size_t)b * 144, *scales = blk + 4, *q = blk + 16;
+			const float d = q_h2f(blk), min = q_h2f(blk + 2);
+			for (int c = 0; c < 4; c++) {
+				for (int h = 0; h < 2; h++) {
+					int j = 2 * c + h;
+					uint8_t sc, mm;
+					if (j < 4) {
+						sc = scales[j] & 63;
+						mm = scales[j + 4] & 63;
+					} else {
+						sc = (uint8_t)((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
+						mm = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+					}
+					__m256 dv = _mm256_set1_ps(d * (float)sc), mv = _mm256_set1_ps(min * (float)mm);
+					for (int s = 0; s < 2; s++) {
+						__m128i raw = _mm_loadu_si128((const __m128i *)(q + 32 * c + 16 * s));
+						__m128i nib = h ? _mm_and_si128(_mm_srli_epi16(raw, 4), m4) : _mm_and_si128(raw, m4);
+						u8x16_f(nib, &wl, &wh);
+						f_acc(&a, mr, x, ldx, 256 * b + 64 * c + 32 * h + 16 * s,
+						      _mm256_sub_ps(_mm256_mul_ps(dv, wl), mv), _mm256_sub_ps(_mm256_mul_ps(dv, wh), mv));
+					}
+				}
+			}
+		}
+	} else { /* KV_DT_Q6_K */
+		const __m128i m4 = _mm_set1_epi8(0x0F), m3 = _mm_set1_epi8(3), o32 = _mm_set1_epi8(32);
+		for (int b = 0; b < K / 256; b++) {
+			const uint8_t *blk = row + (size_t)b * 210;
+			const int8_t *sc = (const int8_t *)(blk + 192);
+			const float d = q_h2f(blk + 208);
+			for (int n = 0; n < 2; n++) {
+				const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+				const int8_t *s8 = sc + 8 * n;
+				for (int part = 0; part < 4; part++) { /* y[l + 32 part], l in 0..31 */
+					for (int s = 0; s < 2; s++) {
+						int l0 = 16 * s;
+						__m128i lo = _mm_loadu_si128((const __m128i *)(ql + l0 + ((part & 1) ? 32 : 0)));
+						__m128i hb = _mm_loadu_si128((const __m128i *)(qh + l0));
+						__m128i low = (part < 2) ? _mm_and_si128(lo, m4) : _mm_and_si128(_mm_srli_epi16(lo, 4), m4);
+						__m128i hi2 = _mm_and_si128(_mm_srli_epi16(hb, 2 * part), m3);
+						__m128i q = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(hi2, 4)), o32);
+						s8x16_f(q, &wl, &wh);
+						__m256 dv = _mm256_set1_ps(d * (float)s8[2 * part + s]);
+						f_acc(&a, mr, x, ldx, 256 * b + 128 * n + 32 * part + l0, _mm256_mul_ps(dv, wl),
+						      _mm256_mul_ps(dv, wh));
+					}
+				}
+			}
+		}
+	}
+	for (int i = 0; i < mr; i++)
+		out[i] = q_hsum(a.lo[i], a.hi[i]);
+}
+#endif
+
+static int fused_type(int dt)
+{
+	return dt == KV_DT_Q8_0 || dt == KV_DT_Q4_K || dt == KV_DT_Q6_K;
+}
+
 void ke_qgemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
 		    unsigned flags, int n0, int n1)
 {
 	const int K = w->cols;
+#if defined(__x86_64__)
+	if (isa > ke_isa_best())
+		isa = ke_isa_best();
+	if (isa >= KE_ISA_AVX2 && m <= FMR && fused_type(w->dtype) && m > 0) {
+		for (int n = n0; n < n1; n++) {
+			float r[FMR];
+			fused_row(w->dtype, row_ptr(w, n), K, x, ldx, m, r);
+			for (int i = 0; i < m; i++) {
+				float *yo = y + (size_t)i * ldy + n;
+				*yo = (flags & KE_GEMM_ACCUM) ? *yo + r[i] : r[i];
+			}
+		}
+		return;
+	}
+#endif
 	int P = KE_QGEMM_MAX_K / (K > 0 ? K : 1);
 	if (P < 1 || m <= 0 || n1 <= n0)
 		return; /* K > KE_QGEMM_MAX_K is refused at model load */

@@ -13,6 +13,8 @@
 #include "base/err.h"
 #include "base/mem.h"
 #include "engine/isa.h"
+#include "engine/gemm.h"
+#include "base/clock.h"
 #include "engine/model.h"
 #include "engine/seq.h"
 #include "model/config.h"
@@ -216,4 +218,60 @@ KT_CASE(quantized_equals_dequantized_f32)
 	}
 }
 
-KT_MAIN(f32_gguf_equals_hf, quantized_equals_dequantized_f32)
+/* Quantized products on random matrices of every block type with a
+ * quantizer: the row of an output never depends on M (1..9 rows: the fused
+ * small-M kernels and the panel path), on the column range or on the ISA;
+ * and it equals the f32 product with the dequantized matrix. */
+KT_CASE(qgemm_invariance_all_types)
+{
+	const int types[] = {KV_DT_Q8_0, KV_DT_Q4_K, KV_DT_Q6_K, KV_DT_Q5_K, KV_DT_Q4_0, KV_DT_Q4_1, KV_DT_Q5_0,
+			     KV_DT_Q5_1, KV_DT_F16};
+	const int N = 37, K = 512, M = 9;
+	uint64_t seed = 5;
+	float *wf = malloc((size_t)N * K * 4), *wd = malloc((size_t)N * K * 4), *x = malloc((size_t)M * K * 4);
+	float *ref = malloc((size_t)M * N * 4), *y = malloc((size_t)M * N * 4);
+	uint8_t *wq = malloc((size_t)N * K * 4);
+	for (int i = 0; i < N * K; i++)
+		wf[i] = (float)((double)(kt_rand(&seed) % 20001) / 10000.0 - 1.0) * 0.1f;
+	for (int i = 0; i < M * K; i++)
+		x[i] = (float)((double)(kt_rand(&seed) % 20001) / 10000.0 - 1.0);
+	int saved = ke_isa();
+	for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+		int dt = types[t];
+		size_t rb = (size_t)kv_dtype_row_bytes(dt, (uint64_t)K);
+		for (int r = 0; r < N; r++) {
+			KT_OK(kq_quant_row(dt, wf + (size_t)r * K, wq + (size_t)r * rb, (size_t)K));
+			KT_OK(kq_dequant_row(dt, wq + (size_t)r * rb, wd + (size_t)r * K, (size_t)K));
+		}
+		struct ke_mat q = {wq, dt, N, K, (size_t)K}, f = {wd, KV_DT_F32, N, K, (size_t)K};
+		ke_gemm_range(KE_ISA_SCALAR, &f, x, (size_t)K, M, ref, (size_t)N, 0, 0, N);
+		for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++)
+			for (int m = 1; m <= M; m++) {
+				memset(y, 0, (size_t)M * N * 4);
+				/* rows in groups of m, columns in two ranges */
+				for (int i0 = 0; i0 < M; i0 += m) {
+					int mm = M - i0 < m ? M - i0 : m;
+					ke_gemm_range(isa, &q, x + (size_t)i0 * K, (size_t)K, mm, y + (size_t)i0 * N, (size_t)N, 0, 0, 13);
+					ke_gemm_range(isa, &q, x + (size_t)i0 * K, (size_t)K, mm, y + (size_t)i0 * N, (size_t)N, 0, 13, N);
+				}
+				KT_CHECKF(!memcmp(y, ref, (size_t)M * N * 4), "%s: ISA %s, M = %d differs from f32 on dequantized",
+					  kv_dtype_name(dt), ke_isa_name(isa), m);
+			}
+		/* decode speed of this type, informative (machine is shared) */
+		uint64_t t0 = kv_now_ns();
+		for (int rep = 0; rep < 200; rep++)
+			ke_gemm_range(ke_isa_best(), &q, x, (size_t)K, 1, y, (size_t)N, 0, 0, N);
+		double ns = (double)(kv_now_ns() - t0) / 200.0;
+		fprintf(stderr, "  %-5s GEMV %d x %d: %.1f ns per weight row (%.2f GB/s of weights)\n", kv_dtype_name(dt), N,
+			K, ns / N, (double)rb * N / ns);
+	}
+	ke_isa_set(saved);
+	free(wf);
+	free(wd);
+	free(x);
+	free(ref);
+	free(y);
+	free(wq);
+}
+
+KT_MAIN(f32_gguf_equals_hf, quantized_equals_dequantized_f32, qgemm_invariance_all_types)
