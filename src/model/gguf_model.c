@@ -515,10 +515,22 @@ out:
 
 /* --- loading ------------------------------------------------------------------- */
 
+/* <arch>.<key> as an integer; a per-layer array (hybrid GGUFs may write
+ * head counts per layer, 0 on recurrent layers) gives its largest value. */
 static int get_u(const struct kv_gguf *g, const char *arch, const char *key, int64_t *v)
 {
 	char k[128];
 	snprintf(k, sizeof k, "%s.%s", arch, key);
+	const struct kv_gguf_kv *kv = kv_gguf_kv_find(g, k);
+	if (kv && kv->type == KV_GGUF_ARR && kv->n > 0 && kv->arr_type != KV_GGUF_STR && kv->arr_type != KV_GGUF_F32 &&
+	    kv->arr_type != KV_GGUF_F64) {
+		int64_t best = 0, x;
+		for (uint64_t i = 0; i < kv->n; i++)
+			if (kv_gguf_arr_int(kv, i, &x) == KV_OK && x > best)
+				best = x;
+		*v = best;
+		return KV_OK;
+	}
 	return kv_gguf_get_int(g, k, v);
 }
 
@@ -567,6 +579,14 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 		if (rc)
 			goto out;
 		json_object_set_new(o, ints[i].hf, json_integer(v));
+	}
+	/* llama.cpp counts multi-token-prediction layers (blk.<n_layers>.nextn.*)
+	 * in block_count; the text model has block_count - nextn layers. */
+	{
+		int64_t nextn = 0, bc = json_integer_value(json_object_get(o, "num_hidden_layers"));
+		if (get_u(g, arch, "nextn_predict_layers", &nextn) == KV_OK && nextn > 0 && nextn < bc)
+			json_object_set_new(o, "num_hidden_layers", json_integer(bc - nextn));
+		kv_errclear();
 	}
 	if (hybrid) {
 		int64_t inner, hv;
