@@ -460,60 +460,130 @@ static void q_q5_1(const float *x, uint8_t *b)
 }
 
 /*
- * Q4_K / Q5_K: 8 sub-blocks of 32 with an affine grid each (min clamped
- * to <= 0, as ggml does, so x = d sc q - dmin m with m >= 0). The sub-block
- * scales and mins are quantized to 6 bits against the largest of each;
- * the quants are then chosen against the 6-bit scales actually stored.
+ * K types: the search of ggml's reference quantizers (k-quants of
+ * llama.cpp, "make_qkx2_quants" / "make_qx_quants"): for each sub-block,
+ * try a few grid scales around max-min / nmax, fit scale and min by
+ * weighted least squares on the chosen levels and keep the best; then the
+ * sub-block scales (and mins) are quantized to 6 or 8 bits against the
+ * largest, and the levels are chosen again against the stored scales.
+ * Weights favour large values (ggml's choice). Written from the published
+ * algorithm; tests/peer compares the bytes with ggml's.
  */
+#define GROUP_MAX_EPS 1e-15f
+
+static float fit_affine(int n, int nmax, const float *x, const float *w, uint8_t *L, float *the_min, uint8_t *Laux,
+			float rmin, float rdelta, int nstep)
+{
+	float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+	for (int i = 1; i < n; ++i) {
+		if (x[i] < min)
+			min = x[i];
+		if (x[i] > max)
+			max = x[i];
+		float ww = w[i];
+		sum_w += ww;
+		sum_x += ww * x[i];
+	}
+	if (min > 0)
+		min = 0;
+	if (max == min) {
+		memset(L, 0, (size_t)n);
+		*the_min = -min;
+		return 0.f;
+	}
+	float iscale = (float)nmax / (max - min), scale = 1 / iscale, best_mad = 0;
+	for (int i = 0; i < n; ++i) {
+		int l = nearest_int(iscale * (x[i] - min));
+		L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
+		float diff = scale * (float)L[i] + min - x[i];
+		diff = diff * diff;
+		best_mad += w[i] * diff;
+	}
+	for (int is = 0; is <= nstep; ++is) {
+		iscale = (rmin + rdelta * (float)is + (float)nmax) / (max - min);
+		float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+		for (int i = 0; i < n; ++i) {
+			int l = nearest_int(iscale * (x[i] - min));
+			l = l < 0 ? 0 : l > nmax ? nmax : l;
+			Laux[i] = (uint8_t)l;
+			float ww = w[i];
+			sum_l += ww * (float)l;
+			sum_l2 += ww * (float)l * (float)l;
+			sum_xl += ww * (float)l * x[i];
+		}
+		float D = sum_w * sum_l2 - sum_l * sum_l;
+		if (D > 0) {
+			float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+			float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+			if (this_min > 0) {
+				this_min = 0;
+				this_scale = sum_xl / sum_l2;
+			}
+			float mad = 0;
+			for (int i = 0; i < n; ++i) {
+				float diff = this_scale * (float)Laux[i] + this_min - x[i];
+				diff = diff * diff;
+				mad += w[i] * diff;
+			}
+			if (mad < best_mad) {
+				memcpy(L, Laux, (size_t)n);
+				best_mad = mad;
+				scale = this_scale;
+				min = this_min;
+			}
+		}
+	}
+	*the_min = -min;
+	return scale;
+}
+
 static void q_k_affine(const float *x, uint8_t *b, int nmax, uint8_t *L)
 {
-	float sc[8], mn[8], max_sc = 0.0f, max_mn = 0.0f;
-	uint8_t ls[8], lm[8];
-	for (int s = 0; s < 8; s++) {
-		float lo = x[32 * s], hi = x[32 * s];
-		for (int j = 1; j < 32; j++) {
-			lo = fminf(lo, x[32 * s + j]);
-			hi = fmaxf(hi, x[32 * s + j]);
-		}
-		if (lo > 0.0f)
-			lo = 0.0f;
-		sc[s] = (hi - lo) / (float)nmax;
-		mn[s] = -lo;
-		max_sc = fmaxf(max_sc, sc[s]);
-		max_mn = fmaxf(max_mn, mn[s]);
-	}
-	const float d = max_sc / 63.0f, dmin = max_mn / 63.0f;
-	const float isc = max_sc > 0.0f ? 63.0f / max_sc : 0.0f, imn = max_mn > 0.0f ? 63.0f / max_mn : 0.0f;
-	/* Scales round up (a smaller grid would clip the largest values),
-	 * mins to nearest. */
-	for (int s = 0; s < 8; s++) {
-		int a = (int)ceilf(isc * sc[s]), c = nearest_int(imn * mn[s]);
-		ls[s] = (uint8_t)(a < 0 ? 0 : a > 63 ? 63 : a);
-		lm[s] = (uint8_t)(c < 0 ? 0 : c > 63 ? 63 : c);
-	}
-	f2h(b, d);
-	f2h(b + 2, dmin);
-	uint8_t *scales = b + 4;
-	memset(scales, 0, 12);
+	float mins[8], scales[8], weights[32], max_scale = 0, max_min = 0;
+	uint8_t Laux[32];
 	for (int j = 0; j < 8; j++) {
+		float sum_x2 = 0;
+		for (int l = 0; l < 32; l++)
+			sum_x2 += x[32 * j + l] * x[32 * j + l];
+		float av_x = sqrtf(sum_x2 / 32);
+		for (int l = 0; l < 32; l++)
+			weights[l] = av_x + fabsf(x[32 * j + l]);
+		scales[j] = nmax == 15 ? fit_affine(32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -1.f, 0.1f, 20)
+				       : fit_affine(32, 31, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.5f, 0.1f, 15);
+		if (scales[j] > max_scale)
+			max_scale = scales[j];
+		if (mins[j] > max_min)
+			max_min = mins[j];
+	}
+	const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f, inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+	uint8_t *sc = b + 4;
+	memset(sc, 0, 12);
+	for (int j = 0; j < 8; ++j) {
+		int ls = nearest_int(inv_scale * scales[j]), lm = nearest_int(inv_min * mins[j]);
+		ls = ls > 63 ? 63 : ls;
+		lm = lm > 63 ? 63 : lm;
 		if (j < 4) {
-			scales[j] = ls[j];
-			scales[j + 4] = lm[j];
+			sc[j] = (uint8_t)ls;
+			sc[j + 4] = (uint8_t)lm;
 		} else {
-			scales[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
-			scales[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
-			scales[j] |= (uint8_t)((lm[j] >> 4) << 6);
+			sc[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+			sc[j - 4] |= (uint8_t)((ls >> 4) << 6);
+			sc[j] |= (uint8_t)((lm >> 4) << 6);
 		}
 	}
-	/* The stored (f16-rounded) super scales are what dequant uses. */
-	const float dd = h2f(b), dm = h2f(b + 2);
-	for (int s = 0; s < 8; s++) {
-		uint8_t scv, mv;
-		scale_min_k4(s, scales, &scv, &mv);
-		const float ds = dd * (float)scv, ms = dm * (float)mv;
-		for (int j = 0; j < 32; j++) {
-			int q = ds > 0.0f ? nearest_int((x[32 * s + j] + ms) / ds) : 0;
-			L[32 * s + j] = (uint8_t)(q < 0 ? 0 : q > nmax ? nmax : q);
+	f2h(b, max_scale / 63.f);
+	f2h(b + 2, max_min / 63.f);
+	const float dd = h2f(b), dm0 = h2f(b + 2);
+	for (int j = 0; j < 8; ++j) {
+		uint8_t s6, m6;
+		scale_min_k4(j, sc, &s6, &m6);
+		const float d = dd * (float)s6;
+		if (!d)
+			continue;
+		const float dm = dm0 * (float)m6;
+		for (int ii = 0; ii < 32; ++ii) {
+			int l = nearest_int((x[32 * j + ii] + dm) / d);
+			L[32 * j + ii] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
 		}
 	}
 }
@@ -555,36 +625,90 @@ static void q_q5_k(const float *x, uint8_t *b)
 	}
 }
 
-/* Q6_K: 16 sub-blocks of 16, symmetric (q in [-32, 31]), int8 scales
- * against the largest sub-block scale. */
-static void q_q6_k(const float *x, uint8_t *b)
+/* Symmetric sub-block fit (levels -nmax .. nmax-1), weights x^2. */
+static float fit_sym(int n, int nmax, const float *x, int8_t *L)
 {
-	float sc[16], max_sc = 0.0f, amax_sc = 0.0f;
-	int8_t ls[16];
-	uint8_t L[256];
-	for (int s = 0; s < 16; s++) {
-		sc[s] = signed_max(x + 16 * s, 16) / -32.0f;
-		if (fabsf(sc[s]) > amax_sc) {
-			amax_sc = fabsf(sc[s]);
-			max_sc = sc[s];
+	float max = 0, amax = 0;
+	for (int i = 0; i < n; ++i) {
+		float ax = fabsf(x[i]);
+		if (ax > amax) {
+			amax = ax;
+			max = x[i];
 		}
 	}
-	const float iscale = max_sc != 0.0f ? -128.0f / max_sc : 0.0f;
-	for (int s = 0; s < 16; s++) {
-		/* magnitude rounded up: a smaller scale would clip the extremes */
-		float a = iscale * sc[s];
-		int v = a < 0 ? -(int)ceilf(-a) : (int)ceilf(a);
-		ls[s] = (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v);
+	if (amax < GROUP_MAX_EPS) {
+		memset(L, 0, (size_t)n);
+		return 0.f;
 	}
-	f2h(b + 208, iscale != 0.0f ? 1.0f / iscale : 0.0f);
-	memcpy(b + 192, ls, 16);
-	const float d = h2f(b + 208);
-	for (int s = 0; s < 16; s++) {
-		const float ds = d * (float)ls[s];
-		for (int j = 0; j < 16; j++) {
-			int q = ds != 0.0f ? nearest_int(x[16 * s + j] / ds) : 0;
-			q = q < -32 ? -32 : q > 31 ? 31 : q;
-			L[16 * s + j] = (uint8_t)(q + 32);
+	float iscale = -(float)nmax / max, sumlx = 0, suml2 = 0;
+	for (int i = 0; i < n; ++i) {
+		int l = nearest_int(iscale * x[i]);
+		l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+		L[i] = (int8_t)(l + nmax);
+		float w = x[i] * x[i];
+		sumlx += w * x[i] * (float)l;
+		suml2 += w * (float)l * (float)l;
+	}
+	float scale = suml2 ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+	for (int is = -9; is <= 9; ++is) {
+		if (is == 0)
+			continue;
+		iscale = -((float)nmax + 0.1f * (float)is) / max;
+		sumlx = suml2 = 0;
+		for (int i = 0; i < n; ++i) {
+			int l = nearest_int(iscale * x[i]);
+			l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+			float w = x[i] * x[i];
+			sumlx += w * x[i] * (float)l;
+			suml2 += w * (float)l * (float)l;
+		}
+		if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+			for (int i = 0; i < n; ++i) {
+				int l = nearest_int(iscale * x[i]);
+				L[i] = (int8_t)(nmax + (l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l));
+			}
+			scale = sumlx / suml2;
+			best = scale * sumlx;
+		}
+	}
+	return scale;
+}
+
+static void q_q6_k(const float *x, uint8_t *b)
+{
+	float scales[16], max_scale = 0, max_abs_scale = 0;
+	int8_t Ls[256];
+	uint8_t L[256];
+	for (int ib = 0; ib < 16; ++ib) {
+		const float scale = fit_sym(16, 32, x + 16 * ib, Ls + 16 * ib);
+		scales[ib] = scale;
+		const float abs_scale = fabsf(scale);
+		if (abs_scale > max_abs_scale) {
+			max_abs_scale = abs_scale;
+			max_scale = scale;
+		}
+	}
+	memset(b, 0, 210);
+	if (max_abs_scale < GROUP_MAX_EPS)
+		return;
+	float iscale = -128.f / max_scale;
+	f2h(b + 208, 1 / iscale);
+	int8_t *ys = (int8_t *)(b + 192);
+	for (int ib = 0; ib < 16; ++ib) {
+		int v = nearest_int(iscale * scales[ib]);
+		ys[ib] = (int8_t)(v > 127 ? 127 : v);
+	}
+	const float d0 = h2f(b + 208);
+	for (int j = 0; j < 16; ++j) {
+		const float d = d0 * (float)ys[j];
+		for (int ii = 0; ii < 16; ++ii) {
+			if (!d) { /* a zero scale keeps the sub-block fit's levels (ggml does) */
+				L[16 * j + ii] = (uint8_t)Ls[16 * j + ii];
+				continue;
+			}
+			int l = nearest_int(x[16 * j + ii] / d);
+			l = l < -32 ? -32 : l > 31 ? 31 : l;
+			L[16 * j + ii] = (uint8_t)(l + 32);
 		}
 	}
 	uint8_t *ql = b, *qh = b + 128;

@@ -28,9 +28,9 @@
  * dequantize_row_*) operation by operation, in the same order and with
  * the same float roundings (no fused multiply-adds), so the floats are
  * bit-identical to ggml's; the oracle test checks this against the real
- * library. Quantization is our own (simpler than ggml's iterative
- * searches for the K types, same block layout): any valid block loads in
- * llama.cpp; the error bounds are tested.
+ * library. Quantization follows ggml's reference quantizers (from_float_ref:
+ * the K types' scale searches included) and gives the same bytes
+ * (test_quant: quant_bytes_identical_to_ggml, through tests/peer's kvpeer).
  */
 #ifndef KV_MODEL_QUANT_H
 #define KV_MODEL_QUANT_H
