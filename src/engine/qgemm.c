@@ -45,7 +45,7 @@ void ke_qgemm_row(const struct ke_mat *w, int r, float *out)
  * the canonical order of gemm.h (lanes 0-7 in one register, 8-15 in
  * another, then the fixed tree), so results equal the panel path bit for
  * bit. Types: Q8_0, Q4_K, Q6_K (what Q8_0 / Q4_K_M / Q6_K files are made
- * of); others take the panel path.
+ * of); others take the panel path. An AVX-512 twin follows.
  */
 #define TGT2 __attribute__((target("avx2,fma")))
 #define FMR 4
@@ -162,6 +162,96 @@ TGT2 static void fused_row(int dt, const uint8_t *row, int K, const float *x, si
 	for (int i = 0; i < mr; i++)
 		out[i] = q_hsum(a.lo[i], a.hi[i]);
 }
+
+/* The same with one 16-lane register per row (AVX-512): lane j holds what
+ * lanes j of the AVX2 pair hold, the tree is gemm.h's, so the results are
+ * the AVX2 kernel's bit for bit. */
+#define TGT5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+
+TGT5 static inline float q_hsum5(__m512 a)
+{
+	__m256 t = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+	__m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+	__m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+	__m128 r = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
+	return _mm_cvtss_f32(r);
+}
+
+TGT5 static inline void f_acc5(__m512 *a, int mr, const float *x, size_t ldx, int k, __m512 wv)
+{
+	for (int i = 0; i < mr; i++)
+		a[i] = _mm512_fmadd_ps(_mm512_loadu_ps(x + (size_t)i * ldx + k), wv, a[i]);
+}
+
+TGT5 static void fused_row5(int dt, const uint8_t *row, int K, const float *x, size_t ldx, int mr, float *out)
+{
+	__m512 a[FMR];
+	for (int i = 0; i < FMR; i++)
+		a[i] = _mm512_setzero_ps();
+	if (dt == KV_DT_Q8_0) {
+		for (int b = 0; b < K / 32; b++) {
+			const uint8_t *blk = row + (size_t)b * 34;
+			__m512 d = _mm512_set1_ps(q_h2f(blk));
+			for (int g = 0; g < 2; g++) {
+				__m128i q = _mm_loadu_si128((const __m128i *)(blk + 2 + 16 * g));
+				f_acc5(a, mr, x, ldx, 32 * b + 16 * g, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d));
+			}
+		}
+	} else if (dt == KV_DT_Q4_K) {
+		const __m128i m4 = _mm_set1_epi8(0x0F);
+		for (int b = 0; b < K / 256; b++) {
+			const uint8_t *blk = row + (size_t)b * 144, *scales = blk + 4, *q = blk + 16;
+			const float d = q_h2f(blk), min = q_h2f(blk + 2);
+			for (int c = 0; c < 4; c++) {
+				for (int h = 0; h < 2; h++) {
+					int j = 2 * c + h;
+					uint8_t sc, mm;
+					if (j < 4) {
+						sc = scales[j] & 63;
+						mm = scales[j + 4] & 63;
+					} else {
+						sc = (uint8_t)((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
+						mm = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+					}
+					__m512 dv = _mm512_set1_ps(d * (float)sc), mv = _mm512_set1_ps(min * (float)mm);
+					for (int s = 0; s < 2; s++) {
+						__m128i raw = _mm_loadu_si128((const __m128i *)(q + 32 * c + 16 * s));
+						__m128i nib = h ? _mm_and_si128(_mm_srli_epi16(raw, 4), m4) : _mm_and_si128(raw, m4);
+						__m512 wf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nib));
+						f_acc5(a, mr, x, ldx, 256 * b + 64 * c + 32 * h + 16 * s,
+						       _mm512_sub_ps(_mm512_mul_ps(dv, wf), mv));
+					}
+				}
+			}
+		}
+	} else { /* KV_DT_Q6_K */
+		const __m128i m4 = _mm_set1_epi8(0x0F), m3 = _mm_set1_epi8(3), o32 = _mm_set1_epi8(32);
+		for (int b = 0; b < K / 256; b++) {
+			const uint8_t *blk = row + (size_t)b * 210;
+			const int8_t *sc = (const int8_t *)(blk + 192);
+			const float d = q_h2f(blk + 208);
+			for (int n = 0; n < 2; n++) {
+				const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+				const int8_t *s8 = sc + 8 * n;
+				for (int part = 0; part < 4; part++) {
+					for (int s = 0; s < 2; s++) {
+						int l0 = 16 * s;
+						__m128i lo = _mm_loadu_si128((const __m128i *)(ql + l0 + ((part & 1) ? 32 : 0)));
+						__m128i hb = _mm_loadu_si128((const __m128i *)(qh + l0));
+						__m128i low = (part < 2) ? _mm_and_si128(lo, m4) : _mm_and_si128(_mm_srli_epi16(lo, 4), m4);
+						__m128i hi2 = _mm_and_si128(_mm_srli_epi16(hb, 2 * part), m3);
+						__m128i q = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(hi2, 4)), o32);
+						__m512 dv = _mm512_set1_ps(d * (float)s8[2 * part + s]);
+						f_acc5(a, mr, x, ldx, 256 * b + 128 * n + 32 * part + l0,
+						       _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
+					}
+				}
+			}
+		}
+	}
+	for (int i = 0; i < mr; i++)
+		out[i] = q_hsum5(a[i]);
+}
 #endif
 
 static int fused_type(int dt)
@@ -179,7 +269,10 @@ void ke_qgemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx,
 	if (isa >= KE_ISA_AVX2 && m <= FMR && fused_type(w->dtype) && m > 0) {
 		for (int n = n0; n < n1; n++) {
 			float r[FMR];
-			fused_row(w->dtype, row_ptr(w, n), K, x, ldx, m, r);
+			if (isa == KE_ISA_AVX512)
+				fused_row5(w->dtype, row_ptr(w, n), K, x, ldx, m, r);
+			else
+				fused_row(w->dtype, row_ptr(w, n), K, x, ldx, m, r);
 			for (int i = 0; i < m; i++) {
 				float *yo = y + (size_t)i * ldy + n;
 				*yo = (flags & KE_GEMM_ACCUM) ? *yo + r[i] : r[i];
