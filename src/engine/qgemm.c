@@ -47,7 +47,7 @@ void ke_qgemm_row(const struct ke_mat *w, int r, float *out)
  * bit. Types: Q8_0, Q4_K, Q6_K (what Q8_0 / Q4_K_M / Q6_K files are made
  * of); others take the panel path. An AVX-512 twin follows.
  */
-#define TGT2 __attribute__((target("avx2,fma")))
+#define TGT2 __attribute__((target("avx2,fma,f16c")))
 #define FMR 4
 
 TGT2 static inline float q_hsum(__m256 lo, __m256 hi)
@@ -105,6 +105,38 @@ TGT2 static void fused_row(int dt, const uint8_t *row, int K, const float *x, si
 				s8x16_f(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * g)), &wl, &wh);
 				f_acc(&a, mr, x, ldx, 32 * b + 16 * g, _mm256_mul_ps(wl, d), _mm256_mul_ps(wh, d));
 			}
+		}
+	} else if (dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0) {
+		/* element j: low nibble of qs[j] (j < 16) or high nibble of qs[j-16],
+		 * Q5_0's 5th bit from bit j of qh; minus 8 / 16, times d */
+		const int q5 = dt == KV_DT_Q5_0;
+		const size_t bb = q5 ? 22 : 18;
+		const __m128i m4 = _mm_set1_epi8(0x0F), off = _mm_set1_epi8(q5 ? 16 : 8);
+		const __m128i sel = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+		const __m128i bit = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+		for (int b = 0; b < K / 32; b++) {
+			const uint8_t *blk = row + (size_t)b * bb, *qs = blk + (q5 ? 6 : 2);
+			__m256 d = _mm256_set1_ps(q_h2f(blk));
+			uint32_t qh = 0;
+			if (q5)
+				memcpy(&qh, blk + 2, 4);
+			__m128i raw = _mm_loadu_si128((const __m128i *)qs);
+			for (int g = 0; g < 2; g++) {
+				__m128i v = g ? _mm_and_si128(_mm_srli_epi16(raw, 4), m4) : _mm_and_si128(raw, m4);
+				if (q5) {
+					__m128i hb = _mm_shuffle_epi8(_mm_set1_epi16((short)(qh >> (16 * g))), sel);
+					hb = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hb, bit), bit), _mm_set1_epi8(0x10));
+					v = _mm_or_si128(v, hb);
+				}
+				s8x16_f(_mm_sub_epi8(v, off), &wl, &wh);
+				f_acc(&a, mr, x, ldx, 32 * b + 16 * g, _mm256_mul_ps(wl, d), _mm256_mul_ps(wh, d));
+			}
+		}
+	} else if (dt == KV_DT_F16) {
+		for (int k = 0; k < K; k += 16) {
+			__m128i h0 = _mm_loadu_si128((const __m128i *)(row + 2 * (size_t)k)),
+				h1 = _mm_loadu_si128((const __m128i *)(row + 2 * (size_t)k + 16));
+			f_acc(&a, mr, x, ldx, k, _mm256_cvtph_ps(h0), _mm256_cvtph_ps(h1)); /* exact widening */
 		}
 	} else if (dt == KV_DT_Q4_K) {
 		const __m128i m4 = _mm_set1_epi8(0x0F);
@@ -256,6 +288,13 @@ TGT5 static void fused_row5(int dt, const uint8_t *row, int K, const float *x, s
 
 static int fused_type(int dt)
 {
+	return dt == KV_DT_Q8_0 || dt == KV_DT_Q4_K || dt == KV_DT_Q6_K || dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0 ||
+	       dt == KV_DT_F16;
+}
+
+/* Types with an AVX-512 twin (the others run the AVX2 kernel there). */
+static int fused5_type(int dt)
+{
 	return dt == KV_DT_Q8_0 || dt == KV_DT_Q4_K || dt == KV_DT_Q6_K;
 }
 
@@ -266,10 +305,13 @@ void ke_qgemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx,
 #if defined(__x86_64__)
 	if (isa > ke_isa_best())
 		isa = ke_isa_best();
-	if (isa >= KE_ISA_AVX2 && m <= FMR && fused_type(w->dtype) && m > 0) {
+	/* F16 needs F16C (every AVX2 CPU we know has it; checked anyway) and
+	 * whole 16-element groups (block types always have them). */
+	if (isa >= KE_ISA_AVX2 && m <= FMR && fused_type(w->dtype) && m > 0 &&
+	    (w->dtype != KV_DT_F16 || (K % 16 == 0 && __builtin_cpu_supports("f16c")))) {
 		for (int n = n0; n < n1; n++) {
 			float r[FMR];
-			if (isa == KE_ISA_AVX512)
+			if (isa == KE_ISA_AVX512 && fused5_type(w->dtype))
 				fused_row5(w->dtype, row_ptr(w, n), K, x, ldx, m, r);
 			else
 				fused_row(w->dtype, row_ptr(w, n), K, x, ldx, m, r);
