@@ -394,4 +394,65 @@ KT_CASE(real_qwen3_tokenizer_and_template_from_gguf)
 	kv_tok_free(b);
 }
 
-KT_MAIN(bad_files, roundtrip_and_truncation, convert_and_config, real_qwen3_tokenizer_and_template_from_gguf)
+/* Split sets (-0000k-of-0000N.gguf) and folders holding one GGUF. */
+KT_CASE(split_sets_and_folders)
+{
+	const char *d = kt_tmpdir();
+	static float a[64], b[32];
+	for (int i = 0; i < 64; i++)
+		a[i] = (float)i;
+	for (int i = 0; i < 32; i++)
+		b[i] = -(float)i;
+	int64_t sa[2] = {4, 16}, sb[1] = {32};
+	char p1[1024], p2[1024];
+	snprintf(p1, sizeof p1, "%s/m-00001-of-00002.gguf", d);
+	snprintf(p2, sizeof p2, "%s/m-00002-of-00002.gguf", d);
+	for (int k = 0; k < 2; k++) {
+		struct kv_ggufw *w = kv_ggufw_create();
+		KT_OK(kv_ggufw_set_str(w, "general.architecture", k ? "second" : "first"));
+		KT_OK(kv_ggufw_set_u32(w, "split.no", (uint32_t)k));
+		KT_OK(kv_ggufw_set_u32(w, "split.count", 2));
+		KT_OK(kv_ggufw_set_i32(w, "split.tensors.count", 2));
+		if (k)
+			KT_OK(kv_ggufw_add(w, "b", KV_DT_F32, 1, sb, b, sizeof b));
+		else
+			KT_OK(kv_ggufw_add(w, "a", KV_DT_F32, 2, sa, a, sizeof a));
+		KT_OK(kv_ggufw_write(w, k ? p2 : p1, KV_DW_NO_SYNC));
+		kv_ggufw_destroy(w);
+	}
+	const char *paths[] = {p1, d};
+	for (int i = 0; i < 2; i++) {
+		struct kv_gguf *g = NULL;
+		char *arch = NULL;
+		KT_OK(kv_gguf_open(paths[i], &g));
+		KT_REQUIRE(g);
+		KT_EQ_INT(kv_gguf_nfiles(g), 2);
+		KT_EQ_INT(kv_gguf_tensor_count(g), 2);
+		KT_OK(kv_gguf_get_str(g, "general.architecture", &arch));
+		KT_EQ_STR(arch, "first"); /* metadata from the first file */
+		free(arch);
+		const struct kv_tensor *t = kv_gguf_tensor_find(g, "b");
+		KT_REQUIRE(t);
+		KT_CHECK(((const float *)t->data)[3] == -3.0f);
+		kv_gguf_close(g);
+	}
+	KT_CHECK(kv_gguf_is_model_path(d));
+	KT_CHECK(kv_gguf_is_model_path(p1));
+	/* a part missing, or a part that says it is another one */
+	KT_EQ_INT(kt_sh("mv '%s' '%s.x'", p2, p2), 0);
+	struct kv_gguf *g = NULL;
+	KT_CHECK(kv_gguf_open(p1, &g) != KV_OK && !g);
+	KT_EQ_INT(kt_sh("cp '%s' '%s'", p1, p2), 0);
+	KT_EQ_INT(kv_gguf_open(p1, &g), KV_ERR_CORRUPT);
+	KT_CHECK(strstr(kv_errmsg(), "split.no") != NULL);
+	/* two unrelated .gguf files in a folder: ambiguous */
+	KT_EQ_INT(kt_sh("mv '%s.x' '%s/keep' && rm -f '%s'/*.gguf && cp '%s/keep' '%s/one.gguf' && mv '%s/keep' '%s/two.gguf'",
+			p2, d, d, d, d, d, d), 0);
+	KT_EQ_INT(kv_gguf_open(d, &g), KV_ERR_INVALID);
+	/* a folder with config.json is a Hugging Face folder */
+	KT_EQ_INT(kt_sh("echo '{}' > '%s/config.json'", d), 0);
+	KT_CHECK(!kv_gguf_is_model_path(d));
+}
+
+KT_MAIN(bad_files, roundtrip_and_truncation, convert_and_config, real_qwen3_tokenizer_and_template_from_gguf,
+	split_sets_and_folders)
