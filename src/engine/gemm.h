@@ -31,7 +31,7 @@
  * element offset r * ld. Data may be unaligned (mmap'd safetensors). */
 struct ke_mat {
 	const void *data;
-	int dtype;        /* KV_DT_F32 or KV_DT_BF16 (model/safetensors.h) */
+	int dtype;        /* KV_DT_F32, KV_DT_BF16; F16 and block types go to engine/qgemm.h */
 	int rows;         /* N */
 	int cols;         /* K */
 	size_t ld;        /* elements from one row to the next (>= cols) */
