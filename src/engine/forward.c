@@ -159,6 +159,16 @@ static void l2norm(float *x, int n)
 		x[i] = x[i] * inv;
 }
 
+/* p holds Hv blocks of w floats in tiled order (block j Hk + k is HF head
+ * k (Hv / Hk) + j); put them in HF order, through tmp (Hv w floats). */
+static void untile(float *p, float *tmp, int Hk, int Hv, int w)
+{
+	int r = Hv / Hk;
+	memcpy(tmp, p, (size_t)Hv * (size_t)w * sizeof *p);
+	for (int g = 0; g < Hv; g++)
+		memcpy(p + (size_t)g * w, tmp + (size_t)((g % r) * Hk + g / r) * w, (size_t)w * sizeof *p);
+}
+
 static void dn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
 {
 	const struct ke_model *m = s->m;
@@ -197,6 +207,16 @@ static void dn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
 		ke_gemm(&ly->z, sc->h, (size_t)D, n, sc->z, vd, 0);
 		ke_gemm(&ly->b, sc->h, (size_t)D, n, sc->beta, (size_t)Hv, 0);
 		ke_gemm(&ly->a, sc->h, (size_t)D, n, sc->alpha, (size_t)Hv, 0);
+		if (c->vrows_tiled) {
+			/* GGUF rows in llama.cpp's tiled value-head order: move the heads
+			 * of the outputs back to HF's order (core is free until dn_heads) */
+			for (int t = 0; t < n; t++) {
+				untile(sc->dq + (size_t)t * C + 2 * kd, sc->core, Hk, Hv, dv);
+				untile(sc->z + (size_t)t * vd, sc->core, Hk, Hv, dv);
+				untile(sc->beta + (size_t)t * Hv, sc->core, Hk, Hv, 1);
+				untile(sc->alpha + (size_t)t * Hv, sc->core, Hk, Hv, 1);
+			}
+		}
 	}
 	/* causal conv, token by token through the conv state, then SiLU */
 	for (int t = 0; t < n; t++)

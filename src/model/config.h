@@ -92,6 +92,8 @@ struct kv_model_config {
 	int a_is_neg_exp;             /* the A_log tensor holds -exp(A_log) (GGUF ssm_a) */
 	int out_proj_tiled;           /* DeltaNet out_proj columns in llama.cpp's tiled
 	                                 value-head order (its input must be permuted) */
+	int vrows_tiled;              /* DeltaNet in_proj_qkv (v rows), in_proj_z, in_proj_b,
+	                                 in_proj_a rows in tiled order (outputs permuted) */
 };
 
 /* Parse config.json text. `what` names the source in messages. */

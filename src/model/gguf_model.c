@@ -651,6 +651,7 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 		out->norm_plus_one = 0; /* stored with the 1 added */
 		out->a_is_neg_exp = 1;
 		out->out_proj_tiled = kv_gguf_out_tiled(g, out);
+		out->vrows_tiled = needs_vperm(out);
 	}
 out:
 	free(arch);
@@ -675,7 +676,10 @@ int kv_gguf_out_tiled(const struct kv_gguf *g, const struct kv_model_config *c)
 		char n[64];
 		snprintf(n, sizeof n, "blk.%d.ssm_out.weight", l);
 		const struct kv_tensor *t = kv_gguf_tensor_find(g, n);
-		if (t && !out_head_bytes(t, c->lin_v_dim))
+		/* float types are permuted back (the HF summation order, so an F32
+		 * GGUF gives the folder's logits bit for bit); block types never
+		 * are (no copy of the matrix): the engine permutes the input */
+		if (t && (kq_is_quant(t->dtype) || !out_head_bytes(t, c->lin_v_dim)))
 			return 1;
 	}
 	return 0;
@@ -724,8 +728,12 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 			}
 			if (!hf[0])
 				continue; /* not a tensor of the text model (mtp, vision...) */
-			int perm = needs_vperm(c) && (xf == XF_VROWS || xf == XF_NEGEXP ||
-						       (xf == XF_VCOLS && !tiled_out));
+			/* the projections' rows stay tiled (the engine permutes their
+			 * outputs, so no copy of the big matrices); the small conv,
+			 * dt and A tensors are permuted back */
+			int small_rows = t->ndim == 1 || strstr(t->name, "ssm_conv1d") != NULL;
+			int perm = needs_vperm(c) && ((xf == XF_VROWS && (small_rows || !c->vrows_tiled)) ||
+						       xf == XF_NEGEXP || (xf == XF_VCOLS && !tiled_out));
 			if (pass == 0) {
 				if (perm) {
 					owned += (t->nbytes + 63) & ~(uint64_t)63;

@@ -21,11 +21,14 @@
  *   When linear_num_key_heads < linear_num_value_heads, value heads are
  *     stored in "tiled" order (head j*Hk + k is HF's head k*(Hv/Hk) + j) in
  *     in_proj_qkv's v rows, in_proj_z, in_proj_b, in_proj_a, conv1d's v
- *     channels, dt_bias, A and out_proj's columns. Rows are permuted back
- *     into an owned copy (whole rows, any type); out_proj's columns too when
- *     its blocks do not straddle heads (float types, or dv a multiple of the
- *     block), else the tensor is left tiled and ke says so with
- *     kv_gguf_out_tiled (the engine then permutes its input instead).
+ *     channels, dt_bias, A and out_proj's columns. conv1d, dt_bias and A
+ *     are permuted back into an owned copy; the projections are not copied:
+ *     the config says vrows_tiled and the engine moves the value heads of
+ *     their outputs back to HF order (exact: each output is the same dot
+ *     product). out_proj's columns are permuted back for float types (so
+ *     the sum runs in HF's order), otherwise out_proj_tiled is set and the
+ *     engine feeds it its input in tiled order. So kv_gguf_hf_tensors'
+ *     in_proj_qkv/z/b/a keep the tiled row order when vrows_tiled.
  */
 #ifndef KV_MODEL_GGUF_MODEL_H
 #define KV_MODEL_GGUF_MODEL_H

@@ -137,6 +137,20 @@ static int dequant_folder(const char *hf, const char *gg, const char *out)
 			src = th; /* norms, A: the original values (what the GGUF holds, +1 / -exp aside) */
 		if ((rc = kv_tensor_to_f32(src, bufs[i], 0, th->numel)))
 			break;
+		if (src == tq && th->ndim == 2 && c.vrows_tiled &&
+		    (strstr(th->name, "in_proj_qkv") || strstr(th->name, "in_proj_z") || strstr(th->name, "in_proj_b") ||
+		     strstr(th->name, "in_proj_a"))) {
+			/* rows stay tiled in the GGUF view: put HF's order back */
+			int Hk = c.lin_k_heads, Hv = c.lin_v_heads, r = Hv / Hk;
+			int64_t cols = th->shape[1], w = strstr(th->name, "in_proj_b") || strstr(th->name, "in_proj_a") ? 1 : c.lin_v_dim;
+			int64_t off = strstr(th->name, "in_proj_qkv") ? 2ll * Hk * c.lin_k_dim : 0;
+			float *tmp = malloc((size_t)(Hv * w * cols) * 4), *v = bufs[i] + off * cols;
+			memcpy(tmp, v, (size_t)(Hv * w * cols) * 4);
+			for (int g = 0; g < Hv; g++)
+				memcpy(v + (size_t)(g * w * cols), tmp + (size_t)(((g % r) * Hk + g / r) * w * cols),
+				       (size_t)(w * cols) * 4);
+			free(tmp);
+		}
 		if (mat && c.out_proj_tiled && strstr(th->name, "out_proj")) {
 			int Hk = c.lin_k_heads, Hv = c.lin_v_heads, dv = c.lin_v_dim, r = Hv / Hk;
 			int64_t cols = th->shape[1];
