@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 #include "model/config.h"
 #include "model/mlx.h"
+#include "model/gguf.h"
 #include "model/safetensors.h"
 #include "model/synth.h"
 #include "base/durable.h"
@@ -217,7 +218,7 @@ static int cmd_model_info(int argc, char **argv)
 	}
 	snprintf(wpath, sizeof wpath, "%s/model.safetensors", pos[0]);
 	snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", pos[0]);
-	has_weights = stat(wpath, &sb) == 0 || stat(ipath, &sb) == 0;
+	has_weights = stat(wpath, &sb) == 0 || stat(ipath, &sb) == 0 || kv_gguf_is_model_path(pos[0]);
 	if (has_weights) {
 		w_rc = kv_weights_open(pos[0], &w);
 		if (!w_rc)
@@ -228,11 +229,14 @@ static int cmd_model_info(int argc, char **argv)
 
 	struct wtypes wt = {0};
 	if (w && !w_rc) {
+		/* a GGUF (or a folder with a bad quantization block) has no MLX
+		 * groups: its tensors are counted by their own types */
 		struct kv_mlx_qcfg *q = NULL;
-		if (kv_mlx_qcfg_load(pos[0], &q) == KV_OK) {
-			weight_types(&c, w, prefix, q, &wt);
-			kv_mlx_qcfg_free(q);
-		}
+		if (kv_gguf_is_model_path(pos[0]) || kv_mlx_qcfg_load(pos[0], &q) != KV_OK)
+			q = NULL;
+		weight_types(&c, w, prefix, q, &wt);
+		kv_mlx_qcfg_free(q);
+		wt.resident += kv_weights_owned_bytes(w); /* f32 copies the engine makes */
 	}
 	uint64_t params = kv_config_param_count(&c);
 	uint64_t active = kv_config_active_param_count(&c);
@@ -290,6 +294,7 @@ static int cmd_model_info(int argc, char **argv)
 				json_object_set_new(wo, "files", json_integer((json_int_t)kv_weights_nfiles(w)));
 				json_object_set_new(wo, "tensors", json_integer((json_int_t)kv_weights_count(w)));
 				json_object_set_new(wo, "bytes", json_integer((json_int_t)kv_weights_bytes(w)));
+				json_object_set_new(wo, "format", json_string(kv_weights_gguf(w) ? "gguf" : "safetensors"));
 			}
 			if (!w_rc) {
 				json_object_set_new(wo, "prefix", json_string(prefix));
@@ -351,8 +356,9 @@ static int cmd_model_info(int argc, char **argv)
 		else if (w_rc)
 			printf("weights      INCOMPATIBLE: %s\n", werr);
 		else {
-			printf("weights      %zu tensors in %zu file(s), %llu bytes, prefix %s\n", kv_weights_count(w),
-			       kv_weights_nfiles(w), (unsigned long long)kv_weights_bytes(w), prefix);
+			printf("weights      %zu tensors in %zu %s file(s), %llu bytes, prefix %s\n", kv_weights_count(w),
+			       kv_weights_nfiles(w), kv_weights_gguf(w) ? "GGUF" : "safetensors",
+			       (unsigned long long)kv_weights_bytes(w), prefix);
 			for (int i = 0; i < wt.n; i++)
 				printf("  %-10s %llu %s, %llu bytes\n", wt.name[i], (unsigned long long)wt.count[i],
 				       strncmp(wt.name[i], "MLX", 3) ? "tensors" : "matrices (codes + scales + biases)",

@@ -227,7 +227,6 @@ static int render_main(const char *model, const char *request, const char *tfile
 		return 2;
 	}
 
-	char path[4096];
 	struct kv_tok *tok = NULL;
 	struct kv_chat *chat = NULL;
 	json_t *req = NULL;
@@ -242,8 +241,7 @@ static int render_main(const char *model, const char *request, const char *tfile
 	} else {
 		kv_tok_free(tc->tok);
 		tc->tok = NULL;
-		snprintf(path, sizeof path, "%s/tokenizer.json", model);
-		if ((rc = kv_tok_load(path, &tok)))
+		if ((rc = kv_tok_load_model(model, &tok)))
 			goto done;
 		tc->tok = tok;
 		snprintf(tc->model, sizeof tc->model, "%s", model);

@@ -35,7 +35,8 @@
  * element offset r * ld. Data may be unaligned (mmap'd safetensors). */
 struct ke_mat {
 	const void *data;
-	int dtype;        /* KV_DT_F32, KV_DT_BF16, KV_DT_F16 or KV_DT_MLX_AFFINE */
+	int dtype;        /* KV_DT_F32, KV_DT_BF16; F16 and ggml block types go to engine/qgemm.h,
+			     KV_DT_MLX_AFFINE to engine/mlxgemm.h */
 	int rows;         /* N */
 	int cols;         /* K */
 	size_t ld;        /* elements from one row to the next (>= cols) */

@@ -82,7 +82,8 @@ size_t ke_mat_bytes(const struct ke_mat *w)
 		return n * (size_t)w->bits / 8 + 2 * ng * kv_dtype_size(w->sb_dtype);
 	}
 	}
-	return 0;
+	/* ggml block types (model/quant.h): whole blocks per row */
+	return (size_t)w->rows * (size_t)kv_dtype_row_bytes(w->dtype, (uint64_t)w->cols);
 }
 
 const char *ke_mat_format(const struct ke_mat *w, char *buf, size_t cap)

@@ -4,6 +4,8 @@
 #include "engine/model.h"
 #include "engine/attn.h"
 #include "engine/engine_int.h"
+#include "engine/qgemm.h"
+#include "model/quant.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "base/mem.h"
@@ -87,9 +89,14 @@ static int load_mat(struct loader *L, struct ke_mat *mat, const char *fmt, int l
 		mat->group = qm.group;
 		goto noted;
 	}
-	if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->dtype != KV_DT_F16)
-		return kv_fail(KV_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; the engine runs F32, BF16, F16 or MLX "
-			       "quantized matrices", t->file, name, kv_dtype_name(t->dtype));
+	if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->dtype != KV_DT_F16 && !kq_is_quant(t->dtype))
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; the engine runs F32, BF16, F16 and ggml block "
+			       "type matrices", t->file, name, kv_dtype_name(t->dtype) ? kv_dtype_name(t->dtype) : "?");
+	if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->shape[1] > KE_QGEMM_MAX_K)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: tensor '%s' has rows of %lld, above the %d quantized products take",
+			       t->file, name, (long long)t->shape[1], KE_QGEMM_MAX_K);
+	if ((t->dtype == KV_DT_F32 || t->dtype == KV_DT_BF16) && !kv_st_is_aligned(t))
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is not aligned for its dtype", t->file, name);
 	if (t->shape[0] <= 0 || t->shape[1] <= 0 || t->shape[0] > INT32_MAX || t->shape[1] > INT32_MAX)
 		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' has an unusable shape", t->file, name);
 	memset(mat, 0, sizeof *mat);
@@ -320,8 +327,8 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 			/* g = -exp(A_log) * softplus(a + dt_bias): keep -exp(A_log) (same rounding
 			 * as Hugging Face's A_log.float().exp(), negated exactly). */
 			float *na = (float *)a_log;
-			for (int h = 0; h < c->lin_v_heads; h++)
-				na[h] = -expf(na[h]);
+			for (int h = 0; h < c->lin_v_heads && !c->a_is_neg_exp; h++)
+				na[h] = -expf(na[h]); /* a GGUF's ssm_a already is -exp(A_log) */
 			ly->neg_a = na;
 		}
 		if (c->layer_moe[i]) { /* moe.c */

@@ -8,6 +8,8 @@
  * ("text_config.num_key_value_heads") and the file.
  */
 #include "model/config.h"
+#include "model/gguf_model.h"
+#include "model/quant.h"
 #include "model/safetensors.h"
 #include "model/mlx.h"
 #include "base/err.h"
@@ -464,6 +466,16 @@ int kv_config_load(const char *model_dir, struct kv_model_config *out)
 	char path[4096], *buf;
 	size_t len;
 	int rc;
+	if (kv_gguf_is_model_path(model_dir)) {
+		struct kv_gguf *g = NULL;
+		if ((rc = kv_gguf_open(model_dir, &g))) {
+			memset(out, 0, sizeof *out);
+			return rc;
+		}
+		rc = kv_gguf_config(g, out);
+		kv_gguf_close(g);
+		return rc;
+	}
 	if ((size_t)snprintf(path, sizeof path, "%s/config.json", model_dir) >= sizeof path)
 		return kv_fail(KV_ERR_INVALID, "model folder path too long");
 	if ((rc = kv_io_read_file(path, CFG_MAX_BYTES, &buf, &len))) {
@@ -747,9 +759,12 @@ int kv_config_check_weights(const struct kv_model_config *c, const struct kv_wei
 		} else if ((rc = kv_tensor_expect(t, -1, v[i].ndim, v[i].shape))) {
 			break;
 		}
-		if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->dtype != KV_DT_F16)
-			rc = kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is %s, expected F32, BF16 or F16", t->file,
-				     t->name, kv_dtype_name(t->dtype));
+		int mat = v[i].role == KV_ROLE_EMBED || v[i].role == KV_ROLE_LM_HEAD || v[i].role == KV_ROLE_LINEAR ||
+			  v[i].role == KV_ROLE_LINEAR_OUT || v[i].role == KV_ROLE_LINEAR_A;
+		if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->dtype != KV_DT_F16 &&
+		    !(mat && kq_is_quant(t->dtype)))
+			rc = kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is %s, expected F32, BF16 or F16%s", t->file,
+				     t->name, kv_dtype_name(t->dtype), mat ? " or a ggml block type" : "");
 	}
 	free(v);
 	return rc;

@@ -117,11 +117,19 @@ struct kv_model_config {
 	int n_moe_layers;
 	uint8_t layer_moe[KV_MAX_LAYERS]; /* 1: layer l has the sparse MoE block */
 	int expert_layout;            /* enum kv_expert_layout the tensor list uses */
+	/* Set when the model comes from a GGUF file (model/gguf_model.h). */
+	int gguf;                     /* 1: weights and metadata from a .gguf */
+	int a_is_neg_exp;             /* the A_log tensor holds -exp(A_log) (GGUF ssm_a) */
+	int out_proj_tiled;           /* DeltaNet out_proj columns in llama.cpp's tiled
+	                                 value-head order (its input must be permuted) */
+	int vrows_tiled;              /* DeltaNet in_proj_qkv (v rows), in_proj_z, in_proj_b,
+	                                 in_proj_a rows in tiled order (outputs permuted) */
 };
 
 /* Parse config.json text. `what` names the source in messages. */
 int kv_config_parse(const char *text, size_t len, const char *what, struct kv_model_config *out);
-/* Read <model_dir>/config.json. */
+/* Read <model_dir>/config.json, or the metadata of a GGUF model (a .gguf
+ * file or a folder holding one: model/gguf_model.h). */
 int kv_config_load(const char *model_dir, struct kv_model_config *out);
 
 /* conv channels of a DeltaNet layer: 2 Hk dk + Hv dv. */

@@ -47,6 +47,7 @@
  * and may be rendered from several threads at once.
  */
 #include "model/template.h"
+#include "model/gguf_model.h"
 #include "base/buf.h"
 #include "base/err.h"
 #include "base/io.h"
@@ -6662,6 +6663,15 @@ int kv_chat_load(const char *model_dir, const struct kv_tok *tok, struct kv_chat
 	int rc;
 
 	*out = NULL;
+	if (kv_gguf_is_model_path(model_dir)) {
+		/* tokenizer.chat_template and the special tokens of a GGUF file */
+		struct kv_gguf *g = NULL;
+		if (!(rc = kv_gguf_open(model_dir, &g)) && !(rc = kv_gguf_tokenizer_config_json(g, &buf, &len)))
+			rc = kv_chat_load_mem(buf, len, tok, out);
+		free(buf);
+		kv_gguf_close(g);
+		return rc;
+	}
 	snprintf(path, sizeof path, "%s/tokenizer_config.json", model_dir);
 	snprintf(jpath, sizeof jpath, "%s/chat_template.jinja", model_dir);
 	rc = kv_io_read_file(jpath, CHAT_MAX_CONFIG, &jsrc, &jlen);

@@ -9,6 +9,7 @@
 #include "base/io.h"
 #include "base/log.h"
 #include "engine/model.h"
+#include "model/gguf.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -134,6 +135,23 @@ out:
 	return rc;
 }
 
+/* File i of n of the GGUF set whose first file is `first`: split sets are
+ * "<stem>-0000k-of-0000N.gguf" (gguf.h). */
+static void gguf_file_path(const char *first, size_t i, size_t n, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s", first);
+	if (n < 2)
+		return;
+	char *of = NULL;
+	for (char *q = strstr(out, "-of-"); q; q = strstr(q + 1, "-of-"))
+		of = q;
+	if (of && of - out >= 5) {
+		char d[8];
+		snprintf(d, sizeof d, "%05zu", i + 1);
+		memcpy(of - 5, d, 5);
+	}
+}
+
 static int cmp_str(const void *a, const void *b)
 {
 	return strcmp(*(char *const *)a, *(char *const *)b);
@@ -146,6 +164,34 @@ struct kv_h128 ksv_model_fingerprint(const struct ksv_fp_params *p, struct ksv_f
 	const char *dir = p->model_dir;
 	uint64_t t0 = kv_now_ns();
 	kv_buf_printf(&acc, "kvkeep-ns-2|%s|%s|B=%d|", KE_NUMERICS_VERSION, p->kv_dtype, p->page_tokens);
+	if (kv_gguf_is_model_path(dir)) {
+		/* A GGUF's header holds the metadata (hyperparameters, tokenizer,
+		 * template) and the tensor table with every tensor's type, so
+		 * Q4_K_M and Q8_0 of one model never share cache entries; the
+		 * files' content hash (memoised like safetensors files) covers
+		 * every weight byte, so a re-quantisation or fine-tune with the
+		 * same header does not either. */
+		struct kv_gguf *g = NULL;
+		kv_buf_adds(&acc, "gguf|");
+		if (kv_gguf_open(dir, &g) == KV_OK) {
+			for (size_t i = 0; i < kv_gguf_nfiles(g); i++) {
+				const void *hp;
+				size_t hn;
+				if (kv_gguf_header(g, i, &hp, &hn) == KV_OK) {
+					struct kv_h128 x = kv_xxh3_128(hp, hn, 0);
+					kv_buf_add(&acc, &x, sizeof x);
+				}
+				char path[4096];
+				struct kv_h128 h;
+				gguf_file_path(kv_gguf_path(g), i, kv_gguf_nfiles(g), path, sizeof path);
+				st.weight_files++;
+				if (!p->skip_weights && hash_weights(path, p->memo_dir, &h, &st) == 0)
+					kv_buf_add(&acc, &h, sizeof h);
+			}
+			kv_gguf_close(g);
+		}
+		goto done;
+	}
 	hash_file(&acc, dir, "config.json", 16u << 20);
 	hash_file(&acc, dir, "tokenizer.json", 256u << 20);
 	hash_file(&acc, dir, "tokenizer_config.json", 64u << 20);
@@ -177,6 +223,7 @@ struct kv_h128 ksv_model_fingerprint(const struct ksv_fp_params *p, struct ksv_f
 			free(names[i]);
 		}
 	}
+done:;
 	struct kv_h128 h = kv_xxh3_128(acc.p ? acc.p : "", acc.len, 0);
 	kv_buf_free(&acc);
 	st.seconds = (double)(kv_now_ns() - t0) / 1e9;

@@ -700,7 +700,6 @@ void ksv_server_open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_ca
 int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 {
 	struct ksv_server *s;
-	char path[4096];
 	int rc;
 
 	*out = NULL;
@@ -727,8 +726,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	}
 	uint64_t t0 = kv_now_ns();
 
-	snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
-	if ((rc = kv_tok_load(path, &s->tok))) {
+	if ((rc = kv_tok_load_model(o->model_dir, &s->tok))) {
 		kv_fail_ctx(rc, "tokenizer");
 		goto fail;
 	}

@@ -26,6 +26,9 @@
 #include "model/mlx.h"
 #include "model/safetensors.h"
 #include "model/synth.h"
+#include "model/gguf_model.h"
+#include "model/quant.h"
+#include "base/durable.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +40,7 @@
 
 static uint64_t g_seed = 0x5eed;
 static int g_mlx_bits; /* > 0: run the preset converted to an MLX folder */
+static int g_ftype = -1; /* >= 0: run the model from a GGUF of this file type */
 
 static struct ke_model *load_model(const char *preset)
 {
@@ -58,6 +62,16 @@ static struct ke_model *load_model(const char *preset)
 			return NULL;
 		}
 		snprintf(dir, sizeof dir, "%s", q);
+	}
+	if (g_ftype >= 0) {
+		char gg[1100];
+		snprintf(gg, sizeof gg, "%s.%s.gguf", dir, kq_ftype_name(g_ftype));
+		struct kv_gguf_convert_params cp = {dir, gg, g_ftype, KV_DW_NO_SYNC};
+		if (kv_gguf_convert(&cp, NULL, NULL) != KV_OK) {
+			kt_fail(__FILE__, __LINE__, "convert %s: %s", preset, kv_errmsg());
+			return NULL;
+		}
+		snprintf(dir, sizeof dir, "%s", gg);
 	}
 	struct ke_model_params mp = {.page_tokens = 16};
 	if (ke_model_load(dir, &mp, &m) != KV_OK) {
@@ -312,6 +326,15 @@ KT_CASE(cached_equals_cold_hybrid_mlx4)
 	g_mlx_bits = 0;
 }
 
+/* The same on a Q4_K_M GGUF of the hybrid (quantized products, tiled
+ * out_proj): the cache never sees the weight format. */
+KT_CASE(cached_equals_cold_hybrid_q4_k_m)
+{
+	g_ftype = KQ_FTYPE_Q4_K_M;
+	sessions("tiny-hybrid", n_sessions());
+	g_ftype = -1;
+}
+
 static int pick_two(void *ctx, const float *logits, int vocab, int32_t *tok)
 {
 	int *calls = ctx;
@@ -390,4 +413,5 @@ KT_CASE(run_options)
 	free(lw);
 }
 
-KT_MAIN(cached_equals_cold_dense, cached_equals_cold_hybrid, cached_equals_cold_hybrid_mlx4, run_options)
+KT_MAIN(cached_equals_cold_dense, cached_equals_cold_hybrid, cached_equals_cold_hybrid_mlx4,
+	cached_equals_cold_hybrid_q4_k_m, run_options)
