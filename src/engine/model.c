@@ -250,7 +250,10 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	L.next = m->owned;
 	L.end = L.next + nf;
 	L.q = NULL;
-	if ((rc = kv_mlx_qcfg_load(dir, &L.q)) || (rc = kv_config_tensors(c, m->prefix, &L.specs, &L.n_specs)))
+	/* a GGUF has no config.json and no MLX groups (its block types go to
+	 * engine/qgemm.c) */
+	if ((!c->gguf && (rc = kv_mlx_qcfg_load(dir, &L.q))) ||
+	    (rc = kv_config_tensors(c, m->prefix, &L.specs, &L.n_specs)))
 		goto fail;
 	int po = c->norm_plus_one;
 	/* mlx-lm's sanitize() stores conv1d as [C, K, 1] and, in the same

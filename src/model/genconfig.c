@@ -2,6 +2,7 @@
  * genconfig.c - see genconfig.h.
  */
 #include "model/genconfig.h"
+#include "model/gguf.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/json.h"
@@ -213,12 +214,42 @@ out:
 	return rc;
 }
 
+/* A GGUF's general.sampling.* keys (what llama.cpp's converter writes from
+ * generation_config.json); keys kvkeep has no field for are skipped. */
+static int load_gguf(const char *path, struct kv_gencfg *out)
+{
+	struct kv_gguf *g = NULL;
+	int rc = kv_gguf_open(path, &g);
+	if (rc)
+		return rc;
+	for (size_t i = 0; i < kv_gguf_kv_count(g); i++) {
+		const struct kv_gguf_kv *kv = kv_gguf_kv_at(g, i);
+		double v;
+		int64_t iv;
+		if (strncmp(kv->key, "general.sampling.", 17))
+			continue;
+		if (kv_gguf_get_float(g, kv->key, &v) != KV_OK) {
+			if (kv_gguf_get_int(g, kv->key, &iv) != KV_OK)
+				continue;
+			v = (double)iv;
+		}
+		rc = kv_gencfg_set_gguf(out, kv->key, v);
+		if (rc && rc != KV_ERR_UNSUPPORTED)
+			break;
+		rc = KV_OK;
+	}
+	kv_gguf_close(g);
+	return rc;
+}
+
 int kv_gencfg_load(const char *dir, struct kv_gencfg *out)
 {
 	char path[4096];
 	char *text = NULL;
 	size_t len = 0;
 	kv_gencfg_init(out);
+	if (kv_gguf_is_model_path(dir))
+		return load_gguf(dir, out);
 	if ((size_t)snprintf(path, sizeof path, "%s/generation_config.json", dir) >= sizeof path)
 		return kv_fail(KV_ERR_INVALID, "model folder path too long");
 	int rc = kv_io_read_file(path, 1u << 20, &text, &len);

@@ -89,7 +89,8 @@ void kv_gencfg_overlay(struct kv_gencfg *base, const struct kv_gencfg *top);
  * fields present, source "generation_config". */
 int kv_gencfg_parse(const char *text, size_t len, const char *what, struct kv_gencfg *out);
 /* Read <dir>/generation_config.json: KV_ERR_NOT_FOUND when the folder has
- * none (out left empty), else as kv_gencfg_parse. */
+ * none (out left empty), else as kv_gencfg_parse. For a GGUF model path,
+ * its general.sampling.* metadata instead (no key: out left empty). */
 int kv_gencfg_load(const char *dir, struct kv_gencfg *out);
 
 /*
