@@ -13,7 +13,9 @@
  *              chunk), with the model's weight dtype and with f32 copies,
  *              next to OpenBLAS cblas_sgemm (f32) on the same shapes. The
  *              library is dlopen'ed (libopenblas.so.0) only as a yardstick;
- *              "not installed" when absent. GFLOP/s = 2 M N K / time,
+ *              "not installed" when absent. OPENBLAS_CORETYPE is set to
+ *              the kernel of the engine's path (Haswell for AVX2, SkylakeX
+ *              for AVX-512) unless already set. GFLOP/s = 2 M N K / time,
  *              summed over the shapes, best of --repeat runs.
  *   prefill    for each context C: a fresh sequence prefills C random
  *              tokens; tokens/s = C / time.
@@ -209,6 +211,13 @@ static int cmd_bench_engine(int argc, char **argv)
 			nsh++;
 		}
 	}
+	/* OpenBLAS picks its kernel from the CPU model and falls back to SSE3
+	 * ("Prescott") on CPUs it does not know, such as some virtual Xeons:
+	 * a yardstick 3x too short. Unless the user chose one, ask for the
+	 * kernel of the path this engine runs (read when the library loads). */
+	if (!getenv("OPENBLAS_CORETYPE") && ke_isa() >= KE_ISA_AVX2)
+		setenv("OPENBLAS_CORETYPE", ke_isa() >= KE_ISA_AVX512 ? "SkylakeX" : "Haswell", 0);
+	const char *coretype = getenv("OPENBLAS_CORETYPE");
 	void *blas = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
 	sgemm_fn sg = blas ? (sgemm_fn)dlsym(blas, "cblas_sgemm") : NULL;
 	set_threads_fn st = blas ? (set_threads_fn)dlsym(blas, "openblas_set_num_threads") : NULL;
@@ -308,6 +317,7 @@ static int cmd_bench_engine(int argc, char **argv)
 		printf("{\"model\": \"%s\", \"arch\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"weight_dtype\": \"%s\", "
 		       "\"kv_dtype\": \"%s\",\n", model, kv_arch_name(c->arch), ke_isa_name(ke_isa()), threads,
 		       kv_dtype_name(sh[0].w->dtype), kv_f32 ? "f32" : "bf16");
+		printf(" \"openblas_coretype\": \"%s\",", coretype ? coretype : "auto");
 		printf(" \"gemm_m\": %d, \"gemm_gflops\": %.2f, \"gemm_f32_gflops\": %.2f, ", (int)gemm_m, g_ours, g_ours32);
 		if (sg)
 			printf("\"openblas_gflops\": %.2f, \"gemm_ratio_vs_openblas\": %.3f, "
@@ -344,7 +354,8 @@ static int cmd_bench_engine(int argc, char **argv)
 			else
 				printf("not installed\n");
 		}
-		printf("gemm total: %.1f GFLOP/s (f32 weights %.1f); openblas sgemm ", g_ours, g_ours32);
+		printf("gemm total: %.1f GFLOP/s (f32 weights %.1f); openblas sgemm (%s kernel) ", g_ours, g_ours32,
+		       coretype ? coretype : "auto");
 		if (sg)
 			printf("%.1f GFLOP/s; ratio %.2f (f32 weights %.2f)\n", g_blas, g_ours / g_blas, g_ours32 / g_blas);
 		else
