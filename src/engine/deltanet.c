@@ -15,6 +15,26 @@
 void ke_dn_conv(float *state, const float *w, float *x, int C, int K)
 {
 	int K1 = K - 1;
+	if (K == 4) {
+		/* The kernel of every Qwen3.5 / Qwen3-Next model, unrolled: the same
+		 * operations in the same order as the loop below, without its
+		 * memmove call per channel (6% of an 8K prefill). */
+		for (int c = 0; c < C; c++) {
+			float *st = state + (size_t)c * 3;
+			const float *wc = w + (size_t)c * 4;
+			float s0 = st[0], s1 = st[1], s2 = st[2], xc = x[c];
+			float acc = 0.0f;
+			acc = acc + wc[0] * s0;
+			acc = acc + wc[1] * s1;
+			acc = acc + wc[2] * s2;
+			acc = acc + wc[3] * xc;
+			st[0] = s1;
+			st[1] = s2;
+			st[2] = xc;
+			x[c] = acc;
+		}
+		return;
+	}
 	for (int c = 0; c < C; c++) {
 		float *st = state + (size_t)c * K1;
 		const float *wc = w + (size_t)c * K;
