@@ -4,6 +4,7 @@
 #include "engine/attn.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/prof.h"
 #include "engine/vec.h"
 #include "model/safetensors.h"
 #include "base/pool.h"
@@ -311,8 +312,19 @@ void ke_attn(const struct ke_attn_args *a)
 	j.n_tiles = (a->n_tok + j.tq - 1) / j.tq;
 	size_t units = (size_t)j.n_tiles * (size_t)a->lay->n_kv_heads;
 	double work = (double)a->n_tok * (double)(a->pos0 + a->n_tok) * a->n_heads * a->lay->head_dim;
+	double t0 = ke_prof_t0();
 	if (a->scratch_threads < kv_pool_size(kv_pool_global()) || units == 1 || work < KE_PAR_MIN_WORK)
 		attn_part(&j, 0, units, 0);
 	else
 		kv_pool_for(kv_pool_global(), units, 1, attn_part, &j);
+	if (t0 != 0.0) {
+		/* q.k and p.v: 4 flops per (query head, key, dim); each tile reads
+		 * the K and V rows of its keys once per KV head */
+		double n = a->n_tok, keys = n * (a->pos0 + 1) + n * (n - 1) / 2, kvb = 0;
+		for (int t = 0; t < a->n_tok; t += j.tq) {
+			int t1 = t + j.tq < a->n_tok ? t + j.tq : a->n_tok;
+			kvb += (double)(a->pos0 + t1) * 2.0 * (double)a->lay->row_bytes * a->lay->n_kv_heads;
+		}
+		ke_prof_add(KE_PROF_ATTN, t0, 4.0 * keys * a->n_heads * a->lay->head_dim, kvb);
+	}
 }

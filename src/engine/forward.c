@@ -13,6 +13,7 @@
 #include "engine/attn.h"
 #include "engine/deltanet.h"
 #include "engine/isa.h"
+#include "engine/prof.h"
 #include "engine/vec.h"
 #include "base/pool.h"
 
@@ -194,6 +195,7 @@ static void dn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
 		ke_gemm(&ly->a, sc->h, (size_t)D, n, sc->alpha, (size_t)Hv, 0);
 	}
 	/* causal conv, token by token through the conv state, then SiLU */
+	double t0 = ke_prof_t0();
 	for (int t = 0; t < n; t++)
 		ke_dn_conv(conv, ly->conv_w, sc->dq + (size_t)t * C, C, K);
 	ke_vec_silu(sc->dq, n * C);
@@ -220,6 +222,7 @@ static void dn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
 		kv_pool_for(kv_pool_global(), (size_t)Hv, 1, dn_heads, &j);
 	else
 		dn_heads(&j, 0, (size_t)Hv, 0);
+	ke_prof_add(KE_PROF_DN, t0, 7.0 * n * Hv * dk * dv, 8.0 * n * Hv * dk * dv);
 	/* gated RMSNorm per value head: (norm(o) * w) * silu(z) */
 	ke_vec_silu(sc->z, (int)((size_t)n * vd));
 	for (int t = 0; t < n; t++)

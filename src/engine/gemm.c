@@ -13,6 +13,7 @@
  */
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/prof.h"
 #include "model/safetensors.h"
 #include "base/pool.h"
 
@@ -424,8 +425,11 @@ void ke_gemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *y
 	/* Waking a worker costs microseconds (much more when the cores are
 	 * busy with other processes): small products run on the caller. */
 	double work = (double)m * w->rows * w->cols;
+	double t0 = ke_prof_t0();
+	double wbytes = (double)w->rows * w->cols * (w->dtype == KV_DT_BF16 ? 2 : 4);
 	if (work < KE_PAR_MIN_WORK) {
 		gemm_part(&j, 0, (size_t)w->rows, 0);
+		ke_prof_add(KE_PROF_GEMM, t0, 2.0 * work, wbytes);
 		return;
 	}
 	/* Chunks: about four per thread, a multiple of every path's NR (6 and
@@ -433,4 +437,5 @@ void ke_gemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *y
 	size_t per = (size_t)w->rows / (4u * (size_t)kv_pool_size(kv_pool_global())) + 1;
 	size_t grain = (per + 11) / 12 * 12;
 	kv_pool_for(kv_pool_global(), (size_t)w->rows, grain, gemm_part, &j);
+	ke_prof_add(KE_PROF_GEMM, t0, 2.0 * work, wbytes);
 }
