@@ -30,16 +30,18 @@ static void embed_row(const struct ke_model *m, int32_t id, float *out)
 		memcpy(out, row, (size_t)D * sizeof *out);
 }
 
-/* cos/sin of position x inverse frequency, f32 like Hugging Face. */
+/* cos/sin of position x inverse frequency, f32 like Hugging Face, times
+ * the RoPE attention factor (YaRN's; 1 otherwise, and x * 1 == x). */
 static void rope_tables(const struct ke_model *m, int pos0, int n, float *cs, float *sn)
 {
 	int half = m->cfg.rotary_dim / 2;
+	float af = m->cfg.rope_attn_factor > 0 ? (float)m->cfg.rope_attn_factor : 1.0f;
 	for (int t = 0; t < n; t++) {
 		float p = (float)(pos0 + t);
 		for (int i = 0; i < half; i++) {
 			float f = m->inv_freq[i] * p;
-			cs[(size_t)t * half + i] = cosf(f);
-			sn[(size_t)t * half + i] = sinf(f);
+			cs[(size_t)t * half + i] = cosf(f) * af;
+			sn[(size_t)t * half + i] = sinf(f) * af;
 		}
 	}
 }
