@@ -127,21 +127,33 @@ TGT2 static INL __m256 ld8w(const void *p, int bf)
 	return _mm256_loadu_ps((const float *)p);
 }
 
-/* MR x NR tile, AVX2. x rows at x + i*ldx, w rows at w + j*wstride bytes. */
+/* MR x NR tile, AVX2. x rows at x + i*ldx, w rows at w + j*wstride bytes.
+ * Columns [k0, k1) of K (k0 a multiple of 16): the 16-lane accumulators
+ * start at zero, or from st_in (MR x NR x 16 floats, lanes in order) when
+ * this is a later piece of K; they end in st_out when more of K follows,
+ * else they are reduced into y. A lane's sequence of fmas is the same
+ * whether K is done in one piece or several. */
 TGT2 static INL void tile2(const int MR, const int NR, const int bf, const float *x, size_t ldx, const char *w,
-			   size_t wstride, int K, float *y, size_t ldy, unsigned flags)
+			   size_t wstride, int K, float *y, size_t ldy, unsigned flags, int k0, int k1,
+			   const float *st_in, float *st_out)
 {
 	__m256 lo[3][4], hi[3][4];
 	const size_t es = bf ? 2 : 4;
+	(void)K;
 #pragma GCC unroll 3
 	for (int i = 0; i < MR; i++)
 #pragma GCC unroll 4
 		for (int j = 0; j < NR; j++) {
-			lo[i][j] = _mm256_setzero_ps();
-			hi[i][j] = _mm256_setzero_ps();
+			if (st_in) {
+				lo[i][j] = _mm256_loadu_ps(st_in + (i * NR + j) * 16);
+				hi[i][j] = _mm256_loadu_ps(st_in + (i * NR + j) * 16 + 8);
+			} else {
+				lo[i][j] = _mm256_setzero_ps();
+				hi[i][j] = _mm256_setzero_ps();
+			}
 		}
-	int k = 0;
-	for (; k + 16 <= K; k += 16) {
+	int k = k0;
+	for (; k + 16 <= k1; k += 16) {
 		__m256 wv[4];
 #pragma GCC unroll 4
 		for (int j = 0; j < NR; j++)
@@ -166,10 +178,10 @@ TGT2 static INL void tile2(const int MR, const int NR, const int bf, const float
 				hi[i][j] = _mm256_fmadd_ps(xv, wv[j], hi[i][j]);
 		}
 	}
-	if (k < K) {
+	if (k < k1) {
 		/* Zero-padded last block, through small buffers. */
 		float xb[3][16], wb[4][16];
-		int r = K - k;
+		int r = k1 - k;
 #pragma GCC unroll 3
 		for (int i = 0; i < MR; i++) {
 			memset(xb[i], 0, sizeof xb[i]);
@@ -196,6 +208,16 @@ TGT2 static INL void tile2(const int MR, const int NR, const int bf, const float
 			}
 		}
 	}
+	if (st_out) {
+#pragma GCC unroll 3
+		for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+			for (int j = 0; j < NR; j++) {
+				_mm256_storeu_ps(st_out + (i * NR + j) * 16, lo[i][j]);
+				_mm256_storeu_ps(st_out + (i * NR + j) * 16 + 8, hi[i][j]);
+			}
+		return;
+	}
 #pragma GCC unroll 3
 	for (int i = 0; i < MR; i++)
 #pragma GCC unroll 4
@@ -209,12 +231,26 @@ TGT2 static INL void tile2(const int MR, const int NR, const int bf, const float
 #define T2(mr, nr, bf) \
 	TGT2 static void t2_##mr##_##nr##_##bf(const float *x, size_t ldx, const char *w, size_t ws, int K, \
 					      float *y, size_t ldy, unsigned fl) \
-	{ tile2(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl); }
+	{ tile2(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl, 0, K, NULL, NULL); }
 T2(1, 1, 0) T2(1, 2, 0) T2(2, 1, 0) T2(2, 2, 0) T2(3, 1, 0) T2(3, 2, 0)
 T2(1, 1, 1) T2(1, 2, 1) T2(2, 1, 1) T2(2, 2, 1) T2(3, 1, 1) T2(3, 2, 1)
 T2(1, 3, 0) T2(1, 4, 0) T2(1, 3, 1) T2(1, 4, 1)
 
 typedef void (*tile_fn)(const float *, size_t, const char *, size_t, int, float *, size_t, unsigned);
+typedef void (*tile_kfn)(const float *, size_t, const char *, size_t, int, float *, size_t, unsigned, int, int,
+			 const float *, float *);
+
+#define T2K(mr, nr, bf) \
+	TGT2 static void t2k_##mr##_##nr##_##bf(const float *x, size_t ldx, const char *w, size_t ws, int K, \
+					       float *y, size_t ldy, unsigned fl, int k0, int k1, const float *si, \
+					       float *so) \
+	{ tile2(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl, k0, k1, si, so); }
+T2K(1, 1, 0) T2K(1, 2, 0) T2K(2, 1, 0) T2K(2, 2, 0) T2K(3, 1, 0) T2K(3, 2, 0)
+T2K(1, 1, 1) T2K(1, 2, 1) T2K(2, 1, 1) T2K(2, 2, 1) T2K(3, 1, 1) T2K(3, 2, 1)
+static const tile_kfn g_t2k[2][3][2] = {
+	{{t2k_1_1_0, t2k_1_2_0}, {t2k_2_1_0, t2k_2_2_0}, {t2k_3_1_0, t2k_3_2_0}},
+	{{t2k_1_1_1, t2k_1_2_1}, {t2k_2_1_1, t2k_2_2_1}, {t2k_3_1_1, t2k_3_2_1}},
+};
 
 static const tile_fn g_t2[2][3][2] = {
 	{{t2_1_1_0, t2_1_2_0}, {t2_2_1_0, t2_2_2_0}, {t2_3_1_0, t2_3_2_0}},
@@ -375,6 +411,48 @@ static void sweep(const tile_fn *tab, int mr_max, int nr_max, const struct ke_ma
 	}
 }
 
+#if defined(__x86_64__)
+/*
+ * The AVX2 sweep for long rows (K > KC): inside a block of weight rows and
+ * a tile of 3 activation rows, K is walked in pieces of KC columns, each
+ * piece swept over all the block's weight tiles, the 16-lane accumulators
+ * parked in st between pieces. So the 3 x KC activations stay in L1 while
+ * the block's tiles use them (with the whole K, 3 rows of 4096 floats do
+ * not fit in L1 and came from L2 for every weight tile: L2-bound at about
+ * 3/4 of the FMA rate). Same operations per lane as one piece.
+ */
+#define KC2 512
+#define NB2_MAX 128
+static void sweep_k2(int bf, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
+		     unsigned flags, int n0, int n1)
+{
+	size_t es = bf ? 2 : 4;
+	size_t wstride = w->ld * es;
+	int K = w->cols;
+	int nb = (int)(NB_BYTES / ((size_t)K * es));
+	nb = nb < 2 ? 2 : nb > NB2_MAX ? NB2_MAX : nb;
+	nb -= nb % 2;
+	float st[NB2_MAX / 2][3 * 2 * 16];
+	const char *wd = w->data;
+	for (int b0 = n0; b0 < n1; b0 += nb) {
+		int b1 = b0 + nb < n1 ? b0 + nb : n1;
+		for (int i = 0; i < m; i += 3) {
+			int mr = m - i < 3 ? m - i : 3;
+			for (int k0 = 0; k0 < K; k0 += KC2) {
+				int k1 = k0 + KC2 < K ? k0 + KC2 : K;
+				for (int n = b0; n < b1; n += 2) {
+					int nr = b1 - n < 2 ? b1 - n : 2;
+					float *t = st[(n - b0) / 2];
+					g_t2k[bf][mr - 1][nr - 1](x + (size_t)i * ldx, ldx, wd + (size_t)n * wstride, wstride, K,
+								  y + (size_t)i * ldy + n, ldy, flags, k0, k1,
+								  k0 ? t : NULL, k1 < K ? t : NULL);
+				}
+			}
+		}
+	}
+}
+#endif
+
 void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
 		   unsigned flags, int n0, int n1)
 {
@@ -392,6 +470,8 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 	if (isa == KE_ISA_AVX2) {
 		if (m == 1)
 			sweep(&g_t2v[bf][0], 1, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
+		else if (w->cols > 2 * KC2)
+			sweep_k2(bf, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else
 			sweep(&g_t2[bf][0][0], 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
 		return;
