@@ -310,18 +310,21 @@ TGT5 static INL __m512 ld16w_mask(const void *p, int bf, __mmask16 m)
 	return _mm512_maskz_loadu_ps(m, p);
 }
 
+/* Columns [k0, k1) with parked accumulators, as tile2. */
 TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float *x, size_t ldx, const char *w,
-			   size_t wstride, int K, float *y, size_t ldy, unsigned flags)
+			   size_t wstride, int K, float *y, size_t ldy, unsigned flags, int k0, int k1,
+			   const float *st_in, float *st_out)
 {
 	__m512 acc[MR5][NR5];
 	const size_t es = bf ? 2 : 4;
+	(void)K;
 #pragma GCC unroll 4
 	for (int i = 0; i < MR; i++)
 #pragma GCC unroll 6
 		for (int j = 0; j < NR; j++)
-			acc[i][j] = _mm512_setzero_ps();
-	int k = 0;
-	for (; k + 16 <= K; k += 16) {
+			acc[i][j] = st_in ? _mm512_loadu_ps(st_in + (i * NR + j) * 16) : _mm512_setzero_ps();
+	int k = k0;
+	for (; k + 16 <= k1; k += 16) {
 		__m512 wv[NR5];
 #pragma GCC unroll 6
 		for (int j = 0; j < NR; j++)
@@ -334,8 +337,8 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 				acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
 		}
 	}
-	if (k < K) {
-		__mmask16 m = (__mmask16)((1u << (K - k)) - 1u);
+	if (k < k1) {
+		__mmask16 m = (__mmask16)((1u << (k1 - k)) - 1u);
 		__m512 wv[NR5];
 #pragma GCC unroll 6
 		for (int j = 0; j < NR; j++)
@@ -347,6 +350,14 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 			for (int j = 0; j < NR; j++)
 				acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
 		}
+	}
+	if (st_out) {
+#pragma GCC unroll 4
+		for (int i = 0; i < MR; i++)
+#pragma GCC unroll 6
+			for (int j = 0; j < NR; j++)
+				_mm512_storeu_ps(st_out + (i * NR + j) * 16, acc[i][j]);
+		return;
 	}
 	/* Reductions four accumulators at a time (hsum4x5: the same pairs as
 	 * hsum5), the rest one by one. */
@@ -372,16 +383,30 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 #define T5(mr, nr, bf) \
 	TGT5 static void t5_##mr##_##nr##_##bf(const float *x, size_t ldx, const char *w, size_t ws, int K, \
 					      float *y, size_t ldy, unsigned fl) \
-	{ tile5(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl); }
+	{ tile5(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl, 0, K, NULL, NULL); }
+#define T5K(mr, nr, bf) \
+	TGT5 static void t5k_##mr##_##nr##_##bf(const float *x, size_t ldx, const char *w, size_t ws, int K, \
+					       float *y, size_t ldy, unsigned fl, int k0, int k1, const float *si, \
+					       float *so) \
+	{ tile5(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl, k0, k1, si, so); }
 #define T5ROW(mr, bf) T5(mr, 1, bf) T5(mr, 2, bf) T5(mr, 3, bf) T5(mr, 4, bf) T5(mr, 5, bf) T5(mr, 6, bf)
 T5ROW(1, 0) T5ROW(2, 0) T5ROW(3, 0) T5ROW(4, 0)
 T5ROW(1, 1) T5ROW(2, 1) T5ROW(3, 1) T5ROW(4, 1)
+#define T5KROW(mr, bf) T5K(mr, 1, bf) T5K(mr, 2, bf) T5K(mr, 3, bf) T5K(mr, 4, bf) T5K(mr, 5, bf) T5K(mr, 6, bf)
+T5KROW(1, 0) T5KROW(2, 0) T5KROW(3, 0) T5KROW(4, 0)
+T5KROW(1, 1) T5KROW(2, 1) T5KROW(3, 1) T5KROW(4, 1)
 
 #define T5TAB(mr, bf) {t5_##mr##_1_##bf, t5_##mr##_2_##bf, t5_##mr##_3_##bf, t5_##mr##_4_##bf, \
 		       t5_##mr##_5_##bf, t5_##mr##_6_##bf}
 static const tile_fn g_t5[2][MR5][NR5] = {
 	{T5TAB(1, 0), T5TAB(2, 0), T5TAB(3, 0), T5TAB(4, 0)},
 	{T5TAB(1, 1), T5TAB(2, 1), T5TAB(3, 1), T5TAB(4, 1)},
+};
+#define T5KTAB(mr, bf) {t5k_##mr##_1_##bf, t5k_##mr##_2_##bf, t5k_##mr##_3_##bf, t5k_##mr##_4_##bf, \
+			t5k_##mr##_5_##bf, t5k_##mr##_6_##bf}
+static const tile_kfn g_t5k[2][MR5][NR5] = {
+	{T5KTAB(1, 0), T5KTAB(2, 0), T5KTAB(3, 0), T5KTAB(4, 0)},
+	{T5KTAB(1, 1), T5KTAB(2, 1), T5KTAB(3, 1), T5KTAB(4, 1)},
 };
 
 #endif /* __x86_64__ */
@@ -413,39 +438,41 @@ static void sweep(const tile_fn *tab, int mr_max, int nr_max, const struct ke_ma
 
 #if defined(__x86_64__)
 /*
- * The AVX2 sweep for long rows (K > KC): inside a block of weight rows and
+ * The sweep for long rows (K > 2 KC on AVX2, > 4 KC on AVX-512): inside a block of weight rows and
  * a tile of 3 activation rows, K is walked in pieces of KC columns, each
  * piece swept over all the block's weight tiles, the 16-lane accumulators
- * parked in st between pieces. So the 3 x KC activations stay in L1 while
+ * parked in st between pieces. So the MR x KC activations stay in L1 while
  * the block's tiles use them (with the whole K, 3 rows of 4096 floats do
  * not fit in L1 and came from L2 for every weight tile: L2-bound at about
  * 3/4 of the FMA rate). Same operations per lane as one piece.
  */
 #define KC2 512
-#define NB2_MAX 128
-static void sweep_k2(int bf, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
-		     unsigned flags, int n0, int n1)
+#define NBK_MAX 144
+static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, const struct ke_mat *w, const float *x,
+		    size_t ldx, int m, float *y, size_t ldy, unsigned flags, int n0, int n1)
 {
 	size_t es = bf ? 2 : 4;
 	size_t wstride = w->ld * es;
 	int K = w->cols;
 	int nb = (int)(NB_BYTES / ((size_t)K * es));
-	nb = nb < 2 ? 2 : nb > NB2_MAX ? NB2_MAX : nb;
-	nb -= nb % 2;
-	float st[NB2_MAX / 2][3 * 2 * 16];
+	nb = nb < nr_max ? nr_max : nb > NBK_MAX ? NBK_MAX : nb;
+	nb -= nb % nr_max;
+	/* parked accumulators of one row tile across the block: at most
+	 * NBK_MAX weight rows x 4 activation rows x 16 lanes (36 KiB) */
+	float st[NBK_MAX * 4 * 16];
 	const char *wd = w->data;
 	for (int b0 = n0; b0 < n1; b0 += nb) {
 		int b1 = b0 + nb < n1 ? b0 + nb : n1;
-		for (int i = 0; i < m; i += 3) {
-			int mr = m - i < 3 ? m - i : 3;
+		for (int i = 0; i < m; i += mr_max) {
+			int mr = m - i < mr_max ? m - i : mr_max;
 			for (int k0 = 0; k0 < K; k0 += KC2) {
 				int k1 = k0 + KC2 < K ? k0 + KC2 : K;
-				for (int n = b0; n < b1; n += 2) {
-					int nr = b1 - n < 2 ? b1 - n : 2;
-					float *t = st[(n - b0) / 2];
-					g_t2k[bf][mr - 1][nr - 1](x + (size_t)i * ldx, ldx, wd + (size_t)n * wstride, wstride, K,
-								  y + (size_t)i * ldy + n, ldy, flags, k0, k1,
-								  k0 ? t : NULL, k1 < K ? t : NULL);
+				for (int n = b0; n < b1; n += nr_max) {
+					int nr = b1 - n < nr_max ? b1 - n : nr_max;
+					float *t = st + (size_t)(n - b0) * mr_max * 16;
+					tab[(mr - 1) * nr_max + (nr - 1)](x + (size_t)i * ldx, ldx, wd + (size_t)n * wstride,
+									  wstride, K, y + (size_t)i * ldy + n, ldy, flags, k0,
+									  k1, k0 ? t : NULL, k1 < K ? t : NULL);
 				}
 			}
 		}
@@ -464,14 +491,17 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 	int bf = w->dtype == KV_DT_BF16;
 #if defined(__x86_64__)
 	if (isa == KE_ISA_AVX512) {
-		sweep(&g_t5[bf][0][0], MR5, NR5, w, x, ldx, m, y, ldy, flags, n0, n1);
+		if (m > 1 && w->cols > 4 * KC2)
+			sweep_k(&g_t5k[bf][0][0], MR5, NR5, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
+		else
+			sweep(&g_t5[bf][0][0], MR5, NR5, w, x, ldx, m, y, ldy, flags, n0, n1);
 		return;
 	}
 	if (isa == KE_ISA_AVX2) {
 		if (m == 1)
 			sweep(&g_t2v[bf][0], 1, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else if (w->cols > 2 * KC2)
-			sweep_k2(bf, w, x, ldx, m, y, ldy, flags, n0, n1);
+			sweep_k(&g_t2k[bf][0][0], 3, 2, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else
 			sweep(&g_t2[bf][0][0], 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
 		return;
