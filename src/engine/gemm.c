@@ -315,21 +315,21 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 			   size_t wstride, int K, float *y, size_t ldy, unsigned flags, int k0, int k1,
 			   const float *st_in, float *st_out)
 {
-	__m512 acc[MR5][NR5];
+	__m512 acc[6][6];
 	const size_t es = bf ? 2 : 4;
 	(void)K;
-#pragma GCC unroll 4
+#pragma GCC unroll 6
 	for (int i = 0; i < MR; i++)
 #pragma GCC unroll 6
 		for (int j = 0; j < NR; j++)
 			acc[i][j] = st_in ? _mm512_loadu_ps(st_in + (i * NR + j) * 16) : _mm512_setzero_ps();
 	int k = k0;
 	for (; k + 16 <= k1; k += 16) {
-		__m512 wv[NR5];
+		__m512 wv[6];
 #pragma GCC unroll 6
 		for (int j = 0; j < NR; j++)
 			wv[j] = ld16w(w + j * wstride + (size_t)k * es, bf);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
 		for (int i = 0; i < MR; i++) {
 			__m512 xv = _mm512_loadu_ps(x + i * ldx + k);
 #pragma GCC unroll 6
@@ -339,11 +339,11 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 	}
 	if (k < k1) {
 		__mmask16 m = (__mmask16)((1u << (k1 - k)) - 1u);
-		__m512 wv[NR5];
+		__m512 wv[6];
 #pragma GCC unroll 6
 		for (int j = 0; j < NR; j++)
 			wv[j] = ld16w_mask(w + j * wstride + (size_t)k * es, bf, m);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
 		for (int i = 0; i < MR; i++) {
 			__m512 xv = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
 #pragma GCC unroll 6
@@ -352,7 +352,7 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 		}
 	}
 	if (st_out) {
-#pragma GCC unroll 4
+#pragma GCC unroll 6
 		for (int i = 0; i < MR; i++)
 #pragma GCC unroll 6
 			for (int j = 0; j < NR; j++)
@@ -361,7 +361,7 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 	}
 	/* Reductions four accumulators at a time (hsum4x5: the same pairs as
 	 * hsum5), the rest one by one. */
-	float r[MR5 * NR5];
+	float r[36];
 	const int T = MR * NR;
 	int q = 0;
 #pragma GCC unroll 6
@@ -371,7 +371,7 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 #pragma GCC unroll 3
 	for (; q < T; q++)
 		r[q] = hsum5(acc[q / NR][q % NR]);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
 	for (int i = 0; i < MR; i++)
 #pragma GCC unroll 6
 		for (int j = 0; j < NR; j++) {
@@ -392,9 +392,9 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 #define T5ROW(mr, bf) T5(mr, 1, bf) T5(mr, 2, bf) T5(mr, 3, bf) T5(mr, 4, bf) T5(mr, 5, bf) T5(mr, 6, bf)
 T5ROW(1, 0) T5ROW(2, 0) T5ROW(3, 0) T5ROW(4, 0)
 T5ROW(1, 1) T5ROW(2, 1) T5ROW(3, 1) T5ROW(4, 1)
-#define T5KROW(mr, bf) T5K(mr, 1, bf) T5K(mr, 2, bf) T5K(mr, 3, bf) T5K(mr, 4, bf) T5K(mr, 5, bf) T5K(mr, 6, bf)
-T5KROW(1, 0) T5KROW(2, 0) T5KROW(3, 0) T5KROW(4, 0)
-T5KROW(1, 1) T5KROW(2, 1) T5KROW(3, 1) T5KROW(4, 1)
+#define T5KROW(mr, bf) T5K(mr, 1, bf) T5K(mr, 2, bf) T5K(mr, 3, bf) T5K(mr, 4, bf)
+T5KROW(1, 0) T5KROW(2, 0) T5KROW(3, 0) T5KROW(4, 0) T5KROW(5, 0) T5KROW(6, 0)
+T5KROW(1, 1) T5KROW(2, 1) T5KROW(3, 1) T5KROW(4, 1) T5KROW(5, 1) T5KROW(6, 1)
 
 #define T5TAB(mr, bf) {t5_##mr##_1_##bf, t5_##mr##_2_##bf, t5_##mr##_3_##bf, t5_##mr##_4_##bf, \
 		       t5_##mr##_5_##bf, t5_##mr##_6_##bf}
@@ -404,9 +404,12 @@ static const tile_fn g_t5[2][MR5][NR5] = {
 };
 #define T5KTAB(mr, bf) {t5k_##mr##_1_##bf, t5k_##mr##_2_##bf, t5k_##mr##_3_##bf, t5k_##mr##_4_##bf, \
 			t5k_##mr##_5_##bf, t5k_##mr##_6_##bf}
-static const tile_kfn g_t5k[2][MR5][NR5] = {
-	{T5KTAB(1, 0), T5KTAB(2, 0), T5KTAB(3, 0), T5KTAB(4, 0)},
-	{T5KTAB(1, 1), T5KTAB(2, 1), T5KTAB(3, 1), T5KTAB(4, 1)},
+/* Long rows: 6 x 4 tiles (weights come from L2 there, activations from
+ * L1, so fewer weight rows per tile and more activation rows). */
+#define T5K4TAB(mr, bf) {t5k_##mr##_1_##bf, t5k_##mr##_2_##bf, t5k_##mr##_3_##bf, t5k_##mr##_4_##bf}
+static const tile_kfn g_t5k[2][6][4] = {
+	{T5K4TAB(1, 0), T5K4TAB(2, 0), T5K4TAB(3, 0), T5K4TAB(4, 0), T5K4TAB(5, 0), T5K4TAB(6, 0)},
+	{T5K4TAB(1, 1), T5K4TAB(2, 1), T5K4TAB(3, 1), T5K4TAB(4, 1), T5K4TAB(5, 1), T5K4TAB(6, 1)},
 };
 
 #endif /* __x86_64__ */
@@ -458,8 +461,8 @@ static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, const s
 	nb = nb < nr_max ? nr_max : nb > NBK_MAX ? NBK_MAX : nb;
 	nb -= nb % nr_max;
 	/* parked accumulators of one row tile across the block: at most
-	 * NBK_MAX weight rows x 4 activation rows x 16 lanes (36 KiB) */
-	float st[NBK_MAX * 4 * 16];
+	 * NBK_MAX weight rows x 6 activation rows x 16 lanes (54 KiB) */
+	float st[NBK_MAX * 6 * 16];
 	const char *wd = w->data;
 	for (int b0 = n0; b0 < n1; b0 += nb) {
 		int b1 = b0 + nb < n1 ? b0 + nb : n1;
@@ -492,7 +495,7 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 #if defined(__x86_64__)
 	if (isa == KE_ISA_AVX512) {
 		if (m > 1 && w->cols > 4 * KC2)
-			sweep_k(&g_t5k[bf][0][0], MR5, NR5, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
+			sweep_k(&g_t5k[bf][0][0], 6, 4, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else
 			sweep(&g_t5[bf][0][0], MR5, NR5, w, x, ldx, m, y, ldy, flags, n0, n1);
 		return;
