@@ -2,7 +2,7 @@
  * cmd_bench_engine.c - `kvkeep bench engine`: speed of the engine on a
  * model folder. A benchmark, not a test: it asserts nothing.
  *
- *   kvkeep bench engine --model DIR [--json] [--contexts 1024,8192]
+ *   kvkeep bench engine --model DIR [--json] [--contexts 1024,8192] [--long]
  *       [--decode-tokens N] [--repeat N] [--gemm-m M]
  *
  * Measured in one run:
@@ -13,7 +13,9 @@
  *              chunk), with the model's weight dtype and with f32 copies,
  *              next to OpenBLAS cblas_sgemm (f32) on the same shapes. The
  *              library is dlopen'ed (libopenblas.so.0) only as a yardstick;
- *              "not installed" when absent. GFLOP/s = 2 M N K / time,
+ *              "not installed" when absent. OPENBLAS_CORETYPE is set to
+ *              the kernel of the engine's path (Haswell for AVX2, SkylakeX
+ *              for AVX-512) unless already set. GFLOP/s = 2 M N K / time,
  *              summed over the shapes, best of --repeat runs.
  *   prefill    for each context C: a fresh sequence prefills C random
  *              tokens; tokens/s = C / time.
@@ -24,6 +26,11 @@
  *              decode_bound_with_kv_tokens_per_s also counts what a step
  *              must read besides weights: the KV of the whole context, and
  *              for hybrids the recurrent state (read and written).
+ *   phases     per context, prefill and decode time split into gemm,
+ *              attention, deltanet and other (engine/prof.h), each with
+ *              GFLOP/s vs the measured FMA peak (ke_peak_gflops, all
+ *              threads) and GB/s vs the memcpy bandwidth.
+ * --long adds a 32768-token context.
  * --json prints one object; the top-level prefill/decode figures are those
  * of the first context, "contexts" has all of them.
  */
@@ -35,6 +42,7 @@
 #include "engine/gemm.h"
 #include "engine/isa.h"
 #include "engine/mlxgemm.h"
+#include "engine/prof.h"
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "engine/vec.h"
@@ -139,13 +147,60 @@ static void run_blas(void *p)
 struct ctx_result {
 	int ctx;
 	double prefill_tps, decode_tps, bound_kv;
+	struct ke_prof prof[2]; /* prefill, decode */
 };
+
+static const char *const g_phase[] = {"gemm", "attention", "deltanet", "other"};
+
+/* Seconds of phase i (3 = other: forward time minus the three kernels). */
+static double phase_sec(const struct ke_prof *p, int i)
+{
+	if (i < 3)
+		return p->sec[i];
+	double o = p->sec[KE_PROF_FWD] - p->sec[0] - p->sec[1] - p->sec[2];
+	return o > 0 ? o : 0;
+}
+
+static void print_phases_json(const struct ke_prof *p, double peak, double bw)
+{
+	printf("{");
+	for (int i = 0; i < 4; i++) {
+		double s = phase_sec(p, i);
+		printf("%s\"%s\": {\"s\": %.4f", i ? ", " : "", g_phase[i], s);
+		if (i < 3 && s > 0) {
+			double gf = p->flops[i] / s / 1e9, gb = p->bytes[i] / s / 1e9;
+			printf(", \"gflops\": %.2f, \"gb_per_s\": %.2f", gf, gb);
+			if (peak > 0)
+				printf(", \"vs_peak_flops\": %.3f", gf / peak);
+			if (bw > 0)
+				printf(", \"vs_memcpy_bw\": %.3f", gb * 1e9 / bw);
+		}
+		printf("}");
+	}
+	printf("}");
+}
+
+static void print_phases_text(const char *what, const struct ke_prof *p, double peak, double bw)
+{
+	double tot = p->sec[KE_PROF_FWD];
+	printf("  %-7s", what);
+	for (int i = 0; i < 4; i++) {
+		double s = phase_sec(p, i);
+		printf(" %s %.3fs (%.0f%%", g_phase[i], s, tot > 0 ? 100.0 * s / tot : 0.0);
+		if (i < 3 && s > 0) {
+			double gf = p->flops[i] / s / 1e9, gb = p->bytes[i] / s / 1e9;
+			printf(", %.1f GFLOP/s = %.0f%% peak, %.1f GB/s = %.0f%% memcpy", gf, peak > 0 ? 100.0 * gf / peak : 0.0,
+			       gb, bw > 0 ? 100.0 * gb * 1e9 / bw : 0.0);
+		}
+		printf(")%s", i < 3 ? ";" : "\n");
+	}
+}
 
 static int cmd_bench_engine(int argc, char **argv)
 {
 	const char *model = NULL, *ctxs = "1024,8192";
 	int64_t decode_tokens = 32, repeat = 3, gemm_m = 256;
-	int json = 0, kv_f32 = 0;
+	int json = 0, kv_f32 = 0, long_ctx = 0;
 	struct kv_flag flags[] = {
 		{"model", KV_FLAG_STR, &model, "DIR", "model folder"},
 		{"json", KV_FLAG_BOOL, &json, NULL, "print one JSON object"},
@@ -154,6 +209,7 @@ static int cmd_bench_engine(int argc, char **argv)
 		{"repeat", KV_FLAG_INT, &repeat, "N", "GEMM repetitions, best kept (default 3)"},
 		{"gemm-m", KV_FLAG_INT, &gemm_m, "M", "activation rows of the GEMM measurement (default 256)"},
 		{"kv-f32", KV_FLAG_BOOL, &kv_f32, NULL, "f32 KV (default bf16)"},
+		{"long", KV_FLAG_BOOL, &long_ctx, NULL, "also measure a 32K context (slow)"},
 		{0},
 	};
 	const char *usage = "usage: kvkeep bench engine --model DIR [--json] [--contexts 1024,8192]";
@@ -169,6 +225,15 @@ static int cmd_bench_engine(int argc, char **argv)
 		fprintf(stderr, "kvkeep bench engine: --model is required; contexts 1..%d values; see --help\n", MAX_CTX);
 		free(cl);
 		return 2;
+	}
+	if (long_ctx && ncl < MAX_CTX) {
+		int32_t *ncl2 = realloc(cl, (ncl + 1) * sizeof *cl);
+		if (!ncl2) {
+			free(cl);
+			return 2;
+		}
+		cl = ncl2;
+		cl[ncl++] = 32768;
 	}
 	for (size_t i = 0; i < ncl; i++)
 		if (cl[i] < 1 || cl[i] > 1 << 20) {
@@ -193,6 +258,7 @@ static int cmd_bench_engine(int argc, char **argv)
 	double wbytes = (double)ke_model_decode_bytes(m);
 	double state_bytes = (double)ke_model_layout(m)->snapshot_bytes;
 	double bound = bw > 0 ? bw / wbytes : 0;
+	double peak = ke_peak_gflops(ke_isa(), 0.2);
 
 	/* GEMM on the largest distinct shapes */
 	struct shape sh[MAX_SHAPES];
@@ -210,6 +276,13 @@ static int cmd_bench_engine(int argc, char **argv)
 			nsh++;
 		}
 	}
+	/* OpenBLAS picks its kernel from the CPU model and falls back to SSE3
+	 * ("Prescott") on CPUs it does not know, such as some virtual Xeons:
+	 * a yardstick 3x too short. Unless the user chose one, ask for the
+	 * kernel of the path this engine runs (read when the library loads). */
+	if (!getenv("OPENBLAS_CORETYPE") && ke_isa() >= KE_ISA_AVX2)
+		setenv("OPENBLAS_CORETYPE", ke_isa() >= KE_ISA_AVX512 ? "SkylakeX" : "Haswell", 0);
+	const char *coretype = getenv("OPENBLAS_CORETYPE");
 	void *blas = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
 	sgemm_fn sg = blas ? (sgemm_fn)dlsym(blas, "cblas_sgemm") : NULL;
 	set_threads_fn st = blas ? (set_threads_fn)dlsym(blas, "openblas_set_num_threads") : NULL;
@@ -277,9 +350,13 @@ static int cmd_bench_engine(int argc, char **argv)
 			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
 			goto out2;
 		}
+		ke_prof_reset();
+		ke_prof_enable(1);
 		double t = kv_now_s();
 		rc = ke_seq_prefill(s, tok, cl[i], NULL, logits);
 		double tp = kv_now_s() - t;
+		ke_prof_get(&res[i].prof[0]);
+		ke_prof_reset();
 		int32_t next = ke_argmax(logits, V);
 		t = kv_now_s();
 		for (int k = 0; k < decode_tokens && !rc; k++) {
@@ -287,6 +364,8 @@ static int cmd_bench_engine(int argc, char **argv)
 			next = ke_argmax(logits, V);
 		}
 		double td = kv_now_s() - t;
+		ke_prof_get(&res[i].prof[1]);
+		ke_prof_enable(0);
 		ke_seq_destroy(s);
 		if (rc) {
 			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
@@ -308,6 +387,7 @@ static int cmd_bench_engine(int argc, char **argv)
 		printf("{\"model\": \"%s\", \"arch\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"weight_dtype\": \"%s\", "
 		       "\"kv_dtype\": \"%s\",\n", model, kv_arch_name(c->arch), ke_isa_name(ke_isa()), threads,
 		       ke_mat_format(sh[0].w, wfmt, sizeof wfmt), kv_f32 ? "f32" : "bf16");
+		printf(" \"openblas_coretype\": \"%s\",", coretype ? coretype : "auto");
 		printf(" \"gemm_m\": %d, \"gemm_gflops\": %.2f, \"gemm_f32_gflops\": %.2f, ", (int)gemm_m, g_ours, g_ours32);
 		if (sg)
 			printf("\"openblas_gflops\": %.2f, \"gemm_ratio_vs_openblas\": %.3f, "
@@ -321,15 +401,26 @@ static int cmd_bench_engine(int argc, char **argv)
 			       "\"openblas_gflops\": %.2f}", i ? ", " : "", sh[i].name, sh[i].w->rows, sh[i].w->cols,
 			       fl / sh[i].ours / 1e9, fl / sh[i].ours_f32 / 1e9, sg ? fl / sh[i].blas / 1e9 : 0.0);
 		}
-		printf("],\n \"memcpy_gb_per_s\": %.2f, \"memcpy_1thread_gb_per_s\": %.2f, \"decode_weight_bytes\": %.0f, "
-		       "\"recurrent_state_bytes\": %.0f,\n", bw / 1e9, bw1 / 1e9, wbytes, state_bytes);
+		printf("],\n \"peak_gflops\": %.2f, \"memcpy_gb_per_s\": %.2f, \"memcpy_1thread_gb_per_s\": %.2f, \"decode_weight_bytes\": %.0f, "
+		       "\"recurrent_state_bytes\": %.0f,\n", peak, bw / 1e9, bw1 / 1e9, wbytes, state_bytes);
 		printf(" \"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, \"decode_bound_tokens_per_s\": %.2f, "
 		       "\"decode_vs_bound\": %.3f,\n", res[0].prefill_tps, res[0].decode_tps, bound, res[0].decode_tps / bound);
-		printf(" \"contexts\": [");
+		/* flat keys per context for scripts: prefill_tps_1024, decode_tps_8192, ... */
+		printf(" ");
 		for (size_t i = 0; i < ncl; i++)
+			printf("\"prefill_tps_%d\": %.2f, \"decode_tps_%d\": %.2f, ", res[i].ctx, res[i].prefill_tps, res[i].ctx,
+			       res[i].decode_tps);
+		printf("\n \"contexts\": [");
+		for (size_t i = 0; i < ncl; i++) {
 			printf("%s{\"context\": %d, \"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, "
-			       "\"decode_vs_bound\": %.3f, \"decode_bound_with_kv_tokens_per_s\": %.2f}", i ? ", " : "",
-			       res[i].ctx, res[i].prefill_tps, res[i].decode_tps, res[i].decode_tps / bound, res[i].bound_kv);
+			       "\"decode_vs_bound\": %.3f, \"decode_bound_with_kv_tokens_per_s\": %.2f,\n  \"prefill_phases\": ",
+			       i ? ",\n " : "", res[i].ctx, res[i].prefill_tps, res[i].decode_tps, res[i].decode_tps / bound,
+			       res[i].bound_kv);
+			print_phases_json(&res[i].prof[0], peak, bw);
+			printf(",\n  \"decode_phases\": ");
+			print_phases_json(&res[i].prof[1], peak, bw);
+			printf("}");
+		}
 		printf("]}\n");
 	} else {
 		printf("model %s (%s, %s weights, %s KV), isa %s, %d threads\n", model, kv_arch_name(c->arch),
@@ -344,15 +435,20 @@ static int cmd_bench_engine(int argc, char **argv)
 			else
 				printf("not installed\n");
 		}
-		printf("gemm total: %.1f GFLOP/s (f32 weights %.1f); openblas sgemm ", g_ours, g_ours32);
+		printf("gemm total: %.1f GFLOP/s (f32 weights %.1f); openblas sgemm (%s kernel) ", g_ours, g_ours32,
+		       coretype ? coretype : "auto");
 		if (sg)
 			printf("%.1f GFLOP/s; ratio %.2f (f32 weights %.2f)\n", g_blas, g_ours / g_blas, g_ours32 / g_blas);
 		else
 			printf("not installed\n");
-		for (size_t i = 0; i < ncl; i++)
+		printf("FMA peak: %.1f GFLOP/s (%d threads)\n", peak, threads);
+		for (size_t i = 0; i < ncl; i++) {
 			printf("context %6d: prefill %9.1f tok/s, decode %8.2f tok/s (%.0f%% of the weights bound; "
 			       "bound with KV + state reads %.2f tok/s)\n", res[i].ctx, res[i].prefill_tps, res[i].decode_tps,
 			       100.0 * res[i].decode_tps / bound, res[i].bound_kv);
+			print_phases_text("prefill", &res[i].prof[0], peak, bw);
+			print_phases_text("decode", &res[i].prof[1], peak, bw);
+		}
 		printf("decode bound: %.2f tok/s (%.1f MB of weights per token at %.2f GB/s; recurrent state %.1f MB "
 		       "not counted)\n", bound, wbytes / 1e6, bw / 1e9, state_bytes / 1e6);
 	}

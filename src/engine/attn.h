@@ -10,8 +10,10 @@
  *   m' = max(m, max_j s_j); c = exp(m - m'); p_j = exp(s_j - m')
  *   l = l * c + sum_j p_j (j ascending); acc = acc * c; acc += p_j v_j
  *   (j ascending, one fma per element)
- * and at the end out = acc / l. The G query heads that share a KV head
- * are the rows of one small gemm against the block's keys.
+ * and at the end out = acc / l. The G query heads that share a KV head,
+ * for a tile of consecutive query tokens, are the rows of one small gemm
+ * against the block's keys, and share its loads of V rows: which rows are
+ * computed together never changes a row's operations.
  *
  * KV rows are read in the page format of layout.h (bf16 or f32).
  */
@@ -24,6 +26,9 @@
 #include "engine/layout.h"
 
 #define KE_ATTN_BLOCK 64
+/* Query rows (tokens x G) computed together against each loaded key
+ * block: a speed knob only (the results do not depend on it). */
+#define KE_ATTN_TILE_ROWS 32
 
 struct ke_attn_args {
 	const struct ke_layout *lay;

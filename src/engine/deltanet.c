@@ -15,6 +15,26 @@
 void ke_dn_conv(float *state, const float *w, float *x, int C, int K)
 {
 	int K1 = K - 1;
+	if (K == 4) {
+		/* The kernel of every Qwen3.5 / Qwen3-Next model, unrolled: the same
+		 * operations in the same order as the loop below, without its
+		 * memmove call per channel (6% of an 8K prefill). */
+		for (int c = 0; c < C; c++) {
+			float *st = state + (size_t)c * 3;
+			const float *wc = w + (size_t)c * 4;
+			float s0 = st[0], s1 = st[1], s2 = st[2], xc = x[c];
+			float acc = 0.0f;
+			acc = acc + wc[0] * s0;
+			acc = acc + wc[1] * s1;
+			acc = acc + wc[2] * s2;
+			acc = acc + wc[3] * xc;
+			st[0] = s1;
+			st[1] = s2;
+			st[2] = xc;
+			x[c] = acc;
+		}
+		return;
+	}
 	for (int c = 0; c < C; c++) {
 		float *st = state + (size_t)c * K1;
 		const float *wc = w + (size_t)c * K;
@@ -105,14 +125,14 @@ TGT2 static void rule_avx2(float *S, const float *q, const float *k, const float
 			     int j0) \
 	{ \
 		VT u[4], d[4], ov[4]; \
-		for (int x = 0; x < NV; x++) \
+		_Pragma("GCC unroll 4") for (int x = 0; x < NV; x++) \
 			u[x] = ZERO(); \
 		{ \
 			VT al = SET1(alpha[0]); \
 			for (int i = 0; i < dk; i++) { \
 				float *s = S + (size_t)i * dv + j0; \
 				VT ki = SET1(k[i]); \
-				for (int x = 0; x < NV; x++) { \
+				_Pragma("GCC unroll 4") for (int x = 0; x < NV; x++) { \
 					VT sv = MUL(LOAD(s + x * W), al); \
 					STORE(s + x * W, sv); \
 					u[x] = FMA(sv, ki, u[x]); \
@@ -122,7 +142,7 @@ TGT2 static void rule_avx2(float *S, const float *q, const float *k, const float
 		for (int t = 0; t < n; t++) { \
 			const float *qt = q + (size_t)t * sq, *kt = k + (size_t)t * sq, *vt = v + (size_t)t * sq; \
 			VT be = SET1(beta[(size_t)t * sab]); \
-			for (int x = 0; x < NV; x++) { \
+			_Pragma("GCC unroll 4") for (int x = 0; x < NV; x++) { \
 				d[x] = MUL(SUB(LOAD(vt + j0 + x * W), u[x]), be); \
 				ov[x] = ZERO(); \
 				u[x] = ZERO(); \
@@ -133,7 +153,7 @@ TGT2 static void rule_avx2(float *S, const float *q, const float *k, const float
 				for (int i = 0; i < dk; i++) { \
 					float *s = S + (size_t)i * dv + j0; \
 					VT ki = SET1(kt[i]), qi = SET1(qt[i]), kni = SET1(kn[i]); \
-					for (int x = 0; x < NV; x++) { \
+					_Pragma("GCC unroll 4") for (int x = 0; x < NV; x++) { \
 						VT sv = FMA(ki, d[x], LOAD(s + x * W)); \
 						ov[x] = FMA(sv, qi, ov[x]); \
 						sv = MUL(sv, al); \
@@ -145,7 +165,7 @@ TGT2 static void rule_avx2(float *S, const float *q, const float *k, const float
 				for (int i = 0; i < dk; i++) { \
 					float *s = S + (size_t)i * dv + j0; \
 					VT ki = SET1(kt[i]), qi = SET1(qt[i]); \
-					for (int x = 0; x < NV; x++) { \
+					_Pragma("GCC unroll 4") for (int x = 0; x < NV; x++) { \
 						VT sv = FMA(ki, d[x], LOAD(s + x * W)); \
 						STORE(s + x * W, sv); \
 						ov[x] = FMA(sv, qi, ov[x]); \
@@ -153,7 +173,7 @@ TGT2 static void rule_avx2(float *S, const float *q, const float *k, const float
 				} \
 			} \
 			float *ot = o + (size_t)t * so + j0; \
-			for (int x = 0; x < NV; x++) \
+			_Pragma("GCC unroll 4") for (int x = 0; x < NV; x++) \
 				STORE(ot + x * W, ov[x]); \
 		} \
 	}

@@ -15,6 +15,7 @@
 #include "engine/isa.h"
 #include "engine/mlxgemm.h"
 #include "engine/qgemm.h"
+#include "engine/prof.h"
 #include "model/safetensors.h"
 #include "base/pool.h"
 
@@ -104,6 +105,11 @@ static void gemm_scalar(const struct ke_mat *w, const float *x, size_t ldx, int 
 
 #define TGT2 __attribute__((target("avx2,fma")))
 #define INL __attribute__((always_inline)) inline
+/* Keeps a loaded vector in a register: without it GCC folds the x load
+ * into each of the NR fused multiply-adds that use it, so the loop issues
+ * MR x NR + NR loads per block instead of MR + NR and becomes bound by the
+ * two load ports (16 loads per 12 FMAs in the 3x2 tile). */
+#define REG(v) __asm__("" : "+x"(v))
 
 /* Lanes 0-7 of a 16-lane accumulator live in one register, 8-15 in another. */
 TGT2 static INL float hsum2(__m256 lo, __m256 hi)
@@ -123,53 +129,67 @@ TGT2 static INL __m256 ld8w(const void *p, int bf)
 	return _mm256_loadu_ps((const float *)p);
 }
 
-/* MR x NR tile, AVX2. x rows at x + i*ldx, w rows at w + j*wstride bytes. */
+/* MR x NR tile, AVX2. x rows at x + i*ldx, w rows at w + j*wstride bytes.
+ * Columns [k0, k1) of K (k0 a multiple of 16): the 16-lane accumulators
+ * start at zero, or from st_in (MR x NR x 16 floats, lanes in order) when
+ * this is a later piece of K; they end in st_out when more of K follows,
+ * else they are reduced into y. A lane's sequence of fmas is the same
+ * whether K is done in one piece or several. */
 TGT2 static INL void tile2(const int MR, const int NR, const int bf, const float *x, size_t ldx, const char *w,
-			   size_t wstride, int K, float *y, size_t ldy, unsigned flags)
+			   size_t wstride, int K, float *y, size_t ldy, unsigned flags, int k0, int k1,
+			   const float *st_in, float *st_out)
 {
-	__m256 lo[3][2], hi[3][2];
+	__m256 lo[3][4], hi[3][4];
 	const size_t es = bf ? 2 : 4;
+	(void)K;
 #pragma GCC unroll 3
 	for (int i = 0; i < MR; i++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
 		for (int j = 0; j < NR; j++) {
-			lo[i][j] = _mm256_setzero_ps();
-			hi[i][j] = _mm256_setzero_ps();
+			if (st_in) {
+				lo[i][j] = _mm256_loadu_ps(st_in + (i * NR + j) * 16);
+				hi[i][j] = _mm256_loadu_ps(st_in + (i * NR + j) * 16 + 8);
+			} else {
+				lo[i][j] = _mm256_setzero_ps();
+				hi[i][j] = _mm256_setzero_ps();
+			}
 		}
-	int k = 0;
-	for (; k + 16 <= K; k += 16) {
-		__m256 wv[2];
-#pragma GCC unroll 2
+	int k = k0;
+	for (; k + 16 <= k1; k += 16) {
+		__m256 wv[4];
+#pragma GCC unroll 4
 		for (int j = 0; j < NR; j++)
 			wv[j] = ld8w(w + j * wstride + (size_t)k * es, bf);
 #pragma GCC unroll 3
 		for (int i = 0; i < MR; i++) {
 			__m256 xv = _mm256_loadu_ps(x + i * ldx + k);
-#pragma GCC unroll 2
+			REG(xv);
+#pragma GCC unroll 4
 			for (int j = 0; j < NR; j++)
 				lo[i][j] = _mm256_fmadd_ps(xv, wv[j], lo[i][j]);
 		}
-#pragma GCC unroll 2
+#pragma GCC unroll 4
 		for (int j = 0; j < NR; j++)
 			wv[j] = ld8w(w + j * wstride + (size_t)(k + 8) * es, bf);
 #pragma GCC unroll 3
 		for (int i = 0; i < MR; i++) {
 			__m256 xv = _mm256_loadu_ps(x + i * ldx + k + 8);
-#pragma GCC unroll 2
+			REG(xv);
+#pragma GCC unroll 4
 			for (int j = 0; j < NR; j++)
 				hi[i][j] = _mm256_fmadd_ps(xv, wv[j], hi[i][j]);
 		}
 	}
-	if (k < K) {
+	if (k < k1) {
 		/* Zero-padded last block, through small buffers. */
-		float xb[3][16], wb[2][16];
-		int r = K - k;
+		float xb[3][16], wb[4][16];
+		int r = k1 - k;
 #pragma GCC unroll 3
 		for (int i = 0; i < MR; i++) {
 			memset(xb[i], 0, sizeof xb[i]);
 			memcpy(xb[i], x + i * ldx + k, (size_t)r * 4);
 		}
-#pragma GCC unroll 2
+#pragma GCC unroll 4
 		for (int j = 0; j < NR; j++) {
 			memset(wb[j], 0, sizeof wb[j]);
 			const char *wp = w + j * wstride + (size_t)k * es;
@@ -183,16 +203,26 @@ TGT2 static INL void tile2(const int MR, const int NR, const int bf, const float
 #pragma GCC unroll 3
 		for (int i = 0; i < MR; i++) {
 			__m256 x0 = _mm256_loadu_ps(xb[i]), x1 = _mm256_loadu_ps(xb[i] + 8);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
 			for (int j = 0; j < NR; j++) {
 				lo[i][j] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(wb[j]), lo[i][j]);
 				hi[i][j] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(wb[j] + 8), hi[i][j]);
 			}
 		}
 	}
+	if (st_out) {
+#pragma GCC unroll 3
+		for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+			for (int j = 0; j < NR; j++) {
+				_mm256_storeu_ps(st_out + (i * NR + j) * 16, lo[i][j]);
+				_mm256_storeu_ps(st_out + (i * NR + j) * 16 + 8, hi[i][j]);
+			}
+		return;
+	}
 #pragma GCC unroll 3
 	for (int i = 0; i < MR; i++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
 		for (int j = 0; j < NR; j++) {
 			float r = hsum2(lo[i][j], hi[i][j]);
 			float *yo = y + i * ldy + j;
@@ -203,15 +233,36 @@ TGT2 static INL void tile2(const int MR, const int NR, const int bf, const float
 #define T2(mr, nr, bf) \
 	TGT2 static void t2_##mr##_##nr##_##bf(const float *x, size_t ldx, const char *w, size_t ws, int K, \
 					      float *y, size_t ldy, unsigned fl) \
-	{ tile2(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl); }
+	{ tile2(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl, 0, K, NULL, NULL); }
 T2(1, 1, 0) T2(1, 2, 0) T2(2, 1, 0) T2(2, 2, 0) T2(3, 1, 0) T2(3, 2, 0)
 T2(1, 1, 1) T2(1, 2, 1) T2(2, 1, 1) T2(2, 2, 1) T2(3, 1, 1) T2(3, 2, 1)
+T2(1, 3, 0) T2(1, 4, 0) T2(1, 3, 1) T2(1, 4, 1)
 
 typedef void (*tile_fn)(const float *, size_t, const char *, size_t, int, float *, size_t, unsigned);
+typedef void (*tile_kfn)(const float *, size_t, const char *, size_t, int, float *, size_t, unsigned, int, int,
+			 const float *, float *);
+
+#define T2K(mr, nr, bf) \
+	TGT2 static void t2k_##mr##_##nr##_##bf(const float *x, size_t ldx, const char *w, size_t ws, int K, \
+					       float *y, size_t ldy, unsigned fl, int k0, int k1, const float *si, \
+					       float *so) \
+	{ tile2(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl, k0, k1, si, so); }
+T2K(1, 1, 0) T2K(1, 2, 0) T2K(2, 1, 0) T2K(2, 2, 0) T2K(3, 1, 0) T2K(3, 2, 0)
+T2K(1, 1, 1) T2K(1, 2, 1) T2K(2, 1, 1) T2K(2, 2, 1) T2K(3, 1, 1) T2K(3, 2, 1)
+static const tile_kfn g_t2k[2][3][2] = {
+	{{t2k_1_1_0, t2k_1_2_0}, {t2k_2_1_0, t2k_2_2_0}, {t2k_3_1_0, t2k_3_2_0}},
+	{{t2k_1_1_1, t2k_1_2_1}, {t2k_2_1_1, t2k_2_2_1}, {t2k_3_1_1, t2k_3_2_1}},
+};
 
 static const tile_fn g_t2[2][3][2] = {
 	{{t2_1_1_0, t2_1_2_0}, {t2_2_1_0, t2_2_2_0}, {t2_3_1_0, t2_3_2_0}},
 	{{t2_1_1_1, t2_1_2_1}, {t2_2_1_1, t2_2_2_1}, {t2_3_1_1, t2_3_2_1}},
+};
+/* One activation row (decode): four weight rows per tile, so each thread
+ * keeps four weight streams in flight instead of two. */
+static const tile_fn g_t2v[2][4] = {
+	{t2_1_1_0, t2_1_2_0, t2_1_3_0, t2_1_4_0},
+	{t2_1_1_1, t2_1_2_1, t2_1_3_1, t2_1_4_1},
 };
 
 /* --- AVX-512 -------------------------------------------------------------- */
@@ -261,23 +312,26 @@ TGT5 static INL __m512 ld16w_mask(const void *p, int bf, __mmask16 m)
 	return _mm512_maskz_loadu_ps(m, p);
 }
 
+/* Columns [k0, k1) with parked accumulators, as tile2. */
 TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float *x, size_t ldx, const char *w,
-			   size_t wstride, int K, float *y, size_t ldy, unsigned flags)
+			   size_t wstride, int K, float *y, size_t ldy, unsigned flags, int k0, int k1,
+			   const float *st_in, float *st_out)
 {
-	__m512 acc[MR5][NR5];
+	__m512 acc[6][6];
 	const size_t es = bf ? 2 : 4;
-#pragma GCC unroll 4
+	(void)K;
+#pragma GCC unroll 6
 	for (int i = 0; i < MR; i++)
 #pragma GCC unroll 6
 		for (int j = 0; j < NR; j++)
-			acc[i][j] = _mm512_setzero_ps();
-	int k = 0;
-	for (; k + 16 <= K; k += 16) {
-		__m512 wv[NR5];
+			acc[i][j] = st_in ? _mm512_loadu_ps(st_in + (i * NR + j) * 16) : _mm512_setzero_ps();
+	int k = k0;
+	for (; k + 16 <= k1; k += 16) {
+		__m512 wv[6];
 #pragma GCC unroll 6
 		for (int j = 0; j < NR; j++)
 			wv[j] = ld16w(w + j * wstride + (size_t)k * es, bf);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
 		for (int i = 0; i < MR; i++) {
 			__m512 xv = _mm512_loadu_ps(x + i * ldx + k);
 #pragma GCC unroll 6
@@ -285,13 +339,13 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 				acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
 		}
 	}
-	if (k < K) {
-		__mmask16 m = (__mmask16)((1u << (K - k)) - 1u);
-		__m512 wv[NR5];
+	if (k < k1) {
+		__mmask16 m = (__mmask16)((1u << (k1 - k)) - 1u);
+		__m512 wv[6];
 #pragma GCC unroll 6
 		for (int j = 0; j < NR; j++)
 			wv[j] = ld16w_mask(w + j * wstride + (size_t)k * es, bf, m);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
 		for (int i = 0; i < MR; i++) {
 			__m512 xv = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
 #pragma GCC unroll 6
@@ -299,9 +353,17 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 				acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
 		}
 	}
+	if (st_out) {
+#pragma GCC unroll 6
+		for (int i = 0; i < MR; i++)
+#pragma GCC unroll 6
+			for (int j = 0; j < NR; j++)
+				_mm512_storeu_ps(st_out + (i * NR + j) * 16, acc[i][j]);
+		return;
+	}
 	/* Reductions four accumulators at a time (hsum4x5: the same pairs as
 	 * hsum5), the rest one by one. */
-	float r[MR5 * NR5];
+	float r[36];
 	const int T = MR * NR;
 	int q = 0;
 #pragma GCC unroll 6
@@ -311,7 +373,7 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 #pragma GCC unroll 3
 	for (; q < T; q++)
 		r[q] = hsum5(acc[q / NR][q % NR]);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
 	for (int i = 0; i < MR; i++)
 #pragma GCC unroll 6
 		for (int j = 0; j < NR; j++) {
@@ -323,16 +385,33 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 #define T5(mr, nr, bf) \
 	TGT5 static void t5_##mr##_##nr##_##bf(const float *x, size_t ldx, const char *w, size_t ws, int K, \
 					      float *y, size_t ldy, unsigned fl) \
-	{ tile5(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl); }
+	{ tile5(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl, 0, K, NULL, NULL); }
+#define T5K(mr, nr, bf) \
+	TGT5 static void t5k_##mr##_##nr##_##bf(const float *x, size_t ldx, const char *w, size_t ws, int K, \
+					       float *y, size_t ldy, unsigned fl, int k0, int k1, const float *si, \
+					       float *so) \
+	{ tile5(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl, k0, k1, si, so); }
 #define T5ROW(mr, bf) T5(mr, 1, bf) T5(mr, 2, bf) T5(mr, 3, bf) T5(mr, 4, bf) T5(mr, 5, bf) T5(mr, 6, bf)
 T5ROW(1, 0) T5ROW(2, 0) T5ROW(3, 0) T5ROW(4, 0)
 T5ROW(1, 1) T5ROW(2, 1) T5ROW(3, 1) T5ROW(4, 1)
+#define T5KROW(mr, bf) T5K(mr, 1, bf) T5K(mr, 2, bf) T5K(mr, 3, bf) T5K(mr, 4, bf)
+T5KROW(1, 0) T5KROW(2, 0) T5KROW(3, 0) T5KROW(4, 0) T5KROW(5, 0) T5KROW(6, 0)
+T5KROW(1, 1) T5KROW(2, 1) T5KROW(3, 1) T5KROW(4, 1) T5KROW(5, 1) T5KROW(6, 1)
 
 #define T5TAB(mr, bf) {t5_##mr##_1_##bf, t5_##mr##_2_##bf, t5_##mr##_3_##bf, t5_##mr##_4_##bf, \
 		       t5_##mr##_5_##bf, t5_##mr##_6_##bf}
 static const tile_fn g_t5[2][MR5][NR5] = {
 	{T5TAB(1, 0), T5TAB(2, 0), T5TAB(3, 0), T5TAB(4, 0)},
 	{T5TAB(1, 1), T5TAB(2, 1), T5TAB(3, 1), T5TAB(4, 1)},
+};
+#define T5KTAB(mr, bf) {t5k_##mr##_1_##bf, t5k_##mr##_2_##bf, t5k_##mr##_3_##bf, t5k_##mr##_4_##bf, \
+			t5k_##mr##_5_##bf, t5k_##mr##_6_##bf}
+/* Long rows: 6 x 4 tiles (weights come from L2 there, activations from
+ * L1, so fewer weight rows per tile and more activation rows). */
+#define T5K4TAB(mr, bf) {t5k_##mr##_1_##bf, t5k_##mr##_2_##bf, t5k_##mr##_3_##bf, t5k_##mr##_4_##bf}
+static const tile_kfn g_t5k[2][6][4] = {
+	{T5K4TAB(1, 0), T5K4TAB(2, 0), T5K4TAB(3, 0), T5K4TAB(4, 0), T5K4TAB(5, 0), T5K4TAB(6, 0)},
+	{T5K4TAB(1, 1), T5K4TAB(2, 1), T5K4TAB(3, 1), T5K4TAB(4, 1), T5K4TAB(5, 1), T5K4TAB(6, 1)},
 };
 
 #endif /* __x86_64__ */
@@ -362,6 +441,50 @@ static void sweep(const tile_fn *tab, int mr_max, int nr_max, const struct ke_ma
 	}
 }
 
+#if defined(__x86_64__)
+/*
+ * The sweep for long rows (K > 2 KC on AVX2, > 4 KC on AVX-512): inside a block of weight rows and
+ * a tile of 3 activation rows, K is walked in pieces of KC columns, each
+ * piece swept over all the block's weight tiles, the 16-lane accumulators
+ * parked in st between pieces. So the MR x KC activations stay in L1 while
+ * the block's tiles use them (with the whole K, 3 rows of 4096 floats do
+ * not fit in L1 and came from L2 for every weight tile: L2-bound at about
+ * 3/4 of the FMA rate). Same operations per lane as one piece.
+ */
+#define KC2 512
+#define NBK_MAX 144
+static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, const struct ke_mat *w, const float *x,
+		    size_t ldx, int m, float *y, size_t ldy, unsigned flags, int n0, int n1)
+{
+	size_t es = bf ? 2 : 4;
+	size_t wstride = w->ld * es;
+	int K = w->cols;
+	int nb = (int)(NB_BYTES / ((size_t)K * es));
+	nb = nb < nr_max ? nr_max : nb > NBK_MAX ? NBK_MAX : nb;
+	nb -= nb % nr_max;
+	/* parked accumulators of one row tile across the block: at most
+	 * NBK_MAX weight rows x 6 activation rows x 16 lanes (54 KiB) */
+	float st[NBK_MAX * 6 * 16];
+	const char *wd = w->data;
+	for (int b0 = n0; b0 < n1; b0 += nb) {
+		int b1 = b0 + nb < n1 ? b0 + nb : n1;
+		for (int i = 0; i < m; i += mr_max) {
+			int mr = m - i < mr_max ? m - i : mr_max;
+			for (int k0 = 0; k0 < K; k0 += KC2) {
+				int k1 = k0 + KC2 < K ? k0 + KC2 : K;
+				for (int n = b0; n < b1; n += nr_max) {
+					int nr = b1 - n < nr_max ? b1 - n : nr_max;
+					float *t = st + (size_t)(n - b0) * mr_max * 16;
+					tab[(mr - 1) * nr_max + (nr - 1)](x + (size_t)i * ldx, ldx, wd + (size_t)n * wstride,
+									  wstride, K, y + (size_t)i * ldy + n, ldy, flags, k0,
+									  k1, k0 ? t : NULL, k1 < K ? t : NULL);
+				}
+			}
+		}
+	}
+}
+#endif
+
 void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
 		   unsigned flags, int n0, int n1)
 {
@@ -381,11 +504,19 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 	int bf = w->dtype == KV_DT_BF16;
 #if defined(__x86_64__)
 	if (isa == KE_ISA_AVX512) {
-		sweep(&g_t5[bf][0][0], MR5, NR5, w, x, ldx, m, y, ldy, flags, n0, n1);
+		if (m > 1 && w->cols > 4 * KC2)
+			sweep_k(&g_t5k[bf][0][0], 6, 4, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
+		else
+			sweep(&g_t5[bf][0][0], MR5, NR5, w, x, ldx, m, y, ldy, flags, n0, n1);
 		return;
 	}
 	if (isa == KE_ISA_AVX2) {
-		sweep(&g_t2[bf][0][0], 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
+		if (m == 1)
+			sweep(&g_t2v[bf][0], 1, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
+		else if (w->cols > 2 * KC2)
+			sweep_k(&g_t2k[bf][0][0], 3, 2, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
+		else
+			sweep(&g_t2[bf][0][0], 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
 		return;
 	}
 #endif
@@ -417,8 +548,11 @@ void ke_gemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *y
 	/* Waking a worker costs microseconds (much more when the cores are
 	 * busy with other processes): small products run on the caller. */
 	double work = (double)m * w->rows * w->cols;
+	double t0 = ke_prof_t0();
+	double wbytes = (double)w->rows * w->cols * (w->dtype == KV_DT_BF16 ? 2 : 4);
 	if (work < KE_PAR_MIN_WORK) {
 		gemm_part(&j, 0, (size_t)w->rows, 0);
+		ke_prof_add(KE_PROF_GEMM, t0, 2.0 * work, wbytes);
 		return;
 	}
 	/* Chunks: about four per thread, a multiple of every path's NR (6 and
@@ -426,4 +560,5 @@ void ke_gemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *y
 	size_t per = (size_t)w->rows / (4u * (size_t)kv_pool_size(kv_pool_global())) + 1;
 	size_t grain = (per + 11) / 12 * 12;
 	kv_pool_for(kv_pool_global(), (size_t)w->rows, grain, gemm_part, &j);
+	ke_prof_add(KE_PROF_GEMM, t0, 2.0 * work, wbytes);
 }

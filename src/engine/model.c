@@ -167,6 +167,50 @@ static int cmp_mat(const void *a, const void *b)
 	return sx < sy ? 1 : sx > sy ? -1 : 0;
 }
 
+/*
+ * RoPE scaling, in f32 like transformers' modeling_rope_utils.py:
+ *   linear: inv_freq / factor
+ *   yarn:   pos_freqs = base^(2i/dim); extrapolation 1 / pos_freqs,
+ *           interpolation 1 / (factor pos_freqs); the correction range
+ *           [low, high] = [floor(d(beta_fast)), ceil(d(beta_slow))] (no
+ *           rounding without "truncate") clamped to [0, dim - 1], with
+ *           d(r) = dim ln(orig_max / (2 pi r)) / (2 ln base); ramp_i =
+ *           clamp((i - low) / (high - low), 0, 1); e = 1 - ramp;
+ *           inv = interp (1 - e) + extrap e.
+ * (YaRN's attention factor multiplies cos and sin: forward.c.)
+ */
+static void rope_scale_freqs(const struct kv_model_config *c, float *inv, int half)
+{
+	if (c->rope_scaling == KV_ROPE_LINEAR) {
+		for (int i = 0; i < half; i++)
+			inv[i] = inv[i] / (float)c->rope_factor;
+		return;
+	}
+	if (c->rope_scaling != KV_ROPE_YARN)
+		return;
+	double dim = c->rotary_dim, base = c->rope_theta, om = c->rope_orig_max_pos;
+	double low = dim * log(om / (c->rope_beta_fast * 2 * M_PI)) / (2 * log(base));
+	double high = dim * log(om / (c->rope_beta_slow * 2 * M_PI)) / (2 * log(base));
+	if (c->rope_truncate) {
+		low = floor(low);
+		high = ceil(high);
+	}
+	low = low > 0 ? low : 0;
+	high = high < dim - 1 ? high : dim - 1;
+	if (low == high)
+		high += 0.001; /* transformers: "prevent singularity" */
+	float span = (float)(high - low), lo = (float)low, fac = (float)c->rope_factor;
+	for (int i = 0; i < half; i++) {
+		float pf = powf((float)base, (float)(2 * i) / (float)c->rotary_dim);
+		float extrap = 1.0f / pf, interp = 1.0f / (fac * pf);
+		float r = ((float)i - lo) / span;
+		r = r < 0.0f ? 0.0f : r > 1.0f ? 1.0f : r;
+		float e = 1.0f - r;
+		float a = interp * (1.0f - e), b = extrap * e;
+		inv[i] = a + b;
+	}
+}
+
 static void fill_layout(struct ke_model *m, int kv_dtype, int B)
 {
 	const struct kv_model_config *c = &m->cfg;
@@ -351,6 +395,7 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	L.next += half;
 	for (int i = 0; i < half; i++)
 		m->inv_freq[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rotary_dim);
+	rope_scale_freqs(c, m->inv_freq, half);
 
 	fill_layout(m, p->kv_f32 ? KV_DT_F32 : KV_DT_BF16, p->page_tokens ? p->page_tokens : 256);
 	if (m->lay.n_segments > 0) {

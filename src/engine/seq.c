@@ -2,6 +2,7 @@
  * seq.c - see seq.h. Invariant kept by every function: n_pages ==
  * ceil(pos / B) and the sequence holds exactly one reference on each.
  */
+#include "engine/prof.h"
 #include "engine/seq.h"
 #include "engine/engine_int.h"
 #include "base/err.h"
@@ -229,7 +230,9 @@ int ke_seq_prefill(struct ke_seq *s, const int32_t *tokens, int n, const struct 
 			return rc;
 		float *rows = o->logits_all ? o->logits_all + (size_t)done * V : NULL;
 		float *last = (!rows && end == n) ? logits : NULL;
+		double t0 = ke_prof_t0();
 		ke_forward(s, tokens + done, cnt, rows, last);
+		ke_prof_add(KE_PROF_FWD, t0, 0, 0);
 		memcpy(s->tokens + s->pos, tokens + done, (size_t)cnt * sizeof *tokens);
 		s->pos += cnt;
 		done = end;

@@ -135,10 +135,21 @@ static int parse_rope(struct cfgp *p, struct kv_model_config *c, double def_part
 		    (rc = get_num(p, rp, pp, "partial_rotary_factor", c->partial_rotary, &c->partial_rotary)))
 			return rc;
 	}
-	/* Only plain RoPE is implemented; "mrope" (the multimodal variant)
-	 * reduces to it for text. Anything else changes the frequencies. */
+	/* "default" and "mrope" (the multimodal variant, which reduces to it
+	 * for text) are plain RoPE; "linear" and "yarn" rescale the
+	 * frequencies. The scaling keys sit in whichever object names the
+	 * type (transformers moved rope_scaling into rope_parameters). */
 	json_t *objs[2] = {rp, rs};
 	const char *names[2] = {"rope_parameters", "rope_scaling"};
+	json_t *so = NULL;
+	const char *sname = NULL;
+	c->rope_scaling = KV_ROPE_NONE;
+	c->rope_factor = 1.0;
+	c->rope_attn_factor = 1.0;
+	c->rope_beta_fast = 32.0;
+	c->rope_beta_slow = 1.0;
+	c->rope_orig_max_pos = c->max_positions;
+	c->rope_truncate = 1;
 	for (int i = 0; i < 2; i++) {
 		json_t *o = objs[i], *t;
 		if (!o || json_is_null(o))
@@ -150,13 +161,81 @@ static int parse_rope(struct cfgp *p, struct kv_model_config *c, double def_part
 			t = json_object_get(o, "type");
 		if (t && !json_is_null(t)) {
 			const char *s = json_string_value(t);
+			int kind;
 			if (!s)
 				return kv_fail(KV_ERR_INVALID, "%s: %s%s.rope_type must be a string", p->what, pre,
 					       names[i]);
-			if (strcmp(s, "default") && strcmp(s, "mrope"))
+			if (!strcmp(s, "default") || !strcmp(s, "mrope"))
+				continue;
+			if (!strcmp(s, "linear"))
+				kind = KV_ROPE_LINEAR;
+			else if (!strcmp(s, "yarn"))
+				kind = KV_ROPE_YARN;
+			else if (!strcmp(s, "dynamic"))
 				return kv_fail(KV_ERR_UNSUPPORTED,
-					       "%s: %s%s.rope_type '%s' is not supported (only default RoPE)", p->what,
-					       pre, names[i], s);
+					       "%s: %s%s.rope_type 'dynamic' is not supported: its frequencies change with "
+					       "the length of each batch, so a token's KV would depend on how the prompt "
+					       "was cut (use 'yarn' or 'linear')", p->what, pre, names[i]);
+			else
+				return kv_fail(KV_ERR_UNSUPPORTED,
+					       "%s: %s%s.rope_type '%s' is not supported (default, linear or yarn)",
+					       p->what, pre, names[i], s);
+			if (so && kind != c->rope_scaling)
+				return kv_fail(KV_ERR_INVALID, "%s: %srope_parameters and rope_scaling name different "
+					       "rope types", p->what, pre);
+			c->rope_scaling = kind;
+			so = o;
+			sname = names[i];
+		}
+	}
+	if (so) {
+		char sp[64];
+		snprintf(sp, sizeof sp, "%s%s.", pre, sname);
+		json_t *f = json_object_get(so, "factor");
+		int has_orig = json_object_get(so, "original_max_position_embeddings") != NULL &&
+			       !json_is_null(json_object_get(so, "original_max_position_embeddings"));
+		if ((rc = get_int(p, so, sp, "original_max_position_embeddings", c->max_positions, 1, 1 << 30,
+				  &c->rope_orig_max_pos)))
+			return rc;
+		if ((!f || json_is_null(f)) && !(c->rope_scaling == KV_ROPE_YARN && has_orig))
+			return kv_fail(KV_ERR_INVALID, "%s: %sfactor is required", p->what, sp);
+		/* yarn without a factor: max_position_embeddings / original */
+		double def_f = c->rope_orig_max_pos > 0 ? (double)c->max_positions / c->rope_orig_max_pos : 1.0;
+		if ((rc = get_num(p, so, sp, "factor", def_f, &c->rope_factor)))
+			return rc;
+		if (!(c->rope_factor > 0 && c->rope_factor <= 1e6))
+			return kv_fail(KV_ERR_INVALID, "%s: %sfactor %g must be in (0, 1e6]", p->what, sp, c->rope_factor);
+		if (c->rope_scaling == KV_ROPE_YARN) {
+			double mscale = 0, mscale_all = 0, af = -1;
+			if ((rc = get_num(p, so, sp, "beta_fast", 32.0, &c->rope_beta_fast)) ||
+			    (rc = get_num(p, so, sp, "beta_slow", 1.0, &c->rope_beta_slow)) ||
+			    (rc = get_num(p, so, sp, "mscale", 0.0, &mscale)) ||
+			    (rc = get_num(p, so, sp, "mscale_all_dim", 0.0, &mscale_all)) ||
+			    (rc = get_num(p, so, sp, "attention_factor", -1.0, &af)) ||
+			    (rc = get_bool(p, so, sp, "truncate", 1, &c->rope_truncate)))
+				return rc;
+			/* transformers: "beta_fast or 32" (0 means the default) */
+			if (c->rope_beta_fast == 0)
+				c->rope_beta_fast = 32.0;
+			if (c->rope_beta_slow == 0)
+				c->rope_beta_slow = 1.0;
+			if (!(c->rope_beta_fast > 0 && c->rope_beta_slow > 0))
+				return kv_fail(KV_ERR_INVALID, "%s: %sbeta_fast and beta_slow must be positive", p->what, sp);
+			if (af >= 0) {
+				c->rope_attn_factor = af;
+			} else {
+				/* get_mscale(s, m) = 1 if s <= 1 else 0.1 m ln(s) + 1 */
+				double s = c->rope_factor;
+#define MSCALE(m) (s <= 1 ? 1.0 : 0.1 * (m) * log(s) + 1.0)
+				if (mscale != 0 && mscale_all != 0)
+					c->rope_attn_factor = MSCALE(mscale) / MSCALE(mscale_all);
+				else
+					c->rope_attn_factor = MSCALE(1.0);
+#undef MSCALE
+			}
+			if (!(c->rope_attn_factor > 0 && c->rope_attn_factor < 1e3))
+				return kv_fail(KV_ERR_INVALID, "%s: %sattention factor %g must be in (0, 1000)", p->what, sp,
+					       c->rope_attn_factor);
 		}
 	}
 	if (!(c->rope_theta > 0))

@@ -25,8 +25,11 @@
  * odd, layer_types of the wrong length, ...) are KV_ERR_INVALID naming the
  * field, e.g. "config.json: text_config.num_key_value_heads: 3 does not
  * divide num_attention_heads 16". Features the engine does not implement
- * (sliding windows, rope scaling other than "default", attention biases,
- * an activation other than silu) are KV_ERR_UNSUPPORTED naming the field.
+ * (sliding windows, rope types other than default, mrope, linear and yarn,
+ * attention biases, an activation other than silu) are KV_ERR_UNSUPPORTED
+ * naming the field; "dynamic" NTK scaling is refused because its
+ * frequencies depend on how long the batch being computed is, which would
+ * make a token's KV depend on chunking (cached != cold).
  *
  * Defaults for missing fields are those of the Hugging Face configuration
  * classes (configuration_qwen3.py, configuration_qwen3_next.py,
@@ -72,6 +75,8 @@ enum kv_arch { KV_ARCH_QWEN3 = 0, KV_ARCH_QWEN3_5 = 1, KV_ARCH_QWEN3_NEXT = 2 };
 enum kv_expert_layout { KV_EXPERTS_STACKED = 0, KV_EXPERTS_SPLIT = 1, KV_EXPERTS_SWITCH = 2 };
 enum kv_layer_type { KV_LAYER_ATTN = 0, KV_LAYER_DELTANET = 1 };
 
+enum kv_rope_scaling { KV_ROPE_NONE = 0, KV_ROPE_LINEAR, KV_ROPE_YARN };
+
 struct kv_model_config {
 	int arch;                     /* enum kv_arch */
 	char model_type[32];          /* as written in config.json */
@@ -88,6 +93,16 @@ struct kv_model_config {
 	int rotary_dim;               /* head_dim x partial_rotary, even */
 	int tie_embeddings;           /* tie_word_embeddings */
 	int max_positions;            /* max_position_embeddings (0 unknown) */
+	/* RoPE scaling (rope_scaling / rope_parameters "rope_type"): the
+	 * engine's inverse frequencies follow transformers'
+	 * modeling_rope_utils.py; docs/engine.md has the formulas. */
+	int rope_scaling;             /* enum kv_rope_scaling */
+	double rope_factor;           /* "factor" (linear, yarn); 1 for none */
+	double rope_attn_factor;      /* cos/sin multiplier: YaRN's attention factor, else 1 */
+	double rope_beta_fast;        /* yarn "beta_fast" (32) */
+	double rope_beta_slow;        /* yarn "beta_slow" (1) */
+	int rope_orig_max_pos;        /* yarn "original_max_position_embeddings" (max_positions) */
+	int rope_truncate;            /* yarn "truncate" (true) */
 	int hybrid;                   /* 1 for qwen3_5 / qwen3_next */
 	int attn_output_gate;         /* q_proj carries a per-head gate (hybrid) */
 	int norm_plus_one;            /* RMSNorm scales by (1 + w) (hybrid) */

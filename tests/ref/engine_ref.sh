@@ -21,7 +21,9 @@
 # folder with per-module overrides) run by the engine against the
 # reference on the same weights, dequantized independently by
 # reference_model.py --dequant-mlx; 1e-4 like the f32 folders.
-# The bf16-weight presets with the default bf16 KV are checked against the
+# dense-yarn, dense-linear and hybrid-yarn are the same f32 models with
+# RoPE scaling added to config.json (checked the same way, 1e-4). The
+# bf16-weight presets with the default bf16 KV are checked against the
 # reference with a looser 2e-2 bound (bf16 KV rounding). The reference also
 # checks its own recurrent delta rule against Hugging Face's chunked form.
 # One "ok NAME" / "FAIL NAME: why" line per check.
@@ -122,6 +124,25 @@ if [ -d "$T/tiny-moe" ]; then
 	fi
 fi
 mk tiny-moe bf16 "$T/tiny-moe-bf16" && run_pair tiny-moe-bf16 "$T/tiny-moe-bf16" "" 2e-2 1
+# RoPE scaling: a copy of a folder with a rope_scaling (dense, the older
+# key) or rope_parameters (hybrid, the newer one) block; original contexts
+# of 16 and 8 tokens so that the 64 positions run far past them.
+rope_variant() { # src dst key json
+	rm -rf "$2" && cp -r "$1" "$2" &&
+		"$PY" -c "import json,sys; p=sys.argv[1]+'/config.json'; j=json.load(open(p)); t=j.get('text_config', j); t.setdefault(sys.argv[2], {}); t[sys.argv[2]] = dict(t[sys.argv[2]] or {}, **json.loads(sys.argv[3])); json.dump(j, open(p, 'w'))" "$2" "$3" "$4"
+}
+if [ -d "$T/tiny-dense" ]; then
+	rope_variant "$T/tiny-dense" "$T/dense-yarn" rope_scaling \
+		'{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}' &&
+		run_pair dense-yarn "$T/dense-yarn" --kv-f32 1e-4 0
+	rope_variant "$T/tiny-dense" "$T/dense-linear" rope_scaling '{"type": "linear", "factor": 2.5}' &&
+		run_pair dense-linear "$T/dense-linear" --kv-f32 1e-4 0
+fi
+if [ -d "$T/tiny-hybrid" ]; then
+	rope_variant "$T/tiny-hybrid" "$T/hybrid-yarn" rope_parameters \
+		'{"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8, "beta_fast": 16, "mscale": 2, "mscale_all_dim": 1, "truncate": false}' &&
+		run_pair hybrid-yarn "$T/hybrid-yarn" --kv-f32 1e-4 1
+fi
 mk tiny-dense bf16 "$T/tiny-dense-bf16" && run_pair tiny-dense-bf16 "$T/tiny-dense-bf16" "" 2e-2 0
 mk tiny-hybrid bf16 "$T/tiny-hybrid-bf16" && run_pair tiny-hybrid-bf16 "$T/tiny-hybrid-bf16" "" 2e-2 1
 mlx_pair() { # preset bits group check_state [overrides]

@@ -136,6 +136,14 @@ def load_config(d):
     c.theta = rp.get("rope_theta", t.get("rope_theta", 10000.0))
     c.partial = rp.get("partial_rotary_factor", t.get("partial_rotary_factor", 0.25 if c.hybrid else 1.0))
     c.tie = t.get("tie_word_embeddings", j.get("tie_word_embeddings", False))
+    c.max_pos = t.get("max_position_embeddings", 32768)
+    # RoPE scaling: the object (rope_parameters or rope_scaling) whose
+    # rope_type is not default/mrope carries the keys.
+    c.rope = {"rope_type": "default"}
+    for o in (t.get("rope_parameters"), t.get("rope_scaling")):
+        if o and o.get("rope_type", o.get("type", "default")) not in ("default", "mrope"):
+            c.rope = dict(o)
+            c.rope["rope_type"] = o.get("rope_type", o.get("type"))
     if c.hybrid:
         lt = t.get("layer_types")
         if lt is None:
@@ -181,13 +189,60 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def rope_cos_sin(c, n, dt):
+def rope_inv_freq(c):
+    """Inverse frequencies and the cos/sin factor, after transformers'
+    modeling_rope_utils.py (_compute_default / _linear_scaling / _yarn)."""
     dim = int(c.head_dim * c.partial)
-    inv = 1.0 / (c.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim))
+    base = c.theta
+    r = c.rope
+    kind = r["rope_type"]
+    if kind == "default":
+        inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim))
+        return inv, 1.0
+    if kind == "linear":
+        inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim))
+        return inv / r["factor"], 1.0
+    assert kind == "yarn", kind
+    orig = r.get("original_max_position_embeddings") or c.max_pos
+    factor = r.get("factor")
+    if factor is None:
+        factor = c.max_pos / orig
+    attention_factor = r.get("attention_factor")
+    mscale, mscale_all_dim = r.get("mscale"), r.get("mscale_all_dim")
+
+    def get_mscale(scale, m=1):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
+        else:
+            attention_factor = get_mscale(factor)
+    beta_fast = r.get("beta_fast") or 32
+    beta_slow = r.get("beta_slow") or 1
+
+    def corr_dim(rot):
+        return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+    if r.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(torch.float32) / dim)
+    extra, inter = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    e = 1 - ramp
+    return inter * (1 - e) + extra * e, attention_factor
+
+
+def rope_cos_sin(c, n, dt):
+    inv, af = rope_inv_freq(c)
     pos = torch.arange(n, dtype=torch.float32)
     freqs = torch.outer(pos, inv)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dt), emb.sin().to(dt)
+    return (emb.cos() * af).to(dt), (emb.sin() * af).to(dt)
 
 
 def attention(c, W, p, h, cos, sin, dt):

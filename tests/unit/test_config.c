@@ -9,6 +9,7 @@
 #include "base/err.h"
 
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 static int parse(const char *json, struct kv_model_config *c)
@@ -235,6 +236,44 @@ KT_CASE(qwen35_flat_and_interval)
 	KT_EQ_INT(c.rotary_dim, 128);
 }
 
+KT_CASE(rope_scaling_linear_and_yarn)
+{
+	struct kv_model_config c;
+	/* The Qwen3 model card's YaRN block: attention factor 0.1 ln 4 + 1. */
+	KT_OK(parse("{\"model_type\": \"qwen3\", \"max_position_embeddings\": 40960, \"rope_scaling\": {\"rope_type\":"
+		    " \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32768}}",
+		    &c));
+	KT_EQ_INT(c.rope_scaling, KV_ROPE_YARN);
+	KT_CHECK(c.rope_factor == 4.0);
+	KT_EQ_INT(c.rope_orig_max_pos, 32768);
+	KT_CHECK(fabs(c.rope_attn_factor - (0.1 * log(4.0) + 1.0)) < 1e-12);
+	KT_CHECK(c.rope_beta_fast == 32.0 && c.rope_beta_slow == 1.0 && c.rope_truncate == 1);
+	/* mscale / mscale_all_dim, explicit betas, rope_parameters, no original: max_position_embeddings */
+	KT_OK(parse("{\"model_type\": \"qwen3_5\", \"max_position_embeddings\": 4096, \"rope_parameters\": {\"rope_type\":"
+		    " \"yarn\", \"rope_theta\": 10000, \"factor\": 8, \"mscale\": 2, \"mscale_all_dim\": 1, \"beta_fast\": 16,"
+		    " \"beta_slow\": 2, \"truncate\": false}}",
+		    &c));
+	KT_EQ_INT(c.rope_orig_max_pos, 4096);
+	KT_CHECK(fabs(c.rope_attn_factor - (0.2 * log(8.0) + 1.0) / (0.1 * log(8.0) + 1.0)) < 1e-12);
+	KT_CHECK(c.rope_beta_fast == 16.0 && c.rope_beta_slow == 2.0 && c.rope_truncate == 0);
+	/* yarn without a factor: max_position_embeddings / original */
+	KT_OK(parse("{\"model_type\": \"qwen3\", \"max_position_embeddings\": 8192, \"rope_scaling\": {\"rope_type\":"
+		    " \"yarn\", \"original_max_position_embeddings\": 2048}}",
+		    &c));
+	KT_CHECK(c.rope_factor == 4.0);
+	/* an explicit attention factor wins */
+	KT_OK(parse("{\"model_type\": \"qwen3\", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 2,"
+		    " \"attention_factor\": 1.5}}",
+		    &c));
+	KT_CHECK(c.rope_attn_factor == 1.5);
+	KT_OK(parse("{\"model_type\": \"qwen3\", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.5}}", &c));
+	KT_EQ_INT(c.rope_scaling, KV_ROPE_LINEAR);
+	KT_CHECK(c.rope_factor == 2.5 && c.rope_attn_factor == 1.0);
+	KT_OK(parse("{\"model_type\": \"qwen3\", \"rope_scaling\": null}", &c));
+	KT_EQ_INT(c.rope_scaling, KV_ROPE_NONE);
+	KT_CHECK(c.rope_factor == 1.0 && c.rope_attn_factor == 1.0);
+}
+
 KT_CASE(qwen3_next)
 {
 	struct kv_model_config c;
@@ -357,9 +396,22 @@ KT_CASE(rejections)
 	KT_CHECK(rejects("{\"model_type\": \"qwen3\", \"head_dim\": 7}", I, "rotary dim 7", NULL));
 	KT_CHECK(rejects("{\"model_type\": \"qwen3\", \"rms_norm_eps\": -1}", I, "rms_norm_eps", NULL));
 	KT_CHECK(rejects("{\"model_type\": \"qwen3\", \"rope_theta\": 0}", I, "rope_theta", NULL));
-	KT_CHECK(rejects("{\"model_type\": \"qwen3\", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}", U,
-			 "rope_scaling.rope_type 'yarn'", NULL));
-	KT_CHECK(rejects("{\"model_type\": \"qwen3\", \"rope_scaling\": {\"type\": \"linear\"}}", U, "'linear'", NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3\", \"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 4}}", U,
+			 "rope_scaling.rope_type 'dynamic'", "cut"));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3\", \"rope_scaling\": {\"rope_type\": \"longrope\"}}", U, "'longrope'",
+			 NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3\", \"rope_scaling\": {\"type\": \"linear\"}}", I,
+			 "rope_scaling.factor is required", NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3\", \"rope_scaling\": {\"type\": \"linear\", \"factor\": -2}}", I,
+			 "factor -2", NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3\", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": \"4\"}}", I,
+			 "rope_scaling.factor must be a number", NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3\", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4,"
+			 " \"original_max_position_embeddings\": 0}}",
+			 I, "original_max_position_embeddings", NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3_5\", \"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4},"
+			 " \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2}}",
+			 I, "different rope types", NULL));
 	KT_CHECK(rejects("{\"model_type\": \"qwen3\", \"use_sliding_window\": true, \"sliding_window\": 4096,"
 			 " \"max_window_layers\": 1, \"num_hidden_layers\": 4}",
 			 U, "use_sliding_window", NULL));
@@ -394,8 +446,10 @@ KT_CASE(rejections)
 	KT_CHECK(rejects("{\"model_type\": \"qwen3_5\", \"head_dim\": 20}", I, "rotary dim 5", NULL));
 	KT_CHECK(rejects("{\"model_type\": \"qwen3_5\", \"partial_rotary_factor\": 1.5}", I, "partial_rotary_factor",
 			 NULL));
-	KT_CHECK(rejects("{\"model_type\": \"qwen3_5\", \"rope_parameters\": {\"rope_type\": \"yarn\"}}", U,
-			 "rope_parameters.rope_type 'yarn'", NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3_5\", \"rope_parameters\": {\"rope_type\": \"yarn\"}}", I,
+			 "rope_parameters.factor is required", NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3_5\", \"rope_parameters\": {\"rope_type\": \"llama3\"}}", U,
+			 "rope_parameters.rope_type 'llama3'", NULL));
 	KT_CHECK(rejects("{\"model_type\": \"qwen3_5\", \"rope_parameters\": []}", I, "rope_parameters", NULL));
 	KT_CHECK(rejects("{\"model_type\": \"qwen3_5\", \"num_experts\": 8}", U, "qwen3_5_moe", NULL));
 }
@@ -563,5 +617,6 @@ KT_CASE(tensor_table)
 	KT_EQ_U64(kv_config_param_count(&c), 80 + 16 + 64 + 32 + 32 + 64 + 8 + 384 + 8);
 }
 
-KT_MAIN(qwen3_dense, qwen3_defaults, qwen35_nested, qwen35_flat_and_interval, qwen3_next, rejections, qwen35_moe,
+KT_MAIN(qwen3_dense, qwen3_defaults, qwen35_nested, qwen35_flat_and_interval, rope_scaling_linear_and_yarn, qwen3_next,
+	rejections, qwen35_moe,
 	load_from_folder, tensor_table)

@@ -145,6 +145,45 @@ KT_CASE(gemm_simd_paths_bit_identical_to_scalar)
 		kt_skip("AVX2 checked; this CPU has no AVX-512 path");
 }
 
+/* Rows longer than the AVX2 path's K piece (512): the accumulators are
+ * parked between pieces, which must change no bit (vs scalar, vs M = 1). */
+KT_CASE(gemm_long_rows_paths_bit_identical)
+{
+	int best = ke_isa_best();
+	if (best == KE_ISA_SCALAR) {
+		kt_skip("this CPU has no AVX2+FMA path to compare");
+		return;
+	}
+	static const int Ks[] = {1025, 1536, 2047, 4100};
+	for (int rep = 0; rep < 8; rep++) {
+		int bf = rep & 1, K = Ks[rep % 4], M = 2 + irand(7), N = 1 + irand(70);
+		unsigned fl = rep % 3 == 2 ? KE_GEMM_ACCUM : 0;
+		struct wmat w;
+		wmat_make(&w, N, K, bf);
+		float *x = rand_vec((size_t)M * K), *y0 = rand_vec((size_t)M * N);
+		float *y1 = malloc((size_t)M * N * sizeof *y1), *y2 = malloc((size_t)M * N * sizeof *y2);
+		float *r1 = malloc((size_t)N * sizeof *r1);
+		memcpy(y1, y0, (size_t)M * N * sizeof *y1);
+		memcpy(y2, y0, (size_t)M * N * sizeof *y2);
+		memcpy(r1, y0 + (size_t)(M - 1) * N, (size_t)N * sizeof *r1);
+		ke_gemm_range(KE_ISA_SCALAR, &w.m, x, (size_t)K, M, y0, (size_t)N, fl, 0, N);
+		ke_gemm_range(KE_ISA_AVX2, &w.m, x, (size_t)K, M, y1, (size_t)N, fl, 0, N);
+		KT_CHECKF(!memcmp(y0, y1, (size_t)M * N * sizeof *y0), "avx2 != scalar M=%d N=%d K=%d bf=%d", M, N, K, bf);
+		ke_gemm_range(KE_ISA_AVX2, &w.m, x + (size_t)(M - 1) * K, (size_t)K, 1, r1, (size_t)N, fl, 0, N);
+		KT_CHECKF(!memcmp(r1, y1 + (size_t)(M - 1) * N, (size_t)N * sizeof *r1), "avx2 row M-1 != M=1, K=%d", K);
+		if (best >= KE_ISA_AVX512) {
+			ke_gemm_range(KE_ISA_AVX512, &w.m, x, (size_t)K, M, y2, (size_t)N, fl, 0, N);
+			KT_CHECKF(!memcmp(y0, y2, (size_t)M * N * sizeof *y0), "avx512 != scalar M=%d N=%d K=%d", M, N, K);
+		}
+		free(x);
+		free(y0);
+		free(y1);
+		free(y2);
+		free(r1);
+		wmat_free(&w);
+	}
+}
+
 KT_CASE(gemm_row_result_independent_of_m_and_split)
 {
 	/* the batch-invariance contract: decode (M=1) == prefill rows, whatever
@@ -686,7 +725,7 @@ KT_CASE(logprobs)
 	KT_EQ_INT(ke_top_logprobs(l, 6, 10, ids, top), 6);
 }
 
-KT_MAIN(gemm_matches_double_reference, gemm_simd_paths_bit_identical_to_scalar,
+KT_MAIN(gemm_matches_double_reference, gemm_simd_paths_bit_identical_to_scalar, gemm_long_rows_paths_bit_identical,
 	gemm_row_result_independent_of_m_and_split, gemm_accum_and_unaligned_weights, dot_is_the_gemm_order,
 	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
 	attention_invariant_to_chunks_threads_and_page_size, deltanet_rule_matches_double_and_paths_agree,
