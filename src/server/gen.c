@@ -12,7 +12,7 @@
  *                                          entries before 503 (Retry-After)
  *   wait for "started" or a failure   <-  "started" (status 200 decided)
  *     (polling for a client hang-up)
- *   reply: an error, or open the SSE       kc_run (cache/run.h, the cache's
+ *   reply: an error, or open the SSE       kss_run (session/run.h, the cache's
  *     stream and attach it                 driver): lookup, resume, prefill
  *                                          prompt[p:] with the policy's stop
  *                                          points and snapshots, decode
@@ -39,7 +39,7 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "cache/run.h"
+#include "session/run.h"
 #include "engine/sample.h"
 #include "server/openai.h"
 #include "server/output.h"
@@ -160,20 +160,44 @@ static void gen_fail(struct gen *g, int status, const char *fmt, ...)
 	pthread_mutex_unlock(&g->mu);
 }
 
-/* Send SSE bytes to the client (or keep them until the stream is attached). */
+/*
+ * Bytes a stream may hold that its client has not taken. Past this the
+ * request's own thread waits for the client (its sequence makes no
+ * progress, the engine's scheduler does not wait for it: the others go on)
+ * until the client reads, leaves, or the watchdog cuts it at
+ * --stall-timeout-s.
+ */
+#define KSV_STREAM_HIGH_WATER (256u << 10)
+
+/* Send SSE bytes to the client (or keep them until the stream is attached).
+ * Worker thread only: g->stream is ended by this thread, so it stays valid
+ * here after the lock is dropped. */
 static void gen_emit(struct gen *g, struct kv_buf *b)
 {
+	struct ksv_stream *st = NULL;
 	if (!b->len)
 		return;
 	pthread_mutex_lock(&g->mu);
 	if (g->stream) {
 		if (ksv_stream_write(g->stream, b->p, b->len))
 			atomic_store(&g->job.cancel, 1);
+		else
+			st = g->stream;
 	} else if (!g->gone) {
 		kv_buf_add(&g->pend, b->p, b->len);
 	}
 	pthread_mutex_unlock(&g->mu);
 	kv_buf_reset(b);
+	if (st && ksv_stream_pending(st) > KSV_STREAM_HIGH_WATER) {
+		kss_sched_away(g->s->engine, 1);
+		int rc;
+		while ((rc = ksv_stream_wait_room(st, KSV_STREAM_HIGH_WATER / 2, 100)) == KV_ERR_TIMEOUT &&
+		       !atomic_load(&g->job.cancel))
+			;
+		if (rc == KV_ERR_CANCELLED)
+			atomic_store(&g->job.cancel, 1);
+		kss_sched_away(g->s->engine, 0);
+	}
 }
 
 /* --- token bytes (for logprobs) ------------------------------------------ */
@@ -415,7 +439,7 @@ uint64_t ksv_gen_request_overhead(const struct ksv_server *s)
 enum { PICK_EOS = 1, PICK_STOP_STRING = 2, PICK_CANCEL = 3 };
 
 /*
- * kc_run's pick callback: one decode step. Runs the sampler, records
+ * kss_run's pick callback: one decode step. Runs the sampler, records
  * logprobs, feeds the text through the output pipeline (which streams
  * it), and decides whether generation goes on. The cancel flag is read
  * here, before every token, so a client that left stops the generation
@@ -459,65 +483,16 @@ static int pick(void *ctx, const float *logits, int vocab, int32_t *tok)
 	return KV_OK;
 }
 
-/*
- * Ask the disk tier for this prompt: RAM first (a peek that counts
- * nothing; its pages stay pinned while the disk tier uses them), then the
- * files when they go further. Returns the position now in RAM from disk
- * (0: nothing loaded). Never fails the request.
- */
-static uint32_t disk_fetch(struct gen *g)
-{
-	struct kc_hit h;
-	struct ks_fetch f = {0};
-	kc_cache_peek(g->tier.cache, g->prompt, g->n_prompt, &h);
-	struct kv_page **rp = h.n_pages ? malloc(h.n_pages * sizeof *rp) : NULL;
-	if (rp || !h.n_pages) {
-		if (rp)
-			kc_hit_pages(&h, rp);
-		struct ks_req rq = {.tokens = g->prompt,
-				    .n = g->n_prompt,
-				    .bounds = g->bounds,
-				    .n_bounds = g->n_bounds,
-				    .ram_pos = h.pos,
-				    .ram_pages = rp,
-				    .ram_n_pages = rp ? h.n_pages : 0};
-		ks_store_fetch(g->tier.store, &rq, &f);
-	}
-	free(rp);
-	kc_hit_release(g->tier.cache, &h);
-	return f.pos;
-}
-
-/* The recurrent state of a running sequence, for an interval checkpoint. */
-static int snap_fill(void *ctx, void *dst, size_t len)
-{
-	return ke_seq_snapshot(ctx, dst, len);
-}
-
-/* run.h on_every: --kv-disk-checkpoint-interval. Queued, never waited for. */
-static void disk_checkpoint(void *ctx, struct ke_seq *seq, int pos)
-{
-	struct ks_store *store = ctx;
-	int n = ke_seq_n_pages(seq);
-	struct kv_page **pg = malloc(((size_t)n + 1) * sizeof *pg);
-	if (!pg)
-		return;
-	for (int i = 0; i < n; i++)
-		pg[i] = ke_seq_page(seq, i);
-	if (ks_store_ckpt(store, ke_seq_tokens(seq), (uint32_t)pos, pg, snap_fill, seq) == KV_ERR_FULL)
-		KV_DEBUG("store.ckpt_dropped", "pos=%d msg=\"the disk writer queue is full\"", pos);
-	free(pg);
-}
-
 static void gen_run(struct ksv_job *job)
 {
 	struct gen *g = (struct gen *)job;
 	struct ksv_server *s = g->s;
-	struct kc_run_result res;
+	struct kss_run_result res;
 	int rc = KV_OK, started = 0, cancelled = 0, err_status = 0;
 	uint64_t t_start = kv_now_ns();
 	char errbuf[300] = "";
 	uint32_t p = 0;
+	uint64_t reserved = 0;     /* this request's share of s->reserved */
 
 	memset(&res, 0, sizeof res);
 	ksv_observe(s->f_queue_wait, (double)(t_start - g->job.t_submit_ns) / 1e9);
@@ -538,9 +513,13 @@ static void gen_run(struct ksv_job *job)
 	uint64_t need = (uint64_t)(g->n_prompt + (uint32_t)g->max_tokens) * s->lay->kv_bytes_per_token +
 			ksv_gen_request_overhead(s);
 	uint64_t released = 0;
-	if (s->mem_cap && kc_cache_admit(g->tier.cache, kv_mem_total(), need, s->mem_cap, &released) == KV_ERR_FULL &&
+	/* the requests running beside this one may still grow to their own
+	 * projections: they count as used (conservatively: what they already
+	 * hold is in kv_mem_total too) */
+	uint64_t used = kv_mem_total() + atomic_load(&s->reserved);
+	if (s->mem_cap && kc_cache_admit(g->tier.cache, used, need, s->mem_cap, &released) == KV_ERR_FULL &&
 	    (g->tier.cache == s->cache ||
-	     kc_cache_admit(s->cache, kv_mem_total(), need, s->mem_cap, &released) == KV_ERR_FULL)) {
+	     kc_cache_admit(s->cache, used, need, s->mem_cap, &released) == KV_ERR_FULL)) {
 		ksv_metrics_add(s->f_rej_503, 1);
 		err_status = 503;
 		snprintf(errbuf, sizeof errbuf,
@@ -571,14 +550,13 @@ static void gen_run(struct ksv_job *job)
 	if (g->forced) /* the answer starts with the forced tool-call opening */
 		ksv_out_feed(g->out, g->forced, strlen(g->forced));
 
-	/* the disk tier: when it holds more of this prompt than RAM, its files
-	 * are loaded into the RAM cache first (store.h) */
-	if (g->tier.store)
-		g->from_disk = disk_fetch(g) > 0;
-
-	/* lookup, restore, prefill with the policy's stop points, decode
-	 * through pick(), store: the cache's driver does it all */
-	struct kc_run_params rp = {.prompt = g->prompt,
+	/* lookup (the disk tier for what RAM lacks), restore, prefill with the
+	 * policy's stop points, decode through pick(), store: the session's
+	 * driver does it all, every forward batched with the other running
+	 * requests by the engine's scheduler */
+	atomic_fetch_add(&s->reserved, need);
+	reserved = need;
+	struct kss_run_params rp = {.prompt = g->prompt,
 				   .n = g->n_prompt,
 				   .bounds = g->bounds,
 				   .n_bounds = g->n_bounds,
@@ -588,10 +566,10 @@ static void gen_run(struct ksv_job *job)
 				   .mem_cap = s->mem_cap,
 				   .chunk = (int)s->o.prefill_chunk,
 				   .cancel = (const int *)&g->job.cancel,
-				   .every = g->tier.store ? ks_store_ckpt_interval(g->tier.store) : 0,
-				   .on_every = disk_checkpoint,
-				   .every_ctx = g->tier.store};
-	rc = kc_run(g->tier.cache, s->model, &rp, &res);
+				   .store = g->tier.store,
+				   .sched = s->engine};
+	rc = kss_run(g->tier.cache, s->model, &rp, &res);
+	g->from_disk = res.from_disk > 0;
 	ks_store_kick(g->tier.store); /* new entries for the write-behind */
 	p = res.resumed;
 	if (rc == KV_ERR_CANCELLED || atomic_load(&g->job.cancel)) {
@@ -627,6 +605,7 @@ static void gen_run(struct ksv_job *job)
 	}
 
 out:
+	atomic_fetch_sub(&s->reserved, reserved);
 	/* counted before the client gets its answer, so a client that reads
 	 * /metrics right after sees its own request */
 	if (started) {

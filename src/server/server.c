@@ -19,7 +19,7 @@
 #include "cache/cache.h"
 #include "cache/opts.h"
 #include "cache/policy.h"
-#include "cache/run.h"
+#include "session/sched.h"
 #include "engine/model.h"
 #include "engine/sample.h"
 #include "engine/seq.h"
@@ -693,11 +693,37 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		goto fail;
 	s->budget_total = kc_cache_budget(s->cache);
 	ksv_server_open_store(s, s->ns, s->cache, o->cache_salt && *o->cache_salt, &s->store);
-	s->sched = ksv_sched_create(1, (int)o->max_queue);
+	/* the engine's scheduler (session/sched.h): max_running requests
+	 * generate together, every forward batched into one engine step */
+	s->max_running = (int)o->max_running;
+	if (!s->max_running) {
+		/* as many as 4, while each gets a share of the memory left for
+		 * work (half of it; the other half for the cache to grow into)
+		 * of its scratch plus 2048 tokens of KV */
+		uint64_t per = ksv_gen_request_overhead(s) + 2048ull * s->lay->kv_bytes_per_token;
+		uint64_t used = kv_mem_total();
+		s->max_running = 4;
+		if (s->mem_cap) {
+			uint64_t room = s->mem_cap > used ? (s->mem_cap - used) / 2 : 0;
+			uint64_t fit = per ? room / per : 4;
+			s->max_running = fit < 1 ? 1 : fit < 4 ? (int)fit : 4;
+		}
+	}
+	struct kss_sched_params ep = {.model = s->model,
+				      .max_running = s->max_running,
+				      .max_batch_tokens = (int)o->max_batch_tokens,
+				      .chunk = o->prefill_chunk < 8192 ? (int)o->prefill_chunk : 8192};
+	if (ep.max_batch_tokens && ep.chunk > ep.max_batch_tokens - ep.max_running + 1)
+		ep.chunk = ep.max_batch_tokens - ep.max_running + 1;
+	if ((rc = kss_sched_create(&ep, &s->engine)))
+		goto fail;
+	s->sched = ksv_sched_create(s->max_running, (int)o->max_queue);
 	if (!s->sched) {
 		rc = KV_ERR_NOMEM;
 		goto fail;
 	}
+	KV_INFO("serve.scheduler", "max_running=%d max_batch_tokens=%d chunk=%d", s->max_running,
+		o->max_batch_tokens ? (int)o->max_batch_tokens : ep.chunk + s->max_running, ep.chunk);
 	if ((rc = setup_metrics(s)) || (s->store && (rc = setup_disk_metrics(s))))
 		goto fail;
 	if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK)) {
@@ -799,6 +825,7 @@ void ksv_server_destroy(struct ksv_server *s)
 		ksv_sched_close(s->sched, 1);
 	ksv_httpd_stop(s->http); /* joins connection threads: no handler runs after this */
 	ksv_sched_destroy(s->sched);
+	kss_sched_destroy(s->engine); /* after the workers: no forward is in flight */
 	ksv_tenant_close_all(s);
 	ks_store_close(s->store); /* before the cache: its writer holds cache views */
 	kc_cache_destroy(s->cache);

@@ -21,6 +21,7 @@
 #include "server/options.h"
 #include "server/sched.h"
 #include "server/tenant.h"
+#include "session/sched.h"
 #include "store/store.h"
 
 #define JSON_MAX_DEPTH 64
@@ -36,7 +37,10 @@ struct ksv_server {
 	const struct ke_layout *lay;
 	struct kc_cache *cache;
 	struct ks_store *store;           /* the disk tier (NULL: none, e.g. --disable-prefix-cache) */
-	struct ksv_sched *sched;
+	struct ksv_sched *sched;          /* the request queue: max_running workers */
+	struct kss_sched *engine;         /* the engine's scheduler (session/sched.h) */
+	int max_running;
+	atomic_uint_fast64_t reserved;    /* admission projections of the requests running now */
 	struct ksv_metrics *m;
 	struct ksv_httpd *http;
 	int vocab;

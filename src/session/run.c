@@ -1,8 +1,9 @@
 /*
  * run.c - see run.h.
  */
-#include "cache/run.h"
+#include "session/run.h"
 #include "cache/turn.h"
+#include "base/log.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/mem.h"
@@ -24,6 +25,8 @@ struct run_ctx {
 	void *every_ctx;
 	const uint32_t *tstops;
 	size_t n_tstops;
+	struct kss_sched *sched;
+	struct kss_flight *flight;  /* this prefill, for requests that share its stops */
 };
 
 static int is_turn_stop(const struct run_ctx *x, int pos)
@@ -67,7 +70,88 @@ static int on_stop(void *ctx, struct ke_seq *s, int pos)
 	if (!is_turn_stop(x, pos))
 		return KV_OK;
 	x->stops++;
-	return kc_turn_at_stop(x->turn, (uint32_t)pos, take_snap(x, s), seq_pages(x, s));
+	int rc = kc_turn_at_stop(x->turn, (uint32_t)pos, take_snap(x, s), seq_pages(x, s));
+	if (x->flight)
+		kss_sched_flight_at(x->sched, x->flight, (uint32_t)pos);
+	return rc;
+}
+
+/* The recurrent state of a running sequence, for an interval checkpoint. */
+static int snap_fill(void *ctx, void *dst, size_t len)
+{
+	return ke_seq_snapshot(ctx, dst, len);
+}
+
+/* on_every for a disk tier: --kv-disk-checkpoint-interval. Queued, never
+ * waited for. */
+static void disk_checkpoint(void *ctx, struct ke_seq *seq, int pos)
+{
+	struct ks_store *store = ctx;
+	int n = ke_seq_n_pages(seq);
+	struct kv_page **pg = malloc(((size_t)n + 1) * sizeof *pg);
+	if (!pg)
+		return;
+	for (int i = 0; i < n; i++)
+		pg[i] = ke_seq_page(seq, i);
+	if (ks_store_ckpt(store, ke_seq_tokens(seq), (uint32_t)pos, pg, snap_fill, seq) == KV_ERR_FULL)
+		KV_DEBUG("store.ckpt_dropped", "pos=%d msg=\"the disk writer queue is full\"", pos);
+	free(pg);
+}
+
+/* Ask the disk tier for what the RAM hit lacks (its pages stay pinned by
+ * the turn while the store reads). Returns the position now in RAM from
+ * disk (0: nothing loaded). Never fails the request. */
+static uint32_t disk_fetch(struct ks_store *st, const struct kss_run_params *p, const struct kc_hit *h)
+{
+	struct ks_fetch f = {0};
+	struct kv_page **rp = h->n_pages ? malloc(h->n_pages * sizeof *rp) : NULL;
+	if (h->n_pages && !rp)
+		return 0;
+	if (rp)
+		kc_hit_pages(h, rp);
+	struct ks_req rq = {.tokens = p->prompt, .n = p->n, .bounds = p->bounds, .n_bounds = p->n_bounds,
+			    .ram_pos = h->pos, .ram_pages = rp, .ram_n_pages = rp ? h->n_pages : 0};
+	ks_store_fetch(st, &rq, &f);
+	free(rp);
+	return f.pos > h->pos ? f.pos : 0;
+}
+
+/* One forward of n tokens: through the scheduler's batch, or here. */
+static int forward(const struct kss_run_params *p, struct ke_seq *s, const int32_t *tok, int n, float *logits)
+{
+	if (p->sched)
+		return kss_sched_forward(p->sched, s, tok, n, logits);
+	struct ke_prefill_opts po = {.cancel = p->cancel};
+	return ke_seq_prefill(s, tok, n, &po, logits);
+}
+
+/* Prefill prompt[pos, n) stopping at every stop (on_stop at each). With a
+ * scheduler each forward is one chunk, so a long prefill shares the engine
+ * with the others step by step; the cancel flag is read between them. */
+static int prefill(struct run_ctx *x, const struct kss_run_params *p, struct ke_seq *s, const int *stops, size_t n_stops,
+		   float *logits)
+{
+	int n = (int)p->n, rc;
+	int chunk = p->sched ? kss_sched_chunk(p->sched) : n;
+	size_t next = 0;
+	while (ke_seq_pos(s) < n) {
+		int at = ke_seq_pos(s);
+		if (p->cancel && __atomic_load_n(p->cancel, __ATOMIC_ACQUIRE))
+			return kv_fail(KV_ERR_CANCELLED, "prefill cancelled at position %d", at);
+		int end = at + chunk < n ? at + chunk : n;
+		if (next < n_stops && stops[next] < end)
+			end = stops[next];
+		if ((rc = forward(p, s, p->prompt + at, end - at, end == n ? logits : NULL)))
+			return rc;
+		if (ke_seq_pos(s) != end)
+			return kv_fail(KV_ERR_CANCELLED, "prefill stopped at position %d", ke_seq_pos(s));
+		if (next < n_stops && stops[next] == end) {
+			next++;
+			if ((rc = on_stop(x, s, end)))
+				return rc;
+		}
+	}
+	return KV_OK;
 }
 
 static int argmax(const float *l, int v)
@@ -84,13 +168,14 @@ static double ms_since(uint64_t t0)
 	return (double)(kv_now_ns() - t0) / 1e6;
 }
 
-int kc_run(struct kc_cache *c, struct ke_model *m, const struct kc_run_params *p, struct kc_run_result *r)
+int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params *p, struct kss_run_result *r)
 {
 	const struct ke_layout *L = ke_model_layout(m);
 	const struct kc_hit *hit;
 	struct run_ctx x = {.c = c};
 	struct ke_seq *s = NULL;
-	struct ke_seq_params sp = {.chunk = p->chunk};
+	/* with a scheduler the batch's scratch is used, not the sequence's */
+	struct ke_seq_params sp = {.chunk = p->sched ? 1 : p->chunk};
 	int V = ke_model_config(m)->vocab, rc;
 	int32_t *all = NULL;
 	float *logits = NULL;
@@ -99,6 +184,7 @@ int kc_run(struct kc_cache *c, struct ke_model *m, const struct kc_run_params *p
 	size_t n_st;
 	uint32_t total, n_gen = 0;
 	uint64_t t0;
+	int joined = 0;
 
 	memset(r, 0, sizeof *r);
 	if (!p->prompt || !p->n)
@@ -117,12 +203,26 @@ int kc_run(struct kc_cache *c, struct ke_model *m, const struct kc_run_params *p
 	}
 	memcpy(all, p->prompt, (size_t)p->n * sizeof *all);
 
-	/* 1. lookup */
+	/* 0. another running request prefilling a stop point we share: wait
+	 * for it, then find it in the cache */
+	x.sched = p->sched;
+	if (p->sched)
+		r->waited = kss_sched_flight_wait(p->sched, c, p->prompt, p->n, (const atomic_int *)p->cancel);
+
+	/* 1. lookup; the disk tier only for what RAM lacks */
 	t0 = kv_now_ns();
 	struct kc_turn_req tr = {.tokens = p->prompt, .n = p->n, .bounds = p->bounds, .n_bounds = p->n_bounds};
 	if ((rc = kc_turn_begin(c, &tr, &x.turn)))
 		goto out;
 	hit = kc_turn_hit(x.turn);
+	if (p->store && hit->pos + 1 < p->n && (r->from_disk = disk_fetch(p->store, p, hit))) {
+		/* the disk put a longer resume point into RAM: use it */
+		kc_turn_free(x.turn);
+		x.turn = NULL;
+		if ((rc = kc_turn_begin(c, &tr, &x.turn)))
+			goto out;
+		hit = kc_turn_hit(x.turn);
+	}
 	r->resumed = hit->pos;
 	r->shared = hit->shared;
 	r->lookup_ms = ms_since(t0);
@@ -166,6 +266,11 @@ int kc_run(struct kc_cache *c, struct ke_model *m, const struct kc_run_params *p
 	x.every = p->on_every ? p->every : 0;
 	x.on_every = p->on_every;
 	x.every_ctx = p->every_ctx;
+	if (!p->on_every && p->store && ks_store_ckpt_interval(p->store)) {
+		x.every = ks_store_ckpt_interval(p->store);
+		x.on_every = disk_checkpoint;
+		x.every_ctx = p->store;
+	}
 	/* the turn's stops merged with the interval points in (resume, n] */
 	size_t n_iv = x.every ? (p->n / x.every - hit->pos / x.every) : 0, n_all = 0;
 	stops = malloc((n_st + n_iv + 1) * sizeof *stops);
@@ -186,9 +291,14 @@ int kc_run(struct kc_cache *c, struct ke_model *m, const struct kc_run_params *p
 				iv += x.every;
 		}
 	}
-	struct ke_prefill_opts po = {.stops = stops, .n_stops = (int)n_all, .on_stop = on_stop, .ctx = &x,
-				     .cancel = p->cancel};
-	rc = ke_seq_prefill(s, p->prompt + hit->pos, (int)(p->n - hit->pos), &po, logits);
+	if (p->sched) {
+		x.flight = kss_sched_flight_begin(p->sched, c, p->prompt, p->n, st, n_st);
+		kss_sched_join(p->sched);
+		joined = 1;
+	}
+	rc = prefill(&x, p, s, stops, n_all, logits);
+	kss_sched_flight_end(p->sched, x.flight);
+	x.flight = NULL;
 	r->prefilled = p->n - hit->pos;
 	r->stops = x.stops;
 	r->prefill_ms = ms_since(t0);
@@ -217,7 +327,7 @@ int kc_run(struct kc_cache *c, struct ke_model *m, const struct kc_run_params *p
 			stop |= tok == p->stop_ids[k];
 		if (stop || i + 1 == p->max_new)
 			break;
-		if ((rc = ke_seq_decode(s, tok, logits)))
+		if ((rc = forward(p, s, &tok, 1, logits)))
 			goto out;
 		all[total++] = tok;
 		if (x.every && total % x.every == 0)
@@ -232,6 +342,11 @@ int kc_run(struct kc_cache *c, struct ke_model *m, const struct kc_run_params *p
 			 kc_turn_wants_end(x.turn, total) ? take_snap(&x, s) : NULL, seq_pages(&x, s));
 	r->store_ms = ms_since(t0);
 out:
+	if (p->sched && x.flight) {
+		kss_sched_flight_end(p->sched, x.flight);
+	}
+	if (joined)
+		kss_sched_leave(p->sched);
 	kc_turn_free(x.turn);
 	ke_seq_destroy(s);
 	free(stops);
