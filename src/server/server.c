@@ -476,6 +476,13 @@ static void scrape(void *ctx, struct ksv_metrics *m)
 	ksv_metrics_set(s->f_pages, (double)kv_pages_in_use(ke_model_pages(s->model)));
 	ksv_metrics_set(s->f_running, ksv_sched_running(s->sched));
 	ksv_metrics_set(s->f_waiting, ksv_sched_queued(s->sched));
+	struct kss_sched_stats es;
+	kss_sched_stats(s->engine, &es);
+	double ev[] = {(double)es.steps,      (double)es.rows,         (double)es.prefill_rows, es.step_s,
+		       (double)es.last_batch, (double)es.max_batch,    es.last_step_s,          (double)es.joined,
+		       (double)es.away,       (double)es.flight_waits, (double)es.flight_tokens, (double)s->max_running};
+	for (int i = 0; i < (int)(sizeof ev / sizeof ev[0]); i++)
+		ksv_metrics_set(s->fe[i], ev[i]);
 	struct ksv_httpd *http = __atomic_load_n(&s->http, __ATOMIC_ACQUIRE);
 	ksv_metrics_set(s->f_conns, http ? ksv_httpd_connections(http) : 0);
 	ksv_metrics_set(s->f_corrupt, (double)kv_corrupt_count());
@@ -503,6 +510,23 @@ static int setup_metrics(struct ksv_server *s)
 	H(f_e2e, "kvkeep_request_duration_seconds", "Time from arrival to the end of a generation request.", e2e_b);
 	H(f_queue_wait, "kvkeep_queue_wait_seconds", "Time a generation request waited for the engine.", e2e_b);
 	F(f_running, "kvkeep_requests_running", "Generation requests on the engine now.", KSV_GAUGE);
+	static const char *const en[12][3] = {
+		{"kvkeep_engine_steps_total", "Engine steps (one batched forward each).", "c"},
+		{"kvkeep_engine_step_tokens_total", "Tokens through engine steps (decode and prefill).", "c"},
+		{"kvkeep_engine_prefill_tokens_total", "Of those, tokens of prefill chunks.", "c"},
+		{"kvkeep_engine_step_seconds_total", "Seconds spent in engine steps (divide by steps: mean step time).", "c"},
+		{"kvkeep_engine_batch_size", "Sequences in the last engine step.", "g"},
+		{"kvkeep_engine_batch_size_max", "Most sequences one engine step has run.", "g"},
+		{"kvkeep_engine_last_step_seconds", "Duration of the last engine step.", "g"},
+		{"kvkeep_engine_sequences", "Sequences on the engine now (prefilling or decoding).", "g"},
+		{"kvkeep_engine_sequences_away", "Of those, waiting for a slow client (the engine does not wait for them).", "g"},
+		{"kvkeep_engine_prefix_waits_total",
+		 "Requests that waited for another request's prefill of a shared prefix instead of computing it again.", "c"},
+		{"kvkeep_engine_prefix_wait_tokens_total", "Prompt tokens those waits found in the cache.", "c"},
+		{"kvkeep_engine_max_running", "Requests that may generate together (--max-running).", "g"},
+	};
+	for (int i = 0; i < 12; i++)
+		s->fe[i] = ksv_metrics_family(m, en[i][0], en[i][1], en[i][2][0] == 'c' ? KSV_COUNTER : KSV_GAUGE, NULL, 0);
 	F(f_waiting, "kvkeep_requests_waiting", "Generation requests queued for the engine.", KSV_GAUGE);
 	F(f_cancelled, "kvkeep_requests_cancelled_total", "Generations stopped because the client went away.", KSV_COUNTER);
 	F(f_rej_503, "kvkeep_admission_rejections_total", "Requests answered 503: the cache could free nothing.", KSV_COUNTER);

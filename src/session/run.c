@@ -70,7 +70,10 @@ static int on_stop(void *ctx, struct ke_seq *s, int pos)
 	if (!is_turn_stop(x, pos))
 		return KV_OK;
 	x->stops++;
-	int rc = kc_turn_at_stop(x->turn, (uint32_t)pos, take_snap(x, s), seq_pages(x, s));
+	/* a request waiting for this prefix (sched.h): store it right away */
+	int rc = kss_sched_flight_wanted(x->sched, x->flight, (uint32_t)pos)
+			 ? kc_turn_share_at_stop(x->turn, (uint32_t)pos, take_snap(x, s), seq_pages(x, s))
+			 : kc_turn_at_stop(x->turn, (uint32_t)pos, take_snap(x, s), seq_pages(x, s));
 	if (x->flight)
 		kss_sched_flight_at(x->sched, x->flight, (uint32_t)pos);
 	return rc;
@@ -206,8 +209,18 @@ int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params 
 	/* 0. another running request prefilling a stop point we share: wait
 	 * for it, then find it in the cache */
 	x.sched = p->sched;
-	if (p->sched)
-		r->waited = kss_sched_flight_wait(p->sched, c, p->prompt, p->n, (const atomic_int *)p->cancel);
+	if (p->sched) {
+		/* provisional stops: what the lookup may choose from */
+		uint32_t *pv = malloc((p->n_bounds + 1) * sizeof *pv);
+		size_t n_pv = 0;
+		for (size_t i = 0; pv && i < p->n_bounds; i++)
+			pv[n_pv++] = p->bounds[i];
+		if (pv)
+			pv[n_pv++] = p->n;
+		x.flight = kss_sched_flight_begin(p->sched, c, p->prompt, p->n, pv, pv ? n_pv : 0,
+						  (const atomic_int *)p->cancel, &r->waited);
+		free(pv);
+	}
 
 	/* 1. lookup; the disk tier only for what RAM lacks */
 	t0 = kv_now_ns();
@@ -292,7 +305,7 @@ int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params 
 		}
 	}
 	if (p->sched) {
-		x.flight = kss_sched_flight_begin(p->sched, c, p->prompt, p->n, st, n_st);
+		kss_sched_flight_stops(p->sched, x.flight, st, n_st);
 		kss_sched_join(p->sched);
 		joined = 1;
 	}

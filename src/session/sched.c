@@ -35,7 +35,9 @@ struct kss_flight {
 	uint32_t n;
 	uint32_t *stops;
 	size_t n_stops;
-	uint32_t reached;         /* the newest stop stored */
+	uint32_t reached;         /* the newest stop passed */
+	uint32_t wants[8];        /* stops that waiters wait for */
+	int n_wants;
 	struct kss_flight *next;
 };
 
@@ -139,6 +141,9 @@ static void *engine_main(void *arg)
 		s->st.step_s += dt;
 		s->st.last_batch = k;
 		s->st.last_rows = rows;
+		s->st.last_step_s = dt;
+		if (k > s->st.max_batch)
+			s->st.max_batch = k;
 		pthread_cond_broadcast(&s->done);
 	}
 	/* shutdown: nothing pending runs */
@@ -298,31 +303,114 @@ void kss_sched_stats(struct kss_sched *s, struct kss_sched_stats *out)
 
 /* --- in-flight prefills ---------------------------------------------------- */
 
-struct kss_flight *kss_sched_flight_begin(struct kss_sched *s, const void *ns, const int32_t *tok, uint32_t n,
-					  const uint32_t *stops, size_t n_stops)
+/* The furthest stop of f that tok[0, n) shares and f has not stored yet
+ * (0: none). Lock held. */
+static uint32_t shared_stop(const struct kss_flight *f, const int32_t *tok, uint32_t n)
 {
-	struct kss_flight *f = calloc(1, sizeof *f);
-	if (!f)
-		return NULL;
-	f->ns = ns;
-	f->n = n;
-	f->n_stops = n_stops;
-	f->tok = malloc(((size_t)n + 1) * sizeof *f->tok);
-	f->stops = malloc((n_stops + 1) * sizeof *f->stops);
-	if (!f->tok || !f->stops) {
-		free(f->tok);
-		free(f->stops);
-		free(f);
-		return NULL;
-	}
-	memcpy(f->tok, tok, (size_t)n * sizeof *tok);
+	uint32_t lcp = 0, m = f->n < n ? f->n : n;
+	while (lcp < m && f->tok[lcp] == tok[lcp])
+		lcp++;
+	uint32_t best = 0;
+	for (size_t i = 0; i < f->n_stops; i++)
+		if (f->stops[i] <= lcp && f->stops[i] < n && f->stops[i] > f->reached)
+			best = f->stops[i];
+	return best;
+}
+
+static int set_stops(struct kss_flight *f, const uint32_t *stops, size_t n_stops)
+{
+	uint32_t *ns = malloc((n_stops + 1) * sizeof *ns);
+	if (!ns)
+		return KV_ERR_NOMEM;
 	if (n_stops)
-		memcpy(f->stops, stops, n_stops * sizeof *stops);
+		memcpy(ns, stops, n_stops * sizeof *stops);
+	free(f->stops);
+	f->stops = ns;
+	f->n_stops = n_stops;
+	return KV_OK;
+}
+
+struct kss_flight *kss_sched_flight_begin(struct kss_sched *s, const void *ns, const int32_t *tok, uint32_t n,
+					  const uint32_t *stops, size_t n_stops, const atomic_int *cancel,
+					  uint32_t *waited)
+{
+	int counted = 0;
+	*waited = 0;
+	struct kss_flight *f = calloc(1, sizeof *f);
+	if (f) {
+		f->ns = ns;
+		f->n = n;
+		f->tok = malloc(((size_t)n + 1) * sizeof *f->tok);
+		if (!f->tok || set_stops(f, stops, n_stops)) {
+			free(f->tok);
+			free(f);
+			f = NULL;
+		} else {
+			memcpy(f->tok, tok, (size_t)n * sizeof *tok);
+		}
+	}
 	pthread_mutex_lock(&s->mu);
-	f->next = s->flights;
-	s->flights = f;
+	for (;;) {
+		uint32_t best = 0;
+		struct kss_flight *bf = NULL;
+		for (struct kss_flight *o = s->flights; o; o = o->next)
+			if (o->ns == ns) {
+				uint32_t b = shared_stop(o, tok, n);
+				if (b > best) {
+					best = b;
+					bf = o;
+				}
+			}
+		if (!best || s->stop || (cancel && atomic_load(cancel)))
+			break;
+		int have = 0;
+		for (int i = 0; i < bf->n_wants; i++)
+			have |= bf->wants[i] == best;
+		if (!have && bf->n_wants < (int)(sizeof bf->wants / sizeof bf->wants[0]))
+			bf->wants[bf->n_wants++] = best;
+		if (!counted) {
+			s->st.flight_waits++;
+			counted = 1;
+		}
+		if (best > *waited) {
+			s->st.flight_tokens += best - *waited;
+			*waited = best;
+		}
+		/* woken by flight_at / flight_stops / flight_end; the slice bounds
+		 * how late a cancel is seen */
+		struct timespec ts;
+		deadline_in(&ts, 50000);
+		pthread_cond_timedwait(&s->done, &s->mu, &ts);
+	}
+	if (f) {
+		f->next = s->flights;
+		s->flights = f;
+	}
 	pthread_mutex_unlock(&s->mu);
 	return f;
+}
+
+void kss_sched_flight_stops(struct kss_sched *s, struct kss_flight *f, const uint32_t *stops, size_t n_stops)
+{
+	if (!f)
+		return;
+	pthread_mutex_lock(&s->mu);
+	if (set_stops(f, stops, n_stops))
+		f->n_stops = 0; /* out of memory: nobody waits for this one */
+	pthread_cond_broadcast(&s->done);
+	pthread_mutex_unlock(&s->mu);
+}
+
+int kss_sched_flight_wanted(struct kss_sched *s, struct kss_flight *f, uint32_t pos)
+{
+	int w = 0;
+	if (!f)
+		return 0;
+	pthread_mutex_lock(&s->mu);
+	for (int i = 0; i < f->n_wants; i++)
+		w |= f->wants[i] == pos;
+	pthread_mutex_unlock(&s->mu);
+	return w;
 }
 
 void kss_sched_flight_at(struct kss_sched *s, struct kss_flight *f, uint32_t pos)
@@ -351,51 +439,4 @@ void kss_sched_flight_end(struct kss_sched *s, struct kss_flight *f)
 	free(f->tok);
 	free(f->stops);
 	free(f);
-}
-
-/* The furthest stop of f that tok[0, n) shares and f has not stored yet
- * (0: none). Lock held. */
-static uint32_t shared_stop(const struct kss_flight *f, const int32_t *tok, uint32_t n)
-{
-	uint32_t lcp = 0, m = f->n < n ? f->n : n;
-	while (lcp < m && f->tok[lcp] == tok[lcp])
-		lcp++;
-	uint32_t best = 0;
-	for (size_t i = 0; i < f->n_stops; i++)
-		if (f->stops[i] <= lcp && f->stops[i] < n && f->stops[i] > f->reached)
-			best = f->stops[i];
-	return best;
-}
-
-uint32_t kss_sched_flight_wait(struct kss_sched *s, const void *ns, const int32_t *tok, uint32_t n,
-			       const atomic_int *cancel)
-{
-	uint32_t waited = 0;
-	int counted = 0;
-	pthread_mutex_lock(&s->mu);
-	for (;;) {
-		uint32_t best = 0;
-		for (struct kss_flight *f = s->flights; f; f = f->next)
-			if (f->ns == ns) {
-				uint32_t b = shared_stop(f, tok, n);
-				best = b > best ? b : best;
-			}
-		if (!best || s->stop || (cancel && atomic_load(cancel)))
-			break;
-		if (!counted) {
-			s->st.flight_waits++;
-			counted = 1;
-		}
-		if (best > waited) {
-			s->st.flight_tokens += best - waited;
-			waited = best;
-		}
-		/* woken by flight_at / flight_end; the slice bounds how late a
-		 * cancel is seen */
-		struct timespec ts;
-		deadline_in(&ts, 50000);
-		pthread_cond_timedwait(&s->done, &s->mu, &ts);
-	}
-	pthread_mutex_unlock(&s->mu);
-	return waited;
 }

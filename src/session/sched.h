@@ -63,6 +63,8 @@ struct kss_sched_stats {
 	double step_s;            /* seconds spent in ke_batch_run */
 	int last_batch;           /* sequences in the last step */
 	int last_rows;
+	int max_batch;            /* most sequences one step has run */
+	double last_step_s;
 	int joined;               /* sequences running now */
 	int away;                 /* of those, waiting on something else */
 	int pending;              /* forwards waiting for a step */
@@ -102,23 +104,28 @@ void kss_sched_stats(struct kss_sched *s, struct kss_sched_stats *out);
 struct kss_flight;
 
 /*
- * Register a prefill of tok[0, n) in namespace `ns` (any pointer naming
- * it, e.g. its cache) that will pass the ascending stop points stops[]
- * (copied). NULL when out of memory (then nobody waits for it).
+ * Before the lookup of tok[0, n) in namespace `ns` (any pointer naming it,
+ * e.g. its cache): while another flight of ns has a stop point that this
+ * prompt shares (<= the common prefix, < n) and has not stored it yet,
+ * wait for it (*waited: the furthest stop waited for, 0 none; the wait
+ * ends early when *cancel becomes nonzero, cancel may be NULL). Then,
+ * atomically with the last check, register this prompt as a flight with
+ * the provisional stop points stops[] (its message boundaries and n: what
+ * the lookup may choose from), so that a request arriving during our
+ * lookup waits for us too. NULL when out of memory (nobody waits for it).
  */
 struct kss_flight *kss_sched_flight_begin(struct kss_sched *s, const void *ns, const int32_t *tok, uint32_t n,
-					  const uint32_t *stops, size_t n_stops);
+					  const uint32_t *stops, size_t n_stops, const atomic_int *cancel,
+					  uint32_t *waited);
+/* The lookup chose the prefill's real stop points (ascending, copied);
+ * waiters re-check against them. */
+void kss_sched_flight_stops(struct kss_sched *s, struct kss_flight *f, const uint32_t *stops, size_t n_stops);
+/* 1 if a request waits for stop point pos of f: the prefill must store
+ * an entry there (cache/turn.h kc_turn_share_at_stop). */
+int kss_sched_flight_wanted(struct kss_sched *s, struct kss_flight *f, uint32_t pos);
 /* The prefill stored its stop point `pos`: waiters for it go on. */
 void kss_sched_flight_at(struct kss_sched *s, struct kss_flight *f, uint32_t pos);
 /* The prefill is over (done, failed or cancelled). NULL ok. */
 void kss_sched_flight_end(struct kss_sched *s, struct kss_flight *f);
-/*
- * Before the lookup of tok[0, n) in ns: while another flight of ns has a
- * stop point that this prompt shares (<= the common prefix, < n) and has
- * not reached it yet, wait for it. Returns the furthest stop waited for
- * (0: none). Stops early when *cancel becomes nonzero (may be NULL).
- */
-uint32_t kss_sched_flight_wait(struct kss_sched *s, const void *ns, const int32_t *tok, uint32_t n,
-			       const atomic_int *cancel);
 
 #endif
