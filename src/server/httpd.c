@@ -746,6 +746,17 @@ void ksv_httpd_quiesce(struct ksv_httpd *h)
 		close(s);
 }
 
+int ksv_httpd_busy(const struct ksv_httpd *h)
+{
+	struct ksv_httpd *hm = (struct ksv_httpd *)h;
+	int n = 0;
+	pthread_mutex_lock(&hm->tmu);
+	for (struct track *t = hm->tracks; t; t = t->next)
+		n += t->busy && !t->killed;
+	pthread_mutex_unlock(&hm->tmu);
+	return n;
+}
+
 int ksv_httpd_connections(const struct ksv_httpd *h)
 {
 	struct ksv_httpd *hm = (struct ksv_httpd *)h;

@@ -80,6 +80,9 @@ void ksv_httpd_quiesce(struct ksv_httpd *h);
 /* Close everything, wait for connection threads, free. Streams still open
  * are ended for their clients. */
 void ksv_httpd_stop(struct ksv_httpd *h);
+/* Requests whose head arrived and whose answer is not complete yet
+ * (streams included): shutdown waits for them to get their answer. */
+int ksv_httpd_busy(const struct ksv_httpd *h);
 /* Connections open now. */
 int ksv_httpd_connections(const struct ksv_httpd *h);
 

@@ -837,6 +837,15 @@ int ksv_server_run(struct ksv_server *s)
 		if (left > 0)
 			ksv_tenant_flush_all(s, left);
 	}
+	/* every request already in progress gets its answer (a queued one its
+	 * 503 + Retry-After) before the daemon stops: stopping it closes
+	 * connections whose handler has not answered yet, which the client
+	 * sees as an empty reply */
+	{
+		double budget = ks_store_budget_parse(s->o.env_shutdown_budget);
+		while (ksv_httpd_busy(s->http) > 0 && (double)(kv_now_ns() - t0) / 1e9 < budget)
+			kv_sleep_ms(10);
+	}
 	KV_INFO("serve.stopped", "ms=%.0f", (double)(kv_now_ns() - t0) / 1e6);
 	return KV_OK;
 }
