@@ -372,6 +372,39 @@ static void on_event(void *ctx, const struct ksv_ev *e)
 	}
 }
 
+/* --- cache salts ------------------------------------------------------------ */
+
+/*
+ * The request's cache_salt: *out NULL when absent (or JSON null), else
+ * the salt. A salt names a namespace by its full bytes, so the two byte
+ * strings a C string would confuse are refused rather than silently
+ * sharing a namespace: one with NUL inside ("x\u0000a" would be "x"), and
+ * the empty one (it would be the server's own namespace: omit the field
+ * for that). Replies 400 and returns 1 on a bad salt.
+ */
+static int request_salt(struct ksv_server *s, struct ksv_conn *c, const json_t *body, const char **out)
+{
+	const json_t *salt = json_object_get(body, "cache_salt");
+	const char *why = NULL;
+	*out = NULL;
+	if (!salt || json_is_null(salt))
+		return 0;
+	if (!json_is_string(salt))
+		why = "cache_salt must be a string";
+	else if (!s->o.allow_request_salt)
+		why = "cache_salt is not accepted: start the server with --allow-request-salt";
+	else if (!json_string_length(salt))
+		why = "cache_salt must not be empty (omit it to use the server's namespace)";
+	else if (memchr(json_string_value(salt), 0, json_string_length(salt)))
+		why = "cache_salt must not contain NUL characters";
+	if (why) {
+		ksv_reply_error(s, c, 400, "cache_salt", "%s", why);
+		return 1;
+	}
+	*out = json_string_value(salt);
+	return 0;
+}
+
 /* --- the worker ------------------------------------------------------------ */
 
 static int is_eos(const struct ksv_server *s, int32_t t)
@@ -925,16 +958,9 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 	/* cache_salt: with --allow-request-salt, requests with the same salt
 	 * share a namespace of their own (tenant.h); without it a salt is
 	 * refused rather than silently sharing the server's namespace */
-	json_t *salt = json_object_get(g->req.body, "cache_salt");
-	if (salt && !json_is_null(salt)) {
-		if (!json_is_string(salt) || !s->o.allow_request_salt) {
-			ksv_reply_error(s, c, 400, "cache_salt", "%s",
-					!json_is_string(salt) ? "cache_salt must be a string"
-							      : "cache_salt is not accepted: start the server with --allow-request-salt");
-			gen_unref(g);
-			return;
-		}
-		g->salt = json_string_length(salt) > 0 ? json_string_value(salt) : NULL;
+	if (request_salt(s, c, g->req.body, &g->salt)) {
+		gen_unref(g);
+		return;
 	}
 	if (prepare_prompt(s, g, c)) {
 		gen_unref(g);
@@ -1113,10 +1139,8 @@ void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq)
 	}
 	/* a cache_salt probes that salt's tier when it is open (tenant.h);
 	 * the lock keeps it open while we look */
-	const json_t *salt = json_object_get(g->req.body, "cache_salt");
-	const char *ss = json_is_string(salt) && json_string_length(salt) ? json_string_value(salt) : NULL;
-	if (ss && !s->o.allow_request_salt) {
-		ksv_reply_error(s, c, 400, "cache_salt", "cache_salt is not accepted: start the server with --allow-request-salt");
+	const char *ss = NULL;
+	if (request_salt(s, c, g->req.body, &ss)) {
 		gen_unref(g);
 		return;
 	}

@@ -61,16 +61,17 @@ static void close_tier(struct ksv_server *s, struct ksv_tenant *t, double flush_
 	memset(t, 0, sizeof *t);
 }
 
-/* The namespace salt of a request salt: the server's own salt (if any)
- * and the request's, so two servers with different --cache-salt never
- * share a request salt's files either. */
-static char *ns_salt(const struct ksv_server *s, const char *salt)
+/* The namespace salt of a request salt, derived below from the server's
+ * namespace (fingerprint + --cache-salt, a fixed 16 bytes), so two servers
+ * with different --cache-salt never share a request salt's files, and no
+ * choice of the two salts can make another pair's bytes (a plain
+ * concatenation could). Request salts hold no NUL (gen.c refuses them). */
+static char *ns_salt(const char *salt)
 {
-	const char *srv = s->o.cache_salt ? s->o.cache_salt : "";
-	size_t a = strlen(srv), b = strlen(salt);
-	char *r = malloc(a + b + 16);
+	size_t b = strlen(salt);
+	char *r = malloc(b + 16);
 	if (r)
-		snprintf(r, a + b + 16, "%s\x1frequest:%s", srv, salt);
+		snprintf(r, b + 16, "request:%s", salt);
 	return r;
 }
 
@@ -104,7 +105,7 @@ int ksv_tenant_get(struct ksv_server *s, const char *salt, struct ksv_tier *out)
 	}
 	struct ksv_tenant *t = &s->tenants[s->n_tenants];
 	memset(t, 0, sizeof *t);
-	char *nss = ns_salt(s, salt);
+	char *nss = ns_salt(salt);
 	t->salt = strdup(salt);
 	if (!nss || !t->salt) {
 		free(nss);
@@ -114,7 +115,7 @@ int ksv_tenant_get(struct ksv_server *s, const char *salt, struct ksv_tier *out)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	}
 	struct kc_params cp = s->cache_params;
-	cp.ns = ks_ns_derive(s->fingerprint, nss);
+	cp.ns = ks_ns_derive(s->ns, nss);
 	cp.policy = &s->policy;
 	if ((rc = kc_cache_create(&cp, &t->tier.cache))) {
 		free(nss);

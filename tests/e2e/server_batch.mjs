@@ -149,6 +149,32 @@ await check(`${T}:shared_prefix_submitted_together_prefilled_once`, async () => 
   } finally { await S.stop(); }
 }, 120000);
 
+await check(`${T}:cache_salts_are_full_byte_strings`, async () => {
+  const S = await startServer(model, ['--served-model-name', NAME, '--allow-request-salt']);
+  try {
+    const body = (salt) => ({ model: NAME, messages: [{ role: 'user', content: 'salted prompt here' }], max_tokens: 1, cache_salt: salt });
+    // "x\u0000a" used to be cut at the NUL: the same namespace as "x"
+    for (const bad of ['x\u0000a', 'x\u0000b', '\u0000', '']) {
+      const r = await postJSON(S, '/v1/chat/completions', body(bad)); // JSON.stringify writes \u0000
+      eq(r.status, 400, `salt ${JSON.stringify(bad)} refused (${r.text.slice(0, 100)})`);
+      eq(r.json.error.param, 'cache_salt', 'param');
+      const p = await postJSON(S, '/v1/cache/probe', { messages: body(bad).messages, cache_salt: bad });
+      eq(p.status, 400, `probe with salt ${JSON.stringify(bad)} refused`);
+    }
+    // "x" and "x " are two namespaces: the second misses what the first stored
+    const a1 = await postJSON(S, '/v1/chat/completions', body('x'));
+    const a2 = await postJSON(S, '/v1/chat/completions', body('x'));
+    const b1 = await postJSON(S, '/v1/chat/completions', body('x '));
+    eq(a1.status, 200, 'x');
+    assert(a2.json.usage.prompt_tokens_details.cached_tokens > 0, 'same salt shares');
+    eq(b1.json.usage.prompt_tokens_details.cached_tokens, 0, 'another salt does not');
+  } finally { await S.stop(); }
+  // an empty --cache-salt is refused at startup rather than meaning "no salt"
+  let err = null;
+  try { const X = await startServer(model, ['--cache-salt', '']); await X.stop(); } catch (e) { err = e; }
+  assert(err && /cache-salt/.test(String(err)), `--cache-salt '' refused (${err})`);
+});
+
 await check(`${T}:sigterm_answers_every_queued_request_503`, async () => {
   const S = await startServer(model, ['--served-model-name', NAME, '--max-running', '1', '--disable-prefix-cache']);
   const ctl = new AbortController();
