@@ -97,7 +97,7 @@ struct gen {
 	const char *resume_kind;
 	int from_disk;            /* the resume point was loaded from the disk tier */
 	const char *salt;         /* the request's cache_salt (borrowed from req.body), NULL: none */
-	struct ksv_tier tier;     /* RAM cache + disk store of its namespace (tenant.h) */
+	struct kss_tier tier;     /* RAM cache + disk store of its namespace (session/registry.h) */
 	/* decode state (worker) */
 	struct ke_sampler *smp;
 	struct kv_tok_stream ds;
@@ -535,8 +535,8 @@ static void gen_run(struct ksv_job *job)
 	}
 
 	/* the namespace of this request: the server's, or its cache_salt's */
-	if ((rc = ksv_tenant_get(s, g->salt, &g->tier))) {
-		err_status = 500;
+	if ((rc = kss_registry_get(s->reg, g->salt, &g->tier))) {
+		err_status = rc == KV_ERR_FULL ? 503 : 500;
 		snprintf(errbuf, sizeof errbuf, "cache for cache_salt: %s", kv_errmsg());
 		goto out;
 	}
@@ -639,6 +639,7 @@ static void gen_run(struct ksv_job *job)
 
 out:
 	atomic_fetch_sub(&s->reserved, reserved);
+	kss_registry_put(s->reg, &g->tier);
 	/* counted before the client gets its answer, so a client that reads
 	 * /metrics right after sees its own request */
 	if (started) {
@@ -956,7 +957,7 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 		return;
 	}
 	/* cache_salt: with --allow-request-salt, requests with the same salt
-	 * share a namespace of their own (tenant.h); without it a salt is
+	 * share a namespace of their own (session/registry.h); without it a salt is
 	 * refused rather than silently sharing the server's namespace */
 	if (request_salt(s, c, g->req.body, &g->salt)) {
 		gen_unref(g);
@@ -1120,6 +1121,26 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 	gen_unref(g);
 }
 
+struct probe_look {
+	struct gen *g;
+	uint32_t pos, shared, dpos;
+	int have_disk;
+};
+
+/* What one namespace holds of the probed prompt (registry locked). */
+static void probe_look(void *ctx, const struct kss_tier *t)
+{
+	struct probe_look *pl = ctx;
+	struct gen *g = pl->g;
+	struct kc_hit hit;
+	kc_cache_peek(t->cache, g->prompt, g->n_prompt, &hit);
+	pl->pos = hit.pos;
+	pl->shared = hit.shared;
+	kc_hit_release(t->cache, &hit);
+	pl->dpos = t->store ? ks_store_probe(t->store, g->prompt, g->n_prompt, g->bounds, g->n_bounds) : 0;
+	pl->have_disk = t->store != NULL;
+}
+
 void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq)
 {
 	struct ksv_conn *c = rq->conn;
@@ -1137,31 +1158,21 @@ void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq)
 		gen_unref(g);
 		return;
 	}
-	/* a cache_salt probes that salt's tier when it is open (tenant.h);
-	 * the lock keeps it open while we look */
+	/* a cache_salt probes that salt's namespace when it is open
+	 * (session/registry.h); the registry keeps it open while we look */
 	const char *ss = NULL;
 	if (request_salt(s, c, g->req.body, &ss)) {
 		gen_unref(g);
 		return;
 	}
-	ksv_tenant_lock(s);
-	struct ksv_tier dflt = {s->cache, s->store};
-	const struct ksv_tier *t = ss ? ksv_tenant_find(s, ss) : &dflt;
-	uint32_t pos = 0, shared = 0, dpos = 0;
-	if (t) {
-		struct kc_hit hit;
-		kc_cache_peek(t->cache, g->prompt, g->n_prompt, &hit);
-		pos = hit.pos;
-		shared = hit.shared;
-		kc_hit_release(t->cache, &hit);
-		dpos = t->store ? ks_store_probe(t->store, g->prompt, g->n_prompt, g->bounds, g->n_bounds) : 0;
-	}
-	int have_disk = t ? t->store != NULL : s->store != NULL;
-	ksv_tenant_unlock(s);
+	struct probe_look pl = {.g = g};
+	int open = kss_registry_with(s->reg, ss, probe_look, &pl);
+	uint32_t pos = pl.pos, shared = pl.shared, dpos = pl.dpos;
+	int have_disk = open ? pl.have_disk : s->store != NULL;
 	json_t *j = json_object(), *ram = json_object(), *disk = json_object();
 	json_object_set_new(j, "prompt_tokens", json_integer(g->n_prompt));
 	if (ss)
-		json_object_set_new(j, "salt_tier_open", json_boolean(t != NULL));
+		json_object_set_new(j, "salt_tier_open", json_boolean(open));
 	json_object_set_new(ram, "cached_tokens", json_integer(pos));
 	json_object_set_new(ram, "shared_tokens", json_integer(shared));
 	json_object_set_new(j, "ram", ram);

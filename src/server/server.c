@@ -49,37 +49,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* --- replies ------------------------------------------------------------ */
-
-void ksv_reply_json(struct ksv_conn *c, int status, json_t *j)
-{
-	char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17));
-	json_decref(j);
-	if (!s) {
-		ksv_conn_reply(c, 500, "application/json", "{\"error\":{\"message\":\"out of memory\"}}", 37);
-		return;
-	}
-	ksv_conn_reply(c, status, "application/json", s, strlen(s));
-	free(s);
-}
-
-void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const char *param, const char *fmt, ...)
-{
-	char msg[600], ra[32];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
-	size_t len = 0;
-	char *body = ksv_oai_error(status, msg, param, &len);
-	if (status == 503 || status == 429) {
-		snprintf(ra, sizeof ra, "%lld", (long long)s->o.retry_after_s);
-		ksv_conn_header(c, "Retry-After", ra);
-	}
-	ksv_conn_reply(c, status, "application/json", body ? body : "{}", body ? len : 2);
-	free(body);
-}
-
 /* --- other routes ---------------------------------------------------------- */
 
 static const char *index_name(const struct ksv_server *s)
@@ -87,10 +56,9 @@ static const char *index_name(const struct ksv_server *s)
 	return s->o.prefix_cache_index;
 }
 
-static json_t *stats_json(struct ksv_server *s)
+static json_t *stats_json(const struct kc_stats *sp)
 {
-	struct kc_stats st;
-	kc_cache_stats(s->cache, &st);
+	struct kc_stats st = *sp;
 	json_t *j = json_object();
 	json_object_set_new(j, "lookups", json_integer((json_int_t)st.lookups));
 	json_object_set_new(j, "hits", json_integer((json_int_t)st.hits));
@@ -150,6 +118,21 @@ static json_t *disk_json(struct ksv_server *s)
 	return d;
 }
 
+/* One namespace in GET /v1/cache/info (registry locked). */
+static void ns_info(void *ctx, const struct kss_tier *t, struct kv_h128 ns, int salted)
+{
+	json_t *arr = ctx, *o = json_object();
+	char nsx[33];
+	struct kc_stats st;
+	kv_h128_hex(ns, nsx);
+	kc_cache_stats(t->cache, &st);
+	json_object_set_new(o, "namespace", json_string(nsx));
+	json_object_set_new(o, "kind", json_string(salted ? "request_salt" : "default"));
+	json_object_set_new(o, "disk_tier", json_boolean(t->store != NULL));
+	json_object_set_new(o, "stats", stats_json(&st));
+	json_array_append_new(arr, o);
+}
+
 static void handle_cache_info(struct ksv_server *s, struct ksv_conn *c)
 {
 	static const char *srcs[] = {"KVKEEP_PREFIX_CACHE_MAX_BYTES", "--cache-memory-mb", "--cache-memory-percent",
@@ -164,7 +147,7 @@ static void handle_cache_info(struct ksv_server *s, struct ksv_conn *c)
 	json_object_set_new(j, "index", json_string(index_name(s)));
 	json_object_set_new(j, "tiers", tiers);
 	json_object_set_new(j, "disk_tier", json_boolean(s->store != NULL));
-	json_object_set_new(j, "salt_tiers_open", json_integer(ksv_tenant_count(s)));
+	json_object_set_new(j, "salt_tiers_open", json_integer(s->reg ? kss_registry_salted(s->reg) : 0));
 	if (s->store)
 		json_object_set_new(j, "disk", disk_json(s));
 	json_object_set_new(j, "hybrid", json_boolean(s->hybrid));
@@ -192,16 +175,24 @@ static void handle_cache_info(struct ksv_server *s, struct ksv_conn *c)
 	json_object_set_new(p, "prefix_cache_size", json_integer(s->o.prefix_cache_size));
 	json_object_set_new(p, "hybrid_cache_entries", json_integer(s->o.hybrid_cache_entries));
 	json_object_set_new(j, "policy", p);
-	json_object_set_new(j, "stats", stats_json(s));
+	/* "stats": the default namespace (as before salts existed);
+	 * "all_stats": every namespace together; "namespaces": each one */
+	struct kc_stats st;
+	kc_cache_stats(s->cache, &st);
+	json_object_set_new(j, "stats", stats_json(&st));
+	kss_registry_stats(s->reg, &st);
+	json_object_set_new(j, "all_stats", stats_json(&st));
+	json_t *nss = json_array();
+	kss_registry_each(s->reg, ns_info, nss);
+	json_object_set_new(j, "namespaces", nss);
 	ksv_reply_json(c, 200, j);
 }
 
 static void handle_cache_clear(struct ksv_server *s, struct ksv_conn *c)
 {
+	/* every namespace, the salted ones too */
 	struct kc_stats a, b;
-	kc_cache_stats(s->cache, &a);
-	kc_cache_clear(s->cache);
-	kc_cache_stats(s->cache, &b);
+	kss_registry_clear(s->reg, &a, &b);
 	json_t *j = json_object();
 	json_object_set_new(j, "cleared_entries", json_integer((json_int_t)(a.entries - b.entries)));
 	json_object_set_new(j, "freed_bytes", json_integer((json_int_t)(a.bytes_in_use - b.bytes_in_use)));
@@ -460,7 +451,7 @@ static void scrape(void *ctx, struct ksv_metrics *m)
 	struct ksv_server *s = ctx;
 	struct kc_stats st;
 	(void)m;
-	kc_cache_stats(s->cache, &st);
+	kss_registry_stats(s->reg, &st); /* every namespace */
 	double v[FC__N] = {(double)st.lookups,      (double)st.hits,         (double)st.misses,
 			   (double)st.tokens_saved, (double)st.evictions,    (double)st.pressure_evictions,
 			   (double)st.nontrim_skips, (double)st.snaps,       (double)st.stores,
@@ -596,8 +587,9 @@ static uint64_t cache_mem_used(void *ctx)
  * that cannot be resolved or opened leaves the server without one (one
  * log line); a folder that cannot be written gives a read-only one.
  */
-void ksv_server_open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_cache *cache, int salted,
-			   struct ks_store **out)
+/* Open the disk tier of namespace ns over `cache` (*out NULL when there is
+ * none: prefix cache off, no usable folder). */
+static void open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_cache *cache, int salted, struct ks_store **out)
 {
 	const struct ksv_opts *o = &s->o;
 	char root[4096];
@@ -627,6 +619,12 @@ void ksv_server_open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_ca
 	}
 }
 
+/* The registry's open_store: a salted namespace's disk tier. */
+static void open_salted_store(void *ctx, struct kv_h128 ns, struct kc_cache *cache, struct ks_store **out)
+{
+	open_store(ctx, ns, cache, 1, out);
+}
+
 int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 {
 	struct ksv_server *s;
@@ -640,7 +638,6 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	if (!s)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	s->o = *o;
-	pthread_mutex_init(&s->tenant_lock, NULL);
 	s->stop_pipe[0] = s->stop_pipe[1] = -1;
 	s->created = kv_wall_s();
 	if (o->served_model_name && *o->served_model_name) {
@@ -716,7 +713,16 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	if ((rc = kc_cache_create(&cp, &s->cache)))
 		goto fail;
 	s->budget_total = kc_cache_budget(s->cache);
-	ksv_server_open_store(s, s->ns, s->cache, o->cache_salt && *o->cache_salt, &s->store);
+	open_store(s, s->ns, s->cache, o->cache_salt && *o->cache_salt, &s->store);
+	struct kss_registry_params rp = {.cache = s->cache,
+					 .store = s->store,
+					 .ns = s->ns,
+					 .cache_params = cp,
+					 .budget_total = s->budget_total,
+					 .open_store = open_salted_store,
+					 .ctx = s};
+	if ((rc = kss_registry_create(&rp, &s->reg)))
+		goto fail;
 	/* the engine's scheduler (session/sched.h): max_running requests
 	 * generate together, every forward batched into one engine step */
 	s->max_running = (int)o->max_running;
@@ -835,7 +841,7 @@ int ksv_server_run(struct ksv_server *s)
 		double budget = ks_store_budget_parse(s->o.env_shutdown_budget);
 		double left = budget - (double)(kv_now_ns() - t0) / 1e9;
 		if (left > 0)
-			ksv_tenant_flush_all(s, left);
+			kss_registry_flush_salted(s->reg, left);
 	}
 	/* every request already in progress gets its answer (a queued one its
 	 * 503 + Retry-After) before the daemon stops: stopping it closes
@@ -859,10 +865,9 @@ void ksv_server_destroy(struct ksv_server *s)
 	ksv_httpd_stop(s->http); /* joins connection threads: no handler runs after this */
 	ksv_sched_destroy(s->sched);
 	kss_sched_destroy(s->engine); /* after the workers: no forward is in flight */
-	ksv_tenant_close_all(s);
+	kss_registry_destroy(s->reg); /* the salted namespaces */
 	ks_store_close(s->store); /* before the cache: its writer holds cache views */
 	kc_cache_destroy(s->cache);
-	pthread_mutex_destroy(&s->tenant_lock);
 	ke_model_destroy(s->model);
 	kv_chat_free(s->chat);
 	kv_tok_free(s->tok);

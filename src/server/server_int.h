@@ -20,7 +20,7 @@
 #include "server/metrics.h"
 #include "server/options.h"
 #include "server/sched.h"
-#include "server/tenant.h"
+#include "session/registry.h"
 #include "session/sched.h"
 #include "store/store.h"
 
@@ -55,11 +55,8 @@ struct ksv_server {
 	struct kv_h128 fingerprint;       /* the model's (the namespace without a salt) */
 	struct kc_params cache_params;    /* the default cache's; salted tiers copy them */
 	struct kc_policy policy;
-	uint64_t budget_total;            /* RAM tier budget, shared by all tiers (tenant.h) */
-	/* per-request salts (tenant.h) */
-	pthread_mutex_t tenant_lock;
-	struct ksv_tenant tenants[KSV_MAX_TENANTS];
-	int n_tenants;
+	uint64_t budget_total;            /* RAM tier budget, shared by all namespaces */
+	struct kss_registry *reg;         /* every namespace: default + salted (session/registry.h) */
 	int64_t created;
 	/* token id -> raw bytes, for logprobs */
 	uint32_t *tb_off;
@@ -77,11 +74,7 @@ struct ksv_server {
 	struct ksv_family *fd[40];        /* disk tier (server.c disk_metric_names) */
 };
 
-/* server.c */
-/* Open the disk tier of namespace ns over `cache` (*out NULL when there is
- * none: prefix cache off, no usable folder). */
-void ksv_server_open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_cache *cache, int salted,
-			   struct ks_store **out);
+/* reply.c */
 void ksv_reply_json(struct ksv_conn *c, int status, json_t *j);
 void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const char *param, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));

@@ -168,6 +168,22 @@ await check(`${T}:cache_salts_are_full_byte_strings`, async () => {
     eq(a1.status, 200, 'x');
     assert(a2.json.usage.prompt_tokens_details.cached_tokens > 0, 'same salt shares');
     eq(b1.json.usage.prompt_tokens_details.cached_tokens, 0, 'another salt does not');
+    // info, metrics and clear cover every namespace
+    const info = await (await fetch(S.url('/v1/cache/info'))).json();
+    eq(info.namespaces.length, 3, 'default + two salts');
+    eq(new Set(info.namespaces.map((n) => n.namespace)).size, 3, 'three namespaces');
+    const salted = info.namespaces.filter((n) => n.kind === 'request_salt');
+    assert(salted.every((n) => n.stats.entries >= 1), 'each salt holds its entry');
+    eq(info.all_stats.lookups, 3, 'all lookups counted');
+    const m = await metrics(S);
+    eq(m.get('kvkeep_prefix_cache_lookups_total'), 3, 'metrics count every namespace');
+    eq(m.get('kvkeep_prefix_cache_entries'), info.all_stats.entries, 'entries of every namespace');
+    const cl = await postJSON(S, '/v1/cache/clear', {});
+    eq(cl.status, 200, 'clear');
+    eq(cl.json.entries, 0, 'nothing left in any namespace');
+    assert(cl.json.cleared_entries >= 2, `salted entries cleared too (${cl.json.cleared_entries})`);
+    const after = await (await fetch(S.url('/v1/cache/info'))).json();
+    assert(after.namespaces.every((n) => n.stats.entries === 0), 'every namespace is empty in RAM');
   } finally { await S.stop(); }
   // an empty --cache-salt is refused at startup rather than meaning "no salt"
   let err = null;
