@@ -48,7 +48,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "cache/cache.h"
-#include "cache/index.h"
+#include "cache/names.h"
 #include "cache/policy.h"
 #include "session/run.h"
 #include "engine/model.h"

@@ -29,7 +29,7 @@
 #include "base/err.h"
 #include "base/hash.h"
 #include "base/log.h"
-#include "cache/index.h"
+#include "cache/names.h"
 #include "store/dir.h"
 #include "store/ns.h"
 #include "store/obj.h"
