@@ -12,10 +12,12 @@
  *                                          entries before 503 (Retry-After)
  *   wait for "started" or a failure   <-  "started" (status 200 decided)
  *     (polling for a client hang-up)
- *   reply: an error, or open the SSE       kss_run (session/run.h, the cache's
- *     stream and attach it                 driver): lookup, resume, prefill
+ *   reply: an error, or open the SSE       kss_run (session/run.h, the request
+ *     stream and attach it                 path): lookup, resume, prefill
  *                                          prompt[p:] with the policy's stop
- *                                          points and snapshots, decode
+ *                                          points and snapshots (every forward
+ *                                          batched with the other running
+ *                                          requests'), decode
  *                                          through pick() (sampler, logprobs,
  *                                          text -> output pipeline -> SSE
  *                                          chunks), store the entries

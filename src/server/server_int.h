@@ -1,5 +1,5 @@
 /*
- * server_int.h - what server.c (lifecycle, routes, metrics) and gen.c (a
+ * server_int.h - what server.c (lifecycle, routes, metrics), reply.c (answers) and gen.c (a
  * generation request from body to answer) share. Private to src/server.
  */
 #ifndef KV_SERVER_SERVER_INT_H
