@@ -67,7 +67,7 @@ await check(`${T}:short_request_first_token_during_long_prefill`, async () => {
   // small chunks make the long cold prefill many steps long
   const S = await startServer(model, ['--served-model-name', NAME, '--prefill-chunk', '32', '--disable-prefix-cache']);
   try {
-    const long = { messages: [{ role: 'user', content: 'lorem ipsum dolor '.repeat(700) }], max_tokens: 1 };
+    const long = { messages: [{ role: 'user', content: 'lorem ipsum dolor '.repeat(300) }], max_tokens: 1 };
     const t0 = Date.now();
     let longDone = 0;
     const pl = postJSON(S, '/v1/chat/completions', { model: NAME, ...long }).then((r) => { longDone = Date.now(); return r; });
@@ -88,7 +88,7 @@ await check(`${T}:short_request_first_token_during_long_prefill`, async () => {
     while (!(await reader.read()).done) { /* drain */ }
     const lr = await pl;
     eq(lr.status, 200, 'long request');
-    assert(lr.json.usage.prompt_tokens > 1500, `long prompt ${lr.json.usage.prompt_tokens} tokens`);
+    assert(lr.json.usage.prompt_tokens > 1200, `long prompt ${lr.json.usage.prompt_tokens} tokens`);
     assert(first && first < longDone, `short request's first token (${first - t0} ms) came before the long prefill ended (${longDone - t0} ms)`);
   } finally { await S.stop(); }
 }, 120000);
