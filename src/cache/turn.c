@@ -181,6 +181,13 @@ static int store(struct kc_turn *t, const int32_t *tok, uint32_t end, void *snap
 
 static int at_stop(struct kc_turn *t, uint32_t pos, void *snap, struct kv_page *const *pages, int share)
 {
+	if (share && !t->pol.hybrid && pos > t->hit.pos && pos < t->n) {
+		/* dense: any position inside the prompt resumes, stop or not
+		 * (the stops themselves are not consumed) */
+		struct kc_put p = {.tokens = t->tok, .n = pos, .pages = pages};
+		kv_free(snap);
+		return kc_cache_put(t->c, &p, NULL);
+	}
 	size_t i = t->next_stop;
 	while (i < t->n_stops && t->stops[i] < pos)
 		i++;

@@ -69,7 +69,9 @@ int kc_turn_at_stop(struct kc_turn *t, uint32_t pos, void *snap, struct kv_page 
  * the policy says about this stop: another request waits for exactly this
  * prefix (session/sched.h, two agents on one system prompt), so it must be
  * in the cache when the prefill passes it. Dense: tokens [0, pos) with
- * their pages (snap NULL); hybrid: with the snapshot at pos.
+ * their pages (snap NULL), at any pos inside the prompt (a dense model
+ * resumes anywhere, so pos need not be a stop); hybrid: a stop, with the
+ * snapshot at pos.
  */
 int kc_turn_share_at_stop(struct kc_turn *t, uint32_t pos, void *snap, struct kv_page *const *pages);
 

@@ -29,6 +29,20 @@ struct run_ctx {
 	struct kss_flight *flight;  /* this prefill, for requests that share its stops */
 };
 
+static int cmp_int(const void *a, const void *b)
+{
+	int x = *(const int *)a, y = *(const int *)b;
+	return x < y ? -1 : x > y;
+}
+
+static int is_bound(const struct kss_run_params *p, uint32_t pos)
+{
+	for (size_t i = 0; i < p->n_bounds; i++)
+		if (p->bounds[i] == pos)
+			return 1;
+	return 0;
+}
+
 static int is_turn_stop(const struct run_ctx *x, int pos)
 {
 	for (size_t i = 0; i < x->n_tstops; i++)
@@ -67,8 +81,17 @@ static int on_stop(void *ctx, struct ke_seq *s, int pos)
 	/* an interval point that is not one of the turn's stops */
 	if (x->every && pos % (int)x->every == 0 && x->on_every)
 		x->on_every(x->every_ctx, s, pos);
-	if (!is_turn_stop(x, pos))
+	if (!is_turn_stop(x, pos)) {
+		/* dense: a message boundary another request waits for (run.c
+		 * adds them to the stops only then); failing to store it only
+		 * means the waiter prefills the prefix itself */
+		if (!x->hybrid && x->flight) {
+			if (kss_sched_flight_wanted(x->sched, x->flight, (uint32_t)pos))
+				kc_turn_share_at_stop(x->turn, (uint32_t)pos, NULL, seq_pages(x, s));
+			kss_sched_flight_at(x->sched, x->flight, (uint32_t)pos);
+		}
 		return KV_OK;
+	}
 	x->stops++;
 	/* a request waiting for this prefix (sched.h): store it right away */
 	int rc = kss_sched_flight_wanted(x->sched, x->flight, (uint32_t)pos)
@@ -183,6 +206,7 @@ int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params 
 	int32_t *all = NULL;
 	float *logits = NULL;
 	int *stops = NULL;
+	uint32_t *share = NULL;       /* the stops a waiting request may be given */
 	const uint32_t *st;
 	size_t n_st;
 	uint32_t total, n_gen = 0;
@@ -284,28 +308,39 @@ int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params 
 		x.on_every = disk_checkpoint;
 		x.every_ctx = p->store;
 	}
-	/* the turn's stops merged with the interval points in (resume, n] */
-	size_t n_iv = x.every ? (p->n / x.every - hit->pos / x.every) : 0, n_all = 0;
-	stops = malloc((n_st + n_iv + 1) * sizeof *stops);
-	if (!stops) {
+	/* the turn's stops merged with the interval points in (resume, n]
+	 * and, for a dense model run through a scheduler, the message
+	 * boundaries: a dense turn stores only at its end, so these are the
+	 * points where a request waiting for a shared prefix can be given it
+	 * (on_stop). Chunk ends never change results (batch invariance). */
+	size_t n_iv = x.every ? (p->n / x.every - hit->pos / x.every) : 0, n_all = 0, n_sh = 0;
+	size_t n_db = p->sched && !x.hybrid ? p->n_bounds : 0;
+	stops = malloc((n_st + n_iv + n_db + 1) * sizeof *stops);
+	share = malloc((n_st + n_db + 1) * sizeof *share);
+	if (!stops || !share) {
 		rc = kv_fail(KV_ERR_NOMEM, "run: %zu stops", n_st);
 		goto out;
 	}
+	for (size_t i = 0; i < n_st; i++)
+		stops[n_all++] = (int)st[i];
+	for (uint32_t iv = x.every ? (hit->pos / x.every + 1) * x.every : 0; x.every && iv <= p->n; iv += x.every)
+		stops[n_all++] = (int)iv;
+	for (size_t i = 0; i < n_db; i++)
+		if (p->bounds[i] > hit->pos && p->bounds[i] < p->n)
+			stops[n_all++] = (int)p->bounds[i];
+	qsort(stops, n_all, sizeof *stops, cmp_int);
 	{
-		size_t i = 0;
-		uint32_t iv = x.every ? (hit->pos / x.every + 1) * x.every : UINT32_MAX;
-		while (i < n_st || (x.every && iv <= p->n)) {
-			uint32_t a = i < n_st ? st[i] : UINT32_MAX, b = x.every && iv <= p->n ? iv : UINT32_MAX;
-			uint32_t v = a < b ? a : b;
-			stops[n_all++] = (int)v;
-			if (a == v)
-				i++;
-			if (b == v)
-				iv += x.every;
-		}
+		size_t u = 0;
+		for (size_t i = 0; i < n_all; i++)
+			if (!u || stops[i] != stops[u - 1])
+				stops[u++] = stops[i];
+		n_all = u;
 	}
+	for (size_t i = 0; i < n_all; i++)
+		if (is_turn_stop(&x, stops[i]) || (n_db && is_bound(p, (uint32_t)stops[i])))
+			share[n_sh++] = (uint32_t)stops[i];
 	if (p->sched) {
-		kss_sched_flight_stops(p->sched, x.flight, st, n_st);
+		kss_sched_flight_stops(p->sched, x.flight, share, n_sh);
 		kss_sched_join(p->sched);
 		joined = 1;
 	}
@@ -363,6 +398,7 @@ out:
 	kc_turn_free(x.turn);
 	ke_seq_destroy(s);
 	free(stops);
+	free(share);
 	free(x.pages);
 	free(all);
 	kv_free(logits);

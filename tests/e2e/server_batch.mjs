@@ -130,8 +130,9 @@ await check(`${T}:non_reading_client_stalls_only_itself`, async () => {
   } finally { await S.stop(); }
 }, 120000);
 
-await check(`${T}:shared_prefix_submitted_together_prefilled_once`, async () => {
-  const S = await startServer(hyb, ['--served-model-name', NAME, '--prefill-chunk', '64']);
+for (const [label, m] of [['hybrid', hyb], ['dense', model]]) {
+await check(`${T}:shared_prefix_submitted_together_prefilled_once_${label}`, async () => {
+  const S = await startServer(m, ['--served-model-name', NAME, '--prefill-chunk', '64']);
   try {
     const sys = 'Shared agent system prompt with tools. '.repeat(120);
     const mk = (u) => ({ model: NAME, messages: [{ role: 'system', content: sys }, { role: 'user', content: u }], max_tokens: 2 });
@@ -148,6 +149,7 @@ await check(`${T}:shared_prefix_submitted_together_prefilled_once`, async () => 
     assert(prefilled < a.json.usage.prompt_tokens + 200, `tokens prefilled ${prefilled}: the shared prefix once`);
   } finally { await S.stop(); }
 }, 120000);
+}
 
 await check(`${T}:cache_salts_are_full_byte_strings`, async () => {
   const S = await startServer(model, ['--served-model-name', NAME, '--allow-request-salt']);

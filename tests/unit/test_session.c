@@ -10,10 +10,10 @@
  *     is not away does (up to gather_us)
  *   - a request whose prompt shares a stop point of a running prefill
  *     waits for it, asks for it to be stored, and a cancel ends the wait
- *   - kss_run on 6 threads through one scheduler and one cache: the same
- *     tokens and logits as running the requests one after another, and a
- *     request started together with another on the same system prompt
- *     resumes from it
+ *   - kss_run on 6 threads through one scheduler and one cache (dense and
+ *     hybrid): the same tokens and logits as running the requests one
+ *     after another, and requests started together on the same system
+ *     prompt resume from the one that prefills it
  */
 #include "kt.h"
 #include "base/clock.h"
@@ -304,13 +304,13 @@ static void *req_main(void *arg)
 	return NULL;
 }
 
-KT_CASE(run_through_the_scheduler_equals_one_at_a_time)
+static void run_through_the_scheduler(const char *preset)
 {
-	struct ke_model *m = load_model("tiny-hybrid");
+	struct ke_model *m = load_model(preset);
 	KT_REQUIRE(m);
 	int V = ke_model_config(m)->vocab;
 	struct kc_policy pol;
-	kc_policy_default(&pol, 1);
+	kc_policy_default(&pol, ke_model_layout(m)->snapshot_bytes > 0);
 	struct kc_cache *c1 = NULL, *c2 = NULL;
 	struct kc_params cp = {.layout = ke_model_layout(m), .policy = &pol, .ns = {3, 4}};
 	KT_OK(kc_cache_create(&cp, &c1));
@@ -354,16 +354,16 @@ KT_CASE(run_through_the_scheduler_equals_one_at_a_time)
 	int resumed = 0, waited = 0;
 	for (int i = 0; i < NREQ; i++) {
 		KT_OK(par[i].rc);
-		KT_CHECKF(!memcmp(seq[i].out, par[i].out, sizeof seq[i].out), "request %d: other tokens", i);
-		KT_CHECKF(!memcmp(seq[i].logits, par[i].logits, (size_t)V * 4), "request %d: other logits", i);
+		KT_CHECKF(!memcmp(seq[i].out, par[i].out, sizeof seq[i].out), "%s request %d: other tokens", preset, i);
+		KT_CHECKF(!memcmp(seq[i].logits, par[i].logits, (size_t)V * 4), "%s request %d: other logits", preset, i);
 		resumed += par[i].r.resumed >= 250;
 		waited += par[i].r.waited > 0;
 		free(seq[i].logits);
 		free(par[i].logits);
 	}
 	/* at most one of them prefilled the shared system prompt */
-	KT_CHECKF(resumed >= NREQ - 1, "only %d of %d requests resumed from the shared prompt (%d waited)", resumed,
-		  NREQ, waited);
+	KT_CHECKF(resumed >= NREQ - 1, "%s: only %d of %d requests resumed from the shared prompt (%d waited)", preset,
+		  resumed, NREQ, waited);
 	struct kss_sched_stats st;
 	kss_sched_stats(s, &st);
 	KT_CHECKF(st.max_batch >= 2, "no step batched two requests (max %d)", st.max_batch);
@@ -373,5 +373,16 @@ KT_CASE(run_through_the_scheduler_equals_one_at_a_time)
 	ke_model_destroy(m);
 }
 
+KT_CASE(run_through_the_scheduler_equals_one_at_a_time_dense)
+{
+	run_through_the_scheduler("tiny-dense");
+}
+
+KT_CASE(run_through_the_scheduler_equals_one_at_a_time_hybrid)
+{
+	run_through_the_scheduler("tiny-hybrid");
+}
+
 KT_MAIN(batched_forwards_equal_alone_dense, batched_forwards_equal_alone_hybrid, away_sequences_are_not_waited_for,
-	flights_wait_for_a_shared_stop, run_through_the_scheduler_equals_one_at_a_time)
+	flights_wait_for_a_shared_stop, run_through_the_scheduler_equals_one_at_a_time_dense,
+	run_through_the_scheduler_equals_one_at_a_time_hybrid)
