@@ -4,15 +4,16 @@
  * without HTTP. A benchmark, not a test: it asserts nothing.
  *
  *   kvkeep bench batch --model DIR [--json] [--concurrency 1,2,4,8]
- *       [--context N] [--decode-tokens N] [--long-tokens N] [--shorts N]
+ *       [--context N] [--decode-tokens N] [--long-tokens N] [--shorts N] [--repeat N]
  *
  * Measured in one run:
  *   decode   for each concurrency c: c threads, each with its own
  *            sequence, prefill --context random tokens, wait for each
  *            other, then decode --decode-tokens greedy steps through one
  *            scheduler (max_running c). Aggregate tokens/s = c x decode
- *            tokens / wall time of the decode phase; "speedup" is that
- *            over the c = 1 figure of the same run.
+ *            tokens / wall time of the decode phase. The concurrencies
+ *            alternate --repeat times (1,2,4,8,1,2,4,8,...) and the median
+ *            of each is reported; "speedup" is that over the c = 1 median.
  *   ttft     one request prefills --long-tokens cold tokens (prefill
  *            chunk 256) while --shorts short requests (64-token prompt, 1
  *            generated token) arrive one after another; time to first
@@ -37,6 +38,12 @@
 #include <string.h>
 
 #define MAX_C 64
+
+static int cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
 
 struct dec_arg {
 	struct kss_sched *s;
@@ -165,12 +172,6 @@ static void *long_main(void *p)
 	return NULL;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
 static double pct(const double *v, int n, double q)
 {
 	if (n <= 0)
@@ -182,7 +183,7 @@ static double pct(const double *v, int n, double q)
 static int cmd_bench_batch(int argc, char **argv)
 {
 	const char *model = NULL, *conc = "1,2,4,8";
-	int64_t context = 256, n_decode = 64, long_tokens = 8192, shorts = 20;
+	int64_t context = 256, n_decode = 64, long_tokens = 8192, shorts = 20, repeat = 3;
 	int json = 0;
 	struct kv_flag flags[] = {
 		{"model", KV_FLAG_STR, &model, "DIR", "model folder"},
@@ -192,6 +193,7 @@ static int cmd_bench_batch(int argc, char **argv)
 		{"decode-tokens", KV_FLAG_INT, &n_decode, "N", "decode steps timed per sequence (default 64)"},
 		{"long-tokens", KV_FLAG_INT, &long_tokens, "N", "tokens of the long cold prefill (default 8192)"},
 		{"shorts", KV_FLAG_INT, &shorts, "N", "short requests during it (default 20; 0 skips the measurement)"},
+		{"repeat", KV_FLAG_INT, &repeat, "N", "alternating repetitions of the decode measurement, median kept (default 3)"},
 		{0},
 	};
 	const char *usage = "usage: kvkeep bench batch --model DIR [--json] [--concurrency 1,2,4,8]";
@@ -203,7 +205,8 @@ static int cmd_bench_batch(int argc, char **argv)
 	int32_t *cl = NULL;
 	size_t ncl = 0;
 	if (!model || kv_parse_int_list(conc, &cl, &ncl) || !ncl || ncl > 16 || context < 1 || context > 100000 ||
-	    n_decode < 1 || n_decode > 100000 || long_tokens < 1 || long_tokens > 1000000 || shorts < 0 || shorts > 10000) {
+	    n_decode < 1 || n_decode > 100000 || long_tokens < 1 || long_tokens > 1000000 || shorts < 0 || shorts > 10000 || repeat < 1 ||
+	    repeat > 100) {
 		fprintf(stderr, "kvkeep bench batch: --model is required; see --help for the ranges\n");
 		free(cl);
 		return 2;
@@ -224,18 +227,26 @@ static int cmd_bench_batch(int argc, char **argv)
 	int status = 0;
 	if (!json)
 		printf("%-12s %14s %9s %12s\n", "concurrency", "decode tok/s", "speedup", "step ms");
-	for (size_t i = 0; i < ncl; i++) {
-		rate[i] = decode_rate(m, cl[i], (int)context, (int)n_decode, &step[i]);
-		if (rate[i] < 0) {
-			fprintf(stderr, "kvkeep bench batch: concurrency %d failed: %s\n", cl[i], kv_errmsg());
-			status = 1;
-			goto out;
+	double reps[16][100], sreps[16][100];
+	for (int r = 0; r < (int)repeat; r++)
+		for (size_t i = 0; i < ncl; i++) {
+			reps[i][r] = decode_rate(m, cl[i], (int)context, (int)n_decode, &sreps[i][r]);
+			if (reps[i][r] < 0) {
+				fprintf(stderr, "kvkeep bench batch: concurrency %d failed: %s\n", cl[i], kv_errmsg());
+				status = 1;
+				goto out;
+			}
 		}
-		if (cl[i] == 1 || i == 0)
-			base = cl[i] == 1 ? rate[i] : base;
-		if (!json)
-			printf("%-12d %14.1f %8.2fx %12.2f\n", cl[i], rate[i], base > 0 ? rate[i] / base : NAN, step[i]);
+	for (size_t i = 0; i < ncl; i++) {
+		qsort(reps[i], (size_t)repeat, sizeof reps[i][0], cmp_d);
+		qsort(sreps[i], (size_t)repeat, sizeof sreps[i][0], cmp_d);
+		rate[i] = reps[i][repeat / 2];
+		step[i] = sreps[i][repeat / 2];
+		if (cl[i] == 1)
+			base = rate[i];
 	}
+	for (size_t i = 0; i < ncl && !json; i++)
+		printf("%-12d %14.1f %8.2fx %12.2f\n", cl[i], rate[i], base > 0 ? rate[i] / base : NAN, step[i]);
 
 	/* TTFT of short requests while a long cold prefill runs */
 	double *tt = shorts ? calloc((size_t)shorts, sizeof *tt) : NULL;
