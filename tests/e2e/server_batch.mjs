@@ -1,7 +1,8 @@
 // server_batch.mjs - continuous batching end to end: concurrent requests
 // give exactly what they give one at a time, a short request is not stuck
 // behind a long prefill, a client that does not read stalls only itself,
-// two requests on one long prefix prefill it once, SIGTERM answers every
+// two requests on one long prefix prefill it once, clients leaving at
+// random moments under load free every page, SIGTERM answers every
 // queued request with 503 + Retry-After, cache salts are byte strings.
 import {
   check, assert, eq, mkModel, startServer, metrics, postJSON, sleep, until, failures_count,
@@ -150,6 +151,40 @@ await check(`${T}:shared_prefix_submitted_together_prefilled_once_${label}`, asy
   } finally { await S.stop(); }
 }, 120000);
 }
+
+await check(`${T}:disconnects_under_load_free_every_page`, async () => {
+  // 8 batched streams (and long prefills) whose clients leave at random
+  // moments: afterwards nothing runs and no page is referenced
+  const S = await startServer(model, ['--served-model-name', NAME, '--max-running', '8', '--prefill-chunk', '16',
+    '--disable-prefix-cache']);
+  try {
+    let seed = 7;
+    const rnd = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+    const runs = Array.from({ length: 16 }, async (_, i) => {
+      const ctl = new AbortController();
+      const after = 20 + rnd(400);
+      setTimeout(() => ctl.abort(), after);
+      try {
+        const r = await fetch(S.url('/v1/chat/completions'), {
+          method: 'POST', signal: ctl.signal, headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ model: NAME, stream: i % 2 === 0, messages: [{ role: 'user', content: `w${i} `.repeat(20 + rnd(300)) }],
+            max_tokens: 2000, ignore_eos: true }),
+        });
+        const rd = r.body.getReader();
+        while (!(await rd.read()).done) { /* until the abort */ }
+      } catch { /* aborted */ }
+    });
+    await Promise.all(runs);
+    const idle = await until(async () => {
+      const m = await metrics(S);
+      return m.get('kvkeep_requests_running') === 0 && m.get('kvkeep_requests_waiting') === 0 &&
+        m.get('kvkeep_kv_pages_in_use') === 0 && m.get('kvkeep_engine_sequences') === 0 ? m : null;
+    }, 10000, 50);
+    assert(idle, 'requests or pages left after every client left');
+    const ok = await postJSON(S, '/v1/chat/completions', { model: NAME, messages: [{ role: 'user', content: 'after' }], max_tokens: 3 });
+    eq(ok.status, 200, 'still serving');
+  } finally { await S.stop(); }
+}, 120000);
 
 await check(`${T}:cache_salts_are_full_byte_strings`, async () => {
   const S = await startServer(model, ['--served-model-name', NAME, '--allow-request-salt']);
