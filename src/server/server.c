@@ -743,8 +743,6 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 				      .max_running = s->max_running,
 				      .max_batch_tokens = (int)o->max_batch_tokens,
 				      .chunk = o->prefill_chunk < 8192 ? (int)o->prefill_chunk : 8192};
-	if (ep.max_batch_tokens && ep.chunk > ep.max_batch_tokens - ep.max_running + 1)
-		ep.chunk = ep.max_batch_tokens - ep.max_running + 1;
 	if ((rc = kss_sched_create(&ep, &s->engine)))
 		goto fail;
 	s->sched = ksv_sched_create(s->max_running, (int)o->max_queue);
@@ -753,7 +751,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		goto fail;
 	}
 	KV_INFO("serve.scheduler", "max_running=%d max_batch_tokens=%d chunk=%d", s->max_running,
-		o->max_batch_tokens ? (int)o->max_batch_tokens : ep.chunk + s->max_running, ep.chunk);
+		o->max_batch_tokens ? (int)o->max_batch_tokens : ep.chunk + s->max_running, kss_sched_chunk(s->engine));
 	if ((rc = setup_metrics(s)) || (s->store && (rc = setup_disk_metrics(s))))
 		goto fail;
 	if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK)) {

@@ -173,8 +173,6 @@ int kss_sched_create(const struct kss_sched_params *p, struct kss_sched **out)
 		s->p.chunk = DEFAULT_CHUNK;
 	if (!s->p.max_batch_tokens)
 		s->p.max_batch_tokens = s->p.chunk + s->p.max_running;
-	if (s->p.chunk > s->p.max_batch_tokens)
-		s->p.chunk = s->p.max_batch_tokens;
 	if (!s->p.gather_us)
 		s->p.gather_us = DEFAULT_GATHER_US;
 	if (s->p.max_running > s->p.max_batch_tokens) {
@@ -183,6 +181,10 @@ int kss_sched_create(const struct kss_sched_params *p, struct kss_sched **out)
 		free(s);
 		return rc;
 	}
+	/* a chunk must fit beside the decode tokens of every other running
+	 * sequence, or a prefill could wait forever behind them */
+	if (s->p.chunk > s->p.max_batch_tokens - s->p.max_running + 1)
+		s->p.chunk = s->p.max_batch_tokens - s->p.max_running + 1;
 	s->take = calloc((size_t)s->p.max_running, sizeof *s->take);
 	s->items = calloc((size_t)s->p.max_running, sizeof *s->items);
 	if (!s->take || !s->items) {

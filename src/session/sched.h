@@ -51,7 +51,9 @@ struct kss_sched_params {
 	struct ke_model *model;
 	int max_running;          /* sequences in one step, >= 1 */
 	int max_batch_tokens;     /* rows in one step; 0: chunk + max_running */
-	int chunk;                /* prefill tokens per item and step; 0: 256 */
+	int chunk;                /* prefill tokens per item and step; 0: 256; cut to
+				   * max_batch_tokens - max_running + 1 so that a chunk
+				   * always fits beside the other sequences' decodes */
 	int gather_us;            /* longest wait for joined sequences to submit; 0: 2000 */
 };
 
