@@ -542,6 +542,7 @@ static int cmd_bench_replay(int argc, char **argv)
 			rows[seq + i].pass = (int)pass;
 			rows[seq + i].server_start = server_start_no;
 		}
+		double t_pass = kv_now_s();
 		for (int k = 0; k < concurrency && (size_t)k < tr->n; k++)
 			if (!pthread_create(&th[n_th], NULL, pool_main, &pl))
 				n_th++;
@@ -549,12 +550,18 @@ static int cmd_bench_replay(int argc, char **argv)
 			pool_main(&pl);
 		for (int k = 0; k < n_th; k++)
 			pthread_join(th[k], NULL);
+		double wall = kv_now_s() - t_pass;
 		for (size_t i = 0; i < tr->n; i++) {
 			seq++;
 			table_row(&out, seq, &rows[seq - 1], &tr->items[i], NULL);
 		}
+		/* what concurrency is for: the pass's wall time (compare with
+		 * --concurrency 1) */
+		fprintf(out.table, "pass %lld: %zu requests, %lld at a time, in %.3f s\n", (long long)pass, tr->n, (long long)concurrency,
+			wall);
 	}
 	for (int64_t pass = 1; pass <= repeat && !fatal && concurrency == 1; pass++) {
+		double t_pass1 = kv_now_s();
 		for (size_t i = 0; i < tr->n && !fatal; i++) {
 			struct rp_row *w = &rows[seq];
 			w->item = i;
@@ -592,6 +599,9 @@ static int cmd_bench_replay(int argc, char **argv)
 								ready_s, "cache_info", ci ? ci : json_null()));
 			}
 		}
+		if (!fatal && !restart_after)
+			fprintf(out.table, "pass %lld: %zu requests, 1 at a time, in %.3f s\n", (long long)pass, tr->n,
+				kv_now_s() - t_pass1);
 	}
 	if (restart_after > 0 && !restarts && !fatal)
 		fprintf(out.table, "note: --restart-after %lld is not before the last request; no restart happened\n",
