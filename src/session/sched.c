@@ -47,7 +47,7 @@ struct kss_sched {
 	pthread_mutex_t mu;
 	pthread_cond_t work, done;
 	pthread_t thread;
-	int started, stop;
+	int stop;
 	struct fwd *head, *tail;
 	struct kss_sched_stats st;
 	struct kss_flight *flights;
@@ -207,7 +207,6 @@ int kss_sched_create(const struct kss_sched_params *p, struct kss_sched **out)
 		pthread_mutex_destroy(&s->mu);
 		goto fail;
 	}
-	s->started = 1;
 	*out = s;
 	return KV_OK;
 fail:
