@@ -96,6 +96,7 @@ static int take_step(struct kss_sched *s)
 static void *engine_main(void *arg)
 {
 	struct kss_sched *s = arg;
+	uint64_t t_free = 0;      /* when the last step ended */
 	pthread_mutex_lock(&s->mu);
 	for (;;) {
 		while (!s->head && !s->stop)
@@ -103,8 +104,12 @@ static void *engine_main(void *arg)
 		if (s->stop)
 			break;
 		/* gather: until every joined sequence that is not away has
-		 * submitted, or gather_us after the oldest submission */
-		uint64_t t_old = s->head->t_submit;
+		 * submitted, or gather_us after the oldest submission or the end
+		 * of the last step, whichever is later. (Counting from the oldest
+		 * submission alone splits the sequences into two halves that
+		 * alternate: those that submitted during a step would start the
+		 * next one at once, before the others are back.) */
+		uint64_t t_old = s->head->t_submit > t_free ? s->head->t_submit : t_free;
 		while (!s->stop && s->st.pending < s->st.joined - s->st.away) {
 			uint64_t now = kv_now_ns(), end = t_old + (uint64_t)s->p.gather_us * 1000u;
 			if (now >= end)
@@ -135,6 +140,7 @@ static void *engine_main(void *arg)
 			if (s->items[i].n > 1)
 				s->st.prefill_rows += (uint64_t)s->items[i].n;
 		}
+		t_free = kv_now_ns();
 		s->st.steps++;
 		s->st.rows += (uint64_t)rows;
 		s->st.items += (uint64_t)k;
