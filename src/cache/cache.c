@@ -654,6 +654,12 @@ done:
  * touch, no log line; the hit is pinned all the same. */
 static int lookup(struct kc_cache *c, const int32_t *tok, uint32_t n, struct kc_hit *h, int peek);
 
+uint64_t kc_cache_struct_bytes(const struct kc_stats *st)
+{
+	return st->nodes * sizeof(struct kc_node) + st->rps * sizeof(struct kc_rp) +
+	       st->entries * (sizeof(struct kc_entry) + sizeof(void *));
+}
+
 int kc_cache_lookup(struct kc_cache *c, const int32_t *tok, uint32_t n, struct kc_hit *h)
 {
 	return lookup(c, tok, n, h, 0);

@@ -37,6 +37,7 @@
 
 #include "base/hash.h"
 #include "base/pages.h"
+#include "cache/names.h"
 #include "cache/policy.h"
 #include "engine/layout.h"
 
@@ -232,6 +233,9 @@ struct kc_stats {
 	double lookup_p50_ms, lookup_p99_ms; /* over the last 4096 lookups */
 };
 void kc_cache_stats(struct kc_cache *c, struct kc_stats *out);
+/* Bytes of the index's own structures (nodes, resume points, entries) for
+ * the counts in st: what bytes_in_use leaves out (benchmarks). */
+uint64_t kc_cache_struct_bytes(const struct kc_stats *st);
 /* Count an entry the policy chose not to store (kc_turn does this). */
 void kc_cache_note_skip(struct kc_cache *c);
 
@@ -247,7 +251,7 @@ int kc_cache_check(struct kc_cache *c);
  * valid until kc_cache_view_release, even if the object is evicted.
  */
 struct kc_view {
-	int kind;                   /* KC_OBJ_BLOCK / KC_OBJ_RP / KC_OBJ_ENTRY (index.h) */
+	int kind;                   /* KC_OBJ_BLOCK / KC_OBJ_RP / KC_OBJ_ENTRY (names.h) */
 	struct kv_h128 id;          /* block: chain hash; rp: XXH3_128(node hash || tail
 				       tokens); entry: its end rp's id */
 	struct kv_h128 parent;      /* block: previous chain hash (the namespace for the

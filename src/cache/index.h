@@ -44,8 +44,7 @@
 
 #include "base/hash.h"
 #include "base/pages.h"
-
-enum kc_obj_kind { KC_OBJ_BLOCK = 1, KC_OBJ_RP = 2, KC_OBJ_ENTRY = 3 };
+#include "cache/names.h"
 
 /* First member of every object: links of the dirty list (new objects the
  * disk tier has not taken yet), in creation order. */
@@ -104,16 +103,6 @@ struct kc_entry {
 	uint64_t id;               /* 1, 2, ... in creation order */
 };
 
-/* Token blocks compare as byte strings (int32 little endian): a total
- * order in which the first differing token decides. */
-int kc_tok_cmp(const int32_t *a, const int32_t *b, uint32_t n);
-/* Length of the common prefix of a and b (both at least n long). */
-uint32_t kc_tok_lcp(const int32_t *a, const int32_t *b, uint32_t n);
-/* h_i from h_{i-1} and B tokens. */
-struct kv_h128 kc_chain_hash(struct kv_h128 prev, const int32_t *blk, uint32_t B);
-/* The name of a resume point: XXH3_128(node hash || t tail tokens); the
- * input lengths differ from a block's, so names never coincide. */
-struct kv_h128 kc_rp_id(struct kv_h128 node_hash, const int32_t *tail, uint32_t t);
 
 /*
  * The index interface. The core keeps the tree links (parent, kid list,

@@ -179,8 +179,15 @@ static int store(struct kc_turn *t, const int32_t *tok, uint32_t end, void *snap
 	return kc_cache_put(t->c, &p, NULL);
 }
 
-int kc_turn_at_stop(struct kc_turn *t, uint32_t pos, void *snap, struct kv_page *const *pages)
+static int at_stop(struct kc_turn *t, uint32_t pos, void *snap, struct kv_page *const *pages, int share)
 {
+	if (share && !t->pol.hybrid && pos > t->hit.pos && pos < t->n) {
+		/* dense: any position inside the prompt resumes, stop or not
+		 * (the stops themselves are not consumed) */
+		struct kc_put p = {.tokens = t->tok, .n = pos, .pages = pages};
+		kv_free(snap);
+		return kc_cache_put(t->c, &p, NULL);
+	}
 	size_t i = t->next_stop;
 	while (i < t->n_stops && t->stops[i] < pos)
 		i++;
@@ -189,6 +196,16 @@ int kc_turn_at_stop(struct kc_turn *t, uint32_t pos, void *snap, struct kv_page 
 		return kv_fail(KV_ERR_INVALID, "prefix cache turn: %u is not a stop point", pos);
 	}
 	t->next_stop = i + 1;
+	if (share && !t->pol.hybrid) {
+		struct kc_put p = {.tokens = t->tok, .n = pos, .pages = pages};
+		kv_free(snap);
+		return kc_cache_put(t->c, &p, NULL);
+	}
+	if (share && snap && pos != t->b_last) {
+		int rc = store(t, t->tok, pos, snap, pages);
+		set_add(t, pos, NULL);
+		return rc;
+	}
 	if (!t->pol.hybrid || !snap) {
 		kv_free(snap);
 		return KV_OK;
@@ -212,6 +229,16 @@ int kc_turn_at_stop(struct kc_turn *t, uint32_t pos, void *snap, struct kv_page 
 	}
 	set_add(t, pos, snap);
 	return KV_OK;
+}
+
+int kc_turn_at_stop(struct kc_turn *t, uint32_t pos, void *snap, struct kv_page *const *pages)
+{
+	return at_stop(t, pos, snap, pages, 0);
+}
+
+int kc_turn_share_at_stop(struct kc_turn *t, uint32_t pos, void *snap, struct kv_page *const *pages)
+{
+	return at_stop(t, pos, snap, pages, 1);
 }
 
 /* Bytes of the completion entry plus the boundary entry's own end, shared

@@ -64,6 +64,17 @@ const uint32_t *kc_turn_ckpts(const struct kc_turn *t, uint32_t *n);
  */
 int kc_turn_at_stop(struct kc_turn *t, uint32_t pos, void *snap, struct kv_page *const *pages);
 
+/*
+ * kc_turn_at_stop, and an entry ending at pos stored right away whatever
+ * the policy says about this stop: another request waits for exactly this
+ * prefix (session/sched.h, two agents on one system prompt), so it must be
+ * in the cache when the prefill passes it. Dense: tokens [0, pos) with
+ * their pages (snap NULL), at any pos inside the prompt (a dense model
+ * resumes anywhere, so pos need not be a stop); hybrid: a stop, with the
+ * snapshot at pos.
+ */
+int kc_turn_share_at_stop(struct kc_turn *t, uint32_t pos, void *snap, struct kv_page *const *pages);
+
 /* 1 if kc_turn_end would store a completion entry of n_total tokens and so
  * needs a snapshot at n_total (hybrid) - take one only then. */
 int kc_turn_wants_end(const struct kc_turn *t, uint32_t n_total);

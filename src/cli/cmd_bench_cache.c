@@ -45,7 +45,6 @@
 #include "base/mem.h"
 #include "base/pages.h"
 #include "cache/cache.h"
-#include "cache/index.h"
 #include "cli/cli.h"
 #include "engine/model.h"
 #include "engine/seq.h"
@@ -357,8 +356,7 @@ static int bench_memory(struct mem_res *res)
 	res->superseded = st.superseded;
 	res->ratio = (double)st.bytes_in_use / ((double)res->distinct * (double)L.kv_bytes_per_token);
 	res->ratio_structs =
-		(double)(st.bytes_in_use + st.nodes * sizeof(struct kc_node) + st.rps * sizeof(struct kc_rp) +
-			 st.entries * (sizeof(struct kc_entry) + sizeof(void *))) /
+		(double)(st.bytes_in_use + kc_cache_struct_bytes(&st)) /
 		((double)res->distinct * (double)L.kv_bytes_per_token);
 	kc_cache_destroy(c);
 	for (uint32_t i = 0; i < mc.n; i++)

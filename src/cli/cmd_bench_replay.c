@@ -45,6 +45,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -365,13 +367,38 @@ static void run_item(const struct ksv_url *u, const struct ksv_replay_item *it, 
 	free(body);
 }
 
+/* --concurrency N: N threads take the next request of a pass, so N of
+ * them are in flight together (an agent's subagents); rows are filled in
+ * place and printed in trace order when the pass is over. */
+struct pool {
+	const struct ksv_url *u;
+	const struct ksv_replay_trace *tr;
+	struct rp_row *rows;          /* this pass's rows, tr->n of them */
+	int64_t max_tokens;
+	const char *model;
+	int timeout_ms;
+	atomic_size_t next;
+};
+
+static void *pool_main(void *arg)
+{
+	struct pool *p = arg;
+	for (;;) {
+		size_t i = atomic_fetch_add(&p->next, 1);
+		if (i >= p->tr->n)
+			break;
+		run_item(p->u, &p->tr->items[i], p->max_tokens, p->model, p->timeout_ms, &p->rows[i].r);
+	}
+	return NULL;
+}
+
 /* --- command -------------------------------------------------------------- */
 
 static int cmd_bench_replay(int argc, char **argv)
 {
 	const char *base_url = NULL, *trace_path = NULL, *dir = NULL, *spawn = NULL, *server_log = NULL, *model = NULL;
 	int json = 0, compare_cold = 0;
-	int64_t repeat = 1, max_tokens = 16, restart_after = 0, timeout_s = 600, ready_timeout_s = 300,
+	int64_t concurrency = 1, repeat = 1, max_tokens = 16, restart_after = 0, timeout_s = 600, ready_timeout_s = 300,
 		stop_timeout_s = 30;
 	const struct kv_flag flags[] = {
 		{"base-url", KV_FLAG_STR, &base_url, "URL", "server to replay against, e.g. http://127.0.0.1:8000/v1"},
@@ -387,12 +414,15 @@ static int cmd_bench_replay(int argc, char **argv)
 		 "spawn mode: resend every request to a --disable-prefix-cache server, report speedups"},
 		{"server-log", KV_FLAG_STR, &server_log, "FILE", "spawn mode: append the server's output here (default stderr)"},
 		{"timeout", KV_FLAG_INT, &timeout_s, "S", "per-request time limit in seconds (default 600)"},
+		{"concurrency", KV_FLAG_INT, &concurrency, "N",
+		 "keep N requests in flight at once, in trace order (default 1: one after another)"},
 		{"ready-timeout", KV_FLAG_INT, &ready_timeout_s, "S", "spawn mode: wait this long for /health (default 300)"},
 		{"stop-timeout", KV_FLAG_INT, &stop_timeout_s, "S", "spawn mode: SIGKILL if SIGTERM takes longer (default 30)"},
 		{0}};
 	const char *usage = "usage: kvkeep bench replay (--base-url URL | --spawn \"kvkeep serve ARGS\")\n"
 			    "                           (--trace FILE.jsonl | --dir DIR) [--json] [--repeat N]\n"
-			    "                           [--max-tokens N] [--restart-after K] [--compare-cold]\n\n"
+			    "                           [--max-tokens N] [--restart-after K] [--compare-cold]\n"
+			    "                           [--concurrency N]\n\n"
 			    "Replays recorded chat requests in order (streaming) and reports prompt, cached and\n"
 			    "generated tokens, time to first token and total time per request, plus a summary.\n"
 			    "Exit status: 0 all requests ok, 3 some failed or bad lines, 1 could not run, 2 usage.";
@@ -400,6 +430,11 @@ static int cmd_bench_replay(int argc, char **argv)
 	if (rc)
 		return rc == 1 ? 0 : 2;
 	const char *why = NULL;
+	if (concurrency < 1 || concurrency > 256)
+		why = "--concurrency must be in [1, 256]";
+	else if (concurrency > 1 && restart_after)
+		why = "--restart-after needs --concurrency 1 (a restart falls between two requests)";
+	else
 	if (!!trace_path == !!dir)
 		why = "give exactly one of --trace FILE and --dir DIR";
 	else if (!!base_url == !!spawn)
@@ -505,7 +540,36 @@ static int cmd_bench_replay(int argc, char **argv)
 	}
 
 	table_head(&out);
-	for (int64_t pass = 1; pass <= repeat && !fatal; pass++) {
+	for (int64_t pass = 1; pass <= repeat && !fatal && concurrency > 1; pass++) {
+		struct pool pl = {.u = &u, .tr = tr, .rows = rows + seq, .max_tokens = max_tokens, .model = model,
+				  .timeout_ms = timeout_ms};
+		pthread_t th[256];
+		int n_th = 0;
+		for (size_t i = 0; i < tr->n; i++) {
+			rows[seq + i].item = i;
+			rows[seq + i].pass = (int)pass;
+			rows[seq + i].server_start = server_start_no;
+		}
+		double t_pass = kv_now_s();
+		for (int k = 0; k < concurrency && (size_t)k < tr->n; k++)
+			if (!pthread_create(&th[n_th], NULL, pool_main, &pl))
+				n_th++;
+		if (!n_th)
+			pool_main(&pl);
+		for (int k = 0; k < n_th; k++)
+			pthread_join(th[k], NULL);
+		double wall = kv_now_s() - t_pass;
+		for (size_t i = 0; i < tr->n; i++) {
+			seq++;
+			table_row(&out, seq, &rows[seq - 1], &tr->items[i], NULL);
+		}
+		/* what concurrency is for: the pass's wall time (compare with
+		 * --concurrency 1) */
+		fprintf(out.table, "pass %lld: %zu requests, %lld at a time, in %.3f s\n", (long long)pass, tr->n, (long long)concurrency,
+			wall);
+	}
+	for (int64_t pass = 1; pass <= repeat && !fatal && concurrency == 1; pass++) {
+		double t_pass1 = kv_now_s();
 		for (size_t i = 0; i < tr->n && !fatal; i++) {
 			struct rp_row *w = &rows[seq];
 			w->item = i;
@@ -543,6 +607,9 @@ static int cmd_bench_replay(int argc, char **argv)
 								ready_s, "cache_info", ci ? ci : json_null()));
 			}
 		}
+		if (!fatal && !restart_after)
+			fprintf(out.table, "pass %lld: %zu requests, 1 at a time, in %.3f s\n", (long long)pass, tr->n,
+				kv_now_s() - t_pass1);
 	}
 	if (restart_after > 0 && !restarts && !fatal)
 		fprintf(out.table, "note: --restart-after %lld is not before the last request; no restart happened\n",

@@ -1,7 +1,7 @@
 /*
  * cmd_bench_restart.c - `kvkeep bench restart`: what a restart costs with
  * the disk tier, measured in one process with the server's own engine,
- * cache (cache/run.h) and store (store/store.h).
+ * cache (session/run.h) and store (store/store.h).
  *
  *   kvkeep bench restart [--model DIR] [--trace FILE] [--system-tokens N]
  *                        [--tools N] [--cache-dir DIR] [--json]
@@ -48,9 +48,9 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "cache/cache.h"
-#include "cache/index.h"
+#include "cache/names.h"
 #include "cache/policy.h"
-#include "cache/run.h"
+#include "session/run.h"
 #include "engine/model.h"
 #include "model/template.h"
 #include "model/tokenizer.h"
@@ -413,10 +413,10 @@ static int phase_replay(const char *model_dir, const char *trace, const char *ro
 	t0 = kv_now_ns();
 	if ((rc = ks_store_fetch(g.s, &rq, &fo)))
 		goto fail;
-	struct kc_run_params rp = {.prompt = t1.tok, .n = t1.n, .bounds = t1.bounds, .n_bounds = t1.n_bounds,
+	struct kss_run_params rp = {.prompt = t1.tok, .n = t1.n, .bounds = t1.bounds, .n_bounds = t1.n_bounds,
 				   .max_new = 1, .logits = warm};
-	struct kc_run_result rr;
-	if ((rc = kc_run(g.c, g.m, &rp, &rr)))
+	struct kss_run_result rr;
+	if ((rc = kss_run(g.c, g.m, &rp, &rr)))
 		goto fail;
 	double replay_ttft = (double)(kv_now_ns() - t0) / 1e9;
 	int identical = cold_len == (size_t)V * sizeof *warm && !memcmp(cold, warm, cold_len);
@@ -438,11 +438,11 @@ static int phase_replay(const char *model_dir, const char *trace, const char *ro
 	t0 = kv_now_ns();
 	ks_store_fetch(g.s, &rq2, &fo2);
 	double check_ms = (double)(kv_now_ns() - t0) / 1e6;
-	struct kc_run_params rp2 = {.prompt = t2.tok, .n = t2.n, .bounds = t2.bounds, .n_bounds = t2.n_bounds,
+	struct kss_run_params rp2 = {.prompt = t2.tok, .n = t2.n, .bounds = t2.bounds, .n_bounds = t2.n_bounds,
 				    .max_new = 1};
-	struct kc_run_result rr3;
+	struct kss_run_result rr3;
 	t0 = kv_now_ns();
-	if ((rc = kc_run(g.c, g.m, &rp2, &rr3)))
+	if ((rc = kss_run(g.c, g.m, &rp2, &rr3)))
 		goto fail;
 	double t2_ttft = (double)(kv_now_ns() - t0) / 1e9 + check_ms / 1e3;
 
@@ -597,11 +597,11 @@ static int cmd_bench_restart(int argc, char **argv)
 	/* 1. cold turn 1 */
 	if ((rc = rig_open(&g)))
 		goto fail;
-	struct kc_run_params rp = {.prompt = t1.tok, .n = t1.n, .bounds = t1.bounds, .n_bounds = t1.n_bounds,
+	struct kss_run_params rp = {.prompt = t1.tok, .n = t1.n, .bounds = t1.bounds, .n_bounds = t1.n_bounds,
 				   .max_new = 1, .logits = cold};
-	struct kc_run_result rr;
+	struct kss_run_result rr;
 	uint64_t t0 = kv_now_ns();
-	if ((rc = kc_run(g.c, g.m, &rp, &rr)))
+	if ((rc = kss_run(g.c, g.m, &rp, &rr)))
 		goto fail;
 	double cold_ttft = (double)(kv_now_ns() - t0) / 1e9;
 

@@ -33,7 +33,7 @@
 #include "base/hash.h"
 #include "base/io.h"
 #include "base/log.h"
-#include "cache/index.h"
+#include "cache/names.h"
 #include "store/dir.h"
 #include "store/ns.h"
 #include "store/obj.h"

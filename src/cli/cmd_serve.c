@@ -130,6 +130,10 @@ static int cmd_serve(int argc, char **argv)
 		{"max-queue", KV_FLAG_INT, &o.max_queue, "N",
 		 "requests that may wait for the engine; more get 429 (default 64)"},
 		{"retry-after-s", KV_FLAG_INT, &o.retry_after_s, "S", "Retry-After of 503 and 429 answers (default 2)"},
+		{"max-running", KV_FLAG_INT, &o.max_running, "N",
+		 "requests generating together, batched into one engine step (default: 4, fewer when memory is short)"},
+		{"max-batch-tokens", KV_FLAG_INT, &o.max_batch_tokens, "N",
+		 "tokens per engine step: decode tokens plus prefill chunks (default: prefill chunk + max running)"},
 		{NULL, 0, NULL, NULL, NULL},
 	};
 	int rc = kv_flags_parse(USAGE, flags, argc, argv, NULL, 0, NULL);

@@ -134,4 +134,30 @@ size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *s
  */
 void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, float *last_out);
 
+/* Most rows of one forward (a prefill chunk, or one batch step). */
+#define KE_FWD_MAX_ROWS 8192
+
+/*
+ * One forward over the rows of several sequences, concatenated: rows
+ * [row0[i], row0[i + 1]) belong to seqs[i] and sit at its positions
+ * [pos, pos + rows). row_seq[t] says which sequence row t is of. The
+ * projections and the MLP run as one GEMM over all n rows (M-invariant
+ * kernels: each row's result is what it would be alone); RoPE, the KV
+ * writes, attention and the DeltaNet state are per sequence.
+ */
+struct ke_fwd {
+	const struct ke_model *m;
+	struct ke_scratch *sc;         /* sized for >= n rows */
+	int n;                         /* rows in all */
+	int n_seq;
+	struct ke_seq *const *seqs;    /* [n_seq] */
+	const int *row0;               /* [n_seq + 1] */
+	const int *row_seq;            /* [n] */
+};
+
+/* Run f. toks[i]: the row0[i+1] - row0[i] tokens of seqs[i]. last_out[i]
+ * (V floats or NULL): logits of that sequence's last row. logits_tmp holds
+ * n_seq x V floats. Pages must be writable; advances nothing. */
+void ke_forward_batch(const struct ke_fwd *f, const int32_t *const *toks, float *const *last_out, float *logits_tmp);
+
 #endif

@@ -75,12 +75,13 @@ static void write_row(const struct ke_layout *lay, struct kv_page **pages, int s
 		memcpy(dst, src, (size_t)lay->head_dim * sizeof *src);
 }
 
-static void attn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
+static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 {
-	const struct ke_model *m = s->m;
+	const struct ke_model *m = f->m;
 	const struct kv_model_config *c = &m->cfg;
 	const struct ke_layout *lay = &m->lay;
-	struct ke_scratch *sc = &s->sc;
+	struct ke_scratch *sc = f->sc;
+	int n = f->n;
 	int D = c->hidden, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
 	int gated = c->attn_output_gate, half = c->rotary_dim / 2;
 	size_t qw = (size_t)H * hd * (gated ? 2 : 1), kw = (size_t)Hkv * hd;
@@ -104,24 +105,30 @@ static void attn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
 			float *k = sc->k + (size_t)t * kw + (size_t)g * hd;
 			ke_vec_rmsnorm(k, k, ly->k_norm, hd, eps);
 			rope(k, cs, sn, half);
-			write_row(lay, s->pages, (ly->idx * 2 + 0) * Hkv + g, s->pos + t, k);
-			write_row(lay, s->pages, (ly->idx * 2 + 1) * Hkv + g, s->pos + t, sc->v + (size_t)t * kw + (size_t)g * hd);
+			struct ke_seq *s = f->seqs[f->row_seq[t]];
+			int pos = s->pos + t - f->row0[f->row_seq[t]];
+			write_row(lay, s->pages, (ly->idx * 2 + 0) * Hkv + g, pos, k);
+			write_row(lay, s->pages, (ly->idx * 2 + 1) * Hkv + g, pos, sc->v + (size_t)t * kw + (size_t)g * hd);
 		}
 	}
-	struct ke_attn_args a = {
-		.lay = lay,
-		.pages = s->pages,
-		.layer = ly->idx,
-		.n_heads = H,
-		.q = sc->qh,
-		.out = sc->att,
-		.pos0 = s->pos,
-		.n_tok = n,
-		.scale = (float)(1.0 / sqrt((double)hd)),
-		.scratch = sc->attn_scr,
-		.scratch_threads = sc->attn_threads,
-	};
-	ke_attn(&a);
+	/* attention reads each sequence's own pages: one call per sequence */
+	for (int i = 0; i < f->n_seq; i++) {
+		size_t r0 = (size_t)f->row0[i] * H * hd;
+		struct ke_attn_args a = {
+			.lay = lay,
+			.pages = f->seqs[i]->pages,
+			.layer = ly->idx,
+			.n_heads = H,
+			.q = sc->qh + r0,
+			.out = sc->att + r0,
+			.pos0 = f->seqs[i]->pos,
+			.n_tok = f->row0[i + 1] - f->row0[i],
+			.scale = (float)(1.0 / sqrt((double)hd)),
+			.scratch = sc->attn_scr,
+			.scratch_threads = sc->attn_threads,
+		};
+		ke_attn(&a);
+	}
 	if (gated) {
 		/* att * sigmoid(gate), the exp on the vector path (the same bits
 		 * as ke_exp: one scalar call per element was ~5% of a prefill) */
@@ -181,18 +188,16 @@ static void untile(float *p, float *tmp, int Hk, int Hv, int w)
 		memcpy(p + (size_t)g * w, tmp + (size_t)((g % r) * Hk + g / r) * w, (size_t)w * sizeof *p);
 }
 
-static void dn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
+static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 {
-	const struct ke_model *m = s->m;
+	const struct ke_model *m = f->m;
 	const struct kv_model_config *c = &m->cfg;
-	struct ke_scratch *sc = &s->sc;
+	struct ke_scratch *sc = f->sc;
 	const struct ke_rec_layer *rl = &m->lay.rec[ly->idx];
 	int D = c->hidden, Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
-	int r = Hv / Hk, K = c->conv_kernel, C = m->conv_dim;
+	int r = Hv / Hk, K = c->conv_kernel, C = m->conv_dim, n = f->n;
 	size_t kd = (size_t)Hk * dk, vd = (size_t)Hv * dv;
 	float eps = (float)c->rms_eps;
-	float *conv = s->rec + rl->conv_off / sizeof(float);
-	float *S = s->rec + rl->state_off / sizeof(float);
 
 	if (ly->fused) {
 		/* Qwen3-Next: qkvz grouped per key head g as [q_g | k_g | v_g (r dv) | z_g (r dv)],
@@ -230,10 +235,12 @@ static void dn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
 			}
 		}
 	}
-	/* causal conv, token by token through the conv state, then SiLU */
+	/* causal conv, token by token through each sequence's conv state, then SiLU */
 	double t0 = ke_prof_t0();
-	for (int t = 0; t < n; t++)
+	for (int t = 0; t < n; t++) {
+		float *conv = f->seqs[f->row_seq[t]]->rec + rl->conv_off / sizeof(float);
 		ke_dn_conv(conv, ly->conv_w, sc->dq + (size_t)t * C, C, K);
+	}
 	ke_vec_silu(sc->dq, n * C);
 	float qscale = (float)(1.0 / sqrt((double)dk));
 	for (int t = 0; t < n; t++) {
@@ -253,11 +260,17 @@ static void dn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
 			*ap = expf(ly->neg_a[h] * sp);
 		}
 	}
-	struct dn_job j = {c, S, sc->dq, sc->beta, sc->alpha, sc->core, n, C};
-	if (Hv > 1 && 4.0 * n * Hv * dk * dv >= KE_PAR_MIN_WORK)
-		kv_pool_for(kv_pool_global(), (size_t)Hv, 1, dn_heads, &j);
-	else
-		dn_heads(&j, 0, (size_t)Hv, 0);
+	/* the delta rule runs through each sequence's own state S */
+	for (int i = 0; i < f->n_seq; i++) {
+		int r0 = f->row0[i], ni = f->row0[i + 1] - r0;
+		float *S = f->seqs[i]->rec + rl->state_off / sizeof(float);
+		struct dn_job j = {c, S, sc->dq + (size_t)r0 * C, sc->beta + (size_t)r0 * Hv, sc->alpha + (size_t)r0 * Hv,
+				   sc->core + (size_t)r0 * vd, ni, C};
+		if (Hv > 1 && 4.0 * ni * Hv * dk * dv >= KE_PAR_MIN_WORK)
+			kv_pool_for(kv_pool_global(), (size_t)Hv, 1, dn_heads, &j);
+		else
+			dn_heads(&j, 0, (size_t)Hv, 0);
+	}
 	ke_prof_add(KE_PROF_DN, t0, 7.0 * n * Hv * dk * dv, 8.0 * n * Hv * dk * dv);
 	/* gated RMSNorm per value head: (norm(o) * w) * silu(z) */
 	ke_vec_silu(sc->z, (int)((size_t)n * vd));
@@ -282,26 +295,37 @@ static void dn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
 	ke_gemm(&ly->out, sc->core, vd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
 }
 
-void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, float *last_out)
+/*
+ * The rows of every sequence of f, concatenated, through all layers: the
+ * GEMMs and per-row steps run over all f->n rows at once (their result per
+ * row does not depend on the other rows), attention and the DeltaNet state
+ * per sequence. Leaves the residual stream of every row in sc->x.
+ */
+static void forward_rows(const struct ke_fwd *f, const int32_t *const *toks)
 {
-	const struct ke_model *m = s->m;
+	const struct ke_model *m = f->m;
 	const struct kv_model_config *c = &m->cfg;
-	struct ke_scratch *sc = &s->sc;
-	int D = c->hidden, I = c->intermediate, V = c->vocab;
+	struct ke_scratch *sc = f->sc;
+	int D = c->hidden, I = c->intermediate, n = f->n;
 	float eps = (float)c->rms_eps;
 
-	for (int t = 0; t < n; t++)
-		embed_row(m, tok[t], sc->x + (size_t)t * D);
-	if (c->n_attn_layers)
-		rope_tables(m, s->pos, n, sc->cosv, sc->sinv);
+	for (int i = 0; i < f->n_seq; i++) {
+		int r0 = f->row0[i], ni = f->row0[i + 1] - r0;
+		for (int t = 0; t < ni; t++)
+			embed_row(m, toks[i][t], sc->x + (size_t)(r0 + t) * D);
+		if (c->n_attn_layers) {
+			size_t half = (size_t)(c->rotary_dim / 2);
+			rope_tables(m, f->seqs[i]->pos, ni, sc->cosv + r0 * half, sc->sinv + r0 * half);
+		}
+	}
 	for (int l = 0; l < c->n_layers; l++) {
 		const struct ke_layer *ly = &m->layers[l];
 		for (int t = 0; t < n; t++)
 			ke_vec_rmsnorm(sc->h + (size_t)t * D, sc->x + (size_t)t * D, ly->in_norm, D, eps);
 		if (ly->type == KV_LAYER_ATTN)
-			attn_layer(s, ly, n);
+			attn_layer(f, ly);
 		else
-			dn_layer(s, ly, n);
+			dn_layer(f, ly);
 		for (int t = 0; t < n; t++)
 			ke_vec_rmsnorm(sc->h + (size_t)t * D, sc->x + (size_t)t * D, ly->post_norm, D, eps);
 		if (ly->moe) { /* sparse MoE block, moe.c */
@@ -313,6 +337,21 @@ void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, fl
 		ke_vec_silu_mul(sc->m1, sc->m2, (int)((size_t)n * I));
 		ke_gemm(&ly->down, sc->m1, (size_t)I, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
 	}
+}
+
+void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, float *last_out)
+{
+	const struct ke_model *m = s->m;
+	const struct kv_model_config *c = &m->cfg;
+	struct ke_scratch *sc = &s->sc;
+	int D = c->hidden, V = c->vocab;
+	float eps = (float)c->rms_eps;
+	int row0[2] = {0, n};
+	int row_seq[KE_FWD_MAX_ROWS];
+	struct ke_fwd f = {.m = m, .sc = sc, .n = n, .n_seq = 1, .seqs = &s, .row0 = row0, .row_seq = row_seq};
+
+	memset(row_seq, 0, (size_t)n * sizeof *row_seq);
+	forward_rows(&f, &tok);
 	if (rows_out) {
 		for (int t = 0; t < n; t++)
 			ke_vec_rmsnorm(sc->h + (size_t)t * D, sc->x + (size_t)t * D, m->final_norm, D, eps);
@@ -321,4 +360,27 @@ void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, fl
 		ke_vec_rmsnorm(sc->h, sc->x + (size_t)(n - 1) * D, m->final_norm, D, eps);
 		ke_gemm(&m->lm_head, sc->h, (size_t)D, 1, last_out, (size_t)V, 0);
 	}
+}
+
+void ke_forward_batch(const struct ke_fwd *f, const int32_t *const *toks, float *const *last_out, float *logits_tmp)
+{
+	const struct kv_model_config *c = &f->m->cfg;
+	struct ke_scratch *sc = f->sc;
+	int D = c->hidden, V = c->vocab, k = 0;
+	float eps = (float)c->rms_eps;
+
+	forward_rows(f, toks);
+	/* the last row of each sequence that wants logits, gathered into h:
+	 * one lm_head GEMM over k rows gives each row what M = 1 would */
+	for (int i = 0; i < f->n_seq; i++)
+		if (last_out[i])
+			ke_vec_rmsnorm(sc->h + (size_t)k++ * D, sc->x + (size_t)(f->row0[i + 1] - 1) * D, f->m->final_norm, D,
+				       eps);
+	if (!k)
+		return;
+	ke_gemm(&f->m->lm_head, sc->h, (size_t)D, k, logits_tmp, (size_t)V, 0);
+	k = 0;
+	for (int i = 0; i < f->n_seq; i++)
+		if (last_out[i])
+			memcpy(last_out[i], logits_tmp + (size_t)k++ * V, (size_t)V * sizeof *logits_tmp);
 }

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #define DEFAULT_CHUNK 256
-#define MAX_CHUNK 8192
+#define MAX_CHUNK KE_FWD_MAX_ROWS
 
 /* zero_rec = 0 leaves the recurrent state uninitialised: for resume,
  * which overwrites all of it with a snapshot right away (touching 12 MiB
@@ -389,4 +389,123 @@ int ke_seq_fork(const struct ke_seq *src, int p, const struct ke_seq_params *par
 		return rc;
 	}
 	return ke_seq_resume(src->m, &sp, &r, out);
+}
+
+/* --- batches ------------------------------------------------------------ */
+
+struct ke_batch {
+	struct ke_model *m;
+	int max_tokens, max_seqs;
+	struct ke_scratch sc;     /* max_tokens rows */
+	float *logits;            /* [max_seqs][vocab] */
+	struct ke_seq **seqs;     /* [max_seqs] */
+	const int32_t **toks;     /* [max_seqs] */
+	float **last;             /* [max_seqs] */
+	int *row0;                /* [max_seqs + 1] */
+	int *row_seq;             /* [max_tokens] */
+};
+
+int ke_batch_create(struct ke_model *m, int max_tokens, int max_seqs, struct ke_batch **out)
+{
+	*out = NULL;
+	if (max_tokens < 1 || max_tokens > MAX_CHUNK || max_seqs < 1 || max_seqs > max_tokens)
+		return kv_fail(KV_ERR_INVALID, "batch: max_tokens must be in [1, %d] and max_seqs in [1, max_tokens]",
+			       MAX_CHUNK);
+	struct ke_batch *b = calloc(1, sizeof *b);
+	if (!b)
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	b->m = m;
+	b->max_tokens = max_tokens;
+	b->max_seqs = max_seqs;
+	size_t bytes = ke_scratch_plan(m, max_tokens, NULL, NULL);
+	void *block = kv_alloc(KV_MEM_SCRATCH, bytes);
+	b->logits = kv_alloc(KV_MEM_SCRATCH, (size_t)max_seqs * m->cfg.vocab * sizeof *b->logits);
+	b->seqs = calloc((size_t)max_seqs, sizeof *b->seqs);
+	b->toks = calloc((size_t)max_seqs, sizeof *b->toks);
+	b->last = calloc((size_t)max_seqs, sizeof *b->last);
+	b->row0 = calloc((size_t)max_seqs + 1, sizeof *b->row0);
+	b->row_seq = calloc((size_t)max_tokens, sizeof *b->row_seq);
+	if (block)
+		ke_scratch_plan(m, max_tokens, &b->sc, block);
+	if (!block || !b->logits || !b->seqs || !b->toks || !b->last || !b->row0 || !b->row_seq) {
+		kv_free(block);
+		b->sc.block = NULL;
+		ke_batch_destroy(b);
+		return kv_fail(KV_ERR_NOMEM, "batch: cannot allocate scratch for %d tokens", max_tokens);
+	}
+	*out = b;
+	return KV_OK;
+}
+
+void ke_batch_destroy(struct ke_batch *b)
+{
+	if (!b)
+		return;
+	kv_free(b->sc.block);
+	kv_free(b->logits);
+	free(b->seqs);
+	free(b->toks);
+	free(b->last);
+	free(b->row0);
+	free(b->row_seq);
+	free(b);
+}
+
+int ke_batch_max_tokens(const struct ke_batch *b)
+{
+	return b->max_tokens;
+}
+
+int ke_batch_max_seqs(const struct ke_batch *b)
+{
+	return b->max_seqs;
+}
+
+int ke_batch_run(struct ke_batch *b, struct ke_batch_item *items, int n_items)
+{
+	int total = 0, k = 0;
+	if (n_items < 0 || n_items > b->max_seqs)
+		return kv_fail(KV_ERR_INVALID, "batch: %d items, at most %d", n_items, b->max_seqs);
+	for (int i = 0; i < n_items; i++) {
+		if (items[i].n < 1 || !items[i].tokens || !items[i].s || items[i].s->m != b->m)
+			return kv_fail(KV_ERR_INVALID, "batch: item %d is empty or of another model", i);
+		for (int j = 0; j < i; j++)
+			if (items[j].s == items[i].s)
+				return kv_fail(KV_ERR_INVALID, "batch: a sequence appears twice");
+		total += items[i].n;
+	}
+	if (total > b->max_tokens)
+		return kv_fail(KV_ERR_INVALID, "batch: %d tokens, at most %d", total, b->max_tokens);
+	b->row0[0] = 0;
+	for (int i = 0; i < n_items; i++) {
+		struct ke_batch_item *it = &items[i];
+		struct ke_seq *s = it->s;
+		if (s->p.max_tokens && s->pos + it->n > s->p.max_tokens)
+			it->rc = kv_fail(KV_ERR_INVALID, "batch: %d + %d tokens exceed the sequence limit of %d", s->pos,
+					 it->n, s->p.max_tokens);
+		else if (!(it->rc = check_tokens(s, it->tokens, it->n)) && !(it->rc = tokens_reserve(s, s->pos + it->n)))
+			it->rc = pages_for(s, s->pos + it->n);
+		if (it->rc)
+			continue;
+		b->seqs[k] = s;
+		b->toks[k] = it->tokens;
+		b->last[k] = it->logits;
+		b->row0[k + 1] = b->row0[k] + it->n;
+		for (int t = b->row0[k]; t < b->row0[k + 1]; t++)
+			b->row_seq[t] = k;
+		k++;
+	}
+	if (k) {
+		struct ke_fwd f = {.m = b->m, .sc = &b->sc, .n = b->row0[k], .n_seq = k, .seqs = b->seqs,
+				   .row0 = b->row0, .row_seq = b->row_seq};
+		ke_forward_batch(&f, b->toks, b->last, b->logits);
+	}
+	for (int i = 0; i < n_items; i++) {
+		struct ke_batch_item *it = &items[i];
+		if (it->rc)
+			continue;
+		memcpy(it->s->tokens + it->s->pos, it->tokens, (size_t)it->n * sizeof *it->tokens);
+		it->s->pos += it->n;
+	}
+	return KV_OK;
 }

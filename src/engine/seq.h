@@ -102,6 +102,44 @@ int ke_seq_prefill(struct ke_seq *s, const int32_t *tokens, int n, const struct 
 /* One token (the same forward as a prefill of one). */
 int ke_seq_decode(struct ke_seq *s, int32_t token, float *logits);
 
+/*
+ * Batches: one forward over several sequences (continuous batching). The
+ * decode token of every running sequence and prefill chunks of others go
+ * through the model as one set of GEMMs over the concatenated rows, with
+ * attention and the recurrent state per sequence. Every kernel is
+ * M-invariant, so each sequence's logits are bit-identical to running it
+ * alone (tests/unit/test_engine.c checks it with memcmp).
+ *
+ * A batch object owns the scratch for max_tokens rows and the logits of up
+ * to max_seqs sequences; it is reused for every step (nothing is allocated
+ * per step). One ke_batch_run at a time per batch object; a sequence may
+ * appear at most once in one run.
+ */
+struct ke_batch;
+
+struct ke_batch_item {
+	struct ke_seq *s;
+	const int32_t *tokens;   /* n tokens at positions [pos, pos + n) (borrowed) */
+	int n;                   /* >= 1 */
+	float *logits;           /* out: vocab floats, the last token's logits, or NULL */
+	int rc;                  /* out: KV_OK, or why this item did not run (the
+				  * sequence is then unchanged) */
+};
+
+int ke_batch_create(struct ke_model *m, int max_tokens, int max_seqs, struct ke_batch **out);
+void ke_batch_destroy(struct ke_batch *b);
+/* Rows and sequences one run may hold. */
+int ke_batch_max_tokens(const struct ke_batch *b);
+int ke_batch_max_seqs(const struct ke_batch *b);
+/*
+ * Run the items as one forward. Items that cannot run (bad token ids,
+ * the sequence limit, a full page pool: KV_ERR_FULL) get their rc and are
+ * left out; the others advance by n. Returns KV_OK, or KV_ERR_INVALID when
+ * the batch itself is malformed (more than max_tokens rows or max_seqs
+ * items, an empty item); then nothing ran.
+ */
+int ke_batch_run(struct ke_batch *b, struct ke_batch_item *items, int n_items);
+
 /* Recurrent snapshot (hybrid; layout.snapshot_bytes, 0 for dense). */
 size_t ke_seq_snapshot_bytes(const struct ke_seq *s);
 int ke_seq_snapshot(const struct ke_seq *s, void *buf, size_t len);

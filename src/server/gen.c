@@ -12,10 +12,12 @@
  *                                          entries before 503 (Retry-After)
  *   wait for "started" or a failure   <-  "started" (status 200 decided)
  *     (polling for a client hang-up)
- *   reply: an error, or open the SSE       kc_run (cache/run.h, the cache's
- *     stream and attach it                 driver): lookup, resume, prefill
+ *   reply: an error, or open the SSE       kss_run (session/run.h, the request
+ *     stream and attach it                 path): lookup, resume, prefill
  *                                          prompt[p:] with the policy's stop
- *                                          points and snapshots, decode
+ *                                          points and snapshots (every forward
+ *                                          batched with the other running
+ *                                          requests'), decode
  *                                          through pick() (sampler, logprobs,
  *                                          text -> output pipeline -> SSE
  *                                          chunks), store the entries
@@ -39,7 +41,7 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "cache/run.h"
+#include "session/run.h"
 #include "engine/sample.h"
 #include "server/openai.h"
 #include "server/output.h"
@@ -97,7 +99,7 @@ struct gen {
 	const char *resume_kind;
 	int from_disk;            /* the resume point was loaded from the disk tier */
 	const char *salt;         /* the request's cache_salt (borrowed from req.body), NULL: none */
-	struct ksv_tier tier;     /* RAM cache + disk store of its namespace (tenant.h) */
+	struct kss_tier tier;     /* RAM cache + disk store of its namespace (session/registry.h) */
 	/* decode state (worker) */
 	struct ke_sampler *smp;
 	struct kv_tok_stream ds;
@@ -160,20 +162,44 @@ static void gen_fail(struct gen *g, int status, const char *fmt, ...)
 	pthread_mutex_unlock(&g->mu);
 }
 
-/* Send SSE bytes to the client (or keep them until the stream is attached). */
+/*
+ * Bytes a stream may hold that its client has not taken. Past this the
+ * request's own thread waits for the client (its sequence makes no
+ * progress, the engine's scheduler does not wait for it: the others go on)
+ * until the client reads, leaves, or the watchdog cuts it at
+ * --stall-timeout-s.
+ */
+#define KSV_STREAM_HIGH_WATER (256u << 10)
+
+/* Send SSE bytes to the client (or keep them until the stream is attached).
+ * Worker thread only: g->stream is ended by this thread, so it stays valid
+ * here after the lock is dropped. */
 static void gen_emit(struct gen *g, struct kv_buf *b)
 {
+	struct ksv_stream *st = NULL;
 	if (!b->len)
 		return;
 	pthread_mutex_lock(&g->mu);
 	if (g->stream) {
 		if (ksv_stream_write(g->stream, b->p, b->len))
 			atomic_store(&g->job.cancel, 1);
+		else
+			st = g->stream;
 	} else if (!g->gone) {
 		kv_buf_add(&g->pend, b->p, b->len);
 	}
 	pthread_mutex_unlock(&g->mu);
 	kv_buf_reset(b);
+	if (st && ksv_stream_pending(st) > KSV_STREAM_HIGH_WATER) {
+		kss_sched_away(g->s->engine, 1);
+		int rc;
+		while ((rc = ksv_stream_wait_room(st, KSV_STREAM_HIGH_WATER / 2, 100)) == KV_ERR_TIMEOUT &&
+		       !atomic_load(&g->job.cancel))
+			;
+		if (rc == KV_ERR_CANCELLED)
+			atomic_store(&g->job.cancel, 1);
+		kss_sched_away(g->s->engine, 0);
+	}
 }
 
 /* --- token bytes (for logprobs) ------------------------------------------ */
@@ -348,6 +374,39 @@ static void on_event(void *ctx, const struct ksv_ev *e)
 	}
 }
 
+/* --- cache salts ------------------------------------------------------------ */
+
+/*
+ * The request's cache_salt: *out NULL when absent (or JSON null), else
+ * the salt. A salt names a namespace by its full bytes, so the two byte
+ * strings a C string would confuse are refused rather than silently
+ * sharing a namespace: one with NUL inside ("x\u0000a" would be "x"), and
+ * the empty one (it would be the server's own namespace: omit the field
+ * for that). Replies 400 and returns 1 on a bad salt.
+ */
+static int request_salt(struct ksv_server *s, struct ksv_conn *c, const json_t *body, const char **out)
+{
+	const json_t *salt = json_object_get(body, "cache_salt");
+	const char *why = NULL;
+	*out = NULL;
+	if (!salt || json_is_null(salt))
+		return 0;
+	if (!json_is_string(salt))
+		why = "cache_salt must be a string";
+	else if (!s->o.allow_request_salt)
+		why = "cache_salt is not accepted: start the server with --allow-request-salt";
+	else if (!json_string_length(salt))
+		why = "cache_salt must not be empty (omit it to use the server's namespace)";
+	else if (memchr(json_string_value(salt), 0, json_string_length(salt)))
+		why = "cache_salt must not contain NUL characters";
+	if (why) {
+		ksv_reply_error(s, c, 400, "cache_salt", "%s", why);
+		return 1;
+	}
+	*out = json_string_value(salt);
+	return 0;
+}
+
 /* --- the worker ------------------------------------------------------------ */
 
 static int is_eos(const struct ksv_server *s, int32_t t)
@@ -415,7 +474,7 @@ uint64_t ksv_gen_request_overhead(const struct ksv_server *s)
 enum { PICK_EOS = 1, PICK_STOP_STRING = 2, PICK_CANCEL = 3 };
 
 /*
- * kc_run's pick callback: one decode step. Runs the sampler, records
+ * kss_run's pick callback: one decode step. Runs the sampler, records
  * logprobs, feeds the text through the output pipeline (which streams
  * it), and decides whether generation goes on. The cancel flag is read
  * here, before every token, so a client that left stops the generation
@@ -459,65 +518,16 @@ static int pick(void *ctx, const float *logits, int vocab, int32_t *tok)
 	return KV_OK;
 }
 
-/*
- * Ask the disk tier for this prompt: RAM first (a peek that counts
- * nothing; its pages stay pinned while the disk tier uses them), then the
- * files when they go further. Returns the position now in RAM from disk
- * (0: nothing loaded). Never fails the request.
- */
-static uint32_t disk_fetch(struct gen *g)
-{
-	struct kc_hit h;
-	struct ks_fetch f = {0};
-	kc_cache_peek(g->tier.cache, g->prompt, g->n_prompt, &h);
-	struct kv_page **rp = h.n_pages ? malloc(h.n_pages * sizeof *rp) : NULL;
-	if (rp || !h.n_pages) {
-		if (rp)
-			kc_hit_pages(&h, rp);
-		struct ks_req rq = {.tokens = g->prompt,
-				    .n = g->n_prompt,
-				    .bounds = g->bounds,
-				    .n_bounds = g->n_bounds,
-				    .ram_pos = h.pos,
-				    .ram_pages = rp,
-				    .ram_n_pages = rp ? h.n_pages : 0};
-		ks_store_fetch(g->tier.store, &rq, &f);
-	}
-	free(rp);
-	kc_hit_release(g->tier.cache, &h);
-	return f.pos;
-}
-
-/* The recurrent state of a running sequence, for an interval checkpoint. */
-static int snap_fill(void *ctx, void *dst, size_t len)
-{
-	return ke_seq_snapshot(ctx, dst, len);
-}
-
-/* run.h on_every: --kv-disk-checkpoint-interval. Queued, never waited for. */
-static void disk_checkpoint(void *ctx, struct ke_seq *seq, int pos)
-{
-	struct ks_store *store = ctx;
-	int n = ke_seq_n_pages(seq);
-	struct kv_page **pg = malloc(((size_t)n + 1) * sizeof *pg);
-	if (!pg)
-		return;
-	for (int i = 0; i < n; i++)
-		pg[i] = ke_seq_page(seq, i);
-	if (ks_store_ckpt(store, ke_seq_tokens(seq), (uint32_t)pos, pg, snap_fill, seq) == KV_ERR_FULL)
-		KV_DEBUG("store.ckpt_dropped", "pos=%d msg=\"the disk writer queue is full\"", pos);
-	free(pg);
-}
-
 static void gen_run(struct ksv_job *job)
 {
 	struct gen *g = (struct gen *)job;
 	struct ksv_server *s = g->s;
-	struct kc_run_result res;
+	struct kss_run_result res;
 	int rc = KV_OK, started = 0, cancelled = 0, err_status = 0;
 	uint64_t t_start = kv_now_ns();
 	char errbuf[300] = "";
 	uint32_t p = 0;
+	uint64_t reserved = 0;     /* this request's share of s->reserved */
 
 	memset(&res, 0, sizeof res);
 	ksv_observe(s->f_queue_wait, (double)(t_start - g->job.t_submit_ns) / 1e9);
@@ -527,8 +537,8 @@ static void gen_run(struct ksv_job *job)
 	}
 
 	/* the namespace of this request: the server's, or its cache_salt's */
-	if ((rc = ksv_tenant_get(s, g->salt, &g->tier))) {
-		err_status = 500;
+	if ((rc = kss_registry_get(s->reg, g->salt, &g->tier))) {
+		err_status = rc == KV_ERR_FULL ? 503 : 500;
 		snprintf(errbuf, sizeof errbuf, "cache for cache_salt: %s", kv_errmsg());
 		goto out;
 	}
@@ -538,9 +548,13 @@ static void gen_run(struct ksv_job *job)
 	uint64_t need = (uint64_t)(g->n_prompt + (uint32_t)g->max_tokens) * s->lay->kv_bytes_per_token +
 			ksv_gen_request_overhead(s);
 	uint64_t released = 0;
-	if (s->mem_cap && kc_cache_admit(g->tier.cache, kv_mem_total(), need, s->mem_cap, &released) == KV_ERR_FULL &&
+	/* the requests running beside this one may still grow to their own
+	 * projections: they count as used (conservatively: what they already
+	 * hold is in kv_mem_total too) */
+	uint64_t used = kv_mem_total() + atomic_load(&s->reserved);
+	if (s->mem_cap && kc_cache_admit(g->tier.cache, used, need, s->mem_cap, &released) == KV_ERR_FULL &&
 	    (g->tier.cache == s->cache ||
-	     kc_cache_admit(s->cache, kv_mem_total(), need, s->mem_cap, &released) == KV_ERR_FULL)) {
+	     kc_cache_admit(s->cache, used, need, s->mem_cap, &released) == KV_ERR_FULL)) {
 		ksv_metrics_add(s->f_rej_503, 1);
 		err_status = 503;
 		snprintf(errbuf, sizeof errbuf,
@@ -576,14 +590,13 @@ static void gen_run(struct ksv_job *job)
 	if (g->forced) /* the answer starts with the forced tool-call opening */
 		ksv_out_feed(g->out, g->forced, strlen(g->forced));
 
-	/* the disk tier: when it holds more of this prompt than RAM, its files
-	 * are loaded into the RAM cache first (store.h) */
-	if (g->tier.store)
-		g->from_disk = disk_fetch(g) > 0;
-
-	/* lookup, restore, prefill with the policy's stop points, decode
-	 * through pick(), store: the cache's driver does it all */
-	struct kc_run_params rp = {.prompt = g->prompt,
+	/* lookup (the disk tier for what RAM lacks), restore, prefill with the
+	 * policy's stop points, decode through pick(), store: the session's
+	 * driver does it all, every forward batched with the other running
+	 * requests by the engine's scheduler */
+	atomic_fetch_add(&s->reserved, need);
+	reserved = need;
+	struct kss_run_params rp = {.prompt = g->prompt,
 				   .n = g->n_prompt,
 				   .bounds = g->bounds,
 				   .n_bounds = g->n_bounds,
@@ -593,10 +606,10 @@ static void gen_run(struct ksv_job *job)
 				   .mem_cap = s->mem_cap,
 				   .chunk = (int)s->o.prefill_chunk,
 				   .cancel = (const int *)&g->job.cancel,
-				   .every = g->tier.store ? ks_store_ckpt_interval(g->tier.store) : 0,
-				   .on_every = disk_checkpoint,
-				   .every_ctx = g->tier.store};
-	rc = kc_run(g->tier.cache, s->model, &rp, &res);
+				   .store = g->tier.store,
+				   .sched = s->engine};
+	rc = kss_run(g->tier.cache, s->model, &rp, &res);
+	g->from_disk = res.from_disk > 0;
 	ks_store_kick(g->tier.store); /* new entries for the write-behind */
 	p = res.resumed;
 	if (rc == KV_ERR_CANCELLED || atomic_load(&g->job.cancel)) {
@@ -632,6 +645,8 @@ static void gen_run(struct ksv_job *job)
 	}
 
 out:
+	atomic_fetch_sub(&s->reserved, reserved);
+	kss_registry_put(s->reg, &g->tier);
 	/* counted before the client gets its answer, so a client that reads
 	 * /metrics right after sees its own request */
 	if (started) {
@@ -950,18 +965,11 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 		return;
 	}
 	/* cache_salt: with --allow-request-salt, requests with the same salt
-	 * share a namespace of their own (tenant.h); without it a salt is
+	 * share a namespace of their own (session/registry.h); without it a salt is
 	 * refused rather than silently sharing the server's namespace */
-	json_t *salt = json_object_get(g->req.body, "cache_salt");
-	if (salt && !json_is_null(salt)) {
-		if (!json_is_string(salt) || !s->o.allow_request_salt) {
-			ksv_reply_error(s, c, 400, "cache_salt", "%s",
-					!json_is_string(salt) ? "cache_salt must be a string"
-							      : "cache_salt is not accepted: start the server with --allow-request-salt");
-			gen_unref(g);
-			return;
-		}
-		g->salt = json_string_length(salt) > 0 ? json_string_value(salt) : NULL;
+	if (request_salt(s, c, g->req.body, &g->salt)) {
+		gen_unref(g);
+		return;
 	}
 	if (prepare_prompt(s, g, c)) {
 		gen_unref(g);
@@ -1121,6 +1129,26 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 	gen_unref(g);
 }
 
+struct probe_look {
+	struct gen *g;
+	uint32_t pos, shared, dpos;
+	int have_disk;
+};
+
+/* What one namespace holds of the probed prompt (registry locked). */
+static void probe_look(void *ctx, const struct kss_tier *t)
+{
+	struct probe_look *pl = ctx;
+	struct gen *g = pl->g;
+	struct kc_hit hit;
+	kc_cache_peek(t->cache, g->prompt, g->n_prompt, &hit);
+	pl->pos = hit.pos;
+	pl->shared = hit.shared;
+	kc_hit_release(t->cache, &hit);
+	pl->dpos = t->store ? ks_store_probe(t->store, g->prompt, g->n_prompt, g->bounds, g->n_bounds) : 0;
+	pl->have_disk = t->store != NULL;
+}
+
 void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq)
 {
 	struct ksv_conn *c = rq->conn;
@@ -1138,33 +1166,21 @@ void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq)
 		gen_unref(g);
 		return;
 	}
-	/* a cache_salt probes that salt's tier when it is open (tenant.h);
-	 * the lock keeps it open while we look */
-	const json_t *salt = json_object_get(g->req.body, "cache_salt");
-	const char *ss = json_is_string(salt) && json_string_length(salt) ? json_string_value(salt) : NULL;
-	if (ss && !s->o.allow_request_salt) {
-		ksv_reply_error(s, c, 400, "cache_salt", "cache_salt is not accepted: start the server with --allow-request-salt");
+	/* a cache_salt probes that salt's namespace when it is open
+	 * (session/registry.h); the registry keeps it open while we look */
+	const char *ss = NULL;
+	if (request_salt(s, c, g->req.body, &ss)) {
 		gen_unref(g);
 		return;
 	}
-	ksv_tenant_lock(s);
-	struct ksv_tier dflt = {s->cache, s->store};
-	const struct ksv_tier *t = ss ? ksv_tenant_find(s, ss) : &dflt;
-	uint32_t pos = 0, shared = 0, dpos = 0;
-	if (t) {
-		struct kc_hit hit;
-		kc_cache_peek(t->cache, g->prompt, g->n_prompt, &hit);
-		pos = hit.pos;
-		shared = hit.shared;
-		kc_hit_release(t->cache, &hit);
-		dpos = t->store ? ks_store_probe(t->store, g->prompt, g->n_prompt, g->bounds, g->n_bounds) : 0;
-	}
-	int have_disk = t ? t->store != NULL : s->store != NULL;
-	ksv_tenant_unlock(s);
+	struct probe_look pl = {.g = g};
+	int open = kss_registry_with(s->reg, ss, probe_look, &pl);
+	uint32_t pos = pl.pos, shared = pl.shared, dpos = pl.dpos;
+	int have_disk = open ? pl.have_disk : s->store != NULL;
 	json_t *j = json_object(), *ram = json_object(), *disk = json_object();
 	json_object_set_new(j, "prompt_tokens", json_integer(g->n_prompt));
 	if (ss)
-		json_object_set_new(j, "salt_tier_open", json_boolean(t != NULL));
+		json_object_set_new(j, "salt_tier_open", json_boolean(open));
 	json_object_set_new(ram, "cached_tokens", json_integer(pos));
 	json_object_set_new(ram, "shared_tokens", json_integer(shared));
 	json_object_set_new(j, "ram", ram);

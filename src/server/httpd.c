@@ -181,6 +181,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 				kv_buf_reset(&s->buf);
 				s->off = 0;
 			}
+			pthread_cond_broadcast(&s->cv); /* a producer may wait for room */
 			pthread_mutex_unlock(&s->mu);
 			return (ssize_t)n;
 		}
@@ -236,6 +237,31 @@ int ksv_stream_write(struct ksv_stream *s, const void *p, size_t n)
 	pthread_mutex_unlock(&s->mu);
 	if (rc == KV_ERR_NOMEM)
 		stream_set_gone(s); /* treat a client that stopped reading as gone */
+	return rc;
+}
+
+size_t ksv_stream_pending(struct ksv_stream *s)
+{
+	pthread_mutex_lock(&s->mu);
+	size_t n = s->buf.len - s->off;
+	pthread_mutex_unlock(&s->mu);
+	return n;
+}
+
+int ksv_stream_wait_room(struct ksv_stream *s, size_t max_pending, int ms)
+{
+	struct timespec ts;
+	int rc = KV_OK;
+	add_ms(&ts, ms);
+	pthread_mutex_lock(&s->mu);
+	while (!s->gone && s->buf.len - s->off > max_pending)
+		if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT)
+			break;
+	if (s->gone)
+		rc = KV_ERR_CANCELLED;
+	else if (s->buf.len - s->off > max_pending)
+		rc = KV_ERR_TIMEOUT;
+	pthread_mutex_unlock(&s->mu);
 	return rc;
 }
 
@@ -809,6 +835,17 @@ void ksv_httpd_quiesce(struct ksv_httpd *h)
 	MHD_socket s = MHD_quiesce_daemon(h->d);
 	if (s != MHD_INVALID_SOCKET)
 		close(s);
+}
+
+int ksv_httpd_busy(const struct ksv_httpd *h)
+{
+	struct ksv_httpd *hm = (struct ksv_httpd *)h;
+	int n = 0;
+	pthread_mutex_lock(&hm->tmu);
+	for (struct track *t = hm->tracks; t; t = t->next)
+		n += t->busy && !t->killed;
+	pthread_mutex_unlock(&hm->tmu);
+	return n;
 }
 
 int ksv_httpd_connections(const struct ksv_httpd *h)

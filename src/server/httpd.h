@@ -83,6 +83,9 @@ void ksv_httpd_quiesce(struct ksv_httpd *h);
 /* Close everything, wait for connection threads, free. Streams still open
  * are ended for their clients. */
 void ksv_httpd_stop(struct ksv_httpd *h);
+/* Requests whose head arrived and whose answer is not complete yet
+ * (streams included): shutdown waits for them to get their answer. */
+int ksv_httpd_busy(const struct ksv_httpd *h);
 /* Connections open now. */
 int ksv_httpd_connections(const struct ksv_httpd *h);
 
@@ -121,6 +124,12 @@ int ksv_conn_gone(struct ksv_conn *c);
 int ksv_stream_write(struct ksv_stream *s, const void *p, size_t n);
 /* 1 once the client is gone. */
 int ksv_stream_gone(struct ksv_stream *s);
+/* Bytes queued that the client has not taken yet. */
+size_t ksv_stream_pending(struct ksv_stream *s);
+/* Wait up to ms until at most max_pending bytes are queued: KV_OK, or
+ * KV_ERR_CANCELLED once the client is gone, KV_ERR_TIMEOUT when the time
+ * ran out first. Lets a producer bound what a slow client holds. */
+int ksv_stream_wait_room(struct ksv_stream *s, size_t max_pending, int ms);
 /*
  * fn(arg) is called once, from the connection thread, when the client
  * disconnects before the stream ended (not called after a normal end). If

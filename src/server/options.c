@@ -97,6 +97,14 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--header-timeout-ms must be >= 100");
 	if (o->stall_timeout_s < 0)
 		return kv_fail(KV_ERR_INVALID, "--stall-timeout-s must be >= 0");
+	if (o->cache_salt && !*o->cache_salt)
+		return kv_fail(KV_ERR_INVALID, "--cache-salt must not be empty (leave it out for no salt)");
+	if (o->max_running < 0 || o->max_running > 256)
+		return kv_fail(KV_ERR_INVALID, "--max-running must be in [1, 256] (0: automatic)");
+	if (o->max_batch_tokens < 0 || o->max_batch_tokens > 8192)
+		return kv_fail(KV_ERR_INVALID, "--max-batch-tokens must be in [1, 8192] (0: automatic)");
+	if (o->max_batch_tokens && o->max_running && o->max_batch_tokens < o->max_running)
+		return kv_fail(KV_ERR_INVALID, "--max-batch-tokens must be at least --max-running");
 	if (o->max_queue < 0 || o->max_queue > 100000)
 		return kv_fail(KV_ERR_INVALID, "--max-queue must be 0-100000");
 	if (o->retry_after_s < 1)

@@ -69,6 +69,8 @@ struct ksv_opts {
 	int64_t header_timeout_ms;        /* --header-timeout-ms, default 10000 */
 	int64_t stall_timeout_s;          /* --stall-timeout-s, default 300 */
 	int64_t max_queue;                /* --max-queue: requests waiting for the engine, default 64 */
+	int64_t max_running;              /* --max-running: sequences decoding together; 0 = from the memory budget (<= 4) */
+	int64_t max_batch_tokens;         /* --max-batch-tokens: tokens per engine step; 0 = prefill_chunk + max_running */
 	int64_t retry_after_s;            /* --retry-after-s sent with 503 / 429, default 2 */
 
 	/* access (server/auth.h) */

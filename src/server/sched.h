@@ -1,10 +1,11 @@
 /*
  * sched.h - the request queue in front of the engine.
  *
- * Requests wait in a bounded FIFO and run one at a time on a worker
- * thread (n_workers > 1 is allowed for engines that can run sequences in
- * parallel; the engine of today runs one generation at a time). A job is a
- * struct the caller embeds in its own request state:
+ * Requests wait in a bounded FIFO for one of n_workers worker threads
+ * (the server starts --max-running of them: each running request drives
+ * its own sequence, and the engine's scheduler, session/sched.h, batches
+ * their forwards into one step). A job is a struct the caller embeds in
+ * its own request state:
  *
  *     struct my_req { struct ksv_job job; ... };
  *     r->job.run = my_run;                  // called on the worker thread

@@ -20,7 +20,7 @@
 #include "cache/cache.h"
 #include "cache/opts.h"
 #include "cache/policy.h"
-#include "cache/run.h"
+#include "session/sched.h"
 #include "engine/model.h"
 #include "engine/sample.h"
 #include "engine/seq.h"
@@ -51,43 +51,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* --- replies ------------------------------------------------------------ */
-
-void ksv_reply_json(struct ksv_conn *c, int status, json_t *j)
-{
-	char *s = json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17));
-	json_decref(j);
-	if (!s) {
-		ksv_conn_reply(c, 500, "application/json", "{\"error\":{\"message\":\"out of memory\"}}", 37);
-		return;
-	}
-	ksv_conn_reply(c, status, "application/json", s, strlen(s));
-	free(s);
-}
-
-void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const char *param, const char *fmt, ...)
-{
-	char msg[600], ra[32];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
-	size_t len = 0;
-	char *body = ksv_oai_error(status, msg, param, &len);
-	/* every refusal leaves a line at the default level: a user whose agent
-	 * fails must be able to see why in the server log */
-	char emsg[700], eparam[160];
-	kv_log_escape(msg, emsg, sizeof emsg);
-	kv_log_escape(param && *param ? param : "-", eparam, sizeof eparam);
-	KV_INFO("http.error", "route=%s status=%d param=\"%s\" msg=\"%s\"", ksv_conn_route(c), status, eparam, emsg);
-	if (status == 503 || status == 429) {
-		snprintf(ra, sizeof ra, "%lld", (long long)s->o.retry_after_s);
-		ksv_conn_header(c, "Retry-After", ra);
-	}
-	ksv_conn_reply(c, status, "application/json", body ? body : "{}", body ? len : 2);
-	free(body);
-}
-
 /* --- other routes ---------------------------------------------------------- */
 
 static const char *index_name(const struct ksv_server *s)
@@ -95,10 +58,9 @@ static const char *index_name(const struct ksv_server *s)
 	return s->o.prefix_cache_index;
 }
 
-static json_t *stats_json(struct ksv_server *s)
+static json_t *stats_json(const struct kc_stats *sp)
 {
-	struct kc_stats st;
-	kc_cache_stats(s->cache, &st);
+	struct kc_stats st = *sp;
 	json_t *j = json_object();
 	json_object_set_new(j, "lookups", json_integer((json_int_t)st.lookups));
 	json_object_set_new(j, "hits", json_integer((json_int_t)st.hits));
@@ -158,6 +120,21 @@ static json_t *disk_json(struct ksv_server *s)
 	return d;
 }
 
+/* One namespace in GET /v1/cache/info (registry locked). */
+static void ns_info(void *ctx, const struct kss_tier *t, struct kv_h128 ns, int salted)
+{
+	json_t *arr = ctx, *o = json_object();
+	char nsx[33];
+	struct kc_stats st;
+	kv_h128_hex(ns, nsx);
+	kc_cache_stats(t->cache, &st);
+	json_object_set_new(o, "namespace", json_string(nsx));
+	json_object_set_new(o, "kind", json_string(salted ? "request_salt" : "default"));
+	json_object_set_new(o, "disk_tier", json_boolean(t->store != NULL));
+	json_object_set_new(o, "stats", stats_json(&st));
+	json_array_append_new(arr, o);
+}
+
 static void handle_cache_info(struct ksv_server *s, struct ksv_conn *c)
 {
 	static const char *srcs[] = {"KVKEEP_PREFIX_CACHE_MAX_BYTES", "--cache-memory-mb", "--cache-memory-percent",
@@ -172,7 +149,7 @@ static void handle_cache_info(struct ksv_server *s, struct ksv_conn *c)
 	json_object_set_new(j, "index", json_string(index_name(s)));
 	json_object_set_new(j, "tiers", tiers);
 	json_object_set_new(j, "disk_tier", json_boolean(s->store != NULL));
-	json_object_set_new(j, "salt_tiers_open", json_integer(ksv_tenant_count(s)));
+	json_object_set_new(j, "salt_tiers_open", json_integer(s->reg ? kss_registry_salted(s->reg) : 0));
 	if (s->store)
 		json_object_set_new(j, "disk", disk_json(s));
 	json_object_set_new(j, "hybrid", json_boolean(s->hybrid));
@@ -200,16 +177,24 @@ static void handle_cache_info(struct ksv_server *s, struct ksv_conn *c)
 	json_object_set_new(p, "prefix_cache_size", json_integer(s->o.prefix_cache_size));
 	json_object_set_new(p, "hybrid_cache_entries", json_integer(s->o.hybrid_cache_entries));
 	json_object_set_new(j, "policy", p);
-	json_object_set_new(j, "stats", stats_json(s));
+	/* "stats": the default namespace (as before salts existed);
+	 * "all_stats": every namespace together; "namespaces": each one */
+	struct kc_stats st;
+	kc_cache_stats(s->cache, &st);
+	json_object_set_new(j, "stats", stats_json(&st));
+	kss_registry_stats(s->reg, &st);
+	json_object_set_new(j, "all_stats", stats_json(&st));
+	json_t *nss = json_array();
+	kss_registry_each(s->reg, ns_info, nss);
+	json_object_set_new(j, "namespaces", nss);
 	ksv_reply_json(c, 200, j);
 }
 
 static void handle_cache_clear(struct ksv_server *s, struct ksv_conn *c)
 {
+	/* every namespace, the salted ones too */
 	struct kc_stats a, b;
-	kc_cache_stats(s->cache, &a);
-	kc_cache_clear(s->cache);
-	kc_cache_stats(s->cache, &b);
+	kss_registry_clear(s->reg, &a, &b);
 	json_t *j = json_object();
 	json_object_set_new(j, "cleared_entries", json_integer((json_int_t)(a.entries - b.entries)));
 	json_object_set_new(j, "freed_bytes", json_integer((json_int_t)(a.bytes_in_use - b.bytes_in_use)));
@@ -513,7 +498,7 @@ static void scrape(void *ctx, struct ksv_metrics *m)
 	struct ksv_server *s = ctx;
 	struct kc_stats st;
 	(void)m;
-	kc_cache_stats(s->cache, &st);
+	kss_registry_stats(s->reg, &st); /* every namespace */
 	double v[FC__N] = {(double)st.lookups,      (double)st.hits,         (double)st.misses,
 			   (double)st.tokens_saved, (double)st.evictions,    (double)st.pressure_evictions,
 			   (double)st.nontrim_skips, (double)st.snaps,       (double)st.stores,
@@ -529,6 +514,13 @@ static void scrape(void *ctx, struct ksv_metrics *m)
 	ksv_metrics_set(s->f_pages, (double)kv_pages_in_use(ke_model_pages(s->model)));
 	ksv_metrics_set(s->f_running, ksv_sched_running(s->sched));
 	ksv_metrics_set(s->f_waiting, ksv_sched_queued(s->sched));
+	struct kss_sched_stats es;
+	kss_sched_stats(s->engine, &es);
+	double ev[] = {(double)es.steps,      (double)es.rows,         (double)es.prefill_rows, es.step_s,
+		       (double)es.last_batch, (double)es.max_batch,    es.last_step_s,          (double)es.joined,
+		       (double)es.away,       (double)es.flight_waits, (double)es.flight_tokens, (double)s->max_running};
+	for (int i = 0; i < (int)(sizeof ev / sizeof ev[0]); i++)
+		ksv_metrics_set(s->fe[i], ev[i]);
 	struct ksv_httpd *http = __atomic_load_n(&s->http, __ATOMIC_ACQUIRE);
 	ksv_metrics_set(s->f_conns, http ? ksv_httpd_connections(http) : 0);
 	ksv_metrics_set(s->f_corrupt, (double)kv_corrupt_count());
@@ -556,6 +548,23 @@ static int setup_metrics(struct ksv_server *s)
 	H(f_e2e, "kvkeep_request_duration_seconds", "Time from arrival to the end of a generation request.", e2e_b);
 	H(f_queue_wait, "kvkeep_queue_wait_seconds", "Time a generation request waited for the engine.", e2e_b);
 	F(f_running, "kvkeep_requests_running", "Generation requests on the engine now.", KSV_GAUGE);
+	static const char *const en[12][3] = {
+		{"kvkeep_engine_steps_total", "Engine steps (one batched forward each).", "c"},
+		{"kvkeep_engine_step_tokens_total", "Tokens through engine steps (decode and prefill).", "c"},
+		{"kvkeep_engine_prefill_tokens_total", "Of those, tokens of prefill chunks.", "c"},
+		{"kvkeep_engine_step_seconds_total", "Seconds spent in engine steps (divide by steps: mean step time).", "c"},
+		{"kvkeep_engine_batch_size", "Sequences in the last engine step.", "g"},
+		{"kvkeep_engine_batch_size_max", "Most sequences one engine step has run.", "g"},
+		{"kvkeep_engine_last_step_seconds", "Duration of the last engine step.", "g"},
+		{"kvkeep_engine_sequences", "Sequences on the engine now (prefilling or decoding).", "g"},
+		{"kvkeep_engine_sequences_away", "Of those, waiting for a slow client (the engine does not wait for them).", "g"},
+		{"kvkeep_engine_prefix_waits_total",
+		 "Requests that waited for another request's prefill of a shared prefix instead of computing it again.", "c"},
+		{"kvkeep_engine_prefix_wait_tokens_total", "Prompt tokens those waits found in the cache.", "c"},
+		{"kvkeep_engine_max_running", "Requests that may generate together (--max-running).", "g"},
+	};
+	for (int i = 0; i < 12; i++)
+		s->fe[i] = ksv_metrics_family(m, en[i][0], en[i][1], en[i][2][0] == 'c' ? KSV_COUNTER : KSV_GAUGE, NULL, 0);
 	F(f_waiting, "kvkeep_requests_waiting", "Generation requests queued for the engine.", KSV_GAUGE);
 	F(f_cancelled, "kvkeep_requests_cancelled_total", "Generations stopped because the client went away.", KSV_COUNTER);
 	F(f_rej_503, "kvkeep_admission_rejections_total", "Requests answered 503: the cache could free nothing.", KSV_COUNTER);
@@ -665,8 +674,9 @@ static uint64_t cache_mem_used(void *ctx)
  * that cannot be resolved or opened leaves the server without one (one
  * log line); a folder that cannot be written gives a read-only one.
  */
-void ksv_server_open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_cache *cache, int salted,
-			   struct ks_store **out)
+/* Open the disk tier of namespace ns over `cache` (*out NULL when there is
+ * none: prefix cache off, no usable folder). */
+static void open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_cache *cache, int salted, struct ks_store **out)
 {
 	const struct ksv_opts *o = &s->o;
 	char root[4096];
@@ -697,6 +707,12 @@ void ksv_server_open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_ca
 	}
 }
 
+/* The registry's open_store: a salted namespace's disk tier. */
+static void open_salted_store(void *ctx, struct kv_h128 ns, struct kc_cache *cache, struct ks_store **out)
+{
+	open_store(ctx, ns, cache, 1, out);
+}
+
 int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 {
 	struct ksv_server *s;
@@ -709,7 +725,6 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	if (!s)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	s->o = *o;
-	pthread_mutex_init(&s->tenant_lock, NULL);
 	s->stop_pipe[0] = s->stop_pipe[1] = -1;
 	s->created = kv_wall_s();
 	if (o->served_model_name && *o->served_model_name) {
@@ -797,12 +812,45 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	if ((rc = kc_cache_create(&cp, &s->cache)))
 		goto fail;
 	s->budget_total = kc_cache_budget(s->cache);
-	ksv_server_open_store(s, s->ns, s->cache, o->cache_salt && *o->cache_salt, &s->store);
-	s->sched = ksv_sched_create(1, (int)o->max_queue);
+	open_store(s, s->ns, s->cache, o->cache_salt && *o->cache_salt, &s->store);
+	struct kss_registry_params rp = {.cache = s->cache,
+					 .store = s->store,
+					 .ns = s->ns,
+					 .cache_params = cp,
+					 .budget_total = s->budget_total,
+					 .open_store = open_salted_store,
+					 .ctx = s};
+	if ((rc = kss_registry_create(&rp, &s->reg)))
+		goto fail;
+	/* the engine's scheduler (session/sched.h): max_running requests
+	 * generate together, every forward batched into one engine step */
+	s->max_running = (int)o->max_running;
+	if (!s->max_running) {
+		/* as many as 4, while each gets a share of the memory left for
+		 * work (half of it; the other half for the cache to grow into)
+		 * of its scratch plus 2048 tokens of KV */
+		uint64_t per = ksv_gen_request_overhead(s) + 2048ull * s->lay->kv_bytes_per_token;
+		uint64_t used = kv_mem_total();
+		s->max_running = 4;
+		if (s->mem_cap) {
+			uint64_t room = s->mem_cap > used ? (s->mem_cap - used) / 2 : 0;
+			uint64_t fit = per ? room / per : 4;
+			s->max_running = fit < 1 ? 1 : fit < 4 ? (int)fit : 4;
+		}
+	}
+	struct kss_sched_params ep = {.model = s->model,
+				      .max_running = s->max_running,
+				      .max_batch_tokens = (int)o->max_batch_tokens,
+				      .chunk = o->prefill_chunk < 8192 ? (int)o->prefill_chunk : 8192};
+	if ((rc = kss_sched_create(&ep, &s->engine)))
+		goto fail;
+	s->sched = ksv_sched_create(s->max_running, (int)o->max_queue);
 	if (!s->sched) {
 		rc = KV_ERR_NOMEM;
 		goto fail;
 	}
+	KV_INFO("serve.scheduler", "max_running=%d max_batch_tokens=%d chunk=%d", s->max_running,
+		o->max_batch_tokens ? (int)o->max_batch_tokens : ep.chunk + s->max_running, kss_sched_chunk(s->engine));
 	if ((rc = setup_metrics(s)) || (s->store && (rc = setup_disk_metrics(s))))
 		goto fail;
 	if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK)) {
@@ -890,7 +938,16 @@ int ksv_server_run(struct ksv_server *s)
 		double budget = ks_store_budget_parse(s->o.env_shutdown_budget);
 		double left = budget - (double)(kv_now_ns() - t0) / 1e9;
 		if (left > 0)
-			ksv_tenant_flush_all(s, left);
+			kss_registry_flush_salted(s->reg, left);
+	}
+	/* every request already in progress gets its answer (a queued one its
+	 * 503 + Retry-After) before the daemon stops: stopping it closes
+	 * connections whose handler has not answered yet, which the client
+	 * sees as an empty reply */
+	{
+		double budget = ks_store_budget_parse(s->o.env_shutdown_budget);
+		while (ksv_httpd_busy(s->http) > 0 && (double)(kv_now_ns() - t0) / 1e9 < budget)
+			kv_sleep_ms(10);
 	}
 	KV_INFO("serve.stopped", "ms=%.0f", (double)(kv_now_ns() - t0) / 1e6);
 	return KV_OK;
@@ -904,10 +961,10 @@ void ksv_server_destroy(struct ksv_server *s)
 		ksv_sched_close(s->sched, 1);
 	ksv_httpd_stop(s->http); /* joins connection threads: no handler runs after this */
 	ksv_sched_destroy(s->sched);
-	ksv_tenant_close_all(s);
+	kss_sched_destroy(s->engine); /* after the workers: no forward is in flight */
+	kss_registry_destroy(s->reg); /* the salted namespaces */
 	ks_store_close(s->store); /* before the cache: its writer holds cache views */
 	kc_cache_destroy(s->cache);
-	pthread_mutex_destroy(&s->tenant_lock);
 	ke_model_destroy(s->model);
 	kv_chat_free(s->chat);
 	kv_tok_free(s->tok);

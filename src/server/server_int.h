@@ -1,5 +1,5 @@
 /*
- * server_int.h - what server.c (lifecycle, routes, metrics) and gen.c (a
+ * server_int.h - what server.c (lifecycle, routes, metrics), reply.c (answers) and gen.c (a
  * generation request from body to answer) share. Private to src/server.
  */
 #ifndef KV_SERVER_SERVER_INT_H
@@ -21,7 +21,8 @@
 #include "server/metrics.h"
 #include "server/options.h"
 #include "server/sched.h"
-#include "server/tenant.h"
+#include "session/registry.h"
+#include "session/sched.h"
 #include "store/store.h"
 
 #define JSON_MAX_DEPTH 64
@@ -37,7 +38,10 @@ struct ksv_server {
 	const struct ke_layout *lay;
 	struct kc_cache *cache;
 	struct ks_store *store;           /* the disk tier (NULL: none, e.g. --disable-prefix-cache) */
-	struct ksv_sched *sched;
+	struct ksv_sched *sched;          /* the request queue: max_running workers */
+	struct kss_sched *engine;         /* the engine's scheduler (session/sched.h) */
+	int max_running;
+	atomic_uint_fast64_t reserved;    /* admission projections of the requests running now */
 	struct ksv_metrics *m;
 	struct ksv_httpd *http;
 	int vocab;
@@ -54,11 +58,8 @@ struct ksv_server {
 	struct kv_h128 fingerprint;       /* the model's (the namespace without a salt) */
 	struct kc_params cache_params;    /* the default cache's; salted tiers copy them */
 	struct kc_policy policy;
-	uint64_t budget_total;            /* RAM tier budget, shared by all tiers (tenant.h) */
-	/* per-request salts (tenant.h) */
-	pthread_mutex_t tenant_lock;
-	struct ksv_tenant tenants[KSV_MAX_TENANTS];
-	int n_tenants;
+	uint64_t budget_total;            /* RAM tier budget, shared by all namespaces */
+	struct kss_registry *reg;         /* every namespace: default + salted (session/registry.h) */
 	int64_t created;
 	/* token id -> raw bytes, for logprobs */
 	uint32_t *tb_off;
@@ -71,15 +72,12 @@ struct ksv_server {
 	struct ksv_family *f_requests, *f_prompt_tok, *f_gen_tok, *f_cached_tok, *f_resume, *f_ttft, *f_itl, *f_e2e,
 		*f_queue_wait, *f_running, *f_waiting, *f_cancelled, *f_timeouts, *f_conns, *f_mem, *f_mem_peak,
 		*f_pages, *f_rej_503, *f_rej_429, *f_corrupt, *f_info;
+	struct ksv_family *fe[12];        /* the engine's scheduler (server.c engine_metric_names) */
 	struct ksv_family *fc[24];
 	struct ksv_family *fd[40];        /* disk tier (server.c disk_metric_names) */
 };
 
-/* server.c */
-/* Open the disk tier of namespace ns over `cache` (*out NULL when there is
- * none: prefix cache off, no usable folder). */
-void ksv_server_open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_cache *cache, int salted,
-			   struct ks_store **out);
+/* reply.c */
 void ksv_reply_json(struct ksv_conn *c, int status, json_t *j);
 void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const char *param, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));

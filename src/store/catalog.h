@@ -2,7 +2,7 @@
  * catalog.h - the in-memory list of what one namespace holds on disk: one
  * record per object file, found by (area, kind, id) and by parent.
  *
- * The records form the same tree as the RAM cache (cache/index.h): a
+ * The records form the same tree as the RAM cache (cache/names.h names them; cache/index.h holds them): a
  * block's parent is the previous block's chain hash (the namespace for
  * the first), a tail's, snapshot's or entry's parent is the block its
  * position sits in. Tails, snapshots and the entry ending at the same

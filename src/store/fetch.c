@@ -27,7 +27,7 @@
 #include "base/io.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "cache/index.h"
+#include "cache/names.h"
 #include "store/store_int.h"
 
 #include <errno.h>

@@ -28,7 +28,7 @@
 #include "base/log.h"
 #include "base/map.h"
 #include "base/mem.h"
-#include "cache/index.h"
+#include "cache/names.h"
 #include "store/store_int.h"
 
 #include <errno.h>

@@ -13,7 +13,7 @@
 #include "base/err.h"
 #include "base/io.h"
 #include "base/mem.h"
-#include "cache/index.h"
+#include "cache/names.h"
 #include "model/safetensors.h"
 
 #include <errno.h>

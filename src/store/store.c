@@ -10,7 +10,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "cache/budget.h"
-#include "cache/index.h"
+#include "cache/names.h"
 #include "store/ns.h"
 #include "store/store_int.h"
 

@@ -20,7 +20,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/durable.h"
-#include "cache/index.h"
+#include "cache/names.h"
 #include "store/ns.h"
 #include "store/store_int.h"
 

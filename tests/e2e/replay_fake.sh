@@ -127,6 +127,39 @@ else
 	ok base_url_and_repeat
 fi
 
+# --- 3b. --concurrency: requests overlap, rows stay in trace order --------------
+PORT=$("$NODE" -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})')
+"$NODE" "$FAKE" --port "$PORT" --delay-ms 300 &
+FPID=$!
+for _ in $(seq 100); do
+	"$NODE" -e 'require("http").get(process.argv[1],(r)=>process.exit(r.statusCode===200?0:1)).on("error",()=>process.exit(1))' \
+		"http://127.0.0.1:$PORT/health" && break
+	sleep 0.05
+done
+t0=$(date +%s%N)
+"$BIN" bench replay --base-url "http://127.0.0.1:$PORT/v1" --trace "$T/t.jsonl" --concurrency 3 >"$T/conc.out" 2>"$T/conc.err"
+rc=$?
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+maxin=$("$NODE" -e 'require("http").get(process.argv[1],(r)=>{let b="";r.on("data",(d)=>b+=d);r.on("end",()=>console.log(JSON.parse(b).max_in_flight))})' \
+	"http://127.0.0.1:$PORT/v1/cache/info")
+kill "$FPID" 2>/dev/null
+wait "$FPID" 2>/dev/null
+order=$(grep -oE 't\.jsonl:[0-9]+ +200' "$T/conc.out" | grep -oE ':[0-9]+' | tr -d ':' | tr '\n' ' ')
+if [ "$rc" -ne 0 ]; then
+	fail concurrency_overlaps_requests "exit status $rc: $(tail -3 "$T/conc.err")"
+elif [ "$maxin" != 3 ]; then
+	fail concurrency_overlaps_requests "the server saw at most $maxin requests at once, want 3"
+elif [ "$order" != "1 2 3 4 5 6 " ]; then
+	fail concurrency_overlaps_requests "rows are not in trace order: $order"
+elif [ "$ms" -gt 1700 ]; then
+	fail concurrency_overlaps_requests "6 requests of 300 ms at 3 at once took $ms ms (one at a time: 1800+)"
+elif "$BIN" bench replay --base-url "http://127.0.0.1:1/v1" --trace "$T/t.jsonl" --concurrency 2 --restart-after 1 \
+	>/dev/null 2>&1; then
+	fail concurrency_overlaps_requests "--concurrency 2 with --restart-after was accepted"
+else
+	ok concurrency_overlaps_requests
+fi
+
 # --- 4. folder mode, spawn, restart with a persisted cache, compare-cold -----------
 mkdir -p "$T/dir"
 i=0

@@ -4,6 +4,8 @@
 //   node tests/e2e/replay_fake_server.js --port P [--state FILE]
 //        [--disable-prefix-cache] [--dump DIR] [--delay-ms MS]
 //
+// GET /v1/cache/info also says how many chat requests it answered at once
+// at most (max_in_flight), for the --concurrency test.
 // It answers GET /health, GET /v1/cache/info and POST /v1/chat/completions
 // (streaming only). "Tokens" are 4-byte slices of the JSON of the messages
 // and tools, so a request that extends an earlier one shares a prefix; the
@@ -34,6 +36,7 @@ for (let i = 0; i < args.length; i++) {
 let prompts = [];
 if (opt.state && fs.existsSync(opt.state)) prompts = JSON.parse(fs.readFileSync(opt.state, 'utf8'));
 let nreq = 0;
+let inflight = 0, maxInflight = 0; // chat requests being answered now / at most at once
 
 function tokens(body) {
   const s = JSON.stringify([body.tools || null, body.messages]);
@@ -63,7 +66,8 @@ const server = http.createServer((req, res) => {
   }
   if (req.method === 'GET' && req.url === '/v1/cache/info') {
     res.writeHead(200, { 'Content-Type': 'application/json' });
-    return res.end(JSON.stringify({ fake: true, disk_tier: !!opt.state && !opt.nocache, entries: prompts.length }));
+    return res.end(JSON.stringify({ fake: true, disk_tier: !!opt.state && !opt.nocache, entries: prompts.length,
+      max_in_flight: maxInflight }));
   }
   if (req.method !== 'POST' || req.url !== '/v1/chat/completions') return reject(res, 404, 'no such route');
   const chunks = [];
@@ -89,7 +93,10 @@ const server = http.createServer((req, res) => {
     const send = (o) => res.write(`data: ${JSON.stringify(o)}\n\n`);
     res.writeHead(200, { 'Content-Type': 'text/event-stream', 'Cache-Control': 'no-cache' });
     const n = Math.min(body.max_tokens, 3);
+    inflight++;
+    maxInflight = Math.max(maxInflight, inflight);
     setTimeout(() => {
+      inflight--;
       send({ id, object: 'chat.completion.chunk', choices: [{ index: 0, delta: { role: 'assistant', content: '' }, finish_reason: null }], usage: null });
       for (let k = 0; k < n; k++)
         send({ id, object: 'chat.completion.chunk', choices: [{ index: 0, delta: { content: `tok${k} ` }, finish_reason: null }], usage: null });

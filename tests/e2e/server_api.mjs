@@ -365,7 +365,7 @@ await check(`${T}:admission_evicts_before_503`, async () => {
 });
 
 await check(`${T}:error_429_queue_bound`, async () => {
-  const C = await startServer(model, ['--served-model-name', NAME, '--max-queue', '0']);
+  const C = await startServer(model, ['--served-model-name', NAME, '--max-queue', '0', '--max-running', '1']);
   try {
     const ctl = new AbortController();
     const long = fetch(C.url('/v1/chat/completions'), {

@@ -19,8 +19,10 @@ const T = 'server_robust';
 const model = mkModel('tiny-dense', 'dense-synth', false);
 const NAME = 'tiny';
 // no prefix cache: after a request ends no page may stay referenced
+// two requests generate together (batched): a third one queues
+const RUNNING = 2;
 const S = await startServer(model, ['--served-model-name', NAME, '--max-body-mb', '1', '--header-timeout-ms', '2000',
-  '--disable-prefix-cache']);
+  '--disable-prefix-cache', '--max-running', String(RUNNING)]);
 
 // Raw socket helper: connect, optionally write, collect what comes back.
 function raw(port) {
@@ -136,39 +138,44 @@ await check(`${T}:disconnect_stops_generation_and_frees_pages`, async () => {
 
 await check(`${T}:queued_request_cancelled_by_disconnect`, async () => {
   const m0 = await metrics(S);
-  const longCtl = new AbortController();
-  const res = await fetch(S.url('/v1/chat/completions'), {
-    method: 'POST', signal: longCtl.signal, headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: NAME, messages: [{ role: 'user', content: 'long' }], max_tokens: 20000, ignore_eos: true, stream: true }),
-  });
-  const reader = res.body.getReader();
-  await reader.read();
-  // a second request waits in the queue behind it; its client gives up
+  // RUNNING long streams fill every running slot
+  const longs = [];
+  for (let i = 0; i < RUNNING; i++) {
+    const ctl = new AbortController();
+    const res = await fetch(S.url('/v1/chat/completions'), {
+      method: 'POST', signal: ctl.signal, headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: NAME, messages: [{ role: 'user', content: `long ${i}` }], max_tokens: 20000, ignore_eos: true, stream: true }),
+    });
+    const reader = res.body.getReader();
+    await reader.read();
+    longs.push({ ctl, reader });
+  }
+  // one more request waits in the queue behind them; its client gives up
   const qCtl = new AbortController();
   const queued = fetch(S.url('/v1/chat/completions'), {
     method: 'POST', signal: qCtl.signal, headers: { 'content-type': 'application/json' },
     body: JSON.stringify({ model: NAME, messages: [{ role: 'user', content: 'short' }], max_tokens: 5 }),
   }).catch(() => null);
   const waiting = await until(async () => (await metrics(S)).get('kvkeep_requests_waiting') === 1, 3000, 20);
-  assert(waiting, 'second request did not queue');
+  assert(waiting, 'the request did not queue');
   qCtl.abort();
   await queued;
   const gone = await until(async () => {
     const m = await metrics(S);
-    return m.get('kvkeep_requests_waiting') === 0 && m.get('kvkeep_requests_running') === 1 ? m : null;
+    return m.get('kvkeep_requests_waiting') === 0 && m.get('kvkeep_requests_running') === RUNNING ? m : null;
   }, 3000, 20);
-  assert(gone, 'the queued request was not removed while the first one still runs');
+  assert(gone, 'the queued request was not removed while the others still run');
   assert(gone.get('kvkeep_requests_cancelled_total') > (m0.get('kvkeep_requests_cancelled_total') || 0), 'counted');
-  longCtl.abort();
+  for (const l of longs) l.ctl.abort();
   const idle = await until(async () => {
     const m = await metrics(S);
     return m.get('kvkeep_requests_running') === 0 && m.get('kvkeep_kv_pages_in_use') === 0;
   }, 3000, 20);
-  assert(idle, 'first request did not stop');
-  // the queued one never ran: only one generation request reached the engine
+  assert(idle, 'the running requests did not stop');
+  // the queued one never ran: only the long ones reached the engine
   const m1 = await metrics(S);
   const runs = (k) => ['miss', 'hit', 'snap', 'anchor'].reduce((a, x) => a + (k.get(`kvkeep_resume_total{kind="${x}"}`) || 0), 0);
-  eq(runs(m1) - runs(m0), 1, 'engine runs');
+  eq(runs(m1) - runs(m0), RUNNING, 'engine runs');
 });
 
 await check(`${T}:two_hundred_connections_at_once`, async () => {

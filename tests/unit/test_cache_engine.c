@@ -4,7 +4,7 @@
  * For tiny-dense and tiny-hybrid (written with kv_synth_write, B = 16,
  * checkpoint stride 32 so stride snapshots, thinning, snapping and the
  * anchor all happen at these sizes), 200+ random multi-turn sessions per
- * family run through kc_run: a few shared system prompts, sessions that
+ * family run through kss_run: a few shared system prompts, sessions that
  * continue, branch from an earlier turn with another message, replay an
  * earlier prompt, or ask for a prefix of a stored sequence; every 40
  * sessions the budget drops so low that entries get evicted. After every
@@ -20,7 +20,7 @@
 #include "base/err.h"
 #include "base/log.h"
 #include "cache/cache.h"
-#include "cache/run.h"
+#include "session/run.h"
 #include "engine/model.h"
 #include "engine/seq.h"
 #include "model/mlx.h"
@@ -133,12 +133,12 @@ static int cold_logits(struct ke_model *m, const int32_t *tok, uint32_t n, float
 static void request(struct ke_model *m, struct kc_cache *cache, int is_hash, struct conv *c, uint32_t n,
 		    const uint32_t *bounds, uint32_t nb, float *lc, float *lw, int V, struct counts *k, int32_t *out)
 {
-	struct kc_run_result r;
-	struct kc_run_params p = {.prompt = c->tok, .n = n, .bounds = bounds, .n_bounds = nb, .max_new = GEN,
+	struct kss_run_result r;
+	struct kss_run_params p = {.prompt = c->tok, .n = n, .bounds = bounds, .n_bounds = nb, .max_new = GEN,
 				  .logits = lc, .out = out};
-	int rc = kc_run(cache, m, &p, &r);
+	int rc = kss_run(cache, m, &p, &r);
 	if (rc != KV_OK) {
-		kt_fail(__FILE__, __LINE__, "kc_run: %s", kv_errmsg());
+		kt_fail(__FILE__, __LINE__, "kss_run: %s", kv_errmsg());
 		k->mismatches++;
 		return;
 	}
@@ -346,14 +346,14 @@ static int pick_two(void *ctx, const float *logits, int vocab, int32_t *tok)
 	return KV_OK;
 }
 
-/* kc_run's options: the memory-cap projection evicts and the logits stay
+/* kss_run's options: the memory-cap projection evicts and the logits stay
  * exact, stop ids and the pick callback end generation, cancel stops the
  * prefill and keeps the cache consistent. */
 KT_CASE(run_options)
 {
 	struct ke_model *m = load_model("tiny-hybrid");
 	struct kc_cache *c = NULL;
-	struct kc_run_result r;
+	struct kss_run_result r;
 	struct kc_stats st;
 	int32_t tok[300], out[8];
 	float *lc, *lw;
@@ -370,16 +370,16 @@ KT_CASE(run_options)
 	for (int i = 0; i < 300; i++)
 		tok[i] = rnd(20, 600);
 	uint32_t b1[] = {60};
-	struct kc_run_params rp = {.prompt = tok, .n = 100, .bounds = b1, .n_bounds = 1, .max_new = 3};
-	KT_OK(kc_run(c, m, &rp, &r));
+	struct kss_run_params rp = {.prompt = tok, .n = 100, .bounds = b1, .n_bounds = 1, .max_new = 3};
+	KT_OK(kss_run(c, m, &rp, &r));
 	KT_EQ_INT(r.resumed, 0);
 	KT_CHECK(r.stops >= 4); /* 32, 60, 64, 96, 100 */
 	/* A cap far below what is in use: the projection evicts (the MRU
 	 * entry too, usage being over the cap), and the result is still
 	 * exact. */
-	rp = (struct kc_run_params){.prompt = tok, .n = 200, .bounds = b1, .n_bounds = 1, .max_new = 2,
+	rp = (struct kss_run_params){.prompt = tok, .n = 200, .bounds = b1, .n_bounds = 1, .max_new = 2,
 				    .logits = lc, .mem_cap = 1};
-	KT_OK(kc_run(c, m, &rp, &r));
+	KT_OK(kss_run(c, m, &rp, &r));
 	KT_CHECK(r.resumed > 0);
 	kc_cache_stats(c, &st);
 	KT_CHECK(st.pressure_evictions > 0);
@@ -388,24 +388,24 @@ KT_CASE(run_options)
 	/* Stop ids and the pick callback. */
 	int32_t forced[] = {7, 8, 9, 10};
 	int32_t stop[] = {9};
-	rp = (struct kc_run_params){.prompt = tok, .n = 210, .max_new = 4, .forced = forced, .stop_ids = stop,
+	rp = (struct kss_run_params){.prompt = tok, .n = 210, .max_new = 4, .forced = forced, .stop_ids = stop,
 				    .n_stop_ids = 1, .out = out};
-	KT_OK(kc_run(c, m, &rp, &r));
+	KT_OK(kss_run(c, m, &rp, &r));
 	KT_EQ_INT(r.generated, 3);
 	KT_EQ_INT(out[2], 9);
-	rp = (struct kc_run_params){.prompt = tok, .n = 220, .max_new = 6, .pick = pick_two, .pick_ctx = &calls,
+	rp = (struct kss_run_params){.prompt = tok, .n = 220, .max_new = 6, .pick = pick_two, .pick_ctx = &calls,
 				    .out = out};
-	KT_OK(kc_run(c, m, &rp, &r));
+	KT_OK(kss_run(c, m, &rp, &r));
 	KT_EQ_INT(r.generated, 2);
 	KT_EQ_INT(out[0], 42);
 	/* Cancelled before the first chunk. */
-	rp = (struct kc_run_params){.prompt = tok, .n = 300, .max_new = 1, .cancel = &cancel};
-	KT_EQ_INT(kc_run(c, m, &rp, &r), KV_ERR_CANCELLED);
+	rp = (struct kss_run_params){.prompt = tok, .n = 300, .max_new = 1, .cancel = &cancel};
+	KT_EQ_INT(kss_run(c, m, &rp, &r), KV_ERR_CANCELLED);
 	KT_OK(kc_cache_check(c));
 	/* Bad input: an id outside the vocabulary is an error, not a crash. */
 	int32_t bad[3] = {1, 2, 1 << 30};
-	rp = (struct kc_run_params){.prompt = bad, .n = 3};
-	KT_EQ_INT(kc_run(c, m, &rp, &r), KV_ERR_INVALID);
+	rp = (struct kss_run_params){.prompt = bad, .n = 3};
+	KT_EQ_INT(kss_run(c, m, &rp, &r), KV_ERR_INVALID);
 	KT_OK(kc_cache_check(c));
 	kc_cache_destroy(c);
 	ke_model_destroy(m);

@@ -240,6 +240,105 @@ KT_CASE(batch_invariance_next_moe_50_splits)
 	batch_invariance("tiny-next");
 }
 
+/*
+ * Continuous batching: K sequences advance together through ke_batch_run,
+ * each step mixing decode tokens (n = 1), prefill chunks of random sizes
+ * and sequences that sit a step out. Every sequence's logits (the last
+ * token of each of its chunks), KV rows and recurrent state must be bit for
+ * bit what it gets alone. One item with a token outside the vocabulary is
+ * refused without changing anything else.
+ */
+static void batched_equals_alone(const char *name)
+{
+	enum { K = 5 };
+	struct ke_model *m = load(name, 0, 16);
+	KT_REQUIRE(m);
+	int V = ke_model_config(m)->vocab, len[K];
+	int32_t *tok[K];
+	float *ref[K];
+	struct ke_seq *s[K], *whole[K];
+	struct ke_batch *b = NULL;
+	KT_OK(ke_batch_create(m, 64, K + 1, &b));
+	for (int i = 0; i < K; i++) {
+		len[i] = 30 + (int)(kt_rand(&g_seed) % 60);
+		tok[i] = rand_tokens(len[i], V);
+		ref[i] = cold_logits(m, tok[i], len[i]);
+		whole[i] = seq_new(m, 512);
+		KT_OK(ke_seq_prefill(whole[i], tok[i], len[i], NULL, NULL));
+		s[i] = seq_new(m, 1);
+	}
+	float *lg = malloc((size_t)(K + 1) * V * sizeof *lg);
+	struct ke_seq *bad_seq = seq_new(m, 1);
+	int32_t bad_tok = V + 7;
+	int bad = 0, steps = 0, multi = 0;
+	for (;;) {
+		struct ke_batch_item it[K + 1];
+		int n_it = 0, total = 0;
+		for (int i = 0; i < K; i++) {
+			int at = ke_seq_pos(s[i]), left = len[i] - at;
+			if (!left || kt_rand(&g_seed) % 4 == 0)
+				continue;
+			/* half decode steps, half prefill chunks of up to 12 */
+			int n = kt_rand(&g_seed) % 2 ? 1 : 1 + (int)(kt_rand(&g_seed) % 12);
+			if (n > left)
+				n = left;
+			it[n_it++] = (struct ke_batch_item){.s = s[i], .tokens = tok[i] + at, .n = n,
+							    .logits = lg + (size_t)i * V};
+			total += n;
+		}
+		int done = 1;
+		for (int i = 0; i < K; i++)
+			done &= ke_seq_pos(s[i]) == len[i];
+		if (done)
+			break;
+		if (!n_it)
+			continue;
+		if (steps % 3 == 0)
+			it[n_it++] = (struct ke_batch_item){.s = bad_seq, .tokens = &bad_tok, .n = 1, .logits = lg + (size_t)K * V};
+		multi += n_it > 1;
+		KT_OK(ke_batch_run(b, it, n_it));
+		steps++;
+		for (int j = 0; j < n_it; j++) {
+			if (it[j].s == bad_seq) {
+				KT_EQ_INT(it[j].rc, KV_ERR_INVALID);
+				KT_EQ_INT(ke_seq_pos(bad_seq), 0);
+				continue;
+			}
+			KT_OK(it[j].rc);
+			int i = (int)(it[j].logits - lg) / V, pos = ke_seq_pos(s[i]);
+			if (memcmp(it[j].logits, ref[i] + (size_t)(pos - 1) * V, (size_t)V * 4))
+				bad++;
+		}
+		(void)total;
+	}
+	KT_CHECKF(bad == 0, "%s: %d chunks of %d steps differ from running alone", name, bad, steps);
+	KT_CHECKF(multi > 5, "%s: only %d steps batched more than one sequence", name, multi);
+	for (int i = 0; i < K; i++) {
+		KT_CHECKF(same_kv(whole[i], s[i]) && same_state(whole[i], s[i]), "%s: sequence %d state differs", name, i);
+		ke_seq_destroy(s[i]);
+		ke_seq_destroy(whole[i]);
+		free(tok[i]);
+		free(ref[i]);
+	}
+	/* a malformed batch runs nothing */
+	struct ke_batch_item big = {.s = bad_seq, .tokens = tok[0], .n = 65};
+	KT_EQ_INT(ke_batch_run(b, &big, 1), KV_ERR_INVALID);
+	ke_seq_destroy(bad_seq);
+	ke_batch_destroy(b);
+	free(lg);
+	ke_model_destroy(m);
+}
+
+KT_CASE(batched_equals_alone_dense)
+{
+	batched_equals_alone("tiny-dense");
+}
+
+KT_CASE(batched_equals_alone_hybrid)
+{
+	batched_equals_alone("tiny-hybrid");
+}
+
 static void cpu_paths(const char *const *names, int count)
 {
 	if (ke_isa_best() == KE_ISA_SCALAR) {
@@ -951,6 +1050,7 @@ KT_CASE(generate_cli_writes_the_logits)
 }
 
 KT_MAIN(layout_of_tiny_models, batch_invariance_dense_50_splits, batch_invariance_hybrid_50_splits,
+	batched_equals_alone_dense, batched_equals_alone_hybrid,
 	cpu_paths_give_identical_logits, batch_invariance_moe_50_splits, batch_invariance_next_moe_50_splits,
 	cpu_paths_give_identical_logits_moe, moe_routing_ties_and_order, moe_reads_only_selected_experts,
 	bad_moe_folders_name_the_expert_tensor, moe_weights_are_counted_as_resident, moe_threads_give_identical_logits,

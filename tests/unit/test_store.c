@@ -16,7 +16,7 @@
 #include "base/err.h"
 #include "base/io.h"
 #include "base/log.h"
-#include "cache/index.h"
+#include "cache/names.h"
 #include "store/catalog.h"
 #include "store/dir.h"
 #include "store/ns.h"

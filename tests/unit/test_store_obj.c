@@ -10,7 +10,7 @@
 #include "base/hash.h"
 #include "base/io.h"
 #include "base/mem.h"
-#include "cache/index.h"
+#include "cache/names.h"
 #include "model/safetensors.h"
 #include "store/dir.h"
 #include "store/ns.h"

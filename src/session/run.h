@@ -1,17 +1,23 @@
 /*
- * run.h - the driver that runs one request through engine + prefix cache:
- * lookup, restore, prefill with stop points and snapshots, decode, store.
- * Used by the tests, by `kvkeep bench cache`, and by the server's
- * scheduler (which calls it from its one scheduler thread, or from
- * several threads: every cache call locks the cache, and each run has its
- * own sequence).
+ * run.h - one request's path through cache, disk tier and engine: lookup,
+ * disk fetch of what RAM lacks, restore, prefill with stop points and
+ * snapshots, decode into the caller's pick callback (the sink), store.
+ * Used by the server (one thread per running request, every forward
+ * batched with the other running requests' by session/sched.h), by the
+ * tests and by `kvkeep bench`. Without a scheduler the forwards run on the
+ * calling thread. Every cache call locks the cache and each run has its
+ * own sequence, so runs on several threads are safe.
  *
  * Multi-turn sessions are just successive runs whose prompts extend each
  * other (the chat renderer makes them); nothing here keeps conversation
  * state between runs.
  *
- *   kc_run(cache, model, params, result):
- *     1. kc_turn_begin: lookup -> resume point p (pinned)
+ *   kss_run(cache, model, params, result):
+ *     0. with a scheduler: wait while another running request is
+ *        prefilling a stop point this prompt shares (sched.h)
+ *     1. kc_turn_begin: lookup -> resume point p (pinned); with a disk
+ *        tier, when RAM lacks part of the prompt the store is asked for the
+ *        rest (ram_pos = p) and, if it loaded more, the turn looks up again
  *     2. p > 0: ke_seq_resume from the shared full pages, the tail rows and
  *        (hybrid) the snapshot; else a fresh sequence
  *     3. hybrid and a memory cap given: kc_cache_reclaim_prefill
@@ -21,8 +27,8 @@
  *        argmax); every generated token but the last is fed back
  *     6. kc_turn_end: the completion entry (snapshot taken only if wanted)
  */
-#ifndef KV_CACHE_RUN_H
-#define KV_CACHE_RUN_H
+#ifndef KV_SESSION_RUN_H
+#define KV_SESSION_RUN_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -30,19 +36,21 @@
 #include "cache/cache.h"
 #include "engine/model.h"
 #include "engine/seq.h"
+#include "session/sched.h"
+#include "store/store.h"
 
 /* Pick the next token from logits (vocab floats). Return KV_OK, or
  * anything else to stop generating (that code is not an error). */
-typedef int (*kc_pick_fn)(void *ctx, const float *logits, int vocab, int32_t *tok);
+typedef int (*kss_pick_fn)(void *ctx, const float *logits, int vocab, int32_t *tok);
 
-struct kc_run_params {
+struct kss_run_params {
 	const int32_t *prompt;      /* n tokens (borrowed) */
 	uint32_t n;
 	const uint32_t *bounds;     /* message boundaries (may be NULL) */
 	size_t n_bounds;
 	uint32_t max_new;           /* tokens to generate (0: prefill and store only) */
 	const int32_t *forced;      /* optional: the tokens to "generate" (max_new of them) */
-	kc_pick_fn pick;            /* optional: used when forced is NULL; default argmax */
+	kss_pick_fn pick;            /* optional: used when forced is NULL; default argmax */
 	void *pick_ctx;
 	const int32_t *stop_ids;    /* optional: generation ends after one of these */
 	size_t n_stop_ids;
@@ -58,14 +66,23 @@ struct kc_run_params {
 	uint32_t every;
 	void (*on_every)(void *ctx, struct ke_seq *s, int pos);
 	void *every_ctx;
+	/* Optional: the disk tier of this cache's namespace: asked for what
+	 * RAM lacks, and (when on_every is NULL) its checkpoint interval
+	 * becomes `every` with checkpoints queued to it. */
+	struct ks_store *store;
+	/* Optional: run every forward through this scheduler (batched with
+	 * the other running requests); NULL runs them on this thread. */
+	struct kss_sched *sched;
 };
 
-struct kc_run_result {
+struct kss_run_result {
 	uint32_t resumed;           /* p: tokens restored from the cache */
 	uint32_t shared;            /* tokens shared with the cache's best sequence */
 	uint32_t prefilled;         /* n - p */
 	uint32_t generated;         /* tokens in out */
 	uint32_t stops;             /* stop points the prefill paused at */
+	uint32_t from_disk;         /* resume point loaded from the disk tier (0: none) */
+	uint32_t waited;            /* stop of another request's prefill waited for (0: none) */
 	double lookup_ms, restore_ms, prefill_ms, decode_ms, store_ms;
 };
 
@@ -75,6 +92,6 @@ struct kc_run_result {
  * as they are, after whatever was already stored (the boundary entry of a
  * cancelled prefill stays: it is valid).
  */
-int kc_run(struct kc_cache *c, struct ke_model *m, const struct kc_run_params *p, struct kc_run_result *r);
+int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params *p, struct kss_run_result *r);
 
 #endif
