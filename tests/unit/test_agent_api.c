@@ -9,6 +9,7 @@
 #include "base/buf.h"
 #include "base/err.h"
 #include "server/anthropic.h"
+#include "server/normalize.h"
 #include "server/request.h"
 #include "server/responses.h"
 
@@ -310,5 +311,44 @@ KT_CASE(responses_stream_order)
 	ksv_resp_free(&r);
 }
 
-KT_MAIN(anthropic_claude_code_body, anthropic_refusals, anthropic_stream_order, responses_codex_body,
+KT_CASE(normalize_billing_header)
+{
+	unsigned rules;
+	KT_OK(ksv_norm_parse("billing-header", &rules));
+	KT_EQ_INT(rules, KSV_NORM_BILLING_HEADER);
+	KT_OK(ksv_norm_parse("none", &rules));
+	KT_EQ_INT(rules, 0);
+	KT_CHECK(ksv_norm_parse("dates", &rules) == KV_ERR_INVALID);
+	/* two sessions differ only in the header line: after the rule their
+	 * system messages are byte for byte the same */
+	const char *s1 = "{\"messages\":[{\"role\":\"system\",\"content\":\"x-anthropic-billing-header: cc_version=1.0.1; "
+			 "cc_entrypoint=cli; cch=aa11;\\nYou are Claude Code.\"},{\"role\":\"user\",\"content\":"
+			 "\"x-anthropic-billing-header: keep me\"}]}";
+	const char *s2 = "{\"messages\":[{\"role\":\"system\",\"content\":\"x-anthropic-billing-header: cc_version=1.0.2; "
+			 "cc_entrypoint=cli; cch=bb22;\\nYou are Claude Code.\"},{\"role\":\"user\",\"content\":"
+			 "\"x-anthropic-billing-header: keep me\"}]}";
+	json_t *a = J(s1), *b = J(s2), *ra = NULL, *rb = NULL;
+	KT_REQUIRE(a && b);
+	KT_EQ_INT(ksv_norm_apply(a, KSV_NORM_BILLING_HEADER, &ra), 1);
+	KT_EQ_INT(ksv_norm_apply(b, KSV_NORM_BILLING_HEADER, &rb), 1);
+	KT_EQ_STR(content_at(a, 0), "You are Claude Code.");
+	KT_CHECK(json_equal(a, b));
+	/* user text is never touched */
+	KT_EQ_STR(content_at(a, 1), "x-anthropic-billing-header: keep me");
+	KT_REQUIRE(ra);
+	KT_EQ_STR(json_string_value(json_object_get(json_array_get(ra, 0), "rule")), "billing-header");
+	KT_CHECK(strstr(json_string_value(json_object_get(json_array_get(ra, 0), "removed")), "cch=aa11"));
+	json_decref(ra);
+	json_decref(rb);
+	/* rules off: nothing changes */
+	json_t *c = J(s1), *rc = NULL;
+	KT_EQ_INT(ksv_norm_apply(c, 0, &rc), 0);
+	KT_CHECK(!rc);
+	KT_CHECK(strstr(content_at(c, 0), "cc_version=1.0.1"));
+	json_decref(a);
+	json_decref(b);
+	json_decref(c);
+}
+
+KT_MAIN(anthropic_claude_code_body, normalize_billing_header, anthropic_refusals, anthropic_stream_order, responses_codex_body,
 	responses_stream_order)
