@@ -86,6 +86,9 @@ static int cmd_serve(int argc, char **argv)
 		 "fold S into the cache namespace: another salt never shares cached prefixes (default: none)"},
 		{"allow-request-salt", KV_FLAG_BOOL, &o.allow_request_salt, NULL,
 		 "accept a request's cache_salt field: requests with the same salt share a namespace of their own (default: refused)"},
+		{"prompt-normalize", KV_FLAG_STR, &o.prompt_normalize, "RULES",
+		 "volatile-prefix rules applied before rendering, comma-separated: billing-header (Claude Code's "
+		 "per-session header line), all, none (default billing-header)"},
 		{"kv-dtype", KV_FLAG_STR, &o.kv_dtype, "bf16|f32", "KV cache element type (default bf16)"},
 		{"page-tokens", KV_FLAG_INT, &o.page_tokens, "B", "tokens per KV page / cache block (default 256)"},
 		{"prefill-chunk", KV_FLAG_INT, &o.prefill_chunk, "N", "prefill tokens per forward step (default 256)"},

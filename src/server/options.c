@@ -27,6 +27,7 @@ void ksv_opts_default(struct ksv_opts *o)
 	o->max_model_len = 0;
 	o->default_max_tokens = 2048;
 	o->split_reasoning = 1;
+	o->prompt_normalize = "billing-header";
 	o->max_body_mb = 32;
 	o->max_connections = 512;
 	o->header_timeout_ms = 10000;

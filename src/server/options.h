@@ -52,6 +52,7 @@ struct ksv_opts {
 	int64_t max_model_len;            /* --max-model-len; 0 = the config's max_position_embeddings */
 	int64_t default_max_tokens;       /* --default-max-tokens, when a request gives none: 2048 */
 	int split_reasoning;              /* 1 unless --no-reasoning-split */
+	const char *prompt_normalize;     /* --prompt-normalize RULES (normalize.h), default "billing-header" */
 
 	/* HTTP limits */
 	int64_t max_body_mb;              /* --max-body-mb, default 32 */

@@ -5,6 +5,8 @@
  */
 #include "server/server.h"
 #include "server/server_int.h"
+#include "server/anthropic.h"
+#include "server/normalize.h"
 #include "server/fingerprint.h"
 #include "base/buf.h"
 #include "base/clock.h"
@@ -63,21 +65,36 @@ void ksv_reply_json(struct ksv_conn *c, int status, json_t *j)
 	free(s);
 }
 
-void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const char *param, const char *fmt, ...)
+static void reply_error_v(struct ksv_server *s, struct ksv_conn *c, int wire, int status, const char *param,
+			  const char *fmt, va_list ap)
 {
 	char msg[600], ra[32];
-	va_list ap;
-	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
 	size_t len = 0;
-	char *body = ksv_oai_error(status, msg, param, &len);
+	char *body = wire == KSV_WIRE_ANTHROPIC ? ksv_anth_error(status, msg, &len) : ksv_oai_error(status, msg, param, &len);
 	if (status == 503 || status == 429) {
 		snprintf(ra, sizeof ra, "%lld", (long long)s->o.retry_after_s);
 		ksv_conn_header(c, "Retry-After", ra);
 	}
 	ksv_conn_reply(c, status, "application/json", body ? body : "{}", body ? len : 2);
 	free(body);
+}
+
+void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const char *param, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	reply_error_v(s, c, KSV_WIRE_OPENAI, status, param, fmt, ap);
+	va_end(ap);
+}
+
+void ksv_reply_error_wire(struct ksv_server *s, struct ksv_conn *c, int wire, int status, const char *param,
+			  const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	reply_error_v(s, c, wire, status, param, fmt, ap);
+	va_end(ap);
 }
 
 /* --- other routes ---------------------------------------------------------- */
@@ -255,7 +272,8 @@ struct route {
 static const struct route routes[] = {
 	{"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/models", "GET"},
 	{"/health", "GET"},               {"/metrics", "GET"},          {"/v1/cache/info", "GET"},
-	{"/v1/cache/clear", "POST"},      {"/v1/cache/probe", "POST"},
+	{"/v1/cache/clear", "POST"},      {"/v1/cache/probe", "POST"},  {"/v1/messages", "POST"},
+	{"/v1/messages/count_tokens", "POST"}, {"/v1/responses", "POST"}, {"/", "GET"},
 };
 
 /* Index of a path in routes[] (/v1/models/{id} counts as /v1/models), or -1. */
@@ -296,10 +314,10 @@ static void handler(void *ctx, const struct ksv_request *rq)
 	}
 	switch (idx) {
 	case 0:
-		ksv_gen_handle(s, rq, KSV_API_CHAT);
+		ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_OPENAI);
 		break;
 	case 1:
-		ksv_gen_handle(s, rq, KSV_API_COMPLETION);
+		ksv_gen_handle(s, rq, KSV_API_COMPLETION, KSV_WIRE_OPENAI);
 		break;
 	case 2:
 		handle_models(s, c, model_id);
@@ -324,6 +342,24 @@ static void handler(void *ctx, const struct ksv_request *rq)
 	case 7:
 		ksv_gen_probe(s, rq);
 		break;
+	case 8:
+		ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_ANTHROPIC);
+		break;
+	case 9:
+		ksv_gen_count_tokens(s, rq);
+		break;
+	case 10:
+		ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_RESPONSES);
+		break;
+	case 11: {
+		/* HEAD / is how some clients (Claude Code) check the server is up */
+		json_t *j = json_object();
+		json_object_set_new(j, "name", json_string("kvkeep"));
+		json_object_set_new(j, "version", json_string(KVKEEP_VERSION));
+		json_object_set_new(j, "model", json_string(s->model_name));
+		ksv_reply_json(c, 200, j);
+		break;
+	}
 	}
 }
 
@@ -643,6 +679,8 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		goto fail;
 	}
 	s->xml_tools = kv_chat_xml_tools(s->chat);
+	if ((rc = ksv_norm_parse(o->prompt_normalize, &s->norm_rules)))
+		goto fail;
 	struct ke_model_params mp = {.kv_f32 = !strcmp(o->kv_dtype, "f32"), .page_tokens = (int)o->page_tokens};
 	if ((rc = ke_model_load(o->model_dir, &mp, &s->model)))
 		goto fail;
