@@ -702,6 +702,21 @@ static int lookup(struct kc_cache *c, const int32_t *tok, uint32_t n, struct kc_
 		}
 	}
 	shared = base + (lcp_kid > lcp_rp ? lcp_kid : lcp_rp);
+	if (shared < n) {
+		/* the stored tokens the prompt departs from */
+		const int32_t *nt = NULL;
+		uint32_t nn = 0;
+		if (kid && lcp_kid >= lcp_rp) {
+			nt = kid->tokens + lcp_kid;
+			nn = B - lcp_kid;
+		} else if (trp) {
+			nt = trp->tail_tok + lcp_rp;
+			nn = trp->t - lcp_rp;
+		}
+		h->n_next = nn < KC_NEXT_TOKENS ? nn : KC_NEXT_TOKENS;
+		if (h->n_next)
+			memcpy(h->next, nt, h->n_next * sizeof *nt);
+	}
 
 	if (c->hybrid) {
 		struct kc_rp *best = NULL;

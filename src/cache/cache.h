@@ -95,9 +95,16 @@ void kc_cache_snap_free(struct kc_cache *c, void *snap);
 
 /* --- lookup ------------------------------------------------------------ */
 
+#define KC_NEXT_TOKENS 8
+
 struct kc_hit {
 	uint32_t pos;             /* resume point p (0 = miss) */
 	uint32_t shared;          /* tokens shared with the best stored sequence (>= pos) */
+	/* The best stored sequence's tokens right after `shared` (up to
+	 * KC_NEXT_TOKENS; 0 when it ends there): what the prompt departs from,
+	 * for the miss explainer. */
+	int32_t next[KC_NEXT_TOKENS];
+	uint32_t n_next;
 	uint32_t n_pages;         /* floor(pos / B) full pages to share */
 	uint32_t tail_rows;       /* pos % B rows to copy into a fresh page */
 	const void *tail;         /* those rows: row r of segment s at (s x tail_stride + r)

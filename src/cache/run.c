@@ -125,6 +125,8 @@ int kc_run(struct kc_cache *c, struct ke_model *m, const struct kc_run_params *p
 	hit = kc_turn_hit(x.turn);
 	r->resumed = hit->pos;
 	r->shared = hit->shared;
+	r->n_next = hit->n_next;
+	memcpy(r->next, hit->next, sizeof r->next);
 	r->lookup_ms = ms_since(t0);
 
 	/* 2. restore */

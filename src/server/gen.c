@@ -43,6 +43,7 @@
 #include "cache/run.h"
 #include "engine/sample.h"
 #include "server/anthropic.h"
+#include "server/explain.h"
 #include "server/normalize.h"
 #include "server/openai.h"
 #include "server/output.h"
@@ -72,6 +73,8 @@ struct gen {
 	struct ksv_resp resp;     /* KSV_WIRE_RESPONSES answer state */
 	json_t *norm_report;      /* what --prompt-normalize changed (NULL: nothing) */
 	int stop_hit;             /* a stop string ended the output */
+	struct ksv_explain ex;    /* where the prompt departs from the cache (explain.h) */
+	int have_ex;
 	const char *route;
 	int32_t *prompt;
 	uint32_t n_prompt;
@@ -561,9 +564,14 @@ static struct ksv_resp_usage resp_usage(const struct gen *g)
  * ref, or NULL when there is nothing to say. */
 static json_t *usage_ext(const struct gen *g)
 {
-	if (!g->norm_report)
+	if (!g->norm_report && !g->have_ex)
 		return NULL;
-	return json_pack("{s:O}", "normalized", g->norm_report);
+	json_t *j = json_object();
+	if (g->norm_report)
+		json_object_set(j, "normalized", g->norm_report);
+	if (g->have_ex)
+		json_object_set_new(j, "cache", ksv_explain_json(&g->ex));
+	return j;
 }
 
 /* The first bytes of a stream: OpenAI's role chunk, Anthropic's
@@ -723,6 +731,13 @@ static void gen_run(struct ksv_job *job)
 	rc = kc_run(g->tier.cache, s->model, &rp, &res);
 	ks_store_kick(g->tier.store); /* new entries for the write-behind */
 	p = res.resumed;
+	if (g->tier.cache && rc != KV_ERR_CANCELLED) {
+		/* the miss explainer: where this prompt departs from the cache */
+		ksv_explain(s->tok, g->prompt, g->n_prompt - g->n_forced, res.shared, res.next, res.n_next, &g->ex);
+		g->have_ex = 1;
+		if (res.shared < g->n_prompt - g->n_forced)
+			ksv_explain_log(g->route, &g->ex);
+	}
 	if (rc == KV_ERR_CANCELLED || atomic_load(&g->job.cancel)) {
 		cancelled = 1;
 	} else if (rc) {
@@ -1348,7 +1363,7 @@ void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq)
 	struct ksv_conn *c = rq->conn;
 	struct gen *g = gen_new(s, "/v1/cache/probe");
 	if (!g) {
-		ksv_reply_error_wire(s, c, g->wire, 500, NULL, "out of memory");
+		ksv_reply_error(s, c, 500, NULL, "out of memory");
 		return;
 	}
 	if (ksv_req_parse_probe(rq->body, rq->body_len, JSON_MAX_DEPTH, &g->req)) {
@@ -1378,6 +1393,8 @@ void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq)
 		kc_cache_peek(t->cache, g->prompt, g->n_prompt, &hit);
 		pos = hit.pos;
 		shared = hit.shared;
+		ksv_explain(s->tok, g->prompt, g->n_prompt, hit.shared, hit.next, hit.n_next, &g->ex);
+		g->have_ex = 1;
 		kc_hit_release(t->cache, &hit);
 		dpos = t->store ? ks_store_probe(t->store, g->prompt, g->n_prompt, g->bounds, g->n_bounds) : 0;
 	}
@@ -1401,6 +1418,8 @@ void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq)
 	for (size_t i = 0; i < g->n_bounds; i++)
 		json_array_append_new(bs, json_integer(g->bounds[i]));
 	json_object_set_new(j, "boundaries", bs);
+	if (g->have_ex)
+		json_object_set_new(j, "miss", ksv_explain_json(&g->ex));
 	ksv_reply_json(c, 200, j);
 	gen_unref(g);
 }

@@ -128,6 +128,24 @@ await check(`${T}:billing_header_rule_shares_the_prefix`, async () => {
   assert(r.usage.kvkeep && r.usage.kvkeep.normalized && r.usage.kvkeep.normalized[0].rule === 'billing-header', 'the rule is reported');
 });
 
+await check(`${T}:miss_explainer_names_the_changed_tool`, async () => {
+  const c = anth(A);
+  const sys = [{ type: 'text', text: 'You explain cache misses. '.repeat(15) }];
+  const tools = [TOOLS[0], { ...TOOLS[1], description: 'Read a file from disk.' }];
+  await c.messages.create({ model: NAME, max_tokens: 2, system: sys, tools, messages: [{ role: 'user', content: 'one' }] });
+  const changed = [TOOLS[0], { ...TOOLS[1], description: 'Read a whole file from the disk.' }];
+  const r = await c.messages.create({ model: NAME, max_tokens: 2, system: sys, tools: changed, messages: [{ role: 'user', content: 'one' }] });
+  const ex = r.usage.kvkeep && r.usage.kvkeep.cache;
+  assert(ex, 'usage.kvkeep.cache present');
+  eq(ex.message, 0, 'the system turn');
+  eq(ex.role, 'system', 'role');
+  eq(ex.tool, 1, 'the second tool changed');
+  assert(ex.first_diff > 100 && ex.first_diff === ex.shared_tokens, `first_diff ${ex.first_diff}`);
+  assert(typeof ex.cached === 'string' && ex.cached.includes('Read a file'), `cached text ${ex.cached}`);
+  assert(ex.new.includes('Read a whole'), `new text ${ex.new}`);
+  assert(/event=cache\.miss_reason [^\n]*role=system tool=1/.test(A.log()), 'log line');
+});
+
 await check(`${T}:anthropic_errors`, async () => {
   const bad = [
     '{"max_tokens": 5}',
