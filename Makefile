@@ -69,6 +69,9 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
+# the dashboard page is built into the binary (.incbin in dashboard.c)
+$(BUILD)/obj/src/server/dashboard.o: src/server/dashboard.html
+
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@rm -f $@

@@ -239,6 +239,22 @@ struct kc_stats {
 	double lookup_p50_ms, lookup_p99_ms; /* over the last 4096 lookups */
 };
 void kc_cache_stats(struct kc_cache *c, struct kc_stats *out);
+
+/* One stored entry, for displays (the dashboard). */
+struct kc_entry_info {
+	uint64_t id;                 /* creation order */
+	uint32_t tokens;             /* its length */
+	uint32_t anchor;             /* 0 = none */
+	uint32_t ckpt[KC_CKPT_HARD]; /* checkpoint positions, ascending */
+	uint32_t n_ckpt;
+	int64_t last_use_ms;         /* wall clock */
+	uint64_t bytes;              /* KV of its length + its snapshots (blocks it
+				        shares with other entries count in each) */
+	int dirty;                   /* 1: not yet handed to the disk writer */
+};
+/* Up to max entries, most recently used first; returns how many there are
+ * in all. */
+size_t kc_cache_list(struct kc_cache *c, struct kc_entry_info *out, size_t max);
 /* Count an entry the policy chose not to store (kc_turn does this). */
 void kc_cache_note_skip(struct kc_cache *c);
 

@@ -108,6 +108,7 @@ struct gen {
 	struct ksv_usage usage;
 	const char *resume_kind;
 	int from_disk;            /* the resume point was loaded from the disk tier */
+	uint32_t disk_pos;        /* ... up to this position */
 	const char *salt;         /* the request's cache_salt (borrowed from req.body), NULL: none */
 	struct ksv_tier tier;     /* RAM cache + disk store of its namespace (tenant.h) */
 	/* decode state (worker) */
@@ -710,8 +711,10 @@ static void gen_run(struct ksv_job *job)
 
 	/* the disk tier: when it holds more of this prompt than RAM, its files
 	 * are loaded into the RAM cache first (store.h) */
-	if (g->tier.store)
-		g->from_disk = disk_fetch(g) > 0;
+	if (g->tier.store) {
+		g->disk_pos = disk_fetch(g);
+		g->from_disk = g->disk_pos > 0;
+	}
 
 	/* lookup, restore, prefill with the policy's stop points, decode
 	 * through pick(), store: the cache's driver does it all */
@@ -779,6 +782,19 @@ out:
 		ksv_metrics_add(s->f_gen_tok, g->n_gen);
 		ksv_series_add(ksv_series_get(s->f_resume, "kind", g->resume_kind ? g->resume_kind : "miss", NULL), 1);
 		ksv_observe(s->f_e2e, (double)(kv_now_ns() - g->t_arrive) / 1e9);
+	}
+	if (started && !cancelled) {
+		/* the dashboard's record of this request */
+		uint32_t np = g->n_prompt - g->n_forced, pc = p < np ? p : np;
+		uint32_t from_disk = g->from_disk ? (g->disk_pos < pc ? g->disk_pos : pc) : 0;
+		struct ksv_recent_req rec = {.t_ms = kv_wall_ms(), .prompt_tokens = np, .cached_ram = pc - from_disk,
+					     .cached_disk = from_disk, .gen_tokens = (uint32_t)g->n_gen,
+					     .ttft_ms = g->t_first ? (double)(g->t_first - g->t_arrive) / 1e6 : 0,
+					     .prefill_ms = res.prefill_ms, .decode_ms = res.decode_ms,
+					     .miss = g->have_ex && pc < np ? ksv_explain_json(&g->ex) : NULL};
+		snprintf(rec.route, sizeof rec.route, "%s", g->route);
+		snprintf(rec.resume, sizeof rec.resume, "%s", g->resume_kind ? g->resume_kind : "miss");
+		ksv_recent_add(s->recent, &rec);
 	}
 	if (cancelled)
 		ksv_metrics_add(s->f_cancelled, 1);

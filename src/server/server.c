@@ -6,6 +6,7 @@
 #include "server/server.h"
 #include "server/server_int.h"
 #include "server/anthropic.h"
+#include "server/dashboard.h"
 #include "server/normalize.h"
 #include "server/fingerprint.h"
 #include "base/buf.h"
@@ -274,6 +275,7 @@ static const struct route routes[] = {
 	{"/health", "GET"},               {"/metrics", "GET"},          {"/v1/cache/info", "GET"},
 	{"/v1/cache/clear", "POST"},      {"/v1/cache/probe", "POST"},  {"/v1/messages", "POST"},
 	{"/v1/messages/count_tokens", "POST"}, {"/v1/responses", "POST"}, {"/", "GET"},
+	{"/dashboard", "GET"},             {"/v1/dashboard/state", "GET"},
 };
 
 /* Index of a path in routes[] (/v1/models/{id} counts as /v1/models), or -1. */
@@ -352,7 +354,13 @@ static void handler(void *ctx, const struct ksv_request *rq)
 		ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_RESPONSES);
 		break;
 	case 11: {
-		/* HEAD / is how some clients (Claude Code) check the server is up */
+		/* a browser gets the dashboard; HEAD / is how some clients
+		 * (Claude Code) check the server is up */
+		const char *acc = ksv_conn_req_header(c, "Accept");
+		if (!is_head && acc && strstr(acc, "text/html")) {
+			ksv_dashboard_handle_page(s, c);
+			break;
+		}
 		json_t *j = json_object();
 		json_object_set_new(j, "name", json_string("kvkeep"));
 		json_object_set_new(j, "version", json_string(KVKEEP_VERSION));
@@ -360,6 +368,12 @@ static void handler(void *ctx, const struct ksv_request *rq)
 		ksv_reply_json(c, 200, j);
 		break;
 	}
+	case 12:
+		ksv_dashboard_handle_page(s, c);
+		break;
+	case 13:
+		ksv_dashboard_handle_state(s, c);
+		break;
 	}
 }
 
@@ -679,7 +693,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		goto fail;
 	}
 	s->xml_tools = kv_chat_xml_tools(s->chat);
-	if ((rc = ksv_norm_parse(o->prompt_normalize, &s->norm_rules)))
+	if ((rc = ksv_norm_parse(o->prompt_normalize, &s->norm_rules)) || (rc = ksv_recent_create(&s->recent)))
 		goto fail;
 	struct ke_model_params mp = {.kv_f32 = !strcmp(o->kv_dtype, "f32"), .page_tokens = (int)o->page_tokens};
 	if ((rc = ke_model_load(o->model_dir, &mp, &s->model)))
@@ -845,6 +859,7 @@ void ksv_server_destroy(struct ksv_server *s)
 	kv_chat_free(s->chat);
 	kv_tok_free(s->tok);
 	ksv_metrics_destroy(s->m);
+	ksv_recent_destroy(s->recent);
 	free(s->tb_off);
 	free(s->tb_len);
 	free(s->tb_data);

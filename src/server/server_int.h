@@ -19,6 +19,7 @@
 #include "server/httpd.h"
 #include "server/metrics.h"
 #include "server/options.h"
+#include "server/recent.h"
 #include "server/sched.h"
 #include "server/tenant.h"
 #include "store/store.h"
@@ -50,6 +51,7 @@ struct ksv_server {
 	int hybrid;
 	int xml_tools;
 	unsigned norm_rules;              /* --prompt-normalize (normalize.h) */
+	struct ksv_recent *recent;        /* the last requests, for the dashboard (recent.h) */
 	uint64_t mem_cap;
 	struct kc_budget budget;
 	struct kv_h128 ns;                /* namespace of the default tier */
