@@ -258,7 +258,8 @@ static int cmd_chat(int argc, char **argv)
 		{"system", KV_FLAG_STR, &system, "TEXT", "system prompt (default: none)"},
 		{"model-name", KV_FLAG_STR, &name, "NAME", "model id to send (default: the server's first model)"},
 		{"max-tokens", KV_FLAG_INT, &max_tokens, "N", "answer length cap (default: the server's)"},
-		{"temperature", KV_FLAG_DOUBLE, &temperature, "T", "sampling temperature (default: the server's, 1.0)"},
+		{"temperature", KV_FLAG_DOUBLE, &temperature, "T",
+		 "sampling temperature (default: the server's: --default-temperature, generation_config.json, else 1.0)"},
 		{NULL, 0, NULL, NULL, NULL},
 	};
 	int rc = kv_flags_parse("usage: kvkeep chat (--base-url URL | --model DIR) [flags] [-- serve flags]\n\n"

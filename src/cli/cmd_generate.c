@@ -4,12 +4,24 @@
  *
  *   kvkeep generate --model DIR (--prompt TEXT | --tokens 1,2,3)
  *       [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
- *       [--min-p P] [--seed S] [--logits-out FILE]
+ *       [--min-p P] [--presence-penalty X] [--frequency-penalty X]
+ *       [--repetition-penalty X] [--seed S] [--generation-config none|auto|DIR]
+ *       [--stop TEXT] [--logits-out FILE]
  *
  * Prints the generated ids on one line ("ids: 1 2 3") and, when the folder
  * has a tokenizer, the text of prompt + completion after "text: ". Timing
- * goes to stderr. Generation stops at max-tokens or an EOS id of
- * config.json (unless --ignore-eos).
+ * goes to stderr. Generation stops at max-tokens, at --stop TEXT (matched
+ * in the decoded text across token boundaries) or at a stop id: the same
+ * set the server uses (kv_gencfg_stop_ids: config.json and
+ * generation_config.json eos_token_id, the chat template's end-of-turn
+ * token such as <|im_end|>, <|endoftext|>), unless --ignore-eos. So a
+ * prompt rendered with the chat template (`kvkeep render`) ends where the
+ * server's answer would.
+ *
+ * Sampling: the flags, else (with --generation-config auto or DIR) the
+ * model's generation_config.json, else greedy (temperature 0) and no
+ * filter or penalty. The default is --generation-config none: generate is
+ * a deterministic debugging tool unless asked otherwise.
  *
  * Files (raw little-endian f32, for the reference tests in tests/ref):
  *   --logits-out F      vocab_size floats: logits of the last prompt position
@@ -20,6 +32,7 @@
  * as <|im_start|> are recognised).
  */
 #include "base/clock.h"
+#include "base/buf.h"
 #include "base/durable.h"
 #include "base/err.h"
 #include "base/mem.h"
@@ -27,8 +40,11 @@
 #include "engine/isa.h"
 #include "engine/sample.h"
 #include "engine/seq.h"
+#include "model/genconfig.h"
+#include "model/template.h"
 #include "model/tokenizer.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,18 +62,30 @@ static int cmd_generate(int argc, char **argv)
 {
 	const char *model = NULL, *prompt = NULL, *tokens_s = NULL, *logits_out = NULL, *all_out = NULL,
 		   *state_out = NULL;
-	int64_t max_tokens = 32, top_k = 0, seed = 0, chunk = 0, page_tokens = 0;
-	double temperature = 0.0, top_p = 1.0, min_p = 0.0;
+	const char *gc_mode = "none", *stop = NULL;
+	int64_t max_tokens = 32, seed = 0, chunk = 0, page_tokens = 0;
+	/* sampling flags by enum kv_gencfg_field; NaN: not given */
+	double sv[KV_GC_N] = {NAN, NAN, NAN, NAN, NAN, NAN, NAN};
 	int kv_f32 = 0, ignore_eos = 0, quiet = 0;
 	struct kv_flag flags[] = {
 		{"model", KV_FLAG_STR, &model, "DIR", "model folder (config.json + safetensors)"},
 		{"prompt", KV_FLAG_STR, &prompt, "TEXT", "prompt text (needs the folder's tokenizer.json)"},
 		{"tokens", KV_FLAG_STR, &tokens_s, "1,2,3", "prompt as token ids"},
 		{"max-tokens", KV_FLAG_INT, &max_tokens, "N", "tokens to generate (default 32, 0 = prefill only)"},
-		{"temperature", KV_FLAG_DOUBLE, &temperature, "T", "sampling temperature (default 0 = greedy)"},
-		{"top-k", KV_FLAG_INT, &top_k, "K", "keep the K most likely tokens (default 0 = off)"},
-		{"top-p", KV_FLAG_DOUBLE, &top_p, "P", "nucleus sampling mass (default 1 = off)"},
-		{"min-p", KV_FLAG_DOUBLE, &min_p, "P", "drop tokens below P x the top probability (default 0)"},
+		{"temperature", KV_FLAG_DOUBLE, &sv[KV_GC_TEMPERATURE], "T", "sampling temperature (default 0 = greedy)"},
+		{"top-k", KV_FLAG_DOUBLE, &sv[KV_GC_TOP_K], "K", "keep the K most likely tokens (default 0 = off)"},
+		{"top-p", KV_FLAG_DOUBLE, &sv[KV_GC_TOP_P], "P", "nucleus sampling mass (default 1 = off)"},
+		{"min-p", KV_FLAG_DOUBLE, &sv[KV_GC_MIN_P], "P", "drop tokens below P x the top probability (default 0)"},
+		{"presence-penalty", KV_FLAG_DOUBLE, &sv[KV_GC_PRESENCE_PENALTY], "X",
+		 "subtract X from tokens generated before, -2..2 (default 0)"},
+		{"frequency-penalty", KV_FLAG_DOUBLE, &sv[KV_GC_FREQUENCY_PENALTY], "X",
+		 "subtract X per earlier occurrence in the output, -2..2 (default 0)"},
+		{"repetition-penalty", KV_FLAG_DOUBLE, &sv[KV_GC_REPETITION_PENALTY], "X",
+		 "Hugging Face's penalty on prompt + output tokens, > 0 (default 1 = off)"},
+		{"generation-config", KV_FLAG_STR, &gc_mode, "none|auto|DIR",
+		 "sampling defaults for the flags not given: none (greedy), the model's generation_config.json, or "
+		 "DIR's (default none)"},
+		{"stop", KV_FLAG_STR, &stop, "TEXT", "stop when the output text contains TEXT (default: none)"},
 		{"seed", KV_FLAG_INT, &seed, "S", "sampling seed (default 0)"},
 		{"logits-out", KV_FLAG_STR, &logits_out, "FILE", "write the last prompt position's logits (f32 LE)"},
 		{"all-logits-out", KV_FLAG_STR, &all_out, "FILE", "write every prompt position's logits (f32 LE)"},
@@ -81,15 +109,35 @@ static int cmd_generate(int argc, char **argv)
 		return 2;
 	}
 	if (max_tokens < 0 || max_tokens > 1000000 || chunk < 0 || chunk > 8192 || page_tokens < 0 ||
-	    page_tokens > 65536 || top_k < 0 || top_k > INT32_MAX) {
+	    page_tokens > 65536 || (stop && !*stop)) {
 		fprintf(stderr, "kvkeep generate: a numeric flag is out of range (see --help)\n");
 		return 2;
 	}
+	/* sampling: flag > generation_config (auto/DIR) > greedy */
+	struct kv_gencfg sd, file, fl;
+	kv_gencfg_openai(&sd);
+	sd.v[KV_GC_TEMPERATURE] = 0.0;
+	kv_gencfg_init(&fl);
+	for (int i = 0; i < KV_GC_N; i++)
+		if (!isnan(sv[i]) && kv_gencfg_set(&fl, i, sv[i], "flag")) {
+			fprintf(stderr, "kvkeep generate: %s\n", kv_errmsg());
+			return 2;
+		}
+	int gc_none = !strcmp(gc_mode, "none"), gc_auto = !strcmp(gc_mode, "auto");
+	int grc = kv_gencfg_load(gc_auto || gc_none ? model : gc_mode, &file);
+	if (grc && (grc != KV_ERR_NOT_FOUND || (!gc_auto && !gc_none)))
+		fprintf(stderr, "kvkeep generate: warning: generation_config.json ignored: %s\n", kv_errmsg());
+	if (!gc_none)
+		kv_gencfg_overlay(&sd, &file);
+	kv_gencfg_overlay(&sd, &fl);
 
 	struct ke_model *m = NULL;
 	struct ke_seq *s = NULL;
 	struct ke_sampler *smp = NULL;
 	struct kv_tok *tok = NULL;
+	struct kv_chat *chat = NULL;
+	struct kv_buf gen_text = KV_BUF_INIT, piece = KV_BUF_INIT;
+	struct kv_tok_stream ds;
 	int32_t *ids = NULL, *out_ids = NULL;
 	size_t n_ids = 0;
 	float *logits = NULL, *all = NULL;
@@ -131,13 +179,33 @@ static int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
 		goto out;
 	}
-	struct ke_sample_params pp = {.temperature = temperature, .top_k = (int)top_k, .top_p = top_p,
-				      .min_p = min_p, .seed = (uint64_t)seed};
+	struct ke_sample_params pp = {.temperature = sd.v[KV_GC_TEMPERATURE],
+				      .top_k = (int)sd.v[KV_GC_TOP_K],
+				      .top_p = sd.v[KV_GC_TOP_P],
+				      .min_p = sd.v[KV_GC_MIN_P],
+				      .presence_penalty = sd.v[KV_GC_PRESENCE_PENALTY],
+				      .frequency_penalty = sd.v[KV_GC_FREQUENCY_PENALTY],
+				      .repetition_penalty = sd.v[KV_GC_REPETITION_PENALTY],
+				      .seed = (uint64_t)seed};
 	if (ke_sampler_create(V, &pp, &smp)) {
 		fprintf(stderr, "kvkeep generate: %s\n", kv_errmsg());
 		status = 2;
 		goto out;
 	}
+	ke_sampler_prompt(smp, ids, n_ids);
+	/* the server's stop ids; the template (for its end-of-turn token) is
+	 * optional here: a folder without one still generates */
+	if (tok && kv_chat_load(model, tok, &chat))
+		chat = NULL;
+	int32_t stop_ids[16];
+	int n_stop_ids = kv_gencfg_stop_ids(c, &file, tok, chat, stop_ids, 16);
+	if (stop && !tok) {
+		fprintf(stderr, "kvkeep generate: --stop needs the folder's tokenizer\n");
+		status = 2;
+		goto out;
+	}
+	if (tok)
+		kv_tok_stream_init(&ds, tok, 1);
 	logits = kv_alloc(KV_MEM_SCRATCH, (size_t)V * sizeof *logits);
 	out_ids = malloc(((size_t)max_tokens + 1) * sizeof *out_ids);
 	if (all_out)
@@ -164,13 +232,29 @@ static int cmd_generate(int argc, char **argv)
 			goto out;
 	}
 	int n_out = 0;
+	const char *finish = "length";
 	for (int i = 0; i < max_tokens; i++) {
 		int32_t t = ke_sample(smp, logits);
 		out_ids[n_out++] = t;
 		int eos = 0;
-		for (int e = 0; e < c->n_eos; e++)
-			eos |= c->eos_ids[e] == t;
-		if ((eos && !ignore_eos) || i + 1 == max_tokens)
+		for (int e = 0; e < n_stop_ids; e++)
+			eos |= stop_ids[e] == t;
+		if (eos && !ignore_eos) {
+			finish = "eos";
+			break;
+		}
+		if (stop) { /* the text so far, searched where the new piece could complete a match */
+			size_t before = gen_text.len, L = strlen(stop);
+			kv_buf_reset(&piece);
+			kv_tok_stream_feed(&ds, t, &piece);
+			kv_buf_add(&gen_text, piece.p ? piece.p : "", piece.len);
+			size_t from = before >= L ? before - L + 1 : 0;
+			if (gen_text.len >= L && memmem(gen_text.p + from, gen_text.len - from, stop, L)) {
+				finish = "stop";
+				break;
+			}
+		}
+		if (i + 1 == max_tokens)
 			break;
 		if (ke_seq_decode(s, t, logits)) {
 			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
@@ -195,6 +279,7 @@ static int cmd_generate(int argc, char **argv)
 			free(both);
 		}
 	}
+	printf("finish: %s\n", finish);
 	if (!quiet)
 		fprintf(stderr, "prompt %zu tokens in %.3f s (%.1f tok/s), %d generated in %.3f s (%.1f tok/s), isa=%s\n",
 			n_ids, t1 - t0, (double)n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_out, t2 - t1,
@@ -207,6 +292,9 @@ out:
 	free(out_ids);
 	free(ids);
 	ke_sampler_destroy(smp);
+	kv_buf_free(&gen_text);
+	kv_buf_free(&piece);
+	kv_chat_free(chat);
 	kv_tok_free(tok);
 	ke_seq_destroy(s);
 	ke_model_destroy(m);

@@ -1,32 +1,51 @@
 /*
  * sample.h - choosing the next token from logits, and log-probabilities.
  *
- * Order of the filters (the one vLLM and llama.cpp's default chain use):
- *   temperature == 0 (or top_k == 1): greedy, the lowest id among the
- *     maximal logits;
- *   else p = softmax(logits / T) in double;
- *   top_k > 0: keep the k most probable (ties broken by lower id);
- *   top_p < 1: keep the smallest most-probable prefix whose mass (within
- *     what is kept) reaches top_p;
- *   min_p > 0: keep tokens with p >= min_p x p_max;
+ * The processors run in the order Hugging Face's generate() applies them
+ * (transformers generation/utils.py _get_logits_processor: penalties
+ * first, then the sampling warpers temperature, top-k, top-p, min-p):
+ *   1. repetition_penalty r != 1 (HF RepetitionPenaltyLogitsProcessor):
+ *      every token in the prompt or generated so far, once however often
+ *      it occurs: logit < 0 ? logit x r : logit / r;
+ *   2. frequency_penalty f, presence_penalty q (OpenAI; HF has neither,
+ *      vLLM applies them right after the repetition penalty): a token
+ *      generated c > 0 times gets logit - c f - q; prompt tokens are not
+ *      counted;
+ *   3. temperature == 0: greedy, the lowest id among the maximal
+ *      (penalised) logits;
+ *      else p = softmax(logits / T) in double;
+ *   4. top_k > 0: keep the tokens whose p is >= the k-th largest p (ties
+ *      with the k-th are kept, as HF's TopKLogitsWarper does);
+ *   5. top_p < 1: keep the smallest most-probable prefix whose mass
+ *      (within what is kept) reaches top_p (HF TopPLogitsWarper);
+ *   6. min_p > 0: keep tokens with p >= min_p x p_max (HF MinPLogitsWarper);
  *   draw u in [0, 1) from the sampler's generator (xoshiro256**, seeded
  *   with splitmix64(seed)) and walk the kept tokens in descending order
- *   (in id order when no filter is set, which needs no sort).
- * Same seed + same logits -> same tokens, on every machine.
+ *   (in id order when no filter and no penalty is set, which needs no sort).
+ * Same seed + same logits + same history -> same tokens, on every machine.
  *
- * A sampler holds scratch sized once for the vocabulary (KV_MEM_SCRATCH);
- * nothing is allocated per token. Not thread-safe; one per request.
+ * A sampler is one sequence's: its generator state and its penalty counts
+ * live in it and nowhere else (no global state), so a sequence samples the
+ * same tokens alone or batched with others. Penalty state is per-token
+ * counts, updated in O(1) per token; applying the penalties costs O(distinct
+ * tokens seen), never O(vocab x generated). Scratch is sized once for the
+ * vocabulary (KV_MEM_SCRATCH); nothing is allocated per token. Not
+ * thread-safe; one per sequence.
  */
 #ifndef KV_ENGINE_SAMPLE_H
 #define KV_ENGINE_SAMPLE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct ke_sample_params {
-	double temperature;  /* 0 = greedy */
-	int top_k;           /* 0 = off */
-	double top_p;        /* 1 = off; must be in (0, 1] */
-	double min_p;        /* 0 = off; in [0, 1] */
+	double temperature;        /* 0 = greedy */
+	int top_k;                 /* 0 = off */
+	double top_p;              /* 1 = off; must be in (0, 1] */
+	double min_p;              /* 0 = off; in [0, 1] */
+	double presence_penalty;   /* 0 = off; finite */
+	double frequency_penalty;  /* 0 = off; finite */
+	double repetition_penalty; /* 1 (or 0, meaning unset) = off; else > 0 */
 	uint64_t seed;
 };
 
@@ -35,11 +54,30 @@ struct ke_sampler;
 /* KV_ERR_INVALID for out-of-range parameters (message names the field). */
 int ke_sampler_create(int vocab, const struct ke_sample_params *p, struct ke_sampler **out);
 void ke_sampler_destroy(struct ke_sampler *s);
-/* Reseed (same sequence of draws as a fresh sampler with this seed). */
+/* Reseed (same sequence of draws as a fresh sampler with this seed); the
+ * penalty history is kept. */
 void ke_sampler_seed(struct ke_sampler *s, uint64_t seed);
-/* Next token id from vocab logits. Non-finite logits count as -inf; if
- * every logit is -inf/NaN, returns token 0 greedily. */
+/* Forget the history (prompt and generated tokens) and reseed: the
+ * sampler is then as new, for another sequence. */
+void ke_sampler_reset(struct ke_sampler *s, uint64_t seed);
+/* The prompt's tokens (they count for the repetition penalty only). Ids
+ * outside the vocabulary are ignored. May be called more than once. */
+void ke_sampler_prompt(struct ke_sampler *s, const int32_t *ids, size_t n);
+/* A token appended to the sequence that ke_sample did not choose (a
+ * forced token): it counts as generated. */
+void ke_sampler_accept(struct ke_sampler *s, int32_t id);
+/* Next token id from vocab logits; the token counts as generated from
+ * then on. Non-finite logits count as -inf; if every logit is -inf/NaN,
+ * returns token 0 greedily. */
 int32_t ke_sample(struct ke_sampler *s, const float *logits);
+/*
+ * The distribution ke_sample would draw from, without drawing or
+ * recording anything: ids[i] / probs[i] for the kept tokens, most
+ * probable first (ties by lower id), probs summing to 1. A greedy choice
+ * gives one token with probability 1. ids and probs have room for vocab
+ * entries; returns how many were written. For tests and diagnostics.
+ */
+int ke_sampler_dist(struct ke_sampler *s, const float *logits, int32_t *ids, double *probs);
 
 /* Greedy choice (lowest id among ties). */
 int32_t ke_argmax(const float *logits, int n);

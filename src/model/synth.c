@@ -49,6 +49,17 @@ static const struct kv_synth_preset g_presets[] = {
 		.partial_rotary = 0.25, .rope_theta = 10000000, .rms_eps = 1e-6, .max_positions = 262144,
 	},
 	{
+		.name = "tiny-qwen35",
+		.summary = "tiny-hybrid's shape with the files of a Qwen3.5 release: config.json ends at <|endoftext|> "
+			   "only, generation_config.json has the eos list and the model card's sampling",
+		.arch = KV_ARCH_QWEN3_5,
+		.hidden = 64, .n_layers = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
+		.intermediate = 192, .full_attention_interval = 4,
+		.lin_k_heads = 2, .lin_v_heads = 4, .lin_k_dim = 16, .lin_v_dim = 16, .conv_kernel = 4,
+		.partial_rotary = 0.25, .rope_theta = 10000000, .rms_eps = 1e-6, .max_positions = 262144,
+		.release_files = 1,
+	},
+	{
 		.name = "bench-dense",
 		.summary = "Qwen3 shape, ~36M parameters without embeddings, 8 KiB of KV per token",
 		.arch = KV_ARCH_QWEN3,
@@ -1012,7 +1023,8 @@ int kv_synth_write(const struct kv_synth_opts *o)
 	if ((rc = kv_synth_tokenizer_ids(tok, tok_len, o->tokenizer_dir ? "tokenizer.json" : "synthetic tokenizer",
 					 &n_ids, &bos, &eos)))
 		goto out;
-	if ((rc = kv_synth_config_json(p, n_ids, bos, eos, o->dtype, &cfg, &cfg_len)))
+	if ((rc = kv_synth_config_json(p, n_ids, bos, p->release_files && bos >= 0 ? bos : eos, o->dtype, &cfg,
+					&cfg_len)))
 		goto out;
 	/* What we write must be what we read: parse it back. */
 	if ((rc = kv_config_parse(cfg, cfg_len, "generated config.json", &c))) {
@@ -1030,6 +1042,16 @@ int kv_synth_write(const struct kv_synth_opts *o)
 			goto out;
 		}
 		if ((rc = write_weights(&c, path, o->seed, o->dtype, p->name, o->dw_flags)))
+			goto out;
+	}
+	if (p->release_files) {
+		char gc[256];
+		int n = snprintf(gc, sizeof gc,
+				 "{\n  \"bos_token_id\": %d,\n  \"do_sample\": true,\n  \"eos_token_id\": [%d, %d],\n"
+				 "  \"pad_token_id\": %d,\n  \"temperature\": 0.6,\n  \"top_k\": 20,\n  \"top_p\": 0.95,\n"
+				 "  \"transformers_version\": \"4.57.0\"\n}\n",
+				 bos, eos, bos, bos);
+		if ((rc = write_file(o->out_dir, "generation_config.json", gc, (size_t)n, o->dw_flags)))
 			goto out;
 	}
 	/* config.json last: a folder with a config is complete. */

@@ -49,6 +49,10 @@ struct kv_synth_preset {
 	int tie_embeddings;
 	int max_positions;
 	int config_only;           /* too big to synthesise: config + tokenizer only */
+	int release_files;         /* as the Qwen3.5 releases ship: config.json's eos_token_id
+				    * is <|endoftext|> only, and generation_config.json lists
+				    * [<|im_end|>, <|endoftext|>] with the model card's sampling
+				    * (do_sample, temperature 0.6, top_k 20, top_p 0.95) */
 };
 
 size_t kv_synth_preset_count(void);

@@ -687,14 +687,19 @@ static void gen_run(struct ksv_job *job)
 			 (unsigned long long)(need / MiB), (unsigned long long)(s->mem_cap / MiB));
 		goto out;
 	}
-	struct ke_sample_params sp = {.temperature = g->req.temperature, .top_k = g->req.top_k,
-				      .top_p = g->req.top_p, .min_p = g->req.min_p,
-				      .seed = g->req.has_seed ? g->req.seed : (kv_now_ns() ^ (uint64_t)(uintptr_t)g)};
+	/* request > server defaults (flag > generation_config > OpenAI); the
+	 * sampler is this sequence's alone: its generator and its penalty
+	 * counts (prompt for repetition_penalty, forced tokens as generated) */
+	struct ke_sample_params sp;
+	ksv_sampling_resolve(&g->req.sp, &s->sdef, kv_now_ns() ^ (uint64_t)(uintptr_t)g, &sp);
 	if ((rc = ke_sampler_create(s->vocab, &sp, &g->smp))) {
 		err_status = 400;
 		snprintf(errbuf, sizeof errbuf, "%s", kv_errmsg());
 		goto out;
 	}
+	ke_sampler_prompt(g->smp, g->prompt, g->n_prompt - g->n_forced);
+	for (uint32_t i = g->n_prompt - g->n_forced; i < g->n_prompt; i++)
+		ke_sampler_accept(g->smp, g->prompt[i]);
 
 	/* status decided: the handler may open the stream now; later errors
 	 * reach a streaming client as an error event */

@@ -4,6 +4,7 @@
 #include "server/options.h"
 #include "base/err.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,9 @@ void ksv_opts_default(struct ksv_opts *o)
 	o->default_max_tokens = 2048;
 	o->split_reasoning = 1;
 	o->prompt_normalize = "billing-header";
+	o->generation_config = "auto";
+	for (int i = 0; i < KV_GC_N; i++)
+		o->default_sp[i] = NAN;
 	o->max_body_mb = 32;
 	o->max_connections = 512;
 	o->header_timeout_ms = 10000;
@@ -76,6 +80,13 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--max-model-len must be 0-16777216");
 	if (o->default_max_tokens < 1)
 		return kv_fail(KV_ERR_INVALID, "--default-max-tokens must be >= 1");
+	if (!o->generation_config || !*o->generation_config)
+		return kv_fail(KV_ERR_INVALID, "--generation-config must be auto, none or a folder");
+	for (int i = 0; i < KV_GC_N; i++) {
+		double v = o->default_sp[i];
+		if (!isnan(v) && kv_gencfg_check(i, &v))
+			return kv_fail_ctx(KV_ERR_INVALID, "%s", ksv_opts_default_flag(i));
+	}
 	if (o->max_body_mb < 1 || o->max_body_mb > 4096)
 		return kv_fail(KV_ERR_INVALID, "--max-body-mb must be 1-4096");
 	if (o->max_connections < 4 || o->max_connections > 100000)
@@ -89,4 +100,14 @@ int ksv_opts_check(const struct ksv_opts *o)
 	if (o->retry_after_s < 1)
 		return kv_fail(KV_ERR_INVALID, "--retry-after-s must be >= 1");
 	return KV_OK;
+}
+
+const char *ksv_opts_default_flag(int field)
+{
+	static const char *const names[KV_GC_N] = {
+		"--default-temperature",      "--default-top-p",
+		"--default-top-k",            "--default-min-p",
+		"--default-presence-penalty", "--default-frequency-penalty",
+		"--default-repetition-penalty"};
+	return field >= 0 && field < KV_GC_N ? names[field] : "?";
 }

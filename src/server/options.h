@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/genconfig.h"
+
 struct ksv_opts {
 	/* model and network */
 	const char *model_dir;            /* --model DIR (required) */
@@ -54,6 +56,11 @@ struct ksv_opts {
 	int split_reasoning;              /* 1 unless --no-reasoning-split */
 	const char *prompt_normalize;     /* --prompt-normalize RULES (normalize.h), default "billing-header" */
 
+	/* sampling defaults (docs/api.md "Sampling"): request > flag >
+	 * generation_config.json > the OpenAI defaults */
+	const char *generation_config;    /* --generation-config auto|none|DIR, default auto */
+	double default_sp[KV_GC_N];       /* --default-temperature, ... by enum kv_gencfg_field; NaN: not given */
+
 	/* HTTP limits */
 	int64_t max_body_mb;              /* --max-body-mb, default 32 */
 	int64_t max_connections;          /* --max-connections, default 512 */
@@ -69,5 +76,7 @@ void ksv_opts_default(struct ksv_opts *o);
 void ksv_opts_env(struct ksv_opts *o);
 /* Range checks; KV_ERR_INVALID naming the flag. */
 int ksv_opts_check(const struct ksv_opts *o);
+/* "--default-temperature", ... for a field (static string). */
+const char *ksv_opts_default_flag(int field);
 
 #endif

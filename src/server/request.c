@@ -383,21 +383,67 @@ static int parse_stop(struct ksv_req *r, const json_t *st)
 	return KV_OK;
 }
 
+int ksv_req_parse_sampling(struct ksv_req *r, const json_t *o, struct ksv_sampling *sp)
+{
+	/* the OpenAI ranges; repetition_penalty is vLLM's (> 0) */
+	static const struct {
+		double lo, hi;
+		int lo_open;
+	} range[KV_GC_N] = {
+		[KV_GC_TEMPERATURE] = {0, 2, 0},
+		[KV_GC_TOP_P] = {0, 1, 1},
+		[KV_GC_MIN_P] = {0, 1, 0},
+		[KV_GC_PRESENCE_PENALTY] = {-2, 2, 0},
+		[KV_GC_FREQUENCY_PENALTY] = {-2, 2, 0},
+		[KV_GC_REPETITION_PENALTY] = {0, INFINITY, 1},
+	};
+	int rc;
+	memset(sp, 0, sizeof *sp);
+	for (int f = 0; f < KV_GC_N; f++) {
+		const char *key = kv_gencfg_name(f);
+		json_t *v = json_object_get(o, key);
+		if (!v || json_is_null(v))
+			continue;
+		if (f == KV_GC_TOP_K) {
+			int64_t iv;
+			if ((rc = get_int(r, o, key, -1, INT32_MAX, 0, &iv)))
+				return rc;
+			sp->v[f] = iv < 0 ? 0 : (double)iv;
+		} else if ((rc = get_num(r, o, key, range[f].lo, range[f].lo_open, range[f].hi, 0, &sp->v[f]))) {
+			return rc;
+		}
+		sp->set |= 1u << f;
+	}
+	json_t *seed = json_object_get(o, "seed");
+	if (seed && !json_is_null(seed)) {
+		if (!json_is_integer(seed))
+			return bad(r, "seed", "must be an integer, got %s", type_name(seed));
+		sp->seed = (uint64_t)json_integer_value(seed);
+		sp->set |= KSV_SP_SEED;
+	}
+	return KV_OK;
+}
+
+void ksv_sampling_resolve(const struct ksv_sampling *sp, const struct kv_gencfg *dflt, uint64_t fallback_seed,
+			  struct ke_sample_params *out)
+{
+	double v[KV_GC_N];
+	for (int f = 0; f < KV_GC_N; f++)
+		v[f] = sp->set & (1u << f) ? sp->v[f] : dflt->v[f];
+	*out = (struct ke_sample_params){.temperature = v[KV_GC_TEMPERATURE],
+					 .top_k = (int)v[KV_GC_TOP_K],
+					 .top_p = v[KV_GC_TOP_P],
+					 .min_p = v[KV_GC_MIN_P],
+					 .presence_penalty = v[KV_GC_PRESENCE_PENALTY],
+					 .frequency_penalty = v[KV_GC_FREQUENCY_PENALTY],
+					 .repetition_penalty = v[KV_GC_REPETITION_PENALTY],
+					 .seed = sp->set & KSV_SP_SEED ? sp->seed : fallback_seed};
+}
+
 /* Known fields whose non-default values we cannot honour: refused with a
  * clear message rather than silently giving a different answer. */
 static int check_unsupported(struct ksv_req *r, const json_t *b)
 {
-	static const char *pens[] = {"presence_penalty", "frequency_penalty", "repetition_penalty"};
-	for (size_t i = 0; i < sizeof pens / sizeof pens[0]; i++) {
-		json_t *v = json_object_get(b, pens[i]);
-		if (!v || json_is_null(v))
-			continue;
-		if (!json_is_number(v))
-			return bad(r, pens[i], "must be a number");
-		double d = json_number_value(v);
-		if (d != (i == 2 ? 1.0 : 0.0))
-			return bad(r, pens[i], "is not supported (only %s)", i == 2 ? "1" : "0");
-	}
 	json_t *lb = json_object_get(b, "logit_bias");
 	if (lb && !json_is_null(lb) && !(json_is_object(lb) && json_object_size(lb) == 0))
 		return bad(r, "logit_bias", "is not supported");
@@ -502,22 +548,8 @@ int ksv_req_parse(int api, const char *body, size_t len, int max_depth, struct k
 		return rc;
 	if (iv > 0)
 		r->max_tokens = iv;
-	if ((rc = get_num(r, b, "temperature", 0, 0, 2, 1.0, &r->temperature)))
+	if ((rc = ksv_req_parse_sampling(r, b, &r->sp)))
 		return rc;
-	if ((rc = get_num(r, b, "top_p", 0, 1, 1, 1.0, &r->top_p)))
-		return rc;
-	if ((rc = get_num(r, b, "min_p", 0, 0, 1, 0.0, &r->min_p)))
-		return rc;
-	if ((rc = get_int(r, b, "top_k", -1, INT32_MAX, 0, &iv)))
-		return rc;
-	r->top_k = iv < 0 ? 0 : (int)iv;
-	json_t *seed = json_object_get(b, "seed");
-	if (seed && !json_is_null(seed)) {
-		if (!json_is_integer(seed))
-			return bad(r, "seed", "must be an integer, got %s", type_name(seed));
-		r->seed = (uint64_t)json_integer_value(seed);
-		r->has_seed = 1;
-	}
 	if ((rc = parse_stop(r, json_object_get(b, "stop"))))
 		return rc;
 	if (api == KSV_API_CHAT) {

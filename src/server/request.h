@@ -18,13 +18,16 @@
  *   tool_choice           "auto" | "none" | "required" | {type: "function", function: {name}}
  *   stream, stream_options.include_usage
  *   max_tokens, max_completion_tokens (the latter wins; >= 1)
+ *   sampling (ksv_req_parse_sampling, shared by every generation route):
  *   temperature [0, 2], top_p (0, 1], top_k (-1 or 0 = off, else >= 1),
- *   min_p [0, 1], seed (integer), stop (string or up to 4 strings)
+ *   min_p [0, 1], presence_penalty / frequency_penalty [-2, 2],
+ *   repetition_penalty > 0 (1 = off), seed (integer); a field left out (or
+ *   null) takes the server's default (ksv_sampling_resolve)
+ *   stop (string or up to 4 strings)
  *   logprobs (bool), top_logprobs (0-20, needs logprobs: true)
  *   n (must be 1), chat_template_kwargs.enable_thinking (bool),
  *   ignore_eos (bool, vLLM's extension: generate max_tokens tokens even
  *   past end-of-sequence tokens; benchmarks and tests use it)
- *   presence_penalty / frequency_penalty (only 0: not implemented),
  *   logit_bias (only empty), response_format (only {"type": "text"})
  * POST /v1/completions takes prompt (string, [string], [int, ...] or
  * [[int, ...]]) instead of messages/tools, logprobs as an integer 0-20 and
@@ -40,11 +43,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/sample.h"
+#include "model/genconfig.h"
+
 enum ksv_api { KSV_API_CHAT = 0, KSV_API_COMPLETION = 1 };
 enum ksv_tool_choice { KSV_TC_AUTO = 0, KSV_TC_NONE, KSV_TC_REQUIRED, KSV_TC_NAMED };
 
 #define KSV_MAX_STOP 4
 #define KSV_MAX_TOP_LOGPROBS 20
+
+/* The sampling fields of one request; `set` has bit (1 << KV_GC_*) for
+ * every field the request gave, KSV_SP_SEED for the seed. */
+#define KSV_SP_SEED (1u << KV_GC_N)
+struct ksv_sampling {
+	unsigned set;
+	double v[KV_GC_N];         /* indexed by enum kv_gencfg_field (top_k as a whole number) */
+	uint64_t seed;
+};
 
 struct ksv_req {
 	int api;                   /* enum ksv_api */
@@ -63,12 +78,7 @@ struct ksv_req {
 	int stream;
 	int include_usage;
 	int64_t max_tokens;        /* -1: not given */
-	double temperature;        /* default 1.0 */
-	double top_p;              /* default 1.0 */
-	int top_k;                 /* 0 = off */
-	double min_p;              /* 0 = off */
-	uint64_t seed;
-	int has_seed;
+	struct ksv_sampling sp;    /* temperature, top_p, ..., seed as given */
 	const char *stop[KSV_MAX_STOP]; /* borrowed */
 	size_t n_stop;
 	int logprobs;              /* 1: report the chosen tokens' logprobs */
@@ -86,6 +96,20 @@ struct ksv_req {
  */
 int ksv_req_parse(int api, const char *body, size_t len, int max_depth, struct ksv_req *req);
 void ksv_req_free(struct ksv_req *req);
+
+/*
+ * The sampling fields of a request body object `o` (any route: chat,
+ * completions, and routes with other body shapes that use the same field
+ * names) into *sp. Errors as ksv_req_parse (req->err_param names the field).
+ */
+int ksv_req_parse_sampling(struct ksv_req *req, const json_t *o, struct ksv_sampling *sp);
+/*
+ * The sampler's parameters: each field from the request when it gave one,
+ * else from dflt (every field set: the server's resolved defaults, see
+ * kv_gencfg_overlay). No seed: `fallback_seed`.
+ */
+void ksv_sampling_resolve(const struct ksv_sampling *sp, const struct kv_gencfg *dflt, uint64_t fallback_seed,
+			  struct ke_sample_params *out);
 
 /* Parse only the messages/tools of a chat body (for /v1/cache/probe, which
  * takes a chat body without generation fields). Same rules. */

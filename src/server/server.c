@@ -42,6 +42,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -236,6 +237,19 @@ static void handle_models(struct ksv_server *s, struct ksv_conn *c, const char *
 	json_object_set_new(m, "created", json_integer(s->created));
 	json_object_set_new(m, "owned_by", json_string("kvkeep"));
 	json_object_set_new(m, "max_model_len", json_integer(s->ctx_len));
+	/* kvkeep's extension: what a request that sets no sampling field gets */
+	json_t *sd = json_object(), *src = json_object(), *st = json_array();
+	for (int i = 0; i < KV_GC_N; i++) {
+		const char *n = kv_gencfg_name(i);
+		json_object_set_new(sd, n, i == KV_GC_TOP_K ? json_integer((json_int_t)s->sdef.v[i]) : json_real(s->sdef.v[i]));
+		json_object_set_new(src, n, json_string(s->sdef.src[i]));
+	}
+	json_object_set_new(sd, "source", src);
+	json_object_set_new(sd, "generation_config", json_string(s->gc_mode));
+	for (int i = 0; i < s->n_eos; i++)
+		json_array_append_new(st, json_integer(s->eos[i]));
+	json_object_set_new(sd, "stop_token_ids", st);
+	json_object_set_new(m, "sampling_defaults", sd);
 	if (id) {
 		if (strcmp(id, s->model_name)) {
 			json_decref(m);
@@ -601,14 +615,54 @@ static int setup_metrics(struct ksv_server *s)
 	return KV_OK;
 }
 
-static void add_eos(struct ksv_server *s, int32_t id)
+/*
+ * The sampling defaults (request > flag > generation_config.json > OpenAI)
+ * and the stop ids. generation_config.json is read from the model folder
+ * (or the --generation-config folder) even with "none": its eos ids
+ * describe the model and keep ending generations; "none" drops only its
+ * sampling values. A file that cannot be used is one warning, not an
+ * error.
+ */
+static void setup_sampling(struct ksv_server *s)
 {
-	if (id < 0 || s->n_eos >= 16)
-		return;
-	for (int i = 0; i < s->n_eos; i++)
-		if (s->eos[i] == id)
-			return;
-	s->eos[s->n_eos++] = id;
+	const struct ksv_opts *o = &s->o;
+	struct kv_gencfg file, flags;
+	int none = !strcmp(o->generation_config, "none") || !strcmp(o->generation_config, "vllm");
+	int autom = !strcmp(o->generation_config, "auto");
+	const char *dir = autom || none ? o->model_dir : o->generation_config;
+	s->gc_mode = autom ? "auto" : none ? "none" : o->generation_config;
+	int rc = kv_gencfg_load(dir, &file);
+	if (rc && (rc != KV_ERR_NOT_FOUND || (!autom && !none))) {
+		KV_WARN("serve.generation_config", "dir=%s err=\"%s\" msg=\"generation_config.json ignored\"", dir,
+			kv_errmsg());
+		kv_gencfg_init(&file);
+	}
+	kv_gencfg_openai(&s->sdef);
+	struct kv_gencfg vals = file;
+	if (none)
+		for (int i = 0; i < KV_GC_N; i++)
+			vals.src[i] = NULL;
+	kv_gencfg_overlay(&s->sdef, &vals);
+	kv_gencfg_init(&flags);
+	for (int i = 0; i < KV_GC_N; i++)
+		if (!isnan(o->default_sp[i]))
+			kv_gencfg_set(&flags, i, o->default_sp[i], "flag"); /* checked by ksv_opts_check */
+	kv_gencfg_overlay(&s->sdef, &flags);
+	s->n_eos = kv_gencfg_stop_ids(s->cfg, &file, s->tok, s->chat, s->eos, 16);
+
+	char ids[200];
+	size_t at = 0;
+	ids[0] = 0;
+	for (int i = 0; i < s->n_eos && at < sizeof ids - 16; i++)
+		at += (size_t)snprintf(ids + at, sizeof ids - at, "%s%d", i ? "," : "", s->eos[i]);
+	const struct kv_gencfg *d = &s->sdef;
+	KV_INFO("serve.sampling",
+		"generation_config=%s temperature=%g(%s) top_p=%g(%s) top_k=%g(%s) min_p=%g(%s) presence_penalty=%g(%s) "
+		"frequency_penalty=%g(%s) repetition_penalty=%g(%s) stop_token_ids=%s",
+		s->gc_mode, d->v[KV_GC_TEMPERATURE], d->src[KV_GC_TEMPERATURE], d->v[KV_GC_TOP_P], d->src[KV_GC_TOP_P],
+		d->v[KV_GC_TOP_K], d->src[KV_GC_TOP_K], d->v[KV_GC_MIN_P], d->src[KV_GC_MIN_P],
+		d->v[KV_GC_PRESENCE_PENALTY], d->src[KV_GC_PRESENCE_PENALTY], d->v[KV_GC_FREQUENCY_PENALTY],
+		d->src[KV_GC_FREQUENCY_PENALTY], d->v[KV_GC_REPETITION_PENALTY], d->src[KV_GC_REPETITION_PENALTY], ids);
 }
 
 static uint64_t cache_mem_used(void *ctx)
@@ -706,10 +760,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		KV_WARN("serve.vocab", "tokenizer_ids=%d model_vocab=%d msg=\"tokenizer has ids the model cannot embed\"",
 			kv_tok_vocab_size(s->tok), s->vocab);
 	s->ctx_len = o->max_model_len > 0 ? (int)o->max_model_len : s->cfg->max_positions > 0 ? s->cfg->max_positions : 32768;
-	for (int i = 0; i < s->cfg->n_eos; i++)
-		add_eos(s, s->cfg->eos_ids[i]);
-	add_eos(s, kv_tok_id(s->tok, "<|im_end|>"));
-	add_eos(s, kv_tok_id(s->tok, "<|endoftext|>"));
+	setup_sampling(s);
 	if ((rc = ksv_gen_token_table(s)))
 		goto fail;
 

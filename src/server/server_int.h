@@ -14,6 +14,7 @@
 #include "cache/cache.h"
 #include "engine/model.h"
 #include "model/config.h"
+#include "model/genconfig.h"
 #include "model/template.h"
 #include "model/tokenizer.h"
 #include "server/httpd.h"
@@ -45,8 +46,10 @@ struct ksv_server {
 	struct ksv_metrics *m;
 	struct ksv_httpd *http;
 	int vocab;
-	int32_t eos[16];
+	int32_t eos[16];                  /* ids that end a generation (kv_gencfg_stop_ids) */
 	int n_eos;
+	struct kv_gencfg sdef;            /* sampling defaults, every field set (flag > file > OpenAI) */
+	const char *gc_mode;              /* "auto", "none" or the folder of --generation-config */
 	int ctx_len;
 	int hybrid;
 	int xml_tools;

@@ -50,7 +50,7 @@ KT_CASE(request_agent_shapes)
 		"\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"read\"}},"
 		"\"max_tokens\":5,\"max_completion_tokens\":7,\"temperature\":0,\"top_p\":0.5,\"top_k\":-1,\"min_p\":0.1,"
 		"\"seed\":-3,\"stop\":[\"a\",\"bb\"],\"logprobs\":true,\"top_logprobs\":20,\"n\":1,"
-		"\"presence_penalty\":0,\"parallel_tool_calls\":true,\"user\":\"u\",\"some_extension\":{\"x\":[1]},"
+		"\"presence_penalty\":0.5,\"frequency_penalty\":-2,\"repetition_penalty\":1.1,\"parallel_tool_calls\":true,\"user\":\"u\",\"some_extension\":{\"x\":[1]},"
 		"\"chat_template_kwargs\":{\"enable_thinking\":false}}";
 	struct ksv_req r;
 	KT_OK(parse(KSV_API_CHAT, body, &r));
@@ -63,9 +63,21 @@ KT_CASE(request_agent_shapes)
 	KT_EQ_INT(r.tool_choice, KSV_TC_NAMED);
 	KT_EQ_STR(r.tool_name, "read");
 	KT_EQ_INT(r.max_tokens, 7);
-	KT_CHECK(r.temperature == 0 && r.top_p == 0.5 && r.top_k == 0 && r.min_p == 0.1);
-	KT_EQ_INT(r.has_seed, 1);
-	KT_EQ_U64(r.seed, (uint64_t)-3);
+	KT_CHECK(r.sp.v[KV_GC_TEMPERATURE] == 0 && r.sp.v[KV_GC_TOP_P] == 0.5 && r.sp.v[KV_GC_TOP_K] == 0 &&
+		 r.sp.v[KV_GC_MIN_P] == 0.1);
+	KT_CHECK(r.sp.v[KV_GC_PRESENCE_PENALTY] == 0.5 && r.sp.v[KV_GC_FREQUENCY_PENALTY] == -2 &&
+		 r.sp.v[KV_GC_REPETITION_PENALTY] == 1.1);
+	KT_EQ_INT(r.sp.set, (1u << KV_GC_N) - 1 + KSV_SP_SEED); /* every field given */
+	KT_EQ_U64(r.sp.seed, (uint64_t)-3);
+	/* the request wins field by field; the rest comes from the defaults */
+	struct kv_gencfg d;
+	kv_gencfg_openai(&d);
+	d.v[KV_GC_TEMPERATURE] = 0.6;
+	d.v[KV_GC_TOP_K] = 20;
+	struct ke_sample_params sp;
+	ksv_sampling_resolve(&r.sp, &d, 99, &sp);
+	KT_CHECK(sp.temperature == 0 && sp.top_k == 0 && sp.top_p == 0.5 && sp.presence_penalty == 0.5 &&
+		 sp.frequency_penalty == -2 && sp.repetition_penalty == 1.1 && sp.seed == (uint64_t)-3);
 	KT_EQ_INT(r.n_stop, 2);
 	KT_EQ_INT(r.logprobs, 1);
 	KT_EQ_INT(r.top_logprobs, 20);
@@ -75,7 +87,10 @@ KT_CASE(request_agent_shapes)
 	KT_OK(parse(KSV_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[],\"stop\":\"s\"}", &r));
 	KT_CHECK(r.tools == NULL);
 	KT_EQ_INT(r.max_tokens, -1);
-	KT_CHECK(r.temperature == 1.0);
+	KT_EQ_INT(r.sp.set, 0); /* nothing given: every field from the defaults */
+	ksv_sampling_resolve(&r.sp, &d, 99, &sp);
+	KT_CHECK(sp.temperature == 0.6 && sp.top_k == 20 && sp.top_p == 1 && sp.min_p == 0 && sp.presence_penalty == 0 &&
+		 sp.frequency_penalty == 0 && sp.repetition_penalty == 1 && sp.seed == 99);
 	KT_EQ_INT(r.n_stop, 1);
 	ksv_req_free(&r);
 }
@@ -124,7 +139,13 @@ KT_CASE(request_errors_name_the_field)
 	B("\"logprobs\":true,\"top_logprobs\":21", "top_logprobs");
 	B("\"top_logprobs\":2", "top_logprobs");
 	B("\"n\":2", "n");
-	B("\"presence_penalty\":0.5", "presence_penalty");
+	B("\"presence_penalty\":2.5", "presence_penalty");
+	B("\"presence_penalty\":\"x\"", "presence_penalty");
+	B("\"frequency_penalty\":-2.01", "frequency_penalty");
+	B("\"repetition_penalty\":0", "repetition_penalty");
+	B("\"repetition_penalty\":-1", "repetition_penalty");
+	B("\"min_p\":-0.1", "min_p");
+	B("\"top_k\":2.5", "top_k");
 	B("\"logit_bias\":{\"1\":5}", "logit_bias");
 	B("\"response_format\":{\"type\":\"json_object\"}", "response_format");
 	B("\"tools\":{}", "tools");

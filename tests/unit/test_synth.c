@@ -13,6 +13,7 @@
 #include "kt.h"
 #include "model/config.h"
 #include "model/safetensors.h"
+#include "model/genconfig.h"
 #include "model/synth.h"
 #include "base/durable.h"
 #include "base/err.h"
@@ -263,7 +264,18 @@ static void check_folder(const char *dir, const struct kv_synth_preset *p, int d
 	free(tok);
 	KT_EQ_INT(c.vocab, n_ids);
 	KT_EQ_INT(c.bos_id, bos);
-	KT_EQ_INT(c.eos_ids[0], eos);
+	/* a release-style preset ends at <|endoftext|> in config.json and lists
+	 * both in generation_config.json */
+	KT_EQ_INT(c.eos_ids[0], p->release_files ? bos : eos);
+	KT_EQ_INT(file_exists(dir, "generation_config.json"), p->release_files);
+	if (p->release_files) {
+		struct kv_gencfg g;
+		KT_OK(kv_gencfg_load(dir, &g));
+		KT_EQ_INT(g.n_eos, 2);
+		KT_EQ_INT(g.eos_ids[0], eos);
+		KT_EQ_INT(g.eos_ids[1], bos);
+		KT_CHECK(g.v[KV_GC_TEMPERATURE] == 0.6 && g.v[KV_GC_TOP_K] == 20 && g.v[KV_GC_TOP_P] == 0.95);
+	}
 	KT_REQUIRE((tc = load_json(dir, "tokenizer_config.json")) != NULL);
 	KT_CHECK(json_is_string(json_object_get(tc, "chat_template")));
 	json_decref(tc);
