@@ -89,7 +89,7 @@ KT_CASE(anthropic_claude_code_body)
 	struct ksv_req req;
 	KT_OK(chat_parses(chat, &req));
 	KT_EQ_INT(req.max_tokens, 64);
-	KT_EQ_INT(req.top_k, 5);
+	KT_EQ_INT((int)req.sp.v[KV_GC_TOP_K], 5);
 	KT_EQ_INT(req.n_stop, 1);
 	KT_EQ_INT(req.stream, 1);
 	KT_EQ_INT(req.tool_choice, KSV_TC_REQUIRED);
