@@ -15,6 +15,8 @@
 #   make san-test   run the unit tests and fuzz corpora under asan (CI does this)
 #   make fuzz       libFuzzer targets with clang in build/fuzz: finds inputs
 #                   that crash the parsers of untrusted bytes
+#   make peer       build/peer/kvpeer: llama.cpp v0.5.0 (npm prebuilt libraries)
+#                   as oracle and yardstick (tests/peer/README.md)
 #   make clean
 #
 # Variables: BUILD (output folder), CC, OPT, SAN, WERROR.
@@ -45,7 +47,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/tests/replay_%)
 LIB := $(BUILD)/libkvkeep.a
 
-.PHONY: all deps deps-test deps-demo npm npm-demo test tests demo debug asan ubsan tsan san-test fuzz clean
+.PHONY: all deps deps-test deps-demo npm npm-demo test tests demo debug asan ubsan tsan san-test fuzz peer clean
 
 all: deps $(BUILD)/kvkeep
 
@@ -122,6 +124,11 @@ build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(LIB_SRC)
 	@mkdir -p build/fuzz
 	clang-14 -std=gnu11 -O1 -g -D_GNU_SOURCE -DKVKEEP_VERSION=\"$(KVKEEP_VERSION)\" -Isrc -pthread -fsanitize=fuzzer,address,undefined \
 		-o $@ $< $(LIB_SRC) $(LDLIBS_ALL)
+
+# headers come from the npm package's source bundle at build time, so the
+# script (not a pattern rule) knows when to rebuild
+peer: npm
+	@bash tests/peer/build.sh $(BUILD)
 
 clean:
 	rm -rf build

@@ -31,6 +31,30 @@ struct kv_h128 kv_xxh3_128_cat(const void *a, size_t an, const void *b, size_t b
 	return (struct kv_h128){h.low64, h.high64};
 }
 
+struct kv_xxh3_stream *kv_xxh3_stream_create(void)
+{
+	XXH3_state_t *st = XXH3_createState();
+	if (st)
+		XXH3_128bits_reset(st);
+	return (struct kv_xxh3_stream *)st;
+}
+
+void kv_xxh3_stream_update(struct kv_xxh3_stream *st, const void *p, size_t n)
+{
+	XXH3_128bits_update((XXH3_state_t *)st, p, n);
+}
+
+struct kv_h128 kv_xxh3_stream_digest(const struct kv_xxh3_stream *st)
+{
+	XXH128_hash_t h = XXH3_128bits_digest((const XXH3_state_t *)st);
+	return (struct kv_h128){h.low64, h.high64};
+}
+
+void kv_xxh3_stream_free(struct kv_xxh3_stream *st)
+{
+	XXH3_freeState((XXH3_state_t *)st);
+}
+
 int kv_h128_eq(struct kv_h128 a, struct kv_h128 b)
 {
 	return a.lo == b.lo && a.hi == b.hi;

@@ -20,6 +20,14 @@ uint64_t kv_xxh3_64(const void *p, size_t n, uint64_t seed);
 struct kv_h128 kv_xxh3_128(const void *p, size_t n, uint64_t seed);
 /* XXH3-128 of the concatenation a || b (no copy). */
 struct kv_h128 kv_xxh3_128_cat(const void *a, size_t an, const void *b, size_t bn);
+/* Streaming XXH3-128 (same value as kv_xxh3_128 with seed 0 over the
+ * concatenation of every update). create returns NULL without memory;
+ * digest does not free the state. */
+struct kv_xxh3_stream;
+struct kv_xxh3_stream *kv_xxh3_stream_create(void);
+void kv_xxh3_stream_update(struct kv_xxh3_stream *st, const void *p, size_t n);
+struct kv_h128 kv_xxh3_stream_digest(const struct kv_xxh3_stream *st);
+void kv_xxh3_stream_free(struct kv_xxh3_stream *st);
 int kv_h128_eq(struct kv_h128 a, struct kv_h128 b);
 /* 32 lowercase hex chars + NUL: hi then lo, big-endian digits. */
 void kv_h128_hex(struct kv_h128 h, char out[33]);

@@ -14,8 +14,23 @@
 #define KV_JSON_MAX_DEPTH 128
 
 /* Parse bytes; KV_ERR_INVALID with "what: line L column C: reason". The
- * depth of arrays/objects is checked before parsing. *out is a new ref. */
+ * depth of arrays/objects is checked before parsing. *out is a new ref.
+ *
+ * Every JSON number is accepted. jansson holds integers in int64 and reals
+ * in double and refuses the rest ("too big integer", "real number
+ * overflow"); such a number (18446744073709551615, 1e400) is kept as a
+ * "number literal" instead: a string value that kv_json_number_literal
+ * recognises and that holds the literal text exactly as sent. Code that
+ * wants a number sees a string and refuses it as usual; the chat template
+ * renders it as Python's json.loads + json.dumps would (big integers digit
+ * for digit, an overflowing real as Infinity). The string is
+ * "\0kvnum-<16 hex>:<literal>" with a random per-process tag, so no
+ * client string can pass for one. The rewrite runs only when jansson has
+ * refused the text, so ordinary bodies cost nothing extra. */
 int kv_json_parse(const char *what, const char *p, size_t n, int max_depth, json_t **out);
+/* 1 when v is a number literal made by kv_json_parse: *lit (borrowed from
+ * v) and *n are its text, a valid JSON number; 0 otherwise. */
+int kv_json_number_literal(const json_t *v, const char **lit, size_t *n);
 /* Read and parse a file no larger than max_len. */
 int kv_json_load_file(const char *path, size_t max_len, json_t **out);
 /* Nesting depth of the JSON text (strings skipped); a cheap pre-check. */

@@ -55,6 +55,25 @@ void kv_log_set_fd(int fd)
 	g_fd = fd;
 }
 
+void kv_log_escape(const char *in, char *out, size_t cap)
+{
+	size_t n = 0;
+	if (!cap)
+		return;
+	for (; in && *in && n + 5 < cap; in++) {
+		unsigned char ch = (unsigned char)*in;
+		if (ch == '"' || ch == '\\') {
+			out[n++] = '\\';
+			out[n++] = (char)ch;
+		} else if (ch < 0x20 || ch == 0x7f) {
+			n += (size_t)snprintf(out + n, cap - n, "\\x%02x", ch);
+		} else {
+			out[n++] = (char)ch;
+		}
+	}
+	out[n] = 0;
+}
+
 void kv_log(int level, const char *event, const char *fields, ...)
 {
 	static const char *names[] = {"debug", "info", "warn", "error", "off"};

@@ -10,6 +10,8 @@
 #ifndef KV_BASE_LOG_H
 #define KV_BASE_LOG_H
 
+#include <stddef.h>
+
 enum kv_log_level { KV_LOG_DEBUG = 0, KV_LOG_INFO = 1, KV_LOG_WARN = 2, KV_LOG_ERROR = 3, KV_LOG_OFF = 4 };
 
 /* `fields` is a printf format producing "k=v k=v" (may be NULL). */
@@ -18,6 +20,10 @@ int kv_log_enabled(int level);
 void kv_log_set_level(int level);
 /* Parse "debug"/"info"/"warn"/"error"/"off"; -1 if unknown. */
 int kv_log_parse_level(const char *s);
+/* Copy text for a quoted field value: '"' and '\\' get a backslash,
+ * control bytes become \xHH, so text from a client cannot end the field
+ * or start a new line. Truncated to cap (always NUL-terminated). */
+void kv_log_escape(const char *in, char *out, size_t cap);
 /* Redirect log output to a file descriptor (default 2). */
 void kv_log_set_fd(int fd);
 

@@ -34,6 +34,7 @@
 #include "cli/cli.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/mlxgemm.h"
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "engine/vec.h"
@@ -233,10 +234,8 @@ static int cmd_bench_engine(int argc, char **argv)
 			seed = seed * 6364136223846793005ull + 1442695040888963407ull;
 			x[k] = (float)((int64_t)(seed >> 40) - (1 << 23)) / (float)(1 << 23);
 		}
-		if (w->dtype == KV_DT_BF16)
-			ke_vec_bf16_to_f32(wf, w->data, nk);
-		else
-			memcpy(wf, w->data, nk * 4);
+		for (int r = 0; r < w->rows; r++) /* any weight format, as the GEMM sees it */
+			ke_mat_row_f32(w, r, wf + (size_t)r * w->cols);
 		struct ke_mat w32 = {wf, KV_DT_F32, w->rows, w->cols, (size_t)w->cols};
 		struct gemm_ctx g = {w, x, wf, y, (int)gemm_m, sg};
 		sh[i].ours = time_best((int)repeat, run_ours, &g);
@@ -304,10 +303,11 @@ static int cmd_bench_engine(int argc, char **argv)
 				res[i].decode_tps);
 	}
 
+	char wfmt[32];
 	if (json) {
 		printf("{\"model\": \"%s\", \"arch\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"weight_dtype\": \"%s\", "
 		       "\"kv_dtype\": \"%s\",\n", model, kv_arch_name(c->arch), ke_isa_name(ke_isa()), threads,
-		       kv_dtype_name(sh[0].w->dtype), kv_f32 ? "f32" : "bf16");
+		       ke_mat_format(sh[0].w, wfmt, sizeof wfmt), kv_f32 ? "f32" : "bf16");
 		printf(" \"gemm_m\": %d, \"gemm_gflops\": %.2f, \"gemm_f32_gflops\": %.2f, ", (int)gemm_m, g_ours, g_ours32);
 		if (sg)
 			printf("\"openblas_gflops\": %.2f, \"gemm_ratio_vs_openblas\": %.3f, "
@@ -333,7 +333,7 @@ static int cmd_bench_engine(int argc, char **argv)
 		printf("]}\n");
 	} else {
 		printf("model %s (%s, %s weights, %s KV), isa %s, %d threads\n", model, kv_arch_name(c->arch),
-		       kv_dtype_name(sh[0].w->dtype), kv_f32 ? "f32" : "bf16", ke_isa_name(ke_isa()), threads);
+		       ke_mat_format(sh[0].w, wfmt, sizeof wfmt), kv_f32 ? "f32" : "bf16", ke_isa_name(ke_isa()), threads);
 		printf("memcpy: %.2f GB/s (1 thread %.2f GB/s)\n", bw / 1e9, bw1 / 1e9);
 		for (int i = 0; i < nsh; i++) {
 			double fl = 2.0 * (double)gemm_m * sh[i].w->rows * sh[i].w->cols;

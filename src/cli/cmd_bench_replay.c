@@ -184,7 +184,15 @@ static int get_json(const char *url, const char *path, int timeout_ms, json_t **
 	int status = 0;
 	*out = NULL;
 	snprintf(full, sizeof full, "%s%s", url, path);
-	int rc = ksv_http_fetch(full, "GET", NULL, 0, timeout_ms, &status, &b, &bl);
+	/* a server with keys: the admin key opens every route, the API key
+	 * the admin routes on loopback (server/auth.h) */
+	char hdr[1024] = "";
+	const char *k = getenv("KVKEEP_ADMIN_KEY");
+	if (!k || !*k)
+		k = getenv("KVKEEP_API_KEY");
+	if (k && *k && strlen(k) < 900 && !strpbrk(k, "\r\n"))
+		snprintf(hdr, sizeof hdr, "Authorization: Bearer %s\r\n", k);
+	int rc = ksv_http_fetch_h(full, "GET", NULL, 0, timeout_ms, *hdr ? hdr : NULL, &status, &b, &bl);
 	if (rc == KV_OK && status == 200)
 		rc = kv_json_parse(full, b, bl, KV_JSON_MAX_DEPTH, out);
 	else if (rc == KV_OK)

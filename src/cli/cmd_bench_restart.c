@@ -359,8 +359,7 @@ static int load_all(const char *model_dir, const char *trace, int need_t2, struc
 	char path[4200], *text = NULL, *cfg = NULL;
 	size_t text_len = 0, cl = 0;
 	int rc;
-	snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
-	if ((rc = kv_tok_load(path, tok)) || (rc = kv_chat_load(model_dir, *tok, chat)))
+	if ((rc = kv_tok_load_model(model_dir, tok)) || (rc = kv_chat_load(model_dir, *tok, chat)))
 		return kv_fail_ctx(rc, "%s (make the model with `make demo` or `kvkeep mkmodel`)", model_dir);
 	struct ke_model_params mp = {0};
 	if ((rc = ke_model_load(model_dir, &mp, &g->m)))

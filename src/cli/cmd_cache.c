@@ -12,10 +12,12 @@
  *                                            (store/obj.h, every validation
  *                                            step, data included) on every
  *                                            file; exit 1 on any corruption
- *   kvkeep cache prune  --max-mb N [--dir D] delete least recently used
- *                                            objects (leaves first, across
- *                                            namespaces) until the folder
- *                                            holds at most N MiB
+ *   kvkeep cache prune  --max-mb N [--dir D] delete corrupt objects (and,
+ *                                            in a namespace no server holds,
+ *                                            temp debris), then least
+ *                                            recently used objects (leaves
+ *                                            first, across namespaces) until
+ *                                            the folder holds at most N MiB
  *
  * The folder: --dir D, else the server's rule (KVKEEP_CACHE_DIR,
  * $XDG_CACHE_HOME/kvkeep, ~/.cache/kvkeep). Each namespace's layout comes
@@ -23,11 +25,13 @@
  * moves or deletes a file except prune.
  *
  * Exit status: 0 fine, 1 corruption found (verify) or the operation
- * failed, 2 bad usage.
+ * failed (prune: the limit was not reached), 2 bad usage (a --dir that is
+ * not a folder, --max-mb missing or negative).
  */
 #include "cli/cli.h"
 #include "base/err.h"
 #include "base/hash.h"
+#include "base/io.h"
 #include "base/log.h"
 #include "cache/index.h"
 #include "store/dir.h"
@@ -36,6 +40,7 @@
 #include "store/store.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -43,6 +48,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 struct copts {
 	const char *dir;
@@ -59,13 +65,23 @@ static int parse(const char *usage, int argc, char **argv, struct copts *o, int 
 		{with_max ? "max-mb" : NULL, KV_FLAG_INT, &o->max_mb, "N", "keep at most N MiB (prune)"},
 		{0},
 	};
-	o->max_mb = -1;
+	o->max_mb = INT64_MIN; /* not given */
 	int rc = kv_flags_parse(usage, flags, argc, argv, NULL, 0, NULL);
 	if (rc)
 		return rc == 1 ? -1 : 2;
 	if (ks_dir_root(o->dir, o->root, sizeof o->root)) {
 		fprintf(stderr, "kvkeep cache: %s\n", kv_errmsg());
 		return 2;
+	}
+	/* a folder named on the command line must exist: a typo must not
+	 * read as "an empty, healthy cache" */
+	struct stat sb;
+	if (o->dir && *o->dir) {
+		int st = stat(o->root, &sb);
+		if (st != 0 || !S_ISDIR(sb.st_mode)) {
+			fprintf(stderr, "kvkeep cache: --dir %s: %s\n", o->root, st ? strerror(errno) : "not a folder");
+			return 2;
+		}
 	}
 	return 0;
 }
@@ -531,14 +547,57 @@ static int cmd_cache_verify(int argc, char **argv)
 
 /* --- prune ----------------------------------------------------------------- */
 
+struct pr_ctx {
+	const struct ke_layout *L;
+	struct kv_h128 ns;
+	int live;                 /* a server holds the namespace: its temp files are writes in progress */
+	size_t files, corrupt;
+	uint64_t bytes;
+};
+
+/* Delete a corrupt object (never one of another namespace or version) or,
+ * when no server holds the namespace, temp debris. */
+static int pr_file(void *ctx, const char *path, const char *name, uint64_t size, int64_t mtime)
+{
+	struct pr_ctx *c = ctx;
+	int kind, bad = KS_BAD_NONE;
+	struct kv_h128 id;
+	struct ks_obj_info info;
+	(void)mtime;
+	int debris = strstr(name, ".tmp.") != NULL;
+	if (debris && c->live)
+		return 0;
+	if (!debris) {
+		if (ks_obj_parse_name(name, &kind, &id))
+			return 0; /* the marker, the lock, a stray file: not ours to judge */
+		int rc = ks_obj_verify(path, c->L, kind, &c->ns, &info, &bad);
+		if (rc == KV_OK && !kv_h128_eq(info.id, id))
+			rc = KV_ERR_CORRUPT;
+		if (rc == KV_OK || rc == KV_ERR_NOT_OURS || rc == KV_ERR_VERSION || bad == KS_BAD_IO)
+			return 0;
+	}
+	if (kv_io_unlink(path) == 0) {
+		c->files++;
+		c->corrupt += !debris;
+		c->bytes += size;
+	} else if (errno != ENOENT) {
+		fprintf(stderr, "kvkeep cache prune: %s: %s\n", path, strerror(errno));
+	}
+	return 0;
+}
+
 static int cmd_cache_prune(int argc, char **argv)
 {
 	struct copts o = {0};
 	int rc = parse("usage: kvkeep cache prune --max-mb N [--dir D]", argc, argv, &o, 1);
 	if (rc)
 		return rc < 0 ? 0 : rc;
-	if (o.max_mb < 0) {
+	if (o.max_mb == INT64_MIN) {
 		fprintf(stderr, "kvkeep cache prune: --max-mb N is required\n");
+		return 2;
+	}
+	if (o.max_mb < 0 || o.max_mb > (INT64_MAX >> 20)) {
+		fprintf(stderr, "kvkeep cache prune: --max-mb must be 0 or more MiB, got %lld\n", (long long)o.max_mb);
 		return 2;
 	}
 	kv_log_set_level(KV_LOG_WARN);
@@ -547,7 +606,7 @@ static int cmd_cache_prune(int argc, char **argv)
 	struct ks_store **st = calloc(nn + 1, sizeof *st);
 	struct ke_layout *lay = calloc(nn + 1, sizeof *lay);
 	uint64_t total = 0, freed = 0, limit = (uint64_t)o.max_mb << 20;
-	size_t files = 0;
+	size_t files = 0, corrupt = 0;
 	int err = 0;
 	for (size_t i = 0; st && lay && i < nn; i++) {
 		char base[4096];
@@ -558,6 +617,20 @@ static int cmd_cache_prune(int argc, char **argv)
 			continue;
 		}
 		lay[i] = ni.layout;
+		/* corrupt objects can never be a hit: they go first, whatever
+		 * the limit (the server would quarantine them) */
+		char ck[4200];
+		snprintf(ck, sizeof ck, "%s/%s/%s", o.root, KS_CKPT_DIR, ns[i]);
+		struct pr_ctx pc = {.L = &lay[i], .ns = ni.ns};
+		int lk = -1;
+		pc.live = ks_ns_lock_for_removal(base, &lk);
+		ks_dir_walk(base, pr_file, &pc);
+		ks_dir_walk(ck, pr_file, &pc);
+		if (lk >= 0)
+			kv_io_close(lk);
+		files += pc.files;
+		freed += pc.bytes;
+		corrupt += pc.corrupt;
 		struct ks_params p = {.root = o.root, .ns = ni.ns, .layout = &lay[i], .tool = 1};
 		if (ks_store_open(&p, &st[i])) {
 			fprintf(stderr, "kvkeep cache prune: %s: %s\n", base, kv_errmsg());
@@ -591,8 +664,13 @@ static int cmd_cache_prune(int argc, char **argv)
 	free(st);
 	free(lay);
 	free_list(ns, nn);
-	printf("%s: deleted %zu files (%.1f MiB); %.1f MiB left, limit %lld MiB\n", o.root, files,
-	       (double)freed / 1048576, (double)total / 1048576, (long long)o.max_mb);
+	printf("%s: deleted %zu files (%.1f MiB, %zu of them corrupt); %.1f MiB left, limit %lld MiB\n", o.root, files,
+	       (double)freed / 1048576, corrupt, (double)total / 1048576, (long long)o.max_mb);
+	if (total > limit) {
+		fprintf(stderr, "kvkeep cache prune: %.1f MiB are left, more than the limit of %lld MiB\n",
+			(double)total / 1048576, (long long)o.max_mb);
+		err = 1;
+	}
 	return err;
 }
 

@@ -88,7 +88,7 @@ static int spawn_server(const char *model, int disable_cache, char **extra, int 
 	if (rc)
 		return rc;
 	g_srv.log_path = log_path;
-	g_srv.log_level = "warn";
+	g_srv.log_level = "info"; /* the file is the only trace of what the server saw: keep it all */
 	g_srv.ignore_sigint = 1; /* Ctrl-C belongs to the chat, which stops the server */
 	g_srv.stop_timeout_s = 5;
 	rc = ksv_child_start(&g_srv, NULL);
@@ -98,12 +98,25 @@ static int spawn_server(const char *model, int disable_cache, char **extra, int 
 	return rc;
 }
 
+/* "Authorization: Bearer $KVKEEP_API_KEY\r\n" when the variable is set
+ * (a server started with an API key, or one spawned here that inherits
+ * it), else NULL. */
+static const char *auth_header(void)
+{
+	static char h[1024];
+	const char *k = getenv("KVKEEP_API_KEY");
+	if (!k || !*k || strpbrk(k, "\r\n") || strlen(k) > 900)
+		return NULL;
+	snprintf(h, sizeof h, "Authorization: Bearer %s\r\n", k);
+	return h;
+}
+
 static char *model_id(const char *base_url)
 {
 	char url[1200], *body = NULL;
 	int st = 0;
 	snprintf(url, sizeof url, "%s/models", base_url);
-	if (ksv_http_fetch(url, "GET", NULL, 0, 10000, &st, &body, NULL) || st != 200) {
+	if (ksv_http_fetch_h(url, "GET", NULL, 0, 10000, auth_header(), &st, &body, NULL) || st != 200) {
 		free(body);
 		return NULL;
 	}
@@ -150,7 +163,7 @@ static char *ask(const struct ksv_url *u, const char *model, json_t *messages, i
 	ksv_http_set_timeout(h, 600000);
 	g_interrupted = 0;
 	g_active = h;
-	rc = ksv_http_send(h, "POST", path, "application/json", txt, strlen(txt), NULL);
+	rc = ksv_http_send(h, "POST", path, "application/json", txt, strlen(txt), auth_header());
 	free(txt);
 	if (!rc)
 		rc = ksv_http_read_head(h, &r);

@@ -143,15 +143,13 @@ static int cmd_generate(int argc, char **argv)
 	float *logits = NULL, *all = NULL;
 	void *snap = NULL;
 	int status = 1;
-	char path[4096];
 
 	struct ke_model_params mp = {.kv_f32 = kv_f32, .page_tokens = (int)page_tokens};
 	if (ke_model_load(model, &mp, &m)) {
 		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
 		goto out;
 	}
-	snprintf(path, sizeof path, "%s/tokenizer.json", model);
-	if (kv_tok_load(path, &tok)) {
+	if (kv_tok_load_model(model, &tok)) {
 		tok = NULL;
 		if (prompt) {
 			fprintf(stderr, "kvkeep: --prompt needs a tokenizer: %s\n", kv_errmsg());

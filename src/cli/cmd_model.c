@@ -8,6 +8,8 @@
  */
 #include "cli/cli.h"
 #include "model/config.h"
+#include "model/mlx.h"
+#include "model/gguf.h"
 #include "model/safetensors.h"
 #include "model/synth.h"
 #include "base/durable.h"
@@ -100,6 +102,87 @@ static int cmd_mkmodel(int argc, char **argv)
 }
 KV_COMMAND(mkmodel, "mkmodel", "write a synthetic model folder (Hugging Face layout)", cmd_mkmodel);
 
+/* Per-format tensor counts and bytes (an MLX matrix's codes, scales and
+ * biases count as one "MLX<bits>" entry) and the bytes of the tensors the
+ * engine reads (what stays resident once touched; extra tensors such as
+ * mtp.* are mapped but never read). */
+struct wtypes {
+	char name[12][16];
+	uint64_t count[12], bytes[12], resident;
+	int n;
+};
+
+static void wtypes_add(struct wtypes *t, const char *name, uint64_t bytes)
+{
+	int i = 0;
+	while (i < t->n && strcmp(t->name[i], name))
+		i++;
+	if (i == t->n) {
+		if (t->n == 12)
+			return; /* more formats than any real file has */
+		snprintf(t->name[t->n++], sizeof t->name[0], "%s", name);
+	}
+	t->count[i]++;
+	t->bytes[i] += bytes;
+}
+
+static void weight_types(const struct kv_model_config *c, const struct kv_weights *w, const char *prefix,
+			 const struct kv_mlx_qcfg *q, struct wtypes *t)
+{
+	char nm[224];
+	memset(t, 0, sizeof *t);
+	for (size_t i = 0; i < kv_weights_count(w); i++) {
+		const struct kv_tensor *x = kv_weights_at(w, i);
+		size_t L = strlen(x->name);
+		if (L > 7 && (!strcmp(x->name + L - 7, ".scales") || !strcmp(x->name + L - 7, ".biases"))) {
+			snprintf(nm, sizeof nm, "%.*s.weight", (int)(L - 7), x->name);
+			const struct kv_tensor *q = kv_weights_find(w, nm);
+			if (q && q->dtype == KV_DT_U32)
+				continue; /* counted with its codes */
+		}
+		if (x->dtype == KV_DT_U32 && L > 7 && !strcmp(x->name + L - 7, ".weight")) {
+			char sn[240];
+			uint64_t b = x->nbytes;
+			int bits = 0, group = 0;
+			static const char *const sfx[2] = {"scales", "biases"};
+			for (int k = 0; k < 2; k++) {
+				snprintf(sn, sizeof sn, "%.*s.%s", (int)(L - 7), x->name, sfx[k]);
+				const struct kv_tensor *s = kv_weights_find(w, sn);
+				b += s ? s->nbytes : 0;
+			}
+			snprintf(nm, sizeof nm, "%.*s", (int)(L - 7), x->name);
+			if (q && kv_mlx_qcfg_lookup(q, nm, &bits, &group))
+				snprintf(sn, sizeof sn, "MLX%d g%d", bits, group);
+			else
+				snprintf(sn, sizeof sn, "U32");
+			wtypes_add(t, sn, b);
+			continue;
+		}
+		wtypes_add(t, kv_dtype_name(x->dtype) ? kv_dtype_name(x->dtype) : "?", x->nbytes);
+	}
+	struct kv_tensor_spec *v;
+	size_t n;
+	if (kv_config_tensors(c, prefix, &v, &n))
+		return;
+	for (size_t i = 0; i < n; i++) {
+		const char *name = v[i].role == KV_ROLE_LM_HEAD ? kv_config_lm_head_name(prefix) : v[i].name;
+		const struct kv_tensor *x = kv_weights_find(w, name);
+		if (!x)
+			continue;
+		t->resident += x->nbytes;
+		if (x->dtype == KV_DT_U32) {
+			size_t L = strlen(name);
+			static const char *const sfx[2] = {"scales", "biases"};
+			for (int k = 0; k < 2; k++) {
+				snprintf(nm, sizeof nm, "%.*s.%s", (int)(L - 7), name, sfx[k]);
+				const struct kv_tensor *s = kv_weights_find(w, nm);
+				t->resident += s ? s->nbytes : 0;
+			}
+		}
+	}
+	free(v);
+}
+
 static const char *layer_letter(int t)
 {
 	return t == KV_LAYER_ATTN ? "A" : "D";
@@ -135,7 +218,7 @@ static int cmd_model_info(int argc, char **argv)
 	}
 	snprintf(wpath, sizeof wpath, "%s/model.safetensors", pos[0]);
 	snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", pos[0]);
-	has_weights = stat(wpath, &sb) == 0 || stat(ipath, &sb) == 0;
+	has_weights = stat(wpath, &sb) == 0 || stat(ipath, &sb) == 0 || kv_gguf_is_model_path(pos[0]);
 	if (has_weights) {
 		w_rc = kv_weights_open(pos[0], &w);
 		if (!w_rc)
@@ -144,7 +227,27 @@ static int cmd_model_info(int argc, char **argv)
 			snprintf(werr, sizeof werr, "%s", kv_errmsg());
 	}
 
+	struct wtypes wt = {0};
+	if (w && !w_rc) {
+		/* a GGUF (or a folder with a bad quantization block) has no MLX
+		 * groups: its tensors are counted by their own types */
+		struct kv_mlx_qcfg *q = NULL;
+		if (kv_gguf_is_model_path(pos[0]) || kv_mlx_qcfg_load(pos[0], &q) != KV_OK)
+			q = NULL;
+		weight_types(&c, w, prefix, q, &wt);
+		kv_mlx_qcfg_free(q);
+		wt.resident += kv_weights_owned_bytes(w); /* f32 copies the engine makes */
+	}
 	uint64_t params = kv_config_param_count(&c);
+	uint64_t active = kv_config_active_param_count(&c);
+	/* Resident weights: every expert is mapped and counted, routed to or
+	 * not (docs/models.md). BF16 = 2 bytes a parameter; a Q4_K_M GGUF is
+	 * estimated at Q4KM_BITS bits a parameter over all of them (its mix of
+	 * Q4_K, Q6_K and F32 norms averages about that on Qwen models). */
+	const double Q4KM_BITS = 4.85;
+	uint64_t bf16_bytes = params * 2, q4_bytes = (uint64_t)((double)params * Q4KM_BITS / 8.0);
+	/* decode reads one row of an untied embedding table, all the rest */
+	uint64_t dec = active - (c.tie_embeddings ? 0 : (uint64_t)c.vocab * (uint64_t)c.hidden);
 	uint64_t kvb = kv_config_kv_bytes_per_token(&c, 2);
 	uint64_t rsb = kv_config_recurrent_state_bytes(&c);
 	uint64_t csb = kv_config_conv_state_bytes(&c);
@@ -163,6 +266,22 @@ static int cmd_model_info(int argc, char **argv)
 		json_object_set_new(o, "hidden", json_integer(c.hidden));
 		json_object_set_new(o, "vocab", json_integer(c.vocab));
 		json_object_set_new(o, "params", json_integer((json_int_t)params));
+		json_object_set_new(o, "active_params", json_integer((json_int_t)active));
+		json_object_set_new(o, "resident_bytes_bf16", json_integer((json_int_t)bf16_bytes));
+		json_object_set_new(o, "resident_bytes_q4_k_m_est", json_integer((json_int_t)q4_bytes));
+		json_object_set_new(o, "decode_bytes_per_token_bf16", json_integer((json_int_t)(dec * 2)));
+		json_object_set_new(o, "recurrent_bytes_per_sequence",
+				    json_integer((json_int_t)((rsb + csb) * (uint64_t)c.n_deltanet_layers)));
+		if (c.n_moe_layers) {
+			json_t *mo = json_object();
+			json_object_set_new(mo, "n_experts", json_integer(c.n_experts));
+			json_object_set_new(mo, "n_experts_per_tok", json_integer(c.n_experts_per_tok));
+			json_object_set_new(mo, "moe_intermediate", json_integer(c.moe_intermediate));
+			json_object_set_new(mo, "shared_intermediate", json_integer(c.shared_intermediate));
+			json_object_set_new(mo, "norm_topk_prob", json_boolean(c.norm_topk_prob));
+			json_object_set_new(mo, "n_moe_layers", json_integer(c.n_moe_layers));
+			json_object_set_new(o, "moe", mo);
+		}
 		json_object_set_new(o, "kv_bytes_per_token", json_integer((json_int_t)kvb));
 		json_object_set_new(o, "recurrent_state_bytes_per_layer", json_integer((json_int_t)rsb));
 		json_object_set_new(o, "conv_state_bytes_per_layer", json_integer((json_int_t)csb));
@@ -175,11 +294,22 @@ static int cmd_model_info(int argc, char **argv)
 				json_object_set_new(wo, "files", json_integer((json_int_t)kv_weights_nfiles(w)));
 				json_object_set_new(wo, "tensors", json_integer((json_int_t)kv_weights_count(w)));
 				json_object_set_new(wo, "bytes", json_integer((json_int_t)kv_weights_bytes(w)));
+				json_object_set_new(wo, "format", json_string(kv_weights_gguf(w) ? "gguf" : "safetensors"));
 			}
-			if (!w_rc)
+			if (!w_rc) {
 				json_object_set_new(wo, "prefix", json_string(prefix));
-			else
+				json_t *ty = json_object();
+				for (int i = 0; i < wt.n; i++) {
+					json_t *e = json_object();
+					json_object_set_new(e, "tensors", json_integer((json_int_t)wt.count[i]));
+					json_object_set_new(e, "bytes", json_integer((json_int_t)wt.bytes[i]));
+					json_object_set_new(ty, wt.name[i], e);
+				}
+				json_object_set_new(wo, "types", ty);
+				json_object_set_new(wo, "resident_bytes", json_integer((json_int_t)wt.resident));
+			} else {
 				json_object_set_new(wo, "error", json_string(werr));
+			}
 			json_object_set_new(o, "weights", wo);
 		}
 		char *s = json_dumps(o, JSON_INDENT(2));
@@ -203,18 +333,39 @@ static int cmd_model_info(int argc, char **argv)
 		printf("\n");
 		printf("params       %llu (%.2f M)%s\n", (unsigned long long)params, (double)params / 1e6,
 		       c.tie_embeddings ? ", embeddings tied" : "");
+		if (c.n_moe_layers)
+			printf("experts      %d routed (top %d%s, %d x %d) + 1 shared (%d) on %d of %d layers\n"
+			       "active       %llu parameters a token reads (%.2f M)\n",
+			       c.n_experts, c.n_experts_per_tok, c.norm_topk_prob ? ", renormalised" : "",
+			       c.moe_intermediate, c.hidden, c.shared_intermediate, c.n_moe_layers, c.n_layers,
+			       (unsigned long long)active, (double)active / 1e6);
+		printf("resident     %.2f GiB as BF16, ~%.2f GiB as Q4_K_M (%.2f bits/weight, all experts resident)\n",
+		       (double)bf16_bytes / 1073741824.0, (double)q4_bytes / 1073741824.0, Q4KM_BITS);
+		printf("decode reads %.1f MiB of BF16 weights per token (~%.1f MiB as Q4_K_M)\n",
+		       (double)dec * 2 / 1048576.0, (double)dec * Q4KM_BITS / 8 / 1048576.0);
 		printf("kv/token     %llu bytes (16-bit KV)\n", (unsigned long long)kvb);
 		if (c.hybrid)
 			printf("recurrent    %llu bytes of delta-rule state + %llu bytes of conv state per DeltaNet "
 			       "layer\n",
 			       (unsigned long long)rsb, (unsigned long long)csb);
+		if (c.hybrid)
+			printf("             %.2f MiB of recurrent state per sequence\n",
+			       (double)((rsb + csb) * (uint64_t)c.n_deltanet_layers) / 1048576.0);
 		if (!has_weights)
 			printf("weights      none (config only)\n");
 		else if (w_rc)
 			printf("weights      INCOMPATIBLE: %s\n", werr);
-		else
-			printf("weights      %zu tensors in %zu file(s), %llu bytes, prefix %s\n", kv_weights_count(w),
-			       kv_weights_nfiles(w), (unsigned long long)kv_weights_bytes(w), prefix);
+		else {
+			printf("weights      %zu tensors in %zu %s file(s), %llu bytes, prefix %s\n", kv_weights_count(w),
+			       kv_weights_nfiles(w), kv_weights_gguf(w) ? "GGUF" : "safetensors",
+			       (unsigned long long)kv_weights_bytes(w), prefix);
+			for (int i = 0; i < wt.n; i++)
+				printf("  %-10s %llu %s, %llu bytes\n", wt.name[i], (unsigned long long)wt.count[i],
+				       strncmp(wt.name[i], "MLX", 3) ? "tensors" : "matrices (codes + scales + biases)",
+				       (unsigned long long)wt.bytes[i]);
+			printf("resident     %llu bytes (%.1f MiB) of weights the engine reads\n",
+			       (unsigned long long)wt.resident, (double)wt.resident / 1048576.0);
+		}
 	}
 	kv_weights_close(w);
 	if (w_rc) {

@@ -96,6 +96,7 @@ static int write_out(const char *p, size_t n)
 
 /* --max-boundaries of the current render. */
 static int g_max_b;
+static int g_req_specials; /* --special-tokens-in-request */
 
 /* A tokenizer kept across the lines of a batch. */
 struct tok_cache {
@@ -142,7 +143,7 @@ static void add_ints(struct kv_buf *b, const int32_t *v, size_t n)
 static int render_one(int argc, char **argv, struct tok_cache *tc)
 {
 	const char *model = NULL, *request = NULL, *tfile = NULL, *ctxfile = NULL, *batch = NULL, *outfile = NULL;
-	int no_gen = 0, json_out = 0, tokens = 0, no_bound = 0, timing = 0;
+	int no_gen = 0, json_out = 0, tokens = 0, no_bound = 0, timing = 0, req_specials = 0;
 	int64_t max_b = 0;
 	struct kv_flag flags[] = {
 		{"model", KV_FLAG_STR, &model, "DIR", "model folder (tokenizer.json, tokenizer_config.json)"},
@@ -152,6 +153,8 @@ static int render_one(int argc, char **argv, struct tok_cache *tc)
 		{"tokens", KV_FLAG_BOOL, &tokens, NULL, "with --json: include the token ids"},
 		{"no-boundaries", KV_FLAG_BOOL, &no_bound, NULL, "skip the message boundary search"},
 		{"max-boundaries", KV_FLAG_INT, &max_b, "N", "search only the last N message ends (default 0: all)"},
+		{"special-tokens-in-request", KV_FLAG_BOOL, &req_specials, NULL,
+		 "special-token literals in the request become control tokens (Hugging Face; default: plain text)"},
 		{"template", KV_FLAG_STR, &tfile, "FILE", "use this Jinja template instead of the model's"},
 		{"context", KV_FLAG_STR, &ctxfile, "FILE", "raw mode: render --template with this JSON object"},
 		{"time", KV_FLAG_BOOL, &timing, NULL, "print the render time to stderr"},
@@ -183,6 +186,7 @@ static int render_one(int argc, char **argv, struct tok_cache *tc)
 		return 2;
 	}
 	g_max_b = (int)max_b;
+	g_req_specials = req_specials;
 	int rc1 = render_main(model, request, tfile, ctxfile, no_gen, json_out, tokens, no_bound, timing, tc);
 	if (g_out) {
 		if (fclose(g_out) && !rc1) {
@@ -223,7 +227,6 @@ static int render_main(const char *model, const char *request, const char *tfile
 		return 2;
 	}
 
-	char path[4096];
 	struct kv_tok *tok = NULL;
 	struct kv_chat *chat = NULL;
 	json_t *req = NULL;
@@ -238,8 +241,7 @@ static int render_main(const char *model, const char *request, const char *tfile
 	} else {
 		kv_tok_free(tc->tok);
 		tc->tok = NULL;
-		snprintf(path, sizeof path, "%s/tokenizer.json", model);
-		if ((rc = kv_tok_load(path, &tok)))
+		if ((rc = kv_tok_load_model(model, &tok)))
 			goto done;
 		tc->tok = tok;
 		snprintf(tc->model, sizeof tc->model, "%s", model);
@@ -269,6 +271,7 @@ static int render_main(const char *model, const char *request, const char *tfile
 		.kwargs = json_is_object(kw) ? kw : NULL,
 		.skip_boundaries = no_bound,
 		.max_message_boundaries = g_max_b,
+		.request_specials = g_req_specials,
 	};
 	uint64_t t0 = kv_now_ns();
 	if ((rc = kv_chat_render(chat, json_object_get(req, "messages"), json_object_get(req, "tools"), &opts, &r)))

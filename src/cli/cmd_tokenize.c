@@ -27,6 +27,7 @@
 #include "base/io.h"
 #include "cli/cli.h"
 #include "model/tokenizer.h"
+#include "model/gguf.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -53,7 +54,7 @@ static int load_tok(const char *model, struct kv_tok **t)
 		snprintf(path, sizeof path, "%s/tokenizer.json", model);
 	else
 		snprintf(path, sizeof path, "%s", model);
-	if (kv_tok_load(path, t)) {
+	if (kv_gguf_is_model_path(model) ? kv_tok_load_model(model, t) : kv_tok_load(path, t)) {
 		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
 		return -1;
 	}

@@ -11,6 +11,7 @@
 #include "engine/gemm.h"
 #include "engine/layout.h"
 #include "engine/model.h"
+#include "engine/moe.h"
 #include "engine/seq.h"
 #include "model/config.h"
 #include "model/safetensors.h"
@@ -33,9 +34,12 @@ struct ke_layer {
 	const float *neg_a;       /* [Hv] -exp(A_log) */
 	const float *dt_bias;     /* [Hv] */
 	const float *gnorm;       /* [dv] plain weight */
+	struct ke_moe *moe;       /* sparse MoE block instead of gate/up/down (moe.h), or NULL */
 };
 
-#define KE_MAX_MATS (KV_MAX_LAYERS * 8 + 2)
+/* 8 matrices per layer at most for dense layers; a MoE layer lists its
+ * router and shared expert (4) instead of gate/up/down (3). */
+#define KE_MAX_MATS (KV_MAX_LAYERS * 9 + 2)
 
 #define KE_STASH 2
 
@@ -97,6 +101,7 @@ struct ke_scratch {
 	float *beta;   /* [C][Hv] */
 	float *alpha;  /* [C][Hv] */
 	float *core;   /* [C][Hv dv] */
+	float *moe;    /* ke_moe_scratch_floats (MLP group) */
 	float *cosv;   /* [C][rot/2] */
 	float *sinv;   /* [C][rot/2] */
 	float *attn_scr; /* threads x ke_attn_scratch_floats */

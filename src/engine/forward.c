@@ -13,6 +13,7 @@
 #include "engine/attn.h"
 #include "engine/deltanet.h"
 #include "engine/isa.h"
+#include "engine/qgemm.h"
 #include "engine/vec.h"
 #include "base/pool.h"
 
@@ -22,6 +23,14 @@
 static void embed_row(const struct ke_model *m, int32_t id, float *out)
 {
 	int D = m->cfg.hidden;
+	if (ke_qgemm_handles(&m->embed)) { /* quantized or F16 table: engine/qgemm.c */
+		ke_qgemm_row(&m->embed, id, out);
+		return;
+	}
+	if (m->embed.dtype == KV_DT_MLX_AFFINE) {
+		ke_mat_row_f32(&m->embed, id, out); /* MLX: the one row, dequantized */
+		return;
+	}
 	const char *row = (const char *)m->embed.data + (size_t)id * m->embed.ld * (m->embed.dtype == KV_DT_BF16 ? 2 : 4);
 	if (m->embed.dtype == KV_DT_BF16)
 		ke_vec_bf16_to_f32(out, row, (size_t)D);
@@ -154,6 +163,16 @@ static void l2norm(float *x, int n)
 		x[i] = x[i] * inv;
 }
 
+/* p holds Hv blocks of w floats in tiled order (block j Hk + k is HF head
+ * k (Hv / Hk) + j); put them in HF order, through tmp (Hv w floats). */
+static void untile(float *p, float *tmp, int Hk, int Hv, int w)
+{
+	int r = Hv / Hk;
+	memcpy(tmp, p, (size_t)Hv * (size_t)w * sizeof *p);
+	for (int g = 0; g < Hv; g++)
+		memcpy(p + (size_t)g * w, tmp + (size_t)((g % r) * Hk + g / r) * w, (size_t)w * sizeof *p);
+}
+
 static void dn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
 {
 	const struct ke_model *m = s->m;
@@ -192,6 +211,16 @@ static void dn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
 		ke_gemm(&ly->z, sc->h, (size_t)D, n, sc->z, vd, 0);
 		ke_gemm(&ly->b, sc->h, (size_t)D, n, sc->beta, (size_t)Hv, 0);
 		ke_gemm(&ly->a, sc->h, (size_t)D, n, sc->alpha, (size_t)Hv, 0);
+		if (c->vrows_tiled) {
+			/* GGUF rows in llama.cpp's tiled value-head order: move the heads
+			 * of the outputs back to HF's order (core is free until dn_heads) */
+			for (int t = 0; t < n; t++) {
+				untile(sc->dq + (size_t)t * C + 2 * kd, sc->core, Hk, Hv, dv);
+				untile(sc->z + (size_t)t * vd, sc->core, Hk, Hv, dv);
+				untile(sc->beta + (size_t)t * Hv, sc->core, Hk, Hv, 1);
+				untile(sc->alpha + (size_t)t * Hv, sc->core, Hk, Hv, 1);
+			}
+		}
 	}
 	/* causal conv, token by token through the conv state, then SiLU */
 	for (int t = 0; t < n; t++)
@@ -230,6 +259,16 @@ static void dn_layer(struct ke_seq *s, const struct ke_layer *ly, int n)
 			for (int i = 0; i < dv; i++)
 				o[i] = o[i] * z[i];
 		}
+	if (c->out_proj_tiled) {
+		/* out_proj kept in llama.cpp's tiled value-head order (GGUF blocks
+		 * straddle heads): feed it the heads in that order (z is dead). */
+		for (int t = 0; t < n; t++)
+			for (int h = 0; h < Hv; h++)
+				memcpy(sc->z + (size_t)t * vd + (size_t)h * dv,
+				       sc->core + (size_t)t * vd + (size_t)((h % Hk) * r + h / Hk) * dv, (size_t)dv * 4);
+		ke_gemm(&ly->out, sc->z, vd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
+		return;
+	}
 	ke_gemm(&ly->out, sc->core, vd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
 }
 
@@ -255,6 +294,10 @@ void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, fl
 			dn_layer(s, ly, n);
 		for (int t = 0; t < n; t++)
 			ke_vec_rmsnorm(sc->h + (size_t)t * D, sc->x + (size_t)t * D, ly->post_norm, D, eps);
+		if (ly->moe) { /* sparse MoE block, moe.c */
+			ke_moe_forward(ly->moe, sc->h, n, D, sc->x, sc->moe);
+			continue;
+		}
 		ke_gemm(&ly->gate, sc->h, (size_t)D, n, sc->m1, (size_t)I, 0);
 		ke_gemm(&ly->up, sc->h, (size_t)D, n, sc->m2, (size_t)I, 0);
 		ke_vec_silu_mul(sc->m1, sc->m2, (int)((size_t)n * I));

@@ -13,6 +13,8 @@
  */
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/mlxgemm.h"
+#include "engine/qgemm.h"
 #include "model/safetensors.h"
 #include "base/pool.h"
 
@@ -365,6 +367,14 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 {
 	if (m <= 0 || n1 <= n0)
 		return;
+	if (ke_qgemm_handles(w)) { /* block types and F16: engine/qgemm.c */
+		ke_qgemm_range(isa, w, x, ldx, m, y, ldy, flags, n0, n1);
+		return;
+	}
+	if (KE_MAT_IS_DQ(w)) { /* MLX affine groups: dequantized blocks back into this function */
+		ke_gemm_range_dq(isa, w, x, ldx, m, y, ldy, flags, n0, n1);
+		return;
+	}
 	int best = ke_isa_best();
 	if (isa > best)
 		isa = best;

@@ -16,7 +16,11 @@
  *      a[j] += a[j+2] (j<2); y = a[0] + a[1].
  * So decode (M = 1) and prefill (M = 2048) give bit-identical rows, and the
  * scalar, AVX2 and AVX-512 paths give bit-identical results (tested).
- * bf16 weights are widened exactly (bits << 16) in registers.
+ * bf16 weights are widened exactly (bits << 16) in registers, f16 weights
+ * exactly (F16C / the scalar conversion), and MLX affine weights are
+ * dequantized in registers to w = fmaf(scale, q, bias) in f32 before the
+ * same FMA (engine/mlxgemm.c, docs/engine.md), so quantization changes
+ * what w is, never the reduction order.
  *
  * Threads split N (output columns) through the global pool; the reduction
  * over K is never split.
@@ -31,11 +35,26 @@
  * element offset r * ld. Data may be unaligned (mmap'd safetensors). */
 struct ke_mat {
 	const void *data;
-	int dtype;        /* KV_DT_F32 or KV_DT_BF16 (model/safetensors.h) */
+	int dtype;        /* KV_DT_F32, KV_DT_BF16; F16 and ggml block types go to engine/qgemm.h,
+			     KV_DT_MLX_AFFINE to engine/mlxgemm.h */
 	int rows;         /* N */
 	int cols;         /* K */
 	size_t ld;        /* elements from one row to the next (>= cols) */
+	/* KV_DT_MLX_AFFINE only (zero otherwise): data holds `bits`-bit codes
+	 * packed little end first (row r at byte r * ld * bits / 8), element
+	 * k of row r is scale * q + bias with the group g = k / group of
+	 * scales/biases row r (row stride cols / group elements). */
+	const void *scales;
+	const void *biases;
+	int sb_dtype;     /* KV_DT_F32, KV_DT_BF16 or KV_DT_F16 */
+	int bits;         /* 4 or 8 */
+	int group;        /* 32, 64 or 128 */
 };
+
+/* Bytes of one matrix as stored (codes + scales + biases for MLX). */
+size_t ke_mat_bytes(const struct ke_mat *w);
+/* Row r of w as f32 into out[cols] (exactly the values the GEMM uses). */
+void ke_mat_row_f32(const struct ke_mat *w, int r, float *out);
 
 /* Multiply-adds below which a kernel call stays on the calling thread. */
 #define KE_PAR_MIN_WORK 262144.0

@@ -4,10 +4,13 @@
 #include "engine/model.h"
 #include "engine/attn.h"
 #include "engine/engine_int.h"
+#include "engine/qgemm.h"
+#include "model/quant.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/pool.h"
+#include "model/mlx.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -21,7 +24,27 @@ struct loader {
 	struct ke_model *m;
 	float *next;     /* next free float in m->owned */
 	float *end;
+	struct kv_mlx_qcfg *q; /* config.json's MLX quantization block, or NULL */
+	struct kv_tensor_spec *specs; /* what the config implies (float shapes) */
+	size_t n_specs;
 };
+
+/* The float shape the config implies for a matrix name; -1 if unknown. */
+static void spec_shape(const struct loader *L, const char *name, int64_t *rows, int64_t *cols)
+{
+	*rows = *cols = -1;
+	for (size_t i = 0; i < L->n_specs; i++) {
+		const struct kv_tensor_spec *v = &L->specs[i];
+		/* (m->prefix is swapped while lm_head loads: match both of its names) */
+		if (v->role == KV_ROLE_LM_HEAD ? !strcmp(name, kv_config_lm_head_name("")) ||
+						 !strcmp(name, kv_config_lm_head_name("language_model.model."))
+					       : !strcmp(v->name, name)) {
+			*rows = v->shape[0];
+			*cols = v->shape[1];
+			return;
+		}
+	}
+}
 
 static int find(struct loader *L, const char *name, const struct kv_tensor **out)
 {
@@ -42,16 +65,47 @@ static int load_mat(struct loader *L, struct ke_mat *mat, const char *fmt, int l
 		return rc;
 	if (t->ndim != 2)
 		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' has %d dims, a matrix has 2", t->file, name, t->ndim);
-	if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16)
-		return kv_fail(KV_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; the engine runs F32 or BF16 matrices", t->file,
-			       name, kv_dtype_name(t->dtype));
+	if (t->dtype == KV_DT_U32) { /* MLX affine groups */
+		struct kv_mlx_qmat qm;
+		if (!L->q)
+			return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is U32 (MLX quantized) but config.json has no "
+				       "\"quantization\" block", t->file, name);
+		int64_t er, ec;
+		spec_shape(L, name, &er, &ec);
+		if (er < 0)
+			return kv_fail(KV_ERR_INCOMPATIBLE, "%s: internal: no shape for '%s'", t->file, name);
+		if ((rc = kv_mlx_matrix(L->m->w, name, L->q, er, ec, &qm)))
+			return rc;
+		memset(mat, 0, sizeof *mat);
+		mat->data = qm.codes->data;
+		mat->dtype = KV_DT_MLX_AFFINE;
+		mat->rows = (int)qm.rows;
+		mat->cols = (int)qm.cols;
+		mat->ld = (size_t)qm.cols;
+		mat->scales = qm.scales->data;
+		mat->biases = qm.biases->data;
+		mat->sb_dtype = qm.scales->dtype;
+		mat->bits = qm.bits;
+		mat->group = qm.group;
+		goto noted;
+	}
+	if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->dtype != KV_DT_F16 && !kq_is_quant(t->dtype))
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; the engine runs F32, BF16, F16 and ggml block "
+			       "type matrices", t->file, name, kv_dtype_name(t->dtype) ? kv_dtype_name(t->dtype) : "?");
+	if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->shape[1] > KE_QGEMM_MAX_K)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: tensor '%s' has rows of %lld, above the %d quantized products take",
+			       t->file, name, (long long)t->shape[1], KE_QGEMM_MAX_K);
+	if ((t->dtype == KV_DT_F32 || t->dtype == KV_DT_BF16) && !kv_st_is_aligned(t))
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is not aligned for its dtype", t->file, name);
 	if (t->shape[0] <= 0 || t->shape[1] <= 0 || t->shape[0] > INT32_MAX || t->shape[1] > INT32_MAX)
 		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' has an unusable shape", t->file, name);
+	memset(mat, 0, sizeof *mat);
 	mat->data = t->data;
 	mat->dtype = t->dtype;
 	mat->rows = (int)t->shape[0];
 	mat->cols = (int)t->shape[1];
 	mat->ld = (size_t)t->shape[1];
+noted:;
 	struct ke_model *m = L->m;
 	if (m->n_mats < KE_MAX_MATS) {
 		m->mats[m->n_mats] = *mat;
@@ -155,7 +209,7 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	struct ke_model_params dp = {0};
 	struct ke_model *m;
 	struct kv_model_config *c;
-	struct loader L;
+	struct loader L = {0};
 	int rc;
 
 	*out = NULL;
@@ -195,7 +249,23 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	L.m = m;
 	L.next = m->owned;
 	L.end = L.next + nf;
+	L.q = NULL;
+	if ((rc = kv_mlx_qcfg_load(dir, &L.q)) || (rc = kv_config_tensors(c, m->prefix, &L.specs, &L.n_specs)))
+		goto fail;
 	int po = c->norm_plus_one;
+	/* mlx-lm's sanitize() stores conv1d as [C, K, 1] and, in the same
+	 * pass, the (1 + w) norms as 1 + w: such a folder's norms are used as
+	 * they are. */
+	for (int i = 0; i < c->n_layers && po; i++) {
+		if (c->layer_type[i] != KV_LAYER_DELTANET)
+			continue;
+		char cn[160];
+		snprintf(cn, sizeof cn, "%slayers.%d.linear_attn.conv1d.weight", m->prefix, i);
+		const struct kv_tensor *ct = kv_weights_find(m->w, cn);
+		if (ct && ct->ndim == 3 && ct->shape[2] == 1 && c->conv_kernel != 1)
+			po = 0;
+		break;
+	}
 	m->conv_dim = (int)kv_config_conv_dim(c);
 	if ((rc = load_mat(&L, &m->embed, "%sembed_tokens.weight", 0)))
 		goto fail;
@@ -209,8 +279,9 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	} else {
 		char save[64];
 		snprintf(save, sizeof save, "%s", m->prefix);
-		m->prefix[0] = 0; /* lm_head.weight sits at the top level */
-		rc = load_mat(&L, &m->lm_head, "%slm_head.weight", 0);
+		/* lm_head.weight sits at the top level (language_model.lm_head in mlx-lm's names) */
+		snprintf(m->prefix, sizeof m->prefix, "%s", kv_config_lm_head_name(save));
+		rc = load_mat(&L, &m->lm_head, "%s", 0);
 		snprintf(m->prefix, sizeof m->prefix, "%s", save);
 		if (rc)
 			goto fail;
@@ -256,9 +327,14 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 			/* g = -exp(A_log) * softplus(a + dt_bias): keep -exp(A_log) (same rounding
 			 * as Hugging Face's A_log.float().exp(), negated exactly). */
 			float *na = (float *)a_log;
-			for (int h = 0; h < c->lin_v_heads; h++)
-				na[h] = -expf(na[h]);
+			for (int h = 0; h < c->lin_v_heads && !c->a_is_neg_exp; h++)
+				na[h] = -expf(na[h]); /* a GGUF's ssm_a already is -exp(A_log) */
 			ly->neg_a = na;
+		}
+		if (c->layer_moe[i]) { /* moe.c */
+			if ((rc = ke_moe_load(m, i, &ly->moe)))
+				goto fail;
+			continue;
 		}
 		if ((rc = load_mat(&L, &ly->gate, "%slayers.%d.mlp.gate_proj.weight", i)) ||
 		    (rc = load_mat(&L, &ly->up, "%slayers.%d.mlp.up_proj.weight", i)) ||
@@ -283,8 +359,9 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	}
 	uint64_t db = 0;
 	for (int i = 0; i < m->n_mats; i++)
-		db += (uint64_t)m->mats[i].rows * (uint64_t)m->mats[i].cols * (m->mats[i].dtype == KV_DT_BF16 ? 2 : 4);
-	db += (uint64_t)c->hidden * (m->embed.dtype == KV_DT_BF16 ? 2 : 4);
+		db += ke_mat_bytes(&m->mats[i]);
+	db += m->embed.rows ? ke_mat_bytes(&m->embed) / (uint64_t)m->embed.rows : 0; /* one embedding row */
+	db += ke_moe_decode_bytes(m); /* only the k experts a token routes to */
 	m->decode_bytes = db;
 	/* Largest first, names kept in step: sort index pairs. */
 	for (int i = 1; i < m->n_mats; i++)
@@ -300,9 +377,13 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		"page_tokens=%d weights_mb=%.1f", dir, kv_arch_name(c->arch), c->n_layers, c->n_attn_layers,
 		c->n_deltanet_layers, c->hidden, c->vocab, p->kv_f32 ? "f32" : "bf16", m->lay.page_tokens,
 		(double)kv_weights_bytes(m->w) / 1048576.0);
+	kv_mlx_qcfg_free(L.q);
+	free(L.specs);
 	*out = m;
 	return KV_OK;
 fail:
+	kv_mlx_qcfg_free(L.q);
+	free(L.specs);
 	ke_model_destroy(m);
 	return rc;
 }
@@ -356,6 +437,8 @@ void ke_model_destroy(struct ke_model *m)
 	pthread_mutex_destroy(&m->stash_lock);
 	if (m->pages)
 		kv_pages_destroy(m->pages);
+	for (int i = 0; i < KV_MAX_LAYERS; i++)
+		ke_moe_free(m->layers[i].moe);
 	kv_free(m->owned);
 	if (m->w)
 		kv_weights_close(m->w);
@@ -436,6 +519,7 @@ size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *s
 	size_t base = off, end = off;
 	CARVE(m1, C * c->intermediate);
 	CARVE(m2, C * c->intermediate);
+	CARVE(moe, ke_moe_scratch_floats(c, chunk));
 	end = off > end ? off : end;
 	if (c->n_attn_layers) {
 		off = base;

@@ -2,8 +2,9 @@
  * model.h - a loaded model: config, mmap'd weights, and the state layout.
  *
  * Families: qwen3 (dense), qwen3_5 (hybrid, separate DeltaNet
- * projections), qwen3_next (hybrid, fused in_proj_qkvz / in_proj_ba; MoE
- * configs are rejected by model/config.c). Weight names may carry the
+ * projections), qwen3_5_moe (qwen3_5 with a sparse MoE MLP, moe.h),
+ * qwen3_next (hybrid, fused in_proj_qkvz / in_proj_ba, MoE on the layers
+ * its config makes sparse). Weight names may carry the
  * "model.language_model." prefix (multimodal Qwen3.5 checkpoints) or
  * "model."; lm_head.weight, or the embeddings when tied. docs/engine.md
  * has the math.
@@ -59,7 +60,8 @@ struct kv_pages *ke_model_pages(struct ke_model *m);
 const char *ke_model_prefix(const struct ke_model *m);
 
 /* Bytes of weights one decoded token reads (every matrix once, plus one
- * embedding row): the numerator of the memory-bandwidth bound. */
+ * embedding row; in MoE layers the router, the shared expert and k of the
+ * E routed experts): the numerator of the memory-bandwidth bound. */
 uint64_t ke_model_decode_bytes(const struct ke_model *m);
 /* The model's matrices, largest first (for benchmarks). i < ke_model_n_mats. */
 int ke_model_n_mats(const struct ke_model *m);

@@ -8,7 +8,10 @@
  * ("text_config.num_key_value_heads") and the file.
  */
 #include "model/config.h"
+#include "model/gguf_model.h"
+#include "model/quant.h"
 #include "model/safetensors.h"
+#include "model/mlx.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/json.h"
@@ -235,36 +238,64 @@ static int parse_layer_types(struct cfgp *p, struct kv_model_config *c)
 /* qwen3_next: refuse MoE, by transformers' own rule for which layers are
  * sparse: not in mlp_only_layers and num_experts > 0 and
  * (l + 1) % decoder_sparse_step == 0. */
-static int check_moe(struct cfgp *p, struct kv_model_config *c)
+/*
+ * Mixture-of-experts fields (qwen3_next, qwen3_5_moe). Which layers are
+ * sparse follows the Hugging Face decoder layers: qwen3_next layer l is
+ * sparse iff num_experts > 0, l is not in mlp_only_layers and (l + 1) %
+ * decoder_sparse_step == 0; qwen3_5_moe layers are all sparse (its
+ * configuration class has neither field, so they are not read).
+ */
+static int parse_moe(struct cfgp *p, struct kv_model_config *c, int all_sparse, int def_experts, int def_k)
 {
 	const char *pre = p->tprefix;
 	json_t *mol = json_object_get(p->text, "mlp_only_layers"), *v;
-	int n_experts, step, rc;
+	int step = 1, rc;
 	uint8_t dense_only[KV_MAX_LAYERS] = {0};
 	size_t i;
 
-	if ((rc = get_int(p, p->text, pre, "num_experts", 512, 0, 1 << 20, &n_experts)))
+	if ((rc = get_int(p, p->text, pre, "num_experts", def_experts, 0, 1 << 16, &c->n_experts)))
 		return rc;
-	if (n_experts == 0)
+	c->expert_layout = c->arch == KV_ARCH_QWEN3_NEXT ? KV_EXPERTS_SPLIT : KV_EXPERTS_STACKED;
+	if (c->n_experts == 0) {
+		if (all_sparse)
+			return kv_fail(KV_ERR_INVALID, "%s: %snum_experts is 0, a %s model needs experts", p->what, pre,
+				       c->model_type);
 		return KV_OK;
-	if (mol && !json_is_null(mol)) {
-		if (!json_is_array(mol))
-			return kv_fail(KV_ERR_INVALID, "%s: %smlp_only_layers must be a list", p->what, pre);
-		json_array_foreach(mol, i, v) {
-			if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= c->n_layers)
-				return kv_fail(KV_ERR_INVALID, "%s: %smlp_only_layers[%zu] is not a layer index", p->what,
-					       pre, i);
-			dense_only[json_integer_value(v)] = 1;
-		}
 	}
-	if ((rc = get_int(p, p->text, pre, "decoder_sparse_step", 1, 1, 1 << 20, &step)))
+	if ((rc = get_int(p, p->text, pre, "num_experts_per_tok", def_k, 1, 1 << 16, &c->n_experts_per_tok)) ||
+	    (rc = get_int(p, p->text, pre, "moe_intermediate_size", 512, 1, CFG_MAX_DIM, &c->moe_intermediate)) ||
+	    (rc = get_int(p, p->text, pre, "shared_expert_intermediate_size", 512, 1, CFG_MAX_DIM,
+			  &c->shared_intermediate)))
 		return rc;
-	for (int l = 0; l < c->n_layers; l++)
-		if (!dense_only[l] && (l + 1) % step == 0)
-			return kv_fail(KV_ERR_UNSUPPORTED,
-				       "%s: %s: mixture-of-experts layers are not supported (num_experts %d, layer %d "
-				       "is sparse; a dense qwen3_next config sets num_experts to 0)",
-				       p->what, c->model_type, n_experts, l);
+	if (c->n_experts_per_tok > c->n_experts)
+		return kv_fail(KV_ERR_INVALID, "%s: %snum_experts_per_tok %d is more than num_experts %d", p->what, pre,
+			       c->n_experts_per_tok, c->n_experts);
+	/* Qwen3_5MoeTopKRouter always divides by the sum of the top k. */
+	c->norm_topk_prob = 1;
+	if (!all_sparse) {
+		if ((rc = get_bool(p, p->text, pre, "norm_topk_prob", 1, &c->norm_topk_prob)))
+			return rc;
+		if (mol && !json_is_null(mol)) {
+			if (!json_is_array(mol))
+				return kv_fail(KV_ERR_INVALID, "%s: %smlp_only_layers must be a list", p->what, pre);
+			json_array_foreach(mol, i, v) {
+				if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+				    json_integer_value(v) >= c->n_layers)
+					return kv_fail(KV_ERR_INVALID, "%s: %smlp_only_layers[%zu] is not a layer index",
+						       p->what, pre, i);
+				dense_only[json_integer_value(v)] = 1;
+			}
+		}
+		if ((rc = get_int(p, p->text, pre, "decoder_sparse_step", 1, 1, 1 << 20, &step)))
+			return rc;
+	}
+	c->n_moe_layers = 0;
+	for (int l = 0; l < c->n_layers; l++) {
+		c->layer_moe[l] = !dense_only[l] && (l + 1) % step == 0;
+		c->n_moe_layers += c->layer_moe[l];
+	}
+	if (!c->n_moe_layers)
+		c->n_experts = c->n_experts_per_tok = c->moe_intermediate = c->shared_intermediate = 0;
 	return KV_OK;
 }
 
@@ -272,7 +303,7 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 {
 	const char *mt, *pre, *s;
 	json_t *v, *arch;
-	int rc, def_vocab, def_hidden, def_inter, def_layers, def_heads, def_kv, def_hd;
+	int rc, def_vocab, def_hidden, def_inter, def_layers, def_heads, def_kv, def_hd, moe = 0;
 
 	memset(c, 0, sizeof *c);
 	c->bos_id = -1;
@@ -292,10 +323,14 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 		c->arch = KV_ARCH_QWEN3;
 		def_vocab = 151936, def_hidden = 4096, def_inter = 22016, def_layers = 32, def_heads = 32;
 		def_kv = -1, def_hd = 128;
-	} else if (!strcmp(mt, "qwen3_5") || !strcmp(mt, "qwen3_5_text")) {
+	} else if (!strcmp(mt, "qwen3_5") || !strcmp(mt, "qwen3_5_text") || !strcmp(mt, "qwen3_5_moe") ||
+		   !strcmp(mt, "qwen3_5_moe_text")) {
 		c->arch = KV_ARCH_QWEN3_5;
+		moe = !strncmp(mt, "qwen3_5_moe", 11);
 		def_vocab = 248320, def_hidden = 4096, def_inter = 12288, def_layers = 32, def_heads = 16;
 		def_kv = 4, def_hd = 256;
+		if (moe) /* Qwen3_5MoeTextConfig; it has no dense MLP (intermediate_size unused) */
+			def_hidden = 2048, def_inter = 512, def_layers = 40, def_kv = 2;
 		v = json_object_get(p->root, "text_config");
 		if (v && !json_is_null(v)) {
 			if (!json_is_object(v))
@@ -314,7 +349,8 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 			       p->what, mt);
 	} else {
 		return kv_fail(KV_ERR_UNSUPPORTED,
-			       "%s: model_type '%s' is not supported (supported: qwen3, qwen3_5, qwen3_next)", p->what,
+			       "%s: model_type '%s' is not supported (supported: qwen3, qwen3_5, qwen3_5_moe, qwen3_next)",
+			       p->what,
 			       mt);
 	}
 	c->hybrid = c->arch != KV_ARCH_QWEN3;
@@ -382,11 +418,14 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 	}
 	if ((rc = parse_layer_types(p, c)))
 		return rc;
-	if (c->arch == KV_ARCH_QWEN3_NEXT && (rc = check_moe(p, c)))
+	if (c->arch == KV_ARCH_QWEN3_NEXT && (rc = parse_moe(p, c, 0, 512, 10)))
 		return rc;
-	if (c->arch == KV_ARCH_QWEN3_5 && json_object_get(p->text, "num_experts") &&
+	if (moe && (rc = parse_moe(p, c, 1, 256, 8)))
+		return rc;
+	if (c->arch == KV_ARCH_QWEN3_5 && !moe && json_object_get(p->text, "num_experts") &&
 	    json_integer_value(json_object_get(p->text, "num_experts")) > 0)
-		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %snum_experts: mixture-of-experts models are not supported",
+		return kv_fail(KV_ERR_UNSUPPORTED,
+			       "%s: %snum_experts: a qwen3_5 config with experts must say model_type qwen3_5_moe",
 			       p->what, pre);
 
 	if ((rc = parse_eos(p, c)))
@@ -427,6 +466,16 @@ int kv_config_load(const char *model_dir, struct kv_model_config *out)
 	char path[4096], *buf;
 	size_t len;
 	int rc;
+	if (kv_gguf_is_model_path(model_dir)) {
+		struct kv_gguf *g = NULL;
+		if ((rc = kv_gguf_open(model_dir, &g))) {
+			memset(out, 0, sizeof *out);
+			return rc;
+		}
+		rc = kv_gguf_config(g, out);
+		kv_gguf_close(g);
+		return rc;
+	}
 	if ((size_t)snprintf(path, sizeof path, "%s/config.json", model_dir) >= sizeof path)
 		return kv_fail(KV_ERR_INVALID, "model folder path too long");
 	if ((rc = kv_io_read_file(path, CFG_MAX_BYTES, &buf, &len))) {
@@ -522,6 +571,35 @@ static void spec(struct specs *s, int layer, int role, int ndim, int64_t d0, int
 	t->shape[2] = d2;
 	t->role = role;
 	t->layer = layer;
+	t->expert = -1;
+}
+
+/* The sparse MoE block of layer l (docs/models.md, kv_expert_layout). */
+static void moe_specs(struct specs *s, const struct kv_model_config *c, const char *p, int l)
+{
+	const int64_t H = c->hidden, E = c->n_experts, I = c->moe_intermediate, Is = c->shared_intermediate;
+	spec(s, l, KV_ROLE_ROUTER, 2, E, H, 0, "%slayers.%d.mlp.gate.weight", p, l);
+	if (c->expert_layout == KV_EXPERTS_STACKED) {
+		spec(s, l, KV_ROLE_LINEAR, 3, E, 2 * I, H, "%slayers.%d.mlp.experts.gate_up_proj", p, l);
+		spec(s, l, KV_ROLE_LINEAR_OUT, 3, E, H, I, "%slayers.%d.mlp.experts.down_proj", p, l);
+	} else if (c->expert_layout == KV_EXPERTS_SWITCH) {
+		spec(s, l, KV_ROLE_LINEAR, 3, E, I, H, "%slayers.%d.mlp.switch_mlp.gate_proj.weight", p, l);
+		spec(s, l, KV_ROLE_LINEAR, 3, E, I, H, "%slayers.%d.mlp.switch_mlp.up_proj.weight", p, l);
+		spec(s, l, KV_ROLE_LINEAR_OUT, 3, E, H, I, "%slayers.%d.mlp.switch_mlp.down_proj.weight", p, l);
+	} else {
+		for (int e = 0; e < E && !s->oom; e++) {
+			spec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
+			s->v[s->n - 1].expert = e;
+			spec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.experts.%d.up_proj.weight", p, l, e);
+			s->v[s->n - 1].expert = e;
+			spec(s, l, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.experts.%d.down_proj.weight", p, l, e);
+			s->v[s->n - 1].expert = e;
+		}
+	}
+	spec(s, l, KV_ROLE_LINEAR, 2, Is, H, 0, "%slayers.%d.mlp.shared_expert.gate_proj.weight", p, l);
+	spec(s, l, KV_ROLE_LINEAR, 2, Is, H, 0, "%slayers.%d.mlp.shared_expert.up_proj.weight", p, l);
+	spec(s, l, KV_ROLE_LINEAR_OUT, 2, H, Is, 0, "%slayers.%d.mlp.shared_expert.down_proj.weight", p, l);
+	spec(s, l, KV_ROLE_LINEAR, 2, 1, H, 0, "%slayers.%d.mlp.shared_expert_gate.weight", p, l);
 }
 
 int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struct kv_tensor_spec **out,
@@ -569,6 +647,10 @@ int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struc
 			spec(&s, l, KV_ROLE_LINEAR_OUT, 2, H, Hv * dv, 0, "%slayers.%d.linear_attn.out_proj.weight", p, l);
 		}
 		spec(&s, l, norm, 1, H, 0, 0, "%slayers.%d.post_attention_layernorm.weight", p, l);
+		if (c->layer_moe[l]) {
+			moe_specs(&s, c, p, l);
+			continue;
+		}
 		spec(&s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.gate_proj.weight", p, l);
 		spec(&s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.up_proj.weight", p, l);
 		spec(&s, l, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.down_proj.weight", p, l);
@@ -602,6 +684,37 @@ uint64_t kv_config_param_count(const struct kv_model_config *c)
 	return total;
 }
 
+uint64_t kv_config_active_param_count(const struct kv_model_config *c)
+{
+	uint64_t per_expert = 3ull * (uint64_t)c->moe_intermediate * (uint64_t)c->hidden;
+	uint64_t unused = (uint64_t)(c->n_experts - c->n_experts_per_tok) * per_expert * (uint64_t)c->n_moe_layers;
+	return kv_config_param_count(c) - unused;
+}
+
+void kv_config_detect_experts(struct kv_model_config *c, const struct kv_weights *w, const char *prefix)
+{
+	char name[160];
+	for (int l = 0; l < c->n_layers; l++) {
+		if (!c->layer_moe[l])
+			continue;
+		snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", prefix, l);
+		c->expert_layout = KV_EXPERTS_SPLIT;
+		if (kv_weights_find(w, name)) {
+			c->expert_layout = KV_EXPERTS_STACKED;
+		} else {
+			snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.gate_proj.weight", prefix, l);
+			if (kv_weights_find(w, name))
+				c->expert_layout = KV_EXPERTS_SWITCH;
+		}
+		return;
+	}
+}
+
+const char *kv_config_lm_head_name(const char *prefix)
+{
+	return prefix && !strcmp(prefix, "language_model.model.") ? "language_model.lm_head.weight" : "lm_head.weight";
+}
+
 int kv_config_check_weights(const struct kv_model_config *c, const struct kv_weights *w, char *prefix,
 			    size_t cap)
 {
@@ -612,23 +725,46 @@ int kv_config_check_weights(const struct kv_model_config *c, const struct kv_wei
 
 	if (kv_weights_find(w, "model.language_model.embed_tokens.weight"))
 		p = "model.language_model.";
+	else if (kv_weights_find(w, "language_model.model.embed_tokens.weight"))
+		p = "language_model.model."; /* mlx-lm's Qwen3.5 names */
 	if (prefix && cap)
 		snprintf(prefix, cap, "%s", p);
-	if ((rc = kv_config_tensors(c, p, &v, &n)))
+	struct kv_model_config cl = *c;
+	kv_config_detect_experts(&cl, w, p);
+	if ((rc = kv_config_tensors(&cl, p, &v, &n)))
 		return rc;
 	for (size_t i = 0; i < n && !rc; i++) {
-		const struct kv_tensor *t = kv_weights_find(w, v[i].name);
+		const char *name = v[i].role == KV_ROLE_LM_HEAD ? kv_config_lm_head_name(p) : v[i].name;
+		const struct kv_tensor *t = kv_weights_find(w, name);
 		char want[160];
 		if (!t) {
-			rc = kv_fail(KV_ERR_INCOMPATIBLE, "weights lack tensor '%s' (expected shape %s)", v[i].name,
-				     kv_shape_str(v[i].ndim, v[i].shape, want, sizeof want));
+			rc = kv_fail(KV_ERR_INCOMPATIBLE, "weights lack tensor '%s' (expected shape %s)%s", name,
+				     kv_shape_str(v[i].ndim, v[i].shape, want, sizeof want),
+				     strstr(name, ".mlp.experts.")
+					     ? "; routed experts are read from mlp.experts.gate_up_proj + "
+					       "mlp.experts.down_proj, mlp.switch_mlp.{gate,up,down}_proj.weight or "
+					       "mlp.experts.N.{gate,up,down}_proj.weight"
+					     : "");
 			break;
 		}
-		if ((rc = kv_tensor_expect(t, -1, v[i].ndim, v[i].shape)))
+		if (t->dtype == KV_DT_U32 && v[i].ndim == 2 && v[i].role != KV_ROLE_CONV) {
+			/* An MLX quantized matrix: codes, scales, biases checked together. */
+			struct kv_mlx_qmat qm;
+			rc = kv_mlx_matrix(w, name, NULL, v[i].shape[0], v[i].shape[1], &qm);
+			continue;
+		}
+		if (v[i].role == KV_ROLE_CONV && t->ndim == 3 && t->shape[0] == v[i].shape[0] && t->shape[1] == v[i].shape[2] &&
+		    t->shape[2] == 1) {
+			/* mlx-lm's sanitized [C, K, 1]: the same bytes as [C, 1, K]. */
+		} else if ((rc = kv_tensor_expect(t, -1, v[i].ndim, v[i].shape))) {
 			break;
-		if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->dtype != KV_DT_F16)
-			rc = kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is %s, expected F32, BF16 or F16", t->file,
-				     t->name, kv_dtype_name(t->dtype));
+		}
+		int mat = v[i].role == KV_ROLE_EMBED || v[i].role == KV_ROLE_LM_HEAD || v[i].role == KV_ROLE_LINEAR ||
+			  v[i].role == KV_ROLE_LINEAR_OUT || v[i].role == KV_ROLE_LINEAR_A;
+		if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->dtype != KV_DT_F16 &&
+		    !(mat && kq_is_quant(t->dtype)))
+			rc = kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is %s, expected F32, BF16 or F16%s", t->file,
+				     t->name, kv_dtype_name(t->dtype), mat ? " or a ggml block type" : "");
 	}
 	free(v);
 	return rc;

@@ -8,13 +8,19 @@
  *               else layer i is full attention iff (i+1) %
  *               full_attention_interval == 0 (default 4). rope_theta and
  *               partial_rotary_factor may sit in "rope_parameters".
- *   qwen3_next  hybrid Qwen3-Next (fused DeltaNet projections). MoE
- *               configurations (num_experts > 0 on any layer) are
- *               rejected with KV_ERR_UNSUPPORTED for now.
+ *   qwen3_next  hybrid Qwen3-Next (fused DeltaNet projections), sparse
+ *               mixture-of-experts MLP on layer l iff num_experts > 0, l
+ *               is not in mlp_only_layers and (l + 1) %
+ *               decoder_sparse_step == 0 (configuration_qwen3_next.py),
+ *               other layers the dense MLP of intermediate_size.
+ *   qwen3_5_moe  hybrid Qwen3.5 with a sparse MoE MLP on every layer
+ *               (configuration_qwen3_5_moe.py: no dense layers, top-k
+ *               weights always renormalised), nested under "text_config"
+ *               like qwen3_5; qwen3_5_moe_text is its flat text config.
  *   qwen3_5_text  the flat text config of Qwen3.5 (what the nested
  *               "text_config" holds), read like qwen3_5.
- * Anything else is KV_ERR_UNSUPPORTED naming the model_type (qwen3_moe and
- * qwen3_5_moe get a message saying MoE). Impossible shapes (heads not
+ * Anything else is KV_ERR_UNSUPPORTED naming the model_type (qwen3_moe
+ * gets a message saying MoE). Impossible shapes (heads not
  * dividing, zero sizes, head counts that do not match GQA, rotary dims
  * odd, layer_types of the wrong length, ...) are KV_ERR_INVALID naming the
  * field, e.g. "config.json: text_config.num_key_value_heads: 3 does not
@@ -27,9 +33,13 @@
  * configuration_qwen3_5.py): e.g. head_dim 128 for qwen3 and 256 for the
  * hybrids, num_key_value_heads = num_attention_heads for qwen3,
  * partial_rotary_factor 0.25 for the hybrids, rope_theta 10000,
- * rms_norm_eps 1e-6, tie_word_embeddings false, and for qwen3_next
- * num_experts 512 -- so a qwen3_next config is MoE (rejected) unless it
- * says "num_experts": 0 or lists every layer in "mlp_only_layers".
+ * rms_norm_eps 1e-6, tie_word_embeddings false; MoE: qwen3_next
+ * num_experts 512, num_experts_per_tok 10, norm_topk_prob true,
+ * moe_intermediate_size 512, shared_expert_intermediate_size 512,
+ * decoder_sparse_step 1, mlp_only_layers []; qwen3_5_moe num_experts 256,
+ * num_experts_per_tok 8, the same sizes, hidden_size 2048, 40 layers.
+ * A qwen3_next config is dense only with "num_experts": 0 or every layer
+ * in "mlp_only_layers".
  * rope_theta / partial_rotary_factor inside "rope_parameters" win over the
  * top-level ones (that is how transformers standardises them).
  *
@@ -49,6 +59,17 @@
 #define KV_MAX_LAYERS 256
 
 enum kv_arch { KV_ARCH_QWEN3 = 0, KV_ARCH_QWEN3_5 = 1, KV_ARCH_QWEN3_NEXT = 2 };
+/* How a checkpoint stores the routed experts of a MoE layer (docs/models.md):
+ *   STACKED   mlp.experts.gate_up_proj [E, 2 I, D] (gate rows then up rows
+ *             of each expert) and mlp.experts.down_proj [E, D, I], the
+ *             parameters of transformers' Qwen3_5MoeExperts / Qwen3NextExperts;
+ *   SPLIT     mlp.experts.N.{gate,up}_proj.weight [I, D] and
+ *             mlp.experts.N.down_proj.weight [D, I] (nn.Linear per expert, the
+ *             layout of the released Qwen3-Next checkpoints);
+ *   SWITCH    mlp.switch_mlp.{gate,up}_proj.weight [E, I, D] and
+ *             mlp.switch_mlp.down_proj.weight [E, D, I] (mlx-lm's SwitchGLU
+ *             stacks, unquantized). */
+enum kv_expert_layout { KV_EXPERTS_STACKED = 0, KV_EXPERTS_SPLIT = 1, KV_EXPERTS_SWITCH = 2 };
 enum kv_layer_type { KV_LAYER_ATTN = 0, KV_LAYER_DELTANET = 1 };
 
 struct kv_model_config {
@@ -87,11 +108,28 @@ struct kv_model_config {
 	int text_nested;              /* qwen3_5 fields came from "text_config" */
 	int fused_deltanet;           /* qwen3_next: in_proj_qkvz / in_proj_ba */
 	char architecture[64];        /* "architectures"[0] or "" */
+	/* Mixture of experts (0 / unset for dense models). */
+	int n_experts;                /* num_experts (E); 0 = no MoE layer */
+	int n_experts_per_tok;        /* num_experts_per_tok (k <= E) */
+	int norm_topk_prob;           /* renormalise the k routing weights */
+	int moe_intermediate;         /* moe_intermediate_size (I of an expert) */
+	int shared_intermediate;      /* shared_expert_intermediate_size */
+	int n_moe_layers;
+	uint8_t layer_moe[KV_MAX_LAYERS]; /* 1: layer l has the sparse MoE block */
+	int expert_layout;            /* enum kv_expert_layout the tensor list uses */
+	/* Set when the model comes from a GGUF file (model/gguf_model.h). */
+	int gguf;                     /* 1: weights and metadata from a .gguf */
+	int a_is_neg_exp;             /* the A_log tensor holds -exp(A_log) (GGUF ssm_a) */
+	int out_proj_tiled;           /* DeltaNet out_proj columns in llama.cpp's tiled
+	                                 value-head order (its input must be permuted) */
+	int vrows_tiled;              /* DeltaNet in_proj_qkv (v rows), in_proj_z, in_proj_b,
+	                                 in_proj_a rows in tiled order (outputs permuted) */
 };
 
 /* Parse config.json text. `what` names the source in messages. */
 int kv_config_parse(const char *text, size_t len, const char *what, struct kv_model_config *out);
-/* Read <model_dir>/config.json. */
+/* Read <model_dir>/config.json, or the metadata of a GGUF model (a .gguf
+ * file or a folder holding one: model/gguf_model.h). */
 int kv_config_load(const char *model_dir, struct kv_model_config *out);
 
 /* conv channels of a DeltaNet layer: 2 Hk dk + Hv dv. */
@@ -106,6 +144,10 @@ uint64_t kv_config_conv_state_bytes(const struct kv_model_config *c);
 /* Parameter count implied by the config (embeddings included, lm_head
  * counted once when tied). */
 uint64_t kv_config_param_count(const struct kv_model_config *c);
+/* Parameters one token reads: the count above less the E - k routed
+ * experts a token does not use in each MoE layer (embeddings included;
+ * equal to kv_config_param_count for dense models). */
+uint64_t kv_config_active_param_count(const struct kv_model_config *c);
 /* "qwen3", "qwen3_5", "qwen3_next". */
 const char *kv_arch_name(int arch);
 
@@ -125,6 +167,7 @@ enum kv_tensor_role {
 	KV_ROLE_CONV,         /* DeltaNet conv1d.weight [conv_dim, 1, K] */
 	KV_ROLE_DT_BIAS,      /* DeltaNet dt_bias [Hv] */
 	KV_ROLE_A_LOG,        /* DeltaNet A_log [Hv] */
+	KV_ROLE_ROUTER,       /* MoE mlp.gate [E, hidden] router */
 };
 
 struct kv_tensor_spec {
@@ -133,6 +176,7 @@ struct kv_tensor_spec {
 	int64_t shape[4];
 	int role;             /* enum kv_tensor_role */
 	int layer;            /* model layer, -1 outside the layers */
+	int expert;           /* routed expert of a SPLIT tensor, -1 otherwise */
 };
 
 /* Weight-name prefix of the text model: "model.language_model." for a
@@ -146,13 +190,27 @@ int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struc
 struct kv_weights;
 /*
  * Check that every tensor the config implies is present with its shape
- * and a float dtype (F32, BF16, F16). The prefix is found from the
- * weights ("model.language_model." if its embed_tokens is there, else
- * "model.") and copied into prefix (may be NULL). Extra tensors (mtp.*,
+ * and a float dtype (F32, BF16, F16), or as an MLX quantized matrix
+ * (model/mlx.h). The prefix is found from the weights
+ * ("model.language_model." or mlx-lm's "language_model.model." if its
+ * embed_tokens is there, else "model.") and copied into prefix (may be
+ * NULL). Extra tensors (mtp.*,
  * model.visual.*) are ignored. KV_ERR_INCOMPATIBLE names the first
- * missing or mismatched tensor.
+ * missing or mismatched tensor. For MoE configs the expert layout is the
+ * one the weights hold, see kv_config_detect_experts.
  */
 int kv_config_check_weights(const struct kv_model_config *c, const struct kv_weights *w, char *prefix,
 			    size_t cap);
+/* Name of the lm_head weight for a prefix: "language_model.lm_head.weight"
+ * for mlx-lm's "language_model.model.", else "lm_head.weight". Also: the
+ * check accepts MLX quantized matrices (model/mlx.h) and mlx-lm's
+ * sanitized conv1d shape [C, K, 1]. */
+const char *kv_config_lm_head_name(const char *prefix);
+
+/* Set c->expert_layout from the weights: STACKED when the first MoE
+ * layer's "<prefix>layers.L.mlp.experts.gate_up_proj" exists, SWITCH when
+ * its "mlp.switch_mlp.gate_proj.weight" does, else SPLIT.
+ * No-op for dense configs. */
+void kv_config_detect_experts(struct kv_model_config *c, const struct kv_weights *w, const char *prefix);
 
 #endif

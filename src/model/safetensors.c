@@ -15,6 +15,8 @@
  * aarch64), which is what safetensors stores.
  */
 #include "model/safetensors.h"
+#include "model/quant.h"
+#include "model/gguf_model.h"
 #include "base/buf.h"
 #include "base/durable.h"
 #include "base/err.h"
@@ -52,6 +54,10 @@ static const struct {
 	[KV_DT_I16] = {"I16", 2},	  [KV_DT_U16] = {"U16", 2},	     [KV_DT_I32] = {"I32", 4},
 	[KV_DT_U32] = {"U32", 4},	  [KV_DT_I64] = {"I64", 8},	     [KV_DT_U64] = {"U64", 8},
 	[KV_DT_BOOL] = {"BOOL", 1},	  [KV_DT_F8_E4M3] = {"F8_E4M3", 1}, [KV_DT_F8_E5M2] = {"F8_E5M2", 1},
+	[KV_DT_Q4_0] = {"Q4_0", 0},	  [KV_DT_Q4_1] = {"Q4_1", 0},	     [KV_DT_Q5_0] = {"Q5_0", 0},
+	[KV_DT_Q5_1] = {"Q5_1", 0},	  [KV_DT_Q8_0] = {"Q8_0", 0},	     [KV_DT_Q2_K] = {"Q2_K", 0},
+	[KV_DT_Q3_K] = {"Q3_K", 0},	  [KV_DT_Q4_K] = {"Q4_K", 0},	     [KV_DT_Q5_K] = {"Q5_K", 0},
+	[KV_DT_Q6_K] = {"Q6_K", 0},	  [KV_DT_Q8_K] = {"Q8_K", 0},
 };
 
 size_t kv_dtype_size(int dt)
@@ -64,9 +70,17 @@ const char *kv_dtype_name(int dt)
 	return dt >= 0 && dt < KV_DT__COUNT ? g_dt[dt].name : NULL;
 }
 
+uint64_t kv_dtype_row_bytes(int dt, uint64_t n)
+{
+	int qk = kq_block_elems(dt);
+	if (qk <= 0 || n % (uint64_t)qk)
+		return 0;
+	return n / (uint64_t)qk * kq_block_bytes(dt);
+}
+
 int kv_dtype_parse(const char *s)
 {
-	for (int i = 0; s && i < KV_DT__COUNT; i++)
+	for (int i = 0; s && i <= KV_DT_F8_E5M2; i++)
 		if (!strcmp(s, g_dt[i].name))
 			return i;
 	return -1;
@@ -202,6 +216,16 @@ int kv_tensor_to_f32(const struct kv_tensor *t, float *dst, uint64_t start, uint
 		return kv_fail(KV_ERR_INVALID, "%s: tensor '%s': elements [%llu, +%llu) past its %llu",
 			       t->file ? t->file : "?", t->name, (unsigned long long)start, (unsigned long long)n,
 			       (unsigned long long)t->numel);
+	if (kq_is_quant(t->dtype)) {
+		/* Whole blocks only: rows are whole blocks in a valid file. */
+		uint64_t qk = (uint64_t)kq_block_elems(t->dtype);
+		if (start % qk || n % qk)
+			return kv_fail(KV_ERR_INVALID, "%s: tensor '%s': elements [%llu, +%llu) are not whole %s blocks",
+				       t->file ? t->file : "?", t->name, (unsigned long long)start,
+				       (unsigned long long)n, kv_dtype_name(t->dtype));
+		return kq_dequant_row(t->dtype, (const uint8_t *)t->data + start / qk * kq_block_bytes(t->dtype), dst,
+				      (size_t)n);
+	}
 	p = (const uint8_t *)t->data + start * es;
 	switch (t->dtype) {
 	case KV_DT_F32:
@@ -658,6 +682,11 @@ struct kv_weights {
 	struct kv_map *idx;           /* name -> index into all */
 	uint64_t bytes;               /* tensor data bytes */
 	uint64_t mapped;              /* file bytes noted under KV_MEM_WEIGHTS */
+	/* A GGUF model: the file, its tensors under HF names, permuted copies. */
+	struct kv_gguf *gguf;
+	struct kv_tensor *gt;
+	size_t n_gt;
+	void *gblob;
 };
 
 void kv_weights_close(struct kv_weights *w)
@@ -668,6 +697,9 @@ void kv_weights_close(struct kv_weights *w)
 		kv_st_close(w->files[i]);
 	if (w->mapped)
 		kv_mem_note(KV_MEM_WEIGHTS, -(int64_t)w->mapped);
+	kv_gguf_hf_free(w->gt, w->n_gt);
+	kv_free(w->gblob);
+	kv_gguf_close(w->gguf);
 	free(w->files);
 	free(w->all);
 	kv_map_destroy(w->idx);
@@ -806,6 +838,28 @@ int kv_weights_open(const char *model_dir, struct kv_weights **out)
 	*out = NULL;
 	if (!w)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	if (kv_gguf_is_model_path(model_dir)) {
+		struct kv_model_config c;
+		if (!(rc = kv_gguf_open(model_dir, &w->gguf)) && !(rc = kv_gguf_config(w->gguf, &c)) &&
+		    !(rc = kv_gguf_hf_tensors(w->gguf, &c, &w->gt, &w->n_gt, &w->gblob))) {
+			w->all = calloc(w->n_gt ? w->n_gt : 1, sizeof *w->all);
+			w->idx = kv_map_create(w->n_gt);
+			if (!w->all || !w->idx)
+				rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+			for (size_t i = 0; !rc && i < w->n_gt; i++) {
+				if (kv_map_put(w->idx, w->gt[i].name, strlen(w->gt[i].name), w->n))
+					rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+				w->all[w->n++] = &w->gt[i];
+				w->bytes += w->gt[i].nbytes;
+			}
+		}
+		if (rc) {
+			kv_weights_close(w);
+			return rc;
+		}
+		*out = w;
+		return KV_OK;
+	}
 	if ((size_t)snprintf(ipath, sizeof ipath, "%s/model.safetensors.index.json", model_dir) >= sizeof ipath ||
 	    (size_t)snprintf(spath, sizeof spath, "%s/model.safetensors", model_dir) >= sizeof spath) {
 		free(w);
@@ -853,7 +907,19 @@ uint64_t kv_weights_bytes(const struct kv_weights *w)
 
 size_t kv_weights_nfiles(const struct kv_weights *w)
 {
+	if (w->gguf)
+		return kv_gguf_nfiles(w->gguf);
 	return w->nfiles;
+}
+
+const struct kv_gguf *kv_weights_gguf(const struct kv_weights *w)
+{
+	return w->gguf;
+}
+
+uint64_t kv_weights_owned_bytes(const struct kv_weights *w)
+{
+	return w->gblob ? (uint64_t)kv_alloc_size(w->gblob) : 0;
 }
 
 /* --- writer -------------------------------------------------------------- */

@@ -65,14 +65,35 @@ enum kv_dtype {
 	KV_DT_BOOL,
 	KV_DT_F8_E4M3,
 	KV_DT_F8_E5M2,
-	KV_DT__COUNT
+	/* ggml block types (GGUF files; model/quant.h has the layouts). They
+	 * have no per-element size: kv_dtype_size is 0 for them, rows are
+	 * sized by kv_dtype_row_bytes. Never parsed from safetensors. */
+	KV_DT_Q4_0,
+	KV_DT_Q4_1,
+	KV_DT_Q5_0,
+	KV_DT_Q5_1,
+	KV_DT_Q8_0,
+	KV_DT_Q2_K,
+	KV_DT_Q3_K,
+	KV_DT_Q4_K,
+	KV_DT_Q5_K,
+	KV_DT_Q6_K,
+	KV_DT_Q8_K,
+	KV_DT__COUNT,
+	/* Weight-matrix formats that are not safetensors element types (no
+	 * size, no name; kv_dtype_parse never returns them): */
+	KV_DT_MLX_AFFINE, /* MLX affine groups, engine/gemm.h struct ke_mat */
 };
 
-/* Bytes per element; 0 for an unknown dtype. */
+/* Bytes per element; 0 for an unknown dtype and for block types. */
 size_t kv_dtype_size(int dt);
-/* "F32", "BF16", ... ; NULL for unknown. */
+/* Bytes of a row of n elements of any dtype, block types included; 0 if
+ * the dtype is unknown or n is not a multiple of its block. */
+uint64_t kv_dtype_row_bytes(int dt, uint64_t n);
+/* "F32", "BF16", "Q4_K", ... ; NULL for unknown. */
 const char *kv_dtype_name(int dt);
-/* Parse a safetensors dtype string; -1 if unknown. */
+/* Parse a safetensors dtype string; -1 if unknown (block types are not
+ * safetensors dtypes and are not parsed). */
 int kv_dtype_parse(const char *s);
 
 struct kv_tensor {
@@ -162,6 +183,15 @@ uint64_t kv_weights_bytes(const struct kv_weights *w);
 
 /* Number of shard files (1 for a single model.safetensors). */
 size_t kv_weights_nfiles(const struct kv_weights *w);
+/* The GGUF file behind the weights, or NULL for safetensors. A GGUF path
+ * (a .gguf file, a split set or a folder holding one: model/gguf.h) opens
+ * the same way; tensors come under their Hugging Face names
+ * (model/gguf_model.h). */
+struct kv_gguf;
+const struct kv_gguf *kv_weights_gguf(const struct kv_weights *w);
+/* Bytes of tensor copies the handle owns (GGUF value-head permutations),
+ * on top of the mapped files. */
+uint64_t kv_weights_owned_bytes(const struct kv_weights *w);
 
 /*
  * Writer. Tensor data is borrowed until kv_stw_write / kv_stw_to_mem

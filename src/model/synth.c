@@ -84,7 +84,64 @@ static const struct kv_synth_preset g_presets[] = {
 		.intermediate = 12288, .full_attention_interval = 4,
 		.lin_k_heads = 16, .lin_v_heads = 32, .lin_k_dim = 128, .lin_v_dim = 128, .conv_kernel = 4,
 		.partial_rotary = 0.25, .rope_theta = 10000000, .rms_eps = 1e-6, .max_positions = 262144,
-		.config_only = 1,
+		.config_only = 1, .mlp_only_layer = -1,
+	},
+	{
+		.name = "tiny-moe",
+		.summary = "Qwen3.5-MoE shape (qwen3_5_moe): 3 DeltaNet + 1 attention, 8 experts top-2 + shared",
+		.arch = KV_ARCH_QWEN3_5,
+		.hidden = 64, .n_layers = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
+		.intermediate = 32, .full_attention_interval = 4,
+		.lin_k_heads = 2, .lin_v_heads = 4, .lin_k_dim = 16, .lin_v_dim = 16, .conv_kernel = 4,
+		.partial_rotary = 0.25, .rope_theta = 10000000, .rms_eps = 1e-6, .max_positions = 262144,
+		.n_experts = 8, .n_experts_per_tok = 2, .moe_intermediate = 32, .shared_intermediate = 48,
+		.norm_topk_prob = 1, .mlp_only_layer = -1,
+	},
+	{
+		.name = "tiny-next",
+		.summary = "Qwen3-Next shape (qwen3_next): fused in_proj_qkvz/ba, 8 experts top-3, layer 1 dense",
+		.arch = KV_ARCH_QWEN3_NEXT,
+		.hidden = 64, .n_layers = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
+		.intermediate = 96, .full_attention_interval = 4,
+		.lin_k_heads = 2, .lin_v_heads = 4, .lin_k_dim = 16, .lin_v_dim = 16, .conv_kernel = 4,
+		.partial_rotary = 0.25, .rope_theta = 10000000, .rms_eps = 1e-6, .max_positions = 262144,
+		.n_experts = 8, .n_experts_per_tok = 3, .moe_intermediate = 32, .shared_intermediate = 48,
+		.norm_topk_prob = 0, .mlp_only_layer = 1,
+	},
+	{
+		.name = "bench-moe",
+		.summary = "Qwen3.5-MoE shape, ~49M parameters without embeddings: 32 experts top-4 per layer",
+		.arch = KV_ARCH_QWEN3_5,
+		.hidden = 512, .n_layers = 8, .n_heads = 8, .n_kv_heads = 2, .head_dim = 64,
+		.intermediate = 96, .full_attention_interval = 4,
+		.lin_k_heads = 4, .lin_v_heads = 8, .lin_k_dim = 64, .lin_v_dim = 64, .conv_kernel = 4,
+		.partial_rotary = 0.25, .rope_theta = 10000000, .rms_eps = 1e-6, .max_positions = 262144,
+		.n_experts = 32, .n_experts_per_tok = 4, .moe_intermediate = 96, .shared_intermediate = 256,
+		.norm_topk_prob = 1, .mlp_only_layer = -1,
+	},
+	{
+		/* Qwen/Qwen3.5-35B-A3B config.json (text_config). */
+		.name = "qwen35-35b-a3b",
+		.summary = "the real Qwen3.5-35B-A3B geometry (256 experts top-8), config and tokenizer only",
+		.arch = KV_ARCH_QWEN3_5,
+		.hidden = 2048, .n_layers = 40, .n_heads = 16, .n_kv_heads = 2, .head_dim = 256,
+		.intermediate = 512, .full_attention_interval = 4,
+		.lin_k_heads = 16, .lin_v_heads = 32, .lin_k_dim = 128, .lin_v_dim = 128, .conv_kernel = 4,
+		.partial_rotary = 0.25, .rope_theta = 10000000, .rms_eps = 1e-6, .max_positions = 262144,
+		.n_experts = 256, .n_experts_per_tok = 8, .moe_intermediate = 512, .shared_intermediate = 512,
+		.norm_topk_prob = 1, .mlp_only_layer = -1, .vocab = 248320, .config_only = 1,
+	},
+	{
+		/* Qwen/Qwen3-Next-80B-A3B-Instruct config.json. */
+		.name = "qwen3-next-80b-a3b",
+		.summary = "the real Qwen3-Next-80B-A3B geometry (512 experts top-10), config and tokenizer only",
+		.arch = KV_ARCH_QWEN3_NEXT,
+		.hidden = 2048, .n_layers = 48, .n_heads = 16, .n_kv_heads = 2, .head_dim = 256,
+		.intermediate = 5120, .full_attention_interval = 4,
+		.lin_k_heads = 16, .lin_v_heads = 32, .lin_k_dim = 128, .lin_v_dim = 128, .conv_kernel = 4,
+		.partial_rotary = 0.25, .rope_theta = 10000000, .rms_eps = 1e-6, .max_positions = 262144,
+		.n_experts = 512, .n_experts_per_tok = 10, .moe_intermediate = 512, .shared_intermediate = 512,
+		.norm_topk_prob = 1, .mlp_only_layer = -1, .vocab = 151936, .config_only = 1,
 	},
 };
 
@@ -138,6 +195,8 @@ int kv_synth_config_json(const struct kv_synth_preset *p, int vocab, int bos, in
 	json_t *root = json_object(), *o;
 	char *s;
 
+	if (p->vocab > 0 && p->config_only)
+		vocab = p->vocab; /* the real geometry: its embeddings count */
 	*out = NULL;
 	if (len)
 		*len = 0;
@@ -164,14 +223,55 @@ int kv_synth_config_json(const struct kv_synth_preset *p, int vocab, int bos, in
 		json_object_set_new(root, "use_cache", json_true());
 		json_object_set_new(root, "use_sliding_window", json_false());
 		json_object_set_new(root, "vocab_size", json_integer(vocab));
+	} else if (p->arch == KV_ARCH_QWEN3_NEXT) {
+		/* Qwen3NextForCausalLM: one flat config, as in the released
+		 * Qwen3-Next config.json. */
+		json_t *a = json_array(), *lt = json_array(), *mol = json_array();
+		json_array_append_new(a, json_string("Qwen3NextForCausalLM"));
+		json_object_set_new(root, "architectures", a);
+		cfg_common(root, p, vocab, bos, eos, dtype);
+		json_object_set_new(root, "decoder_sparse_step", json_integer(1));
+		json_object_set_new(root, "full_attention_interval", json_integer(p->full_attention_interval));
+		for (int l = 0; l < p->n_layers; l++)
+			json_array_append_new(lt, json_string((l + 1) % p->full_attention_interval == 0 ? "full_attention"
+												      : "linear_attention"));
+		json_object_set_new(root, "layer_types", lt);
+		json_object_set_new(root, "linear_conv_kernel_dim", json_integer(p->conv_kernel));
+		json_object_set_new(root, "linear_key_head_dim", json_integer(p->lin_k_dim));
+		json_object_set_new(root, "linear_num_key_heads", json_integer(p->lin_k_heads));
+		json_object_set_new(root, "linear_num_value_heads", json_integer(p->lin_v_heads));
+		json_object_set_new(root, "linear_value_head_dim", json_integer(p->lin_v_dim));
+		if (p->mlp_only_layer >= 0)
+			json_array_append_new(mol, json_integer(p->mlp_only_layer));
+		json_object_set_new(root, "mlp_only_layers", mol);
+		json_object_set_new(root, "model_type", json_string("qwen3_next"));
+		json_object_set_new(root, "moe_intermediate_size", json_integer(p->moe_intermediate));
+		json_object_set_new(root, "norm_topk_prob", json_boolean(p->norm_topk_prob));
+		json_object_set_new(root, "num_attention_heads", json_integer(p->n_heads));
+		json_object_set_new(root, "num_experts", json_integer(p->n_experts));
+		json_object_set_new(root, "num_experts_per_tok", json_integer(p->n_experts_per_tok));
+		json_object_set_new(root, "num_hidden_layers", json_integer(p->n_layers));
+		json_object_set_new(root, "num_key_value_heads", json_integer(p->n_kv_heads));
+		json_object_set_new(root, "partial_rotary_factor", json_real(p->partial_rotary));
+		json_object_set_new(root, "rms_norm_eps", json_real(p->rms_eps));
+		json_object_set_new(root, "rope_scaling", json_null());
+		json_object_set_new(root, "rope_theta", json_integer((json_int_t)p->rope_theta));
+		json_object_set_new(root, "shared_expert_intermediate_size", json_integer(p->shared_intermediate));
+		json_object_set_new(root, "tie_word_embeddings", json_boolean(p->tie_embeddings));
+		json_object_set_new(root, "torch_dtype", json_string(dtype_torch(dtype)));
+		json_object_set_new(root, "transformers_version", json_string("4.57.0"));
+		json_object_set_new(root, "use_cache", json_true());
+		json_object_set_new(root, "vocab_size", json_integer(vocab));
 	} else {
 		/* Qwen3_5ForConditionalGeneration with the text model nested under
 		 * text_config, as in the released Qwen3.5 checkpoints (the vision
 		 * tower is left out: these folders are text-only). */
 		json_t *a = json_array(), *lt = json_array(), *rp = json_object(), *ms = json_array();
-		json_array_append_new(a, json_string("Qwen3_5ForConditionalGeneration"));
+		int moe = p->n_experts > 0;
+		json_array_append_new(a, json_string(moe ? "Qwen3_5MoeForConditionalGeneration"
+							 : "Qwen3_5ForConditionalGeneration"));
 		json_object_set_new(root, "architectures", a);
-		json_object_set_new(root, "model_type", json_string("qwen3_5"));
+		json_object_set_new(root, "model_type", json_string(moe ? "qwen3_5_moe" : "qwen3_5"));
 		o = json_object();
 		cfg_common(o, p, vocab, bos, eos, dtype);
 		json_object_set_new(o, "dtype", json_string(dtype_torch(dtype)));
@@ -185,7 +285,13 @@ int kv_synth_config_json(const struct kv_synth_preset *p, int vocab, int bos, in
 		json_object_set_new(o, "linear_num_key_heads", json_integer(p->lin_k_heads));
 		json_object_set_new(o, "linear_num_value_heads", json_integer(p->lin_v_heads));
 		json_object_set_new(o, "linear_value_head_dim", json_integer(p->lin_v_dim));
-		json_object_set_new(o, "model_type", json_string("qwen3_5_text"));
+		json_object_set_new(o, "model_type", json_string(moe ? "qwen3_5_moe_text" : "qwen3_5_text"));
+		if (moe) {
+			json_object_set_new(o, "moe_intermediate_size", json_integer(p->moe_intermediate));
+			json_object_set_new(o, "num_experts", json_integer(p->n_experts));
+			json_object_set_new(o, "num_experts_per_tok", json_integer(p->n_experts_per_tok));
+			json_object_set_new(o, "shared_expert_intermediate_size", json_integer(p->shared_intermediate));
+		}
 		json_object_set_new(o, "num_attention_heads", json_integer(p->n_heads));
 		json_object_set_new(o, "num_hidden_layers", json_integer(p->n_layers));
 		json_object_set_new(o, "num_key_value_heads", json_integer(p->n_kv_heads));
@@ -847,7 +953,7 @@ int kv_synth_fill(const struct kv_model_config *c, const struct kv_tensor_spec *
 		  void *dst, uint64_t nbytes)
 {
 	uint64_t numel = 1, s;
-	double std = 0, mean = 0, fan_in = sp->ndim >= 2 ? (double)sp->shape[1] : 1;
+	double std = 0, mean = 0, fan_in = sp->ndim >= 2 ? (double)sp->shape[sp->ndim - 1] : 1;
 	size_t es = kv_dtype_size(dtype);
 
 	if (dtype != KV_DT_F32 && dtype != KV_DT_BF16)
@@ -875,6 +981,7 @@ int kv_synth_fill(const struct kv_model_config *c, const struct kv_tensor_spec *
 		mean = 0.0, std = 0.05;
 		break;
 	case KV_ROLE_LINEAR:
+	case KV_ROLE_ROUTER: /* router logits ~ N(0, 1): routing well separated */
 		std = 1.0 / sqrt(fan_in);
 		break;
 	case KV_ROLE_LINEAR_OUT:

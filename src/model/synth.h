@@ -34,7 +34,7 @@
 struct kv_synth_preset {
 	const char *name;
 	const char *summary;
-	int arch;                  /* KV_ARCH_QWEN3 or KV_ARCH_QWEN3_5 */
+	int arch;                  /* enum kv_arch */
 	int hidden;
 	int n_layers;
 	int n_heads;
@@ -53,6 +53,14 @@ struct kv_synth_preset {
 				    * is <|endoftext|> only, and generation_config.json lists
 				    * [<|im_end|>, <|endoftext|>] with the model card's sampling
 				    * (do_sample, temperature 0.6, top_k 20, top_p 0.95) */
+	/* Mixture of experts (n_experts 0: dense MLP). arch KV_ARCH_QWEN3_5
+	 * with experts writes model_type qwen3_5_moe (every layer sparse,
+	 * stacked experts); KV_ARCH_QWEN3_NEXT writes a flat qwen3_next config
+	 * (fused DeltaNet projections, per-expert tensors). */
+	int n_experts, n_experts_per_tok, moe_intermediate, shared_intermediate;
+	int norm_topk_prob;        /* qwen3_next only */
+	int mlp_only_layer;        /* qwen3_next: this layer keeps the dense MLP; -1 none */
+	int vocab;                 /* config-only presets: the real vocab_size (0: the tokenizer's) */
 };
 
 size_t kv_synth_preset_count(void);
@@ -75,8 +83,10 @@ struct kv_synth_opts {
  * Write the folder. Errors: KV_ERR_INVALID for an unknown preset, a bad
  * dtype, or weights asked of a config-only preset; I/O errors as the
  * durable writer reports them; tokenizer files that are not valid JSON
- * are KV_ERR_INVALID naming the file. The folder's config.json always has
- * vocab_size = max id + 1 over the tokenizer's vocab and added tokens.
+ * are KV_ERR_INVALID naming the file. The folder's config.json has
+ * vocab_size = max id + 1 over the tokenizer's vocab and added tokens,
+ * except for config-only presets that carry their real vocab (.vocab),
+ * whose parameter counts are then those of the released model.
  */
 int kv_synth_write(const struct kv_synth_opts *o);
 

@@ -47,6 +47,7 @@
  * and may be rendered from several threads at once.
  */
 #include "model/template.h"
+#include "model/gguf_model.h"
 #include "base/buf.h"
 #include "base/err.h"
 #include "base/io.h"
@@ -59,6 +60,9 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <unistd.h>
+#include <sys/random.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -371,7 +375,9 @@ struct val {
 	uint8_t t;      /* enum vkind */
 	uint8_t safe;   /* V_STR: Markup (from |safe, |e, |tojson of Markup) */
 	uint16_t fn;    /* V_FUNC / V_METHOD: builtin id */
-	uint32_t pad;
+	uint8_t bigint; /* V_STR: an integer beyond int64 from the request's JSON (its
+			   digits): str() and tojson print it bare, as Python's int */
+	uint8_t pad[3];
 	union {
 		int64_t i;  /* V_INT, V_BOOL (0/1) */
 		double f;
@@ -2835,7 +2841,20 @@ static struct val from_json(struct rt *rt, const json_t *j, int depth)
 	case JSON_FALSE: return vbool(0);
 	case JSON_INTEGER: return vint((int64_t)json_integer_value(j));
 	case JSON_REAL: return vfloat(json_real_value(j));
-	case JSON_STRING: return vstr(json_string_value(j), json_string_length(j));
+	case JSON_STRING: {
+		/* a number jansson could not hold (base/json.h): an integer keeps
+		 * its digits, a real that overflowed is +-inf, as in Python */
+		const char *lit;
+		size_t n;
+		if (kv_json_number_literal(j, &lit, &n)) {
+			if (memchr(lit, '.', n) || memchr(lit, 'e', n) || memchr(lit, 'E', n))
+				return vfloat(lit[0] == '-' ? -INFINITY : INFINITY);
+			struct val v = vstr(lit, n);
+			v.bigint = 1;
+			return v;
+		}
+		return vstr(json_string_value(j), json_string_length(j));
+	}
 	case JSON_ARRAY: {
 		size_t n = json_array_size(j);
 		struct list *l = list_new(rt, NULL, n, L_LIST);
@@ -3074,7 +3093,9 @@ static void to_repr(struct rt *rt, const struct node *at, const struct val *v, s
 {
 	value_depth(rt, at, depth);
 	if (v->t == V_STR) {
-		if (v->safe) {
+		if (v->bigint) {
+			ob_add(rt, at, b, v->u.s.p, v->u.s.n);
+		} else if (v->safe) {
 			ob_adds(rt, at, b, "Markup(");
 			repr_str(rt, at, v->u.s.p, v->u.s.n, b);
 			ob_addc(rt, at, b, ')');
@@ -3207,7 +3228,10 @@ static void to_json(struct rt *rt, const struct node *at, const struct val *v, c
 		}
 		return;
 	case V_STR:
-		json_str(rt, at, v->u.s.p, v->u.s.n, o->ensure_ascii, b);
+		if (v->bigint)
+			ob_add(rt, at, b, v->u.s.p, v->u.s.n);
+		else
+			json_str(rt, at, v->u.s.p, v->u.s.n, o->ensure_ascii, b);
 		return;
 	case V_LIST:
 		if (v->u.l->kind == L_LIST || v->u.l->kind == L_TUPLE) {
@@ -6639,6 +6663,15 @@ int kv_chat_load(const char *model_dir, const struct kv_tok *tok, struct kv_chat
 	int rc;
 
 	*out = NULL;
+	if (kv_gguf_is_model_path(model_dir)) {
+		/* tokenizer.chat_template and the special tokens of a GGUF file */
+		struct kv_gguf *g = NULL;
+		if (!(rc = kv_gguf_open(model_dir, &g)) && !(rc = kv_gguf_tokenizer_config_json(g, &buf, &len)))
+			rc = kv_chat_load_mem(buf, len, tok, out);
+		free(buf);
+		kv_gguf_close(g);
+		return rc;
+	}
 	snprintf(path, sizeof path, "%s/tokenizer_config.json", model_dir);
 	snprintf(jpath, sizeof jpath, "%s/chat_template.jinja", model_dir);
 	rc = kv_io_read_file(jpath, CHAT_MAX_CONFIG, &jsrc, &jlen);
@@ -6957,6 +6990,195 @@ void kv_chat_render_free(struct kv_chat_render *r)
 	memset(r, 0, sizeof *r);
 }
 
+/* --- special-token literals in request strings (template.h) -------------- */
+
+static pthread_once_t g_lit_once = PTHREAD_ONCE_INIT;
+static char g_lit_tag[32]; /* "[kvsp<16 hex>." */
+static size_t g_lit_tag_n;
+
+static void lit_tag_init(void)
+{
+	uint64_t r = 0;
+	if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
+		r = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&r;
+	g_lit_tag_n = (size_t)snprintf(g_lit_tag, sizeof g_lit_tag, "[kvsp%016llx.", (unsigned long long)r);
+}
+
+struct lits {
+	const struct added_tok **t; /* the special added tokens (borrowed from the chat) */
+	size_t n;
+};
+
+static int lits_collect(const struct kv_chat *c, struct lits *L)
+{
+	L->t = calloc(c->n_added ? c->n_added : 1, sizeof *L->t);
+	L->n = 0;
+	if (!L->t)
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	for (size_t i = 0; i < c->n_added; i++) {
+		int32_t id = kv_tok_id(c->tok, c->added[i].s);
+		if (id >= 0 && kv_tok_is_special(c->tok, id))
+			L->t[L->n++] = &c->added[i];
+	}
+	return KV_OK;
+}
+
+/* Longest special literal at p (n bytes left), or -1. */
+static int lit_at(const struct lits *L, const char *p, size_t n)
+{
+	int best = -1;
+	for (size_t k = 0; k < L->n; k++)
+		if (L->t[k]->n <= n && p[0] == L->t[k]->s[0] && !memcmp(p, L->t[k]->s, L->t[k]->n) &&
+		    (best < 0 || L->t[k]->n > L->t[best]->n))
+			best = (int)k;
+	return best;
+}
+
+static int json_has_lit(const json_t *v, const struct lits *L)
+{
+	size_t i;
+	const char *k;
+	json_t *e;
+	if (json_is_string(v)) {
+		const char *p = json_string_value(v);
+		size_t n = json_string_length(v);
+		for (size_t x = 0; x < n; x++)
+			if (lit_at(L, p + x, n - x) >= 0)
+				return 1;
+		return 0;
+	}
+	if (json_is_array(v))
+		json_array_foreach((json_t *)v, i, e) if (json_has_lit(e, L)) return 1;
+	if (json_is_object(v))
+		json_object_foreach((json_t *)v, k, e) if (json_has_lit(e, L)) return 1;
+	return 0;
+}
+
+/* Replace the literals in every string of v (a private deep copy) by
+ * placeholders. */
+static int json_sub_lits(json_t *v, const struct lits *L)
+{
+	size_t i;
+	const char *k;
+	json_t *e;
+	int rc = KV_OK;
+	if (json_is_string(v)) {
+		const char *p = json_string_value(v);
+		size_t n = json_string_length(v);
+		struct kv_buf b = KV_BUF_INIT;
+		int any = 0;
+		for (size_t x = 0; x < n;) {
+			int l = lit_at(L, p + x, n - x);
+			if (l < 0) {
+				kv_buf_addc(&b, p[x++]);
+				continue;
+			}
+			kv_buf_add(&b, g_lit_tag, g_lit_tag_n);
+			kv_buf_printf(&b, "%d]", l);
+			x += L->t[l]->n;
+			any = 1;
+		}
+		if (b.oom)
+			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+		else if (any && json_string_setn(v, b.p, b.len))
+			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+		kv_buf_free(&b);
+		return rc;
+	}
+	if (json_is_array(v))
+		json_array_foreach(v, i, e) if ((rc = json_sub_lits(e, L))) return rc;
+	if (json_is_object(v))
+		json_object_foreach(v, k, e) if ((rc = json_sub_lits(e, L))) return rc;
+	return rc;
+}
+
+/* A deep copy of v with the literals replaced (NULL stays NULL). */
+static int json_sub_copy(const json_t *v, const struct lits *L, json_t **out)
+{
+	*out = NULL;
+	if (!v)
+		return KV_OK;
+	*out = json_deep_copy(v);
+	if (!*out)
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	return json_sub_lits(*out, L);
+}
+
+/* The rendered text with the placeholders put back: *spans gets the
+ * [start, end) byte ranges of the literals (pairs, ascending), and the
+ * cuts (positions in t, ascending) are moved to the same places in the
+ * new text. */
+static int lits_restore(const char *t, size_t n, const struct lits *L, struct kv_buf *out, size_t **spans,
+			size_t *n_spans, size_t *cuts, size_t n_cuts)
+{
+	struct kv_buf sp = KV_BUF_INIT;
+	size_t ci = 0;
+	for (size_t x = 0; x < n;) {
+		while (ci < n_cuts && cuts[ci] <= x)
+			cuts[ci++] = out->len;
+		if (t[x] == '[' && n - x > g_lit_tag_n && !memcmp(t + x, g_lit_tag, g_lit_tag_n)) {
+			size_t y = x + g_lit_tag_n, k = 0;
+			while (y < n && y - x < g_lit_tag_n + 6 && t[y] >= '0' && t[y] <= '9')
+				k = k * 10 + (size_t)(t[y++] - '0');
+			if (y < n && t[y] == ']' && y > x + g_lit_tag_n && k < L->n) {
+				size_t span[2] = {out->len, out->len + L->t[k]->n};
+				kv_buf_add(out, L->t[k]->s, L->t[k]->n);
+				kv_buf_add(&sp, span, sizeof span);
+				x = y + 1;
+				continue;
+			}
+		}
+		kv_buf_addc(out, t[x++]);
+	}
+	while (ci < n_cuts)
+		cuts[ci++] = out->len;
+	if (out->oom || sp.oom) {
+		kv_buf_free(&sp);
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	}
+	*n_spans = sp.len / (2 * sizeof(size_t));
+	*spans = (size_t *)kv_buf_take(&sp);
+	return KV_OK;
+}
+
+/* Tokens of text[start, end) where the spans are request literals: the
+ * template's special tokens outside them are control tokens, everything
+ * else is encoded with allow_special = 0. */
+static int encode_mixed(const struct kv_chat *c, const struct lits *L, const char *text, size_t start, size_t end,
+			const size_t *spans, size_t n_spans, struct kv_buf *ids)
+{
+	size_t si = 0, piece = start;
+	int rc;
+	for (size_t x = start; x <= end;) {
+		while (si < n_spans && spans[2 * si + 1] <= x)
+			si++;
+		int in_span = si < n_spans && spans[2 * si] <= x;
+		int l = x < end && !in_span ? lit_at(L, text + x, end - x) : -1;
+		if (l >= 0 && si < n_spans && spans[2 * si] < x + L->t[l]->n)
+			l = -1; /* would run into a request literal */
+		if (x < end && l < 0) {
+			x++;
+			continue;
+		}
+		for (int part = 0; part < 2; part++) {
+			size_t a = part ? x : piece, b = part ? (l >= 0 ? x + L->t[l]->n : x) : x;
+			if (b > a) {
+				int32_t *seg;
+				size_t ns;
+				if ((rc = kv_tok_encode(c->tok, text + a, b - a, part, &seg, &ns)))
+					return rc;
+				kv_buf_add(ids, seg, ns * sizeof *seg);
+				free(seg);
+			}
+		}
+		if (l < 0)
+			break; /* x == end */
+		x += L->t[l]->n;
+		piece = x;
+	}
+	return KV_OK;
+}
+
 int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t *tools,
 		   const struct kv_chat_opts *opts, struct kv_chat_render *out)
 {
@@ -6977,6 +7199,31 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 		return kv_fail(KV_ERR_INVALID, "chat_template_kwargs must be an object");
 	if ((rc = kv_chat_prepare_messages(messages, &prep)))
 		return rc;
+	/* special-token literals in the request: placeholders (see template.h) */
+	struct lits lits = {0};
+	json_t *tools_sub = NULL, *kw_sub = NULL;
+	size_t *spans = NULL, n_spans = 0;
+	int subst = 0;
+	if (!o.request_specials && c->tok) {
+		pthread_once(&g_lit_once, lit_tag_init);
+		if ((rc = lits_collect(c, &lits)))
+			goto done;
+		if (lits.n && (json_has_lit(prep, &lits) || (tools && json_has_lit(tools, &lits)) ||
+			       (o.kwargs && json_has_lit(o.kwargs, &lits)))) {
+			json_t *p2 = NULL;
+			subst = 1;
+			rc = json_sub_copy(prep, &lits, &p2);
+			json_decref(prep);
+			prep = p2;
+			if (rc || (rc = json_sub_copy(tools, &lits, &tools_sub)) ||
+			    (rc = json_sub_copy(o.kwargs, &lits, &kw_sub)))
+				goto done;
+			if (tools)
+				tools = tools_sub;
+			if (o.kwargs)
+				o.kwargs = kw_sub;
+		}
+	}
 	int has_tools = tools && json_is_array(tools) && json_array_size(tools) > 0;
 	j.c = c;
 	j.t = has_tools && c->tmpl_tools ? c->tmpl_tools : c->tmpl;
@@ -7066,6 +7313,17 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 		}
 		kv_errclear();
 	}
+	if (subst) {
+		struct kv_buf fin = KV_BUF_INIT;
+		if ((rc = lits_restore(full, full_len, &lits, &fin, &spans, &n_spans, cuts, n_cuts))) {
+			kv_buf_free(&fin);
+			goto done;
+		}
+		kv_buf_free(&text);
+		text = fin;
+		full = text.p ? text.p : "";
+		full_len = text.len;
+	}
 
 	/* tokens, segment by segment: every cut is at the start of an added
 	 * token (or the end), where the tokenizer starts a new segment anyway,
@@ -7083,7 +7341,12 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 		}
 		for (size_t s = 0; s <= n_cuts; s++) {
 			size_t end = s < n_cuts ? cuts[s] : full_len;
-			if (end > start) {
+			if (end > start && n_spans) {
+				if ((rc = encode_mixed(c, &lits, full, start, end, spans, n_spans, &ids))) {
+					kv_buf_free(&ids);
+					goto done;
+				}
+			} else if (end > start) {
 				int32_t *seg;
 				size_t ns;
 				if ((rc = kv_tok_encode(c->tok, full + start, end - start, 1, &seg, &ns))) {
@@ -7126,5 +7389,9 @@ done:
 	free(j.g);
 	ar_free(&j.base);
 	json_decref(prep);
+	json_decref(tools_sub);
+	json_decref(kw_sub);
+	free(lits.t);
+	free(spans);
 	return rc;
 }

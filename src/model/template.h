@@ -82,6 +82,12 @@ struct kv_chat_opts {
 	                                message ends are searched (plus the end of
 	                                system + tools), which bounds the cost on long
 	                                conversations (see kv_chat_render) */
+	int request_specials;        /* 1: special-token literals inside the request's
+	                                strings (content, tool results, names, tools,
+	                                kwargs) become control tokens, as in Hugging
+	                                Face; 0 (default): they are tokenized as the
+	                                text they are, and only the template's own
+	                                special tokens are control tokens */
 };
 
 /*
@@ -160,6 +166,22 @@ int kv_chat_prepare_messages(const json_t *messages, json_t **out);
  * Needs a tokenizer (kv_chat_load's tok); with tok NULL only text is
  * produced. out is filled on success (kv_chat_render_free); on error it
  * is left empty.
+ */
+/*
+ * Special-token literals from the request (request_specials = 0). Before
+ * rendering, every occurrence of a special added token's text (as the
+ * tokenizer marks it: <|im_start|>, <|im_end|>, <|endoftext|>, ...) in a
+ * request string is replaced by a placeholder "[kvsp<16 hex>.<k>]" (a
+ * random per-process tag, so no request text can forge one); the template
+ * runs on that; then the placeholders are put back and remembered as
+ * spans. Each segment that holds such a span is tokenized in pieces: the
+ * template's special tokens (outside the spans) as control tokens, the
+ * text between them, request literals included, with allow_special = 0.
+ * Text and boundaries are exactly as without the option; only the ids of
+ * the request's literals differ (ordinary BPE tokens). Non-special added
+ * tokens (<think>, <tool_call>, ...) are single tokens either way, as in
+ * Hugging Face. A template that changes a placeholder (|upper) leaves it
+ * in the text as it made it.
  */
 int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t *tools,
 		   const struct kv_chat_opts *opts, struct kv_chat_render *out);

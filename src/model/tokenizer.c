@@ -78,6 +78,7 @@
  * we do not implement are KV_ERR_UNSUPPORTED naming the feature.
  */
 #include "model/tokenizer.h"
+#include "model/gguf_model.h"
 #include "model/tokenizer_ucd.h"
 #include "base/err.h"
 #include "base/hash.h"
@@ -1747,6 +1748,29 @@ int kv_tok_load(const char *path, struct kv_tok **out)
 	rc = kv_tok_load_mem(buf, len, path, out);
 	free(buf);
 	return rc;
+}
+
+int kv_tok_load_model(const char *model_path, struct kv_tok **out)
+{
+	char path[4200];
+	*out = NULL;
+	if (kv_gguf_is_model_path(model_path)) {
+		struct kv_gguf *g = NULL;
+		char *json = NULL;
+		size_t len = 0;
+		int rc = kv_gguf_open(model_path, &g);
+		if (!rc)
+			rc = kv_gguf_tokenizer_json(g, &json, &len);
+		if (!rc) {
+			snprintf(path, sizeof path, "%s (tokenizer.ggml)", kv_gguf_path(g));
+			rc = kv_tok_load_mem(json, len, path, out);
+		}
+		free(json);
+		kv_gguf_close(g);
+		return rc;
+	}
+	snprintf(path, sizeof path, "%s/tokenizer.json", model_path);
+	return kv_tok_load(path, out);
 }
 
 void kv_tok_free(struct kv_tok *t)

@@ -31,6 +31,11 @@ struct kv_tok;
 
 /* Load <path> (a tokenizer.json file). Errors name the file and the field. */
 int kv_tok_load(const char *tokenizer_json_path, struct kv_tok **out);
+/* The tokenizer of a model path: <dir>/tokenizer.json, or for a GGUF model
+ * (a .gguf file or a folder holding one) the tokenizer.ggml.* arrays of the
+ * file (model/gguf_model.h turns them into the same tokenizer.json form,
+ * so one BPE implementation serves both). */
+int kv_tok_load_model(const char *model_path, struct kv_tok **out);
 /* Load from bytes (tests, fuzzing). `what` names the source in messages. */
 int kv_tok_load_mem(const char *json, size_t len, const char *what, struct kv_tok **out);
 void kv_tok_free(struct kv_tok *t);

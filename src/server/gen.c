@@ -945,7 +945,8 @@ static int prepare_prompt(struct ksv_server *s, struct gen *g, struct ksv_conn *
 		struct kv_chat_opts co = {.add_generation_prompt = 1,
 					  .enable_thinking = r->enable_thinking,
 					  .kwargs = json_is_object(kw) ? kw : NULL,
-					  .max_message_boundaries = KSV_MAX_MESSAGE_BOUNDARIES};
+					  .max_message_boundaries = KSV_MAX_MESSAGE_BOUNDARIES,
+					  .request_specials = s->o.special_tokens_in_request};
 		struct kv_chat_render rr;
 		memset(&rr, 0, sizeof rr);
 		int rc = kv_chat_render(s->chat, r->messages, r->tools, &co, &rr);

@@ -688,6 +688,12 @@ int ksv_http_next_event(struct ksv_http *h, struct ksv_http_resp *r, struct ksv_
 int ksv_http_fetch(const char *url, const char *method, const char *req_body, size_t req_len, int timeout_ms,
 		   int *status, char **body, size_t *len)
 {
+	return ksv_http_fetch_h(url, method, req_body, req_len, timeout_ms, NULL, status, body, len);
+}
+
+int ksv_http_fetch_h(const char *url, const char *method, const char *req_body, size_t req_len, int timeout_ms,
+		     const char *extra_headers, int *status, char **body, size_t *len)
+{
 	struct ksv_url u;
 	struct ksv_http *h = NULL;
 	struct ksv_http_resp r = {0};
@@ -706,7 +712,7 @@ int ksv_http_fetch(const char *url, const char *method, const char *req_body, si
 	if ((rc = ksv_http_connect(u.host, u.port, timeout_ms, &h)))
 		return rc;
 	rc = ksv_http_send(h, method, u.path[0] ? u.path : "/", req_body ? "application/json" : NULL, req_body,
-			   req_len, NULL);
+			   req_len, extra_headers);
 	if (!rc)
 		rc = ksv_http_read_head(h, &r);
 	if (!rc && strcasecmp(method, "HEAD"))

@@ -180,5 +180,8 @@ int ksv_http_next_event(struct ksv_http *h, struct ksv_http_resp *r, struct ksv_
  */
 int ksv_http_fetch(const char *url, const char *method, const char *req_body, size_t req_len, int timeout_ms,
 		   int *status, char **body, size_t *len);
+/* The same with extra request headers (as in ksv_http_send; may be NULL). */
+int ksv_http_fetch_h(const char *url, const char *method, const char *req_body, size_t req_len, int timeout_ms,
+		     const char *extra_headers, int *status, char **body, size_t *len);
 
 #endif

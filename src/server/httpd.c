@@ -30,6 +30,7 @@
 #include "base/err.h"
 #include "base/log.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -287,6 +288,11 @@ void ksv_conn_set_route(struct ksv_conn *c, const char *route)
 	c->route = route;
 }
 
+const char *ksv_conn_route(const struct ksv_conn *c)
+{
+	return c->route ? c->route : "other";
+}
+
 void ksv_conn_header(struct ksv_conn *c, const char *name, const char *value)
 {
 	struct hdr *nh = realloc(c->hdrs, (c->n_hdrs + 1) * sizeof *nh);
@@ -306,6 +312,26 @@ void ksv_conn_header(struct ksv_conn *c, const char *name, const char *value)
 const char *ksv_conn_req_header(struct ksv_conn *c, const char *name)
 {
 	return MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, name);
+}
+
+void ksv_conn_peer(struct ksv_conn *c, char *out, size_t cap)
+{
+	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c->mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+	char ip[64] = "?";
+	int port = 0;
+	if (ci && ci->client_addr) {
+		const struct sockaddr *sa = ci->client_addr;
+		if (sa->sa_family == AF_INET) {
+			const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+			inet_ntop(AF_INET, &in->sin_addr, ip, sizeof ip);
+			port = ntohs(in->sin_port);
+		} else if (sa->sa_family == AF_INET6) {
+			const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+			inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof ip);
+			port = ntohs(in6->sin6_port);
+		}
+	}
+	snprintf(out, cap, "%s:%d", ip, port);
 }
 
 static int queue(struct ksv_conn *c, int status, const char *ctype, struct MHD_Response *r)
@@ -386,6 +412,14 @@ int ksv_conn_gone(struct ksv_conn *c)
 
 /* --- libmicrohttpd callbacks --------------------------------------------- */
 
+/* Every refusal is logged at info (a client's failing agent must leave a
+ * trace in the server log), like ksv_reply_error does for the server's. */
+static void log_413(const char *route, size_t limit, const char *how)
+{
+	KV_INFO("http.error", "route=%s status=413 msg=\"request body is larger than the limit of %zu bytes (%s)\"",
+		route ? route : "other", limit, how);
+}
+
 static const char *json_error_413(size_t limit, char *buf, size_t cap)
 {
 	snprintf(buf, cap,
@@ -447,6 +481,23 @@ static void linger_drain(int fd)
 	}
 }
 
+/* A whole 413 reply written straight to the socket (small: it fits the
+ * socket buffer), counted like any reply. */
+static void send_raw_413(struct ksv_conn *c, const char *body)
+{
+	char buf[1024];
+	int n = snprintf(buf, sizeof buf,
+			 "HTTP/1.1 413 Payload Too Large\r\nConnection: close\r\nContent-Type: application/json\r\n"
+			 "Content-Length: %zu\r\n\r\n%s",
+			 strlen(body), body);
+	if (c->fd >= 0 && n > 0 && (size_t)n < sizeof buf) {
+		ssize_t w = send(c->fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
+		(void)w;
+	}
+	c->replied = 1;
+	c->status = 413;
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
 				 const char *version, const char *upload_data, size_t *upload_size, void **con_cls)
 {
@@ -481,6 +532,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
 			unsigned long long v = strtoull(cl, &e, 10);
 			if (errno || e == cl || v > h->p.max_body) {
 				json_error_413(h->p.max_body, msg, sizeof msg);
+				log_413(c->route, h->p.max_body, "Content-Length");
 				mark_linger(h, mc);
 				ksv_conn_header(c, "Connection", "close");
 				ksv_conn_reply(c, 413, "application/json", msg, strlen(msg));
@@ -495,11 +547,17 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
 			return MHD_YES; /* discard what follows a refusal */
 		if (c->body.len + n > c->h->p.max_body) {
 			json_error_413(h->p.max_body, msg, sizeof msg);
+			log_413(c->route, h->p.max_body, "chunked");
 			mark_linger(h, mc);
 			ksv_conn_header(c, "Connection", "close");
-			if (ksv_conn_reply(c, 413, "application/json", msg, strlen(msg)))
-				return MHD_NO; /* libmicrohttpd would not take it here: just close */
-			return MHD_YES;
+			if (ksv_conn_reply(c, 413, "application/json", msg, strlen(msg)) == KV_OK)
+				return MHD_YES;
+			/* libmicrohttpd queues a response only before the body or
+			 * after all of it, and a chunked body has no length to
+			 * refuse up front: write the 413 to the socket ourselves
+			 * (nothing else of this request was sent), then close */
+			send_raw_413(c, msg);
+			return MHD_NO;
 		}
 		kv_buf_add(&c->body, upload_data, n);
 		if (c->body.oom)
@@ -521,6 +579,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
 	if (!c->replied) {
 		const char *e = "{\"error\":{\"message\":\"internal error: no response\",\"type\":\"server_error\","
 				"\"param\":null,\"code\":null}}";
+		KV_INFO("http.error", "route=%s status=500 msg=\"internal error: no response\"", c->route);
 		if (ksv_conn_reply(c, 500, "application/json", e, strlen(e)))
 			return MHD_NO;
 	}
@@ -558,6 +617,35 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
 	*con_cls = NULL;
 }
 
+/*
+ * The reserve. Idle connections (no request head yet, or keep-alive
+ * between requests) may hold at most max_connections - reserve slots:
+ * past that, each new connection shuts down the oldest idle one, so 512
+ * silent sockets (renewed forever by one peer) cannot keep /health and
+ * new requests out. Connections inside a request are never evicted; an
+ * idle keep-alive connection closed this way is one any HTTP client
+ * expects to see closed and retries.
+ */
+static int reserve_of(int max_connections)
+{
+	int r = max_connections / 8;
+	return r < 2 ? 2 : r > 64 ? 64 : r;
+}
+
+/* Shut down the oldest idle connection (caller holds tmu); 1 if one was. */
+static int evict_idle_locked(struct ksv_httpd *h)
+{
+	struct track *victim = NULL;
+	for (struct track *t = h->tracks; t; t = t->next)
+		if (t != h->tracks && !t->busy && !t->killed && t->fd >= 0 && !t->stream)
+			victim = t; /* the list is newest first: keep the last match; never the newest */
+	if (!victim)
+		return 0;
+	shutdown(victim->fd, SHUT_RDWR);
+	victim->killed = 1;
+	return 1;
+}
+
 static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
 			  enum MHD_ConnectionNotificationCode toe)
 {
@@ -575,7 +663,10 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
 			h->tracks->prev = t;
 		h->tracks = t;
 		h->n_conns++;
+		int evicted = h->n_conns > h->p.max_connections - reserve_of(h->p.max_connections) && evict_idle_locked(h);
 		pthread_mutex_unlock(&h->tmu);
+		if (evicted)
+			KV_DEBUG("http.evict_idle", "connections=%d limit=%d", h->n_conns, h->p.max_connections);
 		*socket_context = t;
 	} else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
 		struct track *t = *socket_context;

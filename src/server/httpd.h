@@ -18,7 +18,10 @@
  *     client takes no bytes for stall_timeout_s is closed.
  *   - At most max_connections connections exist at once (libmicrohttpd
  *     refuses more at accept time); each has its own thread, so a slow or
- *     blocked handler never delays another connection.
+ *     blocked handler never delays another connection. Idle connections
+ *     (no request head yet, or between keep-alive requests) keep a reserve
+ *     of max_connections / 8 slots (2-64) free: a new connection past that
+ *     closes the oldest idle one, so idle sockets cannot lock out /health.
  *   - A handler may block (it runs on its connection's thread); while it
  *     waits it can ask ksv_conn_gone() whether the client hung up.
  *
@@ -88,11 +91,15 @@ int ksv_httpd_connections(const struct ksv_httpd *h);
 /* Label used for metrics and logs ("/v1/chat/completions"); the string must
  * be static. */
 void ksv_conn_set_route(struct ksv_conn *c, const char *route);
+/* The route label (static string). */
+const char *ksv_conn_route(const struct ksv_conn *c);
 /* Add a response header (copied) before replying, e.g. Retry-After. */
 void ksv_conn_header(struct ksv_conn *c, const char *name, const char *value);
 /* Request header value (case-insensitive), valid during the handler; NULL
  * if absent. */
 const char *ksv_conn_req_header(struct ksv_conn *c, const char *name);
+/* The client's address as text ("127.0.0.1:53122"; "?" if unknown). */
+void ksv_conn_peer(struct ksv_conn *c, char *out, size_t cap);
 /* Whole-body reply; body is copied. Returns KV_OK or an error when a reply
  * was already given. */
 int ksv_conn_reply(struct ksv_conn *c, int status, const char *content_type, const char *body, size_t len);

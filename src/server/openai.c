@@ -310,6 +310,14 @@ static void error_fields(int status, const char **type, const char **code)
 		*type = "invalid_request_error";
 		*code = "invalid_request";
 		break;
+	case 401:
+		*type = "invalid_request_error";
+		*code = "invalid_api_key";
+		break;
+	case 403:
+		*type = "invalid_request_error";
+		*code = "forbidden";
+		break;
 	case 404:
 		*type = "invalid_request_error";
 		*code = "not_found";

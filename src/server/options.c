@@ -22,6 +22,7 @@ void ksv_opts_default(struct ksv_opts *o)
 	o->hybrid_cache_entries = -1;
 	o->kv_disk_checkpoint_interval = 0;
 	o->disk_cache_max_mb = -1;
+	o->disk_cache_max_files = -1;
 	o->kv_dtype = "bf16";
 	o->page_tokens = 256;
 	o->prefill_chunk = 256;
@@ -48,6 +49,8 @@ void ksv_opts_env(struct ksv_opts *o)
 	o->env_cache_dir = getenv("KVKEEP_CACHE_DIR");
 	o->env_shutdown_budget = getenv("KVKEEP_SHUTDOWN_BUDGET");
 	o->env_kv_checkpoint_max_bytes = getenv("KVKEEP_KV_CHECKPOINT_MAX_BYTES");
+	o->env_api_key = getenv("KVKEEP_API_KEY");
+	o->env_admin_key = getenv("KVKEEP_ADMIN_KEY");
 }
 
 int ksv_opts_check(const struct ksv_opts *o)
@@ -99,6 +102,12 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--max-queue must be 0-100000");
 	if (o->retry_after_s < 1)
 		return kv_fail(KV_ERR_INVALID, "--retry-after-s must be >= 1");
+	if (o->disk_cache_max_files == 0 || o->disk_cache_max_files < -1)
+		return kv_fail(KV_ERR_INVALID, "--disk-cache-max-files must be >= 1");
+	if (o->api_key && !*o->api_key)
+		return kv_fail(KV_ERR_INVALID, "--api-key must not be empty");
+	if (o->admin_key && !*o->admin_key)
+		return kv_fail(KV_ERR_INVALID, "--admin-key must not be empty");
 	return KV_OK;
 }
 

@@ -41,6 +41,7 @@ struct ksv_opts {
 	/* disk tier: reserved for the disk-tier work (not read yet) */
 	const char *cache_dir;            /* --cache-dir; KVKEEP_CACHE_DIR */
 	int64_t disk_cache_max_mb;        /* --disk-cache-max-mb; -1 = 10% of the filesystem */
+	int64_t disk_cache_max_files;     /* --disk-cache-max-files; -1 = KS_MAX_FILES_DEFAULT (100K) */
 	const char *cache_salt;           /* --cache-salt */
 	int allow_request_salt;           /* --allow-request-salt */
 	const char *env_cache_dir;        /* KVKEEP_CACHE_DIR */
@@ -55,6 +56,8 @@ struct ksv_opts {
 	int64_t default_max_tokens;       /* --default-max-tokens, when a request gives none: 2048 */
 	int split_reasoning;              /* 1 unless --no-reasoning-split */
 	const char *prompt_normalize;     /* --prompt-normalize RULES (normalize.h), default "billing-header" */
+	int special_tokens_in_request;    /* --special-tokens-in-request: literals in request text become
+					     control tokens (Hugging Face); default 0: plain text */
 
 	/* sampling defaults (docs/api.md "Sampling"): request > flag >
 	 * generation_config.json > the OpenAI defaults */
@@ -68,6 +71,12 @@ struct ksv_opts {
 	int64_t stall_timeout_s;          /* --stall-timeout-s, default 300 */
 	int64_t max_queue;                /* --max-queue: requests waiting for the engine, default 64 */
 	int64_t retry_after_s;            /* --retry-after-s sent with 503 / 429, default 2 */
+
+	/* access (server/auth.h) */
+	const char *api_key;              /* --api-key (NULL: KVKEEP_API_KEY, else open) */
+	const char *admin_key;            /* --admin-key (NULL: KVKEEP_ADMIN_KEY, else loopback only) */
+	const char *env_api_key;          /* KVKEEP_API_KEY */
+	const char *env_admin_key;        /* KVKEEP_ADMIN_KEY */
 };
 
 /* Defaults of every field (environment not read). */

@@ -381,8 +381,14 @@ int ksv_replay_send(const struct ksv_url *base, const char *body, size_t len, in
 	/* a base URL without a path means the server root; OpenAI clients put /v1 in it */
 	snprintf(path, sizeof path, "%s/chat/completions", base->path[0] ? base->path : "/v1");
 	rc = ksv_http_connect(base->host, base->port, timeout_ms, &h);
-	if (!rc)
-		rc = ksv_http_send(h, "POST", path, "application/json", body, len, "Accept: text/event-stream\r\n");
+	if (!rc) {
+		/* a server with an API key: KVKEEP_API_KEY, as kvkeep serve reads it */
+		char hdr[1100] = "Accept: text/event-stream\r\n";
+		const char *k = getenv("KVKEEP_API_KEY");
+		if (k && *k && strlen(k) < 900 && !strpbrk(k, "\r\n"))
+			snprintf(hdr, sizeof hdr, "Accept: text/event-stream\r\nAuthorization: Bearer %s\r\n", k);
+		rc = ksv_http_send(h, "POST", path, "application/json", body, len, hdr);
+	}
 	if (!rc)
 		rc = ksv_http_read_head(h, &r);
 	if (rc) {

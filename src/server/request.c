@@ -61,6 +61,14 @@ static const char *type_name(const json_t *v)
 	}
 }
 
+/* 1 when a JSON string holds a NUL byte: C comparisons would see only
+ * the part before it ("user\u0000x" would pass as "user"), so names and
+ * keywords with one are refused. */
+static int has_nul(const json_t *v)
+{
+	return json_is_string(v) && strlen(json_string_value(v)) != json_string_length(v);
+}
+
 /* Optional number in [lo, hi] (lo_open: lo excluded). */
 static int get_num(struct ksv_req *r, const json_t *o, const char *key, double lo, int lo_open, double hi, double def,
 		   double *out)
@@ -132,7 +140,7 @@ static int check_content(struct ksv_req *r, const json_t *c, const char *path, i
 		if (!json_is_object(part))
 			return bad(r, p, "must be an object {\"type\": \"text\", \"text\": ...}, got %s", type_name(part));
 		const json_t *t = json_object_get(part, "type");
-		if (!json_is_string(t))
+		if (!json_is_string(t) || has_nul(t))
 			return bad(r, p, "needs a string \"type\"");
 		if (strcmp(json_string_value(t), "text"))
 			return bad(r, p, "content part type '%s' is not supported (text only)", json_string_value(t));
@@ -204,6 +212,8 @@ static int parse_messages(struct ksv_req *r, const json_t *msgs)
 		snprintf(p, sizeof p, "messages[%zu].role", i);
 		if (!json_is_string(role))
 			return bad(r, p, "must be a string");
+		if (has_nul(role))
+			return bad(r, p, "must not contain a NUL character");
 		const char *rs = json_string_value(role);
 		int is_asst = !strcmp(rs, "assistant"), is_tool = !strcmp(rs, "tool");
 		if (strcmp(rs, "system") && strcmp(rs, "developer") && strcmp(rs, "user") && !is_asst && !is_tool)
@@ -255,7 +265,7 @@ static int parse_tools(struct ksv_req *r, const json_t *tools)
 		if (!json_is_object(t))
 			return bad(r, p, "must be an object");
 		const json_t *ty = json_object_get(t, "type");
-		if (!json_is_string(ty) || strcmp(json_string_value(ty), "function")) {
+		if (!json_is_string(ty) || has_nul(ty) || strcmp(json_string_value(ty), "function")) {
 			snprintf(p, sizeof p, "tools[%zu].type", i);
 			return bad(r, p, "must be \"function\"");
 		}
@@ -266,6 +276,10 @@ static int parse_tools(struct ksv_req *r, const json_t *tools)
 		if (!json_is_string(json_object_get(fn, "name"))) {
 			snprintf(p, sizeof p, "tools[%zu].function.name", i);
 			return bad(r, p, "must be a string");
+		}
+		if (has_nul(json_object_get(fn, "name"))) {
+			snprintf(p, sizeof p, "tools[%zu].function.name", i);
+			return bad(r, p, "must not contain a NUL character");
 		}
 		const json_t *d = json_object_get(fn, "description");
 		if (d && !json_is_null(d) && !json_is_string(d)) {
@@ -299,7 +313,7 @@ static int parse_tool_choice(struct ksv_req *r, const json_t *tc)
 	if (!tc || json_is_null(tc))
 		return KV_OK;
 	if (json_is_string(tc)) {
-		const char *s = json_string_value(tc);
+		const char *s = has_nul(tc) ? "" : json_string_value(tc);
 		if (!strcmp(s, "auto"))
 			r->tool_choice = KSV_TC_AUTO;
 		else if (!strcmp(s, "none"))
@@ -310,8 +324,8 @@ static int parse_tool_choice(struct ksv_req *r, const json_t *tc)
 			return bad(r, "tool_choice", "must be \"auto\", \"none\", \"required\" or a named function");
 	} else if (json_is_object(tc)) {
 		const json_t *ty = json_object_get(tc, "type"), *fn = json_object_get(tc, "function");
-		if (!json_is_string(ty) || strcmp(json_string_value(ty), "function") || !json_is_object(fn) ||
-		    !json_is_string(json_object_get(fn, "name")))
+		if (!json_is_string(ty) || has_nul(ty) || strcmp(json_string_value(ty), "function") || !json_is_object(fn) ||
+		    !json_is_string(json_object_get(fn, "name")) || has_nul(json_object_get(fn, "name")))
 			return bad(r, "tool_choice", "must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
 		r->tool_choice = KSV_TC_NAMED;
 		r->tool_name = json_string_value(json_object_get(fn, "name"));
@@ -485,6 +499,8 @@ static int parse_common(struct ksv_req *r, const char *body, size_t len, int max
 	if (m && !json_is_null(m)) {
 		if (!json_is_string(m))
 			return bad(r, "model", "must be a string");
+		if (has_nul(m))
+			return bad(r, "model", "must not contain a NUL character");
 		r->model = json_string_value(m);
 	}
 	return KV_OK;

@@ -9,6 +9,7 @@
 #include "server/dashboard.h"
 #include "server/normalize.h"
 #include "server/fingerprint.h"
+#include "server/auth.h"
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/err.h"
@@ -74,6 +75,12 @@ static void reply_error_v(struct ksv_server *s, struct ksv_conn *c, int wire, in
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	size_t len = 0;
 	char *body = wire == KSV_WIRE_ANTHROPIC ? ksv_anth_error(status, msg, &len) : ksv_oai_error(status, msg, param, &len);
+	/* every refusal leaves a line at the default level: a user whose agent
+	 * fails must be able to see why in the server log */
+	char emsg[700], eparam[160];
+	kv_log_escape(msg, emsg, sizeof emsg);
+	kv_log_escape(param && *param ? param : "-", eparam, sizeof eparam);
+	KV_INFO("http.error", "route=%s status=%d param=\"%s\" msg=\"%s\"", ksv_conn_route(c), status, eparam, emsg);
 	if (status == 503 || status == 429) {
 		snprintf(ra, sizeof ra, "%lld", (long long)s->o.retry_after_s);
 		ksv_conn_header(c, "Retry-After", ra);
@@ -322,10 +329,47 @@ static void handler(void *ctx, const struct ksv_request *rq)
 		return;
 	}
 	ksv_conn_set_route(c, routes[idx].path);
+	/* access (server/auth.h): before the method check, so a caller
+	 * without the key learns nothing about the route */
+	static const enum ksv_auth_class cls[] = {KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_OPEN,
+						  KSV_AUTH_OPEN, KSV_AUTH_ADMIN, KSV_AUTH_ADMIN, KSV_AUTH_ADMIN,
+						  KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_OPEN,
+						  /* the dashboard page holds no data; what it reads is admin */
+						  KSV_AUTH_OPEN, KSV_AUTH_ADMIN};
+	/* the Messages routes answer in Anthropic's error shape */
+	int wire = idx == 8 || idx == 9 ? KSV_WIRE_ANTHROPIC : KSV_WIRE_OPENAI;
+	_Static_assert(sizeof cls / sizeof cls[0] == sizeof routes / sizeof routes[0], "one class per route");
+	struct ksv_auth au = {.api_key = s->o.api_key ? s->o.api_key : s->o.env_api_key,
+			      .admin_key = s->o.admin_key ? s->o.admin_key : s->o.env_admin_key,
+			      .loopback = ksv_auth_is_loopback(s->o.host)};
+	const char *key = ksv_auth_presented(ksv_conn_req_header(c, "Authorization"), ksv_conn_req_header(c, "x-api-key"));
+	switch (ksv_auth_check(&au, cls[idx], key)) {
+	case KSV_AUTH_OK:
+		break;
+	case KSV_AUTH_UNAUTHORIZED:
+		ksv_conn_header(c, "WWW-Authenticate", "Bearer");
+		ksv_reply_error_wire(s, c, wire, 401, NULL, "%s",
+				     key ? "invalid API key" : "an API key is required (Authorization: Bearer KEY or x-api-key: KEY)");
+		return;
+	case KSV_AUTH_FORBIDDEN:
+		ksv_reply_error_wire(s, c, wire, 403, NULL,
+				"the cache admin routes are off: this server listens beyond loopback (--host %s) and has no "
+				"--admin-key",
+				s->o.host);
+		return;
+	}
+	if (cls[idx] == KSV_AUTH_ADMIN) {
+		/* probes can recover other clients' cached prefixes (docs/api.md):
+		 * every admin call leaves a line at the default level */
+		char peer[96];
+		ksv_conn_peer(c, peer, sizeof peer);
+		KV_INFO("cache.admin", "route=%s peer=%s body_bytes=%zu", routes[idx].path, peer, rq->body_len);
+	}
 	int is_head = !strcmp(rq->method, "HEAD") && !strcmp(routes[idx].method, "GET");
 	if (strcmp(rq->method, routes[idx].method) && !is_head) {
 		ksv_conn_header(c, "Allow", routes[idx].method);
-		ksv_reply_error(s, c, 405, NULL, "%s does not accept %s (use %s)", path, rq->method, routes[idx].method);
+		ksv_reply_error_wire(s, c, wire, 405, NULL, "%s does not accept %s (use %s)", path, rq->method,
+				     routes[idx].method);
 		return;
 	}
 	switch (idx) {
@@ -343,6 +387,8 @@ static void handler(void *ctx, const struct ksv_request *rq)
 		json_t *j = json_object();
 		json_object_set_new(j, "status", json_string(stopping ? "shutting_down" : "ok"));
 		json_object_set_new(j, "model", json_string(s->model_name));
+		if (stopping)
+			KV_INFO("http.error", "route=/health status=503 param=\"-\" msg=\"shutting down\"");
 		ksv_reply_json(c, stopping ? 503 : 200, j);
 		break;
 	}
@@ -698,6 +744,7 @@ void ksv_server_open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_ca
 			       .pages = ke_model_pages(s->model),
 			       .stride = s->policy.stride,
 			       .max_bytes = o->disk_cache_max_mb > 0 ? (uint64_t)o->disk_cache_max_mb * MiB : 0,
+			       .max_files = o->disk_cache_max_files > 0 ? (uint64_t)o->disk_cache_max_files : 0,
 			       .env_ckpt_max = o->env_kv_checkpoint_max_bytes,
 			       .ckpt_interval = (uint32_t)o->kv_disk_checkpoint_interval};
 	if (ks_store_open(&sp, out)) {
@@ -710,7 +757,6 @@ void ksv_server_open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_ca
 int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 {
 	struct ksv_server *s;
-	char path[4096];
 	int rc;
 
 	*out = NULL;
@@ -737,8 +783,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	}
 	uint64_t t0 = kv_now_ns();
 
-	snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
-	if ((rc = kv_tok_load(path, &s->tok))) {
+	if ((rc = kv_tok_load_model(o->model_dir, &s->tok))) {
 		kv_fail_ctx(rc, "tokenizer");
 		goto fail;
 	}
@@ -783,7 +828,23 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	/* the namespace of both tiers: the model fingerprint and the cache
 	 * salt (store/ns.h); the RAM cache's chain hashes start from it, so the
 	 * disk tier's file names agree with them */
-	s->fingerprint = ksv_model_fingerprint(o->model_dir, o->kv_dtype, (int)o->page_tokens);
+	{
+		/* weight content hashes are remembered beside the disk cache; with
+		 * no disk tier the namespace lives only as long as this process,
+		 * so the weights need not be read at all */
+		char root[4096], memo[4200];
+		const char *flag = o->cache_dir && *o->cache_dir ? o->cache_dir : o->env_cache_dir;
+		int disk = o->prefix_cache &&
+			   !ks_dir_root_from(flag, NULL, getenv("XDG_CACHE_HOME"), getenv("HOME"), root, sizeof root);
+		if (disk)
+			snprintf(memo, sizeof memo, "%s/%s", root, KSV_FP_MEMO_DIR);
+		struct ksv_fp_params fp = {.model_dir = o->model_dir,
+					   .kv_dtype = o->kv_dtype,
+					   .page_tokens = (int)o->page_tokens,
+					   .memo_dir = disk ? memo : NULL,
+					   .skip_weights = !disk};
+		s->fingerprint = ksv_model_fingerprint(&fp, NULL);
+	}
 	s->ns = ks_ns_derive(s->fingerprint, o->cache_salt);
 	struct kc_params cp;
 	if ((rc = kc_opts_resolve(&co, &mach, s->lay, kv_mem_used(KV_MEM_WEIGHTS), s->ns, &s->policy, &cp, &s->budget)))

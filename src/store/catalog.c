@@ -2,64 +2,157 @@
  * catalog.c - see catalog.h.
  *
  * Records live in one growable array (indexes stay valid across growth;
- * freed slots are reused). Two maps: key (area, kind, id) -> index, and
- * parent hash -> first child, the children chained through next_sib.
+ * freed slots are reused). Two indexes, open-addressing tables of record
+ * numbers whose keys are read from the records themselves (nothing is
+ * stored twice): key (area, kind, id) -> index, and parent hash -> first
+ * child, the children chained through next_sib. A slot is 4 bytes and the
+ * tables stay at most 70% full, so the indexes cost 6-12 bytes per record
+ * on top of the record's 80 (docs/persistence.md has the measurements).
  */
 #include "store/catalog.h"
 #include "base/err.h"
-#include "base/map.h"
 #include "store/dir.h"
 #include "store/obj.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#define SLOT_EMPTY (-1)
+#define SLOT_GONE (-2) /* deleted: probing goes on past it */
+
+struct itab {
+	int32_t *slot;           /* record index, SLOT_EMPTY or SLOT_GONE */
+	uint32_t cap;            /* power of two (0 before the first insert) */
+	uint32_t used, gone;     /* live slots, tombstones */
+};
+
 struct ks_cat {
 	struct ks_rec *r;
 	int32_t n, cap;          /* slots used (high-water mark), allocated */
 	int32_t *free_list;
 	int32_t n_free, cap_free;
-	struct kv_map *by_key;   /* 18-byte key -> index */
-	struct kv_map *by_parent;/* 16-byte parent -> first child index */
+	struct itab by_key;      /* (area, kind, id) -> index */
+	struct itab by_parent;   /* parent -> first child index */
 	size_t count[KS_AREA__COUNT];
 	uint64_t bytes[KS_AREA__COUNT];
 };
 
-static void h_bytes(struct kv_h128 h, uint8_t *b)
+/* ids and parents are XXH3 hashes already: mixing in area and kind is all
+ * the hashing needed */
+static uint64_t hash_key(int area, int kind, struct kv_h128 id)
 {
-	for (int i = 0; i < 8; i++) {
-		b[i] = (uint8_t)(h.lo >> (8 * i));
-		b[8 + i] = (uint8_t)(h.hi >> (8 * i));
-	}
+	return (id.lo ^ (id.hi * 0x9E3779B97F4A7C15ull)) + (uint64_t)(kind * 4 + area) * 0xC2B2AE3D27D4EB4Full;
 }
 
-static void key_of(int area, int kind, struct kv_h128 id, uint8_t k[18])
+static uint64_t hash_parent(struct kv_h128 p)
 {
-	k[0] = (uint8_t)area;
-	k[1] = (uint8_t)kind;
-	h_bytes(id, k + 2);
+	return p.lo ^ (p.hi * 0x9E3779B97F4A7C15ull);
+}
+
+static uint64_t slot_hash(const struct ks_cat *c, const struct itab *t, int32_t i)
+{
+	const struct ks_rec *r = &c->r[i];
+	return t == &c->by_key ? hash_key(r->area, r->kind, r->id) : hash_parent(r->parent);
+}
+
+/* Rebuild t with capacity ncap (a power of two). */
+static int itab_resize(struct ks_cat *c, struct itab *t, uint32_t ncap)
+{
+	int32_t *ns = malloc((size_t)ncap * sizeof *ns);
+	if (!ns)
+		return -1;
+	for (uint32_t j = 0; j < ncap; j++)
+		ns[j] = SLOT_EMPTY;
+	for (uint32_t j = 0; j < t->cap; j++) {
+		int32_t i = t->slot[j];
+		if (i < 0)
+			continue;
+		uint32_t h = (uint32_t)slot_hash(c, t, i) & (ncap - 1);
+		while (ns[h] != SLOT_EMPTY)
+			h = (h + 1) & (ncap - 1);
+		ns[h] = i;
+	}
+	free(t->slot);
+	t->slot = ns;
+	t->cap = ncap;
+	t->gone = 0;
+	return 0;
+}
+
+/* Room for one more: at most 70% of the slots live or deleted. */
+static int itab_reserve(struct ks_cat *c, struct itab *t)
+{
+	if ((uint64_t)(t->used + t->gone + 1) * 10 <= (uint64_t)t->cap * 7)
+		return 0;
+	uint32_t ncap = t->cap ? t->cap : 1024;
+	while ((uint64_t)(t->used + 1) * 10 > (uint64_t)ncap * 5)
+		ncap *= 2; /* after a rebuild: at most half full */
+	return itab_resize(c, t, ncap);
+}
+
+/* Slot position of the by_key entry for (area, kind, id), or -1. */
+static int64_t find_key(const struct ks_cat *c, int area, int kind, struct kv_h128 id)
+{
+	const struct itab *t = &c->by_key;
+	if (!t->cap)
+		return -1;
+	for (uint32_t h = (uint32_t)hash_key(area, kind, id) & (t->cap - 1), k = 0; k < t->cap;
+	     h = (h + 1) & (t->cap - 1), k++) {
+		int32_t i = t->slot[h];
+		if (i == SLOT_EMPTY)
+			return -1;
+		if (i >= 0 && c->r[i].area == area && c->r[i].kind == kind && kv_h128_eq(c->r[i].id, id))
+			return h;
+	}
+	return -1;
+}
+
+/* Slot position of the by_parent entry for parent p, or -1. */
+static int64_t find_parent(const struct ks_cat *c, struct kv_h128 p)
+{
+	const struct itab *t = &c->by_parent;
+	if (!t->cap)
+		return -1;
+	for (uint32_t h = (uint32_t)hash_parent(p) & (t->cap - 1), k = 0; k < t->cap; h = (h + 1) & (t->cap - 1), k++) {
+		int32_t i = t->slot[h];
+		if (i == SLOT_EMPTY)
+			return -1;
+		if (i >= 0 && kv_h128_eq(c->r[i].parent, p))
+			return h;
+	}
+	return -1;
+}
+
+/* Put record i in t (its key is not there yet); reserve first. */
+static void itab_add(struct ks_cat *c, struct itab *t, int32_t i)
+{
+	uint32_t h = (uint32_t)slot_hash(c, t, i) & (t->cap - 1);
+	while (t->slot[h] >= 0)
+		h = (h + 1) & (t->cap - 1);
+	if (t->slot[h] == SLOT_GONE)
+		t->gone--;
+	t->slot[h] = i;
+	t->used++;
+}
+
+static void itab_del_at(struct itab *t, int64_t h)
+{
+	t->slot[h] = SLOT_GONE;
+	t->used--;
+	t->gone++;
 }
 
 struct ks_cat *ks_cat_create(void)
 {
-	struct ks_cat *c = calloc(1, sizeof *c);
-	if (!c)
-		return NULL;
-	c->by_key = kv_map_create(1024);
-	c->by_parent = kv_map_create(1024);
-	if (!c->by_key || !c->by_parent) {
-		ks_cat_destroy(c);
-		return NULL;
-	}
-	return c;
+	return calloc(1, sizeof(struct ks_cat));
 }
 
 void ks_cat_destroy(struct ks_cat *c)
 {
 	if (!c)
 		return;
-	kv_map_destroy(c->by_key);
-	kv_map_destroy(c->by_parent);
+	free(c->by_key.slot);
+	free(c->by_parent.slot);
 	free(c->r);
 	free(c->free_list);
 	free(c);
@@ -67,8 +160,10 @@ void ks_cat_destroy(struct ks_cat *c)
 
 void ks_cat_clear(struct ks_cat *c)
 {
-	kv_map_clear(c->by_key);
-	kv_map_clear(c->by_parent);
+	free(c->by_key.slot);
+	free(c->by_parent.slot);
+	memset(&c->by_key, 0, sizeof c->by_key);
+	memset(&c->by_parent, 0, sizeof c->by_parent);
 	c->n = 0;
 	c->n_free = 0;
 	memset(c->count, 0, sizeof c->count);
@@ -77,10 +172,8 @@ void ks_cat_clear(struct ks_cat *c)
 
 int32_t ks_cat_find(const struct ks_cat *c, int area, int kind, struct kv_h128 id)
 {
-	uint8_t k[18];
-	uint64_t v;
-	key_of(area, kind, id, k);
-	return kv_map_get(c->by_key, k, sizeof k, &v) ? (int32_t)v : -1;
+	int64_t h = find_key(c, area, kind, id);
+	return h < 0 ? -1 : c->by_key.slot[h];
 }
 
 const struct ks_rec *ks_cat_at(const struct ks_cat *c, int32_t i)
@@ -90,10 +183,8 @@ const struct ks_rec *ks_cat_at(const struct ks_cat *c, int32_t i)
 
 int32_t ks_cat_first_child(const struct ks_cat *c, struct kv_h128 h)
 {
-	uint8_t k[16];
-	uint64_t v;
-	h_bytes(h, k);
-	return kv_map_get(c->by_parent, k, sizeof k, &v) ? (int32_t)v : -1;
+	int64_t s = find_parent(c, h);
+	return s < 0 ? -1 : c->by_parent.slot[s];
 }
 
 /* The block record a record hangs under (-1: the namespace or missing). */
@@ -140,8 +231,6 @@ static void group_eff(struct ks_cat *c, int32_t i)
 
 int32_t ks_cat_put(struct ks_cat *c, const struct ks_rec *in)
 {
-	uint8_t k[18], pk[16];
-	uint64_t v;
 	int32_t i = ks_cat_find(c, in->area, in->kind, in->id);
 	if (i >= 0) {
 		struct ks_rec *r = &c->r[i];
@@ -162,6 +251,8 @@ int32_t ks_cat_put(struct ks_cat *c, const struct ks_rec *in)
 	}
 	if (in->area >= KS_AREA__COUNT)
 		return -1;
+	if (itab_reserve(c, &c->by_key) || itab_reserve(c, &c->by_parent))
+		return -1;
 	if (c->n_free) {
 		i = c->free_list[--c->n_free];
 	} else {
@@ -179,16 +270,14 @@ int32_t ks_cat_put(struct ks_cat *c, const struct ks_rec *in)
 	*r = *in;
 	r->live = 1;
 	r->eff = r->mtime;
-	key_of(r->area, r->kind, r->id, k);
-	h_bytes(r->parent, pk);
-	r->next_sib = kv_map_get(c->by_parent, pk, sizeof pk, &v) ? (int32_t)v : -1;
-	if (kv_map_put(c->by_key, k, sizeof k, (uint64_t)i) || kv_map_put(c->by_parent, pk, sizeof pk, (uint64_t)i)) {
-		kv_map_del(c->by_key, k, sizeof k);
-		r->live = 0;
-		if (c->n_free < c->cap_free)
-			c->free_list[c->n_free++] = i;
-		return -1;
-	}
+	/* the new record heads its parent's child list */
+	int64_t ps = find_parent(c, r->parent);
+	r->next_sib = ps >= 0 ? c->by_parent.slot[ps] : -1;
+	if (ps >= 0)
+		c->by_parent.slot[ps] = i;
+	else
+		itab_add(c, &c->by_parent, i);
+	itab_add(c, &c->by_key, i);
 	/* children added before their parent (a scan goes in name order) */
 	if (r->kind == KS_BLOCK)
 		for (int32_t ch = ks_cat_first_child(c, r->id); ch >= 0; ch = c->r[ch].next_sib)
@@ -203,23 +292,24 @@ int32_t ks_cat_put(struct ks_cat *c, const struct ks_rec *in)
 
 void ks_cat_del(struct ks_cat *c, int32_t i)
 {
-	uint8_t k[18], pk[16];
-	uint64_t v;
 	struct ks_rec *r;
 	if (i < 0 || i >= c->n || !c->r[i].live)
 		return;
 	r = &c->r[i];
-	key_of(r->area, r->kind, r->id, k);
-	kv_map_del(c->by_key, k, sizeof k);
-	h_bytes(r->parent, pk);
-	if (kv_map_get(c->by_parent, pk, sizeof pk, &v)) {
-		if ((int32_t)v == i) {
+	int64_t ks = find_key(c, r->area, r->kind, r->id);
+	if (ks >= 0)
+		itab_del_at(&c->by_key, ks);
+	int64_t ps = find_parent(c, r->parent);
+	if (ps >= 0) {
+		int32_t v = c->by_parent.slot[ps];
+		if (v == i) {
+			/* the next sibling has the same parent: it takes the slot */
 			if (r->next_sib >= 0)
-				kv_map_put(c->by_parent, pk, sizeof pk, (uint64_t)r->next_sib);
+				c->by_parent.slot[ps] = r->next_sib;
 			else
-				kv_map_del(c->by_parent, pk, sizeof pk);
+				itab_del_at(&c->by_parent, ps);
 		} else {
-			for (int32_t p = (int32_t)v; p >= 0; p = c->r[p].next_sib)
+			for (int32_t p = v; p >= 0; p = c->r[p].next_sib)
 				if (c->r[p].next_sib == i) {
 					c->r[p].next_sib = r->next_sib;
 					break;

@@ -14,7 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <time.h>
 
 struct kv_h128 ks_ns_derive(struct kv_h128 fp, const char *salt)
@@ -188,4 +191,70 @@ int ks_ns_read(const char *ns_dir, struct ks_ns_info *out)
 	}
 	kv_st_close(st);
 	return rc;
+}
+
+/* flock(2) is not a disk step (nothing on disk changes), so it is called
+ * directly rather than through the io table. */
+int ks_ns_lock(const char *ns_dir, double wait_s, int *fd, long *holder_pid)
+{
+	char path[4096];
+	int waited_ms = 0;
+	*fd = -1;
+	*holder_pid = 0;
+	snprintf(path, sizeof path, "%s/%s", ns_dir, KS_NS_LOCK_FILE);
+	for (;;) {
+		int f = kv_io_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+		if (f < 0)
+			return kv_fail(kv_io_errno_code(errno), "%s: %s", path, strerror(errno));
+		if (flock(f, LOCK_EX | LOCK_NB) == 0) {
+			/* an age-out may have unlinked the file while we waited */
+			struct stat a, b;
+			if (kv_io_fstat(f, &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+				char pid[32];
+				int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+				/* the pid is for messages only: a full disk may refuse it */
+				if (kv_io_ftruncate(f, 0) == 0)
+					(void)kv_io_pwrite(f, pid, (size_t)n, 0);
+				*fd = f;
+				return KV_OK;
+			}
+			kv_io_close(f);
+			int rc = ks_dir_ensure(ns_dir);
+			if (rc)
+				return rc;
+			continue;
+		}
+		int e = errno;
+		if (e != EWOULDBLOCK) {
+			kv_io_close(f);
+			return kv_fail(KV_ERR_IO, "%s: flock: %s", path, strerror(e));
+		}
+		if (waited_ms >= wait_s * 1000) {
+			char buf[32] = {0};
+			if (kv_io_pread(f, buf, sizeof buf - 1, 0) > 0)
+				*holder_pid = strtol(buf, NULL, 10);
+			kv_io_close(f);
+			return kv_fail(KV_ERR_NOT_OURS, "the namespace folder %s is in use by another kvkeep server (pid %ld)",
+				       ns_dir, *holder_pid);
+		}
+		kv_io_close(f);
+		usleep(20 * 1000);
+		waited_ms += 20;
+	}
+}
+
+int ks_ns_lock_for_removal(const char *ns_dir, int *fd)
+{
+	char path[4096];
+	*fd = -1;
+	snprintf(path, sizeof path, "%s/%s", ns_dir, KS_NS_LOCK_FILE);
+	int f = kv_io_open(path, O_RDONLY | O_CLOEXEC, 0);
+	if (f < 0)
+		return 0; /* no lock file: a server of an older version, or none */
+	if (flock(f, LOCK_EX | LOCK_NB) != 0) {
+		kv_io_close(f);
+		return 1;
+	}
+	*fd = f;
+	return 0;
 }

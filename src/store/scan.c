@@ -52,7 +52,7 @@ static int scan_file(void *ctx, const char *path, const char *name, uint64_t siz
 		sc->cut = 1; /* out of time, or the server is going down */
 		return 1;
 	}
-	if (kv_dw_is_temp_name(name) && !s->p.tool) {
+	if (kv_dw_is_temp_name(name) && !s->p.tool && !s->ns_busy) {
 		if (kv_io_unlink(path) == 0)
 			sc->debris++;
 		return 0;
@@ -90,8 +90,8 @@ static int scan_file(void *ctx, const char *path, const char *name, uint64_t siz
 	}
 	if (rc == KV_OK)
 		return 0;
-	if (s->p.tool)
-		return 0; /* tools report, they do not move files */
+	if (s->p.tool || s->ns_busy)
+		return 0; /* tools report, they do not move files; nor does a second server */
 	if (bad == KS_BAD_NS || bad == KS_BAD_VERSION)
 		sc->foreign++;
 	else if (bad != KS_BAD_IO && bad != KS_BAD_NONE)
@@ -124,12 +124,21 @@ static uint64_t age_out(struct ks_store *s)
 		last = ks_ns_read(p, &ni) == KV_OK ? ni.mtime : (int64_t)sb.st_mtime;
 		if (now - last <= s->p.ns_max_age_s)
 			continue;
+		/* a server holding the lock is using it, however old the marker */
+		int lk;
+		if (ks_ns_lock_for_removal(p, &lk)) {
+			KV_DEBUG("store.ns_live", "namespace=%s marker_days=%.1f msg=\"locked by a running server: kept\"",
+				 e->d_name, (double)(now - last) / 86400);
+			continue;
+		}
 		snprintf(c, sizeof c, "%s/%s/%s", s->root, KS_CKPT_DIR, e->d_name);
 		ks_dir_rmtree(c);
 		if (ks_dir_rmtree(p) == KV_OK) {
 			removed++;
 			KV_INFO("store.ns_removed", "namespace=%s unused_days=%.1f", e->d_name, (double)(now - last) / 86400);
 		}
+		if (lk >= 0)
+			kv_io_close(lk);
 	}
 	closedir(d);
 	return removed;
@@ -144,7 +153,7 @@ void ks_scan_run(struct ks_store *s)
 		sc.area = a;
 		ks_dir_walk(s->dir[a], scan_file, &sc);
 	}
-	uint64_t removed = sc.cut || s->p.tool ? 0 : age_out(s);
+	uint64_t removed = sc.cut || s->p.tool || s->ns_busy ? 0 : age_out(s);
 	/* the checkpoint cap is read again at every scan */
 	const char *env = s->p.env_ckpt_max ? s->p.env_ckpt_max : getenv("KVKEEP_KV_CHECKPOINT_MAX_BYTES");
 	uint64_t cap = ks_ckpt_cap_parse(env);
@@ -162,7 +171,7 @@ void ks_scan_run(struct ks_store *s)
 	pthread_mutex_unlock(&s->mu);
 	if (!sc.cut)
 		atomic_store(&s->scan_done, 1);
-	if (!s->p.tool)
+	if (!s->p.tool && !s->ns_busy)
 		ks_store_enforce_caps(s);
 	KV_INFO("store.scan", "files=%llu known=%zu bytes=%llu debris=%llu corrupt=%llu foreign=%llu ns_removed=%llu "
 			      "ms=%.1f complete=%d",

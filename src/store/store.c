@@ -157,6 +157,20 @@ static uint64_t evict_order(struct ks_store *s, int32_t *order, size_t n, int ck
 	return freed;
 }
 
+/* Evict up to k records in order; returns how many went. */
+static size_t evict_count(struct ks_store *s, int32_t *order, size_t n, size_t k)
+{
+	size_t gone = 0;
+	for (size_t i = 0; i < n && gone < k; i++) {
+		size_t before = ks_cat_count(s->cat, -1);
+		if (!ks_cat_at(s->cat, order[i]))
+			continue;
+		ks_store_evict_locked(s, order[i], 0);
+		gone += before - ks_cat_count(s->cat, -1);
+	}
+	return gone;
+}
+
 int ks_store_make_room(struct ks_store *s, uint64_t need)
 {
 	uint64_t total = 0, avail = 0, used, over = 0;
@@ -177,6 +191,21 @@ int ks_store_make_room(struct ks_store *s, uint64_t need)
 			return kv_fail(KV_ERR_FULL, "disk cache cap: %llu bytes more do not fit (cap %llu, free %llu)",
 				       (unsigned long long)need, (unsigned long long)s->cap_bytes,
 				       (unsigned long long)avail);
+		}
+	}
+	/* the object cap bounds the index's memory and the startup scan: past
+	 * it, evict down to 95% so the sort is not paid on every write */
+	size_t cnt = ks_cat_count(s->cat, -1), add = need ? 1 : 0;
+	if (s->max_files && cnt + add > s->max_files) {
+		size_t target = s->max_files - s->max_files / 20;
+		order = NULL;
+		if (ks_cat_order(s->cat, -1, 0, &order, &n) == KV_OK) {
+			evict_count(s, order, n, cnt + add - target);
+			free(order);
+		}
+		if (ks_cat_count(s->cat, -1) + add > s->max_files) {
+			pthread_mutex_unlock(&s->mu);
+			return kv_fail(KV_ERR_FULL, "disk cache cap: %zu objects (the object cap)", s->max_files);
 		}
 	}
 	pthread_mutex_unlock(&s->mu);
@@ -274,6 +303,34 @@ struct kv_h128 *ks_store_chain(const struct ks_store *s, const int32_t *tok, uin
 	return h;
 }
 
+int ks_store_claim(struct ks_store *s)
+{
+	int rc;
+	long pid = 0;
+	s->unclaimed = 1;
+	if ((rc = ks_dir_ensure(s->dir[KS_AREA_MAIN])) || (rc = ks_dir_ensure(s->dir[KS_AREA_CKPT])))
+		return rc;
+	if (s->lock_fd < 0 && (rc = ks_ns_lock(s->dir[KS_AREA_MAIN], 2.0, &s->lock_fd, &pid))) {
+		if (rc != KV_ERR_NOT_OURS)
+			return rc;
+		pthread_mutex_lock(&s->mu);
+		s->writable = 0;
+		s->ns_busy = 1;
+		pthread_mutex_unlock(&s->mu);
+		s->unclaimed = 0;
+		KV_WARN("store.ns_busy", "root=%s pid=%ld err=\"%s\" msg=\"another kvkeep server serves this namespace: "
+					 "this one reads its disk cache but writes and deletes nothing; give each "
+					 "server its own --cache-dir or --cache-salt\"",
+			s->root, pid, kv_errmsg());
+		return rc;
+	}
+	if ((rc = ks_ns_mark(s->dir[KS_AREA_MAIN], s->p.ns, s->label, s->p.salted, &s->L)))
+		return rc;
+	s->touched_ns = ks_dir_now_ns();
+	s->unclaimed = 0;
+	return KV_OK;
+}
+
 int ks_store_open(const struct ks_params *p, struct ks_store **out)
 {
 	struct ks_store *s;
@@ -285,6 +342,7 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 	if (!s)
 		return kv_fail(KV_ERR_NOMEM, "disk cache: out of memory");
 	s->p = *p;
+	s->lock_fd = -1;
 	s->L = *p->layout;
 	s->p.layout = &s->L;
 	s->B = (uint32_t)s->L.page_tokens;
@@ -313,13 +371,19 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 	for (int a = 0; a < KS_AREA__COUNT; a++)
 		ks_dir_ns_path(s->root, s->p.ns, a, s->dir[a], sizeof s->dir[a]);
 
-	/* folders and the marker; a folder we cannot write makes a read-only store */
+	/* folders, lock and marker. A folder we cannot write makes a read-only
+	 * store; a full disk is the same degraded-but-retrying state as an
+	 * ENOSPC during the run (the writer claims the namespace once there
+	 * is room); another server on the namespace makes a store that reads
+	 * and never writes or deletes. */
 	s->writable = 1;
 	if (p->tool) {
 		s->p.no_threads = 1;
-	} else if ((rc = ks_dir_ensure(s->dir[KS_AREA_MAIN])) || (rc = ks_dir_ensure(s->dir[KS_AREA_CKPT])) ||
-	    (rc = ks_ns_mark(s->dir[KS_AREA_MAIN], s->p.ns, s->label, s->p.salted, &s->L))) {
+	} else if ((rc = ks_store_claim(s)) == KV_ERR_FULL) {
+		ks_store_write_failed(s, rc, "namespace");
+	} else if (rc && rc != KV_ERR_NOT_OURS) {
 		s->writable = 0;
+		s->unclaimed = 0;
 		s->st.write_errors[KS_WERR_READONLY]++;
 		s->logged_werr[KS_WERR_READONLY] = 1;
 		KV_WARN("store.readonly", "root=%s err=\"%s\" msg=\"cannot write the disk cache folder: the disk tier is "
@@ -332,6 +396,7 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 	if (ks_dir_fs(s->writable ? s->dir[KS_AREA_MAIN] : s->root, &total, &avail) != KV_OK)
 		total = avail = 0;
 	s->cap_bytes = p->max_bytes ? p->max_bytes : (total ? total / 10 : (10ull << 30));
+	s->max_files = p->max_files ? (size_t)p->max_files : KS_MAX_FILES_DEFAULT;
 	s->reserve_bytes = p->reserve_bytes ? p->reserve_bytes : (total / 20 < (4ull << 30) ? total / 20 : (4ull << 30));
 	s->ckpt_cap_bytes = ks_ckpt_cap_parse(p->env_ckpt_max ? p->env_ckpt_max : getenv("KVKEEP_KV_CHECKPOINT_MAX_BYTES"));
 
@@ -345,9 +410,9 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 	}
 	char hex[33];
 	kv_h128_hex(s->p.ns, hex);
-	KV_INFO("store.open", "root=%s namespace=%s writable=%d cap_mb=%llu reserve_mb=%llu ckpt_cap_mb=%llu "
+	KV_INFO("store.open", "root=%s namespace=%s writable=%d cap_mb=%llu max_files=%zu reserve_mb=%llu ckpt_cap_mb=%llu "
 			      "ckpt_interval=%u",
-		s->root, hex, s->writable, (unsigned long long)(s->cap_bytes >> 20),
+		s->root, hex, s->writable, (unsigned long long)(s->cap_bytes >> 20), s->max_files,
 		(unsigned long long)(s->reserve_bytes >> 20), (unsigned long long)(s->ckpt_cap_bytes >> 20),
 		s->p.ckpt_interval);
 	*out = s;
@@ -371,6 +436,8 @@ void ks_store_close(struct ks_store *s)
 		s->q_head = j->next;
 		ks_writer_job_free(j);
 	}
+	if (s->lock_fd >= 0)
+		kv_io_close(s->lock_fd); /* releases the namespace lock */
 	ks_cat_destroy(s->cat);
 	free(s->tool_order);
 	for (size_t i = 0; s->stg && i < s->n_stg; i++)

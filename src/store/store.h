@@ -25,7 +25,8 @@
  *                  A file that fails validation is quarantined and the
  *                  lookup falls back to what remains: a miss or a shorter
  *                  hit, never a wrong one.
- *   disk caps      --disk-cache-max-mb (default 10% of the filesystem) and
+ *   disk caps      --disk-cache-max-mb (default 10% of the filesystem),
+ *                  --disk-cache-max-files (default 100K objects) and
  *                  a free-space reserve, least recently used first (leaves
  *                  before the prefixes they extend); the checkpoint folder
  *                  separately, KVKEEP_KV_CHECKPOINT_MAX_BYTES, oldest first.
@@ -54,6 +55,11 @@
 
 #define KS_SHUTDOWN_BUDGET_DEFAULT 3.5            /* seconds (KVKEEP_SHUTDOWN_BUDGET) */
 #define KS_CKPT_MAX_BYTES_DEFAULT (20ull << 30)   /* KVKEEP_KV_CHECKPOINT_MAX_BYTES */
+/* Objects per namespace (--disk-cache-max-files): the index costs about
+ * 300 heap bytes and the startup scan 0.1-0.3 ms per object
+ * (docs/persistence.md), so 100K objects stay near 30 MB and a background
+ * scan of tens of seconds at worst, whatever the byte cap allows. */
+#define KS_MAX_FILES_DEFAULT 100000
 #define KS_PROBE_BYTES (16u << 20)                /* the flush's fsynced probe */
 #define KS_PROBE_MIN_BPS 150e6                    /* first prediction clamp */
 #define KS_PROBE_MAX_BPS 600e6
@@ -68,6 +74,7 @@ struct ks_params {
 	struct kv_pages *pages;        /* pool for pages read from disk (borrowed) */
 	uint32_t stride;               /* checkpoint stride (direct lookups try its multiples) */
 	uint64_t max_bytes;            /* disk cap; 0 = 10% of the filesystem */
+	uint64_t max_files;            /* object cap of the namespace; 0 = KS_MAX_FILES_DEFAULT */
 	uint64_t reserve_bytes;        /* free space kept; 0 = min(5% of the filesystem, 4 GiB) */
 	uint64_t quarantine_bytes;     /* 0 = KS_QUARANTINE_MAX_DEFAULT */
 	const char *env_ckpt_max;      /* KVKEEP_KV_CHECKPOINT_MAX_BYTES text; NULL: getenv at each scan */

@@ -79,8 +79,14 @@ struct ks_store {
 	int scan_started, scan_running;
 	atomic_int scan_done;
 	int writable;                    /* 0: read-only folder, no writes */
+	int lock_fd;                     /* the namespace lock (ns.h), -1 until held */
+	int ns_busy;                     /* another server holds the lock: write and delete nothing */
+	int unclaimed;                   /* folders/lock/marker not made yet (a full disk at open):
+					    the writer tries again before its next write (under wmu) */
+	int64_t touched_ns;              /* last marker touch (writer thread) */
 	int logged_werr[KS_WERR__COUNT]; /* logged once */
 	uint64_t cap_bytes, reserve_bytes, ckpt_cap_bytes;
+	size_t max_files;                /* object cap (both areas) */
 	int64_t last_enforce_ns;
 
 	struct ks_ckpt_job *q_head, *q_tail;
@@ -117,6 +123,10 @@ int ks_store_has(struct ks_store *s, int area, int kind, struct kv_h128 id);
 /* Count a refused file and move it to quarantine when it is corrupt
  * (other namespace / version: left alone). Drops it from the catalog. */
 void ks_store_reject(struct ks_store *s, const char *path, int area, int kind, struct kv_h128 id, int bad);
+/* Folders, lock and marker of the namespace (at open, and again from the
+ * writer while `unclaimed`). KV_OK; KV_ERR_NOT_OURS (another server:
+ * ns_busy set, writes off); another error leaves `unclaimed` set. */
+int ks_store_claim(struct ks_store *s);
 /* Make room for `need` more bytes (disk cap, reserve). KV_OK or KV_ERR_FULL. */
 int ks_store_make_room(struct ks_store *s, uint64_t need);
 /* Classify a failed write, count it, log its kind once; a read-only

@@ -21,6 +21,7 @@
 #include "base/mem.h"
 #include "base/durable.h"
 #include "cache/index.h"
+#include "store/ns.h"
 #include "store/store_int.h"
 
 #include <errno.h>
@@ -182,6 +183,12 @@ int ks_writer_put(struct ks_store *s, int area, const struct ks_obj_src *src, ui
 	pthread_mutex_unlock(&s->mu);
 	if (!writable)
 		return kv_fail(KV_ERR_IO, "disk cache is read-only");
+	/* a full disk at open: claim the namespace now that there may be room */
+	if (s->unclaimed && (rc = ks_store_claim(s))) {
+		if (rc != KV_ERR_NOT_OURS)
+			ks_store_write_failed(s, rc, "namespace");
+		return rc;
+	}
 	if (!s->shard_made[area][sh]) {
 		char d[4096];
 		ks_dir_shard_path(s->dir[area], src->id, d, sizeof d);
@@ -456,6 +463,15 @@ void *ks_writer_main(void *arg)
 		s->writer_busy = 1;
 		pthread_mutex_unlock(&s->mu);
 		ks_writer_drain(s, 1);
+		/* the marker's mtime is the namespace's last use (ns.h): keep it
+		 * fresh for scanners that do not know the lock */
+		int64_t now = ks_dir_now_ns();
+		if (!s->unclaimed && !s->ns_busy && now - s->touched_ns > (int64_t)KS_NS_TOUCH_S * 1000000000) {
+			char mk[4200];
+			snprintf(mk, sizeof mk, "%s/%s", s->dir[KS_AREA_MAIN], KS_NS_FILE);
+			ks_dir_touch(mk);
+			s->touched_ns = now;
+		}
 		pthread_mutex_lock(&s->mu);
 		s->writer_busy = 0;
 		pthread_cond_broadcast(&s->cv);

@@ -38,6 +38,18 @@ if [ -n "$c2" ] && [ "$c2" -gt 0 ]; then ok turn2_cached; else bad turn2_cached 
 if [ -n "$url" ] && curl -s -m 2 "${url%/v1}/health" >/dev/null 2>&1; then bad server_stopped "still answering at $url"
 else ok server_stopped; fi
 
+# --- the spawned server logs at info in its file, whatever KVKEEP_LOG the chat had ---
+rm -f "$TMP"/kvkeep-chat-serve.*.log
+printf 'hello\n' | env -u KVKEEP_LOG timeout 120 "$KT_BIN" chat --model "$TMP/m" --max-tokens 2 >"$TMP/out4" 2>"$TMP/err4"
+log=$(ls "$TMP"/kvkeep-chat-serve.*.log 2>/dev/null | head -1)
+if grep -q 'level=info event=serve.ready' "$log" 2>/dev/null && grep -q 'level=info event=request ' "$log"; then
+	ok spawned_log_at_info; else bad spawned_log_at_info "$(head -c 300 "$log" 2>/dev/null)"; fi
+
+# --- KVKEEP_API_KEY: the spawned server requires it, the chat sends it ---
+printf 'hello\n' | KVKEEP_API_KEY=chat-key timeout 120 "$KT_BIN" chat --model "$TMP/m" --max-tokens 2 >"$TMP/out5" 2>"$TMP/err5"
+rc=$?
+if [ $rc -eq 0 ] && [ -s "$TMP/out5" ]; then ok api_key_round_trip; else bad api_key_round_trip "rc=$rc $(tail -2 "$TMP/err5")"; fi
+
 # --- spawned server, cache off ---
 rm -f "$TMP"/kvkeep-chat-serve.*.log
 printf 'hello there\nand a second turn\n' |
@@ -59,6 +71,13 @@ printf 'ping\n' | timeout 60 "$KT_BIN" chat --base-url "http://127.0.0.1:$port/v
 rc=$?
 if [ $rc -eq 0 ] && grep -q 'model tinychat' "$TMP/err3" && grep -q 'event=request ' "$TMP/srv.log"; then
 	ok base_url; else bad base_url "rc=$rc $(cat "$TMP/err3" | head -3)"; fi
+# client errors leave a line at info: route, status, message
+curl -s -m 5 -o /dev/null -H 'Content-Type: application/json' -d '{"messages":[]}' "http://127.0.0.1:$port/v1/chat/completions"
+curl -s -m 5 -o /dev/null "http://127.0.0.1:$port/v1/nowhere"
+sleep 0.2
+if grep -q 'level=info event=http.error route=/v1/chat/completions status=400 param="messages" msg="messages: ' "$TMP/srv.log" &&
+	grep -q 'level=info event=http.error route=.* status=404 ' "$TMP/srv.log"; then
+	ok client_errors_logged; else bad client_errors_logged "$(grep -E 'http.error' "$TMP/srv.log" | head -3)"; fi
 kill -TERM "$SRV"; wait "$SRV" 2>/dev/null; SRV=""
 # bad usage
 if "$KT_BIN" chat >/dev/null 2>&1; then bad usage_error "no flags accepted"; else ok usage_error; fi

@@ -20,6 +20,9 @@
 //            RAM, logs it once and reports it in /metrics.
 //   interval --kv-disk-checkpoint-interval: resume points land in
 //            kv_checkpoints/ and serve a hit after a restart.
+//   mlx      the hybrid converted to an MLX 4-bit folder: after a restart
+//            turn 1 resumes from disk, bit-identical to cold; the float
+//            folder does not see its entries (another namespace).
 import { execFileSync, spawnSync } from 'node:child_process';
 import { readdirSync, statSync, writeFileSync, readFileSync, openSync, writeSync, closeSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
@@ -293,5 +296,31 @@ await check(`${P}:salts_share_only_within_a_salt`, async () => {
   assert(a2.cached > 0, 'the same salt after a restart did not hit');
   await srv.stop();
 }, 180000);
+
+// --- MLX quantized weights -------------------------------------------------------
+await check(`${P}:mlx4_hybrid_restart_bit_identical_to_cold`, async () => {
+  const mlx = join(TMP, 'hybrid-mlx4');
+  execFileSync(KT_BIN, ['convert-mlx', '--model', hybrid, '--out', mlx, '--mlx-bits', '4', '--no-sync'],
+    { stdio: ['ignore', 'ignore', 'inherit'] });
+  const dir = join(TMP, 'cache-mlx4');
+  const c = await cold(mlx, turn1());
+  let srv = await startServer(mlx, ['--cache-dir', dir]);
+  const a = await chat(srv, turn1());
+  eq(a.cached, 0, 'first run is cold');
+  eq(a.lp, c.lp, 'logprobs of the first run vs --disable-prefix-cache');
+  const st = await srv.stop('SIGTERM', 15000);
+  eq(st.code, 0, 'exit status after SIGTERM');
+  srv = await startServer(mlx, ['--cache-dir', dir]);
+  const r = await chat(srv, turn1());
+  assert(r.cached > 0, 'no hit from disk after the restart');
+  eq(r.text, c.text, 'text after restart vs cold');
+  eq(r.lp, c.lp, 'logprobs after restart vs cold');
+  await srv.stop();
+  // the float folder of the same model is another namespace
+  srv = await startServer(hybrid, ['--cache-dir', dir]);
+  const f = await chat(srv, turn1());
+  eq(f.cached, 0, 'the float model hit the MLX model\'s cache');
+  await srv.stop();
+}, 120000);
 
 process.exit(failures_count() ? 1 : 0);

@@ -7,9 +7,20 @@
 # token ids, and compares:
 #   logits   every one of the 64 positions: max|engine - ref| / max|ref| <= 1e-4
 #   state    DeltaNet conv state and S after the prompt: same bound
-# for tiny-dense (qwen3), tiny-hybrid (qwen3_5) and tiny-next (qwen3_next:
-# the same weights regrouped into the fused in_proj_qkvz / in_proj_ba
-# layout, which must also give logits bit-identical to tiny-hybrid's).
+# for tiny-dense (qwen3), tiny-hybrid (qwen3_5), tiny-hybrid regrouped into
+# qwen3_next's fused in_proj_qkvz / in_proj_ba layout (dense-next, which
+# must also give logits bit-identical to tiny-hybrid's), and the MoE
+# presets tiny-moe (qwen3_5_moe, stacked experts.gate_up_proj / down_proj)
+# and tiny-next (qwen3_next, fused DeltaNet, per-expert tensors, one dense
+# layer, norm_topk_prob false); tiny-moe's experts are also rewritten per
+# expert (moe-split) and as mlx-lm's switch_mlp stacks (moe-switch), which
+# must both give bit-identical logits.
+#
+# F16 matrices (reference_model.py --to-f16) and MLX quantized folders
+# (kvkeep convert-mlx: 4 and 8 bits, groups of 64 and 32, and a mixed
+# folder with per-module overrides) run by the engine against the
+# reference on the same weights, dequantized independently by
+# reference_model.py --dequant-mlx; 1e-4 like the f32 folders.
 # The bf16-weight presets with the default bf16 KV are checked against the
 # reference with a looser 2e-2 bound (bf16 KV rounding). The reference also
 # checks its own recurrent delta rule against Hugging Face's chunked form.
@@ -41,8 +52,8 @@ mk() { # preset dtype dir
 		{ fail "mkmodel_$1_$2" "$(tail -1 "$T/mk.log")"; return 1; }
 }
 
-run_pair() { # name dir kvflag tol check_state
-	local name=$1 dir=$2 kvflag=$3 tol=$4 check_state=$5 vocab
+run_pair() { # name dir kvflag tol check_state [reference_dir]
+	local name=$1 dir=$2 kvflag=$3 tol=$4 check_state=$5 rdir=${6:-$2} vocab
 	vocab=$("$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print(j.get('text_config', j)['vocab_size'])" "$dir/config.json")
 	TOK=$("$PY" -c "import random; r=random.Random(7); print(','.join(str(r.randrange($vocab)) for _ in range(64)))")
 	if ! KVKEEP_LOG=warn "$BIN" generate --model "$dir" --tokens "$TOK" --max-tokens 0 $kvflag --quiet \
@@ -50,7 +61,7 @@ run_pair() { # name dir kvflag tol check_state
 		fail "${name}_logits" "engine: $(tail -1 "$T/$name.gen.log")"
 		return
 	fi
-	if ! "$PY" "$REF" --model "$dir" --tokens "$TOK" --logits-out "$T/$name.r.bin" --state-out "$T/$name.r.st" \
+	if ! "$PY" "$REF" --model "$rdir" --tokens "$TOK" --logits-out "$T/$name.r.bin" --state-out "$T/$name.r.st" \
 		--check-chunked >"$T/$name.ref.log" 2>&1; then
 		fail "${name}_reference" "$(tail -1 "$T/$name.ref.log")"
 		return
@@ -75,9 +86,9 @@ run_pair() { # name dir kvflag tol check_state
 mk tiny-dense f32 "$T/tiny-dense" && run_pair tiny-dense "$T/tiny-dense" --kv-f32 1e-4 0
 mk tiny-hybrid f32 "$T/tiny-hybrid" && run_pair tiny-hybrid "$T/tiny-hybrid" --kv-f32 1e-4 1
 if [ -d "$T/tiny-hybrid" ]; then
-	if "$PY" "$REF" --make-next "$T/tiny-hybrid" "$T/tiny-next" >"$T/next.log" 2>&1; then
-		run_pair tiny-next "$T/tiny-next" --kv-f32 1e-4 1
-		if [ -f "$T/tiny-next.c.bin" ] && cmp -s "$T/tiny-next.c.bin" "$T/tiny-hybrid.c.bin"; then
+	if "$PY" "$REF" --make-next "$T/tiny-hybrid" "$T/dense-next" >"$T/next.log" 2>&1; then
+		run_pair dense-next "$T/dense-next" --kv-f32 1e-4 1
+		if [ -f "$T/dense-next.c.bin" ] && cmp -s "$T/dense-next.c.bin" "$T/tiny-hybrid.c.bin"; then
 			ok "qwen3_next_fused_layout_bit_identical_to_qwen3_5"
 		else
 			fail "qwen3_next_fused_layout_bit_identical_to_qwen3_5" "logits differ"
@@ -86,6 +97,60 @@ if [ -d "$T/tiny-hybrid" ]; then
 		fail "make_next" "$(tail -1 "$T/next.log")"
 	fi
 fi
+mk tiny-moe f32 "$T/tiny-moe" && run_pair tiny-moe "$T/tiny-moe" --kv-f32 1e-4 1
+mk tiny-next f32 "$T/tiny-next" && run_pair tiny-next "$T/tiny-next" --kv-f32 1e-4 1
+if [ -d "$T/tiny-moe" ]; then
+	if "$PY" "$REF" --split-experts "$T/tiny-moe" "$T/moe-split" >"$T/split.log" 2>&1; then
+		run_pair moe-split "$T/moe-split" --kv-f32 1e-4 0
+		if [ -f "$T/moe-split.c.bin" ] && cmp -s "$T/moe-split.c.bin" "$T/tiny-moe.c.bin"; then
+			ok "moe_per_expert_layout_bit_identical_to_stacked"
+		else
+			fail "moe_per_expert_layout_bit_identical_to_stacked" "logits differ"
+		fi
+	else
+		fail "split_experts" "$(tail -1 "$T/split.log")"
+	fi
+	if "$PY" "$REF" --switch-experts "$T/tiny-moe" "$T/moe-switch" >"$T/switch.log" 2>&1; then
+		run_pair moe-switch "$T/moe-switch" --kv-f32 1e-4 0
+		if [ -f "$T/moe-switch.c.bin" ] && cmp -s "$T/moe-switch.c.bin" "$T/tiny-moe.c.bin"; then
+			ok "moe_switch_mlp_layout_bit_identical_to_stacked"
+		else
+			fail "moe_switch_mlp_layout_bit_identical_to_stacked" "logits differ"
+		fi
+	else
+		fail "switch_experts" "$(tail -1 "$T/switch.log")"
+	fi
+fi
+mk tiny-moe bf16 "$T/tiny-moe-bf16" && run_pair tiny-moe-bf16 "$T/tiny-moe-bf16" "" 2e-2 1
 mk tiny-dense bf16 "$T/tiny-dense-bf16" && run_pair tiny-dense-bf16 "$T/tiny-dense-bf16" "" 2e-2 0
 mk tiny-hybrid bf16 "$T/tiny-hybrid-bf16" && run_pair tiny-hybrid-bf16 "$T/tiny-hybrid-bf16" "" 2e-2 1
+mlx_pair() { # preset bits group check_state [overrides]
+	local src="$T/$1" out="$T/$1-mlx$2g$3${5:+mixed}"
+	if ! "$BIN" convert-mlx --model "$src" --out "$out" --mlx-bits "$2" --group-size "$3" --no-sync \
+		${5:+--mlx-overrides "$5"} >"$T/cv.log" 2>&1; then
+		fail "convert_mlx_$1_$2" "$(tail -1 "$T/cv.log")"
+		return
+	fi
+	if ! "$PY" "$REF" --dequant-mlx "$out" "$out-deq" >"$T/dq.log" 2>&1; then
+		fail "dequant_mlx_$1_$2" "$(tail -1 "$T/dq.log")"
+		return
+	fi
+	run_pair "$1-mlx$2g$3${5:+mixed}" "$out" --kv-f32 1e-4 "$4" "$out-deq"
+}
+[ -d "$T/tiny-dense" ] && { mlx_pair tiny-dense 4 64 0; mlx_pair tiny-dense 8 32 0; }
+[ -d "$T/tiny-hybrid" ] && { mlx_pair tiny-hybrid 4 64 1; mlx_pair tiny-hybrid 8 64 1; }
+[ -d "$T/dense-next" ] && mlx_pair dense-next 4 64 1
+# a mixed recipe: per-module overrides (8-bit groups of 32, a float matrix)
+[ -d "$T/tiny-hybrid" ] && mlx_pair tiny-hybrid 4 64 1 \
+	"language_model.model.layers.0.mlp.down_proj=8:32,language_model.model.layers.3.self_attn.q_proj=float,language_model.model.embed_tokens=8:64"
+# F16 matrices (the reference widens them exactly, as the engine does).
+f16_pair() { # preset check_state
+	if ! "$PY" "$REF" --to-f16 "$T/$1" "$T/$1-f16" >"$T/f16.log" 2>&1; then
+		fail "to_f16_$1" "$(tail -1 "$T/f16.log")"
+		return
+	fi
+	run_pair "$1-f16" "$T/$1-f16" --kv-f32 1e-4 "$2"
+}
+[ -d "$T/tiny-dense" ] && f16_pair tiny-dense 0
+[ -d "$T/tiny-hybrid" ] && f16_pair tiny-hybrid 1
 [ "$fails" -eq 0 ]

@@ -3,7 +3,8 @@
 
 Implements the math of Hugging Face transformers' modeling code
 (models/qwen3/modeling_qwen3.py, models/qwen3_next/modeling_qwen3_next.py,
-models/qwen3_5/modular_qwen3_5.py) from scratch, for one unbatched prompt
+models/qwen3_5/modular_qwen3_5.py, models/qwen3_5_moe/modeling_qwen3_5_moe.py,
+including the sparse MoE blocks) from scratch, for one unbatched prompt
 without a cache, and loads the same safetensors folder the C engine loads.
 It is the oracle of tests/ref/engine_ref.sh; it shares no code with the
 engine.
@@ -13,6 +14,19 @@ engine.
     reference_model.py --make-next SRC DST
         write a qwen3_next folder (fused in_proj_qkvz / in_proj_ba) holding
         the same weights as the qwen3_5 folder SRC.
+    reference_model.py --split-experts SRC DST
+        rewrite stacked experts (mlp.experts.gate_up_proj / down_proj) as
+        per-expert tensors (mlp.experts.N.{gate,up,down}_proj.weight).
+    reference_model.py --switch-experts SRC DST
+        the same as mlx-lm's stacks (mlp.switch_mlp.{gate,up,down}_proj.weight).
+    reference_model.py --dequant-mlx SRC DST
+        write a float32 Hugging Face folder holding the exactly dequantized
+        weights of the MLX quantized folder SRC (w = scale * q + bias per
+        group, evaluated in float64 and rounded once to float32, i.e. a
+        fused multiply-add; mlx-lm's names, conv shape and shifted norms
+        mapped back to Hugging Face's).
+    reference_model.py --to-f16 SRC DST
+        the folder SRC with every 2-D matrix stored as F16 (rounded once).
     reference_model.py --compare A B --vocab V [--tol T]
     reference_model.py --compare-state A B [--tol T]
 
@@ -56,6 +70,9 @@ def read_safetensors(path):
             a = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
         elif dt == "F16":
             a = np.frombuffer(buf, dtype="<f2").astype(np.float32)
+        elif dt == "U32":
+            out[name] = np.frombuffer(buf, dtype="<u4").reshape(shape).copy()
+            continue
         else:
             raise SystemExit(f"{path}: tensor {name}: dtype {dt} not handled by the reference")
         out[name] = torch.from_numpy(a.reshape(shape).copy())
@@ -102,10 +119,10 @@ def load_config(d):
     with open(os.path.join(d, "config.json")) as f:
         j = json.load(f)
     mt = j["model_type"]
-    t = j.get("text_config", j) if mt == "qwen3_5" else j
+    t = j.get("text_config", j) if mt in ("qwen3_5", "qwen3_5_moe") else j
     c = Cfg()
     c.model_type = mt
-    c.hybrid = mt in ("qwen3_5", "qwen3_5_text", "qwen3_next")
+    c.hybrid = mt in ("qwen3_5", "qwen3_5_text", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
     c.fused = mt == "qwen3_next"
     c.hidden = t["hidden_size"]
     c.n_layers = t["num_hidden_layers"]
@@ -132,6 +149,20 @@ def load_config(d):
         c.K = t["linear_conv_kernel_dim"]
     else:
         c.layer_types = ["full_attention"] * c.n_layers
+    # Mixture of experts, as the decoder layers of modeling_qwen3_next.py
+    # and modeling_qwen3_5_moe.py decide it.
+    c.moe = [False] * c.n_layers
+    if mt in ("qwen3_5_moe", "qwen3_5_moe_text"):
+        c.moe = [True] * c.n_layers
+        c.norm_topk = True
+    elif mt == "qwen3_next" and t.get("num_experts", 512) > 0:
+        mol = t.get("mlp_only_layers") or []
+        step = t.get("decoder_sparse_step", 1)
+        c.moe = [l not in mol and (l + 1) % step == 0 for l in range(c.n_layers)]
+        c.norm_topk = t.get("norm_topk_prob", True)
+    if any(c.moe):
+        c.E = t.get("num_experts", 512 if mt == "qwen3_next" else 256)
+        c.topk = t.get("num_experts_per_tok", 10 if mt == "qwen3_next" else 8)
     return c
 
 # --- model ------------------------------------------------------------------
@@ -292,6 +323,43 @@ def deltanet(c, W, p, h, dt, check_chunked, stats):
     return out, conv_state, S
 
 
+def sparse_moe(c, W, p, h):
+    # Qwen3NextSparseMoeBlock / Qwen3_5MoeSparseMoeBlock: softmax router,
+    # top-k, optional renormalisation, experts summed by index_add_ in
+    # ascending expert id, plus the sigmoid-gated shared expert. Experts
+    # are read from the stacked tensors (experts.gate_up_proj / down_proj)
+    # or the per-expert ones (experts.N.{gate,up,down}_proj.weight).
+    n, D = h.shape
+    logits = h @ W[p + "gate.weight"].T
+    probs = F.softmax(logits, dim=-1, dtype=torch.float)
+    top_w, top_i = torch.topk(probs, c.topk, dim=-1)
+    if c.norm_topk:
+        top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+    top_w = top_w.to(h.dtype)
+    out = torch.zeros_like(h)
+    stacked = (p + "experts.gate_up_proj") in W
+    switch = (p + "switch_mlp.gate_proj.weight") in W
+    for e in range(c.E):
+        tok, pos = torch.where(top_i == e)
+        if tok.numel() == 0:
+            continue
+        xs = h[tok]
+        if stacked:
+            gate, up = (xs @ W[p + "experts.gate_up_proj"][e].T).chunk(2, dim=-1)
+            y = (F.silu(gate) * up) @ W[p + "experts.down_proj"][e].T
+        elif switch:
+            q = p + "switch_mlp."
+            y = (F.silu(xs @ W[q + "gate_proj.weight"][e].T) * (xs @ W[q + "up_proj.weight"][e].T)) @ W[q + "down_proj.weight"][e].T
+        else:
+            q = f"{p}experts.{e}."
+            y = (F.silu(xs @ W[q + "gate_proj.weight"].T) * (xs @ W[q + "up_proj.weight"].T)) @ W[q + "down_proj.weight"].T
+        out.index_add_(0, tok, y * top_w[tok, pos, None])
+    s = F.silu(h @ W[p + "shared_expert.gate_proj.weight"].T) * (h @ W[p + "shared_expert.up_proj.weight"].T)
+    s = s @ W[p + "shared_expert.down_proj.weight"].T
+    s = torch.sigmoid(h @ W[p + "shared_expert_gate.weight"].T) * s
+    return out + s
+
+
 def forward(c, W, tokens, dt, check_chunked=False):
     pre = "model.language_model." if "model.language_model.embed_tokens.weight" in W else "model."
     W = {k: v.to(dt) for k, v in W.items()}
@@ -310,6 +378,9 @@ def forward(c, W, tokens, dt, check_chunked=False):
             states.append((cs, S))
             x = x + o
         h = rmsnorm(x, W[p + "post_attention_layernorm.weight"], c.eps, c.hybrid)
+        if c.moe[l]:
+            x = x + sparse_moe(c, W, p + "mlp.", h)
+            continue
         m = F.silu(h @ W[p + "mlp.gate_proj.weight"].T) * (h @ W[p + "mlp.up_proj.weight"].T)
         x = x + m @ W[p + "mlp.down_proj.weight"].T
     x = rmsnorm(x, W[pre + "norm.weight"], c.eps, c.hybrid)
@@ -317,6 +388,40 @@ def forward(c, W, tokens, dt, check_chunked=False):
     return x @ head.T, states, stats
 
 # --- tools ------------------------------------------------------------------
+
+def split_experts(src, dst, switch=False):
+    """stacked experts.gate_up_proj / down_proj -> experts.N.{gate,up,down}_proj.weight
+    (or, switch, mlx-lm's switch_mlp.{gate,up,down}_proj.weight stacks)."""
+    W = load_weights(src)
+    out = {}
+    for name, t in W.items():
+        if switch and name.endswith(".mlp.experts.gate_up_proj"):
+            base = name[: -len("experts.gate_up_proj")] + "switch_mlp."
+            I = t.shape[1] // 2
+            out[base + "gate_proj.weight"] = t[:, :I].contiguous()
+            out[base + "up_proj.weight"] = t[:, I:].contiguous()
+        elif switch and name.endswith(".mlp.experts.down_proj"):
+            out[name[: -len("experts.down_proj")] + "switch_mlp.down_proj.weight"] = t.contiguous()
+        elif name.endswith(".mlp.experts.gate_up_proj"):
+            base = name[: -len("gate_up_proj")]
+            I = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = t[e, :I].contiguous()
+                out[f"{base}{e}.up_proj.weight"] = t[e, I:].contiguous()
+        elif name.endswith(".mlp.experts.down_proj"):
+            base = name[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = t[e].contiguous()
+        else:
+            out[name] = t
+    os.makedirs(dst, exist_ok=True)
+    write_safetensors(os.path.join(dst, "model.safetensors"), out)
+    for fn in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        s = os.path.join(src, fn)
+        if os.path.exists(s):
+            with open(s, "rb") as f, open(os.path.join(dst, fn), "wb") as g:
+                g.write(f.read())
+
 
 def make_next(src, dst):
     """qwen3_5 folder -> qwen3_next folder with fused projections, same math."""
@@ -368,6 +473,83 @@ def make_next(src, dst):
                 g.write(f.read())
 
 
+def dequant_mlx(src, dst):
+    """MLX affine folder -> float32 Hugging Face folder, same values."""
+    with open(os.path.join(src, "config.json")) as f:
+        j = json.load(f)
+    q = j["quantization"]
+    W = load_weights(src)
+    out = {}
+    sanitized = any(k.endswith("conv1d.weight") and tuple(v.shape)[-1] == 1 and v.ndim == 3 for k, v in W.items())
+    norm_sfx = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+                ".q_norm.weight", ".k_norm.weight")
+    for name, t in W.items():
+        if name.endswith(".scales") or name.endswith(".biases"):
+            continue
+        if isinstance(t, np.ndarray):  # U32 codes
+            base = name[:-len(".weight")]
+            o = q.get(base, q)
+            bits, gs = o["bits"], o["group_size"]
+            per = 32 // bits
+            rows, packed = t.shape
+            codes = np.zeros((rows, packed * per), dtype=np.int64)
+            for i in range(per):
+                codes[:, i::per] = (t.astype(np.int64) >> (bits * i)) & ((1 << bits) - 1)
+            sc = W[base + ".scales"].numpy().astype(np.float64)
+            bi = W[base + ".biases"].numpy().astype(np.float64)
+            g = np.repeat(np.arange(codes.shape[1] // gs), gs)
+            w = (sc[:, g] * codes + bi[:, g]).astype(np.float32)
+            t = torch.from_numpy(w)
+        elif name.endswith("conv1d.weight") and sanitized:
+            t = t.permute(0, 2, 1).contiguous()
+        if sanitized and any(name.endswith(x) for x in norm_sfx) and t.ndim == 1:
+            t = t - 1.0  # exact for the weights near 1 that norms hold
+        if name.startswith("language_model.model."):
+            name = "model.language_model." + name[len("language_model.model."):]
+        elif name.startswith("language_model."):
+            name = name[len("language_model."):]
+        out[name] = t
+    os.makedirs(dst, exist_ok=True)
+    write_safetensors(os.path.join(dst, "model.safetensors"), out)
+    j.pop("quantization", None)
+    j.pop("quantization_config", None)
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(j, f, indent=2)
+    for fn in ("tokenizer.json", "tokenizer_config.json"):
+        s = os.path.join(src, fn)
+        if os.path.exists(s):
+            with open(s, "rb") as f, open(os.path.join(dst, fn), "wb") as g:
+                g.write(f.read())
+
+
+def to_f16(src, dst):
+    """Copy a folder with its matrices as F16 (vectors stay F32)."""
+    W = load_weights(src)
+    header, blobs, off = {}, [], 0
+    for name, t in W.items():
+        a = t.numpy()
+        if a.ndim == 2:
+            b, dt = a.astype("<f2").tobytes(), "F16"
+        else:
+            b, dt = a.astype("<f4").tobytes(), "F32"
+        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    os.makedirs(dst, exist_ok=True)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(os.path.join(dst, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+    for fn in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        s = os.path.join(src, fn)
+        if os.path.exists(s):
+            with open(s, "rb") as f, open(os.path.join(dst, fn), "wb") as g:
+                g.write(f.read())
+
+
 def compare_logits(a, b, vocab, tol):
     x = np.fromfile(a, dtype="<f4")
     y = np.fromfile(b, dtype="<f4")
@@ -407,7 +589,11 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--check-chunked", action="store_true")
     ap.add_argument("--make-next", nargs=2)
+    ap.add_argument("--split-experts", nargs=2)
+    ap.add_argument("--switch-experts", nargs=2)
     ap.add_argument("--compare", nargs=2)
+    ap.add_argument("--dequant-mlx", nargs=2)
+    ap.add_argument("--to-f16", nargs=2)
     ap.add_argument("--compare-state", nargs=2)
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--tol", type=float, default=1e-4)
@@ -415,6 +601,18 @@ def main():
     torch.set_num_threads(1)
     if a.make_next:
         make_next(*a.make_next)
+        return 0
+    if a.split_experts:
+        split_experts(*a.split_experts)
+        return 0
+    if a.switch_experts:
+        split_experts(*a.switch_experts, switch=True)
+        return 0
+    if a.to_f16:
+        to_f16(*a.to_f16)
+        return 0
+    if a.dequant_mlx:
+        dequant_mlx(*a.dequant_mlx)
         return 0
     if a.compare:
         return compare_logits(a.compare[0], a.compare[1], a.vocab, a.tol)

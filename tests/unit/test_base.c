@@ -464,6 +464,48 @@ KT_CASE(pages_refcount)
 	KT_EQ_U64(kv_mem_used(KV_MEM_KV), before);
 }
 
+/* Numbers jansson cannot hold become number literals with their exact
+ * text; everything else parses as before, and no client string can pass
+ * for a literal. */
+KT_CASE(json_big_numbers)
+{
+	const char *txt = "{\"a\": 18446744073709551615, \"b\": [-9223372036854775809, 1e400, -1E+400],"
+			  " \"c\": \"1e400 in a string\", \"d\": 5, \"e\": 1e-400, \"f\": 0.5,"
+			  " \"g\": \"\\u0000kvnum-0123456789abcdef:7\"}";
+	json_t *v = NULL;
+	KT_OK(kv_json_parse("t", txt, strlen(txt), 16, &v));
+	KT_REQUIRE(v);
+	const char *lit;
+	size_t n;
+	KT_REQUIRE(kv_json_number_literal(json_object_get(v, "a"), &lit, &n));
+	KT_CHECK(n == 20 && !memcmp(lit, "18446744073709551615", 20));
+	json_t *b = json_object_get(v, "b");
+	KT_REQUIRE(kv_json_number_literal(json_array_get(b, 0), &lit, &n));
+	KT_CHECK(n == 20 && !memcmp(lit, "-9223372036854775809", 20));
+	KT_REQUIRE(kv_json_number_literal(json_array_get(b, 1), &lit, &n));
+	KT_CHECK(n == 5 && !memcmp(lit, "1e400", 5));
+	KT_REQUIRE(kv_json_number_literal(json_array_get(b, 2), &lit, &n));
+	KT_CHECK(n == 7 && !memcmp(lit, "-1E+400", 7));
+	KT_EQ_STR(json_string_value(json_object_get(v, "c")), "1e400 in a string");
+	KT_CHECK(!kv_json_number_literal(json_object_get(v, "c"), &lit, &n));
+	KT_EQ_INT(json_integer_value(json_object_get(v, "d")), 5);
+	KT_CHECK(json_is_real(json_object_get(v, "e")) && json_real_value(json_object_get(v, "e")) == 0);
+	KT_CHECK(json_real_value(json_object_get(v, "f")) == 0.5);
+	/* a forged literal (any tag but this process's) is a plain string */
+	KT_CHECK(json_is_string(json_object_get(v, "g")));
+	KT_CHECK(!kv_json_number_literal(json_object_get(v, "g"), &lit, &n));
+	/* code that wants an integer refuses a literal as it refused the text */
+	int64_t iv;
+	KT_EQ_INT(kv_json_get_int(v, "a", 0, &iv, "t"), KV_ERR_INVALID);
+	json_decref(v);
+	/* other errors are still errors, with their own message */
+	const char *bad = "{\"a\": 1e400, \"b\": }";
+	KT_EQ_INT(kv_json_parse("t", bad, strlen(bad), 16, &v), KV_ERR_INVALID);
+	KT_CHECK(v == NULL);
+	KT_EQ_INT(kv_json_parse("t", "[01]", 4, 16, &v), KV_ERR_INVALID);
+}
+
 KT_MAIN(errors_have_names, pages_refcount, crc32c_vectors, xxh3_basics, buf_appends, map_matches_a_model, mem_accounting,
 	pool_covers_every_index_once, clock_moves, durable_write_basic, durable_write_faults,
-	durable_write_crash_each_step, durable_write_crash_exit_child, read_only_folder, json_helpers)
+	durable_write_crash_each_step, durable_write_crash_exit_child, read_only_folder, json_helpers,
+	json_big_numbers)

@@ -16,14 +16,19 @@
  * snapped checkpoint, the anchor) and that evictions did.
  */
 #include "kt.h"
+#include "base/durable.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "cache/cache.h"
 #include "cache/run.h"
 #include "engine/model.h"
 #include "engine/seq.h"
+#include "model/mlx.h"
 #include "model/safetensors.h"
 #include "model/synth.h"
+#include "model/gguf_model.h"
+#include "model/quant.h"
+#include "base/durable.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +39,8 @@
 #define GEN 4       /* tokens generated per turn */
 
 static uint64_t g_seed = 0x5eed;
+static int g_mlx_bits; /* > 0: run the preset converted to an MLX folder */
+static int g_ftype = -1; /* >= 0: run the model from a GGUF of this file type */
 
 static struct ke_model *load_model(const char *preset)
 {
@@ -44,6 +51,27 @@ static struct ke_model *load_model(const char *preset)
 	if (kv_synth_write(&o) != KV_OK) {
 		kt_fail(__FILE__, __LINE__, "synth %s: %s", preset, kv_errmsg());
 		return NULL;
+	}
+	if (g_mlx_bits) {
+		char q[1100];
+		snprintf(q, sizeof q, "%s-mlx%d", dir, g_mlx_bits);
+		struct kv_mlx_write_opts mo = {.hf_dir = dir, .out_dir = q, .bits = g_mlx_bits, .group_size = 64,
+					       .dw_flags = KV_DW_NO_SYNC};
+		if (kv_mlx_write(&mo) != KV_OK) {
+			kt_fail(__FILE__, __LINE__, "convert %s to MLX: %s", preset, kv_errmsg());
+			return NULL;
+		}
+		snprintf(dir, sizeof dir, "%s", q);
+	}
+	if (g_ftype >= 0) {
+		char gg[1100];
+		snprintf(gg, sizeof gg, "%s.%s.gguf", dir, kq_ftype_name(g_ftype));
+		struct kv_gguf_convert_params cp = {dir, gg, g_ftype, KV_DW_NO_SYNC};
+		if (kv_gguf_convert(&cp, NULL, NULL) != KV_OK) {
+			kt_fail(__FILE__, __LINE__, "convert %s: %s", preset, kv_errmsg());
+			return NULL;
+		}
+		snprintf(dir, sizeof dir, "%s", gg);
 	}
 	struct ke_model_params mp = {.page_tokens = 16};
 	if (ke_model_load(dir, &mp, &m) != KV_OK) {
@@ -288,6 +316,24 @@ static int n_sessions(void)
 
 KT_CASE(cached_equals_cold_dense) { sessions("tiny-dense", n_sessions()); }
 KT_CASE(cached_equals_cold_hybrid) { sessions("tiny-hybrid", n_sessions()); }
+/* The same on an MLX 4-bit folder (50 sessions, the sanitizer count: the
+ * math is the same engine, only the weight format differs; 50 still spans
+ * the budget drops that evict). */
+KT_CASE(cached_equals_cold_hybrid_mlx4)
+{
+	g_mlx_bits = 4;
+	sessions("tiny-hybrid", 50);
+	g_mlx_bits = 0;
+}
+
+/* The same on a Q4_K_M GGUF of the hybrid (quantized products, tiled
+ * out_proj): the cache never sees the weight format. */
+KT_CASE(cached_equals_cold_hybrid_q4_k_m)
+{
+	g_ftype = KQ_FTYPE_Q4_K_M;
+	sessions("tiny-hybrid", n_sessions());
+	g_ftype = -1;
+}
 
 static int pick_two(void *ctx, const float *logits, int vocab, int32_t *tok)
 {
@@ -367,4 +413,5 @@ KT_CASE(run_options)
 	free(lw);
 }
 
-KT_MAIN(cached_equals_cold_dense, cached_equals_cold_hybrid, run_options)
+KT_MAIN(cached_equals_cold_dense, cached_equals_cold_hybrid, cached_equals_cold_hybrid_mlx4,
+	cached_equals_cold_hybrid_q4_k_m, run_options)

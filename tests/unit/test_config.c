@@ -269,22 +269,64 @@ KT_CASE(qwen3_next)
 	}
 	free(v);
 	KT_CHECK(seen_qkvz && seen_ba);
-	/* MoE: the released Qwen3-Next configs, and the transformers default
-	 * of 512 experts when num_experts is absent. */
-	KT_CHECK(rejects("{\"model_type\": \"qwen3_next\", \"num_hidden_layers\": 48, \"num_experts\": 512,"
-			 " \"num_experts_per_tok\": 10, \"decoder_sparse_step\": 1, \"mlp_only_layers\": []}",
-			 KV_ERR_UNSUPPORTED, "mixture-of-experts", "num_experts 512"));
-	KT_CHECK(rejects("{\"model_type\": \"qwen3_next\", \"num_hidden_layers\": 4}", KV_ERR_UNSUPPORTED,
-			 "mixture-of-experts", NULL));
-	/* Experts declared but every layer dense: accepted. */
+	/* MoE: the released Qwen3-Next config, and the transformers defaults
+	 * (512 experts, top 10, norm_topk_prob, 512 / 512 intermediate). */
+	KT_OK(parse("{\"model_type\": \"qwen3_next\", \"num_hidden_layers\": 48, \"num_experts\": 512,"
+		    " \"num_experts_per_tok\": 10, \"decoder_sparse_step\": 1, \"mlp_only_layers\": [],"
+		    " \"moe_intermediate_size\": 512, \"shared_expert_intermediate_size\": 512, \"intermediate_size\": 5120}",
+		    &c));
+	KT_EQ_INT(c.n_experts, 512);
+	KT_EQ_INT(c.n_moe_layers, 48);
+	KT_EQ_INT(c.expert_layout, KV_EXPERTS_SPLIT);
+	KT_OK(parse("{\"model_type\": \"qwen3_next\", \"num_hidden_layers\": 4}", &c));
+	KT_EQ_INT(c.n_experts, 512);
+	KT_EQ_INT(c.n_experts_per_tok, 10);
+	KT_EQ_INT(c.norm_topk_prob, 1);
+	KT_EQ_INT(c.moe_intermediate, 512);
+	KT_EQ_INT(c.shared_intermediate, 512);
+	/* Per-expert tensors in the table, router and shared expert. */
+	KT_OK(kv_config_tensors(&c, NULL, &v, &n));
+	int seen_e = 0, seen_dense = 0, seen_sg = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!strcmp(v[i].name, "model.layers.2.mlp.experts.511.down_proj.weight"))
+			seen_e = v[i].shape[0] == 2048 && v[i].shape[1] == 512 && v[i].expert == 511;
+		if (!strcmp(v[i].name, "model.layers.2.mlp.shared_expert_gate.weight"))
+			seen_sg = v[i].shape[0] == 1 && v[i].shape[1] == 2048;
+		seen_dense |= strstr(v[i].name, "mlp.gate_proj") != NULL;
+	}
+	free(v);
+	KT_CHECK(seen_e && seen_sg && !seen_dense);
+	/* Experts declared but every layer dense: accepted, no MoE. */
 	KT_OK(parse("{\"model_type\": \"qwen3_next\", \"num_hidden_layers\": 4, \"num_experts\": 64,"
 		    " \"mlp_only_layers\": [0, 1, 2, 3]}",
 		    &c));
+	KT_EQ_INT(c.n_moe_layers, 0);
 	/* decoder_sparse_step 3 with 2 layers: no layer is sparse. */
 	KT_OK(parse("{\"model_type\": \"qwen3_next\", \"num_hidden_layers\": 2, \"decoder_sparse_step\": 3}", &c));
-	KT_CHECK(rejects("{\"model_type\": \"qwen3_next\", \"num_hidden_layers\": 4, \"decoder_sparse_step\": 2,"
-			 " \"mlp_only_layers\": [3]}",
-			 KV_ERR_UNSUPPORTED, "layer 1", NULL));
+	KT_EQ_INT(c.n_moe_layers, 0);
+	/* step 2 and mlp_only_layers [3]: only layer 1 is sparse. */
+	KT_OK(parse("{\"model_type\": \"qwen3_next\", \"num_hidden_layers\": 4, \"decoder_sparse_step\": 2,"
+		    " \"mlp_only_layers\": [3], \"norm_topk_prob\": false}",
+		    &c));
+	KT_EQ_INT(c.n_moe_layers, 1);
+	KT_EQ_INT(c.layer_moe[1], 1);
+	KT_EQ_INT(c.layer_moe[3], 0);
+	KT_EQ_INT(c.norm_topk_prob, 0);
+	/* Impossible values. */
+	KT_CHECK(rejects("{\"model_type\": \"qwen3_next\", \"num_experts\": 8, \"num_experts_per_tok\": 9}",
+			 KV_ERR_INVALID, "num_experts_per_tok 9", "num_experts 8"));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3_next\", \"num_experts\": 8, \"num_experts_per_tok\": 0}",
+			 KV_ERR_INVALID, "num_experts_per_tok", NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3_next\", \"num_experts\": -1}", KV_ERR_INVALID, "num_experts",
+			 NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3_next\", \"moe_intermediate_size\": 0}", KV_ERR_INVALID,
+			 "moe_intermediate_size", NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3_next\", \"shared_expert_intermediate_size\": 0}",
+			 KV_ERR_INVALID, "shared_expert_intermediate_size", NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3_next\", \"norm_topk_prob\": 3}", KV_ERR_INVALID,
+			 "norm_topk_prob", NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3_next\", \"decoder_sparse_step\": 0}", KV_ERR_INVALID,
+			 "decoder_sparse_step", NULL));
 	KT_CHECK(rejects("{\"model_type\": \"qwen3_next\", \"num_hidden_layers\": 4, \"mlp_only_layers\": [9]}",
 			 KV_ERR_INVALID, "mlp_only_layers[0]", NULL));
 }
@@ -294,7 +336,6 @@ KT_CASE(rejections)
 	const int I = KV_ERR_INVALID, U = KV_ERR_UNSUPPORTED;
 	KT_CHECK(rejects("{\"model_type\": \"llama\"}", U, "'llama'", "qwen3_5"));
 	KT_CHECK(rejects("{\"model_type\": \"qwen3_moe\"}", U, "mixture-of-experts", NULL));
-	KT_CHECK(rejects("{\"model_type\": \"qwen3_5_moe\"}", U, "mixture-of-experts", NULL));
 	KT_CHECK(rejects("{\"hidden_size\": 8}", I, "model_type", NULL));
 	KT_CHECK(rejects("{\"model_type\": 3}", I, "model_type", NULL));
 	KT_CHECK(rejects("[1, 2]", I, "not a JSON object", NULL));
@@ -356,7 +397,71 @@ KT_CASE(rejections)
 	KT_CHECK(rejects("{\"model_type\": \"qwen3_5\", \"rope_parameters\": {\"rope_type\": \"yarn\"}}", U,
 			 "rope_parameters.rope_type 'yarn'", NULL));
 	KT_CHECK(rejects("{\"model_type\": \"qwen3_5\", \"rope_parameters\": []}", I, "rope_parameters", NULL));
-	KT_CHECK(rejects("{\"model_type\": \"qwen3_5\", \"num_experts\": 8}", U, "mixture-of-experts", NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3_5\", \"num_experts\": 8}", U, "qwen3_5_moe", NULL));
+}
+
+/* Qwen3.5-35B-A3B's config.json text part (as released), nested. */
+KT_CASE(qwen35_moe)
+{
+	struct kv_model_config c;
+	const char *j =
+		"{\"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"], \"model_type\": \"qwen3_5_moe\","
+		" \"text_config\": {\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 2048,"
+		" \"num_hidden_layers\": 40, \"num_attention_heads\": 16, \"num_key_value_heads\": 2,"
+		" \"head_dim\": 256, \"num_experts\": 256, \"num_experts_per_tok\": 8,"
+		" \"moe_intermediate_size\": 512, \"shared_expert_intermediate_size\": 512,"
+		" \"full_attention_interval\": 4, \"vocab_size\": 248320,"
+		" \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000,"
+		" \"partial_rotary_factor\": 0.25}}, \"tie_word_embeddings\": false}";
+	KT_OK(parse(j, &c));
+	KT_EQ_INT(c.arch, KV_ARCH_QWEN3_5);
+	KT_EQ_STR(c.model_type, "qwen3_5_moe");
+	KT_EQ_INT(c.text_nested, 1);
+	KT_EQ_INT(c.n_experts, 256);
+	KT_EQ_INT(c.n_experts_per_tok, 8);
+	KT_EQ_INT(c.n_moe_layers, 40);
+	KT_EQ_INT(c.norm_topk_prob, 1);
+	KT_EQ_INT(c.n_attn_layers, 10);
+	KT_EQ_INT(c.expert_layout, KV_EXPERTS_STACKED);
+	/* ~35B total, ~3B active (embeddings counted in both). */
+	KT_CHECKF(kv_config_param_count(&c) > 34000000000ull && kv_config_param_count(&c) < 36000000000ull, "%llu",
+		  (unsigned long long)kv_config_param_count(&c));
+	KT_CHECKF(kv_config_active_param_count(&c) > 2500000000ull && kv_config_active_param_count(&c) < 3600000000ull,
+		  "%llu", (unsigned long long)kv_config_active_param_count(&c));
+	struct kv_tensor_spec *v;
+	size_t n;
+	int seen = 0;
+	KT_OK(kv_config_tensors(&c, NULL, &v, &n));
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(v[i].name, "model.language_model.layers.3.mlp.experts.gate_up_proj"))
+			seen = v[i].ndim == 3 && v[i].shape[0] == 256 && v[i].shape[1] == 1024 && v[i].shape[2] == 2048;
+	free(v);
+	KT_CHECK(seen);
+	/* mlx-lm's switch_mlp stacks: gate and up [E, I, D], down [E, D, I]. */
+	c.expert_layout = KV_EXPERTS_SWITCH;
+	KT_OK(kv_config_tensors(&c, NULL, &v, &n));
+	seen = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!strcmp(v[i].name, "model.language_model.layers.3.mlp.switch_mlp.up_proj.weight"))
+			seen += v[i].ndim == 3 && v[i].shape[0] == 256 && v[i].shape[1] == 512 && v[i].shape[2] == 2048;
+		if (!strcmp(v[i].name, "model.language_model.layers.3.mlp.switch_mlp.down_proj.weight"))
+			seen += v[i].ndim == 3 && v[i].shape[0] == 256 && v[i].shape[1] == 2048 && v[i].shape[2] == 512;
+		KT_CHECK(!strstr(v[i].name, "experts."));
+	}
+	free(v);
+	KT_EQ_INT(seen, 2);
+	/* Defaults of Qwen3_5MoeTextConfig; the flat text config too. */
+	KT_OK(parse("{\"model_type\": \"qwen3_5_moe_text\"}", &c));
+	KT_EQ_INT(c.hidden, 2048);
+	KT_EQ_INT(c.n_layers, 40);
+	KT_EQ_INT(c.n_kv_heads, 2);
+	KT_EQ_INT(c.n_experts, 256);
+	KT_EQ_INT(c.n_experts_per_tok, 8);
+	KT_EQ_INT(c.text_nested, 0);
+	KT_CHECK(rejects("{\"model_type\": \"qwen3_5_moe\", \"text_config\": {\"num_experts\": 0}}", KV_ERR_INVALID,
+			 "text_config.num_experts", NULL));
+	KT_CHECK(rejects("{\"model_type\": \"qwen3_5_moe\", \"text_config\": {\"num_experts_per_tok\": 300}}",
+			 KV_ERR_INVALID, "text_config.num_experts_per_tok 300", NULL));
 }
 
 KT_CASE(load_from_folder)
@@ -458,5 +563,5 @@ KT_CASE(tensor_table)
 	KT_EQ_U64(kv_config_param_count(&c), 80 + 16 + 64 + 32 + 32 + 64 + 8 + 384 + 8);
 }
 
-KT_MAIN(qwen3_dense, qwen3_defaults, qwen35_nested, qwen35_flat_and_interval, qwen3_next, rejections,
+KT_MAIN(qwen3_dense, qwen3_defaults, qwen35_nested, qwen35_flat_and_interval, qwen3_next, rejections, qwen35_moe,
 	load_from_folder, tensor_table)

@@ -1,7 +1,7 @@
 /*
  * test_engine.c - models, sequences and forward passes on the synthetic
- * tiny-dense (qwen3) and tiny-hybrid (qwen3_5) presets written by
- * `$KT_BIN mkmodel`.
+ * tiny-dense (qwen3), tiny-hybrid (qwen3_5), tiny-moe (qwen3_5_moe) and
+ * tiny-next (qwen3_next with MoE) presets written by `$KT_BIN mkmodel`.
  *
  * The central property is batch invariance: the logits of a position are
  * the same bytes (memcmp) however the prompt reached it -- whole prefill,
@@ -17,9 +17,11 @@
 #include "base/pages.h"
 #include "engine/isa.h"
 #include "engine/model.h"
+#include "engine/moe.h"
 #include "engine/seq.h"
 #include "model/safetensors.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -45,8 +47,8 @@ static const char *models(void)
 		return NULL;
 	}
 	atexit(cleanup);
-	const char *presets[] = {"tiny-dense", "tiny-hybrid"};
-	for (int i = 0; i < 2; i++)
+	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe", "tiny-next"};
+	for (int i = 0; i < 4; i++)
 		if (kt_sh("'%s' mkmodel --preset %s --out '%s/%s' --no-sync >/dev/null 2>&1", kt_bin(), presets[i], g_dir,
 			  presets[i]) ||
 		    kt_sh("'%s' mkmodel --preset %s --dtype f32 --out '%s/%s-f32' --no-sync >/dev/null 2>&1", kt_bin(),
@@ -227,15 +229,25 @@ KT_CASE(batch_invariance_hybrid_50_splits)
 	batch_invariance("tiny-hybrid");
 }
 
-KT_CASE(cpu_paths_give_identical_logits)
+KT_CASE(batch_invariance_moe_50_splits)
+{
+	batch_invariance("tiny-moe");
+	batch_invariance("tiny-moe-f32");
+}
+
+KT_CASE(batch_invariance_next_moe_50_splits)
+{
+	batch_invariance("tiny-next");
+}
+
+static void cpu_paths(const char *const *names, int count)
 {
 	if (ke_isa_best() == KE_ISA_SCALAR) {
 		kt_skip("this CPU has only the scalar path");
 		return;
 	}
-	const char *names[] = {"tiny-dense", "tiny-hybrid"};
 	int saved = ke_isa();
-	for (int k = 0; k < 2; k++) {
+	for (int k = 0; k < count; k++) {
 		struct ke_model *m = load(names[k], 0, 0);
 		KT_REQUIRE(m);
 		int N = 40, V = ke_model_config(m)->vocab;
@@ -254,6 +266,94 @@ KT_CASE(cpu_paths_give_identical_logits)
 		ke_model_destroy(m);
 	}
 	ke_isa_set(saved);
+}
+
+KT_CASE(cpu_paths_give_identical_logits)
+{
+	const char *names[] = {"tiny-dense", "tiny-hybrid"};
+	cpu_paths(names, 2);
+}
+
+KT_CASE(cpu_paths_give_identical_logits_moe)
+{
+	const char *names[] = {"tiny-moe", "tiny-next"};
+	cpu_paths(names, 2);
+}
+
+/* Routing: softmax, top-k with ties to the lower expert id, the selected
+ * set listed in ascending id, norm_topk_prob on and off. */
+KT_CASE(moe_routing_ties_and_order)
+{
+	struct ke_moe mo = {.E = 6, .k = 3, .norm_topk = 1};
+	float lg[6] = {0.5f, 2.0f, 1.0f, 2.0f, 1.0f, -3.0f}, w[3];
+	int32_t sel[3];
+	ke_moe_route(&mo, lg, sel, w);
+	/* 1 and 3 tie at the top, 2 and 4 tie for the third place: 2 wins */
+	KT_EQ_INT(sel[0], 1);
+	KT_EQ_INT(sel[1], 2);
+	KT_EQ_INT(sel[2], 3);
+	KT_CHECK(w[0] == w[2] && w[0] > w[1]);
+	KT_CHECK(fabsf(w[0] + w[1] + w[2] - 1.0f) < 1e-6f);
+	float p[6] = {0.5f, 2.0f, 1.0f, 2.0f, 1.0f, -3.0f}, sum = 0;
+	for (int e = 0; e < 6; e++)
+		sum += expf(p[e]);
+	mo.norm_topk = 0;
+	ke_moe_route(&mo, p, sel, w);
+	KT_CHECK(fabsf(w[0] - expf(2.0f) / sum) < 1e-6f && fabsf(w[1] - expf(1.0f) / sum) < 1e-6f);
+}
+
+/* Only the selected experts' weights are read: the unselected ones point
+ * at NULL, and a hand-computed output must come back. */
+KT_CASE(moe_reads_only_selected_experts)
+{
+	enum { D = 16, I = 4, E = 4 };
+	static float router[E][D], g[I][D], u[I][D], dn[D][I], sh[I][D], shd[D][I], sgw[D];
+	struct ke_mat gate[E], up[E], down[E];
+	for (int i = 0; i < D; i++) {
+		router[2][i] = 1.0f; /* expert 2 wins for any input with a positive sum */
+		sgw[i] = 0.0f;       /* shared gate: sigmoid(0) = 0.5 */
+		for (int j = 0; j < I; j++) {
+			g[j][i] = 0.01f * (float)(i + j);
+			u[j][i] = 0.02f * (float)(i - j);
+			sh[j][i] = 0.0f;
+			dn[i][j] = 0.1f * (float)(j + 1);
+			shd[i][j] = 0.0f;
+		}
+	}
+	memset(gate, 0, sizeof gate);
+	memset(up, 0, sizeof up);
+	memset(down, 0, sizeof down);
+	struct ke_mat m_g = {g, KV_DT_F32, I, D, D}, m_u = {u, KV_DT_F32, I, D, D}, m_d = {dn, KV_DT_F32, D, I, I};
+	gate[2] = m_g, up[2] = m_u, down[2] = m_d;
+	struct ke_moe mo = {.E = E, .k = 1, .I = I, .Is = I, .norm_topk = 1, .gate = gate, .up = up, .down = down};
+	mo.router = (struct ke_mat){router, KV_DT_F32, E, D, D};
+	mo.sh_gate = (struct ke_mat){sh, KV_DT_F32, I, D, D};
+	mo.sh_up = mo.sh_gate;
+	mo.sh_down = (struct ke_mat){shd, KV_DT_F32, D, I, I};
+	mo.sh_router = (struct ke_mat){sgw, KV_DT_F32, 1, D, D};
+	struct kv_model_config c = {.hidden = D, .n_experts = E, .n_experts_per_tok = 1, .moe_intermediate = I,
+				    .shared_intermediate = I, .n_moe_layers = 1};
+	float *scr = calloc(ke_moe_scratch_floats(&c, 2), sizeof(float));
+	float h[2][D], x[2][D];
+	for (int i = 0; i < D; i++) {
+		h[0][i] = 0.5f + 0.1f * (float)i;
+		h[1][i] = 1.0f - 0.03f * (float)i;
+		x[0][i] = x[1][i] = 1.0f;
+	}
+	ke_moe_forward(&mo, &h[0][0], 2, D, &x[0][0], scr);
+	for (int t = 0; t < 2; t++) {
+		float a[I];
+		for (int j = 0; j < I; j++) {
+			float gg = ke_dot_ref(g[j], h[t], D), uu = ke_dot_ref(u[j], h[t], D);
+			a[j] = gg / (1.0f + expf(-gg)) * uu;
+		}
+		for (int i = 0; i < D; i++) {
+			float want = 1.0f + ke_dot_ref(dn[i], a, I); /* weight 1 (k = 1, renormalised) */
+			KT_CHECKF(fabsf(x[t][i] - want) < 1e-5f * (1 + fabsf(want)), "t %d i %d: %g vs %g", t, i,
+				  (double)x[t][i], (double)want);
+		}
+	}
+	free(scr);
 }
 
 struct stop_rec {
@@ -692,8 +792,17 @@ KT_CASE(bad_model_folders_fail_at_load_naming_the_tensor)
 	expect_load_fails(dst, v1);
 	KT_OK(edit_model(src, dst, v2, EDIT_SHAPE));
 	expect_load_fails(dst, v2);
+	/* An F16 matrix among BF16 ones loads (each matrix has its own dtype). */
 	KT_OK(edit_model(src, dst, v2, EDIT_F16));
-	expect_load_fails(dst, v2);
+	{
+		struct ke_model *fm = NULL;
+		KT_OK(ke_model_load(dst, NULL, &fm));
+		int n16 = 0;
+		for (int i = 0; fm && i < ke_model_n_mats(fm); i++)
+			n16 += ke_model_mat(fm, i, NULL)->dtype == KV_DT_F16;
+		KT_EQ_INT(n16, 1);
+		ke_model_destroy(fm);
+	}
 	KT_OK(edit_model(src, dst, v1, EDIT_I32));
 	expect_load_fails(dst, v1);
 	snprintf(src, sizeof src, "%s/tiny-hybrid", d);
@@ -708,11 +817,107 @@ KT_CASE(bad_model_folders_fail_at_load_naming_the_tensor)
 	/* config problems */
 	KT_EQ_INT(kt_sh("rm -rf '%s' && cp -r '%s' '%s' && rm '%s/config.json'", dst, src, dst, dst), 0);
 	expect_load_fails(dst, "config.json");
-	KT_EQ_INT(kt_sh("echo '{\"model_type\": \"qwen3_next\", \"num_experts\": 8}' > '%s/config.json'", dst), 0);
-	expect_load_fails(dst, "expert");
+	KT_EQ_INT(kt_sh("echo '{\"model_type\": \"qwen3_next\", \"num_experts\": 8, \"num_experts_per_tok\": 9}' > "
+			"'%s/config.json'", dst), 0);
+	expect_load_fails(dst, "num_experts_per_tok");
 	KT_EQ_INT(kt_sh("echo 'not json' > '%s/config.json'", dst), 0);
 	expect_load_fails(dst, "config.json");
 	KT_EQ_INT(kt_sh("rm -rf '%s'", dst), 0);
+}
+
+/* Expert weights count as resident: the budget and admission read
+ * KV_MEM_WEIGHTS, which holds every mapped byte (all experts, routed to or
+ * not) and the expert views. */
+KT_CASE(moe_weights_are_counted_as_resident)
+{
+	const char *d = models();
+	KT_REQUIRE(d);
+	char path[1024];
+	snprintf(path, sizeof path, "%s/tiny-moe/model.safetensors", d);
+	FILE *f = fopen(path, "rb");
+	KT_REQUIRE(f);
+	fseek(f, 0, SEEK_END);
+	uint64_t file = (uint64_t)ftell(f);
+	fclose(f);
+	uint64_t before = kv_mem_used(KV_MEM_WEIGHTS);
+	struct ke_model *m = load("tiny-moe", 0, 0);
+	KT_REQUIRE(m);
+	const struct kv_model_config *c = ke_model_config(m);
+	uint64_t views = (uint64_t)c->n_moe_layers * 3 * (uint64_t)c->n_experts * sizeof(struct ke_mat);
+	KT_CHECKF(kv_mem_used(KV_MEM_WEIGHTS) - before >= file + views, "%llu counted for a %llu-byte file",
+		  (unsigned long long)(kv_mem_used(KV_MEM_WEIGHTS) - before), (unsigned long long)file);
+	/* decode reads k of E experts: the bound counts only those */
+	uint64_t all_experts = (uint64_t)c->n_moe_layers * c->n_experts * 3 * c->moe_intermediate * c->hidden * 2;
+	uint64_t used = (uint64_t)c->n_moe_layers * c->n_experts_per_tok * 3 * c->moe_intermediate * c->hidden * 2;
+	KT_CHECK(ke_model_decode_bytes(m) < file - (all_experts - used) + 4096);
+	KT_CHECK(ke_model_decode_bytes(m) > used);
+	ke_model_destroy(m);
+	KT_EQ_U64(kv_mem_used(KV_MEM_WEIGHTS), before);
+}
+
+/* Missing or misshapen expert tensors, both layouts: the error names the
+ * tensor. */
+KT_CASE(bad_moe_folders_name_the_expert_tensor)
+{
+	const char *d = models();
+	KT_REQUIRE(d);
+	char src[1024], dst[1024];
+	snprintf(dst, sizeof dst, "%s/badmoe", d);
+	snprintf(src, sizeof src, "%s/tiny-moe", d);
+	const char *st[] = {"model.language_model.layers.2.mlp.experts.down_proj",
+			    "model.language_model.layers.0.mlp.gate.weight",
+			    "model.language_model.layers.3.mlp.shared_expert_gate.weight",
+			    "model.language_model.layers.1.mlp.shared_expert.up_proj.weight"};
+	for (int i = 0; i < 4; i++) {
+		KT_OK(edit_model(src, dst, st[i], EDIT_DROP));
+		expect_load_fails(dst, st[i]);
+		KT_OK(edit_model(src, dst, st[i], EDIT_SHAPE));
+		expect_load_fails(dst, st[i]);
+	}
+	KT_OK(edit_model(src, dst, "model.language_model.layers.1.mlp.experts.gate_up_proj", EDIT_SHAPE));
+	expect_load_fails(dst, "model.language_model.layers.1.mlp.experts.gate_up_proj");
+	KT_OK(edit_model(src, dst, "model.language_model.layers.1.mlp.experts.gate_up_proj", EDIT_F16));
+	expect_load_fails(dst, "model.language_model.layers.1.mlp.experts.gate_up_proj");
+	/* stacked gate_up dropped: neither layout is complete, the message
+	 * says which tensors either layout needs */
+	KT_OK(edit_model(src, dst, "model.language_model.layers.1.mlp.experts.gate_up_proj", EDIT_DROP));
+	expect_load_fails(dst, "mlp.experts.gate_up_proj");
+	snprintf(src, sizeof src, "%s/tiny-next", d);
+	const char *sp[] = {"model.layers.0.mlp.experts.7.up_proj.weight", "model.layers.2.mlp.experts.0.down_proj.weight"};
+	for (int i = 0; i < 2; i++) {
+		KT_OK(edit_model(src, dst, sp[i], EDIT_DROP));
+		expect_load_fails(dst, sp[i]);
+		KT_OK(edit_model(src, dst, sp[i], EDIT_SHAPE));
+		expect_load_fails(dst, sp[i]);
+	}
+	/* tiny-next layer 1 is in mlp_only_layers: the dense MLP is needed */
+	KT_OK(edit_model(src, dst, "model.layers.1.mlp.gate_proj.weight", EDIT_DROP));
+	expect_load_fails(dst, "model.layers.1.mlp.gate_proj.weight");
+	KT_EQ_INT(kt_sh("rm -rf '%s'", dst), 0);
+}
+
+/* Thread count: 1, 2 and 3 threads (experts run one per thread in decode,
+ * split by rows in prefill) give the same logits and state bytes. */
+KT_CASE(moe_threads_give_identical_logits)
+{
+	const char *d = models();
+	KT_REQUIRE(d);
+	const char *names[] = {"tiny-moe", "tiny-next"};
+	for (int k = 0; k < 2; k++)
+		for (int th = 1; th <= 3; th++)
+			KT_EQ_INT(kt_sh("KVKEEP_THREADS=%d KVKEEP_LOG=warn '%s' generate --model '%s/%s' --tokens "
+					"3,14,15,92,65,35,89,79,32,38,46,26,43,38,32,79,50,28,84,19 --max-tokens 6 "
+					"--ignore-eos --quiet --chunk 7 --all-logits-out '%s/%s.t%d.bin' --state-out "
+					"'%s/%s.t%d.st' >'%s/%s.t%d.out'",
+					th, kt_bin(), d, names[k], d, names[k], th, d, names[k], th, d, names[k], th),
+				  0);
+	for (int k = 0; k < 2; k++)
+		for (int th = 2; th <= 3; th++)
+			KT_CHECKF(!kt_sh("cmp -s '%s/%s.t1.bin' '%s/%s.t%d.bin' && cmp -s '%s/%s.t1.st' '%s/%s.t%d.st' && "
+					 "cmp -s '%s/%s.t1.out' '%s/%s.t%d.out'",
+					 d, names[k], d, names[k], th, d, names[k], d, names[k], th, d, names[k], d, names[k],
+					 th),
+				  "%s: %d threads differ from 1", names[k], th);
 }
 
 KT_CASE(generate_cli_writes_the_logits)
@@ -746,7 +951,10 @@ KT_CASE(generate_cli_writes_the_logits)
 }
 
 KT_MAIN(layout_of_tiny_models, batch_invariance_dense_50_splits, batch_invariance_hybrid_50_splits,
-	cpu_paths_give_identical_logits, resume_from_snapshot_pages_tail_dense, resume_from_snapshot_pages_tail_hybrid,
+	cpu_paths_give_identical_logits, batch_invariance_moe_50_splits, batch_invariance_next_moe_50_splits,
+	cpu_paths_give_identical_logits_moe, moe_routing_ties_and_order, moe_reads_only_selected_experts,
+	bad_moe_folders_name_the_expert_tensor, moe_weights_are_counted_as_resident, moe_threads_give_identical_logits,
+	resume_from_snapshot_pages_tail_dense, resume_from_snapshot_pages_tail_hybrid,
 	fork_shares_full_pages_and_copies_on_write, stop_points_callback_and_cancel, rewind_and_truncate,
 	bad_inputs_and_page_limit, scratch_is_sized_once, bad_model_folders_fail_at_load_naming_the_tensor,
 	generate_cli_writes_the_logits)

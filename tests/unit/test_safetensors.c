@@ -58,7 +58,7 @@ KT_CASE(dtype_table)
 	const char *names[] = {"F32", "F16", "BF16", "F64", "I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64",
 			       "BOOL", "F8_E4M3", "F8_E5M2"};
 	size_t sizes[] = {4, 2, 2, 8, 1, 1, 2, 2, 4, 4, 8, 8, 1, 1, 1};
-	for (int i = 0; i < KV_DT__COUNT; i++) {
+	for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++) {
 		int dt = kv_dtype_parse(names[i]);
 		KT_CHECK(dt >= 0);
 		KT_EQ_STR(kv_dtype_name(dt), names[i]);
@@ -67,6 +67,13 @@ KT_CASE(dtype_table)
 	KT_EQ_INT(kv_dtype_parse("F7"), -1);
 	KT_EQ_INT(kv_dtype_parse("f32"), -1);
 	KT_EQ_INT(kv_dtype_parse(""), -1);
+	/* ggml block types have names but are not safetensors dtypes */
+	KT_EQ_STR(kv_dtype_name(KV_DT_Q4_K), "Q4_K");
+	KT_EQ_INT(kv_dtype_parse("Q4_K"), -1);
+	KT_EQ_INT(kv_dtype_size(KV_DT_Q4_K), 0);
+	KT_EQ_U64(kv_dtype_row_bytes(KV_DT_Q4_K, 512), 288);
+	KT_EQ_U64(kv_dtype_row_bytes(KV_DT_Q4_K, 100), 0);
+	KT_EQ_U64(kv_dtype_row_bytes(KV_DT_BF16, 3), 6);
 	KT_CHECK(kv_dtype_name(KV_DT__COUNT) == NULL);
 	KT_EQ_INT(kv_dtype_size(-1), 0);
 }

@@ -620,6 +620,42 @@ KT_CASE(tool_call_sse_from_pipeline)
 	json_decref(tools);
 }
 
+/* NUL inside a name: the full string is compared, so each is a 400. */
+KT_CASE(request_nul_in_names)
+{
+	const int C = KSV_API_CHAT;
+	BAD(C, "{\"messages\":[{\"role\":\"user\\u0000\",\"content\":\"x\"}]}", "messages[0].role");
+	BAD(C, "{\"messages\":[{\"role\":\"user\\u0000x\",\"content\":\"x\"}]}", "messages[0].role");
+	BAD(C, "{\"model\":\"m\\u0000x\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "model");
+	BAD(C, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\\u0000\",\"text\":\"a\"}]}]}",
+	    "messages[0].content[0]");
+	BAD(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\\u0000\","
+	       "\"function\":{\"name\":\"f\"}}]}", "tools[0].type");
+	BAD(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
+	       "\"function\":{\"name\":\"f\\u0000g\"}}]}", "tools[0].function.name");
+	BAD(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"auto\\u0000\"}", "tool_choice");
+	/* NUL inside content is text, and stays accepted */
+	struct ksv_req r;
+	KT_OK(parse(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", &r));
+	ksv_req_free(&r);
+}
+
+/* Tool schemas with numbers beyond int64 or double are valid requests. */
+KT_CASE(request_big_numbers_in_tools)
+{
+	struct ksv_req r;
+	KT_OK(parse(KSV_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
+				  "\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{\"n\":"
+				  "{\"type\":\"integer\",\"maximum\":18446744073709551615,\"minimum\":-1e400}}}}}]}",
+		    &r));
+	KT_CHECK(r.tools != NULL);
+	ksv_req_free(&r);
+	/* where a number is wanted, such a literal is still a 400 */
+	BAD(KSV_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":18446744073709551616}",
+	    "max_tokens");
+}
+
 KT_MAIN(request_agent_shapes, request_errors_name_the_field, request_completions, chat_stream_chunks,
 	chat_response_body, completion_bodies, error_bodies, stop_strings_every_split, reasoning_split_every_split,
-	tool_calls_through_the_pipeline, tool_call_sse_from_pipeline, metrics_text_format)
+	tool_calls_through_the_pipeline, tool_call_sse_from_pipeline, metrics_text_format, request_nul_in_names,
+	request_big_numbers_in_tools)

@@ -25,6 +25,7 @@
 #include "test_store_util.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -573,7 +574,250 @@ KT_CASE(budget_parse)
 	kv_log_set_level(KV_LOG_WARN);
 }
 
+/* A namespace whose server has run for 8 days (marker 8 days old) is not
+ * removed by another server's scan while the first one holds it; once it
+ * has stopped, the age-out removes it. */
+KT_CASE(live_namespace_survives_age_out)
+{
+	struct ts_env a, b, c;
+	struct ks_stats st;
+	struct ks_params pa = {.no_threads = 1, .ns = {0xa1, 0xa2}};
+	struct ks_params pb = {.no_threads = 1, .ns = {0xb1, 0xb2}};
+	struct ks_params pc = {.no_threads = 1, .ns = {0xc1, 0xc2}};
+	KT_OK(ts_open(&a, root_dir(), 0, &pa));
+	char mk[4300];
+	snprintf(mk, sizeof mk, "%s/namespace.safetensors", ks_store_ns_dir(a.s));
+	struct utimbuf ut = {.actime = time(NULL) - 8 * 86400, .modtime = time(NULL) - 8 * 86400};
+	KT_REQUIRE(utime(mk, &ut) == 0);
+	KT_OK(ts_open(&b, root_dir(), 0, &pb));
+	ks_store_start_scan(b.s);
+	ks_store_stats(b.s, &st);
+	KT_EQ_U64(st.ns_removed, 0);
+	KT_EQ_INT(access(mk, F_OK), 0);
+	/* the live server still writes */
+	int32_t tok[64];
+	ts_tokens(tok, 64, 64, 21);
+	session(&a, tok);
+	KT_CHECK(ks_store_drain(a.s) > 0);
+	ks_store_stats(a.s, &st);
+	KT_EQ_U64(st.write_errors[KS_WERR_EIO], 0);
+	ts_close(&b);
+	ts_close(&a);
+	KT_REQUIRE(utime(mk, &ut) == 0);
+	KT_OK(ts_open(&c, root_dir(), 0, &pc));
+	ks_store_start_scan(c.s);
+	ks_store_stats(c.s, &st);
+	KT_EQ_U64(st.ns_removed, 1);
+	KT_EQ_INT(access(mk, F_OK), -1);
+	ts_close(&c);
+}
+
+/* Two servers on one namespace: the second is told (store.ns_busy), reads
+ * but writes and deletes nothing; after the first stops, a new one writes. */
+KT_CASE(second_server_on_namespace)
+{
+	struct ts_env a, b;
+	struct ks_stats st;
+	int32_t tok[64];
+	ts_tokens(tok, 64, 64, 22);
+	KT_OK(ts_open(&a, root_dir(), 0, NULL));
+	session(&a, tok);
+	KT_CHECK(ks_store_drain(a.s) > 0);
+	/* debris of the first server's write in progress */
+	char tmp[4300];
+	snprintf(tmp, sizeof tmp, "%s/x.tmp.1.1", ks_store_ns_dir(a.s));
+	KT_OK(kv_durable_write(tmp, "x", 1, KV_DW_NO_SYNC));
+	kv_log_set_level(KV_LOG_ERROR);
+	KT_OK(ts_open(&b, root_dir(), 0, NULL));
+	kv_log_set_level(KV_LOG_WARN);
+	ks_store_start_scan(b.s);
+	ks_store_stats(b.s, &st);
+	KT_EQ_INT(st.writable, 0);
+	KT_EQ_U64(st.debris_removed, 0);
+	KT_EQ_INT(access(tmp, F_OK), 0);
+	/* it reads what the first one wrote */
+	uint32_t bounds[] = {B0, B1};
+	KT_CHECK(ts_lookup(&b, tok, N_PROMPT, bounds, 2, NULL, NULL) >= B1);
+	ts_close(&b);
+	ks_store_stats(a.s, &st);
+	KT_EQ_INT(st.writable, 1);
+	ts_close(&a);
+	KT_OK(ts_open(&b, root_dir(), 0, NULL));
+	ks_store_stats(b.s, &st);
+	KT_EQ_INT(st.writable, 1);
+	ts_close(&b);
+}
+
+/* A full disk at open: degraded but retrying, like an ENOSPC during the
+ * run; once there is room, the namespace is made and objects are written. */
+KT_CASE(full_disk_at_open_retries)
+{
+	struct ts_env e;
+	struct ks_stats st;
+	int32_t tok[64];
+	ts_tokens(tok, 64, 64, 23);
+	struct kv_io_fault fl = {.ops = KV_IO_BIT(KV_IO_OPEN) | KV_IO_BIT(KV_IO_MKDIR) | KV_IO_BIT(KV_IO_PWRITE),
+				 .err = ENOSPC,
+				 .path_substr = root_dir()};
+	kv_io_fault_set(&fl);
+	kv_log_set_level(KV_LOG_ERROR);
+	KT_OK(ts_open(&e, root_dir(), 0, NULL));
+	session(&e, tok);
+	ks_store_drain(e.s); /* still full */
+	kv_log_set_level(KV_LOG_WARN);
+	kv_io_fault_set(NULL);
+	ks_store_stats(e.s, &st);
+	KT_EQ_INT(st.writable, 1);
+	KT_EQ_U64(st.write_errors[KS_WERR_READONLY], 0);
+	KT_CHECK(st.write_errors[KS_WERR_ENOSPC] >= 1);
+	/* space is back */
+	ts_tokens(tok, 64, 0, 24);
+	session(&e, tok);
+	KT_CHECK(ks_store_drain(e.s) > 0);
+	ks_store_stats(e.s, &st);
+	KT_CHECK(st.written[KS_BLOCK] > 0);
+	char mk[4300];
+	snprintf(mk, sizeof mk, "%s/namespace.safetensors", ks_store_ns_dir(e.s));
+	KT_EQ_INT(access(mk, F_OK), 0);
+	ts_close(&e);
+}
+
+/* `kvkeep cache` edges: prune --max-mb 0 deletes corrupt files too (and
+ * says so), verify --dir MISSING and prune --max-mb -1 are usage errors. */
+KT_CASE(cache_tool_edges)
+{
+	struct ts_env e;
+	int32_t tok[64];
+	ts_tokens(tok, 64, 64, 25);
+	KT_OK(ts_open(&e, root_dir(), 0, NULL));
+	session(&e, tok);
+	KT_CHECK(ks_store_drain(e.s) > 0);
+	ts_close(&e);
+	int objs = ts_count_files(root_dir(), ".safetensors") - 1; /* less the marker */
+	KT_REQUIRE(objs >= 3);
+	/* two corrupt objects: garbage in the header, and a truncated one */
+	KT_EQ_INT(kt_sh("cd %s && set -- $(find . -name '*.safetensors' ! -name namespace.safetensors | sort | head -2) && "
+			"printf garbagegarbage | dd of=$1 bs=1 seek=9 conv=notrunc 2>/dev/null && truncate -s 20 $2",
+			root_dir()),
+		0);
+	KT_EQ_INT(kt_sh("%s cache verify --dir %s >/dev/null", kt_bin(), root_dir()), 1);
+	KT_EQ_INT(kt_sh("%s cache prune --max-mb 0 --dir %s > %s/prune.txt", kt_bin(), root_dir(), kt_tmpdir()), 0);
+	KT_EQ_INT(kt_sh("grep -q '2 of them corrupt); 0.0 MiB left' %s/prune.txt", kt_tmpdir()), 0);
+	KT_EQ_INT(ts_count_files(root_dir(), ".safetensors"), 1);
+	KT_EQ_INT(kt_sh("%s cache verify --dir %s >/dev/null", kt_bin(), root_dir()), 0);
+	/* usage errors: exit 2 with a message */
+	KT_EQ_INT(kt_sh("%s cache verify --dir %s/missing 2>%s/err.txt >/dev/null", kt_bin(), kt_tmpdir(), kt_tmpdir()),
+		  2);
+	KT_EQ_INT(kt_sh("grep -q 'No such file' %s/err.txt", kt_tmpdir()), 0);
+	KT_EQ_INT(kt_sh("%s cache prune --max-mb 1 --dir %s/missing 2>/dev/null", kt_bin(), kt_tmpdir()), 2);
+	KT_EQ_INT(kt_sh("%s cache prune --max-mb -1 --dir %s 2>%s/err.txt", kt_bin(), root_dir(), kt_tmpdir()), 2);
+	KT_EQ_INT(kt_sh("grep -q 'must be 0 or more' %s/err.txt", kt_tmpdir()), 0);
+}
+
+/*
+ * The disk index at scale: N block objects (KVKEEP_CAT_BENCH_N, default
+ * 3000; docs/persistence.md has the 100K numbers) written straight into a
+ * namespace folder, then a store opened on it and scanned. Prints the
+ * scan time and the heap bytes the catalog holds per object, and checks
+ * the latter stays under 200 bytes.
+ */
+static uint64_t rss_bytes(void)
+{
+	unsigned long long size = 0, res = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+	if (f) {
+		if (fscanf(f, "%llu %llu", &size, &res) != 2)
+			res = 0;
+		fclose(f);
+	}
+	return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+KT_CASE(catalog_scale)
+{
+	const char *e = getenv("KVKEEP_CAT_BENCH_N");
+	int N = e && atoi(e) > 0 ? atoi(e) : 3000;
+	struct ke_layout L;
+	ts_layout(&L, 0);
+	struct kv_h128 ns = {0x1111, 0x2222}, parent = ns;
+	char dir[4096];
+	ks_dir_ns_path(root_dir(), ns, KS_AREA_MAIN, dir, sizeof dir);
+	static uint8_t page[1 << 16];
+	KT_REQUIRE(L.page_bytes <= sizeof page);
+	uint64_t t0 = kv_now_ns();
+	for (int i = 0; i < N; i++) {
+		int32_t tok[TS_B];
+		for (int k = 0; k < TS_B; k++)
+			tok[k] = k ? (i * 7 + k) % 1000 : i; /* every block distinct */
+		/* chains of 64 blocks, so the parent map has real fan-in */
+		if (i % 64 == 0)
+			parent = ns;
+		struct kv_h128 id = kc_chain_hash(parent, tok, TS_B);
+		struct ks_obj_src src = {.kind = KS_BLOCK, .ns = ns, .id = id, .parent = parent,
+					 .pos = (uint32_t)((i % 64 + 1) * TS_B), .tokens = tok, .n_tokens = TS_B, .kv = page};
+		char sh[4096], path[4300];
+		ks_dir_shard_path(dir, id, sh, sizeof sh);
+		if (i < 256)
+			KT_OK(ks_dir_ensure(sh));
+		ks_dir_obj_path(dir, KS_BLOCK, id, path, sizeof path);
+		if (ks_obj_write(path, &L, &src, KV_DW_NO_SYNC, 0, NULL)) {
+			KT_OK(ks_dir_ensure(sh));
+			KT_OK(ks_obj_write(path, &L, &src, KV_DW_NO_SYNC, 0, NULL));
+		}
+		parent = id;
+	}
+	double write_s = (double)(kv_now_ns() - t0) / 1e9;
+	struct ts_env env;
+	struct ks_params p = {.no_threads = 1, .tool = 1};
+	KT_OK(ts_open(&env, root_dir(), 0, &p));
+	struct mallinfo2 m0 = mallinfo2();
+	uint64_t rss0 = rss_bytes();
+	t0 = kv_now_ns();
+	ks_store_start_scan(env.s);
+	double scan_s = (double)(kv_now_ns() - t0) / 1e9;
+	struct mallinfo2 m1 = mallinfo2();
+	struct ks_stats st;
+	ks_store_stats(env.s, &st);
+	KT_EQ_U64(st.files[0], (uint64_t)N);
+	double per = ((double)(m1.uordblks + m1.hblkhd) - (double)(m0.uordblks + m0.hblkhd)) / N;
+	double rss = ((double)rss_bytes() - (double)rss0) / N;
+	printf("# catalog_scale: %d objects: write %.2f s, scan %.3f s (%.1f us/object), index %.0f heap bytes/object, "
+	       "RSS %+.0f bytes/object\n",
+	       N, write_s, scan_s, scan_s * 1e6 / N, per, rss);
+	KT_CHECKF(per < 200, "%.0f bytes per object", per);
+	ts_close(&env);
+}
+
+/* The object cap: however small the objects, a namespace holds at most
+ * max_files of them, least recently used out first. */
+KT_CASE(object_cap_evicts_least_recently_used)
+{
+	struct ts_env e;
+	int32_t tok[10][40];
+	/* each session: 4 blocks + 1 tail + manifest = 6 objects */
+	struct ks_params p = {.no_threads = 1, .max_files = 20};
+	KT_OK(ts_open(&e, root_dir(), 0, &p));
+	for (int i = 0; i < 10; i++) {
+		ts_tokens(tok[i], 40, 0, 300 + (uint64_t)i);
+		ts_put(&e, tok[i], 35, NULL, 0, 0);
+		ks_store_drain(e.s);
+		struct ks_stats st;
+		ks_store_stats(e.s, &st);
+		KT_CHECKF(st.files[0] + st.files[1] <= 20, "after session %d: %llu objects, cap 20", i,
+			  (unsigned long long)(st.files[0] + st.files[1]));
+	}
+	ts_close(&e);
+	KT_CHECK(ts_count_files(root_dir(), ".safetensors") <= 21); /* + the marker */
+	KT_OK(ts_open(&e, root_dir(), 0, &p));
+	ks_store_start_scan(e.s);
+	KT_EQ_INT(ts_lookup(&e, tok[9], 36, NULL, 0, NULL, NULL), 35);
+	KT_EQ_INT(ts_lookup(&e, tok[0], 36, NULL, 0, NULL, NULL), 0);
+	ts_close(&e);
+}
+
 KT_MAIN(hybrid_restart_resumes_at_boundary, direct_lookup_before_the_scan, dense_restart_longest_prefix,
 	corrupt_files_give_shorter_hits, other_namespaces_are_never_hits, namespaces_age_out,
 	disk_cap_evicts_least_recently_used, interval_checkpoints_serve_hits, checkpoint_queue_drops_when_full,
-	io_faults_keep_serving, readonly_folder_at_open, write_behind_thread, catalog_orders_leaves_first, budget_parse)
+	io_faults_keep_serving, readonly_folder_at_open, write_behind_thread, catalog_orders_leaves_first, budget_parse,
+	live_namespace_survives_age_out, second_server_on_namespace, full_disk_at_open_retries,
+	cache_tool_edges, catalog_scale, object_cap_evicts_least_recently_used)

@@ -89,7 +89,7 @@ KT_CASE(presets_geometry)
 		KT_EQ_INT(c.n_kv_heads, p->n_kv_heads);
 		KT_EQ_INT(c.head_dim, p->head_dim);
 		KT_EQ_INT(c.intermediate, p->intermediate);
-		KT_EQ_INT(c.vocab, 666);
+		KT_EQ_INT(c.vocab, p->vocab && p->config_only ? p->vocab : 666);
 		KT_EQ_INT(c.bos_id, 656);
 		KT_EQ_INT(c.eos_ids[0], 658);
 		KT_EQ_INT(c.tie_embeddings, p->tie_embeddings);
@@ -262,7 +262,7 @@ static void check_folder(const char *dir, const struct kv_synth_preset *p, int d
 	KT_REQUIRE(tok != NULL);
 	KT_OK(kv_synth_tokenizer_ids(tok, tl, "tokenizer.json", &n_ids, &bos, &eos));
 	free(tok);
-	KT_EQ_INT(c.vocab, n_ids);
+	KT_EQ_INT(c.vocab, p->vocab && config_only ? p->vocab : n_ids);
 	KT_EQ_INT(c.bos_id, bos);
 	/* a release-style preset ends at <|endoftext|> in config.json and lists
 	 * both in generation_config.json */
@@ -631,6 +631,28 @@ KT_CASE(cli_mkmodel_and_info)
 	KT_CHECK(json_integer_value(json_object_get(j, "params")) > 6000000000ll);
 	KT_CHECK(json_is_null(json_object_get(j, "weights")));
 	json_decref(j);
+
+	/* The real MoE geometries: total and active parameters, resident sizes. */
+	const char *moe[2] = {"qwen35-35b-a3b", "qwen3-next-80b-a3b"};
+	const double lo[2] = {34e9, 79e9}, hi[2] = {36e9, 81e9};
+	for (int i = 0; i < 2; i++) {
+		char dm[700];
+		snprintf(dm, sizeof dm, "%s/%s", kt_tmpdir(), moe[i]);
+		KT_EQ_INT(run(out, sizeof out, "mkmodel --preset %s --out '%s' --config-only --no-sync", moe[i], dm), 0);
+		KT_EQ_INT(run(out, sizeof out, "model info '%s' --json%s", dm, ""), 0);
+		j = json_loads(out, 0, &e);
+		KT_REQUIRE(j != NULL);
+		double pa = (double)json_integer_value(json_object_get(j, "params"));
+		double ac = (double)json_integer_value(json_object_get(j, "active_params"));
+		KT_CHECKF(pa > lo[i] && pa < hi[i], "%s: %g parameters", moe[i], pa);
+		KT_CHECKF(ac > 2.5e9 && ac < 4.0e9, "%s: %g active", moe[i], ac);
+		KT_EQ_INT(json_integer_value(json_object_get(j, "resident_bytes_bf16")), (json_int_t)pa * 2);
+		KT_EQ_INT(json_integer_value(json_object_get(j, "resident_bytes_q4_k_m_est")), (json_int_t)(pa * 4.85 / 8));
+		KT_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "moe"), "n_experts")), i ? 512 : 256);
+		/* 2 KV heads x 256 x 2 bytes x K,V over every 4th layer */
+		KT_EQ_INT(json_integer_value(json_object_get(j, "kv_bytes_per_token")), (i ? 12 : 10) * 2 * 2 * 256 * 2);
+		json_decref(j);
+	}
 
 	KT_EQ_INT(run(out, sizeof out, "mkmodel --preset %s --out '%s' --seed 3 --dtype f32 --no-sync", "tiny-hybrid",
 		      dh),

@@ -1,0 +1,379 @@
+/*
+ * moe.c - the sparse MoE block, see moe.h.
+ */
+#include "engine/moe.h"
+#include "engine/engine_int.h"
+#include "engine/vec.h"
+#include "base/err.h"
+#include "base/mem.h"
+#include "base/pool.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static size_t dt_size(int dtype)
+{
+	return dtype == KV_DT_BF16 ? 2 : 4;
+}
+
+/* A tensor of the block: present, F32 or BF16, and of the given shape
+ * (ndim 2 or 3). Messages name the tensor. */
+static int get(const struct ke_model *m, const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2,
+	       const struct kv_tensor **out)
+{
+	const struct kv_tensor *t = kv_weights_find(m->w, name);
+	int64_t want[3] = {d0, d1, d2};
+	char ws[96], hs[96];
+	if (!t)
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: weights lack tensor '%s' (expected shape %s)", m->dir, name,
+			       kv_shape_str(ndim, want, ws, sizeof ws));
+	if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; the engine runs F32 or BF16 experts", t->file,
+			       name, kv_dtype_name(t->dtype));
+	int ok = t->ndim == ndim;
+	for (int i = 0; ok && i < ndim; i++)
+		ok = t->shape[i] == want[i];
+	if (!ok)
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' has shape %s, expected %s", t->file, name,
+			       kv_shape_str(t->ndim, t->shape, hs, sizeof hs), kv_shape_str(ndim, want, ws, sizeof ws));
+	*out = t;
+	return KV_OK;
+}
+
+/* A view of rows [r0, r0 + rows) of matrix e of a tensor holding a stack
+ * of [rows_per][cols] matrices (e = 0 and rows_per = rows for a plain
+ * matrix). No bytes are copied. */
+static void view(struct ke_mat *v, const struct kv_tensor *t, int64_t e, int64_t rows_per, int64_t r0, int rows,
+		 int cols)
+{
+	v->dtype = t->dtype;
+	v->rows = rows;
+	v->cols = cols;
+	v->ld = (size_t)cols;
+	v->data = (const char *)t->data + ((uint64_t)e * (uint64_t)rows_per + (uint64_t)r0) * (uint64_t)cols *
+						 dt_size(t->dtype);
+}
+
+static void list_mat(struct ke_model *m, const struct ke_mat *v, const char *name)
+{
+	if (m->n_mats < KE_MAX_MATS) {
+		m->mats[m->n_mats] = *v;
+		m->mat_names[m->n_mats++] = name;
+	}
+}
+
+static int mat2(struct ke_model *m, struct ke_mat *v, int64_t rows, int64_t cols, const char *fmt, int layer,
+		int list)
+{
+	char name[192];
+	const struct kv_tensor *t;
+	int rc;
+	snprintf(name, sizeof name, fmt, m->prefix, layer);
+	if ((rc = get(m, name, 2, rows, cols, 0, &t)))
+		return rc;
+	view(v, t, 0, rows, 0, (int)rows, (int)cols);
+	if (list)
+		list_mat(m, v, t->name);
+	return KV_OK;
+}
+
+int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
+{
+	const struct kv_model_config *c = &m->cfg;
+	const int E = c->n_experts, I = c->moe_intermediate, Is = c->shared_intermediate, D = c->hidden;
+	char name[192];
+	const struct kv_tensor *t;
+	int rc;
+
+	*out = NULL;
+	struct ke_moe *mo = kv_alloc(KV_MEM_WEIGHTS, sizeof *mo + 3 * (size_t)E * sizeof(struct ke_mat));
+	if (!mo)
+		return kv_fail(KV_ERR_NOMEM, "out of memory for the experts of layer %d", layer);
+	memset(mo, 0, sizeof *mo);
+	mo->E = E;
+	mo->k = c->n_experts_per_tok;
+	mo->I = I;
+	mo->Is = Is;
+	mo->norm_topk = c->norm_topk_prob;
+	mo->gate = (struct ke_mat *)(mo + 1);
+	mo->up = mo->gate + E;
+	mo->down = mo->up + E;
+	if ((rc = mat2(m, &mo->router, E, D, "%slayers.%d.mlp.gate.weight", layer, 1)) ||
+	    (rc = mat2(m, &mo->sh_gate, Is, D, "%slayers.%d.mlp.shared_expert.gate_proj.weight", layer, 1)) ||
+	    (rc = mat2(m, &mo->sh_up, Is, D, "%slayers.%d.mlp.shared_expert.up_proj.weight", layer, 1)) ||
+	    (rc = mat2(m, &mo->sh_down, D, Is, "%slayers.%d.mlp.shared_expert.down_proj.weight", layer, 1)) ||
+	    (rc = mat2(m, &mo->sh_router, 1, D, "%slayers.%d.mlp.shared_expert_gate.weight", layer, 0)))
+		goto fail;
+	snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", m->prefix, layer);
+	if (kv_weights_find(m->w, name)) {
+		/* stacked: expert e's gate rows then up rows, then its down matrix */
+		const struct kv_tensor *dn;
+		if ((rc = get(m, name, 3, E, 2 * (int64_t)I, D, &t)))
+			goto fail;
+		snprintf(name, sizeof name, "%slayers.%d.mlp.experts.down_proj", m->prefix, layer);
+		if ((rc = get(m, name, 3, E, D, I, &dn)))
+			goto fail;
+		for (int e = 0; e < E; e++) {
+			view(&mo->gate[e], t, e, 2 * (int64_t)I, 0, I, D);
+			view(&mo->up[e], t, e, 2 * (int64_t)I, I, I, D);
+			view(&mo->down[e], dn, e, D, 0, D, I);
+		}
+	} else if (snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.gate_proj.weight", m->prefix, layer),
+		   kv_weights_find(m->w, name)) {
+		/* mlx-lm SwitchGLU: separate [E][I][D] gate and up stacks */
+		static const char *const nm[3] = {"gate_proj", "up_proj", "down_proj"};
+		const struct kv_tensor *st[3];
+		for (int j = 0; j < 3; j++) {
+			snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.%s.weight", m->prefix, layer, nm[j]);
+			if ((rc = get(m, name, 3, E, j == 2 ? D : I, j == 2 ? I : D, &st[j])))
+				goto fail;
+		}
+		for (int e = 0; e < E; e++) {
+			view(&mo->gate[e], st[0], e, I, 0, I, D);
+			view(&mo->up[e], st[1], e, I, 0, I, D);
+			view(&mo->down[e], st[2], e, D, 0, D, I);
+		}
+	} else {
+		for (int e = 0; e < E; e++) {
+			static const char *const nm[3] = {"gate_proj", "up_proj", "down_proj"};
+			struct ke_mat *dst[3] = {&mo->gate[e], &mo->up[e], &mo->down[e]};
+			for (int j = 0; j < 3; j++) {
+				int rows = j == 2 ? D : I, cols = j == 2 ? I : D;
+				snprintf(name, sizeof name, "%slayers.%d.mlp.experts.%d.%s.weight", m->prefix, layer, e,
+					 nm[j]);
+				if ((rc = get(m, name, 2, rows, cols, 0, &t)))
+					goto fail;
+				view(dst[j], t, 0, rows, 0, rows, cols);
+			}
+		}
+	}
+	*out = mo;
+	return KV_OK;
+fail:
+	kv_free(mo);
+	return rc;
+}
+
+void ke_moe_free(struct ke_moe *mo)
+{
+	kv_free(mo);
+}
+
+#define ALIGN16(n) (((size_t)(n) + 15) & ~(size_t)15)
+
+struct moe_scr {
+	float *logits; /* [C][E] router logits, then probabilities */
+	float *w;      /* [C][k] weights of the selected experts (ascending id) */
+	int32_t *sel;  /* [C][k] selected expert ids, ascending */
+	int32_t *list; /* [C k] slots t * k + r grouped by expert */
+	int32_t *cnt;  /* [E + 1] start of each expert's group in list */
+	float *xin;    /* [C][D] gathered inputs, then that expert's outputs */
+	float *g1, *g2; /* [C][max(I, Is)] */
+	float *eo;     /* [C k][D] expert output of each slot */
+	float *so;     /* [C][D] shared expert output */
+	float *sg;     /* [C] shared expert gate logit */
+	int32_t *act;  /* [E] experts with at least one slot */
+	float *par;    /* threads x PAR_ROWS x (D + 2 Im): per-thread xin, g1, g2 */
+};
+
+/* Experts run in parallel (one per thread, single-threaded products) when
+ * each has at most PAR_ROWS tokens, as in decode; bigger groups split
+ * their products' rows over the threads instead. Same bits either way. */
+#define PAR_ROWS 16
+
+static size_t carve(const struct kv_model_config *c, int C, float *base, struct moe_scr *s)
+{
+	size_t E = (size_t)c->n_experts, k = (size_t)c->n_experts_per_tok, D = (size_t)c->hidden;
+	size_t Im = (size_t)(c->moe_intermediate > c->shared_intermediate ? c->moe_intermediate
+									  : c->shared_intermediate);
+	size_t off = 0, n = (size_t)C;
+#define TAKE(field, type, count) \
+	do { \
+		if (s) \
+			s->field = (type *)(void *)(base + off); \
+		off += ALIGN16(count); \
+	} while (0)
+	TAKE(logits, float, n * E);
+	TAKE(w, float, n * k);
+	TAKE(sel, int32_t, n * k);
+	TAKE(list, int32_t, n * k);
+	TAKE(cnt, int32_t, E + 1);
+	TAKE(xin, float, n * D);
+	TAKE(g1, float, n * Im);
+	TAKE(g2, float, n * Im);
+	TAKE(eo, float, n * k * D);
+	TAKE(so, float, n * D);
+	TAKE(sg, float, n);
+	TAKE(act, int32_t, E);
+	TAKE(par, float, (size_t)kv_pool_size(kv_pool_global()) * PAR_ROWS * (D + 2 * Im));
+#undef TAKE
+	return off;
+}
+
+size_t ke_moe_scratch_floats(const struct kv_model_config *c, int chunk)
+{
+	if (!c->n_moe_layers)
+		return 0;
+	return carve(c, chunk, NULL, NULL);
+}
+
+void ke_moe_route(const struct ke_moe *mo, float *p, int32_t *sel, float *w)
+{
+	const int E = mo->E, k = mo->k;
+	float mx = p[0], sum = 0.0f;
+	for (int e = 1; e < E; e++)
+		mx = p[e] > mx ? p[e] : mx;
+	for (int e = 0; e < E; e++) {
+		p[e] = ke_exp(p[e] - mx);
+		sum += p[e];
+	}
+	float inv = 1.0f / sum;
+	for (int e = 0; e < E; e++)
+		p[e] = p[e] * inv;
+	/* top-k: k passes of a strict-greater argmax, so among equal
+	 * probabilities the lower expert id wins. The chosen set is then
+	 * listed in ascending id, the order the outputs are summed in. */
+	uint64_t taken[(1 << 16) / 64 + 1];
+	memset(taken, 0, ((size_t)E / 64 + 1) * sizeof taken[0]);
+	float tsum = 0.0f;
+	for (int r = 0; r < k; r++) {
+		int best = -1;
+		for (int e = 0; e < E; e++) {
+			if (taken[e >> 6] >> (e & 63) & 1)
+				continue;
+			if (best < 0 || p[e] > p[best])
+				best = e;
+		}
+		taken[best >> 6] |= 1ull << (best & 63);
+		tsum += p[best]; /* in rank order, like torch's sum over the top-k */
+	}
+	int r = 0;
+	for (int e = 0; e < E && r < k; e++)
+		if (taken[e >> 6] >> (e & 63) & 1) {
+			sel[r] = e;
+			w[r] = mo->norm_topk ? p[e] / tsum : p[e];
+			r++;
+		}
+}
+
+struct expert_job {
+	const struct ke_moe *mo;
+	const struct moe_scr *s;
+	const float *h;
+	int D;
+	int shared_bufs;   /* 1: use the chunk-sized buffers (one thread) */
+};
+
+static void experts_part(void *ctx, size_t b0, size_t b1, int thread)
+{
+	const struct expert_job *j = ctx;
+	const struct ke_moe *mo = j->mo;
+	const struct moe_scr *s = j->s;
+	const int D = j->D, k = mo->k, I = mo->I;
+	const size_t Im = (size_t)(mo->I > mo->Is ? mo->I : mo->Is);
+	float *xin = s->xin, *g1 = s->g1, *g2 = s->g2;
+	if (!j->shared_bufs) {
+		xin = s->par + (size_t)thread * PAR_ROWS * ((size_t)D + 2 * Im);
+		g1 = xin + (size_t)PAR_ROWS * D;
+		g2 = g1 + (size_t)PAR_ROWS * Im;
+	}
+	for (size_t a = b0; a < b1; a++) {
+		int e = s->act[a], b = s->cnt[e], m = s->cnt[e + 1] - b;
+		for (int i = 0; i < m; i++)
+			memcpy(xin + (size_t)i * D, j->h + (size_t)(s->list[b + i] / k) * D, (size_t)D * sizeof *xin);
+		ke_gemm(&mo->gate[e], xin, (size_t)D, m, g1, (size_t)I, 0);
+		ke_gemm(&mo->up[e], xin, (size_t)D, m, g2, (size_t)I, 0);
+		ke_vec_silu_mul(g1, g2, m * I);
+		ke_gemm(&mo->down[e], g1, (size_t)I, m, xin, (size_t)D, 0);
+		for (int i = 0; i < m; i++)
+			memcpy(s->eo + (size_t)s->list[b + i] * D, xin + (size_t)i * D, (size_t)D * sizeof *xin);
+	}
+}
+
+void ke_moe_forward(const struct ke_moe *mo, const float *h, int n, int D, float *x, float *scratch)
+{
+	const int E = mo->E, k = mo->k;
+	struct kv_model_config cc;
+	struct moe_scr s;
+	cc.n_experts = E;
+	cc.n_experts_per_tok = k;
+	cc.hidden = D;
+	cc.moe_intermediate = mo->I;
+	cc.shared_intermediate = mo->Is;
+	carve(&cc, n, scratch, &s);
+
+	/* route every token */
+	ke_gemm(&mo->router, h, (size_t)D, n, s.logits, (size_t)E, 0);
+	for (int t = 0; t < n; t++)
+		ke_moe_route(mo, s.logits + (size_t)t * E, s.sel + (size_t)t * k, s.w + (size_t)t * k);
+
+	/* group slots by expert (counting sort, token order inside a group) */
+	memset(s.cnt, 0, ((size_t)E + 1) * sizeof *s.cnt);
+	for (int i = 0; i < n * k; i++)
+		s.cnt[s.sel[i] + 1]++;
+	for (int e = 0; e < E; e++)
+		s.cnt[e + 1] += s.cnt[e];
+	for (int i = 0; i < n * k; i++)
+		s.list[s.cnt[s.sel[i]]++] = i;
+	for (int e = E; e > 0; e--)
+		s.cnt[e] = s.cnt[e - 1];
+	s.cnt[0] = 0;
+
+	/* each expert once, on all its tokens; the rows do not depend on how
+	 * many there are (ke_gemm) */
+	int n_act = 0, max_m = 0;
+	for (int e = 0; e < E; e++) {
+		int m = s.cnt[e + 1] - s.cnt[e];
+		if (m)
+			s.act[n_act++] = e;
+		max_m = m > max_m ? m : max_m;
+	}
+	struct expert_job j = {mo, &s, h, D, 0};
+	if (n_act > 1 && max_m <= PAR_ROWS) {
+		kv_pool_for(kv_pool_global(), (size_t)n_act, 1, experts_part, &j);
+	} else {
+		j.shared_bufs = 1;
+		experts_part(&j, 0, (size_t)n_act, 0);
+	}
+
+	/* shared expert and its gate */
+	ke_gemm(&mo->sh_gate, h, (size_t)D, n, s.g1, (size_t)mo->Is, 0);
+	ke_gemm(&mo->sh_up, h, (size_t)D, n, s.g2, (size_t)mo->Is, 0);
+	ke_vec_silu_mul(s.g1, s.g2, n * mo->Is);
+	ke_gemm(&mo->sh_down, s.g1, (size_t)mo->Is, n, s.so, (size_t)D, 0);
+	ke_gemm(&mo->sh_router, h, (size_t)D, n, s.sg, 1, 0);
+
+	/* the fixed-order sum of moe.h, then the residual */
+	for (int t = 0; t < n; t++) {
+		float g = 1.0f / (1.0f + ke_exp(0.0f - s.sg[t]));
+		float *xr = x + (size_t)t * D;
+		const float *so = s.so + (size_t)t * D;
+		for (int i = 0; i < D; i++) {
+			float y = 0.0f;
+			for (int r = 0; r < k; r++) {
+				float term = s.eo[((size_t)t * k + r) * D + i] * s.w[(size_t)t * k + r];
+				y = y + term;
+			}
+			float sh = g * so[i];
+			y = y + sh;
+			xr[i] = xr[i] + y;
+		}
+	}
+}
+
+uint64_t ke_moe_decode_bytes(const struct ke_model *m)
+{
+	uint64_t b = 0;
+	for (int l = 0; l < m->cfg.n_layers; l++) {
+		const struct ke_moe *mo = m->layers[l].moe;
+		if (!mo)
+			continue;
+		/* the k experts a token reads, at the first experts' dtype
+		 * (one checkpoint stores all experts of a layer alike) */
+		uint64_t per = (uint64_t)mo->I * (uint64_t)m->cfg.hidden;
+		b += (uint64_t)mo->k * per * (dt_size(mo->gate[0].dtype) + dt_size(mo->up[0].dtype) +
+					     dt_size(mo->down[0].dtype));
+		b += (uint64_t)m->cfg.hidden * dt_size(mo->sh_router.dtype);
+	}
+	return b;
+}

@@ -1,0 +1,74 @@
+/*
+ * moe.h - the sparse mixture-of-experts MLP block of Qwen3.5-MoE
+ * (qwen3_5_moe) and Qwen3-Next (qwen3_next), as in transformers'
+ * Qwen3_5MoeSparseMoeBlock / Qwen3NextSparseMoeBlock:
+ *
+ *   logits = h W_router^T                       [E] per token (mlp.gate)
+ *   p      = softmax(logits)                    f32
+ *   S      = the k experts of largest p; ties go to the lower expert id
+ *   w_e    = p_e / sum_{S} p (norm_topk_prob; qwen3_5_moe always), else p_e
+ *   y      = sum_{e in S, ascending e} w_e * down_e(silu(gate_e h) * up_e h)
+ *          + sigmoid(h . w_shared_gate) * shared_down(silu(shared_gate h) * shared_up h)
+ *   x     += y
+ *
+ * Batch invariance (DESIGN.md 8): every quantity above is computed per
+ * token by kernels whose result does not depend on how many other tokens
+ * share the call (ke_gemm rows), and a token's y is summed in one fixed
+ * order: its selected experts by ascending expert id (the order of
+ * transformers' index_add_ loop), each term w_e * out_e rounded before it
+ * is added, starting from +0, then the gated shared expert, then the
+ * residual add. So 1 token or 2048 tokens per chunk, any thread count and
+ * any CPU path give the same bits.
+ *
+ * Weights stay in the mapping: an expert is three ke_mat views, either
+ * into the per-expert tensors (mlp.experts.N.{gate,up,down}_proj.weight)
+ * or into the stacked ones (mlp.experts.gate_up_proj [E][2I][D],
+ * mlp.experts.down_proj [E][D][I]), or into mlx-lm's unquantized
+ * mlp.switch_mlp.{gate,up,down}_proj.weight stacks; GGUF's
+ * ffn_{gate,up,down}_exps are [E][rows][cols] stacks too and map the same
+ * way. Only the selected experts' rows are read; in a prefill chunk the
+ * tokens routed to one expert are gathered and multiplied together, so
+ * each expert's weights are read once per chunk.
+ */
+#ifndef KV_ENGINE_MOE_H
+#define KV_ENGINE_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/gemm.h"
+#include "model/config.h"
+
+struct ke_model;
+
+struct ke_moe {
+	int E, k, I, Is;          /* experts, per token, expert / shared intermediate */
+	int norm_topk;
+	struct ke_mat router;     /* [E][D] mlp.gate.weight */
+	struct ke_mat *gate, *up, *down; /* E views each: [I][D], [I][D], [D][I] */
+	struct ke_mat sh_gate, sh_up, sh_down; /* shared expert */
+	struct ke_mat sh_router;  /* [1][D] mlp.shared_expert_gate.weight */
+};
+
+/* Load layer `layer`'s block from m->w (names under m->prefix). Errors
+ * name the tensor: missing, wrong shape, or a dtype other than F32/BF16.
+ * *out is kv_alloc'd (KV_MEM_WEIGHTS); free with ke_moe_free. */
+int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out);
+void ke_moe_free(struct ke_moe *mo);
+
+/* Scratch floats ke_moe_forward needs for `chunk` tokens (0 if dense). */
+size_t ke_moe_scratch_floats(const struct kv_model_config *c, int chunk);
+
+/* x[t] += the block's output for h[t], t < n (rows of D floats). */
+void ke_moe_forward(const struct ke_moe *mo, const float *h, int n, int D, float *x, float *scratch);
+
+/* Route one token (for tests): the k selected expert ids in ascending id
+ * order and their weights. logits [E] are overwritten with p. */
+void ke_moe_route(const struct ke_moe *mo, float *logits, int32_t *sel, float *w);
+
+/* Weight bytes one decoded token reads in the MoE blocks beyond the
+ * matrices the model lists (router and shared expert are listed): k
+ * experts' three matrices and the shared-expert gate per MoE layer. */
+uint64_t ke_moe_decode_bytes(const struct ke_model *m);
+
+#endif

@@ -1,0 +1,338 @@
+/*
+ * qgemm.c - see qgemm.h. Weight rows are dequantized a panel at a time
+ * into a per-thread buffer of KE_QGEMM_MAX_K floats and handed to the f32
+ * kernel: the panel is as many rows as fit, so each dequantized row is
+ * used by all M activation rows while it is hot in cache.
+ */
+#include "engine/qgemm.h"
+#include "engine/isa.h"
+#include "model/quant.h"
+#include "model/safetensors.h"
+
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* The fused kernels below must round exactly like model/quant.c: products
+ * and differences stay separate operations. */
+#pragma GCC optimize("fp-contract=off")
+
+/* Per-thread panel (256 KiB): pool threads live as long as the process. */
+static __thread float tl_panel[KE_QGEMM_MAX_K] __attribute__((aligned(64)));
+
+int ke_qgemm_handles(const struct ke_mat *w)
+{
+	return kq_is_quant(w->dtype) || w->dtype == KV_DT_F16;
+}
+
+static const uint8_t *row_ptr(const struct ke_mat *w, int r)
+{
+	return (const uint8_t *)w->data + (size_t)r * (size_t)kv_dtype_row_bytes(w->dtype, (uint64_t)w->ld);
+}
+
+void ke_qgemm_row(const struct ke_mat *w, int r, float *out)
+{
+	kq_dequant_row(w->dtype, row_ptr(w, r), out, (size_t)w->cols);
+}
+
+#if defined(__x86_64__)
+/*
+ * Fused AVX2 GEMV for small M (decode): each group of 16 weights is
+ * dequantized in registers -- the same float operations as model/quant.c,
+ * so the same values -- and multiplied into the 16 lane accumulators in
+ * the canonical order of gemm.h (lanes 0-7 in one register, 8-15 in
+ * another, then the fixed tree), so results equal the panel path bit for
+ * bit. Types: Q8_0, Q4_K, Q6_K (what Q8_0 / Q4_K_M / Q6_K files are made
+ * of); others take the panel path. An AVX-512 twin follows.
+ */
+#define TGT2 __attribute__((target("avx2,fma,f16c")))
+#define FMR 4
+
+TGT2 static inline float q_hsum(__m256 lo, __m256 hi)
+{
+	__m256 t = _mm256_add_ps(lo, hi);
+	__m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+	__m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+	__m128 r = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
+	return _mm_cvtss_f32(r);
+}
+
+static inline float q_h2f(const uint8_t *p)
+{
+	uint16_t h;
+	memcpy(&h, p, 2);
+	return kv_f16_to_f32(h);
+}
+
+/* 16 unsigned byte values -> two vectors of floats. */
+TGT2 static inline void u8x16_f(__m128i b, __m256 *lo, __m256 *hi)
+{
+	*lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+	*hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
+}
+
+TGT2 static inline void s8x16_f(__m128i b, __m256 *lo, __m256 *hi)
+{
+	*lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+	*hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+}
+
+struct facc {
+	__m256 lo[FMR], hi[FMR];
+};
+
+TGT2 static inline void f_acc(struct facc *a, int mr, const float *x, size_t ldx, int k, __m256 wl, __m256 wh)
+{
+	for (int i = 0; i < mr; i++) {
+		a->lo[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (size_t)i * ldx + k), wl, a->lo[i]);
+		a->hi[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (size_t)i * ldx + k + 8), wh, a->hi[i]);
+	}
+}
+
+TGT2 static void fused_row(int dt, const uint8_t *row, int K, const float *x, size_t ldx, int mr, float *out)
+{
+	struct facc a;
+	for (int i = 0; i < FMR; i++)
+		a.lo[i] = a.hi[i] = _mm256_setzero_ps();
+	__m256 wl, wh;
+	if (dt == KV_DT_Q8_0) {
+		for (int b = 0; b < K / 32; b++) {
+			const uint8_t *blk = row + (size_t)b * 34;
+			__m256 d = _mm256_set1_ps(q_h2f(blk));
+			for (int g = 0; g < 2; g++) {
+				s8x16_f(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * g)), &wl, &wh);
+				f_acc(&a, mr, x, ldx, 32 * b + 16 * g, _mm256_mul_ps(wl, d), _mm256_mul_ps(wh, d));
+			}
+		}
+	} else if (dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0) {
+		/* element j: low nibble of qs[j] (j < 16) or high nibble of qs[j-16],
+		 * Q5_0's 5th bit from bit j of qh; minus 8 / 16, times d */
+		const int q5 = dt == KV_DT_Q5_0;
+		const size_t bb = q5 ? 22 : 18;
+		const __m128i m4 = _mm_set1_epi8(0x0F), off = _mm_set1_epi8(q5 ? 16 : 8);
+		const __m128i sel = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+		const __m128i bit = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+		for (int b = 0; b < K / 32; b++) {
+			const uint8_t *blk = row + (size_t)b * bb, *qs = blk + (q5 ? 6 : 2);
+			__m256 d = _mm256_set1_ps(q_h2f(blk));
+			uint32_t qh = 0;
+			if (q5)
+				memcpy(&qh, blk + 2, 4);
+			__m128i raw = _mm_loadu_si128((const __m128i *)qs);
+			for (int g = 0; g < 2; g++) {
+				__m128i v = g ? _mm_and_si128(_mm_srli_epi16(raw, 4), m4) : _mm_and_si128(raw, m4);
+				if (q5) {
+					__m128i hb = _mm_shuffle_epi8(_mm_set1_epi16((short)(qh >> (16 * g))), sel);
+					hb = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hb, bit), bit), _mm_set1_epi8(0x10));
+					v = _mm_or_si128(v, hb);
+				}
+				s8x16_f(_mm_sub_epi8(v, off), &wl, &wh);
+				f_acc(&a, mr, x, ldx, 32 * b + 16 * g, _mm256_mul_ps(wl, d), _mm256_mul_ps(wh, d));
+			}
+		}
+	} else if (dt == KV_DT_F16) {
+		for (int k = 0; k < K; k += 16) {
+			__m128i h0 = _mm_loadu_si128((const __m128i *)(row + 2 * (size_t)k)),
+				h1 = _mm_loadu_si128((const __m128i *)(row + 2 * (size_t)k + 16));
+			f_acc(&a, mr, x, ldx, k, _mm256_cvtph_ps(h0), _mm256_cvtph_ps(h1)); /* exact widening */
+		}
+	} else if (dt == KV_DT_Q4_K) {
+		const __m128i m4 = _mm_set1_epi8(0x0F);
+		for (int b = 0; b < K / 256; b++) {
+			const uint8_t *blk = row + (size_t)b * 144, *scales = blk + 4, *q = blk + 16;
+			const float d = q_h2f(blk), min = q_h2f(blk + 2);
+			for (int c = 0; c < 4; c++) {
+				for (int h = 0; h < 2; h++) {
+					int j = 2 * c + h;
+					uint8_t sc, mm;
+					if (j < 4) {
+						sc = scales[j] & 63;
+						mm = scales[j + 4] & 63;
+					} else {
+						sc = (uint8_t)((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
+						mm = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+					}
+					__m256 dv = _mm256_set1_ps(d * (float)sc), mv = _mm256_set1_ps(min * (float)mm);
+					for (int s = 0; s < 2; s++) {
+						__m128i raw = _mm_loadu_si128((const __m128i *)(q + 32 * c + 16 * s));
+						__m128i nib = h ? _mm_and_si128(_mm_srli_epi16(raw, 4), m4) : _mm_and_si128(raw, m4);
+						u8x16_f(nib, &wl, &wh);
+						f_acc(&a, mr, x, ldx, 256 * b + 64 * c + 32 * h + 16 * s,
+						      _mm256_sub_ps(_mm256_mul_ps(dv, wl), mv), _mm256_sub_ps(_mm256_mul_ps(dv, wh), mv));
+					}
+				}
+			}
+		}
+	} else { /* KV_DT_Q6_K */
+		const __m128i m4 = _mm_set1_epi8(0x0F), m3 = _mm_set1_epi8(3), o32 = _mm_set1_epi8(32);
+		for (int b = 0; b < K / 256; b++) {
+			const uint8_t *blk = row + (size_t)b * 210;
+			const int8_t *sc = (const int8_t *)(blk + 192);
+			const float d = q_h2f(blk + 208);
+			for (int n = 0; n < 2; n++) {
+				const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+				const int8_t *s8 = sc + 8 * n;
+				for (int part = 0; part < 4; part++) { /* y[l + 32 part], l in 0..31 */
+					for (int s = 0; s < 2; s++) {
+						int l0 = 16 * s;
+						__m128i lo = _mm_loadu_si128((const __m128i *)(ql + l0 + ((part & 1) ? 32 : 0)));
+						__m128i hb = _mm_loadu_si128((const __m128i *)(qh + l0));
+						__m128i low = (part < 2) ? _mm_and_si128(lo, m4) : _mm_and_si128(_mm_srli_epi16(lo, 4), m4);
+						__m128i hi2 = _mm_and_si128(_mm_srli_epi16(hb, 2 * part), m3);
+						__m128i q = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(hi2, 4)), o32);
+						s8x16_f(q, &wl, &wh);
+						__m256 dv = _mm256_set1_ps(d * (float)s8[2 * part + s]);
+						f_acc(&a, mr, x, ldx, 256 * b + 128 * n + 32 * part + l0, _mm256_mul_ps(dv, wl),
+						      _mm256_mul_ps(dv, wh));
+					}
+				}
+			}
+		}
+	}
+	for (int i = 0; i < mr; i++)
+		out[i] = q_hsum(a.lo[i], a.hi[i]);
+}
+
+/* The same with one 16-lane register per row (AVX-512): lane j holds what
+ * lanes j of the AVX2 pair hold, the tree is gemm.h's, so the results are
+ * the AVX2 kernel's bit for bit. */
+#define TGT5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+
+TGT5 static inline float q_hsum5(__m512 a)
+{
+	__m256 t = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+	__m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+	__m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+	__m128 r = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));
+	return _mm_cvtss_f32(r);
+}
+
+TGT5 static inline void f_acc5(__m512 *a, int mr, const float *x, size_t ldx, int k, __m512 wv)
+{
+	for (int i = 0; i < mr; i++)
+		a[i] = _mm512_fmadd_ps(_mm512_loadu_ps(x + (size_t)i * ldx + k), wv, a[i]);
+}
+
+TGT5 static void fused_row5(int dt, const uint8_t *row, int K, const float *x, size_t ldx, int mr, float *out)
+{
+	__m512 a[FMR];
+	for (int i = 0; i < FMR; i++)
+		a[i] = _mm512_setzero_ps();
+	if (dt == KV_DT_Q8_0) {
+		for (int b = 0; b < K / 32; b++) {
+			const uint8_t *blk = row + (size_t)b * 34;
+			__m512 d = _mm512_set1_ps(q_h2f(blk));
+			for (int g = 0; g < 2; g++) {
+				__m128i q = _mm_loadu_si128((const __m128i *)(blk + 2 + 16 * g));
+				f_acc5(a, mr, x, ldx, 32 * b + 16 * g, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d));
+			}
+		}
+	} else if (dt == KV_DT_Q4_K) {
+		const __m128i m4 = _mm_set1_epi8(0x0F);
+		for (int b = 0; b < K / 256; b++) {
+			const uint8_t *blk = row + (size_t)b * 144, *scales = blk + 4, *q = blk + 16;
+			const float d = q_h2f(blk), min = q_h2f(blk + 2);
+			for (int c = 0; c < 4; c++) {
+				for (int h = 0; h < 2; h++) {
+					int j = 2 * c + h;
+					uint8_t sc, mm;
+					if (j < 4) {
+						sc = scales[j] & 63;
+						mm = scales[j + 4] & 63;
+					} else {
+						sc = (uint8_t)((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
+						mm = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+					}
+					__m512 dv = _mm512_set1_ps(d * (float)sc), mv = _mm512_set1_ps(min * (float)mm);
+					for (int s = 0; s < 2; s++) {
+						__m128i raw = _mm_loadu_si128((const __m128i *)(q + 32 * c + 16 * s));
+						__m128i nib = h ? _mm_and_si128(_mm_srli_epi16(raw, 4), m4) : _mm_and_si128(raw, m4);
+						__m512 wf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nib));
+						f_acc5(a, mr, x, ldx, 256 * b + 64 * c + 32 * h + 16 * s,
+						       _mm512_sub_ps(_mm512_mul_ps(dv, wf), mv));
+					}
+				}
+			}
+		}
+	} else { /* KV_DT_Q6_K */
+		const __m128i m4 = _mm_set1_epi8(0x0F), m3 = _mm_set1_epi8(3), o32 = _mm_set1_epi8(32);
+		for (int b = 0; b < K / 256; b++) {
+			const uint8_t *blk = row + (size_t)b * 210;
+			const int8_t *sc = (const int8_t *)(blk + 192);
+			const float d = q_h2f(blk + 208);
+			for (int n = 0; n < 2; n++) {
+				const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+				const int8_t *s8 = sc + 8 * n;
+				for (int part = 0; part < 4; part++) {
+					for (int s = 0; s < 2; s++) {
+						int l0 = 16 * s;
+						__m128i lo = _mm_loadu_si128((const __m128i *)(ql + l0 + ((part & 1) ? 32 : 0)));
+						__m128i hb = _mm_loadu_si128((const __m128i *)(qh + l0));
+						__m128i low = (part < 2) ? _mm_and_si128(lo, m4) : _mm_and_si128(_mm_srli_epi16(lo, 4), m4);
+						__m128i hi2 = _mm_and_si128(_mm_srli_epi16(hb, 2 * part), m3);
+						__m128i q = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(hi2, 4)), o32);
+						__m512 dv = _mm512_set1_ps(d * (float)s8[2 * part + s]);
+						f_acc5(a, mr, x, ldx, 256 * b + 128 * n + 32 * part + l0,
+						       _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
+					}
+				}
+			}
+		}
+	}
+	for (int i = 0; i < mr; i++)
+		out[i] = q_hsum5(a[i]);
+}
+#endif
+
+static int fused_type(int dt)
+{
+	return dt == KV_DT_Q8_0 || dt == KV_DT_Q4_K || dt == KV_DT_Q6_K || dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0 ||
+	       dt == KV_DT_F16;
+}
+
+/* Types with an AVX-512 twin (the others run the AVX2 kernel there). */
+static int fused5_type(int dt)
+{
+	return dt == KV_DT_Q8_0 || dt == KV_DT_Q4_K || dt == KV_DT_Q6_K;
+}
+
+void ke_qgemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
+		    unsigned flags, int n0, int n1)
+{
+	const int K = w->cols;
+#if defined(__x86_64__)
+	if (isa > ke_isa_best())
+		isa = ke_isa_best();
+	/* F16 needs F16C (every AVX2 CPU we know has it; checked anyway) and
+	 * whole 16-element groups (block types always have them). */
+	if (isa >= KE_ISA_AVX2 && m <= FMR && fused_type(w->dtype) && m > 0 &&
+	    (w->dtype != KV_DT_F16 || (K % 16 == 0 && __builtin_cpu_supports("f16c")))) {
+		for (int n = n0; n < n1; n++) {
+			float r[FMR];
+			if (isa == KE_ISA_AVX512 && fused5_type(w->dtype))
+				fused_row5(w->dtype, row_ptr(w, n), K, x, ldx, m, r);
+			else
+				fused_row(w->dtype, row_ptr(w, n), K, x, ldx, m, r);
+			for (int i = 0; i < m; i++) {
+				float *yo = y + (size_t)i * ldy + n;
+				*yo = (flags & KE_GEMM_ACCUM) ? *yo + r[i] : r[i];
+			}
+		}
+		return;
+	}
+#endif
+	int P = KE_QGEMM_MAX_K / (K > 0 ? K : 1);
+	if (P < 1 || m <= 0 || n1 <= n0)
+		return; /* K > KE_QGEMM_MAX_K is refused at model load */
+	if (P > 48)
+		P = 48;
+	for (int n = n0; n < n1; n += P) {
+		int p = n1 - n < P ? n1 - n : P;
+		for (int r = 0; r < p; r++)
+			kq_dequant_row(w->dtype, row_ptr(w, n + r), tl_panel + (size_t)r * (size_t)K, (size_t)K);
+		struct ke_mat f = {tl_panel, KV_DT_F32, p, K, (size_t)K};
+		ke_gemm_range(isa, &f, x, ldx, m, y + n, ldy, flags, 0, p);
+	}
+}

@@ -1,0 +1,113 @@
+/*
+ * quant.h - ggml's block formats: sizes, dequantization, quantization.
+ *
+ * A row of n elements of a block type is n / QK blocks laid end to end
+ * (n must be a multiple of QK). Block layouts, byte by byte (little
+ * endian; "f16" is an IEEE half, "f32" a float; QK_K = 256):
+ *
+ *   F32   4 bytes per element             F16 / BF16  2 bytes per element
+ *   Q4_0  QK 32, 18 B: f16 d; u8 qs[16]   x[j] = ((qs[j] & 15) - 8) d,
+ *                                          x[j+16] = ((qs[j] >> 4) - 8) d
+ *   Q4_1  QK 32, 20 B: f16 d, m; u8 qs[16]  x = q d + m (q as Q4_0, no -8)
+ *   Q5_0  QK 32, 22 B: f16 d; u8 qh[4]; u8 qs[16]  5th bit of element j
+ *                                          is bit j of qh (u32); q - 16
+ *   Q5_1  QK 32, 24 B: f16 d, m; u8 qh[4]; u8 qs[16]   x = q d + m
+ *   Q8_0  QK 32, 34 B: f16 d; i8 qs[32]   x = qs d
+ *   Q2_K  QK_K, 84 B: u8 scales[16] (lo nibble scale, hi nibble min);
+ *                     u8 qs[64] (2 bits); f16 d, dmin
+ *   Q3_K  QK_K, 110 B: u8 hmask[32]; u8 qs[64]; u8 scales[12] (16 6-bit
+ *                     scales, offset 32); f16 d
+ *   Q4_K  QK_K, 144 B: f16 d, dmin; u8 scales[12] (8 6-bit scales and
+ *                     8 6-bit mins); u8 qs[128]   x = d sc q - dmin m
+ *   Q5_K  QK_K, 176 B: f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
+ *   Q6_K  QK_K, 210 B: u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d
+ *                     x = d sc (q - 32)
+ *   Q8_K  QK_K, 292 B: f32 d; i8 qs[256]; i16 bsums[16]   x = d qs
+ *
+ * Dequantization follows ggml's reference to_float (ggml-quants.c
+ * dequantize_row_*) operation by operation, in the same order and with
+ * the same float roundings (no fused multiply-adds), so the floats are
+ * bit-identical to ggml's; the oracle test checks this against the real
+ * library. Quantization follows ggml's reference quantizers (from_float_ref:
+ * the K types' scale searches included) and gives the same bytes
+ * (test_quant: quant_bytes_identical_to_ggml, through tests/peer's kvpeer).
+ */
+#ifndef KV_MODEL_QUANT_H
+#define KV_MODEL_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ggml_type numbers as stored in GGUF tensor infos. */
+enum kq_ggml_type {
+	KQ_GGML_F32 = 0, KQ_GGML_F16 = 1, KQ_GGML_Q4_0 = 2, KQ_GGML_Q4_1 = 3,
+	KQ_GGML_Q5_0 = 6, KQ_GGML_Q5_1 = 7, KQ_GGML_Q8_0 = 8, KQ_GGML_Q8_1 = 9,
+	KQ_GGML_Q2_K = 10, KQ_GGML_Q3_K = 11, KQ_GGML_Q4_K = 12, KQ_GGML_Q5_K = 13,
+	KQ_GGML_Q6_K = 14, KQ_GGML_Q8_K = 15, KQ_GGML_I8 = 24, KQ_GGML_I16 = 25,
+	KQ_GGML_I32 = 26, KQ_GGML_I64 = 27, KQ_GGML_F64 = 28, KQ_GGML_BF16 = 30,
+	KQ_GGML__COUNT = 40
+};
+
+#define KQ_QK 32
+#define KQ_QK_K 256
+
+/* kv_dtype (model/safetensors.h) of a ggml type, -1 if kvkeep does not
+ * run it. And back: the ggml type of a kv_dtype, -1 if none. */
+int kq_dtype_from_ggml(int ggml_type);
+int kq_ggml_from_dtype(int dtype);
+/* ggml's name of a ggml type number ("Q4_K", "IQ2_XXS", ...) or NULL if
+ * the number is not a ggml type at all. */
+const char *kq_ggml_name(int ggml_type);
+
+/* Elements per block and bytes per block of a kv_dtype (1 and the
+ * element size for plain types); 0 for an unknown dtype. */
+int kq_block_elems(int dtype);
+size_t kq_block_bytes(int dtype);
+/* 1 for a block-quantized kv_dtype (Q4_0 ... Q8_K). */
+int kq_is_quant(int dtype);
+
+/* Dequantize n elements (a multiple of the block size) of a row of
+ * dtype `dt` at src (any alignment) into dst. KV_ERR_INVALID for a dtype
+ * without a to_float or n not a multiple. F32/F16/BF16 are accepted. */
+int kq_dequant_row(int dt, const void *src, float *dst, size_t n);
+
+/* Quantize n floats (a multiple of the block size) into dst. Supported:
+ * F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+ * KV_ERR_INVALID otherwise. */
+int kq_quant_row(int dt, const float *src, void *dst, size_t n);
+
+/* The GGUF file types written by `kvkeep convert` and how a model's
+ * tensors are typed under them (llama.cpp's llama_ftype numbers). */
+enum kq_ftype {
+	KQ_FTYPE_F32 = 0, KQ_FTYPE_F16 = 1, KQ_FTYPE_Q4_0 = 2, KQ_FTYPE_Q8_0 = 7,
+	KQ_FTYPE_Q4_K_M = 15, KQ_FTYPE_Q5_K_M = 17, KQ_FTYPE_Q6_K = 18, KQ_FTYPE_BF16 = 32
+};
+/* "f32", "q4_k_m", ... -> ftype; -1 if unknown. */
+int kq_ftype_parse(const char *s);
+const char *kq_ftype_name(int ftype);
+
+/*
+ * The kv_dtype a 2-D weight gets under an ftype, llama.cpp's rule
+ * (llama-quant.cpp llama_tensor_get_type, the branches that apply to
+ * dense qwen3/qwen35 models): the base type of the ftype, except
+ *   output.weight (or token_embd.weight when there is no output.weight)
+ *     -> Q6_K for the K mixes and Q6_K;
+ *   attn_v.weight and attn_qkv.weight (DeltaNet in_proj_qkv), counted
+ *     together in file order: those use_more_bits picks -> Q6_K (Q4_K_M,
+ *     Q5_K_M) -- what llama.cpp v0.5.0's quantizer does (checked by
+ *     tests/peer/peer_models.sh, byte for byte);
+ *   ffn_down.weight likewise by layer;
+ * and a K type whose row length is not a multiple of 256 falls back to
+ * Q5_0 / Q5_1 / Q8_0 (for Q4_K / Q5_K / Q6_K), as llama.cpp does.
+ * `name` is the GGUF tensor name, layer/n_layers its layer (-1 outside),
+ * i_attn_v the index among the model's attn_v + attn_qkv tensors.
+ */
+struct kq_mix_ctx {
+	int n_layers;
+	int n_attn_v;          /* attn_v.weight tensors in the model */
+	int has_output;        /* output.weight present (untied) */
+};
+int kq_ftype_tensor_dtype(int ftype, const struct kq_mix_ctx *m, const char *name, int layer, int i_attn_v,
+			  int64_t row_len);
+
+#endif

@@ -1,0 +1,70 @@
+// moe_restart.mjs - a mixture-of-experts hybrid through the server: the
+// tiny-moe preset (qwen3_5_moe) with the real Qwen3 tokenizer and template.
+//
+//   live     turn 1 cold, turn 2 resumes from the RAM cache; turn 2's text
+//            and logprobs are bit-identical to a --disable-prefix-cache
+//            server's (greedy).
+//   restart  SIGTERM, start again on the same cache folder: turn 1
+//            replayed resumes from disk and is bit-identical to cold.
+import { join } from 'node:path';
+import { TMP, check, assert, eq, mkModel, startServer as start0, postJSON, failures_count } from './server_util.mjs';
+
+const P = 'moe_restart';
+const startServer = (model, extra = []) => start0(model, ['--served-model-name', 'm', ...extra]);
+const moe = mkModel('tiny-moe', 'moe', true);
+
+const system = 'You are a careful coding agent that routes work to experts. '.repeat(12);
+function turn1() {
+  return { model: 'm', temperature: 0, max_tokens: 6, logprobs: true, top_logprobs: 3,
+    messages: [{ role: 'system', content: system }, { role: 'user', content: 'Which experts handle the build?' }] };
+}
+function turn2(reply) {
+  const b = turn1();
+  b.messages.push({ role: 'assistant', content: reply });
+  b.messages.push({ role: 'user', content: 'And which ones handle the tests?' });
+  return b;
+}
+
+async function chat(srv, body) {
+  const r = await postJSON(srv, '/v1/chat/completions', body);
+  assert(r.status === 200, `status ${r.status}: ${r.text.slice(0, 300)}`);
+  const c = r.json.choices[0];
+  return { text: c.message.content, lp: JSON.stringify(c.logprobs), usage: r.json.usage,
+    cached: r.json.usage.prompt_tokens_details ? r.json.usage.prompt_tokens_details.cached_tokens : -1 };
+}
+
+async function cold(body) {
+  const srv = await startServer(moe, ['--disable-prefix-cache']);
+  try { return await chat(srv, body); } finally { await srv.stop(); }
+}
+
+const dir = join(TMP, 'cache-moe');
+let t1 = null;
+await check(`${P}:live_turn2_cached_equals_cold`, async () => {
+  const srv = await startServer(moe, ['--cache-dir', dir]);
+  t1 = await chat(srv, turn1());
+  eq(t1.cached, 0, 'turn 1 is cold');
+  const t2 = await chat(srv, turn2(t1.text));
+  assert(t2.cached > 0, `live turn 2 cached ${t2.cached}`);
+  const st = await srv.stop('SIGTERM', 15000);
+  eq(st.code, 0, 'exit status after SIGTERM');
+  const c1 = await cold(turn1());
+  eq(t1.text, c1.text, 'turn 1 vs cold');
+  eq(t1.lp, c1.lp, 'turn 1 logprobs vs cold');
+  const c2 = await cold(turn2(t1.text));
+  eq(t2.text, c2.text, 'cached turn 2 text vs cold');
+  eq(t2.lp, c2.lp, 'cached turn 2 logprobs vs cold');
+}, 180000);
+
+await check(`${P}:restart_resumes_from_disk_bit_identical`, async () => {
+  assert(t1, 'turn 1 did not run');
+  const srv = await startServer(moe, ['--cache-dir', dir]);
+  const r = await chat(srv, turn1());
+  assert(r.cached > 0, `after the restart turn 1 cached ${r.cached}: nothing came from disk`);
+  assert(/event=store\.fetch /.test(srv.log()), 'no store.fetch log line');
+  eq(r.text, t1.text, 'text after restart vs cold');
+  eq(r.lp, t1.lp, 'logprobs after restart vs cold');
+  await srv.stop();
+}, 180000);
+
+process.exit(failures_count() ? 1 : 0);

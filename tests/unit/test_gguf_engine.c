@@ -1,0 +1,291 @@
+/*
+ * test_gguf_engine.c - GGUF models in the engine: `kvkeep convert` of the
+ * tiny presets loads with ke_model_load and gives
+ *   F32 GGUF: logits memcmp-equal to the Hugging Face folder it came from;
+ *   Q8_0 / Q4_K_M: logits equal (memcmp, or 1e-4 where llama.cpp's tiled
+ *     out_proj changes the summation order) to the f32 engine run on a
+ *     folder holding the exactly dequantized weights;
+ *   quantized products: same logits for whole vs chunked prefill and on
+ *     every ISA path (bit for bit).
+ */
+#include "kt.h"
+#include "base/durable.h"
+#include "base/err.h"
+#include "base/mem.h"
+#include "engine/isa.h"
+#include "engine/gemm.h"
+#include "base/clock.h"
+#include "engine/model.h"
+#include "engine/seq.h"
+#include "model/config.h"
+#include "model/gguf_model.h"
+#include "model/quant.h"
+#include "model/safetensors.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NTOK 37
+
+static struct ke_model *load(const char *path)
+{
+	struct ke_model_params p = {.kv_f32 = 1};
+	struct ke_model *m = NULL;
+	if (ke_model_load(path, &p, &m))
+		kt_fail(__FILE__, __LINE__, "load %s: %s", path, kv_errmsg());
+	return m;
+}
+
+/* Logits of every position; chunk sets the prefill chunk. */
+static float *logits(struct ke_model *m, const int32_t *tok, int n, int chunk)
+{
+	int V = ke_model_config(m)->vocab;
+	float *all = calloc((size_t)n * V, sizeof *all);
+	struct ke_seq *s = NULL;
+	struct ke_seq_params sp = {.chunk = chunk};
+	struct ke_prefill_opts o = {.logits_all = all};
+	if (ke_seq_create(m, &sp, &s) || ke_seq_prefill(s, tok, n, &o, NULL))
+		kt_fail(__FILE__, __LINE__, "prefill: %s", kv_errmsg());
+	ke_seq_destroy(s);
+	return all;
+}
+
+static void tokens(int32_t *t, int n, int vocab)
+{
+	uint64_t seed = 7;
+	for (int i = 0; i < n; i++)
+		t[i] = (int32_t)(kt_rand(&seed) % (uint64_t)vocab);
+}
+
+static double max_rel(const float *a, const float *b, size_t n)
+{
+	double m = 0, scale = 0;
+	for (size_t i = 0; i < n; i++)
+		scale = fmax(scale, fabs((double)b[i]));
+	for (size_t i = 0; i < n; i++)
+		m = fmax(m, fabs((double)a[i] - (double)b[i]) / (scale > 0 ? scale : 1));
+	return m;
+}
+
+static int make(const char *d, const char *preset, char *hf, size_t cap)
+{
+	snprintf(hf, cap, "%s/%s", d, preset);
+	return kt_sh("'%s' mkmodel --preset %s --dtype f32 --out '%s' --no-sync >/dev/null", kt_bin(), preset, hf);
+}
+
+KT_CASE(f32_gguf_equals_hf)
+{
+	const char *d = kt_tmpdir();
+	const char *presets[] = {"tiny-dense", "tiny-hybrid"};
+	for (int i = 0; i < 2; i++) {
+		char hf[1024], gg[1024];
+		KT_REQUIRE(make(d, presets[i], hf, sizeof hf) == 0);
+		snprintf(gg, sizeof gg, "%s/%s-f32.gguf", d, presets[i]);
+		struct kv_gguf_convert_params p = {hf, gg, KQ_FTYPE_F32, KV_DW_NO_SYNC};
+		KT_OK(kv_gguf_convert(&p, NULL, NULL));
+		struct ke_model *a = load(hf), *b = load(gg);
+		KT_REQUIRE(a && b);
+		int V = ke_model_config(a)->vocab;
+		KT_EQ_INT(ke_model_config(b)->vocab, V);
+		int32_t tok[NTOK];
+		tokens(tok, NTOK, V);
+		float *la = logits(a, tok, NTOK, 512), *lb = logits(b, tok, NTOK, 512);
+		KT_CHECKF(!memcmp(la, lb, (size_t)NTOK * V * 4), "%s: F32 GGUF logits differ from HF (max rel %.3g)",
+			  presets[i], max_rel(lb, la, (size_t)NTOK * V));
+		free(la);
+		free(lb);
+		ke_model_destroy(a);
+		ke_model_destroy(b);
+	}
+}
+
+/* An HF folder with the GGUF's matrices dequantized (out_proj's columns
+ * put back in HF order) and the original small tensors. */
+static int dequant_folder(const char *hf, const char *gg, const char *out)
+{
+	struct kv_weights *wq = NULL, *wh = NULL;
+	struct kv_model_config c;
+	struct kv_stw *w = kv_stw_create();
+	float **bufs = NULL;
+	size_t n = 0;
+	int rc;
+	if (kt_sh("mkdir -p '%s' && cp '%s'/config.json '%s'/tokenizer.json '%s'/tokenizer_config.json '%s'/", out, hf,
+		  hf, hf, out))
+		return -1;
+	if ((rc = kv_config_load(gg, &c)) || (rc = kv_weights_open(gg, &wq)) || (rc = kv_weights_open(hf, &wh)))
+		goto out;
+	n = kv_weights_count(wh);
+	bufs = calloc(n, sizeof *bufs);
+	for (size_t i = 0; i < n && !rc; i++) {
+		const struct kv_tensor *th = kv_weights_at(wh, i);
+		char nm[256];
+		const char *lm = "model.language_model.";
+		if (!strncmp(th->name, lm, strlen(lm)))
+			snprintf(nm, sizeof nm, "model.%s", th->name + strlen(lm));
+		else
+			snprintf(nm, sizeof nm, "%s", th->name);
+		const struct kv_tensor *tq = kv_weights_find(wq, nm);
+		if (!tq) {
+			rc = kv_fail(KV_ERR_NOT_FOUND, "%s missing in the GGUF", th->name);
+			break;
+		}
+		bufs[i] = malloc(th->numel * 4);
+		int mat = th->ndim == 2 && kq_is_quant(tq->dtype);
+		const struct kv_tensor *src = mat || tq->dtype != KV_DT_F32 ? tq : th;
+		if (!mat && tq->dtype == KV_DT_F32)
+			src = th; /* norms, A: the original values (what the GGUF holds, +1 / -exp aside) */
+		if ((rc = kv_tensor_to_f32(src, bufs[i], 0, th->numel)))
+			break;
+		if (src == tq && th->ndim == 2 && c.vrows_tiled &&
+		    (strstr(th->name, "in_proj_qkv") || strstr(th->name, "in_proj_z") || strstr(th->name, "in_proj_b") ||
+		     strstr(th->name, "in_proj_a"))) {
+			/* rows stay tiled in the GGUF view: put HF's order back */
+			int Hk = c.lin_k_heads, Hv = c.lin_v_heads, r = Hv / Hk;
+			int64_t cols = th->shape[1], w = strstr(th->name, "in_proj_b") || strstr(th->name, "in_proj_a") ? 1 : c.lin_v_dim;
+			int64_t off = strstr(th->name, "in_proj_qkv") ? 2ll * Hk * c.lin_k_dim : 0;
+			float *tmp = malloc((size_t)(Hv * w * cols) * 4), *v = bufs[i] + off * cols;
+			memcpy(tmp, v, (size_t)(Hv * w * cols) * 4);
+			for (int g = 0; g < Hv; g++)
+				memcpy(v + (size_t)(g * w * cols), tmp + (size_t)(((g % r) * Hk + g / r) * w * cols),
+				       (size_t)(w * cols) * 4);
+			free(tmp);
+		}
+		if (mat && c.out_proj_tiled && strstr(th->name, "out_proj")) {
+			int Hk = c.lin_k_heads, Hv = c.lin_v_heads, dv = c.lin_v_dim, r = Hv / Hk;
+			int64_t cols = th->shape[1];
+			float *tmp = malloc((size_t)cols * 4);
+			for (int64_t row = 0; row < th->shape[0]; row++) {
+				float *x = bufs[i] + row * cols;
+				memcpy(tmp, x, (size_t)cols * 4);
+				for (int g = 0; g < Hv; g++) /* HF head g sits at tiled (g % r) Hk + g / r */
+					memcpy(x + (size_t)g * dv, tmp + (size_t)((g % r) * Hk + g / r) * dv, (size_t)dv * 4);
+			}
+			free(tmp);
+		}
+		rc = kv_stw_add(w, th->name, KV_DT_F32, th->ndim, th->shape, bufs[i], th->numel * 4);
+	}
+	if (!rc) {
+		char path[1100];
+		snprintf(path, sizeof path, "%s/model.safetensors", out);
+		rc = kv_stw_write(w, path, KV_DW_NO_SYNC);
+	}
+out:
+	for (size_t i = 0; bufs && i < n; i++)
+		free(bufs[i]);
+	free(bufs);
+	kv_stw_destroy(w);
+	kv_weights_close(wq);
+	kv_weights_close(wh);
+	return rc;
+}
+
+KT_CASE(quantized_equals_dequantized_f32)
+{
+	const char *d = kt_tmpdir();
+	const char *presets[] = {"tiny-dense", "tiny-hybrid"};
+	const int types[] = {KQ_FTYPE_Q8_0, KQ_FTYPE_Q4_K_M, KQ_FTYPE_BF16};
+	for (int i = 0; i < 2; i++) {
+		char hf[1024];
+		KT_REQUIRE(make(d, presets[i], hf, sizeof hf) == 0);
+		for (int k = 0; k < 3; k++) {
+			char gg[1100], dq[1100];
+			snprintf(gg, sizeof gg, "%s/%s-%s.gguf", d, presets[i], kq_ftype_name(types[k]));
+			snprintf(dq, sizeof dq, "%s/%s-%s-dq", d, presets[i], kq_ftype_name(types[k]));
+			struct kv_gguf_convert_params p = {hf, gg, types[k], KV_DW_NO_SYNC};
+			KT_OK(kv_gguf_convert(&p, NULL, NULL));
+			KT_OK(dequant_folder(hf, gg, dq));
+			struct ke_model *a = load(dq), *b = load(gg);
+			KT_REQUIRE(a && b);
+			const struct kv_model_config *c = ke_model_config(b);
+			int V = c->vocab;
+			int32_t tok[NTOK];
+			tokens(tok, NTOK, V);
+			float *la = logits(a, tok, NTOK, 512), *lb = logits(b, tok, NTOK, 512);
+			double e = max_rel(lb, la, (size_t)NTOK * V);
+			if (c->out_proj_tiled)
+				KT_CHECKF(e <= 1e-4, "%s %s: max rel %.3g", presets[i], kq_ftype_name(types[k]), e);
+			else
+				KT_CHECKF(!memcmp(la, lb, (size_t)NTOK * V * 4), "%s %s: not bit-identical (max rel %.3g)",
+					  presets[i], kq_ftype_name(types[k]), e);
+			fprintf(stderr, "  %s %s: max rel vs dequantized f32 %.3g%s\n", presets[i], kq_ftype_name(types[k]),
+				e, c->out_proj_tiled ? " (tiled out_proj)" : "");
+			/* batch invariance and ISA paths on the quantized model */
+			float *lc = logits(b, tok, NTOK, 5);
+			KT_CHECKF(!memcmp(lb, lc, (size_t)NTOK * V * 4), "%s %s: chunked prefill differs", presets[i],
+				  kq_ftype_name(types[k]));
+			free(lc);
+			int saved = ke_isa();
+			for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++) {
+				ke_isa_set(isa);
+				float *li = logits(b, tok, NTOK, 7);
+				KT_CHECKF(!memcmp(lb, li, (size_t)NTOK * V * 4), "%s %s: ISA %s differs", presets[i],
+					  kq_ftype_name(types[k]), ke_isa_name(isa));
+				free(li);
+			}
+			ke_isa_set(saved);
+			free(la);
+			free(lb);
+			ke_model_destroy(a);
+			ke_model_destroy(b);
+		}
+	}
+}
+
+/* Quantized products on random matrices of every block type with a
+ * quantizer: the row of an output never depends on M (1..9 rows: the fused
+ * small-M kernels and the panel path), on the column range or on the ISA;
+ * and it equals the f32 product with the dequantized matrix. */
+KT_CASE(qgemm_invariance_all_types)
+{
+	const int types[] = {KV_DT_Q8_0, KV_DT_Q4_K, KV_DT_Q6_K, KV_DT_Q5_K, KV_DT_Q4_0, KV_DT_Q4_1, KV_DT_Q5_0,
+			     KV_DT_Q5_1, KV_DT_F16};
+	const int N = 37, K = 512, M = 9;
+	uint64_t seed = 5;
+	float *wf = malloc((size_t)N * K * 4), *wd = malloc((size_t)N * K * 4), *x = malloc((size_t)M * K * 4);
+	float *ref = malloc((size_t)M * N * 4), *y = malloc((size_t)M * N * 4);
+	uint8_t *wq = malloc((size_t)N * K * 4);
+	for (int i = 0; i < N * K; i++)
+		wf[i] = (float)((double)(kt_rand(&seed) % 20001) / 10000.0 - 1.0) * 0.1f;
+	for (int i = 0; i < M * K; i++)
+		x[i] = (float)((double)(kt_rand(&seed) % 20001) / 10000.0 - 1.0);
+	int saved = ke_isa();
+	for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+		int dt = types[t];
+		size_t rb = (size_t)kv_dtype_row_bytes(dt, (uint64_t)K);
+		for (int r = 0; r < N; r++) {
+			KT_OK(kq_quant_row(dt, wf + (size_t)r * K, wq + (size_t)r * rb, (size_t)K));
+			KT_OK(kq_dequant_row(dt, wq + (size_t)r * rb, wd + (size_t)r * K, (size_t)K));
+		}
+		struct ke_mat q = {wq, dt, N, K, (size_t)K}, f = {wd, KV_DT_F32, N, K, (size_t)K};
+		ke_gemm_range(KE_ISA_SCALAR, &f, x, (size_t)K, M, ref, (size_t)N, 0, 0, N);
+		for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++)
+			for (int m = 1; m <= M; m++) {
+				memset(y, 0, (size_t)M * N * 4);
+				/* rows in groups of m, columns in two ranges */
+				for (int i0 = 0; i0 < M; i0 += m) {
+					int mm = M - i0 < m ? M - i0 : m;
+					ke_gemm_range(isa, &q, x + (size_t)i0 * K, (size_t)K, mm, y + (size_t)i0 * N, (size_t)N, 0, 0, 13);
+					ke_gemm_range(isa, &q, x + (size_t)i0 * K, (size_t)K, mm, y + (size_t)i0 * N, (size_t)N, 0, 13, N);
+				}
+				KT_CHECKF(!memcmp(y, ref, (size_t)M * N * 4), "%s: ISA %s, M = %d differs from f32 on dequantized",
+					  kv_dtype_name(dt), ke_isa_name(isa), m);
+			}
+		/* decode speed of this type, informative (machine is shared) */
+		uint64_t t0 = kv_now_ns();
+		for (int rep = 0; rep < 200; rep++)
+			ke_gemm_range(ke_isa_best(), &q, x, (size_t)K, 1, y, (size_t)N, 0, 0, N);
+		double ns = (double)(kv_now_ns() - t0) / 200.0;
+		fprintf(stderr, "  %-5s GEMV %d x %d: %.1f ns per weight row (%.2f GB/s of weights)\n", kv_dtype_name(dt), N,
+			K, ns / N, (double)rb * N / ns);
+	}
+	ke_isa_set(saved);
+	free(wf);
+	free(wd);
+	free(x);
+	free(ref);
+	free(y);
+	free(wq);
+}
+
+KT_MAIN(f32_gguf_equals_hf, quantized_equals_dequantized_f32, qgemm_invariance_all_types)
