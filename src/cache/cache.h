@@ -96,9 +96,16 @@ void kc_cache_snap_free(struct kc_cache *c, void *snap);
 
 /* --- lookup ------------------------------------------------------------ */
 
+#define KC_NEXT_TOKENS 8
+
 struct kc_hit {
 	uint32_t pos;             /* resume point p (0 = miss) */
 	uint32_t shared;          /* tokens shared with the best stored sequence (>= pos) */
+	/* The best stored sequence's tokens right after `shared` (up to
+	 * KC_NEXT_TOKENS; 0 when it ends there): what the prompt departs from,
+	 * for the miss explainer. */
+	int32_t next[KC_NEXT_TOKENS];
+	uint32_t n_next;
 	uint32_t n_pages;         /* floor(pos / B) full pages to share */
 	uint32_t tail_rows;       /* pos % B rows to copy into a fresh page */
 	const void *tail;         /* those rows: row r of segment s at (s x tail_stride + r)
@@ -236,6 +243,22 @@ void kc_cache_stats(struct kc_cache *c, struct kc_stats *out);
 /* Bytes of the index's own structures (nodes, resume points, entries) for
  * the counts in st: what bytes_in_use leaves out (benchmarks). */
 uint64_t kc_cache_struct_bytes(const struct kc_stats *st);
+
+/* One stored entry, for displays (the dashboard). */
+struct kc_entry_info {
+	uint64_t id;                 /* creation order */
+	uint32_t tokens;             /* its length */
+	uint32_t anchor;             /* 0 = none */
+	uint32_t ckpt[KC_CKPT_HARD]; /* checkpoint positions, ascending */
+	uint32_t n_ckpt;
+	int64_t last_use_ms;         /* wall clock */
+	uint64_t bytes;              /* KV of its length + its snapshots (blocks it
+				        shares with other entries count in each) */
+	int dirty;                   /* 1: not yet handed to the disk writer */
+};
+/* Up to max entries, most recently used first; returns how many there are
+ * in all. */
+size_t kc_cache_list(struct kc_cache *c, struct kc_entry_info *out, size_t max);
 /* Count an entry the policy chose not to store (kc_turn does this). */
 void kc_cache_note_skip(struct kc_cache *c);
 

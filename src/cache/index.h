@@ -101,6 +101,7 @@ struct kc_entry {
 	uint32_t n_ckpt;
 	uint32_t anchor;           /* anchor position (0 = none) */
 	uint64_t id;               /* 1, 2, ... in creation order */
+	int64_t last_use_ms;       /* wall clock of the last store or hit (kv_wall_ms) */
 };
 
 

@@ -92,6 +92,9 @@ static int cmd_serve(int argc, char **argv)
 		 "require this key on /v1/cache/info, clear, probe (default: KVKEEP_ADMIN_KEY, else loopback only)"},
 		{"allow-request-salt", KV_FLAG_BOOL, &o.allow_request_salt, NULL,
 		 "accept a request's cache_salt field: requests with the same salt share a namespace of their own (default: refused)"},
+		{"prompt-normalize", KV_FLAG_STR, &o.prompt_normalize, "RULES",
+		 "volatile-prefix rules applied before rendering, comma-separated: billing-header (Claude Code's "
+		 "per-session header line), all, none (default billing-header)"},
 		{"special-tokens-in-request", KV_FLAG_BOOL, &o.special_tokens_in_request, NULL,
 		 "special-token literals (<|im_start|>...) in request text become control tokens, as in Hugging Face "
 		 "(default: they are tokenized as the text they are)"},

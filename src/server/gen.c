@@ -39,13 +39,18 @@
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/json.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "session/run.h"
 #include "engine/sample.h"
+#include "server/anthropic.h"
+#include "server/explain.h"
+#include "server/normalize.h"
 #include "server/openai.h"
 #include "server/output.h"
 #include "server/request.h"
+#include "server/responses.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -65,6 +70,13 @@ struct gen {
 	pthread_cond_t cv;
 	int refs;
 	struct ksv_req req;
+	int wire;                 /* enum ksv_wire: the API's body, answer and error shapes */
+	struct ksv_anth anth;     /* KSV_WIRE_ANTHROPIC answer state */
+	struct ksv_resp resp;     /* KSV_WIRE_RESPONSES answer state */
+	json_t *norm_report;      /* what --prompt-normalize changed (NULL: nothing) */
+	int stop_hit;             /* a stop string ended the output */
+	struct ksv_explain ex;    /* where the prompt departs from the cache (explain.h) */
+	int have_ex;
 	const char *route;
 	int32_t *prompt;
 	uint32_t n_prompt;
@@ -98,6 +110,7 @@ struct gen {
 	struct ksv_usage usage;
 	const char *resume_kind;
 	int from_disk;            /* the resume point was loaded from the disk tier */
+	uint32_t disk_pos;        /* ... up to this position */
 	const char *salt;         /* the request's cache_salt (borrowed from req.body), NULL: none */
 	struct kss_tier tier;     /* RAM cache + disk store of its namespace (session/registry.h) */
 	/* decode state (worker) */
@@ -135,6 +148,11 @@ static void gen_unref(struct gen *g)
 	free(g->lp_ids);
 	free(g->lp_vals);
 	ksv_out_destroy(g->out);
+	if (g->wire == KSV_WIRE_ANTHROPIC)
+		ksv_anth_free(&g->anth);
+	else if (g->wire == KSV_WIRE_RESPONSES)
+		ksv_resp_free(&g->resp);
+	json_decref(g->norm_report);
 	pthread_cond_destroy(&g->cv);
 	pthread_mutex_destroy(&g->mu);
 	free(g);
@@ -313,6 +331,17 @@ static void on_event(void *ctx, const struct ksv_ev *e)
 {
 	struct gen *g = ctx;
 	struct kv_buf sse = KV_BUF_INIT;
+	if (g->wire != KSV_WIRE_OPENAI) {
+		/* the Messages / Responses formatters keep their own blocks */
+		if (g->wire == KSV_WIRE_ANTHROPIC)
+			ksv_anth_event(&g->anth, e, g->req.stream ? &sse : NULL);
+		else
+			ksv_resp_event(&g->resp, e, g->req.stream ? &sse : NULL);
+		if (g->req.stream)
+			gen_emit(g, &sse);
+		kv_buf_free(&sse);
+		return;
+	}
 	if (g->req.stream) {
 		switch (e->kind) {
 		case KSV_EV_CONTENT:
@@ -513,9 +542,118 @@ static int pick(void *ctx, const float *logits, int vocab, int32_t *tok)
 	*tok = t;
 	if (hit == 1) {
 		g->finish = "stop";
+		g->stop_hit = 1;
 		return PICK_STOP_STRING;
 	}
 	return KV_OK;
+}
+
+/* --- the answer in the request's API (enum ksv_wire) ---------------------- */
+
+static struct ksv_anth_usage anth_usage(const struct gen *g)
+{
+	struct ksv_anth_usage u = {.input_tokens = g->usage.prompt_tokens - g->usage.cached_tokens,
+				   .cache_read = g->usage.cached_tokens,
+				   .output_tokens = g->usage.completion_tokens};
+	/* what this request added to the cache: the prompt it computed, when
+	 * a cache keeps it */
+	if (g->tier.cache)
+		u.cache_creation = u.input_tokens;
+	return u;
+}
+
+static struct ksv_resp_usage resp_usage(const struct gen *g)
+{
+	struct ksv_resp_usage u = {.input_tokens = g->usage.prompt_tokens,
+				   .cached_tokens = g->usage.cached_tokens,
+				   .output_tokens = g->usage.completion_tokens};
+	return u;
+}
+
+/* The "kvkeep" usage extension: what --prompt-normalize changed. New
+ * ref, or NULL when there is nothing to say. */
+static json_t *usage_ext(const struct gen *g)
+{
+	if (!g->norm_report && !g->have_ex)
+		return NULL;
+	json_t *j = json_object();
+	if (g->norm_report)
+		json_object_set(j, "normalized", g->norm_report);
+	if (g->have_ex)
+		json_object_set_new(j, "cache", ksv_explain_json(&g->ex));
+	return j;
+}
+
+/* The first bytes of a stream: OpenAI's role chunk, Anthropic's
+ * message_start (the usage split is known only at the end: the start
+ * counts every prompt token as input) and a ping, Responses' created. */
+static void wire_start(struct gen *g, struct kv_buf *out)
+{
+	if (g->wire == KSV_WIRE_ANTHROPIC) {
+		struct ksv_anth_usage u = {.input_tokens = g->n_prompt - g->n_forced};
+		ksv_anth_start(&g->anth, &u, out);
+		ksv_anth_ping(out);
+	} else if (g->wire == KSV_WIRE_RESPONSES)
+		ksv_resp_start(&g->resp, out);
+	else
+		ksv_oai_sse_role(&g->oai, out);
+}
+
+static void wire_stream_error(struct gen *g, int status, const char *msg, int with_usage, struct kv_buf *out)
+{
+	if (g->wire == KSV_WIRE_ANTHROPIC)
+		ksv_anth_sse_error(status, msg, out);
+	else if (g->wire == KSV_WIRE_RESPONSES)
+		ksv_resp_sse_error(&g->resp, status, msg, out);
+	else {
+		ksv_oai_sse_error(&g->oai, status, msg, out);
+		if (with_usage)
+			ksv_oai_sse_usage(&g->oai, &g->usage, out);
+		ksv_oai_sse_done(out);
+	}
+}
+
+static const char *stop_sequence(const struct gen *g)
+{
+	/* the stop matcher ends on the first string that matched; with one
+	 * stop string that is the one, with several the output's tail says */
+	if (!g->stop_hit || !g->req.n_stop)
+		return NULL;
+	return g->req.stop[0];
+}
+
+static void wire_stream_finish(struct gen *g, struct kv_buf *out)
+{
+	json_t *ext = usage_ext(g);
+	if (g->wire == KSV_WIRE_ANTHROPIC) {
+		struct ksv_anth_usage u = anth_usage(g);
+		ksv_anth_finish(&g->anth, ksv_anth_stop_reason(g->finish, g->stop_hit), stop_sequence(g), &u, out);
+	} else if (g->wire == KSV_WIRE_RESPONSES) {
+		struct ksv_resp_usage u = resp_usage(g);
+		ksv_resp_finish(&g->resp, g->finish, &u, ext, out);
+	} else {
+		ksv_oai_sse_finish(&g->oai, g->finish, out);
+		ksv_oai_sse_usage(&g->oai, &g->usage, out);
+		ksv_oai_sse_done(out);
+	}
+	json_decref(ext);
+}
+
+/* The whole non-streaming body of a Messages / Responses request. */
+static char *wire_body(struct gen *g, size_t *len)
+{
+	json_t *ext = usage_ext(g);
+	char *body;
+	if (g->wire == KSV_WIRE_ANTHROPIC) {
+		struct ksv_anth_usage u = anth_usage(g);
+		body = ksv_anth_response(&g->anth, ksv_anth_stop_reason(g->finish, g->stop_hit), stop_sequence(g), &u, ext,
+					 len);
+	} else {
+		struct ksv_resp_usage u = resp_usage(g);
+		body = ksv_resp_response(&g->resp, g->finish, &u, ext, len);
+	}
+	json_decref(ext);
+	return body;
 }
 
 static void gen_run(struct ksv_job *job)
@@ -582,7 +720,7 @@ static void gen_run(struct ksv_job *job)
 	started = 1;
 	gen_set_phase(g, PH_STARTED);
 	if (g->req.stream) {
-		ksv_oai_sse_role(&g->oai, &g->sse);
+		wire_start(g, &g->sse);
 		gen_emit(g, &g->sse);
 	}
 	kv_tok_stream_init(&g->ds, s->tok, 1);
@@ -610,8 +748,16 @@ static void gen_run(struct ksv_job *job)
 				   .sched = s->engine};
 	rc = kss_run(g->tier.cache, s->model, &rp, &res);
 	g->from_disk = res.from_disk > 0;
+	g->disk_pos = res.from_disk;
 	ks_store_kick(g->tier.store); /* new entries for the write-behind */
 	p = res.resumed;
+	if (g->tier.cache && rc != KV_ERR_CANCELLED) {
+		/* the miss explainer: where this prompt departs from the cache */
+		ksv_explain(s->tok, g->prompt, g->n_prompt - g->n_forced, res.shared, res.next, res.n_next, &g->ex);
+		g->have_ex = 1;
+		if (res.shared < g->n_prompt - g->n_forced)
+			ksv_explain_log(g->route, &g->ex);
+	}
 	if (rc == KV_ERR_CANCELLED || atomic_load(&g->job.cancel)) {
 		cancelled = 1;
 	} else if (rc) {
@@ -656,6 +802,19 @@ out:
 		ksv_series_add(ksv_series_get(s->f_resume, "kind", g->resume_kind ? g->resume_kind : "miss", NULL), 1);
 		ksv_observe(s->f_e2e, (double)(kv_now_ns() - g->t_arrive) / 1e9);
 	}
+	if (started && !cancelled) {
+		/* the dashboard's record of this request */
+		uint32_t np = g->n_prompt - g->n_forced, pc = p < np ? p : np;
+		uint32_t from_disk = g->from_disk ? (g->disk_pos < pc ? g->disk_pos : pc) : 0;
+		struct ksv_recent_req rec = {.t_ms = kv_wall_ms(), .prompt_tokens = np, .cached_ram = pc - from_disk,
+					     .cached_disk = from_disk, .gen_tokens = (uint32_t)g->n_gen,
+					     .ttft_ms = g->t_first ? (double)(g->t_first - g->t_arrive) / 1e6 : 0,
+					     .prefill_ms = res.prefill_ms, .decode_ms = res.decode_ms,
+					     .miss = g->have_ex && pc < np ? ksv_explain_json(&g->ex) : NULL};
+		snprintf(rec.route, sizeof rec.route, "%s", g->route);
+		snprintf(rec.resume, sizeof rec.resume, "%s", g->resume_kind ? g->resume_kind : "miss");
+		ksv_recent_add(s->recent, &rec);
+	}
 	if (cancelled)
 		ksv_metrics_add(s->f_cancelled, 1);
 	/* finish the response */
@@ -668,17 +827,14 @@ out:
 		struct kv_buf *sse = &g->sse;
 		if (g->req.stream && cancelled && atomic_load(&s->stopping)) {
 			/* shutdown, not a hang-up: tell the client why the stream ends */
-			ksv_oai_sse_error(&g->oai, 503, "the server is shutting down", sse);
-			ksv_oai_sse_done(sse);
+			wire_stream_error(g, 503, "the server is shutting down", 0, sse);
 			gen_emit(g, sse);
 		}
 		if (g->req.stream && !cancelled) {
 			if (err_status)
-				ksv_oai_sse_error(&g->oai, err_status, errbuf, sse);
+				wire_stream_error(g, err_status, errbuf, 1, sse);
 			else
-				ksv_oai_sse_finish(&g->oai, g->finish, sse);
-			ksv_oai_sse_usage(&g->oai, &g->usage, sse);
-			ksv_oai_sse_done(sse);
+				wire_stream_finish(g, sse);
 			gen_emit(g, sse);
 		}
 		pthread_mutex_lock(&g->mu);
@@ -796,7 +952,7 @@ static int prepare_prompt(struct ksv_server *s, struct gen *g, struct ksv_conn *
 	struct ksv_req *r = &g->req;
 	if (r->api == KSV_API_CHAT) {
 		if (!s->chat) {
-			ksv_reply_error(s, c, 500, NULL, "chat templates are not available in this build");
+			ksv_reply_error_wire(s, c, g->wire, 500, NULL, "chat templates are not available in this build");
 			return 1;
 		}
 		const json_t *kw = json_object_get(r->body, "chat_template_kwargs");
@@ -809,7 +965,7 @@ static int prepare_prompt(struct ksv_server *s, struct gen *g, struct ksv_conn *
 		memset(&rr, 0, sizeof rr);
 		int rc = kv_chat_render(s->chat, r->messages, r->tools, &co, &rr);
 		if (rc) {
-			ksv_reply_error(s, c, rc == KV_ERR_NOMEM ? 500 : 400, "messages", "%s", kv_errmsg());
+			ksv_reply_error_wire(s, c, g->wire, rc == KV_ERR_NOMEM ? 500 : 400, "messages", "%s", kv_errmsg());
 			kv_chat_render_free(&rr);
 			return 1;
 		}
@@ -818,7 +974,7 @@ static int prepare_prompt(struct ksv_server *s, struct gen *g, struct ksv_conn *
 		g->bounds = malloc((rr.n_boundaries ? rr.n_boundaries : 1) * sizeof *g->bounds);
 		if (!g->prompt || !g->bounds) {
 			kv_chat_render_free(&rr);
-			ksv_reply_error(s, c, 500, NULL, "out of memory");
+			ksv_reply_error_wire(s, c, g->wire, 500, NULL, "out of memory");
 			return 1;
 		}
 		memcpy(g->prompt, rr.tokens, rr.n_tokens * sizeof *g->prompt);
@@ -835,7 +991,7 @@ static int prepare_prompt(struct ksv_server *s, struct gen *g, struct ksv_conn *
 		size_t n = 0;
 		int rc = kv_tok_encode(s->tok, r->prompt, r->prompt_len, 1, &ids, &n);
 		if (rc) {
-			ksv_reply_error(s, c, 400, "prompt", "%s", kv_errmsg());
+			ksv_reply_error_wire(s, c, g->wire, 400, "prompt", "%s", kv_errmsg());
 			return 1;
 		}
 		g->prompt = ids;
@@ -843,24 +999,24 @@ static int prepare_prompt(struct ksv_server *s, struct gen *g, struct ksv_conn *
 	} else {
 		for (size_t i = 0; i < r->n_prompt_ids; i++)
 			if (r->prompt_ids[i] >= s->vocab) {
-				ksv_reply_error(s, c, 400, "prompt", "token id %d is outside the vocabulary (%d)", r->prompt_ids[i],
+				ksv_reply_error_wire(s, c, g->wire, 400, "prompt", "token id %d is outside the vocabulary (%d)", r->prompt_ids[i],
 					    s->vocab);
 				return 1;
 			}
 		g->prompt = malloc(r->n_prompt_ids * sizeof *g->prompt);
 		if (!g->prompt) {
-			ksv_reply_error(s, c, 500, NULL, "out of memory");
+			ksv_reply_error_wire(s, c, g->wire, 500, NULL, "out of memory");
 			return 1;
 		}
 		memcpy(g->prompt, r->prompt_ids, r->n_prompt_ids * sizeof *g->prompt);
 		g->n_prompt = (uint32_t)r->n_prompt_ids;
 	}
 	if (g->n_prompt == 0) {
-		ksv_reply_error(s, c, 400, r->api == KSV_API_CHAT ? "messages" : "prompt", "the prompt is empty");
+		ksv_reply_error_wire(s, c, g->wire, 400, r->api == KSV_API_CHAT ? "messages" : "prompt", "the prompt is empty");
 		return 1;
 	}
 	if ((int64_t)g->n_prompt >= s->ctx_len) {
-		ksv_reply_error(s, c, 400, r->api == KSV_API_CHAT ? "messages" : "prompt",
+		ksv_reply_error_wire(s, c, g->wire, 400, r->api == KSV_API_CHAT ? "messages" : "prompt",
 			    "the prompt is %u tokens; this model's context is %d tokens", g->n_prompt, s->ctx_len);
 		return 1;
 	}
@@ -898,7 +1054,7 @@ static int force_tool_call(struct ksv_server *s, struct gen *g, struct ksv_conn 
 		return 0;
 	const char *name = r->tool_choice == KSV_TC_NAMED ? r->tool_name : NULL;
 	if (name && !plain_name(name)) {
-		ksv_reply_error(s, c, 400, "tool_choice", "tool name '%s' cannot be forced (letters, digits, _ - . only)", name);
+		ksv_reply_error_wire(s, c, g->wire, 400, "tool_choice", "tool name '%s' cannot be forced (letters, digits, _ - . only)", name);
 		return 1;
 	}
 	if (s->xml_tools) {
@@ -916,14 +1072,14 @@ static int force_tool_call(struct ksv_server *s, struct gen *g, struct ksv_conn 
 	size_t n = 0;
 	if (b.oom || kv_tok_encode(s->tok, b.p, b.len, 1, &ids, &n)) {
 		kv_buf_free(&b);
-		ksv_reply_error(s, c, 500, NULL, "cannot encode the forced tool call: %s", kv_errmsg());
+		ksv_reply_error_wire(s, c, g->wire, 500, NULL, "cannot encode the forced tool call: %s", kv_errmsg());
 		return 1;
 	}
 	int32_t *np = realloc(g->prompt, (g->n_prompt + n) * sizeof *np);
 	if (!np) {
 		free(ids);
 		kv_buf_free(&b);
-		ksv_reply_error(s, c, 500, NULL, "out of memory");
+		ksv_reply_error_wire(s, c, g->wire, 500, NULL, "out of memory");
 		return 1;
 	}
 	memcpy(np + g->n_prompt, ids, n * sizeof *ids);
@@ -933,33 +1089,120 @@ static int force_tool_call(struct ksv_server *s, struct gen *g, struct ksv_conn 
 	g->n_forced = (uint32_t)n;
 	g->forced = kv_buf_take(&b);
 	if ((int64_t)g->n_prompt >= s->ctx_len) {
-		ksv_reply_error(s, c, 400, "messages", "the prompt is %u tokens; this model's context is %d tokens", g->n_prompt,
+		ksv_reply_error_wire(s, c, g->wire, 400, "messages", "the prompt is %u tokens; this model's context is %d tokens", g->n_prompt,
 			    s->ctx_len);
 		return 1;
 	}
 	return 0;
 }
 
-void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
+/*
+ * The body of a request in any API, as a validated chat request in g->req:
+ * Messages and Responses bodies are translated into the chat body first
+ * (anthropic.h, responses.h); then --prompt-normalize applies to the
+ * messages of every chat request. Replies and returns nonzero on error.
+ */
+static int parse_body(struct ksv_server *s, struct gen *g, const struct ksv_request *rq, int api, int for_count)
 {
 	struct ksv_conn *c = rq->conn;
-	const char *route = api == KSV_API_CHAT ? "/v1/chat/completions" : "/v1/completions";
+	if (g->wire == KSV_WIRE_OPENAI) {
+		if (ksv_req_parse(api, rq->body, rq->body_len, JSON_MAX_DEPTH, &g->req)) {
+			ksv_reply_error_wire(s, c, g->wire, 400, g->req.err_param, "%s", kv_errmsg());
+			return 1;
+		}
+	} else {
+		json_t *body = NULL, *chat = NULL;
+		char param[96] = "";
+		int rc = kv_json_parse("request body", rq->body, rq->body_len, JSON_MAX_DEPTH, &body);
+		if (!rc)
+			rc = g->wire == KSV_WIRE_ANTHROPIC ? ksv_anth_to_chat(body, for_count, &chat, param, sizeof param)
+							   : ksv_resp_to_chat(body, &chat, param, sizeof param);
+		json_decref(body);
+		char *text = rc ? NULL : json_dumps(chat, JSON_COMPACT | JSON_ALLOW_NUL);
+		json_decref(chat);
+		if (rc) {
+			ksv_reply_error_wire(s, c, g->wire, 400, param, "%s", kv_errmsg());
+			return 1;
+		}
+		if (!text) {
+			ksv_reply_error_wire(s, c, g->wire, 500, NULL, "out of memory");
+			return 1;
+		}
+		rc = ksv_req_parse(KSV_API_CHAT, text, strlen(text), JSON_MAX_DEPTH, &g->req);
+		free(text);
+		if (rc) {
+			ksv_reply_error_wire(s, c, g->wire, 400, g->req.err_param, "%s", kv_errmsg());
+			return 1;
+		}
+	}
+	if (g->req.api == KSV_API_CHAT && g->req.messages && s->norm_rules) {
+		json_t *wrap = json_pack("{s:O}", "messages", g->req.messages);
+		int n = wrap ? ksv_norm_apply(wrap, s->norm_rules, &g->norm_report) : 0;
+		json_decref(wrap);
+		for (size_t i = 0; n && i < json_array_size(g->norm_report); i++) {
+			json_t *r = json_array_get(g->norm_report, i);
+			KV_INFO("prompt.normalize", "route=%s rule=%s message=%lld removed_bytes=%zu", g->route,
+				json_string_value(json_object_get(r, "rule")),
+				(long long)json_integer_value(json_object_get(r, "message")),
+				json_string_length(json_object_get(r, "removed")));
+		}
+	}
+	return 0;
+}
+
+static const char *route_name(int api, int wire)
+{
+	if (wire == KSV_WIRE_ANTHROPIC)
+		return "/v1/messages";
+	if (wire == KSV_WIRE_RESPONSES)
+		return "/v1/responses";
+	return api == KSV_API_CHAT ? "/v1/chat/completions" : "/v1/completions";
+}
+
+void ksv_gen_count_tokens(struct ksv_server *s, const struct ksv_request *rq)
+{
+	struct ksv_conn *c = rq->conn;
+	struct gen *g = gen_new(s, "/v1/messages/count_tokens");
+	if (!g) {
+		ksv_reply_error_wire(s, c, KSV_WIRE_ANTHROPIC, 500, NULL, "out of memory");
+		return;
+	}
+	g->wire = KSV_WIRE_ANTHROPIC;
+	ksv_anth_init(&g->anth, s->model_name, 0);
+	if (parse_body(s, g, rq, KSV_API_CHAT, 1) || prepare_prompt(s, g, c)) {
+		gen_unref(g);
+		return;
+	}
+	size_t len = 0;
+	char *body = ksv_anth_count_body(g->n_prompt, &len);
+	if (body)
+		ksv_conn_reply(c, 200, "application/json", body, len);
+	else
+		ksv_reply_error_wire(s, c, KSV_WIRE_ANTHROPIC, 500, NULL, "out of memory");
+	free(body);
+	gen_unref(g);
+}
+
+void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api, int wire)
+{
+	struct ksv_conn *c = rq->conn;
+	const char *route = route_name(api, wire);
 	if (atomic_load(&s->stopping)) {
-		ksv_reply_error(s, c, 503, NULL, "the server is shutting down");
+		ksv_reply_error_wire(s, c, wire, 503, NULL, "the server is shutting down");
 		return;
 	}
 	struct gen *g = gen_new(s, route);
 	if (!g) {
-		ksv_reply_error(s, c, 500, NULL, "out of memory");
+		ksv_reply_error_wire(s, c, wire, 500, NULL, "out of memory");
 		return;
 	}
-	if (ksv_req_parse(api, rq->body, rq->body_len, JSON_MAX_DEPTH, &g->req)) {
-		ksv_reply_error(s, c, 400, g->req.err_param, "%s", kv_errmsg());
+	g->wire = wire;
+	if (parse_body(s, g, rq, api, 0)) {
 		gen_unref(g);
 		return;
 	}
 	if (g->req.model && strcmp(g->req.model, s->model_name)) {
-		ksv_reply_error(s, c, 404, "model", "the model '%s' does not exist (this server serves '%s')", g->req.model,
+		ksv_reply_error_wire(s, c, g->wire, 404, "model", "the model '%s' does not exist (this server serves '%s')", g->req.model,
 			    s->model_name);
 		gen_unref(g);
 		return;
@@ -982,7 +1225,7 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 	int64_t room = s->ctx_len - (int64_t)g->n_prompt;
 	int64_t mt = g->req.max_tokens > 0 ? g->req.max_tokens : s->o.default_max_tokens;
 	if (g->n_forced && mt <= (int64_t)g->n_forced) {
-		ksv_reply_error(s, c, 400, g->req.max_tokens > 0 ? "max_tokens" : "tool_choice",
+		ksv_reply_error_wire(s, c, g->wire, 400, g->req.max_tokens > 0 ? "max_tokens" : "tool_choice",
 			    "max_tokens %lld leaves no room: the forced tool-call opening alone takes %u tokens",
 			    (long long)mt, g->n_forced);
 		gen_unref(g);
@@ -1000,11 +1243,15 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 				    .fn = on_event,
 				    .ctx = g};
 	if (ksv_out_create(&op, &g->out)) {
-		ksv_reply_error(s, c, 500, NULL, "%s", kv_errmsg());
+		ksv_reply_error_wire(s, c, g->wire, 500, NULL, "%s", kv_errmsg());
 		gen_unref(g);
 		return;
 	}
 	ksv_oai_init(&g->oai, api, s->model_name, g->req.stream && g->req.include_usage, g->req.logprobs);
+	if (wire == KSV_WIRE_ANTHROPIC)
+		ksv_anth_init(&g->anth, s->model_name, g->req.stream);
+	else if (wire == KSV_WIRE_RESPONSES)
+		ksv_resp_init(&g->resp, s->model_name, g->req.stream);
 
 	g->refs++; /* the worker's reference */
 	int rc = ksv_sched_submit(s->sched, &g->job);
@@ -1012,10 +1259,10 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 		g->refs--;
 		if (rc == KV_ERR_FULL) {
 			ksv_metrics_add(s->f_rej_429, 1);
-			ksv_reply_error(s, c, 429, NULL, "too many requests are waiting (%lld); retry later",
+			ksv_reply_error_wire(s, c, g->wire, 429, NULL, "too many requests are waiting (%lld); retry later",
 				    (long long)s->o.max_queue);
 		} else {
-			ksv_reply_error(s, c, 503, NULL, "the server is shutting down");
+			ksv_reply_error_wire(s, c, g->wire, 503, NULL, "the server is shutting down");
 		}
 		gen_unref(g);
 		return;
@@ -1031,9 +1278,9 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 				ksv_metrics_add(s->f_cancelled, 1);
 		}
 		if (w == 2)
-			ksv_reply_error(s, c, 503, NULL, "the server is shutting down");
+			ksv_reply_error_wire(s, c, g->wire, 503, NULL, "the server is shutting down");
 		else
-			ksv_reply_error(s, c, 499, NULL, "client closed the connection");
+			ksv_reply_error_wire(s, c, g->wire, 499, NULL, "client closed the connection");
 		gen_unref(g);
 		return;
 	}
@@ -1041,7 +1288,7 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 	int failed = g->phase == PH_DONE && g->fail_status;
 	pthread_mutex_unlock(&g->mu);
 	if (failed) {
-		ksv_reply_error(s, c, g->fail_status, NULL, "%s", g->fail_msg);
+		ksv_reply_error_wire(s, c, g->wire, g->fail_status, NULL, "%s", g->fail_msg);
 		gen_unref(g);
 		return;
 	}
@@ -1051,7 +1298,7 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 		struct ksv_stream *st = ksv_conn_stream(c, 200, "text/event-stream; charset=utf-8");
 		if (!st) {
 			atomic_store(&g->job.cancel, 1);
-			ksv_reply_error(s, c, 500, NULL, "cannot open the stream");
+			ksv_reply_error_wire(s, c, g->wire, 500, NULL, "cannot open the stream");
 			gen_unref(g);
 			return;
 		}
@@ -1072,16 +1319,27 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 	if (wait_phase(g, PH_DONE, c)) {
 		/* the job is running (it started): the cancel flag stops it */
 		ksv_sched_cancel(s->sched, &g->job);
-		ksv_reply_error(s, c, 499, NULL, "client closed the connection");
+		ksv_reply_error_wire(s, c, g->wire, 499, NULL, "client closed the connection");
 		gen_unref(g);
 		return;
 	}
 	if (g->fail_status) {
-		ksv_reply_error(s, c, g->fail_status, NULL, "%s", g->fail_msg);
+		ksv_reply_error_wire(s, c, g->wire, g->fail_status, NULL, "%s", g->fail_msg);
 		gen_unref(g);
 		return;
 	}
 	/* the whole body */
+	if (g->wire != KSV_WIRE_OPENAI) {
+		size_t blen = 0;
+		char *b = wire_body(g, &blen);
+		if (b)
+			ksv_conn_reply(c, 200, "application/json", b, blen);
+		else
+			ksv_reply_error_wire(s, c, g->wire, 500, NULL, "out of memory");
+		free(b);
+		gen_unref(g);
+		return;
+	}
 	struct ksv_lp *lps = NULL;
 	struct ksv_lp_alt *alts = NULL;
 	int top = g->req.top_logprobs, stride = 1 + KSV_MAX_TOP_LOGPROBS;
@@ -1124,7 +1382,7 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api)
 	if (body)
 		ksv_conn_reply(c, 200, "application/json", body, len);
 	else
-		ksv_reply_error(s, c, 500, NULL, "out of memory");
+		ksv_reply_error_wire(s, c, g->wire, 500, NULL, "out of memory");
 	free(body);
 	gen_unref(g);
 }
@@ -1144,6 +1402,8 @@ static void probe_look(void *ctx, const struct kss_tier *t)
 	kc_cache_peek(t->cache, g->prompt, g->n_prompt, &hit);
 	pl->pos = hit.pos;
 	pl->shared = hit.shared;
+	ksv_explain(g->s->tok, g->prompt, g->n_prompt, hit.shared, hit.next, hit.n_next, &g->ex);
+	g->have_ex = 1;
 	kc_hit_release(t->cache, &hit);
 	pl->dpos = t->store ? ks_store_probe(t->store, g->prompt, g->n_prompt, g->bounds, g->n_bounds) : 0;
 	pl->have_disk = t->store != NULL;
@@ -1158,7 +1418,7 @@ void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq)
 		return;
 	}
 	if (ksv_req_parse_probe(rq->body, rq->body_len, JSON_MAX_DEPTH, &g->req)) {
-		ksv_reply_error(s, c, 400, g->req.err_param, "%s", kv_errmsg());
+		ksv_reply_error_wire(s, c, g->wire, 400, g->req.err_param, "%s", kv_errmsg());
 		gen_unref(g);
 		return;
 	}
@@ -1195,6 +1455,8 @@ void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq)
 	for (size_t i = 0; i < g->n_bounds; i++)
 		json_array_append_new(bs, json_integer(g->bounds[i]));
 	json_object_set_new(j, "boundaries", bs);
+	if (g->have_ex)
+		json_object_set_new(j, "miss", ksv_explain_json(&g->ex));
 	ksv_reply_json(c, 200, j);
 	gen_unref(g);
 }

@@ -36,13 +36,24 @@ static uint64_t rng_next(void)
 	return z ^ (z >> 31);
 }
 
-void ksv_oai_tool_call_id(char out[32])
+void ksv_oai_rand_id(const char *prefix, char *out, size_t cap)
 {
 	static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-	memcpy(out, "call_", 5);
-	for (int i = 0; i < 24; i++)
-		out[5 + i] = al[rng_next() % (sizeof al - 1)];
-	out[29] = 0;
+	size_t n = strlen(prefix);
+	if (cap < n + 25) {
+		if (cap)
+			out[0] = 0;
+		return;
+	}
+	memcpy(out, prefix, n);
+	for (size_t i = 0; i < 24; i++)
+		out[n + i] = al[rng_next() % (sizeof al - 1)];
+	out[n + 24] = 0;
+}
+
+void ksv_oai_tool_call_id(char out[32])
+{
+	ksv_oai_rand_id("call_", out, 32);
 }
 
 void ksv_oai_init(struct ksv_oai *o, int api, const char *model, int include_usage, int logprobs)

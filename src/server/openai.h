@@ -85,6 +85,9 @@ struct ksv_oai {
 };
 
 void ksv_oai_init(struct ksv_oai *o, int api, const char *model, int include_usage, int logprobs);
+/* prefix + 24 random alphanumerics into out (cap >= strlen(prefix) + 25,
+ * else out is ""). Used for call_, msg_, toolu_, resp_, fc_ ids. */
+void ksv_oai_rand_id(const char *prefix, char *out, size_t cap);
 /* "call_" + 24 random alphanumerics into out (>= 32 bytes). */
 void ksv_oai_tool_call_id(char out[32]);
 

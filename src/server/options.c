@@ -29,6 +29,7 @@ void ksv_opts_default(struct ksv_opts *o)
 	o->max_model_len = 0;
 	o->default_max_tokens = 2048;
 	o->split_reasoning = 1;
+	o->prompt_normalize = "billing-header";
 	o->generation_config = "auto";
 	for (int i = 0; i < KV_GC_N; i++)
 		o->default_sp[i] = NAN;

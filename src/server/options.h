@@ -55,6 +55,7 @@ struct ksv_opts {
 	int64_t max_model_len;            /* --max-model-len; 0 = the config's max_position_embeddings */
 	int64_t default_max_tokens;       /* --default-max-tokens, when a request gives none: 2048 */
 	int split_reasoning;              /* 1 unless --no-reasoning-split */
+	const char *prompt_normalize;     /* --prompt-normalize RULES (normalize.h), default "billing-header" */
 	int special_tokens_in_request;    /* --special-tokens-in-request: literals in request text become
 					     control tokens (Hugging Face); default 0: plain text */
 

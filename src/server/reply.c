@@ -5,6 +5,7 @@
  */
 #include "server/server_int.h"
 #include "server/httpd.h"
+#include "server/anthropic.h"
 #include "server/openai.h"
 #include "base/log.h"
 
@@ -25,15 +26,13 @@ void ksv_reply_json(struct ksv_conn *c, int status, json_t *j)
 	free(s);
 }
 
-void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const char *param, const char *fmt, ...)
+static void reply_error_v(struct ksv_server *s, struct ksv_conn *c, int wire, int status, const char *param,
+			  const char *fmt, va_list ap)
 {
 	char msg[600], ra[32];
-	va_list ap;
-	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
 	size_t len = 0;
-	char *body = ksv_oai_error(status, msg, param, &len);
+	char *body = wire == KSV_WIRE_ANTHROPIC ? ksv_anth_error(status, msg, &len) : ksv_oai_error(status, msg, param, &len);
 	/* every refusal leaves a line at the default level: a user whose agent
 	 * fails must be able to see why in the server log */
 	char emsg[700], eparam[160];
@@ -46,4 +45,21 @@ void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const
 	}
 	ksv_conn_reply(c, status, "application/json", body ? body : "{}", body ? len : 2);
 	free(body);
+}
+
+void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const char *param, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	reply_error_v(s, c, KSV_WIRE_OPENAI, status, param, fmt, ap);
+	va_end(ap);
+}
+
+void ksv_reply_error_wire(struct ksv_server *s, struct ksv_conn *c, int wire, int status, const char *param,
+			  const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	reply_error_v(s, c, wire, status, param, fmt, ap);
+	va_end(ap);
 }

@@ -5,6 +5,9 @@
  */
 #include "server/server.h"
 #include "server/server_int.h"
+#include "server/anthropic.h"
+#include "server/dashboard.h"
+#include "server/normalize.h"
 #include "server/fingerprint.h"
 #include "server/auth.h"
 #include "base/buf.h"
@@ -261,7 +264,9 @@ struct route {
 static const struct route routes[] = {
 	{"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/models", "GET"},
 	{"/health", "GET"},               {"/metrics", "GET"},          {"/v1/cache/info", "GET"},
-	{"/v1/cache/clear", "POST"},      {"/v1/cache/probe", "POST"},
+	{"/v1/cache/clear", "POST"},      {"/v1/cache/probe", "POST"},  {"/v1/messages", "POST"},
+	{"/v1/messages/count_tokens", "POST"}, {"/v1/responses", "POST"}, {"/", "GET"},
+	{"/dashboard", "GET"},             {"/v1/dashboard/state", "GET"},
 };
 
 /* Index of a path in routes[] (/v1/models/{id} counts as /v1/models), or -1. */
@@ -296,8 +301,13 @@ static void handler(void *ctx, const struct ksv_request *rq)
 	ksv_conn_set_route(c, routes[idx].path);
 	/* access (server/auth.h): before the method check, so a caller
 	 * without the key learns nothing about the route */
-	static const enum ksv_auth_class cls[] = {KSV_AUTH_API, KSV_AUTH_API, KSV_AUTH_API, KSV_AUTH_OPEN,
-						  KSV_AUTH_OPEN, KSV_AUTH_ADMIN, KSV_AUTH_ADMIN, KSV_AUTH_ADMIN};
+	static const enum ksv_auth_class cls[] = {KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_OPEN,
+						  KSV_AUTH_OPEN, KSV_AUTH_ADMIN, KSV_AUTH_ADMIN, KSV_AUTH_ADMIN,
+						  KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_OPEN,
+						  /* the dashboard page holds no data; what it reads is admin */
+						  KSV_AUTH_OPEN, KSV_AUTH_ADMIN};
+	/* the Messages routes answer in Anthropic's error shape */
+	int wire = idx == 8 || idx == 9 ? KSV_WIRE_ANTHROPIC : KSV_WIRE_OPENAI;
 	_Static_assert(sizeof cls / sizeof cls[0] == sizeof routes / sizeof routes[0], "one class per route");
 	struct ksv_auth au = {.api_key = s->o.api_key ? s->o.api_key : s->o.env_api_key,
 			      .admin_key = s->o.admin_key ? s->o.admin_key : s->o.env_admin_key,
@@ -308,10 +318,11 @@ static void handler(void *ctx, const struct ksv_request *rq)
 		break;
 	case KSV_AUTH_UNAUTHORIZED:
 		ksv_conn_header(c, "WWW-Authenticate", "Bearer");
-		ksv_reply_error(s, c, 401, NULL, key ? "invalid API key" : "an API key is required (Authorization: Bearer KEY or x-api-key: KEY)");
+		ksv_reply_error_wire(s, c, wire, 401, NULL, "%s",
+				     key ? "invalid API key" : "an API key is required (Authorization: Bearer KEY or x-api-key: KEY)");
 		return;
 	case KSV_AUTH_FORBIDDEN:
-		ksv_reply_error(s, c, 403, NULL,
+		ksv_reply_error_wire(s, c, wire, 403, NULL,
 				"the cache admin routes are off: this server listens beyond loopback (--host %s) and has no "
 				"--admin-key",
 				s->o.host);
@@ -327,15 +338,16 @@ static void handler(void *ctx, const struct ksv_request *rq)
 	int is_head = !strcmp(rq->method, "HEAD") && !strcmp(routes[idx].method, "GET");
 	if (strcmp(rq->method, routes[idx].method) && !is_head) {
 		ksv_conn_header(c, "Allow", routes[idx].method);
-		ksv_reply_error(s, c, 405, NULL, "%s does not accept %s (use %s)", path, rq->method, routes[idx].method);
+		ksv_reply_error_wire(s, c, wire, 405, NULL, "%s does not accept %s (use %s)", path, rq->method,
+				     routes[idx].method);
 		return;
 	}
 	switch (idx) {
 	case 0:
-		ksv_gen_handle(s, rq, KSV_API_CHAT);
+		ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_OPENAI);
 		break;
 	case 1:
-		ksv_gen_handle(s, rq, KSV_API_COMPLETION);
+		ksv_gen_handle(s, rq, KSV_API_COMPLETION, KSV_WIRE_OPENAI);
 		break;
 	case 2:
 		handle_models(s, c, model_id);
@@ -361,6 +373,36 @@ static void handler(void *ctx, const struct ksv_request *rq)
 		break;
 	case 7:
 		ksv_gen_probe(s, rq);
+		break;
+	case 8:
+		ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_ANTHROPIC);
+		break;
+	case 9:
+		ksv_gen_count_tokens(s, rq);
+		break;
+	case 10:
+		ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_RESPONSES);
+		break;
+	case 11: {
+		/* a browser gets the dashboard; HEAD / is how some clients
+		 * (Claude Code) check the server is up */
+		const char *acc = ksv_conn_req_header(c, "Accept");
+		if (!is_head && acc && strstr(acc, "text/html")) {
+			ksv_dashboard_handle_page(s, c);
+			break;
+		}
+		json_t *j = json_object();
+		json_object_set_new(j, "name", json_string("kvkeep"));
+		json_object_set_new(j, "version", json_string(KVKEEP_VERSION));
+		json_object_set_new(j, "model", json_string(s->model_name));
+		ksv_reply_json(c, 200, j);
+		break;
+	}
+	case 12:
+		ksv_dashboard_handle_page(s, c);
+		break;
+	case 13:
+		ksv_dashboard_handle_state(s, c);
 		break;
 	}
 }
@@ -750,6 +792,8 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		goto fail;
 	}
 	s->xml_tools = kv_chat_xml_tools(s->chat);
+	if ((rc = ksv_norm_parse(o->prompt_normalize, &s->norm_rules)) || (rc = ksv_recent_create(&s->recent)))
+		goto fail;
 	struct ke_model_params mp = {.kv_f32 = !strcmp(o->kv_dtype, "f32"), .page_tokens = (int)o->page_tokens};
 	if ((rc = ke_model_load(o->model_dir, &mp, &s->model)))
 		goto fail;
@@ -969,6 +1013,7 @@ void ksv_server_destroy(struct ksv_server *s)
 	kv_chat_free(s->chat);
 	kv_tok_free(s->tok);
 	ksv_metrics_destroy(s->m);
+	ksv_recent_destroy(s->recent);
 	free(s->tb_off);
 	free(s->tb_len);
 	free(s->tb_data);

@@ -20,12 +20,17 @@
 #include "server/httpd.h"
 #include "server/metrics.h"
 #include "server/options.h"
+#include "server/recent.h"
 #include "server/sched.h"
 #include "session/registry.h"
 #include "session/sched.h"
 #include "store/store.h"
 
 #define JSON_MAX_DEPTH 64
+
+/* The API a generation request came in through: its body's shape, its
+ * answer's shape and its errors' shape. */
+enum ksv_wire { KSV_WIRE_OPENAI = 0, KSV_WIRE_ANTHROPIC, KSV_WIRE_RESPONSES };
 #define MiB (1024ull * 1024ull)
 
 struct ksv_server {
@@ -52,6 +57,8 @@ struct ksv_server {
 	int ctx_len;
 	int hybrid;
 	int xml_tools;
+	unsigned norm_rules;              /* --prompt-normalize (normalize.h) */
+	struct ksv_recent *recent;        /* the last requests, for the dashboard (recent.h) */
 	uint64_t mem_cap;
 	struct kc_budget budget;
 	struct kv_h128 ns;                /* namespace of the default tier */
@@ -81,12 +88,19 @@ struct ksv_server {
 void ksv_reply_json(struct ksv_conn *c, int status, json_t *j);
 void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const char *param, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));
+/* The same in the error shape of an API (enum ksv_wire). */
+void ksv_reply_error_wire(struct ksv_server *s, struct ksv_conn *c, int wire, int status, const char *param,
+			  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 /* gen.c */
 /* The token id -> raw bytes table used for logprobs. */
 int ksv_gen_token_table(struct ksv_server *s);
-/* POST /v1/chat/completions (api KSV_API_CHAT) and /v1/completions. */
-void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api);
+/* POST /v1/chat/completions (api KSV_API_CHAT, wire OPENAI),
+ * /v1/completions (KSV_API_COMPLETION), /v1/messages (KSV_API_CHAT, wire
+ * ANTHROPIC) and /v1/responses (KSV_API_CHAT, wire RESPONSES). */
+void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api, int wire);
+/* POST /v1/messages/count_tokens. */
+void ksv_gen_count_tokens(struct ksv_server *s, const struct ksv_request *rq);
 /* Memory a generation needs besides its KV (recurrent state, scratch,
  * logits): the admission projection's constant part. */
 uint64_t ksv_gen_request_overhead(const struct ksv_server *s);

@@ -262,6 +262,8 @@ int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params 
 	}
 	r->resumed = hit->pos;
 	r->shared = hit->shared;
+	r->n_next = hit->n_next; /* what the prompt departs from (the miss explainer) */
+	memcpy(r->next, hit->next, sizeof r->next);
 	r->lookup_ms = ms_since(t0);
 
 	/* 2. restore */

@@ -78,6 +78,8 @@ struct kss_run_params {
 struct kss_run_result {
 	uint32_t resumed;           /* p: tokens restored from the cache */
 	uint32_t shared;            /* tokens shared with the cache's best sequence */
+	int32_t next[KC_NEXT_TOKENS]; /* its tokens right after `shared` (cache.h kc_hit.next) */
+	uint32_t n_next;
 	uint32_t prefilled;         /* n - p */
 	uint32_t generated;         /* tokens in out */
 	uint32_t stops;             /* stop points the prefill paused at */

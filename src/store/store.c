@@ -670,3 +670,21 @@ const char *ks_store_ns_dir(const struct ks_store *s)
 {
 	return s->dir[KS_AREA_MAIN];
 }
+
+size_t ks_store_list_entries(struct ks_store *s, struct ks_entry_info *out, size_t max)
+{
+	size_t n = 0;
+	pthread_mutex_lock(&s->mu);
+	int32_t end = ks_cat_end(s->cat);
+	for (int32_t i = 0; i < end; i++) {
+		const struct ks_rec *r = ks_cat_at(s->cat, i);
+		if (!r || !r->live || r->kind != KS_ENTRY || r->area != KS_AREA_MAIN)
+			continue;
+		if (n < max)
+			out[n] = (struct ks_entry_info){.tokens = r->pos, .anchor = r->anchor_pos,
+							.last_use_ms = r->mtime / 1000000, .bytes = r->bytes, .id = r->id};
+		n++;
+	}
+	pthread_mutex_unlock(&s->mu);
+	return n;
+}

@@ -239,6 +239,18 @@ void ks_store_stats(struct ks_store *s, struct ks_stats *out);
  * evicting it (returns the bytes freed).
  */
 uint64_t ks_store_disk_bytes(struct ks_store *s);
+
+/* One entry manifest on disk, for displays (the dashboard). */
+struct ks_entry_info {
+	uint32_t tokens;              /* the entry's length */
+	uint32_t anchor;              /* 0 = none */
+	int64_t last_use_ms;          /* the file's last use (wall clock) */
+	uint64_t bytes;               /* the manifest file's size */
+	struct kv_h128 id;            /* its resume point's name */
+};
+/* Up to max entries of the main area, in catalog order; returns how many
+ * there are in all. */
+size_t ks_store_list_entries(struct ks_store *s, struct ks_entry_info *out, size_t max);
 int64_t ks_store_next_victim(struct ks_store *s);
 uint64_t ks_store_evict_next(struct ks_store *s);
 

@@ -1,0 +1,637 @@
+/*
+ * anthropic.c - see anthropic.h.
+ *
+ * The translation builds the OpenAI chat body with jansson and leaves all
+ * generation-field validation (ranges, types) to request.c, so a value is
+ * refused by one rule whichever API carried it. Structure that only
+ * exists in the Messages API (blocks, tool_result, thinking) is checked
+ * here, with paths in the Messages body's own terms.
+ */
+#include "server/anthropic.h"
+#include "server/openai.h"
+#include "base/err.h"
+#include "base/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(17))
+
+enum { OPEN_NONE = 0, OPEN_TEXT, OPEN_THINKING, OPEN_TOOL };
+
+/* --- request translation --------------------------------------------------- */
+
+static int bad(char *param, size_t cap, const char *path, const char *fmt, const char *detail)
+{
+	snprintf(param, cap, "%s", path);
+	return kv_fail(KV_ERR_INVALID, fmt, path, detail ? detail : "");
+}
+
+/* Appends the text of `content` (a string, or a list of text blocks) to
+ * out, blocks joined with "\n". Other block types are refused. */
+static int text_blocks(const json_t *content, const char *path, struct kv_buf *out, char *param, size_t cap)
+{
+	char p[160];
+	if (json_is_string(content)) {
+		kv_buf_add(out, json_string_value(content), json_string_length(content));
+		return KV_OK;
+	}
+	if (!json_is_array(content))
+		return bad(param, cap, path, "%s: must be a string or a list of content blocks%s", NULL);
+	size_t i;
+	const json_t *b;
+	int first = 1;
+	json_array_foreach(content, i, b) {
+		snprintf(p, sizeof p, "%s[%zu]", path, i);
+		const char *type = json_string_value(json_object_get(b, "type"));
+		if (!json_is_object(b) || !type)
+			return bad(param, cap, p, "%s: a content block must be an object with a \"type\"%s", NULL);
+		if (!strcmp(type, "image") || !strcmp(type, "document"))
+			return bad(param, cap, p, "%s: %s blocks are not supported: this server runs text-only models", type);
+		if (strcmp(type, "text"))
+			return bad(param, cap, p, "%s: unsupported content block type \"%s\" here", type);
+		const json_t *t = json_object_get(b, "text");
+		if (!json_is_string(t))
+			return bad(param, cap, p, "%s.text: must be a string%s", NULL);
+		if (!first)
+			kv_buf_adds(out, "\n");
+		first = 0;
+		kv_buf_add(out, json_string_value(t), json_string_length(t));
+	}
+	return KV_OK;
+}
+
+static json_t *buf_string(struct kv_buf *b)
+{
+	return json_stringn(b->p ? b->p : "", b->len);
+}
+
+static int user_message(const json_t *content, const char *path, json_t *msgs, char *param, size_t cap)
+{
+	struct kv_buf text = KV_BUF_INIT;
+	int has_text = 0, rc = KV_OK;
+	char p[160];
+	if (json_is_string(content)) {
+		json_t *m = json_pack("{s:s, s:O}", "role", "user", "content", content);
+		json_array_append_new(msgs, m);
+		return KV_OK;
+	}
+	if (!json_is_array(content))
+		return bad(param, cap, path, "%s: must be a string or a list of content blocks%s", NULL);
+	size_t i;
+	const json_t *b;
+	json_array_foreach(content, i, b) {
+		snprintf(p, sizeof p, "%s[%zu]", path, i);
+		const char *type = json_string_value(json_object_get(b, "type"));
+		if (!json_is_object(b) || !type) {
+			rc = bad(param, cap, p, "%s: a content block must be an object with a \"type\"%s", NULL);
+			goto out;
+		}
+		if (!strcmp(type, "text")) {
+			const json_t *t = json_object_get(b, "text");
+			if (!json_is_string(t)) {
+				rc = bad(param, cap, p, "%s.text: must be a string%s", NULL);
+				goto out;
+			}
+			if (has_text)
+				kv_buf_adds(&text, "\n");
+			kv_buf_add(&text, json_string_value(t), json_string_length(t));
+			has_text = 1;
+		} else if (!strcmp(type, "tool_result")) {
+			const char *id = json_string_value(json_object_get(b, "tool_use_id"));
+			if (!id) {
+				rc = bad(param, cap, p, "%s.tool_use_id: required string%s", NULL);
+				goto out;
+			}
+			struct kv_buf r = KV_BUF_INIT;
+			const json_t *c = json_object_get(b, "content");
+			char cp[176];
+			snprintf(cp, sizeof cp, "%s.content", p);
+			if (c && !json_is_null(c) && (rc = text_blocks(c, cp, &r, param, cap))) {
+				kv_buf_free(&r);
+				goto out;
+			}
+			json_t *m = json_pack("{s:s, s:o, s:s}", "role", "tool", "content", buf_string(&r), "tool_call_id", id);
+			kv_buf_free(&r);
+			json_array_append_new(msgs, m);
+		} else if (!strcmp(type, "image") || !strcmp(type, "document")) {
+			rc = bad(param, cap, p, "%s: %s blocks are not supported: this server runs text-only models", type);
+			goto out;
+		} else {
+			rc = bad(param, cap, p, "%s: unsupported content block type \"%s\" in a user message", type);
+			goto out;
+		}
+	}
+	if (has_text || json_array_size(content) == 0)
+		json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "user", "content", buf_string(&text)));
+out:
+	kv_buf_free(&text);
+	return rc;
+}
+
+static int assistant_message(const json_t *content, const char *path, json_t *msgs, char *param, size_t cap)
+{
+	char p[160];
+	if (json_is_string(content)) {
+		json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "assistant", "content", content));
+		return KV_OK;
+	}
+	if (!json_is_array(content))
+		return bad(param, cap, path, "%s: must be a string or a list of content blocks%s", NULL);
+	struct kv_buf text = KV_BUF_INIT, think = KV_BUF_INIT;
+	json_t *calls = json_array();
+	int rc = KV_OK;
+	size_t i;
+	const json_t *b;
+	json_array_foreach(content, i, b) {
+		snprintf(p, sizeof p, "%s[%zu]", path, i);
+		const char *type = json_string_value(json_object_get(b, "type"));
+		if (!json_is_object(b) || !type) {
+			rc = bad(param, cap, p, "%s: a content block must be an object with a \"type\"%s", NULL);
+			goto out;
+		}
+		if (!strcmp(type, "text")) {
+			const json_t *t = json_object_get(b, "text");
+			if (!json_is_string(t)) {
+				rc = bad(param, cap, p, "%s.text: must be a string%s", NULL);
+				goto out;
+			}
+			kv_buf_add(&text, json_string_value(t), json_string_length(t));
+		} else if (!strcmp(type, "thinking")) {
+			const json_t *t = json_object_get(b, "thinking");
+			if (t && !json_is_string(t)) {
+				rc = bad(param, cap, p, "%s.thinking: must be a string%s", NULL);
+				goto out;
+			}
+			if (t)
+				kv_buf_add(&think, json_string_value(t), json_string_length(t));
+		} else if (!strcmp(type, "redacted_thinking")) {
+			/* opaque to us: nothing the model could read */
+		} else if (!strcmp(type, "tool_use") || !strcmp(type, "server_tool_use")) {
+			const char *id = json_string_value(json_object_get(b, "id"));
+			const char *name = json_string_value(json_object_get(b, "name"));
+			const json_t *input = json_object_get(b, "input");
+			if (!id || !name) {
+				rc = bad(param, cap, p, "%s: tool_use needs string \"id\" and \"name\"%s", NULL);
+				goto out;
+			}
+			if (input && !json_is_object(input)) {
+				rc = bad(param, cap, p, "%s.input: must be an object%s", NULL);
+				goto out;
+			}
+			json_t *args = input ? json_incref((json_t *)input) : json_object();
+			json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:o}}", "id", id, "type", "function",
+							       "function", "name", name, "arguments", args));
+		} else if (!strcmp(type, "image") || !strcmp(type, "document")) {
+			rc = bad(param, cap, p, "%s: %s blocks are not supported: this server runs text-only models", type);
+			goto out;
+		} else {
+			rc = bad(param, cap, p, "%s: unsupported content block type \"%s\" in an assistant message", type);
+			goto out;
+		}
+	}
+	json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content", buf_string(&text));
+	if (think.len)
+		json_object_set_new(m, "reasoning_content", buf_string(&think));
+	if (json_array_size(calls))
+		json_object_set(m, "tool_calls", calls);
+	json_array_append_new(msgs, m);
+out:
+	json_decref(calls);
+	kv_buf_free(&text);
+	kv_buf_free(&think);
+	return rc;
+}
+
+static int translate_tools(const json_t *tools, json_t *chat, char *param, size_t cap)
+{
+	char p[64];
+	if (!tools || json_is_null(tools))
+		return KV_OK;
+	if (!json_is_array(tools))
+		return bad(param, cap, "tools", "%s: must be a list%s", NULL);
+	json_t *out = json_array();
+	size_t i;
+	const json_t *t;
+	json_array_foreach(tools, i, t) {
+		snprintf(p, sizeof p, "tools[%zu]", i);
+		if (!json_is_object(t)) {
+			json_decref(out);
+			return bad(param, cap, p, "%s: must be an object%s", NULL);
+		}
+		const char *type = json_string_value(json_object_get(t, "type"));
+		const char *name = json_string_value(json_object_get(t, "name"));
+		if (type && strcmp(type, "custom")) {
+			KV_INFO("anthropic.tool_ignored", "tool=%s type=%s reason=server_tool", name ? name : "?", type);
+			continue;
+		}
+		if (!name) {
+			json_decref(out);
+			return bad(param, cap, p, "%s.name: required string%s", NULL);
+		}
+		json_t *fn = json_pack("{s:s}", "name", name);
+		const json_t *d = json_object_get(t, "description");
+		if (json_is_string(d))
+			json_object_set(fn, "description", (json_t *)d);
+		const json_t *schema = json_object_get(t, "input_schema");
+		if (schema && !json_is_object(schema)) {
+			json_decref(fn);
+			json_decref(out);
+			return bad(param, cap, p, "%s.input_schema: must be an object%s", NULL);
+		}
+		if (schema)
+			json_object_set(fn, "parameters", (json_t *)schema);
+		json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+	}
+	if (json_array_size(out))
+		json_object_set(chat, "tools", out);
+	json_decref(out);
+	return KV_OK;
+}
+
+static int translate_tool_choice(const json_t *tc, json_t *chat, char *param, size_t cap)
+{
+	if (!tc || json_is_null(tc))
+		return KV_OK;
+	const char *type = json_string_value(json_object_get(tc, "type"));
+	if (!json_is_object(tc) || !type)
+		return bad(param, cap, "tool_choice", "%s: must be an object with a \"type\"%s", NULL);
+	if (!strcmp(type, "auto"))
+		json_object_set_new(chat, "tool_choice", json_string("auto"));
+	else if (!strcmp(type, "any"))
+		json_object_set_new(chat, "tool_choice", json_string("required"));
+	else if (!strcmp(type, "none"))
+		json_object_set_new(chat, "tool_choice", json_string("none"));
+	else if (!strcmp(type, "tool")) {
+		const char *name = json_string_value(json_object_get(tc, "name"));
+		if (!name)
+			return bad(param, cap, "tool_choice.name", "%s: required string for type \"tool\"%s", NULL);
+		json_object_set_new(chat, "tool_choice",
+				    json_pack("{s:s, s:{s:s}}", "type", "function", "function", "name", name));
+	} else
+		return bad(param, cap, "tool_choice.type", "%s: must be auto, any, tool or none, not \"%s\"", type);
+	return KV_OK;
+}
+
+static int translate_thinking(const json_t *th, json_t *chat, char *param, size_t cap)
+{
+	if (!th || json_is_null(th))
+		return KV_OK;
+	const char *type = json_string_value(json_object_get(th, "type"));
+	if (!json_is_object(th) || !type)
+		return bad(param, cap, "thinking", "%s: must be an object with a \"type\"%s", NULL);
+	int on;
+	if (!strcmp(type, "enabled") || !strcmp(type, "adaptive"))
+		on = 1;
+	else if (!strcmp(type, "disabled"))
+		on = 0;
+	else
+		return bad(param, cap, "thinking.type", "%s: must be enabled, adaptive or disabled, not \"%s\"", type);
+	json_object_set_new(chat, "chat_template_kwargs", json_pack("{s:b}", "enable_thinking", on));
+	return KV_OK;
+}
+
+int ksv_anth_to_chat(const json_t *body, int for_count, json_t **chat_out, char *param, size_t cap)
+{
+	*chat_out = NULL;
+	param[0] = 0;
+	if (!json_is_object(body))
+		return bad(param, cap, "", "request body%s: must be a JSON object%s", NULL);
+	json_t *chat = json_object(), *msgs = json_array();
+	int rc = KV_OK;
+	const json_t *v;
+	char p[64];
+
+	if ((v = json_object_get(body, "model"))) {
+		if (!json_is_string(v)) {
+			rc = bad(param, cap, "model", "%s: must be a string%s", NULL);
+			goto fail;
+		}
+		json_object_set(chat, "model", (json_t *)v);
+	}
+	/* system */
+	v = json_object_get(body, "system");
+	if (v && !json_is_null(v)) {
+		struct kv_buf sys = KV_BUF_INIT;
+		if ((rc = text_blocks(v, "system", &sys, param, cap))) {
+			kv_buf_free(&sys);
+			goto fail;
+		}
+		if (sys.len)
+			json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "system", "content", buf_string(&sys)));
+		kv_buf_free(&sys);
+	}
+	/* messages */
+	const json_t *ms = json_object_get(body, "messages");
+	if (!json_is_array(ms) || json_array_size(ms) == 0) {
+		rc = bad(param, cap, "messages", "%s: required non-empty list%s", NULL);
+		goto fail;
+	}
+	size_t i;
+	const json_t *m;
+	json_array_foreach(ms, i, m) {
+		snprintf(p, sizeof p, "messages[%zu]", i);
+		const json_t *role = json_object_get(m, "role");
+		const json_t *content = json_object_get(m, "content");
+		if (!json_is_object(m) || !json_is_string(role)) {
+			rc = bad(param, cap, p, "%s: must be an object with a string \"role\"%s", NULL);
+			goto fail;
+		}
+		/* full-string compare: "user\u0000x" is not "user" */
+		const char *r = json_string_value(role);
+		size_t rl = json_string_length(role);
+		char cp[80];
+		snprintf(cp, sizeof cp, "%s.content", p);
+		if (!content) {
+			rc = bad(param, cap, cp, "%s: required%s", NULL);
+			goto fail;
+		}
+		if (rl == 4 && !memcmp(r, "user", 4))
+			rc = user_message(content, cp, msgs, param, cap);
+		else if (rl == 9 && !memcmp(r, "assistant", 9))
+			rc = assistant_message(content, cp, msgs, param, cap);
+		else if (rl == 6 && !memcmp(r, "system", 6)) {
+			struct kv_buf t = KV_BUF_INIT;
+			if (!(rc = text_blocks(content, cp, &t, param, cap)))
+				json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "system", "content", buf_string(&t)));
+			kv_buf_free(&t);
+		} else {
+			char rp[80];
+			snprintf(rp, sizeof rp, "%s.role", p);
+			rc = bad(param, cap, rp, "%s: must be \"user\", \"assistant\" or \"system\"%s", NULL);
+		}
+		if (rc)
+			goto fail;
+	}
+	json_object_set(chat, "messages", msgs);
+	if ((rc = translate_tools(json_object_get(body, "tools"), chat, param, cap)) ||
+	    (rc = translate_tool_choice(json_object_get(body, "tool_choice"), chat, param, cap)) ||
+	    (rc = translate_thinking(json_object_get(body, "thinking"), chat, param, cap)))
+		goto fail;
+	/* generation fields: copied as they are; request.c checks them */
+	v = json_object_get(body, "max_tokens");
+	if (!for_count) {
+		if (!v) {
+			rc = bad(param, cap, "max_tokens", "%s: required%s", NULL);
+			goto fail;
+		}
+		json_object_set(chat, "max_tokens", (json_t *)v);
+	}
+	static const char *const copy[] = {"temperature", "top_p", "top_k", "stream"};
+	for (size_t k = 0; k < sizeof copy / sizeof *copy; k++)
+		if ((v = json_object_get(body, copy[k])) && !json_is_null(v))
+			json_object_set(chat, copy[k], (json_t *)v);
+	if ((v = json_object_get(body, "stop_sequences")) && !json_is_null(v)) {
+		if (!json_is_array(v)) {
+			rc = bad(param, cap, "stop_sequences", "%s: must be a list of strings%s", NULL);
+			goto fail;
+		}
+		json_object_set(chat, "stop", (json_t *)v);
+	}
+	if (json_is_true(json_object_get(body, "stream")))
+		json_object_set_new(chat, "stream_options", json_pack("{s:b}", "include_usage", 1));
+	json_decref(msgs);
+	*chat_out = chat;
+	return KV_OK;
+fail:
+	json_decref(msgs);
+	json_decref(chat);
+	return rc;
+}
+
+/* --- responses ----------------------------------------------------------- */
+
+static void emit(struct kv_buf *out, const char *event, json_t *data)
+{
+	char *s = json_dumps(data, DUMP_FLAGS);
+	json_decref(data);
+	if (!s) {
+		out->oom = 1;
+		return;
+	}
+	kv_buf_adds(out, "event: ");
+	kv_buf_adds(out, event);
+	kv_buf_adds(out, "\ndata: ");
+	kv_buf_adds(out, s);
+	kv_buf_adds(out, "\n\n");
+	free(s);
+}
+
+void ksv_anth_init(struct ksv_anth *a, const char *model, int stream)
+{
+	memset(a, 0, sizeof *a);
+	ksv_oai_rand_id("msg_", a->id, sizeof a->id);
+	snprintf(a->model, sizeof a->model, "%s", model ? model : "");
+	a->stream = stream;
+	a->blocks = json_array();
+	struct kv_buf z = KV_BUF_INIT;
+	a->cur = z;
+}
+
+void ksv_anth_free(struct ksv_anth *a)
+{
+	json_decref(a->blocks);
+	a->blocks = NULL;
+	kv_buf_free(&a->cur);
+}
+
+static json_t *usage_json(const struct ksv_anth_usage *u)
+{
+	return json_pack("{s:I, s:I, s:I, s:I}", "input_tokens", (json_int_t)u->input_tokens,
+			 "cache_creation_input_tokens", (json_int_t)u->cache_creation, "cache_read_input_tokens",
+			 (json_int_t)u->cache_read, "output_tokens", (json_int_t)u->output_tokens);
+}
+
+void ksv_anth_start(struct ksv_anth *a, const struct ksv_anth_usage *u, struct kv_buf *out)
+{
+	json_t *msg = json_pack("{s:s, s:s, s:s, s:s, s:[], s:n, s:n, s:o}", "id", a->id, "type", "message", "role",
+				"assistant", "model", a->model, "content", "stop_reason", "stop_sequence", "usage",
+				usage_json(u));
+	emit(out, "message_start", json_pack("{s:s, s:o}", "type", "message_start", "message", msg));
+}
+
+/* Ends the open block: keeps it for the whole body and, streaming, sends
+ * its last delta (a thinking block's empty signature) and the stop. */
+static void close_block(struct ksv_anth *a, struct kv_buf *out)
+{
+	if (a->open == OPEN_NONE)
+		return;
+	json_t *blk = json_array_get(a->blocks, json_array_size(a->blocks) - 1);
+	int idx = a->next_index - 1;
+	if (a->open == OPEN_TEXT)
+		json_object_set_new(blk, "text", ksv_json_text(a->cur.p ? a->cur.p : "", a->cur.len));
+	else if (a->open == OPEN_THINKING) {
+		json_object_set_new(blk, "thinking", ksv_json_text(a->cur.p ? a->cur.p : "", a->cur.len));
+		if (a->stream && out)
+			emit(out, "content_block_delta",
+			     json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", idx, "delta",
+				       "type", "signature_delta", "signature", ""));
+	} else {
+		json_error_t je;
+		json_t *in = a->cur.len ? json_loadb(a->cur.p, a->cur.len, 0, &je) : json_object();
+		if (!json_is_object(in)) {
+			/* the tool-call parser hands over valid JSON; anything
+			 * else is kept visible rather than dropped */
+			json_decref(in);
+			in = json_pack("{s:o}", "_raw", ksv_json_text(a->cur.p ? a->cur.p : "", a->cur.len));
+		}
+		json_object_set_new(blk, "input", in);
+	}
+	if (a->stream && out)
+		emit(out, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", idx));
+	a->open = OPEN_NONE;
+	kv_buf_reset(&a->cur);
+}
+
+static void open_block(struct ksv_anth *a, int kind, json_t *blk, struct kv_buf *out)
+{
+	close_block(a, out);
+	int idx = a->next_index++;
+	json_array_append(a->blocks, blk);
+	if (a->stream && out)
+		emit(out, "content_block_start",
+		     json_pack("{s:s, s:i, s:O}", "type", "content_block_start", "index", idx, "content_block", blk));
+	json_decref(blk);
+	a->open = kind;
+	kv_buf_reset(&a->cur);
+}
+
+static void delta(struct ksv_anth *a, const char *type, const char *key, const char *text, size_t len,
+		  struct kv_buf *out)
+{
+	kv_buf_add(&a->cur, text, len);
+	if (a->stream && out && len)
+		emit(out, "content_block_delta",
+		     json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", a->next_index - 1,
+			       "delta", "type", type, key, ksv_json_text(text, len)));
+}
+
+void ksv_anth_event(struct ksv_anth *a, const struct ksv_ev *e, struct kv_buf *out)
+{
+	switch (e->kind) {
+	case KSV_EV_CONTENT:
+		if (a->open != OPEN_TEXT) {
+			if (!e->len)
+				return;
+			open_block(a, OPEN_TEXT, json_pack("{s:s, s:s}", "type", "text", "text", ""), out);
+		}
+		delta(a, "text_delta", "text", e->text, e->len, out);
+		break;
+	case KSV_EV_REASONING:
+		if (a->open != OPEN_THINKING) {
+			if (!e->len)
+				return;
+			open_block(a, OPEN_THINKING, json_pack("{s:s, s:s, s:s}", "type", "thinking", "thinking", "",
+							       "signature", ""), out);
+		}
+		delta(a, "thinking_delta", "thinking", e->text, e->len, out);
+		break;
+	case KSV_EV_TOOL_START: {
+		char id[40];
+		ksv_oai_rand_id("toolu_", id, sizeof id);
+		open_block(a, OPEN_TOOL, json_pack("{s:s, s:s, s:s, s:{}}", "type", "tool_use", "id", id, "name",
+						   e->name ? e->name : "", "input"), out);
+		break;
+	}
+	case KSV_EV_TOOL_ARGS:
+		if (a->open == OPEN_TOOL)
+			delta(a, "input_json_delta", "partial_json", e->text, e->len, out);
+		break;
+	case KSV_EV_TOOL_END:
+		if (a->open == OPEN_TOOL)
+			close_block(a, out);
+		break;
+	}
+}
+
+void ksv_anth_finish(struct ksv_anth *a, const char *stop_reason, const char *stop_sequence,
+		     const struct ksv_anth_usage *u, struct kv_buf *out)
+{
+	close_block(a, out);
+	if (!a->stream || !out)
+		return;
+	json_t *d = json_pack("{s:s, s:o}", "stop_reason", stop_reason,
+			      "stop_sequence", stop_sequence ? json_string(stop_sequence) : json_null());
+	emit(out, "message_delta", json_pack("{s:s, s:o, s:o}", "type", "message_delta", "delta", d, "usage", usage_json(u)));
+	emit(out, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+}
+
+char *ksv_anth_response(struct ksv_anth *a, const char *stop_reason, const char *stop_sequence,
+			const struct ksv_anth_usage *u, const json_t *ext, size_t *len)
+{
+	close_block(a, NULL);
+	json_t *usage = usage_json(u);
+	if (ext)
+		json_object_set(usage, "kvkeep", (json_t *)ext);
+	json_t *msg = json_pack("{s:s, s:s, s:s, s:s, s:O, s:s, s:o, s:o}", "id", a->id, "type", "message", "role",
+				"assistant", "model", a->model, "content", a->blocks, "stop_reason", stop_reason,
+				"stop_sequence", stop_sequence ? json_string(stop_sequence) : json_null(), "usage",
+				usage);
+	char *s = msg ? json_dumps(msg, DUMP_FLAGS) : NULL;
+	json_decref(msg);
+	if (len)
+		*len = s ? strlen(s) : 0;
+	return s;
+}
+
+const char *ksv_anth_stop_reason(const char *finish, int stop_hit)
+{
+	if (stop_hit)
+		return "stop_sequence";
+	if (finish && !strcmp(finish, "length"))
+		return "max_tokens";
+	if (finish && !strcmp(finish, "tool_calls"))
+		return "tool_use";
+	return "end_turn";
+}
+
+static const char *error_type(int status)
+{
+	switch (status) {
+	case 400: return "invalid_request_error";
+	case 401: return "authentication_error";
+	case 403: return "permission_error";
+	case 404: return "not_found_error";
+	case 413: return "request_too_large";
+	case 429: return "rate_limit_error";
+	case 503: return "overloaded_error";
+	default: return status >= 500 ? "api_error" : "invalid_request_error";
+	}
+}
+
+static json_t *error_json(int status, const char *message)
+{
+	return json_pack("{s:s, s:{s:s, s:o}}", "type", "error", "error", "type", error_type(status), "message",
+			 ksv_json_text(message ? message : "", message ? strlen(message) : 0));
+}
+
+char *ksv_anth_error(int status, const char *message, size_t *len)
+{
+	json_t *j = error_json(status, message);
+	char *s = j ? json_dumps(j, DUMP_FLAGS) : NULL;
+	json_decref(j);
+	if (len)
+		*len = s ? strlen(s) : 0;
+	return s;
+}
+
+void ksv_anth_sse_error(int status, const char *message, struct kv_buf *out)
+{
+	emit(out, "error", error_json(status, message));
+}
+
+void ksv_anth_ping(struct kv_buf *out)
+{
+	emit(out, "ping", json_pack("{s:s}", "type", "ping"));
+}
+
+char *ksv_anth_count_body(int64_t n, size_t *len)
+{
+	json_t *j = json_pack("{s:I}", "input_tokens", (json_int_t)n);
+	char *s = j ? json_dumps(j, DUMP_FLAGS) : NULL;
+	json_decref(j);
+	if (len)
+		*len = s ? strlen(s) : 0;
+	return s;
+}

@@ -1,0 +1,197 @@
+/*
+ * dashboard.c - see dashboard.h.
+ *
+ * The page is embedded with the assembler's .incbin (the build runs from
+ * the repository root; the Makefile makes this object depend on the HTML
+ * file), so the binary serves exactly the file in the tree.
+ */
+#include "server/dashboard.h"
+#include "server/server_int.h"
+#include "server/recent.h"
+#include "session/registry.h"
+#include "base/clock.h"
+#include "base/hash.h"
+#include "base/mem.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+__asm__(".section .rodata\n"
+	".global ksv_dash_html\n"
+	".type ksv_dash_html, @object\n"
+	".balign 16\n"
+	"ksv_dash_html:\n"
+	".incbin \"src/server/dashboard.html\"\n"
+	".global ksv_dash_html_end\n"
+	"ksv_dash_html_end:\n"
+	".byte 0\n"
+	".previous\n");
+extern const char ksv_dash_html[], ksv_dash_html_end[];
+
+const char *ksv_dashboard_page(size_t *len)
+{
+	*len = (size_t)(ksv_dash_html_end - ksv_dash_html);
+	return ksv_dash_html;
+}
+
+void ksv_dashboard_handle_page(struct ksv_server *s, struct ksv_conn *c)
+{
+	(void)s;
+	size_t n;
+	const char *p = ksv_dashboard_page(&n);
+	ksv_conn_header(c, "Cache-Control", "no-store");
+	ksv_conn_reply(c, 200, "text/html; charset=utf-8", p, n);
+}
+
+/* MemTotal and MemAvailable of /proc/meminfo, bytes (0 when unknown). */
+static void meminfo(uint64_t *total, uint64_t *avail)
+{
+	*total = *avail = 0;
+	FILE *f = fopen("/proc/meminfo", "r");
+	if (!f)
+		return;
+	char line[128];
+	unsigned long long kb;
+	while (fgets(line, sizeof line, f)) {
+		if (sscanf(line, "MemTotal: %llu kB", &kb) == 1)
+			*total = kb * 1024;
+		else if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+			*avail = kb * 1024;
+	}
+	fclose(f);
+}
+
+#define MAX_LIST 256
+
+struct totals {
+	uint64_t ram, disk, disk_cap, evictions, disk_writes, dirty;
+	double write_bps;
+	int have_disk;
+};
+
+/* One namespace's row and entries into the JSON; adds to the totals. */
+static void add_ns(const char *name, const struct kss_tier *t, json_t *nss, json_t *ents,
+		   struct totals *tot, struct kc_entry_info *ebuf, struct ks_entry_info *dbuf)
+{
+	struct kc_stats cs;
+	kc_cache_stats(t->cache, &cs);
+	tot->ram += cs.bytes_in_use;
+	tot->evictions += cs.evictions;
+	tot->dirty += kc_cache_dirty_count(t->cache);
+	json_t *row = json_pack("{s:s, s:I, s:I, s:I}", "name", name, "entries", (json_int_t)cs.entries, "ram_bytes",
+				(json_int_t)cs.bytes_in_use, "budget_bytes", (json_int_t)cs.cap_bytes);
+	size_t n = kc_cache_list(t->cache, ebuf, MAX_LIST);
+	for (size_t i = 0; i < n && i < MAX_LIST; i++) {
+		json_t *ck = json_array();
+		for (uint32_t k = 0; k < ebuf[i].n_ckpt; k++)
+			json_array_append_new(ck, json_integer(ebuf[i].ckpt[k]));
+		json_array_append_new(ents, json_pack("{s:s, s:I, s:I, s:I, s:o, s:I, s:s, s:I}", "ns", name, "id",
+						      (json_int_t)ebuf[i].id, "tokens", (json_int_t)ebuf[i].tokens,
+						      "anchor", (json_int_t)ebuf[i].anchor, "checkpoints", ck,
+						      "last_use_ms", (json_int_t)ebuf[i].last_use_ms, "where",
+						      t->store && !ebuf[i].dirty ? "ram+disk" : "ram", "bytes",
+						      (json_int_t)ebuf[i].bytes));
+	}
+	if (t->store) {
+		struct ks_stats ds;
+		ks_store_stats(t->store, &ds);
+		uint64_t db = ds.bytes[0] + ds.bytes[1];
+		tot->disk += db;
+		tot->disk_cap = ds.cap_bytes > tot->disk_cap ? ds.cap_bytes : tot->disk_cap;
+		tot->have_disk = 1;
+		for (int k = 0; k < KS_KIND__END; k++)
+			tot->disk_writes += ds.written[k];
+		if (ds.write_bps > tot->write_bps)
+			tot->write_bps = ds.write_bps;
+		json_object_set_new(row, "disk_bytes", json_integer((json_int_t)db));
+		/* entries only on disk: not (or no longer) in RAM */
+		size_t m = ks_store_list_entries(t->store, dbuf, MAX_LIST);
+		for (size_t i = 0; i < m && i < MAX_LIST; i++) {
+			int in_ram = 0;
+			for (size_t j = 0; j < n && j < MAX_LIST && !in_ram; j++)
+				in_ram = ebuf[j].tokens == dbuf[i].tokens && !ebuf[j].dirty;
+			if (in_ram)
+				continue;
+			json_array_append_new(ents, json_pack("{s:s, s:n, s:I, s:I, s:[], s:I, s:s, s:I}", "ns", name, "id",
+							      "tokens", (json_int_t)dbuf[i].tokens, "anchor",
+							      (json_int_t)dbuf[i].anchor, "checkpoints", "last_use_ms",
+							      (json_int_t)dbuf[i].last_use_ms, "where", "disk", "bytes",
+							      (json_int_t)dbuf[i].bytes));
+		}
+	} else {
+		json_object_set_new(row, "disk_bytes", json_null());
+	}
+	json_array_append_new(nss, row);
+}
+
+struct each_ctx {
+	json_t *nss, *ents;
+	struct totals *tot;
+	struct kc_entry_info *ebuf;
+	struct ks_entry_info *dbuf;
+};
+
+/* kss_registry_each: one namespace (the registry is locked). A salted
+ * namespace is named by a short hash of its namespace id: the salt is a
+ * secret of its clients and never shown. */
+static void each_ns(void *ctx, const struct kss_tier *t, struct kv_h128 ns, int salted)
+{
+	struct each_ctx *e = ctx;
+	char name[32];
+	if (salted)
+		snprintf(name, sizeof name, "salt:%08llx", (unsigned long long)(ns.lo >> 32));
+	else
+		snprintf(name, sizeof name, "default");
+	add_ns(name, t, e->nss, e->ents, e->tot, e->ebuf, e->dbuf);
+}
+
+void ksv_dashboard_handle_state(struct ksv_server *s, struct ksv_conn *c)
+{
+	struct kc_entry_info *ebuf = malloc(MAX_LIST * sizeof *ebuf);
+	struct ks_entry_info *dbuf = malloc(MAX_LIST * sizeof *dbuf);
+	if (!ebuf || !dbuf) {
+		free(ebuf);
+		free(dbuf);
+		ksv_reply_error(s, c, 500, NULL, "out of memory");
+		return;
+	}
+	json_t *j = json_object(), *nss = json_array(), *ents = json_array();
+	struct totals tot = {0};
+	struct each_ctx ec = {nss, ents, &tot, ebuf, dbuf};
+	kss_registry_each(s->reg, each_ns, &ec);
+	free(ebuf);
+	free(dbuf);
+	uint64_t mt, ma;
+	meminfo(&mt, &ma);
+	json_object_set_new(j, "model", json_string(s->model_name));
+	json_object_set_new(j, "time_ms", json_integer(kv_wall_ms()));
+	json_object_set_new(j, "uptime_s", json_integer(kv_wall_s() - s->created));
+	json_t *m = json_object();
+	json_object_set_new(m, "ram_cache_bytes", json_integer((json_int_t)tot.ram));
+	json_object_set_new(m, "ram_budget_bytes", json_integer((json_int_t)s->budget_total));
+	json_object_set_new(m, "disk_bytes", tot.have_disk ? json_integer((json_int_t)tot.disk) : json_null());
+	json_object_set_new(m, "disk_cap_bytes", tot.have_disk ? json_integer((json_int_t)tot.disk_cap) : json_null());
+	json_object_set_new(m, "weights_bytes", json_integer((json_int_t)kv_mem_used(KV_MEM_WEIGHTS)));
+	json_object_set_new(m, "process_bytes", json_integer((json_int_t)kv_mem_total()));
+	json_object_set_new(m, "mem_cap_bytes", json_integer((json_int_t)s->mem_cap));
+	json_object_set_new(m, "ram_total_bytes", json_integer((json_int_t)mt));
+	json_object_set_new(m, "free_bytes", json_integer((json_int_t)ma));
+	json_object_set_new(j, "memory", m);
+	json_object_set_new(j, "namespaces", nss);
+	json_object_set_new(j, "entries", ents);
+	ksv_recent_json(s->recent, j);
+	json_t *cn = json_object_get(j, "counters");
+	json_object_set_new(cn, "evictions", json_integer((json_int_t)tot.evictions));
+	json_object_set_new(cn, "disk_writes", json_integer((json_int_t)tot.disk_writes));
+	/* the shutdown flush's share of its budget if SIGTERM came now: what
+	 * the write-behind has not taken yet, at the observed write rate */
+	double avg = 0;
+	if (tot.have_disk && tot.disk_writes)
+		avg = (double)tot.disk / (double)tot.disk_writes;
+	double budget = ks_store_budget_parse(getenv("KVKEEP_SHUTDOWN_BUDGET"));
+	double use = tot.write_bps > 0 && budget > 0 ? (double)tot.dirty * avg / tot.write_bps / budget : 0;
+	json_object_set_new(cn, "flush_budget_use", json_real(use));
+	json_object_set_new(cn, "dirty_objects", json_integer((json_int_t)tot.dirty));
+	ksv_reply_json(c, 200, j);
+}

@@ -1,0 +1,141 @@
+// dashboard.mjs - the live dashboard in a real browser: a server on
+// tiny-hybrid (real Qwen3 tokenizer), three agent turns and a forced miss
+// (a tool description changes), then Debian's Chromium, driven by
+// playwright-core, opens /dashboard and the DOM is checked against what the
+// API reported: the entries table lists the stored entries with their
+// lengths, each request bar shows the cached counts the API returned, the
+// forced miss shows its reason, and the page logs no console error.
+// Screenshots (1280 px and a phone-width window) go to out/dashboard-*.png.
+// The JSON route the page reads (/v1/dashboard/state) is checked on its own
+// first. Run by tests/e2e/dashboard.sh; prints ok/FAIL lines.
+import { existsSync, mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { createRequire } from 'node:module';
+import { ROOT, check, assert, eq, mkModel, startServer, postJSON, fail } from './server_util.mjs';
+
+const T = 'dashboard';
+const require = createRequire(import.meta.url);
+const pwPath = join(ROOT, 'tests/node/node_modules/playwright-core');
+const CHROMIUM = process.env.KVKEEP_CHROMIUM || '/usr/bin/chromium';
+if (!existsSync(pwPath)) { fail(`${T}:npm`, 'tests/node/node_modules/playwright-core is missing (run make npm)'); process.exit(1); }
+if (!existsSync(CHROMIUM)) { fail(`${T}:chromium`, `${CHROMIUM} is missing (apt-get install chromium)`); process.exit(1); }
+const { chromium } = require(pwPath);
+
+const model = mkModel('tiny-hybrid', 'hybrid-dash', true);
+const S = await startServer(model, ['--served-model-name', 'tiny', '--page-tokens', '16']);
+const OUT = join(ROOT, 'out');
+mkdirSync(OUT, { recursive: true });
+
+const SYSTEM = 'You are a coding agent. Use the tools. '.repeat(12);
+const tool = (name, description) => ({ type: 'function', function: { name, description, parameters: { type: 'object', properties: { path: { type: 'string' } } } } });
+const TOOLS = [tool('read_file', 'Read a file.'), tool('list_dir', 'List a folder.')];
+const messages = [{ role: 'system', content: SYSTEM }, { role: 'user', content: 'What is in src?' }];
+const api = [];
+
+async function chat(msgs, tools) {
+  const r = await postJSON(S, '/v1/chat/completions', { model: 'tiny', messages: msgs, tools, max_tokens: 6, temperature: 0 });
+  assert(r.status === 200, `chat status ${r.status}: ${r.text.slice(0, 200)}`);
+  api.push({ prompt: r.json.usage.prompt_tokens, cached: r.json.usage.prompt_tokens_details.cached_tokens });
+  return r.json;
+}
+
+await check(`${T}:three_turns_and_a_forced_miss`, async () => {
+  for (let t = 0; t < 3; t++) {
+    const r = await chat(messages, TOOLS);
+    messages.push({ role: 'assistant', content: r.choices[0].message.content || '' });
+    messages.push({ role: 'user', content: `turn ${t + 2}: go on` });
+  }
+  assert(api[1].cached > 0 && api[2].cached > api[1].cached, `cached grows: ${api.map((a) => a.cached)}`);
+  // the same conversation with the second tool's description changed
+  await chat(messages, [TOOLS[0], tool('list_dir', 'List the entries of a folder.')]);
+});
+
+let state = null;
+await check(`${T}:state_route`, async () => {
+  const r = await fetch(S.url('/v1/dashboard/state'));
+  eq(r.status, 200, 'status');
+  state = await r.json();
+  eq(state.model, 'tiny', 'model');
+  for (const k of ['ram_cache_bytes', 'ram_budget_bytes', 'weights_bytes', 'free_bytes', 'ram_total_bytes', 'disk_bytes', 'disk_cap_bytes'])
+    assert(Number.isInteger(state.memory[k]), `memory.${k} ${state.memory[k]}`);
+  assert(state.memory.ram_cache_bytes > 0 && state.memory.ram_cache_bytes <= state.memory.ram_budget_bytes, 'RAM within budget');
+  eq(state.namespaces.length, 1, 'one namespace');
+  eq(state.namespaces[0].name, 'default', 'namespace name');
+  const info = await (await fetch(S.url('/v1/cache/info'))).json();
+  const ram = state.entries.filter((e) => e.where !== 'disk');
+  eq(ram.length, state.namespaces[0].entries, 'entries listed = entries counted');
+  assert(ram.length > 0, 'entries stored');
+  for (const e of state.entries) {
+    assert(Number.isInteger(e.tokens) && e.tokens > 0, 'tokens');
+    assert(e.anchor === 0 || e.anchor <= e.tokens, 'anchor inside');
+    for (const c of e.checkpoints) assert(c > 0 && c <= e.tokens, 'checkpoint inside');
+  }
+  const longest = Math.max(...ram.map((e) => e.tokens));
+  assert(longest >= api[3].prompt, `an entry covers the last prompt (${longest} >= ${api[3].prompt})`);
+  eq(state.requests.length, 4, 'four requests');
+  state.requests.forEach((q, i) => {
+    eq(q.prompt_tokens, api[i].prompt, `request ${i} prompt tokens`);
+    eq(q.cached_ram + q.cached_disk, api[i].cached, `request ${i} cached`);
+    eq(q.computed, q.prompt_tokens - api[i].cached, `request ${i} computed`);
+  });
+  const miss = state.requests[3].miss;
+  assert(miss && miss.role === 'system' && miss.tool === 1, `forced miss explained: ${JSON.stringify(miss)}`);
+  assert(state.counters.prompt_tokens === api.reduce((a, b) => a + b.prompt, 0), 'counters');
+  assert(typeof info === 'object', 'cache info answers');
+});
+
+await check(`${T}:browser_dom`, async () => {
+  const browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  });
+  try {
+    const errors = [];
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+    page.on('pageerror', (e) => errors.push(String(e)));
+    await page.goto(S.url('/dashboard'));
+    await page.waitForFunction(() => document.querySelectorAll('#requests .req').length === 4, null, { timeout: 20000 });
+    await page.waitForFunction(() => document.querySelectorAll('#entries tr.entry').length > 0, null, { timeout: 20000 });
+    // entries: the table lists the stored entries with their lengths
+    const rows = await page.$$eval('#entries tr.entry', (trs) => trs.map((t) => Number(t.dataset.tokens)).sort((a, b) => a - b));
+    const want = state.entries.map((e) => e.tokens).sort((a, b) => a - b);
+    eq(JSON.stringify(rows), JSON.stringify(want), 'entry lengths in the table');
+    // request bars: the cached counts the API reported, oldest at the bottom
+    const reqs = await page.$$eval('#requests .req', (ds) => ds.map((d) => ({
+      prompt: Number(d.dataset.prompt), cached: Number(d.dataset.cachedRam) + Number(d.dataset.cachedDisk),
+      computed: Number(d.dataset.computed), why: (d.querySelector('.miss-reason') || {}).textContent || '' })).reverse());
+    reqs.forEach((q, i) => {
+      eq(q.prompt, api[i].prompt, `bar ${i} prompt`);
+      eq(q.cached, api[i].cached, `bar ${i} cached`);
+      eq(q.computed, api[i].prompt - api[i].cached, `bar ${i} computed`);
+    });
+    assert(/message 0 \(system\), tool 1 changed/.test(reqs[3].why), `forced miss reason on the page: "${reqs[3].why}"`);
+    // sorting by tokens, ascending after two clicks
+    await page.click('#entries th[data-key="tokens"]');
+    await page.click('#entries th[data-key="tokens"]');
+    const asc = await page.$$eval('#entries tr.entry', (trs) => trs.map((t) => Number(t.dataset.tokens)));
+    eq(JSON.stringify(asc), JSON.stringify([...asc].sort((a, b) => a - b)), 'sorted ascending');
+    await page.waitForTimeout(1500); // a second reading draws the rate charts
+    await page.screenshot({ path: join(OUT, 'dashboard-1280.png'), fullPage: true });
+    await page.setViewportSize({ width: 390, height: 844 });
+    await page.waitForTimeout(300);
+    const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    assert(overflow <= 1, `no horizontal page overflow at phone width (${overflow}px)`);
+    await page.screenshot({ path: join(OUT, 'dashboard-390.png'), fullPage: true });
+    eq(errors.length, 0, `console errors: ${errors.join(' | ')}`);
+  } finally {
+    await browser.close();
+  }
+}, 90000);
+
+await check(`${T}:root_serves_the_page_to_browsers`, async () => {
+  const html = await fetch(S.url('/'), { headers: { accept: 'text/html,application/xhtml+xml' } });
+  eq(html.status, 200, 'status');
+  assert((html.headers.get('content-type') || '').startsWith('text/html'), 'html');
+  const j = await fetch(S.url('/'));
+  assert((j.headers.get('content-type') || '').startsWith('application/json'), 'json for API clients');
+});
+
+await S.stop();
