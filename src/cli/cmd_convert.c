@@ -11,9 +11,18 @@
 #include <stdio.h>
 #include <string.h>
 
+int cmd_convert_mlx(int argc, char **argv); /* cmd_convert_mlx.c */
+
 static int cmd_convert(int argc, char **argv)
 {
-	const char *usage = "usage: kvkeep convert --model HF_DIR --out FILE.gguf [--type TYPE]";
+	/* --mlx-bits: an MLX quantized folder instead of a GGUF file (the
+	 * flags of `kvkeep convert-mlx`, which is the same command) */
+	for (int i = 1; i < argc; i++)
+		if (!strncmp(argv[i], "--mlx-bits", 10))
+			return cmd_convert_mlx(argc, argv);
+	const char *usage = "usage: kvkeep convert --model HF_DIR --out FILE.gguf [--type TYPE]\n"
+			    "       kvkeep convert --model HF_DIR --out DIR --mlx-bits 4|8 [--group-size 64] "
+			    "(an MLX folder: see kvkeep convert-mlx --help)";
 	const char *model = NULL, *out = NULL, *type = "f16";
 	int no_sync = 0;
 	const struct kv_flag flags[] = {
@@ -48,5 +57,6 @@ static int cmd_convert(int argc, char **argv)
 	       (unsigned long long)bytes);
 	return 0;
 }
-KV_COMMAND(convert, "convert", "write a GGUF file from a Hugging Face folder (f16, bf16, q8_0, q4_k_m, ...)",
+KV_COMMAND(convert, "convert",
+	   "write a GGUF file (f16, bf16, q8_0, q4_k_m, ...) or, with --mlx-bits, an MLX folder from a Hugging Face folder",
 	   cmd_convert);

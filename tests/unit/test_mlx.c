@@ -593,5 +593,19 @@ KT_CASE(namespace_has_format)
 	KT_CHECK(!memcmp(&fa, &fd, sizeof fa));
 }
 
-KT_MAIN(packing_round_trip, kernels_bit_identical, quant_config, load_errors, model_chunk_invariance,
+/* `kvkeep convert --mlx-bits` writes the same folder as `convert-mlx`. */
+KT_CASE(convert_command_mlx_bits)
+{
+	char a[1200];
+	KT_OK(convert("tiny-dense", "lib8", 8, 64, a, sizeof a));
+	const char *hf = a; /* convert() left the float folder beside it */
+	char src[1200], out[1200];
+	snprintf(src, sizeof src, "%s/tiny-dense-hf", kt_tmpdir());
+	snprintf(out, sizeof out, "%s/cli8", kt_tmpdir());
+	KT_EQ_INT(kt_sh("%s convert --model %s --out %s --mlx-bits 8 --group-size 64 --no-sync >/dev/null", kt_bin(), src, out), 0);
+	KT_EQ_INT(kt_sh("cmp -s %s/model.safetensors %s/model.safetensors", hf, out), 0);
+	KT_CHECK(kt_sh("%s convert --model %s --out %s/bad --mlx-bits 5 --no-sync >/dev/null 2>&1", kt_bin(), src, kt_tmpdir()) != 0);
+}
+
+KT_MAIN(convert_command_mlx_bits, packing_round_trip, kernels_bit_identical, quant_config, load_errors, model_chunk_invariance,
 	mixed_overrides, namespace_has_format)
