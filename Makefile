@@ -1,4 +1,4 @@
-# kvkeep - one Makefile, named variants (STYLE.md 13).
+# kvkeep - one Makefile, named variants (docs/style.md).
 #
 #   make            release binary build/kvkeep (-O2, warnings are errors)
 #   make test       build everything, run every test, print "N passed, N failed"

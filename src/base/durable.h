@@ -1,7 +1,7 @@
 /*
  * durable.h - atomic, durable file writes.
  *
- * Protocol (DESIGN.md 7): create "<final>.tmp.<pid>.<n>" in the same folder
+ * Protocol (docs/persistence.md): create "<final>.tmp.<pid>.<n>" in the same folder
  * with O_EXCL and mode 0600 -> write everything -> fdatasync -> close ->
  * rename onto the final name -> fsync the folder (unless the caller batches
  * folder syncs with KV_DW_NO_DIRSYNC and calls kv_io_fsync_dir itself).

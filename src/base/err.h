@@ -52,7 +52,7 @@ int kv_fail_ctx(int err, const char *fmt, ...) __attribute__((format(printf, 2, 
 void kv_errclear(void);
 
 /*
- * Corruption is reported where it is found (STYLE.md 5): logs the source
+ * Corruption is reported where it is found (docs/style.md): logs the source
  * file and line, the data file and the byte offset, counts it, records the
  * message, and evaluates to KV_ERR_CORRUPT.
  *     if (n > len) return KV_CORRUPT(path, off, "length %zu past end", n);

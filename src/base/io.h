@@ -1,5 +1,5 @@
 /*
- * io.h - all file I/O goes through this table (STYLE.md 10).
+ * io.h - all file I/O goes through this table (docs/style.md).
  *
  * The default table calls the system. Tests swap single entries
  * (kv_io_set_ops) or, more often, arm a fault plan (kv_io_fault_set) that

@@ -1,5 +1,5 @@
 /*
- * mem.h - the accounting allocator (STYLE.md 9).
+ * mem.h - the accounting allocator (docs/style.md).
  *
  * Memory that the budget or /metrics counts goes through here, tagged with
  * a category. Every block is 64-byte aligned (AVX-512 friendly) and carries

@@ -1,7 +1,7 @@
 /*
  * pages.h - a pool of fixed-size, refcounted pages.
  *
- * KV lives in pages of B tokens (DESIGN.md 4). A page is shared by
+ * KV lives in pages of B tokens (docs/cache.md). A page is shared by
  * reference between live sequences and the prefix cache: whoever holds a
  * pointer holds a reference. A page with more than one reference is
  * immutable (only its single owner may write it); a full page is

@@ -1,7 +1,7 @@
 /*
- * budget.h - how many bytes the RAM prefix cache may hold (DESIGN.md 6).
+ * budget.h - how many bytes the RAM prefix cache may hold (docs/cache.md).
  *
- * The budget is a pure function of its inputs so the seeds' numbers are
+ * The budget is a pure function of its inputs so the numbers of docs/cache.md are
  * testable without touching the machine. First match wins:
  *
  *   1. KVKEEP_PREFIX_CACHE_MAX_BYTES: a decimal byte count, used as is

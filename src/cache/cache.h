@@ -2,7 +2,7 @@
  * cache.h - the RAM prefix cache: lookup of resume points, storage of
  * entries, byte budget, LRU eviction, admission, counters, and the hooks
  * the disk tier uses. Engine-agnostic: it moves bytes according to a
- * struct ke_layout and never interprets them (DESIGN.md 3-6). The objects
+ * struct ke_layout and never interprets them (docs/cache.md). The objects
  * and the tree are drawn in index.h.
  *
  * Threads. Every function here takes the cache's mutex, so the scheduler
@@ -20,7 +20,7 @@
  *            shared prefix the lookup "snaps" (counted, and logged as
  *            "LCP snapped to checkpoint: shared=S entry_len=E resumed_at=P").
  *
- * Eviction (DESIGN.md 6). Entries are evicted LRU-first; a lookup that
+ * Eviction (docs/cache.md). Entries are evicted LRU-first; a lookup that
  * uses an entry's end (or, dense, all of its KV) makes it most recently
  * used, storing an entry does too. Budget pressure first takes "leaf"
  * entries (unpinned, and their end is not shared, so evicting them frees

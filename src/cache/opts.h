@@ -3,7 +3,7 @@
  * into kc_params: the one place `kvkeep serve`, `kvkeep bench cache` and
  * tests resolve them, so every command means the same by each flag.
  *
- * Flags (names kept from the reference system; cli/ declares them as
+ * Flags (names operators of other local servers know; cli/ declares them as
  * struct kv_flag entries pointing into struct kc_opts):
  *   --enable-prefix-cache / --disable-prefix-cache   (enabled by default)
  *   --prefix-cache-index radix|hash                  (radix)

@@ -1,6 +1,6 @@
 /*
  * policy.h - the storage policy: where prefill stops for snapshots and
- * what an entry keeps (DESIGN.md 5, the seeds' rules). Pure functions, no
+ * what an entry keeps (docs/cache.md, the storage rules). Pure functions, no
  * cache or engine needed, so every rule is testable with plain numbers.
  *
  * Vocabulary. A request has a prompt of n tokens, message boundaries

@@ -24,12 +24,12 @@
  *   5. the files that restore read, page cache dropped again, read in
  *      order with plain read() into one buffer -> sequential bandwidth;
  *      restore_bw_ratio = restore / sequential; restore_vs_bound = restore
- *      time / (bytes / sequential bandwidth) (DESIGN.md 1: at most 1.25).
+ *      time / (bytes / sequential bandwidth) (the restore target: at most 1.25).
  *      The same read into fresh memory is reported too: on virtual
  *      machines where page faults are costly it shows how much of the gap
  *      is the memory, not the disk;
  *   6. a live turn 2 on the restored session: the disk check, lookup and
- *      restore overhead in ms (DESIGN.md 1: under 5 ms).
+ *      restore overhead in ms (the restore target: under 5 ms).
  * With --json the summary is one JSON object on stdout (restore_bw_ratio,
  * flush_bw_ratio, replay_ttft_s, cold_ttft_s and the rest), the table goes
  * to stderr. Numbers are wall-clock on this machine: run it on an idle

@@ -1,7 +1,7 @@
 /*
  * attn.h - causal GQA attention of a chunk of queries over paged KV.
  *
- * Numerics (batch invariance, DESIGN.md 8): each (query token, KV head)
+ * Numerics (batch invariance, docs/engine.md): each (query token, KV head)
  * pair is computed on its own, over keys 0..pos in blocks of KE_ATTN_BLOCK
  * keys aligned to absolute positions (0, 64, 128, ...), so its result does
  * not depend on which chunk the query came in, on the page size, or on

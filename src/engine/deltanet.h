@@ -1,6 +1,6 @@
 /*
  * deltanet.h - the Gated DeltaNet kernels: causal depthwise conv step and
- * the delta rule, one token at a time (exact; DESIGN.md 8).
+ * the delta rule, one token at a time (exact; docs/engine.md).
  *
  * Conv state layout (the snapshot format of layout.h): [C][K-1] f32, per
  * channel the last K-1 inputs, oldest first. (Hugging Face keeps K

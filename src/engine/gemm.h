@@ -6,7 +6,7 @@
  *                                              (nn.Linear layout: output n
  *                                              reads row n)
  *
- * Numerics (the contract every path keeps, DESIGN.md 8): each output is
+ * Numerics (the contract every path keeps, docs/engine.md): each output is
  * reduced in one fixed order that depends only on K, never on M, N, the
  * tile it was computed in, the thread that computed it or the CPU path:
  *   1. 16 lane accumulators a[0..15] start at +0;

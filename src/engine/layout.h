@@ -3,7 +3,7 @@
  *
  * The engine fills one ke_layout per loaded model; the prefix cache and
  * the disk tier move bytes according to it and never interpret them
- * beyond it (DESIGN.md 4), so another engine with the same kind of state
+ * beyond it (docs/cache.md), so another engine with the same kind of state
  * can be served by the same cache.
  *
  * KV page (B = page_tokens tokens, all attention layers):

@@ -11,7 +11,7 @@
  *          + sigmoid(h . w_shared_gate) * shared_down(silu(shared_gate h) * shared_up h)
  *   x     += y
  *
- * Batch invariance (DESIGN.md 8): every quantity above is computed per
+ * Batch invariance (docs/engine.md): every quantity above is computed per
  * token by kernels whose result does not depend on how many other tokens
  * share the call (ke_gemm rows), and a token's y is summed in one fixed
  * order: its selected experts by ascending expert id (the order of

@@ -1,7 +1,7 @@
 /*
  * safetensors.h - reader (mmap) and writer of the safetensors format.
  *
- * Format, as read here (MODELS.md):
+ * Format, as read here (docs/models.md):
  *   u64 LE  N                 header length, 2 <= N <= KV_ST_MAX_HEADER
  *   N bytes JSON object       { "__metadata__": {str: str, ...}?,
  *                               "<name>": {"dtype": "BF16",

@@ -97,7 +97,7 @@ struct kv_chat_opts {
  * every later message before the generation prompt. The tokens of
  * render(messages[:k]) are an exact prefix of `tokens` at each boundary.
  * first_is_system marks boundary[0] when it ends system + tools (the
- * anchor of DESIGN.md section 5).
+ * anchor of docs/cache.md).
  */
 struct kv_chat_render {
 	char *text;            /* malloc'd rendered prompt */

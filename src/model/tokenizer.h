@@ -1,7 +1,7 @@
 /*
  * tokenizer.h - byte-level BPE tokenizer loaded from tokenizer.json.
  *
- * Pipeline of encode (MODELS.md):
+ * Pipeline of encode (docs/models.md):
  *   1. split out added tokens (longest match first; with allow_special = 0
  *      only the non-special added tokens are split out, special literals
  *      are encoded as ordinary text);

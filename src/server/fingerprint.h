@@ -3,7 +3,7 @@
  *
  * Cached KV is only valid for the exact model, tokenizer, template,
  * weights and numerics that computed it, so the cache namespace (h_{-1} of
- * every chain hash, DESIGN.md 4) is derived from all of them:
+ * every chain hash, docs/cache.md) is derived from all of them:
  *
  *   XXH3_128( "kvkeep-ns-2|" KE_NUMERICS_VERSION "|" kv_dtype "|B=" page_tokens "|"
  *             then, for each of config.json, tokenizer.json,

@@ -1,7 +1,7 @@
 /*
  * gen.c - a generation request, from its body to its answer (see server.h).
  *
- * A generation request, end to end (DESIGN.md 3):
+ * A generation request, end to end (docs/architecture.md):
  *
  *   connection thread (handler)            engine worker (sched.h)
  *   ---------------------------            -----------------------

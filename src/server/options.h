@@ -4,7 +4,7 @@
  * The command line (src/cli/cmd_serve.c) fills it from flags; the
  * environment variables are read here (ksv_opts_env) so the server and
  * the tests see the same rules. Defaults come from ksv_opts_default().
- * Flags and variables keep the reference system's names (DESIGN.md 6, 9);
+ * Flags and variables keep the names operators of other local servers know (docs/operations.md);
  * docs/operations.md lists them all.
  *
  * String fields are borrowed (argv or getenv): they must outlive the
@@ -25,7 +25,7 @@ struct ksv_opts {
 	int64_t port;                     /* --port, default 8000 (0: any free port) */
 	const char *served_model_name;    /* --served-model-name, default: the folder's name */
 
-	/* prefix cache, RAM tier (DESIGN.md 4-6) */
+	/* prefix cache, RAM tier (docs/cache.md) */
 	int prefix_cache;                 /* --enable-prefix-cache (default) / --disable-prefix-cache */
 	const char *prefix_cache_index;   /* --prefix-cache-index radix|hash, default radix */
 	int64_t prefix_cache_size;        /* --prefix-cache-size N: legacy count mode; -1 = off (default) */
@@ -38,7 +38,7 @@ struct ksv_opts {
 	const char *env_checkpoint_stride;      /* KVKEEP_HYBRID_CHECKPOINT_STRIDE (2048) */
 	const char *env_checkpoint_max;         /* KVKEEP_HYBRID_CHECKPOINT_MAX (4) */
 
-	/* disk tier: reserved for the disk-tier work (not read yet) */
+	/* disk tier (store/store.h, docs/persistence.md) */
 	const char *cache_dir;            /* --cache-dir; KVKEEP_CACHE_DIR */
 	int64_t disk_cache_max_mb;        /* --disk-cache-max-mb; -1 = 10% of the filesystem */
 	int64_t disk_cache_max_files;     /* --disk-cache-max-files; -1 = KS_MAX_FILES_DEFAULT (100K) */

@@ -712,7 +712,7 @@ static uint64_t cache_mem_used(void *ctx)
 }
 
 /*
- * The disk tier (DESIGN.md 7), unless the prefix cache is off. A folder
+ * The disk tier (docs/persistence.md), unless the prefix cache is off. A folder
  * that cannot be resolved or opened leaves the server without one (one
  * log line); a folder that cannot be written gives a read-only one.
  */

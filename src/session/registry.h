@@ -4,7 +4,7 @@
  * tier, with one shared byte budget.
  *
  * The namespace of the cache is the model fingerprint plus a salt
- * (DESIGN.md 4, store/ns.h). The server's own salt (--cache-salt) names
+ * (docs/cache.md, store/ns.h). The server's own salt (--cache-salt) names
  * the default namespace. With --allow-request-salt a request may carry a
  * "cache_salt" string: requests with the same salt share a namespace of
  * their own - a RAM cache and a disk folder that no other salt reads -

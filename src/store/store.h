@@ -1,5 +1,5 @@
 /*
- * store.h - the persistent disk tier of the prefix cache (DESIGN.md 7).
+ * store.h - the persistent disk tier of the prefix cache (docs/persistence.md).
  *
  * One store serves one namespace (ns.h) of one cache folder (dir.h). It
  * moves the RAM cache's objects (cache/cache.h) to disk and back:

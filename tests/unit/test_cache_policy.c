@@ -1,6 +1,6 @@
 /*
- * test_cache_policy.c - the storage policy and the budget, with the seeds'
- * numbers (shared/seeds, DESIGN.md 5-6). No engine: sessions run through
+ * test_cache_policy.c - the storage policy and the budget, with the figures of docs/cache.md
+ * numbers (docs/cache.md). No engine: sessions run through
  * kc_turn with fake pages and snapshots whose bytes follow the tokens.
  */
 #include "kt.h"
@@ -195,7 +195,7 @@ KT_CASE(rule_64_tokens_and_completion)
 	KT_EQ_INT(kc_policy_store_completion(&p, 101, 100), 1);
 }
 
-/* --- entry size: the seeds' 958 MiB ------------------------------------------ */
+/* --- entry size: the 958 MiB of a 23K-token 9B entry ------------------------------------------ */
 
 /* Qwen3.5-9B geometry: 8 attention layers, 4 KV heads, head_dim 256, bf16;
  * 24 DeltaNet layers, Hv 32, dk = dv = 128, conv_dim 8192, K 4. */
@@ -240,9 +240,9 @@ KT_CASE(entry_size_9b_geometry)
 	KT_EQ_U64(L.snapshot_bytes, 52690944);       /* 24 x (2 MiB S + 96 KiB conv) */
 	kv = 22800ull * L.kv_bytes_per_token;
 	KT_CHECKF(kv / MiB == 712, "KV at 22.8K tokens %llu MiB", (unsigned long long)(kv / MiB)); /* seeds: ~712 MiB */
-	/* A 23K-token entry (the seeds' 22,819) with 4 checkpoints: 89 pages,
+	/* A 23K-token entry (22,819 tokens) with 4 checkpoints: 89 pages,
 	 * a 35-row tail, their tokens, and 5 snapshots (end + 4):
-	 * 1,011,278,988 bytes = 964.4 MiB against the seeds' "about 958 MiB"
+	 * 1,011,278,988 bytes = 964.4 MiB against the "about 958 MiB" measured on the MLX server
 	 * (their 958 counts the 4 checkpoints + states as "about 250 MiB";
 	 * here they are 251.25 MiB exactly). */
 	b = kc_policy_entry_bytes(&L, 22819, ck, 4);
@@ -521,7 +521,7 @@ static uint32_t replay_prompt(int32_t *tok, const int32_t *sess_tok)
 
 /*
  * Seeds, no anchor: stride 2048, max 4, and no message boundaries known
- * (the reference system before its fix took no boundary snapshots). The
+ * (a server without boundary snapshots). The
  * session runs three turns (22,900-token prompt, then +80 and +80 tokens,
  * 40 generated each), with --hybrid-cache-entries 1 so "the stored entry"
  * is the session's one latest entry, as in the seed.

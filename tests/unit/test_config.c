@@ -178,7 +178,7 @@ KT_CASE(qwen35_nested)
 	KT_EQ_INT(c.eos_ids[0], 248044);
 	KT_EQ_STR(c.torch_dtype, "bfloat16");
 	KT_EQ_STR(kv_config_default_prefix(&c), "model.language_model.");
-	/* The figures of MODELS.md and the seeds: 32 KiB of KV per token,
+	/* The figures of docs/models.md: 32 KiB of KV per token,
 	 * 2 MiB of delta-rule state per layer. */
 	KT_EQ_U64(kv_config_kv_bytes_per_token(&c, 2), 32768);
 	KT_EQ_U64(kv_config_recurrent_state_bytes(&c), 2097152);

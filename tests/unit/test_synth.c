@@ -624,7 +624,7 @@ KT_CASE(cli_mkmodel_and_info)
 	KT_EQ_INT(json_integer_value(json_object_get(j, "n_layers")), 32);
 	KT_EQ_INT(json_integer_value(json_object_get(j, "n_attention_layers")), 8);
 	KT_EQ_INT(json_integer_value(json_object_get(j, "n_recurrent_layers")), 24);
-	/* MODELS.md: 32 KiB of 16-bit KV per token, 2 MiB of state per layer. */
+	/* docs/models.md: 32 KiB of 16-bit KV per token, 2 MiB of state per layer. */
 	KT_EQ_INT(json_integer_value(json_object_get(j, "kv_bytes_per_token")), 32768);
 	KT_EQ_INT(json_integer_value(json_object_get(j, "recurrent_state_bytes_per_layer")), 2097152);
 	KT_EQ_INT(json_integer_value(json_object_get(j, "conv_state_bytes_per_layer")), 8192 * 3 * 4);
