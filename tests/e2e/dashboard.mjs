@@ -7,7 +7,7 @@
 // forced miss shows its reason, and the page logs no console error.
 // Screenshots (1280 px and a phone-width window) go to out/dashboard-*.png.
 // The JSON route the page reads (/v1/dashboard/state) is checked on its own
-// first. Run by tests/e2e/dashboard.sh; prints ok/FAIL lines.
+// first; with --admin-key it answers only to that key. Run by tests/e2e/dashboard.sh; prints ok/FAIL lines.
 import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { createRequire } from 'node:module';
@@ -136,6 +136,19 @@ await check(`${T}:root_serves_the_page_to_browsers`, async () => {
   assert((html.headers.get('content-type') || '').startsWith('text/html'), 'html');
   const j = await fetch(S.url('/'));
   assert((j.headers.get('content-type') || '').startsWith('application/json'), 'json for API clients');
+});
+
+await check(`${T}:admin_key_protects_the_state`, async () => {
+  const P = await startServer(model, ['--served-model-name', 'tiny', '--admin-key', 'sekret']);
+  try {
+    eq((await fetch(P.url('/v1/dashboard/state'))).status, 401, 'no key');
+    eq((await fetch(P.url('/v1/dashboard/state'), { headers: { authorization: 'Bearer wrong' } })).status, 401, 'wrong key');
+    const ok = await fetch(P.url('/v1/dashboard/state'), { headers: { authorization: 'Bearer sekret' } });
+    eq(ok.status, 200, 'admin key');
+    eq((await fetch(P.url('/dashboard'))).status, 200, 'the page itself holds no data');
+  } finally {
+    await P.stop();
+  }
 });
 
 await S.stop();
