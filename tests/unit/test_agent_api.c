@@ -62,7 +62,7 @@ KT_CASE(anthropic_claude_code_body)
 			 "\"tools\":[{\"name\":\"Bash\",\"description\":\"run\",\"input_schema\":{\"type\":\"object\"}},"
 			 "{\"type\":\"web_search_20250305\",\"name\":\"web_search\"}],"
 			 "\"tool_choice\":{\"type\":\"any\"},\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1024},"
-			 "\"stop_sequences\":[\"END\"],\"temperature\":0,\"top_k\":5,"
+			 "\"stop_sequences\":[\"END\"],\"temperature\":0,\"top_k\":5,\"presence_penalty\":0.5,\"seed\":7,"
 			 "\"metadata\":{\"user_id\":\"u\"},\"context_management\":{}}");
 	KT_REQUIRE(body);
 	json_t *chat = NULL;
@@ -90,6 +90,8 @@ KT_CASE(anthropic_claude_code_body)
 	KT_OK(chat_parses(chat, &req));
 	KT_EQ_INT(req.max_tokens, 64);
 	KT_EQ_INT((int)req.sp.v[KV_GC_TOP_K], 5);
+	KT_CHECK(req.sp.v[KV_GC_PRESENCE_PENALTY] == 0.5);
+	KT_EQ_U64(req.sp.seed, 7);
 	KT_EQ_INT(req.n_stop, 1);
 	KT_EQ_INT(req.stream, 1);
 	KT_EQ_INT(req.tool_choice, KSV_TC_REQUIRED);
