@@ -1,7 +1,10 @@
 # kvkeep - one Makefile, named variants (docs/style.md).
 #
-#   make            release binary build/kvkeep (-O2, warnings are errors)
+#   make            release binary build/kvkeep (-O2, warnings are errors); only
+#                   builds (make deps installs the packages it needs)
 #   make test       build everything, run every test, print "N passed, N failed"
+#   make unit       the C unit tests and fuzz corpora only (seconds to a few
+#                   minutes): the quick loop while changing a module
 #   make demo       generate the demo model if missing and run the agent session
 #                   (cold turn, live turns, restart, replay) with its timings
 #   make deps       install missing Debian packages (build set)
@@ -47,9 +50,9 @@ UNIT_BIN := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 REPLAY_BIN := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/tests/replay_%)
 LIB := $(BUILD)/libkvkeep.a
 
-.PHONY: all deps deps-test deps-demo npm npm-demo test tests demo debug asan ubsan tsan san-test fuzz peer clean
+.PHONY: all deps deps-test deps-demo npm npm-demo test unit tests demo debug asan ubsan tsan san-test fuzz peer clean
 
-all: deps $(BUILD)/kvkeep
+all: $(BUILD)/kvkeep
 
 deps:
 	@bash scripts/deps.sh build
@@ -95,6 +98,10 @@ tests: $(BUILD)/kvkeep $(UNIT_BIN) $(REPLAY_BIN)
 test: deps-test npm
 	@$(MAKE) --no-print-directory -j$(JOBS) tests
 	@bash tests/run.sh $(BUILD)
+
+unit: deps-test
+	@$(MAKE) --no-print-directory -j$(JOBS) tests
+	@bash tests/run.sh $(BUILD) --unit-only
 
 demo: deps-demo npm-demo
 	@$(MAKE) --no-print-directory -j$(JOBS) $(BUILD)/kvkeep

@@ -74,7 +74,6 @@ void kv_io_fault_set(const struct kv_io_fault *f)
 	pthread_mutex_unlock(&g_lock);
 }
 
-uint64_t kv_io_steps(void) { return __atomic_load_n(&g_steps, __ATOMIC_RELAXED); }
 uint64_t kv_io_faults_injected(void) { return __atomic_load_n(&g_injected, __ATOMIC_RELAXED); }
 int kv_io_crashed(void) { return __atomic_load_n(&g_crashed, __ATOMIC_RELAXED); }
 

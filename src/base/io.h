@@ -79,8 +79,6 @@ struct kv_io_fault {
 /* Arm a fault plan (copied; path_substr must outlive it). NULL disarms and
  * resets the step counter and the crashed state. */
 void kv_io_fault_set(const struct kv_io_fault *f);
-/* Mutating steps performed since the plan was armed. */
-uint64_t kv_io_steps(void);
 /* Calls failed by the plan since it was armed. */
 uint64_t kv_io_faults_injected(void);
 /* 1 after a FREEZE crash happened. */

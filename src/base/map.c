@@ -214,8 +214,3 @@ int kv_map_next(const struct kv_map *m, size_t *it, const void **key, size_t *kl
 	}
 	return 0;
 }
-
-size_t kv_map_bytes(const struct kv_map *m)
-{
-	return sizeof *m + m->cap * sizeof *m->s + m->acap;
-}

@@ -28,7 +28,5 @@ void kv_map_clear(struct kv_map *m);
 /* Iterate: start with *it = 0; returns 0 at the end. The key pointer is
  * valid until the next modification. */
 int kv_map_next(const struct kv_map *m, size_t *it, const void **key, size_t *klen, uint64_t *val);
-/* Bytes held by the map (slots + arena). */
-size_t kv_map_bytes(const struct kv_map *m);
 
 #endif

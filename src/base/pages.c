@@ -126,10 +126,3 @@ size_t kv_pages_in_use(const struct kv_pages *p)
 	pthread_mutex_unlock(&q->lock);
 	return n;
 }
-
-void kv_pages_set_max(struct kv_pages *p, size_t max_pages)
-{
-	pthread_mutex_lock(&p->lock);
-	p->max_pages = max_pages;
-	pthread_mutex_unlock(&p->lock);
-}

@@ -42,7 +42,5 @@ int kv_page_refs(const struct kv_page *pg);
 size_t kv_pages_page_bytes(const struct kv_pages *p);
 /* Pages currently referenced by someone. */
 size_t kv_pages_in_use(const struct kv_pages *p);
-/* Change the limit (0 = none). Pages in use above it stay valid. */
-void kv_pages_set_max(struct kv_pages *p, size_t max_pages);
 
 #endif

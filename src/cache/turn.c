@@ -135,17 +135,6 @@ const uint32_t *kc_turn_stops(const struct kc_turn *t, size_t *n)
 	return t->stops;
 }
 
-uint32_t kc_turn_anchor(const struct kc_turn *t)
-{
-	return t->anchor;
-}
-
-const uint32_t *kc_turn_ckpts(const struct kc_turn *t, uint32_t *n)
-{
-	*n = t->set.n;
-	return t->set.pos;
-}
-
 /* Store an entry ending at `end` with the checkpoints below it. The
  * snapshots the turn owns go to the cache (which keeps or frees them). */
 static int store(struct kc_turn *t, const int32_t *tok, uint32_t end, void *snap, struct kv_page *const *pages)

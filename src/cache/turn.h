@@ -50,10 +50,6 @@ int kc_turn_begin(struct kc_cache *c, const struct kc_turn_req *r, struct kc_tur
 const struct kc_hit *kc_turn_hit(const struct kc_turn *t);
 /* Stop points, ascending, all in (p, n]; the last one is n. */
 const uint32_t *kc_turn_stops(const struct kc_turn *t, size_t *n);
-/* The anchor position this turn protects (0 = none). */
-uint32_t kc_turn_anchor(const struct kc_turn *t);
-/* The checkpoint set as it stands (positions ascending). */
-const uint32_t *kc_turn_ckpts(const struct kc_turn *t, uint32_t *n);
 
 /*
  * The engine stands at stop `pos` (state exactly after tokens [0, pos)).

@@ -508,11 +508,6 @@ struct kv_pages *ke_model_pages(struct ke_model *m)
 	return m->pages;
 }
 
-const char *ke_model_prefix(const struct ke_model *m)
-{
-	return m->prefix;
-}
-
 uint64_t ke_model_decode_bytes(const struct ke_model *m)
 {
 	return m->decode_bytes;

@@ -56,8 +56,6 @@ const struct kv_model_config *ke_model_config(const struct ke_model *m);
 const struct ke_layout *ke_model_layout(const struct ke_model *m);
 /* The pool KV pages come from (shared with the prefix cache). */
 struct kv_pages *ke_model_pages(struct ke_model *m);
-/* Weight-name prefix found ("model." or "model.language_model."). */
-const char *ke_model_prefix(const struct ke_model *m);
 
 /* Bytes of weights one decoded token reads (every matrix once, plus one
  * embedding row; in MoE layers the router, the shared expert and k of the

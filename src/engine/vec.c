@@ -237,11 +237,6 @@ void ke_vec_axpy_isa(int isa, float *y, float a, const float *x, int n)
 		y[i] = fmaf(a, x[i], y[i]);
 }
 
-void ke_vec_axpy(float *y, float a, const float *x, int n)
-{
-	ke_vec_axpy_isa(ke_isa(), y, a, x, n);
-}
-
 void ke_vec_axpy_bf16_isa(int isa, float *y, float a, const void *x, int n)
 {
 #if defined(__x86_64__)

@@ -38,8 +38,6 @@ void ke_vec_exp(float *y, const float *x, int n);
 void ke_vec_silu_mul(float *g, const float *u, int n);
 /* x[i] = silu(x[i]). */
 void ke_vec_silu(float *x, int n);
-/* y[i] = fma(a, x[i], y[i]). */
-void ke_vec_axpy(float *y, float a, const float *x, int n);
 /* Same with bf16 x (widened exactly). x may be unaligned. */
 void ke_vec_axpy_bf16(float *y, float a, const void *x, int n);
 /* y[i] = y[i] * a. */

@@ -292,17 +292,6 @@ void ksv_series_observe(struct ksv_series *s, double v)
 	pthread_mutex_unlock(&s->fam->m->mu);
 }
 
-double ksv_series_value(struct ksv_series *s)
-{
-	double v;
-	if (!s)
-		return 0;
-	pthread_mutex_lock(&s->fam->m->mu);
-	v = s->fam->type == KSV_HISTOGRAM ? s->count : s->value;
-	pthread_mutex_unlock(&s->fam->m->mu);
-	return v;
-}
-
 void ksv_metrics_add(struct ksv_family *f, double v)
 {
 	ksv_series_add(ksv_series_get(f, NULL), v);

@@ -72,8 +72,6 @@ void ksv_series_add(struct ksv_series *s, double v);
 void ksv_series_set(struct ksv_series *s, double v);
 /* Histogram: count one observation. */
 void ksv_series_observe(struct ksv_series *s, double v);
-/* Current value (counter/gauge) or observation count (histogram). */
-double ksv_series_value(struct ksv_series *s);
 
 /* Shortcuts for label-less series. */
 void ksv_metrics_add(struct ksv_family *f, double v);

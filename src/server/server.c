@@ -939,11 +939,6 @@ fail:
 	}
 }
 
-int ksv_server_port(const struct ksv_server *s)
-{
-	return s->http ? ksv_httpd_port(s->http) : 0;
-}
-
 void ksv_server_request_stop(struct ksv_server *s)
 {
 	if (s && s->stop_pipe[1] >= 0) {

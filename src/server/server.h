@@ -26,8 +26,6 @@ struct ksv_server;
 
 /* Load and listen. *out owned by the caller (ksv_server_destroy). */
 int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out);
-/* The port it listens on (useful with port 0). */
-int ksv_server_port(const struct ksv_server *s);
 /* Serve until a stop is requested; then shut down gracefully. */
 int ksv_server_run(struct ksv_server *s);
 /* Ask run() to return. Async-signal-safe. */

@@ -158,18 +158,6 @@ void ks_cat_destroy(struct ks_cat *c)
 	free(c);
 }
 
-void ks_cat_clear(struct ks_cat *c)
-{
-	free(c->by_key.slot);
-	free(c->by_parent.slot);
-	memset(&c->by_key, 0, sizeof c->by_key);
-	memset(&c->by_parent, 0, sizeof c->by_parent);
-	c->n = 0;
-	c->n_free = 0;
-	memset(c->count, 0, sizeof c->count);
-	memset(c->bytes, 0, sizeof c->bytes);
-}
-
 int32_t ks_cat_find(const struct ks_cat *c, int area, int kind, struct kv_h128 id)
 {
 	int64_t h = find_key(c, area, kind, id);

@@ -52,8 +52,6 @@ struct ks_cat;
 
 struct ks_cat *ks_cat_create(void);
 void ks_cat_destroy(struct ks_cat *c);
-/* Forget everything. */
-void ks_cat_clear(struct ks_cat *c);
 
 /*
  * Insert a record (copied), or update the one with the same (area, kind,

@@ -227,12 +227,6 @@ void ks_store_enforce_caps(struct ks_store *s)
 	pthread_mutex_unlock(&s->mu);
 }
 
-void ks_store_enforce(struct ks_store *s)
-{
-	if (s)
-		ks_store_enforce_caps(s);
-}
-
 int ks_store_is_boundary_locked(const struct ks_store *s, struct kv_h128 id)
 {
 	for (uint32_t i = 0; i < s->bring_n; i++)
@@ -471,14 +465,6 @@ void ks_store_start_scan(struct ks_store *s)
 int ks_store_scan_done(struct ks_store *s)
 {
 	return s && atomic_load(&s->scan_done);
-}
-
-void ks_store_wait_scan(struct ks_store *s)
-{
-	if (s && s->scan_running) {
-		pthread_join(s->scanner, NULL);
-		s->scan_running = 0; /* joined: close must not join again */
-	}
 }
 
 int ks_store_fetch(struct ks_store *s, const struct ks_req *rq, struct ks_fetch *out)

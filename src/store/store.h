@@ -104,8 +104,6 @@ void ks_store_close(struct ks_store *s);
 void ks_store_start_scan(struct ks_store *s);
 /* 1 once the scan has finished (not cut short by its time cap). */
 int ks_store_scan_done(struct ks_store *s);
-/* Block until the scan thread ended (tests, tools). */
-void ks_store_wait_scan(struct ks_store *s);
 
 /* --- lookups ----------------------------------------------------------- */
 
@@ -200,9 +198,6 @@ int ks_store_flush(struct ks_store *s, double budget_s, struct ks_flush_report *
 double ks_store_budget_parse(const char *env);
 
 /* --- caps and counters -------------------------------------------------- */
-
-/* Apply the disk cap, the free-space reserve and the checkpoint cap now. */
-void ks_store_enforce(struct ks_store *s);
 
 enum ks_werr { KS_WERR_ENOSPC = 0, KS_WERR_EIO, KS_WERR_FSYNC, KS_WERR_READONLY, KS_WERR_CAP, KS_WERR__COUNT };
 const char *ks_werr_name(int w);
