@@ -16,8 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(17))
-
 enum { OPEN_NONE = 0, OPEN_TEXT, OPEN_THINKING, OPEN_TOOL };
 
 /* --- request translation --------------------------------------------------- */
@@ -26,6 +24,28 @@ static int bad(char *param, size_t cap, const char *path, const char *fmt, const
 {
 	snprintf(param, cap, "%s", path);
 	return kv_fail(KV_ERR_INVALID, fmt, path, detail ? detail : "");
+}
+
+/* The "type" of content block b at path p: an object with a string type;
+ * image and document blocks are refused (text-only models). */
+static int block_type(const json_t *b, const char *p, const char **type, char *param, size_t cap)
+{
+	*type = json_string_value(json_object_get(b, "type"));
+	if (!json_is_object(b) || !*type)
+		return bad(param, cap, p, "%s: a content block must be an object with a \"type\"%s", NULL);
+	if (!strcmp(*type, "image") || !strcmp(*type, "document"))
+		return bad(param, cap, p, "%s: %s blocks are not supported: this server runs text-only models", *type);
+	return KV_OK;
+}
+
+/* Appends the "text" of text block b to out. */
+static int block_text(const json_t *b, const char *p, struct kv_buf *out, char *param, size_t cap)
+{
+	const json_t *t = json_object_get(b, "text");
+	if (!json_is_string(t))
+		return bad(param, cap, p, "%s.text: must be a string%s", NULL);
+	kv_buf_add(out, json_string_value(t), json_string_length(t));
+	return KV_OK;
 }
 
 /* Appends the text of `content` (a string, or a list of text blocks) to
@@ -44,20 +64,17 @@ static int text_blocks(const json_t *content, const char *path, struct kv_buf *o
 	int first = 1;
 	json_array_foreach(content, i, b) {
 		snprintf(p, sizeof p, "%s[%zu]", path, i);
-		const char *type = json_string_value(json_object_get(b, "type"));
-		if (!json_is_object(b) || !type)
-			return bad(param, cap, p, "%s: a content block must be an object with a \"type\"%s", NULL);
-		if (!strcmp(type, "image") || !strcmp(type, "document"))
-			return bad(param, cap, p, "%s: %s blocks are not supported: this server runs text-only models", type);
+		const char *type;
+		int rc = block_type(b, p, &type, param, cap);
+		if (rc)
+			return rc;
 		if (strcmp(type, "text"))
 			return bad(param, cap, p, "%s: unsupported content block type \"%s\" here", type);
-		const json_t *t = json_object_get(b, "text");
-		if (!json_is_string(t))
-			return bad(param, cap, p, "%s.text: must be a string%s", NULL);
 		if (!first)
 			kv_buf_adds(out, "\n");
 		first = 0;
-		kv_buf_add(out, json_string_value(t), json_string_length(t));
+		if ((rc = block_text(b, p, out, param, cap)))
+			return rc;
 	}
 	return KV_OK;
 }
@@ -83,20 +100,14 @@ static int user_message(const json_t *content, const char *path, json_t *msgs, c
 	const json_t *b;
 	json_array_foreach(content, i, b) {
 		snprintf(p, sizeof p, "%s[%zu]", path, i);
-		const char *type = json_string_value(json_object_get(b, "type"));
-		if (!json_is_object(b) || !type) {
-			rc = bad(param, cap, p, "%s: a content block must be an object with a \"type\"%s", NULL);
+		const char *type;
+		if ((rc = block_type(b, p, &type, param, cap)))
 			goto out;
-		}
 		if (!strcmp(type, "text")) {
-			const json_t *t = json_object_get(b, "text");
-			if (!json_is_string(t)) {
-				rc = bad(param, cap, p, "%s.text: must be a string%s", NULL);
-				goto out;
-			}
 			if (has_text)
 				kv_buf_adds(&text, "\n");
-			kv_buf_add(&text, json_string_value(t), json_string_length(t));
+			if ((rc = block_text(b, p, &text, param, cap)))
+				goto out;
 			has_text = 1;
 		} else if (!strcmp(type, "tool_result")) {
 			const char *id = json_string_value(json_object_get(b, "tool_use_id"));
@@ -115,9 +126,6 @@ static int user_message(const json_t *content, const char *path, json_t *msgs, c
 			json_t *m = json_pack("{s:s, s:o, s:s}", "role", "tool", "content", buf_string(&r), "tool_call_id", id);
 			kv_buf_free(&r);
 			json_array_append_new(msgs, m);
-		} else if (!strcmp(type, "image") || !strcmp(type, "document")) {
-			rc = bad(param, cap, p, "%s: %s blocks are not supported: this server runs text-only models", type);
-			goto out;
 		} else {
 			rc = bad(param, cap, p, "%s: unsupported content block type \"%s\" in a user message", type);
 			goto out;
@@ -146,18 +154,12 @@ static int assistant_message(const json_t *content, const char *path, json_t *ms
 	const json_t *b;
 	json_array_foreach(content, i, b) {
 		snprintf(p, sizeof p, "%s[%zu]", path, i);
-		const char *type = json_string_value(json_object_get(b, "type"));
-		if (!json_is_object(b) || !type) {
-			rc = bad(param, cap, p, "%s: a content block must be an object with a \"type\"%s", NULL);
+		const char *type;
+		if ((rc = block_type(b, p, &type, param, cap)))
 			goto out;
-		}
 		if (!strcmp(type, "text")) {
-			const json_t *t = json_object_get(b, "text");
-			if (!json_is_string(t)) {
-				rc = bad(param, cap, p, "%s.text: must be a string%s", NULL);
+			if ((rc = block_text(b, p, &text, param, cap)))
 				goto out;
-			}
-			kv_buf_add(&text, json_string_value(t), json_string_length(t));
 		} else if (!strcmp(type, "thinking")) {
 			const json_t *t = json_object_get(b, "thinking");
 			if (t && !json_is_string(t)) {
@@ -183,9 +185,6 @@ static int assistant_message(const json_t *content, const char *path, json_t *ms
 			json_t *args = input ? json_incref((json_t *)input) : json_object();
 			json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:o}}", "id", id, "type", "function",
 							       "function", "name", name, "arguments", args));
-		} else if (!strcmp(type, "image") || !strcmp(type, "document")) {
-			rc = bad(param, cap, p, "%s: %s blocks are not supported: this server runs text-only models", type);
-			goto out;
 		} else {
 			rc = bad(param, cap, p, "%s: unsupported content block type \"%s\" in an assistant message", type);
 			goto out;
@@ -407,18 +406,7 @@ fail:
 
 static void emit(struct kv_buf *out, const char *event, json_t *data)
 {
-	char *s = json_dumps(data, DUMP_FLAGS);
-	json_decref(data);
-	if (!s) {
-		out->oom = 1;
-		return;
-	}
-	kv_buf_adds(out, "event: ");
-	kv_buf_adds(out, event);
-	kv_buf_adds(out, "\ndata: ");
-	kv_buf_adds(out, s);
-	kv_buf_adds(out, "\n\n");
-	free(s);
+	ksv_sse_event(out, event, data);
 }
 
 void ksv_anth_init(struct ksv_anth *a, const char *model, int stream)
@@ -571,11 +559,7 @@ char *ksv_anth_response(struct ksv_anth *a, const char *stop_reason, const char 
 				"assistant", "model", a->model, "content", a->blocks, "stop_reason", stop_reason,
 				"stop_sequence", stop_sequence ? json_string(stop_sequence) : json_null(), "usage",
 				usage);
-	char *s = msg ? json_dumps(msg, DUMP_FLAGS) : NULL;
-	json_decref(msg);
-	if (len)
-		*len = s ? strlen(s) : 0;
-	return s;
+	return ksv_json_body(msg, len);
 }
 
 const char *ksv_anth_stop_reason(const char *finish, int stop_hit)
@@ -612,11 +596,7 @@ static json_t *error_json(int status, const char *message)
 char *ksv_anth_error(int status, const char *message, size_t *len)
 {
 	json_t *j = error_json(status, message);
-	char *s = j ? json_dumps(j, DUMP_FLAGS) : NULL;
-	json_decref(j);
-	if (len)
-		*len = s ? strlen(s) : 0;
-	return s;
+	return ksv_json_body(j, len);
 }
 
 void ksv_anth_sse_error(int status, const char *message, struct kv_buf *out)
@@ -632,9 +612,5 @@ void ksv_anth_ping(struct kv_buf *out)
 char *ksv_anth_count_body(int64_t n, size_t *len)
 {
 	json_t *j = json_pack("{s:I}", "input_tokens", (json_int_t)n);
-	char *s = j ? json_dumps(j, DUMP_FLAGS) : NULL;
-	json_decref(j);
-	if (len)
-		*len = s ? strlen(s) : 0;
-	return s;
+	return ksv_json_body(j, len);
 }

@@ -200,18 +200,37 @@ static json_t *chunk_base(struct ksv_oai *o)
 	return c;
 }
 
-static void emit(json_t *chunk, struct kv_buf *out)
+void ksv_sse_event(struct kv_buf *out, const char *event, json_t *data)
 {
-	char *s = json_dumps(chunk, DUMP_FLAGS);
-	json_decref(chunk);
+	char *s = json_dumps(data, DUMP_FLAGS);
+	json_decref(data);
 	if (!s) {
 		out->oom = 1;
 		return;
+	}
+	if (event) {
+		kv_buf_adds(out, "event: ");
+		kv_buf_adds(out, event);
+		kv_buf_addc(out, '\n');
 	}
 	kv_buf_adds(out, "data: ");
 	kv_buf_adds(out, s);
 	kv_buf_adds(out, "\n\n");
 	free(s);
+}
+
+char *ksv_json_body(json_t *j, size_t *len)
+{
+	char *s = j ? json_dumps(j, DUMP_FLAGS) : NULL;
+	json_decref(j);
+	if (len)
+		*len = s ? strlen(s) : 0;
+	return s;
+}
+
+static void emit(json_t *chunk, struct kv_buf *out)
+{
+	ksv_sse_event(out, NULL, chunk);
 }
 
 /* A chunk with one choice; takes ownership of delta (chat) or text (completions). */
@@ -358,11 +377,7 @@ static json_t *error_json(int status, const char *message, const char *param)
 char *ksv_oai_error(int status, const char *message, const char *param, size_t *len)
 {
 	json_t *w = error_json(status, message ? message : "", param);
-	char *s = json_dumps(w, DUMP_FLAGS);
-	json_decref(w);
-	if (s && len)
-		*len = strlen(s);
-	return s;
+	return ksv_json_body(w, len);
 }
 
 void ksv_oai_sse_error(struct ksv_oai *o, int status, const char *message, struct kv_buf *out)
@@ -414,9 +429,5 @@ char *ksv_oai_response(struct ksv_oai *o, const struct ksv_oai_result *r, size_t
 	json_array_append_new(choices, ch);
 	json_object_set_new(c, "choices", choices);
 	json_object_set_new(c, "usage", usage_json(&r->usage));
-	char *s = json_dumps(c, DUMP_FLAGS);
-	json_decref(c);
-	if (s && len)
-		*len = strlen(s);
-	return s;
+	return ksv_json_body(c, len);
 }

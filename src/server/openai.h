@@ -134,6 +134,15 @@ char *ksv_oai_response(struct ksv_oai *o, const struct ksv_oai_result *r, size_t
 /* Error body for a status; param may be NULL or "". malloc'd (free()). */
 char *ksv_oai_error(int status, const char *message, const char *param, size_t *len);
 
+/* One SSE event: "event: NAME\n" (omitted when event is NULL, as OpenAI's
+ * chat stream has it), "data: <compact JSON>\n\n". Takes data's reference;
+ * out->oom on failure. The one writer of the three APIs' streams. */
+void ksv_sse_event(struct kv_buf *out, const char *event, json_t *data);
+
+/* A whole JSON body, compact, reals exact (17 digits): malloc'd (free());
+ * NULL when j is NULL or out of memory. Takes j's reference. */
+char *ksv_json_body(json_t *j, size_t *len);
+
 /* A JSON string from arbitrary bytes (invalid UTF-8 -> U+FFFD). New ref. */
 json_t *ksv_json_text(const char *p, size_t n);
 

@@ -11,8 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(17))
-
 enum { OPEN_NONE = 0, OPEN_MSG, OPEN_REASONING, OPEN_CALL };
 
 /* --- request translation --------------------------------------------------- */
@@ -359,22 +357,12 @@ fail:
 
 /* --- responses ----------------------------------------------------------- */
 
+/* Every Responses event carries its type and a sequence number. */
 static void emit(struct ksv_resp *r, struct kv_buf *out, const char *type, json_t *data)
 {
 	json_object_set_new(data, "type", json_string(type));
 	json_object_set_new(data, "sequence_number", json_integer(r->seq++));
-	char *s = json_dumps(data, DUMP_FLAGS);
-	json_decref(data);
-	if (!s) {
-		out->oom = 1;
-		return;
-	}
-	kv_buf_adds(out, "event: ");
-	kv_buf_adds(out, type);
-	kv_buf_adds(out, "\ndata: ");
-	kv_buf_adds(out, s);
-	kv_buf_adds(out, "\n\n");
-	free(s);
+	ksv_sse_event(out, type, data);
 }
 
 void ksv_resp_init(struct ksv_resp *r, const char *model, int stream)
@@ -558,11 +546,7 @@ char *ksv_resp_response(struct ksv_resp *r, const char *finish, const struct ksv
 	close_item(r, NULL);
 	int trunc = finish && !strcmp(finish, "length");
 	json_t *o = resp_obj(r, trunc ? "incomplete" : "completed", trunc ? "max_output_tokens" : NULL, u, ext);
-	char *s = o ? json_dumps(o, DUMP_FLAGS) : NULL;
-	json_decref(o);
-	if (len)
-		*len = s ? strlen(s) : 0;
-	return s;
+	return ksv_json_body(o, len);
 }
 
 void ksv_resp_sse_error(struct ksv_resp *r, int status, const char *message, struct kv_buf *out)
