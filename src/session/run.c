@@ -3,6 +3,7 @@
  */
 #include "session/run.h"
 #include "cache/turn.h"
+#include "engine/sample.h"
 #include "base/log.h"
 #include "base/clock.h"
 #include "base/err.h"
@@ -178,15 +179,6 @@ static int prefill(struct run_ctx *x, const struct kss_run_params *p, struct ke_
 		}
 	}
 	return KV_OK;
-}
-
-static int argmax(const float *l, int v)
-{
-	int best = 0;
-	for (int i = 1; i < v; i++)
-		if (l[i] > l[best])
-			best = i;
-	return best;
 }
 
 static double ms_since(uint64_t t0)
@@ -369,7 +361,7 @@ int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params 
 			if (p->pick(p->pick_ctx, logits, V, &tok) != KV_OK)
 				break;
 		} else
-			tok = argmax(logits, V);
+			tok = ke_argmax(logits, V);
 		if (p->out)
 			p->out[i] = tok;
 		n_gen++;
