@@ -38,7 +38,7 @@ CFLAGS_ALL = -std=gnu11 $(OPT) -g -Wall -Wextra $(WERROR) -Wno-missing-field-ini
 LDFLAGS_ALL = -pthread $(SAN) $(LDFLAGS)
 LDLIBS_ALL = -ljansson -lmicrohttpd -lxxhash -lpcre2-8 -lutf8proc -ledit -ldl -lm $(LDLIBS)
 
-LIB_SRC := $(sort $(wildcard src/base/*.c src/model/*.c src/engine/*.c src/cache/*.c \
+LIB_SRC := $(sort $(wildcard src/base/*.c src/model/*.c src/text/*.c src/engine/*.c src/cache/*.c \
 	src/store/*.c src/session/*.c src/server/*.c))
 CLI_SRC := $(sort $(wildcard src/cli/*.c))
 UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))

@@ -41,8 +41,9 @@
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "model/genconfig.h"
-#include "model/template.h"
-#include "model/tokenizer.h"
+#include "text/template.h"
+#include "text/tokenizer.h"
+#include "text/stop.h"
 
 #include <math.h>
 #include <stdio.h>

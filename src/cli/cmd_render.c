@@ -38,8 +38,8 @@
 #include "base/io.h"
 #include "base/json.h"
 #include "cli/cli.h"
-#include "model/template.h"
-#include "model/tokenizer.h"
+#include "text/template.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 #include <stdio.h>

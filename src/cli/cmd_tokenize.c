@@ -26,7 +26,7 @@
 #include "base/err.h"
 #include "base/io.h"
 #include "cli/cli.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "model/gguf.h"
 
 #include <jansson.h>

@@ -1,8 +1,8 @@
 /*
  * genconfig.h - a model's own sampling defaults and end-of-sequence ids:
  * generation_config.json of a Hugging Face (or MLX) folder, GGUF
- * general.sampling.* keys through kv_gencfg_set_gguf, and the stop-token
- * set every generation uses.
+ * general.sampling.* keys through kv_gencfg_set_gguf. The stop-token set
+ * every generation uses is text/stop.h (it needs the tokenizer).
  *
  * generation_config.json, the fields read (everything else is ignored):
  *   temperature          number >= 0
@@ -33,8 +33,6 @@
 #include <stdint.h>
 
 #include "model/config.h"
-#include "model/template.h"
-#include "model/tokenizer.h"
 
 enum kv_gencfg_field {
 	KV_GC_TEMPERATURE = 0,
@@ -92,21 +90,5 @@ int kv_gencfg_parse(const char *text, size_t len, const char *what, struct kv_ge
  * none (out left empty), else as kv_gencfg_parse. For a GGUF model path,
  * its general.sampling.* metadata instead (no key: out left empty). */
 int kv_gencfg_load(const char *dir, struct kv_gencfg *out);
-
-/*
- * The ids that end a generation (the server and `kvkeep generate` use the
- * same set), without duplicates, in this order:
- *   1. config.json eos_token_id;
- *   2. generation_config.json eos_token_id (gc may be NULL);
- *   3. the chat template's end-of-turn token: the first of <|im_end|>,
- *      <|eot_id|>, <|end|>, <end_of_turn>, <|im_end_of_turn|> that the
- *      template writes and the tokenizer knows as one token (chat may be
- *      NULL);
- *   4. <|endoftext|>, when the tokenizer has it as a special token (the
- *      Qwen document end, which base models emit at the end of an answer).
- * tok may be NULL (3 and 4 are skipped). Returns the count (<= cap).
- */
-int kv_gencfg_stop_ids(const struct kv_model_config *cfg, const struct kv_gencfg *gc, const struct kv_tok *tok,
-		       const struct kv_chat *chat, int32_t *ids, int cap);
 
 #endif

@@ -29,7 +29,7 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 struct ksv_explain {
 	uint32_t shared;          /* tokens in common with the cache */

@@ -7,7 +7,7 @@
  */
 #include "server/output.h"
 #include "base/err.h"
-#include "model/toolcall.h"
+#include "text/toolcall.h"
 
 #include <stdlib.h>
 #include <string.h>

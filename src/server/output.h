@@ -18,7 +18,7 @@
  *                  content (its leading newlines dropped). Partial tags are
  *                  held back. Off with split_reasoning = 0.
  *   tool calls     With tools enabled, content goes through the model's
- *                  tool-call parser (model/toolcall.h): text that may be the
+ *                  tool-call parser (text/toolcall.h): text that may be the
  *                  start of "<tool_call>" is held back, complete calls
  *                  become tool-call events (start with name, argument
  *                  pieces, end). Malformed calls come out as plain content.

@@ -126,9 +126,9 @@ done
 
 # 5. code point sweeps (each generated file is a list of one path): one
 # code point in 31, every code point of the regex stand-in table
-# (src/model/tokenizer_ucd.h), every canonical decomposition
+# (src/text/tokenizer_ucd.h), every canonical decomposition
 "${ORACLE[@]}" gen-codepoints "$TMP/cp.txt" 31
-"${ORACLE[@]}" gen-codepoints "$TMP/ucd.txt" 0 "$ROOT/src/model/tokenizer_ucd.h"
+"${ORACLE[@]}" gen-codepoints "$TMP/ucd.txt" 0 "$ROOT/src/text/tokenizer_ucd.h"
 "${ORACLE[@]}" gen-nfd "$TMP/nfd.txt"
 for s in cp ucd nfd; do
 	printf '%s\n' "$TMP/$s.txt" >"$TMP/$s.list"

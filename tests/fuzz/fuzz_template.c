@@ -9,7 +9,7 @@
  *
  * `make test` replays tests/fuzz/corpus/template through the same function.
  */
-#include "model/template.h"
+#include "text/template.h"
 
 #include <jansson.h>
 #include <stdint.h>

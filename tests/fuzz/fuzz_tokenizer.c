@@ -1,5 +1,5 @@
 /*
- * fuzz_tokenizer.c - libFuzzer target for the tokenizer (model/tokenizer.c).
+ * fuzz_tokenizer.c - libFuzzer target for the tokenizer (text/tokenizer.c).
  *
  * Input: byte 0 picks the mode, the rest is the payload.
  *   even: encode the payload with a small built-in tokenizer (the Qwen3
@@ -18,7 +18,7 @@
 #include "base/buf.h"
 #include "base/err.h"
 #include "base/log.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
  *   make fuzz && ./build/fuzz/fuzz_toolcall -max_total_time=60 tests/fuzz/corpus/toolcall
  */
 #include "base/buf.h"
-#include "model/toolcall.h"
+#include "text/toolcall.h"
 
 #include <stdint.h>
 #include <stdio.h>

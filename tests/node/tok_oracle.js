@@ -22,7 +22,7 @@
 //       every code point (STEP > 1: every STEP-th above U+02FF) in several
 //       contexts, 16 code points per line; hex ranges LO-HI are left out.
 //       STEP 0 HEADER: the code points of the ranges of a C table header
-//       (src/model/tokenizer_ucd.h)
+//       (src/text/tokenizer_ucd.h)
 //   node tok_oracle.js gen-nfd OUT [LO-HI...]
 //       every code point with a canonical decomposition, decomposed and
 //       with extra marks (NFC against HF's normalizer)
@@ -177,7 +177,7 @@ function parseRanges(list) {
 const inRanges = (c, rs) => rs.some(([a, b]) => c >= a && c <= b);
 
 // STEP 0: only the code points of the ranges in the C header FILE given as
-// the first exclude argument (src/model/tokenizer_ucd.h: the stand-in table).
+// the first exclude argument (src/text/tokenizer_ucd.h: the stand-in table).
 function genCodepoints(out, step, exclude, headerRanges) {
   const cps = [];
   for (let c = 0x20; c <= 0x10FFFF; c++) {

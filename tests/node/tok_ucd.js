@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// tok_ucd.js OUT.h - generates src/model/tokenizer_ucd.h, the table of code
+// tok_ucd.js OUT.h - generates src/text/tokenizer_ucd.h, the table of code
 // points whose regex class differs between the oracle's regex engine
 // (Oniguruma inside Hugging Face's tokenizers, through @anush008/tokenizers)
 // and PCRE2 10.42 (Debian 12; Unicode 14 tables, like Debian's Python 3.11

@@ -5,8 +5,9 @@
 #include "base/err.h"
 #include "model/genconfig.h"
 #include "model/synth.h"
-#include "model/template.h"
-#include "model/tokenizer.h"
+#include "text/template.h"
+#include "text/tokenizer.h"
+#include "text/stop.h"
 #include "kt.h"
 
 #include <stdio.h>

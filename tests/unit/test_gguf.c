@@ -8,8 +8,8 @@
 #include "model/gguf_model.h"
 #include "model/quant.h"
 #include "model/config.h"
-#include "model/template.h"
-#include "model/tokenizer.h"
+#include "text/template.h"
+#include "text/tokenizer.h"
 #include "base/io.h"
 
 #include <jansson.h>

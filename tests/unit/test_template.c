@@ -12,8 +12,8 @@
 #include "base/json.h"
 #include "base/err.h"
 #include "base/io.h"
-#include "model/template.h"
-#include "model/tokenizer.h"
+#include "text/template.h"
+#include "text/tokenizer.h"
 
 #include <dirent.h>
 #include <pthread.h>

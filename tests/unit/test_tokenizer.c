@@ -1,5 +1,5 @@
 /*
- * test_tokenizer.c - the byte-level BPE tokenizer (src/model/tokenizer.c)
+ * test_tokenizer.c - the byte-level BPE tokenizer (src/text/tokenizer.c)
  * on small tokenizer.json documents built here, plus the two known Qwen3
  * vectors when the real file is present (tests/node, from `make npm`).
  *
@@ -12,7 +12,7 @@
 #include "kt.h"
 #include "base/buf.h"
 #include "base/err.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <jansson.h>
 #include <pthread.h>

@@ -1,5 +1,5 @@
 /*
- * test_toolcall.c - tool calls in generated text (model/toolcall.h): both
+ * test_toolcall.c - tool calls in generated text (text/toolcall.h): both
  * wire forms, several calls, text around them, every chunking of the
  * input, malformed and hostile output (which must come back as content,
  * byte for byte), schema coercion of XML parameters.
@@ -7,7 +7,7 @@
 #include "kt.h"
 #include "base/buf.h"
 #include "base/err.h"
-#include "model/toolcall.h"
+#include "text/toolcall.h"
 
 #include <stdlib.h>
 #include <string.h>

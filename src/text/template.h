@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 struct kv_tmpl;
 

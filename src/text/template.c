@@ -46,7 +46,7 @@
  * Thread-safety: a compiled template is read-only after kv_tmpl_compile
  * and may be rendered from several threads at once.
  */
-#include "model/template.h"
+#include "text/template.h"
 #include "model/gguf_model.h"
 #include "base/buf.h"
 #include "base/err.h"

@@ -77,9 +77,9 @@
  * Errors: malformed files are KV_ERR_INVALID naming the field, features
  * we do not implement are KV_ERR_UNSUPPORTED naming the feature.
  */
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "model/gguf_model.h"
-#include "model/tokenizer_ucd.h"
+#include "text/tokenizer_ucd.h"
 #include "base/err.h"
 #include "base/hash.h"
 #include "base/io.h"

@@ -19,7 +19,7 @@
  * and consumes what it can, so chunk boundaries (single bytes included)
  * never change the events.
  */
-#include "model/toolcall.h"
+#include "text/toolcall.h"
 #include "base/buf.h"
 #include "base/err.h"
 #include "base/json.h"
