@@ -24,6 +24,7 @@
 #include "base/json.h"
 #include "base/map.h"
 #include "base/mem.h"
+#include "base/utf8.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -973,43 +974,13 @@ void kv_stw_destroy(struct kv_stw *w)
 	free(w);
 }
 
-/* 1 if s is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF). */
-static int utf8_ok(const char *s)
-{
-	const uint8_t *p = (const uint8_t *)s;
-	while (*p) {
-		uint32_t c = *p, need, cp;
-		if (c < 0x80) {
-			p++;
-			continue;
-		}
-		if (c >= 0xc2 && c <= 0xdf)
-			need = 1, cp = c & 0x1f;
-		else if (c >= 0xe0 && c <= 0xef)
-			need = 2, cp = c & 0x0f;
-		else if (c >= 0xf0 && c <= 0xf4)
-			need = 3, cp = c & 0x07;
-		else
-			return 0;
-		for (uint32_t k = 1; k <= need; k++) {
-			if ((p[k] & 0xc0) != 0x80)
-				return 0;
-			cp = (cp << 6) | (p[k] & 0x3f);
-		}
-		if ((need == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (need == 3 && (cp < 0x10000 || cp > 0x10ffff)))
-			return 0;
-		p += need + 1;
-	}
-	return 1;
-}
-
 static int stw_add(struct kv_stw *w, const char *name, int dtype, int ndim, const int64_t *shape,
 		   const void *data, uint64_t nbytes, kv_stw_fill_fn fill, void *ctx, int check_bytes)
 {
 	uint64_t numel = 1, need;
 	struct stw_ent *e;
 
-	if (!name || !name[0] || !strcmp(name, "__metadata__") || !utf8_ok(name))
+	if (!name || !name[0] || !strcmp(name, "__metadata__") || !kv_utf8_valid(name, strlen(name)))
 		return kv_fail(KV_ERR_INVALID, "safetensors writer: bad tensor name '%s'", name ? name : "(null)");
 	if (!kv_dtype_size(dtype))
 		return kv_fail(KV_ERR_INVALID, "safetensors writer: tensor '%s': unknown dtype %d", name, dtype);
@@ -1071,7 +1042,7 @@ int kv_stw_add_fill(struct kv_stw *w, const char *name, int dtype, int ndim, con
 int kv_stw_meta(struct kv_stw *w, const char *key, const char *val)
 {
 	char **nk, **nv, *k, *v;
-	if (!key || !val || !utf8_ok(key) || !utf8_ok(val))
+	if (!key || !val || !kv_utf8_valid(key, strlen(key)) || !kv_utf8_valid(val, strlen(val)))
 		return kv_fail(KV_ERR_INVALID, "safetensors writer: metadata must be UTF-8 strings");
 	for (size_t i = 0; i < w->n_meta; i++) {
 		if (!strcmp(w->mkey[i], key)) {

@@ -19,6 +19,7 @@
 #include "base/io.h"
 #include "base/json.h"
 #include "base/map.h"
+#include "base/utf8.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -433,23 +434,6 @@ static void byte_alphabet(int byte_of_id[256], uint32_t cp_of_byte[256])
 		}
 }
 
-static size_t utf8_put(char *o, uint32_t cp)
-{
-	if (cp < 0x80) {
-		o[0] = (char)cp;
-		return 1;
-	}
-	if (cp < 0x800) {
-		o[0] = (char)(0xc0 | (cp >> 6));
-		o[1] = (char)(0x80 | (cp & 0x3f));
-		return 2;
-	}
-	o[0] = (char)(0xe0 | (cp >> 12));
-	o[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-	o[2] = (char)(0x80 | (cp & 0x3f));
-	return 3;
-}
-
 #define TOK_MAX_MERGES 480
 #define TOK_MAX_IDS (256 + TOK_MAX_MERGES)
 #define TOK_MAX_PIECE 64
@@ -514,7 +498,7 @@ static int bpe_train(struct bpe *b)
 	byte_alphabet(byte_of_id, cp_of_byte);
 	for (int i = 0; i < 256; i++) {
 		char s[4];
-		size_t k = utf8_put(s, cp_of_byte[byte_of_id[i]]);
+		size_t k = (size_t)kv_utf8_encode(cp_of_byte[byte_of_id[i]], s);
 		id_of_byte[byte_of_id[i]] = i;
 		if (!(b->str[i] = strndup(s, k)))
 			return kv_fail(KV_ERR_NOMEM, "out of memory");

@@ -8,6 +8,7 @@
 #include "server/openai.h"
 #include "server/request.h"
 #include "base/clock.h"
+#include "base/utf8.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -68,46 +69,22 @@ void ksv_oai_init(struct ksv_oai *o, int api, const char *model, int include_usa
 	o->logprobs = logprobs;
 }
 
-/* Length of a valid UTF-8 sequence at p (1-4), or 0 if invalid. */
-static size_t utf8_seq(const unsigned char *p, size_t n)
-{
-	unsigned c = p[0];
-	if (c < 0x80)
-		return 1;
-	if (c >= 0xC2 && c <= 0xDF)
-		return n >= 2 && (p[1] & 0xC0) == 0x80 ? 2 : 0;
-	if (c >= 0xE0 && c <= 0xEF) {
-		if (n < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80)
-			return 0;
-		if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] > 0x9F))
-			return 0; /* overlong, surrogate */
-		return 3;
-	}
-	if (c >= 0xF0 && c <= 0xF4) {
-		if (n < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80)
-			return 0;
-		if ((c == 0xF0 && p[1] < 0x90) || (c == 0xF4 && p[1] > 0x8F))
-			return 0;
-		return 4;
-	}
-	return 0;
-}
-
 json_t *ksv_json_text(const char *p, size_t n)
 {
 	json_t *j = json_stringn(p ? p : "", p ? n : 0);
 	if (j)
 		return j;
-	/* invalid UTF-8 (or NUL): rebuild with U+FFFD for each bad byte */
+	/* invalid UTF-8 (or NUL): rebuild with one U+FFFD for each bad byte
+	 * (the tokenizer's decode, kv_utf8_lossy_append, replaces each maximal
+	 * subpart instead; these strings keep their per-byte rule) */
 	struct kv_buf b = KV_BUF_INIT;
-	const unsigned char *u = (const unsigned char *)p;
 	for (size_t i = 0; i < n;) {
-		size_t k = utf8_seq(u + i, n - i);
-		if (k) {
-			kv_buf_add(&b, p + i, k);
-			i += k;
+		int k = kv_utf8_seq(p + i, n - i);
+		if (k > 0) {
+			kv_buf_add(&b, p + i, (size_t)k);
+			i += (size_t)k;
 		} else {
-			kv_buf_adds(&b, "\xEF\xBF\xBD");
+			kv_buf_adds(&b, KV_UTF8_FFFD);
 			i++;
 		}
 	}

@@ -866,7 +866,7 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 	}
 	const char *full = text.p ? text.p : "";
 	size_t full_len = text.len;
-	if (kj_u8_invalid_at(full, full_len) >= 0) {
+	if (!kv_utf8_valid(full, full_len)) {
 		rc = kv_fail(KV_ERR_INVALID, "the rendered prompt is not valid UTF-8");
 		goto done;
 	}

@@ -166,7 +166,7 @@ static struct val str_case(struct rt *rt, const struct node *at, const struct va
 	int prev_cased = 0, first = 1;
 	while (i < n) {
 		int32_t c;
-		int l = kj_u8_dec(p + i, n - i, &c);
+		int l = kv_utf8_decode(p + i, n - i, &c);
 		if (!l) {
 			c = (unsigned char)p[i];
 			l = 1;
@@ -202,7 +202,7 @@ static int str_is_case(const struct val *s, int upper)
 	int cased = 0;
 	for (size_t i = 0; i < s->u.s.n;) {
 		int32_t c;
-		int l = kj_u8_dec(s->u.s.p + i, s->u.s.n - i, &c);
+		int l = kv_utf8_decode(s->u.s.p + i, s->u.s.n - i, &c);
 		if (!l)
 			return 0;
 		i += (size_t)l;
@@ -246,7 +246,7 @@ static struct val str_strip(struct rt *rt, const struct node *at, const struct v
 		nset = 0;
 		for (size_t i = 0; i < chars->u.s.n;) {
 			int32_t c;
-			int l = kj_u8_dec(chars->u.s.p + i, chars->u.s.n - i, &c);
+			int l = kv_utf8_decode(chars->u.s.p + i, chars->u.s.n - i, &c);
 			if (!l) {
 				c = (unsigned char)chars->u.s.p[i];
 				l = 1;
@@ -261,7 +261,7 @@ static struct val str_strip(struct rt *rt, const struct node *at, const struct v
 	if (which & 1) {
 		while (a < b) {
 			int32_t c;
-			int l = kj_u8_dec(p + a, b - a, &c);
+			int l = kv_utf8_decode(p + a, b - a, &c);
 			if (!l || !IN_SET(c))
 				break;
 			a += (size_t)l;
@@ -273,7 +273,7 @@ static struct val str_strip(struct rt *rt, const struct node *at, const struct v
 			while (q > a && ((unsigned char)p[q] & 0xC0) == 0x80)
 				q--;
 			int32_t c;
-			int l = kj_u8_dec(p + q, b - q, &c);
+			int l = kv_utf8_decode(p + q, b - q, &c);
 			if (!l || !IN_SET(c))
 				break;
 			b = q;
@@ -299,13 +299,13 @@ static struct val str_split(struct rt *rt, const struct node *at, const struct v
 		while (i < n) {
 			int32_t c;
 			int l;
-			while (i < n && (l = kj_u8_dec(p + i, n - i, &c)) && kj_py_isspace(c))
+			while (i < n && (l = kv_utf8_decode(p + i, n - i, &c)) && kj_py_isspace(c))
 				i += (size_t)l;
 			if (i >= n)
 				break;
 			size_t st = i;
 			while (i < n) {
-				l = kj_u8_dec(p + i, n - i, &c);
+				l = kv_utf8_decode(p + i, n - i, &c);
 				if (!l)
 					l = 1, c = 0;
 				if (kj_py_isspace(c))
@@ -435,11 +435,11 @@ static struct val str_replace(struct rt *rt, const struct node *at, const struct
 static struct val str_pad(struct rt *rt, const struct node *at, const struct val *s, int64_t width,
 			  const struct val *fill, int mode /* 0 center, 1 ljust, 2 rjust */)
 {
-	int64_t len = (int64_t)kj_u8_count(s->u.s.p, s->u.s.n);
+	int64_t len = (int64_t)kv_utf8_count(s->u.s.p, s->u.s.n);
 	const char *f = " ";
 	size_t fl = 1;
 	if (fill && fill->t != V_MISSING) {
-		if (fill->t != V_STR || kj_u8_count(fill->u.s.p, fill->u.s.n) != 1)
+		if (fill->t != V_STR || kv_utf8_count(fill->u.s.p, fill->u.s.n) != 1)
 			TYPE_ERR(rt, at, "the fill character must be exactly one character long");
 		f = fill->u.s.p;
 		fl = fill->u.s.n;
@@ -479,7 +479,7 @@ static struct val str_splitlines(struct rt *rt, const struct node *at, const str
 	size_t n = s->u.s.n, i = 0, st = 0;
 	while (i < n) {
 		int32_t c;
-		int l = kj_u8_dec(p + i, n - i, &c);
+		int l = kv_utf8_decode(p + i, n - i, &c);
 		if (!l)
 			l = 1, c = 0;
 		if (is_line_break(c)) {
@@ -516,7 +516,7 @@ static int64_t str_find(const struct val *s, const struct val *sub, int last)
 				break;
 			}
 	}
-	return hit ? (int64_t)kj_u8_count(p, (size_t)(hit - p)) : -1;
+	return hit ? (int64_t)kv_utf8_count(p, (size_t)(hit - p)) : -1;
 }
 
 static struct val str_join(struct rt *rt, const struct node *at, const struct val *sep, const struct list *items,
@@ -634,7 +634,7 @@ static int str_all(const struct val *s, int (*pred)(int32_t))
 		return 0;
 	for (size_t i = 0; i < s->u.s.n;) {
 		int32_t c;
-		int l = kj_u8_dec(s->u.s.p + i, s->u.s.n - i, &c);
+		int l = kv_utf8_decode(s->u.s.p + i, s->u.s.n - i, &c);
 		if (!l || !pred(c))
 			return 0;
 		i += (size_t)l;
@@ -723,7 +723,7 @@ static struct val call_method(struct rt *rt, const struct node *at, const struct
 				       id == M_S_CENTER ? 0 : id == M_S_LJUST ? 1 : 2);
 		case M_S_ZFILL: {
 			bind(rt, at, fname, nw, 1, 1, a, p);
-			int64_t w = want_int(rt, at, fname, &p[0]), len = (int64_t)kj_u8_count(self->u.s.p, self->u.s.n);
+			int64_t w = want_int(rt, at, fname, &p[0]), len = (int64_t)kv_utf8_count(self->u.s.p, self->u.s.n);
 			if (w <= len)
 				return *self;
 			if (w > (int64_t)rt->max_out)
@@ -741,7 +741,7 @@ static struct val call_method(struct rt *rt, const struct node *at, const struct
 				UNSUP(rt, at, "%s() with start/end arguments", fname);
 			want_str(rt, at, fname, &a->v[0]);
 			if (!a->v[0].u.s.n)
-				return vint((int64_t)kj_u8_count(self->u.s.p, self->u.s.n) + 1);
+				return vint((int64_t)kv_utf8_count(self->u.s.p, self->u.s.n) + 1);
 			int64_t c = 0;
 			const char *q = self->u.s.p, *e = q + self->u.s.n;
 			while ((q = memmem(q, (size_t)(e - q), a->v[0].u.s.p, a->v[0].u.s.n))) {
@@ -1258,7 +1258,7 @@ static struct val jinja_title(struct rt *rt, const struct node *at, const struct
 	int at_start = 1;
 	while (i < n) {
 		int32_t c;
-		int l = kj_u8_dec(p + i, n - i, &c);
+		int l = kv_utf8_decode(p + i, n - i, &c);
 		if (!l)
 			l = 1, c = (unsigned char)p[i];
 		int sep = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || kj_py_isspace(c);
@@ -1788,7 +1788,7 @@ struct val kj_call_filter(struct rt *rt, const struct node *at, int id, const st
 		int kill = p[1].t != V_MISSING && kj_truthy(&p[1]);
 		struct val end = p[2].t == V_MISSING ? vstr("...", 3) : *want_str(rt, at, fname, &p[2]);
 		int64_t leeway = p[3].t == V_MISSING || p[3].t == V_NONE ? 5 : want_int(rt, at, fname, &p[3]);
-		int64_t elen = (int64_t)kj_u8_count(end.u.s.p, end.u.s.n), slen = (int64_t)kj_u8_count(v->u.s.p, v->u.s.n);
+		int64_t elen = (int64_t)kv_utf8_count(end.u.s.p, end.u.s.n), slen = (int64_t)kv_utf8_count(v->u.s.p, v->u.s.n);
 		if (length < elen || leeway < 0)
 			TYPE_ERR(rt, at, "truncate(): expected length >= %lld and leeway >= 0", (long long)elen);
 		if (slen <= length + leeway)
@@ -1828,7 +1828,7 @@ struct val kj_call_filter(struct rt *rt, const struct node *at, int id, const st
 		int in = 0;
 		for (size_t i = 0; i < s.u.s.n;) {
 			int32_t c;
-			int l = kj_u8_dec(s.u.s.p + i, s.u.s.n - i, &c);
+			int l = kv_utf8_decode(s.u.s.p + i, s.u.s.n - i, &c);
 			if (!l)
 				l = 1, c = 0;
 			int w = c == '_' || kj_py_isalnum(c);

@@ -58,6 +58,7 @@
 #include "base/json.h"
 #include "base/map.h"
 #include "base/mem.h"
+#include "base/utf8.h"
 
 #include <float.h>
 #include <limits.h>
@@ -471,10 +472,6 @@ void kj_pos_of(const struct kv_tmpl *t, size_t off, int *line, int *col);
 void kj_ar_free(struct arena *a);
 void *kj_ar_alloc_raw(struct arena *a, size_t n);
 int kj_ar_contains(const struct arena *a, const void *p);
-int kj_u8_dec(const char *p, size_t n, int32_t *cp);
-int kj_u8_enc(int32_t cp, char *out);
-long kj_u8_invalid_at(const char *p, size_t n);
-size_t kj_u8_count(const char *p, size_t n);
 int kj_py_isspace(int32_t c);
 int kj_py_isalpha(int32_t c);
 int kj_py_isdigit(int32_t c);

@@ -65,7 +65,7 @@ static int ws_at(const char *s, size_t n, size_t pos)
 	int32_t cp;
 	if (pos >= n)
 		return 0;
-	int l = kj_u8_dec(s + pos, n - pos, &cp);
+	int l = kv_utf8_decode(s + pos, n - pos, &cp);
 	return l && kj_py_isspace(cp) ? l : 0;
 }
 
@@ -85,7 +85,7 @@ static size_t rstrip_len(const char *p, size_t len)
 		while (b > 0 && ((unsigned char)p[b] & 0xC0) == 0x80)
 			b--;
 		int32_t cp;
-		if (!kj_u8_dec(p + b, len - b, &cp) || !kj_py_isspace(cp))
+		if (!kv_utf8_decode(p + b, len - b, &cp) || !kj_py_isspace(cp))
 			break;
 		len = b;
 	}
@@ -171,7 +171,7 @@ static void decode_string(struct cstate *cs, struct tok *k, const char *p, size_
 				/* backslashreplace turns the character into its own
 				 * escape, then "\\" decodes to one backslash */
 				int32_t u;
-				int l = kj_u8_dec(p + i, n - i, &u);
+				int l = kv_utf8_decode(p + i, n - i, &u);
 				if (!l)
 					kj_cfail(cs, off, "invalid UTF-8 in string literal");
 				o += sprintf(o, u < 0x100 ? "\\x%02x" : u < 0x10000 ? "\\u%04x" : "\\U%08x", (unsigned)u);
@@ -198,7 +198,7 @@ static void decode_string(struct cstate *cs, struct tok *k, const char *p, size_
 			kj_cfail(cs, off, "illegal Unicode character in string literal");
 		if (cp >= 0xD800 && cp <= 0xDFFF)
 			kj_cfail(cs, off, "surrogate code point U+%04X in string literal cannot be rendered", (unsigned)cp);
-		o += kj_u8_enc(cp, o);
+		o += kv_utf8_encode(cp, o);
 	}
 	k->p = out;
 	k->n = (size_t)(o - out);

@@ -16,7 +16,7 @@ void kj_pos_of(const struct kv_tmpl *t, size_t off, int *line, int *col)
 			hi = mid - 1;
 	}
 	*line = lo + 1;
-	*col = (int)kj_u8_count(t->src + t->lines[lo], off - t->lines[lo]) + 1;
+	*col = (int)kv_utf8_count(t->src + t->lines[lo], off - t->lines[lo]) + 1;
 }
 
 /* ------------------------------------------------------------------------
@@ -1064,7 +1064,7 @@ int kv_tmpl_compile(const char *src, size_t len, const char *what, struct kv_tmp
 {
 	struct kv_tmpl *t;
 	struct cstate *cs;
-	long bad;
+	size_t bad;
 
 	*out = NULL;
 	if (!what)
@@ -1074,8 +1074,8 @@ int kv_tmpl_compile(const char *src, size_t len, const char *what, struct kv_tmp
 	if (len > TM_MAX_SOURCE)
 		return kv_fail(KV_ERR_INVALID, "%s: %zu bytes, larger than the %u byte limit", what, len,
 			       (unsigned)TM_MAX_SOURCE);
-	if ((bad = kj_u8_invalid_at(src, len)) >= 0)
-		return kv_fail(KV_ERR_INVALID, "%s: invalid UTF-8 at byte %ld", what, bad);
+	if ((bad = kv_utf8_valid_prefix(src, len)) < len)
+		return kv_fail(KV_ERR_INVALID, "%s: invalid UTF-8 at byte %zu", what, bad);
 	t = calloc(1, sizeof *t);
 	cs = calloc(1, sizeof *cs);
 	if (!t || !cs) {

@@ -67,44 +67,9 @@ int kj_ar_contains(const struct arena *a, const void *p)
 }
 
 /* ------------------------------------------------------------------------
- * UTF-8 and Python character classes
+ * UTF-8 (base/utf8.h does the decoding and encoding) and Python
+ * character classes
  * ---------------------------------------------------------------------- */
-
-/* Decode one code point at p (n bytes left). Returns its length, or 0 if
- * the bytes are not valid UTF-8 (overlong, surrogate, truncated). */
-int kj_u8_dec(const char *p, size_t n, int32_t *cp)
-{
-	const unsigned char *s = (const unsigned char *)p;
-	if (n == 0)
-		return 0;
-	if (s[0] < 0x80) {
-		*cp = s[0];
-		return 1;
-	}
-	if (s[0] >= 0xC2 && s[0] <= 0xDF) {
-		if (n < 2 || (s[1] & 0xC0) != 0x80)
-			return 0;
-		*cp = ((s[0] & 0x1F) << 6) | (s[1] & 0x3F);
-		return 2;
-	}
-	if (s[0] >= 0xE0 && s[0] <= 0xEF) {
-		if (n < 3 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80)
-			return 0;
-		*cp = ((s[0] & 0x0F) << 12) | ((s[1] & 0x3F) << 6) | (s[2] & 0x3F);
-		if (*cp < 0x800 || (*cp >= 0xD800 && *cp <= 0xDFFF))
-			return 0;
-		return 3;
-	}
-	if (s[0] >= 0xF0 && s[0] <= 0xF4) {
-		if (n < 4 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80 || (s[3] & 0xC0) != 0x80)
-			return 0;
-		*cp = ((s[0] & 0x07) << 18) | ((s[1] & 0x3F) << 12) | ((s[2] & 0x3F) << 6) | (s[3] & 0x3F);
-		if (*cp < 0x10000 || *cp > 0x10FFFF)
-			return 0;
-		return 4;
-	}
-	return 0;
-}
 
 /* Length of the code point starting at p in text already known to be
  * valid UTF-8 (1 for a stray byte, so loops always advance). */
@@ -113,56 +78,6 @@ static inline int u8_len(const char *p, size_t n)
 	unsigned char c = (unsigned char)*p;
 	int l = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
 	return (size_t)l <= n ? l : 1;
-}
-
-int kj_u8_enc(int32_t cp, char *out)
-{
-	if (cp < 0x80) {
-		out[0] = (char)cp;
-		return 1;
-	}
-	if (cp < 0x800) {
-		out[0] = (char)(0xC0 | (cp >> 6));
-		out[1] = (char)(0x80 | (cp & 0x3F));
-		return 2;
-	}
-	if (cp < 0x10000) {
-		out[0] = (char)(0xE0 | (cp >> 12));
-		out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-		out[2] = (char)(0x80 | (cp & 0x3F));
-		return 3;
-	}
-	out[0] = (char)(0xF0 | (cp >> 18));
-	out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-	out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-	out[3] = (char)(0x80 | (cp & 0x3F));
-	return 4;
-}
-
-/* Byte offset of the first invalid UTF-8 sequence, or -1. */
-long kj_u8_invalid_at(const char *p, size_t n)
-{
-	size_t i = 0;
-	while (i < n) {
-		int32_t cp;
-		if ((unsigned char)p[i] < 0x80) {
-			i++;
-			continue;
-		}
-		int l = kj_u8_dec(p + i, n - i, &cp);
-		if (!l)
-			return (long)i;
-		i += (size_t)l;
-	}
-	return -1;
-}
-
-size_t kj_u8_count(const char *p, size_t n)
-{
-	size_t c = 0;
-	for (size_t i = 0; i < n; i++)
-		c += ((unsigned char)p[i] & 0xC0) != 0x80;
-	return c;
 }
 
 /* Python's str.isspace() (and the \s of re on str patterns). */
@@ -389,7 +304,7 @@ void kj_ob_addc(struct rt *rt, const struct node *at, struct outbuf *b, char c)
 void kj_ob_cp(struct rt *rt, const struct node *at, struct outbuf *b, int32_t cp)
 {
 	char e[4];
-	kj_ob_add(rt, at, b, e, (size_t)kj_u8_enc(cp, e));
+	kj_ob_add(rt, at, b, e, (size_t)kv_utf8_encode(cp, e));
 }
 
 struct val kj_ob_val(struct outbuf *b)
@@ -740,7 +655,7 @@ static void repr_str(struct rt *rt, const struct node *at, const char *p, size_t
 	size_t i = 0;
 	while (i < n) {
 		int32_t c;
-		int l = kj_u8_dec(p + i, n - i, &c);
+		int l = kv_utf8_decode(p + i, n - i, &c);
 		if (!l) {
 			c = (unsigned char)p[i];
 			l = 1;
@@ -925,7 +840,7 @@ static void json_str(struct rt *rt, const struct node *at, const char *p, size_t
 			esc = e;
 		} else if (c >= 0x80 && ensure_ascii) {
 			int32_t cp;
-			l = kj_u8_dec(p + i, n - i, &cp);
+			l = kv_utf8_decode(p + i, n - i, &cp);
 			if (!l) {
 				cp = 0xFFFD;
 				l = 1;
@@ -1525,7 +1440,7 @@ size_t kj_cp_offsets(struct rt *rt, const struct node *at, const char *p, size_t
 		*offs = NULL;
 		return n;
 	}
-	size_t cnt = kj_u8_count(p, n), k = 0;
+	size_t cnt = kv_utf8_count(p, n), k = 0;
 	size_t *o = kj_ralloc(rt, at, (cnt + 1) * sizeof *o);
 	for (size_t i = 0; i < n; i += (size_t)u8_len(p + i, n - i))
 		o[k++] = i;
@@ -1697,7 +1612,7 @@ int64_t kj_val_len(struct rt *rt, const struct node *at, const struct val *v)
 {
 	switch (v->t) {
 	case V_STR:
-		return (int64_t)kj_u8_count(v->u.s.p, v->u.s.n);
+		return (int64_t)kv_utf8_count(v->u.s.p, v->u.s.n);
 	case V_LIST:
 		if (v->u.l->kind != L_ITER)
 			return (int64_t)v->u.l->n;

@@ -87,6 +87,7 @@
 #include "base/log.h"
 #include "base/map.h"
 #include "base/mem.h"
+#include "base/utf8.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -227,152 +228,7 @@ struct kv_tok {
 enum { TF_VALID = 1, TF_ADDED = 2, TF_SPECIAL = 4 };
 
 /* ------------------------------------------------------------------------ */
-/* UTF-8                                                                    */
-
-/*
- * Length of the valid UTF-8 sequence at p[0..n), or its negative "maximal
- * subpart" length when invalid (-1..-3), or 0 when p[0..n) is a valid but
- * incomplete prefix (only possible when the sequence runs into the end).
- * This is the rule of Unicode's "U+FFFD substitution of maximal subparts",
- * which is what Rust's from_utf8_lossy and our validator both follow.
- */
-static int utf8_seq(const uint8_t *p, size_t n)
-{
-	uint8_t b = p[0], lo = 0x80, hi = 0xBF;
-	int need;
-	if (b < 0x80)
-		return 1;
-	if (b >= 0xC2 && b <= 0xDF)
-		need = 1;
-	else if (b >= 0xE0 && b <= 0xEF) {
-		need = 2;
-		if (b == 0xE0)
-			lo = 0xA0;
-		else if (b == 0xED)
-			hi = 0x9F;
-	} else if (b >= 0xF0 && b <= 0xF4) {
-		need = 3;
-		if (b == 0xF0)
-			lo = 0x90;
-		else if (b == 0xF4)
-			hi = 0x8F;
-	} else
-		return -1;
-	for (int k = 1; k <= need; k++) {
-		if ((size_t)k >= n)
-			return 0;
-		uint8_t c = p[k];
-		if (k == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF))
-			return -k;
-	}
-	return need + 1;
-}
-
-/* Offset of the first byte that is not valid UTF-8, or n. */
-static size_t utf8_valid_prefix(const uint8_t *p, size_t n)
-{
-	size_t i = 0;
-	while (i < n) {
-		/* 8 ASCII bytes at a time: most text is mostly ASCII */
-		while (i + 8 <= n) {
-			uint64_t w;
-			memcpy(&w, p + i, 8);
-			if (w & 0x8080808080808080ull)
-				break;
-			i += 8;
-		}
-		if (i >= n)
-			break;
-		if (p[i] < 0x80) {
-			i++;
-			continue;
-		}
-		int k = utf8_seq(p + i, n - i);
-		if (k <= 0)
-			return i;
-		i += (size_t)k;
-	}
-	return n;
-}
-
-/* Decode one code point of valid UTF-8; *len gets its length. */
-static inline int32_t utf8_cp(const uint8_t *p, int *len)
-{
-	uint8_t b = p[0];
-	if (b < 0x80) {
-		*len = 1;
-		return b;
-	}
-	if (b < 0xE0) {
-		*len = 2;
-		return ((b & 0x1F) << 6) | (p[1] & 0x3F);
-	}
-	if (b < 0xF0) {
-		*len = 3;
-		return ((b & 0x0F) << 12) | ((p[1] & 0x3F) << 6) | (p[2] & 0x3F);
-	}
-	*len = 4;
-	return ((b & 0x07) << 18) | ((p[1] & 0x3F) << 12) | ((p[2] & 0x3F) << 6) | (p[3] & 0x3F);
-}
-
-static int utf8_put(uint8_t *o, uint32_t c)
-{
-	if (c < 0x80) {
-		o[0] = (uint8_t)c;
-		return 1;
-	}
-	if (c < 0x800) {
-		o[0] = (uint8_t)(0xC0 | (c >> 6));
-		o[1] = (uint8_t)(0x80 | (c & 0x3F));
-		return 2;
-	}
-	if (c < 0x10000) {
-		o[0] = (uint8_t)(0xE0 | (c >> 12));
-		o[1] = (uint8_t)(0x80 | ((c >> 6) & 0x3F));
-		o[2] = (uint8_t)(0x80 | (c & 0x3F));
-		return 3;
-	}
-	o[0] = (uint8_t)(0xF0 | (c >> 18));
-	o[1] = (uint8_t)(0x80 | ((c >> 12) & 0x3F));
-	o[2] = (uint8_t)(0x80 | ((c >> 6) & 0x3F));
-	o[3] = (uint8_t)(0x80 | (c & 0x3F));
-	return 4;
-}
-
-static const char FFFD[] = "\xEF\xBF\xBD";
-
-/*
- * Append p[0..n) to out with invalid sequences replaced by U+FFFD. When
- * `final` is 0, a valid but incomplete sequence at the very end is not
- * appended; its length is returned (0..3) so the caller can hold it back.
- */
-static size_t lossy_append(struct kv_buf *out, const uint8_t *p, size_t n, int final)
-{
-	size_t i = 0, run = 0;
-	while (i < n) {
-		if (p[i] < 0x80) {
-			i++;
-			continue;
-		}
-		int k = utf8_seq(p + i, n - i);
-		if (k > 0) {
-			i += (size_t)k;
-			continue;
-		}
-		kv_buf_add(out, p + run, i - run);
-		if (k == 0) {
-			if (!final)
-				return n - i;
-			kv_buf_add(out, FFFD, 3);
-			return 0;
-		}
-		kv_buf_add(out, FFFD, 3);
-		i += (size_t)-k;
-		run = i;
-	}
-	kv_buf_add(out, p + run, n - run);
-	return 0;
-}
+/* Unicode whitespace (UTF-8 itself: base/utf8.h)                          */
 
 /* Rust's char::is_whitespace (Unicode White_Space), for lstrip/rstrip. */
 static int is_white(int32_t c)
@@ -454,7 +310,7 @@ static void nfc_init(void)
 		if (!trig && p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0) {
 			/* canonical decomposition: trig unless NFC(c) == c */
 			uint8_t in[4], *outp = NULL;
-			int l = utf8_put(in, (uint32_t)c);
+			int l = kv_utf8_encode((uint32_t)c, in);
 			utf8proc_ssize_t r = utf8proc_map(in, l, &outp, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
 			trig = r != l || memcmp(outp, in, (size_t)l) != 0;
 			free(outp);
@@ -486,7 +342,7 @@ static int nfc_needed(const uint8_t *p, size_t n)
 			continue;
 		}
 		int l;
-		int32_t c = utf8_cp(p + i, &l);
+		int32_t c = kv_utf8_get(p + i, &l);
 		if (bit(g_trig, c))
 			return 1;
 		i += (size_t)l;
@@ -504,7 +360,7 @@ static int nfc_run(const uint8_t *p, size_t n, struct kv_buf *out)
 		int l = 1, inert = 1;
 		int32_t c = 0;
 		if (i < n) {
-			c = utf8_cp(p + i, &l);
+			c = kv_utf8_get(p + i, &l);
 			inert = bit(g_inert, c);
 		}
 		if (inert) {
@@ -830,7 +686,7 @@ static void decode_piece(const char *s, size_t n, struct kv_buf *out)
 	size_t start = out->len, i = 0;
 	while (i < n) {
 		int l;
-		int32_t c = utf8_cp((const uint8_t *)s + i, &l);
+		int32_t c = kv_utf8_get((const uint8_t *)s + i, &l);
 		if (c >= 324 || g_u2b[c] < 0) {
 			out->len = start;
 			kv_buf_add(out, s, n);
@@ -937,7 +793,7 @@ static int tj_string(struct tj *r, struct tj_str *out)
 		if (c < 0x20)
 			return tj_err(r, "control character in a string");
 		if (c >= 0x80) {
-			int k = utf8_seq(p + r->i, r->n - r->i);
+			int k = kv_utf8_seq(p + r->i, r->n - r->i);
 			if (k <= 0)
 				return tj_err(r, "invalid UTF-8 in a string");
 			kv_buf_add(&r->arena, p + r->i, (size_t)k);
@@ -975,7 +831,7 @@ static int tj_string(struct tj *r, struct tj_str *out)
 					return tj_err(r, "bad surrogate pair in \\u escape");
 				u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
 			}
-			kv_buf_add(&r->arena, enc, (size_t)utf8_put(enc, u));
+			kv_buf_add(&r->arena, enc, (size_t)kv_utf8_encode(u, enc));
 			break;
 		default:
 			return tj_err(r, "bad escape in a string");
@@ -1459,7 +1315,7 @@ static int load_model(struct kv_tok *t, struct tj *tj, const char *what)
 			if (sw)
 				return kv_fail(KV_ERR_UNSUPPORTED,
 					       "%s: added_tokens[%zu] \"%.40s\": single_word true is not supported", what, i, cs);
-			if (utf8_valid_prefix((const uint8_t *)cs, cl) != cl)
+			if (kv_utf8_valid_prefix((const uint8_t *)cs, cl) != cl)
 				return kv_fail(KV_ERR_INVALID, "%s: added_tokens[%zu] content is not UTF-8", what, i);
 			for (int32_t k = 0; k < t->n_added; k++)
 				if (t->added[k].len == cl && !memcmp(t->added[k].content, cs, cl))
@@ -1547,7 +1403,7 @@ static int load_model(struct kv_tok *t, struct tj *tj, const char *what)
 	for (int b = 0; b < 256; b++) {
 		uint8_t u[4];
 		uint64_t id;
-		int l = utf8_put(u, g_b2u[b]);
+		int l = kv_utf8_encode(g_b2u[b], u);
 		t->byte_id[b] = kv_map_get(t->vocab, u, (size_t)l, &id) ? (int32_t)id : -1;
 	}
 	t->unk_id = -1;
@@ -2276,7 +2132,7 @@ static int pretok(struct enc *e, int k, const uint8_t *subj, const uint8_t *orig
 			if (last_end >= n)
 				break;
 			int l;
-			utf8_cp(p + last_end, &l);
+			kv_utf8_get(p + last_end, &l);
 			last_end += (size_t)l;
 			continue;
 		}
@@ -2325,7 +2181,7 @@ static int pretok_gap(struct enc *e, const uint8_t *p, size_t n)
 			continue;
 		}
 		int l;
-		int32_t c = utf8_cp(p + i, &l);
+		int32_t c = kv_utf8_get(p + i, &l);
 		if (bit(g_fix, c)) {
 			first = i;
 			break;
@@ -2341,9 +2197,9 @@ static int pretok_gap(struct enc *e, const uint8_t *p, size_t n)
 	uint8_t *q = (uint8_t *)e->shadow.p;
 	for (i = first; i < n;) {
 		int l;
-		int32_t c = utf8_cp(p + i, &l);
+		int32_t c = kv_utf8_get(p + i, &l);
 		if (c >= 0x80 && bit(g_fix, c))
-			utf8_put(q + i, ucd_standin(c)); /* same length: the table says so */
+			kv_utf8_encode(ucd_standin(c), q + i); /* same length: the table says so */
 		i += (size_t)l;
 	}
 	return pretok(e, 0, q, p, n);
@@ -2358,7 +2214,7 @@ static size_t white_start(const uint8_t *p, size_t end)
 		while (j > 0 && (p[j] & 0xC0) == 0x80)
 			j--;
 		int l;
-		if (!is_white(utf8_cp(p + j, &l)))
+		if (!is_white(kv_utf8_get(p + j, &l)))
 			break;
 		i = j;
 	}
@@ -2371,7 +2227,7 @@ static size_t white_len(const uint8_t *p, size_t n)
 	size_t i = 0;
 	while (i < n) {
 		int l;
-		if (!is_white(utf8_cp(p + i, &l)))
+		if (!is_white(kv_utf8_get(p + i, &l)))
 			break;
 		i += (size_t)l;
 	}
@@ -2448,7 +2304,7 @@ int kv_tok_encode_opt(const struct kv_tok *t, const char *text, size_t len, int 
 	*n = 0;
 	if (len && !text)
 		return kv_fail(KV_ERR_INVALID, "encode: NULL text");
-	bad = utf8_valid_prefix(p, len);
+	bad = kv_utf8_valid_prefix(p, len);
 	if (bad != len)
 		return kv_fail(KV_ERR_INVALID, "encode: invalid UTF-8 at byte offset %zu (byte 0x%02X)", bad, p[bad]);
 	for (int k = 0; k < t->n_splits; k++) {
@@ -2526,14 +2382,14 @@ int kv_tok_decode(const struct kv_tok *t, const int32_t *ids, size_t n, int skip
 		kv_buf_free(&raw);
 		return kv_fail(KV_ERR_NOMEM, "decode: out of memory");
 	}
-	if (utf8_valid_prefix((const uint8_t *)raw.p, raw.len) == raw.len) {
+	if (kv_utf8_valid_prefix((const uint8_t *)raw.p, raw.len) == raw.len) {
 		if (len)
 			*len = raw.len;
 		*text = kv_buf_take(&raw);
 		return KV_OK;
 	}
 	kv_buf_reserve(&out, raw.len + 16);
-	lossy_append(&out, (const uint8_t *)raw.p, raw.len, 1);
+	kv_utf8_lossy_append(&out, (const uint8_t *)raw.p, raw.len, 1);
 	kv_buf_free(&raw);
 	if (out.oom) {
 		kv_buf_free(&out);
@@ -2609,7 +2465,7 @@ int kv_tok_stream_feed(struct kv_tok_stream *s, int32_t id, struct kv_buf *out)
 		int k;
 		memcpy(tmp, s->pending, (size_t)s->n_pending);
 		tmp[s->n_pending] = p[i];
-		k = utf8_seq(tmp, (size_t)s->n_pending + 1);
+		k = kv_utf8_seq(tmp, (size_t)s->n_pending + 1);
 		if (k == 0) { /* still incomplete */
 			s->pending[s->n_pending++] = p[i++];
 			continue;
@@ -2618,10 +2474,10 @@ int kv_tok_stream_feed(struct kv_tok_stream *s, int32_t id, struct kv_buf *out)
 			kv_buf_add(out, tmp, (size_t)k);
 			i++;
 		} else /* p[i] does not continue it: the held bytes are one maximal subpart */
-			kv_buf_add(out, FFFD, 3);
+			kv_buf_add(out, KV_UTF8_FFFD, 3);
 		s->n_pending = 0;
 	}
-	held = lossy_append(out, p + i, n - i, 0);
+	held = kv_utf8_lossy_append(out, p + i, n - i, 0);
 	if (held) {
 		memcpy(s->pending, p + n - held, held);
 		s->n_pending = (int)held;
@@ -2632,7 +2488,7 @@ int kv_tok_stream_feed(struct kv_tok_stream *s, int32_t id, struct kv_buf *out)
 int kv_tok_stream_finish(struct kv_tok_stream *s, struct kv_buf *out)
 {
 	if (s->n_pending)
-		kv_buf_add(out, FFFD, 3);
+		kv_buf_add(out, KV_UTF8_FFFD, 3);
 	s->n_pending = 0;
 	return out->oom ? kv_fail(KV_ERR_NOMEM, "decode: out of memory") : KV_OK;
 }

@@ -23,6 +23,7 @@
 #include "base/buf.h"
 #include "base/err.h"
 #include "base/json.h"
+#include "base/utf8.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -168,11 +169,11 @@ static void js_put_str(struct kv_buf *b, const char *s, size_t n)
 	kv_buf_addc(b, '"');
 }
 
+/* The arguments become JSON strings: what jansson's json_stringn accepts
+ * (valid UTF-8; NUL bytes are allowed; a NULL pointer is not). */
 static int valid_utf8(const char *s, size_t n)
 {
-	json_t *j = json_stringn(s, n); /* jansson checks UTF-8 */
-	json_decref(j);
-	return j != NULL;
+	return s && kv_utf8_valid(s, n);
 }
 
 /* --- the JSON form ----------------------------------------------------------- */
