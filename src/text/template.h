@@ -10,9 +10,13 @@
  *
  * Values passed in are jansson values (json_t): the OpenAI request's
  * messages and tools are given to the template as they are.
+ *
+ * The interpreter is jinja_lex.c, jinja_parse.c, jinja_value.c,
+ * jinja_builtins.c and jinja_eval.c (what they share: jinja_int.h); the
+ * chat layer (kv_chat_*) is chat.c.
  */
-#ifndef KV_MODEL_TEMPLATE_H
-#define KV_MODEL_TEMPLATE_H
+#ifndef KV_TEXT_TEMPLATE_H
+#define KV_TEXT_TEMPLATE_H
 
 #include <jansson.h>
 #include <stddef.h>

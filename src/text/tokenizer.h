@@ -19,8 +19,8 @@
  * several threads at once (the piece cache is a lock-free table per call
  * in front of a shared table of 16 mutex-guarded shards).
  */
-#ifndef KV_MODEL_TOKENIZER_H
-#define KV_MODEL_TOKENIZER_H
+#ifndef KV_TEXT_TOKENIZER_H
+#define KV_TEXT_TOKENIZER_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -9,8 +9,8 @@
  * regex itself stays verbatim and the pieces match the oracle's.
  * 10303 code points in 128 ranges.
  */
-#ifndef KV_MODEL_TOKENIZER_UCD_H
-#define KV_MODEL_TOKENIZER_UCD_H
+#ifndef KV_TEXT_TOKENIZER_UCD_H
+#define KV_TEXT_TOKENIZER_UCD_H
 
 #include <stdint.h>
 

@@ -45,8 +45,8 @@
  * bytes: nothing is ever dropped, except whitespace between and after
  * tool calls. Unknown tool names are returned like known ones.
  */
-#ifndef KV_MODEL_TOOLCALL_H
-#define KV_MODEL_TOOLCALL_H
+#ifndef KV_TEXT_TOOLCALL_H
+#define KV_TEXT_TOOLCALL_H
 
 #include <jansson.h>
 #include <stddef.h>

@@ -120,8 +120,8 @@ let h = `/*
  * regex itself stays verbatim and the pieces match the oracle's.
  * ${ranges.reduce((n, r) => n + r.hi - r.lo + 1, 0)} code points in ${ranges.length} ranges.
  */
-#ifndef KV_MODEL_TOKENIZER_UCD_H
-#define KV_MODEL_TOKENIZER_UCD_H
+#ifndef KV_TEXT_TOKENIZER_UCD_H
+#define KV_TEXT_TOKENIZER_UCD_H
 
 #include <stdint.h>
 
