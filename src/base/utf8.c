@@ -1,15 +1,15 @@
 /*
  * utf8.c - UTF-8 validation, decoding, encoding and lossy repair
- * (utf8.h). The validity rule lives in one place, kv_utf8_seq; every
+ * (utf8.h). The validity rule lives in one place, seq() (kv_utf8_seq); every
  * other function here is built on it.
  */
 #include "base/utf8.h"
 
 #include <string.h>
 
-int kv_utf8_seq(const void *s, size_t n)
+/* kv_utf8_seq, inlined into the loops below (they run over whole prompts) */
+static inline int seq(const uint8_t *p, size_t n)
 {
-	const uint8_t *p = s;
 	uint8_t b = p[0], lo = 0x80, hi = 0xBF;
 	int need;
 	if (b < 0x80)
@@ -40,6 +40,11 @@ int kv_utf8_seq(const void *s, size_t n)
 	return need + 1;
 }
 
+int kv_utf8_seq(const void *p, size_t n)
+{
+	return seq(p, n);
+}
+
 size_t kv_utf8_valid_prefix(const void *s, size_t n)
 {
 	const uint8_t *p = s;
@@ -59,7 +64,7 @@ size_t kv_utf8_valid_prefix(const void *s, size_t n)
 			i++;
 			continue;
 		}
-		int k = kv_utf8_seq(p + i, n - i);
+		int k = seq(p + i, n - i);
 		if (k <= 0)
 			return i;
 		i += (size_t)k;
@@ -71,7 +76,7 @@ int kv_utf8_decode(const void *p, size_t n, int32_t *cp)
 {
 	if (n == 0)
 		return 0;
-	int k = kv_utf8_seq(p, n);
+	int k = seq(p, n);
 	if (k <= 0)
 		return 0;
 	int len;
@@ -122,7 +127,7 @@ size_t kv_utf8_lossy_append(struct kv_buf *out, const void *s, size_t n, int fin
 			i++;
 			continue;
 		}
-		int k = kv_utf8_seq(p + i, n - i);
+		int k = seq(p + i, n - i);
 		if (k > 0) {
 			i += (size_t)k;
 			continue;
