@@ -454,7 +454,8 @@ struct gval {
 };
 
 /* ------------------------------------------------------------------------
- * Shared functions and tables, by the piece that defines them
+ * Shared functions and tables, by the piece that defines them (each one
+ * is described where it is defined)
  * ---------------------------------------------------------------------- */
 
 /* --- jinja_lex.c --- */
