@@ -32,7 +32,7 @@ SAN ?=
 WERROR ?= -Werror
 KVKEEP_VERSION := 0.1.0
 
-CFLAGS_ALL = -std=gnu11 $(OPT) -g -Wall -Wextra $(WERROR) -Wno-missing-field-initializers -Wno-format-truncation \
+CFLAGS_ALL = -std=gnu11 $(OPT) -g -Wall -Wextra $(WERROR) -Wno-missing-field-initializers \
 	-fno-strict-aliasing -D_GNU_SOURCE -DKVKEEP_VERSION=\"$(KVKEEP_VERSION)\" \
 	-Isrc -pthread $(SAN) $(CFLAGS)
 LDFLAGS_ALL = -pthread $(SAN) $(LDFLAGS)

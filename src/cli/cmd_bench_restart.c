@@ -210,36 +210,37 @@ static void restore_files(const struct rig *g, const int32_t *tok, uint32_t pos,
 {
 	uint32_t B = (uint32_t)g->L->page_tokens;
 	char base[2][4096], p[4096];
-	ks_dir_ns_path(g->root, g->ns, KS_AREA_MAIN, base[0], sizeof base[0]);
-	ks_dir_ns_path(g->root, g->ns, KS_AREA_CKPT, base[1], sizeof base[1]);
+	if (ks_dir_ns_path(g->root, g->ns, KS_AREA_MAIN, base[0], sizeof base[0]) ||
+	    ks_dir_ns_path(g->root, g->ns, KS_AREA_CKPT, base[1], sizeof base[1]))
+		return; /* the store could not have opened there either */
 	struct kv_h128 *h = malloc(((size_t)pos / B + 1) * sizeof *h);
 	if (!h)
 		return;
 	h[0] = g->ns;
 	for (uint32_t k = 1; k <= pos / B; k++) {
 		h[k] = kc_chain_hash(h[k - 1], tok + (size_t)(k - 1) * B, B);
-		ks_dir_obj_path(base[0], KS_BLOCK, h[k], p, sizeof p);
-		fl_add(fl, p);
+		if (ks_dir_obj_path(base[0], KS_BLOCK, h[k], p, sizeof p) == KV_OK)
+			fl_add(fl, p);
 	}
 	struct kv_h128 id = kc_rp_id(h[pos / B], tok + (size_t)(pos / B) * B, pos % B);
 	for (int a = 0; a < 2; a++) {
 		if (pos % B) {
-			ks_dir_obj_path(base[a], KS_TAIL, id, p, sizeof p);
-			fl_add(fl, p);
+			if (ks_dir_obj_path(base[a], KS_TAIL, id, p, sizeof p) == KV_OK)
+				fl_add(fl, p);
 		}
 		if (g->L->n_rec_layers) {
-			ks_dir_obj_path(base[a], KS_SNAP, id, p, sizeof p);
-			fl_add(fl, p);
+			if (ks_dir_obj_path(base[a], KS_SNAP, id, p, sizeof p) == KV_OK)
+				fl_add(fl, p);
 			/* the manifest is read when the snapshot is not itself the anchor */
 			if (anchor != pos) {
-				ks_dir_obj_path(base[a], KS_ENTRY, id, p, sizeof p);
-				fl_add(fl, p);
+				if (ks_dir_obj_path(base[a], KS_ENTRY, id, p, sizeof p) == KV_OK)
+					fl_add(fl, p);
 			}
 		}
 		if (anchor && anchor < pos) {
 			struct kv_h128 aid = kc_rp_id(h[anchor / B], tok + (size_t)(anchor / B) * B, anchor % B);
-			ks_dir_obj_path(base[a], KS_SNAP, aid, p, sizeof p);
-			fl_add(fl, p);
+			if (ks_dir_obj_path(base[a], KS_SNAP, aid, p, sizeof p) == KV_OK)
+				fl_add(fl, p);
 		}
 	}
 	free(h);
@@ -620,7 +621,8 @@ static int cmd_bench_restart(int argc, char **argv)
 
 	/* 3-6. the restart: a new process, every file's page cache dropped */
 	char nsdir[4096];
-	ks_dir_ns_path(g.root, g.ns, KS_AREA_MAIN, nsdir, sizeof nsdir);
+	if ((rc = ks_dir_ns_path(g.root, g.ns, KS_AREA_MAIN, nsdir, sizeof nsdir)))
+		goto fail;
 	ks_dir_walk(nsdir, drop_fn, NULL);
 	if ((rc = spawn_replay(model_dir, trace, g.root, logits_path, &rj)))
 		goto fail;

@@ -22,6 +22,7 @@
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/err.h"
+#include "base/io.h"
 #include "server/child.h"
 #include "server/http_client.h"
 
@@ -115,7 +116,8 @@ static char *model_id(const char *base_url)
 {
 	char url[1200], *body = NULL;
 	int st = 0;
-	snprintf(url, sizeof url, "%s/models", base_url);
+	if (kv_path_fmt(url, sizeof url, "%s/models", base_url))
+		return NULL;
 	if (ksv_http_fetch_h(url, "GET", NULL, 0, 10000, auth_header(), &st, &body, NULL) || st != 200) {
 		free(body);
 		return NULL;

@@ -136,7 +136,9 @@ static int check_content(struct ksv_req *r, const json_t *c, const char *path, i
 		return bad(r, path, "must be a string or a list of text parts, got %s", type_name(c));
 	for (size_t i = 0; i < json_array_size(c); i++) {
 		const json_t *part = json_array_get(c, i);
-		snprintf(p, sizeof p, "%s[%zu]", path, i);
+		/* the part's name for errors; one too long to spell names the content */
+		if (snprintf(p, sizeof p, "%s[%zu]", path, i) >= (int)sizeof p)
+			snprintf(p, sizeof p, "%.*s", (int)sizeof p - 1, path);
 		if (!json_is_object(part))
 			return bad(r, p, "must be an object {\"type\": \"text\", \"text\": ...}, got %s", type_name(part));
 		const json_t *t = json_object_get(part, "type");
@@ -146,7 +148,8 @@ static int check_content(struct ksv_req *r, const json_t *c, const char *path, i
 			return bad(r, p, "content part type '%s' is not supported (text only)", json_string_value(t));
 		const json_t *tx = json_object_get(part, "text");
 		if (!json_is_string(tx)) {
-			snprintf(p, sizeof p, "%s[%zu].text", path, i);
+			if (snprintf(p, sizeof p, "%s[%zu].text", path, i) >= (int)sizeof p)
+				snprintf(p, sizeof p, "%.*s", (int)sizeof p - 1, path);
 			return bad(r, p, "must be a string");
 		}
 	}
