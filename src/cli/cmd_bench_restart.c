@@ -41,6 +41,7 @@
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/durable.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/hash.h"
 #include "base/io.h"
@@ -554,7 +555,7 @@ static int cmd_bench_restart(int argc, char **argv)
 			    argc, argv, NULL, 0, NULL);
 	if (rc)
 		return rc == 1 ? 0 : 2;
-	if (!getenv("KVKEEP_LOG"))
+	if (!kv_env(KV_ENV_LOG))
 		kv_log_set_level(KV_LOG_WARN);
 	if (phase) {
 		if (strcmp(phase, "replay") || !trace || !cache_dir || !logits) {
@@ -574,7 +575,7 @@ static int cmd_bench_restart(int argc, char **argv)
 	json_t *rj = NULL;
 	int ret = 1, made_dir = 0;
 
-	const char *td = getenv("TMPDIR");
+	const char *td = kv_env(KV_ENV_TMPDIR);
 	snprintf(tmpdir, sizeof tmpdir, "%s/kvkeep-bench-restart.XXXXXX", td && *td ? td : "/tmp");
 	if (!mkdtemp(tmpdir)) {
 		fprintf(stderr, "kvkeep bench restart: mkdtemp: %s\n", strerror(errno));

@@ -21,6 +21,7 @@
 #include "cli/cli.h"
 #include "base/buf.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "server/child.h"
@@ -105,7 +106,7 @@ static int spawn_server(const char *model, int disable_cache, char **extra, int 
 static const char *auth_header(void)
 {
 	static char h[1024];
-	const char *k = getenv("KVKEEP_API_KEY");
+	const char *k = kv_env(KV_ENV_API_KEY);
 	if (!k || !*k || strpbrk(k, "\r\n") || strlen(k) > 900)
 		return NULL;
 	snprintf(h, sizeof h, "Authorization: Bearer %s\r\n", k);
@@ -295,7 +296,7 @@ static int cmd_chat(int argc, char **argv)
 	char url[1200];
 	char log_path[512] = "";
 	if (model) {
-		const char *tmp = getenv("TMPDIR");
+		const char *tmp = kv_env(KV_ENV_TMPDIR);
 		snprintf(log_path, sizeof log_path, "%s/kvkeep-chat-serve.%d.log", tmp && *tmp ? tmp : "/tmp", (int)getpid());
 		struct sigaction sa;
 		memset(&sa, 0, sizeof sa);

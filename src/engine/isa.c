@@ -2,6 +2,7 @@
  * isa.c - see isa.h.
  */
 #include "engine/isa.h"
+#include "base/env.h"
 #include "base/log.h"
 
 #include <stdlib.h>
@@ -52,7 +53,7 @@ int ke_isa(void)
 	if (v >= 0)
 		return v;
 	int best = ke_isa_best(), want = best;
-	const char *e = getenv("KVKEEP_ISA");
+	const char *e = kv_env(KV_ENV_ISA);
 	if (e && *e) {
 		if (!strcmp(e, "scalar"))
 			want = KE_ISA_SCALAR;

@@ -12,6 +12,7 @@
 #include "server/auth.h"
 #include "base/buf.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/hash.h"
 #include "base/io.h"
@@ -726,7 +727,7 @@ static void open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_cache 
 	if (!o->prefix_cache)
 		return;
 	const char *flag = o->cache_dir && *o->cache_dir ? o->cache_dir : o->env_cache_dir;
-	if (ks_dir_root_from(flag, NULL, getenv("XDG_CACHE_HOME"), getenv("HOME"), root, sizeof root)) {
+	if (ks_dir_root_from(flag, NULL, kv_env(KV_ENV_XDG_CACHE_HOME), kv_env(KV_ENV_HOME), root, sizeof root)) {
 		KV_WARN("store.disabled", "err=\"%s\" msg=\"no disk tier: serving from RAM only\"", kv_errmsg());
 		return;
 	}
@@ -835,7 +836,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		char root[4096], memo[4200];
 		const char *flag = o->cache_dir && *o->cache_dir ? o->cache_dir : o->env_cache_dir;
 		int disk = o->prefix_cache &&
-			   !ks_dir_root_from(flag, NULL, getenv("XDG_CACHE_HOME"), getenv("HOME"), root, sizeof root);
+			   !ks_dir_root_from(flag, NULL, kv_env(KV_ENV_XDG_CACHE_HOME), kv_env(KV_ENV_HOME), root, sizeof root);
 		if (disk)
 			snprintf(memo, sizeof memo, "%s/%s", root, KSV_FP_MEMO_DIR);
 		struct ksv_fp_params fp = {.model_dir = o->model_dir,

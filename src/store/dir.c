@@ -8,6 +8,7 @@
  */
 #include "store/dir.h"
 #include "base/durable.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/log.h"
@@ -53,7 +54,7 @@ int ks_dir_root_from(const char *flag, const char *env_cache_dir, const char *en
 
 int ks_dir_root(const char *flag, char *out, size_t cap)
 {
-	return ks_dir_root_from(flag, getenv("KVKEEP_CACHE_DIR"), getenv("XDG_CACHE_HOME"), getenv("HOME"), out, cap);
+	return ks_dir_root_from(flag, kv_env(KV_ENV_CACHE_DIR), kv_env(KV_ENV_XDG_CACHE_HOME), kv_env(KV_ENV_HOME), out, cap);
 }
 
 int ks_dir_ns_path(const char *root, struct kv_h128 ns, int area, char *out, size_t cap)

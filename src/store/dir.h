@@ -46,7 +46,7 @@ enum ks_area { KS_AREA_MAIN = 0, KS_AREA_CKPT = 1, KS_AREA__COUNT };
  */
 int ks_dir_root_from(const char *flag, const char *env_cache_dir, const char *env_xdg, const char *env_home,
 		     char *out, size_t cap);
-/* ks_dir_root_from with getenv("KVKEEP_CACHE_DIR"/"XDG_CACHE_HOME"/"HOME"). */
+/* ks_dir_root_from with KVKEEP_CACHE_DIR, XDG_CACHE_HOME and HOME (base/env.h). */
 int ks_dir_root(const char *flag, char *out, size_t cap);
 
 /*

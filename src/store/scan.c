@@ -14,6 +14,7 @@
  */
 #include "base/clock.h"
 #include "base/durable.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/log.h"
@@ -154,7 +155,7 @@ void ks_scan_run(struct ks_store *s)
 	}
 	uint64_t removed = sc.cut || s->p.tool || s->ns_busy ? 0 : age_out(s);
 	/* the checkpoint cap is read again at every scan */
-	const char *env = s->p.env_ckpt_max ? s->p.env_ckpt_max : getenv("KVKEEP_KV_CHECKPOINT_MAX_BYTES");
+	const char *env = s->p.env_ckpt_max ? s->p.env_ckpt_max : kv_env(KV_ENV_KV_CHECKPOINT_MAX_BYTES);
 	uint64_t cap = ks_ckpt_cap_parse(env);
 	pthread_mutex_lock(&s->mu);
 	s->ckpt_cap_bytes = cap;

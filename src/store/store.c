@@ -5,6 +5,7 @@
  */
 #include "store/store.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/log.h"
@@ -405,7 +406,7 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 	s->cap_bytes = p->max_bytes ? p->max_bytes : (total ? total / 10 : (10ull << 30));
 	s->max_files = p->max_files ? (size_t)p->max_files : KS_MAX_FILES_DEFAULT;
 	s->reserve_bytes = p->reserve_bytes ? p->reserve_bytes : (total / 20 < (4ull << 30) ? total / 20 : (4ull << 30));
-	s->ckpt_cap_bytes = ks_ckpt_cap_parse(p->env_ckpt_max ? p->env_ckpt_max : getenv("KVKEEP_KV_CHECKPOINT_MAX_BYTES"));
+	s->ckpt_cap_bytes = ks_ckpt_cap_parse(p->env_ckpt_max ? p->env_ckpt_max : kv_env(KV_ENV_KV_CHECKPOINT_MAX_BYTES));
 
 	if (!p->no_threads) {
 		s->writer_running = 1;
