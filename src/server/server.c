@@ -235,155 +235,223 @@ static void handle_metrics(struct ksv_server *s, struct ksv_conn *c)
 	kv_buf_free(&b);
 }
 
-struct route {
-	const char *path;
-	const char *method;
-};
+/* --- routes --------------------------------------------------------------- */
 
-static const struct route routes[] = {
-	{"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/models", "GET"},
-	{"/health", "GET"},               {"/metrics", "GET"},          {"/v1/cache/info", "GET"},
-	{"/v1/cache/clear", "POST"},      {"/v1/cache/probe", "POST"},  {"/v1/messages", "POST"},
-	{"/v1/messages/count_tokens", "POST"}, {"/v1/responses", "POST"}, {"/", "GET"},
-	{"/dashboard", "GET"},             {"/v1/dashboard/state", "GET"},
-};
+/* Every route's handler has this shape: rest is what follows a prefix
+ * route's path (NULL on an exact one), is_head a HEAD on a GET route. */
+typedef void (*route_fn)(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head);
 
-/* Index of a path in routes[] (/v1/models/{id} counts as /v1/models), or -1. */
-static int route_index(const char *path)
+static void route_chat(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
 {
-	for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
-		if (!strcmp(path, routes[i].path))
-			return (int)i;
-	if (!strncmp(path, "/v1/models/", 11) && path[11])
-		return 2;
-	return -1;
+	(void)rest, (void)is_head;
+	ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_OPENAI);
+}
+
+static void route_completions(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	ksv_gen_handle(s, rq, KSV_API_COMPLETION, KSV_WIRE_OPENAI);
+}
+
+static void route_messages(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_ANTHROPIC);
+}
+
+static void route_count_tokens(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	ksv_gen_count_tokens(s, rq);
+}
+
+static void route_responses(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_RESPONSES);
+}
+
+/* /v1/models and /v1/models/{id} */
+static void route_models(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)is_head;
+	handle_models(s, rq->conn, rest);
+}
+
+static void route_health(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	int stopping = atomic_load(&s->stopping);
+	json_t *j = json_object();
+	json_object_set_new(j, "status", json_string(stopping ? "shutting_down" : "ok"));
+	json_object_set_new(j, "model", json_string(s->model_name));
+	if (stopping)
+		KV_INFO("http.error", "route=/health status=503 param=\"-\" msg=\"shutting down\"");
+	ksv_reply_json(rq->conn, stopping ? 503 : 200, j);
+}
+
+static void route_metrics(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	handle_metrics(s, rq->conn);
+}
+
+static void route_cache_info(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	handle_cache_info(s, rq->conn);
+}
+
+static void route_cache_clear(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	handle_cache_clear(s, rq->conn);
+}
+
+static void route_probe(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	ksv_gen_probe(s, rq);
+}
+
+/* A browser gets the dashboard; HEAD / is how some clients (Claude Code)
+ * check the server is up. */
+static void route_root(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest;
+	struct ksv_conn *c = rq->conn;
+	const char *acc = ksv_conn_req_header(c, "Accept");
+	if (!is_head && acc && strstr(acc, "text/html")) {
+		ksv_dashboard_handle_page(s, c);
+		return;
+	}
+	json_t *j = json_object();
+	json_object_set_new(j, "name", json_string("kvkeep"));
+	json_object_set_new(j, "version", json_string(KVKEEP_VERSION));
+	json_object_set_new(j, "model", json_string(s->model_name));
+	ksv_reply_json(c, 200, j);
+}
+
+static void route_dashboard(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	ksv_dashboard_handle_page(s, rq->conn);
+}
+
+static void route_dashboard_state(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	ksv_dashboard_handle_state(s, rq->conn);
+}
+
+/*
+ * The route table: looked up in one place (route_find), first match wins.
+ * A GET route answers HEAD too. Access (server/auth.h) is checked before
+ * the method, so a caller without the key learns nothing about a route.
+ */
+struct route {
+	const char *method;
+	const char *path;         /* the exact path, or (prefix) its start */
+	int prefix;               /* 1: path + at least one more byte (the id) */
+	const char *name;         /* the route in logs and metrics */
+	enum ksv_auth_class auth;
+	int wire;                 /* the error shape (enum ksv_wire) */
+	route_fn fn;
+};
+
+#define OAI KSV_WIRE_OPENAI
+#define ANT KSV_WIRE_ANTHROPIC
+static const struct route routes[] = {
+	{"POST", "/v1/chat/completions", 0, "/v1/chat/completions", KSV_AUTH_API, OAI, route_chat},
+	{"POST", "/v1/completions", 0, "/v1/completions", KSV_AUTH_API, OAI, route_completions},
+	{"GET", "/v1/models", 0, "/v1/models", KSV_AUTH_API, OAI, route_models},
+	{"GET", "/health", 0, "/health", KSV_AUTH_OPEN, OAI, route_health},
+	{"GET", "/metrics", 0, "/metrics", KSV_AUTH_OPEN, OAI, route_metrics},
+	{"GET", "/v1/cache/info", 0, "/v1/cache/info", KSV_AUTH_ADMIN, OAI, route_cache_info},
+	{"POST", "/v1/cache/clear", 0, "/v1/cache/clear", KSV_AUTH_ADMIN, OAI, route_cache_clear},
+	{"POST", "/v1/cache/probe", 0, "/v1/cache/probe", KSV_AUTH_ADMIN, OAI, route_probe},
+	/* the Messages routes answer in Anthropic's error shape */
+	{"POST", "/v1/messages", 0, "/v1/messages", KSV_AUTH_API, ANT, route_messages},
+	{"POST", "/v1/messages/count_tokens", 0, "/v1/messages/count_tokens", KSV_AUTH_API, ANT, route_count_tokens},
+	{"POST", "/v1/responses", 0, "/v1/responses", KSV_AUTH_API, OAI, route_responses},
+	{"GET", "/", 0, "/", KSV_AUTH_OPEN, OAI, route_root},
+	/* the dashboard page holds no data; what it reads is admin */
+	{"GET", "/dashboard", 0, "/dashboard", KSV_AUTH_OPEN, OAI, route_dashboard},
+	{"GET", "/v1/dashboard/state", 0, "/v1/dashboard/state", KSV_AUTH_ADMIN, OAI, route_dashboard_state},
+	{"GET", "/v1/models/", 1, "/v1/models", KSV_AUTH_API, OAI, route_models},
+};
+#undef OAI
+#undef ANT
+
+/* The route of a path, or NULL; *rest: what follows a prefix route's path. */
+static const struct route *route_find(const char *path, const char **rest)
+{
+	*rest = NULL;
+	for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+		const struct route *r = &routes[i];
+		size_t n = strlen(r->path);
+		if (!r->prefix && !strcmp(path, r->path))
+			return r;
+		if (r->prefix && !strncmp(path, r->path, n) && path[n]) {
+			*rest = path + n;
+			return r;
+		}
+	}
+	return NULL;
 }
 
 static const char *route_of(void *ctx, const char *path)
 {
 	(void)ctx;
-	int i = route_index(path);
-	return i < 0 ? "other" : routes[i].path;
+	const char *rest;
+	const struct route *r = route_find(path, &rest);
+	return r ? r->name : "other";
 }
 
 static void handler(void *ctx, const struct ksv_request *rq)
 {
 	struct ksv_server *s = ctx;
 	struct ksv_conn *c = rq->conn;
-	const char *path = rq->path;
-	int idx = route_index(path);
-	const char *model_id = idx == 2 && !strncmp(path, "/v1/models/", 11) ? path + 11 : NULL;
-	if (idx < 0) {
+	const char *path = rq->path, *rest;
+	const struct route *r = route_find(path, &rest);
+	if (!r) {
 		ksv_reply_error(s, c, 404, NULL, "unknown route: %s %s", rq->method, path);
 		return;
 	}
-	ksv_conn_set_route(c, routes[idx].path);
-	/* access (server/auth.h): before the method check, so a caller
-	 * without the key learns nothing about the route */
-	static const enum ksv_auth_class cls[] = {KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_OPEN,
-						  KSV_AUTH_OPEN, KSV_AUTH_ADMIN, KSV_AUTH_ADMIN, KSV_AUTH_ADMIN,
-						  KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_OPEN,
-						  /* the dashboard page holds no data; what it reads is admin */
-						  KSV_AUTH_OPEN, KSV_AUTH_ADMIN};
-	/* the Messages routes answer in Anthropic's error shape */
-	int wire = idx == 8 || idx == 9 ? KSV_WIRE_ANTHROPIC : KSV_WIRE_OPENAI;
-	_Static_assert(sizeof cls / sizeof cls[0] == sizeof routes / sizeof routes[0], "one class per route");
+	ksv_conn_set_route(c, r->name);
 	struct ksv_auth au = {.api_key = s->o.api_key ? s->o.api_key : s->o.env_api_key,
 			      .admin_key = s->o.admin_key ? s->o.admin_key : s->o.env_admin_key,
 			      .loopback = ksv_auth_is_loopback(s->o.host)};
 	const char *key = ksv_auth_presented(ksv_conn_req_header(c, "Authorization"), ksv_conn_req_header(c, "x-api-key"));
-	switch (ksv_auth_check(&au, cls[idx], key)) {
+	switch (ksv_auth_check(&au, r->auth, key)) {
 	case KSV_AUTH_OK:
 		break;
 	case KSV_AUTH_UNAUTHORIZED:
 		ksv_conn_header(c, "WWW-Authenticate", "Bearer");
-		ksv_reply_error_wire(s, c, wire, 401, NULL, "%s",
+		ksv_reply_error_wire(s, c, r->wire, 401, NULL, "%s",
 				     key ? "invalid API key" : "an API key is required (Authorization: Bearer KEY or x-api-key: KEY)");
 		return;
 	case KSV_AUTH_FORBIDDEN:
-		ksv_reply_error_wire(s, c, wire, 403, NULL,
+		ksv_reply_error_wire(s, c, r->wire, 403, NULL,
 				"the cache admin routes are off: this server listens beyond loopback (--host %s) and has no "
 				"--admin-key",
 				s->o.host);
 		return;
 	}
-	if (cls[idx] == KSV_AUTH_ADMIN) {
+	if (r->auth == KSV_AUTH_ADMIN) {
 		/* probes can recover other clients' cached prefixes (docs/api.md):
 		 * every admin call leaves a line at the default level */
 		char peer[96];
 		ksv_conn_peer(c, peer, sizeof peer);
-		KV_INFO("cache.admin", "route=%s peer=%s body_bytes=%zu", routes[idx].path, peer, rq->body_len);
+		KV_INFO("cache.admin", "route=%s peer=%s body_bytes=%zu", r->name, peer, rq->body_len);
 	}
-	int is_head = !strcmp(rq->method, "HEAD") && !strcmp(routes[idx].method, "GET");
-	if (strcmp(rq->method, routes[idx].method) && !is_head) {
-		ksv_conn_header(c, "Allow", routes[idx].method);
-		ksv_reply_error_wire(s, c, wire, 405, NULL, "%s does not accept %s (use %s)", path, rq->method,
-				     routes[idx].method);
+	int is_head = !strcmp(rq->method, "HEAD") && !strcmp(r->method, "GET");
+	if (strcmp(rq->method, r->method) && !is_head) {
+		ksv_conn_header(c, "Allow", r->method);
+		ksv_reply_error_wire(s, c, r->wire, 405, NULL, "%s does not accept %s (use %s)", path, rq->method, r->method);
 		return;
 	}
-	switch (idx) {
-	case 0:
-		ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_OPENAI);
-		break;
-	case 1:
-		ksv_gen_handle(s, rq, KSV_API_COMPLETION, KSV_WIRE_OPENAI);
-		break;
-	case 2:
-		handle_models(s, c, model_id);
-		break;
-	case 3: {
-		int stopping = atomic_load(&s->stopping);
-		json_t *j = json_object();
-		json_object_set_new(j, "status", json_string(stopping ? "shutting_down" : "ok"));
-		json_object_set_new(j, "model", json_string(s->model_name));
-		if (stopping)
-			KV_INFO("http.error", "route=/health status=503 param=\"-\" msg=\"shutting down\"");
-		ksv_reply_json(c, stopping ? 503 : 200, j);
-		break;
-	}
-	case 4:
-		handle_metrics(s, c);
-		break;
-	case 5:
-		handle_cache_info(s, c);
-		break;
-	case 6:
-		handle_cache_clear(s, c);
-		break;
-	case 7:
-		ksv_gen_probe(s, rq);
-		break;
-	case 8:
-		ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_ANTHROPIC);
-		break;
-	case 9:
-		ksv_gen_count_tokens(s, rq);
-		break;
-	case 10:
-		ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_RESPONSES);
-		break;
-	case 11: {
-		/* a browser gets the dashboard; HEAD / is how some clients
-		 * (Claude Code) check the server is up */
-		const char *acc = ksv_conn_req_header(c, "Accept");
-		if (!is_head && acc && strstr(acc, "text/html")) {
-			ksv_dashboard_handle_page(s, c);
-			break;
-		}
-		json_t *j = json_object();
-		json_object_set_new(j, "name", json_string("kvkeep"));
-		json_object_set_new(j, "version", json_string(KVKEEP_VERSION));
-		json_object_set_new(j, "model", json_string(s->model_name));
-		ksv_reply_json(c, 200, j);
-		break;
-	}
-	case 12:
-		ksv_dashboard_handle_page(s, c);
-		break;
-	case 13:
-		ksv_dashboard_handle_state(s, c);
-		break;
-	}
+	r->fn(s, rq, rest, is_head);
 }
 
 static void on_done(void *ctx, const char *route, int status, int gone, double seconds)
