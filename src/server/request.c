@@ -9,6 +9,7 @@
 #include "server/request.h"
 #include "base/err.h"
 #include "base/json.h"
+#include "model/template.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -194,6 +195,25 @@ static int check_tool_calls(struct ksv_req *r, const json_t *tc, size_t mi)
 	return KV_OK;
 }
 
+/*
+ * 1 if the chat layer takes this role, 0 if not, KV_ERR_NOMEM. The list of
+ * roles lives in one place, kv_chat_prepare_messages (model/template.h):
+ * it is asked about a message holding only the role, so a request the
+ * server accepts is one the template layer renders.
+ */
+static int role_known(const char *role)
+{
+	json_t *one = json_pack("[{s:s}]", "role", role), *out = NULL;
+	if (!one)
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	int rc = kv_chat_prepare_messages(one, &out);
+	json_decref(one);
+	json_decref(out);
+	if (rc == KV_ERR_NOMEM)
+		return rc;
+	return rc == KV_OK;
+}
+
 static int parse_messages(struct ksv_req *r, const json_t *msgs)
 {
 	char p[128];
@@ -219,8 +239,13 @@ static int parse_messages(struct ksv_req *r, const json_t *msgs)
 			return bad(r, p, "must not contain a NUL character");
 		const char *rs = json_string_value(role);
 		int is_asst = !strcmp(rs, "assistant"), is_tool = !strcmp(rs, "tool");
-		if (strcmp(rs, "system") && strcmp(rs, "developer") && strcmp(rs, "user") && !is_asst && !is_tool)
+		int known = role_known(rs);
+		if (known < 0)
+			return known;
+		if (!known) {
+			/* the message names the roles model/template.h takes */
 			return bad(r, p, "unknown role '%s' (system, developer, user, assistant, tool)", rs);
+		}
 		const json_t *name = json_object_get(m, "name");
 		if (name && !json_is_null(name) && !json_is_string(name)) {
 			snprintf(p, sizeof p, "messages[%zu].name", i);
