@@ -7,6 +7,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 static int g_isa = -1;  /* atomic: -1 until detected */
 
@@ -68,4 +71,19 @@ int ke_isa(void)
 				ke_isa_name(want), ke_isa_name(best));
 	}
 	return ke_isa_set(want);
+}
+
+int ke_isa_has_f16c(void)
+{
+	static int have = -1; /* atomic: -1 until asked */
+	int v = __atomic_load_n(&have, __ATOMIC_RELAXED);
+	if (v >= 0)
+		return v;
+	v = 0;
+#if defined(__x86_64__)
+	unsigned a, b, c, d;
+	v = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) ? 1 : 0;
+#endif
+	__atomic_store_n(&have, v, __ATOMIC_RELAXED);
+	return v;
 }

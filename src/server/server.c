@@ -530,7 +530,7 @@ static void stat_scrape(const struct stat_row *t, int n, struct ksv_family **fam
 		if (t[i].vt == 'l')
 			t[i].labelled(fam[i], view);
 		else
-			ksv_metrics_set(fam[i], t[i].div == 1 ? stat_field(&t[i], view) : stat_field(&t[i], view) / t[i].div);
+			ksv_metrics_set(fam[i], stat_field(&t[i], view) / t[i].div); /* x / 1 is x exactly */
 	}
 }
 
