@@ -22,7 +22,7 @@
 #                   as oracle and yardstick (tests/peer/README.md)
 #   make clean
 #
-# Variables: BUILD (output folder), CC, OPT, SAN, WERROR.
+# Variables: BUILD (output folder), CC, OPT, SAN, WERROR, CLANG (fuzz compiler).
 
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
@@ -32,7 +32,7 @@ SAN ?=
 WERROR ?= -Werror
 KVKEEP_VERSION := 0.1.0
 
-CFLAGS_ALL = -std=gnu11 $(OPT) -g -Wall -Wextra $(WERROR) -Wno-missing-field-initializers -Wno-format-truncation \
+CFLAGS_ALL = -std=gnu11 $(OPT) -g -Wall -Wextra $(WERROR) -Wno-missing-field-initializers \
 	-fno-strict-aliasing -D_GNU_SOURCE -DKVKEEP_VERSION=\"$(KVKEEP_VERSION)\" \
 	-Isrc -pthread $(SAN) $(CFLAGS)
 LDFLAGS_ALL = -pthread $(SAN) $(LDFLAGS)
@@ -124,12 +124,19 @@ tsan:
 san-test: asan
 	@KVKEEP_SANITIZER=1 bash tests/run.sh build/asan --unit-only
 
+# libFuzzer needs clang: CLANG=... wins, else the first of clang, clang-NN
+# (newest first) on PATH. Expanded only when the fuzz targets build, so a
+# machine without clang still builds everything else.
+CLANG ?= $(or $(shell command -v clang 2>/dev/null),$(addprefix clang-,$(lastword $(shell \
+	for d in $$(echo "$$PATH" | tr : ' '); do ls "$$d" 2>/dev/null; done | \
+	sed -n 's/^clang-\([0-9][0-9]*\)$$/\1/p' | sort -n))))
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=build/fuzz/fuzz_%)
 fuzz: $(FUZZ_BIN)
 
 build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(LIB_SRC)
 	@mkdir -p build/fuzz
-	clang-14 -std=gnu11 -O1 -g -D_GNU_SOURCE -DKVKEEP_VERSION=\"$(KVKEEP_VERSION)\" -Isrc -pthread -fsanitize=fuzzer,address,undefined \
+	@test -n "$(CLANG)" || { echo "make fuzz: no clang found (install clang, or pass CLANG=/path/to/clang)"; exit 1; }
+	$(CLANG) -std=gnu11 -O1 -g -D_GNU_SOURCE -DKVKEEP_VERSION=\"$(KVKEEP_VERSION)\" -Isrc -pthread -fsanitize=fuzzer,address,undefined \
 		-o $@ $< $(LIB_SRC) $(LDLIBS_ALL)
 
 # headers come from the npm package's source bundle at build time, so the

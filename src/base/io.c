@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -390,4 +391,20 @@ int kv_io_mkdirs(const char *path, mode_t mode)
 		buf[i] = c;
 	}
 	return KV_OK;
+}
+
+int kv_path_fmt(char *out, size_t cap, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int n = cap ? vsnprintf(out, cap, fmt, ap) : -1;
+	va_end(ap);
+	if (n >= 0 && (size_t)n < cap)
+		return KV_OK;
+	/* what fitted names the path in the message; then it is dropped */
+	int rc = kv_fail(KV_ERR_INVALID, "path too long (%d bytes, room for %zu): %.64s...", n, cap ? cap - 1 : 0,
+			 cap ? out : "");
+	if (cap)
+		out[0] = 0;
+	return rc;
 }

@@ -108,6 +108,12 @@ int kv_io_pwrite_full(int fd, const void *buf, size_t n, uint64_t off, const cha
 int kv_io_read_file(const char *path, size_t max_len, char **out, size_t *len);
 /* mkdir -p with mode for each created folder. */
 int kv_io_mkdirs(const char *path, mode_t mode);
+/*
+ * Format a path (or URL) into out[cap]: KV_OK, or KV_ERR_INVALID ("path too
+ * long: ...") when it does not fit. A path cut short names another file,
+ * so on failure out is "" and must not be used.
+ */
+int kv_path_fmt(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Map an errno to a kv_err code (ENOSPC/EDQUOT -> FULL, ENOENT -> NOT_FOUND,
  * ENOMEM -> NOMEM, else IO). */
 int kv_io_errno_code(int e);

@@ -1,6 +1,7 @@
 /*
  * log.c - see log.h.
  */
+#include "base/env.h"
 #include "base/log.h"
 
 #include <pthread.h>
@@ -30,7 +31,7 @@ int kv_log_parse_level(const char *s)
 
 static void init_level(void)
 {
-	const char *e = getenv("KVKEEP_LOG");
+	const char *e = kv_env(KV_ENV_LOG);
 	int l = kv_log_parse_level(e);
 	if (__atomic_load_n(&g_level, __ATOMIC_RELAXED) < 0)
 		__atomic_store_n(&g_level, l < 0 ? KV_LOG_INFO : l, __ATOMIC_RELAXED);

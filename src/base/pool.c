@@ -13,6 +13,7 @@
  * caller returns. Workers spin briefly before sleeping so the many small
  * calls of a decode step stay cheap.
  */
+#include "base/env.h"
 #include "base/pool.h"
 
 #include <pthread.h>
@@ -197,7 +198,7 @@ static pthread_once_t g_pool_once = PTHREAD_ONCE_INIT;
 
 static void make_global(void)
 {
-	const char *e = getenv("KVKEEP_THREADS");
+	const char *e = kv_env(KV_ENV_THREADS);
 	int n = e ? atoi(e) : 0;
 	g_pool = kv_pool_create(n > 0 ? n : 0);
 }

@@ -2,6 +2,7 @@
  * opts.c - see opts.h.
  */
 #include "cache/opts.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/log.h"
 
@@ -28,9 +29,9 @@ void kc_machine_read(struct kc_machine *m)
 	if (kc_budget_mem_available(NULL, &m->avail_ram) != KV_OK)
 		m->avail_ram = 0;
 	kc_budget_cgroup_limit("/sys/fs/cgroup", "/proc/self/cgroup", &m->cgroup_limit);
-	m->env_max_bytes = getenv("KVKEEP_PREFIX_CACHE_MAX_BYTES");
-	m->env_stride = getenv("KVKEEP_HYBRID_CHECKPOINT_STRIDE");
-	m->env_ckpt_max = getenv("KVKEEP_HYBRID_CHECKPOINT_MAX");
+	m->env_max_bytes = kv_env(KV_ENV_PREFIX_CACHE_MAX_BYTES);
+	m->env_stride = kv_env(KV_ENV_HYBRID_CHECKPOINT_STRIDE);
+	m->env_ckpt_max = kv_env(KV_ENV_HYBRID_CHECKPOINT_MAX);
 }
 
 int kc_opts_resolve(const struct kc_opts *o, const struct kc_machine *mach, const struct ke_layout *layout,

@@ -3,6 +3,7 @@
  */
 #include "cache/policy.h"
 #include "cache/budget.h"
+#include "base/env.h"
 #include "base/log.h"
 
 #include <stdlib.h>
@@ -46,7 +47,7 @@ int kc_policy_env(struct kc_policy *p, const char *stride_env, const char *max_e
 
 int kc_policy_from_env(struct kc_policy *p)
 {
-	return kc_policy_env(p, getenv("KVKEEP_HYBRID_CHECKPOINT_STRIDE"), getenv("KVKEEP_HYBRID_CHECKPOINT_MAX"));
+	return kc_policy_env(p, kv_env(KV_ENV_HYBRID_CHECKPOINT_STRIDE), kv_env(KV_ENV_HYBRID_CHECKPOINT_MAX));
 }
 
 uint32_t kc_policy_last_boundary(uint32_t n, const uint32_t *bounds, size_t n_bounds)

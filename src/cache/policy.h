@@ -61,7 +61,7 @@ void kc_policy_default(struct kc_policy *p, int hybrid);
  * warning line each. Returns the number of invalid values.
  */
 int kc_policy_env(struct kc_policy *p, const char *stride_env, const char *max_env);
-/* kc_policy_env with getenv(). */
+/* kc_policy_env with the environment (base/env.h). */
 int kc_policy_from_env(struct kc_policy *p);
 
 /*

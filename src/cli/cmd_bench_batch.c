@@ -24,6 +24,7 @@
  * how loaded the machine is.
  */
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "cli/cli.h"
 #include "engine/model.h"
@@ -123,7 +124,7 @@ static double decode_rate(struct ke_model *m, int c, int context, int n_decode, 
 	}
 	kss_sched_stats(s, &st1);
 	*step_ms = st1.steps > st0.steps ? (st1.step_s - st0.step_s) * 1e3 / (double)(st1.steps - st0.steps) : 0;
-	if (getenv("KVKEEP_BENCH_BATCH_DEBUG"))
+	if (kv_env(KV_ENV_BENCH_BATCH_DEBUG))
 		fprintf(stderr, "c=%d steps=%llu mean_batch=%.2f step_ms=%.2f wall_ms_per_step=%.2f\n", c,
 			(unsigned long long)(st1.steps - st0.steps),
 			st1.steps > st0.steps ? (double)(st1.items - st0.items) / (double)(st1.steps - st0.steps) : 0, *step_ms,

@@ -39,6 +39,7 @@
  * folder first (kv_synth_write); --no-engine skips them.
  */
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/log.h"
@@ -631,7 +632,7 @@ static int cmd_bench_cache(int argc, char **argv)
 	 * by the other sections' allocations. */
 	if (!no_engine) {
 		if (!model) {
-			const char *t = getenv("TMPDIR");
+			const char *t = kv_env(KV_ENV_TMPDIR);
 			snprintf(tmp, sizeof tmp, "%s/kvkeep-bench-cache.XXXXXX", t && *t ? t : "/tmp");
 			if (!mkdtemp(tmp)) {
 				fprintf(stderr, "kvkeep bench cache: cannot make a temporary folder\n");

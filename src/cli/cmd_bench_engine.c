@@ -35,6 +35,7 @@
  * of the first context, "contexts" has all of them.
  */
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/mem.h"
 #include "base/pool.h"
@@ -280,9 +281,11 @@ static int cmd_bench_engine(int argc, char **argv)
 	 * ("Prescott") on CPUs it does not know, such as some virtual Xeons:
 	 * a yardstick 3x too short. Unless the user chose one, ask for the
 	 * kernel of the path this engine runs (read when the library loads). */
-	if (!getenv("OPENBLAS_CORETYPE") && ke_isa() >= KE_ISA_AVX2)
-		setenv("OPENBLAS_CORETYPE", ke_isa() >= KE_ISA_AVX512 ? "SkylakeX" : "Haswell", 0);
-	const char *coretype = getenv("OPENBLAS_CORETYPE");
+	const char *coretype = kv_env(KV_ENV_OPENBLAS_CORETYPE);
+	if (!coretype && ke_isa() >= KE_ISA_AVX2) {
+		coretype = ke_isa() >= KE_ISA_AVX512 ? "SkylakeX" : "Haswell";
+		setenv("OPENBLAS_CORETYPE", coretype, 0); /* for the library, which reads it when it loads */
+	}
 	void *blas = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
 	sgemm_fn sg = blas ? (sgemm_fn)dlsym(blas, "cblas_sgemm") : NULL;
 	set_threads_fn st = blas ? (set_threads_fn)dlsym(blas, "openblas_set_num_threads") : NULL;

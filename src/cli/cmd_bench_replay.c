@@ -37,6 +37,7 @@
 #include "cli/cli.h"
 #include "base/buf.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/json.h"
 #include "server/child.h"
@@ -189,9 +190,9 @@ static int get_json(const char *url, const char *path, int timeout_ms, json_t **
 	/* a server with keys: the admin key opens every route, the API key
 	 * the admin routes on loopback (server/auth.h) */
 	char hdr[1024] = "";
-	const char *k = getenv("KVKEEP_ADMIN_KEY");
+	const char *k = kv_env(KV_ENV_ADMIN_KEY);
 	if (!k || !*k)
-		k = getenv("KVKEEP_API_KEY");
+		k = kv_env(KV_ENV_API_KEY);
 	if (k && *k && strlen(k) < 900 && !strpbrk(k, "\r\n"))
 		snprintf(hdr, sizeof hdr, "Authorization: Bearer %s\r\n", k);
 	int rc = ksv_http_fetch_h(full, "GET", NULL, 0, timeout_ms, *hdr ? hdr : NULL, &status, &b, &bl);

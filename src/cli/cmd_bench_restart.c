@@ -41,6 +41,7 @@
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/durable.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/hash.h"
 #include "base/io.h"
@@ -210,36 +211,37 @@ static void restore_files(const struct rig *g, const int32_t *tok, uint32_t pos,
 {
 	uint32_t B = (uint32_t)g->L->page_tokens;
 	char base[2][4096], p[4096];
-	ks_dir_ns_path(g->root, g->ns, KS_AREA_MAIN, base[0], sizeof base[0]);
-	ks_dir_ns_path(g->root, g->ns, KS_AREA_CKPT, base[1], sizeof base[1]);
+	if (ks_dir_ns_path(g->root, g->ns, KS_AREA_MAIN, base[0], sizeof base[0]) ||
+	    ks_dir_ns_path(g->root, g->ns, KS_AREA_CKPT, base[1], sizeof base[1]))
+		return; /* the store could not have opened there either */
 	struct kv_h128 *h = malloc(((size_t)pos / B + 1) * sizeof *h);
 	if (!h)
 		return;
 	h[0] = g->ns;
 	for (uint32_t k = 1; k <= pos / B; k++) {
 		h[k] = kc_chain_hash(h[k - 1], tok + (size_t)(k - 1) * B, B);
-		ks_dir_obj_path(base[0], KS_BLOCK, h[k], p, sizeof p);
-		fl_add(fl, p);
+		if (ks_dir_obj_path(base[0], KS_BLOCK, h[k], p, sizeof p) == KV_OK)
+			fl_add(fl, p);
 	}
 	struct kv_h128 id = kc_rp_id(h[pos / B], tok + (size_t)(pos / B) * B, pos % B);
 	for (int a = 0; a < 2; a++) {
 		if (pos % B) {
-			ks_dir_obj_path(base[a], KS_TAIL, id, p, sizeof p);
-			fl_add(fl, p);
+			if (ks_dir_obj_path(base[a], KS_TAIL, id, p, sizeof p) == KV_OK)
+				fl_add(fl, p);
 		}
 		if (g->L->n_rec_layers) {
-			ks_dir_obj_path(base[a], KS_SNAP, id, p, sizeof p);
-			fl_add(fl, p);
+			if (ks_dir_obj_path(base[a], KS_SNAP, id, p, sizeof p) == KV_OK)
+				fl_add(fl, p);
 			/* the manifest is read when the snapshot is not itself the anchor */
 			if (anchor != pos) {
-				ks_dir_obj_path(base[a], KS_ENTRY, id, p, sizeof p);
-				fl_add(fl, p);
+				if (ks_dir_obj_path(base[a], KS_ENTRY, id, p, sizeof p) == KV_OK)
+					fl_add(fl, p);
 			}
 		}
 		if (anchor && anchor < pos) {
 			struct kv_h128 aid = kc_rp_id(h[anchor / B], tok + (size_t)(anchor / B) * B, anchor % B);
-			ks_dir_obj_path(base[a], KS_SNAP, aid, p, sizeof p);
-			fl_add(fl, p);
+			if (ks_dir_obj_path(base[a], KS_SNAP, aid, p, sizeof p) == KV_OK)
+				fl_add(fl, p);
 		}
 	}
 	free(h);
@@ -553,7 +555,7 @@ static int cmd_bench_restart(int argc, char **argv)
 			    argc, argv, NULL, 0, NULL);
 	if (rc)
 		return rc == 1 ? 0 : 2;
-	if (!getenv("KVKEEP_LOG"))
+	if (!kv_env(KV_ENV_LOG))
 		kv_log_set_level(KV_LOG_WARN);
 	if (phase) {
 		if (strcmp(phase, "replay") || !trace || !cache_dir || !logits) {
@@ -573,7 +575,7 @@ static int cmd_bench_restart(int argc, char **argv)
 	json_t *rj = NULL;
 	int ret = 1, made_dir = 0;
 
-	const char *td = getenv("TMPDIR");
+	const char *td = kv_env(KV_ENV_TMPDIR);
 	snprintf(tmpdir, sizeof tmpdir, "%s/kvkeep-bench-restart.XXXXXX", td && *td ? td : "/tmp");
 	if (!mkdtemp(tmpdir)) {
 		fprintf(stderr, "kvkeep bench restart: mkdtemp: %s\n", strerror(errno));
@@ -620,7 +622,8 @@ static int cmd_bench_restart(int argc, char **argv)
 
 	/* 3-6. the restart: a new process, every file's page cache dropped */
 	char nsdir[4096];
-	ks_dir_ns_path(g.root, g.ns, KS_AREA_MAIN, nsdir, sizeof nsdir);
+	if ((rc = ks_dir_ns_path(g.root, g.ns, KS_AREA_MAIN, nsdir, sizeof nsdir)))
+		goto fail;
 	ks_dir_walk(nsdir, drop_fn, NULL);
 	if ((rc = spawn_replay(model_dir, trace, g.root, logits_path, &rj)))
 		goto fail;

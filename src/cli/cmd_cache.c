@@ -86,6 +86,17 @@ static int parse(const char *usage, int argc, char **argv, struct copts *o, int 
 	return 0;
 }
 
+/* The main and checkpoint folders of the namespace folder `name`: 0, or 1
+ * (said on stderr) when a path does not fit, and the namespace is skipped. */
+static int ns_dirs(const char *cmd, const char *root, const char *name, char base[2][4096])
+{
+	if (kv_path_fmt(base[0], sizeof base[0], "%s/%s", root, name) == KV_OK &&
+	    kv_path_fmt(base[1], sizeof base[1], "%s/%s/%s", root, KS_CKPT_DIR, name) == KV_OK)
+		return 0;
+	fprintf(stderr, "kvkeep cache %s: %s: skipped\n", cmd, kv_errmsg());
+	return 1;
+}
+
 /* The namespace folders under the root, sorted. *out malloc'd strings. */
 static size_t list_ns(const char *root, char ***out)
 {
@@ -177,16 +188,16 @@ static int ls_file(void *ctx, const char *path, const char *name, uint64_t size,
 		hs[0] = h;
 		for (uint32_t k = 1; k <= n / B; k++) {
 			hs[k] = kc_chain_hash(hs[k - 1], tok + (size_t)(k - 1) * B, B);
-			ks_dir_obj_path(c->base[0], KS_BLOCK, hs[k], p, sizeof p);
-			bytes += file_size(p);
+			if (ks_dir_obj_path(c->base[0], KS_BLOCK, hs[k], p, sizeof p) == KV_OK)
+				bytes += file_size(p);
 		}
 		for (uint32_t i = 0; i <= in->n_ckpt; i++) {
 			uint32_t pos = i < in->n_ckpt ? ck[i] : n;
 			struct kv_h128 rid = kc_rp_id(hs[pos / B], tok + (size_t)(pos / B) * B, pos % B);
 			for (int a = 0; a < 2; a++)
 				for (int k = KS_TAIL; k <= KS_SNAP; k++) {
-					ks_dir_obj_path(c->base[a], k, rid, p, sizeof p);
-					bytes += file_size(p);
+					if (ks_dir_obj_path(c->base[a], k, rid, p, sizeof p) == KV_OK)
+						bytes += file_size(p);
 				}
 		}
 	}
@@ -226,9 +237,9 @@ static int cmd_cache_ls(int argc, char **argv)
 	for (size_t i = 0; i < nn; i++) {
 		char base[2][4096];
 		struct ks_ns_info ni;
+		if (ns_dirs("ls", o.root, ns[i], base))
+			continue;
 		json_t *j = json_object();
-		snprintf(base[0], sizeof base[0], "%s/%s", o.root, ns[i]);
-		snprintf(base[1], sizeof base[1], "%s/%s/%s", o.root, KS_CKPT_DIR, ns[i]);
 		int have = ks_ns_read(base[0], &ni) == KV_OK && ni.has_layout;
 		json_object_set_new(j, "namespace", json_string(ns[i]));
 		json_object_set_new(j, "label", json_string(have ? ni.label : ""));
@@ -356,8 +367,8 @@ static int cmd_cache_stats(int argc, char **argv)
 		struct st_ctx c = {0};
 		char base[2][4096];
 		struct ks_ns_info ni;
-		snprintf(base[0], sizeof base[0], "%s/%s", o.root, ns[i]);
-		snprintf(base[1], sizeof base[1], "%s/%s/%s", o.root, KS_CKPT_DIR, ns[i]);
+		if (ns_dirs("stats", o.root, ns[i], base))
+			continue;
 		for (c.area = 0; c.area < 2; c.area++)
 			ks_dir_walk(base[c.area], st_file, &c);
 		json_t *j = json_object(), *kinds = json_object();
@@ -493,10 +504,12 @@ static int cmd_cache_verify(int argc, char **argv)
 	struct vf_ctx tot = {.problems = json_array(), .json = o.json};
 	uint64_t ns_bad = 0;
 	for (size_t i = 0; i < nn; i++) {
-		char base[4096], ck[4200];
+		char dirs[2][4096], *base = dirs[0], *ck = dirs[1];
 		struct ks_ns_info ni;
-		snprintf(base, sizeof base, "%s/%s", o.root, ns[i]);
-		snprintf(ck, sizeof ck, "%s/%s/%s", o.root, KS_CKPT_DIR, ns[i]);
+		if (ns_dirs("verify", o.root, ns[i], dirs)) {
+			ns_bad++; /* a namespace that cannot be checked is not a clean one */
+			continue;
+		}
 		if (ks_ns_read(base, &ni) != KV_OK || !ni.has_layout) {
 			char m[4200];
 			snprintf(m, sizeof m, "%s/%s", base, KS_NS_FILE);
@@ -609,9 +622,10 @@ static int cmd_cache_prune(int argc, char **argv)
 	size_t files = 0, corrupt = 0;
 	int err = 0;
 	for (size_t i = 0; st && lay && i < nn; i++) {
-		char base[4096];
+		char dirs[2][4096], *base = dirs[0];
 		struct ks_ns_info ni;
-		snprintf(base, sizeof base, "%s/%s", o.root, ns[i]);
+		if (ns_dirs("prune", o.root, ns[i], dirs))
+			continue;
 		if (ks_ns_read(base, &ni) != KV_OK || !ni.has_layout) {
 			fprintf(stderr, "kvkeep cache prune: %s: no readable namespace marker, skipped\n", base);
 			continue;

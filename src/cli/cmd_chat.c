@@ -21,7 +21,9 @@
 #include "cli/cli.h"
 #include "base/buf.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/err.h"
+#include "base/io.h"
 #include "server/child.h"
 #include "server/http_client.h"
 
@@ -104,7 +106,7 @@ static int spawn_server(const char *model, int disable_cache, char **extra, int 
 static const char *auth_header(void)
 {
 	static char h[1024];
-	const char *k = getenv("KVKEEP_API_KEY");
+	const char *k = kv_env(KV_ENV_API_KEY);
 	if (!k || !*k || strpbrk(k, "\r\n") || strlen(k) > 900)
 		return NULL;
 	snprintf(h, sizeof h, "Authorization: Bearer %s\r\n", k);
@@ -115,7 +117,8 @@ static char *model_id(const char *base_url)
 {
 	char url[1200], *body = NULL;
 	int st = 0;
-	snprintf(url, sizeof url, "%s/models", base_url);
+	if (kv_path_fmt(url, sizeof url, "%s/models", base_url))
+		return NULL;
 	if (ksv_http_fetch_h(url, "GET", NULL, 0, 10000, auth_header(), &st, &body, NULL) || st != 200) {
 		free(body);
 		return NULL;
@@ -293,7 +296,7 @@ static int cmd_chat(int argc, char **argv)
 	char url[1200];
 	char log_path[512] = "";
 	if (model) {
-		const char *tmp = getenv("TMPDIR");
+		const char *tmp = kv_env(KV_ENV_TMPDIR);
 		snprintf(log_path, sizeof log_path, "%s/kvkeep-chat-serve.%d.log", tmp && *tmp ? tmp : "/tmp", (int)getpid());
 		struct sigaction sa;
 		memset(&sa, 0, sizeof sa);

@@ -2,10 +2,14 @@
  * isa.c - see isa.h.
  */
 #include "engine/isa.h"
+#include "base/env.h"
 #include "base/log.h"
 
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 static int g_isa = -1;  /* atomic: -1 until detected */
 
@@ -52,7 +56,7 @@ int ke_isa(void)
 	if (v >= 0)
 		return v;
 	int best = ke_isa_best(), want = best;
-	const char *e = getenv("KVKEEP_ISA");
+	const char *e = kv_env(KV_ENV_ISA);
 	if (e && *e) {
 		if (!strcmp(e, "scalar"))
 			want = KE_ISA_SCALAR;
@@ -67,4 +71,19 @@ int ke_isa(void)
 				ke_isa_name(want), ke_isa_name(best));
 	}
 	return ke_isa_set(want);
+}
+
+int ke_isa_has_f16c(void)
+{
+	static int have = -1; /* atomic: -1 until asked */
+	int v = __atomic_load_n(&have, __ATOMIC_RELAXED);
+	if (v >= 0)
+		return v;
+	v = 0;
+#if defined(__x86_64__)
+	unsigned a, b, c, d;
+	v = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) ? 1 : 0;
+#endif
+	__atomic_store_n(&have, v, __ATOMIC_RELAXED);
+	return v;
 }

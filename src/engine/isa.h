@@ -28,5 +28,9 @@ int ke_isa_best(void);
 int ke_isa_set(int isa);
 /* "scalar", "avx2", "avx512". */
 const char *ke_isa_name(int isa);
+/* 1 if the CPU has F16C (half <-> float conversions). Asked of CPUID once:
+ * "f16c" is not a __builtin_cpu_supports name in every compiler (clang 14,
+ * which the fuzz build uses, lacks it). */
+int ke_isa_has_f16c(void);
 
 #endif

@@ -308,7 +308,7 @@ void ke_qgemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx,
 	/* F16 needs F16C (every AVX2 CPU we know has it; checked anyway) and
 	 * whole 16-element groups (block types always have them). */
 	if (isa >= KE_ISA_AVX2 && m <= FMR && fused_type(w->dtype) && m > 0 &&
-	    (w->dtype != KV_DT_F16 || (K % 16 == 0 && __builtin_cpu_supports("f16c")))) {
+	    (w->dtype != KV_DT_F16 || (K % 16 == 0 && ke_isa_has_f16c()))) {
 		for (int n = n0; n < n1; n++) {
 			float r[FMR];
 			if (isa == KE_ISA_AVX512 && fused5_type(w->dtype))

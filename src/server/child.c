@@ -3,6 +3,7 @@
  */
 #include "server/child.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "server/http_client.h"
 
@@ -97,6 +98,9 @@ static int start_once(struct ksv_child *c, double t0, int *died)
 		if (log_fd < 0)
 			return kv_fail(KV_ERR_IO, "server log %s: %s", c->log_path, strerror(errno));
 	}
+	/* read before fork: the child only calls async-signal-safe things
+	 * until exec, and the table's first read takes a lock */
+	int set_log = c->log_level && !kv_env(KV_ENV_LOG);
 	fflush(stdout);
 	fflush(stderr);
 	pid_t pid = fork();
@@ -116,7 +120,7 @@ static int start_once(struct ksv_child *c, double t0, int *died)
 		}
 		signal(SIGINT, c->ignore_sigint ? SIG_IGN : SIG_DFL);
 		signal(SIGTERM, SIG_DFL);
-		if (c->log_level && !getenv("KVKEEP_LOG"))
+		if (set_log)
 			setenv("KVKEEP_LOG", c->log_level, 1);
 		execvp(c->argv[0], c->argv);
 		fprintf(stderr, "cannot run %s: %s\n", c->argv[0], strerror(errno));

@@ -10,6 +10,7 @@
 #include "server/recent.h"
 #include "session/registry.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/hash.h"
 #include "base/mem.h"
 
@@ -189,7 +190,7 @@ void ksv_dashboard_handle_state(struct ksv_server *s, struct ksv_conn *c)
 	double avg = 0;
 	if (tot.have_disk && tot.disk_writes)
 		avg = (double)tot.disk / (double)tot.disk_writes;
-	double budget = ks_store_budget_parse(getenv("KVKEEP_SHUTDOWN_BUDGET"));
+	double budget = ks_store_budget_parse(kv_env(KV_ENV_SHUTDOWN_BUDGET));
 	double use = tot.write_bps > 0 && budget > 0 ? (double)tot.dirty * avg / tot.write_bps / budget : 0;
 	json_object_set_new(cn, "flush_budget_use", json_real(use));
 	json_object_set_new(cn, "dirty_objects", json_integer((json_int_t)tot.dirty));

@@ -136,20 +136,25 @@ out:
 }
 
 /* File i of n of the GGUF set whose first file is `first`: split sets are
- * "<stem>-0000k-of-0000N.gguf" (gguf.h). */
-static void gguf_file_path(const char *first, size_t i, size_t n, char *out, size_t cap)
+ * "<stem>-0000k-of-0000N.gguf" (gguf.h). KV_ERR_INVALID when the path does
+ * not fit or k has more than the five digits of the name. */
+static int gguf_file_path(const char *first, size_t i, size_t n, char *out, size_t cap)
 {
-	snprintf(out, cap, "%s", first);
-	if (n < 2)
-		return;
+	int rc = kv_path_fmt(out, cap, "%s", first);
+	if (rc || n < 2)
+		return rc;
+	if (i + 1 > 99999)
+		return kv_fail(KV_ERR_INVALID, "%s: file %zu of a split set has no five-digit name", first, i + 1);
 	char *of = NULL;
 	for (char *q = strstr(out, "-of-"); q; q = strstr(q + 1, "-of-"))
 		of = q;
 	if (of && of - out >= 5) {
 		char d[8];
-		snprintf(d, sizeof d, "%05zu", i + 1);
+		if (snprintf(d, sizeof d, "%05zu", i + 1) != 5) /* five digits: checked above */
+			return kv_fail(KV_ERR_INVALID, "%s: bad split file number", first);
 		memcpy(of - 5, d, 5);
 	}
+	return KV_OK;
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -183,9 +188,9 @@ struct kv_h128 ksv_model_fingerprint(const struct ksv_fp_params *p, struct ksv_f
 				}
 				char path[4096];
 				struct kv_h128 h;
-				gguf_file_path(kv_gguf_path(g), i, kv_gguf_nfiles(g), path, sizeof path);
+				int have_path = gguf_file_path(kv_gguf_path(g), i, kv_gguf_nfiles(g), path, sizeof path) == KV_OK;
 				st.weight_files++;
-				if (!p->skip_weights && hash_weights(path, p->memo_dir, &h, &st) == 0)
+				if (have_path && !p->skip_weights && hash_weights(path, p->memo_dir, &h, &st) == 0)
 					kv_buf_add(&acc, &h, sizeof h);
 			}
 			kv_gguf_close(g);

@@ -1197,39 +1197,29 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api,
 		return;
 	}
 	g->wire = wire;
-	if (parse_body(s, g, rq, api, 0)) {
-		gen_unref(g);
-		return;
-	}
+	if (parse_body(s, g, rq, api, 0))
+		goto out;
 	if (g->req.model && strcmp(g->req.model, s->model_name)) {
 		ksv_reply_error_wire(s, c, g->wire, 404, "model", "the model '%s' does not exist (this server serves '%s')", g->req.model,
 			    s->model_name);
-		gen_unref(g);
-		return;
+		goto out;
 	}
 	/* cache_salt: with --allow-request-salt, requests with the same salt
 	 * share a namespace of their own (session/registry.h); without it a salt is
 	 * refused rather than silently sharing the server's namespace */
-	if (request_salt(s, c, g->req.body, &g->salt)) {
-		gen_unref(g);
-		return;
-	}
-	if (prepare_prompt(s, g, c)) {
-		gen_unref(g);
-		return;
-	}
-	if (force_tool_call(s, g, c)) {
-		gen_unref(g);
-		return;
-	}
+	if (request_salt(s, c, g->req.body, &g->salt))
+		goto out;
+	if (prepare_prompt(s, g, c))
+		goto out;
+	if (force_tool_call(s, g, c))
+		goto out;
 	int64_t room = s->ctx_len - (int64_t)g->n_prompt;
 	int64_t mt = g->req.max_tokens > 0 ? g->req.max_tokens : s->o.default_max_tokens;
 	if (g->n_forced && mt <= (int64_t)g->n_forced) {
 		ksv_reply_error_wire(s, c, g->wire, 400, g->req.max_tokens > 0 ? "max_tokens" : "tool_choice",
 			    "max_tokens %lld leaves no room: the forced tool-call opening alone takes %u tokens",
 			    (long long)mt, g->n_forced);
-		gen_unref(g);
-		return;
+		goto out;
 	}
 	mt -= g->n_forced; /* forced tokens count against max_tokens */
 	g->max_tokens = (int)(mt < room ? mt : room);
@@ -1244,8 +1234,7 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api,
 				    .ctx = g};
 	if (ksv_out_create(&op, &g->out)) {
 		ksv_reply_error_wire(s, c, g->wire, 500, NULL, "%s", kv_errmsg());
-		gen_unref(g);
-		return;
+		goto out;
 	}
 	ksv_oai_init(&g->oai, api, s->model_name, g->req.stream && g->req.include_usage, g->req.logprobs);
 	if (wire == KSV_WIRE_ANTHROPIC)
@@ -1264,8 +1253,7 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api,
 		} else {
 			ksv_reply_error_wire(s, c, g->wire, 503, NULL, "the server is shutting down");
 		}
-		gen_unref(g);
-		return;
+		goto out;
 	}
 	int w = wait_phase(g, PH_STARTED, c);
 	if (w) {
@@ -1281,16 +1269,14 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api,
 			ksv_reply_error_wire(s, c, g->wire, 503, NULL, "the server is shutting down");
 		else
 			ksv_reply_error_wire(s, c, g->wire, 499, NULL, "client closed the connection");
-		gen_unref(g);
-		return;
+		goto out;
 	}
 	pthread_mutex_lock(&g->mu);
 	int failed = g->phase == PH_DONE && g->fail_status;
 	pthread_mutex_unlock(&g->mu);
 	if (failed) {
 		ksv_reply_error_wire(s, c, g->wire, g->fail_status, NULL, "%s", g->fail_msg);
-		gen_unref(g);
-		return;
+		goto out;
 	}
 	if (g->req.stream) {
 		ksv_conn_header(c, "Cache-Control", "no-cache");
@@ -1299,8 +1285,7 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api,
 		if (!st) {
 			atomic_store(&g->job.cancel, 1);
 			ksv_reply_error_wire(s, c, g->wire, 500, NULL, "cannot open the stream");
-			gen_unref(g);
-			return;
+			goto out;
 		}
 		pthread_mutex_lock(&g->mu);
 		if (g->pend.len)
@@ -1313,20 +1298,17 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api,
 			ksv_stream_on_gone(st, on_gone_cb, g);
 		}
 		pthread_mutex_unlock(&g->mu);
-		gen_unref(g);
-		return;
+		goto out;
 	}
 	if (wait_phase(g, PH_DONE, c)) {
 		/* the job is running (it started): the cancel flag stops it */
 		ksv_sched_cancel(s->sched, &g->job);
 		ksv_reply_error_wire(s, c, g->wire, 499, NULL, "client closed the connection");
-		gen_unref(g);
-		return;
+		goto out;
 	}
 	if (g->fail_status) {
 		ksv_reply_error_wire(s, c, g->wire, g->fail_status, NULL, "%s", g->fail_msg);
-		gen_unref(g);
-		return;
+		goto out;
 	}
 	/* the whole body */
 	if (g->wire != KSV_WIRE_OPENAI) {
@@ -1337,8 +1319,7 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api,
 		else
 			ksv_reply_error_wire(s, c, g->wire, 500, NULL, "out of memory");
 		free(b);
-		gen_unref(g);
-		return;
+		goto out;
 	}
 	struct ksv_lp *lps = NULL;
 	struct ksv_lp_alt *alts = NULL;
@@ -1384,7 +1365,8 @@ void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api,
 	else
 		ksv_reply_error_wire(s, c, g->wire, 500, NULL, "out of memory");
 	free(body);
-	gen_unref(g);
+out:
+	gen_unref(g); /* this thread's reference; the worker holds its own */
 }
 
 struct probe_look {

@@ -2,6 +2,7 @@
  * options.c - see options.h.
  */
 #include "server/options.h"
+#include "base/env.h"
 #include "base/err.h"
 
 #include <math.h>
@@ -43,14 +44,14 @@ void ksv_opts_default(struct ksv_opts *o)
 
 void ksv_opts_env(struct ksv_opts *o)
 {
-	o->env_prefix_cache_max_bytes = getenv("KVKEEP_PREFIX_CACHE_MAX_BYTES");
-	o->env_checkpoint_stride = getenv("KVKEEP_HYBRID_CHECKPOINT_STRIDE");
-	o->env_checkpoint_max = getenv("KVKEEP_HYBRID_CHECKPOINT_MAX");
-	o->env_cache_dir = getenv("KVKEEP_CACHE_DIR");
-	o->env_shutdown_budget = getenv("KVKEEP_SHUTDOWN_BUDGET");
-	o->env_kv_checkpoint_max_bytes = getenv("KVKEEP_KV_CHECKPOINT_MAX_BYTES");
-	o->env_api_key = getenv("KVKEEP_API_KEY");
-	o->env_admin_key = getenv("KVKEEP_ADMIN_KEY");
+	o->env_prefix_cache_max_bytes = kv_env(KV_ENV_PREFIX_CACHE_MAX_BYTES);
+	o->env_checkpoint_stride = kv_env(KV_ENV_HYBRID_CHECKPOINT_STRIDE);
+	o->env_checkpoint_max = kv_env(KV_ENV_HYBRID_CHECKPOINT_MAX);
+	o->env_cache_dir = kv_env(KV_ENV_CACHE_DIR);
+	o->env_shutdown_budget = kv_env(KV_ENV_SHUTDOWN_BUDGET);
+	o->env_kv_checkpoint_max_bytes = kv_env(KV_ENV_KV_CHECKPOINT_MAX_BYTES);
+	o->env_api_key = kv_env(KV_ENV_API_KEY);
+	o->env_admin_key = kv_env(KV_ENV_ADMIN_KEY);
 }
 
 int ksv_opts_check(const struct ksv_opts *o)

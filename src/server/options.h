@@ -7,7 +7,7 @@
  * Flags and variables keep the names operators of other local servers know (docs/operations.md);
  * docs/operations.md lists them all.
  *
- * String fields are borrowed (argv or getenv): they must outlive the
+ * String fields are borrowed (argv or kv_env, base/env.h): they must outlive the
  * server.
  */
 #ifndef KV_SERVER_OPTIONS_H
@@ -83,7 +83,7 @@ struct ksv_opts {
 
 /* Defaults of every field (environment not read). */
 void ksv_opts_default(struct ksv_opts *o);
-/* Fill the env_* fields from getenv (unset -> NULL). */
+/* Fill the env_* fields from the environment table (base/env.h; unset -> NULL). */
 void ksv_opts_env(struct ksv_opts *o);
 /* Range checks; KV_ERR_INVALID naming the flag. */
 int ksv_opts_check(const struct ksv_opts *o);

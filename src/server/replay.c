@@ -9,6 +9,7 @@
 #include "server/replay.h"
 #include "base/buf.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/json.h"
@@ -384,7 +385,7 @@ int ksv_replay_send(const struct ksv_url *base, const char *body, size_t len, in
 	if (!rc) {
 		/* a server with an API key: KVKEEP_API_KEY, as kvkeep serve reads it */
 		char hdr[1100] = "Accept: text/event-stream\r\n";
-		const char *k = getenv("KVKEEP_API_KEY");
+		const char *k = kv_env(KV_ENV_API_KEY);
 		if (k && *k && strlen(k) < 900 && !strpbrk(k, "\r\n"))
 			snprintf(hdr, sizeof hdr, "Accept: text/event-stream\r\nAuthorization: Bearer %s\r\n", k);
 		rc = ksv_http_send(h, "POST", path, "application/json", body, len, hdr);

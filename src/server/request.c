@@ -9,6 +9,7 @@
 #include "server/request.h"
 #include "base/err.h"
 #include "base/json.h"
+#include "text/template.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -136,7 +137,9 @@ static int check_content(struct ksv_req *r, const json_t *c, const char *path, i
 		return bad(r, path, "must be a string or a list of text parts, got %s", type_name(c));
 	for (size_t i = 0; i < json_array_size(c); i++) {
 		const json_t *part = json_array_get(c, i);
-		snprintf(p, sizeof p, "%s[%zu]", path, i);
+		/* the part's name for errors; one too long to spell names the content */
+		if (snprintf(p, sizeof p, "%s[%zu]", path, i) >= (int)sizeof p)
+			snprintf(p, sizeof p, "%.*s", (int)sizeof p - 1, path);
 		if (!json_is_object(part))
 			return bad(r, p, "must be an object {\"type\": \"text\", \"text\": ...}, got %s", type_name(part));
 		const json_t *t = json_object_get(part, "type");
@@ -146,7 +149,8 @@ static int check_content(struct ksv_req *r, const json_t *c, const char *path, i
 			return bad(r, p, "content part type '%s' is not supported (text only)", json_string_value(t));
 		const json_t *tx = json_object_get(part, "text");
 		if (!json_is_string(tx)) {
-			snprintf(p, sizeof p, "%s[%zu].text", path, i);
+			if (snprintf(p, sizeof p, "%s[%zu].text", path, i) >= (int)sizeof p)
+				snprintf(p, sizeof p, "%.*s", (int)sizeof p - 1, path);
 			return bad(r, p, "must be a string");
 		}
 	}
@@ -191,6 +195,25 @@ static int check_tool_calls(struct ksv_req *r, const json_t *tc, size_t mi)
 	return KV_OK;
 }
 
+/*
+ * 1 if the chat layer takes this role, 0 if not, KV_ERR_NOMEM. The list of
+ * roles lives in one place, kv_chat_prepare_messages (text/template.h):
+ * it is asked about a message holding only the role, so a request the
+ * server accepts is one the template layer renders.
+ */
+static int role_known(const char *role)
+{
+	json_t *one = json_pack("[{s:s}]", "role", role), *out = NULL;
+	if (!one)
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	int rc = kv_chat_prepare_messages(one, &out);
+	json_decref(one);
+	json_decref(out);
+	if (rc == KV_ERR_NOMEM)
+		return rc;
+	return rc == KV_OK;
+}
+
 static int parse_messages(struct ksv_req *r, const json_t *msgs)
 {
 	char p[128];
@@ -216,8 +239,13 @@ static int parse_messages(struct ksv_req *r, const json_t *msgs)
 			return bad(r, p, "must not contain a NUL character");
 		const char *rs = json_string_value(role);
 		int is_asst = !strcmp(rs, "assistant"), is_tool = !strcmp(rs, "tool");
-		if (strcmp(rs, "system") && strcmp(rs, "developer") && strcmp(rs, "user") && !is_asst && !is_tool)
+		int known = role_known(rs);
+		if (known < 0)
+			return known;
+		if (!known) {
+			/* the message names the roles text/template.h takes */
 			return bad(r, p, "unknown role '%s' (system, developer, user, assistant, tool)", rs);
+		}
 		const json_t *name = json_object_get(m, "name");
 		if (name && !json_is_null(name) && !json_is_string(name)) {
 			snprintf(p, sizeof p, "messages[%zu].name", i);

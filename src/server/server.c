@@ -12,6 +12,7 @@
 #include "server/auth.h"
 #include "base/buf.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/hash.h"
 #include "base/io.h"
@@ -61,30 +62,8 @@ static const char *index_name(const struct ksv_server *s)
 	return s->o.prefix_cache_index;
 }
 
-static json_t *stats_json(const struct kc_stats *sp)
-{
-	struct kc_stats st = *sp;
-	json_t *j = json_object();
-	json_object_set_new(j, "lookups", json_integer((json_int_t)st.lookups));
-	json_object_set_new(j, "hits", json_integer((json_int_t)st.hits));
-	json_object_set_new(j, "misses", json_integer((json_int_t)st.misses));
-	json_object_set_new(j, "tokens_saved", json_integer((json_int_t)st.tokens_saved));
-	json_object_set_new(j, "evictions", json_integer((json_int_t)st.evictions));
-	json_object_set_new(j, "pressure_evictions", json_integer((json_int_t)st.pressure_evictions));
-	json_object_set_new(j, "nontrimmable_skips", json_integer((json_int_t)st.nontrim_skips));
-	json_object_set_new(j, "snaps", json_integer((json_int_t)st.snaps));
-	json_object_set_new(j, "stores", json_integer((json_int_t)st.stores));
-	json_object_set_new(j, "bytes_in_use", json_integer((json_int_t)st.bytes_in_use));
-	json_object_set_new(j, "budget_bytes", json_integer((json_int_t)st.cap_bytes));
-	json_object_set_new(j, "entries", json_integer((json_int_t)st.entries));
-	json_object_set_new(j, "nodes", json_integer((json_int_t)st.nodes));
-	json_object_set_new(j, "resume_points", json_integer((json_int_t)st.rps));
-	json_object_set_new(j, "snapshots", json_integer((json_int_t)st.snapshots));
-	json_object_set_new(j, "dedup_bytes_saved", json_integer((json_int_t)st.dedup_bytes_saved));
-	json_object_set_new(j, "lookup_p50_ms", json_real(st.lookup_p50_ms));
-	json_object_set_new(j, "lookup_p99_ms", json_real(st.lookup_p99_ms));
-	return j;
-}
+/* The RAM cache's counters as JSON (cache_rows, with the metrics below). */
+static json_t *stats_json(const struct kc_stats *st);
 
 /* The disk tier in GET /v1/cache/info. */
 static json_t *disk_json(struct ksv_server *s)
@@ -256,155 +235,223 @@ static void handle_metrics(struct ksv_server *s, struct ksv_conn *c)
 	kv_buf_free(&b);
 }
 
-struct route {
-	const char *path;
-	const char *method;
-};
+/* --- routes --------------------------------------------------------------- */
 
-static const struct route routes[] = {
-	{"/v1/chat/completions", "POST"}, {"/v1/completions", "POST"}, {"/v1/models", "GET"},
-	{"/health", "GET"},               {"/metrics", "GET"},          {"/v1/cache/info", "GET"},
-	{"/v1/cache/clear", "POST"},      {"/v1/cache/probe", "POST"},  {"/v1/messages", "POST"},
-	{"/v1/messages/count_tokens", "POST"}, {"/v1/responses", "POST"}, {"/", "GET"},
-	{"/dashboard", "GET"},             {"/v1/dashboard/state", "GET"},
-};
+/* Every route's handler has this shape: rest is what follows a prefix
+ * route's path (NULL on an exact one), is_head a HEAD on a GET route. */
+typedef void (*route_fn)(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head);
 
-/* Index of a path in routes[] (/v1/models/{id} counts as /v1/models), or -1. */
-static int route_index(const char *path)
+static void route_chat(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
 {
-	for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
-		if (!strcmp(path, routes[i].path))
-			return (int)i;
-	if (!strncmp(path, "/v1/models/", 11) && path[11])
-		return 2;
-	return -1;
+	(void)rest, (void)is_head;
+	ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_OPENAI);
+}
+
+static void route_completions(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	ksv_gen_handle(s, rq, KSV_API_COMPLETION, KSV_WIRE_OPENAI);
+}
+
+static void route_messages(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_ANTHROPIC);
+}
+
+static void route_count_tokens(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	ksv_gen_count_tokens(s, rq);
+}
+
+static void route_responses(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_RESPONSES);
+}
+
+/* /v1/models and /v1/models/{id} */
+static void route_models(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)is_head;
+	handle_models(s, rq->conn, rest);
+}
+
+static void route_health(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	int stopping = atomic_load(&s->stopping);
+	json_t *j = json_object();
+	json_object_set_new(j, "status", json_string(stopping ? "shutting_down" : "ok"));
+	json_object_set_new(j, "model", json_string(s->model_name));
+	if (stopping)
+		KV_INFO("http.error", "route=/health status=503 param=\"-\" msg=\"shutting down\"");
+	ksv_reply_json(rq->conn, stopping ? 503 : 200, j);
+}
+
+static void route_metrics(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	handle_metrics(s, rq->conn);
+}
+
+static void route_cache_info(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	handle_cache_info(s, rq->conn);
+}
+
+static void route_cache_clear(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	handle_cache_clear(s, rq->conn);
+}
+
+static void route_probe(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	ksv_gen_probe(s, rq);
+}
+
+/* A browser gets the dashboard; HEAD / is how some clients (Claude Code)
+ * check the server is up. */
+static void route_root(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest;
+	struct ksv_conn *c = rq->conn;
+	const char *acc = ksv_conn_req_header(c, "Accept");
+	if (!is_head && acc && strstr(acc, "text/html")) {
+		ksv_dashboard_handle_page(s, c);
+		return;
+	}
+	json_t *j = json_object();
+	json_object_set_new(j, "name", json_string("kvkeep"));
+	json_object_set_new(j, "version", json_string(KVKEEP_VERSION));
+	json_object_set_new(j, "model", json_string(s->model_name));
+	ksv_reply_json(c, 200, j);
+}
+
+static void route_dashboard(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	ksv_dashboard_handle_page(s, rq->conn);
+}
+
+static void route_dashboard_state(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
+{
+	(void)rest, (void)is_head;
+	ksv_dashboard_handle_state(s, rq->conn);
+}
+
+/*
+ * The route table: looked up in one place (route_find), first match wins.
+ * A GET route answers HEAD too. Access (server/auth.h) is checked before
+ * the method, so a caller without the key learns nothing about a route.
+ */
+struct route {
+	const char *method;
+	const char *path;         /* the exact path, or (prefix) its start */
+	int prefix;               /* 1: path + at least one more byte (the id) */
+	const char *name;         /* the route in logs and metrics */
+	enum ksv_auth_class auth;
+	int wire;                 /* the error shape (enum ksv_wire) */
+	route_fn fn;
+};
+
+#define OAI KSV_WIRE_OPENAI
+#define ANT KSV_WIRE_ANTHROPIC
+static const struct route routes[] = {
+	{"POST", "/v1/chat/completions", 0, "/v1/chat/completions", KSV_AUTH_API, OAI, route_chat},
+	{"POST", "/v1/completions", 0, "/v1/completions", KSV_AUTH_API, OAI, route_completions},
+	{"GET", "/v1/models", 0, "/v1/models", KSV_AUTH_API, OAI, route_models},
+	{"GET", "/health", 0, "/health", KSV_AUTH_OPEN, OAI, route_health},
+	{"GET", "/metrics", 0, "/metrics", KSV_AUTH_OPEN, OAI, route_metrics},
+	{"GET", "/v1/cache/info", 0, "/v1/cache/info", KSV_AUTH_ADMIN, OAI, route_cache_info},
+	{"POST", "/v1/cache/clear", 0, "/v1/cache/clear", KSV_AUTH_ADMIN, OAI, route_cache_clear},
+	{"POST", "/v1/cache/probe", 0, "/v1/cache/probe", KSV_AUTH_ADMIN, OAI, route_probe},
+	/* the Messages routes answer in Anthropic's error shape */
+	{"POST", "/v1/messages", 0, "/v1/messages", KSV_AUTH_API, ANT, route_messages},
+	{"POST", "/v1/messages/count_tokens", 0, "/v1/messages/count_tokens", KSV_AUTH_API, ANT, route_count_tokens},
+	{"POST", "/v1/responses", 0, "/v1/responses", KSV_AUTH_API, OAI, route_responses},
+	{"GET", "/", 0, "/", KSV_AUTH_OPEN, OAI, route_root},
+	/* the dashboard page holds no data; what it reads is admin */
+	{"GET", "/dashboard", 0, "/dashboard", KSV_AUTH_OPEN, OAI, route_dashboard},
+	{"GET", "/v1/dashboard/state", 0, "/v1/dashboard/state", KSV_AUTH_ADMIN, OAI, route_dashboard_state},
+	{"GET", "/v1/models/", 1, "/v1/models", KSV_AUTH_API, OAI, route_models},
+};
+#undef OAI
+#undef ANT
+
+/* The route of a path, or NULL; *rest: what follows a prefix route's path. */
+static const struct route *route_find(const char *path, const char **rest)
+{
+	*rest = NULL;
+	for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+		const struct route *r = &routes[i];
+		size_t n = strlen(r->path);
+		if (!r->prefix && !strcmp(path, r->path))
+			return r;
+		if (r->prefix && !strncmp(path, r->path, n) && path[n]) {
+			*rest = path + n;
+			return r;
+		}
+	}
+	return NULL;
 }
 
 static const char *route_of(void *ctx, const char *path)
 {
 	(void)ctx;
-	int i = route_index(path);
-	return i < 0 ? "other" : routes[i].path;
+	const char *rest;
+	const struct route *r = route_find(path, &rest);
+	return r ? r->name : "other";
 }
 
 static void handler(void *ctx, const struct ksv_request *rq)
 {
 	struct ksv_server *s = ctx;
 	struct ksv_conn *c = rq->conn;
-	const char *path = rq->path;
-	int idx = route_index(path);
-	const char *model_id = idx == 2 && !strncmp(path, "/v1/models/", 11) ? path + 11 : NULL;
-	if (idx < 0) {
+	const char *path = rq->path, *rest;
+	const struct route *r = route_find(path, &rest);
+	if (!r) {
 		ksv_reply_error(s, c, 404, NULL, "unknown route: %s %s", rq->method, path);
 		return;
 	}
-	ksv_conn_set_route(c, routes[idx].path);
-	/* access (server/auth.h): before the method check, so a caller
-	 * without the key learns nothing about the route */
-	static const enum ksv_auth_class cls[] = {KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_OPEN,
-						  KSV_AUTH_OPEN, KSV_AUTH_ADMIN, KSV_AUTH_ADMIN, KSV_AUTH_ADMIN,
-						  KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_API,  KSV_AUTH_OPEN,
-						  /* the dashboard page holds no data; what it reads is admin */
-						  KSV_AUTH_OPEN, KSV_AUTH_ADMIN};
-	/* the Messages routes answer in Anthropic's error shape */
-	int wire = idx == 8 || idx == 9 ? KSV_WIRE_ANTHROPIC : KSV_WIRE_OPENAI;
-	_Static_assert(sizeof cls / sizeof cls[0] == sizeof routes / sizeof routes[0], "one class per route");
+	ksv_conn_set_route(c, r->name);
 	struct ksv_auth au = {.api_key = s->o.api_key ? s->o.api_key : s->o.env_api_key,
 			      .admin_key = s->o.admin_key ? s->o.admin_key : s->o.env_admin_key,
 			      .loopback = ksv_auth_is_loopback(s->o.host)};
 	const char *key = ksv_auth_presented(ksv_conn_req_header(c, "Authorization"), ksv_conn_req_header(c, "x-api-key"));
-	switch (ksv_auth_check(&au, cls[idx], key)) {
+	switch (ksv_auth_check(&au, r->auth, key)) {
 	case KSV_AUTH_OK:
 		break;
 	case KSV_AUTH_UNAUTHORIZED:
 		ksv_conn_header(c, "WWW-Authenticate", "Bearer");
-		ksv_reply_error_wire(s, c, wire, 401, NULL, "%s",
+		ksv_reply_error_wire(s, c, r->wire, 401, NULL, "%s",
 				     key ? "invalid API key" : "an API key is required (Authorization: Bearer KEY or x-api-key: KEY)");
 		return;
 	case KSV_AUTH_FORBIDDEN:
-		ksv_reply_error_wire(s, c, wire, 403, NULL,
+		ksv_reply_error_wire(s, c, r->wire, 403, NULL,
 				"the cache admin routes are off: this server listens beyond loopback (--host %s) and has no "
 				"--admin-key",
 				s->o.host);
 		return;
 	}
-	if (cls[idx] == KSV_AUTH_ADMIN) {
+	if (r->auth == KSV_AUTH_ADMIN) {
 		/* probes can recover other clients' cached prefixes (docs/api.md):
 		 * every admin call leaves a line at the default level */
 		char peer[96];
 		ksv_conn_peer(c, peer, sizeof peer);
-		KV_INFO("cache.admin", "route=%s peer=%s body_bytes=%zu", routes[idx].path, peer, rq->body_len);
+		KV_INFO("cache.admin", "route=%s peer=%s body_bytes=%zu", r->name, peer, rq->body_len);
 	}
-	int is_head = !strcmp(rq->method, "HEAD") && !strcmp(routes[idx].method, "GET");
-	if (strcmp(rq->method, routes[idx].method) && !is_head) {
-		ksv_conn_header(c, "Allow", routes[idx].method);
-		ksv_reply_error_wire(s, c, wire, 405, NULL, "%s does not accept %s (use %s)", path, rq->method,
-				     routes[idx].method);
+	int is_head = !strcmp(rq->method, "HEAD") && !strcmp(r->method, "GET");
+	if (strcmp(rq->method, r->method) && !is_head) {
+		ksv_conn_header(c, "Allow", r->method);
+		ksv_reply_error_wire(s, c, r->wire, 405, NULL, "%s does not accept %s (use %s)", path, rq->method, r->method);
 		return;
 	}
-	switch (idx) {
-	case 0:
-		ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_OPENAI);
-		break;
-	case 1:
-		ksv_gen_handle(s, rq, KSV_API_COMPLETION, KSV_WIRE_OPENAI);
-		break;
-	case 2:
-		handle_models(s, c, model_id);
-		break;
-	case 3: {
-		int stopping = atomic_load(&s->stopping);
-		json_t *j = json_object();
-		json_object_set_new(j, "status", json_string(stopping ? "shutting_down" : "ok"));
-		json_object_set_new(j, "model", json_string(s->model_name));
-		if (stopping)
-			KV_INFO("http.error", "route=/health status=503 param=\"-\" msg=\"shutting down\"");
-		ksv_reply_json(c, stopping ? 503 : 200, j);
-		break;
-	}
-	case 4:
-		handle_metrics(s, c);
-		break;
-	case 5:
-		handle_cache_info(s, c);
-		break;
-	case 6:
-		handle_cache_clear(s, c);
-		break;
-	case 7:
-		ksv_gen_probe(s, rq);
-		break;
-	case 8:
-		ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_ANTHROPIC);
-		break;
-	case 9:
-		ksv_gen_count_tokens(s, rq);
-		break;
-	case 10:
-		ksv_gen_handle(s, rq, KSV_API_CHAT, KSV_WIRE_RESPONSES);
-		break;
-	case 11: {
-		/* a browser gets the dashboard; HEAD / is how some clients
-		 * (Claude Code) check the server is up */
-		const char *acc = ksv_conn_req_header(c, "Accept");
-		if (!is_head && acc && strstr(acc, "text/html")) {
-			ksv_dashboard_handle_page(s, c);
-			break;
-		}
-		json_t *j = json_object();
-		json_object_set_new(j, "name", json_string("kvkeep"));
-		json_object_set_new(j, "version", json_string(KVKEEP_VERSION));
-		json_object_set_new(j, "model", json_string(s->model_name));
-		ksv_reply_json(c, 200, j);
-		break;
-	}
-	case 12:
-		ksv_dashboard_handle_page(s, c);
-		break;
-	case 13:
-		ksv_dashboard_handle_state(s, c);
-		break;
-	}
+	r->fn(s, rq, rest, is_head);
 }
 
 static void on_done(void *ctx, const char *route, int status, int gone, double seconds)
@@ -425,112 +472,245 @@ static void on_timeout(void *ctx)
 
 /* --- metrics ------------------------------------------------------------ */
 
-enum {
-	FC_LOOKUPS, FC_HITS, FC_MISSES, FC_SAVED, FC_EVICT, FC_PEVICT, FC_SKIPS, FC_SNAPS, FC_STORES, FC_BYTES,
-	FC_BUDGET, FC_ENTRIES, FC_NODES, FC_RPS, FC_SNAPSHOTS, FC_DEDUP, FC_P50, FC_P99, FC__N
+/*
+ * Metrics read from a stats struct at scrape time. One row says all there
+ * is about one: its name, type and help, the field it reads (divided by
+ * `div`), and for the cache's counters the key in GET /v1/cache/info.
+ * Registration, the scrape and the JSON walk the same rows, so a new
+ * counter is one line in one table. Rows register in table order, which
+ * is the order of /metrics.
+ */
+struct stat_row {
+	const char *name;
+	int type;                 /* KSV_COUNTER or KSV_GAUGE */
+	const char *help;
+	size_t off;               /* offsetof the field in the view struct */
+	char vt;                  /* the field's type: 'u' uint64_t, 'i' int, 'd' double; 'l' labelled */
+	double div;               /* metric = field / div */
+	const char *json;         /* key in the JSON view; NULL: not in it */
+	void (*labelled)(struct ksv_family *f, const void *view); /* 'l': sets the series */
+};
+#define STAT_VT(T, f) _Generic(((T *)0)->f, uint64_t: 'u', int: 'i', double: 'd')
+#define ROW(T, f, name, type, div, json, help) {name, type, help, offsetof(T, f), STAT_VT(T, f), div, json, NULL}
+#define LROW(fn, name, type, help) {name, type, help, 0, 'l', 1, NULL, fn}
+#define N_ROWS(t) ((int)(sizeof t / sizeof t[0]))
+#define C KSV_COUNTER
+#define G KSV_GAUGE
+
+static double stat_field(const struct stat_row *r, const void *view)
+{
+	const char *p = (const char *)view + r->off;
+	uint64_t u;
+	int i;
+	double d;
+	switch (r->vt) {
+	case 'u':
+		memcpy(&u, p, sizeof u);
+		return (double)u;
+	case 'i':
+		memcpy(&i, p, sizeof i);
+		return i;
+	default:
+		memcpy(&d, p, sizeof d);
+		return d;
+	}
+}
+
+static int stat_register(struct ksv_metrics *m, const struct stat_row *t, int n, struct ksv_family **fam)
+{
+	for (int i = 0; i < n; i++)
+		if (!(fam[i] = ksv_metrics_family(m, t[i].name, t[i].help, t[i].type, NULL, 0)))
+			return kv_fail(KV_ERR_NOMEM, "out of memory");
+	return KV_OK;
+}
+
+static void stat_scrape(const struct stat_row *t, int n, struct ksv_family **fam, const void *view)
+{
+	for (int i = 0; i < n; i++) {
+		if (t[i].vt == 'l')
+			t[i].labelled(fam[i], view);
+		else
+			ksv_metrics_set(fam[i], stat_field(&t[i], view) / t[i].div); /* x / 1 is x exactly */
+	}
+}
+
+/* The rows with a JSON key, as an object: the field as it is (integers,
+ * doubles as reals), not divided. */
+static json_t *stat_json(const struct stat_row *t, int n, const void *view)
+{
+	json_t *j = json_object();
+	for (int i = 0; i < n; i++) {
+		if (!t[i].json)
+			continue;
+		double v = stat_field(&t[i], view);
+		json_object_set_new(j, t[i].json, t[i].vt == 'd' ? json_real(v) : json_integer((json_int_t)v));
+	}
+	return j;
+}
+
+/* The RAM cache (every namespace together in /metrics; GET /v1/cache/info
+ * shows the same keys per namespace). */
+static const struct stat_row cache_rows[] = {
+	ROW(struct kc_stats, lookups, "kvkeep_prefix_cache_lookups_total", C, 1, "lookups", "Prefix-cache lookups."),
+	ROW(struct kc_stats, hits, "kvkeep_prefix_cache_hits_total", C, 1, "hits", "Lookups that found a resume point."),
+	ROW(struct kc_stats, misses, "kvkeep_prefix_cache_misses_total", C, 1, "misses", "Lookups that found nothing."),
+	ROW(struct kc_stats, tokens_saved, "kvkeep_prefix_cache_tokens_saved_total", C, 1, "tokens_saved",
+	    "Prompt tokens not prefilled thanks to hits."),
+	ROW(struct kc_stats, evictions, "kvkeep_prefix_cache_evictions_total", C, 1, "evictions",
+	    "Entries evicted for any reason."),
+	ROW(struct kc_stats, pressure_evictions, "kvkeep_prefix_cache_pressure_evictions_total", C, 1, "pressure_evictions",
+	    "Entries evicted by budget pressure or prefill reclaim."),
+	ROW(struct kc_stats, nontrim_skips, "kvkeep_prefix_cache_nontrimmable_skips_total", C, 1, "nontrimmable_skips",
+	    "Hybrid entries the policy chose not to store."),
+	ROW(struct kc_stats, snaps, "kvkeep_prefix_cache_snaps_total", C, 1, "snaps",
+	    "Hybrid lookups snapped down to a checkpoint."),
+	ROW(struct kc_stats, stores, "kvkeep_prefix_cache_stores_total", C, 1, "stores", "Entries stored."),
+	ROW(struct kc_stats, bytes_in_use, "kvkeep_prefix_cache_bytes", G, 1, "bytes_in_use",
+	    "Bytes held by the RAM prefix cache."),
+	ROW(struct kc_stats, cap_bytes, "kvkeep_prefix_cache_budget_bytes", G, 1, "budget_bytes",
+	    "Byte budget of the RAM prefix cache (0 = none)."),
+	ROW(struct kc_stats, entries, "kvkeep_prefix_cache_entries", G, 1, "entries", "Entries in the RAM prefix cache."),
+	ROW(struct kc_stats, nodes, "kvkeep_prefix_cache_nodes", G, 1, "nodes", "Block nodes in the index."),
+	ROW(struct kc_stats, rps, "kvkeep_prefix_cache_resume_points", G, 1, "resume_points", "Resume points held."),
+	ROW(struct kc_stats, snapshots, "kvkeep_prefix_cache_snapshots", G, 1, "snapshots", "Recurrent snapshots held."),
+	ROW(struct kc_stats, dedup_bytes_saved, "kvkeep_prefix_cache_dedup_bytes_saved", G, 1, "dedup_bytes_saved",
+	    "KV bytes not stored twice because entries share blocks."),
+	ROW(struct kc_stats, lookup_p50_ms, "kvkeep_prefix_cache_lookup_p50_seconds", G, 1e3, "lookup_p50_ms",
+	    "Median lookup latency over the last 4096 lookups."),
+	ROW(struct kc_stats, lookup_p99_ms, "kvkeep_prefix_cache_lookup_p99_seconds", G, 1e3, "lookup_p99_ms",
+	    "99th percentile lookup latency over the last 4096 lookups."),
 };
 
-/* The disk tier's counters (store.h struct ks_stats), copied at scrape time. */
-enum {
-	FD_FILES, FD_BYTES, FD_CKPT_FILES, FD_CKPT_BYTES, FD_CAP, FD_CKPT_CAP, FD_WRITTEN, FD_WRITTEN_BYTES, FD_WERR,
-	FD_REFUSED, FD_QUAR, FD_INCOMPLETE, FD_LOADS, FD_LOAD_BYTES, FD_LOAD_FILES, FD_LOAD_TOKENS, FD_LOAD_SECONDS,
-	FD_DIRECT, FD_EVICT, FD_CKPT_EVICT, FD_NS_REMOVED, FD_DEBRIS, FD_CKPT_QUEUED, FD_CKPT_WRITTEN, FD_DROPS,
-	FD_QUEUE, FD_SCAN_S, FD_SCAN_DONE, FD_WRITABLE, FD_RATE, FD_FLUSH_SAVED, FD_FLUSH_SKIPPED, FD_FLUSH_BYTES,
-	FD_DIRTY, FD__N
+static json_t *stats_json(const struct kc_stats *st)
+{
+	return stat_json(cache_rows, N_ROWS(cache_rows), st);
+}
+
+/* The engine's scheduler, and the server's own limit beside it. */
+struct engine_view {
+	struct kss_sched_stats es;
+	int max_running;
 };
+static const struct stat_row engine_rows[] = {
+	ROW(struct engine_view, es.steps, "kvkeep_engine_steps_total", C, 1, NULL, "Engine steps (one batched forward each)."),
+	ROW(struct engine_view, es.rows, "kvkeep_engine_step_tokens_total", C, 1, NULL,
+	    "Tokens through engine steps (decode and prefill)."),
+	ROW(struct engine_view, es.prefill_rows, "kvkeep_engine_prefill_tokens_total", C, 1, NULL,
+	    "Of those, tokens of prefill chunks."),
+	ROW(struct engine_view, es.step_s, "kvkeep_engine_step_seconds_total", C, 1, NULL,
+	    "Seconds spent in engine steps (divide by steps: mean step time)."),
+	ROW(struct engine_view, es.last_batch, "kvkeep_engine_batch_size", G, 1, NULL, "Sequences in the last engine step."),
+	ROW(struct engine_view, es.max_batch, "kvkeep_engine_batch_size_max", G, 1, NULL,
+	    "Most sequences one engine step has run."),
+	ROW(struct engine_view, es.last_step_s, "kvkeep_engine_last_step_seconds", G, 1, NULL,
+	    "Duration of the last engine step."),
+	ROW(struct engine_view, es.joined, "kvkeep_engine_sequences", G, 1, NULL,
+	    "Sequences on the engine now (prefilling or decoding)."),
+	ROW(struct engine_view, es.away, "kvkeep_engine_sequences_away", G, 1, NULL,
+	    "Of those, waiting for a slow client (the engine does not wait for them)."),
+	ROW(struct engine_view, es.flight_waits, "kvkeep_engine_prefix_waits_total", C, 1, NULL,
+	    "Requests that waited for another request's prefill of a shared prefix instead of computing it again."),
+	ROW(struct engine_view, es.flight_tokens, "kvkeep_engine_prefix_wait_tokens_total", C, 1, NULL,
+	    "Prompt tokens those waits found in the cache."),
+	ROW(struct engine_view, max_running, "kvkeep_engine_max_running", G, 1, NULL,
+	    "Requests that may generate together (--max-running)."),
+};
+
+/* The disk tier's counters (store.h struct ks_stats), copied at scrape
+ * time, and the RAM cache's objects not yet written. */
+struct disk_view {
+	struct ks_stats st;
+	double dirty;
+};
+
+static void disk_written(struct ksv_family *f, const void *view)
+{
+	const struct ks_stats *st = &((const struct disk_view *)view)->st;
+	for (int k = KS_BLOCK; k < KS_KIND__END; k++)
+		ksv_series_set(ksv_series_get(f, "kind", ks_kind_name(k), NULL), (double)st->written[k]);
+}
+
+static void disk_write_errors(struct ksv_family *f, const void *view)
+{
+	const struct ks_stats *st = &((const struct disk_view *)view)->st;
+	for (int w = 0; w < KS_WERR__COUNT; w++)
+		ksv_series_set(ksv_series_get(f, "kind", ks_werr_name(w), NULL), (double)st->write_errors[w]);
+}
+
+static void disk_refused(struct ksv_family *f, const void *view)
+{
+	const struct ks_stats *st = &((const struct disk_view *)view)->st;
+	for (int b = 1; b < KS_BAD__COUNT; b++)
+		ksv_series_set(ksv_series_get(f, "reason", ks_bad_name(b), NULL), (double)st->bad[b]);
+}
+
+#define DROW(f, name, type, help) ROW(struct disk_view, f, name, type, 1, NULL, help)
+static const struct stat_row disk_rows[] = {
+	DROW(st.files[0], "kvkeep_disk_files", G, "Object files of this namespace on disk (main area)."),
+	DROW(st.bytes[0], "kvkeep_disk_bytes", G, "Bytes of those files."),
+	DROW(st.files[1], "kvkeep_disk_checkpoint_files", G, "Files under kv_checkpoints/ for this namespace."),
+	DROW(st.bytes[1], "kvkeep_disk_checkpoint_bytes", G, "Bytes under kv_checkpoints/ for this namespace."),
+	DROW(st.cap_bytes, "kvkeep_disk_cap_bytes", G, "Disk cap (--disk-cache-max-mb)."),
+	DROW(st.ckpt_cap_bytes, "kvkeep_disk_checkpoint_cap_bytes", G, "KVKEEP_KV_CHECKPOINT_MAX_BYTES (0 = no cap)."),
+	LROW(disk_written, "kvkeep_disk_written_objects_total", C, "Objects written, by kind."),
+	DROW(st.written_bytes, "kvkeep_disk_written_bytes_total", C, "Bytes written."),
+	LROW(disk_write_errors, "kvkeep_disk_write_errors_total", C,
+	     "Writes that failed, by kind (enospc, eio, fsync, readonly, cap)."),
+	LROW(disk_refused, "kvkeep_disk_refused_files_total", C, "Files refused by the loader, by reason."),
+	DROW(st.quarantined, "kvkeep_disk_quarantined_files_total", C, "Corrupt files moved to quarantine/."),
+	DROW(st.incomplete, "kvkeep_disk_incomplete_entries_total", C,
+	     "Manifests not written because a dependency was missing."),
+	DROW(st.loads, "kvkeep_disk_loads_total", C, "Lookups served by loading from disk."),
+	DROW(st.load_bytes, "kvkeep_disk_load_bytes_total", C, "Bytes read to serve them."),
+	DROW(st.load_files, "kvkeep_disk_load_files_total", C, "Files read to serve them."),
+	DROW(st.load_tokens, "kvkeep_disk_load_tokens_total", C, "Prompt tokens made available by them."),
+	DROW(st.load_seconds, "kvkeep_disk_load_seconds_total", C, "Time spent loading them."),
+	DROW(st.direct_lookups, "kvkeep_disk_direct_lookups_total", C, "Disk lookups made before the startup scan was done."),
+	DROW(st.evictions, "kvkeep_disk_evictions_total", C, "Files deleted by the disk cap or the free-space reserve."),
+	DROW(st.ckpt_evictions, "kvkeep_disk_checkpoint_evictions_total", C, "Checkpoint files deleted by their cap."),
+	DROW(st.ns_removed, "kvkeep_disk_namespaces_removed_total", C, "Namespaces unused for 7 days that the scan removed."),
+	DROW(st.debris_removed, "kvkeep_disk_temp_files_removed_total", C,
+	     "Temp debris of interrupted writes deleted at startup."),
+	DROW(st.ckpts_queued, "kvkeep_disk_checkpoints_queued_total", C, "Interval checkpoints queued for the writer."),
+	DROW(st.ckpts_written, "kvkeep_disk_checkpoints_written_total", C, "Interval checkpoints written."),
+	DROW(st.drops, "kvkeep_disk_queue_drops_total", C, "Interval checkpoints dropped: the writer queue was full."),
+	DROW(st.queue_len, "kvkeep_disk_queue_length", G, "Interval checkpoints waiting for the writer."),
+	DROW(st.scan_seconds, "kvkeep_disk_scan_seconds", G, "Duration of the startup scan."),
+	DROW(st.scan_done, "kvkeep_disk_scan_done", G, "1 once the startup scan has finished."),
+	DROW(st.writable, "kvkeep_disk_writable", G, "0 when writes are off (read-only cache folder)."),
+	DROW(st.write_bps, "kvkeep_disk_write_bytes_per_second", G, "Recently observed write rate."),
+	DROW(st.flush_entries_saved, "kvkeep_disk_flush_entries_saved_total", C, "Entries the shutdown flush wrote."),
+	DROW(st.flush_entries_skipped, "kvkeep_disk_flush_entries_skipped_total", C,
+	     "Entries the shutdown flush skipped (budget)."),
+	DROW(st.flush_bytes, "kvkeep_disk_flush_bytes_total", C, "Bytes the shutdown flush wrote."),
+	DROW(dirty, "kvkeep_disk_dirty_objects", G, "Cache objects not yet written to disk."),
+};
+#undef DROW
+#undef C
+#undef G
+
+_Static_assert(N_ROWS(cache_rows) <= (int)(sizeof((struct ksv_server *)0)->fc / sizeof(struct ksv_family *)),
+	       "server_int.h: fc[] too small");
+_Static_assert(N_ROWS(engine_rows) <= (int)(sizeof((struct ksv_server *)0)->fe / sizeof(struct ksv_family *)),
+	       "server_int.h: fe[] too small");
+_Static_assert(N_ROWS(disk_rows) <= (int)(sizeof((struct ksv_server *)0)->fd / sizeof(struct ksv_family *)),
+	       "server_int.h: fd[] too small");
 
 static void scrape_disk(struct ksv_server *s)
 {
-	struct ks_stats st;
+	struct disk_view v;
 	if (!s->store)
 		return;
-	ks_store_stats(s->store, &st);
-	double v[FD__N] = {0};
-	v[FD_FILES] = (double)st.files[0];
-	v[FD_BYTES] = (double)st.bytes[0];
-	v[FD_CKPT_FILES] = (double)st.files[1];
-	v[FD_CKPT_BYTES] = (double)st.bytes[1];
-	v[FD_CAP] = (double)st.cap_bytes;
-	v[FD_CKPT_CAP] = (double)st.ckpt_cap_bytes;
-	v[FD_WRITTEN_BYTES] = (double)st.written_bytes;
-	v[FD_QUAR] = (double)st.quarantined;
-	v[FD_INCOMPLETE] = (double)st.incomplete;
-	v[FD_LOADS] = (double)st.loads;
-	v[FD_LOAD_BYTES] = (double)st.load_bytes;
-	v[FD_LOAD_FILES] = (double)st.load_files;
-	v[FD_LOAD_TOKENS] = (double)st.load_tokens;
-	v[FD_LOAD_SECONDS] = st.load_seconds;
-	v[FD_DIRECT] = (double)st.direct_lookups;
-	v[FD_EVICT] = (double)st.evictions;
-	v[FD_CKPT_EVICT] = (double)st.ckpt_evictions;
-	v[FD_NS_REMOVED] = (double)st.ns_removed;
-	v[FD_DEBRIS] = (double)st.debris_removed;
-	v[FD_CKPT_QUEUED] = (double)st.ckpts_queued;
-	v[FD_CKPT_WRITTEN] = (double)st.ckpts_written;
-	v[FD_DROPS] = (double)st.drops;
-	v[FD_QUEUE] = (double)st.queue_len;
-	v[FD_SCAN_S] = st.scan_seconds;
-	v[FD_SCAN_DONE] = st.scan_done;
-	v[FD_WRITABLE] = st.writable;
-	v[FD_RATE] = st.write_bps;
-	v[FD_FLUSH_SAVED] = (double)st.flush_entries_saved;
-	v[FD_FLUSH_SKIPPED] = (double)st.flush_entries_skipped;
-	v[FD_FLUSH_BYTES] = (double)st.flush_bytes;
-	v[FD_DIRTY] = (double)kc_cache_dirty_count(s->cache);
-	for (int i = 0; i < FD__N; i++)
-		if (i != FD_WRITTEN && i != FD_WERR && i != FD_REFUSED)
-			ksv_metrics_set(s->fd[i], v[i]);
-	for (int k = KS_BLOCK; k < KS_KIND__END; k++)
-		ksv_series_set(ksv_series_get(s->fd[FD_WRITTEN], "kind", ks_kind_name(k), NULL), (double)st.written[k]);
-	for (int w = 0; w < KS_WERR__COUNT; w++)
-		ksv_series_set(ksv_series_get(s->fd[FD_WERR], "kind", ks_werr_name(w), NULL), (double)st.write_errors[w]);
-	for (int b = 1; b < KS_BAD__COUNT; b++)
-		ksv_series_set(ksv_series_get(s->fd[FD_REFUSED], "reason", ks_bad_name(b), NULL), (double)st.bad[b]);
+	ks_store_stats(s->store, &v.st);
+	v.dirty = (double)kc_cache_dirty_count(s->cache);
+	stat_scrape(disk_rows, N_ROWS(disk_rows), s->fd, &v);
 }
 
 static int setup_disk_metrics(struct ksv_server *s)
 {
-	static const char *dn[FD__N][3] = {
-		{"kvkeep_disk_files", "Object files of this namespace on disk (main area).", "g"},
-		{"kvkeep_disk_bytes", "Bytes of those files.", "g"},
-		{"kvkeep_disk_checkpoint_files", "Files under kv_checkpoints/ for this namespace.", "g"},
-		{"kvkeep_disk_checkpoint_bytes", "Bytes under kv_checkpoints/ for this namespace.", "g"},
-		{"kvkeep_disk_cap_bytes", "Disk cap (--disk-cache-max-mb).", "g"},
-		{"kvkeep_disk_checkpoint_cap_bytes", "KVKEEP_KV_CHECKPOINT_MAX_BYTES (0 = no cap).", "g"},
-		{"kvkeep_disk_written_objects_total", "Objects written, by kind.", "c"},
-		{"kvkeep_disk_written_bytes_total", "Bytes written.", "c"},
-		{"kvkeep_disk_write_errors_total", "Writes that failed, by kind (enospc, eio, fsync, readonly, cap).", "c"},
-		{"kvkeep_disk_refused_files_total", "Files refused by the loader, by reason.", "c"},
-		{"kvkeep_disk_quarantined_files_total", "Corrupt files moved to quarantine/.", "c"},
-		{"kvkeep_disk_incomplete_entries_total", "Manifests not written because a dependency was missing.", "c"},
-		{"kvkeep_disk_loads_total", "Lookups served by loading from disk.", "c"},
-		{"kvkeep_disk_load_bytes_total", "Bytes read to serve them.", "c"},
-		{"kvkeep_disk_load_files_total", "Files read to serve them.", "c"},
-		{"kvkeep_disk_load_tokens_total", "Prompt tokens made available by them.", "c"},
-		{"kvkeep_disk_load_seconds_total", "Time spent loading them.", "c"},
-		{"kvkeep_disk_direct_lookups_total", "Disk lookups made before the startup scan was done.", "c"},
-		{"kvkeep_disk_evictions_total", "Files deleted by the disk cap or the free-space reserve.", "c"},
-		{"kvkeep_disk_checkpoint_evictions_total", "Checkpoint files deleted by their cap.", "c"},
-		{"kvkeep_disk_namespaces_removed_total", "Namespaces unused for 7 days that the scan removed.", "c"},
-		{"kvkeep_disk_temp_files_removed_total", "Temp debris of interrupted writes deleted at startup.", "c"},
-		{"kvkeep_disk_checkpoints_queued_total", "Interval checkpoints queued for the writer.", "c"},
-		{"kvkeep_disk_checkpoints_written_total", "Interval checkpoints written.", "c"},
-		{"kvkeep_disk_queue_drops_total", "Interval checkpoints dropped: the writer queue was full.", "c"},
-		{"kvkeep_disk_queue_length", "Interval checkpoints waiting for the writer.", "g"},
-		{"kvkeep_disk_scan_seconds", "Duration of the startup scan.", "g"},
-		{"kvkeep_disk_scan_done", "1 once the startup scan has finished.", "g"},
-		{"kvkeep_disk_writable", "0 when writes are off (read-only cache folder).", "g"},
-		{"kvkeep_disk_write_bytes_per_second", "Recently observed write rate.", "g"},
-		{"kvkeep_disk_flush_entries_saved_total", "Entries the shutdown flush wrote.", "c"},
-		{"kvkeep_disk_flush_entries_skipped_total", "Entries the shutdown flush skipped (budget).", "c"},
-		{"kvkeep_disk_flush_bytes_total", "Bytes the shutdown flush wrote.", "c"},
-		{"kvkeep_disk_dirty_objects", "Cache objects not yet written to disk.", "g"},
-	};
-	for (int i = 0; i < FD__N; i++) {
-		s->fd[i] = ksv_metrics_family(s->m, dn[i][0], dn[i][1], dn[i][2][0] == 'c' ? KSV_COUNTER : KSV_GAUGE, NULL, 0);
-		if (!s->fd[i])
-			return kv_fail(KV_ERR_NOMEM, "out of memory");
-	}
+	int rc = stat_register(s->m, disk_rows, N_ROWS(disk_rows), s->fd);
+	if (rc)
+		return rc;
 	scrape_disk(s); /* every series exists from the first scrape */
 	return KV_OK;
 }
@@ -541,14 +721,7 @@ static void scrape(void *ctx, struct ksv_metrics *m)
 	struct kc_stats st;
 	(void)m;
 	kss_registry_stats(s->reg, &st); /* every namespace */
-	double v[FC__N] = {(double)st.lookups,      (double)st.hits,         (double)st.misses,
-			   (double)st.tokens_saved, (double)st.evictions,    (double)st.pressure_evictions,
-			   (double)st.nontrim_skips, (double)st.snaps,       (double)st.stores,
-			   (double)st.bytes_in_use, (double)st.cap_bytes,    (double)st.entries,
-			   (double)st.nodes,        (double)st.rps,          (double)st.snapshots,
-			   (double)st.dedup_bytes_saved, st.lookup_p50_ms / 1e3, st.lookup_p99_ms / 1e3};
-	for (int i = 0; i < FC__N; i++)
-		ksv_metrics_set(s->fc[i], v[i]);
+	stat_scrape(cache_rows, N_ROWS(cache_rows), s->fc, &st);
 	for (int i = 0; i < KV_MEM__COUNT; i++) {
 		ksv_series_set(ksv_series_get(s->f_mem, "category", kv_mem_cat_name(i), NULL), (double)kv_mem_used(i));
 		ksv_series_set(ksv_series_get(s->f_mem_peak, "category", kv_mem_cat_name(i), NULL), (double)kv_mem_peak(i));
@@ -556,13 +729,9 @@ static void scrape(void *ctx, struct ksv_metrics *m)
 	ksv_metrics_set(s->f_pages, (double)kv_pages_in_use(ke_model_pages(s->model)));
 	ksv_metrics_set(s->f_running, ksv_sched_running(s->sched));
 	ksv_metrics_set(s->f_waiting, ksv_sched_queued(s->sched));
-	struct kss_sched_stats es;
-	kss_sched_stats(s->engine, &es);
-	double ev[] = {(double)es.steps,      (double)es.rows,         (double)es.prefill_rows, es.step_s,
-		       (double)es.last_batch, (double)es.max_batch,    es.last_step_s,          (double)es.joined,
-		       (double)es.away,       (double)es.flight_waits, (double)es.flight_tokens, (double)s->max_running};
-	for (int i = 0; i < (int)(sizeof ev / sizeof ev[0]); i++)
-		ksv_metrics_set(s->fe[i], ev[i]);
+	struct engine_view ev = {.max_running = s->max_running};
+	kss_sched_stats(s->engine, &ev.es);
+	stat_scrape(engine_rows, N_ROWS(engine_rows), s->fe, &ev);
 	struct ksv_httpd *http = __atomic_load_n(&s->http, __ATOMIC_ACQUIRE);
 	ksv_metrics_set(s->f_conns, http ? ksv_httpd_connections(http) : 0);
 	ksv_metrics_set(s->f_corrupt, (double)kv_corrupt_count());
@@ -590,23 +759,8 @@ static int setup_metrics(struct ksv_server *s)
 	H(f_e2e, "kvkeep_request_duration_seconds", "Time from arrival to the end of a generation request.", e2e_b);
 	H(f_queue_wait, "kvkeep_queue_wait_seconds", "Time a generation request waited for the engine.", e2e_b);
 	F(f_running, "kvkeep_requests_running", "Generation requests on the engine now.", KSV_GAUGE);
-	static const char *const en[12][3] = {
-		{"kvkeep_engine_steps_total", "Engine steps (one batched forward each).", "c"},
-		{"kvkeep_engine_step_tokens_total", "Tokens through engine steps (decode and prefill).", "c"},
-		{"kvkeep_engine_prefill_tokens_total", "Of those, tokens of prefill chunks.", "c"},
-		{"kvkeep_engine_step_seconds_total", "Seconds spent in engine steps (divide by steps: mean step time).", "c"},
-		{"kvkeep_engine_batch_size", "Sequences in the last engine step.", "g"},
-		{"kvkeep_engine_batch_size_max", "Most sequences one engine step has run.", "g"},
-		{"kvkeep_engine_last_step_seconds", "Duration of the last engine step.", "g"},
-		{"kvkeep_engine_sequences", "Sequences on the engine now (prefilling or decoding).", "g"},
-		{"kvkeep_engine_sequences_away", "Of those, waiting for a slow client (the engine does not wait for them).", "g"},
-		{"kvkeep_engine_prefix_waits_total",
-		 "Requests that waited for another request's prefill of a shared prefix instead of computing it again.", "c"},
-		{"kvkeep_engine_prefix_wait_tokens_total", "Prompt tokens those waits found in the cache.", "c"},
-		{"kvkeep_engine_max_running", "Requests that may generate together (--max-running).", "g"},
-	};
-	for (int i = 0; i < 12; i++)
-		s->fe[i] = ksv_metrics_family(m, en[i][0], en[i][1], en[i][2][0] == 'c' ? KSV_COUNTER : KSV_GAUGE, NULL, 0);
+	if (stat_register(m, engine_rows, N_ROWS(engine_rows), s->fe))
+		return KV_ERR_NOMEM;
 	F(f_waiting, "kvkeep_requests_waiting", "Generation requests queued for the engine.", KSV_GAUGE);
 	F(f_cancelled, "kvkeep_requests_cancelled_total", "Generations stopped because the client went away.", KSV_COUNTER);
 	F(f_rej_503, "kvkeep_admission_rejections_total", "Requests answered 503: the cache could free nothing.", KSV_COUNTER);
@@ -617,28 +771,8 @@ static int setup_metrics(struct ksv_server *s)
 	F(f_mem_peak, "kvkeep_memory_peak_bytes", "Highest bytes in use by category.", KSV_GAUGE);
 	F(f_pages, "kvkeep_kv_pages_in_use", "KV pages referenced by sequences or the cache.", KSV_GAUGE);
 	F(f_corrupt, "kvkeep_corrupt_reports_total", "Corruption reports (bad bytes found in files).", KSV_COUNTER);
-	static const char *cn[FC__N][2] = {
-		{"kvkeep_prefix_cache_lookups_total", "Prefix-cache lookups."},
-		{"kvkeep_prefix_cache_hits_total", "Lookups that found a resume point."},
-		{"kvkeep_prefix_cache_misses_total", "Lookups that found nothing."},
-		{"kvkeep_prefix_cache_tokens_saved_total", "Prompt tokens not prefilled thanks to hits."},
-		{"kvkeep_prefix_cache_evictions_total", "Entries evicted for any reason."},
-		{"kvkeep_prefix_cache_pressure_evictions_total", "Entries evicted by budget pressure or prefill reclaim."},
-		{"kvkeep_prefix_cache_nontrimmable_skips_total", "Hybrid entries the policy chose not to store."},
-		{"kvkeep_prefix_cache_snaps_total", "Hybrid lookups snapped down to a checkpoint."},
-		{"kvkeep_prefix_cache_stores_total", "Entries stored."},
-		{"kvkeep_prefix_cache_bytes", "Bytes held by the RAM prefix cache."},
-		{"kvkeep_prefix_cache_budget_bytes", "Byte budget of the RAM prefix cache (0 = none)."},
-		{"kvkeep_prefix_cache_entries", "Entries in the RAM prefix cache."},
-		{"kvkeep_prefix_cache_nodes", "Block nodes in the index."},
-		{"kvkeep_prefix_cache_resume_points", "Resume points held."},
-		{"kvkeep_prefix_cache_snapshots", "Recurrent snapshots held."},
-		{"kvkeep_prefix_cache_dedup_bytes_saved", "KV bytes not stored twice because entries share blocks."},
-		{"kvkeep_prefix_cache_lookup_p50_seconds", "Median lookup latency over the last 4096 lookups."},
-		{"kvkeep_prefix_cache_lookup_p99_seconds", "99th percentile lookup latency over the last 4096 lookups."},
-	};
-	for (int i = 0; i < FC__N; i++)
-		s->fc[i] = ksv_metrics_family(m, cn[i][0], cn[i][1], i < FC_BYTES ? KSV_COUNTER : KSV_GAUGE, NULL, 0);
+	if (stat_register(m, cache_rows, N_ROWS(cache_rows), s->fc))
+		return KV_ERR_NOMEM;
 #undef F
 #undef H
 	ksv_series_set(ksv_series_get(s->f_info, "version", KVKEEP_VERSION, "model", s->model_name, "index",
@@ -726,7 +860,7 @@ static void open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_cache 
 	if (!o->prefix_cache)
 		return;
 	const char *flag = o->cache_dir && *o->cache_dir ? o->cache_dir : o->env_cache_dir;
-	if (ks_dir_root_from(flag, NULL, getenv("XDG_CACHE_HOME"), getenv("HOME"), root, sizeof root)) {
+	if (ks_dir_root_from(flag, NULL, kv_env(KV_ENV_XDG_CACHE_HOME), kv_env(KV_ENV_HOME), root, sizeof root)) {
 		KV_WARN("store.disabled", "err=\"%s\" msg=\"no disk tier: serving from RAM only\"", kv_errmsg());
 		return;
 	}
@@ -835,7 +969,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		char root[4096], memo[4200];
 		const char *flag = o->cache_dir && *o->cache_dir ? o->cache_dir : o->env_cache_dir;
 		int disk = o->prefix_cache &&
-			   !ks_dir_root_from(flag, NULL, getenv("XDG_CACHE_HOME"), getenv("HOME"), root, sizeof root);
+			   !ks_dir_root_from(flag, NULL, kv_env(KV_ENV_XDG_CACHE_HOME), kv_env(KV_ENV_HOME), root, sizeof root);
 		if (disk)
 			snprintf(memo, sizeof memo, "%s/%s", root, KSV_FP_MEMO_DIR);
 		struct ksv_fp_params fp = {.model_dir = o->model_dir,

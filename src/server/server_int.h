@@ -80,9 +80,10 @@ struct ksv_server {
 	struct ksv_family *f_requests, *f_prompt_tok, *f_gen_tok, *f_cached_tok, *f_resume, *f_ttft, *f_itl, *f_e2e,
 		*f_queue_wait, *f_running, *f_waiting, *f_cancelled, *f_timeouts, *f_conns, *f_mem, *f_mem_peak,
 		*f_pages, *f_rej_503, *f_rej_429, *f_corrupt, *f_info;
-	struct ksv_family *fe[12];        /* the engine's scheduler (server.c engine_metric_names) */
-	struct ksv_family *fc[24];
-	struct ksv_family *fd[40];        /* disk tier (server.c disk_metric_names) */
+	/* one per row of the tables in server.c (metrics section) */
+	struct ksv_family *fe[12];        /* the engine's scheduler (engine_rows) */
+	struct ksv_family *fc[24];        /* the RAM cache (cache_rows) */
+	struct ksv_family *fd[40];        /* the disk tier (disk_rows) */
 };
 
 /* reply.c */

@@ -8,6 +8,7 @@
  */
 #include "store/dir.h"
 #include "base/durable.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/log.h"
@@ -53,32 +54,31 @@ int ks_dir_root_from(const char *flag, const char *env_cache_dir, const char *en
 
 int ks_dir_root(const char *flag, char *out, size_t cap)
 {
-	return ks_dir_root_from(flag, getenv("KVKEEP_CACHE_DIR"), getenv("XDG_CACHE_HOME"), getenv("HOME"), out, cap);
+	return ks_dir_root_from(flag, kv_env(KV_ENV_CACHE_DIR), kv_env(KV_ENV_XDG_CACHE_HOME), kv_env(KV_ENV_HOME), out, cap);
 }
 
-void ks_dir_ns_path(const char *root, struct kv_h128 ns, int area, char *out, size_t cap)
+int ks_dir_ns_path(const char *root, struct kv_h128 ns, int area, char *out, size_t cap)
 {
 	char hex[33];
 	kv_h128_hex(ns, hex);
 	if (area == KS_AREA_CKPT)
-		snprintf(out, cap, "%s/%s/%s", root, KS_CKPT_DIR, hex);
-	else
-		snprintf(out, cap, "%s/%s", root, hex);
+		return kv_path_fmt(out, cap, "%s/%s/%s", root, KS_CKPT_DIR, hex);
+	return kv_path_fmt(out, cap, "%s/%s", root, hex);
 }
 
-void ks_dir_shard_path(const char *base, struct kv_h128 id, char *out, size_t cap)
+int ks_dir_shard_path(const char *base, struct kv_h128 id, char *out, size_t cap)
 {
 	char hex[33];
 	kv_h128_hex(id, hex);
-	snprintf(out, cap, "%s/%.2s", base, hex);
+	return kv_path_fmt(out, cap, "%s/%.2s", base, hex);
 }
 
-void ks_dir_obj_path(const char *base, int kind, struct kv_h128 id, char *out, size_t cap)
+int ks_dir_obj_path(const char *base, int kind, struct kv_h128 id, char *out, size_t cap)
 {
 	char hex[33], name[64];
 	kv_h128_hex(id, hex);
 	ks_obj_name(kind, id, name);
-	snprintf(out, cap, "%s/%.2s/%s", base, hex, name);
+	return kv_path_fmt(out, cap, "%s/%.2s/%s", base, hex, name);
 }
 
 int ks_dir_ensure(const char *path)
@@ -165,8 +165,7 @@ static void quarantine_cap(const char *qdir, uint64_t cap)
 		struct stat st;
 		if (e->d_name[0] == '.' || strlen(e->d_name) >= sizeof v->name)
 			continue;
-		snprintf(p, sizeof p, "%s/%s", qdir, e->d_name);
-		if (lstat(p, &st) || !S_ISREG(st.st_mode))
+		if (kv_path_fmt(p, sizeof p, "%s/%s", qdir, e->d_name) || lstat(p, &st) || !S_ISREG(st.st_mode))
 			continue;
 		if (n == c) {
 			size_t nc = c ? 2 * c : 64;
@@ -176,7 +175,7 @@ static void quarantine_cap(const char *qdir, uint64_t cap)
 			v = nv;
 			c = nc;
 		}
-		snprintf(v[n].name, sizeof v[n].name, "%s", e->d_name);
+		memcpy(v[n].name, e->d_name, strlen(e->d_name) + 1); /* fits: checked above */
 		v[n].size = (uint64_t)st.st_size;
 		v[n].mtime = (int64_t)st.st_mtime;
 		total += v[n].size;
@@ -187,8 +186,7 @@ static void quarantine_cap(const char *qdir, uint64_t cap)
 		qsort(v, n, sizeof *v, cmp_qfile);
 		for (size_t i = 0; i < n && total > cap; i++) {
 			char p[4096];
-			snprintf(p, sizeof p, "%s/%s", qdir, v[i].name);
-			if (kv_io_unlink(p) == 0)
+			if (kv_path_fmt(p, sizeof p, "%s/%s", qdir, v[i].name) == KV_OK && kv_io_unlink(p) == 0)
 				total -= v[i].size;
 		}
 	}
@@ -200,9 +198,9 @@ int ks_dir_quarantine(const char *root, const char *path, const char *tag, uint6
 	char qdir[4096], dst[4096];
 	const char *base = strrchr(path, '/');
 	base = base ? base + 1 : path;
-	snprintf(qdir, sizeof qdir, "%s/%s", root, KS_QUARANTINE_DIR);
-	if (ks_dir_ensure(qdir) == KV_OK) {
-		snprintf(dst, sizeof dst, "%s/%lld-%.8s-%s", qdir, (long long)time(NULL), tag ? tag : "x", base);
+	/* a path too long to keep is deleted like one that cannot be moved */
+	if (kv_path_fmt(qdir, sizeof qdir, "%s/%s", root, KS_QUARANTINE_DIR) == KV_OK && ks_dir_ensure(qdir) == KV_OK &&
+	    kv_path_fmt(dst, sizeof dst, "%s/%lld-%.8s-%s", qdir, (long long)time(NULL), tag ? tag : "x", base) == KV_OK) {
 		if (kv_io_rename(path, dst) == 0) {
 			quarantine_cap(qdir, cap ? cap : KS_QUARANTINE_MAX_DEFAULT);
 			return KV_OK;
@@ -255,8 +253,8 @@ int ks_dir_rmtree(const char *path)
 			char p[4096];
 			if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
 				continue;
-			snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-			rmdir(p); /* shard folders, now empty */
+			if (kv_path_fmt(p, sizeof p, "%s/%s", path, e->d_name) == KV_OK)
+				rmdir(p); /* shard folders, now empty */
 		}
 		closedir(d);
 	}

@@ -46,16 +46,20 @@ enum ks_area { KS_AREA_MAIN = 0, KS_AREA_CKPT = 1, KS_AREA__COUNT };
  */
 int ks_dir_root_from(const char *flag, const char *env_cache_dir, const char *env_xdg, const char *env_home,
 		     char *out, size_t cap);
-/* ks_dir_root_from with getenv("KVKEEP_CACHE_DIR"/"XDG_CACHE_HOME"/"HOME"). */
+/* ks_dir_root_from with KVKEEP_CACHE_DIR, XDG_CACHE_HOME and HOME (base/env.h). */
 int ks_dir_root(const char *flag, char *out, size_t cap);
 
+/*
+ * Path builders: KV_OK, or KV_ERR_INVALID when the path does not fit cap
+ * (out is then "": a path cut short names another file).
+ */
 /* "<root>/<ns hex>" or "<root>/kv_checkpoints/<ns hex>". */
-void ks_dir_ns_path(const char *root, struct kv_h128 ns, int area, char *out, size_t cap);
+int ks_dir_ns_path(const char *root, struct kv_h128 ns, int area, char *out, size_t cap);
 /* 1 if a folder name is a namespace's (32 lowercase hex digits). */
 int ks_dir_is_ns_name(const char *name);
 /* "<base>/<xx>" (the shard folder of id) and "<base>/<xx>/<name>". */
-void ks_dir_shard_path(const char *base, struct kv_h128 id, char *out, size_t cap);
-void ks_dir_obj_path(const char *base, int kind, struct kv_h128 id, char *out, size_t cap);
+int ks_dir_shard_path(const char *base, struct kv_h128 id, char *out, size_t cap);
+int ks_dir_obj_path(const char *base, int kind, struct kv_h128 id, char *out, size_t cap);
 
 /* mkdir -p with 0700. */
 int ks_dir_ensure(const char *path);

@@ -86,8 +86,7 @@ static int file_exists(const struct ks_store *s, int area, int kind, struct kv_h
 {
 	char path[4096];
 	struct stat sb;
-	ks_store_path(s, area, kind, id, path, sizeof path);
-	return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+	return ks_store_path(s, area, kind, id, path, sizeof path) == KV_OK && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
 /* Area holding (kind, id): main first; -1 when neither. Catalog mode
@@ -211,7 +210,8 @@ static int load_obj(struct ks_store *s, int area, int kind, struct kv_h128 id, s
 	char path[4096];
 	struct ks_obj *o;
 	int bad = KS_BAD_NONE, rc;
-	ks_store_path(s, area, kind, id, path, sizeof path);
+	if ((rc = ks_store_path(s, area, kind, id, path, sizeof path)))
+		return rc; /* no file can have that name: nothing to reject */
 	rc = ks_obj_open(path, &s->L, kind, &s->p.ns, &o, &bad);
 	if (rc == KV_OK) {
 		const struct ks_obj_info *in = ks_obj_info(o);
@@ -246,7 +246,8 @@ static int load_obj(struct ks_store *s, int area, int kind, struct kv_h128 id, s
 static void will_need(struct ks_store *s, int area, int kind, struct kv_h128 id)
 {
 	char path[4096];
-	ks_store_path(s, area, kind, id, path, sizeof path);
+	if (ks_store_path(s, area, kind, id, path, sizeof path))
+		return;
 	int fd = kv_io_open(path, O_RDONLY | O_CLOEXEC, 0);
 	if (fd < 0)
 		return;
@@ -337,8 +338,8 @@ static void load_block(struct blk_ctx *b, size_t i)
 static void touch_used(struct ks_store *s, int area, int kind, struct kv_h128 id)
 {
 	char path[4096];
-	ks_store_path(s, area, kind, id, path, sizeof path);
-	ks_dir_touch(path);
+	if (ks_store_path(s, area, kind, id, path, sizeof path) == KV_OK)
+		ks_dir_touch(path);
 	pthread_mutex_lock(&s->mu);
 	ks_cat_touch(s->cat, ks_cat_find(s->cat, area, kind, id), ks_dir_now_ns());
 	pthread_mutex_unlock(&s->mu);

@@ -70,7 +70,10 @@ static double probe(struct ks_store *s, uint64_t deadline_ns)
 	double bps = 0;
 	if (!buf)
 		return 0;
-	snprintf(path, sizeof path, "%s/flush-probe", s->dir[KS_AREA_MAIN]);
+	if (kv_path_fmt(path, sizeof path, "%s/flush-probe", s->dir[KS_AREA_MAIN])) {
+		kv_free(buf);
+		return 0;
+	}
 	uint64_t t0 = kv_now_ns(), stop = t0 + (deadline_ns > t0 ? (deadline_ns - t0) / 5 : 0);
 	if (kv_dw_begin(&w, path) == KV_OK) {
 		size_t off = 0;

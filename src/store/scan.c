@@ -14,6 +14,7 @@
  */
 #include "base/clock.h"
 #include "base/durable.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/log.h"
@@ -118,8 +119,7 @@ static uint64_t age_out(struct ks_store *s)
 		int64_t last;
 		if (!ks_dir_is_ns_name(e->d_name) || !strcmp(e->d_name, ours))
 			continue;
-		snprintf(p, sizeof p, "%s/%s", s->root, e->d_name);
-		if (lstat(p, &sb) || !S_ISDIR(sb.st_mode))
+		if (kv_path_fmt(p, sizeof p, "%s/%s", s->root, e->d_name) || lstat(p, &sb) || !S_ISDIR(sb.st_mode))
 			continue;
 		last = ks_ns_read(p, &ni) == KV_OK ? ni.mtime : (int64_t)sb.st_mtime;
 		if (now - last <= s->p.ns_max_age_s)
@@ -131,8 +131,8 @@ static uint64_t age_out(struct ks_store *s)
 				 e->d_name, (double)(now - last) / 86400);
 			continue;
 		}
-		snprintf(c, sizeof c, "%s/%s/%s", s->root, KS_CKPT_DIR, e->d_name);
-		ks_dir_rmtree(c);
+		if (kv_path_fmt(c, sizeof c, "%s/%s/%s", s->root, KS_CKPT_DIR, e->d_name) == KV_OK)
+			ks_dir_rmtree(c);
 		if (ks_dir_rmtree(p) == KV_OK) {
 			removed++;
 			KV_INFO("store.ns_removed", "namespace=%s unused_days=%.1f", e->d_name, (double)(now - last) / 86400);
@@ -155,7 +155,7 @@ void ks_scan_run(struct ks_store *s)
 	}
 	uint64_t removed = sc.cut || s->p.tool || s->ns_busy ? 0 : age_out(s);
 	/* the checkpoint cap is read again at every scan */
-	const char *env = s->p.env_ckpt_max ? s->p.env_ckpt_max : getenv("KVKEEP_KV_CHECKPOINT_MAX_BYTES");
+	const char *env = s->p.env_ckpt_max ? s->p.env_ckpt_max : kv_env(KV_ENV_KV_CHECKPOINT_MAX_BYTES);
 	uint64_t cap = ks_ckpt_cap_parse(env);
 	pthread_mutex_lock(&s->mu);
 	s->ckpt_cap_bytes = cap;

@@ -5,6 +5,7 @@
  */
 #include "store/store.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/log.h"
@@ -58,9 +59,9 @@ uint64_t ks_ckpt_cap_parse(const char *v)
 	return x;
 }
 
-void ks_store_path(const struct ks_store *s, int area, int kind, struct kv_h128 id, char *out, size_t cap)
+int ks_store_path(const struct ks_store *s, int area, int kind, struct kv_h128 id, char *out, size_t cap)
 {
-	ks_dir_obj_path(s->dir[area], kind, id, out, cap);
+	return ks_dir_obj_path(s->dir[area], kind, id, out, cap);
 }
 
 int ks_store_has(struct ks_store *s, int area, int kind, struct kv_h128 id)
@@ -72,8 +73,7 @@ int ks_store_has(struct ks_store *s, int area, int kind, struct kv_h128 id)
 		return have;
 	char path[4096];
 	struct stat sb;
-	ks_store_path(s, area, kind, id, path, sizeof path);
-	return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+	return ks_store_path(s, area, kind, id, path, sizeof path) == KV_OK && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
 void ks_store_reject(struct ks_store *s, const char *path, int area, int kind, struct kv_h128 id, int bad)
@@ -128,10 +128,11 @@ void ks_store_evict_locked(struct ks_store *s, int32_t i, int ckpt_rule)
 	char path[4096];
 	if (!r)
 		return;
-	ks_store_path(s, r->area, r->kind, r->id, path, sizeof path);
 	/* unlink under the lock: a short metadata call, and it keeps the
-	 * catalog and the folder in agreement */
-	if (kv_io_unlink(path) != 0 && errno != ENOENT)
+	 * catalog and the folder in agreement (a path that cannot be built
+	 * names no file: nothing to unlink) */
+	if (ks_store_path(s, r->area, r->kind, r->id, path, sizeof path) == KV_OK && kv_io_unlink(path) != 0 &&
+	    errno != ENOENT)
 		return;
 	if (ckpt_rule)
 		s->st.ckpt_evictions++;
@@ -341,8 +342,12 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 	s->p.layout = &s->L;
 	s->B = (uint32_t)s->L.page_tokens;
 	s->hybrid = s->L.n_rec_layers > 0;
-	snprintf(s->root, sizeof s->root, "%s", p->root);
-	snprintf(s->label, sizeof s->label, "%s", p->label ? p->label : "");
+	if ((rc = kv_path_fmt(s->root, sizeof s->root, "%s", p->root))) {
+		free(s);
+		return kv_fail_ctx(rc, "disk cache");
+	}
+	/* the label is shown, never a path: a long one is cut */
+	snprintf(s->label, sizeof s->label, "%.*s", (int)sizeof s->label - 1, p->label ? p->label : "");
 	s->p.root = s->root;
 	s->p.label = s->label;
 	if (!s->p.queue_cap)
@@ -362,8 +367,17 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 		ks_store_close(s);
 		return kv_fail(KV_ERR_NOMEM, "disk cache: out of memory");
 	}
-	for (int a = 0; a < KS_AREA__COUNT; a++)
-		ks_dir_ns_path(s->root, s->p.ns, a, s->dir[a], sizeof s->dir[a]);
+	/* every object path must fit (then ks_store_path never fails) */
+	for (int a = 0; a < KS_AREA__COUNT; a++) {
+		char probe[sizeof s->dir[a]];
+		rc = ks_dir_ns_path(s->root, s->p.ns, a, s->dir[a], sizeof s->dir[a]);
+		for (int k = KS_BLOCK; !rc && k < KS_KIND__END; k++)
+			rc = ks_dir_obj_path(s->dir[a], k, s->p.ns, probe, sizeof probe);
+		if (rc) {
+			ks_store_close(s);
+			return kv_fail_ctx(rc, "disk cache");
+		}
+	}
 
 	/* folders, lock and marker. A folder we cannot write makes a read-only
 	 * store; a full disk is the same degraded-but-retrying state as an
@@ -392,7 +406,7 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 	s->cap_bytes = p->max_bytes ? p->max_bytes : (total ? total / 10 : (10ull << 30));
 	s->max_files = p->max_files ? (size_t)p->max_files : KS_MAX_FILES_DEFAULT;
 	s->reserve_bytes = p->reserve_bytes ? p->reserve_bytes : (total / 20 < (4ull << 30) ? total / 20 : (4ull << 30));
-	s->ckpt_cap_bytes = ks_ckpt_cap_parse(p->env_ckpt_max ? p->env_ckpt_max : getenv("KVKEEP_KV_CHECKPOINT_MAX_BYTES"));
+	s->ckpt_cap_bytes = ks_ckpt_cap_parse(p->env_ckpt_max ? p->env_ckpt_max : kv_env(KV_ENV_KV_CHECKPOINT_MAX_BYTES));
 
 	if (!p->no_threads) {
 		s->writer_running = 1;

@@ -77,7 +77,7 @@ struct ks_params {
 	uint64_t max_files;            /* object cap of the namespace; 0 = KS_MAX_FILES_DEFAULT */
 	uint64_t reserve_bytes;        /* free space kept; 0 = min(5% of the filesystem, 4 GiB) */
 	uint64_t quarantine_bytes;     /* 0 = KS_QUARANTINE_MAX_DEFAULT */
-	const char *env_ckpt_max;      /* KVKEEP_KV_CHECKPOINT_MAX_BYTES text; NULL: getenv at each scan */
+	const char *env_ckpt_max;      /* KVKEEP_KV_CHECKPOINT_MAX_BYTES text; NULL: the environment's (base/env.h) */
 	uint32_t ckpt_interval;        /* --kv-disk-checkpoint-interval (0 = off) */
 	uint32_t queue_cap;            /* checkpoint jobs waiting; 0 = 4 */
 	int no_threads;                /* tests: no writer thread (ks_store_drain writes), the

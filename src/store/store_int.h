@@ -113,11 +113,12 @@ struct ks_store {
 
 /* store.c ------------------------------------------------------------------ */
 
-/* Path of an object. */
 /* KVKEEP_KV_CHECKPOINT_MAX_BYTES (read at open and at every scan): bytes,
  * 0 = no cap; unset or blank: 20 GiB; invalid: 20 GiB with a warning. */
 uint64_t ks_ckpt_cap_parse(const char *v);
-void ks_store_path(const struct ks_store *s, int area, int kind, struct kv_h128 id, char *out, size_t cap);
+/* Path of an object: KV_OK, or KV_ERR_INVALID when it does not fit cap
+ * (never for a cap of 4096: ks_store_open checks the longest). */
+int ks_store_path(const struct ks_store *s, int area, int kind, struct kv_h128 id, char *out, size_t cap);
 /* 1 if the object is on disk: the catalog, or (scan not done) the file. */
 int ks_store_has(struct ks_store *s, int area, int kind, struct kv_h128 id);
 /* Count a refused file and move it to quarantine when it is corrupt

@@ -191,8 +191,7 @@ int ks_writer_put(struct ks_store *s, int area, const struct ks_obj_src *src, ui
 	}
 	if (!s->shard_made[area][sh]) {
 		char d[4096];
-		ks_dir_shard_path(s->dir[area], src->id, d, sizeof d);
-		if ((rc = ks_dir_ensure(d))) {
+		if ((rc = ks_dir_shard_path(s->dir[area], src->id, d, sizeof d)) || (rc = ks_dir_ensure(d))) {
 			ks_store_write_failed(s, rc, "folder");
 			return rc;
 		}
@@ -210,8 +209,9 @@ int ks_writer_put(struct ks_store *s, int area, const struct ks_obj_src *src, ui
 	if (!s->n_stg)
 		s->stg_t0 = kv_now_ns();
 	struct ks_stage_rec *g = &s->stg[s->n_stg];
-	ks_store_path(s, area, src->kind, src->id, g->path, sizeof g->path);
-	rc = ks_obj_stage(g->path, &s->L, &o, deadline_ns, &g->st);
+	rc = ks_store_path(s, area, src->kind, src->id, g->path, sizeof g->path);
+	if (!rc)
+		rc = ks_obj_stage(g->path, &s->L, &o, deadline_ns, &g->st);
 	if (rc) {
 		if (rc != KV_ERR_TIMEOUT)
 			ks_store_write_failed(s, rc, ks_kind_name(src->kind));

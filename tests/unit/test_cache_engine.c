@@ -18,6 +18,7 @@
 #include "kt.h"
 #include "base/durable.h"
 #include "base/err.h"
+#include "base/io.h"
 #include "base/log.h"
 #include "cache/cache.h"
 #include "session/run.h"
@@ -61,7 +62,10 @@ static struct ke_model *load_model(const char *preset)
 			kt_fail(__FILE__, __LINE__, "convert %s to MLX: %s", preset, kv_errmsg());
 			return NULL;
 		}
-		snprintf(dir, sizeof dir, "%s", q);
+		if (kv_path_fmt(dir, sizeof dir, "%s", q)) {
+			kt_fail(__FILE__, __LINE__, "%s", kv_errmsg());
+			return NULL;
+		}
 	}
 	if (g_ftype >= 0) {
 		char gg[1100];
@@ -71,7 +75,10 @@ static struct ke_model *load_model(const char *preset)
 			kt_fail(__FILE__, __LINE__, "convert %s: %s", preset, kv_errmsg());
 			return NULL;
 		}
-		snprintf(dir, sizeof dir, "%s", gg);
+		if (kv_path_fmt(dir, sizeof dir, "%s", gg)) {
+			kt_fail(__FILE__, __LINE__, "%s", kv_errmsg());
+			return NULL;
+		}
 	}
 	struct ke_model_params mp = {.page_tokens = 16};
 	if (ke_model_load(dir, &mp, &m) != KV_OK) {

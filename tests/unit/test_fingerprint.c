@@ -8,6 +8,7 @@
  */
 #include "kt.h"
 #include "base/err.h"
+#include "base/io.h"
 #include "base/clock.h"
 #include "server/fingerprint.h"
 
@@ -21,7 +22,7 @@
 static void put(const char *dir, const char *name, const void *p, size_t n)
 {
 	char path[4096];
-	snprintf(path, sizeof path, "%s/%s", dir, name);
+	KT_OK(kv_path_fmt(path, sizeof path, "%s/%s", dir, name));
 	FILE *f = fopen(path, "wb");
 	if (f) {
 		fwrite(p, 1, n, f);

@@ -11,6 +11,7 @@
 #include "kt.h"
 #include "base/durable.h"
 #include "base/err.h"
+#include "base/io.h"
 #include "base/mem.h"
 #include "engine/isa.h"
 #include "engine/gemm.h"
@@ -167,8 +168,9 @@ static int dequant_folder(const char *hf, const char *gg, const char *out)
 	}
 	if (!rc) {
 		char path[1100];
-		snprintf(path, sizeof path, "%s/model.safetensors", out);
-		rc = kv_stw_write(w, path, KV_DW_NO_SYNC);
+		rc = kv_path_fmt(path, sizeof path, "%s/model.safetensors", out);
+		if (!rc)
+			rc = kv_stw_write(w, path, KV_DW_NO_SYNC);
 	}
 out:
 	for (size_t i = 0; bufs && i < n; i++)

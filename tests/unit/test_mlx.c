@@ -376,8 +376,8 @@ static int edit_one(const struct kv_tensor *t, struct kv_stw *w, void *ctx)
 static int write_text(const char *dir, const char *name, const char *text)
 {
 	char p[1200];
-	snprintf(p, sizeof p, "%s/%s", dir, name);
-	return kv_durable_write(p, text, strlen(text), KV_DW_NO_SYNC);
+	int rc = kv_path_fmt(p, sizeof p, "%s/%s", dir, name);
+	return rc ? rc : kv_durable_write(p, text, strlen(text), KV_DW_NO_SYNC);
 }
 
 /* A converted folder in dir/<name> (from an f32 tiny preset). */

@@ -165,8 +165,8 @@ KT_CASE(dense_restart_longest_prefix)
 static void obj_file(const struct ts_env *e, int kind, struct kv_h128 id, char *out, size_t cap)
 {
 	char base[4096];
-	ks_dir_ns_path(e->root, e->ns, KS_AREA_MAIN, base, sizeof base);
-	ks_dir_obj_path(base, kind, id, out, cap);
+	KT_OK(ks_dir_ns_path(e->root, e->ns, KS_AREA_MAIN, base, sizeof base));
+	KT_OK(ks_dir_obj_path(base, kind, id, out, cap));
 }
 
 static void flip_byte(const char *path, long from_end)
@@ -278,9 +278,9 @@ KT_CASE(namespaces_age_out)
 	char old[4096], fresh[4096], oldck[4200];
 	struct ke_layout L;
 	ts_layout(&L, 0);
-	snprintf(old, sizeof old, "%s/%032x", root_dir(), 0xa);
-	snprintf(fresh, sizeof fresh, "%s/%032x", root_dir(), 0xb);
-	snprintf(oldck, sizeof oldck, "%s/kv_checkpoints/%032x", root_dir(), 0xa);
+	KT_OK(kv_path_fmt(old, sizeof old, "%s/%032x", root_dir(), 0xa));
+	KT_OK(kv_path_fmt(fresh, sizeof fresh, "%s/%032x", root_dir(), 0xb));
+	KT_OK(kv_path_fmt(oldck, sizeof oldck, "%s/kv_checkpoints/%032x", root_dir(), 0xa));
 	KT_OK(ks_ns_mark(old, (struct kv_h128){0xa, 0}, "old", 0, &L));
 	KT_OK(ks_ns_mark(fresh, (struct kv_h128){0xb, 0}, "fresh", 0, &L));
 	KT_OK(ks_dir_ensure(oldck));
@@ -741,7 +741,7 @@ KT_CASE(catalog_scale)
 	ts_layout(&L, 0);
 	struct kv_h128 ns = {0x1111, 0x2222}, parent = ns;
 	char dir[4096];
-	ks_dir_ns_path(root_dir(), ns, KS_AREA_MAIN, dir, sizeof dir);
+	KT_OK(ks_dir_ns_path(root_dir(), ns, KS_AREA_MAIN, dir, sizeof dir));
 	static uint8_t page[1 << 16];
 	KT_REQUIRE(L.page_bytes <= sizeof page);
 	uint64_t t0 = kv_now_ns();
@@ -756,10 +756,10 @@ KT_CASE(catalog_scale)
 		struct ks_obj_src src = {.kind = KS_BLOCK, .ns = ns, .id = id, .parent = parent,
 					 .pos = (uint32_t)((i % 64 + 1) * TS_B), .tokens = tok, .n_tokens = TS_B, .kv = page};
 		char sh[4096], path[4300];
-		ks_dir_shard_path(dir, id, sh, sizeof sh);
+		KT_OK(ks_dir_shard_path(dir, id, sh, sizeof sh));
 		if (i < 256)
 			KT_OK(ks_dir_ensure(sh));
-		ks_dir_obj_path(dir, KS_BLOCK, id, path, sizeof path);
+		KT_OK(ks_dir_obj_path(dir, KS_BLOCK, id, path, sizeof path));
 		if (ks_obj_write(path, &L, &src, KV_DW_NO_SYNC, 0, NULL)) {
 			KT_OK(ks_dir_ensure(sh));
 			KT_OK(ks_obj_write(path, &L, &src, KV_DW_NO_SYNC, 0, NULL));

@@ -88,7 +88,7 @@ static void make(const struct ke_layout *L, int kind, uint64_t seed, struct samp
 
 static void obj_path(int kind, char *out, size_t cap)
 {
-	snprintf(out, cap, "%s/obj.%s", kt_tmpdir(), ks_kind_name(kind));
+	KT_OK(kv_path_fmt(out, cap, "%s/obj.%s", kt_tmpdir(), ks_kind_name(kind)));
 }
 
 KT_CASE(names)
@@ -343,7 +343,7 @@ KT_CASE(corruption_sweep)
 			int n_ok = 0, tried = 0;
 			make(&L, kind, (uint64_t)kind * 13 + (uint64_t)hybrid, &m);
 			obj_path(kind, orig, sizeof orig);
-			snprintf(path, sizeof path, "%s.mut", orig);
+			KT_OK(kv_path_fmt(path, sizeof path, "%s.mut", orig));
 			KT_OK(ks_obj_write(orig, &L, &m.src, KV_DW_NO_SYNC, 0, NULL));
 			KT_OK(kv_io_read_file(orig, 1u << 20, (char **)&good, &len));
 			/* truncation: every offset up to 600, then every 7th */
@@ -474,6 +474,29 @@ KT_CASE(root_resolution)
 	KT_EQ_INT(ks_dir_root_from("/a/very/long/path/that/does/not/fit", NULL, NULL, NULL, out, 8), KV_ERR_INVALID);
 }
 
+/* A path that does not fit its buffer is an error and an empty string,
+ * never a shorter path naming another file. */
+KT_CASE(path_builders_refuse_truncation)
+{
+	struct kv_h128 id = {0x0123456789abcdefull, 0xfedcba9876543210ull};
+	char out[4096], small[40];
+	KT_OK(ks_dir_ns_path("/r", id, KS_AREA_CKPT, out, sizeof out));
+	KT_EQ_STR(out, "/r/kv_checkpoints/fedcba98765432100123456789abcdef");
+	KT_EQ_INT(ks_dir_ns_path("/r", id, KS_AREA_CKPT, small, sizeof small), KV_ERR_INVALID);
+	KT_EQ_STR(small, "");
+	KT_OK(ks_dir_shard_path("/r", id, small, sizeof small));
+	KT_EQ_STR(small, "/r/fe");
+	KT_EQ_INT(ks_dir_shard_path("/r/0123456789/0123456789/0123456789/x", id, small, sizeof small), KV_ERR_INVALID);
+	KT_EQ_STR(small, "");
+	KT_OK(ks_dir_obj_path("/r", KS_BLOCK, id, out, sizeof out));
+	KT_CHECK(strncmp(out, "/r/fe/", 6) == 0);
+	KT_EQ_INT(ks_dir_obj_path("/r", KS_BLOCK, id, out, strlen(out)), KV_ERR_INVALID);
+	KT_EQ_STR(out, "");
+	KT_OK(kv_path_fmt(small, 5, "%s", "abcd"));
+	KT_EQ_INT(kv_path_fmt(small, 5, "%s", "abcde"), KV_ERR_INVALID);
+	KT_CHECK(strstr(kv_errmsg(), "too long") != NULL);
+}
+
 KT_CASE(quarantine_is_capped)
 {
 	char root[4096], f[4096];
@@ -482,7 +505,7 @@ KT_CASE(quarantine_is_capped)
 	char big[1000];
 	memset(big, 'x', sizeof big);
 	for (int i = 0; i < 10; i++) {
-		snprintf(f, sizeof f, "%s/bad%d", root, i);
+		KT_OK(kv_path_fmt(f, sizeof f, "%s/bad%d", root, i));
 		KT_OK(kv_durable_write(f, big, sizeof big, KV_DW_NO_SYNC));
 		KT_OK(ks_dir_quarantine(root, f, "t", 3500));
 		KT_EQ_INT(access(f, F_OK), -1);
@@ -509,5 +532,6 @@ KT_CASE(temp_debris_cleaned)
 }
 
 KT_MAIN(names, roundtrip_every_kind, refusals_name_the_step, version_and_metadata_checks, corruption_sweep,
-	deadline_stops_a_write, layout_text, namespace_rules, root_resolution, quarantine_is_capped,
+	deadline_stops_a_write, layout_text, namespace_rules, root_resolution, path_builders_refuse_truncation,
+	quarantine_is_capped,
 	temp_debris_cleaned)
