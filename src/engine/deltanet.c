@@ -188,6 +188,64 @@ DN_SWEEP_(sweep_avx2_4, 4, AVX2_OPS)
 DN_SWEEP_(sweep_avx2_1, 1, AVX2_OPS)
 DN_SWEEP_(sweep_avx512_4, 4, AVX512_OPS)
 DN_SWEEP_(sweep_avx512_1, 1, AVX512_OPS)
+
+/*
+ * One token (decode), AVX-512, dv a multiple of 16: the same operations
+ * per element as the sweep, in two passes over S instead of two
+ * read-write passes:
+ *   pass 1 (read only): u = fma(S[i] * alpha, k[i], u), i ascending;
+ *   pass 2: S[i] = fma(k[i], d, S[i] * alpha); o = fma(S[i], q[i], o).
+ * S[i] * alpha is computed twice and rounds the same both times, so S and
+ * o are bit-identical to the sweep's (which stores the decayed S in pass 1
+ * and reloads it). Blocks of up to 128 columns (8 vectors) walk whole
+ * 512-byte rows when dv = 128: pass 1 streams the head's 64 KiB from
+ * memory in address order (the sweep's 64-column strips read half of each
+ * row, then came back for the other half), pass 2 finds it in L2.
+ * Decode is bound by these bytes: 12 MiB of state per bench-hybrid
+ * sequence and token (docs/engine.md, batched decode).
+ */
+#define DEC_BLOCK(NAME, NV) \
+	TGT5 static void NAME(float *S, const float *q, const float *k, const float *v, float alpha, float beta, \
+			      float *o, int dk, int dv, int j0) \
+	{ \
+		__m512 u[NV], d[NV], ov[NV], al = _mm512_set1_ps(alpha); \
+		_Pragma("GCC unroll 8") for (int x = 0; x < NV; x++) \
+			u[x] = _mm512_setzero_ps(); \
+		for (int i = 0; i < dk; i++) { \
+			const float *s = S + (size_t)i * dv + j0; \
+			__m512 ki = _mm512_set1_ps(k[i]); \
+			_Pragma("GCC unroll 8") for (int x = 0; x < NV; x++) \
+				u[x] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(s + x * 16), al), ki, u[x]); \
+		} \
+		__m512 be = _mm512_set1_ps(beta); \
+		_Pragma("GCC unroll 8") for (int x = 0; x < NV; x++) { \
+			d[x] = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(v + j0 + x * 16), u[x]), be); \
+			ov[x] = _mm512_setzero_ps(); \
+		} \
+		for (int i = 0; i < dk; i++) { \
+			float *s = S + (size_t)i * dv + j0; \
+			__m512 ki = _mm512_set1_ps(k[i]), qi = _mm512_set1_ps(q[i]); \
+			_Pragma("GCC unroll 8") for (int x = 0; x < NV; x++) { \
+				__m512 sv = _mm512_fmadd_ps(ki, d[x], _mm512_mul_ps(_mm512_loadu_ps(s + x * 16), al)); \
+				_mm512_storeu_ps(s + x * 16, sv); \
+				ov[x] = _mm512_fmadd_ps(sv, qi, ov[x]); \
+			} \
+		} \
+		_Pragma("GCC unroll 8") for (int x = 0; x < NV; x++) \
+			_mm512_storeu_ps(o + j0 + x * 16, ov[x]); \
+	}
+DEC_BLOCK(dec_avx512_8, 8)
+DEC_BLOCK(dec_avx512_1, 1)
+
+static void dec_avx512(float *S, const float *q, const float *k, const float *v, float alpha, float beta, float *o,
+		       int dk, int dv)
+{
+	int j0 = 0;
+	for (; j0 + 128 <= dv; j0 += 128)
+		dec_avx512_8(S, q, k, v, alpha, beta, o, dk, dv, j0);
+	for (; j0 < dv; j0 += 16)
+		dec_avx512_1(S, q, k, v, alpha, beta, o, dk, dv, j0);
+}
 #endif
 
 #define DV_MAX 1024
@@ -201,6 +259,10 @@ void ke_dn_rule_seq(int isa, float *S, int n, const float *q, const float *k, co
 	if (isa > best)
 		isa = best;
 #if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX512 && dv % 16 == 0 && n == 1) {
+		dec_avx512(S, q, k, v, alpha[0], beta[0], o, dk, dv);
+		return;
+	}
 	if (isa >= KE_ISA_AVX512 && dv % 16 == 0) {
 		int j0 = 0;
 		for (; j0 + 64 <= dv; j0 += 64)

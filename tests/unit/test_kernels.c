@@ -552,6 +552,62 @@ KT_CASE(deltanet_rule_matches_double_and_paths_agree)
 	free(Sd);
 }
 
+/* ke_dn_rule_seq on every path (one token: the decode kernel; several:
+ * the fused sweep) leaves S and the outputs bit-identical to the scalar
+ * rule run token by token, for head sizes that take the 128-column
+ * blocks, the 16-column tail, both, and no SIMD path at all. */
+KT_CASE(deltanet_rule_seq_paths_match_scalar_token_by_token)
+{
+	static const int dvs[] = {16, 40, 128, 144, 256};
+	int dk = 32, T = 7;
+	for (size_t di = 0; di < sizeof dvs / sizeof dvs[0]; di++) {
+		int dv = dvs[di], C = 2 * dk + dv;
+		size_t ss = (size_t)dk * dv;
+		float *ref = malloc(ss * 4), *S = malloc(ss * 4), *S0 = malloc(ss * 4);
+		float *rows = malloc((size_t)T * C * 4), *oref = malloc((size_t)T * dv * 4), *o = malloc((size_t)T * dv * 4);
+		float ab[2 * 7];
+		for (size_t i = 0; i < ss; i++)
+			S0[i] = frand() * 0.5f;
+		for (int i = 0; i < T * C; i++)
+			rows[i] = frand() * 0.3f;
+		for (int t = 0; t < T; t++) {
+			ab[2 * t] = 0.9f + 0.1f * (frand() + 1) / 2; /* alpha */
+			ab[2 * t + 1] = (frand() + 1) / 2;           /* beta */
+		}
+		memcpy(ref, S0, ss * 4);
+		for (int t = 0; t < T; t++) {
+			const float *r = rows + (size_t)t * C;
+			ke_dn_rule_isa(KE_ISA_SCALAR, ref, r, r + dk, r + 2 * dk, ab[2 * t], ab[2 * t + 1], oref + (size_t)t * dv,
+				       dk, dv);
+		}
+		for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++) {
+			/* token by token (decode), then T - 1 at once after one (prefill) */
+			memcpy(S, S0, ss * 4);
+			for (int t = 0; t < T; t++) {
+				const float *r = rows + (size_t)t * C;
+				ke_dn_rule_seq(isa, S, 1, r, r + dk, r + 2 * dk, (size_t)C, ab + 2 * t, ab + 2 * t + 1, 2,
+					       o + (size_t)t * dv, (size_t)dv, dk, dv);
+			}
+			KT_CHECKF(!memcmp(S, ref, ss * 4) && !memcmp(o, oref, (size_t)T * dv * 4),
+				  "dv %d, %s, one token at a time", dv, ke_isa_name(isa));
+			memcpy(S, S0, ss * 4);
+			ke_dn_rule_seq(isa, S, 1, rows, rows + dk, rows + 2 * dk, (size_t)C, ab, ab + 1, 2, o, (size_t)dv, dk, dv);
+			ke_dn_rule_seq(isa, S, T - 1, rows + C, rows + C + dk, rows + C + 2 * dk, (size_t)C, ab + 2, ab + 3, 2,
+				       o + dv, (size_t)dv, dk, dv);
+			KT_CHECKF(!memcmp(S, ref, ss * 4) && !memcmp(o, oref, (size_t)T * dv * 4), "dv %d, %s, 1 + %d tokens",
+				  dv, ke_isa_name(isa), T - 1);
+		}
+		free(ref);
+		free(S);
+		free(S0);
+		free(rows);
+		free(oref);
+		free(o);
+	}
+	if (ke_isa_best() == KE_ISA_SCALAR)
+		kt_skip("this CPU has only the scalar path (scalar checked)");
+}
+
 KT_CASE(deltanet_conv_is_causal_with_state)
 {
 	int C = 5, K = 4, T = 9;
@@ -729,4 +785,4 @@ KT_MAIN(gemm_matches_double_reference, gemm_simd_paths_bit_identical_to_scalar, 
 	gemm_row_result_independent_of_m_and_split, gemm_accum_and_unaligned_weights, dot_is_the_gemm_order,
 	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
 	attention_invariant_to_chunks_threads_and_page_size, deltanet_rule_matches_double_and_paths_agree,
-	deltanet_conv_is_causal_with_state, sampler_greedy_and_reproducible, sampler_filters, logprobs)
+	deltanet_rule_seq_paths_match_scalar_token_by_token, deltanet_conv_is_causal_with_state, sampler_greedy_and_reproducible, sampler_filters, logprobs)
