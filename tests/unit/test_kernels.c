@@ -635,6 +635,51 @@ KT_CASE(deltanet_conv_is_causal_with_state)
 
 /* --- sampler ---------------------------------------------------------------- */
 
+/* The K = 4 conv on every path: 16 channels at a time plus a scalar tail
+ * (C = 16 k + 5), several tokens through the state, bit-identical to the
+ * scalar code (outputs and state), the sign of a zero sum included. */
+KT_CASE(deltanet_conv_paths_match_scalar)
+{
+	int C = 16 * 5 + 5, K = 4, T = 6;
+	float *w = malloc((size_t)C * K * 4), *st0 = malloc((size_t)C * 3 * 4), *ref = malloc((size_t)C * 3 * 4);
+	float *st = malloc((size_t)C * 3 * 4), *x = malloc((size_t)T * C * 4), *yr = malloc((size_t)T * C * 4);
+	float *y = malloc((size_t)T * C * 4);
+	for (int i = 0; i < C * K; i++)
+		w[i] = frand();
+	for (int i = 0; i < C * 3; i++)
+		st0[i] = frand();
+	for (int i = 0; i < T * C; i++)
+		x[i] = frand();
+	/* channel 2, token 0: every product -0, so the sum is 0 + -0 = +0
+	 * (a path that started from the first product would give -0) */
+	for (int j = 0; j < 3; j++)
+		st0[2 * 3 + j] = -0.0f;
+	x[2] = -0.0f;
+	for (int j = 0; j < 4; j++)
+		w[2 * 4 + j] = 0.5f;
+	memcpy(ref, st0, (size_t)C * 3 * 4);
+	memcpy(yr, x, (size_t)T * C * 4);
+	for (int t = 0; t < T; t++)
+		ke_dn_conv_isa(KE_ISA_SCALAR, ref, w, yr + (size_t)t * C, C, K);
+	for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
+		memcpy(st, st0, (size_t)C * 3 * 4);
+		memcpy(y, x, (size_t)T * C * 4);
+		for (int t = 0; t < T; t++)
+			ke_dn_conv_isa(isa, st, w, y + (size_t)t * C, C, K);
+		KT_CHECKF(!memcmp(st, ref, (size_t)C * 3 * 4) && !memcmp(y, yr, (size_t)T * C * 4), "%s differs from scalar",
+			  ke_isa_name(isa));
+	}
+	if (ke_isa_best() == KE_ISA_SCALAR)
+		kt_skip("this CPU has only the scalar path");
+	free(w);
+	free(st0);
+	free(ref);
+	free(st);
+	free(x);
+	free(yr);
+	free(y);
+}
+
 KT_CASE(sampler_greedy_and_reproducible)
 {
 	float l[10] = {0.5f, 2.0f, -1.0f, 2.0f, 0.0f, 1.0f, -3.0f, 0.2f, 1.9f, 0.1f};
@@ -785,4 +830,5 @@ KT_MAIN(gemm_matches_double_reference, gemm_simd_paths_bit_identical_to_scalar, 
 	gemm_row_result_independent_of_m_and_split, gemm_accum_and_unaligned_weights, dot_is_the_gemm_order,
 	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
 	attention_invariant_to_chunks_threads_and_page_size, deltanet_rule_matches_double_and_paths_agree,
-	deltanet_rule_seq_paths_match_scalar_token_by_token, deltanet_conv_is_causal_with_state, sampler_greedy_and_reproducible, sampler_filters, logprobs)
+	deltanet_rule_seq_paths_match_scalar_token_by_token, deltanet_conv_is_causal_with_state,
+	deltanet_conv_paths_match_scalar, sampler_greedy_and_reproducible, sampler_filters, logprobs)
