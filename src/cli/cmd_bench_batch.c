@@ -4,7 +4,7 @@
  * without HTTP. A benchmark, not a test: it asserts nothing.
  *
  *   kvkeep bench batch --model DIR [--json] [--concurrency 1,2,4,8]
- *       [--context N] [--decode-tokens N] [--long-tokens N] [--shorts N] [--repeat N]
+ *       [--context N] [--decode-tokens N] [--long-tokens N] [--shorts N] [--repeat N] [--profile]
  *
  * Measured in one run:
  *   decode   for each concurrency c: c threads, each with its own
@@ -14,6 +14,9 @@
  *            tokens / wall time of the decode phase. The concurrencies
  *            alternate --repeat times (1,2,4,8,1,2,4,8,...) and the median
  *            of each is reported; "speedup" is that over the c = 1 median.
+ *            --profile: the engine's phase timers (engine/prof.h) during
+ *            the decode phases, per step: GEMM, attention, DeltaNet (conv,
+ *            gates and delta rule), the rest of the forward.
  *   ttft     one request prefills --long-tokens cold tokens (prefill
  *            chunk 256) while --shorts short requests (64-token prompt, 1
  *            generated token) arrive one after another; time to first
