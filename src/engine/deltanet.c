@@ -301,8 +301,12 @@ DN_SWEEP_(sweep_avx512_1, 1, AVX512_OPS)
 		for (int i = 0; i < dk; i++) { \
 			const float *s = S + (size_t)i * dv + j0; \
 			__m512 ki = _mm512_set1_ps(k[i]); \
-			_Pragma("GCC unroll 8") for (int x = 0; x < NV; x++) \
+			_Pragma("GCC unroll 8") for (int x = 0; x < NV; x++) { \
+				/* 8 rows ahead (into the next head at the end, which \
+				 * is usually the next one run): 5-10% faster */ \
+				_mm_prefetch((const char *)(s + 8 * (size_t)dv + x * 16), _MM_HINT_T0); \
 				u[x] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(s + x * 16), al), ki, u[x]); \
+			} \
 		} \
 		__m512 be = _mm512_set1_ps(beta); \
 		_Pragma("GCC unroll 8") for (int x = 0; x < NV; x++) { \
