@@ -4,7 +4,7 @@
  * without HTTP. A benchmark, not a test: it asserts nothing.
  *
  *   kvkeep bench batch --model DIR [--json] [--concurrency 1,2,4,8]
- *       [--context N] [--decode-tokens N] [--long-tokens N] [--shorts N] [--repeat N]
+ *       [--context N] [--decode-tokens N] [--long-tokens N] [--shorts N] [--repeat N] [--profile]
  *
  * Measured in one run:
  *   decode   for each concurrency c: c threads, each with its own
@@ -14,6 +14,9 @@
  *            tokens / wall time of the decode phase. The concurrencies
  *            alternate --repeat times (1,2,4,8,1,2,4,8,...) and the median
  *            of each is reported; "speedup" is that over the c = 1 median.
+ *            --profile: the engine's phase timers (engine/prof.h) during
+ *            the decode phases, per step: GEMM, attention, DeltaNet (conv,
+ *            gates and delta rule), the rest of the forward.
  *   ttft     one request prefills --long-tokens cold tokens (prefill
  *            chunk 256) while --shorts short requests (64-token prompt, 1
  *            generated token) arrive one after another; time to first
@@ -28,6 +31,7 @@
 #include "base/err.h"
 #include "cli/cli.h"
 #include "engine/model.h"
+#include "engine/prof.h"
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "session/sched.h"
@@ -96,8 +100,14 @@ static void *dec_main(void *p)
 	return NULL;
 }
 
-/* Aggregate decode tokens/s of c sequences; < 0 on failure. */
-static double decode_rate(struct ke_model *m, int c, int context, int n_decode, double *step_ms)
+/* Per decode step, ms: GEMM, attention, DeltaNet, the rest of the forward. */
+struct phase_ms {
+	double gemm, attn, dn, other;
+};
+
+/* Aggregate decode tokens/s of c sequences; < 0 on failure. With ph, the
+ * engine's phase timers (engine/prof.h) run during the decode phase. */
+static double decode_rate(struct ke_model *m, int c, int context, int n_decode, double *step_ms, struct phase_ms *ph)
 {
 	struct kss_sched *s = NULL;
 	struct kss_sched_params p = {.model = m, .max_running = c};
@@ -113,6 +123,10 @@ static double decode_rate(struct ke_model *m, int c, int context, int n_decode, 
 	}
 	pthread_barrier_wait(&bar);
 	struct kss_sched_stats st0, st1;
+	struct ke_prof pf0, pf1;
+	if (ph)
+		ke_prof_enable(1);
+	ke_prof_get(&pf0);
 	kss_sched_stats(s, &st0);
 	uint64_t t0 = kv_now_ns(), t1 = t0;
 	int bad = 0;
@@ -123,6 +137,15 @@ static double decode_rate(struct ke_model *m, int c, int context, int n_decode, 
 			t1 = a[i].t_end;
 	}
 	kss_sched_stats(s, &st1);
+	ke_prof_get(&pf1);
+	if (ph) {
+		ke_prof_enable(0);
+		double ns = st1.steps > st0.steps ? (double)(st1.steps - st0.steps) : 1;
+		ph->gemm = (pf1.sec[KE_PROF_GEMM] - pf0.sec[KE_PROF_GEMM]) * 1e3 / ns;
+		ph->attn = (pf1.sec[KE_PROF_ATTN] - pf0.sec[KE_PROF_ATTN]) * 1e3 / ns;
+		ph->dn = (pf1.sec[KE_PROF_DN] - pf0.sec[KE_PROF_DN]) * 1e3 / ns;
+		ph->other = (pf1.sec[KE_PROF_FWD] - pf0.sec[KE_PROF_FWD]) * 1e3 / ns - ph->gemm - ph->attn - ph->dn;
+	}
 	*step_ms = st1.steps > st0.steps ? (st1.step_s - st0.step_s) * 1e3 / (double)(st1.steps - st0.steps) : 0;
 	if (kv_env(KV_ENV_BENCH_BATCH_DEBUG))
 		fprintf(stderr, "c=%d steps=%llu mean_batch=%.2f step_ms=%.2f wall_ms_per_step=%.2f\n", c,
@@ -190,7 +213,7 @@ static int cmd_bench_batch(int argc, char **argv)
 {
 	const char *model = NULL, *conc = "1,2,4,8";
 	int64_t context = 256, n_decode = 64, long_tokens = 8192, shorts = 20, repeat = 3;
-	int json = 0;
+	int json = 0, profile = 0;
 	struct kv_flag flags[] = {
 		{"model", KV_FLAG_STR, &model, "DIR", "model folder"},
 		{"json", KV_FLAG_BOOL, &json, NULL, "print one JSON object"},
@@ -199,6 +222,7 @@ static int cmd_bench_batch(int argc, char **argv)
 		{"decode-tokens", KV_FLAG_INT, &n_decode, "N", "decode steps timed per sequence (default 64)"},
 		{"long-tokens", KV_FLAG_INT, &long_tokens, "N", "tokens of the long cold prefill (default 8192)"},
 		{"shorts", KV_FLAG_INT, &shorts, "N", "short requests during it (default 20; 0 skips the measurement)"},
+		{"profile", KV_FLAG_BOOL, &profile, NULL, "time the engine phases of a decode step (GEMM, attention, DeltaNet, rest)"},
 		{"repeat", KV_FLAG_INT, &repeat, "N", "alternating repetitions of the decode measurement, median kept (default 3)"},
 		{0},
 	};
@@ -234,9 +258,17 @@ static int cmd_bench_batch(int argc, char **argv)
 	if (!json)
 		printf("%-12s %14s %9s %12s\n", "concurrency", "decode tok/s", "speedup", "step ms");
 	double reps[16][100], sreps[16][100];
+	struct phase_ms ph[16] = {0};
 	for (int r = 0; r < (int)repeat; r++)
 		for (size_t i = 0; i < ncl; i++) {
-			reps[i][r] = decode_rate(m, cl[i], (int)context, (int)n_decode, &sreps[i][r]);
+			struct phase_ms one;
+			reps[i][r] = decode_rate(m, cl[i], (int)context, (int)n_decode, &sreps[i][r], profile ? &one : NULL);
+			if (profile) { /* the mean over the repetitions */
+				ph[i].gemm += one.gemm / (double)repeat;
+				ph[i].attn += one.attn / (double)repeat;
+				ph[i].dn += one.dn / (double)repeat;
+				ph[i].other += one.other / (double)repeat;
+			}
 			if (reps[i][r] < 0) {
 				fprintf(stderr, "kvkeep bench batch: concurrency %d failed: %s\n", cl[i], kv_errmsg());
 				status = 1;
@@ -253,6 +285,12 @@ static int cmd_bench_batch(int argc, char **argv)
 	}
 	for (size_t i = 0; i < ncl && !json; i++)
 		printf("%-12d %14.1f %8.2fx %12.2f\n", cl[i], rate[i], base > 0 ? rate[i] / base : NAN, step[i]);
+	if (profile && !json) {
+		printf("\nper decode step, ms (mean of the repetitions, timers on):\n%-12s %9s %9s %9s %9s\n",
+		       "concurrency", "gemm", "attn", "deltanet", "other");
+		for (size_t i = 0; i < ncl; i++)
+			printf("%-12d %9.2f %9.2f %9.2f %9.2f\n", cl[i], ph[i].gemm, ph[i].attn, ph[i].dn, ph[i].other);
+	}
 
 	/* TTFT of short requests while a long cold prefill runs */
 	double *tt = shorts ? calloc((size_t)shorts, sizeof *tt) : NULL;
@@ -286,8 +324,14 @@ static int cmd_bench_batch(int argc, char **argv)
 	if (json) {
 		printf("{\"decode\":[");
 		for (size_t i = 0; i < ncl; i++)
-			printf("%s{\"concurrency\":%d,\"tokens_per_s\":%.2f,\"speedup\":%.3f,\"step_ms\":%.3f}", i ? "," : "",
+		{
+			printf("%s{\"concurrency\":%d,\"tokens_per_s\":%.2f,\"speedup\":%.3f,\"step_ms\":%.3f", i ? "," : "",
 			       cl[i], rate[i], base > 0 ? rate[i] / base : 0.0, step[i]);
+			if (profile)
+				printf(",\"phases_ms\":{\"gemm\":%.3f,\"attn\":%.3f,\"deltanet\":%.3f,\"other\":%.3f}", ph[i].gemm,
+				       ph[i].attn, ph[i].dn, ph[i].other);
+			printf("}");
+		}
 		printf("]");
 		if (shorts)
 			printf(",\"ttft\":{\"long_tokens\":%lld,\"long_prefill_s\":%.3f,\"shorts\":%d,\"p50_ms\":%.2f,"

@@ -37,6 +37,8 @@ void ke_dn_rule_seq(int isa, float *S, int n, const float *q, const float *k, co
 /* One token through the conv of C channels with kernel K (w: [C][K]
  * f32). x: in = projected inputs, out = conv output (before SiLU). */
 void ke_dn_conv(float *state, const float *w, float *x, int C, int K);
+/* On a given path (enum ke_isa, clamped to the CPU); all bit-identical. */
+void ke_dn_conv_isa(int isa, float *state, const float *w, float *x, int C, int K);
 
 /* One token, one value head. o: [dv] out. */
 void ke_dn_rule(float *S, const float *q, const float *k, const float *v, float alpha, float beta, float *o,

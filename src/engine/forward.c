@@ -142,31 +142,35 @@ static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	ke_gemm(&ly->o, sc->att, (size_t)H * hd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
 }
 
+/* The delta rule of every (sequence, value head) pair of a forward: one
+ * unit per pair, all in one pool dispatch (one dispatch per sequence made
+ * a batch of c decode tokens wait c times for the slowest thread). */
 struct dn_job {
-	const struct kv_model_config *c;
-	float *S;          /* [Hv][dk][dv] */
-	const float *dq;   /* [n][C] */
+	const struct ke_fwd *f;
+	size_t state_off;          /* bytes into a sequence's rec: this layer's S [Hv][dk][dv] */
+	const float *dq;           /* [n][C] */
 	const float *beta, *alpha; /* [n][Hv] */
-	float *core;       /* [n][Hv dv] */
-	int n, C;
+	float *core;               /* [n][Hv dv] */
+	int C;
 };
 
 static void dn_heads(void *ctx, size_t b, size_t e, int thread)
 {
 	const struct dn_job *j = ctx;
-	const struct kv_model_config *c = j->c;
+	const struct kv_model_config *c = &j->f->m->cfg;
 	int Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim, r = Hv / Hk;
 	size_t kd = (size_t)Hk * dk;
 	int isa = ke_isa();
 	(void)thread;
-	for (size_t h = b; h < e; h++) {
-		int kh = (int)h / r;
-		float *S = j->S + h * (size_t)dk * dv;
+	for (size_t u = b; u < e; u++) {
+		int i = (int)(u / (size_t)Hv), h = (int)(u % (size_t)Hv), kh = h / r;
+		int r0 = j->f->row0[i], ni = j->f->row0[i + 1] - r0;
+		float *S = j->f->seqs[i]->rec + j->state_off / sizeof(float) + (size_t)h * dk * dv;
 		/* q, k of key head kh and v of value head h, all rows C floats apart */
-		const float *row = j->dq;
-		ke_dn_rule_seq(isa, S, j->n, row + (size_t)kh * dk, row + kd + (size_t)kh * dk,
-			       row + 2 * kd + h * (size_t)dv, (size_t)j->C, j->alpha + h, j->beta + h, (size_t)Hv,
-			       j->core + h * (size_t)dv, (size_t)Hv * dv, dk, dv);
+		const float *row = j->dq + (size_t)r0 * j->C;
+		ke_dn_rule_seq(isa, S, ni, row + (size_t)kh * dk, row + kd + (size_t)kh * dk, row + 2 * kd + (size_t)h * dv,
+			       (size_t)j->C, j->alpha + (size_t)r0 * Hv + h, j->beta + (size_t)r0 * Hv + h, (size_t)Hv,
+			       j->core + (size_t)r0 * Hv * dv + (size_t)h * dv, (size_t)Hv * dv, dk, dv);
 	}
 }
 
@@ -261,16 +265,12 @@ static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 		}
 	}
 	/* the delta rule runs through each sequence's own state S */
-	for (int i = 0; i < f->n_seq; i++) {
-		int r0 = f->row0[i], ni = f->row0[i + 1] - r0;
-		float *S = f->seqs[i]->rec + rl->state_off / sizeof(float);
-		struct dn_job j = {c, S, sc->dq + (size_t)r0 * C, sc->beta + (size_t)r0 * Hv, sc->alpha + (size_t)r0 * Hv,
-				   sc->core + (size_t)r0 * vd, ni, C};
-		if (Hv > 1 && 4.0 * ni * Hv * dk * dv >= KE_PAR_MIN_WORK)
-			kv_pool_for(kv_pool_global(), (size_t)Hv, 1, dn_heads, &j);
-		else
-			dn_heads(&j, 0, (size_t)Hv, 0);
-	}
+	struct dn_job j = {f, rl->state_off, sc->dq, sc->beta, sc->alpha, sc->core, C};
+	size_t units = (size_t)f->n_seq * (size_t)Hv;
+	if (units > 1 && 4.0 * n * Hv * dk * dv >= KE_PAR_MIN_WORK)
+		kv_pool_for(kv_pool_global(), units, 1, dn_heads, &j);
+	else
+		dn_heads(&j, 0, units, 0);
 	ke_prof_add(KE_PROF_DN, t0, 7.0 * n * Hv * dk * dv, 8.0 * n * Hv * dk * dv);
 	/* gated RMSNorm per value head: (norm(o) * w) * silu(z) */
 	ke_vec_silu(sc->z, (int)((size_t)n * vd));

@@ -498,7 +498,9 @@ int ke_batch_run(struct ke_batch *b, struct ke_batch_item *items, int n_items)
 	if (k) {
 		struct ke_fwd f = {.m = b->m, .sc = &b->sc, .n = b->row0[k], .n_seq = k, .seqs = b->seqs,
 				   .row0 = b->row0, .row_seq = b->row_seq};
+		double t0 = ke_prof_t0();
 		ke_forward_batch(&f, b->toks, b->last, b->logits);
+		ke_prof_add(KE_PROF_FWD, t0, 0, 0);
 	}
 	for (int i = 0; i < n_items; i++) {
 		struct ke_batch_item *it = &items[i];

@@ -339,6 +339,60 @@ KT_CASE(batched_equals_alone_hybrid)
 	batched_equals_alone("tiny-hybrid");
 }
 
+/* Five sequences prefill 16-token chunks together (80 rows in a step: the
+ * DeltaNet's (sequence, head) units go through the thread pool, which
+ * smaller batches never reach on the tiny presets), then decode together:
+ * every step's logits and the final state equal running each alone. */
+static void batched_chunks_equal_alone(const char *name)
+{
+	enum { K = 5, CH = 16, LEN = 3 * CH + 4 };
+	struct ke_model *m = load(name, 0, 16);
+	KT_REQUIRE(m);
+	int V = ke_model_config(m)->vocab, bad = 0;
+	int32_t *tok[K];
+	float *ref[K];
+	struct ke_seq *s[K], *whole[K];
+	struct ke_batch *b = NULL;
+	KT_OK(ke_batch_create(m, K * CH, K, &b));
+	for (int i = 0; i < K; i++) {
+		tok[i] = rand_tokens(LEN, V);
+		ref[i] = cold_logits(m, tok[i], LEN);
+		whole[i] = seq_new(m, 512);
+		KT_OK(ke_seq_prefill(whole[i], tok[i], LEN, NULL, NULL));
+		s[i] = seq_new(m, CH);
+	}
+	float *lg = malloc((size_t)K * V * sizeof *lg);
+	for (int at = 0; at < LEN;) {
+		int n = at < 3 * CH ? CH : 1;
+		struct ke_batch_item it[K];
+		for (int i = 0; i < K; i++)
+			it[i] = (struct ke_batch_item){.s = s[i], .tokens = tok[i] + at, .n = n, .logits = lg + (size_t)i * V};
+		KT_OK(ke_batch_run(b, it, K));
+		at += n;
+		for (int i = 0; i < K; i++) {
+			KT_OK(it[i].rc);
+			bad += memcmp(it[i].logits, ref[i] + (size_t)(at - 1) * V, (size_t)V * 4) != 0;
+		}
+	}
+	KT_CHECKF(bad == 0, "%s: %d sequence steps differ from running alone", name, bad);
+	for (int i = 0; i < K; i++) {
+		KT_CHECKF(same_kv(whole[i], s[i]) && same_state(whole[i], s[i]), "%s: sequence %d state differs", name, i);
+		ke_seq_destroy(s[i]);
+		ke_seq_destroy(whole[i]);
+		free(tok[i]);
+		free(ref[i]);
+	}
+	ke_batch_destroy(b);
+	free(lg);
+	ke_model_destroy(m);
+}
+
+KT_CASE(batched_chunks_equal_alone_hybrid)
+{
+	batched_chunks_equal_alone("tiny-hybrid");
+	batched_chunks_equal_alone("tiny-next");
+}
+
 static void cpu_paths(const char *const *names, int count)
 {
 	if (ke_isa_best() == KE_ISA_SCALAR) {
@@ -1050,7 +1104,7 @@ KT_CASE(generate_cli_writes_the_logits)
 }
 
 KT_MAIN(layout_of_tiny_models, batch_invariance_dense_50_splits, batch_invariance_hybrid_50_splits,
-	batched_equals_alone_dense, batched_equals_alone_hybrid,
+	batched_equals_alone_dense, batched_equals_alone_hybrid, batched_chunks_equal_alone_hybrid,
 	cpu_paths_give_identical_logits, batch_invariance_moe_50_splits, batch_invariance_next_moe_50_splits,
 	cpu_paths_give_identical_logits_moe, moe_routing_ties_and_order, moe_reads_only_selected_experts,
 	bad_moe_folders_name_the_expert_tensor, moe_weights_are_counted_as_resident, moe_threads_give_identical_logits,

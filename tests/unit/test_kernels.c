@@ -552,6 +552,62 @@ KT_CASE(deltanet_rule_matches_double_and_paths_agree)
 	free(Sd);
 }
 
+/* ke_dn_rule_seq on every path (one token: the decode kernel; several:
+ * the fused sweep) leaves S and the outputs bit-identical to the scalar
+ * rule run token by token, for head sizes that take the 128-column
+ * blocks, the 16-column tail, both, and no SIMD path at all. */
+KT_CASE(deltanet_rule_seq_paths_match_scalar_token_by_token)
+{
+	static const int dvs[] = {16, 40, 128, 144, 256};
+	int dk = 32, T = 7;
+	for (size_t di = 0; di < sizeof dvs / sizeof dvs[0]; di++) {
+		int dv = dvs[di], C = 2 * dk + dv;
+		size_t ss = (size_t)dk * dv;
+		float *ref = malloc(ss * 4), *S = malloc(ss * 4), *S0 = malloc(ss * 4);
+		float *rows = malloc((size_t)T * C * 4), *oref = malloc((size_t)T * dv * 4), *o = malloc((size_t)T * dv * 4);
+		float ab[2 * 7];
+		for (size_t i = 0; i < ss; i++)
+			S0[i] = frand() * 0.5f;
+		for (int i = 0; i < T * C; i++)
+			rows[i] = frand() * 0.3f;
+		for (int t = 0; t < T; t++) {
+			ab[2 * t] = 0.9f + 0.1f * (frand() + 1) / 2; /* alpha */
+			ab[2 * t + 1] = (frand() + 1) / 2;           /* beta */
+		}
+		memcpy(ref, S0, ss * 4);
+		for (int t = 0; t < T; t++) {
+			const float *r = rows + (size_t)t * C;
+			ke_dn_rule_isa(KE_ISA_SCALAR, ref, r, r + dk, r + 2 * dk, ab[2 * t], ab[2 * t + 1], oref + (size_t)t * dv,
+				       dk, dv);
+		}
+		for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++) {
+			/* token by token (decode), then T - 1 at once after one (prefill) */
+			memcpy(S, S0, ss * 4);
+			for (int t = 0; t < T; t++) {
+				const float *r = rows + (size_t)t * C;
+				ke_dn_rule_seq(isa, S, 1, r, r + dk, r + 2 * dk, (size_t)C, ab + 2 * t, ab + 2 * t + 1, 2,
+					       o + (size_t)t * dv, (size_t)dv, dk, dv);
+			}
+			KT_CHECKF(!memcmp(S, ref, ss * 4) && !memcmp(o, oref, (size_t)T * dv * 4),
+				  "dv %d, %s, one token at a time", dv, ke_isa_name(isa));
+			memcpy(S, S0, ss * 4);
+			ke_dn_rule_seq(isa, S, 1, rows, rows + dk, rows + 2 * dk, (size_t)C, ab, ab + 1, 2, o, (size_t)dv, dk, dv);
+			ke_dn_rule_seq(isa, S, T - 1, rows + C, rows + C + dk, rows + C + 2 * dk, (size_t)C, ab + 2, ab + 3, 2,
+				       o + dv, (size_t)dv, dk, dv);
+			KT_CHECKF(!memcmp(S, ref, ss * 4) && !memcmp(o, oref, (size_t)T * dv * 4), "dv %d, %s, 1 + %d tokens",
+				  dv, ke_isa_name(isa), T - 1);
+		}
+		free(ref);
+		free(S);
+		free(S0);
+		free(rows);
+		free(oref);
+		free(o);
+	}
+	if (ke_isa_best() == KE_ISA_SCALAR)
+		kt_skip("this CPU has only the scalar path (scalar checked)");
+}
+
 KT_CASE(deltanet_conv_is_causal_with_state)
 {
 	int C = 5, K = 4, T = 9;
@@ -578,6 +634,51 @@ KT_CASE(deltanet_conv_is_causal_with_state)
 }
 
 /* --- sampler ---------------------------------------------------------------- */
+
+/* The K = 4 conv on every path: 16 channels at a time plus a scalar tail
+ * (C = 16 k + 5), several tokens through the state, bit-identical to the
+ * scalar code (outputs and state), the sign of a zero sum included. */
+KT_CASE(deltanet_conv_paths_match_scalar)
+{
+	int C = 16 * 5 + 5, K = 4, T = 6;
+	float *w = malloc((size_t)C * K * 4), *st0 = malloc((size_t)C * 3 * 4), *ref = malloc((size_t)C * 3 * 4);
+	float *st = malloc((size_t)C * 3 * 4), *x = malloc((size_t)T * C * 4), *yr = malloc((size_t)T * C * 4);
+	float *y = malloc((size_t)T * C * 4);
+	for (int i = 0; i < C * K; i++)
+		w[i] = frand();
+	for (int i = 0; i < C * 3; i++)
+		st0[i] = frand();
+	for (int i = 0; i < T * C; i++)
+		x[i] = frand();
+	/* channel 2, token 0: every product -0, so the sum is 0 + -0 = +0
+	 * (a path that started from the first product would give -0) */
+	for (int j = 0; j < 3; j++)
+		st0[2 * 3 + j] = -0.0f;
+	x[2] = -0.0f;
+	for (int j = 0; j < 4; j++)
+		w[2 * 4 + j] = 0.5f;
+	memcpy(ref, st0, (size_t)C * 3 * 4);
+	memcpy(yr, x, (size_t)T * C * 4);
+	for (int t = 0; t < T; t++)
+		ke_dn_conv_isa(KE_ISA_SCALAR, ref, w, yr + (size_t)t * C, C, K);
+	for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
+		memcpy(st, st0, (size_t)C * 3 * 4);
+		memcpy(y, x, (size_t)T * C * 4);
+		for (int t = 0; t < T; t++)
+			ke_dn_conv_isa(isa, st, w, y + (size_t)t * C, C, K);
+		KT_CHECKF(!memcmp(st, ref, (size_t)C * 3 * 4) && !memcmp(y, yr, (size_t)T * C * 4), "%s differs from scalar",
+			  ke_isa_name(isa));
+	}
+	if (ke_isa_best() == KE_ISA_SCALAR)
+		kt_skip("this CPU has only the scalar path");
+	free(w);
+	free(st0);
+	free(ref);
+	free(st);
+	free(x);
+	free(yr);
+	free(y);
+}
 
 KT_CASE(sampler_greedy_and_reproducible)
 {
@@ -729,4 +830,5 @@ KT_MAIN(gemm_matches_double_reference, gemm_simd_paths_bit_identical_to_scalar, 
 	gemm_row_result_independent_of_m_and_split, gemm_accum_and_unaligned_weights, dot_is_the_gemm_order,
 	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
 	attention_invariant_to_chunks_threads_and_page_size, deltanet_rule_matches_double_and_paths_agree,
-	deltanet_conv_is_causal_with_state, sampler_greedy_and_reproducible, sampler_filters, logprobs)
+	deltanet_rule_seq_paths_match_scalar_token_by_token, deltanet_conv_is_causal_with_state,
+	deltanet_conv_paths_match_scalar, sampler_greedy_and_reproducible, sampler_filters, logprobs)
