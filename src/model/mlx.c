@@ -214,11 +214,30 @@ int kv_mlx_matrix(const struct kv_weights *w, const char *weight_name, const str
 	if (!s || !bi)
 		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: quantized tensor '%s' has no '%s' beside it", t->file, weight_name,
 			       s ? bname : sname);
-	if (t->ndim != 2 || s->ndim != 2 || bi->ndim != 2)
+	/* 2-D, or the [E, rows, ...] stacks of mlx-lm's SwitchGLU experts: the
+	 * expert dimension is folded into the rows (rows = E x per-expert
+	 * rows), the three tensors stacked alike */
+	if (t->ndim != s->ndim || t->ndim != bi->ndim || (t->ndim != 2 && t->ndim != 3) ||
+	    (t->ndim == 3 && (t->shape[0] != s->shape[0] || t->shape[0] != bi->shape[0])))
 		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: quantized matrix '%s': weight, scales and biases must be 2-D "
-			       "(found %s, %s, %s)", t->file, base, kv_shape_str(t->ndim, t->shape, a, sizeof a),
-			       kv_shape_str(s->ndim, s->shape, b, sizeof b), kv_shape_str(bi->ndim, bi->shape, sname,
-											  sizeof sname));
+			       "or 3-D stacks alike (found %s, %s, %s)", t->file, base,
+			       kv_shape_str(t->ndim, t->shape, a, sizeof a), kv_shape_str(s->ndim, s->shape, b, sizeof b),
+			       kv_shape_str(bi->ndim, bi->shape, sname, sizeof sname));
+	struct kv_tensor t2 = *t, s2 = *s, b2 = *bi;
+	if (t->ndim == 3) {
+		struct kv_tensor *f[3] = {&t2, &s2, &b2};
+		for (int i = 0; i < 3; i++) {
+			if (f[i]->shape[0] <= 0 || f[i]->shape[1] > INT64_MAX / f[i]->shape[0])
+				return kv_fail(KV_ERR_INCOMPATIBLE, "%s: quantized stack '%s' has an unusable shape", t->file,
+					       base);
+			f[i]->ndim = 2;
+			f[i]->shape[0] *= f[i]->shape[1];
+			f[i]->shape[1] = f[i]->shape[2];
+		}
+		t = &t2;
+		s = &s2;
+		bi = &b2;
+	}
 	if (t->shape[0] <= 0 || t->shape[1] <= 0 || t->shape[1] > INT32_MAX / 32 || s->shape[0] <= 0 ||
 	    s->shape[1] <= 0 || s->shape[1] > INT32_MAX || rows > INT32_MAX || cols > INT32_MAX)
 		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: quantized matrix '%s' has an unusable shape (weight %s, scales %s)",
@@ -265,9 +284,9 @@ int kv_mlx_matrix(const struct kv_weights *w, const char *weight_name, const str
 				       x->file, x->name, kv_shape_str(x->ndim, x->shape, a, sizeof a),
 				       kv_shape_str(2, wsb, b, sizeof b), group);
 	}
-	out->codes = t;
-	out->scales = s;
-	out->biases = bi;
+	out->codes = kv_weights_find(w, weight_name);
+	out->scales = kv_weights_find(w, sname);
+	out->biases = kv_weights_find(w, bname);
 	out->bits = bits;
 	out->group = group;
 	out->rows = rows;
