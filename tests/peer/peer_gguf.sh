@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # tests/peer/peer_gguf.sh - kvkeep running GGUF files against llama.cpp
-# v0.5.0 running the same files (build/peer/kvpeer), tiny-dense (qwen3) and
-# tiny-hybrid (qwen35), 500 positions, F32 KV, flash attention off:
+# v0.5.0 running the same files (build/peer/kvpeer), tiny-dense (qwen3),
+# tiny-hybrid (qwen35), tiny-moe (qwen35moe: stacked experts, shared expert)
+# and tiny-next-moe (qwen3next: in_proj_qkvz split into attn_qkv/attn_gate,
+# ssm_ba), 500 positions, F32 KV, flash attention off:
 #   - kvkeep's F32 file: logits within 1e-4 relative (per row, max |diff| /
 #     max |logit|), same top-1 everywhere;
 #   - F16/BF16 files: within 1e-2 and >= 99% top-1: llama.cpp's CPU matmul
 #     rounds the activations to the weight type (ggml's vec_dot_type), kvkeep
-#     keeps them f32 (measured: 3e-4 for F16, 5e-3..9e-3 for BF16);
+#     keeps them f32 (measured: 3e-4 for F16, 5e-3..9e-3 for BF16); the MoE
+#     presets >= 99% top-1 only (a flipped near-tied expert moves a row);
 #   - kvkeep's Q8_0/Q4_K_M files and llama.cpp's own Q4_K_M/Q6_K/Q4_0
 #     (llama_model_quantize of kvkeep's F32 file) load in kvkeep; top-1
 #     agreement >= 97%: both dequantize the same blocks bit for bit
 #     (test_quant), but llama.cpp multiplies Q8-quantized activations and
 #     kvkeep f32 ones, and the tiny random models have near-tied logits
-#     (measured 97.8-99.2%; see docs/gguf.md).
+#     (measured 97.8-99.2%; the MoE presets 97.6-98.4%, where a near tie
+#     in the router also flips experts; see docs/gguf.md).
 # ok/FAIL lines for tests/run.sh; "skip" without the npm package.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -41,12 +45,13 @@ rel = float((np.abs(a - b).max(axis=1) / np.abs(a).max(axis=1)).max())
 top1 = float((a.argmax(1) == b.argmax(1)).mean())
 print("max rel %.3g, top-1 agreement %.3f" % (rel, top1))
 m = sys.argv[4]
-ok = (rel <= 1e-4 and top1 == 1.0) if m == "1" else (rel <= 1e-2 and top1 >= 0.99) if m == "2" else top1 >= 0.97
+ok = (rel <= 1e-4 and top1 == 1.0) if m == "1" else (rel <= 1e-2 and top1 >= 0.99) if m == "2" \
+    else top1 >= 0.99 if m == "3" else top1 >= 0.97
 sys.exit(0 if ok else 1)
 PYEOF
 }
 
-for preset in tiny-dense tiny-hybrid; do
+for preset in ${KT_PEER_PRESETS:-tiny-dense tiny-hybrid tiny-moe tiny-next-moe}; do
 	M=$T/$preset
 	if ! "$KV" mkmodel --preset "$preset" --dtype f32 --out "$M" --no-sync >/dev/null 2>"$T/err"; then
 		echo "FAIL mkmodel_$preset: $(head -c 300 "$T/err")"
@@ -73,6 +78,10 @@ for preset in tiny-dense tiny-hybrid; do
 		F=$M-$t.gguf
 		exact=0
 		case $t in f32) exact=1 ;; f16|bf16) exact=2 ;; esac
+		# MoE: llama.cpp's f16/bf16-rounded activations can flip a near-tied
+		# router choice, which moves a whole row (measured max rel 0.1-0.13
+		# for BF16); top-1 only
+		case $preset-$t in *moe-f16|*moe-bf16) exact=3 ;; esac
 		if ! "$K" logits "$F" --tokens "$ids" --out "$T/lp.f32" >/dev/null 2>"$T/err"; then
 			echo "FAIL peer_logits_${preset}_$t: $(grep -v '^kvpeer' "$T/err" | head -c 300)"
 			continue
