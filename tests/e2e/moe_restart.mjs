@@ -6,8 +6,12 @@
 //            server's (greedy).
 //   restart  SIGTERM, start again on the same cache folder: turn 1
 //            replayed resumes from disk and is bit-identical to cold.
+//   gguf     the same model as a Q4_K_M qwen35moe GGUF (quantized expert
+//            stacks viewed in the mapping): live turn 2 and turn 1 after a
+//            restart are bit-identical to a --disable-prefix-cache server.
+import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
-import { TMP, check, assert, eq, mkModel, startServer as start0, postJSON, failures_count } from './server_util.mjs';
+import { KT_BIN, TMP, check, assert, eq, mkModel, startServer as start0, postJSON, failures_count } from './server_util.mjs';
 
 const P = 'moe_restart';
 const startServer = (model, extra = []) => start0(model, ['--served-model-name', 'm', ...extra]);
@@ -64,6 +68,34 @@ await check(`${P}:restart_resumes_from_disk_bit_identical`, async () => {
   assert(/event=store\.fetch /.test(srv.log()), 'no store.fetch log line');
   eq(r.text, t1.text, 'text after restart vs cold');
   eq(r.lp, t1.lp, 'logprobs after restart vs cold');
+  await srv.stop();
+}, 180000);
+
+const gguf = join(TMP, 'moe-q4_k_m.gguf');
+await check(`${P}:gguf_q4_k_m_restart_bit_identical_to_cold`, async () => {
+  execFileSync(KT_BIN, ['convert', '--model', moe, '--out', gguf, '--type', 'q4_k_m', '--no-sync'],
+    { stdio: ['ignore', 'ignore', 'inherit'] });
+  const gdir = join(TMP, 'cache-moe-gguf');
+  let srv = await startServer(gguf, ['--cache-dir', gdir]);
+  const g1 = await chat(srv, turn1());
+  eq(g1.cached, 0, 'turn 1 is cold');
+  const g2 = await chat(srv, turn2(g1.text));
+  assert(g2.cached > 0, `live turn 2 cached ${g2.cached}`);
+  const st = await srv.stop('SIGTERM', 15000);
+  eq(st.code, 0, 'exit status after SIGTERM');
+  const coldSrv = await startServer(gguf, ['--disable-prefix-cache']);
+  const c1 = await chat(coldSrv, turn1());
+  const c2 = await chat(coldSrv, turn2(g1.text));
+  await coldSrv.stop();
+  eq(g1.lp, c1.lp, 'turn 1 logprobs vs cold');
+  eq(g2.text, c2.text, 'cached turn 2 text vs cold');
+  eq(g2.lp, c2.lp, 'cached turn 2 logprobs vs cold');
+  srv = await startServer(gguf, ['--cache-dir', gdir]);
+  const r = await chat(srv, turn1());
+  assert(/event=store\.fetch /.test(srv.log()), 'nothing was loaded from disk');
+  assert(r.cached > 0, `after restart cached ${r.cached}`);
+  eq(r.text, c1.text, 'text after restart vs cold');
+  eq(r.lp, c1.lp, 'logprobs after restart vs cold');
   await srv.stop();
 }, 180000);
 
