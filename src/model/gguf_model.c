@@ -920,6 +920,16 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 	}
 	if (out->n_moe_layers && (rc = check_moe(g, out)))
 		goto out;
+	if (out->n_moe_layers) {
+		/* the names kv_gguf_hf_tensors gives the expert stacks */
+		char n[64];
+		for (int l = 0; l < out->n_layers; l++)
+			if (out->layer_moe[l]) {
+				snprintf(n, sizeof n, "blk.%d.ffn_gate_up_exps.weight", l);
+				out->expert_layout = kv_gguf_tensor_find(g, n) ? KV_EXPERTS_STACKED : KV_EXPERTS_SWITCH;
+				break;
+			}
+	}
 out:
 	free(arch);
 	json_decref(o);
