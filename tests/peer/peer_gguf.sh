@@ -15,8 +15,9 @@
 #     agreement >= 97%: both dequantize the same blocks bit for bit
 #     (test_quant), but llama.cpp multiplies Q8-quantized activations and
 #     kvkeep f32 ones, and the tiny random models have near-tied logits
-#     (measured 97.8-99.2%; the MoE presets 97.6-98.4%, where a near tie
-#     in the router also flips experts; see docs/gguf.md).
+#     (measured 97.8-99.2%; the MoE presets 97.8-98.4%, where a near tie
+#     in the router also flips experts; tiny-moe's files must reach 98%:
+#     measured 98.4% for all five; see docs/gguf.md).
 # ok/FAIL lines for tests/run.sh; "skip" without the npm package.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -46,7 +47,7 @@ top1 = float((a.argmax(1) == b.argmax(1)).mean())
 print("max rel %.3g, top-1 agreement %.3f" % (rel, top1))
 m = sys.argv[4]
 ok = (rel <= 1e-4 and top1 == 1.0) if m == "1" else (rel <= 1e-2 and top1 >= 0.99) if m == "2" \
-    else top1 >= 0.99 if m == "3" else top1 >= 0.97
+    else top1 >= 0.99 if m == "3" else top1 >= (0.98 if m == "4" else 0.97)
 sys.exit(0 if ok else 1)
 PYEOF
 }
@@ -81,7 +82,7 @@ for preset in ${KT_PEER_PRESETS:-tiny-dense tiny-hybrid tiny-moe tiny-next-moe};
 		# MoE: llama.cpp's f16/bf16-rounded activations can flip a near-tied
 		# router choice, which moves a whole row (measured max rel 0.1-0.13
 		# for BF16); top-1 only
-		case $preset-$t in *moe-f16|*moe-bf16) exact=3 ;; esac
+		case $preset-$t in *moe-f16|*moe-bf16) exact=3 ;; tiny-moe-*) [ $exact = 0 ] && exact=4 ;; esac
 		if ! "$K" logits "$F" --tokens "$ids" --out "$T/lp.f32" >/dev/null 2>"$T/err"; then
 			echo "FAIL peer_logits_${preset}_$t: $(grep -v '^kvpeer' "$T/err" | head -c 300)"
 			continue
