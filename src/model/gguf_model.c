@@ -819,18 +819,32 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 		{"ssm.time_step_rank", "linear_num_value_heads", 2},
 		{"expert_count", "num_experts", 3},
 		{"expert_used_count", "num_experts_per_tok", 3},
-		{"expert_feed_forward_length", "moe_intermediate_size", 3},
-		{"expert_shared_feed_forward_length", "shared_expert_intermediate_size", 3},
+		{"expert_feed_forward_length", "moe_intermediate_size", 4},
+		{"expert_shared_feed_forward_length", "shared_expert_intermediate_size", 4},
 	};
 	for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-		if ((ints[i].required == 2 && !hybrid) || (ints[i].required == 3 && !moe))
+		if ((ints[i].required == 2 && !hybrid) || (ints[i].required >= 3 && !moe))
 			continue;
 		rc = get_u(g, arch, ints[i].gg, &v);
-		if (rc == KV_ERR_NOT_FOUND && !ints[i].required)
+		/* a MoE text config may have no dense intermediate_size; the expert
+		 * sizes have llama.cpp's fallbacks below */
+		if (rc == KV_ERR_NOT_FOUND && (!ints[i].required || ints[i].required == 4 ||
+						 (moe && !strcmp(ints[i].gg, "feed_forward_length"))))
 			continue;
 		if (rc)
 			goto out;
 		json_object_set_new(o, ints[i].hf, json_integer(v));
+	}
+	kv_errclear();
+	if (moe) {
+		/* llama.cpp: n_ff_exp = n_ff / n_expert_used and n_ff_shexp = n_ff
+		 * when the keys are absent */
+		int64_t ff = json_integer_value(json_object_get(o, "intermediate_size")),
+			k = json_integer_value(json_object_get(o, "num_experts_per_tok"));
+		if (!json_object_get(o, "moe_intermediate_size") && ff > 0 && k > 0)
+			json_object_set_new(o, "moe_intermediate_size", json_integer(ff / k));
+		if (!json_object_get(o, "shared_expert_intermediate_size") && ff > 0)
+			json_object_set_new(o, "shared_expert_intermediate_size", json_integer(ff));
 	}
 	/* llama.cpp counts multi-token-prediction layers (blk.<n_layers>.nextn.*)
 	 * in block_count; the text model has block_count - nextn layers. */

@@ -320,6 +320,28 @@ KT_CASE(moe_gguf_bad_expert_tensors)
 			  cases[i].want);
 		ke_model_destroy(m);
 	}
+	/* real Qwen3.5-MoE text configs have no dense intermediate_size: a file
+	 * without feed_forward_length loads; without the expert size it falls
+	 * back to llama.cpp's n_ff / k (16 here), which the stacks contradict */
+	snprintf(bad, sizeof bad, "%s/moe-noff.gguf", d);
+	KT_REQUIRE(kt_sh("cp '%s' '%s'", gg, bad) == 0);
+	KT_REQUIRE(patch_file(bad, "qwen35moe.feed_forward_length", "qwen35moe.feed_forward_lengtX") == 0);
+	{
+		struct ke_model_params mp = {.kv_f32 = 1};
+		struct ke_model *m = NULL;
+		KT_CHECKF(ke_model_load(bad, &mp, &m) == KV_OK, "no feed_forward_length: %s", kv_errmsg());
+		ke_model_destroy(m);
+	}
+	KT_REQUIRE(patch_file(bad, "qwen35moe.expert_feed_forward_length", "qwen35moe.expert_feed_forward_lengtX") == 0);
+	KT_REQUIRE(patch_file(bad, "qwen35moe.feed_forward_lengtX", "qwen35moe.feed_forward_length") == 0);
+	{
+		struct ke_model_params mp = {.kv_f32 = 1};
+		struct ke_model *m = NULL;
+		int rc = ke_model_load(bad, &mp, &m);
+		KT_CHECKF(rc == KV_ERR_INCOMPATIBLE && strstr(kv_errmsg(), "expected [8, 16, 64]"), "rc %d: %s", rc,
+			  kv_errmsg());
+		ke_model_destroy(m);
+	}
 }
 
 /* Quantized products on random matrices of every block type with a
