@@ -765,6 +765,8 @@ static int check_moe(const struct kv_gguf *g, const struct kv_model_config *c)
 			int ok = t->ndim == want[i].ndim;
 			for (int d = 0; ok && d < t->ndim; d++)
 				ok = t->shape[d] == ws[d];
+			if (want[i].ndim == 1 && t->ndim == 2 && t->shape[0] == 1 && t->shape[1] == ws[0])
+				ok = 1; /* ffn_gate_inp_shexp written as {n_embd, 1}: the same values */
 			if (!ok)
 				return kv_fail(KV_ERR_INCOMPATIBLE, "%s: expert tensor '%s' has shape %s, expected %s",
 					       kv_gguf_path(g), n, kv_shape_str(t->ndim, t->shape, b, sizeof b),
@@ -1096,7 +1098,7 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 				rc = kv_fail(KV_ERR_NOMEM, "out of memory");
 				goto fail;
 			}
-			if (strstr(t->name, "ffn_gate_inp_shexp")) {
+			if (strstr(t->name, "ffn_gate_inp_shexp") && t->ndim == 1) {
 				/* {n_embd} -> HF's shared_expert_gate [1, D] */
 				d->ndim = 2;
 				d->shape[1] = t->shape[0];
