@@ -320,6 +320,26 @@ KT_CASE(moe_gguf_bad_expert_tensors)
 			  cases[i].want);
 		ke_model_destroy(m);
 	}
+	/* the expert stacks stay in the mapping: the only copies are the small
+	 * permuted conv / dt / A tensors, far below one layer's stacks */
+	{
+		struct kv_weights *w = NULL;
+		KT_OK(kv_weights_open(gg, &w));
+		const struct kv_tensor *st = kv_weights_find(w, "model.layers.0.mlp.switch_mlp.gate_proj.weight");
+		KT_REQUIRE(st);
+		const uint8_t *lo = st->data;
+		uint64_t owned = kv_weights_owned_bytes(w);
+		KT_CHECKF(owned < st->nbytes, "%llu bytes copied, one gate stack is %llu", (unsigned long long)owned,
+			  (unsigned long long)st->nbytes);
+		/* the stack is the file's bytes: blk.0.ffn_gate_exps read back raw */
+		struct kv_gguf *g = NULL;
+		KT_OK(kv_gguf_open(gg, &g));
+		const struct kv_tensor *raw = kv_gguf_tensor_find(g, "blk.0.ffn_gate_exps.weight");
+		KT_REQUIRE(raw);
+		KT_CHECK(raw->nbytes == st->nbytes && !memcmp(raw->data, lo, (size_t)st->nbytes));
+		kv_gguf_close(g);
+		kv_weights_close(w);
+	}
 	/* real Qwen3.5-MoE text configs have no dense intermediate_size: a file
 	 * without feed_forward_length loads; without the expert size it falls
 	 * back to llama.cpp's n_ff / k (16 here), which the stacks contradict */
@@ -342,6 +362,23 @@ KT_CASE(moe_gguf_bad_expert_tensors)
 			  kv_errmsg());
 		ke_model_destroy(m);
 	}
+}
+
+/* What llama.cpp's qwen3next cannot hold is refused naming the field:
+ * tiny-next has a dense layer and norm_topk_prob false. */
+KT_CASE(moe_convert_refuses_what_llama_cannot_run)
+{
+	const char *d = kt_tmpdir();
+	char hf[1024], gg[1100];
+	KT_REQUIRE(make(d, "tiny-next", hf, sizeof hf) == 0);
+	snprintf(gg, sizeof gg, "%s/next.gguf", d);
+	struct kv_gguf_convert_params p = {hf, gg, KQ_FTYPE_F32, KV_DW_NO_SYNC};
+	int rc = kv_gguf_convert(&p, NULL, NULL);
+	KT_CHECKF(rc == KV_ERR_UNSUPPORTED && strstr(kv_errmsg(), "mlp_only_layers"), "rc %d: %s", rc, kv_errmsg());
+	KT_REQUIRE(kt_sh("/usr/bin/python3 -c \"import json,sys; p=sys.argv[1]; c=json.load(open(p)); "
+			 "c['mlp_only_layers']=[]; json.dump(c, open(p,'w'))\" '%s/config.json'", hf) == 0);
+	rc = kv_gguf_convert(&p, NULL, NULL);
+	KT_CHECKF(rc == KV_ERR_UNSUPPORTED && strstr(kv_errmsg(), "norm_topk_prob"), "rc %d: %s", rc, kv_errmsg());
 }
 
 /* Quantized products on random matrices of every block type with a
@@ -400,4 +437,5 @@ KT_CASE(qgemm_invariance_all_types)
 	free(wq);
 }
 
-KT_MAIN(f32_gguf_equals_hf, quantized_equals_dequantized_f32, moe_gguf_bad_expert_tensors, qgemm_invariance_all_types)
+KT_MAIN(f32_gguf_equals_hf, quantized_equals_dequantized_f32, moe_gguf_bad_expert_tensors, moe_convert_refuses_what_llama_cannot_run,
+	qgemm_invariance_all_types)
