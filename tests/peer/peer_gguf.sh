@@ -3,7 +3,8 @@
 # v0.5.0 running the same files (build/peer/kvpeer), tiny-dense (qwen3),
 # tiny-hybrid (qwen35), tiny-moe (qwen35moe: stacked experts, shared expert)
 # and tiny-next-moe (qwen3next: in_proj_qkvz split into attn_qkv/attn_gate,
-# ssm_ba), 500 positions, F32 KV, flash attention off:
+# ssm_ba), 500 positions, F32 KV, flash attention off (and tiny-moe with
+# its expert stacks fused into ffn_gate_up_exps, tests/peer/fuse_gate_up.py):
 #   - kvkeep's F32 file: logits within 1e-4 relative (per row, max |diff| /
 #     max |logit|), same top-1 everywhere;
 #   - F16/BF16 files: within 1e-2 and >= 99% top-1: llama.cpp's CPU matmul
@@ -99,3 +100,31 @@ for preset in ${KT_PEER_PRESETS:-tiny-dense tiny-hybrid tiny-moe tiny-next-moe};
 		fi
 	done
 done
+
+# llama.cpp's fused ffn_gate_up_exps (which its loader prefers, kvkeep reads
+# as the stacked HF layout): tiny-moe's F32 file rewritten fused gives
+# kvkeep's logits of the unfused file bit for bit, and llama.cpp agrees
+M=$T/tiny-moe
+if [ -f "$M-f32.gguf" ]; then
+	if ! PYTHONPATH=$BUILD/peer/gguf-py $PY "$ROOT/tests/peer/fuse_gate_up.py" "$M-f32.gguf" "$M-fused.gguf" 2>"$T/err"; then
+		echo "FAIL fused_gate_up_write: $(tail -c 300 "$T/err")"
+	else
+		V=$($PY -c "import json; c = json.load(open('$M/config.json')); print(c.get('text_config', c)['vocab_size'])")
+		ids=$(awk -v v="$V" -v n="$N" 'BEGIN { s = 777; for (i = 0; i < n; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), s % (v - 12) } }')
+		for f in f32 fused; do
+			"$KV" generate --model "$M-$f.gguf" --tokens "$ids" --max-tokens 0 --kv-f32 --all-logits-out "$T/lk-$f.f32" \
+				--quiet >/dev/null 2>"$T/err" || echo "FAIL kvkeep_loads_tiny-moe_$f: $(grep -v 'level=info' "$T/err" | head -c 300)"
+		done
+		if cmp -s "$T/lk-f32.f32" "$T/lk-fused.f32"; then
+			echo "ok fused_gate_up_exps_equals_split_bit_for_bit"
+		else
+			echo "FAIL fused_gate_up_exps_equals_split_bit_for_bit: logits differ"
+		fi
+		if "$K" logits "$M-fused.gguf" --tokens "$ids" --out "$T/lp-fused.f32" >/dev/null 2>"$T/err" &&
+			msg=$(compare fused "$T/lp-fused.f32" "$T/lk-fused.f32" 1); then
+			echo "ok logits_vs_llama_tiny-moe_fused_gate_up ($msg)"
+		else
+			echo "FAIL logits_vs_llama_tiny-moe_fused_gate_up: ${msg:-$(grep -v '^kvpeer' "$T/err" | head -c 300)}"
+		fi
+	fi
+fi
