@@ -7,8 +7,9 @@
 //   restart  SIGTERM, start again on the same cache folder: turn 1
 //            replayed resumes from disk and is bit-identical to cold.
 //   gguf     the same model as a Q4_K_M qwen35moe GGUF (quantized expert
-//            stacks viewed in the mapping): live turn 2 and turn 1 after a
-//            restart are bit-identical to a --disable-prefix-cache server.
+//            stacks viewed in the mapping), and tiny-next-moe as a Q8_0
+//            qwen3next GGUF: live turn 2 and turn 1 after a restart are
+//            bit-identical to a --disable-prefix-cache server.
 import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
 import { KT_BIN, TMP, check, assert, eq, mkModel, startServer as start0, postJSON, failures_count } from './server_util.mjs';
@@ -71,11 +72,9 @@ await check(`${P}:restart_resumes_from_disk_bit_identical`, async () => {
   await srv.stop();
 }, 180000);
 
-const gguf = join(TMP, 'moe-q4_k_m.gguf');
-await check(`${P}:gguf_q4_k_m_restart_bit_identical_to_cold`, async () => {
-  execFileSync(KT_BIN, ['convert', '--model', moe, '--out', gguf, '--type', 'q4_k_m', '--no-sync'],
+async function ggufRestart(hf, gguf, type, gdir) {
+  execFileSync(KT_BIN, ['convert', '--model', hf, '--out', gguf, '--type', type, '--no-sync'],
     { stdio: ['ignore', 'ignore', 'inherit'] });
-  const gdir = join(TMP, 'cache-moe-gguf');
   let srv = await startServer(gguf, ['--cache-dir', gdir]);
   const g1 = await chat(srv, turn1());
   eq(g1.cached, 0, 'turn 1 is cold');
@@ -97,6 +96,13 @@ await check(`${P}:gguf_q4_k_m_restart_bit_identical_to_cold`, async () => {
   eq(r.text, c1.text, 'text after restart vs cold');
   eq(r.lp, c1.lp, 'logprobs after restart vs cold');
   await srv.stop();
-}, 180000);
+}
+
+await check(`${P}:gguf_q4_k_m_restart_bit_identical_to_cold`,
+  () => ggufRestart(moe, join(TMP, 'moe-q4_k_m.gguf'), 'q4_k_m', join(TMP, 'cache-moe-gguf')), 180000);
+// qwen3next: attn_qkv / attn_gate and the split ssm_ba through the server
+const next = mkModel('tiny-next-moe', 'next', true);
+await check(`${P}:gguf_qwen3next_q8_0_restart_bit_identical_to_cold`,
+  () => ggufRestart(next, join(TMP, 'next-q8_0.gguf'), 'q8_0', join(TMP, 'cache-next-gguf')), 180000);
 
 process.exit(failures_count() ? 1 : 0);
