@@ -223,6 +223,8 @@ static int cmd_model_info(int argc, char **argv)
 		w_rc = kv_weights_open(pos[0], &w);
 		if (!w_rc)
 			w_rc = kv_config_check_weights(&c, w, prefix, sizeof prefix);
+		if (!w_rc) /* the experts' layout, so their tensors count as resident */
+			kv_config_detect_experts(&c, w, prefix);
 		if (w_rc)
 			snprintf(werr, sizeof werr, "%s", kv_errmsg());
 	}

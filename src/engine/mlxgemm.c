@@ -29,6 +29,7 @@
 #include "engine/mlxgemm.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "model/quant.h"
 #include "model/safetensors.h"
 #include "base/mem.h"
 
@@ -135,6 +136,11 @@ void ke_mat_row_f32(const struct ke_mat *w, int r, float *out)
 		const char *p = (const char *)w->data + (size_t)r * w->ld * 2;
 		for (int k = 0; k < w->cols; k++)
 			out[k] = sb_at(p, KV_DT_BF16, (size_t)k);
+	} else if (kq_is_quant(w->dtype)) {
+		/* ggml blocks: the row is whole blocks at its block row stride */
+		const char *p = (const char *)w->data + (size_t)r * (size_t)kv_dtype_row_bytes(w->dtype, (uint64_t)w->ld);
+		if (kq_dequant_row(w->dtype, p, out, (size_t)w->cols))
+			memset(out, 0, (size_t)w->cols * sizeof *out);
 	} else {
 		dq_scalar(w, r, out);
 	}

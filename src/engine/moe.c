@@ -7,51 +7,91 @@
 #include "base/err.h"
 #include "base/mem.h"
 #include "base/pool.h"
+#include "engine/qgemm.h"
+#include "model/mlx.h"
+#include "model/quant.h"
 
 #include <stdio.h>
 #include <string.h>
 
-static size_t dt_size(int dtype)
+/* The matrix dtypes an expert may have: what ke_gemm multiplies. */
+static int dtype_ok(int dt)
 {
-	return dtype == KV_DT_BF16 ? 2 : 4;
+	return dt == KV_DT_F32 || dt == KV_DT_BF16 || dt == KV_DT_F16 || kq_is_quant(dt);
 }
 
-/* A tensor of the block: present, F32 or BF16, and of the given shape
- * (ndim 2 or 3). Messages name the tensor. */
+/* A tensor of the block: present, of a dtype ke_gemm runs, and of the
+ * given shape (ndim 2 or 3). An MLX quantized matrix (U32 codes with
+ * .scales / .biases, mlx-lm's SwitchGLU stacks included) is checked
+ * through model/mlx.h against the float shape, its leading expert
+ * dimension folded into the rows; *mq gets its parts (NULL: refused).
+ * Messages name the tensor. */
 static int get(const struct ke_model *m, const char *name, int ndim, int64_t d0, int64_t d1, int64_t d2,
-	       const struct kv_tensor **out)
+	       const struct kv_tensor **out, struct kv_mlx_qmat *mq)
 {
 	const struct kv_tensor *t = kv_weights_find(m->w, name);
 	int64_t want[3] = {d0, d1, d2};
 	char ws[96], hs[96];
+	if (mq)
+		memset(mq, 0, sizeof *mq);
 	if (!t)
 		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: weights lack tensor '%s' (expected shape %s)", m->dir, name,
 			       kv_shape_str(ndim, want, ws, sizeof ws));
-	if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16)
-		return kv_fail(KV_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; the engine runs F32 or BF16 experts", t->file,
-			       name, kv_dtype_name(t->dtype));
+	if (t->dtype == KV_DT_U32 && mq) {
+		int64_t rows = ndim == 3 ? d0 * d1 : d0, cols = ndim == 3 ? d2 : d1;
+		int rc = kv_mlx_matrix(m->w, name, NULL, rows, cols, mq);
+		if (rc)
+			return rc;
+		if (mq->codes->ndim != ndim || mq->codes->shape[0] != d0)
+			return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' has shape %s, expected %d dims led by %lld",
+				       t->file, name, kv_shape_str(t->ndim, t->shape, hs, sizeof hs), ndim, (long long)d0);
+		*out = t;
+		return KV_OK;
+	}
+	if (!dtype_ok(t->dtype))
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; experts run F32, BF16, F16, ggml block types "
+			       "or MLX affine groups", t->file, name, kv_dtype_name(t->dtype) ? kv_dtype_name(t->dtype) : "?");
 	int ok = t->ndim == ndim;
 	for (int i = 0; ok && i < ndim; i++)
 		ok = t->shape[i] == want[i];
 	if (!ok)
 		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' has shape %s, expected %s", t->file, name,
 			       kv_shape_str(t->ndim, t->shape, hs, sizeof hs), kv_shape_str(ndim, want, ws, sizeof ws));
+	int64_t cols = want[ndim - 1];
+	if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && cols > KE_QGEMM_MAX_K)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: tensor '%s' has rows of %lld, above the %d quantized products take",
+			       t->file, name, (long long)cols, KE_QGEMM_MAX_K);
 	*out = t;
 	return KV_OK;
 }
 
 /* A view of rows [r0, r0 + rows) of matrix e of a tensor holding a stack
  * of [rows_per][cols] matrices (e = 0 and rows_per = rows for a plain
- * matrix). No bytes are copied. */
-static void view(struct ke_mat *v, const struct kv_tensor *t, int64_t e, int64_t rows_per, int64_t r0, int rows,
-		 int cols)
+ * matrix). No bytes are copied: the row stride of a block type is its
+ * block row bytes (kv_dtype_row_bytes), and an MLX stack's codes, scales
+ * and biases are offset alike. Rows of block types are whole blocks, so
+ * any row is a valid start. */
+static void view(struct ke_mat *v, const struct kv_tensor *t, const struct kv_mlx_qmat *mq, int64_t e,
+		 int64_t rows_per, int64_t r0, int rows, int cols)
 {
-	v->dtype = t->dtype;
+	uint64_t row0 = (uint64_t)e * (uint64_t)rows_per + (uint64_t)r0;
+	memset(v, 0, sizeof *v);
 	v->rows = rows;
 	v->cols = cols;
 	v->ld = (size_t)cols;
-	v->data = (const char *)t->data + ((uint64_t)e * (uint64_t)rows_per + (uint64_t)r0) * (uint64_t)cols *
-						 dt_size(t->dtype);
+	if (mq && mq->codes) {
+		uint64_t sb = (uint64_t)(cols / mq->group) * kv_dtype_row_bytes(mq->scales->dtype, 1);
+		v->dtype = KV_DT_MLX_AFFINE;
+		v->data = (const char *)mq->codes->data + row0 * (uint64_t)cols * (uint64_t)mq->bits / 8;
+		v->scales = (const char *)mq->scales->data + row0 * sb;
+		v->biases = (const char *)mq->biases->data + row0 * sb;
+		v->sb_dtype = mq->scales->dtype;
+		v->bits = mq->bits;
+		v->group = mq->group;
+		return;
+	}
+	v->dtype = t->dtype;
+	v->data = (const char *)t->data + row0 * kv_dtype_row_bytes(t->dtype, (uint64_t)cols);
 }
 
 static void list_mat(struct ke_model *m, const struct ke_mat *v, const char *name)
@@ -69,9 +109,10 @@ static int mat2(struct ke_model *m, struct ke_mat *v, int64_t rows, int64_t cols
 	const struct kv_tensor *t;
 	int rc;
 	snprintf(name, sizeof name, fmt, m->prefix, layer);
-	if ((rc = get(m, name, 2, rows, cols, 0, &t)))
+	struct kv_mlx_qmat mq;
+	if ((rc = get(m, name, 2, rows, cols, 0, &t, &mq)))
 		return rc;
-	view(v, t, 0, rows, 0, (int)rows, (int)cols);
+	view(v, t, &mq, 0, rows, 0, (int)rows, (int)cols);
 	if (list)
 		list_mat(m, v, t->name);
 	return KV_OK;
@@ -108,30 +149,32 @@ int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 	if (kv_weights_find(m->w, name)) {
 		/* stacked: expert e's gate rows then up rows, then its down matrix */
 		const struct kv_tensor *dn;
-		if ((rc = get(m, name, 3, E, 2 * (int64_t)I, D, &t)))
+		if ((rc = get(m, name, 3, E, 2 * (int64_t)I, D, &t, NULL)))
 			goto fail;
 		snprintf(name, sizeof name, "%slayers.%d.mlp.experts.down_proj", m->prefix, layer);
-		if ((rc = get(m, name, 3, E, D, I, &dn)))
+		if ((rc = get(m, name, 3, E, D, I, &dn, NULL)))
 			goto fail;
 		for (int e = 0; e < E; e++) {
-			view(&mo->gate[e], t, e, 2 * (int64_t)I, 0, I, D);
-			view(&mo->up[e], t, e, 2 * (int64_t)I, I, I, D);
-			view(&mo->down[e], dn, e, D, 0, D, I);
+			view(&mo->gate[e], t, NULL, e, 2 * (int64_t)I, 0, I, D);
+			view(&mo->up[e], t, NULL, e, 2 * (int64_t)I, I, I, D);
+			view(&mo->down[e], dn, NULL, e, D, 0, D, I);
 		}
 	} else if (snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.gate_proj.weight", m->prefix, layer),
 		   kv_weights_find(m->w, name)) {
-		/* mlx-lm SwitchGLU: separate [E][I][D] gate and up stacks */
+		/* mlx-lm SwitchGLU (floats or MLX groups) and GGUF's
+		 * ffn_{gate,up,down}_exps: separate [E][I][D] gate and up stacks */
 		static const char *const nm[3] = {"gate_proj", "up_proj", "down_proj"};
 		const struct kv_tensor *st[3];
+		struct kv_mlx_qmat mq[3];
 		for (int j = 0; j < 3; j++) {
 			snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.%s.weight", m->prefix, layer, nm[j]);
-			if ((rc = get(m, name, 3, E, j == 2 ? D : I, j == 2 ? I : D, &st[j])))
+			if ((rc = get(m, name, 3, E, j == 2 ? D : I, j == 2 ? I : D, &st[j], &mq[j])))
 				goto fail;
 		}
 		for (int e = 0; e < E; e++) {
-			view(&mo->gate[e], st[0], e, I, 0, I, D);
-			view(&mo->up[e], st[1], e, I, 0, I, D);
-			view(&mo->down[e], st[2], e, D, 0, D, I);
+			view(&mo->gate[e], st[0], &mq[0], e, I, 0, I, D);
+			view(&mo->up[e], st[1], &mq[1], e, I, 0, I, D);
+			view(&mo->down[e], st[2], &mq[2], e, D, 0, D, I);
 		}
 	} else {
 		for (int e = 0; e < E; e++) {
@@ -141,9 +184,10 @@ int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 				int rows = j == 2 ? D : I, cols = j == 2 ? I : D;
 				snprintf(name, sizeof name, "%slayers.%d.mlp.experts.%d.%s.weight", m->prefix, layer, e,
 					 nm[j]);
-				if ((rc = get(m, name, 2, rows, cols, 0, &t)))
+				struct kv_mlx_qmat mq;
+				if ((rc = get(m, name, 2, rows, cols, 0, &t, &mq)))
 					goto fail;
-				view(dst[j], t, 0, rows, 0, rows, cols);
+				view(dst[j], t, &mq, 0, rows, 0, rows, cols);
 			}
 		}
 	}
@@ -368,12 +412,10 @@ uint64_t ke_moe_decode_bytes(const struct ke_model *m)
 		const struct ke_moe *mo = m->layers[l].moe;
 		if (!mo)
 			continue;
-		/* the k experts a token reads, at the first experts' dtype
-		 * (one checkpoint stores all experts of a layer alike) */
-		uint64_t per = (uint64_t)mo->I * (uint64_t)m->cfg.hidden;
-		b += (uint64_t)mo->k * per * (dt_size(mo->gate[0].dtype) + dt_size(mo->up[0].dtype) +
-					     dt_size(mo->down[0].dtype));
-		b += (uint64_t)m->cfg.hidden * dt_size(mo->sh_router.dtype);
+		/* the k experts a token reads, at the first expert's size (one
+		 * checkpoint stores all experts of a layer alike) */
+		b += (uint64_t)mo->k * (ke_mat_bytes(&mo->gate[0]) + ke_mat_bytes(&mo->up[0]) + ke_mat_bytes(&mo->down[0]));
+		b += ke_mat_bytes(&mo->sh_router);
 	}
 	return b;
 }

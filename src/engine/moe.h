@@ -23,10 +23,13 @@
  * Weights stay in the mapping: an expert is three ke_mat views, either
  * into the per-expert tensors (mlp.experts.N.{gate,up,down}_proj.weight)
  * or into the stacked ones (mlp.experts.gate_up_proj [E][2I][D],
- * mlp.experts.down_proj [E][D][I]), or into mlx-lm's unquantized
- * mlp.switch_mlp.{gate,up,down}_proj.weight stacks; GGUF's
- * ffn_{gate,up,down}_exps are [E][rows][cols] stacks too and map the same
- * way. Only the selected experts' rows are read; in a prefill chunk the
+ * mlp.experts.down_proj [E][D][I]), or into mlx-lm's
+ * mlp.switch_mlp.{gate,up,down}_proj stacks (floats, or MLX codes with
+ * scales and biases stacked alike); GGUF's ffn_{gate,up,down}_exps are
+ * [E][rows][cols] stacks loaded under the switch_mlp names
+ * (model/gguf_model.h). Any dtype ke_gemm runs (F32, BF16, F16, ggml
+ * block types, MLX groups): a view starts at row e * rows with the
+ * type's row stride (whole blocks for ggml types). Only the selected experts' rows are read; in a prefill chunk the
  * tokens routed to one expert are gathered and multiplied together, so
  * each expert's weights are read once per chunk.
  */
@@ -51,7 +54,8 @@ struct ke_moe {
 };
 
 /* Load layer `layer`'s block from m->w (names under m->prefix). Errors
- * name the tensor: missing, wrong shape, or a dtype other than F32/BF16.
+ * name the tensor: missing, wrong shape, or a dtype the products do not
+ * run.
  * *out is kv_alloc'd (KV_MEM_WEIGHTS); free with ke_moe_free. */
 int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out);
 void ke_moe_free(struct ke_moe *mo);
@@ -68,7 +72,8 @@ void ke_moe_route(const struct ke_moe *mo, float *logits, int32_t *sel, float *w
 
 /* Weight bytes one decoded token reads in the MoE blocks beyond the
  * matrices the model lists (router and shared expert are listed): k
- * experts' three matrices and the shared-expert gate per MoE layer. */
+ * experts' three matrices (ke_mat_bytes of expert 0's views, so at the
+ * stored format) and the shared-expert gate per MoE layer. */
 uint64_t ke_moe_decode_bytes(const struct ke_model *m);
 
 #endif

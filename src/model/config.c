@@ -826,10 +826,18 @@ int kv_config_check_weights(const struct kv_model_config *c, const struct kv_wei
 					     : "");
 			break;
 		}
-		if (t->dtype == KV_DT_U32 && v[i].ndim == 2 && v[i].role != KV_ROLE_CONV) {
-			/* An MLX quantized matrix: codes, scales, biases checked together. */
+		if (t->dtype == KV_DT_U32 && (v[i].ndim == 2 || v[i].ndim == 3) && v[i].role != KV_ROLE_CONV) {
+			/* An MLX quantized matrix (or mlx-lm's [E, rows, cols] SwitchGLU
+			 * stack): codes, scales, biases checked together. */
 			struct kv_mlx_qmat qm;
-			rc = kv_mlx_matrix(w, name, NULL, v[i].shape[0], v[i].shape[1], &qm);
+			int is3 = v[i].ndim == 3;
+			rc = kv_mlx_matrix(w, name, NULL, is3 ? v[i].shape[0] * v[i].shape[1] : v[i].shape[0],
+					   v[i].shape[v[i].ndim - 1], &qm);
+			if (!rc && qm.codes && qm.codes->ndim != v[i].ndim)
+				rc = kv_fail(KV_ERR_INCOMPATIBLE, "tensor '%s' has %d dims, expected %d", name, qm.codes->ndim,
+					     v[i].ndim);
+			if (rc)
+				break;
 			continue;
 		}
 		if (v[i].role == KV_ROLE_CONV && t->ndim == 3 && t->shape[0] == v[i].shape[0] && t->shape[1] == v[i].shape[2] &&

@@ -69,8 +69,39 @@ static const struct name_map g_layer[] = {
 
 static const char *arch_gguf(const struct kv_model_config *c)
 {
-	return c->hybrid ? "qwen35" : "qwen3";
+	if (c->arch == KV_ARCH_QWEN3_NEXT)
+		return "qwen3next";
+	if (c->hybrid)
+		return c->n_moe_layers ? "qwen35moe" : "qwen35";
+	return "qwen3";
 }
+
+/* The MoE tensors of a layer (llama.cpp's qwen35moe / qwen3next names).
+ * The routed experts are stacks [E][rows][cols]: ffn_gate_exps and
+ * ffn_up_exps [E][I][D], ffn_down_exps [E][D][I] (or llama.cpp's fused
+ * ffn_gate_up_exps [E][2I][D], read only). They load under mlx-lm's
+ * SwitchGLU names (or the HF stacked names for the fused one), which the
+ * engine views per expert (engine/moe.c). ffn_gate_inp_shexp is 1-D [D]
+ * where HF's shared_expert_gate is [1, D]. */
+static const struct {
+	const char *hf, *gg;
+} g_moe[] = {
+	{"mlp.gate.weight", "ffn_gate_inp.weight"},
+	{"mlp.switch_mlp.gate_proj.weight", "ffn_gate_exps.weight"},
+	{"mlp.switch_mlp.up_proj.weight", "ffn_up_exps.weight"},
+	{"mlp.switch_mlp.down_proj.weight", "ffn_down_exps.weight"},
+	{"mlp.experts.gate_up_proj", "ffn_gate_up_exps.weight"},
+	{"mlp.experts.down_proj", "ffn_down_exps.weight"},
+	{"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+	{"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+	{"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+	{"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"},
+	/* qwen3next's fused DeltaNet projections: llama.cpp's converter splits
+	 * in_proj_qkvz into attn_qkv + attn_gate; old files have ssm_in */
+	{"linear_attn.in_proj_qkvz.weight", "ssm_in.weight"},
+	{"linear_attn.in_proj_ba.weight", "ssm_ba.weight"},
+};
+#define N_MOE_MAP (sizeof g_moe / sizeof g_moe[0])
 
 static int applies(const struct name_map *m, const struct kv_model_config *c)
 {
@@ -96,6 +127,9 @@ int kv_gguf_name_from_hf(const struct kv_model_config *c, const char *hf, char *
 	for (size_t i = 0; i < N_LAYER_MAP; i++)
 		if (applies(&g_layer[i], c) && !strcmp(rest, g_layer[i].hf))
 			return snprintf(buf, cap, "blk.%d.%s", layer, g_layer[i].gg), 1;
+	for (size_t i = 0; i < N_MOE_MAP; i++)
+		if (!strcmp(rest, g_moe[i].hf))
+			return snprintf(buf, cap, "blk.%d.%s", layer, g_moe[i].gg), 1;
 	return 0;
 }
 
@@ -111,9 +145,11 @@ static int vhead_src(const struct kv_model_config *c, int h, int to_gguf)
 	return (h % per) * Hk + h / per;
 }
 
+/* llama.cpp's qwen35 / qwen35moe converter tiles the value heads; its
+ * qwen3next converter keeps Hugging Face's grouped order. */
 static int needs_vperm(const struct kv_model_config *c)
 {
-	return c->hybrid && c->lin_k_heads != c->lin_v_heads;
+	return c->hybrid && c->arch != KV_ARCH_QWEN3_NEXT && c->lin_k_heads != c->lin_v_heads;
 }
 
 /* Where the value heads sit in a tensor's rows: first row and rows per head. */
@@ -157,25 +193,39 @@ static void perm_cols(const struct kv_model_config *c, uint8_t *p, int64_t rows,
 
 /* --- conversion ---------------------------------------------------------------- */
 
+/* A run of whole rows of a source tensor (cols elements each). */
+struct piece {
+	const struct kv_tensor *src;
+	int64_t r0, rows;
+};
+
 struct conv_t {
 	const struct kv_model_config *c;
-	const struct kv_tensor *src;
+	const struct kv_tensor *src;  /* the first piece's tensor (names, vectors) */
+	struct piece *pc;             /* the output's rows, in order (npc runs) */
+	int npc;
 	char gg[96];
 	int xf;
 	int dt;                   /* output dtype */
-	int64_t rows, cols;       /* row-major shape of the output */
+	int64_t rows, cols;       /* row-major shape of the output (rows of all stacked matrices) */
+	int ndim;                 /* of the output: 1, 2 or 3 (expert stacks) */
+	int64_t shape[3];
 };
 
 static int conv_fill(void *ctx, void *dst, uint64_t nbytes)
 {
 	struct conv_t *t = ctx;
-	uint64_t n = t->src->numel;
+	uint64_t n = (uint64_t)t->rows * (uint64_t)t->cols;
 	float *f = kv_alloc(KV_MEM_OTHER, (size_t)n * 4 + 64);
 	uint8_t *tmp = NULL;
-	int rc;
+	int rc = KV_OK;
 	if (!f)
 		return kv_fail(KV_ERR_NOMEM, "out of memory converting '%s'", t->src->name);
-	if ((rc = kv_tensor_to_f32(t->src, f, 0, n)))
+	for (int i = 0, r = 0; i < t->npc && !rc; r += (int)t->pc[i].rows, i++)
+		rc = kv_tensor_to_f32(t->pc[i].src, f + (size_t)r * (size_t)t->cols,
+				      (uint64_t)t->pc[i].r0 * (uint64_t)t->cols,
+				      (uint64_t)t->pc[i].rows * (uint64_t)t->cols);
+	if (rc)
 		goto out;
 	if (t->xf == XF_NORM1 && t->c->hybrid)
 		for (uint64_t i = 0; i < n; i++)
@@ -416,12 +466,63 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
 					       "cannot be written as full_attention_interval");
 		SETU("full_attention_interval", interval ? interval : c->n_layers + 1);
 		snprintf(k, sizeof k, "%s.rope.dimension_sections", a);
-		if (!rc)
+		if (!rc && c->arch != KV_ARCH_QWEN3_NEXT) /* qwen3next: plain NeoX RoPE */
 			rc = kv_ggufw_set_arr_i32(w, k, 4, sec);
+	}
+	if (c->n_moe_layers) {
+		SETU("expert_count", c->n_experts);
+		SETU("expert_used_count", c->n_experts_per_tok);
+		SETU("expert_feed_forward_length", c->moe_intermediate);
+		SETU("expert_shared_feed_forward_length", c->shared_intermediate);
 	}
 #undef SETU
 #undef SETF
 	return rc;
+}
+
+/* What llama.cpp's qwen35moe / qwen3next graphs can run: every layer
+ * sparse for qwen3next (its loader has no dense MLP), top-k weights
+ * renormalised (both graphs pass norm_w = true), value heads as wide as
+ * key heads (the loaders size them by ssm.state_size). */
+static int conv_check_moe(const struct kv_model_config *c)
+{
+	if (c->arch == KV_ARCH_QWEN3_NEXT && c->n_moe_layers != c->n_layers)
+		return kv_fail(KV_ERR_UNSUPPORTED, "convert: qwen3next GGUF: llama.cpp's qwen3next has a sparse MoE block "
+			       "on every layer; this config has %d dense layer(s) (mlp_only_layers / decoder_sparse_step)",
+			       c->n_layers - c->n_moe_layers);
+	if (c->n_moe_layers && !c->norm_topk_prob)
+		return kv_fail(KV_ERR_UNSUPPORTED, "convert: %s GGUF: llama.cpp always renormalises the top-k routing "
+			       "weights; norm_topk_prob false cannot be written", arch_gguf(c));
+	if (c->n_moe_layers && c->lin_k_dim != c->lin_v_dim)
+		return kv_fail(KV_ERR_UNSUPPORTED, "convert: %s GGUF: llama.cpp sizes value heads by ssm.state_size; "
+			       "linear_value_head_dim %d differs from linear_key_head_dim %d", arch_gguf(c), c->lin_v_dim,
+			       c->lin_k_dim);
+	return KV_OK;
+}
+
+/* A new output tensor with room for npc pieces. */
+static struct conv_t *conv_new(struct conv_t *ct, size_t *nt, const struct kv_model_config *c, const char *gg,
+			       int npc)
+{
+	struct conv_t *t = &ct[*nt];
+	memset(t, 0, sizeof *t);
+	if (!(t->pc = calloc((size_t)npc, sizeof *t->pc)))
+		return NULL;
+	t->c = c;
+	snprintf(t->gg, sizeof t->gg, "%s", gg);
+	(*nt)++;
+	return t;
+}
+
+static void conv_add(struct conv_t *t, const struct kv_tensor *src, int64_t r0, int64_t rows)
+{
+	if (!t->npc)
+		t->src = src;
+	t->pc[t->npc].src = src;
+	t->pc[t->npc].r0 = r0;
+	t->pc[t->npc].rows = rows;
+	t->npc++;
+	t->rows += rows;
 }
 
 int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, uint64_t *bytes)
@@ -440,64 +541,150 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 		return kv_fail(KV_ERR_INVALID, "convert: unknown file type %d", p->ftype);
 	if ((rc = kv_config_load(p->hf_dir, &c)))
 		return rc;
-	if (c.arch == KV_ARCH_QWEN3_NEXT)
-		return kv_fail(KV_ERR_UNSUPPORTED, "convert: qwen3_next (fused DeltaNet projections) is not written yet");
+	if ((rc = conv_check_moe(&c)))
+		return rc;
 	if ((rc = kv_weights_open(p->hf_dir, &wt)) || (rc = kv_config_check_weights(&c, wt, prefix, sizeof prefix)) ||
 	    (rc = kv_config_tensors(&c, prefix, &spec, &ns)))
 		goto out;
-	if (!(w = kv_ggufw_create()) || !(ct = calloc(ns ? ns : 1, sizeof *ct))) {
+	/* an HF tensor gives at most two GGUF tensors (gate_up_proj, in_proj_qkvz) */
+	if (!(w = kv_ggufw_create()) || !(ct = calloc(2 * ns + 1, sizeof *ct))) {
 		rc = kv_fail(KV_ERR_NOMEM, "out of memory");
 		goto out;
 	}
 	if ((rc = conv_meta(w, &c, p->ftype)) || (rc = conv_tokenizer(w, p->hf_dir, &c)))
 		goto out;
-	struct kq_mix_ctx mix = {c.n_layers, c.n_layers, !c.tie_embeddings};
+	struct kq_mix_ctx mix = {c.n_layers, c.n_layers, !c.tie_embeddings, c.n_moe_layers ? c.n_experts : 0};
 	int i_v = 0;
+	const int64_t E = c.n_experts, I = c.moe_intermediate, D = c.hidden;
 	for (size_t i = 0; i < ns; i++) {
-		struct conv_t *t = &ct[nt];
-		char hf[160];
-		const char *name = spec[i].name;
+		char hf[160], gg[96], ggb[96];
+		const char *name = spec[i].name, *rest = NULL;
+		const struct kv_tensor *src = kv_weights_find(wt, name);
+		int layer = spec[i].layer, nout = 0;
+		struct conv_t *o[2] = {NULL, NULL};
 		/* kv_config_tensors names with the folder's prefix; map as "model.". */
 		if (!strncmp(name, prefix, strlen(prefix)))
 			snprintf(hf, sizeof hf, "model.%s", name + strlen(prefix));
 		else
 			snprintf(hf, sizeof hf, "%s", name);
-		t->c = &c;
-		t->src = kv_weights_find(wt, name);
-		if (!t->src || !kv_gguf_name_from_hf(&c, hf, t->gg, sizeof t->gg)) {
-			rc = kv_fail(KV_ERR_INCOMPATIBLE, "convert: no GGUF name for tensor '%s'", name);
+		if (layer >= 0 && strchr(hf + 13, '.'))
+			rest = strchr(hf + 13, '.') + 1; /* after "model.layers.N." */
+		if (spec[i].expert > 0)
+			continue; /* SPLIT experts: all stacked with expert 0 */
+		if (!src) {
+			rc = kv_fail(KV_ERR_INCOMPATIBLE, "convert: no tensor '%s'", name);
 			goto out;
 		}
-		t->xf = XF_NONE;
-		const char *suffix = strchr(t->gg, '.');
-		for (size_t m = 0; m < N_LAYER_MAP; m++)
-			if (!strncmp(t->gg, "blk.", 4) && suffix && !strcmp(strchr(suffix + 1, '.') + 1, g_layer[m].gg) &&
-			    applies(&g_layer[m], &c))
-				t->xf = g_layer[m].xf;
-		if (!strcmp(t->gg, "output_norm.weight"))
-			t->xf = XF_NORM1;
-		/* Row-major 2-D view: conv1d [C, 1, K] -> [C, K]; vectors [1, n]. */
-		int64_t numel = (int64_t)t->src->numel;
-		t->cols = t->src->shape[t->src->ndim - 1];
-		t->rows = numel / t->cols;
-		int is_mat = (spec[i].role == KV_ROLE_EMBED || spec[i].role == KV_ROLE_LM_HEAD ||
-			      spec[i].role == KV_ROLE_LINEAR || spec[i].role == KV_ROLE_LINEAR_OUT ||
-			      spec[i].role == KV_ROLE_LINEAR_A);
-		int layer = -1;
-		sscanf(t->gg, "blk.%d.", &layer);
-		if (is_mat) {
-			t->dt = kq_ftype_tensor_dtype(p->ftype, &mix, t->gg, layer, i_v, t->cols);
-			if (strstr(t->gg, "attn_v.weight") || strstr(t->gg, "attn_qkv.weight"))
-				i_v++;
+		if (spec[i].expert == 0) {
+			/* mlp.experts.0.{gate,up,down}_proj.weight: stack the E experts */
+			const char *which = strstr(rest, "gate_proj") ? "gate" : strstr(rest, "up_proj") ? "up" : "down";
+			snprintf(gg, sizeof gg, "blk.%d.ffn_%s_exps.weight", layer, which);
+			if (!(o[0] = conv_new(ct, &nt, &c, gg, (int)E)))
+				goto oom;
+			for (int64_t e = 0; e < E; e++) {
+				char en[192];
+				snprintf(en, sizeof en, "%slayers.%d.mlp.experts.%lld.%s_proj.weight", prefix, layer,
+					 (long long)e, which);
+				const struct kv_tensor *et = kv_weights_find(wt, en);
+				if (!et || et->ndim != 2 || et->shape[0] != src->shape[0] || et->shape[1] != src->shape[1]) {
+					rc = kv_fail(KV_ERR_INCOMPATIBLE, "convert: expert tensor '%s' missing or misshapen", en);
+					goto out;
+				}
+				conv_add(o[0], et, 0, et->shape[0]);
+			}
+			o[0]->ndim = 3;
+			o[0]->shape[0] = E;
+			o[0]->shape[1] = src->shape[0];
+			o[0]->shape[2] = src->shape[1];
+			nout = 1;
+		} else if (rest && !strcmp(rest, "mlp.experts.gate_up_proj")) {
+			/* [E][2I][D] -> ffn_gate_exps and ffn_up_exps [E][I][D] (llama.cpp's converter splits it) */
+			snprintf(gg, sizeof gg, "blk.%d.ffn_gate_exps.weight", layer);
+			snprintf(ggb, sizeof ggb, "blk.%d.ffn_up_exps.weight", layer);
+			if (!(o[0] = conv_new(ct, &nt, &c, gg, (int)E)) || !(o[1] = conv_new(ct, &nt, &c, ggb, (int)E)))
+				goto oom;
+			for (int64_t e = 0; e < E; e++) {
+				conv_add(o[0], src, e * 2 * I, I);
+				conv_add(o[1], src, e * 2 * I + I, I);
+			}
+			for (int j = 0; j < 2; j++) {
+				o[j]->ndim = 3;
+				o[j]->shape[0] = E;
+				o[j]->shape[1] = I;
+				o[j]->shape[2] = D;
+			}
+			nout = 2;
+		} else if (rest && !strcmp(rest, "linear_attn.in_proj_qkvz.weight")) {
+			/* qwen3next: per key head [q dk, k dk, v per dv, z per dv] ->
+			 * attn_qkv [q of all heads, k of all, v of all] + attn_gate [z] */
+			const int64_t Hk = c.lin_k_heads, dk = c.lin_k_dim, pv = (int64_t)(c.lin_v_heads / Hk) * c.lin_v_dim,
+				      G = 2 * dk + 2 * pv;
+			snprintf(gg, sizeof gg, "blk.%d.attn_qkv.weight", layer);
+			snprintf(ggb, sizeof ggb, "blk.%d.attn_gate.weight", layer);
+			if (!(o[0] = conv_new(ct, &nt, &c, gg, 3 * (int)Hk)) || !(o[1] = conv_new(ct, &nt, &c, ggb, (int)Hk)))
+				goto oom;
+			for (int part = 0; part < 3; part++)
+				for (int64_t k = 0; k < Hk; k++)
+					conv_add(o[0], src, k * G + (part == 0 ? 0 : part == 1 ? dk : 2 * dk), part < 2 ? dk : pv);
+			for (int64_t k = 0; k < Hk; k++)
+				conv_add(o[1], src, k * G + 2 * dk + pv, pv);
+			for (int j = 0; j < 2; j++) {
+				o[j]->ndim = 2;
+				o[j]->shape[0] = o[j]->rows;
+				o[j]->shape[1] = D;
+			}
+			nout = 2;
 		} else {
-			t->dt = KV_DT_F32;
+			if (!kv_gguf_name_from_hf(&c, hf, gg, sizeof gg)) {
+				rc = kv_fail(KV_ERR_INCOMPATIBLE, "convert: no GGUF name for tensor '%s'", name);
+				goto out;
+			}
+			if (!(o[0] = conv_new(ct, &nt, &c, gg, 1)))
+				goto oom;
+			int64_t cols = src->shape[src->ndim - 1];
+			conv_add(o[0], src, 0, (int64_t)(src->numel / (uint64_t)cols));
+			if (src->ndim == 1 || (rest && !strcmp(rest, "mlp.shared_expert_gate.weight"))) {
+				o[0]->ndim = 1; /* llama.cpp's ffn_gate_inp_shexp is {n_embd} */
+				o[0]->shape[0] = (int64_t)src->numel;
+			} else if (src->ndim == 3 && strstr(gg, "_exps.")) {
+				o[0]->ndim = 3; /* unquantized switch_mlp / stacked down_proj */
+				memcpy(o[0]->shape, src->shape, sizeof o[0]->shape);
+			} else {
+				/* row-major 2-D view: conv1d [C, 1, K] -> [C, K] */
+				o[0]->ndim = 2;
+				o[0]->shape[0] = o[0]->rows;
+				o[0]->shape[1] = cols;
+			}
+			nout = 1;
 		}
-		int64_t shape[2] = {t->rows, t->cols};
-		if ((rc = kv_ggufw_add_fill(w, t->gg, t->dt, t->src->ndim == 1 ? 1 : 2,
-					    t->src->ndim == 1 ? &shape[1] : shape, conv_fill, t)))
-			goto out;
-		total += kv_dtype_row_bytes(t->dt, (uint64_t)t->cols) * (uint64_t)t->rows;
-		nt++;
+		for (int j = 0; j < nout; j++) {
+			struct conv_t *t = o[j];
+			t->cols = t->shape[t->ndim - 1];
+			if (t->ndim == 1)
+				t->rows = 1;
+			t->xf = XF_NONE;
+			const char *suffix = strchr(t->gg, '.');
+			for (size_t m = 0; m < N_LAYER_MAP; m++)
+				if (!strncmp(t->gg, "blk.", 4) && suffix && !strcmp(strchr(suffix + 1, '.') + 1, g_layer[m].gg) &&
+				    applies(&g_layer[m], &c))
+					t->xf = g_layer[m].xf;
+			if (!strcmp(t->gg, "output_norm.weight"))
+				t->xf = XF_NORM1;
+			int role = spec[i].role;
+			int is_mat = t->ndim >= 2 && (role == KV_ROLE_EMBED || role == KV_ROLE_LM_HEAD ||
+						      role == KV_ROLE_LINEAR || role == KV_ROLE_LINEAR_OUT ||
+						      role == KV_ROLE_LINEAR_A);
+			if (is_mat) {
+				t->dt = kq_ftype_tensor_dtype(p->ftype, &mix, t->gg, layer, i_v, t->cols);
+				if (strstr(t->gg, "attn_v.weight") || strstr(t->gg, "attn_qkv.weight"))
+					i_v++;
+			} else {
+				t->dt = KV_DT_F32; /* norms, conv, dt, A, the router (llama.cpp keeps ffn_gate_inp F32) */
+			}
+			if ((rc = kv_ggufw_add_fill(w, t->gg, t->dt, t->ndim, t->shape, conv_fill, t)))
+				goto out;
+			total += kv_dtype_row_bytes(t->dt, (uint64_t)t->cols) * (uint64_t)t->rows;
+		}
 	}
 	if ((rc = kv_ggufw_write(w, p->out, p->dw_flags)))
 		goto out;
@@ -505,8 +692,13 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 		*n_tensors = nt;
 	if (bytes)
 		*bytes = total;
+	goto out;
+oom:
+	rc = kv_fail(KV_ERR_NOMEM, "out of memory");
 out:
 	kv_ggufw_destroy(w);
+	for (size_t i = 0; ct && i < nt; i++)
+		free(ct[i].pc);
 	free(ct);
 	free(spec);
 	kv_weights_close(wt);
@@ -534,25 +726,83 @@ static int get_u(const struct kv_gguf *g, const char *arch, const char *key, int
 	return kv_gguf_get_int(g, k, v);
 }
 
+/* Every MoE layer's tensors present with llama.cpp's shapes (row-major
+ * here, ggml's ne reversed), so a broken file fails naming the GGUF
+ * tensor rather than the Hugging Face name the engine looks up. */
+static int check_moe(const struct kv_gguf *g, const struct kv_model_config *c)
+{
+	const int64_t E = c->n_experts, I = c->moe_intermediate, Is = c->shared_intermediate, D = c->hidden;
+	for (int l = 0; l < c->n_layers; l++) {
+		if (!c->layer_moe[l])
+			continue;
+		char n[96];
+		snprintf(n, sizeof n, "blk.%d.ffn_gate_up_exps.weight", l);
+		int fused = kv_gguf_tensor_find(g, n) != NULL;
+		const struct {
+			const char *name;
+			int ndim;
+			int64_t s0, s1, s2;
+		} want[] = {
+			{"ffn_gate_inp.weight", 2, E, D, 0},
+			{fused ? "ffn_gate_up_exps.weight" : "ffn_gate_exps.weight", 3, E, fused ? 2 * I : I, D},
+			{fused ? NULL : "ffn_up_exps.weight", 3, E, I, D},
+			{"ffn_down_exps.weight", 3, E, D, I},
+			{"ffn_gate_shexp.weight", 2, Is, D, 0},
+			{"ffn_up_shexp.weight", 2, Is, D, 0},
+			{"ffn_down_shexp.weight", 2, D, Is, 0},
+			{"ffn_gate_inp_shexp.weight", 1, D, 0, 0},
+		};
+		for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+			if (!want[i].name)
+				continue;
+			int64_t ws[3] = {want[i].s0, want[i].s1, want[i].s2};
+			char a[96], b[96];
+			snprintf(n, sizeof n, "blk.%d.%s", l, want[i].name);
+			const struct kv_tensor *t = kv_gguf_tensor_find(g, n);
+			if (!t)
+				return kv_fail(KV_ERR_INCOMPATIBLE, "%s: GGUF lacks expert tensor '%s' (expected shape %s)",
+					       kv_gguf_path(g), n, kv_shape_str(want[i].ndim, ws, a, sizeof a));
+			int ok = t->ndim == want[i].ndim;
+			for (int d = 0; ok && d < t->ndim; d++)
+				ok = t->shape[d] == ws[d];
+			if (want[i].ndim == 1 && t->ndim == 2 && t->shape[0] == 1 && t->shape[1] == ws[0])
+				ok = 1; /* ffn_gate_inp_shexp written as {n_embd, 1}: the same values */
+			if (!ok)
+				return kv_fail(KV_ERR_INCOMPATIBLE, "%s: expert tensor '%s' has shape %s, expected %s",
+					       kv_gguf_path(g), n, kv_shape_str(t->ndim, t->shape, b, sizeof b),
+					       kv_shape_str(want[i].ndim, ws, a, sizeof a));
+		}
+	}
+	return KV_OK;
+}
+
 int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 {
 	char *arch = NULL;
 	json_t *o = json_object();
 	int64_t v;
 	double f;
-	int rc, hybrid;
+	int rc, hybrid, moe, next;
 	memset(out, 0, sizeof *out);
 	if (!o)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	if ((rc = kv_gguf_get_str(g, "general.architecture", &arch)))
 		goto out;
-	if (strcmp(arch, "qwen3") && strcmp(arch, "qwen35")) {
-		rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: GGUF architecture '%s' (kvkeep runs qwen3 and qwen35)",
-			     kv_gguf_path(g), arch);
+	if (strcmp(arch, "qwen3") && strcmp(arch, "qwen35") && strcmp(arch, "qwen35moe") && strcmp(arch, "qwen3next")) {
+		rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: GGUF architecture '%s' (kvkeep runs qwen3, qwen35, qwen35moe and "
+			     "qwen3next)", kv_gguf_path(g), arch);
 		goto out;
 	}
-	hybrid = !strcmp(arch, "qwen35");
-	json_object_set_new(o, "model_type", json_string(hybrid ? "qwen3_5_text" : "qwen3"));
+	hybrid = strcmp(arch, "qwen3") != 0;
+	moe = !strcmp(arch, "qwen35moe") || !strcmp(arch, "qwen3next");
+	next = !strcmp(arch, "qwen3next");
+	json_object_set_new(o, "model_type", json_string(next ? "qwen3_next" : moe ? "qwen3_5_moe_text" : hybrid ? "qwen3_5_text" : "qwen3"));
+	if (next) {
+		/* llama.cpp's qwen3next graph: every layer sparse, top-k renormalised */
+		json_object_set_new(o, "norm_topk_prob", json_true());
+		json_object_set_new(o, "decoder_sparse_step", json_integer(1));
+		json_object_set_new(o, "mlp_only_layers", json_array());
+	}
 	static const struct {
 		const char *gg, *hf;
 		int required;
@@ -569,16 +819,34 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 		{"ssm.state_size", "linear_key_head_dim", 2},
 		{"ssm.group_count", "linear_num_key_heads", 2},
 		{"ssm.time_step_rank", "linear_num_value_heads", 2},
+		{"expert_count", "num_experts", 3},
+		{"expert_used_count", "num_experts_per_tok", 3},
+		{"expert_feed_forward_length", "moe_intermediate_size", 4},
+		{"expert_shared_feed_forward_length", "shared_expert_intermediate_size", 4},
 	};
 	for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-		if (ints[i].required == 2 && !hybrid)
+		if ((ints[i].required == 2 && !hybrid) || (ints[i].required >= 3 && !moe))
 			continue;
 		rc = get_u(g, arch, ints[i].gg, &v);
-		if (rc == KV_ERR_NOT_FOUND && !ints[i].required)
+		/* a MoE text config may have no dense intermediate_size; the expert
+		 * sizes have llama.cpp's fallbacks below */
+		if (rc == KV_ERR_NOT_FOUND && (!ints[i].required || ints[i].required == 4 ||
+						 (moe && !strcmp(ints[i].gg, "feed_forward_length"))))
 			continue;
 		if (rc)
 			goto out;
 		json_object_set_new(o, ints[i].hf, json_integer(v));
+	}
+	kv_errclear();
+	if (moe) {
+		/* llama.cpp: n_ff_exp = n_ff / n_expert_used and n_ff_shexp = n_ff
+		 * when the keys are absent */
+		int64_t ff = json_integer_value(json_object_get(o, "intermediate_size")),
+			k = json_integer_value(json_object_get(o, "num_experts_per_tok"));
+		if (!json_object_get(o, "moe_intermediate_size") && ff > 0 && k > 0)
+			json_object_set_new(o, "moe_intermediate_size", json_integer(ff / k));
+		if (!json_object_get(o, "shared_expert_intermediate_size") && ff > 0)
+			json_object_set_new(o, "shared_expert_intermediate_size", json_integer(ff));
 	}
 	/* llama.cpp counts multi-token-prediction layers (blk.<n_layers>.nextn.*)
 	 * in block_count; the text model has block_count - nextn layers. */
@@ -653,6 +921,31 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 		out->out_proj_tiled = kv_gguf_out_tiled(g, out);
 		out->vrows_tiled = needs_vperm(out);
 	}
+	if (next) {
+		/* llama.cpp's converter splits in_proj_qkvz into attn_qkv + attn_gate
+		 * (loaded as in_proj_qkv / in_proj_z) and kvkeep splits ssm_ba into
+		 * in_proj_b / in_proj_a; only old files keep the fused ssm_in */
+		out->fused_deltanet = 0;
+		for (int l = 0; l < out->n_layers; l++)
+			if (out->layer_type[l] == KV_LAYER_DELTANET) {
+				char n[64];
+				snprintf(n, sizeof n, "blk.%d.ssm_in.weight", l);
+				out->fused_deltanet = kv_gguf_tensor_find(g, n) != NULL;
+				break;
+			}
+	}
+	if (out->n_moe_layers && (rc = check_moe(g, out)))
+		goto out;
+	if (out->n_moe_layers) {
+		/* the names kv_gguf_hf_tensors gives the expert stacks */
+		char n[64];
+		for (int l = 0; l < out->n_layers; l++)
+			if (out->layer_moe[l]) {
+				snprintf(n, sizeof n, "blk.%d.ffn_gate_up_exps.weight", l);
+				out->expert_layout = kv_gguf_tensor_find(g, n) ? KV_EXPERTS_STACKED : KV_EXPERTS_SWITCH;
+				break;
+			}
+	}
 out:
 	free(arch);
 	json_decref(o);
@@ -697,7 +990,8 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 {
 	size_t nt = kv_gguf_tensor_count(g), k = 0;
 	uint64_t owned = 0, off = 0, maxb = 0;
-	struct kv_tensor *v = calloc(nt ? nt : 1, sizeof *v);
+	/* one more entry per layer: qwen3next's ssm_ba gives in_proj_b and in_proj_a */
+	struct kv_tensor *v = calloc(nt + (size_t)c->n_layers + 1, sizeof *v);
 	uint8_t *b = NULL, *tmp = NULL;
 	int rc = KV_OK, tiled_out = c->out_proj_tiled;
 	*out = NULL;
@@ -726,8 +1020,63 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 						xf = g_layer[m].xf;
 					}
 			}
+			int ba_split = 0;
+			if (!hf[0] && layer >= 0 && layer < c->n_layers) {
+				const char *rest = strchr(t->name + 4, '.') + 1;
+				for (size_t m = 0; m < N_MOE_MAP && !hf[0]; m++) {
+					if (strcmp(rest, g_moe[m].gg))
+						continue;
+					const char *h = g_moe[m].hf;
+					if (!strcmp(rest, "ffn_down_exps.weight")) {
+						/* beside a fused ffn_gate_up_exps: the HF stacked pair */
+						char fu[64];
+						snprintf(fu, sizeof fu, "blk.%d.ffn_gate_up_exps.weight", layer);
+						if (kv_gguf_tensor_find(g, fu))
+							h = "mlp.experts.down_proj";
+					}
+					if (!strcmp(rest, "ssm_in.weight") && !c->fused_deltanet)
+						break;
+					if (!strcmp(rest, "ssm_ba.weight") && !c->fused_deltanet)
+						ba_split = 1;
+					snprintf(hf, sizeof hf, "model.layers.%d.%s", layer, h);
+				}
+			}
 			if (!hf[0])
 				continue; /* not a tensor of the text model (mtp, vision...) */
+			if (ba_split) {
+				/* qwen3next's ssm_ba [Hk][b per, a per] rows -> HF in_proj_b and
+				 * in_proj_a [Hv] (rows are whole blocks, so any type copies) */
+				int64_t per = c->lin_v_heads / c->lin_k_heads, rows = t->ndim == 2 ? t->shape[0] : 0;
+				size_t rb = rows ? (size_t)kv_dtype_row_bytes(t->dtype, (uint64_t)t->shape[1]) : 0;
+				if (rows != 2ll * c->lin_v_heads || !rb || rb * (size_t)rows != t->nbytes) {
+					rc = kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is not [%d, %d]", t->file, t->name,
+						     2 * c->lin_v_heads, c->hidden);
+					goto fail;
+				}
+				if (pass == 0) {
+					owned += 2 * ((t->nbytes / 2 + 63) & ~(uint64_t)63);
+					k += 2;
+					continue;
+				}
+				for (int j = 0; j < 2; j++) {
+					struct kv_tensor *d = &v[k++];
+					*d = *t;
+					snprintf(hf, sizeof hf, "model.layers.%d.linear_attn.in_proj_%s.weight", layer, j ? "a" : "b");
+					if (!(d->name = strdup(hf))) {
+						rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+						goto fail;
+					}
+					d->shape[0] = c->lin_v_heads;
+					d->numel = t->numel / 2;
+					d->nbytes = t->nbytes / 2;
+					for (int64_t h = 0; h < c->lin_v_heads; h++)
+						memcpy(b + off + (size_t)h * rb,
+						       (const uint8_t *)t->data + (size_t)((h / per) * 2 * per + j * per + h % per) * rb, rb);
+					d->data = b + off;
+					off += (d->nbytes + 63) & ~(uint64_t)63;
+				}
+				continue;
+			}
 			/* the projections' rows stay tiled (the engine permutes their
 			 * outputs, so no copy of the big matrices); the small conv,
 			 * dt and A tensors are permuted back */
@@ -748,6 +1097,12 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 			if (!(d->name = strdup(hf))) {
 				rc = kv_fail(KV_ERR_NOMEM, "out of memory");
 				goto fail;
+			}
+			if (strstr(t->name, "ffn_gate_inp_shexp") && t->ndim == 1) {
+				/* {n_embd} -> HF's shared_expert_gate [1, D] */
+				d->ndim = 2;
+				d->shape[1] = t->shape[0];
+				d->shape[0] = 1;
 			}
 			if (xf == XF_VROWS && strstr(t->name, "ssm_conv1d")) {
 				/* [C, K] -> HF's [C, 1, K] */
@@ -797,7 +1152,7 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 fail:
 	free(tmp);
 	kv_free(b);
-	kv_gguf_hf_free(v, nt);
+	kv_gguf_hf_free(v, nt + (size_t)c->n_layers + 1);
 	return rc;
 }
 

@@ -1,6 +1,7 @@
 /*
- * gguf_model.h - Qwen3 / Qwen3.5 models in GGUF files: llama.cpp's tensor
- * names and metadata, both ways (docs/gguf.md has the tables).
+ * gguf_model.h - Qwen3 / Qwen3.5 / Qwen3.5-MoE / Qwen3-Next models in GGUF
+ * files (qwen3, qwen35, qwen35moe, qwen3next): llama.cpp's tensor names and
+ * metadata, both ways (docs/gguf.md has the tables).
  *
  *   kv_gguf_convert      Hugging Face folder -> GGUF file (`kvkeep convert`)
  *   kv_gguf_config       GGUF metadata -> struct kv_model_config
@@ -49,7 +50,12 @@ struct kv_gguf_convert_params {
  * nothing. *n_tensors / *bytes may be NULL. */
 int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, uint64_t *bytes);
 
-/* Config from metadata (general.architecture qwen3 or qwen35). */
+/* Config from metadata (general.architecture qwen3, qwen35, qwen35moe or
+ * qwen3next). MoE files: every sparse layer's expert tensors are checked
+ * (present, llama.cpp's shapes; errors name the GGUF tensor), the expert
+ * layout is the one kv_gguf_hf_tensors presents (SWITCH, or STACKED for a
+ * fused ffn_gate_up_exps), and qwen3next loads unfused (attn_qkv /
+ * attn_gate, ssm_ba split) unless the file has the old fused ssm_in. */
 int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out);
 
 /*
@@ -57,8 +63,9 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out);
  * prefix "model.", "lm_head.weight") with HF shapes; *out is a malloc'd
  * array of *n (free() it and its names with kv_gguf_hf_free). Tensors
  * that had to be permuted point into *blob (kv_alloc'd under
- * KV_MEM_WEIGHTS, kv_free), the others into the mapping. Tensors the
- * engine does not know are left out.
+ * KV_MEM_WEIGHTS, kv_free), the others into the mapping (expert stacks
+ * always: mlp.switch_mlp.{gate,up,down}_proj.weight [E, rows, cols]).
+ * Tensors the engine does not know are left out.
  */
 int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c, struct kv_tensor **out,
 		       size_t *n, void **blob);

@@ -214,11 +214,30 @@ int kv_mlx_matrix(const struct kv_weights *w, const char *weight_name, const str
 	if (!s || !bi)
 		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: quantized tensor '%s' has no '%s' beside it", t->file, weight_name,
 			       s ? bname : sname);
-	if (t->ndim != 2 || s->ndim != 2 || bi->ndim != 2)
+	/* 2-D, or the [E, rows, ...] stacks of mlx-lm's SwitchGLU experts: the
+	 * expert dimension is folded into the rows (rows = E x per-expert
+	 * rows), the three tensors stacked alike */
+	if (t->ndim != s->ndim || t->ndim != bi->ndim || (t->ndim != 2 && t->ndim != 3) ||
+	    (t->ndim == 3 && (t->shape[0] != s->shape[0] || t->shape[0] != bi->shape[0])))
 		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: quantized matrix '%s': weight, scales and biases must be 2-D "
-			       "(found %s, %s, %s)", t->file, base, kv_shape_str(t->ndim, t->shape, a, sizeof a),
-			       kv_shape_str(s->ndim, s->shape, b, sizeof b), kv_shape_str(bi->ndim, bi->shape, sname,
-											  sizeof sname));
+			       "or 3-D stacks alike (found %s, %s, %s)", t->file, base,
+			       kv_shape_str(t->ndim, t->shape, a, sizeof a), kv_shape_str(s->ndim, s->shape, b, sizeof b),
+			       kv_shape_str(bi->ndim, bi->shape, sname, sizeof sname));
+	struct kv_tensor t2 = *t, s2 = *s, b2 = *bi;
+	if (t->ndim == 3) {
+		struct kv_tensor *f[3] = {&t2, &s2, &b2};
+		for (int i = 0; i < 3; i++) {
+			if (f[i]->shape[0] <= 0 || f[i]->shape[1] > INT64_MAX / f[i]->shape[0])
+				return kv_fail(KV_ERR_INCOMPATIBLE, "%s: quantized stack '%s' has an unusable shape", t->file,
+					       base);
+			f[i]->ndim = 2;
+			f[i]->shape[0] *= f[i]->shape[1];
+			f[i]->shape[1] = f[i]->shape[2];
+		}
+		t = &t2;
+		s = &s2;
+		bi = &b2;
+	}
 	if (t->shape[0] <= 0 || t->shape[1] <= 0 || t->shape[1] > INT32_MAX / 32 || s->shape[0] <= 0 ||
 	    s->shape[1] <= 0 || s->shape[1] > INT32_MAX || rows > INT32_MAX || cols > INT32_MAX)
 		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: quantized matrix '%s' has an unusable shape (weight %s, scales %s)",
@@ -265,9 +284,9 @@ int kv_mlx_matrix(const struct kv_weights *w, const char *weight_name, const str
 				       x->file, x->name, kv_shape_str(x->ndim, x->shape, a, sizeof a),
 				       kv_shape_str(2, wsb, b, sizeof b), group);
 	}
-	out->codes = t;
-	out->scales = s;
-	out->biases = bi;
+	out->codes = kv_weights_find(w, weight_name);
+	out->scales = kv_weights_find(w, sname);
+	out->biases = kv_weights_find(w, bname);
 	out->bits = bits;
 	out->group = group;
 	out->rows = rows;
@@ -327,13 +346,33 @@ void kv_mlx_pack(const uint8_t *codes, int n, int bits, uint8_t *out)
 
 /* --- writer ----------------------------------------------------------------- */
 
-enum { J_COPY, J_SHIFT, J_CODES, J_SCALES, J_BIASES };
+enum { J_COPY, J_SHIFT, J_CODES, J_SCALES, J_BIASES, J_ROWS };
 
+/* Output row r of a job reads source row src_row(r): plain tensors row r;
+ * an expert stack (per > 0) row (r / per) * stride + off + r % per of src,
+ * or row r % per of srcs[r / per] (one tensor per expert). J_ROWS copies
+ * those rows' bytes (an unquantized stack). */
 struct job {
 	const struct kv_tensor *src;
 	int kind, bits, group;
 	int64_t rows, cols;
+	int64_t per, stride, off;
+	const struct kv_tensor **srcs;
 };
+
+static const struct kv_tensor *src_row(const struct job *j, int64_t r, int64_t *row)
+{
+	if (j->per <= 0) {
+		*row = r;
+		return j->src;
+	}
+	if (j->srcs) {
+		*row = r % j->per;
+		return j->srcs[r / j->per];
+	}
+	*row = (r / j->per) * j->stride + j->off + r % j->per;
+	return j->src;
+}
 
 static float round_to(int dt, float f)
 {
@@ -370,6 +409,17 @@ static int fill_job(void *ctx, void *dst, uint64_t nbytes)
 			store_as(t->dtype, dst, i, kv_tensor_getf(t, i) + 1.0f);
 		return KV_OK;
 	}
+	if (j->kind == J_ROWS) {
+		uint64_t rb = kv_dtype_row_bytes(t->dtype, (uint64_t)j->cols);
+		if (rb * (uint64_t)j->rows != nbytes)
+			return kv_fail(KV_ERR_INVALID, "internal: size of the stack of '%s'", t->name);
+		for (int64_t r = 0; r < j->rows; r++) {
+			int64_t sr;
+			const struct kv_tensor *ts = src_row(j, r, &sr);
+			memcpy((uint8_t *)dst + (size_t)r * rb, (const uint8_t *)ts->data + (size_t)sr * rb, (size_t)rb);
+		}
+		return KV_OK;
+	}
 	int G = j->group, ng = (int)(j->cols / G);
 	float *row = malloc((size_t)j->cols * sizeof *row);
 	uint8_t *codes = malloc((size_t)j->cols);
@@ -380,7 +430,9 @@ static int fill_job(void *ctx, void *dst, uint64_t nbytes)
 	}
 	size_t row_bytes = (size_t)j->cols * (size_t)j->bits / 8;
 	for (int64_t r = 0; r < j->rows; r++) {
-		if ((rc = kv_tensor_to_f32(t, row, (uint64_t)r * (uint64_t)j->cols, (uint64_t)j->cols))) {
+		int64_t sr;
+		const struct kv_tensor *ts = src_row(j, r, &sr);
+		if ((rc = kv_tensor_to_f32(ts, row, (uint64_t)sr * (uint64_t)j->cols, (uint64_t)j->cols))) {
 			free(row);
 			free(codes);
 			return rc;
@@ -475,6 +527,8 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 	struct kv_tensor_spec *sv = NULL, *dv = NULL;
 	struct kv_stw *st = NULL;
 	struct job *jobs = NULL;
+	const struct kv_tensor **esrc = NULL; /* per-expert source tensors of SPLIT checkpoints */
+	size_t n_esrc = 0;
 	json_t *cfg = NULL, *qo = NULL;
 	char prefix[64], path[4096];
 	size_t n = 0, n2 = 0, nj = 0;
@@ -505,7 +559,9 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 		goto out;
 	if ((rc = check_overrides(o->overrides, dv, n2, kv_config_lm_head_name(dprefix))))
 		goto out;
-	if (!(st = kv_stw_create()) || !(jobs = calloc(3 * n + 1, sizeof *jobs)) || !(qo = json_object())) {
+	/* (6 jobs for a stacked gate_up_proj: two quantized stacks) */
+	if (!(st = kv_stw_create()) || !(jobs = calloc(6 * n + 1, sizeof *jobs)) || !(qo = json_object()) ||
+	    (c.n_experts && !(esrc = calloc(3 * (size_t)c.n_layers * (size_t)c.n_experts + 1, sizeof *esrc)))) {
 		rc = kv_fail(KV_ERR_NOMEM, "out of memory");
 		goto out;
 	}
@@ -521,11 +577,97 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 			rc = kv_fail(KV_ERR_INCOMPATIBLE, "%s: weights lack '%s'", o->hf_dir, s->name);
 			break;
 		}
+		/* The routed experts of a MoE layer: mlx-lm's SwitchGLU stacks
+		 * mlp.switch_mlp.{gate,up,down}_proj [E, rows, cols] from any HF
+		 * layout (stacked gate_up_proj split, per-expert tensors stacked). */
+		const char *rest = s->layer >= 0 ? strstr(s->name, ".mlp.") : NULL;
+		if (rest && (s->expert >= 0 || strstr(rest, ".mlp.experts.") || strstr(rest, ".mlp.switch_mlp."))) {
+			if (s->expert > 0)
+				continue; /* stacked with expert 0 */
+			const int64_t E = c.n_experts, I = c.moe_intermediate, D = c.hidden;
+			struct job tmpl[2];
+			const char *which[2] = {NULL, NULL};
+			int nst = 1;
+			memset(tmpl, 0, sizeof tmpl);
+			if (s->expert == 0) {
+				which[0] = strstr(rest, "gate_proj") ? "gate" : strstr(rest, "up_proj") ? "up" : "down";
+				const struct kv_tensor **es = esrc + n_esrc;
+				for (int64_t e = 0; e < E && !rc; e++) {
+					char en[220];
+					snprintf(en, sizeof en, "%slayers.%d.mlp.experts.%lld.%s_proj.weight", prefix, s->layer,
+						 (long long)e, which[0]);
+					if (!(es[e] = kv_weights_find(w, en)))
+						rc = kv_fail(KV_ERR_INCOMPATIBLE, "%s: weights lack '%s'", o->hf_dir, en);
+				}
+				n_esrc += (size_t)E;
+				tmpl[0] = (struct job){t, 0, 0, 0, E * s->shape[0], s->shape[1], s->shape[0], 0, 0, es};
+			} else if (strstr(rest, "gate_up_proj")) {
+				which[0] = "gate";
+				which[1] = "up";
+				nst = 2;
+				tmpl[0] = (struct job){t, 0, 0, 0, E * I, D, I, 2 * I, 0, NULL};
+				tmpl[1] = (struct job){t, 0, 0, 0, E * I, D, I, 2 * I, I, NULL};
+			} else {
+				which[0] = strstr(rest, "gate_proj") ? "gate" : strstr(rest, "up_proj") ? "up" : "down";
+				tmpl[0] = (struct job){t, 0, 0, 0, s->shape[0] * s->shape[1], s->shape[2], 0, 0, 0, NULL};
+			}
+			for (int k = 0; k < nst && !rc; k++) {
+				char dn[220], base[200], nm[220];
+				struct job *jt = &tmpl[k];
+				int64_t per = jt->rows / E, cols = jt->cols;
+				snprintf(base, sizeof base, "%slayers.%d.mlp.switch_mlp.%s_proj", dprefix, s->layer, which[k]);
+				snprintf(dn, sizeof dn, "%s.weight", base);
+				int bits = o->bits, group = o->group_size, ov = find_override(o->overrides, base, &bits, &group);
+				if (ov == 1) {
+					json_t *e = json_object();
+					json_object_set_new(e, "group_size", json_integer(group));
+					json_object_set_new(e, "bits", json_integer(bits));
+					json_object_set_new(qo, base, e);
+				}
+				if (ov == 0 || cols % group) {
+					/* mlx-lm leaves a module its group does not divide in floats */
+					int64_t fs[3] = {E, per, cols};
+					json_object_set_new(qo, base, json_false());
+					struct job *j = &jobs[nj++];
+					*j = *jt;
+					j->kind = J_ROWS;
+					rc = kv_stw_add_fill(st, dn, t->dtype, 3, fs, fill_job, j);
+					continue;
+				}
+				int64_t cs[3] = {E, per, cols * bits / 32}, ss[3] = {E, per, cols / group};
+				struct job *jc = &jobs[nj++], *js = &jobs[nj++], *jb = &jobs[nj++];
+				*jc = *jt;
+				jc->kind = J_CODES;
+				jc->bits = bits;
+				jc->group = group;
+				*js = *jc;
+				js->kind = J_SCALES;
+				*jb = *jc;
+				jb->kind = J_BIASES;
+				if ((rc = kv_stw_add_fill(st, dn, KV_DT_U32, 3, cs, fill_job, jc)))
+					break;
+				snprintf(nm, sizeof nm, "%s.scales", base);
+				if ((rc = kv_stw_add_fill(st, nm, t->dtype, 3, ss, fill_job, js)))
+					break;
+				snprintf(nm, sizeof nm, "%s.biases", base);
+				rc = kv_stw_add_fill(st, nm, t->dtype, 3, ss, fill_job, jb);
+			}
+			continue;
+		}
+		/* the router and the shared expert's gate: 8 bits, groups of 64,
+		 * unless an override says otherwise (mlx-lm's MoE recipes keep the
+		 * routing gates at 8 bits) */
+		int gate = s->role == KV_ROLE_ROUTER || (rest && strstr(rest, ".mlp.shared_expert_gate."));
 		int matrix = s->role == KV_ROLE_EMBED || s->role == KV_ROLE_LM_HEAD || s->role == KV_ROLE_LINEAR ||
-			     s->role == KV_ROLE_LINEAR_OUT || s->role == KV_ROLE_LINEAR_A;
+			     s->role == KV_ROLE_LINEAR_OUT || s->role == KV_ROLE_LINEAR_A || s->role == KV_ROLE_ROUTER;
 		char base[200];
 		snprintf(base, sizeof base, "%.*s", (int)(strlen(dname) - 7), dname); /* without ".weight" */
 		int bits = o->bits, group = o->group_size, ov = matrix ? find_override(o->overrides, base, &bits, &group) : -1;
+		if (gate && ov == -1 && s->shape[1] % 64 == 0) {
+			bits = 8;
+			group = 64;
+			ov = 1;
+		}
 		if (ov == 1 && s->shape[1] % group) {
 			rc = kv_fail(KV_ERR_INVALID, "MLX override for '%s': group %d does not divide its input size %lld",
 				     base, group, (long long)s->shape[1]);
@@ -605,6 +747,7 @@ out:
 	json_decref(qo);
 	kv_stw_destroy(st);
 	free(jobs);
+	free(esrc);
 	free(sv);
 	free(dv);
 	kv_weights_close(w);

@@ -820,6 +820,14 @@ int kq_ftype_tensor_dtype(int ftype, const struct kq_mix_ctx *m, const char *nam
 		 * order, and gives both the attn_v rule */
 		if (kmix && use_more_bits(i_attn_v, m->n_attn_v))
 			t = KV_DT_Q6_K;
+		if (m->n_expert == 8) /* its "8-expert model" bump, any ftype */
+			t = KV_DT_Q8_0;
+	} else if (strstr(name, "attn_k.weight")) {
+		if (m->n_expert == 8)
+			t = KV_DT_Q8_0;
+	} else if (strstr(name, "attn_output.weight")) {
+		if (m->n_expert == 8 && ftype == KQ_FTYPE_Q4_K_M)
+			t = KV_DT_Q5_K;
 	} else if (strstr(name, "ffn_down")) {
 		if (kmix && layer >= 0 && use_more_bits(layer, m->n_layers))
 			t = KV_DT_Q6_K;

@@ -106,6 +106,7 @@ struct kq_mix_ctx {
 	int n_layers;
 	int n_attn_v;          /* attn_v.weight tensors in the model */
 	int has_output;        /* output.weight present (untied) */
+	int n_expert;          /* routed experts (llama.cpp has rules for exactly 8) */
 };
 int kq_ftype_tensor_dtype(int ftype, const struct kq_mix_ctx *m, const char *name, int layer, int i_attn_v,
 			  int64_t row_len);

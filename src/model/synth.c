@@ -110,6 +110,19 @@ static const struct kv_synth_preset g_presets[] = {
 		.norm_topk_prob = 0, .mlp_only_layer = 1,
 	},
 	{
+		/* what llama.cpp's qwen3next GGUF can hold: no dense layer, top-k
+		 * renormalised (its graph always does); the GGUF peer tests use it */
+		.name = "tiny-next-moe",
+		.summary = "tiny-next with a MoE block on every layer and norm_topk_prob (llama.cpp's qwen3next)",
+		.arch = KV_ARCH_QWEN3_NEXT,
+		.hidden = 64, .n_layers = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
+		.intermediate = 96, .full_attention_interval = 4,
+		.lin_k_heads = 2, .lin_v_heads = 4, .lin_k_dim = 16, .lin_v_dim = 16, .conv_kernel = 4,
+		.partial_rotary = 0.25, .rope_theta = 10000000, .rms_eps = 1e-6, .max_positions = 262144,
+		.n_experts = 8, .n_experts_per_tok = 3, .moe_intermediate = 32, .shared_intermediate = 48,
+		.norm_topk_prob = 1, .mlp_only_layer = -1,
+	},
+	{
 		.name = "bench-moe",
 		.summary = "Qwen3.5-MoE shape, ~49M parameters without embeddings: 32 experts top-4 per layer",
 		.arch = KV_ARCH_QWEN3_5,

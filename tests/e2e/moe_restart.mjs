@@ -6,8 +6,13 @@
 //            server's (greedy).
 //   restart  SIGTERM, start again on the same cache folder: turn 1
 //            replayed resumes from disk and is bit-identical to cold.
+//   gguf     the same model as a Q4_K_M qwen35moe GGUF (quantized expert
+//            stacks viewed in the mapping), and tiny-next-moe as a Q8_0
+//            qwen3next GGUF: live turn 2 and turn 1 after a restart are
+//            bit-identical to a --disable-prefix-cache server.
+import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
-import { TMP, check, assert, eq, mkModel, startServer as start0, postJSON, failures_count } from './server_util.mjs';
+import { KT_BIN, TMP, check, assert, eq, mkModel, startServer as start0, postJSON, failures_count } from './server_util.mjs';
 
 const P = 'moe_restart';
 const startServer = (model, extra = []) => start0(model, ['--served-model-name', 'm', ...extra]);
@@ -66,5 +71,38 @@ await check(`${P}:restart_resumes_from_disk_bit_identical`, async () => {
   eq(r.lp, t1.lp, 'logprobs after restart vs cold');
   await srv.stop();
 }, 180000);
+
+async function ggufRestart(hf, gguf, type, gdir) {
+  execFileSync(KT_BIN, ['convert', '--model', hf, '--out', gguf, '--type', type, '--no-sync'],
+    { stdio: ['ignore', 'ignore', 'inherit'] });
+  let srv = await startServer(gguf, ['--cache-dir', gdir]);
+  const g1 = await chat(srv, turn1());
+  eq(g1.cached, 0, 'turn 1 is cold');
+  const g2 = await chat(srv, turn2(g1.text));
+  assert(g2.cached > 0, `live turn 2 cached ${g2.cached}`);
+  const st = await srv.stop('SIGTERM', 15000);
+  eq(st.code, 0, 'exit status after SIGTERM');
+  const coldSrv = await startServer(gguf, ['--disable-prefix-cache']);
+  const c1 = await chat(coldSrv, turn1());
+  const c2 = await chat(coldSrv, turn2(g1.text));
+  await coldSrv.stop();
+  eq(g1.lp, c1.lp, 'turn 1 logprobs vs cold');
+  eq(g2.text, c2.text, 'cached turn 2 text vs cold');
+  eq(g2.lp, c2.lp, 'cached turn 2 logprobs vs cold');
+  srv = await startServer(gguf, ['--cache-dir', gdir]);
+  const r = await chat(srv, turn1());
+  assert(/event=store\.fetch /.test(srv.log()), 'nothing was loaded from disk');
+  assert(r.cached > 0, `after restart cached ${r.cached}`);
+  eq(r.text, c1.text, 'text after restart vs cold');
+  eq(r.lp, c1.lp, 'logprobs after restart vs cold');
+  await srv.stop();
+}
+
+await check(`${P}:gguf_q4_k_m_restart_bit_identical_to_cold`,
+  () => ggufRestart(moe, join(TMP, 'moe-q4_k_m.gguf'), 'q4_k_m', join(TMP, 'cache-moe-gguf')), 180000);
+// qwen3next: attn_qkv / attn_gate and the split ssm_ba through the server
+const next = mkModel('tiny-next-moe', 'next', true);
+await check(`${P}:gguf_qwen3next_q8_0_restart_bit_identical_to_cold`,
+  () => ggufRestart(next, join(TMP, 'next-q8_0.gguf'), 'q8_0', join(TMP, 'cache-next-gguf')), 180000);
 
 process.exit(failures_count() ? 1 : 0);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # moe_restart.sh - cached == cold through the real `kvkeep serve` on the
 # tiny-moe preset (qwen3_5_moe: DeltaNet + attention + sparse MoE), in RAM
-# and after a SIGTERM restart from the disk tier (see moe_restart.mjs).
+# and after a SIGTERM restart from the disk tier, and the same for its
+# Q4_K_M qwen35moe GGUF and a Q8_0 qwen3next GGUF (see moe_restart.mjs).
 # Needs $KT_BIN (set by tests/run.sh) and node with tests/node/node_modules
 # (make npm). Prints ok/FAIL lines.
 set -u

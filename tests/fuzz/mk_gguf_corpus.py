@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of fuzz_gguf (tests/fuzz/corpus/gguf): small valid
-GGUF files (plain tensors, every block type, a qwen3 / qwen35 model header
-with a tokenizer) and one file per rule of the reader broken. Run from the
+GGUF files (plain tensors, every block type, qwen3 / qwen35 / qwen35moe /
+qwen3next model headers with a tokenizer) and one file per rule of the reader broken. Run from the
 repository root: /usr/bin/python3 tests/fuzz/mk_gguf_corpus.py"""
 import os, struct
 
@@ -87,6 +87,29 @@ q35 = [kv("general.architecture", 8, "qwen35"), kv("qwen35.block_count", 4, 2), 
 w("ok_qwen35", gguf(q35, [("token_embd.weight", [32, 4], 8), ("blk.0.attn_qkv.weight", [32, 32], 8),
                           ("blk.0.ssm_out.weight", [16, 32], 0), ("blk.0.ssm_a", [2], 0),
                           ("blk.0.ssm_conv1d.weight", [4, 32], 0), ("blk.0.ssm_dt.bias", [2], 0)]))
+# MoE headers (E 4, k 2, I 32, Is 32): qwen35moe with the stacks, qwen3next
+# with attn_qkv/attn_gate and ssm_ba (ne lists are ggml's, innermost first)
+def moe_kv(a):
+    return [kv("general.architecture", 8, a), kv(a + ".block_count", 4, 2), kv(a + ".embedding_length", 4, 32),
+            kv(a + ".feed_forward_length", 4, 64), kv(a + ".attention.head_count", 4, 2),
+            kv(a + ".attention.head_count_kv", 4, 1), kv(a + ".attention.key_length", 4, 16),
+            kv(a + ".rope.dimension_count", 4, 4), kv(a + ".attention.layer_norm_rms_epsilon", 6, 1e-6),
+            kv(a + ".ssm.conv_kernel", 4, 4), kv(a + ".ssm.state_size", 4, 8), kv(a + ".ssm.group_count", 4, 1),
+            kv(a + ".ssm.time_step_rank", 4, 2), kv(a + ".ssm.inner_size", 4, 16),
+            kv(a + ".full_attention_interval", 4, 2), kv(a + ".expert_count", 4, 4),
+            kv(a + ".expert_used_count", 4, 2), kv(a + ".expert_feed_forward_length", 4, 32),
+            kv(a + ".expert_shared_feed_forward_length", 4, 32)] + tok
+def moe_t(l, t):
+    b = "blk.%d." % l
+    return [(b + "ffn_gate_inp.weight", [32, 4], 0), (b + "ffn_gate_exps.weight", [32, 32, 4], t),
+            (b + "ffn_up_exps.weight", [32, 32, 4], t), (b + "ffn_down_exps.weight", [32, 32, 4], t),
+            (b + "ffn_gate_shexp.weight", [32, 32], t), (b + "ffn_up_shexp.weight", [32, 32], t),
+            (b + "ffn_down_shexp.weight", [32, 32], t), (b + "ffn_gate_inp_shexp.weight", [32], 0)]
+w("ok_qwen35moe", gguf(moe_kv("qwen35moe"), [("token_embd.weight", [32, 4], 8), ("blk.0.attn_qkv.weight", [32, 32], 8)]
+                       + moe_t(0, 8) + moe_t(1, 2)))
+w("ok_qwen3next", gguf(moe_kv("qwen3next"), [("token_embd.weight", [32, 4], 8), ("blk.0.attn_qkv.weight", [32, 32], 8),
+                                             ("blk.0.attn_gate.weight", [32, 16], 8), ("blk.0.ssm_ba.weight", [32, 4], 8)]
+                       + moe_t(0, 2) + moe_t(1, 8)))
 good = gguf(basic_kv, [("a", [16, 2], 0), ("b", [256, 1], 12)])
 w("bad_truncated", good[: len(good) - 40])
 w("bad_truncated_header", good[:30])

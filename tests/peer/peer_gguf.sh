@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # tests/peer/peer_gguf.sh - kvkeep running GGUF files against llama.cpp
-# v0.5.0 running the same files (build/peer/kvpeer), tiny-dense (qwen3) and
-# tiny-hybrid (qwen35), 500 positions, F32 KV, flash attention off:
+# v0.5.0 running the same files (build/peer/kvpeer), tiny-dense (qwen3),
+# tiny-hybrid (qwen35), tiny-moe (qwen35moe: stacked experts, shared expert)
+# and tiny-next-moe (qwen3next: in_proj_qkvz split into attn_qkv/attn_gate,
+# ssm_ba), 500 positions, F32 KV, flash attention off (and tiny-moe with
+# its expert stacks fused into ffn_gate_up_exps, tests/peer/fuse_gate_up.py):
 #   - kvkeep's F32 file: logits within 1e-4 relative (per row, max |diff| /
 #     max |logit|), same top-1 everywhere;
 #   - F16/BF16 files: within 1e-2 and >= 99% top-1: llama.cpp's CPU matmul
 #     rounds the activations to the weight type (ggml's vec_dot_type), kvkeep
-#     keeps them f32 (measured: 3e-4 for F16, 5e-3..9e-3 for BF16);
+#     keeps them f32 (measured: 3e-4 for F16, 5e-3..9e-3 for BF16); the MoE
+#     presets >= 99% top-1 only (a flipped near-tied expert moves a row);
 #   - kvkeep's Q8_0/Q4_K_M files and llama.cpp's own Q4_K_M/Q6_K/Q4_0
 #     (llama_model_quantize of kvkeep's F32 file) load in kvkeep; top-1
 #     agreement >= 97%: both dequantize the same blocks bit for bit
 #     (test_quant), but llama.cpp multiplies Q8-quantized activations and
 #     kvkeep f32 ones, and the tiny random models have near-tied logits
-#     (measured 97.8-99.2%; see docs/gguf.md).
+#     (measured 97.8-99.2%; the MoE presets 97.8-98.4%, where a near tie
+#     in the router also flips experts; tiny-moe's files must reach 98%:
+#     measured 98.4% for all five; see docs/gguf.md).
 # ok/FAIL lines for tests/run.sh; "skip" without the npm package.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -41,12 +47,13 @@ rel = float((np.abs(a - b).max(axis=1) / np.abs(a).max(axis=1)).max())
 top1 = float((a.argmax(1) == b.argmax(1)).mean())
 print("max rel %.3g, top-1 agreement %.3f" % (rel, top1))
 m = sys.argv[4]
-ok = (rel <= 1e-4 and top1 == 1.0) if m == "1" else (rel <= 1e-2 and top1 >= 0.99) if m == "2" else top1 >= 0.97
+ok = (rel <= 1e-4 and top1 == 1.0) if m == "1" else (rel <= 1e-2 and top1 >= 0.99) if m == "2" \
+    else top1 >= 0.99 if m == "3" else top1 >= (0.98 if m == "4" else 0.97)
 sys.exit(0 if ok else 1)
 PYEOF
 }
 
-for preset in tiny-dense tiny-hybrid; do
+for preset in ${KT_PEER_PRESETS:-tiny-dense tiny-hybrid tiny-moe tiny-next-moe}; do
 	M=$T/$preset
 	if ! "$KV" mkmodel --preset "$preset" --dtype f32 --out "$M" --no-sync >/dev/null 2>"$T/err"; then
 		echo "FAIL mkmodel_$preset: $(head -c 300 "$T/err")"
@@ -73,6 +80,10 @@ for preset in tiny-dense tiny-hybrid; do
 		F=$M-$t.gguf
 		exact=0
 		case $t in f32) exact=1 ;; f16|bf16) exact=2 ;; esac
+		# MoE: llama.cpp's f16/bf16-rounded activations can flip a near-tied
+		# router choice, which moves a whole row (measured max rel 0.1-0.13
+		# for BF16); top-1 only
+		case $preset-$t in *moe-f16|*moe-bf16) exact=3 ;; tiny-moe-*) [ $exact = 0 ] && exact=4 ;; esac
 		if ! "$K" logits "$F" --tokens "$ids" --out "$T/lp.f32" >/dev/null 2>"$T/err"; then
 			echo "FAIL peer_logits_${preset}_$t: $(grep -v '^kvpeer' "$T/err" | head -c 300)"
 			continue
@@ -89,3 +100,31 @@ for preset in tiny-dense tiny-hybrid; do
 		fi
 	done
 done
+
+# llama.cpp's fused ffn_gate_up_exps (which its loader prefers, kvkeep reads
+# as the stacked HF layout): tiny-moe's F32 file rewritten fused gives
+# kvkeep's logits of the unfused file bit for bit, and llama.cpp agrees
+M=$T/tiny-moe
+if [ -f "$M-f32.gguf" ]; then
+	if ! PYTHONPATH=$BUILD/peer/gguf-py $PY "$ROOT/tests/peer/fuse_gate_up.py" "$M-f32.gguf" "$M-fused.gguf" 2>"$T/err"; then
+		echo "FAIL fused_gate_up_write: $(tail -c 300 "$T/err")"
+	else
+		V=$($PY -c "import json; c = json.load(open('$M/config.json')); print(c.get('text_config', c)['vocab_size'])")
+		ids=$(awk -v v="$V" -v n="$N" 'BEGIN { s = 777; for (i = 0; i < n; i++) { s = (s * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? "," : ""), s % (v - 12) } }')
+		for f in f32 fused; do
+			"$KV" generate --model "$M-$f.gguf" --tokens "$ids" --max-tokens 0 --kv-f32 --all-logits-out "$T/lk-$f.f32" \
+				--quiet >/dev/null 2>"$T/err" || echo "FAIL kvkeep_loads_tiny-moe_$f: $(grep -v 'level=info' "$T/err" | head -c 300)"
+		done
+		if cmp -s "$T/lk-f32.f32" "$T/lk-fused.f32"; then
+			echo "ok fused_gate_up_exps_equals_split_bit_for_bit"
+		else
+			echo "FAIL fused_gate_up_exps_equals_split_bit_for_bit: logits differ"
+		fi
+		if "$K" logits "$M-fused.gguf" --tokens "$ids" --out "$T/lp-fused.f32" >/dev/null 2>"$T/err" &&
+			msg=$(compare fused "$T/lp-fused.f32" "$T/lk-fused.f32" 1); then
+			echo "ok logits_vs_llama_tiny-moe_fused_gate_up ($msg)"
+		else
+			echo "FAIL logits_vs_llama_tiny-moe_fused_gate_up: ${msg:-$(grep -v '^kvpeer' "$T/err" | head -c 300)}"
+		fi
+	fi
+fi

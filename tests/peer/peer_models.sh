@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/peer/peer_models.sh - kvkeep's GGUF files against llama.cpp v0.5.0
-# (build/peer/kvpeer), on the tiny-dense (qwen3) and tiny-hybrid (qwen35)
-# presets:
+# (build/peer/kvpeer), on the tiny-dense (qwen3), tiny-hybrid (qwen35),
+# tiny-moe (qwen35moe) and tiny-next-moe (qwen3next) presets:
 #   - every `kvkeep convert --type T` file loads in llama.cpp with the
 #     config's architecture, layer count, width and vocabulary;
 #   - llama.cpp's logits on the F32 file equal kvkeep's on the folder
@@ -31,14 +31,14 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 TYPES="f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k"
 
-for preset in tiny-dense tiny-hybrid; do
+for preset in ${KT_PEER_PRESETS:-tiny-dense tiny-hybrid tiny-moe tiny-next-moe}; do
 	M=$T/$preset
 	if ! "$KV" mkmodel --preset "$preset" --out "$M" --no-sync >/dev/null 2>"$T/err"; then
 		echo "FAIL mkmodel_$preset: $(head -c 300 "$T/err")"
 		continue
 	fi
 	arch=qwen3
-	[ "$preset" = tiny-hybrid ] && arch=qwen35
+	case $preset in tiny-hybrid) arch=qwen35 ;; tiny-moe) arch=qwen35moe ;; tiny-next-moe) arch=qwen3next ;; esac
 	for t in f32 $TYPES; do
 		if ! "$KV" convert --model "$M" --out "$M-$t.gguf" --type "$t" --no-sync >/dev/null 2>"$T/err"; then
 			echo "FAIL convert_${preset}_$t: $(head -c 300 "$T/err")"

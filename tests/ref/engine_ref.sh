@@ -18,7 +18,8 @@
 #
 # F16 matrices (reference_model.py --to-f16) and MLX quantized folders
 # (kvkeep convert-mlx: 4 and 8 bits, groups of 64 and 32, and a mixed
-# folder with per-module overrides) run by the engine against the
+# folder with per-module overrides; tiny-moe and tiny-next as mlx-lm's
+# quantized switch_mlp expert stacks) run by the engine against the
 # reference on the same weights, dequantized independently by
 # reference_model.py --dequant-mlx; 1e-4 like the f32 folders.
 # dense-yarn, dense-linear and hybrid-yarn are the same f32 models with
@@ -161,6 +162,10 @@ mlx_pair() { # preset bits group check_state [overrides]
 [ -d "$T/tiny-dense" ] && { mlx_pair tiny-dense 4 64 0; mlx_pair tiny-dense 8 32 0; }
 [ -d "$T/tiny-hybrid" ] && { mlx_pair tiny-hybrid 4 64 1; mlx_pair tiny-hybrid 8 64 1; }
 [ -d "$T/dense-next" ] && mlx_pair dense-next 4 64 1
+# MoE: mlx-lm's quantized switch_mlp stacks (from tiny-moe's stacked
+# gate_up_proj and tiny-next's per-expert tensors), routers at 8 bits
+[ -d "$T/tiny-moe" ] && { mlx_pair tiny-moe 4 64 1; mlx_pair tiny-moe 8 32 1; }
+[ -d "$T/tiny-next" ] && mlx_pair tiny-next 4 32 1
 # a mixed recipe: per-module overrides (8-bit groups of 32, a float matrix)
 [ -d "$T/tiny-hybrid" ] && mlx_pair tiny-hybrid 4 64 1 \
 	"language_model.model.layers.0.mlp.down_proj=8:32,language_model.model.layers.3.self_attn.q_proj=float,language_model.model.embed_tokens=8:64"

@@ -546,15 +546,17 @@ def dequant_mlx(src, dst):
             o = q.get(base, q)
             bits, gs = o["bits"], o["group_size"]
             per = 32 // bits
-            rows, packed = t.shape
+            lead = t.shape[:-1]  # [rows] or mlx-lm's SwitchGLU [E, rows]
+            t2 = t.reshape(-1, t.shape[-1])
+            rows, packed = t2.shape
             codes = np.zeros((rows, packed * per), dtype=np.int64)
             for i in range(per):
-                codes[:, i::per] = (t.astype(np.int64) >> (bits * i)) & ((1 << bits) - 1)
-            sc = W[base + ".scales"].numpy().astype(np.float64)
-            bi = W[base + ".biases"].numpy().astype(np.float64)
+                codes[:, i::per] = (t2.astype(np.int64) >> (bits * i)) & ((1 << bits) - 1)
+            sc = W[base + ".scales"].numpy().astype(np.float64).reshape(rows, -1)
+            bi = W[base + ".biases"].numpy().astype(np.float64).reshape(rows, -1)
             g = np.repeat(np.arange(codes.shape[1] // gs), gs)
             w = (sc[:, g] * codes + bi[:, g]).astype(np.float32)
-            t = torch.from_numpy(w)
+            t = torch.from_numpy(w.reshape(*lead, codes.shape[1]))
         elif name.endswith("conv1d.weight") and sanitized:
             t = t.permute(0, 2, 1).contiguous()
         if sanitized and any(name.endswith(x) for x in norm_sfx) and t.ndim == 1:

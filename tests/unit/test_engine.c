@@ -1029,7 +1029,15 @@ KT_CASE(bad_moe_folders_name_the_expert_tensor)
 	}
 	KT_OK(edit_model(src, dst, "model.language_model.layers.1.mlp.experts.gate_up_proj", EDIT_SHAPE));
 	expect_load_fails(dst, "model.language_model.layers.1.mlp.experts.gate_up_proj");
+	/* an F16 stack loads (experts take every format ke_gemm runs, as
+	 * dense matrices do); an I32 one is refused naming it */
 	KT_OK(edit_model(src, dst, "model.language_model.layers.1.mlp.experts.gate_up_proj", EDIT_F16));
+	{
+		struct ke_model *fm = NULL;
+		KT_OK(ke_model_load(dst, NULL, &fm));
+		ke_model_destroy(fm);
+	}
+	KT_OK(edit_model(src, dst, "model.language_model.layers.1.mlp.experts.gate_up_proj", EDIT_I32));
 	expect_load_fails(dst, "model.language_model.layers.1.mlp.experts.gate_up_proj");
 	/* stacked gate_up dropped: neither layout is complete, the message
 	 * says which tensors either layout needs */

@@ -7,6 +7,10 @@
  *     folder holding the exactly dequantized weights;
  *   quantized products: same logits for whole vs chunked prefill and on
  *     every ISA path (bit for bit).
+ * The MoE presets too: tiny-moe (qwen35moe) and tiny-next-moe (qwen3next)
+ * F32 files equal their folders; tiny-moe's quantized expert stacks, viewed
+ * per expert in the mapping, equal the dequantized f32 stacks; a file with
+ * an expert tensor missing or misshapen fails naming the GGUF tensor.
  */
 #include "kt.h"
 #include "base/durable.h"
@@ -78,8 +82,8 @@ static int make(const char *d, const char *preset, char *hf, size_t cap)
 KT_CASE(f32_gguf_equals_hf)
 {
 	const char *d = kt_tmpdir();
-	const char *presets[] = {"tiny-dense", "tiny-hybrid"};
-	for (int i = 0; i < 2; i++) {
+	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe", "tiny-next-moe"};
+	for (int i = 0; i < 4; i++) {
 		char hf[1024], gg[1024];
 		KT_REQUIRE(make(d, presets[i], hf, sizeof hf) == 0);
 		snprintf(gg, sizeof gg, "%s/%s-f32.gguf", d, presets[i]);
@@ -110,7 +114,7 @@ static int dequant_folder(const char *hf, const char *gg, const char *out)
 	struct kv_stw *w = kv_stw_create();
 	float **bufs = NULL;
 	size_t n = 0;
-	int rc;
+	int rc, nested = 0;
 	if (kt_sh("mkdir -p '%s' && cp '%s'/config.json '%s'/tokenizer.json '%s'/tokenizer_config.json '%s'/", out, hf,
 		  hf, hf, out))
 		return -1;
@@ -123,16 +127,18 @@ static int dequant_folder(const char *hf, const char *gg, const char *out)
 		char nm[256];
 		const char *lm = "model.language_model.";
 		if (!strncmp(th->name, lm, strlen(lm)))
-			snprintf(nm, sizeof nm, "model.%s", th->name + strlen(lm));
+			nested = 1, snprintf(nm, sizeof nm, "model.%s", th->name + strlen(lm));
 		else
 			snprintf(nm, sizeof nm, "%s", th->name);
 		const struct kv_tensor *tq = kv_weights_find(wq, nm);
+		if (!tq && strstr(nm, ".mlp.experts."))
+			continue; /* HF's expert stacks: the GGUF's switch_mlp stacks are added below */
 		if (!tq) {
 			rc = kv_fail(KV_ERR_NOT_FOUND, "%s missing in the GGUF", th->name);
 			break;
 		}
 		bufs[i] = malloc(th->numel * 4);
-		int mat = th->ndim == 2 && kq_is_quant(tq->dtype);
+		int mat = th->ndim >= 2 && kq_is_quant(tq->dtype);
 		const struct kv_tensor *src = mat || tq->dtype != KV_DT_F32 ? tq : th;
 		if (!mat && tq->dtype == KV_DT_F32)
 			src = th; /* norms, A: the original values (what the GGUF holds, +1 / -exp aside) */
@@ -166,12 +172,31 @@ static int dequant_folder(const char *hf, const char *gg, const char *out)
 		}
 		rc = kv_stw_add(w, th->name, KV_DT_F32, th->ndim, th->shape, bufs[i], th->numel * 4);
 	}
+	/* the GGUF's routed-expert stacks (ffn_*_exps as mlp.switch_mlp.*),
+	 * dequantized under their names: the engine reads that layout too */
+	size_t nq = rc ? 0 : kv_weights_count(wq);
+	float **qb = calloc(nq + 1, sizeof *qb);
+	for (size_t i = 0; i < nq && !rc; i++) {
+		const struct kv_tensor *tq = kv_weights_at(wq, i);
+		if (!strstr(tq->name, ".mlp.switch_mlp."))
+			continue;
+		char nm[256];
+		/* under the folder's prefix (nested qwen3_5 configs: model.language_model.) */
+		snprintf(nm, sizeof nm, "%s%s", nested ? "model.language_model." : "model.",
+			 tq->name + strlen("model."));
+		qb[i] = malloc(tq->numel * 4);
+		if (!(rc = kv_tensor_to_f32(tq, qb[i], 0, tq->numel)))
+			rc = kv_stw_add(w, nm, KV_DT_F32, tq->ndim, tq->shape, qb[i], tq->numel * 4);
+	}
 	if (!rc) {
 		char path[1100];
 		rc = kv_path_fmt(path, sizeof path, "%s/model.safetensors", out);
 		if (!rc)
 			rc = kv_stw_write(w, path, KV_DW_NO_SYNC);
 	}
+	for (size_t i = 0; i < nq; i++)
+		free(qb[i]);
+	free(qb);
 out:
 	for (size_t i = 0; bufs && i < n; i++)
 		free(bufs[i]);
@@ -185,9 +210,9 @@ out:
 KT_CASE(quantized_equals_dequantized_f32)
 {
 	const char *d = kt_tmpdir();
-	const char *presets[] = {"tiny-dense", "tiny-hybrid"};
+	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe"};
 	const int types[] = {KQ_FTYPE_Q8_0, KQ_FTYPE_Q4_K_M, KQ_FTYPE_BF16};
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 3; i++) {
 		char hf[1024];
 		KT_REQUIRE(make(d, presets[i], hf, sizeof hf) == 0);
 		for (int k = 0; k < 3; k++) {
@@ -232,6 +257,130 @@ KT_CASE(quantized_equals_dequantized_f32)
 			ke_model_destroy(b);
 		}
 	}
+}
+
+/* Replace every occurrence of `from` by `to` (same length) in a file. */
+static int patch_file(const char *path, const char *from, const char *to)
+{
+	FILE *f = fopen(path, "r+b");
+	if (!f)
+		return -1;
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	char *b = malloc((size_t)n);
+	fseek(f, 0, SEEK_SET);
+	int hits = 0;
+	if (fread(b, 1, (size_t)n, f) == (size_t)n) {
+		size_t L = strlen(from);
+		for (long i = 0; i + (long)L <= n; i++)
+			if (!memcmp(b + i, from, L)) {
+				memcpy(b + i, to, L);
+				hits++;
+			}
+		fseek(f, 0, SEEK_SET);
+		if (fwrite(b, 1, (size_t)n, f) != (size_t)n)
+			hits = 0;
+	}
+	free(b);
+	fclose(f);
+	return hits ? 0 : -1;
+}
+
+/* A qwen35moe GGUF with an expert tensor renamed away, or two expert
+ * stacks' names swapped (a misshapen down_exps): the load fails naming
+ * the GGUF tensor. */
+KT_CASE(moe_gguf_bad_expert_tensors)
+{
+	const char *d = kt_tmpdir();
+	char hf[1024], gg[1100], bad[1100];
+	KT_REQUIRE(make(d, "tiny-moe", hf, sizeof hf) == 0);
+	snprintf(gg, sizeof gg, "%s/moe-q8.gguf", d);
+	struct kv_gguf_convert_params p = {hf, gg, KQ_FTYPE_Q8_0, KV_DW_NO_SYNC};
+	KT_OK(kv_gguf_convert(&p, NULL, NULL));
+	static const struct {
+		const char *from, *to, *want;
+	} cases[] = {
+		{"blk.2.ffn_up_exps.weight", "blk.2.ffn_up_exps.weighX", "lacks expert tensor 'blk.2.ffn_up_exps.weight'"},
+		{"blk.1.ffn_gate_inp.weight", "blk.1.ffn_gate_inp.weighX", "lacks expert tensor 'blk.1.ffn_gate_inp.weight'"},
+		{"blk.0.ffn_down_shexp.weight", "blk.0.ffn_down_shexp.weighX", "'blk.0.ffn_down_shexp.weight'"},
+		{"blk.3.ffn_gate_exps.weight", "blk.3.ffn_gate_exps.weighY",
+		 "expert tensor 'blk.3.ffn_gate_exps.weight' has shape [8, 64, 32], expected [8, 32, 64]"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		snprintf(bad, sizeof bad, "%s/moe-bad%zu.gguf", d, i);
+		KT_REQUIRE(kt_sh("cp '%s' '%s'", gg, bad) == 0);
+		KT_REQUIRE(patch_file(bad, cases[i].from, cases[i].to) == 0);
+		if (i == 3) { /* gate_exps and down_exps swap names */
+			KT_REQUIRE(patch_file(bad, "blk.3.ffn_down_exps.weight", "blk.3.ffn_gate_exps.weight") == 0);
+			KT_REQUIRE(patch_file(bad, "blk.3.ffn_gate_exps.weighY", "blk.3.ffn_down_exps.weight") == 0);
+		}
+		struct ke_model_params mp = {.kv_f32 = 1};
+		struct ke_model *m = NULL;
+		int rc = ke_model_load(bad, &mp, &m);
+		KT_CHECKF(rc == KV_ERR_INCOMPATIBLE, "case %zu: rc %d (%s)", i, rc, kv_errmsg());
+		KT_CHECKF(strstr(kv_errmsg(), cases[i].want) != NULL, "case %zu: message '%s' lacks \"%s\"", i, kv_errmsg(),
+			  cases[i].want);
+		ke_model_destroy(m);
+	}
+	/* the expert stacks stay in the mapping: the only copies are the small
+	 * permuted conv / dt / A tensors, far below one layer's stacks */
+	{
+		struct kv_weights *w = NULL;
+		KT_OK(kv_weights_open(gg, &w));
+		const struct kv_tensor *st = kv_weights_find(w, "model.layers.0.mlp.switch_mlp.gate_proj.weight");
+		KT_REQUIRE(st);
+		const uint8_t *lo = st->data;
+		uint64_t owned = kv_weights_owned_bytes(w);
+		KT_CHECKF(owned < st->nbytes, "%llu bytes copied, one gate stack is %llu", (unsigned long long)owned,
+			  (unsigned long long)st->nbytes);
+		/* the stack is the file's bytes: blk.0.ffn_gate_exps read back raw */
+		struct kv_gguf *g = NULL;
+		KT_OK(kv_gguf_open(gg, &g));
+		const struct kv_tensor *raw = kv_gguf_tensor_find(g, "blk.0.ffn_gate_exps.weight");
+		KT_REQUIRE(raw);
+		KT_CHECK(raw->nbytes == st->nbytes && !memcmp(raw->data, lo, (size_t)st->nbytes));
+		kv_gguf_close(g);
+		kv_weights_close(w);
+	}
+	/* real Qwen3.5-MoE text configs have no dense intermediate_size: a file
+	 * without feed_forward_length loads; without the expert size it falls
+	 * back to llama.cpp's n_ff / k (16 here), which the stacks contradict */
+	snprintf(bad, sizeof bad, "%s/moe-noff.gguf", d);
+	KT_REQUIRE(kt_sh("cp '%s' '%s'", gg, bad) == 0);
+	KT_REQUIRE(patch_file(bad, "qwen35moe.feed_forward_length", "qwen35moe.feed_forward_lengtX") == 0);
+	{
+		struct ke_model_params mp = {.kv_f32 = 1};
+		struct ke_model *m = NULL;
+		KT_CHECKF(ke_model_load(bad, &mp, &m) == KV_OK, "no feed_forward_length: %s", kv_errmsg());
+		ke_model_destroy(m);
+	}
+	KT_REQUIRE(patch_file(bad, "qwen35moe.expert_feed_forward_length", "qwen35moe.expert_feed_forward_lengtX") == 0);
+	KT_REQUIRE(patch_file(bad, "qwen35moe.feed_forward_lengtX", "qwen35moe.feed_forward_length") == 0);
+	{
+		struct ke_model_params mp = {.kv_f32 = 1};
+		struct ke_model *m = NULL;
+		int rc = ke_model_load(bad, &mp, &m);
+		KT_CHECKF(rc == KV_ERR_INCOMPATIBLE && strstr(kv_errmsg(), "expected [8, 16, 64]"), "rc %d: %s", rc,
+			  kv_errmsg());
+		ke_model_destroy(m);
+	}
+}
+
+/* What llama.cpp's qwen3next cannot hold is refused naming the field:
+ * tiny-next has a dense layer and norm_topk_prob false. */
+KT_CASE(moe_convert_refuses_what_llama_cannot_run)
+{
+	const char *d = kt_tmpdir();
+	char hf[1024], gg[1100];
+	KT_REQUIRE(make(d, "tiny-next", hf, sizeof hf) == 0);
+	snprintf(gg, sizeof gg, "%s/next.gguf", d);
+	struct kv_gguf_convert_params p = {hf, gg, KQ_FTYPE_F32, KV_DW_NO_SYNC};
+	int rc = kv_gguf_convert(&p, NULL, NULL);
+	KT_CHECKF(rc == KV_ERR_UNSUPPORTED && strstr(kv_errmsg(), "mlp_only_layers"), "rc %d: %s", rc, kv_errmsg());
+	KT_REQUIRE(kt_sh("/usr/bin/python3 -c \"import json,sys; p=sys.argv[1]; c=json.load(open(p)); "
+			 "c['mlp_only_layers']=[]; json.dump(c, open(p,'w'))\" '%s/config.json'", hf) == 0);
+	rc = kv_gguf_convert(&p, NULL, NULL);
+	KT_CHECKF(rc == KV_ERR_UNSUPPORTED && strstr(kv_errmsg(), "norm_topk_prob"), "rc %d: %s", rc, kv_errmsg());
 }
 
 /* Quantized products on random matrices of every block type with a
@@ -290,4 +439,5 @@ KT_CASE(qgemm_invariance_all_types)
 	free(wq);
 }
 
-KT_MAIN(f32_gguf_equals_hf, quantized_equals_dequantized_f32, qgemm_invariance_all_types)
+KT_MAIN(f32_gguf_equals_hf, quantized_equals_dequantized_f32, moe_gguf_bad_expert_tensors, moe_convert_refuses_what_llama_cannot_run,
+	qgemm_invariance_all_types)

@@ -530,6 +530,57 @@ KT_CASE(model_chunk_invariance)
 	ke_model_destroy(f);
 }
 
+/* tiny-moe as mlx-lm's quantized switch_mlp stacks: loads, is chunk and
+ * ISA invariant, stays near the float model, and a broken stack fails
+ * naming its tensor. */
+KT_CASE(moe_switch_stacks)
+{
+	char dir[1200], hf[1200];
+	struct ke_model *m = NULL, *f = NULL;
+	KT_OK(convert("tiny-moe", "moe4", 4, 32, dir, sizeof dir));
+	snprintf(hf, sizeof hf, "%s/tiny-moe-hf", kt_tmpdir());
+	KT_OK(ke_model_load(dir, NULL, &m));
+	KT_OK(ke_model_load(hf, NULL, &f));
+	KT_REQUIRE(m && f);
+	int V = ke_model_config(m)->vocab, n = 40;
+	int32_t tok[40];
+	for (int i = 0; i < n; i++)
+		tok[i] = 20 + (int)(kt_rand(&g_seed) % 500);
+	float *a = malloc((size_t)V * 4), *b = malloc((size_t)V * 4), *c = malloc((size_t)V * 4);
+	int saved = ke_isa();
+	KT_OK(prefill(m, tok, n, n, a));
+	for (int isa = 0; isa <= ke_isa_best(); isa++) {
+		ke_isa_set(isa);
+		KT_OK(prefill(m, tok, n, 3, b));
+		KT_CHECKF(!memcmp(a, b, (size_t)V * 4), "%s: chunk 3 differs from whole", ke_isa_name(isa));
+	}
+	ke_isa_set(saved);
+	KT_OK(prefill(f, tok, n, n, c));
+	double d = 0, mx = 0;
+	for (int i = 0; i < V; i++) {
+		d = fmax(d, fabs((double)a[i] - c[i]));
+		mx = fmax(mx, fabs((double)c[i]));
+	}
+	KT_CHECKF(d > 1e-4 * mx && d < 0.5 * mx + 1, "quantized vs float: max diff %g of %g", d, mx);
+	free(a);
+	free(b);
+	free(c);
+	ke_model_destroy(m);
+	ke_model_destroy(f);
+	const char *p = "language_model.model.layers.";
+	char nm[200];
+	snprintf(nm, sizeof nm, "%s2.mlp.switch_mlp.up_proj.scales", p);
+	struct edit e1 = {nm, 0};
+	KT_OK(rewrite(dir, edit_one, &e1));
+	expect_load_error(dir, nm, "missing stack scales");
+	KT_OK(convert("tiny-moe", "moe4b", 4, 32, dir, sizeof dir));
+	char nm2[200];
+	snprintf(nm2, sizeof nm2, "%s1.mlp.switch_mlp.down_proj.weight", p);
+	struct edit e2 = {nm2, 1};
+	KT_OK(rewrite(dir, edit_one, &e2));
+	expect_load_error(dir, "mlp.switch_mlp.down_proj", "stack codes of the wrong shape");
+}
+
 /* Per-module overrides: written into the quantization block, honoured by
  * the loader; bad lists refused. */
 KT_CASE(mixed_overrides)
@@ -607,5 +658,5 @@ KT_CASE(convert_command_mlx_bits)
 	KT_CHECK(kt_sh("%s convert --model %s --out %s/bad --mlx-bits 5 --no-sync >/dev/null 2>&1", kt_bin(), src, kt_tmpdir()) != 0);
 }
 
-KT_MAIN(convert_command_mlx_bits, packing_round_trip, kernels_bit_identical, quant_config, load_errors, model_chunk_invariance,
+KT_MAIN(convert_command_mlx_bits, moe_switch_stacks, packing_round_trip, kernels_bit_identical, quant_config, load_errors, model_chunk_invariance,
 	mixed_overrides, namespace_has_format)
