@@ -41,7 +41,19 @@ struct ke_model_params {
 	int kv_f32;          /* 1: f32 KV; default (0): bf16 KV */
 	int page_tokens;     /* B, tokens per KV page; 0 = 256 */
 	size_t max_pages;    /* page pool limit, 0 = none */
+	int quant_act;       /* enum ke_quant_act: how Q8_0/Q4_K/Q6_K matrices multiply */
 };
+
+/* --quant-act: KE_QACT_Q8 (the default, 0) quantizes each activation row
+ * to int8 blocks for integer dots with Q8_0 / Q4_K / Q6_K weights
+ * (engine/qdot.h); KE_QACT_F32 keeps activations f32 against the exactly
+ * dequantized weights (the numerics of the f32 engine). Other types and
+ * F32/BF16/F16/MLX matrices are the same in both modes. Part of the cache
+ * namespace (server/fingerprint.c). */
+enum ke_quant_act { KE_QACT_Q8 = 0, KE_QACT_F32 = 1 };
+/* "q8" / "f32"; parse returns -1 for anything else. */
+const char *ke_quant_act_name(int qa);
+int ke_quant_act_parse(const char *s);
 
 struct ke_model;
 

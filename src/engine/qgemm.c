@@ -5,7 +5,11 @@
  * used by all M activation rows while it is hot in cache.
  */
 #include "engine/qgemm.h"
+#include "base/mem.h"
+#include "base/pool.h"
 #include "engine/isa.h"
+#include "engine/prof.h"
+#include "engine/qdot.h"
 #include "model/quant.h"
 #include "model/safetensors.h"
 
@@ -298,10 +302,124 @@ static int fused5_type(int dt)
 	return dt == KV_DT_Q8_0 || dt == KV_DT_Q4_K || dt == KV_DT_Q6_K;
 }
 
+/* ---- the integer path (qdot.h): activations quantized per row ---- */
+
+int ke_qgemm_int(const struct ke_mat *w)
+{
+	return w->qdot && ke_qdot_block(w->dtype) > 0;
+}
+
+/* Activation rows quantized at a time: the piece's rows (at most
+ * QPIECE x 12 KiB for K = 12288) stay in L2 while weight rows stream by. */
+#define QPIECE 128
+
+/* Per-thread buffer of quantized rows, 64-byte aligned, grown as needed
+ * (pool threads live as long as the process). */
+static __thread void *tl_araw;
+static __thread size_t tl_acap;
+
+static uint8_t *act_buf(size_t bytes)
+{
+	if (bytes > tl_acap) {
+		void *nb = kv_realloc(KV_MEM_SCRATCH, tl_araw, bytes + 64);
+		if (!nb)
+			return NULL;
+		tl_araw = nb;
+		tl_acap = bytes;
+	}
+	return (uint8_t *)(((uintptr_t)tl_araw + 63) & ~(uintptr_t)63);
+}
+
+static void act_quant(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, uint8_t *a, size_t rb)
+{
+	int blk = ke_qdot_block(w->dtype);
+	for (int i = 0; i < m; i++)
+		ke_qact_quant(isa, blk, x + (size_t)i * ldx, w->cols, a + (size_t)i * rb);
+}
+
+/* Outputs [n0, n1) of m quantized rows a (stride rb): each weight row is
+ * taken against all m rows, KE_QDOT_MR at a time, while it is in L1. */
+static void qdot_run(int isa, const struct ke_mat *w, const uint8_t *a, size_t rb, int m, float *y, size_t ldy,
+		     unsigned flags, int n0, int n1)
+{
+	for (int n = n0; n < n1; n++) {
+		const uint8_t *wr = row_ptr(w, n);
+		for (int i = 0; i < m; i += KE_QDOT_MR) {
+			int r = m - i < KE_QDOT_MR ? m - i : KE_QDOT_MR;
+			float o[KE_QDOT_MR];
+			ke_qdot_rows(isa, w->dtype, wr, w->cols, a + (size_t)i * rb, rb, r, o);
+			for (int t = 0; t < r; t++) {
+				float *yo = y + (size_t)(i + t) * ldy + n;
+				*yo = (flags & KE_GEMM_ACCUM) ? *yo + o[t] : o[t];
+			}
+		}
+	}
+}
+
+struct qjob {
+	int isa;
+	const struct ke_mat *w;
+	const uint8_t *a;
+	size_t rb;
+	int m;
+	float *y;
+	size_t ldy;
+	unsigned flags;
+};
+
+static void qjob_part(void *ctx, size_t b, size_t e, int thread)
+{
+	const struct qjob *j = ctx;
+	(void)thread;
+	qdot_run(j->isa, j->w, j->a, j->rb, j->m, j->y, j->ldy, j->flags, (int)b, (int)e);
+}
+
+void ke_qgemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy, unsigned flags)
+{
+	const int isa = ke_isa();
+	double t0 = ke_prof_t0();
+	size_t rb = ke_qact_row_bytes(ke_qdot_block(w->dtype), w->cols);
+	int piece = m < QPIECE ? m : QPIECE;
+	uint8_t *a = act_buf((size_t)piece * rb);
+	if (!a) { /* no scratch: the same numbers, computed chunk by chunk */
+		ke_qgemm_range(isa, w, x, ldx, m, y, ldy, flags, 0, w->rows);
+		return;
+	}
+	for (int i0 = 0; i0 < m; i0 += QPIECE) {
+		int mp = m - i0 < QPIECE ? m - i0 : QPIECE;
+		act_quant(isa, w, x + (size_t)i0 * ldx, ldx, mp, a, rb);
+		struct qjob j = {isa, w, a, rb, mp, y + (size_t)i0 * ldy, ldy, flags};
+		double work = (double)mp * w->rows * w->cols;
+		if (work < KE_PAR_MIN_WORK) {
+			qjob_part(&j, 0, (size_t)w->rows, 0);
+		} else {
+			size_t per = (size_t)w->rows / (4u * (size_t)kv_pool_size(kv_pool_global())) + 1;
+			kv_pool_for(kv_pool_global(), (size_t)w->rows, per, qjob_part, &j);
+		}
+	}
+	ke_prof_add(KE_PROF_GEMM, t0, 2.0 * m * w->rows * w->cols, (double)ke_mat_bytes(w));
+}
+
 void ke_qgemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
 		    unsigned flags, int n0, int n1)
 {
 	const int K = w->cols;
+	if (ke_qgemm_int(w) && m > 0 && n1 > n0) {
+		size_t rb = ke_qact_row_bytes(ke_qdot_block(w->dtype), K);
+		int piece = m < QPIECE ? m : QPIECE;
+		uint8_t *a = act_buf((size_t)piece * rb);
+		if (!a) { /* no scratch: one row at a time in the panel (it holds a
+			   * row of KE_QGEMM_MAX_K codes with their scales), same numbers */
+			a = (uint8_t *)tl_panel;
+			piece = 1;
+		}
+		for (int i0 = 0; i0 < m; i0 += piece) {
+			int mp = m - i0 < piece ? m - i0 : piece;
+			act_quant(isa, w, x + (size_t)i0 * ldx, ldx, mp, a, rb);
+			qdot_run(isa, w, a, rb, mp, y + (size_t)i0 * ldy, ldy, flags, n0, n1);
+		}
+		return;
+	}
 #if defined(__x86_64__)
 	if (isa > ke_isa_best())
 		isa = ke_isa_best();
