@@ -535,6 +535,14 @@ uint64_t ke_model_decode_bytes(const struct ke_model *m)
 	return m->decode_bytes;
 }
 
+int ke_model_qdot(const struct ke_model *m)
+{
+	for (int i = 0; i < m->n_mats; i++)
+		if (m->mats[i].qdot)
+			return 1;
+	return 0;
+}
+
 int ke_model_n_mats(const struct ke_model *m)
 {
 	return m->n_mats;

@@ -73,6 +73,9 @@ struct kv_pages *ke_model_pages(struct ke_model *m);
  * embedding row; in MoE layers the router, the shared expert and k of the
  * E routed experts): the numerator of the memory-bandwidth bound. */
 uint64_t ke_model_decode_bytes(const struct ke_model *m);
+/* 1 if some matrix multiplies with int8 activations (--quant-act q8 on a
+ * model with Q8_0 / Q4_K / Q6_K matrices): the cache namespace names it. */
+int ke_model_qdot(const struct ke_model *m);
 /* The model's matrices, largest first (for benchmarks). i < ke_model_n_mats. */
 int ke_model_n_mats(const struct ke_model *m);
 const struct ke_mat *ke_model_mat(const struct ke_model *m, int i, const char **name);

@@ -4,6 +4,7 @@
  * order) and the same float operations in the same order.
  */
 #include "engine/qdot.h"
+#include "base/mem.h"
 #include "engine/isa.h"
 #include "model/quant.h"
 #include "model/safetensors.h"
@@ -29,7 +30,8 @@ int ke_qdot_block(int dt)
 
 size_t ke_qact_row_bytes(int block, int K)
 {
-	size_t b = (size_t)K + (size_t)(K / block) * 4 + (block == 256 ? (size_t)(K / 16) * 2 : 0);
+	size_t b = (size_t)K + (size_t)(K / block) * 4 + (block == 256 ? (size_t)(K / 16) * 2 + (size_t)(K / 32) * 2
+								     : (size_t)(K / 32) * 4);
 	return (b + 63) & ~(size_t)63;
 }
 
@@ -39,9 +41,10 @@ static inline float *row_d(uint8_t *row, int K)
 	return (float *)(row + K);
 }
 
-static inline int16_t *row_bs(uint8_t *row, int block, int K)
+/* ns (B = 32, int32) or bs (B = 256, int16; b2 follows at bs + K / 16) */
+static inline uint8_t *row_sums(const uint8_t *row, int block, int K)
 {
-	return (int16_t *)(row + K + (size_t)(K / block) * 4);
+	return (uint8_t *)row + K + (size_t)(K / block) * 4;
 }
 
 static inline float h2f(const uint8_t *p)
@@ -72,6 +75,18 @@ static inline float block_scale(uint32_t mb, float *id, int *zero)
 	return amax / 127.0f;
 }
 
+/* Q4_K's 6-bit scale and min of slice j (ggml's get_scale_min_k4). */
+static inline void q4k_sm(const uint8_t *scales, int j, int *sc, int *mm)
+{
+	if (j < 4) {
+		*sc = scales[j] & 63;
+		*mm = scales[j + 4] & 63;
+	} else {
+		*sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
+		*mm = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+	}
+}
+
 static void quant_scalar(int block, const float *x, int K, uint8_t *row)
 {
 	int8_t *q = (int8_t *)row;
@@ -95,18 +110,29 @@ static void quant_scalar(int block, const float *x, int K, uint8_t *row)
 	}
 }
 
-static void fill_bsums(int block, int K, uint8_t *row)
+static void fill_sums(int block, int K, uint8_t *row)
 {
-	if (block != 256)
-		return;
 	const int8_t *q = (const int8_t *)row;
-	int16_t *bs = row_bs(row, block, K);
+	uint8_t *sums = row_sums(row, block, K);
+	if (block == 32) {
+		for (int b = 0; b < K / 32; b++) {
+			int32_t s = 0;
+			for (int k = 0; k < 32; k++)
+				s += q[32 * b + k];
+			s *= -128;
+			memcpy(sums + 4 * (size_t)b, &s, 4);
+		}
+		return;
+	}
+	int16_t *bs = (int16_t *)sums, *b2 = bs + K / 16;
 	for (int g = 0; g < K / 16; g++) {
 		int s = 0;
 		for (int k = 0; k < 16; k++)
 			s += q[16 * g + k];
 		bs[g] = (int16_t)s;
 	}
+	for (int t = 0; t < K / 32; t++)
+		b2[t] = (int16_t)(bs[2 * t] + bs[2 * t + 1]);
 }
 
 #if defined(__x86_64__)
@@ -150,304 +176,434 @@ TGT2 static void quant_avx2(int block, const float *x, int K, uint8_t *row)
 	}
 }
 
-/* gemm.h's tree over 16 lanes held as two registers (lanes 0-7, 8-15). */
-TGT2 static inline float hsum16(__m256 lo, __m256 hi)
-{
-	__m256 t = _mm256_add_ps(lo, hi);
-	__m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-	__m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
-	return _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)));
-}
 
-/* The K types' tree over 8 lanes: (lanes j + j+4), then (+ j+2), then 0 + 1. */
-TGT2 static inline float hsum8(__m256 a)
-{
-	__m128 u = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-	__m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));
-	return _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 1)));
-}
-
-TGT2 static inline int hsum_i32(__m256i v)
-{
-	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-	return _mm_cvtsi128_si32(s);
-}
-
-/* int32 lane l = sum of the 4 products u[4l..4l+3] * s[4l..4l+3] (u
- * unsigned, s signed, pair sums within int16: callers keep |u| <= 128,
- * |s| <= 127). */
 TGT2 static inline __m256i dot4_avx2(__m256i u, __m256i s)
 {
 	return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-#define Q8_BODY(DOT4)                                                                                              \
-	do {                                                                                                       \
-		__m256 acc[KE_QDOT_MR][2];                                                                         \
-		for (int i = 0; i < KE_QDOT_MR; i++)                                                              \
-			acc[i][0] = acc[i][1] = _mm256_setzero_ps();                                               \
-		const size_t doff = (size_t)K;                                                                     \
-		for (int b = 0; b < nb; b++) {                                                                     \
-			const uint8_t *blk = wrow + (size_t)b * 34;                                                \
-			const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 2));                           \
-			const __m256i aw = _mm256_abs_epi8(w);                                                      \
-			const float dw = h2f(blk);                                                                 \
-			const int h = b & 1;                                                                       \
-			for (int i = 0; i < mr; i++) {                                                             \
-				const uint8_t *xr = arow + (size_t)i * astride;                                    \
-				__m256i xv = _mm256_load_si256((const __m256i *)(xr + 32 * (size_t)b));             \
-				__m256i p = DOT4(aw, _mm256_sign_epi8(xv, w));                                      \
-				float dx;                                                                          \
-				memcpy(&dx, xr + doff + 4 * (size_t)b, 4);                                         \
-				__m256 s = _mm256_set1_ps(dw * dx);                                                \
-				acc[i][h] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[i][h]);                  \
-			}                                                                                          \
-		}                                                                                                  \
-		for (int i = 0; i < mr; i++)                                                                       \
-			out[i] = hsum16(acc[i][0], acc[i][1]);                                                     \
-	} while (0)
+/* [sum v0, sum v1, sum v2, sum v3] of four int32 vectors (exact). */
+TGT2 static inline __m128i hsum4_i32(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
+{
+	__m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+	return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
 
-TGT2 static void q8_0_avx2(const uint8_t *wrow, int K, const uint8_t *arow, size_t astride, int mr, float *out)
+TGT2 static inline __m128 h2f4(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3)
+{
+	return _mm_setr_ps(h2f(p0), h2f(p1), h2f(p2), h2f(p3));
+}
+
+/*
+ * GEMV kernels: 4 weight rows against one activation row; lane r of the
+ * float accumulators is the output of row r, so the per-output chain of
+ * qdot.h runs as one vector FMA per block.
+ */
+TGT2 static void q8_0_gemv4(const uint8_t *const *wr, int K, const uint8_t *xr, float *out)
 {
 	const int nb = K / 32;
-	Q8_BODY(dot4_avx2);
+	const float *dx = (const float *)(xr + K);
+	__m128 acc = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		const __m256i x = _mm256_load_si256((const __m256i *)(xr + 32 * (size_t)b));
+		__m256i p[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++) {
+			__m256i w = _mm256_loadu_si256((const __m256i *)(wr[r] + 34 * (size_t)b + 2));
+			p[r] = dot4_avx2(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+		}
+		__m128i is = hsum4_i32(p[0], p[1], p[2], p[3]);
+		const size_t o = 34 * (size_t)b;
+		__m128 s = _mm_mul_ps(h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), _mm_set1_ps(dx[b]));
+		acc = _mm_fmadd_ps(s, _mm_cvtepi32_ps(is), acc);
+	}
+	_mm_storeu_ps(out, acc);
 }
 
-#define TGT5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-TGT5 static inline __m256i dot4_vnni(__m256i u, __m256i s)
+/* The 8 scales and the 16 mins (each twice, int16) of a Q4_K block. */
+static inline void q4k_scales(const uint8_t *blk, int *sc, int16_t *mins)
 {
-	return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-}
-
-TGT5 static void q8_0_vnni(const uint8_t *wrow, int K, const uint8_t *arow, size_t astride, int mr, float *out)
-{
-	const int nb = K / 32;
-	Q8_BODY(dot4_vnni);
-}
-
-/* Q4_K's 6-bit scale and min of slice j (ggml's get_scale_min_k4). */
-static inline void q4k_sm(const uint8_t *scales, int j, int *sc, int *mm)
-{
-	if (j < 4) {
-		*sc = scales[j] & 63;
-		*mm = scales[j + 4] & 63;
-	} else {
-		*sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
-		*mm = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+	for (int j = 0; j < 8; j++) {
+		int mm;
+		q4k_sm(blk + 4, j, &sc[j], &mm);
+		mins[2 * j] = mins[2 * j + 1] = (int16_t)mm;
 	}
 }
 
-TGT2 static void q4_k_avx2(const uint8_t *wrow, int K, const uint8_t *arow, size_t astride, int mr, float *out)
+TGT2 static void q4_k_gemv4(const uint8_t *const *wr, int K, const uint8_t *xr, float *out)
 {
 	const int nb = K / 256;
+	const float *dx = (const float *)(xr + K);
+	const int16_t *bs = (const int16_t *)row_sums(xr, 256, K);
 	const __m256i m4 = _mm256_set1_epi8(0x0F);
-	__m256 acc[KE_QDOT_MR];
-	float c[KE_QDOT_MR];
-	for (int i = 0; i < KE_QDOT_MR; i++) {
-		acc[i] = _mm256_setzero_ps();
-		c[i] = 0.0f;
-	}
+	__m128 acc = _mm_setzero_ps(), c = _mm_setzero_ps();
 	for (int b = 0; b < nb; b++) {
-		const uint8_t *blk = wrow + (size_t)b * 144, *qs = blk + 16;
-		const float d = h2f(blk), dmin = h2f(blk + 2);
-		__m256i u[8], scv[8];
-		int16_t mins[16];
-		for (int j = 0; j < 8; j++) {
-			int sc, mm;
-			q4k_sm(blk + 4, j, &sc, &mm);
-			scv[j] = _mm256_set1_epi16((short)sc);
-			mins[2 * j] = mins[2 * j + 1] = (int16_t)mm;
-		}
-		for (int ch = 0; ch < 4; ch++) {
-			__m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
-			u[2 * ch] = _mm256_and_si256(raw, m4);
-			u[2 * ch + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-		}
-		const __m256i mv = _mm256_loadu_si256((const __m256i *)mins);
-		for (int i = 0; i < mr; i++) {
-			const uint8_t *xr = arow + (size_t)i * astride;
-			const uint8_t *xq = xr + 256 * (size_t)b;
-			__m256i S = _mm256_setzero_si256();
-			for (int j = 0; j < 8; j++) {
-				__m256i xv = _mm256_load_si256((const __m256i *)(xq + 32 * j));
-				S = _mm256_add_epi32(S, _mm256_madd_epi16(_mm256_maddubs_epi16(u[j], xv), scv[j]));
+		const uint8_t *xq = xr + 256 * (size_t)b;
+		__m256i S[4], C[4];
+		const __m256i bsv = _mm256_loadu_si256((const __m256i *)(bs + 16 * b));
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++) {
+			const uint8_t *blk = wr[r] + 144 * (size_t)b, *qs = blk + 16;
+			int sc[8];
+			int16_t mins[16];
+			q4k_scales(blk, sc, mins);
+			__m256i a = _mm256_setzero_si256();
+			for (int ch = 0; ch < 4; ch++) {
+				__m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
+				__m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+				__m256i x0 = _mm256_load_si256((const __m256i *)(xq + 64 * ch));
+				__m256i x1 = _mm256_load_si256((const __m256i *)(xq + 64 * ch + 32));
+				a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0),
+									 _mm256_set1_epi16((short)sc[2 * ch])));
+				a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1),
+									 _mm256_set1_epi16((short)sc[2 * ch + 1])));
 			}
-			float dx;
-			memcpy(&dx, xr + K + 4 * (size_t)b, 4);
-			const __m256i bs = _mm256_loadu_si256((const __m256i *)(xr + K + (size_t)(K / 256) * 4 + 32 * (size_t)b));
-			int C = hsum_i32(_mm256_madd_epi16(mv, bs));
-			acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(S), acc[i]);
-			c[i] = fmaf(dmin * dx, (float)C, c[i]);
+			S[r] = a;
+			C[r] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)mins), bsv);
 		}
+		const size_t o = 144 * (size_t)b;
+		const __m128 dxv = _mm_set1_ps(dx[b]);
+		__m128 d = _mm_mul_ps(h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), dxv);
+		__m128 dm = _mm_mul_ps(h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2), dxv);
+		acc = _mm_fmadd_ps(d, _mm_cvtepi32_ps(hsum4_i32(S[0], S[1], S[2], S[3])), acc);
+		c = _mm_fmadd_ps(dm, _mm_cvtepi32_ps(hsum4_i32(C[0], C[1], C[2], C[3])), c);
 	}
-	for (int i = 0; i < mr; i++)
-		out[i] = hsum8(acc[i]) - c[i];
+	_mm_storeu_ps(out, _mm_sub_ps(acc, c));
 }
 
-TGT2 static void q6_k_avx2(const uint8_t *wrow, int K, const uint8_t *arow, size_t astride, int mr, float *out)
+TGT2 static void q6_k_gemv4(const uint8_t *const *wr, int K, const uint8_t *xr, float *out)
 {
 	const int nb = K / 256;
+	const float *dx = (const float *)(xr + K);
+	const int16_t *bs = (const int16_t *)row_sums(xr, 256, K);
 	const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
-	__m256 acc[KE_QDOT_MR];
-	float c[KE_QDOT_MR];
-	for (int i = 0; i < KE_QDOT_MR; i++) {
-		acc[i] = _mm256_setzero_ps();
-		c[i] = 0.0f;
-	}
+	__m128 acc = _mm_setzero_ps();
 	for (int b = 0; b < nb; b++) {
-		const uint8_t *blk = wrow + (size_t)b * 210;
-		const int8_t *sc = (const int8_t *)(blk + 192);
-		const float d = h2f(blk + 208);
-		__m256i u[8], scv[8];
-		int16_t s16[16];
-		for (int g = 0; g < 16; g++)
-			s16[g] = sc[g];
-		for (int n = 0; n < 2; n++) {
-			const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
-			const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-			for (int part = 0; part < 4; part++) {
-				__m256i lo = _mm256_loadu_si256((const __m256i *)(ql + ((part & 1) ? 32 : 0)));
-				__m256i low = part < 2 ? _mm256_and_si256(lo, m4) : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
-				__m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m3);
-				int s = 4 * n + part;
-				u[s] = _mm256_or_si256(low, _mm256_slli_epi16(hi2, 4));
-				scv[s] = _mm256_set_m128i(_mm_set1_epi16(s16[2 * s + 1]), _mm_set1_epi16(s16[2 * s]));
+		const uint8_t *xq = xr + 256 * (size_t)b;
+		const __m256i bsv = _mm256_loadu_si256((const __m256i *)(bs + 16 * b));
+		__m256i S[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++) {
+			const uint8_t *blk = wr[r] + 210 * (size_t)b;
+			const int8_t *sc = (const int8_t *)(blk + 192);
+			__m256i a = _mm256_setzero_si256();
+			for (int n = 0; n < 2; n++) {
+				const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
+				const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+				for (int part = 0; part < 4; part++) {
+					__m256i lo = _mm256_loadu_si256((const __m256i *)(ql + ((part & 1) ? 32 : 0)));
+					__m256i low = part < 2 ? _mm256_and_si256(lo, m4)
+							       : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
+					__m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m3);
+					__m256i u = _mm256_or_si256(low, _mm256_slli_epi16(hi2, 4));
+					int s = 4 * n + part;
+					__m256i xv = _mm256_load_si256((const __m256i *)(xq + 32 * s));
+					__m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * s + 1]), _mm_set1_epi16(sc[2 * s]));
+					a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), scv));
+				}
 			}
+			/* minus 32 sum_g sc_g bs_g */
+			__m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+			S[r] = _mm256_sub_epi32(a, _mm256_slli_epi32(_mm256_madd_epi16(s16, bsv), 5));
 		}
-		const __m256i sv = _mm256_loadu_si256((const __m256i *)s16);
-		for (int i = 0; i < mr; i++) {
-			const uint8_t *xr = arow + (size_t)i * astride;
-			const uint8_t *xq = xr + 256 * (size_t)b;
-			__m256i S = _mm256_setzero_si256();
-			for (int j = 0; j < 8; j++) {
-				__m256i xv = _mm256_load_si256((const __m256i *)(xq + 32 * j));
-				S = _mm256_add_epi32(S, _mm256_madd_epi16(_mm256_maddubs_epi16(u[j], xv), scv[j]));
+		const size_t o = 210 * (size_t)b + 208;
+		__m128 d = _mm_mul_ps(h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), _mm_set1_ps(dx[b]));
+		acc = _mm_fmadd_ps(d, _mm_cvtepi32_ps(hsum4_i32(S[0], S[1], S[2], S[3])), acc);
+	}
+	_mm_storeu_ps(out, acc);
+}
+
+/*
+ * AVX-512 VNNI GEMM: a panel of 16 weight rows is repacked once so that
+ * lane r of a register holds 4 consecutive codes of row r; an activation
+ * word (4 codes) broadcast to all lanes then gives, with vpdpbusd, the
+ * integer dot of 16 outputs at once, and the float step of qdot.h is one
+ * vector FMA per block for 16 outputs. Same integers, same float
+ * operations per output as the GEMV kernels and the scalar definition.
+ */
+#define TGT5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#define PR 16  /* weight rows per panel */
+#define GMR 4  /* activation rows per kernel call */
+
+/* Repacked panel, per block (Q8_0) or super-block (Q4_K):
+ *   Q8_0: u8 w[8][16][4] (code + 128), f32 d[16]
+ *   Q4_K: u8 w[8 slices][8 words][16][4] (codes 0..15), i32 sc[8][16],
+ *         i32 mp[4][16] (mins m_{2t} | m_{2t+1} << 16, for vpdpwssd),
+ *         f32 d[16], f32 dmin[16] */
+#define P8_BLK (8 * 64 + 64)
+#define P4_BLK (64 * 64 + 8 * 64 + 4 * 64 + 64 + 64)
+
+TGT5 static void pack_q8_0(const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	const __m512i flip = _mm512_set1_epi8((char)0x80);
+	for (int b = 0; b < nb; b++) {
+		uint8_t *o = pk + (size_t)b * P8_BLK;
+		float *d = (float *)(o + 512);
+		for (int r = 0; r < PR; r++) {
+			const uint8_t *blk = wr[r] + 34 * (size_t)b;
+#pragma GCC unroll 8
+			for (int g = 0; g < 8; g++)
+				memcpy(o + 64 * g + 4 * r, blk + 2 + 4 * g, 4);
+			d[r] = h2f(blk);
+		}
+#pragma GCC unroll 8
+		for (int g = 0; g < 8; g++) /* codes + 128: the unsigned operand of vpdpbusd */
+			_mm512_store_si512((void *)(o + 64 * g),
+					   _mm512_xor_si512(_mm512_load_si512((const void *)(o + 64 * g)), flip));
+	}
+}
+
+TGT5 static void pack_q4_k(const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0F);
+	for (int b = 0; b < nb; b++) {
+		uint8_t *o = pk + (size_t)b * P4_BLK;
+		int32_t *sc = (int32_t *)(o + 4096), *mp = sc + 8 * 16;
+		float *d = (float *)(mp + 4 * 16), *dm = d + 16;
+		for (int r = 0; r < PR; r++) {
+			const uint8_t *blk = wr[r] + 144 * (size_t)b, *qs = blk + 16;
+			int m[8];
+			for (int s = 0; s < 8; s++)
+				q4k_sm(blk + 4, s, &sc[16 * s + r], &m[s]);
+			uint8_t codes[256] __attribute__((aligned(32))); /* element order */
+			for (int ch = 0; ch < 4; ch++) {
+				__m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
+				_mm256_store_si256((__m256i *)(codes + 64 * ch), _mm256_and_si256(raw, m4));
+				_mm256_store_si256((__m256i *)(codes + 64 * ch + 32),
+						   _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
 			}
-			float dx;
-			memcpy(&dx, xr + K + 4 * (size_t)b, 4);
-			const __m256i bs = _mm256_loadu_si256((const __m256i *)(xr + K + (size_t)(K / 256) * 4 + 32 * (size_t)b));
-			int C = 32 * hsum_i32(_mm256_madd_epi16(sv, bs));
-			acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(S), acc[i]);
-			c[i] = fmaf(d * dx, (float)C, c[i]);
+			for (int s = 0; s < 8; s++)
+#pragma GCC unroll 8
+				for (int g = 0; g < 8; g++)
+					memcpy(o + 512 * s + 64 * g + 4 * r, codes + 32 * s + 4 * g, 4);
+			for (int t = 0; t < 4; t++)
+				mp[16 * t + r] = (int32_t)((uint32_t)m[2 * t] | ((uint32_t)m[2 * t + 1] << 16));
+			d[r] = h2f(blk);
+			dm[r] = h2f(blk + 2);
 		}
 	}
+}
+
+static inline int32_t word_at(const uint8_t *p)
+{
+	int32_t v;
+	memcpy(&v, p, 4);
+	return v;
+}
+
+#define AINL __attribute__((always_inline)) inline
+
+TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, size_t astride, const int mr,
+				    float *out)
+{
+	const int nb = K / 32;
+	const uint8_t *ns = a + K + (size_t)(K / 32) * 4, *dxp = a + K;
+	__m512 acc[GMR];
+#pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
-		out[i] = hsum8(acc[i]) - c[i];
+		acc[i] = _mm512_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		const uint8_t *o = pk + (size_t)b * P8_BLK;
+		__m512i t[GMR];
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) /* -128 sum q cancels the +128 of the weights' codes */
+			t[i] = _mm512_set1_epi32(word_at(ns + (size_t)i * astride + 4 * (size_t)b));
+#pragma GCC unroll 8
+		for (int g = 0; g < 8; g++) {
+			const __m512i w = _mm512_load_si512((const void *)(o + 64 * g));
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm512_dpbusd_epi32(t[i], w,
+							   _mm512_set1_epi32(word_at(a + (size_t)i * astride + 32 * (size_t)b + 4 * g)));
+		}
+		const __m512 dw = _mm512_load_ps((const float *)(o + 512));
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, dxp + (size_t)i * astride + 4 * (size_t)b, 4);
+			acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(t[i]), acc[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm512_storeu_ps(out + PR * i, acc[i]);
+}
+
+TGT5 static AINL void q4_k_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, size_t astride, const int mr,
+				    float *out)
+{
+	const int nb = K / 256;
+	const uint8_t *b2p = a + K + (size_t)(K / 256) * 4 + (size_t)(K / 16) * 2, *dxp = a + K;
+	__m512 acc[GMR], c[GMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = c[i] = _mm512_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		const uint8_t *o = pk + (size_t)b * P4_BLK;
+		const int32_t *sc = (const int32_t *)(o + 4096), *mp = sc + 8 * 16;
+		const float *d = (const float *)(mp + 4 * 16);
+		__m512i S[GMR], C[GMR];
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++)
+			S[i] = C[i] = _mm512_setzero_si512();
+		for (int s = 0; s < 8; s++) {
+			__m512i t[GMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+			for (int g = 0; g < 8; g++) {
+				const __m512i w = _mm512_load_si512((const void *)(o + 512 * s + 64 * g));
+#pragma GCC unroll 4
+				for (int i = 0; i < mr; i++)
+					t[i] = _mm512_dpbusd_epi32(
+						t[i], w, _mm512_set1_epi32(word_at(a + (size_t)i * astride + 256 * (size_t)b + 32 * s + 4 * g)));
+			}
+			const __m512i scv = _mm512_load_si512((const void *)(sc + 16 * s));
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				S[i] = _mm512_add_epi32(S[i], _mm512_mullo_epi32(t[i], scv));
+		}
+#pragma GCC unroll 4
+		for (int tp = 0; tp < 4; tp++) {
+			const __m512i mv = _mm512_load_si512((const void *)(mp + 16 * tp));
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				C[i] = _mm512_dpwssd_epi32(C[i], mv,
+							   _mm512_set1_epi32(word_at(b2p + (size_t)i * astride + 2 * (8 * (size_t)b + 2 * tp))));
+		}
+		const __m512 dv = _mm512_load_ps(d), dmv = _mm512_load_ps(d + 16);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, dxp + (size_t)i * astride + 4 * (size_t)b, 4);
+			const __m512 dxv = _mm512_set1_ps(dx);
+			acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, dxv), _mm512_cvtepi32_ps(S[i]), acc[i]);
+			c[i] = _mm512_fmadd_ps(_mm512_mul_ps(dmv, dxv), _mm512_cvtepi32_ps(C[i]), c[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm512_storeu_ps(out + PR * i, _mm512_sub_ps(acc[i], c[i]));
+}
+
+TGT5 static void q8_0_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
+{
+	switch (mr) {
+	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, out); break;
+	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, out); break;
+	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, out); break;
+	default: q8_0_gemm16_t(pk, K, a, astride, 4, out); break;
+	}
+}
+
+TGT5 static void q4_k_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
+{
+	switch (mr) {
+	case 1: q4_k_gemm16_t(pk, K, a, astride, 1, out); break;
+	case 2: q4_k_gemm16_t(pk, K, a, astride, 2, out); break;
+	case 3: q4_k_gemm16_t(pk, K, a, astride, 3, out); break;
+	default: q4_k_gemm16_t(pk, K, a, astride, 4, out); break;
+	}
+}
+
+/* Per-thread repack buffer, grown as needed (pool threads live as long as
+ * the process): a panel of 16 rows, 80 KiB for K = 4096 in Q4_K. */
+static __thread void *tl_praw;
+static __thread size_t tl_pcap;
+
+static uint8_t *pack_buf(size_t bytes)
+{
+	if (bytes > tl_pcap) {
+		void *nb = kv_realloc(KV_MEM_SCRATCH, tl_praw, bytes + 64);
+		if (!nb)
+			return NULL;
+		tl_praw = nb;
+		tl_pcap = bytes;
+	}
+	return (uint8_t *)(((uintptr_t)tl_praw + 63) & ~(uintptr_t)63);
 }
 #endif
 
 /* ---- scalar: the definition ---- */
 
-static float tree16(float *a)
-{
-	for (int j = 0; j < 8; j++)
-		a[j] += a[j + 8];
-	for (int j = 0; j < 4; j++)
-		a[j] += a[j + 4];
-	for (int j = 0; j < 2; j++)
-		a[j] += a[j + 2];
-	return a[0] + a[1];
-}
-
-static float tree8(float *a, float c)
-{
-	for (int j = 0; j < 4; j++)
-		a[j] += a[j + 4];
-	for (int j = 0; j < 2; j++)
-		a[j] += a[j + 2];
-	return (a[0] + a[1]) - c;
-}
-
 static float q8_0_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
 {
-	float a[16] = {0};
 	const int8_t *xq = (const int8_t *)xr;
+	const float *dx = (const float *)(xr + K);
+	float acc = 0.0f;
 	for (int b = 0; b < K / 32; b++) {
 		const uint8_t *blk = wrow + (size_t)b * 34;
 		const int8_t *qw = (const int8_t *)(blk + 2), *qx = xq + 32 * (size_t)b;
-		float dx;
-		memcpy(&dx, xr + K + 4 * (size_t)b, 4);
-		const float s = h2f(blk) * dx;
-		for (int l = 0; l < 8; l++) {
-			int p = 0;
-			for (int t = 0; t < 4; t++)
-				p += qw[4 * l + t] * qx[4 * l + t];
-			float *al = &a[8 * (b & 1) + l];
-			*al = fmaf(s, (float)p, *al);
-		}
+		int32_t isum = 0;
+		for (int k = 0; k < 32; k++)
+			isum += qw[k] * qx[k];
+		acc = fmaf(h2f(blk) * dx[b], (float)isum, acc);
 	}
-	return tree16(a);
+	return acc;
 }
 
 static float q4_k_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
 {
-	float a[8] = {0}, c = 0.0f;
 	const int nb = K / 256;
+	const float *dx = (const float *)(xr + K);
+	const int16_t *bs = (const int16_t *)row_sums(xr, 256, K);
+	float acc = 0.0f, c = 0.0f;
 	for (int b = 0; b < nb; b++) {
 		const uint8_t *blk = wrow + (size_t)b * 144, *qs = blk + 16;
 		const int8_t *qx = (const int8_t *)xr + 256 * (size_t)b;
-		const int16_t *bs = (const int16_t *)(xr + K + (size_t)nb * 4) + 16 * b;
-		float dx;
-		memcpy(&dx, xr + K + 4 * (size_t)b, 4);
-		int S[8] = {0}, C = 0;
+		int32_t S = 0, C = 0;
 		for (int s = 0; s < 8; s++) {
 			int sc, mm;
 			q4k_sm(blk + 4, s, &sc, &mm);
-			for (int l = 0; l < 8; l++) {
-				int p = 0;
-				for (int t = 0; t < 4; t++) {
-					int e = 4 * l + t, v = qs[32 * (s / 2) + e];
-					p += ((s & 1) ? v >> 4 : v & 15) * qx[32 * s + e];
-				}
-				S[l] += sc * p;
+			int32_t p = 0;
+			for (int e = 0; e < 32; e++) {
+				int v = qs[32 * (s / 2) + e];
+				p += ((s & 1) ? v >> 4 : v & 15) * qx[32 * s + e];
 			}
-			C += mm * (bs[2 * s] + bs[2 * s + 1]);
+			S += sc * p;
+			C += mm * (bs[16 * b + 2 * s] + bs[16 * b + 2 * s + 1]);
 		}
-		const float dd = h2f(blk) * dx, dm = h2f(blk + 2) * dx;
-		for (int l = 0; l < 8; l++)
-			a[l] = fmaf(dd, (float)S[l], a[l]);
-		c = fmaf(dm, (float)C, c);
+		acc = fmaf(h2f(blk) * dx[b], (float)S, acc);
+		c = fmaf(h2f(blk + 2) * dx[b], (float)C, c);
 	}
-	return tree8(a, c);
+	return acc - c;
 }
 
 static float q6_k_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
 {
-	float a[8] = {0}, c = 0.0f;
 	const int nb = K / 256;
+	const float *dx = (const float *)(xr + K);
+	const int16_t *bs = (const int16_t *)row_sums(xr, 256, K);
+	float acc = 0.0f;
 	for (int b = 0; b < nb; b++) {
 		const uint8_t *blk = wrow + (size_t)b * 210;
 		const int8_t *sc = (const int8_t *)(blk + 192);
 		const int8_t *qx = (const int8_t *)xr + 256 * (size_t)b;
-		const int16_t *bs = (const int16_t *)(xr + K + (size_t)nb * 4) + 16 * b;
-		float dx;
-		memcpy(&dx, xr + K + 4 * (size_t)b, 4);
-		int S[8] = {0}, C = 0;
+		int32_t S = 0;
 		for (int s = 0; s < 8; s++) {
 			int n = s / 4, part = s % 4;
 			const uint8_t *ql = blk + 64 * n + ((part & 1) ? 32 : 0), *qh = blk + 128 + 32 * n;
-			for (int l = 0; l < 8; l++) {
-				int p = 0;
-				for (int t = 0; t < 4; t++) {
-					int e = 4 * l + t;
+			for (int h = 0; h < 2; h++) {
+				int32_t p = 0;
+				for (int e = 16 * h; e < 16 * h + 16; e++) {
 					int low = part < 2 ? ql[e] & 15 : ql[e] >> 4;
-					int u = low | (((qh[e] >> (2 * part)) & 3) << 4);
-					p += u * qx[32 * s + e];
+					p += (low | (((qh[e] >> (2 * part)) & 3) << 4)) * qx[32 * s + e];
 				}
-				S[l] += sc[2 * s + (l >= 4)] * p;
+				int g = 2 * s + h;
+				S += sc[g] * (p - 32 * bs[16 * b + g]);
 			}
 		}
-		for (int g = 0; g < 16; g++)
-			C += sc[g] * bs[g];
-		C *= 32;
-		const float dd = h2f(blk + 208) * dx;
-		for (int l = 0; l < 8; l++)
-			a[l] = fmaf(dd, (float)S[l], a[l]);
-		c = fmaf(dd, (float)C, c);
+		acc = fmaf(h2f(blk + 208) * dx[b], (float)S, acc);
 	}
-	return tree8(a, c);
+	return acc;
+}
+
+float ke_qdot_ref(int dt, const uint8_t *wrow, int K, const uint8_t *arow)
+{
+	return dt == KV_DT_Q8_0 ? q8_0_scalar(wrow, K, arow)
+	       : dt == KV_DT_Q4_K ? q4_k_scalar(wrow, K, arow)
+				  : q6_k_scalar(wrow, K, arow);
 }
 
 static int have_vnni(void)
@@ -455,7 +611,8 @@ static int have_vnni(void)
 #if defined(__x86_64__)
 	static int v = -1;
 	if (v < 0)
-		v = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") ? 1 : 0;
+		v = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+		    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
 	return v;
 #else
 	return 0;
@@ -472,33 +629,75 @@ void ke_qact_quant(int isa, int block, const float *x, int K, void *row)
 	else
 #endif
 		quant_scalar(block, x, K, row);
-	fill_bsums(block, K, row);
+	fill_sums(block, K, row);
 }
 
-void ke_qdot_rows(int isa, int dt, const uint8_t *wrow, int K, const uint8_t *arow, size_t astride, int mr,
-		  float *out)
+static inline void put(float *y, int accum, float v)
+{
+	*y = accum ? *y + v : v;
+}
+
+void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, const uint8_t *a, size_t astride, int m,
+		  float *y, size_t ldy, int accum, int n0, int n1)
 {
 	if (isa > ke_isa_best())
 		isa = ke_isa_best();
+	if (m <= 0 || n1 <= n0)
+		return;
 #if defined(__x86_64__)
-	if (isa >= KE_ISA_AVX2) {
-		if (dt == KV_DT_Q8_0) {
-			if (isa == KE_ISA_AVX512 && have_vnni())
-				q8_0_vnni(wrow, K, arow, astride, mr, out);
+	/* repacked 16-row panels when several activation rows share them */
+	const int nbk = dt == KV_DT_Q8_0 ? K / 32 : K / 256;
+	uint8_t *pk = NULL;
+	if (isa == KE_ISA_AVX512 && have_vnni() && m >= 2 && (dt == KV_DT_Q8_0 || dt == KV_DT_Q4_K))
+		pk = pack_buf((size_t)nbk * (dt == KV_DT_Q8_0 ? P8_BLK : P4_BLK)); /* NULL: the GEMV kernels, same numbers */
+	if (pk) {
+		const int nb = nbk;
+		for (int p0 = n0; p0 < n1; p0 += PR) {
+			int nr = n1 - p0 < PR ? n1 - p0 : PR;
+			const uint8_t *wr[PR];
+			for (int r = 0; r < PR; r++) /* a short panel repeats its last row */
+				wr[r] = w + (size_t)(p0 + (r < nr ? r : nr - 1)) * wstride;
+			if (dt == KV_DT_Q8_0)
+				pack_q8_0(wr, nb, pk);
 			else
-				q8_0_avx2(wrow, K, arow, astride, mr, out);
-		} else if (dt == KV_DT_Q4_K) {
-			q4_k_avx2(wrow, K, arow, astride, mr, out);
-		} else {
-			q6_k_avx2(wrow, K, arow, astride, mr, out);
+				pack_q4_k(wr, nb, pk);
+			for (int i = 0; i < m; i += GMR) {
+				int mr = m - i < GMR ? m - i : GMR;
+				float o[GMR * PR];
+				if (dt == KV_DT_Q8_0)
+					q8_0_gemm16(pk, K, a + (size_t)i * astride, astride, mr, o);
+				else
+					q4_k_gemm16(pk, K, a + (size_t)i * astride, astride, mr, o);
+				for (int t = 0; t < mr; t++)
+					for (int r = 0; r < nr; r++)
+						put(y + (size_t)(i + t) * ldy + p0 + r, accum, o[PR * t + r]);
+			}
+		}
+		return;
+	}
+	if (isa >= KE_ISA_AVX2) {
+		for (int n = n0; n < n1; n += 4) {
+			int nr = n1 - n < 4 ? n1 - n : 4;
+			const uint8_t *wr[4];
+			for (int r = 0; r < 4; r++)
+				wr[r] = w + (size_t)(n + (r < nr ? r : nr - 1)) * wstride;
+			for (int i = 0; i < m; i++) {
+				const uint8_t *xr = a + (size_t)i * astride;
+				float o[4];
+				if (dt == KV_DT_Q8_0)
+					q8_0_gemv4(wr, K, xr, o);
+				else if (dt == KV_DT_Q4_K)
+					q4_k_gemv4(wr, K, xr, o);
+				else
+					q6_k_gemv4(wr, K, xr, o);
+				for (int r = 0; r < nr; r++)
+					put(y + (size_t)i * ldy + n + r, accum, o[r]);
+			}
 		}
 		return;
 	}
 #endif
-	for (int i = 0; i < mr; i++) {
-		const uint8_t *xr = arow + (size_t)i * astride;
-		out[i] = dt == KV_DT_Q8_0 ? q8_0_scalar(wrow, K, xr)
-			 : dt == KV_DT_Q4_K ? q4_k_scalar(wrow, K, xr)
-					    : q6_k_scalar(wrow, K, xr);
-	}
+	for (int n = n0; n < n1; n++)
+		for (int i = 0; i < m; i++)
+			put(y + (size_t)i * ldy + n, accum, ke_qdot_ref(dt, w + (size_t)n * wstride, K, a + (size_t)i * astride));
 }

@@ -337,23 +337,12 @@ static void act_quant(int isa, const struct ke_mat *w, const float *x, size_t ld
 		ke_qact_quant(isa, blk, x + (size_t)i * ldx, w->cols, a + (size_t)i * rb);
 }
 
-/* Outputs [n0, n1) of m quantized rows a (stride rb): each weight row is
- * taken against all m rows, KE_QDOT_MR at a time, while it is in L1. */
+/* Outputs [n0, n1) of m quantized rows a (stride rb). */
 static void qdot_run(int isa, const struct ke_mat *w, const uint8_t *a, size_t rb, int m, float *y, size_t ldy,
 		     unsigned flags, int n0, int n1)
 {
-	for (int n = n0; n < n1; n++) {
-		const uint8_t *wr = row_ptr(w, n);
-		for (int i = 0; i < m; i += KE_QDOT_MR) {
-			int r = m - i < KE_QDOT_MR ? m - i : KE_QDOT_MR;
-			float o[KE_QDOT_MR];
-			ke_qdot_rows(isa, w->dtype, wr, w->cols, a + (size_t)i * rb, rb, r, o);
-			for (int t = 0; t < r; t++) {
-				float *yo = y + (size_t)(i + t) * ldy + n;
-				*yo = (flags & KE_GEMM_ACCUM) ? *yo + o[t] : o[t];
-			}
-		}
-	}
+	ke_qdot_gemm(isa, w->dtype, w->data, (size_t)kv_dtype_row_bytes(w->dtype, (uint64_t)w->ld), w->cols, a, rb, m,
+		     y, ldy, (flags & KE_GEMM_ACCUM) != 0, n0, n1);
 }
 
 struct qjob {
@@ -393,7 +382,9 @@ void ke_qgemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *
 		if (work < KE_PAR_MIN_WORK) {
 			qjob_part(&j, 0, (size_t)w->rows, 0);
 		} else {
+			/* chunks of whole 16-row panels, about four per thread */
 			size_t per = (size_t)w->rows / (4u * (size_t)kv_pool_size(kv_pool_global())) + 1;
+			per = (per + 15) / 16 * 16;
 			kv_pool_for(kv_pool_global(), (size_t)w->rows, per, qjob_part, &j);
 		}
 	}

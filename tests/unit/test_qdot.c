@@ -203,7 +203,7 @@ static double ref_dot(int dt, const uint8_t *w, int K, const uint8_t *a, double 
 
 KT_CASE(dot_paths_identical_and_exact)
 {
-	const int K = 1024, N = 16, M = 4;
+	const int K = 1024, N = 21, M = 6;
 	uint64_t s = 23;
 	float *x = malloc((size_t)M * K * 4);
 	for (size_t t = 0; t < sizeof g_types / sizeof g_types[0]; t++) {
@@ -219,25 +219,25 @@ KT_CASE(dot_paths_identical_and_exact)
 			x[K + k] = (k & 1) ? 1.0f : -1.0f; /* codes +-127 */
 		for (int i = 0; i < M; i++)
 			ke_qact_quant(KE_ISA_SCALAR, block, x + (size_t)i * K, K, a + (size_t)i * ab);
-		for (int n = 0; n < N; n++) {
-			float ref[KE_QDOT_MR];
-			ke_qdot_rows(KE_ISA_SCALAR, dt, wq + (size_t)n * wb, K, a, ab, M, ref);
-			for (int i = 0; i < M; i++) {
+		float ref[M * N], got[M * N];
+		for (int i = 0; i < M; i++)
+			for (int n = 0; n < N; n++) {
+				ref[i * N + n] = ke_qdot_ref(dt, wq + (size_t)n * wb, K, a + (size_t)i * ab);
 				double mag, r = ref_dot(dt, wq + (size_t)n * wb, K, a + (size_t)i * ab, &mag);
-				KT_CHECKF(fabs((double)ref[i] - r) <= 1e-5 * mag + 1e-30, "%s row %d act %d: %.9g vs double %.9g",
-					  kv_dtype_name(dt), n, i, ref[i], r);
+				KT_CHECKF(fabs((double)ref[i * N + n] - r) <= 1e-5 * mag + 1e-30,
+					  "%s row %d act %d: %.9g vs double %.9g", kv_dtype_name(dt), n, i, ref[i * N + n], r);
 			}
-			for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++)
-				for (int mr = 1; mr <= M; mr++) {
-					float got[KE_QDOT_MR];
-					for (int i0 = 0; i0 < M; i0 += mr) {
-						int r = M - i0 < mr ? M - i0 : mr;
-						ke_qdot_rows(isa, dt, wq + (size_t)n * wb, K, a + (size_t)i0 * ab, ab, r, got + i0);
-					}
-					KT_CHECKF(!memcmp(ref, got, sizeof(float) * M), "%s row %d: ISA %s mr %d differs",
-						  kv_dtype_name(dt), n, ke_isa_name(isa), mr);
+		for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++)
+			for (int mr = 1; mr <= M; mr++) {
+				/* rows in groups of mr (GEMV kernels at 1, panels above), columns split at 5 */
+				for (int i0 = 0; i0 < M; i0 += mr) {
+					int r = M - i0 < mr ? M - i0 : mr;
+					ke_qdot_gemm(isa, dt, wq, wb, K, a + (size_t)i0 * ab, ab, r, got + i0 * N, N, 0, 0, 5);
+					ke_qdot_gemm(isa, dt, wq, wb, K, a + (size_t)i0 * ab, ab, r, got + i0 * N, N, 0, 5, N);
 				}
-		}
+				KT_CHECKF(!memcmp(ref, got, sizeof ref), "%s: ISA %s, rows by %d differ from the definition",
+					  kv_dtype_name(dt), ke_isa_name(isa), mr);
+			}
 		free(wq);
 		free(a);
 	}
