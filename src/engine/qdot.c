@@ -329,8 +329,12 @@ TGT2 static void q6_k_gemv4(const uint8_t *const *wr, int K, const uint8_t *xr, 
  *   Q8_0: u8 w[8][16][4] (code + 128), f32 d[16]
  *   Q4_K: u8 w[8 slices][8 words][16][4] (codes 0..15), i32 sc[8][16],
  *         i32 mp[4][16] (mins m_{2t} | m_{2t+1} << 16, for vpdpwssd),
- *         f32 d[16], f32 dmin[16] */
+ *         f32 d[16], f32 dmin[16]
+ *   Q6_K: u8 w[8 slices][8 words][16][4] (codes 0..63), i32 sc[16 groups][16],
+ *         i32 sp[8][16] (scales sc_{2t} | sc_{2t+1} << 16, int16, for
+ *         vpdpwssd with the activation's 16-sums), f32 d[16] */
 #define P8_BLK (8 * 64 + 64)
+#define P6_BLK (64 * 64 + 16 * 64 + 8 * 64 + 64)
 #define P4_BLK (64 * 64 + 8 * 64 + 4 * 64 + 64 + 64)
 
 TGT5 static void pack_q8_0(const uint8_t *const *wr, int nb, uint8_t *pk)
@@ -380,6 +384,42 @@ TGT5 static void pack_q4_k(const uint8_t *const *wr, int nb, uint8_t *pk)
 				mp[16 * t + r] = (int32_t)((uint32_t)m[2 * t] | ((uint32_t)m[2 * t + 1] << 16));
 			d[r] = h2f(blk);
 			dm[r] = h2f(blk + 2);
+		}
+	}
+}
+
+TGT5 static void pack_q6_k(const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+	for (int b = 0; b < nb; b++) {
+		uint8_t *o = pk + (size_t)b * P6_BLK;
+		int32_t *sc = (int32_t *)(o + 4096), *sp = sc + 16 * 16;
+		float *d = (float *)(sp + 8 * 16);
+		for (int r = 0; r < PR; r++) {
+			const uint8_t *blk = wr[r] + 210 * (size_t)b;
+			const int8_t *s8 = (const int8_t *)(blk + 192);
+			uint8_t codes[256] __attribute__((aligned(32))); /* element order */
+			for (int n = 0; n < 2; n++) {
+				const uint8_t *ql = blk + 64 * n;
+				const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+				for (int part = 0; part < 4; part++) {
+					__m256i lo = _mm256_loadu_si256((const __m256i *)(ql + ((part & 1) ? 32 : 0)));
+					__m256i low = part < 2 ? _mm256_and_si256(lo, m4)
+							       : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
+					__m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m3);
+					_mm256_store_si256((__m256i *)(codes + 128 * n + 32 * part),
+							   _mm256_or_si256(low, _mm256_slli_epi16(hi2, 4)));
+				}
+			}
+			for (int s = 0; s < 8; s++)
+#pragma GCC unroll 8
+				for (int g = 0; g < 8; g++)
+					memcpy(o + 512 * s + 64 * g + 4 * r, codes + 32 * s + 4 * g, 4);
+			for (int g = 0; g < 16; g++)
+				sc[16 * g + r] = s8[g];
+			for (int t = 0; t < 8; t++)
+				sp[16 * t + r] = (int32_t)((uint32_t)(uint16_t)s8[2 * t] | ((uint32_t)(uint16_t)s8[2 * t + 1] << 16));
+			d[r] = h2f(blk + 208);
 		}
 	}
 }
@@ -485,6 +525,75 @@ TGT5 static AINL void q4_k_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, 
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
 		_mm512_storeu_ps(out + PR * i, _mm512_sub_ps(acc[i], c[i]));
+}
+
+TGT5 static AINL void q6_k_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, size_t astride, const int mr,
+				    float *out)
+{
+	const int nb = K / 256;
+	const uint8_t *bsp = a + K + (size_t)(K / 256) * 4, *dxp = a + K;
+	__m512 acc[GMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm512_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		const uint8_t *o = pk + (size_t)b * P6_BLK;
+		const int32_t *sc = (const int32_t *)(o + 4096), *sp = sc + 16 * 16;
+		const float *d = (const float *)(sp + 8 * 16);
+		__m512i S[GMR], O[GMR];
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++)
+			S[i] = O[i] = _mm512_setzero_si512();
+		for (int g16 = 0; g16 < 16; g16++) {
+			const int s = g16 >> 1, h = g16 & 1;
+			__m512i t[GMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+			for (int wd = 0; wd < 4; wd++) {
+				const int g = 4 * h + wd;
+				const __m512i w = _mm512_load_si512((const void *)(o + 512 * s + 64 * g));
+#pragma GCC unroll 4
+				for (int i = 0; i < mr; i++)
+					t[i] = _mm512_dpbusd_epi32(
+						t[i], w, _mm512_set1_epi32(word_at(a + (size_t)i * astride + 256 * (size_t)b + 32 * s + 4 * g)));
+			}
+			const __m512i scv = _mm512_load_si512((const void *)(sc + 16 * g16));
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				S[i] = _mm512_add_epi32(S[i], _mm512_mullo_epi32(t[i], scv));
+		}
+#pragma GCC unroll 8
+		for (int tp = 0; tp < 8; tp++) {
+			const __m512i sv = _mm512_load_si512((const void *)(sp + 16 * tp));
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				O[i] = _mm512_dpwssd_epi32(O[i], sv,
+							   _mm512_set1_epi32(word_at(bsp + (size_t)i * astride + 2 * (16 * (size_t)b + 2 * tp))));
+		}
+		const __m512 dv = _mm512_load_ps(d);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, dxp + (size_t)i * astride + 4 * (size_t)b, 4);
+			__m512i St = _mm512_sub_epi32(S[i], _mm512_slli_epi32(O[i], 5)); /* the -32 offset */
+			acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(St), acc[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm512_storeu_ps(out + PR * i, acc[i]);
+}
+
+TGT5 static void q6_k_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
+{
+	switch (mr) {
+	case 1: q6_k_gemm16_t(pk, K, a, astride, 1, out); break;
+	case 2: q6_k_gemm16_t(pk, K, a, astride, 2, out); break;
+	case 3: q6_k_gemm16_t(pk, K, a, astride, 3, out); break;
+	default: q6_k_gemm16_t(pk, K, a, astride, 4, out); break;
+	}
 }
 
 TGT5 static void q8_0_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
@@ -648,8 +757,8 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 	/* repacked 16-row panels when several activation rows share them */
 	const int nbk = dt == KV_DT_Q8_0 ? K / 32 : K / 256;
 	uint8_t *pk = NULL;
-	if (isa == KE_ISA_AVX512 && have_vnni() && m >= 2 && (dt == KV_DT_Q8_0 || dt == KV_DT_Q4_K))
-		pk = pack_buf((size_t)nbk * (dt == KV_DT_Q8_0 ? P8_BLK : P4_BLK)); /* NULL: the GEMV kernels, same numbers */
+	if (isa == KE_ISA_AVX512 && have_vnni() && m >= 2) /* NULL: the GEMV kernels, same numbers */
+		pk = pack_buf((size_t)nbk * (dt == KV_DT_Q8_0 ? P8_BLK : dt == KV_DT_Q4_K ? P4_BLK : P6_BLK));
 	if (pk) {
 		const int nb = nbk;
 		for (int p0 = n0; p0 < n1; p0 += PR) {
@@ -659,15 +768,19 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 				wr[r] = w + (size_t)(p0 + (r < nr ? r : nr - 1)) * wstride;
 			if (dt == KV_DT_Q8_0)
 				pack_q8_0(wr, nb, pk);
-			else
+			else if (dt == KV_DT_Q4_K)
 				pack_q4_k(wr, nb, pk);
+			else
+				pack_q6_k(wr, nb, pk);
 			for (int i = 0; i < m; i += GMR) {
 				int mr = m - i < GMR ? m - i : GMR;
 				float o[GMR * PR];
 				if (dt == KV_DT_Q8_0)
 					q8_0_gemm16(pk, K, a + (size_t)i * astride, astride, mr, o);
-				else
+				else if (dt == KV_DT_Q4_K)
 					q4_k_gemm16(pk, K, a + (size_t)i * astride, astride, mr, o);
+				else
+					q6_k_gemm16(pk, K, a + (size_t)i * astride, astride, mr, o);
 				for (int t = 0; t < mr; t++)
 					for (int r = 0; r < nr; r++)
 						put(y + (size_t)(i + t) * ldy + p0 + r, accum, o[PR * t + r]);
