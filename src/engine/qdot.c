@@ -195,29 +195,47 @@ TGT2 static inline __m128 h2f4(const uint8_t *p0, const uint8_t *p1, const uint8
 }
 
 /*
- * GEMV kernels: 4 weight rows against one activation row; lane r of the
- * float accumulators is the output of row r, so the per-output chain of
- * qdot.h runs as one vector FMA per block.
+ * AVX2 kernels: 4 weight rows against mr <= 4 activation rows; each weight
+ * block is decoded once for the mr rows. Lane r of a float accumulator is
+ * the output of weight row r, so the per-output chain of qdot.h runs as
+ * one vector FMA per block.
  */
-TGT2 static void q8_0_gemv4(const uint8_t *const *wr, int K, const uint8_t *xr, float *out)
+#define AMR 4
+#define AINL2 __attribute__((always_inline)) inline
+
+TGT2 static AINL2 void q8_0_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+			       float *out)
 {
 	const int nb = K / 32;
-	const float *dx = (const float *)(xr + K);
-	__m128 acc = _mm_setzero_ps();
+	__m128 acc[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm_setzero_ps();
 	for (int b = 0; b < nb; b++) {
-		const __m256i x = _mm256_load_si256((const __m256i *)(xr + 32 * (size_t)b));
-		__m256i p[4];
+		__m256i p[AMR][4];
 #pragma GCC unroll 4
 		for (int r = 0; r < 4; r++) {
-			__m256i w = _mm256_loadu_si256((const __m256i *)(wr[r] + 34 * (size_t)b + 2));
-			p[r] = dot4_avx2(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+			const __m256i w = _mm256_loadu_si256((const __m256i *)(wr[r] + 34 * (size_t)b + 2));
+			const __m256i aw = _mm256_abs_epi8(w);
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				const __m256i x = _mm256_load_si256((const __m256i *)(a + (size_t)i * astride + 32 * (size_t)b));
+				p[i][r] = dot4_avx2(aw, _mm256_sign_epi8(x, w));
+			}
 		}
-		__m128i is = hsum4_i32(p[0], p[1], p[2], p[3]);
 		const size_t o = 34 * (size_t)b;
-		__m128 s = _mm_mul_ps(h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), _mm_set1_ps(dx[b]));
-		acc = _mm_fmadd_ps(s, _mm_cvtepi32_ps(is), acc);
+		const __m128 dw = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			__m128i is = hsum4_i32(p[i][0], p[i][1], p[i][2], p[i][3]);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(dx)), _mm_cvtepi32_ps(is), acc[i]);
+		}
 	}
-	_mm_storeu_ps(out, acc);
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, acc[i]);
 }
 
 /* The 8 scales and the 16 mins (each twice, int16) of a Q4_K block. */
@@ -230,88 +248,143 @@ static inline void q4k_scales(const uint8_t *blk, int *sc, int16_t *mins)
 	}
 }
 
-TGT2 static void q4_k_gemv4(const uint8_t *const *wr, int K, const uint8_t *xr, float *out)
+TGT2 static AINL2 void q4_k_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+			       float *out)
 {
 	const int nb = K / 256;
-	const float *dx = (const float *)(xr + K);
-	const int16_t *bs = (const int16_t *)row_sums(xr, 256, K);
+	const size_t bso = (size_t)K + (size_t)nb * 4;
 	const __m256i m4 = _mm256_set1_epi8(0x0F);
-	__m128 acc = _mm_setzero_ps(), c = _mm_setzero_ps();
-	for (int b = 0; b < nb; b++) {
-		const uint8_t *xq = xr + 256 * (size_t)b;
-		__m256i S[4], C[4];
-		const __m256i bsv = _mm256_loadu_si256((const __m256i *)(bs + 16 * b));
+	__m128 acc[AMR], c[AMR];
 #pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = c[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i S[AMR][4], C[AMR][4];
 		for (int r = 0; r < 4; r++) {
 			const uint8_t *blk = wr[r] + 144 * (size_t)b, *qs = blk + 16;
 			int sc[8];
 			int16_t mins[16];
 			q4k_scales(blk, sc, mins);
-			__m256i a = _mm256_setzero_si256();
+			const __m256i mv = _mm256_loadu_si256((const __m256i *)mins);
+			__m256i t[AMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm256_setzero_si256();
+#pragma GCC unroll 4
 			for (int ch = 0; ch < 4; ch++) {
-				__m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
-				__m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-				__m256i x0 = _mm256_load_si256((const __m256i *)(xq + 64 * ch));
-				__m256i x1 = _mm256_load_si256((const __m256i *)(xq + 64 * ch + 32));
-				a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0),
-									 _mm256_set1_epi16((short)sc[2 * ch])));
-				a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1),
-									 _mm256_set1_epi16((short)sc[2 * ch + 1])));
+				const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
+				const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+				const __m256i s0 = _mm256_set1_epi16((short)sc[2 * ch]), s1 = _mm256_set1_epi16((short)sc[2 * ch + 1]);
+#pragma GCC unroll 4
+				for (int i = 0; i < mr; i++) {
+					const uint8_t *xq = a + (size_t)i * astride + 256 * (size_t)b + 64 * ch;
+					__m256i x0 = _mm256_load_si256((const __m256i *)xq);
+					__m256i x1 = _mm256_load_si256((const __m256i *)(xq + 32));
+					t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s0));
+					t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s1));
+				}
 			}
-			S[r] = a;
-			C[r] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)mins), bsv);
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				S[i][r] = t[i];
+				C[i][r] = _mm256_madd_epi16(
+					mv, _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b)));
+			}
 		}
 		const size_t o = 144 * (size_t)b;
-		const __m128 dxv = _mm_set1_ps(dx[b]);
-		__m128 d = _mm_mul_ps(h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), dxv);
-		__m128 dm = _mm_mul_ps(h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2), dxv);
-		acc = _mm_fmadd_ps(d, _mm_cvtepi32_ps(hsum4_i32(S[0], S[1], S[2], S[3])), acc);
-		c = _mm_fmadd_ps(dm, _mm_cvtepi32_ps(hsum4_i32(C[0], C[1], C[2], C[3])), c);
+		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+		const __m128 dm = h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			const __m128 dxv = _mm_set1_ps(dx);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, dxv), _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])),
+					      acc[i]);
+			c[i] = _mm_fmadd_ps(_mm_mul_ps(dm, dxv), _mm_cvtepi32_ps(hsum4_i32(C[i][0], C[i][1], C[i][2], C[i][3])),
+					    c[i]);
+		}
 	}
-	_mm_storeu_ps(out, _mm_sub_ps(acc, c));
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, _mm_sub_ps(acc[i], c[i]));
 }
 
-TGT2 static void q6_k_gemv4(const uint8_t *const *wr, int K, const uint8_t *xr, float *out)
+TGT2 static AINL2 void q6_k_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+			       float *out)
 {
 	const int nb = K / 256;
-	const float *dx = (const float *)(xr + K);
-	const int16_t *bs = (const int16_t *)row_sums(xr, 256, K);
+	const size_t bso = (size_t)K + (size_t)nb * 4;
 	const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
-	__m128 acc = _mm_setzero_ps();
-	for (int b = 0; b < nb; b++) {
-		const uint8_t *xq = xr + 256 * (size_t)b;
-		const __m256i bsv = _mm256_loadu_si256((const __m256i *)(bs + 16 * b));
-		__m256i S[4];
+	__m128 acc[AMR];
 #pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i S[AMR][4];
 		for (int r = 0; r < 4; r++) {
 			const uint8_t *blk = wr[r] + 210 * (size_t)b;
 			const int8_t *sc = (const int8_t *)(blk + 192);
-			__m256i a = _mm256_setzero_si256();
+			__m256i t[AMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm256_setzero_si256();
 			for (int n = 0; n < 2; n++) {
-				const uint8_t *ql = blk + 64 * n, *qh = blk + 128 + 32 * n;
-				const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+				const uint8_t *ql = blk + 64 * n;
+				const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+#pragma GCC unroll 4
 				for (int part = 0; part < 4; part++) {
 					__m256i lo = _mm256_loadu_si256((const __m256i *)(ql + ((part & 1) ? 32 : 0)));
 					__m256i low = part < 2 ? _mm256_and_si256(lo, m4)
 							       : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
 					__m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m3);
-					__m256i u = _mm256_or_si256(low, _mm256_slli_epi16(hi2, 4));
-					int s = 4 * n + part;
-					__m256i xv = _mm256_load_si256((const __m256i *)(xq + 32 * s));
-					__m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * s + 1]), _mm_set1_epi16(sc[2 * s]));
-					a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), scv));
+					const __m256i u = _mm256_or_si256(low, _mm256_slli_epi16(hi2, 4));
+					const int s = 4 * n + part;
+					const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * s + 1]), _mm_set1_epi16(sc[2 * s]));
+#pragma GCC unroll 4
+					for (int i = 0; i < mr; i++) {
+						__m256i xv = _mm256_load_si256(
+							(const __m256i *)(a + (size_t)i * astride + 256 * (size_t)b + 32 * s));
+						t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), scv));
+					}
 				}
 			}
 			/* minus 32 sum_g sc_g bs_g */
-			__m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
-			S[r] = _mm256_sub_epi32(a, _mm256_slli_epi32(_mm256_madd_epi16(s16, bsv), 5));
+			const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
+				S[i][r] = _mm256_sub_epi32(t[i], _mm256_slli_epi32(_mm256_madd_epi16(s16, bsv), 5));
+			}
 		}
 		const size_t o = 210 * (size_t)b + 208;
-		__m128 d = _mm_mul_ps(h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), _mm_set1_ps(dx[b]));
-		acc = _mm_fmadd_ps(d, _mm_cvtepi32_ps(hsum4_i32(S[0], S[1], S[2], S[3])), acc);
+		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(dx)),
+					      _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])), acc[i]);
+		}
 	}
-	_mm_storeu_ps(out, acc);
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, acc[i]);
 }
+
+#define K4_DISPATCH(NAME, FN)                                                                                      \
+	TGT2 static void NAME(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr, float *out) \
+	{                                                                                                          \
+		switch (mr) {                                                                                      \
+		case 1: FN(wr, K, a, astride, 1, out); break;                                                      \
+		case 2: FN(wr, K, a, astride, 2, out); break;                                                      \
+		case 3: FN(wr, K, a, astride, 3, out); break;                                                      \
+		default: FN(wr, K, a, astride, 4, out); break;                                                     \
+		}                                                                                                  \
+	}
+K4_DISPATCH(q8_0_gemm4, q8_0_k4)
+K4_DISPATCH(q4_k_gemm4, q4_k_k4)
+K4_DISPATCH(q6_k_gemm4, q6_k_k4)
 
 /*
  * AVX-512 VNNI GEMM: a panel of 16 weight rows is repacked once so that
@@ -794,17 +867,19 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 			const uint8_t *wr[4];
 			for (int r = 0; r < 4; r++)
 				wr[r] = w + (size_t)(n + (r < nr ? r : nr - 1)) * wstride;
-			for (int i = 0; i < m; i++) {
+			for (int i = 0; i < m; i += AMR) {
+				int mr = m - i < AMR ? m - i : AMR;
 				const uint8_t *xr = a + (size_t)i * astride;
-				float o[4];
+				float o[4 * AMR];
 				if (dt == KV_DT_Q8_0)
-					q8_0_gemv4(wr, K, xr, o);
+					q8_0_gemm4(wr, K, xr, astride, mr, o);
 				else if (dt == KV_DT_Q4_K)
-					q4_k_gemv4(wr, K, xr, o);
+					q4_k_gemm4(wr, K, xr, astride, mr, o);
 				else
-					q6_k_gemv4(wr, K, xr, o);
-				for (int r = 0; r < nr; r++)
-					put(y + (size_t)i * ldy + n + r, accum, o[r]);
+					q6_k_gemm4(wr, K, xr, astride, mr, o);
+				for (int t = 0; t < mr; t++)
+					for (int r = 0; r < nr; r++)
+						put(y + (size_t)(i + t) * ldy + n + r, accum, o[4 * t + r]);
 			}
 		}
 		return;
