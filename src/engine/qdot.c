@@ -47,11 +47,20 @@ static inline uint8_t *row_sums(const uint8_t *row, int block, int K)
 	return (uint8_t *)row + K + (size_t)(K / block) * 4;
 }
 
+/* An f16 scale as f32: exact; a NaN comes back quiet, as F16C's vcvtph2ps
+ * gives it on the SIMD paths. */
 static inline float h2f(const uint8_t *p)
 {
 	uint16_t h;
 	memcpy(&h, p, 2);
-	return kv_f16_to_f32(h);
+	float f = kv_f16_to_f32(h);
+	if (f != f) {
+		uint32_t u;
+		memcpy(&u, &f, 4);
+		u |= 0x00400000u;
+		memcpy(&f, &u, 4);
+	}
+	return f;
 }
 
 /* The block's scale from the exact |x| maximum (as bits); 0 when the codes
@@ -189,9 +198,18 @@ TGT2 static inline __m128i hsum4_i32(__m256i v0, __m256i v1, __m256i v2, __m256i
 	return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
 }
 
+static inline uint16_t u16_at(const uint8_t *p)
+{
+	uint16_t v;
+	memcpy(&v, p, 2);
+	return v;
+}
+
 TGT2 static inline __m128 h2f4(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3)
 {
-	return _mm_setr_ps(h2f(p0), h2f(p1), h2f(p2), h2f(p3));
+	__m128i h = _mm_cvtsi32_si128((int)u16_at(p0) | ((int)u16_at(p1) << 16));
+	h = _mm_insert_epi32(h, (int)u16_at(p2) | ((int)u16_at(p3) << 16), 1);
+	return _mm_cvtph_ps(h);
 }
 
 /*
