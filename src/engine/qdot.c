@@ -256,14 +256,18 @@ TGT2 static AINL2 void q8_0_k4(const uint8_t *const *wr, int K, const uint8_t *a
 		_mm_storeu_ps(out + 4 * i, acc[i]);
 }
 
-/* The 8 scales and the 16 mins (each twice, int16) of a Q4_K block. */
-static inline void q4k_scales(const uint8_t *blk, int *sc, int16_t *mins)
+/* The 8 6-bit scales (bytes of sc[0..1]) and mins (bytes of mn[0..1]) of
+ * a Q4_K block, four at a time (what q4k_sm gives one by one). */
+static inline void q4k_unpack(const uint8_t *blk, uint32_t *sc, uint32_t *mn)
 {
-	for (int j = 0; j < 8; j++) {
-		int mm;
-		q4k_sm(blk + 4, j, &sc[j], &mm);
-		mins[2 * j] = mins[2 * j + 1] = (int16_t)mm;
-	}
+	uint32_t u0, u1, u2;
+	memcpy(&u0, blk + 4, 4);
+	memcpy(&u1, blk + 8, 4);
+	memcpy(&u2, blk + 12, 4);
+	sc[0] = u0 & 0x3f3f3f3fu;
+	mn[0] = u1 & 0x3f3f3f3fu;
+	sc[1] = (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4);
+	mn[1] = ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4);
 }
 
 TGT2 static AINL2 void q4_k_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
@@ -280,10 +284,12 @@ TGT2 static AINL2 void q4_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 		__m256i S[AMR][4], C[AMR][4];
 		for (int r = 0; r < 4; r++) {
 			const uint8_t *blk = wr[r] + 144 * (size_t)b, *qs = blk + 16;
-			int sc[8];
-			int16_t mins[16];
-			q4k_scales(blk, sc, mins);
-			const __m256i mv = _mm256_loadu_si256((const __m256i *)mins);
+			uint32_t scw[2], mnw[2];
+			q4k_unpack(blk, scw, mnw);
+			const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
+			const __m256i mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb)); /* m0 m0 m1 m1 ... */
+			const __m256i sv = _mm256_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)scw[1], (int)scw[0]));
+			const __m256i lo16 = _mm256_permute2x128_si256(sv, sv, 0x00);
 			__m256i t[AMR];
 #pragma GCC unroll 4
 			for (int i = 0; i < mr; i++)
@@ -292,7 +298,9 @@ TGT2 static AINL2 void q4_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 			for (int ch = 0; ch < 4; ch++) {
 				const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
 				const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-				const __m256i s0 = _mm256_set1_epi16((short)sc[2 * ch]), s1 = _mm256_set1_epi16((short)sc[2 * ch + 1]);
+				/* scales 2ch and 2ch + 1 in every int16 lane */
+				const __m256i s0 = _mm256_shuffle_epi8(lo16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * ch)));
+				const __m256i s1 = _mm256_shuffle_epi8(lo16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * ch + 1))));
 #pragma GCC unroll 4
 				for (int i = 0; i < mr; i++) {
 					const uint8_t *xq = a + (size_t)i * astride + 256 * (size_t)b + 64 * ch;
@@ -343,12 +351,17 @@ TGT2 static AINL2 void q6_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 		for (int r = 0; r < 4; r++) {
 			const uint8_t *blk = wr[r] + 210 * (size_t)b;
 			const int8_t *sc = (const int8_t *)(blk + 192);
+			const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
 			__m256i t[AMR];
 #pragma GCC unroll 4
 			for (int i = 0; i < mr; i++)
 				t[i] = _mm256_setzero_si256();
+#pragma GCC unroll 2
 			for (int n = 0; n < 2; n++) {
 				const uint8_t *ql = blk + 64 * n;
+				/* scales 8n..8n+7 in both halves, picked per slice by a shuffle */
+				const __m256i sdup = n ? _mm256_permute2x128_si256(s16, s16, 0x11)
+						       : _mm256_permute2x128_si256(s16, s16, 0x00);
 				const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
 #pragma GCC unroll 4
 				for (int part = 0; part < 4; part++) {
@@ -358,7 +371,9 @@ TGT2 static AINL2 void q6_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 					__m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m3);
 					const __m256i u = _mm256_or_si256(low, _mm256_slli_epi16(hi2, 4));
 					const int s = 4 * n + part;
-					const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * s + 1]), _mm_set1_epi16(sc[2 * s]));
+					const __m256i scv = _mm256_shuffle_epi8(
+						sdup, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * part + 1))),
+								       _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * part)))));
 #pragma GCC unroll 4
 					for (int i = 0; i < mr; i++) {
 						__m256i xv = _mm256_load_si256(
@@ -368,7 +383,6 @@ TGT2 static AINL2 void q6_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 				}
 			}
 			/* minus 32 sum_g sc_g bs_g */
-			const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
 #pragma GCC unroll 4
 			for (int i = 0; i < mr; i++) {
 				__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
