@@ -862,7 +862,9 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 	/* repacked 16-row panels when several activation rows share them */
 	const int nbk = dt == KV_DT_Q8_0 ? K / 32 : K / 256;
 	uint8_t *pk = NULL;
-	if (isa == KE_ISA_AVX512 && have_vnni() && m >= 2) /* NULL: the GEMV kernels, same numbers */
+	/* below about 8 (K types) / 12 (Q8_0) rows the repack costs more than
+	 * it saves: the 4-row kernels, same numbers */
+	if (isa == KE_ISA_AVX512 && have_vnni() && m >= (dt == KV_DT_Q8_0 ? 12 : 8)) /* NULL: the 4-row kernels */
 		pk = pack_buf((size_t)nbk * (dt == KV_DT_Q8_0 ? P8_BLK : dt == KV_DT_Q4_K ? P4_BLK : P6_BLK));
 	if (pk) {
 		const int nb = nbk;

@@ -309,9 +309,14 @@ int ke_qgemm_int(const struct ke_mat *w)
 	return w->qdot && ke_qdot_block(w->dtype) > 0;
 }
 
-/* Activation rows quantized at a time: the piece's rows (at most
- * QPIECE x 12 KiB for K = 12288) stay in L2 while weight rows stream by. */
-#define QPIECE 128
+/* Activation rows quantized at a time: about 1 MiB of them, so the piece
+ * stays in L2 while the weight panels stream by (each panel is repacked
+ * once per piece): 16..512 rows. */
+static int qpiece(size_t rb)
+{
+	size_t p = ((size_t)1 << 20) / rb;
+	return p < 16 ? 16 : p > 512 ? 512 : (int)p;
+}
 
 /* Per-thread buffer of quantized rows, 64-byte aligned, grown as needed
  * (pool threads live as long as the process). */
@@ -368,14 +373,15 @@ void ke_qgemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *
 	const int isa = ke_isa();
 	double t0 = ke_prof_t0();
 	size_t rb = ke_qact_row_bytes(ke_qdot_block(w->dtype), w->cols);
-	int piece = m < QPIECE ? m : QPIECE;
+	const int qp = qpiece(rb);
+	int piece = m < qp ? m : qp;
 	uint8_t *a = act_buf((size_t)piece * rb);
 	if (!a) { /* no scratch: the same numbers, computed chunk by chunk */
 		ke_qgemm_range(isa, w, x, ldx, m, y, ldy, flags, 0, w->rows);
 		return;
 	}
-	for (int i0 = 0; i0 < m; i0 += QPIECE) {
-		int mp = m - i0 < QPIECE ? m - i0 : QPIECE;
+	for (int i0 = 0; i0 < m; i0 += qp) {
+		int mp = m - i0 < qp ? m - i0 : qp;
 		act_quant(isa, w, x + (size_t)i0 * ldx, ldx, mp, a, rb);
 		struct qjob j = {isa, w, a, rb, mp, y + (size_t)i0 * ldy, ldy, flags};
 		double work = (double)mp * w->rows * w->cols;
@@ -397,7 +403,8 @@ void ke_qgemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx,
 	const int K = w->cols;
 	if (ke_qgemm_int(w) && m > 0 && n1 > n0) {
 		size_t rb = ke_qact_row_bytes(ke_qdot_block(w->dtype), K);
-		int piece = m < QPIECE ? m : QPIECE;
+		const int qp = qpiece(rb);
+		int piece = m < qp ? m : qp;
 		uint8_t *a = act_buf((size_t)piece * rb);
 		if (!a) { /* no scratch: one row at a time in the panel (it holds a
 			   * row of KE_QGEMM_MAX_K codes with their scales), same numbers */

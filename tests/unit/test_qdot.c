@@ -299,6 +299,23 @@ KT_CASE(gemm_m_invariance)
 			}
 		}
 		ke_isa_set(saved);
+		/* more rows than one quantized piece (ke_qgemm works in pieces of at
+		 * most 512 rows): rows on both sides of the seams equal the GEMV */
+		{
+			const int MB = 1100;
+			float *xb = malloc((size_t)MB * K * 4), *yb = malloc((size_t)MB * N * 4);
+			for (int i = 0; i < MB * K; i++)
+				xb[i] = x[i % (M * K)] * (float)(1 + i / (M * K));
+			ke_gemm(&q, xb, (size_t)K, MB, yb, (size_t)N, 0);
+			const int rows[] = {0, 511, 512, 1023, 1024, MB - 1};
+			for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+				ke_gemm(&q, xb + (size_t)rows[r] * K, (size_t)K, 1, y1, (size_t)N, 0);
+				KT_CHECKF(!memcmp(y1, yb + (size_t)rows[r] * N, (size_t)N * 4), "%s: row %d of M=%d != M=1",
+					  kv_dtype_name(dt), rows[r], MB);
+			}
+			free(xb);
+			free(yb);
+		}
 		/* closeness to the exact f32 product: per-row int8 activations
 		 * keep about 2 significant digits per element */
 		ke_gemm(&f, x, (size_t)K, M, yf, (size_t)N, 0);
