@@ -315,7 +315,7 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		rc = kv_fail(KV_ERR_INVALID, "quant_act %d is not q8 or f32", p->quant_act);
 		goto fail;
 	}
-	L.qdot = p->quant_act == KE_QACT_Q8;
+	L.qdot = m->qdot = p->quant_act == KE_QACT_Q8;
 	/* a GGUF has no config.json and no MLX groups (its block types go to
 	 * engine/qgemm.c) */
 	if ((!c->gguf && (rc = kv_mlx_qcfg_load(dir, &L.q))) ||
