@@ -888,9 +888,14 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 					q4_k_gemm16(pk, K, a + (size_t)i * astride, astride, mr, o);
 				else
 					q6_k_gemm16(pk, K, a + (size_t)i * astride, astride, mr, o);
-				for (int t = 0; t < mr; t++)
-					for (int r = 0; r < nr; r++)
-						put(y + (size_t)(i + t) * ldy + p0 + r, accum, o[PR * t + r]);
+				for (int t = 0; t < mr; t++) {
+					float *yo = y + (size_t)(i + t) * ldy + p0;
+					if (nr == PR && !accum)
+						memcpy(yo, o + PR * t, sizeof(float) * PR);
+					else
+						for (int r = 0; r < nr; r++)
+							put(yo + r, accum, o[PR * t + r]);
+				}
 			}
 		}
 		return;
