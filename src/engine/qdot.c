@@ -549,18 +549,28 @@ TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, 
 		acc[i] = _mm512_setzero_ps();
 	for (int b = 0; b < nb; b++) {
 		const uint8_t *o = pk + (size_t)b * P8_BLK;
-		__m512i t[GMR];
+		/* two integer chains per row (even / odd words): half the latency */
+		__m512i t[GMR], t2[GMR];
 #pragma GCC unroll 4
-		for (int i = 0; i < mr; i++) /* -128 sum q cancels the +128 of the weights' codes */
+		for (int i = 0; i < mr; i++) { /* -128 sum q cancels the +128 of the weights' codes */
 			t[i] = _mm512_set1_epi32(word_at(ns + (size_t)i * astride + 4 * (size_t)b));
+			t2[i] = _mm512_setzero_si512();
+		}
 #pragma GCC unroll 8
 		for (int g = 0; g < 8; g++) {
 			const __m512i w = _mm512_load_si512((const void *)(o + 64 * g));
 #pragma GCC unroll 4
-			for (int i = 0; i < mr; i++)
-				t[i] = _mm512_dpbusd_epi32(t[i], w,
-							   _mm512_set1_epi32(word_at(a + (size_t)i * astride + 32 * (size_t)b + 4 * g)));
+			for (int i = 0; i < mr; i++) {
+				const __m512i xw = _mm512_set1_epi32(word_at(a + (size_t)i * astride + 32 * (size_t)b + 4 * g));
+				if (g & 1)
+					t2[i] = _mm512_dpbusd_epi32(t2[i], w, xw);
+				else
+					t[i] = _mm512_dpbusd_epi32(t[i], w, xw);
+			}
 		}
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++)
+			t[i] = _mm512_add_epi32(t[i], t2[i]);
 		const __m512 dw = _mm512_load_ps((const float *)(o + 512));
 #pragma GCC unroll 4
 		for (int i = 0; i < mr; i++) {
@@ -592,22 +602,27 @@ TGT5 static AINL void q4_k_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, 
 		for (int i = 0; i < mr; i++)
 			S[i] = C[i] = _mm512_setzero_si512();
 		for (int s = 0; s < 8; s++) {
-			__m512i t[GMR];
+			__m512i t[GMR], t2[GMR];
 #pragma GCC unroll 4
 			for (int i = 0; i < mr; i++)
-				t[i] = _mm512_setzero_si512();
+				t[i] = t2[i] = _mm512_setzero_si512();
 #pragma GCC unroll 8
 			for (int g = 0; g < 8; g++) {
 				const __m512i w = _mm512_load_si512((const void *)(o + 512 * s + 64 * g));
 #pragma GCC unroll 4
-				for (int i = 0; i < mr; i++)
-					t[i] = _mm512_dpbusd_epi32(
-						t[i], w, _mm512_set1_epi32(word_at(a + (size_t)i * astride + 256 * (size_t)b + 32 * s + 4 * g)));
+				for (int i = 0; i < mr; i++) {
+					const __m512i xw =
+						_mm512_set1_epi32(word_at(a + (size_t)i * astride + 256 * (size_t)b + 32 * s + 4 * g));
+					if (g & 1)
+						t2[i] = _mm512_dpbusd_epi32(t2[i], w, xw);
+					else
+						t[i] = _mm512_dpbusd_epi32(t[i], w, xw);
+				}
 			}
 			const __m512i scv = _mm512_load_si512((const void *)(sc + 16 * s));
 #pragma GCC unroll 4
 			for (int i = 0; i < mr; i++)
-				S[i] = _mm512_add_epi32(S[i], _mm512_mullo_epi32(t[i], scv));
+				S[i] = _mm512_add_epi32(S[i], _mm512_mullo_epi32(_mm512_add_epi32(t[i], t2[i]), scv));
 		}
 #pragma GCC unroll 4
 		for (int tp = 0; tp < 4; tp++) {
@@ -651,23 +666,28 @@ TGT5 static AINL void q6_k_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, 
 			S[i] = O[i] = _mm512_setzero_si512();
 		for (int g16 = 0; g16 < 16; g16++) {
 			const int s = g16 >> 1, h = g16 & 1;
-			__m512i t[GMR];
+			__m512i t[GMR], t2[GMR];
 #pragma GCC unroll 4
 			for (int i = 0; i < mr; i++)
-				t[i] = _mm512_setzero_si512();
+				t[i] = t2[i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
 			for (int wd = 0; wd < 4; wd++) {
 				const int g = 4 * h + wd;
 				const __m512i w = _mm512_load_si512((const void *)(o + 512 * s + 64 * g));
 #pragma GCC unroll 4
-				for (int i = 0; i < mr; i++)
-					t[i] = _mm512_dpbusd_epi32(
-						t[i], w, _mm512_set1_epi32(word_at(a + (size_t)i * astride + 256 * (size_t)b + 32 * s + 4 * g)));
+				for (int i = 0; i < mr; i++) {
+					const __m512i xw =
+						_mm512_set1_epi32(word_at(a + (size_t)i * astride + 256 * (size_t)b + 32 * s + 4 * g));
+					if (wd & 1)
+						t2[i] = _mm512_dpbusd_epi32(t2[i], w, xw);
+					else
+						t[i] = _mm512_dpbusd_epi32(t[i], w, xw);
+				}
 			}
 			const __m512i scv = _mm512_load_si512((const void *)(sc + 16 * g16));
 #pragma GCC unroll 4
 			for (int i = 0; i < mr; i++)
-				S[i] = _mm512_add_epi32(S[i], _mm512_mullo_epi32(t[i], scv));
+				S[i] = _mm512_add_epi32(S[i], _mm512_mullo_epi32(_mm512_add_epi32(t[i], t2[i]), scv));
 		}
 #pragma GCC unroll 8
 		for (int tp = 0; tp < 8; tp++) {
