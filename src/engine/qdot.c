@@ -442,23 +442,46 @@ K4_DISPATCH(q6_k_gemm4, q6_k_k4)
 #define P6_BLK (64 * 64 + 16 * 64 + 8 * 64 + 64)
 #define P4_BLK (64 * 64 + 8 * 64 + 4 * 64 + 64 + 64)
 
+/* Q8_0 panel: the 16 rows' 32 codes of a block are two 8 x 8 transposes
+ * of 4-byte words (rows 0-7 in the low halves of the registers, 8-15 in
+ * the high halves), done side by side. */
 TGT5 static void pack_q8_0(const uint8_t *const *wr, int nb, uint8_t *pk)
 {
 	const __m512i flip = _mm512_set1_epi8((char)0x80);
+	const __m512i lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+	const __m512i hi_idx = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
 	for (int b = 0; b < nb; b++) {
 		uint8_t *o = pk + (size_t)b * P8_BLK;
 		float *d = (float *)(o + 512);
-		for (int r = 0; r < PR; r++) {
-			const uint8_t *blk = wr[r] + 34 * (size_t)b;
+		__m512i A[8], t[8], u[8];
 #pragma GCC unroll 8
-			for (int g = 0; g < 8; g++)
-				memcpy(o + 64 * g + 4 * r, blk + 2 + 4 * g, 4);
-			d[r] = h2f(blk);
+		for (int j = 0; j < 8; j++) {
+			const uint8_t *b0 = wr[j] + 34 * (size_t)b, *b1 = wr[j + 8] + 34 * (size_t)b;
+			A[j] = _mm512_inserti64x4(
+				_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
+				_mm256_loadu_si256((const __m256i *)(b1 + 2)), 1);
+			d[j] = h2f(b0);
+			d[j + 8] = h2f(b1);
 		}
-#pragma GCC unroll 8
-		for (int g = 0; g < 8; g++) /* codes + 128: the unsigned operand of vpdpbusd */
-			_mm512_store_si512((void *)(o + 64 * g),
-					   _mm512_xor_si512(_mm512_load_si512((const void *)(o + 64 * g)), flip));
+#pragma GCC unroll 4
+		for (int j = 0; j < 8; j += 2) {
+			t[j] = _mm512_unpacklo_epi32(A[j], A[j + 1]);
+			t[j + 1] = _mm512_unpackhi_epi32(A[j], A[j + 1]);
+		}
+#pragma GCC unroll 2
+		for (int j = 0; j < 8; j += 4) {
+			u[j] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
+			u[j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
+			u[j + 2] = _mm512_unpacklo_epi64(t[j + 1], t[j + 3]);
+			u[j + 3] = _mm512_unpackhi_epi64(t[j + 1], t[j + 3]);
+		}
+#pragma GCC unroll 4
+		for (int k = 0; k < 4; k++) { /* codes + 128: the unsigned operand of vpdpbusd */
+			_mm512_store_si512((void *)(o + 64 * k),
+					   _mm512_xor_si512(_mm512_permutex2var_epi64(u[k], lo_idx, u[k + 4]), flip));
+			_mm512_store_si512((void *)(o + 64 * (k + 4)),
+					   _mm512_xor_si512(_mm512_permutex2var_epi64(u[k], hi_idx, u[k + 4]), flip));
+		}
 	}
 }
 

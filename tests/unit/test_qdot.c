@@ -203,7 +203,7 @@ static double ref_dot(int dt, const uint8_t *w, int K, const uint8_t *a, double 
 
 KT_CASE(dot_paths_identical_and_exact)
 {
-	const int K = 1024, N = 21, M = 6;
+	const int K = 1024, N = 21, M = 13;
 	uint64_t s = 23;
 	float *x = malloc((size_t)M * K * 4);
 	for (size_t t = 0; t < sizeof g_types / sizeof g_types[0]; t++) {
