@@ -442,52 +442,59 @@ K4_DISPATCH(q6_k_gemm4, q6_k_k4)
 #define P6_BLK (64 * 64 + 16 * 64 + 8 * 64 + 64)
 #define P4_BLK (64 * 64 + 8 * 64 + 4 * 64 + 64 + 64)
 
-/* Q8_0 panel: the 16 rows' 32 codes of a block are two 8 x 8 transposes
- * of 4-byte words (rows 0-7 in the low halves of the registers, 8-15 in
- * the high halves), done side by side. */
-TGT5 static void pack_q8_0(const uint8_t *const *wr, int nb, uint8_t *pk)
+/* 16 rows of 32 bytes (row r at src[r]) to 8 registers of 64 bytes:
+ * out + 64 g holds word g (bytes 4g..4g+3) of rows 0..15, xor-ed with
+ * flip. Two 8 x 8 transposes of 4-byte words side by side (rows 0-7 in
+ * the low halves of the registers, 8-15 in the high halves). */
+TGT5 static inline void transpose16x8(const uint8_t *const *src, uint8_t *out, __m512i flip)
 {
-	const __m512i flip = _mm512_set1_epi8((char)0x80);
 	const __m512i lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
 	const __m512i hi_idx = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+	__m512i A[8], t[8], u[8];
+#pragma GCC unroll 8
+	for (int j = 0; j < 8; j++)
+		A[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)src[j])),
+					  _mm256_loadu_si256((const __m256i *)src[j + 8]), 1);
+#pragma GCC unroll 4
+	for (int j = 0; j < 8; j += 2) {
+		t[j] = _mm512_unpacklo_epi32(A[j], A[j + 1]);
+		t[j + 1] = _mm512_unpackhi_epi32(A[j], A[j + 1]);
+	}
+#pragma GCC unroll 2
+	for (int j = 0; j < 8; j += 4) {
+		u[j] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
+		u[j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
+		u[j + 2] = _mm512_unpacklo_epi64(t[j + 1], t[j + 3]);
+		u[j + 3] = _mm512_unpackhi_epi64(t[j + 1], t[j + 3]);
+	}
+#pragma GCC unroll 4
+	for (int k = 0; k < 4; k++) {
+		_mm512_store_si512((void *)(out + 64 * k),
+				   _mm512_xor_si512(_mm512_permutex2var_epi64(u[k], lo_idx, u[k + 4]), flip));
+		_mm512_store_si512((void *)(out + 64 * (k + 4)),
+				   _mm512_xor_si512(_mm512_permutex2var_epi64(u[k], hi_idx, u[k + 4]), flip));
+	}
+}
+
+TGT5 static void pack_q8_0(const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	const __m512i flip = _mm512_set1_epi8((char)0x80); /* codes + 128: the unsigned operand of vpdpbusd */
 	for (int b = 0; b < nb; b++) {
 		uint8_t *o = pk + (size_t)b * P8_BLK;
 		float *d = (float *)(o + 512);
-		__m512i A[8], t[8], u[8];
-#pragma GCC unroll 8
-		for (int j = 0; j < 8; j++) {
-			const uint8_t *b0 = wr[j] + 34 * (size_t)b, *b1 = wr[j + 8] + 34 * (size_t)b;
-			A[j] = _mm512_inserti64x4(
-				_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
-				_mm256_loadu_si256((const __m256i *)(b1 + 2)), 1);
-			d[j] = h2f(b0);
-			d[j + 8] = h2f(b1);
+		const uint8_t *src[PR];
+		for (int r = 0; r < PR; r++) {
+			src[r] = wr[r] + 34 * (size_t)b + 2;
+			d[r] = h2f(src[r] - 2);
 		}
-#pragma GCC unroll 4
-		for (int j = 0; j < 8; j += 2) {
-			t[j] = _mm512_unpacklo_epi32(A[j], A[j + 1]);
-			t[j + 1] = _mm512_unpackhi_epi32(A[j], A[j + 1]);
-		}
-#pragma GCC unroll 2
-		for (int j = 0; j < 8; j += 4) {
-			u[j] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
-			u[j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
-			u[j + 2] = _mm512_unpacklo_epi64(t[j + 1], t[j + 3]);
-			u[j + 3] = _mm512_unpackhi_epi64(t[j + 1], t[j + 3]);
-		}
-#pragma GCC unroll 4
-		for (int k = 0; k < 4; k++) { /* codes + 128: the unsigned operand of vpdpbusd */
-			_mm512_store_si512((void *)(o + 64 * k),
-					   _mm512_xor_si512(_mm512_permutex2var_epi64(u[k], lo_idx, u[k + 4]), flip));
-			_mm512_store_si512((void *)(o + 64 * (k + 4)),
-					   _mm512_xor_si512(_mm512_permutex2var_epi64(u[k], hi_idx, u[k + 4]), flip));
-		}
+		transpose16x8(src, o, flip);
 	}
 }
 
 TGT5 static void pack_q4_k(const uint8_t *const *wr, int nb, uint8_t *pk)
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0F);
+	uint8_t codes[PR][256] __attribute__((aligned(32))); /* element order */
 	for (int b = 0; b < nb; b++) {
 		uint8_t *o = pk + (size_t)b * P4_BLK;
 		int32_t *sc = (int32_t *)(o + 4096), *mp = sc + 8 * 16;
@@ -497,21 +504,22 @@ TGT5 static void pack_q4_k(const uint8_t *const *wr, int nb, uint8_t *pk)
 			int m[8];
 			for (int s = 0; s < 8; s++)
 				q4k_sm(blk + 4, s, &sc[16 * s + r], &m[s]);
-			uint8_t codes[256] __attribute__((aligned(32))); /* element order */
 			for (int ch = 0; ch < 4; ch++) {
 				__m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
-				_mm256_store_si256((__m256i *)(codes + 64 * ch), _mm256_and_si256(raw, m4));
-				_mm256_store_si256((__m256i *)(codes + 64 * ch + 32),
+				_mm256_store_si256((__m256i *)(codes[r] + 64 * ch), _mm256_and_si256(raw, m4));
+				_mm256_store_si256((__m256i *)(codes[r] + 64 * ch + 32),
 						   _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
 			}
-			for (int s = 0; s < 8; s++)
-#pragma GCC unroll 8
-				for (int g = 0; g < 8; g++)
-					memcpy(o + 512 * s + 64 * g + 4 * r, codes + 32 * s + 4 * g, 4);
 			for (int t = 0; t < 4; t++)
 				mp[16 * t + r] = (int32_t)((uint32_t)m[2 * t] | ((uint32_t)m[2 * t + 1] << 16));
 			d[r] = h2f(blk);
 			dm[r] = h2f(blk + 2);
+		}
+		for (int s = 0; s < 8; s++) {
+			const uint8_t *src[PR];
+			for (int r = 0; r < PR; r++)
+				src[r] = codes[r] + 32 * s;
+			transpose16x8(src, o + 512 * s, _mm512_setzero_si512());
 		}
 	}
 }
@@ -519,6 +527,7 @@ TGT5 static void pack_q4_k(const uint8_t *const *wr, int nb, uint8_t *pk)
 TGT5 static void pack_q6_k(const uint8_t *const *wr, int nb, uint8_t *pk)
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+	uint8_t codes[PR][256] __attribute__((aligned(32))); /* element order */
 	for (int b = 0; b < nb; b++) {
 		uint8_t *o = pk + (size_t)b * P6_BLK;
 		int32_t *sc = (int32_t *)(o + 4096), *sp = sc + 16 * 16;
@@ -526,7 +535,6 @@ TGT5 static void pack_q6_k(const uint8_t *const *wr, int nb, uint8_t *pk)
 		for (int r = 0; r < PR; r++) {
 			const uint8_t *blk = wr[r] + 210 * (size_t)b;
 			const int8_t *s8 = (const int8_t *)(blk + 192);
-			uint8_t codes[256] __attribute__((aligned(32))); /* element order */
 			for (int n = 0; n < 2; n++) {
 				const uint8_t *ql = blk + 64 * n;
 				const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
@@ -535,19 +543,21 @@ TGT5 static void pack_q6_k(const uint8_t *const *wr, int nb, uint8_t *pk)
 					__m256i low = part < 2 ? _mm256_and_si256(lo, m4)
 							       : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
 					__m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m3);
-					_mm256_store_si256((__m256i *)(codes + 128 * n + 32 * part),
+					_mm256_store_si256((__m256i *)(codes[r] + 128 * n + 32 * part),
 							   _mm256_or_si256(low, _mm256_slli_epi16(hi2, 4)));
 				}
 			}
-			for (int s = 0; s < 8; s++)
-#pragma GCC unroll 8
-				for (int g = 0; g < 8; g++)
-					memcpy(o + 512 * s + 64 * g + 4 * r, codes + 32 * s + 4 * g, 4);
 			for (int g = 0; g < 16; g++)
 				sc[16 * g + r] = s8[g];
 			for (int t = 0; t < 8; t++)
 				sp[16 * t + r] = (int32_t)((uint32_t)(uint16_t)s8[2 * t] | ((uint32_t)(uint16_t)s8[2 * t + 1] << 16));
 			d[r] = h2f(blk + 208);
+		}
+		for (int s = 0; s < 8; s++) {
+			const uint8_t *src[PR];
+			for (int r = 0; r < PR; r++)
+				src[r] = codes[r] + 32 * s;
+			transpose16x8(src, o + 512 * s, _mm512_setzero_si512());
 		}
 	}
 }
