@@ -31,11 +31,6 @@ struct loader {
 	int qdot;        /* block matrices take the integer path (--quant-act q8) */
 };
 
-const char *ke_quant_act_name(int qa)
-{
-	return qa == KE_QACT_F32 ? "f32" : "q8";
-}
-
 int ke_quant_act_parse(const char *s)
 {
 	if (!s || !strcmp(s, "q8"))

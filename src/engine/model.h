@@ -51,8 +51,7 @@ struct ke_model_params {
  * F32/BF16/F16/MLX matrices are the same in both modes. Part of the cache
  * namespace (server/fingerprint.c). */
 enum ke_quant_act { KE_QACT_Q8 = 0, KE_QACT_F32 = 1 };
-/* "q8" / "f32"; parse returns -1 for anything else. */
-const char *ke_quant_act_name(int qa);
+/* "q8" (or NULL) / "f32"; -1 for anything else. */
 int ke_quant_act_parse(const char *s);
 
 struct ke_model;

@@ -1,8 +1,10 @@
 /*
- * qgemm.c - see qgemm.h. Weight rows are dequantized a panel at a time
- * into a per-thread buffer of KE_QGEMM_MAX_K floats and handed to the f32
- * kernel: the panel is as many rows as fit, so each dequantized row is
- * used by all M activation rows while it is hot in cache.
+ * qgemm.c - see qgemm.h. q8 mode: activation rows are quantized into a
+ * per-thread buffer and handed to engine/qdot.c. f32 mode: weight rows are
+ * dequantized a panel at a time into a per-thread buffer of KE_QGEMM_MAX_K
+ * floats and handed to the f32 kernel: the panel is as many rows as fit,
+ * so each dequantized row is used by all M activation rows while it is hot
+ * in cache.
  */
 #include "engine/qgemm.h"
 #include "base/mem.h"

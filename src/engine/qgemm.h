@@ -13,10 +13,10 @@
  * the tile, the thread or the ISA path (scalar, AVX2, AVX-512 VNNI agree
  * bit for bit, tested).
  *
- * f32 (qdot = 0, and every other block type and F16): a panel of weight rows is dequantized exactly as
- * model/quant.c defines (bit-identical to ggml's to_float) into f32, and
- * the f32 kernel of engine/gemm.c multiplies it with the canonical 16-lane
- * reduction of gemm.h. So every output equals, bit for bit, the f32 engine
+ * f32 (qdot = 0, and every other block type and F16): a panel of weight
+ * rows is dequantized exactly as model/quant.c defines (bit-identical to
+ * ggml's to_float) into f32, and the f32 kernel of engine/gemm.c
+ * multiplies it with the canonical 16-lane reduction of gemm.h. So every output equals, bit for bit, the f32 engine
  * run on the dequantized weights, whatever M, the panel, the thread or
  * the ISA path (activations stay f32: nothing is quantized per row).
  */
