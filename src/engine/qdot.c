@@ -876,11 +876,9 @@ float ke_qdot_ref(int dt, const uint8_t *wrow, int K, const uint8_t *arow)
 static int have_vnni(void)
 {
 #if defined(__x86_64__)
-	static int v = -1;
-	if (v < 0)
-		v = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-		    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
-	return v;
+	/* reads the CPU model gcc's runtime filled in at start: no state here */
+	return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+	       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
 #else
 	return 0;
 #endif
