@@ -207,8 +207,8 @@ static inline uint16_t u16_at(const uint8_t *p)
 
 TGT2 static inline __m128 h2f4(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3)
 {
-	__m128i h = _mm_cvtsi32_si128((int)u16_at(p0) | ((int)u16_at(p1) << 16));
-	h = _mm_insert_epi32(h, (int)u16_at(p2) | ((int)u16_at(p3) << 16), 1);
+	__m128i h = _mm_cvtsi32_si128((int)((uint32_t)u16_at(p0) | ((uint32_t)u16_at(p1) << 16)));
+	h = _mm_insert_epi32(h, (int)((uint32_t)u16_at(p2) | ((uint32_t)u16_at(p3) << 16)), 1);
 	return _mm_cvtph_ps(h);
 }
 
