@@ -21,7 +21,7 @@
 
 int ke_qdot_block(int dt)
 {
-	if (dt == KV_DT_Q8_0)
+	if (dt == KV_DT_Q8_0 || dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0)
 		return 32;
 	if (dt == KV_DT_Q4_K || dt == KV_DT_Q6_K)
 		return 256;
@@ -82,6 +82,31 @@ static inline float block_scale(uint32_t mb, float *id, int *zero)
 	*zero = 0;
 	*id = 127.0f / amax;
 	return amax / 127.0f;
+}
+
+/* Q4_0 / Q5_0: bytes per block, offset of the codes' subtraction (8 / 16),
+ * and the shift that turns a row's ns (-128 sum q) into -offset sum q. */
+static inline int q0_bytes(int dt)
+{
+	return dt == KV_DT_Q4_0 ? 18 : 22;
+}
+
+static inline int q0_shift(int dt)
+{
+	return dt == KV_DT_Q4_0 ? 4 : 3;
+}
+
+/* The 32 unsigned codes (0..15 / 0..31) of a Q4_0 / Q5_0 block. */
+static inline void q0_codes(int dt, const uint8_t *blk, uint8_t *u)
+{
+	const uint8_t *qs = blk + (dt == KV_DT_Q4_0 ? 2 : 6);
+	uint32_t qh = 0;
+	if (dt == KV_DT_Q5_0)
+		memcpy(&qh, blk + 2, 4);
+	for (int j = 0; j < 16; j++) {
+		u[j] = (uint8_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));
+		u[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+	}
 }
 
 /* Q4_K's 6-bit scale and min of slice j (ggml's get_scale_min_k4). */
@@ -256,6 +281,63 @@ TGT2 static AINL2 void q8_0_k4(const uint8_t *const *wr, int K, const uint8_t *a
 		_mm_storeu_ps(out + 4 * i, acc[i]);
 }
 
+/* The codes of a Q4_0 / Q5_0 block as 32 unsigned bytes. */
+TGT2 static inline __m256i q0_codes_avx2(int dt, const uint8_t *blk)
+{
+	const __m128i m4 = _mm_set1_epi8(0x0F);
+	const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (dt == KV_DT_Q4_0 ? 2 : 6)));
+	__m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+	if (dt == KV_DT_Q5_0) { /* bit j of qh -> 0x10 in byte j */
+		uint32_t qh;
+		memcpy(&qh, blk + 2, 4);
+		const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+						     3, 3, 3, 3, 3, 3, 3, 3);
+		const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+		__m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel);
+		hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit), _mm256_set1_epi8(0x10));
+		u = _mm256_or_si256(u, hb);
+	}
+	return u;
+}
+
+TGT2 static AINL2 void q0_k4(int dt, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+			     float *out)
+{
+	const int nb = K / 32, bb = q0_bytes(dt), sh = q0_shift(dt);
+	const uint8_t *ns = a + K + (size_t)nb * 4;
+	__m128 acc[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i p[AMR][4];
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++) {
+			const __m256i u = q0_codes_avx2(dt, wr[r] + (size_t)bb * b);
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				const __m256i x = _mm256_load_si256((const __m256i *)(a + (size_t)i * astride + 32 * (size_t)b));
+				p[i][r] = dot4_avx2(u, x);
+			}
+		}
+		const size_t o = (size_t)bb * b;
+		const __m128 dw = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			int32_t n;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			memcpy(&n, ns + (size_t)i * astride + 4 * (size_t)b, 4);
+			/* minus offset * sum q, exactly */
+			__m128i is = _mm_add_epi32(hsum4_i32(p[i][0], p[i][1], p[i][2], p[i][3]), _mm_set1_epi32(n >> sh));
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(dx)), _mm_cvtepi32_ps(is), acc[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, acc[i]);
+}
+
 /* The 8 6-bit scales (bytes of sc[0..1]) and mins (bytes of mn[0..1]) of
  * a Q4_K block, four at a time (what q4k_sm gives one by one). */
 static inline void q4k_unpack(const uint8_t *blk, uint32_t *sc, uint32_t *mn)
@@ -415,6 +497,17 @@ TGT2 static AINL2 void q6_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 		}                                                                                                  \
 	}
 K4_DISPATCH(q8_0_gemm4, q8_0_k4)
+
+TGT2 static void q0_gemm4(int dt, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr,
+			  float *out)
+{
+	switch (mr) {
+	case 1: q0_k4(dt, wr, K, a, astride, 1, out); break;
+	case 2: q0_k4(dt, wr, K, a, astride, 2, out); break;
+	case 3: q0_k4(dt, wr, K, a, astride, 3, out); break;
+	default: q0_k4(dt, wr, K, a, astride, 4, out); break;
+	}
+}
 K4_DISPATCH(q4_k_gemm4, q4_k_k4)
 K4_DISPATCH(q6_k_gemm4, q6_k_k4)
 
@@ -488,6 +581,25 @@ TGT5 static void pack_q8_0(const uint8_t *const *wr, int nb, uint8_t *pk)
 			d[r] = h2f(src[r] - 2);
 		}
 		transpose16x8(src, o, flip);
+	}
+}
+
+/* Q4_0 / Q5_0 panel: the layout of Q8_0's, unsigned codes (no flip). */
+TGT5 static void pack_q0(int dt, const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	const int bb = q0_bytes(dt);
+	uint8_t codes[PR][32] __attribute__((aligned(32)));
+	for (int b = 0; b < nb; b++) {
+		uint8_t *o = pk + (size_t)b * P8_BLK;
+		float *d = (float *)(o + 512);
+		const uint8_t *src[PR];
+		for (int r = 0; r < PR; r++) {
+			const uint8_t *blk = wr[r] + (size_t)bb * b;
+			_mm256_store_si256((__m256i *)codes[r], q0_codes_avx2(dt, blk));
+			src[r] = codes[r];
+			d[r] = h2f(blk);
+		}
+		transpose16x8(src, o, _mm512_setzero_si512());
 	}
 }
 
@@ -571,8 +683,10 @@ static inline int32_t word_at(const uint8_t *p)
 
 #define AINL __attribute__((always_inline)) inline
 
+/* Q8_0 (sh = 0: codes + 128 against -128 sum q) and Q4_0 / Q5_0 (sh = 4 / 3:
+ * unsigned codes against -8 / -16 sum q). */
 TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, size_t astride, const int mr,
-				    float *out)
+				    const int sh, float *out)
 {
 	const int nb = K / 32;
 	const uint8_t *ns = a + K + (size_t)(K / 32) * 4, *dxp = a + K;
@@ -586,7 +700,7 @@ TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, 
 		__m512i t[GMR], t2[GMR];
 #pragma GCC unroll 4
 		for (int i = 0; i < mr; i++) { /* -128 sum q cancels the +128 of the weights' codes */
-			t[i] = _mm512_set1_epi32(word_at(ns + (size_t)i * astride + 4 * (size_t)b));
+			t[i] = _mm512_set1_epi32(word_at(ns + (size_t)i * astride + 4 * (size_t)b) >> sh);
 			t2[i] = _mm512_setzero_si512();
 		}
 #pragma GCC unroll 8
@@ -754,13 +868,13 @@ TGT5 static void q6_k_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t 
 	}
 }
 
-TGT5 static void q8_0_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
+TGT5 static void q8_0_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, int sh, float *out)
 {
 	switch (mr) {
-	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, out); break;
-	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, out); break;
-	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, out); break;
-	default: q8_0_gemm16_t(pk, K, a, astride, 4, out); break;
+	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, sh, out); break;
+	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, sh, out); break;
+	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, sh, out); break;
+	default: q8_0_gemm16_t(pk, K, a, astride, 4, sh, out); break;
 	}
 }
 
@@ -805,6 +919,25 @@ static float q8_0_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
 		int32_t isum = 0;
 		for (int k = 0; k < 32; k++)
 			isum += qw[k] * qx[k];
+		acc = fmaf(h2f(blk) * dx[b], (float)isum, acc);
+	}
+	return acc;
+}
+
+static float q0_scalar(int dt, const uint8_t *wrow, int K, const uint8_t *xr)
+{
+	const int8_t *xq = (const int8_t *)xr;
+	const float *dx = (const float *)(xr + K);
+	const int bb = q0_bytes(dt), off = dt == KV_DT_Q4_0 ? 8 : 16;
+	float acc = 0.0f;
+	for (int b = 0; b < K / 32; b++) {
+		const uint8_t *blk = wrow + (size_t)bb * b;
+		uint8_t u[32];
+		q0_codes(dt, blk, u);
+		const int8_t *qx = xq + 32 * (size_t)b;
+		int32_t isum = 0;
+		for (int k = 0; k < 32; k++)
+			isum += (u[k] - off) * qx[k];
 		acc = fmaf(h2f(blk) * dx[b], (float)isum, acc);
 	}
 	return acc;
@@ -868,6 +1001,8 @@ static float q6_k_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
 
 float ke_qdot_ref(int dt, const uint8_t *wrow, int K, const uint8_t *arow)
 {
+	if (dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0)
+		return q0_scalar(dt, wrow, K, arow);
 	return dt == KV_DT_Q8_0 ? q8_0_scalar(wrow, K, arow)
 	       : dt == KV_DT_Q4_K ? q4_k_scalar(wrow, K, arow)
 				  : q6_k_scalar(wrow, K, arow);
@@ -911,12 +1046,13 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 		return;
 #if defined(__x86_64__)
 	/* repacked 16-row panels when several activation rows share them */
-	const int nbk = dt == KV_DT_Q8_0 ? K / 32 : K / 256;
+	const int b32 = ke_qdot_block(dt) == 32; /* Q8_0, Q4_0, Q5_0 */
+	const int nbk = b32 ? K / 32 : K / 256;
 	uint8_t *pk = NULL;
 	/* below about 8 (K types) / 12 (Q8_0) rows the repack costs more than
 	 * it saves: the 4-row kernels, same numbers */
-	if (isa == KE_ISA_AVX512 && have_vnni() && m >= (dt == KV_DT_Q8_0 ? 12 : 8)) /* NULL: the 4-row kernels */
-		pk = pack_buf((size_t)nbk * (dt == KV_DT_Q8_0 ? P8_BLK : dt == KV_DT_Q4_K ? P4_BLK : P6_BLK));
+	if (isa == KE_ISA_AVX512 && have_vnni() && m >= (b32 ? 12 : 8)) /* NULL: the 4-row kernels */
+		pk = pack_buf((size_t)nbk * (b32 ? P8_BLK : dt == KV_DT_Q4_K ? P4_BLK : P6_BLK));
 	if (pk) {
 		const int nb = nbk;
 		for (int p0 = n0; p0 < n1; p0 += PR) {
@@ -926,6 +1062,8 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 				wr[r] = w + (size_t)(p0 + (r < nr ? r : nr - 1)) * wstride;
 			if (dt == KV_DT_Q8_0)
 				pack_q8_0(wr, nb, pk);
+			else if (b32)
+				pack_q0(dt, wr, nb, pk);
 			else if (dt == KV_DT_Q4_K)
 				pack_q4_k(wr, nb, pk);
 			else
@@ -933,8 +1071,9 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 			for (int i = 0; i < m; i += GMR) {
 				int mr = m - i < GMR ? m - i : GMR;
 				float o[GMR * PR];
-				if (dt == KV_DT_Q8_0)
-					q8_0_gemm16(pk, K, a + (size_t)i * astride, astride, mr, o);
+				if (b32)
+					q8_0_gemm16(pk, K, a + (size_t)i * astride, astride, mr,
+						    dt == KV_DT_Q8_0 ? 0 : q0_shift(dt), o);
 				else if (dt == KV_DT_Q4_K)
 					q4_k_gemm16(pk, K, a + (size_t)i * astride, astride, mr, o);
 				else
@@ -963,6 +1102,8 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 				float o[4 * AMR];
 				if (dt == KV_DT_Q8_0)
 					q8_0_gemm4(wr, K, xr, astride, mr, o);
+				else if (b32)
+					q0_gemm4(dt, wr, K, xr, astride, mr, o);
 				else if (dt == KV_DT_Q4_K)
 					q4_k_gemm4(wr, K, xr, astride, mr, o);
 				else

@@ -112,7 +112,7 @@ KT_CASE(act_quant_paths_identical)
 	free(x);
 }
 
-static const int g_types[] = {KV_DT_Q8_0, KV_DT_Q4_K, KV_DT_Q6_K};
+static const int g_types[] = {KV_DT_Q8_0, KV_DT_Q4_K, KV_DT_Q6_K, KV_DT_Q4_0, KV_DT_Q5_0};
 
 /* Weight rows: half from the quantizer (realistic), half random bytes
  * (every code, -128 included, extreme 6-bit scales and mins) with finite
@@ -132,7 +132,7 @@ static void weight_rows(int dt, uint8_t *wq, int N, int K, uint64_t *s)
 		}
 		for (size_t i = 0; i < rb; i++)
 			row[i] = (uint8_t)kt_rand(s);
-		int bsz = dt == KV_DT_Q8_0 ? 34 : dt == KV_DT_Q4_K ? 144 : 210;
+		int bsz = dt == KV_DT_Q8_0 ? 34 : dt == KV_DT_Q4_K ? 144 : dt == KV_DT_Q6_K ? 210 : dt == KV_DT_Q4_0 ? 18 : 22;
 		for (size_t b = 0; b < rb / (size_t)bsz; b++) {
 			uint8_t *blk = row + b * (size_t)bsz;
 			uint16_t h[2];
@@ -140,7 +140,7 @@ static void weight_rows(int dt, uint8_t *wq, int N, int K, uint64_t *s)
 				float v = (kt_rand(s) % 7 == 0) ? 0.0f : frand(s, 0.01f);
 				h[t] = kv_f32_to_f16(v);
 			}
-			if (dt == KV_DT_Q8_0)
+			if (dt == KV_DT_Q8_0 || dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0)
 				memcpy(blk, &h[0], 2);
 			else if (dt == KV_DT_Q4_K)
 				memcpy(blk, h, 4);
@@ -190,7 +190,7 @@ static double ref_dot(int dt, const uint8_t *w, int K, const uint8_t *a, double 
 		}
 	} else {
 		kq_dequant_row(dt, w, wd, (size_t)K);
-		int blk = dt == KV_DT_Q8_0 ? 32 : 256;
+		int blk = ke_qdot_block(dt);
 		for (int k = 0; k < K; k++) {
 			double t = (double)wd[k] * ((double)dx[k / blk] * qx[k]);
 			y += t;
