@@ -3,7 +3,7 @@
  * quantized per row to int8 (the `--quant-act q8` mode, docs/engine.md).
  *
  * Activation rows. A row x[0..K) is cut into blocks of B elements, B = 32
- * for Q8_0 weights and B = 256 for the K types (Q4_K, Q6_K); each block
+ * for Q8_0 / Q4_0 / Q5_0 weights and B = 256 for the K types (Q4_K, Q6_K); each block
  * is quantized on its own, from its own values only:
  *   amax = max |x[k]| over the block, found exactly on the bit patterns
  *          (bits & 0x7fffffff, an integer max: order-free);
@@ -28,7 +28,8 @@
  *   Q8_0 (w = dw qw, blocks of 32):  acc = +0; for each block b:
  *        isum = sum_k qw[k] qx[k]                               (int32)
  *        acc  = fmaf(dw_b * dx_b, (float)isum, acc)
- *     y = acc.
+ *     y = acc. Q4_0 / Q5_0 (w = dw (q - 8 | 16)) the same with
+ *     isum = sum_k (q[k] - 8 | 16) qx[k].
  *   Q4_K (w = d sc q - dmin m, super-blocks of 256, slices s of 32):
  *     acc = c = +0; for each super-block b:
  *        S = sum_s sc_s sum_{k in s} q[k] qx[k]                 (int32)

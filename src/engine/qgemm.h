@@ -4,7 +4,7 @@
  * Two modes, chosen per matrix at model load (ke_mat.qdot, the model's
  * --quant-act; it is part of the cache namespace):
  *
- * q8 (qdot = 1; the default for Q8_0, Q4_K and Q6_K matrices): each
+ * q8 (qdot = 1; the default for Q8_0, Q4_0, Q5_0, Q4_K and Q6_K): each
  * activation row is quantized on its own to int8 blocks (32 elements for
  * Q8_0, 256 with 16-sums for the K types) and multiplied with the weight
  * codes in exact int32 dot products; the float combination of those
