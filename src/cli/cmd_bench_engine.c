@@ -199,7 +199,7 @@ static void print_phases_text(const char *what, const struct ke_prof *p, double 
 
 static int cmd_bench_engine(int argc, char **argv)
 {
-	const char *model = NULL, *ctxs = "1024,8192";
+	const char *model = NULL, *ctxs = "1024,8192", *quant_act = "q8";
 	int64_t decode_tokens = 32, repeat = 3, gemm_m = 256;
 	int json = 0, kv_f32 = 0, long_ctx = 0;
 	struct kv_flag flags[] = {
@@ -210,6 +210,7 @@ static int cmd_bench_engine(int argc, char **argv)
 		{"repeat", KV_FLAG_INT, &repeat, "N", "GEMM repetitions, best kept (default 3)"},
 		{"gemm-m", KV_FLAG_INT, &gemm_m, "M", "activation rows of the GEMM measurement (default 256)"},
 		{"kv-f32", KV_FLAG_BOOL, &kv_f32, NULL, "f32 KV (default bf16)"},
+		{"quant-act", KV_FLAG_STR, &quant_act, "q8|f32", "products with Q8_0/Q4_0/Q5_0/Q4_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
 		{"long", KV_FLAG_BOOL, &long_ctx, NULL, "also measure a 32K context (slow)"},
 		{0},
 	};
@@ -244,7 +245,12 @@ static int cmd_bench_engine(int argc, char **argv)
 		}
 
 	struct ke_model *m = NULL;
-	struct ke_model_params mp = {.kv_f32 = kv_f32};
+	struct ke_model_params mp = {.kv_f32 = kv_f32, .quant_act = ke_quant_act_parse(quant_act)};
+	if (mp.quant_act < 0) {
+		fprintf(stderr, "kvkeep bench engine: --quant-act must be q8 or f32\n");
+		free(cl);
+		return 2;
+	}
 	if (ke_model_load(model, &mp, &m)) {
 		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
 		free(cl);
@@ -388,8 +394,9 @@ static int cmd_bench_engine(int argc, char **argv)
 	char wfmt[32];
 	if (json) {
 		printf("{\"model\": \"%s\", \"arch\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"weight_dtype\": \"%s\", "
-		       "\"kv_dtype\": \"%s\",\n", model, kv_arch_name(c->arch), ke_isa_name(ke_isa()), threads,
-		       ke_mat_format(sh[0].w, wfmt, sizeof wfmt), kv_f32 ? "f32" : "bf16");
+		       "\"kv_dtype\": \"%s\", \"quant_act\": \"%s\",\n", model, kv_arch_name(c->arch), ke_isa_name(ke_isa()),
+		       threads, ke_mat_format(sh[0].w, wfmt, sizeof wfmt), kv_f32 ? "f32" : "bf16",
+		       ke_model_qdot(m) ? "q8" : "f32");
 		printf(" \"openblas_coretype\": \"%s\",", coretype ? coretype : "auto");
 		printf(" \"gemm_m\": %d, \"gemm_gflops\": %.2f, \"gemm_f32_gflops\": %.2f, ", (int)gemm_m, g_ours, g_ours32);
 		if (sg)

@@ -68,6 +68,7 @@ static int cmd_generate(int argc, char **argv)
 	/* sampling flags by enum kv_gencfg_field; NaN: not given */
 	double sv[KV_GC_N] = {NAN, NAN, NAN, NAN, NAN, NAN, NAN};
 	int kv_f32 = 0, ignore_eos = 0, quiet = 0;
+	const char *quant_act = "q8";
 	struct kv_flag flags[] = {
 		{"model", KV_FLAG_STR, &model, "DIR", "model folder (config.json + safetensors)"},
 		{"prompt", KV_FLAG_STR, &prompt, "TEXT", "prompt text (needs the folder's tokenizer.json)"},
@@ -92,6 +93,7 @@ static int cmd_generate(int argc, char **argv)
 		{"all-logits-out", KV_FLAG_STR, &all_out, "FILE", "write every prompt position's logits (f32 LE)"},
 		{"state-out", KV_FLAG_STR, &state_out, "FILE", "write the recurrent snapshot after the prompt"},
 		{"kv-f32", KV_FLAG_BOOL, &kv_f32, NULL, "keep KV in f32 (default bf16)"},
+		{"quant-act", KV_FLAG_STR, &quant_act, "q8|f32", "products with Q8_0/Q4_0/Q5_0/Q4_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
 		{"chunk", KV_FLAG_INT, &chunk, "N", "prefill chunk in tokens (default 256)"},
 		{"page-tokens", KV_FLAG_INT, &page_tokens, "N", "tokens per KV page (default 256)"},
 		{"ignore-eos", KV_FLAG_BOOL, &ignore_eos, NULL, "do not stop at an EOS token"},
@@ -145,7 +147,12 @@ static int cmd_generate(int argc, char **argv)
 	void *snap = NULL;
 	int status = 1;
 
-	struct ke_model_params mp = {.kv_f32 = kv_f32, .page_tokens = (int)page_tokens};
+	struct ke_model_params mp = {.kv_f32 = kv_f32, .page_tokens = (int)page_tokens,
+				     .quant_act = ke_quant_act_parse(quant_act)};
+	if (mp.quant_act < 0) {
+		fprintf(stderr, "kvkeep generate: --quant-act must be q8 or f32\n");
+		goto out;
+	}
 	if (ke_model_load(model, &mp, &m)) {
 		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
 		goto out;

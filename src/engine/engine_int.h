@@ -57,6 +57,8 @@ struct ke_model {
 	float *inv_freq;          /* [rotary_dim / 2] */
 	void *owned;              /* one kv_alloc block holding every f32 copy */
 	uint64_t decode_bytes;
+	int qdot;            /* --quant-act q8: ggml block matrices set ke_mat.qdot
+				(engine/qgemm.h); every ke_mat of the model follows it */
 	int n_mats;
 	struct ke_mat mats[KE_MAX_MATS];
 	const char *mat_names[KE_MAX_MATS];

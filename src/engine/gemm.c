@@ -553,6 +553,10 @@ static void gemm_part(void *ctx, size_t b, size_t e, int thread)
 
 void ke_gemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy, unsigned flags)
 {
+	if (ke_qgemm_int(w)) { /* int8 activations: quantized once per call, engine/qgemm.c */
+		ke_qgemm(w, x, ldx, m, y, ldy, flags);
+		return;
+	}
 	struct gemm_job j = {ke_isa(), w, x, ldx, m, y, ldy, flags};
 	/* Waking a worker costs microseconds (much more when the cores are
 	 * busy with other processes): small products run on the caller. */

@@ -49,6 +49,9 @@ struct ke_mat {
 	int sb_dtype;     /* KV_DT_F32, KV_DT_BF16 or KV_DT_F16 */
 	int bits;         /* 4 or 8 */
 	int group;        /* 32, 64 or 128 */
+	/* ggml block types only: 1 = products with int8 per-row quantized
+	 * activations (engine/qgemm.h, --quant-act q8), 0 = exact f32. */
+	int qdot;
 };
 
 /* Bytes of one matrix as stored (codes + scales + biases for MLX). */

@@ -5,6 +5,7 @@
 #include "engine/attn.h"
 #include "engine/engine_int.h"
 #include "engine/qgemm.h"
+#include "engine/qdot.h"
 #include "model/quant.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -27,7 +28,17 @@ struct loader {
 	struct kv_mlx_qcfg *q; /* config.json's MLX quantization block, or NULL */
 	struct kv_tensor_spec *specs; /* what the config implies (float shapes) */
 	size_t n_specs;
+	int qdot;        /* block matrices take the integer path (--quant-act q8) */
 };
+
+int ke_quant_act_parse(const char *s)
+{
+	if (!s || !strcmp(s, "q8"))
+		return KE_QACT_Q8;
+	if (!strcmp(s, "f32"))
+		return KE_QACT_F32;
+	return -1;
+}
 
 /* The float shape the config implies for a matrix name; -1 if unknown. */
 static void spec_shape(const struct loader *L, const char *name, int64_t *rows, int64_t *cols)
@@ -105,6 +116,7 @@ static int load_mat(struct loader *L, struct ke_mat *mat, const char *fmt, int l
 	mat->rows = (int)t->shape[0];
 	mat->cols = (int)t->shape[1];
 	mat->ld = (size_t)t->shape[1];
+	mat->qdot = L->qdot && ke_qdot_block(t->dtype) > 0;
 noted:;
 	struct ke_model *m = L->m;
 	if (m->n_mats < KE_MAX_MATS) {
@@ -294,6 +306,11 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	L.next = m->owned;
 	L.end = L.next + nf;
 	L.q = NULL;
+	if (p->quant_act != KE_QACT_Q8 && p->quant_act != KE_QACT_F32) {
+		rc = kv_fail(KV_ERR_INVALID, "quant_act %d is not q8 or f32", p->quant_act);
+		goto fail;
+	}
+	L.qdot = m->qdot = p->quant_act == KE_QACT_Q8;
 	/* a GGUF has no config.json and no MLX groups (its block types go to
 	 * engine/qgemm.c) */
 	if ((!c->gguf && (rc = kv_mlx_qcfg_load(dir, &L.q))) ||
@@ -511,6 +528,14 @@ struct kv_pages *ke_model_pages(struct ke_model *m)
 uint64_t ke_model_decode_bytes(const struct ke_model *m)
 {
 	return m->decode_bytes;
+}
+
+int ke_model_qdot(const struct ke_model *m)
+{
+	for (int i = 0; i < m->n_mats; i++)
+		if (m->mats[i].qdot)
+			return 1;
+	return 0;
 }
 
 int ke_model_n_mats(const struct ke_model *m)

@@ -41,7 +41,18 @@ struct ke_model_params {
 	int kv_f32;          /* 1: f32 KV; default (0): bf16 KV */
 	int page_tokens;     /* B, tokens per KV page; 0 = 256 */
 	size_t max_pages;    /* page pool limit, 0 = none */
+	int quant_act;       /* enum ke_quant_act: how Q8_0/Q4_0/Q5_0/Q4_K/Q6_K matrices multiply */
 };
+
+/* --quant-act: KE_QACT_Q8 (the default, 0) quantizes each activation row
+ * to int8 blocks for integer dots with Q8_0 / Q4_0 / Q5_0 / Q4_K / Q6_K weights
+ * (engine/qdot.h); KE_QACT_F32 keeps activations f32 against the exactly
+ * dequantized weights (the numerics of the f32 engine). Other types and
+ * F32/BF16/F16/MLX matrices are the same in both modes. Part of the cache
+ * namespace (server/fingerprint.c). */
+enum ke_quant_act { KE_QACT_Q8 = 0, KE_QACT_F32 = 1 };
+/* "q8" (or NULL) / "f32"; -1 for anything else. */
+int ke_quant_act_parse(const char *s);
 
 struct ke_model;
 
@@ -61,6 +72,9 @@ struct kv_pages *ke_model_pages(struct ke_model *m);
  * embedding row; in MoE layers the router, the shared expert and k of the
  * E routed experts): the numerator of the memory-bandwidth bound. */
 uint64_t ke_model_decode_bytes(const struct ke_model *m);
+/* 1 if some matrix multiplies with int8 activations (--quant-act q8 on a
+ * model with Q8_0 / Q4_0 / Q5_0 / Q4_K / Q6_K matrices): the cache namespace names it. */
+int ke_model_qdot(const struct ke_model *m);
 /* The model's matrices, largest first (for benchmarks). i < ke_model_n_mats. */
 int ke_model_n_mats(const struct ke_model *m);
 const struct ke_mat *ke_model_mat(const struct ke_model *m, int i, const char **name);

@@ -7,6 +7,7 @@
 #include "base/err.h"
 #include "base/mem.h"
 #include "base/pool.h"
+#include "engine/qdot.h"
 #include "engine/qgemm.h"
 #include "model/mlx.h"
 #include "model/quant.h"
@@ -71,7 +72,8 @@ static int get(const struct ke_model *m, const char *name, int ndim, int64_t d0,
  * block row bytes (kv_dtype_row_bytes), and an MLX stack's codes, scales
  * and biases are offset alike. Rows of block types are whole blocks, so
  * any row is a valid start. */
-static void view(struct ke_mat *v, const struct kv_tensor *t, const struct kv_mlx_qmat *mq, int64_t e,
+static void view(const struct ke_model *m, struct ke_mat *v, const struct kv_tensor *t, const struct kv_mlx_qmat *mq,
+		 int64_t e,
 		 int64_t rows_per, int64_t r0, int rows, int cols)
 {
 	uint64_t row0 = (uint64_t)e * (uint64_t)rows_per + (uint64_t)r0;
@@ -92,6 +94,9 @@ static void view(struct ke_mat *v, const struct kv_tensor *t, const struct kv_ml
 	}
 	v->dtype = t->dtype;
 	v->data = (const char *)t->data + row0 * kv_dtype_row_bytes(t->dtype, (uint64_t)cols);
+	/* the model's --quant-act mode, as engine/model.c sets it for every
+	 * other matrix, so experts and dense matrices round alike */
+	v->qdot = m->qdot && ke_qdot_block(t->dtype) > 0;
 }
 
 static void list_mat(struct ke_model *m, const struct ke_mat *v, const char *name)
@@ -112,7 +117,7 @@ static int mat2(struct ke_model *m, struct ke_mat *v, int64_t rows, int64_t cols
 	struct kv_mlx_qmat mq;
 	if ((rc = get(m, name, 2, rows, cols, 0, &t, &mq)))
 		return rc;
-	view(v, t, &mq, 0, rows, 0, (int)rows, (int)cols);
+	view(m, v, t, &mq, 0, rows, 0, (int)rows, (int)cols);
 	if (list)
 		list_mat(m, v, t->name);
 	return KV_OK;
@@ -155,9 +160,9 @@ int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 		if ((rc = get(m, name, 3, E, D, I, &dn, NULL)))
 			goto fail;
 		for (int e = 0; e < E; e++) {
-			view(&mo->gate[e], t, NULL, e, 2 * (int64_t)I, 0, I, D);
-			view(&mo->up[e], t, NULL, e, 2 * (int64_t)I, I, I, D);
-			view(&mo->down[e], dn, NULL, e, D, 0, D, I);
+			view(m, &mo->gate[e], t, NULL, e, 2 * (int64_t)I, 0, I, D);
+			view(m, &mo->up[e], t, NULL, e, 2 * (int64_t)I, I, I, D);
+			view(m, &mo->down[e], dn, NULL, e, D, 0, D, I);
 		}
 	} else if (snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.gate_proj.weight", m->prefix, layer),
 		   kv_weights_find(m->w, name)) {
@@ -172,9 +177,9 @@ int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 				goto fail;
 		}
 		for (int e = 0; e < E; e++) {
-			view(&mo->gate[e], st[0], &mq[0], e, I, 0, I, D);
-			view(&mo->up[e], st[1], &mq[1], e, I, 0, I, D);
-			view(&mo->down[e], st[2], &mq[2], e, D, 0, D, I);
+			view(m, &mo->gate[e], st[0], &mq[0], e, I, 0, I, D);
+			view(m, &mo->up[e], st[1], &mq[1], e, I, 0, I, D);
+			view(m, &mo->down[e], st[2], &mq[2], e, D, 0, D, I);
 		}
 	} else {
 		for (int e = 0; e < E; e++) {
@@ -187,7 +192,7 @@ int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 				struct kv_mlx_qmat mq;
 				if ((rc = get(m, name, 2, rows, cols, 0, &t, &mq)))
 					goto fail;
-				view(dst[j], t, &mq, 0, rows, 0, rows, cols);
+				view(m, dst[j], t, &mq, 0, rows, 0, rows, cols);
 			}
 		}
 	}

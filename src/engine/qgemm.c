@@ -1,11 +1,17 @@
 /*
- * qgemm.c - see qgemm.h. Weight rows are dequantized a panel at a time
- * into a per-thread buffer of KE_QGEMM_MAX_K floats and handed to the f32
- * kernel: the panel is as many rows as fit, so each dequantized row is
- * used by all M activation rows while it is hot in cache.
+ * qgemm.c - see qgemm.h. q8 mode: activation rows are quantized into a
+ * per-thread buffer and handed to engine/qdot.c. f32 mode: weight rows are
+ * dequantized a panel at a time into a per-thread buffer of KE_QGEMM_MAX_K
+ * floats and handed to the f32 kernel: the panel is as many rows as fit,
+ * so each dequantized row is used by all M activation rows while it is hot
+ * in cache.
  */
 #include "engine/qgemm.h"
+#include "base/mem.h"
+#include "base/pool.h"
 #include "engine/isa.h"
+#include "engine/prof.h"
+#include "engine/qdot.h"
 #include "model/quant.h"
 #include "model/safetensors.h"
 
@@ -298,10 +304,122 @@ static int fused5_type(int dt)
 	return dt == KV_DT_Q8_0 || dt == KV_DT_Q4_K || dt == KV_DT_Q6_K;
 }
 
+/* ---- the integer path (qdot.h): activations quantized per row ---- */
+
+int ke_qgemm_int(const struct ke_mat *w)
+{
+	return w->qdot && ke_qdot_block(w->dtype) > 0;
+}
+
+/* Activation rows quantized at a time: about 1 MiB of them, so the piece
+ * stays in L2 while the weight panels stream by (each panel is repacked
+ * once per piece): 16..512 rows. */
+static int qpiece(size_t rb)
+{
+	size_t p = ((size_t)1 << 20) / rb;
+	return p < 16 ? 16 : p > 512 ? 512 : (int)p;
+}
+
+/* Per-thread buffer of quantized rows, 64-byte aligned, grown as needed
+ * (pool threads live as long as the process). */
+static __thread void *tl_araw;
+static __thread size_t tl_acap;
+
+static uint8_t *act_buf(size_t bytes)
+{
+	if (bytes > tl_acap) {
+		void *nb = kv_realloc(KV_MEM_SCRATCH, tl_araw, bytes + 64);
+		if (!nb)
+			return NULL;
+		tl_araw = nb;
+		tl_acap = bytes;
+	}
+	return (uint8_t *)(((uintptr_t)tl_araw + 63) & ~(uintptr_t)63);
+}
+
+static void act_quant(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, uint8_t *a, size_t rb)
+{
+	int blk = ke_qdot_block(w->dtype);
+	for (int i = 0; i < m; i++)
+		ke_qact_quant(isa, blk, x + (size_t)i * ldx, w->cols, a + (size_t)i * rb);
+}
+
+/* Outputs [n0, n1) of m quantized rows a (stride rb). */
+static void qdot_run(int isa, const struct ke_mat *w, const uint8_t *a, size_t rb, int m, float *y, size_t ldy,
+		     unsigned flags, int n0, int n1)
+{
+	ke_qdot_gemm(isa, w->dtype, w->data, (size_t)kv_dtype_row_bytes(w->dtype, (uint64_t)w->ld), w->cols, a, rb, m,
+		     y, ldy, (flags & KE_GEMM_ACCUM) != 0, n0, n1);
+}
+
+struct qjob {
+	int isa;
+	const struct ke_mat *w;
+	const uint8_t *a;
+	size_t rb;
+	int m;
+	float *y;
+	size_t ldy;
+	unsigned flags;
+};
+
+static void qjob_part(void *ctx, size_t b, size_t e, int thread)
+{
+	const struct qjob *j = ctx;
+	(void)thread;
+	qdot_run(j->isa, j->w, j->a, j->rb, j->m, j->y, j->ldy, j->flags, (int)b, (int)e);
+}
+
+void ke_qgemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy, unsigned flags)
+{
+	const int isa = ke_isa();
+	double t0 = ke_prof_t0();
+	size_t rb = ke_qact_row_bytes(ke_qdot_block(w->dtype), w->cols);
+	const int qp = qpiece(rb);
+	int piece = m < qp ? m : qp;
+	uint8_t *a = act_buf((size_t)piece * rb);
+	if (!a) { /* no scratch: the same numbers, computed chunk by chunk */
+		ke_qgemm_range(isa, w, x, ldx, m, y, ldy, flags, 0, w->rows);
+		return;
+	}
+	for (int i0 = 0; i0 < m; i0 += qp) {
+		int mp = m - i0 < qp ? m - i0 : qp;
+		act_quant(isa, w, x + (size_t)i0 * ldx, ldx, mp, a, rb);
+		struct qjob j = {isa, w, a, rb, mp, y + (size_t)i0 * ldy, ldy, flags};
+		double work = (double)mp * w->rows * w->cols;
+		if (work < KE_PAR_MIN_WORK) {
+			qjob_part(&j, 0, (size_t)w->rows, 0);
+		} else {
+			/* chunks of whole 16-row panels, about four per thread */
+			size_t per = (size_t)w->rows / (4u * (size_t)kv_pool_size(kv_pool_global())) + 1;
+			per = (per + 15) / 16 * 16;
+			kv_pool_for(kv_pool_global(), (size_t)w->rows, per, qjob_part, &j);
+		}
+	}
+	ke_prof_add(KE_PROF_GEMM, t0, 2.0 * m * w->rows * w->cols, (double)ke_mat_bytes(w));
+}
+
 void ke_qgemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
 		    unsigned flags, int n0, int n1)
 {
 	const int K = w->cols;
+	if (ke_qgemm_int(w) && m > 0 && n1 > n0) {
+		size_t rb = ke_qact_row_bytes(ke_qdot_block(w->dtype), K);
+		const int qp = qpiece(rb);
+		int piece = m < qp ? m : qp;
+		uint8_t *a = act_buf((size_t)piece * rb);
+		if (!a) { /* no scratch: one row at a time in the panel (it holds a
+			   * row of KE_QGEMM_MAX_K codes with their scales), same numbers */
+			a = (uint8_t *)tl_panel;
+			piece = 1;
+		}
+		for (int i0 = 0; i0 < m; i0 += piece) {
+			int mp = m - i0 < piece ? m - i0 : piece;
+			act_quant(isa, w, x + (size_t)i0 * ldx, ldx, mp, a, rb);
+			qdot_run(isa, w, a, rb, mp, y + (size_t)i0 * ldy, ldy, flags, n0, n1);
+		}
+		return;
+	}
 #if defined(__x86_64__)
 	if (isa > ke_isa_best())
 		isa = ke_isa_best();

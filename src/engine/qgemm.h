@@ -1,10 +1,22 @@
 /*
  * qgemm.h - products with quantized (ggml block types) and F16 weights.
  *
- * Numerics: a panel of weight rows is dequantized exactly as
- * model/quant.c defines (bit-identical to ggml's to_float) into f32, and
- * the f32 kernel of engine/gemm.c multiplies it with the canonical 16-lane
- * reduction of gemm.h. So every output equals, bit for bit, the f32 engine
+ * Two modes, chosen per matrix at model load (ke_mat.qdot, the model's
+ * --quant-act; it is part of the cache namespace):
+ *
+ * q8 (qdot = 1; the default for Q8_0, Q4_0, Q5_0, Q4_K and Q6_K): each
+ * activation row is quantized on its own to int8 blocks (32 elements for
+ * Q8_0, 256 with 16-sums for the K types) and multiplied with the weight
+ * codes in exact int32 dot products; the float combination of those
+ * integers has one canonical order, written out in engine/qdot.h. An
+ * output depends only on its activation row and weight row: never on M,
+ * the tile, the thread or the ISA path (scalar, AVX2, AVX-512 VNNI agree
+ * bit for bit, tested).
+ *
+ * f32 (qdot = 0, and every other block type and F16): a panel of weight
+ * rows is dequantized exactly as model/quant.c defines (bit-identical to
+ * ggml's to_float) into f32, and the f32 kernel of engine/gemm.c
+ * multiplies it with the canonical 16-lane reduction of gemm.h. So every output equals, bit for bit, the f32 engine
  * run on the dequantized weights, whatever M, the panel, the thread or
  * the ISA path (activations stay f32: nothing is quantized per row).
  */
@@ -22,6 +34,11 @@ int ke_qgemm_handles(const struct ke_mat *w);
 /* ke_gemm_range for such a matrix (same contract). */
 void ke_qgemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
 		    unsigned flags, int n0, int n1);
+/* 1 if w takes the integer path (w->qdot and a type qdot.h has). */
+int ke_qgemm_int(const struct ke_mat *w);
+/* ke_gemm for such a matrix: activations quantized once per call (in
+ * pieces of rows), then the weight rows split over the global pool. */
+void ke_qgemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy, unsigned flags);
 /* Row r of w dequantized into out[cols] (embedding lookups). */
 void ke_qgemm_row(const struct ke_mat *w, int r, float *out);
 

@@ -169,6 +169,8 @@ struct kv_h128 ksv_model_fingerprint(const struct ksv_fp_params *p, struct ksv_f
 	const char *dir = p->model_dir;
 	uint64_t t0 = kv_now_ns();
 	kv_buf_printf(&acc, "kvkeep-ns-2|%s|%s|B=%d|", KE_NUMERICS_VERSION, p->kv_dtype, p->page_tokens);
+	if (p->quant_act) /* absent for f32 numerics: their namespaces stay what they were */
+		kv_buf_printf(&acc, "qa=%s|", p->quant_act);
 	if (kv_gguf_is_model_path(dir)) {
 		/* A GGUF's header holds the metadata (hyperparameters, tokenizer,
 		 * template) and the tensor table with every tensor's type, so

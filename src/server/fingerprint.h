@@ -6,6 +6,8 @@
  * every chain hash, docs/cache.md) is derived from all of them:
  *
  *   XXH3_128( "kvkeep-ns-2|" KE_NUMERICS_VERSION "|" kv_dtype "|B=" page_tokens "|"
+ *             ["qa=q8|" when the model multiplies quantized matrices with
+ *              int8 activations (--quant-act q8): other numerics than f32]
  *             then, for each of config.json, tokenizer.json,
  *             tokenizer_config.json, chat_template.jinja,
  *             model.safetensors.index.json: name NUL XXH3_128(bytes)
@@ -42,6 +44,7 @@ struct ksv_fp_params {
 	const char *model_dir;
 	const char *kv_dtype;
 	int page_tokens;
+	const char *quant_act; /* "q8" when matrices multiply with int8 activations, else NULL */
 	const char *memo_dir; /* the memo folder (created if needed); NULL: hash every time */
 	int skip_weights;     /* 1: weight files contribute their names only (no disk tier:
 				 the namespace never outlives the process) */

@@ -4,6 +4,7 @@
 #include "server/options.h"
 #include "base/env.h"
 #include "base/err.h"
+#include "engine/model.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -25,6 +26,7 @@ void ksv_opts_default(struct ksv_opts *o)
 	o->disk_cache_max_mb = -1;
 	o->disk_cache_max_files = -1;
 	o->kv_dtype = "bf16";
+	o->quant_act = "q8";
 	o->page_tokens = 256;
 	o->prefill_chunk = 256;
 	o->max_model_len = 0;
@@ -76,6 +78,8 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--kv-disk-checkpoint-interval must be >= 0");
 	if (strcmp(o->kv_dtype, "bf16") && strcmp(o->kv_dtype, "f32"))
 		return kv_fail(KV_ERR_INVALID, "--kv-dtype must be bf16 or f32");
+	if (ke_quant_act_parse(o->quant_act) < 0)
+		return kv_fail(KV_ERR_INVALID, "--quant-act must be q8 or f32");
 	if (o->page_tokens < 1 || o->page_tokens > 65536)
 		return kv_fail(KV_ERR_INVALID, "--page-tokens must be 1-65536");
 	if (o->prefill_chunk < 1 || o->prefill_chunk > 65536)

@@ -50,6 +50,7 @@ struct ksv_opts {
 
 	/* engine */
 	const char *kv_dtype;             /* --kv-dtype bf16|f32, default bf16 */
+	const char *quant_act;            /* --quant-act q8|f32, default q8 (engine/model.h) */
 	int64_t page_tokens;              /* --page-tokens B, default 256 */
 	int64_t prefill_chunk;            /* --prefill-chunk, default 256 */
 	int64_t max_model_len;            /* --max-model-len; 0 = the config's max_position_embeddings */

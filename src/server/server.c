@@ -928,7 +928,9 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	s->xml_tools = kv_chat_xml_tools(s->chat);
 	if ((rc = ksv_norm_parse(o->prompt_normalize, &s->norm_rules)) || (rc = ksv_recent_create(&s->recent)))
 		goto fail;
-	struct ke_model_params mp = {.kv_f32 = !strcmp(o->kv_dtype, "f32"), .page_tokens = (int)o->page_tokens};
+	struct ke_model_params mp = {.kv_f32 = !strcmp(o->kv_dtype, "f32"),
+				     .page_tokens = (int)o->page_tokens,
+				     .quant_act = ke_quant_act_parse(o->quant_act)};
 	if ((rc = ke_model_load(o->model_dir, &mp, &s->model)))
 		goto fail;
 	s->cfg = ke_model_config(s->model);
@@ -974,6 +976,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 			snprintf(memo, sizeof memo, "%s/%s", root, KSV_FP_MEMO_DIR);
 		struct ksv_fp_params fp = {.model_dir = o->model_dir,
 					   .kv_dtype = o->kv_dtype,
+					   .quant_act = ke_model_qdot(s->model) ? "q8" : NULL,
 					   .page_tokens = (int)o->page_tokens,
 					   .memo_dir = disk ? memo : NULL,
 					   .skip_weights = !disk};

@@ -90,6 +90,23 @@ KT_CASE(weight_byte_changes_namespace)
 	KT_EQ_U64(st.bytes_hashed, 3u << 20);
 }
 
+/* int8-activation numerics (--quant-act q8 on a quantized model) get a
+ * namespace of their own; f32 numerics keep the one they always had. */
+KT_CASE(quant_act_changes_namespace)
+{
+	char model[4096];
+	snprintf(model, sizeof model, "%s/m", kt_tmpdir());
+	mkdir(model, 0700);
+	make_model(model);
+	struct ksv_fp_params p = {.model_dir = model, .kv_dtype = "bf16", .page_tokens = 16, .skip_weights = 1};
+	struct kv_h128 f = ksv_model_fingerprint(&p, NULL);
+	p.quant_act = "q8";
+	struct kv_h128 q = ksv_model_fingerprint(&p, NULL);
+	KT_CHECK(!kv_h128_eq(f, q));
+	p.quant_act = NULL;
+	KT_CHECK(kv_h128_eq(f, ksv_model_fingerprint(&p, NULL)));
+}
+
 /* The second start reads no weight byte; a damaged memo is rehashed. */
 KT_CASE(memo_hit_and_damaged_memo)
 {
@@ -143,4 +160,4 @@ KT_CASE(bench_startup)
 	KT_EQ_INT(st.memo_hits, 1);
 }
 
-KT_MAIN(weight_byte_changes_namespace, memo_hit_and_damaged_memo, bench_startup)
+KT_MAIN(weight_byte_changes_namespace, quant_act_changes_namespace, memo_hit_and_damaged_memo, bench_startup)

@@ -33,13 +33,19 @@
 
 #define NTOK 37
 
-static struct ke_model *load(const char *path)
+/* f32 activations: the exact numerics these tests compare bit for bit */
+static struct ke_model *load_qa(const char *path, int qa)
 {
-	struct ke_model_params p = {.kv_f32 = 1};
+	struct ke_model_params p = {.kv_f32 = 1, .quant_act = qa};
 	struct ke_model *m = NULL;
 	if (ke_model_load(path, &p, &m))
 		kt_fail(__FILE__, __LINE__, "load %s: %s", path, kv_errmsg());
 	return m;
+}
+
+static struct ke_model *load(const char *path)
+{
+	return load_qa(path, KE_QACT_F32);
 }
 
 /* Logits of every position; chunk sets the prefill chunk. */
@@ -251,6 +257,33 @@ KT_CASE(quantized_equals_dequantized_f32)
 				free(li);
 			}
 			ke_isa_set(saved);
+			/* the default mode (int8 activations): invariant the same way,
+			 * and close to the exact logits */
+			struct ke_model *q = load_qa(gg, KE_QACT_Q8);
+			KT_REQUIRE(q);
+			float *lq = logits(q, tok, NTOK, 512), *lq5 = logits(q, tok, NTOK, 5);
+			KT_CHECKF(!memcmp(lq, lq5, (size_t)NTOK * V * 4), "%s %s q8: chunked prefill differs", presets[i],
+				  kq_ftype_name(types[k]));
+			for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++) {
+				ke_isa_set(isa);
+				float *li = logits(q, tok, NTOK, 7);
+				KT_CHECKF(!memcmp(lq, li, (size_t)NTOK * V * 4), "%s %s q8: ISA %s differs", presets[i],
+					  kq_ftype_name(types[k]), ke_isa_name(isa));
+				free(li);
+			}
+			ke_isa_set(saved);
+			double se = 0, sn = 0;
+			for (size_t t = 0; t < (size_t)NTOK * V; t++) {
+				se += ((double)lq[t] - lb[t]) * ((double)lq[t] - lb[t]);
+				sn += (double)lb[t] * lb[t];
+			}
+			KT_CHECKF(sqrt(se / sn) < 0.05, "%s %s q8: rms rel error vs f32 mode %.3g", presets[i],
+				  kq_ftype_name(types[k]), sqrt(se / sn));
+			fprintf(stderr, "  %s %s: q8 activations vs f32 mode: rms rel %.3g\n", presets[i],
+				kq_ftype_name(types[k]), sqrt(se / sn));
+			free(lq);
+			free(lq5);
+			ke_model_destroy(q);
 			free(la);
 			free(lb);
 			ke_model_destroy(a);

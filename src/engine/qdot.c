@@ -1,0 +1,1122 @@
+/*
+ * qdot.c - see qdot.h. The scalar functions are the definition; the AVX2
+ * and AVX-512 (VNNI) kernels compute the same integers (exact, in any
+ * order) and the same float operations in the same order.
+ */
+#include "engine/qdot.h"
+#include "base/mem.h"
+#include "engine/isa.h"
+#include "model/quant.h"
+#include "model/safetensors.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* The float operations are the ones written: no contraction into FMAs. */
+#pragma GCC optimize("fp-contract=off")
+
+int ke_qdot_block(int dt)
+{
+	if (dt == KV_DT_Q8_0 || dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0)
+		return 32;
+	if (dt == KV_DT_Q4_K || dt == KV_DT_Q6_K)
+		return 256;
+	return 0;
+}
+
+size_t ke_qact_row_bytes(int block, int K)
+{
+	size_t b = (size_t)K + (size_t)(K / block) * 4 + (block == 256 ? (size_t)(K / 16) * 2 + (size_t)(K / 32) * 2
+								     : (size_t)(K / 32) * 4);
+	return (b + 63) & ~(size_t)63;
+}
+
+/* Where the scales and sums of a row start. */
+static inline float *row_d(uint8_t *row, int K)
+{
+	return (float *)(row + K);
+}
+
+/* ns (B = 32, int32) or bs (B = 256, int16; b2 follows at bs + K / 16) */
+static inline uint8_t *row_sums(const uint8_t *row, int block, int K)
+{
+	return (uint8_t *)row + K + (size_t)(K / block) * 4;
+}
+
+/* An f16 scale as f32: exact; a NaN comes back quiet, as F16C's vcvtph2ps
+ * gives it on the SIMD paths. */
+static inline float h2f(const uint8_t *p)
+{
+	uint16_t h;
+	memcpy(&h, p, 2);
+	float f = kv_f16_to_f32(h);
+	if (f != f) {
+		uint32_t u;
+		memcpy(&u, &f, 4);
+		u |= 0x00400000u;
+		memcpy(&f, &u, 4);
+	}
+	return f;
+}
+
+/* The block's scale from the exact |x| maximum (as bits); 0 when the codes
+ * are all zero, with *id the multiplier for the codes. */
+static inline float block_scale(uint32_t mb, float *id, int *zero)
+{
+	float d;
+	*zero = 1;
+	*id = 0.0f;
+	if (mb >= 0x7f800000u) { /* inf or NaN in the block */
+		uint32_t nan = 0x7fc00000u;
+		memcpy(&d, &nan, 4);
+		return d;
+	}
+	if (mb < 0x00800000u) /* zero or subnormal: nothing worth a code */
+		return 0.0f;
+	float amax;
+	memcpy(&amax, &mb, 4);
+	*zero = 0;
+	*id = 127.0f / amax;
+	return amax / 127.0f;
+}
+
+/* Q4_0 / Q5_0: bytes per block, offset of the codes' subtraction (8 / 16),
+ * and the shift that turns a row's ns (-128 sum q) into -offset sum q. */
+static inline int q0_bytes(int dt)
+{
+	return dt == KV_DT_Q4_0 ? 18 : 22;
+}
+
+static inline int q0_shift(int dt)
+{
+	return dt == KV_DT_Q4_0 ? 4 : 3;
+}
+
+/* The 32 unsigned codes (0..15 / 0..31) of a Q4_0 / Q5_0 block. */
+static inline void q0_codes(int dt, const uint8_t *blk, uint8_t *u)
+{
+	const uint8_t *qs = blk + (dt == KV_DT_Q4_0 ? 2 : 6);
+	uint32_t qh = 0;
+	if (dt == KV_DT_Q5_0)
+		memcpy(&qh, blk + 2, 4);
+	for (int j = 0; j < 16; j++) {
+		u[j] = (uint8_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));
+		u[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+	}
+}
+
+/* Q4_K's 6-bit scale and min of slice j (ggml's get_scale_min_k4). */
+static inline void q4k_sm(const uint8_t *scales, int j, int *sc, int *mm)
+{
+	if (j < 4) {
+		*sc = scales[j] & 63;
+		*mm = scales[j + 4] & 63;
+	} else {
+		*sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
+		*mm = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+	}
+}
+
+static void quant_scalar(int block, const float *x, int K, uint8_t *row)
+{
+	int8_t *q = (int8_t *)row;
+	float *d = row_d(row, K);
+	for (int b = 0; b < K / block; b++) {
+		const float *xb = x + (size_t)b * block;
+		uint32_t mb = 0;
+		for (int k = 0; k < block; k++) {
+			uint32_t u;
+			memcpy(&u, &xb[k], 4);
+			u &= 0x7fffffffu;
+			mb = u > mb ? u : mb;
+		}
+		float id;
+		int zero;
+		d[b] = block_scale(mb, &id, &zero);
+		for (int k = 0; k < block; k++) {
+			long r = zero ? 0 : lrintf(xb[k] * id);
+			q[(size_t)b * block + k] = (int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
+		}
+	}
+}
+
+static void fill_sums(int block, int K, uint8_t *row)
+{
+	const int8_t *q = (const int8_t *)row;
+	uint8_t *sums = row_sums(row, block, K);
+	if (block == 32) {
+		for (int b = 0; b < K / 32; b++) {
+			int32_t s = 0;
+			for (int k = 0; k < 32; k++)
+				s += q[32 * b + k];
+			s *= -128;
+			memcpy(sums + 4 * (size_t)b, &s, 4);
+		}
+		return;
+	}
+	int16_t *bs = (int16_t *)sums, *b2 = bs + K / 16;
+	for (int g = 0; g < K / 16; g++) {
+		int s = 0;
+		for (int k = 0; k < 16; k++)
+			s += q[16 * g + k];
+		bs[g] = (int16_t)s;
+	}
+	for (int t = 0; t < K / 32; t++)
+		b2[t] = (int16_t)(bs[2 * t] + bs[2 * t + 1]);
+}
+
+#if defined(__x86_64__)
+#define TGT2 __attribute__((target("avx2,fma,f16c")))
+
+/* Same as quant_scalar: integer max of the magnitudes' bits, the scalar
+ * divisions, products rounded to nearest even by cvtps (the default MXCSR
+ * mode, what lrintf uses), clamped to [-127, 127]. */
+TGT2 static void quant_avx2(int block, const float *x, int K, uint8_t *row)
+{
+	int8_t *q = (int8_t *)row;
+	float *d = row_d(row, K);
+	const __m256i mask = _mm256_set1_epi32(0x7fffffff), lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+	const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+	for (int b = 0; b < K / block; b++) {
+		const float *xb = x + (size_t)b * block;
+		__m256i m = _mm256_setzero_si256();
+		for (int k = 0; k < block; k += 8)
+			m = _mm256_max_epi32(m, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(xb + k)), mask));
+		__m128i m4 = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+		m4 = _mm_max_epi32(m4, _mm_shuffle_epi32(m4, 0x4e));
+		m4 = _mm_max_epi32(m4, _mm_shuffle_epi32(m4, 0xb1));
+		float id;
+		int zero;
+		d[b] = block_scale((uint32_t)_mm_cvtsi128_si32(m4), &id, &zero);
+		int8_t *qb = q + (size_t)b * block;
+		if (zero) {
+			memset(qb, 0, (size_t)block);
+			continue;
+		}
+		const __m256 idv = _mm256_set1_ps(id);
+		for (int k = 0; k < block; k += 32) {
+			__m256i v[4];
+			for (int t = 0; t < 4; t++) {
+				__m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + k + 8 * t), idv));
+				v[t] = _mm256_min_epi32(_mm256_max_epi32(r, lo), hi);
+			}
+			__m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+			_mm256_storeu_si256((__m256i *)(qb + k), _mm256_permutevar8x32_epi32(p, perm));
+		}
+	}
+}
+
+
+TGT2 static inline __m256i dot4_avx2(__m256i u, __m256i s)
+{
+	return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* [sum v0, sum v1, sum v2, sum v3] of four int32 vectors (exact). */
+TGT2 static inline __m128i hsum4_i32(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
+{
+	__m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+	return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+static inline uint16_t u16_at(const uint8_t *p)
+{
+	uint16_t v;
+	memcpy(&v, p, 2);
+	return v;
+}
+
+TGT2 static inline __m128 h2f4(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3)
+{
+	__m128i h = _mm_cvtsi32_si128((int)((uint32_t)u16_at(p0) | ((uint32_t)u16_at(p1) << 16)));
+	h = _mm_insert_epi32(h, (int)((uint32_t)u16_at(p2) | ((uint32_t)u16_at(p3) << 16)), 1);
+	return _mm_cvtph_ps(h);
+}
+
+/*
+ * AVX2 kernels: 4 weight rows against mr <= 4 activation rows; each weight
+ * block is decoded once for the mr rows. Lane r of a float accumulator is
+ * the output of weight row r, so the per-output chain of qdot.h runs as
+ * one vector FMA per block.
+ */
+#define AMR 4
+#define AINL2 __attribute__((always_inline)) inline
+
+TGT2 static AINL2 void q8_0_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+			       float *out)
+{
+	const int nb = K / 32;
+	__m128 acc[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i p[AMR][4];
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++) {
+			const __m256i w = _mm256_loadu_si256((const __m256i *)(wr[r] + 34 * (size_t)b + 2));
+			const __m256i aw = _mm256_abs_epi8(w);
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				const __m256i x = _mm256_load_si256((const __m256i *)(a + (size_t)i * astride + 32 * (size_t)b));
+				p[i][r] = dot4_avx2(aw, _mm256_sign_epi8(x, w));
+			}
+		}
+		const size_t o = 34 * (size_t)b;
+		const __m128 dw = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			__m128i is = hsum4_i32(p[i][0], p[i][1], p[i][2], p[i][3]);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(dx)), _mm_cvtepi32_ps(is), acc[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, acc[i]);
+}
+
+/* The codes of a Q4_0 / Q5_0 block as 32 unsigned bytes. */
+TGT2 static inline __m256i q0_codes_avx2(int dt, const uint8_t *blk)
+{
+	const __m128i m4 = _mm_set1_epi8(0x0F);
+	const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (dt == KV_DT_Q4_0 ? 2 : 6)));
+	__m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+	if (dt == KV_DT_Q5_0) { /* bit j of qh -> 0x10 in byte j */
+		uint32_t qh;
+		memcpy(&qh, blk + 2, 4);
+		const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+						     3, 3, 3, 3, 3, 3, 3, 3);
+		const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+		__m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), sel);
+		hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit), _mm256_set1_epi8(0x10));
+		u = _mm256_or_si256(u, hb);
+	}
+	return u;
+}
+
+TGT2 static AINL2 void q0_k4(int dt, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+			     float *out)
+{
+	const int nb = K / 32, bb = q0_bytes(dt), sh = q0_shift(dt);
+	const uint8_t *ns = a + K + (size_t)nb * 4;
+	__m128 acc[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i p[AMR][4];
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++) {
+			const __m256i u = q0_codes_avx2(dt, wr[r] + (size_t)bb * b);
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				const __m256i x = _mm256_load_si256((const __m256i *)(a + (size_t)i * astride + 32 * (size_t)b));
+				p[i][r] = dot4_avx2(u, x);
+			}
+		}
+		const size_t o = (size_t)bb * b;
+		const __m128 dw = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			int32_t n;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			memcpy(&n, ns + (size_t)i * astride + 4 * (size_t)b, 4);
+			/* minus offset * sum q, exactly */
+			__m128i is = _mm_add_epi32(hsum4_i32(p[i][0], p[i][1], p[i][2], p[i][3]), _mm_set1_epi32(n >> sh));
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(dx)), _mm_cvtepi32_ps(is), acc[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, acc[i]);
+}
+
+/* The 8 6-bit scales (bytes of sc[0..1]) and mins (bytes of mn[0..1]) of
+ * a Q4_K block, four at a time (what q4k_sm gives one by one). */
+static inline void q4k_unpack(const uint8_t *blk, uint32_t *sc, uint32_t *mn)
+{
+	uint32_t u0, u1, u2;
+	memcpy(&u0, blk + 4, 4);
+	memcpy(&u1, blk + 8, 4);
+	memcpy(&u2, blk + 12, 4);
+	sc[0] = u0 & 0x3f3f3f3fu;
+	mn[0] = u1 & 0x3f3f3f3fu;
+	sc[1] = (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4);
+	mn[1] = ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4);
+}
+
+TGT2 static AINL2 void q4_k_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+			       float *out)
+{
+	const int nb = K / 256;
+	const size_t bso = (size_t)K + (size_t)nb * 4;
+	const __m256i m4 = _mm256_set1_epi8(0x0F);
+	__m128 acc[AMR], c[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = c[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i S[AMR][4], C[AMR][4];
+		for (int r = 0; r < 4; r++) {
+			const uint8_t *blk = wr[r] + 144 * (size_t)b, *qs = blk + 16;
+			uint32_t scw[2], mnw[2];
+			q4k_unpack(blk, scw, mnw);
+			const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
+			const __m256i mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb)); /* m0 m0 m1 m1 ... */
+			const __m256i sv = _mm256_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)scw[1], (int)scw[0]));
+			const __m256i lo16 = _mm256_permute2x128_si256(sv, sv, 0x00);
+			__m256i t[AMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+			for (int ch = 0; ch < 4; ch++) {
+				const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
+				const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+				/* scales 2ch and 2ch + 1 in every int16 lane */
+				const __m256i s0 = _mm256_shuffle_epi8(lo16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * ch)));
+				const __m256i s1 = _mm256_shuffle_epi8(lo16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * ch + 1))));
+#pragma GCC unroll 4
+				for (int i = 0; i < mr; i++) {
+					const uint8_t *xq = a + (size_t)i * astride + 256 * (size_t)b + 64 * ch;
+					__m256i x0 = _mm256_load_si256((const __m256i *)xq);
+					__m256i x1 = _mm256_load_si256((const __m256i *)(xq + 32));
+					t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s0));
+					t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s1));
+				}
+			}
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				S[i][r] = t[i];
+				C[i][r] = _mm256_madd_epi16(
+					mv, _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b)));
+			}
+		}
+		const size_t o = 144 * (size_t)b;
+		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+		const __m128 dm = h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			const __m128 dxv = _mm_set1_ps(dx);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, dxv), _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])),
+					      acc[i]);
+			c[i] = _mm_fmadd_ps(_mm_mul_ps(dm, dxv), _mm_cvtepi32_ps(hsum4_i32(C[i][0], C[i][1], C[i][2], C[i][3])),
+					    c[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, _mm_sub_ps(acc[i], c[i]));
+}
+
+TGT2 static AINL2 void q6_k_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+			       float *out)
+{
+	const int nb = K / 256;
+	const size_t bso = (size_t)K + (size_t)nb * 4;
+	const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+	__m128 acc[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i S[AMR][4];
+		for (int r = 0; r < 4; r++) {
+			const uint8_t *blk = wr[r] + 210 * (size_t)b;
+			const int8_t *sc = (const int8_t *)(blk + 192);
+			const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+			__m256i t[AMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+			for (int n = 0; n < 2; n++) {
+				const uint8_t *ql = blk + 64 * n;
+				/* scales 8n..8n+7 in both halves, picked per slice by a shuffle */
+				const __m256i sdup = n ? _mm256_permute2x128_si256(s16, s16, 0x11)
+						       : _mm256_permute2x128_si256(s16, s16, 0x00);
+				const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+#pragma GCC unroll 4
+				for (int part = 0; part < 4; part++) {
+					__m256i lo = _mm256_loadu_si256((const __m256i *)(ql + ((part & 1) ? 32 : 0)));
+					__m256i low = part < 2 ? _mm256_and_si256(lo, m4)
+							       : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
+					__m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m3);
+					const __m256i u = _mm256_or_si256(low, _mm256_slli_epi16(hi2, 4));
+					const int s = 4 * n + part;
+					const __m256i scv = _mm256_shuffle_epi8(
+						sdup, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * part + 1))),
+								       _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * part)))));
+#pragma GCC unroll 4
+					for (int i = 0; i < mr; i++) {
+						__m256i xv = _mm256_load_si256(
+							(const __m256i *)(a + (size_t)i * astride + 256 * (size_t)b + 32 * s));
+						t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), scv));
+					}
+				}
+			}
+			/* minus 32 sum_g sc_g bs_g */
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
+				S[i][r] = _mm256_sub_epi32(t[i], _mm256_slli_epi32(_mm256_madd_epi16(s16, bsv), 5));
+			}
+		}
+		const size_t o = 210 * (size_t)b + 208;
+		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(dx)),
+					      _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])), acc[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, acc[i]);
+}
+
+#define K4_DISPATCH(NAME, FN)                                                                                      \
+	TGT2 static void NAME(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr, float *out) \
+	{                                                                                                          \
+		switch (mr) {                                                                                      \
+		case 1: FN(wr, K, a, astride, 1, out); break;                                                      \
+		case 2: FN(wr, K, a, astride, 2, out); break;                                                      \
+		case 3: FN(wr, K, a, astride, 3, out); break;                                                      \
+		default: FN(wr, K, a, astride, 4, out); break;                                                     \
+		}                                                                                                  \
+	}
+K4_DISPATCH(q8_0_gemm4, q8_0_k4)
+
+TGT2 static void q0_gemm4(int dt, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr,
+			  float *out)
+{
+	switch (mr) {
+	case 1: q0_k4(dt, wr, K, a, astride, 1, out); break;
+	case 2: q0_k4(dt, wr, K, a, astride, 2, out); break;
+	case 3: q0_k4(dt, wr, K, a, astride, 3, out); break;
+	default: q0_k4(dt, wr, K, a, astride, 4, out); break;
+	}
+}
+K4_DISPATCH(q4_k_gemm4, q4_k_k4)
+K4_DISPATCH(q6_k_gemm4, q6_k_k4)
+
+/*
+ * AVX-512 VNNI GEMM: a panel of 16 weight rows is repacked once so that
+ * lane r of a register holds 4 consecutive codes of row r; an activation
+ * word (4 codes) broadcast to all lanes then gives, with vpdpbusd, the
+ * integer dot of 16 outputs at once, and the float step of qdot.h is one
+ * vector FMA per block for 16 outputs. Same integers, same float
+ * operations per output as the GEMV kernels and the scalar definition.
+ */
+#define TGT5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#define PR 16  /* weight rows per panel */
+#define GMR 4  /* activation rows per kernel call */
+
+/* Repacked panel, per block (Q8_0) or super-block (Q4_K):
+ *   Q8_0: u8 w[8][16][4] (code + 128), f32 d[16]
+ *   Q4_K: u8 w[8 slices][8 words][16][4] (codes 0..15), i32 sc[8][16],
+ *         i32 mp[4][16] (mins m_{2t} | m_{2t+1} << 16, for vpdpwssd),
+ *         f32 d[16], f32 dmin[16]
+ *   Q6_K: u8 w[8 slices][8 words][16][4] (codes 0..63), i32 sc[16 groups][16],
+ *         i32 sp[8][16] (scales sc_{2t} | sc_{2t+1} << 16, int16, for
+ *         vpdpwssd with the activation's 16-sums), f32 d[16] */
+#define P8_BLK (8 * 64 + 64)
+#define P6_BLK (64 * 64 + 16 * 64 + 8 * 64 + 64)
+#define P4_BLK (64 * 64 + 8 * 64 + 4 * 64 + 64 + 64)
+
+/* 16 rows of 32 bytes (row r at src[r]) to 8 registers of 64 bytes:
+ * out + 64 g holds word g (bytes 4g..4g+3) of rows 0..15, xor-ed with
+ * flip. Two 8 x 8 transposes of 4-byte words side by side (rows 0-7 in
+ * the low halves of the registers, 8-15 in the high halves). */
+TGT5 static inline void transpose16x8(const uint8_t *const *src, uint8_t *out, __m512i flip)
+{
+	const __m512i lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+	const __m512i hi_idx = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+	__m512i A[8], t[8], u[8];
+#pragma GCC unroll 8
+	for (int j = 0; j < 8; j++)
+		A[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)src[j])),
+					  _mm256_loadu_si256((const __m256i *)src[j + 8]), 1);
+#pragma GCC unroll 4
+	for (int j = 0; j < 8; j += 2) {
+		t[j] = _mm512_unpacklo_epi32(A[j], A[j + 1]);
+		t[j + 1] = _mm512_unpackhi_epi32(A[j], A[j + 1]);
+	}
+#pragma GCC unroll 2
+	for (int j = 0; j < 8; j += 4) {
+		u[j] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
+		u[j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
+		u[j + 2] = _mm512_unpacklo_epi64(t[j + 1], t[j + 3]);
+		u[j + 3] = _mm512_unpackhi_epi64(t[j + 1], t[j + 3]);
+	}
+#pragma GCC unroll 4
+	for (int k = 0; k < 4; k++) {
+		_mm512_store_si512((void *)(out + 64 * k),
+				   _mm512_xor_si512(_mm512_permutex2var_epi64(u[k], lo_idx, u[k + 4]), flip));
+		_mm512_store_si512((void *)(out + 64 * (k + 4)),
+				   _mm512_xor_si512(_mm512_permutex2var_epi64(u[k], hi_idx, u[k + 4]), flip));
+	}
+}
+
+TGT5 static void pack_q8_0(const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	const __m512i flip = _mm512_set1_epi8((char)0x80); /* codes + 128: the unsigned operand of vpdpbusd */
+	for (int b = 0; b < nb; b++) {
+		uint8_t *o = pk + (size_t)b * P8_BLK;
+		float *d = (float *)(o + 512);
+		const uint8_t *src[PR];
+		for (int r = 0; r < PR; r++) {
+			src[r] = wr[r] + 34 * (size_t)b + 2;
+			d[r] = h2f(src[r] - 2);
+		}
+		transpose16x8(src, o, flip);
+	}
+}
+
+/* Q4_0 / Q5_0 panel: the layout of Q8_0's, unsigned codes (no flip). */
+TGT5 static void pack_q0(int dt, const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	const int bb = q0_bytes(dt);
+	uint8_t codes[PR][32] __attribute__((aligned(32)));
+	for (int b = 0; b < nb; b++) {
+		uint8_t *o = pk + (size_t)b * P8_BLK;
+		float *d = (float *)(o + 512);
+		const uint8_t *src[PR];
+		for (int r = 0; r < PR; r++) {
+			const uint8_t *blk = wr[r] + (size_t)bb * b;
+			_mm256_store_si256((__m256i *)codes[r], q0_codes_avx2(dt, blk));
+			src[r] = codes[r];
+			d[r] = h2f(blk);
+		}
+		transpose16x8(src, o, _mm512_setzero_si512());
+	}
+}
+
+TGT5 static void pack_q4_k(const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0F);
+	uint8_t codes[PR][256] __attribute__((aligned(32))); /* element order */
+	for (int b = 0; b < nb; b++) {
+		uint8_t *o = pk + (size_t)b * P4_BLK;
+		int32_t *sc = (int32_t *)(o + 4096), *mp = sc + 8 * 16;
+		float *d = (float *)(mp + 4 * 16), *dm = d + 16;
+		for (int r = 0; r < PR; r++) {
+			const uint8_t *blk = wr[r] + 144 * (size_t)b, *qs = blk + 16;
+			int m[8];
+			for (int s = 0; s < 8; s++)
+				q4k_sm(blk + 4, s, &sc[16 * s + r], &m[s]);
+			for (int ch = 0; ch < 4; ch++) {
+				__m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
+				_mm256_store_si256((__m256i *)(codes[r] + 64 * ch), _mm256_and_si256(raw, m4));
+				_mm256_store_si256((__m256i *)(codes[r] + 64 * ch + 32),
+						   _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+			}
+			for (int t = 0; t < 4; t++)
+				mp[16 * t + r] = (int32_t)((uint32_t)m[2 * t] | ((uint32_t)m[2 * t + 1] << 16));
+			d[r] = h2f(blk);
+			dm[r] = h2f(blk + 2);
+		}
+		for (int s = 0; s < 8; s++) {
+			const uint8_t *src[PR];
+			for (int r = 0; r < PR; r++)
+				src[r] = codes[r] + 32 * s;
+			transpose16x8(src, o + 512 * s, _mm512_setzero_si512());
+		}
+	}
+}
+
+TGT5 static void pack_q6_k(const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+	uint8_t codes[PR][256] __attribute__((aligned(32))); /* element order */
+	for (int b = 0; b < nb; b++) {
+		uint8_t *o = pk + (size_t)b * P6_BLK;
+		int32_t *sc = (int32_t *)(o + 4096), *sp = sc + 16 * 16;
+		float *d = (float *)(sp + 8 * 16);
+		for (int r = 0; r < PR; r++) {
+			const uint8_t *blk = wr[r] + 210 * (size_t)b;
+			const int8_t *s8 = (const int8_t *)(blk + 192);
+			for (int n = 0; n < 2; n++) {
+				const uint8_t *ql = blk + 64 * n;
+				const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+				for (int part = 0; part < 4; part++) {
+					__m256i lo = _mm256_loadu_si256((const __m256i *)(ql + ((part & 1) ? 32 : 0)));
+					__m256i low = part < 2 ? _mm256_and_si256(lo, m4)
+							       : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
+					__m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m3);
+					_mm256_store_si256((__m256i *)(codes[r] + 128 * n + 32 * part),
+							   _mm256_or_si256(low, _mm256_slli_epi16(hi2, 4)));
+				}
+			}
+			for (int g = 0; g < 16; g++)
+				sc[16 * g + r] = s8[g];
+			for (int t = 0; t < 8; t++)
+				sp[16 * t + r] = (int32_t)((uint32_t)(uint16_t)s8[2 * t] | ((uint32_t)(uint16_t)s8[2 * t + 1] << 16));
+			d[r] = h2f(blk + 208);
+		}
+		for (int s = 0; s < 8; s++) {
+			const uint8_t *src[PR];
+			for (int r = 0; r < PR; r++)
+				src[r] = codes[r] + 32 * s;
+			transpose16x8(src, o + 512 * s, _mm512_setzero_si512());
+		}
+	}
+}
+
+static inline int32_t word_at(const uint8_t *p)
+{
+	int32_t v;
+	memcpy(&v, p, 4);
+	return v;
+}
+
+#define AINL __attribute__((always_inline)) inline
+
+/* Q8_0 (sh = 0: codes + 128 against -128 sum q) and Q4_0 / Q5_0 (sh = 4 / 3:
+ * unsigned codes against -8 / -16 sum q). */
+TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, size_t astride, const int mr,
+				    const int sh, float *out)
+{
+	const int nb = K / 32;
+	const uint8_t *ns = a + K + (size_t)(K / 32) * 4, *dxp = a + K;
+	__m512 acc[GMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm512_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		const uint8_t *o = pk + (size_t)b * P8_BLK;
+		/* two integer chains per row (even / odd words): half the latency */
+		__m512i t[GMR], t2[GMR];
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) { /* -128 sum q cancels the +128 of the weights' codes */
+			t[i] = _mm512_set1_epi32(word_at(ns + (size_t)i * astride + 4 * (size_t)b) >> sh);
+			t2[i] = _mm512_setzero_si512();
+		}
+#pragma GCC unroll 8
+		for (int g = 0; g < 8; g++) {
+			const __m512i w = _mm512_load_si512((const void *)(o + 64 * g));
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				const __m512i xw = _mm512_set1_epi32(word_at(a + (size_t)i * astride + 32 * (size_t)b + 4 * g));
+				if (g & 1)
+					t2[i] = _mm512_dpbusd_epi32(t2[i], w, xw);
+				else
+					t[i] = _mm512_dpbusd_epi32(t[i], w, xw);
+			}
+		}
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++)
+			t[i] = _mm512_add_epi32(t[i], t2[i]);
+		const __m512 dw = _mm512_load_ps((const float *)(o + 512));
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, dxp + (size_t)i * astride + 4 * (size_t)b, 4);
+			acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(t[i]), acc[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm512_storeu_ps(out + PR * i, acc[i]);
+}
+
+TGT5 static AINL void q4_k_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, size_t astride, const int mr,
+				    float *out)
+{
+	const int nb = K / 256;
+	const uint8_t *b2p = a + K + (size_t)(K / 256) * 4 + (size_t)(K / 16) * 2, *dxp = a + K;
+	__m512 acc[GMR], c[GMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = c[i] = _mm512_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		const uint8_t *o = pk + (size_t)b * P4_BLK;
+		const int32_t *sc = (const int32_t *)(o + 4096), *mp = sc + 8 * 16;
+		const float *d = (const float *)(mp + 4 * 16);
+		__m512i S[GMR], C[GMR];
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++)
+			S[i] = C[i] = _mm512_setzero_si512();
+		for (int s = 0; s < 8; s++) {
+			__m512i t[GMR], t2[GMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = t2[i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+			for (int g = 0; g < 8; g++) {
+				const __m512i w = _mm512_load_si512((const void *)(o + 512 * s + 64 * g));
+#pragma GCC unroll 4
+				for (int i = 0; i < mr; i++) {
+					const __m512i xw =
+						_mm512_set1_epi32(word_at(a + (size_t)i * astride + 256 * (size_t)b + 32 * s + 4 * g));
+					if (g & 1)
+						t2[i] = _mm512_dpbusd_epi32(t2[i], w, xw);
+					else
+						t[i] = _mm512_dpbusd_epi32(t[i], w, xw);
+				}
+			}
+			const __m512i scv = _mm512_load_si512((const void *)(sc + 16 * s));
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				S[i] = _mm512_add_epi32(S[i], _mm512_mullo_epi32(_mm512_add_epi32(t[i], t2[i]), scv));
+		}
+#pragma GCC unroll 4
+		for (int tp = 0; tp < 4; tp++) {
+			const __m512i mv = _mm512_load_si512((const void *)(mp + 16 * tp));
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				C[i] = _mm512_dpwssd_epi32(C[i], mv,
+							   _mm512_set1_epi32(word_at(b2p + (size_t)i * astride + 2 * (8 * (size_t)b + 2 * tp))));
+		}
+		const __m512 dv = _mm512_load_ps(d), dmv = _mm512_load_ps(d + 16);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, dxp + (size_t)i * astride + 4 * (size_t)b, 4);
+			const __m512 dxv = _mm512_set1_ps(dx);
+			acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, dxv), _mm512_cvtepi32_ps(S[i]), acc[i]);
+			c[i] = _mm512_fmadd_ps(_mm512_mul_ps(dmv, dxv), _mm512_cvtepi32_ps(C[i]), c[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm512_storeu_ps(out + PR * i, _mm512_sub_ps(acc[i], c[i]));
+}
+
+TGT5 static AINL void q6_k_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, size_t astride, const int mr,
+				    float *out)
+{
+	const int nb = K / 256;
+	const uint8_t *bsp = a + K + (size_t)(K / 256) * 4, *dxp = a + K;
+	__m512 acc[GMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm512_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		const uint8_t *o = pk + (size_t)b * P6_BLK;
+		const int32_t *sc = (const int32_t *)(o + 4096), *sp = sc + 16 * 16;
+		const float *d = (const float *)(sp + 8 * 16);
+		__m512i S[GMR], O[GMR];
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++)
+			S[i] = O[i] = _mm512_setzero_si512();
+		for (int g16 = 0; g16 < 16; g16++) {
+			const int s = g16 >> 1, h = g16 & 1;
+			__m512i t[GMR], t2[GMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = t2[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+			for (int wd = 0; wd < 4; wd++) {
+				const int g = 4 * h + wd;
+				const __m512i w = _mm512_load_si512((const void *)(o + 512 * s + 64 * g));
+#pragma GCC unroll 4
+				for (int i = 0; i < mr; i++) {
+					const __m512i xw =
+						_mm512_set1_epi32(word_at(a + (size_t)i * astride + 256 * (size_t)b + 32 * s + 4 * g));
+					if (wd & 1)
+						t2[i] = _mm512_dpbusd_epi32(t2[i], w, xw);
+					else
+						t[i] = _mm512_dpbusd_epi32(t[i], w, xw);
+				}
+			}
+			const __m512i scv = _mm512_load_si512((const void *)(sc + 16 * g16));
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				S[i] = _mm512_add_epi32(S[i], _mm512_mullo_epi32(_mm512_add_epi32(t[i], t2[i]), scv));
+		}
+#pragma GCC unroll 8
+		for (int tp = 0; tp < 8; tp++) {
+			const __m512i sv = _mm512_load_si512((const void *)(sp + 16 * tp));
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				O[i] = _mm512_dpwssd_epi32(O[i], sv,
+							   _mm512_set1_epi32(word_at(bsp + (size_t)i * astride + 2 * (16 * (size_t)b + 2 * tp))));
+		}
+		const __m512 dv = _mm512_load_ps(d);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, dxp + (size_t)i * astride + 4 * (size_t)b, 4);
+			__m512i St = _mm512_sub_epi32(S[i], _mm512_slli_epi32(O[i], 5)); /* the -32 offset */
+			acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(St), acc[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm512_storeu_ps(out + PR * i, acc[i]);
+}
+
+TGT5 static void q6_k_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
+{
+	switch (mr) {
+	case 1: q6_k_gemm16_t(pk, K, a, astride, 1, out); break;
+	case 2: q6_k_gemm16_t(pk, K, a, astride, 2, out); break;
+	case 3: q6_k_gemm16_t(pk, K, a, astride, 3, out); break;
+	default: q6_k_gemm16_t(pk, K, a, astride, 4, out); break;
+	}
+}
+
+TGT5 static void q8_0_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, int sh, float *out)
+{
+	switch (mr) {
+	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, sh, out); break;
+	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, sh, out); break;
+	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, sh, out); break;
+	default: q8_0_gemm16_t(pk, K, a, astride, 4, sh, out); break;
+	}
+}
+
+TGT5 static void q4_k_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
+{
+	switch (mr) {
+	case 1: q4_k_gemm16_t(pk, K, a, astride, 1, out); break;
+	case 2: q4_k_gemm16_t(pk, K, a, astride, 2, out); break;
+	case 3: q4_k_gemm16_t(pk, K, a, astride, 3, out); break;
+	default: q4_k_gemm16_t(pk, K, a, astride, 4, out); break;
+	}
+}
+
+/* Per-thread repack buffer, grown as needed (pool threads live as long as
+ * the process): a panel of 16 rows, 80 KiB for K = 4096 in Q4_K. */
+static __thread void *tl_praw;
+static __thread size_t tl_pcap;
+
+static uint8_t *pack_buf(size_t bytes)
+{
+	if (bytes > tl_pcap) {
+		void *nb = kv_realloc(KV_MEM_SCRATCH, tl_praw, bytes + 64);
+		if (!nb)
+			return NULL;
+		tl_praw = nb;
+		tl_pcap = bytes;
+	}
+	return (uint8_t *)(((uintptr_t)tl_praw + 63) & ~(uintptr_t)63);
+}
+#endif
+
+/* ---- scalar: the definition ---- */
+
+static float q8_0_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
+{
+	const int8_t *xq = (const int8_t *)xr;
+	const float *dx = (const float *)(xr + K);
+	float acc = 0.0f;
+	for (int b = 0; b < K / 32; b++) {
+		const uint8_t *blk = wrow + (size_t)b * 34;
+		const int8_t *qw = (const int8_t *)(blk + 2), *qx = xq + 32 * (size_t)b;
+		int32_t isum = 0;
+		for (int k = 0; k < 32; k++)
+			isum += qw[k] * qx[k];
+		acc = fmaf(h2f(blk) * dx[b], (float)isum, acc);
+	}
+	return acc;
+}
+
+static float q0_scalar(int dt, const uint8_t *wrow, int K, const uint8_t *xr)
+{
+	const int8_t *xq = (const int8_t *)xr;
+	const float *dx = (const float *)(xr + K);
+	const int bb = q0_bytes(dt), off = dt == KV_DT_Q4_0 ? 8 : 16;
+	float acc = 0.0f;
+	for (int b = 0; b < K / 32; b++) {
+		const uint8_t *blk = wrow + (size_t)bb * b;
+		uint8_t u[32];
+		q0_codes(dt, blk, u);
+		const int8_t *qx = xq + 32 * (size_t)b;
+		int32_t isum = 0;
+		for (int k = 0; k < 32; k++)
+			isum += (u[k] - off) * qx[k];
+		acc = fmaf(h2f(blk) * dx[b], (float)isum, acc);
+	}
+	return acc;
+}
+
+static float q4_k_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
+{
+	const int nb = K / 256;
+	const float *dx = (const float *)(xr + K);
+	const int16_t *bs = (const int16_t *)row_sums(xr, 256, K);
+	float acc = 0.0f, c = 0.0f;
+	for (int b = 0; b < nb; b++) {
+		const uint8_t *blk = wrow + (size_t)b * 144, *qs = blk + 16;
+		const int8_t *qx = (const int8_t *)xr + 256 * (size_t)b;
+		int32_t S = 0, C = 0;
+		for (int s = 0; s < 8; s++) {
+			int sc, mm;
+			q4k_sm(blk + 4, s, &sc, &mm);
+			int32_t p = 0;
+			for (int e = 0; e < 32; e++) {
+				int v = qs[32 * (s / 2) + e];
+				p += ((s & 1) ? v >> 4 : v & 15) * qx[32 * s + e];
+			}
+			S += sc * p;
+			C += mm * (bs[16 * b + 2 * s] + bs[16 * b + 2 * s + 1]);
+		}
+		acc = fmaf(h2f(blk) * dx[b], (float)S, acc);
+		c = fmaf(h2f(blk + 2) * dx[b], (float)C, c);
+	}
+	return acc - c;
+}
+
+static float q6_k_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
+{
+	const int nb = K / 256;
+	const float *dx = (const float *)(xr + K);
+	const int16_t *bs = (const int16_t *)row_sums(xr, 256, K);
+	float acc = 0.0f;
+	for (int b = 0; b < nb; b++) {
+		const uint8_t *blk = wrow + (size_t)b * 210;
+		const int8_t *sc = (const int8_t *)(blk + 192);
+		const int8_t *qx = (const int8_t *)xr + 256 * (size_t)b;
+		int32_t S = 0;
+		for (int s = 0; s < 8; s++) {
+			int n = s / 4, part = s % 4;
+			const uint8_t *ql = blk + 64 * n + ((part & 1) ? 32 : 0), *qh = blk + 128 + 32 * n;
+			for (int h = 0; h < 2; h++) {
+				int32_t p = 0;
+				for (int e = 16 * h; e < 16 * h + 16; e++) {
+					int low = part < 2 ? ql[e] & 15 : ql[e] >> 4;
+					p += (low | (((qh[e] >> (2 * part)) & 3) << 4)) * qx[32 * s + e];
+				}
+				int g = 2 * s + h;
+				S += sc[g] * (p - 32 * bs[16 * b + g]);
+			}
+		}
+		acc = fmaf(h2f(blk + 208) * dx[b], (float)S, acc);
+	}
+	return acc;
+}
+
+float ke_qdot_ref(int dt, const uint8_t *wrow, int K, const uint8_t *arow)
+{
+	if (dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0)
+		return q0_scalar(dt, wrow, K, arow);
+	return dt == KV_DT_Q8_0 ? q8_0_scalar(wrow, K, arow)
+	       : dt == KV_DT_Q4_K ? q4_k_scalar(wrow, K, arow)
+				  : q6_k_scalar(wrow, K, arow);
+}
+
+static int have_vnni(void)
+{
+#if defined(__x86_64__)
+	/* reads the CPU model gcc's runtime filled in at start: no state here */
+	return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+	       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+#else
+	return 0;
+#endif
+}
+
+void ke_qact_quant(int isa, int block, const float *x, int K, void *row)
+{
+	if (isa > ke_isa_best())
+		isa = ke_isa_best();
+#if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX2)
+		quant_avx2(block, x, K, row);
+	else
+#endif
+		quant_scalar(block, x, K, row);
+	fill_sums(block, K, row);
+}
+
+static inline void put(float *y, int accum, float v)
+{
+	*y = accum ? *y + v : v;
+}
+
+void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, const uint8_t *a, size_t astride, int m,
+		  float *y, size_t ldy, int accum, int n0, int n1)
+{
+	if (isa > ke_isa_best())
+		isa = ke_isa_best();
+	if (m <= 0 || n1 <= n0)
+		return;
+#if defined(__x86_64__)
+	/* repacked 16-row panels when several activation rows share them */
+	const int b32 = ke_qdot_block(dt) == 32; /* Q8_0, Q4_0, Q5_0 */
+	const int nbk = b32 ? K / 32 : K / 256;
+	uint8_t *pk = NULL;
+	/* below about 8 (K types) / 12 (Q8_0) rows the repack costs more than
+	 * it saves: the 4-row kernels, same numbers */
+	if (isa == KE_ISA_AVX512 && have_vnni() && m >= (b32 ? 12 : 8)) /* NULL: the 4-row kernels */
+		pk = pack_buf((size_t)nbk * (b32 ? P8_BLK : dt == KV_DT_Q4_K ? P4_BLK : P6_BLK));
+	if (pk) {
+		const int nb = nbk;
+		for (int p0 = n0; p0 < n1; p0 += PR) {
+			int nr = n1 - p0 < PR ? n1 - p0 : PR;
+			const uint8_t *wr[PR];
+			for (int r = 0; r < PR; r++) /* a short panel repeats its last row */
+				wr[r] = w + (size_t)(p0 + (r < nr ? r : nr - 1)) * wstride;
+			if (dt == KV_DT_Q8_0)
+				pack_q8_0(wr, nb, pk);
+			else if (b32)
+				pack_q0(dt, wr, nb, pk);
+			else if (dt == KV_DT_Q4_K)
+				pack_q4_k(wr, nb, pk);
+			else
+				pack_q6_k(wr, nb, pk);
+			for (int i = 0; i < m; i += GMR) {
+				int mr = m - i < GMR ? m - i : GMR;
+				float o[GMR * PR];
+				if (b32)
+					q8_0_gemm16(pk, K, a + (size_t)i * astride, astride, mr,
+						    dt == KV_DT_Q8_0 ? 0 : q0_shift(dt), o);
+				else if (dt == KV_DT_Q4_K)
+					q4_k_gemm16(pk, K, a + (size_t)i * astride, astride, mr, o);
+				else
+					q6_k_gemm16(pk, K, a + (size_t)i * astride, astride, mr, o);
+				for (int t = 0; t < mr; t++) {
+					float *yo = y + (size_t)(i + t) * ldy + p0;
+					if (nr == PR && !accum)
+						memcpy(yo, o + PR * t, sizeof(float) * PR);
+					else
+						for (int r = 0; r < nr; r++)
+							put(yo + r, accum, o[PR * t + r]);
+				}
+			}
+		}
+		return;
+	}
+	if (isa >= KE_ISA_AVX2) {
+		for (int n = n0; n < n1; n += 4) {
+			int nr = n1 - n < 4 ? n1 - n : 4;
+			const uint8_t *wr[4];
+			for (int r = 0; r < 4; r++)
+				wr[r] = w + (size_t)(n + (r < nr ? r : nr - 1)) * wstride;
+			for (int i = 0; i < m; i += AMR) {
+				int mr = m - i < AMR ? m - i : AMR;
+				const uint8_t *xr = a + (size_t)i * astride;
+				float o[4 * AMR];
+				if (dt == KV_DT_Q8_0)
+					q8_0_gemm4(wr, K, xr, astride, mr, o);
+				else if (b32)
+					q0_gemm4(dt, wr, K, xr, astride, mr, o);
+				else if (dt == KV_DT_Q4_K)
+					q4_k_gemm4(wr, K, xr, astride, mr, o);
+				else
+					q6_k_gemm4(wr, K, xr, astride, mr, o);
+				for (int t = 0; t < mr; t++)
+					for (int r = 0; r < nr; r++)
+						put(y + (size_t)(i + t) * ldy + n + r, accum, o[4 * t + r]);
+			}
+		}
+		return;
+	}
+#endif
+	for (int n = n0; n < n1; n++)
+		for (int i = 0; i < m; i++)
+			put(y + (size_t)i * ldy + n, accum, ke_qdot_ref(dt, w + (size_t)n * wstride, K, a + (size_t)i * astride));
+}
