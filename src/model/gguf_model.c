@@ -553,7 +553,8 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 	}
 	if ((rc = conv_meta(w, &c, p->ftype)) || (rc = conv_tokenizer(w, p->hf_dir, &c)))
 		goto out;
-	struct kq_mix_ctx mix = {c.n_layers, c.n_layers, !c.tie_embeddings, c.n_moe_layers ? c.n_experts : 0};
+	struct kq_mix_ctx mix = {c.n_layers, c.n_layers, !c.tie_embeddings, c.n_moe_layers ? c.n_experts : 0,
+				  c.n_kv_heads ? c.n_heads / c.n_kv_heads : 0};
 	int i_v = 0;
 	const int64_t E = c.n_experts, I = c.moe_intermediate, D = c.hidden;
 	for (size_t i = 0; i < ns; i++) {

@@ -72,19 +72,23 @@ int kq_is_quant(int dtype);
 int kq_dequant_row(int dt, const void *src, float *dst, size_t n);
 
 /* Quantize n floats (a multiple of the block size) into dst. Supported:
- * F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+ * F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
  * KV_ERR_INVALID otherwise. */
 int kq_quant_row(int dt, const float *src, void *dst, size_t n);
 
 /* The GGUF file types written by `kvkeep convert` and how a model's
  * tensors are typed under them (llama.cpp's llama_ftype numbers). */
 enum kq_ftype {
-	KQ_FTYPE_F32 = 0, KQ_FTYPE_F16 = 1, KQ_FTYPE_Q4_0 = 2, KQ_FTYPE_Q8_0 = 7,
-	KQ_FTYPE_Q4_K_M = 15, KQ_FTYPE_Q5_K_M = 17, KQ_FTYPE_Q6_K = 18, KQ_FTYPE_BF16 = 32
+	KQ_FTYPE_F32 = 0, KQ_FTYPE_F16 = 1, KQ_FTYPE_Q4_0 = 2, KQ_FTYPE_Q4_1 = 3, KQ_FTYPE_Q8_0 = 7,
+	KQ_FTYPE_Q5_0 = 8, KQ_FTYPE_Q5_1 = 9, KQ_FTYPE_Q2_K = 10, KQ_FTYPE_Q3_K_S = 11, KQ_FTYPE_Q3_K_M = 12,
+	KQ_FTYPE_Q3_K_L = 13, KQ_FTYPE_Q4_K_S = 14, KQ_FTYPE_Q4_K_M = 15, KQ_FTYPE_Q5_K_S = 16,
+	KQ_FTYPE_Q5_K_M = 17, KQ_FTYPE_Q6_K = 18, KQ_FTYPE_BF16 = 32
 };
-/* "f32", "q4_k_m", ... -> ftype; -1 if unknown. */
+/* "f32", "q4_k_m", ... (case-insensitive) -> ftype; -1 if unknown. */
 int kq_ftype_parse(const char *s);
 const char *kq_ftype_name(int ftype);
+/* Every name kq_ftype_parse takes, "f32|f16|...", for help texts. */
+const char *kq_ftype_list(void);
 
 /*
  * The kv_dtype a 2-D weight gets under an ftype, llama.cpp's rule
@@ -107,6 +111,7 @@ struct kq_mix_ctx {
 	int n_attn_v;          /* attn_v.weight tensors in the model */
 	int has_output;        /* output.weight present (untied) */
 	int n_expert;          /* routed experts (llama.cpp has rules for exactly 8) */
+	int n_gqa;             /* query heads / KV heads (llama.cpp's n_gqa(), Q2_K's attn_v rule) */
 };
 int kq_ftype_tensor_dtype(int ftype, const struct kq_mix_ctx *m, const char *name, int layer, int i_attn_v,
 			  int64_t row_len);
