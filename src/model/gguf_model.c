@@ -687,8 +687,25 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 			total += kv_dtype_row_bytes(t->dt, (uint64_t)t->cols) * (uint64_t)t->rows;
 		}
 	}
-	if ((rc = kv_ggufw_write(w, p->out, p->dw_flags)))
-		goto out;
+	if (p->split_max_bytes || p->split_max_tensors) {
+		char pre[4096];
+		size_t ol = strlen(p->out);
+		if (ol >= 5 && !strcmp(p->out + ol - 5, ".gguf"))
+			ol -= 5;
+		if (ol == 0 || ol >= sizeof pre) {
+			rc = kv_fail(KV_ERR_INVALID, "convert: bad output name '%s'", p->out);
+			goto out;
+		}
+		memcpy(pre, p->out, ol);
+		pre[ol] = 0;
+		if ((rc = kv_ggufw_write_split(w, pre, p->split_max_bytes, p->split_max_tensors, p->dw_flags, p->n_files)))
+			goto out;
+	} else {
+		if ((rc = kv_ggufw_write(w, p->out, p->dw_flags)))
+			goto out;
+		if (p->n_files)
+			*p->n_files = 1;
+	}
 	if (n_tensors)
 		*n_tensors = nt;
 	if (bytes)
