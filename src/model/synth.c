@@ -173,7 +173,7 @@ static const struct kv_synth_preset g_presets[] = {
 		.arch = KV_ARCH_QWEN3_5,
 		.hidden = 256, .n_layers = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 64,
 		.intermediate = 512, .full_attention_interval = 4,
-		.lin_k_heads = 2, .lin_v_heads = 4, .lin_k_dim = 32, .lin_v_dim = 64, .conv_kernel = 4,
+		.lin_k_heads = 2, .lin_v_heads = 4, .lin_k_dim = 64, .lin_v_dim = 64, .conv_kernel = 4,
 		.partial_rotary = 0.25, .rope_theta = 10000000, .rms_eps = 1e-6, .max_positions = 262144,
 	},
 };
