@@ -113,6 +113,23 @@ for preset in ${KT_PEER_PRESETS:-tiny-dense-k tiny-hybrid-k tiny-moe}; do
 	done
 done
 
+# q2_k's attn_v rule with 4 query heads per KV head (every tiny preset has
+# 2): bench-dense, Q4_K attn_v, same bytes as llama.cpp (about 7 s)
+M=$T/bench-dense
+if "$KV" mkmodel --preset bench-dense --dtype f32 --out "$M" --no-sync >/dev/null 2>"$T/err" &&
+	"$KV" convert --model "$M" --out "$M-f32.gguf" --type f32 --no-sync >/dev/null 2>>"$T/err" &&
+	"$KV" convert --model "$M" --out "$M-q2_k.gguf" --type q2_k --no-sync >/dev/null 2>>"$T/err" &&
+	"$K" quantize "$M-f32.gguf" "$T/ll.gguf" Q2_K >/dev/null 2>>"$T/err"; then
+	if msg=$(same_tensors "$M-q2_k.gguf" "$T/ll.gguf") && case $msg in *Q4_K:*) true ;; *) false ;; esac; then
+		echo "ok same_tensors_bench-dense_q2_k ($msg)"
+	else
+		echo "FAIL same_tensors_bench-dense_q2_k: $msg"
+	fi
+else
+	echo "FAIL bench-dense_q2_k: $(head -c 300 "$T/err")"
+fi
+rm -rf "$M" "$M"-*.gguf "$T/ll.gguf"
+
 # split sets: llama.cpp's layout, loaded by both from the first file, the
 # unsplit file's logits bit for bit
 M=$T/tiny-hybrid-k
@@ -153,7 +170,6 @@ for k in range(n):
     nt = len(r.tensors); total += nt; counts.append(nt)
     if mode == "tensors" and (nt > int(lim) or (k < n - 1 and nt != int(lim))): bad.append("%s: %d tensors" % (p, nt))
     if mode == "size" and nt > 1 and sum(t.n_bytes for t in r.tensors) > 400000: bad.append("%s: over the size" % p)
-if any(get is None for get in []): pass
 tc = {x.name: x for x in gguf.GGUFReader(os.path.join(d, "m-00001-of-%05d.gguf" % n)).fields.values()}["split.tensors.count"]
 if int(tc.parts[tc.data[0]][0]) != total: bad.append("split.tensors.count %d != %d" % (int(tc.parts[tc.data[0]][0]), total))
 print("; ".join(bad) if bad else "%d files, tensors %s" % (n, counts))
