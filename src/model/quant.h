@@ -93,16 +93,22 @@ const char *kq_ftype_list(void);
 /*
  * The kv_dtype a 2-D weight gets under an ftype, llama.cpp's rule
  * (llama-quant.cpp llama_tensor_get_type, the branches that apply to
- * dense qwen3/qwen35 models): the base type of the ftype, except
+ * qwen3/qwen35/qwen35moe/qwen3next without an importance matrix; the
+ * full list is in docs/gguf.md "Per-tensor types of the mixes"): the base
+ * type of the ftype, except
  *   output.weight (or token_embd.weight when there is no output.weight)
- *     -> Q6_K for the K mixes and Q6_K;
+ *     -> Q6_K (Q8_0 stays);
  *   attn_v.weight and attn_qkv.weight (DeltaNet in_proj_qkv), counted
- *     together in file order: those use_more_bits picks -> Q6_K (Q4_K_M,
- *     Q5_K_M) -- what llama.cpp v0.5.0's quantizer does (checked by
- *     tests/peer/peer_models.sh, byte for byte);
- *   ffn_down.weight likewise by layer;
- * and a K type whose row length is not a multiple of 256 falls back to
- * Q5_0 / Q5_1 / Q8_0 (for Q4_K / Q5_K / Q6_K), as llama.cpp does.
+ *     together in file order (i_attn_v of n_attn_v): q2_k Q3_K/Q4_K by
+ *     n_gqa, q3_k_m Q5_K for the first two, q3_k_l Q5_K, q4_k_m/q5_k_m
+ *     Q6_K where use_more_bits, q4_k_s Q5_K for the first four; Q8_0 with
+ *     exactly 8 experts;
+ *   attn_k.weight (8 experts: Q8_0), attn_output.weight (q2_k, q3_k_m,
+ *     q3_k_l; 8 experts: Q5_K) and ffn_down* by layer likewise;
+ * and a type whose block does not divide the row falls back as llama.cpp
+ * does (Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, F16
+ * when 32 does not divide). tests/peer/peer_models.sh and peer_convert.sh
+ * compare whole files with llama_model_quantize's, byte for byte.
  * `name` is the GGUF tensor name, layer/n_layers its layer (-1 outside),
  * i_attn_v the index among the model's attn_v + attn_qkv tensors.
  */

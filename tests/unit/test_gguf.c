@@ -309,6 +309,27 @@ KT_CASE(convert_and_config)
 		KT_CHECK(nh > 10);
 		kv_gguf_hf_free(hv, nh);
 		kv_free(blob);
+		/* the same conversion as a split set (7 tensors a file): the
+		 * reader gets every tensor with the same type, shape and bytes */
+		char sp[1100], first[1200];
+		int nf = 0;
+		snprintf(sp, sizeof sp, "%s/%s-split.gguf", d, presets[i]);
+		struct kv_gguf_convert_params ps = {hf, sp, KQ_FTYPE_Q4_K_M, KV_DW_NO_SYNC, 0, 7, &nf};
+		KT_OK(kv_gguf_convert(&ps, NULL, NULL));
+		KT_EQ_INT(nf, (int)((kv_gguf_tensor_count(g) + 6) / 7));
+		snprintf(first, sizeof first, "%s/%s-split-00001-of-%05d.gguf", d, presets[i], nf);
+		struct kv_gguf *gs = NULL;
+		KT_OK(kv_gguf_open(first, &gs));
+		KT_REQUIRE(gs);
+		KT_EQ_INT(kv_gguf_nfiles(gs), nf);
+		KT_EQ_INT(kv_gguf_tensor_count(gs), kv_gguf_tensor_count(g));
+		for (size_t k = 0; k < kv_gguf_tensor_count(g); k++) {
+			const struct kv_tensor *x = kv_gguf_tensor_at(g, k), *y = kv_gguf_tensor_find(gs, x->name);
+			KT_REQUIRE(y);
+			KT_CHECKF(x->dtype == y->dtype && x->nbytes == y->nbytes && !memcmp(x->data, y->data, x->nbytes),
+				  "split tensor %s differs", x->name);
+		}
+		kv_gguf_close(gs);
 		kv_gguf_close(g);
 		/* kvkeep model info: per-type counts and bytes, resident size */
 		KT_EQ_INT(kt_sh("'%s' model info '%s' --json | /usr/bin/python3 -c \"import json,sys; w=json.load(sys.stdin)"
