@@ -58,7 +58,7 @@ static int cmd_convert(int argc, char **argv)
 			    "Split: FILE.gguf becomes FILE-00001-of-0000N.gguf ... (llama.cpp's gguf-split layout; load the "
 			    "first file)";
 	const char *model = NULL, *out = NULL, *type = "f16", *split_size = NULL;
-	int64_t split_tensors = 0;
+	int64_t split_tensors = INT64_MIN; /* not given */
 	int no_sync = 0;
 	const struct kv_flag flags[] = {
 		{"model", KV_FLAG_STR, &model, "DIR", "Hugging Face model folder (config.json, *.safetensors, tokenizer.json)"},
@@ -90,7 +90,9 @@ static int cmd_convert(int argc, char **argv)
 		fprintf(stderr, "kvkeep convert: bad --split-max-size '%s' (a positive size: 500K, 50M, 2G)\n", split_size);
 		return 2;
 	}
-	if (split_tensors < 0 || split_tensors > UINT32_MAX) {
+	if (split_tensors == INT64_MIN)
+		split_tensors = 0;
+	else if (split_tensors < 1 || split_tensors > UINT32_MAX) {
 		fprintf(stderr, "kvkeep convert: bad --split-max-tensors %lld (a positive count)\n",
 			(long long)split_tensors);
 		return 2;

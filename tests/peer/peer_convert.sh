@@ -196,7 +196,7 @@ PYEOF
 	done
 	# bad flags: usage errors; an unwritable folder: an error, nothing left
 	bad=""
-	for f in "--split-max-size 0" "--split-max-size 12Q" "--split-max-size -5M" "--split-max-tensors -1"; do
+	for f in "--split-max-size 0" "--split-max-size 12Q" "--split-max-size -5M" "--split-max-tensors -1" "--split-max-tensors 0"; do
 		"$KV" convert --model "$M" --out "$T/bad.gguf" $f --no-sync >/dev/null 2>"$T/err"
 		rc=$?
 		[ $rc = 2 ] && grep -q "split-max" "$T/err" || bad="$bad [$f: exit $rc, $(head -c 100 "$T/err")]"
