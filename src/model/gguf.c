@@ -847,6 +847,7 @@ static uint32_t f32_bits(float f)
 	return u;
 }
 
+GW_SET(kv_ggufw_set_u16, uint16_t, KV_GGUF_U16, 2, v)
 GW_SET(kv_ggufw_set_u32, uint32_t, KV_GGUF_U32, 4, v)
 GW_SET(kv_ggufw_set_i32, int32_t, KV_GGUF_I32, 4, (uint32_t)v)
 GW_SET(kv_ggufw_set_u64, uint64_t, KV_GGUF_U64, 8, v)
@@ -1016,58 +1017,189 @@ int kv_ggufw_to_mem(struct kv_ggufw *w, void **out, size_t *len)
 	return KV_OK;
 }
 
-int kv_ggufw_write(struct kv_ggufw *w, const char *path, unsigned flags)
+/* Header and tensor data of w into dw (begun; neither committed nor
+ * aborted here). `op` says the failing step. */
+static int gw_emit(struct kv_ggufw *w, struct kv_dw *dw, const char **op)
 {
 	struct kv_buf b = KV_BUF_INIT;
-	struct kv_dw dw;
 	uint8_t *scratch = NULL, zero[KV_GGUF_ALIGN] = {0};
 	uint64_t data, max_fill = 0, pos = 0;
-	const char *op = "header";
 	int rc;
 
+	*op = "header";
 	if ((rc = gw_header(w, &b, &data)))
-		goto fail_nodw;
+		goto out;
 	for (size_t i = 0; i < w->n_t; i++)
 		if (w->t[i].fill && w->t[i].nbytes > max_fill)
 			max_fill = w->t[i].nbytes;
-	op = "allocate scratch";
+	*op = "allocate scratch";
 	if (max_fill && !(scratch = kv_alloc(KV_MEM_OTHER, (size_t)max_fill))) {
 		rc = kv_fail(KV_ERR_NOMEM, "cannot allocate %llu bytes", (unsigned long long)max_fill);
-		goto fail_nodw;
+		goto out;
 	}
-	op = "create";
-	if ((rc = kv_dw_begin(&dw, path)))
-		goto fail_nodw;
-	op = "write header";
-	if ((rc = kv_dw_write(&dw, b.p, b.len)))
-		goto fail;
-	op = "write tensors";
+	*op = "write header";
+	if ((rc = kv_dw_write(dw, b.p, b.len)))
+		goto out;
+	*op = "write tensors";
 	for (size_t i = 0; i < w->n_t; i++) {
 		struct gw_t *t = &w->t[i];
 		const void *src = t->data;
-		if (pos < t->off && (rc = kv_dw_write(&dw, zero, (size_t)(t->off - pos))))
-			goto fail;
+		if (pos < t->off && (rc = kv_dw_write(dw, zero, (size_t)(t->off - pos))))
+			goto out;
 		pos = t->off;
 		if (t->fill) {
 			if ((rc = t->fill(t->ctx, scratch, t->nbytes))) {
 				kv_fail_ctx(rc, "tensor '%s'", t->name);
-				goto fail;
+				goto out;
 			}
 			src = scratch;
 		}
-		if ((rc = kv_dw_write(&dw, src, (size_t)t->nbytes)))
-			goto fail;
+		if ((rc = kv_dw_write(dw, src, (size_t)t->nbytes)))
+			goto out;
 		pos += t->nbytes;
 	}
-	if (pos < data && (rc = kv_dw_write(&dw, zero, (size_t)(data - pos))))
-		goto fail;
+	if (pos < data && (rc = kv_dw_write(dw, zero, (size_t)(data - pos))))
+		goto out;
+out:
 	kv_free(scratch);
 	kv_buf_free(&b);
-	return kv_dw_commit(&dw, flags);
+	return rc;
+}
+
+int kv_ggufw_write(struct kv_ggufw *w, const char *path, unsigned flags)
+{
+	struct kv_dw dw;
+	const char *op = "create";
+	int rc;
+	if ((rc = kv_dw_begin(&dw, path)))
+		return kv_fail_ctx(rc, "gguf writer: %s: %s", path, op);
+	if ((rc = gw_emit(w, &dw, &op))) {
+		kv_dw_abort(&dw);
+		return kv_fail_ctx(rc, "gguf writer: %s: %s", path, op);
+	}
+	if ((rc = kv_dw_commit(&dw, flags)))
+		return kv_fail_ctx(rc, "gguf writer: %s: commit", path);
+	return KV_OK;
+}
+
+/*
+ * Split sets, the way llama.cpp's gguf-split cuts them: tensors in order,
+ * a new file when the next tensor's padded size would take the current
+ * file's tensor bytes past max_bytes, or every max_tensors tensors; a
+ * tensor bigger than max_bytes gets a file of its own (gguf-split refuses
+ * one only when it is the very first). File 1 has all the metadata, every
+ * file split.no (u16, 0-based), split.count (u16), split.tensors.count
+ * (i32). Every part is written to its temp file first; only when all are
+ * complete are they renamed into place, and a failure removes the parts
+ * already renamed, so no partial set is left behind.
+ */
+int kv_ggufw_write_split(struct kv_ggufw *w, const char *prefix, uint64_t max_bytes, uint32_t max_tensors,
+			 unsigned flags, int *n_files)
+{
+	size_t *start = NULL, np = 0;
+	struct kv_dw *dw = NULL;
+	struct kv_ggufw part, *sk = NULL;
+	struct gw_kv *kvs = NULL;
+	char path[4200];
+	const char *op = "plan";
+	size_t begun = 0, committed = 0;
+	int rc = KV_OK;
+
+	if (n_files)
+		*n_files = 0;
+	if (!max_bytes && !max_tensors)
+		return kv_fail(KV_ERR_INVALID, "gguf writer: a split needs a size or a tensor count");
+	if (!(start = calloc(w->n_t + 1, sizeof *start)) || !(kvs = calloc(w->n_kv + 3, sizeof *kvs)))
+		goto oom;
+	uint64_t cur = 0;
+	for (size_t i = 0; i < w->n_t; i++) {
+		uint64_t nb = pad_to(w->t[i].nbytes);
+		int cut = i > 0 && ((max_bytes && cur + nb > max_bytes) || (max_tensors && i % max_tensors == 0));
+		if (i == 0 || cut) {
+			start[np++] = i;
+			cur = 0;
+		}
+		cur += nb;
+	}
+	if (!np)
+		start[np++] = 0; /* no tensors: one file of metadata */
+	start[np] = w->n_t;
+	if (np > KV_GGUF_MAX_SPLITS) {
+		rc = kv_fail(KV_ERR_INVALID,
+			     "gguf writer: the split would make %zu files (at most %d: kvkeep reads no more); raise the size or "
+			     "tensor limit",
+			     np, KV_GGUF_MAX_SPLITS);
+		goto out;
+	}
+	if (!(dw = calloc(np, sizeof *dw)))
+		goto oom;
+	for (size_t k = 0; k < np; k++) {
+		if ((size_t)snprintf(path, sizeof path, "%s-%05zu-of-%05zu.gguf", prefix, k + 1, np) >= sizeof path) {
+			rc = kv_fail(KV_ERR_INVALID, "gguf writer: output name too long");
+			goto out;
+		}
+		kv_ggufw_destroy(sk);
+		if (!(sk = kv_ggufw_create()) || kv_ggufw_set_u16(sk, "split.no", (uint16_t)k) ||
+		    kv_ggufw_set_u16(sk, "split.count", (uint16_t)np) ||
+		    kv_ggufw_set_i32(sk, "split.tensors.count", (int32_t)w->n_t))
+			goto oom;
+		/* a shallow view: w's keys (file 1 only) + the split keys, and
+		 * the part's tensors (gw_header sets their offsets per file) */
+		size_t nk = 0;
+		for (size_t j = 0; k == 0 && j < w->n_kv; j++)
+			if (strncmp(w->kv[j].key, "split.", 6))
+				kvs[nk++] = w->kv[j];
+		for (size_t j = 0; j < sk->n_kv; j++)
+			kvs[nk++] = sk->kv[j];
+		memset(&part, 0, sizeof part);
+		part.kv = kvs;
+		part.n_kv = nk;
+		part.t = w->t + start[k];
+		part.n_t = start[k + 1] - start[k];
+		op = "create";
+		if ((rc = kv_dw_begin(&dw[k], path)))
+			goto fail;
+		begun = k + 1;
+		if ((rc = gw_emit(&part, &dw[k], &op)))
+			goto fail;
+	}
+	op = "commit";
+	for (size_t k = 0; k < np; k++) {
+		snprintf(path, sizeof path, "%s", dw[k].final);
+		if ((rc = kv_dw_commit(&dw[k], flags | KV_DW_NO_DIRSYNC)))
+			goto fail;
+		committed = k + 1;
+	}
+	if (!(flags & KV_DW_NO_SYNC)) {
+		char dir[4200];
+		snprintf(dir, sizeof dir, "%s", prefix);
+		char *sl = strrchr(dir, '/');
+		if (sl)
+			*(sl == dir ? sl + 1 : sl) = 0;
+		else
+			snprintf(dir, sizeof dir, ".");
+		op = "sync the folder";
+		if ((rc = kv_io_fsync_dir(dir)))
+			goto fail;
+	}
+	if (n_files)
+		*n_files = (int)np;
+	goto out;
+oom:
+	rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+	goto out;
 fail:
-	kv_dw_abort(&dw);
-fail_nodw:
-	kv_free(scratch);
-	kv_buf_free(&b);
-	return kv_fail_ctx(rc, "gguf writer: %s: %s", path, op);
+	kv_fail_ctx(rc, "gguf writer: %s: %s", path, op);
+	for (size_t k = 0; k < committed; k++)
+		kv_io_unlink(dw[k].final);
+	for (size_t k = committed; k < begun; k++)
+		kv_dw_abort(&dw[k]);
+out:
+	if (sk) {
+		kv_ggufw_destroy(sk);
+	}
+	free(kvs);
+	free(dw);
+	free(start);
+	return rc;
 }

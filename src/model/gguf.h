@@ -132,6 +132,7 @@ struct kv_ggufw *kv_ggufw_create(void);
 void kv_ggufw_destroy(struct kv_ggufw *w);
 /* Metadata setters; a key set twice keeps the last value (order of first
  * setting). Strings are copied. */
+int kv_ggufw_set_u16(struct kv_ggufw *w, const char *key, uint16_t v);
 int kv_ggufw_set_u32(struct kv_ggufw *w, const char *key, uint32_t v);
 int kv_ggufw_set_i32(struct kv_ggufw *w, const char *key, int32_t v);
 int kv_ggufw_set_u64(struct kv_ggufw *w, const char *key, uint64_t v);
@@ -150,6 +151,15 @@ int kv_ggufw_add_fill(struct kv_ggufw *w, const char *name, int dt, int ndim, co
 		      kv_ggufw_fill_fn fill, void *ctx);
 /* flags: KV_DW_* (base/durable.h). */
 int kv_ggufw_write(struct kv_ggufw *w, const char *path, unsigned flags);
+/* A split set "<prefix>-00001-of-0000N.gguf" ... as llama.cpp's
+ * gguf-split writes it: a new file when the next tensor would take the
+ * current file's tensor bytes past max_bytes (0: no limit) or after every
+ * max_tensors tensors (0: no limit); file 1 holds the metadata; all files
+ * split.no / split.count / split.tensors.count. All or nothing: on failure
+ * no file of the set is left. *n_files (may be NULL) gets N. At most
+ * KV_GGUF_MAX_SPLITS files (KV_ERR_INVALID beyond). */
+int kv_ggufw_write_split(struct kv_ggufw *w, const char *prefix, uint64_t max_bytes, uint32_t max_tensors,
+			 unsigned flags, int *n_files);
 /* Into one malloc'd buffer (free()), for tests. */
 int kv_ggufw_to_mem(struct kv_ggufw *w, void **out, size_t *len);
 

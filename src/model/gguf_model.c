@@ -553,7 +553,8 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 	}
 	if ((rc = conv_meta(w, &c, p->ftype)) || (rc = conv_tokenizer(w, p->hf_dir, &c)))
 		goto out;
-	struct kq_mix_ctx mix = {c.n_layers, c.n_layers, !c.tie_embeddings, c.n_moe_layers ? c.n_experts : 0};
+	struct kq_mix_ctx mix = {c.n_layers, c.n_layers, !c.tie_embeddings, c.n_moe_layers ? c.n_experts : 0,
+				  c.n_kv_heads ? c.n_heads / c.n_kv_heads : 0};
 	int i_v = 0;
 	const int64_t E = c.n_experts, I = c.moe_intermediate, D = c.hidden;
 	for (size_t i = 0; i < ns; i++) {
@@ -686,8 +687,25 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 			total += kv_dtype_row_bytes(t->dt, (uint64_t)t->cols) * (uint64_t)t->rows;
 		}
 	}
-	if ((rc = kv_ggufw_write(w, p->out, p->dw_flags)))
-		goto out;
+	if (p->split_max_bytes || p->split_max_tensors) {
+		char pre[4096];
+		size_t ol = strlen(p->out);
+		if (ol >= 5 && !strcmp(p->out + ol - 5, ".gguf"))
+			ol -= 5;
+		if (ol == 0 || ol >= sizeof pre) {
+			rc = kv_fail(KV_ERR_INVALID, "convert: bad output name '%s'", p->out);
+			goto out;
+		}
+		memcpy(pre, p->out, ol);
+		pre[ol] = 0;
+		if ((rc = kv_ggufw_write_split(w, pre, p->split_max_bytes, p->split_max_tensors, p->dw_flags, p->n_files)))
+			goto out;
+	} else {
+		if ((rc = kv_ggufw_write(w, p->out, p->dw_flags)))
+			goto out;
+		if (p->n_files)
+			*p->n_files = 1;
+	}
 	if (n_tensors)
 		*n_tensors = nt;
 	if (bytes)

@@ -45,6 +45,12 @@ struct kv_gguf_convert_params {
 	const char *out;          /* .gguf path */
 	int ftype;                /* enum kq_ftype */
 	unsigned dw_flags;        /* KV_DW_* */
+	/* A split set instead of one file (either nonzero): `out` minus its
+	 * ".gguf" is the prefix of "<prefix>-00001-of-0000N.gguf" ...
+	 * (kv_ggufw_write_split); *n_files gets N (1 without a split). */
+	uint64_t split_max_bytes;
+	uint32_t split_max_tensors;
+	int *n_files;
 };
 /* Writes the file; returns KV_OK or an error naming the step. Prints
  * nothing. *n_tensors / *bytes may be NULL. */

@@ -471,8 +471,9 @@ static void q_q5_1(const float *x, uint8_t *b)
  */
 #define GROUP_MAX_EPS 1e-15f
 
+/* use_mad: the error is weighted |diff| instead of diff^2 (Q2_K's choice) */
 static float fit_affine(int n, int nmax, const float *x, const float *w, uint8_t *L, float *the_min, uint8_t *Laux,
-			float rmin, float rdelta, int nstep)
+			float rmin, float rdelta, int nstep, int use_mad)
 {
 	float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
 	for (int i = 1; i < n; ++i) {
@@ -496,7 +497,7 @@ static float fit_affine(int n, int nmax, const float *x, const float *w, uint8_t
 		int l = nearest_int(iscale * (x[i] - min));
 		L[i] = (uint8_t)(l < 0 ? 0 : l > nmax ? nmax : l);
 		float diff = scale * (float)L[i] + min - x[i];
-		diff = diff * diff;
+		diff = use_mad ? fabsf(diff) : diff * diff;
 		best_mad += w[i] * diff;
 	}
 	for (int is = 0; is <= nstep; ++is) {
@@ -522,7 +523,7 @@ static float fit_affine(int n, int nmax, const float *x, const float *w, uint8_t
 			float mad = 0;
 			for (int i = 0; i < n; ++i) {
 				float diff = this_scale * (float)Laux[i] + this_min - x[i];
-				diff = diff * diff;
+				diff = use_mad ? fabsf(diff) : diff * diff;
 				mad += w[i] * diff;
 			}
 			if (mad < best_mad) {
@@ -548,8 +549,8 @@ static void q_k_affine(const float *x, uint8_t *b, int nmax, uint8_t *L)
 		float av_x = sqrtf(sum_x2 / 32);
 		for (int l = 0; l < 32; l++)
 			weights[l] = av_x + fabsf(x[32 * j + l]);
-		scales[j] = nmax == 15 ? fit_affine(32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -1.f, 0.1f, 20)
-				       : fit_affine(32, 31, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.5f, 0.1f, 15);
+		scales[j] = nmax == 15 ? fit_affine(32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -1.f, 0.1f, 20, 0)
+				       : fit_affine(32, 31, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, -0.5f, 0.1f, 15, 0);
 		if (scales[j] > max_scale)
 			max_scale = scales[j];
 		if (mins[j] > max_min)
@@ -726,6 +727,167 @@ static void q_q6_k(const float *x, uint8_t *b)
 	}
 }
 
+/* Q2_K (ggml's quantize_row_q2_K_ref): 16 sub-blocks of 16, each an
+ * affine fit with 2-bit levels under |x| weights and an absolute-error
+ * criterion; scales and mins to 4 bits against the largest. */
+static void q_q2_k(const float *x, uint8_t *b)
+{
+	uint8_t L[256], Laux[16], *sc = b, *qs = b + 16;
+	float weights[16], mins[16], scales[16], max_scale = 0, max_min = 0;
+	for (int j = 0; j < 16; ++j) {
+		for (int l = 0; l < 16; ++l)
+			weights[l] = fabsf(x[16 * j + l]);
+		scales[j] = fit_affine(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, 1);
+		if (scales[j] > max_scale)
+			max_scale = scales[j];
+		if (mins[j] > max_min)
+			max_min = mins[j];
+	}
+	if (max_scale > 0) {
+		const float iscale = 15.f / max_scale;
+		for (int j = 0; j < 16; ++j)
+			sc[j] = (uint8_t)nearest_int(iscale * scales[j]);
+		f2h(b + 80, max_scale / 15.f);
+	} else {
+		memset(sc, 0, 16);
+		f2h(b + 80, 0.f);
+	}
+	if (max_min > 0) {
+		const float iscale = 15.f / max_min;
+		for (int j = 0; j < 16; ++j)
+			sc[j] = (uint8_t)(sc[j] | (nearest_int(iscale * mins[j]) << 4));
+		f2h(b + 82, max_min / 15.f);
+	} else {
+		f2h(b + 82, 0.f);
+	}
+	const float d0 = h2f(b + 80), m0 = h2f(b + 82);
+	for (int j = 0; j < 16; ++j) {
+		const float d = d0 * (float)(sc[j] & 0xF);
+		if (!d)
+			continue;
+		const float dm = m0 * (float)(sc[j] >> 4);
+		for (int ii = 0; ii < 16; ++ii) {
+			int l = nearest_int((x[16 * j + ii] + dm) / d);
+			L[16 * j + ii] = (uint8_t)(l < 0 ? 0 : l > 3 ? 3 : l);
+		}
+	}
+	for (int j = 0; j < KQ_QK_K; j += 128)
+		for (int l = 0; l < 32; ++l)
+			qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+}
+
+/* ggml's make_q3_quants(n, nmax, x, L, do_rmse = true): a symmetric fit
+ * (levels -nmax .. nmax-1, weights x^2) refined by moving single levels
+ * while the weighted fit improves (at most 5 passes). L gets level + nmax. */
+static float fit_q3(int n, int nmax, const float *x, int8_t *L)
+{
+	float max = 0, amax = 0;
+	for (int i = 0; i < n; ++i) {
+		float ax = fabsf(x[i]);
+		if (ax > amax) {
+			amax = ax;
+			max = x[i];
+		}
+	}
+	if (amax < GROUP_MAX_EPS) {
+		memset(L, 0, (size_t)n);
+		return 0.f;
+	}
+	const float iscale = (float)-nmax / max;
+	float sumlx = 0, suml2 = 0;
+	for (int i = 0; i < n; ++i) {
+		int l = nearest_int(iscale * x[i]);
+		l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
+		L[i] = (int8_t)l;
+		float w = x[i] * x[i];
+		sumlx += w * x[i] * (float)l;
+		suml2 += w * (float)l * (float)l;
+	}
+	for (int itry = 0; itry < 5; ++itry) {
+		int n_changed = 0;
+		for (int i = 0; i < n; ++i) {
+			float w = x[i] * x[i];
+			float slx = sumlx - w * x[i] * (float)L[i];
+			if (slx > 0) {
+				float sl2 = suml2 - w * (float)L[i] * (float)L[i];
+				int new_l = nearest_int(x[i] * sl2 / slx);
+				new_l = new_l < -nmax ? -nmax : new_l > nmax - 1 ? nmax - 1 : new_l;
+				if (new_l != L[i]) {
+					slx += w * x[i] * (float)new_l;
+					sl2 += w * (float)new_l * (float)new_l;
+					if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+						L[i] = (int8_t)new_l;
+						sumlx = slx;
+						suml2 = sl2;
+						++n_changed;
+					}
+				}
+			}
+		}
+		if (!n_changed)
+			break;
+	}
+	for (int i = 0; i < n; ++i)
+		L[i] = (int8_t)(L[i] + nmax);
+	return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* Q3_K (ggml's quantize_row_q3_K_ref): 16 symmetric sub-blocks of 16 with
+ * 3-bit levels, 6-bit signed sub-block scales against the largest. */
+static void q_q3_k(const float *x, uint8_t *b)
+{
+	int8_t L[256];
+	float scales[16], max_scale = 0, amax = 0;
+	uint8_t *hmask = b, *qs = b + 32, *sc = b + 96;
+	for (int j = 0; j < 16; ++j) {
+		scales[j] = fit_q3(16, 4, x + 16 * j, L + 16 * j);
+		float scale = fabsf(scales[j]);
+		if (scale > amax) {
+			amax = scale;
+			max_scale = scales[j];
+		}
+	}
+	memset(sc, 0, 12);
+	if (max_scale) {
+		const float iscale = -32.f / max_scale;
+		for (int j = 0; j < 16; ++j) {
+			int l = (int8_t)nearest_int(iscale * scales[j]);
+			l = (l < -32 ? -32 : l > 31 ? 31 : l) + 32;
+			if (j < 8)
+				sc[j] = (uint8_t)(l & 0xF);
+			else
+				sc[j - 8] = (uint8_t)(sc[j - 8] | ((l & 0xF) << 4));
+			l >>= 4;
+			sc[j % 4 + 8] = (uint8_t)(sc[j % 4 + 8] | (l << (2 * (j / 4))));
+		}
+		f2h(b + 108, 1 / iscale);
+	} else {
+		f2h(b + 108, 0.f);
+	}
+	const float d0 = h2f(b + 108);
+	for (int j = 0; j < 16; ++j) {
+		int s = j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4;
+		s = (s | (((sc[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+		const float d = d0 * (float)s;
+		if (!d)
+			continue; /* keeps the sub-block fit's levels, as ggml does */
+		for (int ii = 0; ii < 16; ++ii) {
+			int l = nearest_int(x[16 * j + ii] / d);
+			L[16 * j + ii] = (int8_t)((l < -4 ? -4 : l > 3 ? 3 : l) + 4);
+		}
+	}
+	/* the high bit of element j goes to bit j / 32 of hmask[j % 32] */
+	memset(hmask, 0, 32);
+	for (int j = 0; j < KQ_QK_K; ++j)
+		if (L[j] > 3) {
+			hmask[j % 32] = (uint8_t)(hmask[j % 32] | (1u << (j / 32)));
+			L[j] = (int8_t)(L[j] - 4);
+		}
+	for (int j = 0; j < KQ_QK_K; j += 128)
+		for (int l = 0; l < 32; ++l)
+			qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+}
+
 typedef void (*q_fn)(const float *, uint8_t *);
 
 int kq_quant_row(int dt, const float *src, void *dst, size_t n)
@@ -749,6 +911,8 @@ int kq_quant_row(int dt, const float *src, void *dst, size_t n)
 	case KV_DT_Q5_0: f = q_q5_0; break;
 	case KV_DT_Q5_1: f = q_q5_1; break;
 	case KV_DT_Q8_0: f = q_q8_0; break;
+	case KV_DT_Q2_K: f = q_q2_k; break;
+	case KV_DT_Q3_K: f = q_q3_k; break;
 	case KV_DT_Q4_K: f = q_q4_k; break;
 	case KV_DT_Q5_K: f = q_q5_k; break;
 	case KV_DT_Q6_K: f = q_q6_k; break;
@@ -771,9 +935,19 @@ static const struct {
 } g_ft[] = {
 	{"f32", KQ_FTYPE_F32, KV_DT_F32},	 {"f16", KQ_FTYPE_F16, KV_DT_F16},
 	{"bf16", KQ_FTYPE_BF16, KV_DT_BF16},	 {"q8_0", KQ_FTYPE_Q8_0, KV_DT_Q8_0},
-	{"q4_0", KQ_FTYPE_Q4_0, KV_DT_Q4_0},	 {"q4_k_m", KQ_FTYPE_Q4_K_M, KV_DT_Q4_K},
-	{"q5_k_m", KQ_FTYPE_Q5_K_M, KV_DT_Q5_K}, {"q6_k", KQ_FTYPE_Q6_K, KV_DT_Q6_K},
+	{"q4_0", KQ_FTYPE_Q4_0, KV_DT_Q4_0},	 {"q4_1", KQ_FTYPE_Q4_1, KV_DT_Q4_1},
+	{"q5_0", KQ_FTYPE_Q5_0, KV_DT_Q5_0},	 {"q5_1", KQ_FTYPE_Q5_1, KV_DT_Q5_1},
+	{"q2_k", KQ_FTYPE_Q2_K, KV_DT_Q2_K},	 {"q3_k_s", KQ_FTYPE_Q3_K_S, KV_DT_Q3_K},
+	{"q3_k_m", KQ_FTYPE_Q3_K_M, KV_DT_Q3_K}, {"q3_k_l", KQ_FTYPE_Q3_K_L, KV_DT_Q3_K},
+	{"q4_k_s", KQ_FTYPE_Q4_K_S, KV_DT_Q4_K}, {"q4_k_m", KQ_FTYPE_Q4_K_M, KV_DT_Q4_K},
+	{"q5_k_s", KQ_FTYPE_Q5_K_S, KV_DT_Q5_K}, {"q5_k_m", KQ_FTYPE_Q5_K_M, KV_DT_Q5_K},
+	{"q6_k", KQ_FTYPE_Q6_K, KV_DT_Q6_K},
 };
+
+const char *kq_ftype_list(void)
+{
+	return "f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k_s|q3_k_m|q3_k_l|q4_k_s|q4_k_m|q5_k_s|q5_k_m|q6_k";
+}
 
 int kq_ftype_parse(const char *s)
 {
@@ -798,6 +972,23 @@ static int use_more_bits(int i, int n)
 	return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
 }
 
+/* llama.cpp's tensor_type_fallback: a type whose block does not divide
+ * the row length gives way to a 32-block type, and F16 if none fits. */
+static int fallback(int t, int64_t row_len)
+{
+	if (row_len % kq_block_elems(t)) {
+		switch (t) {
+		case KV_DT_Q2_K: case KV_DT_Q3_K: t = KV_DT_Q4_0; break;
+		case KV_DT_Q4_K: t = KV_DT_Q5_0; break;
+		case KV_DT_Q5_K: t = KV_DT_Q5_1; break;
+		case KV_DT_Q6_K: t = KV_DT_Q8_0; break;
+		}
+		if (row_len % kq_block_elems(t))
+			t = KV_DT_F16;
+	}
+	return t;
+}
+
 int kq_ftype_tensor_dtype(int ftype, const struct kq_mix_ctx *m, const char *name, int layer, int i_attn_v,
 			  int64_t row_len)
 {
@@ -809,39 +1000,61 @@ int kq_ftype_tensor_dtype(int ftype, const struct kq_mix_ctx *m, const char *nam
 		return -1;
 	if (!kq_is_quant(base))
 		return base;
-	int t = base, kmix = ftype == KQ_FTYPE_Q4_K_M || ftype == KQ_FTYPE_Q5_K_M;
+	const int f = ftype, e8 = m->n_expert == 8, nl = m->n_layers;
+	int t = base;
+	/* the branches of llama_tensor_get_type_impl (llama.cpp v0.5.0) that
+	 * can fire for these ftypes on qwen3/qwen35 (no Falcon, no 70B, no
+	 * imatrix), in its order */
 	if (!strcmp(name, "output.weight") || (!m->has_output && !strcmp(name, "token_embd.weight"))) {
-		if (row_len % KQ_QK_K)
+		if (row_len % kq_block_elems(base))
 			t = KV_DT_Q8_0;
 		else if (t != KV_DT_Q8_0)
 			t = KV_DT_Q6_K;
 	} else if (strstr(name, "attn_v.weight") || strstr(name, "attn_qkv.weight")) {
 		/* llama.cpp (v0.5.0) counts attn_v and attn_qkv together, in file
 		 * order, and gives both the attn_v rule */
-		if (kmix && use_more_bits(i_attn_v, m->n_attn_v))
+		if (f == KQ_FTYPE_Q2_K)
+			t = m->n_gqa >= 4 ? KV_DT_Q4_K : KV_DT_Q3_K;
+		else if (f == KQ_FTYPE_Q3_K_M)
+			t = i_attn_v < 2 ? KV_DT_Q5_K : KV_DT_Q4_K;
+		else if (f == KQ_FTYPE_Q3_K_L)
+			t = KV_DT_Q5_K;
+		else if ((f == KQ_FTYPE_Q4_K_M || f == KQ_FTYPE_Q5_K_M) && use_more_bits(i_attn_v, m->n_attn_v))
 			t = KV_DT_Q6_K;
-		if (m->n_expert == 8) /* its "8-expert model" bump, any ftype */
+		else if (f == KQ_FTYPE_Q4_K_S && i_attn_v < 4)
+			t = KV_DT_Q5_K;
+		if (e8) /* its "8-expert model" bump, any ftype */
 			t = KV_DT_Q8_0;
 	} else if (strstr(name, "attn_k.weight")) {
-		if (m->n_expert == 8)
+		if (e8)
 			t = KV_DT_Q8_0;
 	} else if (strstr(name, "attn_output.weight")) {
-		if (m->n_expert == 8 && ftype == KQ_FTYPE_Q4_K_M)
+		if (e8) {
+			if (f == KQ_FTYPE_Q2_K || f == KQ_FTYPE_Q3_K_S || f == KQ_FTYPE_Q3_K_M || f == KQ_FTYPE_Q4_K_S ||
+			    f == KQ_FTYPE_Q4_K_M)
+				t = KV_DT_Q5_K;
+		} else if (f == KQ_FTYPE_Q2_K) {
+			t = KV_DT_Q3_K;
+		} else if (f == KQ_FTYPE_Q3_K_M) {
+			t = KV_DT_Q4_K;
+		} else if (f == KQ_FTYPE_Q3_K_L) {
 			t = KV_DT_Q5_K;
-	} else if (strstr(name, "ffn_down")) {
-		if (kmix && layer >= 0 && use_more_bits(layer, m->n_layers))
+		}
+	} else if (strstr(name, "ffn_up") || strstr(name, "ffn_gate")) {
+		/* ffn_up / ffn_gate (ffn_gate_inp, ffn_gate_exps, ... included):
+		 * no rule for these ftypes; they must not reach the ffn_down
+		 * branch (llama.cpp tests ffn_up and ffn_gate first) */
+	} else if (strstr(name, "ffn_down") && layer >= 0) {
+		if (f == KQ_FTYPE_Q2_K)
+			t = KV_DT_Q3_K;
+		else if (f == KQ_FTYPE_Q3_K_M)
+			t = layer < nl / 16 ? KV_DT_Q5_K : KV_DT_Q4_K;
+		else if (f == KQ_FTYPE_Q3_K_L)
+			t = KV_DT_Q5_K;
+		else if ((f == KQ_FTYPE_Q4_K_M || f == KQ_FTYPE_Q5_K_M) && use_more_bits(layer, nl))
 			t = KV_DT_Q6_K;
+		else if (f == KQ_FTYPE_Q4_K_S && layer < nl / 8)
+			t = KV_DT_Q5_K;
 	}
-	/* K types need rows of whole 256-blocks; llama.cpp falls back. */
-	if (row_len % KQ_QK_K) {
-		if (t == KV_DT_Q4_K)
-			t = KV_DT_Q5_0;
-		else if (t == KV_DT_Q5_K)
-			t = KV_DT_Q5_1;
-		else if (t == KV_DT_Q6_K)
-			t = KV_DT_Q8_0;
-	}
-	if (row_len % KQ_QK)
-		t = KV_DT_F16; /* nothing block-based fits; llama.cpp keeps F16 */
-	return t;
+	return fallback(t, row_len);
 }

@@ -72,33 +72,43 @@ int kq_is_quant(int dtype);
 int kq_dequant_row(int dt, const void *src, float *dst, size_t n);
 
 /* Quantize n floats (a multiple of the block size) into dst. Supported:
- * F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+ * F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
  * KV_ERR_INVALID otherwise. */
 int kq_quant_row(int dt, const float *src, void *dst, size_t n);
 
 /* The GGUF file types written by `kvkeep convert` and how a model's
  * tensors are typed under them (llama.cpp's llama_ftype numbers). */
 enum kq_ftype {
-	KQ_FTYPE_F32 = 0, KQ_FTYPE_F16 = 1, KQ_FTYPE_Q4_0 = 2, KQ_FTYPE_Q8_0 = 7,
-	KQ_FTYPE_Q4_K_M = 15, KQ_FTYPE_Q5_K_M = 17, KQ_FTYPE_Q6_K = 18, KQ_FTYPE_BF16 = 32
+	KQ_FTYPE_F32 = 0, KQ_FTYPE_F16 = 1, KQ_FTYPE_Q4_0 = 2, KQ_FTYPE_Q4_1 = 3, KQ_FTYPE_Q8_0 = 7,
+	KQ_FTYPE_Q5_0 = 8, KQ_FTYPE_Q5_1 = 9, KQ_FTYPE_Q2_K = 10, KQ_FTYPE_Q3_K_S = 11, KQ_FTYPE_Q3_K_M = 12,
+	KQ_FTYPE_Q3_K_L = 13, KQ_FTYPE_Q4_K_S = 14, KQ_FTYPE_Q4_K_M = 15, KQ_FTYPE_Q5_K_S = 16,
+	KQ_FTYPE_Q5_K_M = 17, KQ_FTYPE_Q6_K = 18, KQ_FTYPE_BF16 = 32
 };
-/* "f32", "q4_k_m", ... -> ftype; -1 if unknown. */
+/* "f32", "q4_k_m", ... (case-insensitive) -> ftype; -1 if unknown. */
 int kq_ftype_parse(const char *s);
 const char *kq_ftype_name(int ftype);
+/* Every name kq_ftype_parse takes, "f32|f16|...", for help texts. */
+const char *kq_ftype_list(void);
 
 /*
  * The kv_dtype a 2-D weight gets under an ftype, llama.cpp's rule
  * (llama-quant.cpp llama_tensor_get_type, the branches that apply to
- * dense qwen3/qwen35 models): the base type of the ftype, except
+ * qwen3/qwen35/qwen35moe/qwen3next without an importance matrix; the
+ * full list is in docs/gguf.md "Per-tensor types of the mixes"): the base
+ * type of the ftype, except
  *   output.weight (or token_embd.weight when there is no output.weight)
- *     -> Q6_K for the K mixes and Q6_K;
+ *     -> Q6_K (Q8_0 stays);
  *   attn_v.weight and attn_qkv.weight (DeltaNet in_proj_qkv), counted
- *     together in file order: those use_more_bits picks -> Q6_K (Q4_K_M,
- *     Q5_K_M) -- what llama.cpp v0.5.0's quantizer does (checked by
- *     tests/peer/peer_models.sh, byte for byte);
- *   ffn_down.weight likewise by layer;
- * and a K type whose row length is not a multiple of 256 falls back to
- * Q5_0 / Q5_1 / Q8_0 (for Q4_K / Q5_K / Q6_K), as llama.cpp does.
+ *     together in file order (i_attn_v of n_attn_v): q2_k Q3_K/Q4_K by
+ *     n_gqa, q3_k_m Q5_K for the first two, q3_k_l Q5_K, q4_k_m/q5_k_m
+ *     Q6_K where use_more_bits, q4_k_s Q5_K for the first four; Q8_0 with
+ *     exactly 8 experts;
+ *   attn_k.weight (8 experts: Q8_0), attn_output.weight (q2_k, q3_k_m,
+ *     q3_k_l; 8 experts: Q5_K) and ffn_down* by layer likewise;
+ * and a type whose block does not divide the row falls back as llama.cpp
+ * does (Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, F16
+ * when 32 does not divide). tests/peer/peer_models.sh and peer_convert.sh
+ * compare whole files with llama_model_quantize's, byte for byte.
  * `name` is the GGUF tensor name, layer/n_layers its layer (-1 outside),
  * i_attn_v the index among the model's attn_v + attn_qkv tensors.
  */
@@ -107,6 +117,7 @@ struct kq_mix_ctx {
 	int n_attn_v;          /* attn_v.weight tensors in the model */
 	int has_output;        /* output.weight present (untied) */
 	int n_expert;          /* routed experts (llama.cpp has rules for exactly 8) */
+	int n_gqa;             /* query heads / KV heads (llama.cpp's n_gqa(), Q2_K's attn_v rule) */
 };
 int kq_ftype_tensor_dtype(int ftype, const struct kq_mix_ctx *m, const char *name, int layer, int i_attn_v,
 			  int64_t row_len);

@@ -157,6 +157,25 @@ static const struct kv_synth_preset g_presets[] = {
 		.n_experts = 512, .n_experts_per_tok = 10, .moe_intermediate = 512, .shared_intermediate = 512,
 		.norm_topk_prob = 1, .mlp_only_layer = -1, .vocab = 151936, .config_only = 1,
 	},
+	{
+		.name = "tiny-dense-k",
+		.summary = "tiny-dense with rows of 256 (hidden, heads, FFN), 8 layers: the K quant types apply to every "
+			   "matrix (convert tests)",
+		.arch = KV_ARCH_QWEN3,
+		.hidden = 256, .n_layers = 8, .n_heads = 4, .n_kv_heads = 2, .head_dim = 64,
+		.intermediate = 512, .partial_rotary = 1.0, .rope_theta = 1000000, .rms_eps = 1e-6,
+		.tie_embeddings = 1, .max_positions = 40960,
+	},
+	{
+		.name = "tiny-hybrid-k",
+		.summary = "tiny-hybrid with rows of 256 (hidden, heads, DeltaNet values, FFN): the K quant types apply "
+			   "to every matrix (convert tests)",
+		.arch = KV_ARCH_QWEN3_5,
+		.hidden = 256, .n_layers = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 64,
+		.intermediate = 512, .full_attention_interval = 4,
+		.lin_k_heads = 2, .lin_v_heads = 4, .lin_k_dim = 64, .lin_v_dim = 64, .conv_kernel = 4,
+		.partial_rotary = 0.25, .rope_theta = 10000000, .rms_eps = 1e-6, .max_positions = 262144,
+	},
 };
 
 size_t kv_synth_preset_count(void)

@@ -309,6 +309,27 @@ KT_CASE(convert_and_config)
 		KT_CHECK(nh > 10);
 		kv_gguf_hf_free(hv, nh);
 		kv_free(blob);
+		/* the same conversion as a split set (7 tensors a file): the
+		 * reader gets every tensor with the same type, shape and bytes */
+		char sp[1100], first[1200];
+		int nf = 0;
+		snprintf(sp, sizeof sp, "%s/%s-split.gguf", d, presets[i]);
+		struct kv_gguf_convert_params ps = {hf, sp, KQ_FTYPE_Q4_K_M, KV_DW_NO_SYNC, 0, 7, &nf};
+		KT_OK(kv_gguf_convert(&ps, NULL, NULL));
+		KT_EQ_INT(nf, (int)((kv_gguf_tensor_count(g) + 6) / 7));
+		snprintf(first, sizeof first, "%s/%s-split-00001-of-%05d.gguf", d, presets[i], nf);
+		struct kv_gguf *gs = NULL;
+		KT_OK(kv_gguf_open(first, &gs));
+		KT_REQUIRE(gs);
+		KT_EQ_INT(kv_gguf_nfiles(gs), nf);
+		KT_EQ_INT(kv_gguf_tensor_count(gs), kv_gguf_tensor_count(g));
+		for (size_t k = 0; k < kv_gguf_tensor_count(g); k++) {
+			const struct kv_tensor *x = kv_gguf_tensor_at(g, k), *y = kv_gguf_tensor_find(gs, x->name);
+			KT_REQUIRE(y);
+			KT_CHECKF(x->dtype == y->dtype && x->nbytes == y->nbytes && !memcmp(x->data, y->data, x->nbytes),
+				  "split tensor %s differs", x->name);
+		}
+		kv_gguf_close(gs);
 		kv_gguf_close(g);
 		/* kvkeep model info: per-type counts and bytes, resident size */
 		KT_EQ_INT(kt_sh("'%s' model info '%s' --json | /usr/bin/python3 -c \"import json,sys; w=json.load(sys.stdin)"
@@ -454,5 +475,114 @@ KT_CASE(split_sets_and_folders)
 	KT_CHECK(!kv_gguf_is_model_path(d));
 }
 
+/* fill callback: tensor i's bytes, or an error for the tensor named "bad" */
+struct sw_fill {
+	int fail, val;
+};
+static int sw_fill_fn(void *ctx, void *dst, uint64_t n)
+{
+	struct sw_fill *f = ctx;
+	if (f->fail)
+		return kv_fail(KV_ERR_IO, "injected fill failure");
+	for (uint64_t i = 0; i < n / 4; i++)
+		((float *)dst)[i] = (float)(f->val * 1000 + (int)i);
+	return KV_OK;
+}
+
+static int count_files(const char *d)
+{
+	return kt_sh("test $(ls -A '%s' | wc -l) -eq 0", d) == 0 ? 0 : 1;
+}
+
+/* kv_ggufw_write_split: gguf-split's cut rules, the split keys, a set the
+ * reader opens with every tensor; all or nothing on failure */
+KT_CASE(split_writer)
+{
+	const char *d = kt_tmpdir();
+	char pre[1024], p[1100];
+	struct sw_fill fl[7];
+	int64_t shape[2] = {8, 32}; /* 1024 bytes of F32 each */
+	struct kv_ggufw *w = kv_ggufw_create();
+	KT_OK(kv_ggufw_set_str(w, "general.architecture", "qwen3"));
+	for (int i = 0; i < 7; i++) {
+		char name[16];
+		snprintf(name, sizeof name, "t%d", i);
+		fl[i].fail = 0;
+		fl[i].val = i;
+		KT_OK(kv_ggufw_add_fill(w, name, KV_DT_F32, 2, shape, sw_fill_fn, &fl[i]));
+	}
+	snprintf(pre, sizeof pre, "%s/m", d);
+	/* size: 2500 bytes of tensor data -> 2 tensors a file: 2+2+2+1 */
+	int nf = 0;
+	KT_OK(kv_ggufw_write_split(w, pre, 2500, 0, KV_DW_NO_SYNC, &nf));
+	KT_EQ_INT(nf, 4);
+	const int want_nt[4] = {2, 2, 2, 1};
+	for (int k = 0; k < 4; k++) {
+		struct kv_gguf *g = NULL;
+		char *buf = NULL;
+		size_t len = 0;
+		int64_t v;
+		snprintf(p, sizeof p, "%s-%05d-of-00004.gguf", pre, k + 1);
+		KT_OK(kv_io_read_file(p, 1 << 20, &buf, &len));
+		KT_OK(kv_gguf_open_mem(buf, len, p, &g)); /* one part alone */
+		KT_REQUIRE(g);
+		KT_EQ_INT(kv_gguf_tensor_count(g), want_nt[k]);
+		const struct kv_gguf_kv *no = kv_gguf_kv_find(g, "split.no"), *cnt = kv_gguf_kv_find(g, "split.count"),
+					*tc = kv_gguf_kv_find(g, "split.tensors.count");
+		KT_REQUIRE(no && cnt && tc);
+		KT_EQ_INT(no->type, KV_GGUF_U16); /* llama.cpp's loader wants exactly these types */
+		KT_EQ_INT(cnt->type, KV_GGUF_U16);
+		KT_EQ_INT(tc->type, KV_GGUF_I32);
+		KT_OK(kv_gguf_get_int(g, "split.no", &v));
+		KT_EQ_INT(v, k);
+		KT_OK(kv_gguf_get_int(g, "split.count", &v));
+		KT_EQ_INT(v, 4);
+		KT_OK(kv_gguf_get_int(g, "split.tensors.count", &v));
+		KT_EQ_INT(v, 7);
+		/* the metadata in file 1 only */
+		KT_EQ_INT(kv_gguf_kv_find(g, "general.architecture") != NULL, k == 0);
+		kv_gguf_close(g);
+		free(buf);
+	}
+	struct kv_gguf *g = NULL;
+	snprintf(p, sizeof p, "%s-00001-of-00004.gguf", pre);
+	KT_OK(kv_gguf_open(p, &g));
+	KT_REQUIRE(g);
+	KT_EQ_INT(kv_gguf_nfiles(g), 4);
+	KT_EQ_INT(kv_gguf_tensor_count(g), 7);
+	const struct kv_tensor *t = kv_gguf_tensor_find(g, "t6");
+	KT_REQUIRE(t);
+	KT_CHECK(((const float *)t->data)[5] == 6005.0f);
+	kv_gguf_close(g);
+	KT_EQ_INT(kt_sh("rm -f '%s'/*", d), 0);
+
+	/* count: 3 tensors a file -> 3+3+1; a tensor bigger than the size
+	 * limit gets a file of its own (here every one) */
+	KT_OK(kv_ggufw_write_split(w, pre, 0, 3, KV_DW_NO_SYNC, &nf));
+	KT_EQ_INT(nf, 3);
+	KT_EQ_INT(kt_sh("test -f '%s-00003-of-00003.gguf'", pre), 0);
+	KT_OK(kv_ggufw_write_split(w, pre, 100, 0, KV_DW_NO_SYNC, &nf));
+	KT_EQ_INT(nf, 7);
+	KT_EQ_INT(kt_sh("rm -f '%s'/*", d), 0);
+
+	/* a failure in the last part: no file of the set, no temp file */
+	fl[6].fail = 1;
+	KT_CHECK(kv_ggufw_write_split(w, pre, 2500, 0, KV_DW_NO_SYNC, &nf) != KV_OK);
+	KT_CHECK(strstr(kv_errmsg(), "injected") != NULL);
+	KT_EQ_INT(count_files(d), 0);
+	fl[6].fail = 0;
+	/* no limit, or more parts than a reader takes: refused, nothing written */
+	KT_EQ_INT(kv_ggufw_write_split(w, pre, 0, 0, KV_DW_NO_SYNC, &nf), KV_ERR_INVALID);
+	for (int i = 0; i < 300; i++) {
+		char name[16];
+		snprintf(name, sizeof name, "x%d", i);
+		KT_OK(kv_ggufw_add_fill(w, name, KV_DT_F32, 2, shape, sw_fill_fn, &fl[0]));
+	}
+	KT_EQ_INT(kv_ggufw_write_split(w, pre, 0, 1, KV_DW_NO_SYNC, &nf), KV_ERR_INVALID);
+	KT_CHECK(strstr(kv_errmsg(), "files") != NULL);
+	KT_EQ_INT(count_files(d), 0);
+	kv_ggufw_destroy(w);
+}
+
 KT_MAIN(bad_files, roundtrip_and_truncation, convert_and_config, real_qwen3_tokenizer_and_template_from_gguf,
-	split_sets_and_folders)
+	split_sets_and_folders, split_writer)

@@ -78,9 +78,9 @@ static void rand_row(float *x, int n, uint64_t *s, float scale)
  * bound is on the RMS, not on the largest error); zero rows are exact. */
 KT_CASE(roundtrip_bounds)
 {
-	const int types[] = {KV_DT_Q4_0, KV_DT_Q4_1, KV_DT_Q5_0, KV_DT_Q5_1, KV_DT_Q8_0, KV_DT_Q4_K, KV_DT_Q5_K,
-			     KV_DT_Q6_K, KV_DT_F16, KV_DT_BF16};
-	const double bound[] = {0.12, 0.08, 0.06, 0.04, 0.008, 0.08, 0.04, 0.02, 0.001, 0.005};
+	const int types[] = {KV_DT_Q4_0, KV_DT_Q4_1, KV_DT_Q5_0, KV_DT_Q5_1, KV_DT_Q8_0, KV_DT_Q2_K, KV_DT_Q3_K,
+			     KV_DT_Q4_K, KV_DT_Q5_K, KV_DT_Q6_K, KV_DT_F16, KV_DT_BF16};
+	const double bound[] = {0.12, 0.08, 0.06, 0.04, 0.008, 0.30, 0.17, 0.08, 0.04, 0.02, 0.001, 0.005};
 	uint64_t s = 3;
 	static float x[1024], y[1024];
 	static uint8_t q[1024 * 4];
@@ -245,15 +245,19 @@ KT_CASE(quant_bytes_identical_to_ggml)
 		return;
 	}
 	const char *d = kt_tmpdir();
-	const int types[] = {KV_DT_Q4_0, KV_DT_Q4_1, KV_DT_Q5_0, KV_DT_Q5_1, KV_DT_Q8_0, KV_DT_Q4_K, KV_DT_Q5_K,
-			     KV_DT_Q6_K};
-	const int n = 256 * 48;
+	const int types[] = {KV_DT_Q4_0, KV_DT_Q4_1, KV_DT_Q5_0, KV_DT_Q5_1, KV_DT_Q8_0, KV_DT_Q2_K, KV_DT_Q3_K,
+			     KV_DT_Q4_K, KV_DT_Q5_K, KV_DT_Q6_K};
+	const int n = 256 * 60;
 	float *x = malloc((size_t)n * 4);
 	uint64_t s = 21;
 	for (int i = 0; i < n; i++) {
-		int blk = i / 256;
-		float scale = blk % 6 == 0 ? 1e-3f : blk % 6 == 1 ? 3.0f : 0.05f;
-		x[i] = (blk % 6 == 5 && (i / 32) % 2) ? 0.0f : scale * ((float)(kt_rand(&s) % 20001) / 10000.0f - 1.0f);
+		int blk = i / 256, k = blk % 10;
+		float scale = k == 0 ? 1e-3f : k == 1 ? 3.0f : k == 6 ? 2e4f : k == 7 ? 1e-30f : 0.05f;
+		x[i] = (k == 5 && (i / 32) % 2) ? 0.0f : scale * ((float)(kt_rand(&s) % 20001) / 10000.0f - 1.0f);
+		if (k == 8) /* a constant block (max == min: every fit's degenerate case) */
+			x[i] = 0.75f;
+		if (k == 9) /* all zero but one spike per sub-block of 16 */
+			x[i] = i % 16 == 3 ? -1.5f * (float)(1 + (i / 16) % 5) : 0.0f;
 	}
 	char xin[1100];
 	snprintf(xin, sizeof xin, "%s/x.f32", d);
@@ -284,4 +288,35 @@ KT_CASE(quant_bytes_identical_to_ggml)
 	free(x);
 }
 
-KT_MAIN(block_sizes, known_blocks, roundtrip_bounds, dequant_bit_identical_to_ggml, quant_bytes_identical_to_ggml)
+/* every file type `kvkeep convert --type` lists parses, names itself back,
+ * and gives its base block type to a plain mid-model matrix */
+KT_CASE(ftype_names)
+{
+	char list[256];
+	snprintf(list, sizeof list, "%s", kq_ftype_list());
+	int n = 0;
+	struct kq_mix_ctx m = {8, 8, 1, 0, 2};
+	for (char *sv = NULL, *t = strtok_r(list, "|", &sv); t; t = strtok_r(NULL, "|", &sv), n++) {
+		int ft = kq_ftype_parse(t);
+		KT_CHECKF(ft >= 0, "%s does not parse", t);
+		KT_EQ_STR(kq_ftype_name(ft), t);
+		int dt = kq_ftype_tensor_dtype(ft, &m, "blk.3.attn_q.weight", 3, 3, 1024);
+		KT_CHECKF(dt >= 0, "%s: no type for attn_q", t);
+	}
+	KT_EQ_INT(n, 17);
+	KT_EQ_INT(kq_ftype_parse("Q3_K_M"), KQ_FTYPE_Q3_K_M);
+	KT_EQ_INT(kq_ftype_parse("q3_k"), -1);
+	/* the K types' fallbacks (llama.cpp's tensor_type_fallback) for rows
+	 * that are not whole 256-blocks: Q2_K/Q3_K -> Q4_0, and F16 below 32 */
+	KT_EQ_INT(kq_ftype_tensor_dtype(KQ_FTYPE_Q2_K, &m, "blk.3.attn_q.weight", 3, 3, 96), KV_DT_Q4_0);
+	KT_EQ_INT(kq_ftype_tensor_dtype(KQ_FTYPE_Q3_K_S, &m, "blk.3.attn_q.weight", 3, 3, 96), KV_DT_Q4_0);
+	KT_EQ_INT(kq_ftype_tensor_dtype(KQ_FTYPE_Q3_K_S, &m, "blk.3.attn_q.weight", 3, 3, 48), KV_DT_F16);
+	KT_EQ_INT(kq_ftype_tensor_dtype(KQ_FTYPE_Q4_1, &m, "blk.3.attn_q.weight", 3, 3, 48), KV_DT_F16);
+	/* Q2_K's attn_v: Q3_K, Q4_K from 4 query heads per KV head */
+	KT_EQ_INT(kq_ftype_tensor_dtype(KQ_FTYPE_Q2_K, &m, "blk.3.attn_v.weight", 3, 3, 256), KV_DT_Q3_K);
+	m.n_gqa = 4;
+	KT_EQ_INT(kq_ftype_tensor_dtype(KQ_FTYPE_Q2_K, &m, "blk.3.attn_v.weight", 3, 3, 256), KV_DT_Q4_K);
+}
+
+KT_MAIN(block_sizes, known_blocks, roundtrip_bounds, dequant_bit_identical_to_ggml, quant_bytes_identical_to_ggml,
+	ftype_names)
