@@ -69,6 +69,8 @@ for _ in $(seq 1 100); do
 done
 printf 'ping\n' | timeout 60 "$KT_BIN" chat --base-url "http://127.0.0.1:$port/v1" --max-tokens 3 >"$TMP/out3" 2>"$TMP/err3"
 rc=$?
+# the server writes its request line after the reply's last byte: wait for it
+for _ in $(seq 1 50); do grep -q 'event=request ' "$TMP/srv.log" && break; sleep 0.1; done
 if [ $rc -eq 0 ] && grep -q 'model tinychat' "$TMP/err3" && grep -q 'event=request ' "$TMP/srv.log"; then
 	ok base_url; else bad base_url "rc=$rc $(cat "$TMP/err3" | head -3)"; fi
 # client errors leave a line at info: route, status, message
