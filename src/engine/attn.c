@@ -40,6 +40,8 @@ static int tile_tokens(int G)
 #define SLOT_TILES 4
 /* Rows from which a tile widens its key/value blocks to f32. */
 #define WIDE_ROWS 12
+/* Keys widened at a time. */
+#define WB 32
 
 struct tile_scr {
 	float *st;    /* [BLOCK][R] scores, row index contiguous */
@@ -49,14 +51,14 @@ struct tile_scr {
 	float *m, *l, *tmp, *cf; /* [R] */
 	float *M, *L; /* [R] merged chunks before the current one */
 	float *ACC;   /* [R][hd] */
-	float *kf, *vf; /* [BLOCK][hd] widened keys and values */
+	float *kf;    /* [WB][hd] widened keys or values */
 	float *slots; /* SLOT_TILES x rmax x (hd + 2) */
 };
 
 static size_t scr_floats(int rmax, int hd)
 {
 	size_t r = (size_t)rmax, h = (size_t)hd;
-	return 2u * KE_ATTN_BLOCK * r + 3 * r * h + 6 * r + 2u * KE_ATTN_BLOCK * h + SLOT_TILES * r * (h + 2) + 16u;
+	return 2u * KE_ATTN_BLOCK * r + 3 * r * h + 6 * r + WB * h + SLOT_TILES * r * (h + 2) + 16u;
 }
 
 size_t ke_attn_scratch_floats(int group, int head_dim)
@@ -85,9 +87,7 @@ static void scr_carve(struct tile_scr *s, float *p, int rmax, int hd)
 	s->L = p + 5 * r;
 	p += 6 * r;
 	s->kf = p;
-	p += KE_ATTN_BLOCK * h;
-	s->vf = p;
-	p += KE_ATTN_BLOCK * h;
+	p += WB * h;
 	s->slots = p;
 }
 
@@ -151,6 +151,21 @@ TGT5 static inline __m512 ld16(const char *p, int bf)
 	if (bf)
 		return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 	return _mm512_loadu_ps((const float *)(const void *)p);
+}
+
+/* n (a multiple of 16) bf16 values to f32 (exact). */
+TGT5 static void widen_avx512(float *y, const char *x, int n)
+{
+	for (int i = 0; i < n; i += 16)
+		_mm512_storeu_ps(y + i, ld16(x + 2 * i, 1));
+}
+
+/* Asks for the next block's key and value rows while this one runs. */
+static void prefetch_rows(const char *const *rows, int n, size_t bytes)
+{
+	for (int j = 0; j < n; j++)
+		for (size_t o = 0; o < bytes; o += 64)
+			_mm_prefetch(rows[j] + o, _MM_HINT_T1);
 }
 
 /* The same strip with 32 columns in two 16-lane registers per row, up to
@@ -240,57 +255,118 @@ static inline int key_row0(int base, int j, int G)
 	return base + j > 0 ? (base + j) * G : 0;
 }
 
-/* st *= scale (all of it); bm[r] = max over the keys row r uses. */
+/* Lanes r..r+7 that are rows >= rj. */
+TGT2 static inline __m256 rows_from(int r, int rj)
+{
+	__m256i idx = _mm256_add_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	return _mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, _mm256_set1_epi32(rj - 1)));
+}
+
+TGT2 static inline __m128 rows_from4(int r, int rj)
+{
+	__m128i idx = _mm_add_epi32(_mm_set1_epi32(r), _mm_setr_epi32(0, 1, 2, 3));
+	return _mm_castsi128_ps(_mm_cmpgt_epi32(idx, _mm_set1_epi32(rj - 1)));
+}
+
+/* st *= scale (all of it); bm[r] = max over the keys row r uses, in key
+ * order, 8 (then 4) rows per register. */
 TGT2 static void sm_max_avx2(float *st, int R, int nbm, int base, int G, float scale, float *bm)
 {
 	__m256 sc = _mm256_set1_ps(scale);
-	int n = R * nbm, i = 0;
+	int n = R * nbm, i = 0, r = 0;
 	for (; i + 8 <= n; i += 8)
 		_mm256_storeu_ps(st + i, _mm256_mul_ps(_mm256_loadu_ps(st + i), sc));
 	for (; i < n; i++)
 		st[i] = st[i] * scale;
-	for (int j = 0; j < nbm; j++) {
-		const float *sj = st + (size_t)j * R;
-		int r = key_row0(base, j, G);
-		for (; r + 8 <= R; r += 8) {
-			__m256 v = _mm256_loadu_ps(sj + r), b = _mm256_loadu_ps(bm + r);
-			_mm256_storeu_ps(bm + r, _mm256_blendv_ps(b, v, _mm256_cmp_ps(v, b, _CMP_GT_OQ)));
+	for (; r + 8 <= R; r += 8) {
+		__m256 b = _mm256_loadu_ps(bm + r);
+		for (int j = 0; j < nbm; j++) {
+			int rj = key_row0(base, j, G);
+			if (rj >= r + 8)
+				break;
+			__m256 v = _mm256_loadu_ps(st + (size_t)j * R + r), gt = _mm256_cmp_ps(v, b, _CMP_GT_OQ);
+			if (rj > r)
+				gt = _mm256_and_ps(gt, rows_from(r, rj));
+			b = _mm256_blendv_ps(b, v, gt);
 		}
-		for (; r < R; r++)
-			bm[r] = sj[r] > bm[r] ? sj[r] : bm[r];
+		_mm256_storeu_ps(bm + r, b);
 	}
+	for (; r + 4 <= R; r += 4) {
+		__m128 b = _mm_loadu_ps(bm + r);
+		for (int j = 0; j < nbm; j++) {
+			int rj = key_row0(base, j, G);
+			if (rj >= r + 4)
+				break;
+			__m128 v = _mm_loadu_ps(st + (size_t)j * R + r), gt = _mm_cmpgt_ps(v, b);
+			if (rj > r)
+				gt = _mm_and_ps(gt, rows_from4(r, rj));
+			b = _mm_blendv_ps(b, v, gt);
+		}
+		_mm_storeu_ps(bm + r, b);
+	}
+	for (int j = 0; j < nbm; j++)
+		for (int q = r > key_row0(base, j, G) ? r : key_row0(base, j, G); q < R; q++)
+			bm[q] = st[(size_t)j * R + q] > bm[q] ? st[(size_t)j * R + q] : bm[q];
 }
 
 /* st[j][r] -= m[r] (all of it) */
 TGT2 static void sm_sub_avx2(float *st, int R, int nbm, const float *m)
 {
-	for (int j = 0; j < nbm; j++) {
-		float *sj = st + (size_t)j * R;
-		int r = 0;
-		for (; r + 8 <= R; r += 8)
-			_mm256_storeu_ps(sj + r, _mm256_sub_ps(_mm256_loadu_ps(sj + r), _mm256_loadu_ps(m + r)));
-		for (; r < R; r++)
-			sj[r] = sj[r] - m[r];
+	int r = 0;
+	for (; r + 8 <= R; r += 8) {
+		__m256 mv = _mm256_loadu_ps(m + r);
+		for (int j = 0; j < nbm; j++)
+			_mm256_storeu_ps(st + (size_t)j * R + r, _mm256_sub_ps(_mm256_loadu_ps(st + (size_t)j * R + r), mv));
 	}
+	for (; r + 4 <= R; r += 4) {
+		__m128 mv = _mm_loadu_ps(m + r);
+		for (int j = 0; j < nbm; j++)
+			_mm_storeu_ps(st + (size_t)j * R + r, _mm_sub_ps(_mm_loadu_ps(st + (size_t)j * R + r), mv));
+	}
+	for (; r < R; r++)
+		for (int j = 0; j < nbm; j++)
+			st[(size_t)j * R + r] = st[(size_t)j * R + r] - m[r];
 }
 
 /* sum[r] = sum[r] + p[j][r], keys in order, over the keys row r uses */
 TGT2 static void sm_sum_avx2(const float *st, int R, int nbm, int base, int G, float *sum)
 {
-	for (int j = 0; j < nbm; j++) {
-		const float *sj = st + (size_t)j * R;
-		int r = key_row0(base, j, G);
-		for (; r + 8 <= R; r += 8)
-			_mm256_storeu_ps(sum + r, _mm256_add_ps(_mm256_loadu_ps(sum + r), _mm256_loadu_ps(sj + r)));
-		for (; r < R; r++)
-			sum[r] = sum[r] + sj[r];
+	int r = 0;
+	for (; r + 8 <= R; r += 8) {
+		__m256 a = _mm256_loadu_ps(sum + r);
+		for (int j = 0; j < nbm; j++) {
+			int rj = key_row0(base, j, G);
+			if (rj >= r + 8)
+				break;
+			__m256 t = _mm256_add_ps(a, _mm256_loadu_ps(st + (size_t)j * R + r));
+			a = rj > r ? _mm256_blendv_ps(a, t, rows_from(r, rj)) : t;
+		}
+		_mm256_storeu_ps(sum + r, a);
 	}
+	for (; r + 4 <= R; r += 4) {
+		__m128 a = _mm_loadu_ps(sum + r);
+		for (int j = 0; j < nbm; j++) {
+			int rj = key_row0(base, j, G);
+			if (rj >= r + 4)
+				break;
+			__m128 t = _mm_add_ps(a, _mm_loadu_ps(st + (size_t)j * R + r));
+			a = rj > r ? _mm_blendv_ps(a, t, rows_from4(r, rj)) : t;
+		}
+		_mm_storeu_ps(sum + r, a);
+	}
+	for (int j = 0; j < nbm; j++)
+		for (int q = r > key_row0(base, j, G) ? r : key_row0(base, j, G); q < R; q++)
+			sum[q] = sum[q] + st[(size_t)j * R + q];
 }
 #endif
 
 static void widen(float *y, const char *x, int n, int isa)
 {
 #if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX512 && n % 16 == 0) {
+		widen_avx512(y, x, n);
+		return;
+	}
 	if (isa >= KE_ISA_AVX2) {
 		widen_avx2(y, x, n);
 		return;
@@ -432,7 +508,7 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 		l[i] = 0.0f;
 	}
 	struct ke_mat qm = {s->qt, KV_DT_F32, R, hd, (size_t)hd};
-	const char *vrow[KE_ATTN_BLOCK];
+	const char *vrow[KE_ATTN_BLOCK], *krow[KE_ATTN_BLOCK];
 	for (int b0 = kb; b0 < ke; b0 += KE_ATTN_BLOCK) {
 		int nbm = ke - b0 < KE_ATTN_BLOCK ? ke - b0 : KE_ATTN_BLOCK;
 		/* first token of the tile whose query reaches this block */
@@ -450,39 +526,61 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 			}
 			memset(acc + (size_t)r0 * hd, 0, (size_t)nr * hd * sizeof *acc);
 		}
-		/* Scores, one gemm per stretch of the block that lies in one
-		 * page. Wide tiles widen the block's keys and values to f32 once
-		 * (exact) and make the keys the activation rows, which writes
-		 * the scores [key][row] directly; narrow ones (decode) read the
-		 * keys in place as weight rows and transpose the few rows. */
-		for (int j0 = 0; j0 < nbm;) {
-			int p = b0 + j0;
-			int in_page = B - p % B;
-			int n = nbm - j0 < in_page ? nbm - j0 : in_page;
+		/* Scores. Wide tiles make the keys the activation rows, which
+		 * writes the scores [key][row] directly; with bf16 KV they widen
+		 * the keys (and below the values) to f32 (exact) WB keys at a
+		 * time, so the widened rows, the queries or accumulators and the
+		 * scores stay in L1 together. Narrow tiles (decode) read the keys
+		 * in place as weight rows and transpose their few rows. Otherwise
+		 * one gemm per stretch of the block that lies in one page. */
+		for (int j = 0; j < nbm;) { /* one page at a time: no division per key */
+			int p = b0 + j, in_page = B - p % B;
+			int n = nbm - j < in_page ? nbm - j : in_page;
 			const char *kr = kv_row(lay, a->pages, kseg, p), *vr = kv_row(lay, a->pages, vseg, p);
-			if (wide) {
-				const float *kx = (const float *)(const void *)kr;
-				if (bf) {
-					widen(s->kf + (size_t)j0 * hd, kr, n * hd, isa);
-					widen(s->vf + (size_t)j0 * hd, vr, n * hd, isa);
-					kx = s->kf + (size_t)j0 * hd;
-				}
-				ke_gemm_range(isa, &qm, kx, (size_t)hd, n, s->st + (size_t)j0 * R, (size_t)R, 0, r0, R);
-			} else {
-				struct ke_mat km = {kr, lay->kv_dtype, n, hd, (size_t)hd};
-				ke_gemm_range(isa, &km, s->qt + (size_t)r0 * hd, (size_t)hd, nr,
-					      s->srm + (size_t)r0 * KE_ATTN_BLOCK + j0, KE_ATTN_BLOCK, 0, 0, n);
+			for (int q = 0; q < n; q++) {
+				krow[j + q] = kr + (size_t)q * lay->row_bytes;
+				vrow[j + q] = vr + (size_t)q * lay->row_bytes;
 			}
-			for (int j = 0; j < n; j++)
-				vrow[j0 + j] = wide && bf ? (const char *)(s->vf + (size_t)(j0 + j) * hd)
-							  : vr + (size_t)j * lay->row_bytes;
-			j0 += n;
+			j += n;
+		}
+#if defined(__x86_64__)
+		if (wide && b0 + KE_ATTN_BLOCK < ke) {
+			const char *nx[2 * KE_ATTN_BLOCK];
+			int nn = ke - b0 - KE_ATTN_BLOCK < KE_ATTN_BLOCK ? ke - b0 - KE_ATTN_BLOCK : KE_ATTN_BLOCK;
+			for (int j = 0; j < nn; j++) {
+				nx[2 * j] = kv_row(lay, a->pages, kseg, b0 + KE_ATTN_BLOCK + j);
+				nx[2 * j + 1] = kv_row(lay, a->pages, vseg, b0 + KE_ATTN_BLOCK + j);
+			}
+			prefetch_rows(nx, 2 * nn, lay->row_bytes);
+		}
+#endif
+		if (wide && bf) {
+			for (int w0 = 0; w0 < nbm; w0 += WB) {
+				int n = nbm - w0 < WB ? nbm - w0 : WB;
+				for (int j = 0; j < n; j++)
+					widen(s->kf + (size_t)j * hd, krow[w0 + j], hd, isa);
+				ke_gemm_range(isa, &qm, s->kf, (size_t)hd, n, s->st + (size_t)w0 * R, (size_t)R, 0, r0, R);
+			}
+		} else {
+			for (int j0 = 0; j0 < nbm;) {
+				int p = b0 + j0;
+				int in_page = B - p % B;
+				int n = nbm - j0 < in_page ? nbm - j0 : in_page;
+				if (wide) {
+					ke_gemm_range(isa, &qm, (const float *)(const void *)krow[j0], (size_t)hd, n,
+						      s->st + (size_t)j0 * R, (size_t)R, 0, r0, R);
+				} else {
+					struct ke_mat km = {krow[j0], lay->kv_dtype, n, hd, (size_t)hd};
+					ke_gemm_range(isa, &km, s->qt + (size_t)r0 * hd, (size_t)hd, nr,
+						      s->srm + (size_t)r0 * KE_ATTN_BLOCK + j0, KE_ATTN_BLOCK, 0, 0, n);
+				}
+				j0 += n;
+			}
 		}
 		if (!wide)
 			for (int j = 0; j < nbm; j++)
 				for (int i = r0; i < R; i++)
 					s->st[(size_t)j * R + i] = s->srm[(size_t)i * KE_ATTN_BLOCK + j];
-		int vbf = bf && !wide;
 		/* Softmax (attn.h), per row over the keys it uses. */
 		int base = b0 - a->pos0 - t0;
 		float *bm = s->tmp, *cf = s->cf;
@@ -505,15 +603,31 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 		for (int i = r0; i < R; i++)
 			if (cf[i] != 1.0f) /* x * 1 == x exactly: skipping it changes no bit */
 				ke_vec_scale(acc + (size_t)i * hd, cf[i], hd);
-		/* Runs of tokens with the same key count share one PV pass. */
-		for (int t = ta; t < nt;) {
-			int pos = a->pos0 + t0 + t;
-			int nb = pos + 1 - b0 < nbm ? pos + 1 - b0 : nbm;
-			int te = t + 1;
-			while (te < nt && nb == nbm)
-				te++;
-			pv_rows(acc + (size_t)t * G * hd, s->st + (size_t)t * G, R, vrow, nb, (te - t) * G, hd, vbf, isa);
-			t = te;
+		/* PV, WB keys at a time (each row still takes its keys in
+		 * order); runs of tokens with the same key count share a pass. */
+		for (int w0 = 0; w0 < nbm; w0 += WB) {
+			int wn = nbm - w0 < WB ? nbm - w0 : WB, vbf = bf;
+			const char *vw[WB];
+			if (wide && bf) {
+				for (int j = 0; j < wn; j++) {
+					widen(s->kf + (size_t)j * hd, vrow[w0 + j], hd, isa);
+					vw[j] = (const char *)(s->kf + (size_t)j * hd);
+				}
+				vbf = 0;
+			} else {
+				memcpy(vw, vrow + w0, (size_t)wn * sizeof *vw);
+			}
+			int tw = ta > b0 + w0 - a->pos0 - t0 ? ta : b0 + w0 - a->pos0 - t0;
+			for (int t = tw; t < nt;) {
+				int pos = a->pos0 + t0 + t;
+				int nb = pos + 1 - b0 - w0 < wn ? pos + 1 - b0 - w0 : wn;
+				int te = t + 1;
+				while (te < nt && nb == wn)
+					te++;
+				pv_rows(acc + (size_t)t * G * hd, s->st + (size_t)w0 * R + (size_t)t * G, R, vw, nb, (te - t) * G,
+					hd, vbf, isa);
+				t = te;
+			}
 		}
 	}
 	if (!merge)

@@ -145,6 +145,17 @@ TGT2 static void axpy_avx2(float *y, float a, const float *x, int n)
 		y[i] = fmaf(a, x[i], y[i]);
 }
 
+/* y * a, element-wise: the bits of the scalar loop */
+TGT2 static void scale_avx2(float *y, float a, int n)
+{
+	int i = 0;
+	__m256 av = _mm256_set1_ps(a);
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), av));
+	for (; i < n; i++)
+		y[i] = y[i] * a;
+}
+
 TGT2 static void axpy_bf16_avx2(float *y, float a, const void *x, int n)
 {
 	int i = 0;
@@ -257,7 +268,14 @@ void ke_vec_axpy_bf16(float *y, float a, const void *x, int n)
 
 void ke_vec_scale(float *y, float a, int n)
 {
-	for (int i = 0; i < n; i++)
+	int i = 0;
+#if defined(__x86_64__)
+	if (isa2(ke_isa())) {
+		scale_avx2(y, a, n);
+		return;
+	}
+#endif
+	for (; i < n; i++)
 		y[i] = y[i] * a;
 }
 
