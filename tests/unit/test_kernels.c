@@ -184,6 +184,33 @@ KT_CASE(gemm_long_rows_paths_bit_identical)
 	}
 }
 
+/* bf16 weights with many rows go through f32 panels widened once
+ * (several panels when K is long): the same bits as the scalar path and
+ * as one row at a time. */
+KT_CASE(gemm_packed_panels_bit_identical)
+{
+	static const int Ks[] = {700, 1024, 2048};
+	for (int ki = 0; ki < 3; ki++) {
+		int K = Ks[ki], M = 13, N = 40 + 7 * ki;
+		struct wmat w;
+		wmat_make(&w, N, K, 1);
+		float *x = rand_vec((size_t)M * K), *y0 = malloc((size_t)M * N * 4), *y1 = malloc((size_t)M * N * 4);
+		ke_gemm_range(KE_ISA_SCALAR, &w.m, x, (size_t)K, M, y0, (size_t)N, 0, 0, N);
+		for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
+			memset(y1, 0, (size_t)M * N * 4);
+			ke_gemm_range(isa, &w.m, x, (size_t)K, M, y1, (size_t)N, 0, 0, N);
+			KT_CHECKF(!memcmp(y0, y1, (size_t)M * N * 4), "%s != scalar K=%d", ke_isa_name(isa), K);
+			ke_gemm_range(isa, &w.m, x + (size_t)(M - 1) * K, (size_t)K, 1, y1, (size_t)N, 0, 3, N);
+			KT_CHECKF(!memcmp(y0 + (size_t)(M - 1) * N + 3, y1 + 3, (size_t)(N - 3) * 4), "%s one row, K=%d",
+				  ke_isa_name(isa), K);
+		}
+		free(x);
+		free(y0);
+		free(y1);
+		wmat_free(&w);
+	}
+}
+
 KT_CASE(gemm_row_result_independent_of_m_and_split)
 {
 	/* the batch-invariance contract: decode (M=1) == prefill rows, whatever
@@ -811,6 +838,7 @@ KT_CASE(logprobs)
 }
 
 KT_MAIN(gemm_matches_double_reference, gemm_simd_paths_bit_identical_to_scalar, gemm_long_rows_paths_bit_identical,
+	gemm_packed_panels_bit_identical,
 	gemm_row_result_independent_of_m_and_split, gemm_accum_and_unaligned_weights, dot_is_the_gemm_order,
 	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
 	attention_invariant_to_chunks_threads_and_page_size,
