@@ -160,14 +160,6 @@ TGT5 static void widen_avx512(float *y, const char *x, int n)
 		_mm512_storeu_ps(y + i, ld16(x + 2 * i, 1));
 }
 
-/* Asks for the next block's key and value rows while this one runs. */
-static void prefetch_rows(const char *const *rows, int n, size_t bytes)
-{
-	for (int j = 0; j < n; j++)
-		for (size_t o = 0; o < bytes; o += 64)
-			_mm_prefetch(rows[j] + o, _MM_HINT_T1);
-}
-
 /* The same strip with 32 columns in two 16-lane registers per row, up to
  * 6 rows (12 accumulators). */
 TGT5 static inline __attribute__((always_inline)) void pv_strip5(const int GS, float *acc, const float *P, int ldp,
@@ -543,17 +535,6 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 			}
 			j += n;
 		}
-#if defined(__x86_64__)
-		if (wide && b0 + KE_ATTN_BLOCK < ke) {
-			const char *nx[2 * KE_ATTN_BLOCK];
-			int nn = ke - b0 - KE_ATTN_BLOCK < KE_ATTN_BLOCK ? ke - b0 - KE_ATTN_BLOCK : KE_ATTN_BLOCK;
-			for (int j = 0; j < nn; j++) {
-				nx[2 * j] = kv_row(lay, a->pages, kseg, b0 + KE_ATTN_BLOCK + j);
-				nx[2 * j + 1] = kv_row(lay, a->pages, vseg, b0 + KE_ATTN_BLOCK + j);
-			}
-			prefetch_rows(nx, 2 * nn, lay->row_bytes);
-		}
-#endif
 		if (wide && bf) {
 			for (int w0 = 0; w0 < nbm; w0 += WB) {
 				int n = nbm - w0 < WB ? nbm - w0 : WB;
