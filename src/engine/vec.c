@@ -108,6 +108,38 @@ TGT2 static float dot_avx2(const float *a, const float *b, int n)
 	return _mm_cvtss_f32(r);
 }
 
+#define TGT5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+
+/* exp8's operations on 16 lanes (the same bits). */
+TGT5 static inline __m512 exp16(__m512 x)
+{
+	x = _mm512_min_ps(x, _mm512_set1_ps(EXP_HI));
+	x = _mm512_max_ps(x, _mm512_set1_ps(EXP_LO));
+	__m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
+	r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+	__m512 p = _mm512_set1_ps(P0);
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P1));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P2));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P3));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P4));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P5));
+	__m512 r2 = _mm512_mul_ps(r, r);
+	__m512 y = _mm512_fmadd_ps(p, r2, r);
+	y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+	__m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
+	return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), e));
+}
+
+TGT5 static void exp_avx512(float *y, const float *x, int n)
+{
+	int i = 0;
+	for (; i + 16 <= n; i += 16)
+		_mm512_storeu_ps(y + i, exp16(_mm512_loadu_ps(x + i)));
+	for (; i < n; i++)
+		y[i] = ke_exp(x[i]);
+}
+
 TGT2 static void exp_avx2(float *y, const float *x, int n)
 {
 	int i = 0;
@@ -195,6 +227,10 @@ float ke_vec_dot(const float *a, const float *b, int n)
 void ke_vec_exp_isa(int isa, float *y, const float *x, int n)
 {
 #if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX512 && ke_isa_best() >= KE_ISA_AVX512) {
+		exp_avx512(y, x, n);
+		return;
+	}
 	if (isa2(isa)) {
 		exp_avx2(y, x, n);
 		return;
