@@ -29,19 +29,43 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Query tokens per tile for a group size G: about KE_ATTN_TILE_ROWS rows. */
-static int tile_tokens(int G)
+/* Keys widened at a time (hd <= 128). */
+#define WB 32
+/* Query rows per score gemm of a wide tile. */
+#define QK_ROWS 36
+
+/* Sizes for heads of hd: about KE_ATTN_TILE_ROWS query rows per tile at
+ * hd <= 128 (fewer for wider heads), keys widened WB at a time and query
+ * rows per score gemm: the widened keys or values, the queries or
+ * accumulators they meet and the scores stay in L1 (48 KiB here). Speed
+ * knobs only. */
+static int hd_scale(int hd)
 {
-	int tq = KE_ATTN_TILE_ROWS / G;
+	return hd <= 128 ? 1 : (hd + 127) / 128;
+}
+
+static int tile_tokens(int G, int hd)
+{
+	int tq = KE_ATTN_TILE_ROWS / hd_scale(hd) / G;
 	return tq < 1 ? 1 : tq;
+}
+
+static int wb_keys(int hd)
+{
+	int w = WB / hd_scale(hd);
+	return w < 8 ? 8 : w;
+}
+
+static int qk_rows(int hd)
+{
+	int q = QK_ROWS / hd_scale(hd);
+	return q < 6 ? 6 : q;
 }
 
 /* Chunk states of the decode split: this many tiles' worth per thread. */
 #define SLOT_TILES 4
 /* Rows from which a tile widens its key/value blocks to f32. */
 #define WIDE_ROWS 12
-/* Keys widened at a time. */
-#define WB 32
 
 struct tile_scr {
 	float *st;    /* [BLOCK][R] scores, row index contiguous */
@@ -63,7 +87,7 @@ static size_t scr_floats(int rmax, int hd)
 
 size_t ke_attn_scratch_floats(int group, int head_dim)
 {
-	return scr_floats(tile_tokens(group) * group, head_dim);
+	return scr_floats(tile_tokens(group, head_dim) * group, head_dim);
 }
 
 static void scr_carve(struct tile_scr *s, float *p, int rmax, int hd)
@@ -487,6 +511,7 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 	int nt = t1 - t0, R = nt * G;
 	/* wide: vector paths with enough rows to repay widening the block */
 	int wide = isa >= KE_ISA_AVX2 && R >= WIDE_ROWS;
+	int wb = wb_keys(hd), qr = qk_rows(hd);
 	int kseg = (a->layer * 2 + 0) * Hkv + g, vseg = (a->layer * 2 + 1) * Hkv + g;
 	int bf = lay->kv_dtype == KV_DT_BF16;
 	float *acc = s->acc, *m = s->m, *l = s->l;
@@ -536,11 +561,15 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 			j += n;
 		}
 		if (wide && bf) {
-			for (int w0 = 0; w0 < nbm; w0 += WB) {
-				int n = nbm - w0 < WB ? nbm - w0 : WB;
+			for (int w0 = 0; w0 < nbm; w0 += wb) {
+				int n = nbm - w0 < wb ? nbm - w0 : wb;
 				for (int j = 0; j < n; j++)
 					widen(s->kf + (size_t)j * hd, krow[w0 + j], hd, isa);
-				ke_gemm_range(isa, &qm, s->kf, (size_t)hd, n, s->st + (size_t)w0 * R, (size_t)R, 0, r0, R);
+				/* query rows in pieces of QK_ROWS: with the widened keys they
+				 * stay in L1 */
+				for (int q0 = r0; q0 < R; q0 += qr)
+					ke_gemm_range(isa, &qm, s->kf, (size_t)hd, n, s->st + (size_t)w0 * R, (size_t)R, 0, q0,
+						      q0 + qr < R ? q0 + qr : R);
 			}
 		} else {
 			for (int j0 = 0; j0 < nbm;) {
@@ -586,8 +615,8 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 				ke_vec_scale(acc + (size_t)i * hd, cf[i], hd);
 		/* PV, WB keys at a time (each row still takes its keys in
 		 * order); runs of tokens with the same key count share a pass. */
-		for (int w0 = 0; w0 < nbm; w0 += WB) {
-			int wn = nbm - w0 < WB ? nbm - w0 : WB, vbf = bf;
+		for (int w0 = 0; w0 < nbm; w0 += wb) {
+			int wn = nbm - w0 < wb ? nbm - w0 : wb, vbf = bf;
 			const char *vw[WB];
 			if (wide && bf) {
 				for (int j = 0; j < wn; j++) {
@@ -729,8 +758,8 @@ static void attn_split(struct attn_job *j, int threads)
 void ke_attn(const struct ke_attn_args *a)
 {
 	int G = a->n_heads / a->lay->n_kv_heads, Hkv = a->lay->n_kv_heads;
-	struct attn_job j = {a, ke_isa(), ke_attn_scratch_floats(G, a->lay->head_dim), tile_tokens(G) * G,
-			     tile_tokens(G), 0, 0, 0, 0};
+	struct attn_job j = {a, ke_isa(), ke_attn_scratch_floats(G, a->lay->head_dim),
+			     tile_tokens(G, a->lay->head_dim) * G, tile_tokens(G, a->lay->head_dim), 0, 0, 0, 0};
 	j.n_tiles = (a->n_tok + j.tq - 1) / j.tq;
 	size_t units = (size_t)j.n_tiles * (size_t)Hkv;
 	double work = (double)a->n_tok * (double)(a->pos0 + a->n_tok) * a->n_heads * a->lay->head_dim;

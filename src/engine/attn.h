@@ -38,7 +38,7 @@
 #define KE_ATTN_SPLIT 512
 /* Query rows (tokens x G) computed together against each loaded key
  * block: a speed knob only (the results do not depend on it). */
-#define KE_ATTN_TILE_ROWS 36
+#define KE_ATTN_TILE_ROWS 48
 
 struct ke_attn_args {
 	const struct ke_layout *lay;
