@@ -462,13 +462,22 @@ TGT2 static void widen_row2(float *dst, const char *src, int K)
 		dst[k] = ld_bf16(src + (size_t)k * 2);
 }
 
+TGT5 static void widen_row5(float *dst, const char *src, int K)
+{
+	int k = 0;
+	for (; k + 16 <= K; k += 16)
+		_mm512_storeu_ps(dst + k, ld16w(src + (size_t)k * 2, 1));
+	for (; k < K; k++)
+		dst[k] = ld_bf16(src + (size_t)k * 2);
+}
+
 static int panel_rows(int K, int nr_max)
 {
 	int nb = PANEL_FLOATS / (K + PANEL_PAD);
 	return nb - nb % nr_max;
 }
 
-static void sweep_packed(const tile_fn *tab, int mr_max, int nr_max, const struct ke_mat *w, const float *x,
+static void sweep_packed(int isa, const tile_fn *tab, int mr_max, int nr_max, const struct ke_mat *w, const float *x,
 			 size_t ldx, int m, float *y, size_t ldy, unsigned flags, int n0, int n1)
 {
 	float panel[PANEL_FLOATS];
@@ -478,8 +487,12 @@ static void sweep_packed(const tile_fn *tab, int mr_max, int nr_max, const struc
 	const char *wd = w->data;
 	for (int b0 = n0; b0 < n1; b0 += nb) {
 		int b1 = b0 + nb < n1 ? b0 + nb : n1;
-		for (int r = b0; r < b1; r++)
-			widen_row2(panel + (size_t)(r - b0) * ld, wd + (size_t)r * wstride, K);
+		for (int r = b0; r < b1; r++) {
+			if (isa >= KE_ISA_AVX512)
+				widen_row5(panel + (size_t)(r - b0) * ld, wd + (size_t)r * wstride, K);
+			else
+				widen_row2(panel + (size_t)(r - b0) * ld, wd + (size_t)r * wstride, K);
+		}
 		for (int i = 0; i < m; i += mr_max) {
 			int mr = m - i < mr_max ? m - i : mr_max;
 			for (int n = b0; n < b1; n += nr_max) {
@@ -557,7 +570,7 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 #if defined(__x86_64__)
 	if (isa == KE_ISA_AVX512) {
 		if (bf && m >= PACK_MIN_M && w->cols <= 4 * KC2 && panel_rows(w->cols, NR5) >= NR5)
-			sweep_packed(&g_t5[0][0][0], MR5, NR5, w, x, ldx, m, y, ldy, flags, n0, n1);
+			sweep_packed(isa, &g_t5[0][0][0], MR5, NR5, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else if (m > 1 && w->cols > 4 * KC2)
 			sweep_k(&g_t5k[bf][0][0], 6, 4, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else
@@ -568,7 +581,7 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 		if (m == 1)
 			sweep(&g_t2v[bf][0], 1, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else if (bf && m >= PACK_MIN_M && w->cols <= 2 * KC2 && panel_rows(w->cols, 2) >= 2)
-			sweep_packed(&g_t2[0][0][0], 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
+			sweep_packed(isa, &g_t2[0][0][0], 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else if (w->cols > 2 * KC2)
 			sweep_k(&g_t2k[bf][0][0], 3, 2, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else
