@@ -37,7 +37,8 @@
 /* Keys per chunk of the fixed split (a multiple of KE_ATTN_BLOCK). */
 #define KE_ATTN_SPLIT 512
 /* Query rows (tokens x G) computed together against each loaded key
- * block: a speed knob only (the results do not depend on it). */
+ * block at head_dim <= 128 (half at 256): a speed knob only (the results
+ * do not depend on it). */
 #define KE_ATTN_TILE_ROWS 48
 
 struct ke_attn_args {
