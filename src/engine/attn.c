@@ -2,8 +2,9 @@
  * attn.c - see attn.h.
  *
  * A tile (query tokens [t0, t1) of one KV head, R = (t1 - t0) G rows)
- * walks the key blocks. Per block, on the vector paths, the block's keys
- * and values are widened to f32 once (bf16 KV) and:
+ * walks the key blocks. Per block, on the vector paths with enough rows
+ * ("wide" tiles: prefill), the block's bf16 keys and values are widened
+ * to f32 a few keys at a time (exact), and:
  *   scores  S^T[j][r] = gemm-dot(k_j, q_r): the keys are the activation
  *           rows and the queries the weight rows of ke_gemm_range (an fma
  *           product is commutative, so these are the bits of dot(q_r,
@@ -14,7 +15,11 @@
  *   softmax per row, element-wise and in key order (attn.h);
  *   PV      acc[r] += p_j[r] v_j, j ascending, in register strips.
  * Rows of the tile whose query does not reach key j (the diagonal block)
- * skip it: for key j the rows that use it are a suffix [rj, R).
+ * skip it: for key j the rows that use it are a suffix [rj, R). Narrow
+ * tiles (decode, and the scalar path) compute the scores with the keys as
+ * weight rows, in place, and transpose them. The chunks of the key split
+ * (attn.h) are merged by the tile itself (prefill) or, for a decode step,
+ * computed as separate units in parallel and merged by attn_split.
  */
 #include "engine/attn.h"
 #include "engine/gemm.h"

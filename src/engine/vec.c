@@ -115,7 +115,8 @@ TGT5 static inline __m512 exp16(__m512 x)
 {
 	x = _mm512_min_ps(x, _mm512_set1_ps(EXP_HI));
 	x = _mm512_max_ps(x, _mm512_set1_ps(EXP_LO));
-	__m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+					_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 	__m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
 	r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
 	__m512 p = _mm512_set1_ps(P0);
