@@ -68,7 +68,7 @@ static int qk_rows(int hd)
 }
 
 /* Chunk states of the decode split: this many tiles' worth per thread. */
-#define SLOT_TILES 4
+#define SLOT_TILES 2
 /* Rows from which a tile widens its key/value blocks to f32. */
 #define WIDE_ROWS 12
 
