@@ -217,6 +217,45 @@ TGT5 static inline __attribute__((always_inline)) void pv_strip5(const int GS, f
 	}
 }
 
+/* 64 columns (four registers per row), up to 5 rows: 20 accumulators,
+ * so each broadcast weight feeds four fmas instead of two. */
+TGT5 static inline __attribute__((always_inline)) void pv_strip5w(const int GS, float *acc, const float *P, int ldp,
+								  const char *const *vrow, int nb, int hd, int d0, int bf)
+{
+	size_t es = bf ? 2 : 4;
+	__m512 a[5][4];
+#pragma GCC unroll 5
+	for (int i = 0; i < GS; i++)
+#pragma GCC unroll 4
+		for (int c = 0; c < 4; c++)
+			a[i][c] = _mm512_loadu_ps(acc + (size_t)i * hd + d0 + 16 * c);
+	for (int j = 0; j < nb; j++) {
+		__m512 v[4];
+#pragma GCC unroll 4
+		for (int c = 0; c < 4; c++)
+			v[c] = ld16(vrow[j] + (size_t)(d0 + 16 * c) * es, bf);
+#pragma GCC unroll 5
+		for (int i = 0; i < GS; i++) {
+			__m512 p = _mm512_set1_ps(P[(size_t)j * ldp + i]);
+#pragma GCC unroll 4
+			for (int c = 0; c < 4; c++)
+				a[i][c] = _mm512_fmadd_ps(p, v[c], a[i][c]);
+		}
+	}
+#pragma GCC unroll 5
+	for (int i = 0; i < GS; i++)
+#pragma GCC unroll 4
+		for (int c = 0; c < 4; c++)
+			_mm512_storeu_ps(acc + (size_t)i * hd + d0 + 16 * c, a[i][c]);
+}
+
+#define PVS5W(gs, bf) \
+	TGT5 static void pv5w_##gs##_##bf(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
+					  int d0) \
+	{ pv_strip5w(gs, acc, P, ldp, vrow, nb, hd, d0, bf); }
+PVS5W(1, 0) PVS5W(2, 0) PVS5W(3, 0) PVS5W(4, 0) PVS5W(5, 0)
+PVS5W(1, 1) PVS5W(2, 1) PVS5W(3, 1) PVS5W(4, 1) PVS5W(5, 1)
+
 #define PVS5(gs, bf) \
 	TGT5 static void pv5_##gs##_##bf(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
 					 int d0) \
@@ -231,6 +270,8 @@ PVS5(1, 1) PVS5(2, 1) PVS5(3, 1) PVS5(4, 1) PVS5(5, 1) PVS5(6, 1)
 PVS(1, 0) PVS(2, 0) PVS(3, 0) PVS(4, 0) PVS(1, 1) PVS(2, 1) PVS(3, 1) PVS(4, 1)
 typedef void (*pv_fn)(float *, const float *, int, const char *const *, int, int, int);
 static const pv_fn g_pv[2][4] = {{pv_1_0, pv_2_0, pv_3_0, pv_4_0}, {pv_1_1, pv_2_1, pv_3_1, pv_4_1}};
+static const pv_fn g_pv5w[2][5] = {{pv5w_1_0, pv5w_2_0, pv5w_3_0, pv5w_4_0, pv5w_5_0},
+				   {pv5w_1_1, pv5w_2_1, pv5w_3_1, pv5w_4_1, pv5w_5_1}};
 static const pv_fn g_pv5[2][6] = {{pv5_1_0, pv5_2_0, pv5_3_0, pv5_4_0, pv5_5_0, pv5_6_0},
 				  {pv5_1_1, pv5_2_1, pv5_3_1, pv5_4_1, pv5_5_1, pv5_6_1}};
 
@@ -240,6 +281,12 @@ static void pv_avx2(float *acc, const float *P, int ldp, const char *const *vrow
 		    int isa)
 {
 	int d0 = 0;
+	if (isa >= KE_ISA_AVX512 && G >= 4)
+		for (; d0 + 64 <= hd; d0 += 64)
+			for (int g0 = 0; g0 < G; g0 += 5) {
+				int gs = G - g0 < 5 ? G - g0 : 5;
+				g_pv5w[bf][gs - 1](acc + (size_t)g0 * hd, P + g0, ldp, vrow, nb, hd, d0);
+			}
 	if (isa >= KE_ISA_AVX512)
 		for (; d0 + 32 <= hd; d0 += 32)
 			for (int g0 = 0; g0 < G; g0 += 6) {
