@@ -449,9 +449,13 @@ static void sweep(const tile_fn *tab, int mr_max, int nr_max, const struct ke_ma
  * bf16 tiles each weight vector costs a zero-extend and a shift on the
  * FMA ports for every row tile that reads it; here once per panel.
  */
-#define PANEL_FLOATS 65536 /* 256 KiB on the stack */
+#define PANEL_FLOATS 16384 /* 64 KiB on the stack */
 #define PANEL_PAD 16       /* rows not a multiple of 4 KiB apart (L1 set aliasing) */
 #define PACK_MIN_M 8
+/* Longer rows keep the bf16 tiles: with a few rows per panel the
+ * activations are re-read from L2 for every panel (K = 2048 measured
+ * 0.9x the bf16 tiles). */
+#define PACK_MAX_K 1024
 
 TGT2 static void widen_row2(float *dst, const char *src, int K)
 {
@@ -569,7 +573,7 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 	int bf = w->dtype == KV_DT_BF16;
 #if defined(__x86_64__)
 	if (isa == KE_ISA_AVX512) {
-		if (bf && m >= PACK_MIN_M && w->cols <= 4 * KC2 && panel_rows(w->cols, NR5) >= NR5)
+		if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K && panel_rows(w->cols, NR5) >= NR5)
 			sweep_packed(isa, &g_t5[0][0][0], MR5, NR5, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else if (m > 1 && w->cols > 4 * KC2)
 			sweep_k(&g_t5k[bf][0][0], 6, 4, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
@@ -580,7 +584,7 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 	if (isa == KE_ISA_AVX2) {
 		if (m == 1)
 			sweep(&g_t2v[bf][0], 1, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
-		else if (bf && m >= PACK_MIN_M && w->cols <= 2 * KC2 && panel_rows(w->cols, 2) >= 2)
+		else if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K && panel_rows(w->cols, 2) >= 2)
 			sweep_packed(isa, &g_t2[0][0][0], 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else if (w->cols > 2 * KC2)
 			sweep_k(&g_t2k[bf][0][0], 3, 2, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
