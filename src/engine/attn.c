@@ -1,5 +1,25 @@
 /*
  * attn.c - see attn.h.
+ *
+ * A tile (query tokens [t0, t1) of one KV head, R = (t1 - t0) G rows)
+ * walks the key blocks. Per block, on the vector paths with enough rows
+ * ("wide" tiles: prefill), the block's bf16 keys and values are widened
+ * to f32 a few keys at a time (exact), and:
+ *   scores  S^T[j][r] = gemm-dot(k_j, q_r): the keys are the activation
+ *           rows and the queries the weight rows of ke_gemm_range (an fma
+ *           product is commutative, so these are the bits of dot(q_r,
+ *           k_j)), which leaves the row index contiguous: the softmax
+ *           steps below run over 8 rows per vector, each row still doing
+ *           its own ops in key order (a row's sum over keys was one
+ *           4-cycle dependent chain per key before);
+ *   softmax per row, element-wise and in key order (attn.h);
+ *   PV      acc[r] += p_j[r] v_j, j ascending, in register strips.
+ * Rows of the tile whose query does not reach key j (the diagonal block)
+ * skip it: for key j the rows that use it are a suffix [rj, R). Narrow
+ * tiles (decode, and the scalar path) compute the scores with the keys as
+ * weight rows, in place, and transpose them. The chunks of the key split
+ * (attn.h) are merged by the tile itself (prefill) or, for a decode step,
+ * computed as separate units in parallel and merged by attn_split.
  */
 #include "engine/attn.h"
 #include "engine/gemm.h"
@@ -14,12 +34,90 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Keys widened at a time (hd <= 128). */
+#define WB 32
+/* Query rows per score gemm of a wide tile. */
+#define QK_ROWS 36
+
+/* Sizes for heads of hd: about KE_ATTN_TILE_ROWS query rows per tile at
+ * hd <= 128 (fewer for wider heads), keys widened WB at a time and query
+ * rows per score gemm: the widened keys or values, the queries or
+ * accumulators they meet and the scores stay in L1 (48 KiB here). Speed
+ * knobs only. */
+static int hd_scale(int hd)
+{
+	return hd <= 128 ? 1 : (hd + 127) / 128;
+}
+
+static int tile_tokens(int G, int hd)
+{
+	int tq = KE_ATTN_TILE_ROWS / hd_scale(hd) / G;
+	return tq < 1 ? 1 : tq;
+}
+
+static int wb_keys(int hd)
+{
+	int w = WB / hd_scale(hd);
+	return w < 8 ? 8 : w;
+}
+
+static int qk_rows(int hd)
+{
+	int q = QK_ROWS / hd_scale(hd);
+	return q < 6 ? 6 : q;
+}
+
+/* Chunk states of the decode split: this many tiles' worth per thread. */
+#define SLOT_TILES 2
+/* Rows from which a tile widens its key/value blocks to f32. */
+#define WIDE_ROWS 12
+
+struct tile_scr {
+	float *st;    /* [BLOCK][R] scores, row index contiguous */
+	float *srm;   /* [rmax][BLOCK] scores of narrow tiles, row-major */
+	float *acc;   /* [R][hd] current chunk */
+	float *qt;    /* [R][hd] */
+	float *m, *l, *tmp, *cf; /* [R] */
+	float *M, *L; /* [R] merged chunks before the current one */
+	float *ACC;   /* [R][hd] */
+	float *kf;    /* [WB][hd] widened keys or values */
+	float *slots; /* SLOT_TILES x rmax x (hd + 2) */
+};
+
+static size_t scr_floats(int rmax, int hd)
+{
+	size_t r = (size_t)rmax, h = (size_t)hd;
+	return 2u * KE_ATTN_BLOCK * r + 3 * r * h + 6 * r + WB * h + SLOT_TILES * r * (h + 2) + 16u;
+}
+
 size_t ke_attn_scratch_floats(int group, int head_dim)
 {
-	/* a tile of R rows: scores [R][BLOCK], acc [R][hd], queries [R][hd], m [R], l [R] */
-	int tq = KE_ATTN_TILE_ROWS / group;
-	size_t r = (size_t)(tq < 1 ? 1 : tq) * (size_t)group;
-	return r * KE_ATTN_BLOCK + 2u * r * (size_t)head_dim + 2u * r + 16u;
+	return scr_floats(tile_tokens(group, head_dim) * group, head_dim);
+}
+
+static void scr_carve(struct tile_scr *s, float *p, int rmax, int hd)
+{
+	size_t r = (size_t)rmax, h = (size_t)hd;
+	s->st = p;
+	p += KE_ATTN_BLOCK * r;
+	s->srm = p;
+	p += KE_ATTN_BLOCK * r;
+	s->acc = p;
+	p += r * h;
+	s->qt = p;
+	p += r * h;
+	s->ACC = p;
+	p += r * h;
+	s->m = p;
+	s->l = p + r;
+	s->tmp = p + 2 * r;
+	s->cf = p + 3 * r;
+	s->M = p + 4 * r;
+	s->L = p + 5 * r;
+	p += 6 * r;
+	s->kf = p;
+	p += WB * h;
+	s->slots = p;
 }
 
 #if defined(__x86_64__)
@@ -33,9 +131,23 @@ TGT2 static inline __m256 ld8(const char *p, int bf)
 	return _mm256_loadu_ps((const float *)(const void *)p);
 }
 
+/* n bf16 values to f32 (exact). */
+TGT2 static void widen_avx2(float *y, const char *x, int n)
+{
+	int i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, ld8(x + 2 * i, 1));
+	for (; i < n; i++) {
+		uint16_t h;
+		memcpy(&h, x + 2 * i, 2);
+		uint32_t u = (uint32_t)h << 16;
+		memcpy(y + i, &u, 4);
+	}
+}
+
 /* A 16-column strip of GS query rows: acc rows stay in registers across
- * the block's keys. */
-TGT2 static inline __attribute__((always_inline)) void pv_strip(const int GS, float *acc, const float *P,
+ * the block's keys. P[j * ldp + i] is row i's weight of key j. */
+TGT2 static inline __attribute__((always_inline)) void pv_strip(const int GS, float *acc, const float *P, int ldp,
 								const char *const *vrow, int nb, int hd, int d0, int bf)
 {
 	size_t es = bf ? 2 : 4;
@@ -49,7 +161,7 @@ TGT2 static inline __attribute__((always_inline)) void pv_strip(const int GS, fl
 		__m256 v0 = ld8(vrow[j] + (size_t)d0 * es, bf), v1 = ld8(vrow[j] + (size_t)(d0 + 8) * es, bf);
 #pragma GCC unroll 4
 		for (int i = 0; i < GS; i++) {
-			__m256 p = _mm256_broadcast_ss(P + (size_t)i * KE_ATTN_BLOCK + j);
+			__m256 p = _mm256_broadcast_ss(P + (size_t)j * ldp + i);
 			a[i][0] = _mm256_fmadd_ps(p, v0, a[i][0]);
 			a[i][1] = _mm256_fmadd_ps(p, v1, a[i][1]);
 		}
@@ -70,61 +182,121 @@ TGT5 static inline __m512 ld16(const char *p, int bf)
 	return _mm512_loadu_ps((const float *)(const void *)p);
 }
 
-/* The same strip with 32 columns in two 16-lane registers per row. */
-TGT5 static inline __attribute__((always_inline)) void pv_strip5(const int GS, float *acc, const float *P,
+/* n (a multiple of 16) bf16 values to f32 (exact). */
+TGT5 static void widen_avx512(float *y, const char *x, int n)
+{
+	for (int i = 0; i < n; i += 16)
+		_mm512_storeu_ps(y + i, ld16(x + 2 * i, 1));
+}
+
+/* The same strip with 32 columns in two 16-lane registers per row, up to
+ * 6 rows (12 accumulators). */
+TGT5 static inline __attribute__((always_inline)) void pv_strip5(const int GS, float *acc, const float *P, int ldp,
 								 const char *const *vrow, int nb, int hd, int d0, int bf)
 {
 	size_t es = bf ? 2 : 4;
-	__m512 a[4][2];
-#pragma GCC unroll 4
+	__m512 a[6][2];
+#pragma GCC unroll 6
 	for (int i = 0; i < GS; i++) {
 		a[i][0] = _mm512_loadu_ps(acc + (size_t)i * hd + d0);
 		a[i][1] = _mm512_loadu_ps(acc + (size_t)i * hd + d0 + 16);
 	}
 	for (int j = 0; j < nb; j++) {
 		__m512 v0 = ld16(vrow[j] + (size_t)d0 * es, bf), v1 = ld16(vrow[j] + (size_t)(d0 + 16) * es, bf);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
 		for (int i = 0; i < GS; i++) {
-			__m512 p = _mm512_set1_ps(P[(size_t)i * KE_ATTN_BLOCK + j]);
+			__m512 p = _mm512_set1_ps(P[(size_t)j * ldp + i]);
 			a[i][0] = _mm512_fmadd_ps(p, v0, a[i][0]);
 			a[i][1] = _mm512_fmadd_ps(p, v1, a[i][1]);
 		}
 	}
-#pragma GCC unroll 4
+#pragma GCC unroll 6
 	for (int i = 0; i < GS; i++) {
 		_mm512_storeu_ps(acc + (size_t)i * hd + d0, a[i][0]);
 		_mm512_storeu_ps(acc + (size_t)i * hd + d0 + 16, a[i][1]);
 	}
 }
 
+/* 64 columns (four registers per row), up to 5 rows: 20 accumulators,
+ * so each broadcast weight feeds four fmas instead of two. */
+TGT5 static inline __attribute__((always_inline)) void pv_strip5w(const int GS, float *acc, const float *P, int ldp,
+								  const char *const *vrow, int nb, int hd, int d0, int bf)
+{
+	size_t es = bf ? 2 : 4;
+	__m512 a[5][4];
+#pragma GCC unroll 5
+	for (int i = 0; i < GS; i++)
+#pragma GCC unroll 4
+		for (int c = 0; c < 4; c++)
+			a[i][c] = _mm512_loadu_ps(acc + (size_t)i * hd + d0 + 16 * c);
+	for (int j = 0; j < nb; j++) {
+		__m512 v[4];
+#pragma GCC unroll 4
+		for (int c = 0; c < 4; c++)
+			v[c] = ld16(vrow[j] + (size_t)(d0 + 16 * c) * es, bf);
+#pragma GCC unroll 5
+		for (int i = 0; i < GS; i++) {
+			__m512 p = _mm512_set1_ps(P[(size_t)j * ldp + i]);
+#pragma GCC unroll 4
+			for (int c = 0; c < 4; c++)
+				a[i][c] = _mm512_fmadd_ps(p, v[c], a[i][c]);
+		}
+	}
+#pragma GCC unroll 5
+	for (int i = 0; i < GS; i++)
+#pragma GCC unroll 4
+		for (int c = 0; c < 4; c++)
+			_mm512_storeu_ps(acc + (size_t)i * hd + d0 + 16 * c, a[i][c]);
+}
+
+#define PVS5W(gs, bf) \
+	TGT5 static void pv5w_##gs##_##bf(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
+					  int d0) \
+	{ pv_strip5w(gs, acc, P, ldp, vrow, nb, hd, d0, bf); }
+PVS5W(1, 0) PVS5W(2, 0) PVS5W(3, 0) PVS5W(4, 0) PVS5W(5, 0)
+PVS5W(1, 1) PVS5W(2, 1) PVS5W(3, 1) PVS5W(4, 1) PVS5W(5, 1)
+
 #define PVS5(gs, bf) \
-	TGT5 static void pv5_##gs##_##bf(float *acc, const float *P, const char *const *vrow, int nb, int hd, int d0) \
-	{ pv_strip5(gs, acc, P, vrow, nb, hd, d0, bf); }
-PVS5(1, 0) PVS5(2, 0) PVS5(3, 0) PVS5(4, 0) PVS5(1, 1) PVS5(2, 1) PVS5(3, 1) PVS5(4, 1)
+	TGT5 static void pv5_##gs##_##bf(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
+					 int d0) \
+	{ pv_strip5(gs, acc, P, ldp, vrow, nb, hd, d0, bf); }
+PVS5(1, 0) PVS5(2, 0) PVS5(3, 0) PVS5(4, 0) PVS5(5, 0) PVS5(6, 0)
+PVS5(1, 1) PVS5(2, 1) PVS5(3, 1) PVS5(4, 1) PVS5(5, 1) PVS5(6, 1)
 
 #define PVS(gs, bf) \
-	TGT2 static void pv_##gs##_##bf(float *acc, const float *P, const char *const *vrow, int nb, int hd, int d0) \
-	{ pv_strip(gs, acc, P, vrow, nb, hd, d0, bf); }
+	TGT2 static void pv_##gs##_##bf(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
+					int d0) \
+	{ pv_strip(gs, acc, P, ldp, vrow, nb, hd, d0, bf); }
 PVS(1, 0) PVS(2, 0) PVS(3, 0) PVS(4, 0) PVS(1, 1) PVS(2, 1) PVS(3, 1) PVS(4, 1)
-typedef void (*pv_fn)(float *, const float *, const char *const *, int, int, int);
+typedef void (*pv_fn)(float *, const float *, int, const char *const *, int, int, int);
 static const pv_fn g_pv[2][4] = {{pv_1_0, pv_2_0, pv_3_0, pv_4_0}, {pv_1_1, pv_2_1, pv_3_1, pv_4_1}};
-static const pv_fn g_pv5[2][4] = {{pv5_1_0, pv5_2_0, pv5_3_0, pv5_4_0}, {pv5_1_1, pv5_2_1, pv5_3_1, pv5_4_1}};
+static const pv_fn g_pv5w[2][5] = {{pv5w_1_0, pv5w_2_0, pv5w_3_0, pv5w_4_0, pv5w_5_0},
+				   {pv5w_1_1, pv5w_2_1, pv5w_3_1, pv5w_4_1, pv5w_5_1}};
+static const pv_fn g_pv5[2][6] = {{pv5_1_0, pv5_2_0, pv5_3_0, pv5_4_0, pv5_5_0, pv5_6_0},
+				  {pv5_1_1, pv5_2_1, pv5_3_1, pv5_4_1, pv5_5_1, pv5_6_1}};
 
-/* acc[i][d] = fma(P[i][j], V_j[d], acc[i][d]) for j ascending, i < G:
+/* acc[i][d] = fma(P[j][i], V_j[d], acc[i][d]) for j ascending, i < G:
  * the same operations, element by element, as pv_scalar below. */
-static void pv_avx2(float *acc, const float *P, const char *const *vrow, int nb, int G, int hd, int bf, int isa)
+static void pv_avx2(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int G, int hd, int bf,
+		    int isa)
 {
 	int d0 = 0;
+	if (isa >= KE_ISA_AVX512 && G >= 4)
+		for (; d0 + 64 <= hd; d0 += 64)
+			for (int g0 = 0; g0 < G; g0 += 5) {
+				int gs = G - g0 < 5 ? G - g0 : 5;
+				g_pv5w[bf][gs - 1](acc + (size_t)g0 * hd, P + g0, ldp, vrow, nb, hd, d0);
+			}
 	if (isa >= KE_ISA_AVX512)
 		for (; d0 + 32 <= hd; d0 += 32)
-			for (int g0 = 0; g0 < G; g0 += 4) {
-				int gs = G - g0 < 4 ? G - g0 : 4;
-				g_pv5[bf][gs - 1](acc + (size_t)g0 * hd, P + (size_t)g0 * KE_ATTN_BLOCK, vrow, nb, hd, d0);
+			for (int g0 = 0; g0 < G; g0 += 6) {
+				int gs = G - g0 < 6 ? G - g0 : 6;
+				g_pv5[bf][gs - 1](acc + (size_t)g0 * hd, P + g0, ldp, vrow, nb, hd, d0);
 			}
 	for (; d0 + 16 <= hd; d0 += 16)
 		for (int g0 = 0; g0 < G; g0 += 4) {
 			int gs = G - g0 < 4 ? G - g0 : 4;
-			g_pv[bf][gs - 1](acc + (size_t)g0 * hd, P + (size_t)g0 * KE_ATTN_BLOCK, vrow, nb, hd, d0);
+			g_pv[bf][gs - 1](acc + (size_t)g0 * hd, P + g0, ldp, vrow, nb, hd, d0);
 		}
 	for (int d = d0; d < hd; d++)
 		for (int j = 0; j < nb; j++)
@@ -139,21 +311,206 @@ static void pv_avx2(float *acc, const float *P, const char *const *vrow, int nb,
 					memcpy(&v, vrow[j] + (size_t)d * 4, 4);
 				}
 				float *y = acc + (size_t)i * hd + d;
-				*y = fmaf(P[(size_t)i * KE_ATTN_BLOCK + j], v, *y);
+				*y = fmaf(P[(size_t)j * ldp + i], v, *y);
 			}
+}
+
+/* The softmax steps of one block, rows 8 at a time (element-wise, so the
+ * bits of the scalar versions below). st is [nbm][R]; key j is used by
+ * rows [rj, R), rj = G * max(0, base + j). */
+static inline int key_row0(int base, int j, int G)
+{
+	return base + j > 0 ? (base + j) * G : 0;
+}
+
+/* Lanes r..r+7 that are rows >= rj. */
+TGT2 static inline __m256 rows_from(int r, int rj)
+{
+	__m256i idx = _mm256_add_epi32(_mm256_set1_epi32(r), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	return _mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, _mm256_set1_epi32(rj - 1)));
+}
+
+TGT2 static inline __m128 rows_from4(int r, int rj)
+{
+	__m128i idx = _mm_add_epi32(_mm_set1_epi32(r), _mm_setr_epi32(0, 1, 2, 3));
+	return _mm_castsi128_ps(_mm_cmpgt_epi32(idx, _mm_set1_epi32(rj - 1)));
+}
+
+/* st *= scale (all of it); bm[r] = max over the keys row r uses, in key
+ * order, 8 (then 4) rows per register. */
+TGT2 static void sm_max_avx2(float *st, int R, int nbm, int base, int G, float scale, float *bm)
+{
+	__m256 sc = _mm256_set1_ps(scale);
+	int n = R * nbm, i = 0, r = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(st + i, _mm256_mul_ps(_mm256_loadu_ps(st + i), sc));
+	for (; i < n; i++)
+		st[i] = st[i] * scale;
+	for (; r + 8 <= R; r += 8) {
+		__m256 b = _mm256_loadu_ps(bm + r);
+		for (int j = 0; j < nbm; j++) {
+			int rj = key_row0(base, j, G);
+			if (rj >= r + 8)
+				break;
+			__m256 v = _mm256_loadu_ps(st + (size_t)j * R + r), gt = _mm256_cmp_ps(v, b, _CMP_GT_OQ);
+			if (rj > r)
+				gt = _mm256_and_ps(gt, rows_from(r, rj));
+			b = _mm256_blendv_ps(b, v, gt);
+		}
+		_mm256_storeu_ps(bm + r, b);
+	}
+	for (; r + 4 <= R; r += 4) {
+		__m128 b = _mm_loadu_ps(bm + r);
+		for (int j = 0; j < nbm; j++) {
+			int rj = key_row0(base, j, G);
+			if (rj >= r + 4)
+				break;
+			__m128 v = _mm_loadu_ps(st + (size_t)j * R + r), gt = _mm_cmpgt_ps(v, b);
+			if (rj > r)
+				gt = _mm_and_ps(gt, rows_from4(r, rj));
+			b = _mm_blendv_ps(b, v, gt);
+		}
+		_mm_storeu_ps(bm + r, b);
+	}
+	for (int j = 0; j < nbm; j++)
+		for (int q = r > key_row0(base, j, G) ? r : key_row0(base, j, G); q < R; q++)
+			bm[q] = st[(size_t)j * R + q] > bm[q] ? st[(size_t)j * R + q] : bm[q];
+}
+
+/* st[j][r] -= m[r] (all of it) */
+TGT2 static void sm_sub_avx2(float *st, int R, int nbm, const float *m)
+{
+	int r = 0;
+	for (; r + 8 <= R; r += 8) {
+		__m256 mv = _mm256_loadu_ps(m + r);
+		for (int j = 0; j < nbm; j++)
+			_mm256_storeu_ps(st + (size_t)j * R + r, _mm256_sub_ps(_mm256_loadu_ps(st + (size_t)j * R + r), mv));
+	}
+	for (; r + 4 <= R; r += 4) {
+		__m128 mv = _mm_loadu_ps(m + r);
+		for (int j = 0; j < nbm; j++)
+			_mm_storeu_ps(st + (size_t)j * R + r, _mm_sub_ps(_mm_loadu_ps(st + (size_t)j * R + r), mv));
+	}
+	for (; r < R; r++)
+		for (int j = 0; j < nbm; j++)
+			st[(size_t)j * R + r] = st[(size_t)j * R + r] - m[r];
+}
+
+/* sum[r] = sum[r] + p[j][r], keys in order, over the keys row r uses */
+TGT2 static void sm_sum_avx2(const float *st, int R, int nbm, int base, int G, float *sum)
+{
+	int r = 0;
+	for (; r + 8 <= R; r += 8) {
+		__m256 a = _mm256_loadu_ps(sum + r);
+		for (int j = 0; j < nbm; j++) {
+			int rj = key_row0(base, j, G);
+			if (rj >= r + 8)
+				break;
+			__m256 t = _mm256_add_ps(a, _mm256_loadu_ps(st + (size_t)j * R + r));
+			a = rj > r ? _mm256_blendv_ps(a, t, rows_from(r, rj)) : t;
+		}
+		_mm256_storeu_ps(sum + r, a);
+	}
+	for (; r + 4 <= R; r += 4) {
+		__m128 a = _mm_loadu_ps(sum + r);
+		for (int j = 0; j < nbm; j++) {
+			int rj = key_row0(base, j, G);
+			if (rj >= r + 4)
+				break;
+			__m128 t = _mm_add_ps(a, _mm_loadu_ps(st + (size_t)j * R + r));
+			a = rj > r ? _mm_blendv_ps(a, t, rows_from4(r, rj)) : t;
+		}
+		_mm_storeu_ps(sum + r, a);
+	}
+	for (int j = 0; j < nbm; j++)
+		for (int q = r > key_row0(base, j, G) ? r : key_row0(base, j, G); q < R; q++)
+			sum[q] = sum[q] + st[(size_t)j * R + q];
 }
 #endif
 
-static void pv_scalar(float *acc, const float *P, const char *const *vrow, int nb, int G, int hd, int bf)
+static void widen(float *y, const char *x, int n, int isa)
+{
+#if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX512 && n % 16 == 0) {
+		widen_avx512(y, x, n);
+		return;
+	}
+	if (isa >= KE_ISA_AVX2) {
+		widen_avx2(y, x, n);
+		return;
+	}
+#endif
+	(void)isa;
+	ke_vec_bf16_to_f32(y, x, (size_t)n);
+}
+
+static void sm_max(float *st, int R, int nbm, int base, int G, float scale, float *bm, int isa)
+{
+#if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX2) {
+		sm_max_avx2(st, R, nbm, base, G, scale, bm);
+		return;
+	}
+#endif
+	(void)isa;
+	for (int i = 0; i < R * nbm; i++)
+		st[i] = st[i] * scale;
+	for (int j = 0; j < nbm; j++)
+		for (int r = key_row0(base, j, G); r < R; r++)
+			bm[r] = st[(size_t)j * R + r] > bm[r] ? st[(size_t)j * R + r] : bm[r];
+}
+
+static void sm_sub(float *st, int R, int nbm, const float *m, int isa)
+{
+#if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX2) {
+		sm_sub_avx2(st, R, nbm, m);
+		return;
+	}
+#endif
+	(void)isa;
+	for (int j = 0; j < nbm; j++)
+		for (int r = 0; r < R; r++)
+			st[(size_t)j * R + r] = st[(size_t)j * R + r] - m[r];
+}
+
+static void sm_sum(const float *st, int R, int nbm, int base, int G, float *sum, int isa)
+{
+#if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX2) {
+		sm_sum_avx2(st, R, nbm, base, G, sum);
+		return;
+	}
+#endif
+	(void)isa;
+	for (int j = 0; j < nbm; j++)
+		for (int r = key_row0(base, j, G); r < R; r++)
+			sum[r] = sum[r] + st[(size_t)j * R + r];
+}
+
+static void pv_scalar(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int G, int hd, int bf)
 {
 	for (int j = 0; j < nb; j++)
 		for (int i = 0; i < G; i++) {
-			float pj = P[(size_t)i * KE_ATTN_BLOCK + j];
+			float pj = P[(size_t)j * ldp + i];
 			if (bf)
 				ke_vec_axpy_bf16_isa(KE_ISA_SCALAR, acc + (size_t)i * hd, pj, vrow[j], hd);
 			else
 				ke_vec_axpy_isa(KE_ISA_SCALAR, acc + (size_t)i * hd, pj, (const float *)(const void *)vrow[j], hd);
 		}
+}
+
+static void pv_rows(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int rows, int hd, int bf,
+		    int isa)
+{
+#if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX2) {
+		pv_avx2(acc, P, ldp, vrow, nb, rows, hd, bf, isa);
+		return;
+	}
+#endif
+	(void)isa;
+	pv_scalar(acc, P, ldp, vrow, nb, rows, hd, bf);
 }
 
 static inline const char *kv_row(const struct ke_layout *lay, struct kv_page *const *pages, int seg, int pos)
@@ -163,118 +520,193 @@ static inline const char *kv_row(const struct ke_layout *lay, struct kv_page *co
 	return (const char *)pg->data + ((size_t)seg * (size_t)B + (size_t)(pos % B)) * lay->row_bytes;
 }
 
-/* Query tokens per tile for a group size G: about KE_ATTN_TILE_ROWS rows. */
-static int tile_tokens(int G)
+/* The merge of attn.h: (M, L, ACC) <- chunk state (m, l, acc), or a copy
+ * of it for the first chunk. Plain code, explicit fmaf: the same bits on
+ * every path and in every caller. */
+static void merge_state(float *M, float *L, float *ACC, float m, float l, const float *acc, int hd, int first,
+			int isa)
 {
-	int tq = KE_ATTN_TILE_ROWS / G;
-	return tq < 1 ? 1 : tq;
-}
-
-/* Per-row online-softmax update for one block: row i of S holds the raw
- * scores of keys b0..b0+nb-1. The same operations as the one-row form. */
-static void softmax_row(float *s, int nb, float scale, float *m, float *l, float *acc, int hd)
-{
-	float bm = -FLT_MAX;
-	for (int j = 0; j < nb; j++) {
-		s[j] = s[j] * scale;
-		bm = s[j] > bm ? s[j] : bm;
-	}
-	float mn = *m > bm ? *m : bm;
-	float c = ke_exp(*m - mn);
-	for (int j = 0; j < nb; j++)
-		s[j] = s[j] - mn;
-	ke_vec_exp(s, s, nb);
-	float sum = 0.0f;
-	for (int j = 0; j < nb; j++)
-		sum = sum + s[j];
-	*l = *l * c + sum;
-	*m = mn;
-	if (c != 1.0f) /* x * 1 == x exactly: skipping it changes no bit */
-		ke_vec_scale(acc, c, hd);
-}
-
-static void pv_rows(float *acc, const float *P, const char *const *vrow, int nb, int rows, int hd, int bf, int isa)
-{
-#if defined(__x86_64__)
-	if (isa >= KE_ISA_AVX2) {
-		pv_avx2(acc, P, vrow, nb, rows, hd, bf, isa);
+	if (first) {
+		*M = m;
+		*L = l;
+		memcpy(ACC, acc, (size_t)hd * sizeof *ACC);
 		return;
 	}
-#endif
-	(void)isa;
-	pv_scalar(acc, P, vrow, nb, rows, hd, bf);
+	float mn = *M > m ? *M : m;
+	float a = ke_exp(*M - mn), b = ke_exp(m - mn);
+	*L = fmaf(l, b, *L * a);
+	*M = mn;
+	if (a != 1.0f) /* x * 1 == x exactly: skipping it changes no bit */
+		ke_vec_scale(ACC, a, hd);
+	ke_vec_axpy_isa(isa, ACC, b, acc, hd);
+}
+
+/* l = l * c + sum, the multiply rounded on its own (plain code: no fma
+ * contraction on the baseline target). */
+static void l_update(float *l, const float *c, const float *sum, int n)
+{
+	for (int r = 0; r < n; r++)
+		l[r] = l[r] * c[r] + sum[r];
 }
 
 /*
- * A tile: query tokens [t0, t1) of one KV head, R = (t1 - t0) G rows.
- * Each key block is loaded once for all the rows whose query reaches it
- * (a token at position p uses keys 0..p); every row still sees exactly
- * the one-row sequence of operations (attn.h): the scores of a block are
- * row-independent gemm outputs, and the softmax and PV of a row only
- * read its own keys 0..min(block end, p).
+ * One tile over keys [kb, ke) (kb a multiple of KE_ATTN_SPLIT, ke <= last
+ * key + 1): with merge set, kb = 0 and the tile merges its chunks as it
+ * crosses their starts and writes the output; without, [kb, ke) is one
+ * chunk and its state is left in the scratch (acc, m, l).
  */
-static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, float *scr, int isa)
+static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int kb, int ke, int merge,
+		      const struct tile_scr *s, int isa)
 {
 	const struct ke_layout *lay = a->lay;
 	int hd = lay->head_dim, Hkv = lay->n_kv_heads, G = a->n_heads / Hkv, B = lay->page_tokens;
 	int nt = t1 - t0, R = nt * G;
+	/* wide: vector paths with enough rows to repay widening the block */
+	int wide = isa >= KE_ISA_AVX2 && R >= WIDE_ROWS;
+	int wb = wb_keys(hd), qr = qk_rows(hd);
 	int kseg = (a->layer * 2 + 0) * Hkv + g, vseg = (a->layer * 2 + 1) * Hkv + g;
 	int bf = lay->kv_dtype == KV_DT_BF16;
-	int rmax = tile_tokens(G) * G;
-	float *S = scr;                                 /* [R][BLOCK] */
-	float *acc = S + (size_t)rmax * KE_ATTN_BLOCK;  /* [R][hd] */
-	float *qt = acc + (size_t)rmax * hd;            /* [R][hd] */
-	float *m = qt + (size_t)rmax * hd;              /* [R] */
-	float *l = m + rmax;                            /* [R] */
-	int last = a->pos0 + t1 - 1;
+	float *acc = s->acc, *m = s->m, *l = s->l;
 
 	for (int t = 0; t < nt; t++)
-		memcpy(qt + (size_t)t * G * hd, a->q + ((size_t)(t0 + t) * a->n_heads + (size_t)g * G) * hd,
-		       (size_t)G * hd * sizeof *qt);
+		memcpy(s->qt + (size_t)t * G * hd, a->q + ((size_t)(t0 + t) * a->n_heads + (size_t)g * G) * hd,
+		       (size_t)G * hd * sizeof *s->qt);
 	memset(acc, 0, (size_t)R * hd * sizeof *acc);
 	for (int i = 0; i < R; i++) {
 		m[i] = -FLT_MAX;
 		l[i] = 0.0f;
 	}
-	const char *vrow[KE_ATTN_BLOCK];
-	for (int b0 = 0; b0 <= last; b0 += KE_ATTN_BLOCK) {
-		int nbm = last + 1 - b0 < KE_ATTN_BLOCK ? last + 1 - b0 : KE_ATTN_BLOCK;
+	struct ke_mat qm = {s->qt, KV_DT_F32, R, hd, (size_t)hd};
+	const char *vrow[KE_ATTN_BLOCK], *krow[KE_ATTN_BLOCK];
+	for (int b0 = kb; b0 < ke; b0 += KE_ATTN_BLOCK) {
+		int nbm = ke - b0 < KE_ATTN_BLOCK ? ke - b0 : KE_ATTN_BLOCK;
 		/* first token of the tile whose query reaches this block */
 		int ta = b0 - a->pos0 - t0;
 		if (ta < 0)
 			ta = 0;
 		int r0 = ta * G, nr = R - r0;
-		/* Scores, one gemm per stretch of the block that lies in one page. */
-		for (int j0 = 0; j0 < nbm;) {
-			int p = b0 + j0;
-			int in_page = B - p % B;
-			int n = nbm - j0 < in_page ? nbm - j0 : in_page;
-			struct ke_mat km = {kv_row(lay, a->pages, kseg, p), lay->kv_dtype, n, hd, (size_t)hd};
-			ke_gemm_range(isa, &km, qt + (size_t)r0 * hd, (size_t)hd, nr, S + (size_t)r0 * KE_ATTN_BLOCK + j0,
-				      KE_ATTN_BLOCK, 0, 0, n);
-			j0 += n;
+		if (merge && b0 > 0 && b0 % KE_ATTN_SPLIT == 0) {
+			/* a new chunk for the rows that reach it */
+			for (int i = r0; i < R; i++) {
+				merge_state(s->M + i, s->L + i, s->ACC + (size_t)i * hd, m[i], l[i], acc + (size_t)i * hd, hd,
+					    b0 == KE_ATTN_SPLIT, isa);
+				m[i] = -FLT_MAX;
+				l[i] = 0.0f;
+			}
+			memset(acc + (size_t)r0 * hd, 0, (size_t)nr * hd * sizeof *acc);
 		}
-		for (int j = 0; j < nbm; j++)
-			vrow[j] = kv_row(lay, a->pages, vseg, b0 + j);
-		/* Runs of tokens with the same key count share one PV pass. */
-		for (int t = ta; t < nt;) {
-			int pos = a->pos0 + t0 + t;
-			int nb = pos + 1 - b0 < KE_ATTN_BLOCK ? pos + 1 - b0 : KE_ATTN_BLOCK;
-			int te = t + 1;
-			while (te < nt && nb == KE_ATTN_BLOCK)
-				te++;
-			for (int i = t * G; i < te * G; i++)
-				softmax_row(S + (size_t)i * KE_ATTN_BLOCK, nb, a->scale, m + i, l + i, acc + (size_t)i * hd, hd);
-			pv_rows(acc + (size_t)t * G * hd, S + (size_t)t * G * KE_ATTN_BLOCK, vrow, nb, (te - t) * G, hd, bf,
-				isa);
-			t = te;
+		/* Scores. Wide tiles make the keys the activation rows, which
+		 * writes the scores [key][row] directly; with bf16 KV they widen
+		 * the keys (and below the values) to f32 (exact) WB keys at a
+		 * time, so the widened rows, the queries or accumulators and the
+		 * scores stay in L1 together. Narrow tiles (decode) read the keys
+		 * in place as weight rows and transpose their few rows. Otherwise
+		 * one gemm per stretch of the block that lies in one page. */
+		for (int j = 0; j < nbm;) { /* one page at a time: no division per key */
+			int p = b0 + j, in_page = B - p % B;
+			int n = nbm - j < in_page ? nbm - j : in_page;
+			const char *kr = kv_row(lay, a->pages, kseg, p), *vr = kv_row(lay, a->pages, vseg, p);
+			for (int q = 0; q < n; q++) {
+				krow[j + q] = kr + (size_t)q * lay->row_bytes;
+				vrow[j + q] = vr + (size_t)q * lay->row_bytes;
+			}
+			j += n;
+		}
+		if (wide && bf) {
+			for (int w0 = 0; w0 < nbm; w0 += wb) {
+				int n = nbm - w0 < wb ? nbm - w0 : wb;
+				for (int j = 0; j < n; j++)
+					widen(s->kf + (size_t)j * hd, krow[w0 + j], hd, isa);
+				/* query rows in pieces of QK_ROWS: with the widened keys they
+				 * stay in L1 */
+				for (int q0 = r0; q0 < R; q0 += qr)
+					ke_gemm_range(isa, &qm, s->kf, (size_t)hd, n, s->st + (size_t)w0 * R, (size_t)R, 0, q0,
+						      q0 + qr < R ? q0 + qr : R);
+			}
+		} else {
+			for (int j0 = 0; j0 < nbm;) {
+				int p = b0 + j0;
+				int in_page = B - p % B;
+				int n = nbm - j0 < in_page ? nbm - j0 : in_page;
+				if (wide) {
+					ke_gemm_range(isa, &qm, (const float *)(const void *)krow[j0], (size_t)hd, n,
+						      s->st + (size_t)j0 * R, (size_t)R, 0, r0, R);
+				} else {
+					struct ke_mat km = {krow[j0], lay->kv_dtype, n, hd, (size_t)hd};
+					ke_gemm_range(isa, &km, s->qt + (size_t)r0 * hd, (size_t)hd, nr,
+						      s->srm + (size_t)r0 * KE_ATTN_BLOCK + j0, KE_ATTN_BLOCK, 0, 0, n);
+				}
+				j0 += n;
+			}
+		}
+		if (!wide)
+			for (int j = 0; j < nbm; j++)
+				for (int i = r0; i < R; i++)
+					s->st[(size_t)j * R + i] = s->srm[(size_t)i * KE_ATTN_BLOCK + j];
+		/* Softmax (attn.h), per row over the keys it uses. */
+		int base = b0 - a->pos0 - t0;
+		float *bm = s->tmp, *cf = s->cf;
+		for (int i = r0; i < R; i++)
+			bm[i] = -FLT_MAX;
+		sm_max(s->st, R, nbm, base, G, a->scale, bm, isa);
+		for (int i = r0; i < R; i++) {
+			float mn = m[i] > bm[i] ? m[i] : bm[i];
+			cf[i] = m[i] - mn;
+			m[i] = mn;
+		}
+		ke_vec_exp_isa(isa, cf + r0, cf + r0, nr);
+		sm_sub(s->st, R, nbm, m, isa);
+		ke_vec_exp_isa(isa, s->st, s->st, R * nbm);
+		float *sm = bm; /* reused for the sums */
+		for (int i = r0; i < R; i++)
+			sm[i] = 0.0f;
+		sm_sum(s->st, R, nbm, base, G, sm, isa);
+		l_update(l + r0, cf + r0, sm + r0, nr);
+		for (int i = r0; i < R; i++)
+			if (cf[i] != 1.0f) /* x * 1 == x exactly: skipping it changes no bit */
+				ke_vec_scale(acc + (size_t)i * hd, cf[i], hd);
+		/* PV, WB keys at a time (each row still takes its keys in
+		 * order); runs of tokens with the same key count share a pass. */
+		for (int w0 = 0; w0 < nbm; w0 += wb) {
+			int wn = nbm - w0 < wb ? nbm - w0 : wb, vbf = bf;
+			const char *vw[WB];
+			if (wide && bf) {
+				for (int j = 0; j < wn; j++) {
+					widen(s->kf + (size_t)j * hd, vrow[w0 + j], hd, isa);
+					vw[j] = (const char *)(s->kf + (size_t)j * hd);
+				}
+				vbf = 0;
+			} else {
+				memcpy(vw, vrow + w0, (size_t)wn * sizeof *vw);
+			}
+			int tw = ta > b0 + w0 - a->pos0 - t0 ? ta : b0 + w0 - a->pos0 - t0;
+			for (int t = tw; t < nt;) {
+				int pos = a->pos0 + t0 + t;
+				int nb = pos + 1 - b0 - w0 < wn ? pos + 1 - b0 - w0 : wn;
+				int te = t + 1;
+				while (te < nt && nb == wn)
+					te++;
+				pv_rows(acc + (size_t)t * G * hd, s->st + (size_t)w0 * R + (size_t)t * G, R, vw, nb, (te - t) * G,
+					hd, vbf, isa);
+				t = te;
+			}
 		}
 	}
+	if (!merge)
+		return;
 	for (int t = 0; t < nt; t++) {
 		float *o = a->out + ((size_t)(t0 + t) * a->n_heads + (size_t)g * G) * hd;
+		int pos = a->pos0 + t0 + t;
 		for (int i = 0; i < G; i++) {
-			const float *ac = acc + ((size_t)t * G + i) * hd;
-			float inv = 1.0f / l[t * G + i];
+			int r = t * G + i;
+			const float *ac = acc + (size_t)r * hd;
+			float L = l[r];
+			if (pos >= KE_ATTN_SPLIT) {
+				merge_state(s->M + r, s->L + r, s->ACC + (size_t)r * hd, m[r], l[r], ac, hd, 0, isa);
+				ac = s->ACC + (size_t)r * hd;
+				L = s->L[r];
+			}
+			float inv = 1.0f / L;
 			for (int d = 0; d < hd; d++)
 				o[(size_t)i * hd + d] = ac[d] * inv;
 		}
@@ -285,7 +717,9 @@ struct attn_job {
 	const struct ke_attn_args *a;
 	int isa;
 	size_t scr_floats;
-	int tq, n_tiles;
+	int rmax, tq, n_tiles;
+	/* decode split: units [u0, u0 + n) of (chunk, head) = (u / Hkv, u % Hkv) */
+	int u0, slot_floats, slots_per_thread;
 };
 
 static void attn_part(void *ctx, size_t b, size_t e, int thread)
@@ -293,7 +727,8 @@ static void attn_part(void *ctx, size_t b, size_t e, int thread)
 	const struct attn_job *j = ctx;
 	const struct ke_attn_args *a = j->a;
 	int Hkv = a->lay->n_kv_heads;
-	float *scr = a->scratch + (size_t)thread * j->scr_floats;
+	struct tile_scr s;
+	scr_carve(&s, a->scratch + (size_t)thread * j->scr_floats, j->rmax, a->lay->head_dim);
 	/* Causal work grows with the token index; tiles are handed out zigzag
 	 * (last, first, second to last, ...) so the big ones go first and
 	 * chunks stay balanced. Order never affects results. */
@@ -301,19 +736,92 @@ static void attn_part(void *ctx, size_t b, size_t e, int thread)
 		size_t k = u / (size_t)Hkv;
 		int ti = (int)(k % 2 == 1 ? k / 2 : (size_t)j->n_tiles - 1 - k / 2);
 		int t0 = ti * j->tq, t1 = t0 + j->tq < a->n_tok ? t0 + j->tq : a->n_tok;
-		attn_tile(a, t0, t1, (int)(u % (size_t)Hkv), scr, j->isa);
+		attn_tile(a, t0, t1, (int)(u % (size_t)Hkv), 0, a->pos0 + t1, 1, &s, j->isa);
 	}
+}
+
+/* One chunk of one head into its slot: [acc R x hd][m R][l R]. */
+static void split_part(void *ctx, size_t b, size_t e, int thread)
+{
+	const struct attn_job *j = ctx;
+	const struct ke_attn_args *a = j->a;
+	int Hkv = a->lay->n_kv_heads, hd = a->lay->head_dim, R = a->n_tok * (a->n_heads / Hkv);
+	int last = a->pos0 + a->n_tok;
+	struct tile_scr s;
+	float *base = a->scratch;
+	scr_carve(&s, base + (size_t)thread * j->scr_floats, j->rmax, hd);
+	for (size_t v = b; v < e; v++) {
+		int u = j->u0 + (int)v;
+		int c = u / Hkv, g = u % Hkv;
+		int kb = c * KE_ATTN_SPLIT, ke = kb + KE_ATTN_SPLIT < last ? kb + KE_ATTN_SPLIT : last;
+		attn_tile(a, 0, a->n_tok, g, kb, ke, 0, &s, j->isa);
+		/* slot v lives in the slot area of thread v / slots_per_thread */
+		struct tile_scr o;
+		scr_carve(&o, base + (v / (size_t)j->slots_per_thread) * j->scr_floats, j->rmax, hd);
+		float *slot = o.slots + (v % (size_t)j->slots_per_thread) * (size_t)j->slot_floats;
+		memcpy(slot, s.acc, (size_t)R * hd * sizeof *slot);
+		memcpy(slot + (size_t)R * hd, s.m, (size_t)R * sizeof *slot);
+		memcpy(slot + (size_t)R * hd + R, s.l, (size_t)R * sizeof *slot);
+	}
+}
+
+/* Decode (one tile per head) over several chunks: waves of (chunk, head)
+ * units in parallel, each wave merged in chunk order into totals kept in
+ * the output rows (ACC), M and L. */
+#define SPLIT_MAX_ROWS 1024
+static void attn_split(struct attn_job *j, int threads)
+{
+	const struct ke_attn_args *a = j->a;
+	int Hkv = a->lay->n_kv_heads, hd = a->lay->head_dim, G = a->n_heads / Hkv, R = a->n_tok * G;
+	int last = a->pos0 + a->n_tok - 1, nch = last / KE_ATTN_SPLIT + 1;
+	float M[SPLIT_MAX_ROWS], L[SPLIT_MAX_ROWS];
+	j->slot_floats = R * (hd + 2);
+	j->slots_per_thread = SLOT_TILES * j->rmax * (hd + 2) / j->slot_floats;
+	int nslot = j->slots_per_thread * threads, total = nch * Hkv;
+	for (int w0 = 0; w0 < total; w0 += nslot) {
+		int n = total - w0 < nslot ? total - w0 : nslot;
+		j->u0 = w0;
+		kv_pool_for(kv_pool_global(), (size_t)n, 1, split_part, j);
+		for (int v = 0; v < n; v++) {
+			int u = w0 + v, c = u / Hkv, g = u % Hkv;
+			struct tile_scr o;
+			scr_carve(&o, a->scratch + (size_t)(v / j->slots_per_thread) * j->scr_floats, j->rmax, hd);
+			const float *slot = o.slots + (size_t)(v % j->slots_per_thread) * j->slot_floats;
+			for (int r = 0; r < R; r++) {
+				int t = r / G, pos = a->pos0 + t;
+				if (pos < c * KE_ATTN_SPLIT)
+					continue; /* this token's query does not reach chunk c */
+				float *out = a->out + ((size_t)t * a->n_heads + (size_t)g * G + (size_t)(r % G)) * hd;
+				merge_state(M + g * R + r, L + g * R + r, out, slot[(size_t)R * hd + r],
+					    slot[(size_t)R * hd + R + r], slot + (size_t)r * hd, hd, c == 0, j->isa);
+			}
+		}
+	}
+	for (int g = 0; g < Hkv; g++)
+		for (int r = 0; r < R; r++) {
+			int t = r / G;
+			float *out = a->out + ((size_t)t * a->n_heads + (size_t)g * G + (size_t)(r % G)) * hd;
+			float inv = 1.0f / L[g * R + r];
+			for (int d = 0; d < hd; d++)
+				out[d] = out[d] * inv;
+		}
 }
 
 void ke_attn(const struct ke_attn_args *a)
 {
-	int G = a->n_heads / a->lay->n_kv_heads;
-	struct attn_job j = {a, ke_isa(), ke_attn_scratch_floats(G, a->lay->head_dim), tile_tokens(G), 0};
+	int G = a->n_heads / a->lay->n_kv_heads, Hkv = a->lay->n_kv_heads;
+	struct attn_job j = {a, ke_isa(), ke_attn_scratch_floats(G, a->lay->head_dim),
+			     tile_tokens(G, a->lay->head_dim) * G, tile_tokens(G, a->lay->head_dim), 0, 0, 0, 0};
 	j.n_tiles = (a->n_tok + j.tq - 1) / j.tq;
-	size_t units = (size_t)j.n_tiles * (size_t)a->lay->n_kv_heads;
+	size_t units = (size_t)j.n_tiles * (size_t)Hkv;
 	double work = (double)a->n_tok * (double)(a->pos0 + a->n_tok) * a->n_heads * a->lay->head_dim;
 	double t0 = ke_prof_t0();
-	if (a->scratch_threads < kv_pool_size(kv_pool_global()) || units == 1 || work < KE_PAR_MIN_WORK)
+	int threads = kv_pool_size(kv_pool_global());
+	int last = a->pos0 + a->n_tok - 1;
+	int serial = a->scratch_threads < threads || work < KE_PAR_MIN_WORK;
+	if (!serial && j.n_tiles == 1 && last >= KE_ATTN_SPLIT && Hkv * a->n_tok * G <= SPLIT_MAX_ROWS)
+		attn_split(&j, threads);
+	else if (serial || units == 1)
 		attn_part(&j, 0, units, 0);
 	else
 		kv_pool_for(kv_pool_global(), units, 1, attn_part, &j);

@@ -3,17 +3,25 @@
  *
  * Numerics (batch invariance, docs/engine.md): each (query token, KV head)
  * pair is computed on its own, over keys 0..pos in blocks of KE_ATTN_BLOCK
- * keys aligned to absolute positions (0, 64, 128, ...), so its result does
- * not depend on which chunk the query came in, on the page size, or on
- * the thread that ran it. Per block:
+ * keys aligned to absolute positions (0, 64, 128, ...), the blocks grouped
+ * in chunks of KE_ATTN_SPLIT keys (0, 512, 1024, ...), so its result does
+ * not depend on which chunk of queries it came in, on the page size, or on
+ * the thread that ran it. Each chunk c keeps its own softmax state
+ * (m_c, l_c, acc_c), starting from m = -FLT_MAX, l = 0, acc = 0; per block:
  *   s_j = gemm-dot(q, k_j) * scale          (canonical order of gemm.h)
  *   m' = max(m, max_j s_j); c = exp(m - m'); p_j = exp(s_j - m')
  *   l = l * c + sum_j p_j (j ascending); acc = acc * c; acc += p_j v_j
  *   (j ascending, one fma per element)
- * and at the end out = acc / l. The G query heads that share a KV head,
- * for a tile of consecutive query tokens, are the rows of one small gemm
- * against the block's keys, and share its loads of V rows: which rows are
- * computed together never changes a row's operations.
+ * The chunks are merged left to right, chunk 0 taken as it is:
+ *   M = max(M, m_c); a = exp(M_old - M); b = exp(m_c - M)
+ *   L = fma(l_c, b, L * a); ACC = fma(b, acc_c, ACC * a)
+ * and at the end out = ACC * (1 / L). The G query heads that share a KV
+ * head, for a tile of consecutive query tokens, are the rows of one small
+ * gemm against the block's keys, and share its loads of V rows: which rows
+ * are computed together never changes a row's operations. A decode step
+ * (one tile per head) over more than one chunk computes the chunks of all
+ * heads in parallel and merges them in the same order, so decode gives
+ * the bits of prefill whatever the thread count (KE_NUMERICS_VERSION 2).
  *
  * KV rows are read in the page format of layout.h (bf16 or f32).
  */
@@ -26,9 +34,12 @@
 #include "engine/layout.h"
 
 #define KE_ATTN_BLOCK 64
+/* Keys per chunk of the fixed split (a multiple of KE_ATTN_BLOCK). */
+#define KE_ATTN_SPLIT 512
 /* Query rows (tokens x G) computed together against each loaded key
- * block: a speed knob only (the results do not depend on it). */
-#define KE_ATTN_TILE_ROWS 32
+ * block at head_dim <= 128 (half at 256): a speed knob only (the results
+ * do not depend on it). */
+#define KE_ATTN_TILE_ROWS 48
 
 struct ke_attn_args {
 	const struct ke_layout *lay;

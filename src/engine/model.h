@@ -35,7 +35,7 @@
 
 /* Bumped whenever a kernel's order of operations changes: part of the
  * cache namespace, so KV written by other numerics is never reused. */
-#define KE_NUMERICS_VERSION "ke-numerics-1"
+#define KE_NUMERICS_VERSION "ke-numerics-2"
 
 struct ke_model_params {
 	int kv_f32;          /* 1: f32 KV; default (0): bf16 KV */

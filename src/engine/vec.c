@@ -108,6 +108,39 @@ TGT2 static float dot_avx2(const float *a, const float *b, int n)
 	return _mm_cvtss_f32(r);
 }
 
+#define TGT5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+
+/* exp8's operations on 16 lanes (the same bits). */
+TGT5 static inline __m512 exp16(__m512 x)
+{
+	x = _mm512_min_ps(x, _mm512_set1_ps(EXP_HI));
+	x = _mm512_max_ps(x, _mm512_set1_ps(EXP_LO));
+	__m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+					_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), x);
+	r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
+	__m512 p = _mm512_set1_ps(P0);
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P1));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P2));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P3));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P4));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(P5));
+	__m512 r2 = _mm512_mul_ps(r, r);
+	__m512 y = _mm512_fmadd_ps(p, r2, r);
+	y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+	__m512i e = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
+	return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), e));
+}
+
+TGT5 static void exp_avx512(float *y, const float *x, int n)
+{
+	int i = 0;
+	for (; i + 16 <= n; i += 16)
+		_mm512_storeu_ps(y + i, exp16(_mm512_loadu_ps(x + i)));
+	for (; i < n; i++)
+		y[i] = ke_exp(x[i]);
+}
+
 TGT2 static void exp_avx2(float *y, const float *x, int n)
 {
 	int i = 0;
@@ -143,6 +176,17 @@ TGT2 static void axpy_avx2(float *y, float a, const float *x, int n)
 		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
 	for (; i < n; i++)
 		y[i] = fmaf(a, x[i], y[i]);
+}
+
+/* y * a, element-wise: the bits of the scalar loop */
+TGT2 static void scale_avx2(float *y, float a, int n)
+{
+	int i = 0;
+	__m256 av = _mm256_set1_ps(a);
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), av));
+	for (; i < n; i++)
+		y[i] = y[i] * a;
 }
 
 TGT2 static void axpy_bf16_avx2(float *y, float a, const void *x, int n)
@@ -184,6 +228,10 @@ float ke_vec_dot(const float *a, const float *b, int n)
 void ke_vec_exp_isa(int isa, float *y, const float *x, int n)
 {
 #if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX512 && ke_isa_best() >= KE_ISA_AVX512) {
+		exp_avx512(y, x, n);
+		return;
+	}
 	if (isa2(isa)) {
 		exp_avx2(y, x, n);
 		return;
@@ -257,7 +305,14 @@ void ke_vec_axpy_bf16(float *y, float a, const void *x, int n)
 
 void ke_vec_scale(float *y, float a, int n)
 {
-	for (int i = 0; i < n; i++)
+	int i = 0;
+#if defined(__x86_64__)
+	if (isa2(ke_isa())) {
+		scale_avx2(y, a, n);
+		return;
+	}
+#endif
+	for (; i < n; i++)
 		y[i] = y[i] * a;
 }
 

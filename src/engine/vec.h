@@ -5,8 +5,9 @@
  * Same rules as gemm.h: a row's result depends only on that row (never on
  * how many rows are processed together), reductions run in one fixed
  * order, and the scalar reference and the AVX2 path (also used on AVX-512
- * machines) are bit-identical: fused multiply-adds exactly where the
- * scalar code calls fmaf(), the same polynomial for exp.
+ * machines; exp has a 16-lane AVX-512 twin) are bit-identical: fused
+ * multiply-adds exactly where the scalar code calls fmaf(), the same
+ * polynomial for exp.
  *
  *   dot      the canonical 16-lane order of gemm.h (ke_dot_ref).
  *   exp      ke_exp: x clamped to [-86, 88]; n = rint(x log2 e);

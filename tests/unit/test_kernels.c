@@ -184,6 +184,33 @@ KT_CASE(gemm_long_rows_paths_bit_identical)
 	}
 }
 
+/* bf16 weights with many rows go through f32 panels widened once
+ * (several panels when K is long): the same bits as the scalar path and
+ * as one row at a time. */
+KT_CASE(gemm_packed_panels_bit_identical)
+{
+	static const int Ks[] = {300, 700, 1024};
+	for (int ki = 0; ki < 3; ki++) {
+		int K = Ks[ki], M = 13, N = 100 + 7 * ki;
+		struct wmat w;
+		wmat_make(&w, N, K, 1);
+		float *x = rand_vec((size_t)M * K), *y0 = malloc((size_t)M * N * 4), *y1 = malloc((size_t)M * N * 4);
+		ke_gemm_range(KE_ISA_SCALAR, &w.m, x, (size_t)K, M, y0, (size_t)N, 0, 0, N);
+		for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
+			memset(y1, 0, (size_t)M * N * 4);
+			ke_gemm_range(isa, &w.m, x, (size_t)K, M, y1, (size_t)N, 0, 0, N);
+			KT_CHECKF(!memcmp(y0, y1, (size_t)M * N * 4), "%s != scalar K=%d", ke_isa_name(isa), K);
+			ke_gemm_range(isa, &w.m, x + (size_t)(M - 1) * K, (size_t)K, 1, y1, (size_t)N, 0, 3, N);
+			KT_CHECKF(!memcmp(y0 + (size_t)(M - 1) * N + 3, y1 + 3, (size_t)(N - 3) * 4), "%s one row, K=%d",
+				  ke_isa_name(isa), K);
+		}
+		free(x);
+		free(y0);
+		free(y1);
+		wmat_free(&w);
+	}
+}
+
 KT_CASE(gemm_row_result_independent_of_m_and_split)
 {
 	/* the batch-invariance contract: decode (M=1) == prefill rows, whatever
@@ -288,8 +315,10 @@ KT_CASE(exp_accuracy_and_paths)
 		x[i] = i < 10 ? (float)(i * 40 - 200) : frand() * 100.0f;
 	ke_vec_exp_isa(KE_ISA_SCALAR, a, x, n);
 	if (ke_isa_best() >= KE_ISA_AVX2) {
-		ke_vec_exp_isa(KE_ISA_AVX2, b, x, n);
-		KT_CHECK(!memcmp(a, b, (size_t)n * 4));
+		for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
+			ke_vec_exp_isa(isa, b, x, n);
+			KT_CHECKF(!memcmp(a, b, (size_t)n * 4), "exp %s != scalar", ke_isa_name(isa));
+		}
 	} else {
 		kt_skip("no AVX2 path on this CPU (accuracy checked)");
 	}
@@ -493,6 +522,91 @@ KT_CASE(attention_invariant_to_chunks_threads_and_page_size)
 	free(q);
 	free(full);
 	free(part);
+	free(scr);
+}
+
+/* Contexts longer than one KE_ATTN_SPLIT chunk: the chunk merges of a
+ * prefill, of a decode step split over chunks and threads, of any query
+ * chunking and of every CPU path give the same bits; and the merged
+ * result is still the softmax. */
+KT_CASE(attention_key_split_prefill_equals_decode_and_paths)
+{
+	int H = 8, Hkv = 2, hd = 64, T = 2 * KE_ATTN_SPLIT + 76, G = H / Hkv;
+	float *kk = rand_vec((size_t)T * Hkv * hd), *vv = rand_vec((size_t)T * Hkv * hd);
+	float *q = rand_vec((size_t)T * H * hd);
+	size_t row = (size_t)H * hd, sz = (size_t)T * row * 4;
+	float *full = malloc(sz), *part = malloc(sz), *one = malloc(row * 4);
+	float *scr = malloc(16 * ke_attn_scratch_floats(G, hd) * 4);
+	struct kvfix f, f2;
+	kvfix_make(&f, Hkv, hd, 64, T, 1, kk, vv);
+	kvfix_make(&f2, Hkv, hd, 48, T, 1, kk, vv);
+	run_attn(&f, H, q, full, 0, T, scr, 16);
+	/* decode steps across the chunk starts, split (16) and serial (1) */
+	int probe[] = {0, 1, 300, KE_ATTN_SPLIT - 1, KE_ATTN_SPLIT, KE_ATTN_SPLIT + 1, 900, 2 * KE_ATTN_SPLIT - 1,
+		       2 * KE_ATTN_SPLIT, T - 1};
+	for (size_t i = 0; i < sizeof probe / sizeof probe[0]; i++)
+		for (int th = 1; th <= 16; th += 15) {
+			int t = probe[i];
+			run_attn(&f, H, q + (size_t)t * row, one, t, 1, scr, th);
+			KT_CHECKF(!memcmp(one, full + (size_t)t * row, row * 4), "decode at %d, %d threads", t, th);
+		}
+	/* a small batch of queries (one tile, split) across a chunk start */
+	run_attn(&f2, H, q + (size_t)(KE_ATTN_SPLIT - 3) * row, part, KE_ATTN_SPLIT - 3, 6, scr, 16);
+	KT_CHECK(!memcmp(part, full + (size_t)(KE_ATTN_SPLIT - 3) * row, 6 * row * 4));
+	for (int rep = 0; rep < 3; rep++) {
+		memset(part, 0, sz);
+		for (int t = 0; t < T;) {
+			int n = 1 + irand(400);
+			if (t + n > T)
+				n = T - t;
+			run_attn(&f2, H, q + (size_t)t * row, part + (size_t)t * row, t, n, scr, rep % 2 ? 16 : 1);
+			t += n;
+		}
+		KT_CHECKF(!memcmp(full, part, sz), "random chunks, page size 48, rep %d", rep);
+	}
+	int saved = ke_isa();
+	for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++) {
+		ke_isa_set(isa);
+		run_attn(&f, H, q, part, 0, T, scr, 16);
+		KT_CHECKF(!memcmp(full, part, sz), "isa %s", ke_isa_name(isa));
+		run_attn(&f, H, q + (size_t)(T - 1) * row, one, T - 1, 1, scr, 16);
+		KT_CHECKF(!memcmp(one, full + (size_t)(T - 1) * row, row * 4), "decode, isa %s", ke_isa_name(isa));
+	}
+	ke_isa_set(saved);
+	/* the merged chunks are the softmax over all keys (double reference) */
+	double worst = 0;
+	for (int t = T - 3; t < T; t++)
+		for (int h = 0; h < H; h++) {
+			int g = h / G;
+			double *s = malloc((size_t)T * sizeof *s), mx = -1e300, sum = 0;
+			for (int j = 0; j <= t; j++) {
+				double d = 0;
+				for (int i = 0; i < hd; i++)
+					d += (double)q[(size_t)t * row + (size_t)h * hd + i] *
+					     f_of_bf16(bf16_of(kk[((size_t)j * Hkv + g) * hd + i]));
+				s[j] = d * 0.25;
+				mx = s[j] > mx ? s[j] : mx;
+			}
+			for (int j = 0; j <= t; j++)
+				sum += (s[j] = exp(s[j] - mx));
+			for (int i = 0; i < hd; i++) {
+				double o = 0;
+				for (int j = 0; j <= t; j++)
+					o += s[j] / sum * f_of_bf16(bf16_of(vv[((size_t)j * Hkv + g) * hd + i]));
+				double e = fabs(full[(size_t)t * row + (size_t)h * hd + i] - o);
+				worst = e > worst ? e : worst;
+			}
+			free(s);
+		}
+	KT_CHECKF(worst < 2e-5, "max abs error %g", worst);
+	kvfix_free(&f);
+	kvfix_free(&f2);
+	free(kk);
+	free(vv);
+	free(q);
+	free(full);
+	free(part);
+	free(one);
 	free(scr);
 }
 
@@ -827,8 +941,10 @@ KT_CASE(logprobs)
 }
 
 KT_MAIN(gemm_matches_double_reference, gemm_simd_paths_bit_identical_to_scalar, gemm_long_rows_paths_bit_identical,
+	gemm_packed_panels_bit_identical,
 	gemm_row_result_independent_of_m_and_split, gemm_accum_and_unaligned_weights, dot_is_the_gemm_order,
 	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
-	attention_invariant_to_chunks_threads_and_page_size, deltanet_rule_matches_double_and_paths_agree,
+	attention_invariant_to_chunks_threads_and_page_size,
+	attention_key_split_prefill_equals_decode_and_paths, deltanet_rule_matches_double_and_paths_agree,
 	deltanet_rule_seq_paths_match_scalar_token_by_token, deltanet_conv_is_causal_with_state,
 	deltanet_conv_paths_match_scalar, sampler_greedy_and_reproducible, sampler_filters, logprobs)
