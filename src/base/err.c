@@ -55,10 +55,11 @@ int kv_fail_ctx(int err, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(pre, sizeof pre, fmt, ap);
 	va_end(ap);
-	if (old[0])
-		snprintf(g_msg, sizeof g_msg, "%s: %s", pre, old);
-	else
-		snprintf(g_msg, sizeof g_msg, "%s", pre);
+	int n = old[0] ? snprintf(g_msg, sizeof g_msg, "%s: %s", pre, old) : snprintf(g_msg, sizeof g_msg, "%s", pre);
+	/* A context chain longer than the buffer keeps its outer part and says
+	 * that the rest was cut, rather than ending mid-word silently. */
+	if (n >= (int)sizeof g_msg)
+		memcpy(g_msg + sizeof g_msg - 4, "...", 4);
 	return err;
 }
 

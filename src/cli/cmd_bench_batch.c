@@ -59,15 +59,6 @@ struct dec_arg {
 	int rc;
 };
 
-static int argmax(const float *l, int v)
-{
-	int b = 0;
-	for (int i = 1; i < v; i++)
-		if (l[i] > l[b])
-			b = i;
-	return b;
-}
-
 static void *dec_main(void *p)
 {
 	struct dec_arg *a = p;
@@ -89,7 +80,7 @@ static void *dec_main(void *p)
 	pthread_barrier_wait(a->bar);
 	kss_sched_join(a->s);
 	for (int i = 0; !a->rc && i < a->n_decode; i++) {
-		int32_t t = argmax(lg, V);
+		int32_t t = ke_argmax(lg, V);
 		a->rc = kss_sched_forward(a->s, seq, &t, 1, lg);
 	}
 	kss_sched_leave(a->s);

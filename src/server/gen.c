@@ -42,6 +42,7 @@
 #include "base/json.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/utf8.h"
 #include "session/run.h"
 #include "engine/sample.h"
 #include "server/anthropic.h"
@@ -246,27 +247,19 @@ static int piece_bytes(const struct kv_tok *t, int32_t id, struct kv_buf *out)
 	size_t start = out->len;
 	if (p) {
 		const unsigned char *u = (const unsigned char *)p;
+		size_t left = strlen(p);
 		int ok = 1;
-		while (*u && ok) {
-			uint32_t cp;
-			int n;
-			if (u[0] < 0x80) {
-				cp = u[0];
-				n = 1;
-			} else if ((u[0] & 0xE0) == 0xC0 && (u[1] & 0xC0) == 0x80) {
-				cp = ((uint32_t)(u[0] & 0x1F) << 6) | (u[1] & 0x3F);
-				n = 2;
-			} else {
-				ok = 0;
-				break;
-			}
-			int b = bytelevel_byte(cp);
+		while (left && ok) {
+			int32_t cp;
+			int n = kv_utf8_decode(u, left, &cp);
+			int b = n > 0 ? bytelevel_byte((uint32_t)cp) : -1;
 			if (b < 0) {
 				ok = 0;
 				break;
 			}
 			kv_buf_addc(out, (char)b);
 			u += n;
+			left -= (size_t)n;
 		}
 		if (ok)
 			return KV_OK;

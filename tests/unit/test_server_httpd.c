@@ -299,7 +299,7 @@ KT_CASE(stream_chunks)
 	KT_EQ_INT(r.chunked, 1);
 	ksv_sse_init(&s);
 	for (int i = 0; i < 5; i++) {
-		char want[8];
+		char want[16];
 		snprintf(want, sizeof want, "%d", i);
 		KT_EQ_INT(ksv_http_next_event(c, &r, &s, &ev), 1);
 		KT_EQ_STR(ev.data, want);
