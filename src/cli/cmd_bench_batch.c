@@ -274,8 +274,12 @@ static int cmd_bench_batch(int argc, char **argv)
 		if (cl[i] == 1)
 			base = rate[i];
 	}
-	for (size_t i = 0; i < ncl && !json; i++)
-		printf("%-12d %14.1f %8.2fx %12.2f\n", cl[i], rate[i], base > 0 ? rate[i] / base : NAN, step[i]);
+	for (size_t i = 0; i < ncl && !json; i++) {
+		if (base > 0) /* no c = 1 in the list: nothing to compare with */
+			printf("%-12d %14.1f %8.2fx %12.2f\n", cl[i], rate[i], rate[i] / base, step[i]);
+		else
+			printf("%-12d %14.1f %9s %12.2f\n", cl[i], rate[i], "-", step[i]);
+	}
 	if (profile && !json) {
 		printf("\nper decode step, ms (mean of the repetitions, timers on):\n%-12s %9s %9s %9s %9s\n",
 		       "concurrency", "gemm", "attn", "deltanet", "other");

@@ -191,7 +191,7 @@ KT_CASE(gemm_packed_panels_bit_identical)
 {
 	static const int Ks[] = {300, 700, 1024};
 	for (int ki = 0; ki < 3; ki++) {
-		int K = Ks[ki], M = 13, N = 100 + 7 * ki;
+		int K = Ks[ki], M = 37, N = 100 + 7 * ki;
 		struct wmat w;
 		wmat_make(&w, N, K, 1);
 		float *x = rand_vec((size_t)M * K), *y0 = malloc((size_t)M * N * 4), *y1 = malloc((size_t)M * N * 4);
