@@ -20,21 +20,8 @@
 #   - bad split flags and an unwritable folder: clear errors, no files left.
 # ok/FAIL lines for tests/run.sh; "skip" without the npm package.
 set -u
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=${KT_BUILD:-$ROOT/build}
-KV=${KT_BIN:-$BUILD/kvkeep}
-PY=/usr/bin/python3
-out=$(bash "$ROOT/tests/peer/build.sh" "$BUILD" 2>&1)
-rc=$?
-if [ $rc -eq 3 ]; then
-	echo "$out" | grep '^skip' || echo "skip peer_convert: llama.cpp package missing"
-	exit 0
-fi
-[ $rc -eq 0 ] || { echo "FAIL peer_build: $out" | head -20; exit 1; }
-K=$BUILD/peer/kvpeer
-export PYTHONPATH=$BUILD/peer/gguf-py
-T=$(mktemp -d)
-trap 'chmod -R u+w "$T" 2>/dev/null; rm -rf "$T"' EXIT
+. "$(dirname "$0")/common.sh"
+peer_setup peer_convert
 N=500
 NEW="q4_1 q5_0 q5_1 q2_k q3_k_s q3_k_m q3_k_l q4_k_s q5_k_s"
 

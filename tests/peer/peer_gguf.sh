@@ -22,20 +22,8 @@
 #     experts; tiny-moe's files must reach 98%; see docs/gguf.md).
 # ok/FAIL lines for tests/run.sh; "skip" without the npm package.
 set -u
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=${KT_BUILD:-$ROOT/build}
-KV=${KT_BIN:-$BUILD/kvkeep}
-PY=/usr/bin/python3
-out=$(bash "$ROOT/tests/peer/build.sh" "$BUILD" 2>&1)
-rc=$?
-if [ $rc -eq 3 ]; then
-	echo "$out" | grep '^skip' || echo "skip peer_gguf: llama.cpp package missing"
-	exit 0
-fi
-[ $rc -eq 0 ] || { echo "FAIL peer_build: $out" | head -20; exit 1; }
-K=$BUILD/peer/kvpeer
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/common.sh"
+peer_setup peer_gguf
 N=500
 
 compare() { # name peer.f32 kv.f32 exact(1|0)

@@ -14,21 +14,8 @@
 #   - llama.cpp's tokenizer on the GGUF gives kvkeep's ids on the folder.
 # ok/FAIL lines for tests/run.sh; "skip" without the npm package.
 set -u
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=${KT_BUILD:-$ROOT/build}
-KV=${KT_BIN:-$BUILD/kvkeep}
-PY=/usr/bin/python3
-out=$(bash "$ROOT/tests/peer/build.sh" "$BUILD" 2>&1)
-rc=$?
-if [ $rc -eq 3 ]; then
-	echo "$out" | grep '^skip' || echo "skip peer_models: llama.cpp package missing"
-	exit 0
-fi
-[ $rc -eq 0 ] || { echo "FAIL peer_build: $out" | head -20; exit 1; }
-K=$BUILD/peer/kvpeer
-export PYTHONPATH=$BUILD/peer/gguf-py
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/common.sh"
+peer_setup peer_models
 TYPES="f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k"
 
 for preset in ${KT_PEER_PRESETS:-tiny-dense tiny-hybrid tiny-moe tiny-next-moe}; do

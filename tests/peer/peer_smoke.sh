@@ -11,23 +11,9 @@
 # Prints ok/FAIL lines (tests/run.sh); "skip" when the npm package is not
 # installed (non-x86-64 hosts).
 set -u
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-BUILD=${KT_BUILD:-$ROOT/build}
-PY=/usr/bin/python3
-out=$(bash "$ROOT/tests/peer/build.sh" "$BUILD" 2>&1)
-rc=$?
-if [ $rc -eq 3 ]; then
-	echo "$out" | grep '^skip' || echo "skip peer_smoke: llama.cpp package missing"
-	exit 0
-fi
-if [ $rc -ne 0 ]; then
-	echo "FAIL peer_build: $out" | head -20
-	exit 1
-fi
+. "$(dirname "$0")/common.sh"
+peer_setup peer_smoke
 echo "ok peer_build"
-K=$BUILD/peer/kvpeer
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 
 # status of a kvpeer run that must fail cleanly: 1 or 2 with a "kvpeer:"
 # line on stderr; a signal (>= 128) or success is a failure
