@@ -197,6 +197,49 @@ static void print_phases_text(const char *what, const struct ke_prof *p, double 
 	}
 }
 
+/* The weights' formats: one name ("BF16"), or the mix of a quantized file
+ * by matrix count ("Q4_K x42 + Q6_K x14"), most frequent first. */
+static const char *weights_label(const struct ke_model *m, char *buf, size_t cap)
+{
+	enum { MAXF = 8 };
+	char names[MAXF][32];
+	int count[MAXF], nf = 0, other = 0;
+	for (int i = 0; i < ke_model_n_mats(m); i++) {
+		char f[32];
+		ke_mat_format(ke_model_mat(m, i, NULL), f, sizeof f);
+		int j = 0;
+		while (j < nf && strcmp(names[j], f))
+			j++;
+		if (j == nf) {
+			if (nf == MAXF) {
+				other++;
+				continue;
+			}
+			snprintf(names[nf], sizeof names[nf], "%s", f);
+			count[nf++] = 0;
+		}
+		count[j]++;
+	}
+	if (nf <= 1) {
+		snprintf(buf, cap, "%s", nf ? names[0] : "?");
+		return buf;
+	}
+	size_t len = 0;
+	buf[0] = 0;
+	for (int done = 0; done < nf; done++) {
+		int b = -1;
+		for (int j = 0; j < nf; j++)
+			if (count[j] > 0 && (b < 0 || count[j] > count[b]))
+				b = j;
+		if (len < cap)
+			len += (size_t)snprintf(buf + len, cap - len, "%s%s x%d", done ? " + " : "", names[b], count[b]);
+		count[b] = -count[b];
+	}
+	if (other && len < cap)
+		snprintf(buf + len, cap - len, " + %d more", other);
+	return buf;
+}
+
 static int cmd_bench_engine(int argc, char **argv)
 {
 	const char *model = NULL, *ctxs = "1024,8192", *quant_act = "q8";
@@ -391,11 +434,11 @@ static int cmd_bench_engine(int argc, char **argv)
 				res[i].decode_tps);
 	}
 
-	char wfmt[32];
+	char wfmt[160];
 	if (json) {
 		printf("{\"model\": \"%s\", \"arch\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"weight_dtype\": \"%s\", "
 		       "\"kv_dtype\": \"%s\", \"quant_act\": \"%s\",\n", model, kv_arch_name(c->arch), ke_isa_name(ke_isa()),
-		       threads, ke_mat_format(sh[0].w, wfmt, sizeof wfmt), kv_f32 ? "f32" : "bf16",
+		       threads, weights_label(m, wfmt, sizeof wfmt), kv_f32 ? "f32" : "bf16",
 		       ke_model_qdot(m) ? "q8" : "f32");
 		printf(" \"openblas_coretype\": \"%s\",", coretype ? coretype : "auto");
 		printf(" \"gemm_m\": %d, \"gemm_gflops\": %.2f, \"gemm_f32_gflops\": %.2f, ", (int)gemm_m, g_ours, g_ours32);
@@ -434,7 +477,7 @@ static int cmd_bench_engine(int argc, char **argv)
 		printf("]}\n");
 	} else {
 		printf("model %s (%s, %s weights, %s KV), isa %s, %d threads\n", model, kv_arch_name(c->arch),
-		       ke_mat_format(sh[0].w, wfmt, sizeof wfmt), kv_f32 ? "f32" : "bf16", ke_isa_name(ke_isa()), threads);
+		       weights_label(m, wfmt, sizeof wfmt), kv_f32 ? "f32" : "bf16", ke_isa_name(ke_isa()), threads);
 		printf("memcpy: %.2f GB/s (1 thread %.2f GB/s)\n", bw / 1e9, bw1 / 1e9);
 		for (int i = 0; i < nsh; i++) {
 			double fl = 2.0 * (double)gemm_m * sh[i].w->rows * sh[i].w->cols;
