@@ -245,11 +245,23 @@ TGT2 static inline __m128 h2f4(const uint8_t *p0, const uint8_t *p1, const uint8
  */
 #define AMR 4
 #define AINL2 __attribute__((always_inline)) inline
+/* Decode (one activation row) is a stream over the weights: the kernels
+ * prefetch the same bytes of the rows PF_PANELS 4-row panels ahead (the
+ * rows of a matrix are contiguous, so that is the stream's next stretch;
+ * a prefetch is a hint, past the end it never faults). */
+#define PF_PANELS 2
+
+static AINL2 void pf_ahead(const uint8_t *blk, ptrdiff_t ahead, int bytes)
+{
+	for (int o = 0; o < bytes; o += 64)
+		_mm_prefetch((const char *)blk + ahead + o, _MM_HINT_T0);
+}
 
 TGT2 static AINL2 void q8_0_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
 			       float *out)
 {
 	const int nb = K / 32;
+	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
 	__m128 acc[AMR];
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
@@ -258,6 +270,7 @@ TGT2 static AINL2 void q8_0_k4(const uint8_t *const *wr, int K, const uint8_t *a
 		__m256i p[AMR][4];
 #pragma GCC unroll 4
 		for (int r = 0; r < 4; r++) {
+			pf_ahead(wr[r] + 34 * (size_t)b, ahead, 34);
 			const __m256i w = _mm256_loadu_si256((const __m256i *)(wr[r] + 34 * (size_t)b + 2));
 			const __m256i aw = _mm256_abs_epi8(w);
 #pragma GCC unroll 4
@@ -305,6 +318,7 @@ TGT2 static AINL2 void q0_k4(int dt, const uint8_t *const *wr, int K, const uint
 {
 	const int nb = K / 32, bb = q0_bytes(dt), sh = q0_shift(dt);
 	const uint8_t *ns = a + K + (size_t)nb * 4;
+	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
 	__m128 acc[AMR];
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
@@ -313,6 +327,7 @@ TGT2 static AINL2 void q0_k4(int dt, const uint8_t *const *wr, int K, const uint
 		__m256i p[AMR][4];
 #pragma GCC unroll 4
 		for (int r = 0; r < 4; r++) {
+			pf_ahead(wr[r] + (size_t)bb * b, ahead, bb);
 			const __m256i u = q0_codes_avx2(dt, wr[r] + (size_t)bb * b);
 #pragma GCC unroll 4
 			for (int i = 0; i < mr; i++) {
@@ -358,6 +373,7 @@ TGT2 static AINL2 void q4_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 	const int nb = K / 256;
 	const size_t bso = (size_t)K + (size_t)nb * 4;
 	const __m256i m4 = _mm256_set1_epi8(0x0F);
+	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
 	__m128 acc[AMR], c[AMR];
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
@@ -366,6 +382,7 @@ TGT2 static AINL2 void q4_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 		__m256i S[AMR][4], C[AMR][4];
 		for (int r = 0; r < 4; r++) {
 			const uint8_t *blk = wr[r] + 144 * (size_t)b, *qs = blk + 16;
+			pf_ahead(blk, ahead, 144);
 			uint32_t scw[2], mnw[2];
 			q4k_unpack(blk, scw, mnw);
 			const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
@@ -424,6 +441,7 @@ TGT2 static AINL2 void q6_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 	const int nb = K / 256;
 	const size_t bso = (size_t)K + (size_t)nb * 4;
 	const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
 	__m128 acc[AMR];
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
@@ -432,6 +450,7 @@ TGT2 static AINL2 void q6_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 		__m256i S[AMR][4];
 		for (int r = 0; r < 4; r++) {
 			const uint8_t *blk = wr[r] + 210 * (size_t)b;
+			pf_ahead(blk, ahead, 210);
 			const int8_t *sc = (const int8_t *)(blk + 192);
 			const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
 			__m256i t[AMR];
