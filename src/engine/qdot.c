@@ -249,6 +249,15 @@ TGT2 static inline __m256i dot4_avx2(__m256i u, __m256i s)
 	return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
+/* Bit s of every byte of v moved to bit t (s, t in 0..7), other bits 0: a
+ * 16-bit shift keeps each byte's bit within its byte, the mask drops the
+ * rest (one shift and one and). */
+TGT2 static inline __m256i bit_to(__m256i v, int s, int t)
+{
+	const __m256i sh = s > t ? _mm256_srli_epi16(v, s - t) : _mm256_slli_epi16(v, t - s);
+	return _mm256_and_si256(sh, _mm256_set1_epi8((char)(1 << t)));
+}
+
 /* [sum v0, sum v1, sum v2, sum v3] of four int32 vectors (exact). */
 TGT2 static inline __m128i hsum4_i32(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
 {
@@ -458,10 +467,9 @@ TGT2 static AINL2 void q45_k4(const uint8_t *const *wr, int K, const uint8_t *a,
 				const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
 				__m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
 				if (q5) {
-					const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16)), one = _mm256_set1_epi8(1);
-					lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * ch), one), 4));
-					hi = _mm256_or_si256(hi,
-							     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * ch + 1), one), 4));
+					const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+					lo = _mm256_or_si256(lo, bit_to(qh, 2 * ch, 4));
+					hi = _mm256_or_si256(hi, bit_to(qh, 2 * ch + 1, 4));
 				}
 				/* scales 2ch and 2ch + 1 in every int16 lane */
 				const __m256i s0 = _mm256_shuffle_epi8(lo16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * ch)));
@@ -578,8 +586,7 @@ TGT2 static inline __m256i g16_codes(int dt, const uint8_t *blk, int s)
 	if (dt == KV_DT_Q3_K) {
 		const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * n));
 		const __m256i hm = _mm256_loadu_si256((const __m256i *)blk);
-		const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, s), _mm256_set1_epi8(1));
-		return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3), _mm256_slli_epi16(hb, 2));
+		return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3), bit_to(hm, s, 2));
 	}
 	const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * n));
 	return _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
@@ -850,7 +857,7 @@ TGT5 static void pack_q0(int dt, const uint8_t *const *wr, int nb, uint8_t *pk)
 /* Q4_K and Q5_K (q5: the 5th bit of slice s from bit s of qh). */
 TGT5 static void pack_q45_k(const int q5, const uint8_t *const *wr, int nb, uint8_t *pk)
 {
-	const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+	const __m256i m4 = _mm256_set1_epi8(0x0F);
 	const size_t bb = q5 ? 176 : 144;
 	uint8_t codes[PR][256] __attribute__((aligned(32))); /* element order */
 	for (int b = 0; b < nb; b++) {
@@ -869,9 +876,8 @@ TGT5 static void pack_q45_k(const int q5, const uint8_t *const *wr, int nb, uint
 				__m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
 				__m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
 				if (q5) {
-					lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * ch), one), 4));
-					hi = _mm256_or_si256(hi,
-							     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * ch + 1), one), 4));
+					lo = _mm256_or_si256(lo, bit_to(qh, 2 * ch, 4));
+					hi = _mm256_or_si256(hi, bit_to(qh, 2 * ch + 1, 4));
 				}
 				_mm256_store_si256((__m256i *)(codes[r] + 64 * ch), lo);
 				_mm256_store_si256((__m256i *)(codes[r] + 64 * ch + 32), hi);
