@@ -1230,6 +1230,113 @@ TGT5 static void q4_k_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t 
 	}
 }
 
+/*
+ * AVX-512 VNNI GEMV (M < 8: no repack): the AVX2 4-row kernels' structure
+ * with a slice pair (64 codes) per register. vpdpbusd gives per-dword sums
+ * of 4 code products (|z| <= 4 * 31 * 127 < 2^15, so z fits its low 16
+ * bits), and vpdpwssd with the dword scale (high word 0) adds z * sc
+ * exactly. Same integers, same float steps as q45_k4.
+ */
+TGT5 static inline __m512i bit_to5(__m512i v, int s, int t)
+{
+	const __m512i sh = s > t ? _mm512_srli_epi16(v, s - t) : _mm512_slli_epi16(v, t - s);
+	return _mm512_and_si512(sh, _mm512_set1_epi8((char)(1 << t)));
+}
+
+TGT5 static AINL void q45_k4_512(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+				 const int q5, float *out)
+{
+	const int nb = K / 256;
+	const size_t bso = (size_t)K + (size_t)nb * 4, bb = q5 ? 176 : 144;
+	const __m512i m4 = _mm512_set1_epi8(0x0F);
+	__m128 acc[AMR], c[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = c[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i S[AMR][4], C[AMR][4];
+		for (int r = 0; r < 4; r++) {
+			const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
+			uint32_t scw[2], mnw[2];
+			q4k_unpack(blk, scw, mnw);
+			const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
+			const __m256i mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb)); /* m0 m0 m1 m1 ... */
+			const __m512i sc32 = _mm512_castsi256_si512(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)scw[1], (int)scw[0])));
+			__m512i qh2 = _mm512_setzero_si512();
+			if (q5) { /* qh in the low half, qh >> 1 in the high: bits 2ch of both halves */
+				const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+				qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 1), 1);
+			}
+			__m512i t[AMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+			for (int ch = 0; ch < 4; ch++) {
+				const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
+				__m512i w = _mm512_and_si512(
+					_mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1), m4);
+				if (q5)
+					w = _mm512_or_si512(w, bit_to5(qh2, 2 * ch, 4));
+				/* scale 2ch in dwords 0-7, 2ch + 1 in 8-15 */
+				const __m512i scv = _mm512_permutexvar_epi32(
+					_mm512_set_epi32(2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1,
+							 2 * ch + 1, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch),
+					sc32);
+#pragma GCC unroll 4
+				for (int i = 0; i < mr; i++) {
+					const __m512i x = _mm512_load_si512((const void *)(a + (size_t)i * astride + 256 * (size_t)b + 64 * ch));
+					t[i] = _mm512_dpwssd_epi32(t[i], _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x), scv);
+				}
+			}
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				S[i][r] = _mm256_add_epi32(_mm512_castsi512_si256(t[i]), _mm512_extracti64x4_epi64(t[i], 1));
+				C[i][r] = _mm256_madd_epi16(
+					mv, _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b)));
+			}
+		}
+		const size_t o = bb * (size_t)b;
+		const __m128 d = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o), (short)u16_at(wr[1] + o),
+							     (short)u16_at(wr[2] + o), (short)u16_at(wr[3] + o), 0, 0, 0, 0));
+		const __m128 dm = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o + 2), (short)u16_at(wr[1] + o + 2),
+							      (short)u16_at(wr[2] + o + 2), (short)u16_at(wr[3] + o + 2), 0, 0, 0, 0));
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			const __m128 dxv = _mm_set1_ps(dx);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, dxv), _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])),
+					      acc[i]);
+			c[i] = _mm_fmadd_ps(_mm_mul_ps(dm, dxv), _mm_cvtepi32_ps(hsum4_i32(C[i][0], C[i][1], C[i][2], C[i][3])),
+					    c[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, _mm_sub_ps(acc[i], c[i]));
+}
+
+TGT5 static void q45_k_gemv5(int q5, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr,
+			     float *out)
+{
+	if (q5) {
+		switch (mr) {
+		case 1: q45_k4_512(wr, K, a, astride, 1, 1, out); break;
+		case 2: q45_k4_512(wr, K, a, astride, 2, 1, out); break;
+		case 3: q45_k4_512(wr, K, a, astride, 3, 1, out); break;
+		default: q45_k4_512(wr, K, a, astride, 4, 1, out); break;
+		}
+		return;
+	}
+	switch (mr) {
+	case 1: q45_k4_512(wr, K, a, astride, 1, 0, out); break;
+	case 2: q45_k4_512(wr, K, a, astride, 2, 0, out); break;
+	case 3: q45_k4_512(wr, K, a, astride, 3, 0, out); break;
+	default: q45_k4_512(wr, K, a, astride, 4, 0, out); break;
+	}
+}
+
 /* Per-thread repack buffer, grown as needed (pool threads live as long as
  * the process): a panel of 16 rows, 80 KiB for K = 4096 in Q4_K. */
 static __thread void *tl_praw;
@@ -1557,6 +1664,7 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 		return;
 	}
 	if (isa >= KE_ISA_AVX2) {
+		const int v5 = isa == KE_ISA_AVX512 && have_vnni(); /* the 512-bit GEMVs */
 		for (int n = n0; n < n1; n += 4) {
 			int nr = n1 - n < 4 ? n1 - n : 4;
 			const uint8_t *wr[4];
@@ -1572,6 +1680,8 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 					q1_gemm4(dt, wr, K, xr, astride, mr, o);
 				else if (b32)
 					q0_gemm4(dt, wr, K, xr, astride, mr, o);
+				else if (k45 && v5)
+					q45_k_gemv5(dt == KV_DT_Q5_K, wr, K, xr, astride, mr, o);
 				else if (dt == KV_DT_Q4_K)
 					q4_k_gemm4(wr, K, xr, astride, mr, o);
 				else if (dt == KV_DT_Q5_K)
