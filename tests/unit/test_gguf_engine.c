@@ -424,7 +424,7 @@ KT_CASE(moe_convert_refuses_what_llama_cannot_run)
 KT_CASE(qgemm_invariance_all_types)
 {
 	const int types[] = {KV_DT_Q8_0, KV_DT_Q4_K, KV_DT_Q6_K, KV_DT_Q5_K, KV_DT_Q4_0, KV_DT_Q4_1, KV_DT_Q5_0,
-			     KV_DT_Q5_1, KV_DT_F16};
+			     KV_DT_Q5_1, KV_DT_Q2_K, KV_DT_Q3_K, KV_DT_F16};
 	const int N = 37, K = 512, M = 9;
 	uint64_t seed = 5;
 	float *wf = malloc((size_t)N * K * 4), *wd = malloc((size_t)N * K * 4), *x = malloc((size_t)M * K * 4);
