@@ -1317,6 +1317,86 @@ TGT5 static AINL void q45_k4_512(const uint8_t *const *wr, int K, const uint8_t 
 		_mm_storeu_ps(out + 4 * i, _mm_sub_ps(acc[i], c[i]));
 }
 
+/* Q6_K: codes 0..63 (|z| <= 4 * 63 * 127 < 2^15), a group scale per 4
+ * dwords (signed, high word cleared for vpdpwssd); the -32 offset as in
+ * q6_k_k4. Same integers, same float steps. */
+TGT5 static AINL void q6_k4_512(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+				float *out)
+{
+	const int nb = K / 256;
+	const size_t bso = (size_t)K + (size_t)nb * 4;
+	const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3), lo16 = _mm512_set1_epi32(0xFFFF);
+	__m128 acc[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i S[AMR][4];
+		for (int r = 0; r < 4; r++) {
+			const uint8_t *blk = wr[r] + 210 * (size_t)b;
+			const __m128i s8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+			const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+			const __m512i sc32 = _mm512_and_si512(_mm512_cvtepi8_epi32(s8), lo16);
+			__m512i t[AMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+			for (int n = 0; n < 2; n++) {
+				const __m512i ql = _mm512_loadu_si512((const void *)(blk + 64 * n));
+				const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+				const __m512i qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+#pragma GCC unroll 2
+				for (int pp = 0; pp < 2; pp++) { /* slices 4n + 2pp, 4n + 2pp + 1 */
+					const __m512i low = pp ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4) : _mm512_and_si512(ql, m4);
+					const __m512i hi = _mm512_and_si512(pp ? _mm512_srli_epi16(qh2, 4) : qh2, m3);
+					const __m512i w = _mm512_or_si512(low, _mm512_slli_epi16(hi, 4));
+					const int g = 8 * n + 4 * pp; /* groups g .. g + 3, 4 dwords each */
+					const __m512i scv = _mm512_permutexvar_epi32(
+						_mm512_set_epi32(g + 3, g + 3, g + 3, g + 3, g + 2, g + 2, g + 2, g + 2, g + 1, g + 1, g + 1, g + 1, g,
+								 g, g, g),
+						sc32);
+#pragma GCC unroll 4
+					for (int i = 0; i < mr; i++) {
+						const __m512i x = _mm512_load_si512(
+							(const void *)(a + (size_t)i * astride + 256 * (size_t)b + 128 * n + 64 * pp));
+						t[i] = _mm512_dpwssd_epi32(t[i], _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x), scv);
+					}
+				}
+			}
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
+				__m256i tt = _mm256_add_epi32(_mm512_castsi512_si256(t[i]), _mm512_extracti64x4_epi64(t[i], 1));
+				S[i][r] = _mm256_sub_epi32(tt, _mm256_slli_epi32(_mm256_madd_epi16(s16, bsv), 5));
+			}
+		}
+		const size_t o = 210 * (size_t)b + 208;
+		const __m128 d = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o), (short)u16_at(wr[1] + o),
+							     (short)u16_at(wr[2] + o), (short)u16_at(wr[3] + o), 0, 0, 0, 0));
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(dx)),
+					      _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])), acc[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, acc[i]);
+}
+
+TGT5 static void q6_k_gemv5(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr, float *out)
+{
+	switch (mr) {
+	case 1: q6_k4_512(wr, K, a, astride, 1, out); break;
+	case 2: q6_k4_512(wr, K, a, astride, 2, out); break;
+	case 3: q6_k4_512(wr, K, a, astride, 3, out); break;
+	default: q6_k4_512(wr, K, a, astride, 4, out); break;
+	}
+}
+
 TGT5 static void q45_k_gemv5(int q5, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr,
 			     float *out)
 {
@@ -1686,6 +1766,8 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 					q4_k_gemm4(wr, K, xr, astride, mr, o);
 				else if (dt == KV_DT_Q5_K)
 					q5_k_gemm4(wr, K, xr, astride, mr, o);
+				else if (dt == KV_DT_Q6_K && v5)
+					q6_k_gemv5(wr, K, xr, astride, mr, o);
 				else if (dt == KV_DT_Q6_K)
 					q6_k_gemm4(wr, K, xr, astride, mr, o);
 				else if (dt == KV_DT_Q3_K)
