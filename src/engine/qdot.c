@@ -1397,6 +1397,89 @@ TGT5 static void q6_k_gemv5(const uint8_t *const *wr, int K, const uint8_t *a, s
 	}
 }
 
+/* Q2_K: g16_k4 with a slice pair per register (codes 0..3, group scales
+ * per 4 dwords as in q6_k4_512). Same integers, same float steps as
+ * g16_k4. (Q3_K measured slower this way than its AVX2 kernel: it keeps
+ * that one.) */
+TGT5 static AINL void q2_k4_512(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+				float *out)
+{
+	const int nb = K / 256;
+	const size_t bso = (size_t)K + (size_t)nb * 4;
+	const __m512i m3 = _mm512_set1_epi8(3);
+	__m128 acc[AMR], c[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = c[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i S[AMR][4], C[AMR][4];
+		for (int r = 0; r < 4; r++) {
+			const uint8_t *blk = wr[r] + 84 * (size_t)b, *qs = blk + 16;
+			__m256i s16, m16;
+			g16_scales(KV_DT_Q2_K, blk, &s16, &m16);
+			const __m512i sc32 = _mm512_cvtepi16_epi32(s16); /* 0..15: high words 0 */
+			__m512i t[AMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+			for (int n = 0; n < 2; n++) {
+				const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * n));
+				const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 2), 1);
+#pragma GCC unroll 2
+				for (int pp = 0; pp < 2; pp++) { /* slices s0 = 4n + 2pp and s0 + 1 */
+					const int s0 = 4 * n + 2 * pp, g = 2 * s0;
+					const __m512i w = _mm512_and_si512(pp ? _mm512_srli_epi16(qq, 4) : qq, m3);
+					const __m512i scv = _mm512_permutexvar_epi32(
+						_mm512_set_epi32(g + 3, g + 3, g + 3, g + 3, g + 2, g + 2, g + 2, g + 2, g + 1, g + 1, g + 1, g + 1, g,
+								 g, g, g),
+						sc32);
+#pragma GCC unroll 4
+					for (int i = 0; i < mr; i++) {
+						const __m512i x =
+							_mm512_load_si512((const void *)(a + (size_t)i * astride + 256 * (size_t)b + 32 * s0));
+						t[i] = _mm512_dpwssd_epi32(t[i], _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x), scv);
+					}
+				}
+			}
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
+				S[i][r] = _mm256_add_epi32(_mm512_castsi512_si256(t[i]), _mm512_extracti64x4_epi64(t[i], 1));
+				C[i][r] = _mm256_madd_epi16(m16, bsv);
+			}
+		}
+		const size_t o = 84 * (size_t)b + 80;
+		const __m128 d = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o), (short)u16_at(wr[1] + o),
+							     (short)u16_at(wr[2] + o), (short)u16_at(wr[3] + o), 0, 0, 0, 0));
+		const __m128 dm = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o + 2), (short)u16_at(wr[1] + o + 2),
+							      (short)u16_at(wr[2] + o + 2), (short)u16_at(wr[3] + o + 2), 0, 0, 0, 0));
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			const __m128 dxv = _mm_set1_ps(dx);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, dxv), _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])),
+					      acc[i]);
+			c[i] = _mm_fmadd_ps(_mm_mul_ps(dm, dxv), _mm_cvtepi32_ps(hsum4_i32(C[i][0], C[i][1], C[i][2], C[i][3])),
+					    c[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, _mm_sub_ps(acc[i], c[i]));
+}
+
+TGT5 static void q2_k_gemv5(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr, float *out)
+{
+	switch (mr) {
+	case 1: q2_k4_512(wr, K, a, astride, 1, out); break;
+	case 2: q2_k4_512(wr, K, a, astride, 2, out); break;
+	case 3: q2_k4_512(wr, K, a, astride, 3, out); break;
+	default: q2_k4_512(wr, K, a, astride, 4, out); break;
+	}
+}
+
 TGT5 static void q45_k_gemv5(int q5, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr,
 			     float *out)
 {
@@ -1770,6 +1853,8 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 					q6_k_gemv5(wr, K, xr, astride, mr, o);
 				else if (dt == KV_DT_Q6_K)
 					q6_k_gemm4(wr, K, xr, astride, mr, o);
+				else if (dt == KV_DT_Q2_K && v5)
+					q2_k_gemv5(wr, K, xr, astride, mr, o);
 				else if (dt == KV_DT_Q3_K)
 					q3_k_gemm4(wr, K, xr, astride, mr, o);
 				else
