@@ -253,7 +253,7 @@ static int cmd_bench_engine(int argc, char **argv)
 		{"repeat", KV_FLAG_INT, &repeat, "N", "GEMM repetitions, best kept (default 3)"},
 		{"gemm-m", KV_FLAG_INT, &gemm_m, "M", "activation rows of the GEMM measurement (default 256)"},
 		{"kv-f32", KV_FLAG_BOOL, &kv_f32, NULL, "f32 KV (default bf16)"},
-		{"quant-act", KV_FLAG_STR, &quant_act, "q8|f32", "products with Q8_0/Q4_0/Q5_0/Q4_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
+		{"quant-act", KV_FLAG_STR, &quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
 		{"long", KV_FLAG_BOOL, &long_ctx, NULL, "also measure a 32K context (slow)"},
 		{0},
 	};

@@ -41,11 +41,12 @@ struct ke_model_params {
 	int kv_f32;          /* 1: f32 KV; default (0): bf16 KV */
 	int page_tokens;     /* B, tokens per KV page; 0 = 256 */
 	size_t max_pages;    /* page pool limit, 0 = none */
-	int quant_act;       /* enum ke_quant_act: how Q8_0/Q4_0/Q5_0/Q4_K/Q6_K matrices multiply */
+	int quant_act;       /* enum ke_quant_act: how ggml block matrices (Q8_0 ... Q6_K) multiply */
 };
 
 /* --quant-act: KE_QACT_Q8 (the default, 0) quantizes each activation row
- * to int8 blocks for integer dots with Q8_0 / Q4_0 / Q5_0 / Q4_K / Q6_K weights
+ * to int8 blocks for integer dots with Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 /
+ * Q2_K / Q3_K / Q4_K / Q5_K / Q6_K weights
  * (engine/qdot.h); KE_QACT_F32 keeps activations f32 against the exactly
  * dequantized weights (the numerics of the f32 engine). Other types and
  * F32/BF16/F16/MLX matrices are the same in both modes. Part of the cache
@@ -73,7 +74,7 @@ struct kv_pages *ke_model_pages(struct ke_model *m);
  * E routed experts): the numerator of the memory-bandwidth bound. */
 uint64_t ke_model_decode_bytes(const struct ke_model *m);
 /* 1 if some matrix multiplies with int8 activations (--quant-act q8 on a
- * model with Q8_0 / Q4_0 / Q5_0 / Q4_K / Q6_K matrices): the cache namespace names it. */
+ * model with block matrices of a type engine/qdot.h takes): the cache namespace names it. */
 int ke_model_qdot(const struct ke_model *m);
 /* The model's matrices, largest first (for benchmarks). i < ke_model_n_mats. */
 int ke_model_n_mats(const struct ke_model *m);

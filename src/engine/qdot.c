@@ -21,9 +21,9 @@
 
 int ke_qdot_block(int dt)
 {
-	if (dt == KV_DT_Q8_0 || dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0)
+	if (dt == KV_DT_Q8_0 || dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0 || dt == KV_DT_Q4_1 || dt == KV_DT_Q5_1)
 		return 32;
-	if (dt == KV_DT_Q4_K || dt == KV_DT_Q6_K)
+	if (dt == KV_DT_Q4_K || dt == KV_DT_Q6_K || dt == KV_DT_Q5_K || dt == KV_DT_Q3_K || dt == KV_DT_Q2_K)
 		return 256;
 	return 0;
 }
@@ -84,11 +84,28 @@ static inline float block_scale(uint32_t mb, float *id, int *zero)
 	return amax / 127.0f;
 }
 
-/* Q4_0 / Q5_0: bytes per block, offset of the codes' subtraction (8 / 16),
- * and the shift that turns a row's ns (-128 sum q) into -offset sum q. */
+/* The 32-blocks with 4/5-bit unsigned codes: Q4_0 / Q5_0 (w = d (q - 8 |
+ * 16)) and Q4_1 / Q5_1 (w = d q + m). Bytes per block, where qh and qs
+ * start (qh: 0 if none), and for Q4_0 / Q5_0 the shift that turns a row's
+ * ns (-128 sum q) into -offset sum q. */
 static inline int q0_bytes(int dt)
 {
-	return dt == KV_DT_Q4_0 ? 18 : 22;
+	return dt == KV_DT_Q4_0 ? 18 : dt == KV_DT_Q5_0 ? 22 : dt == KV_DT_Q4_1 ? 20 : 24;
+}
+
+static inline int q0_qs(int dt)
+{
+	return dt == KV_DT_Q4_0 ? 2 : dt == KV_DT_Q5_0 ? 6 : dt == KV_DT_Q4_1 ? 4 : 8;
+}
+
+static inline int q0_qh(int dt)
+{
+	return dt == KV_DT_Q5_0 ? 2 : dt == KV_DT_Q5_1 ? 4 : 0;
+}
+
+static inline int q0_is1(int dt) /* Q4_1 / Q5_1: a min instead of an offset */
+{
+	return dt == KV_DT_Q4_1 || dt == KV_DT_Q5_1;
 }
 
 static inline int q0_shift(int dt)
@@ -96,13 +113,13 @@ static inline int q0_shift(int dt)
 	return dt == KV_DT_Q4_0 ? 4 : 3;
 }
 
-/* The 32 unsigned codes (0..15 / 0..31) of a Q4_0 / Q5_0 block. */
+/* The 32 unsigned codes (0..15 / 0..31) of such a block. */
 static inline void q0_codes(int dt, const uint8_t *blk, uint8_t *u)
 {
-	const uint8_t *qs = blk + (dt == KV_DT_Q4_0 ? 2 : 6);
+	const uint8_t *qs = blk + q0_qs(dt);
 	uint32_t qh = 0;
-	if (dt == KV_DT_Q5_0)
-		memcpy(&qh, blk + 2, 4);
+	if (q0_qh(dt))
+		memcpy(&qh, blk + q0_qh(dt), 4);
 	for (int j = 0; j < 16; j++) {
 		u[j] = (uint8_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));
 		u[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
@@ -119,6 +136,22 @@ static inline void q4k_sm(const uint8_t *scales, int j, int *sc, int *mm)
 		*sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
 		*mm = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
 	}
+}
+
+/* Q3_K's 16 6-bit scales minus 32 (ggml's unpacking of scales[12]). */
+static inline void q3k_scales(const uint8_t *blk, int8_t *sc)
+{
+	const uint32_t m1 = 0x03030303u, m2 = 0x0f0f0f0fu;
+	uint32_t a[4];
+	memcpy(a, blk + 96, 12);
+	uint32_t t = a[2];
+	a[2] = ((a[0] >> 4) & m2) | (((t >> 4) & m1) << 4);
+	a[3] = ((a[1] >> 4) & m2) | (((t >> 6) & m1) << 4);
+	a[0] = (a[0] & m2) | (((t >> 0) & m1) << 4);
+	a[1] = (a[1] & m2) | (((t >> 2) & m1) << 4);
+	memcpy(sc, a, 16);
+	for (int g = 0; g < 16; g++)
+		sc[g] = (int8_t)(sc[g] - 32);
 }
 
 static void quant_scalar(int block, const float *x, int K, uint8_t *row)
@@ -216,6 +249,15 @@ TGT2 static inline __m256i dot4_avx2(__m256i u, __m256i s)
 	return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
+/* Bit s of every byte of v moved to bit t (s, t in 0..7), other bits 0: a
+ * 16-bit shift keeps each byte's bit within its byte, the mask drops the
+ * rest (one shift and one and). */
+TGT2 static inline __m256i bit_to(__m256i v, int s, int t)
+{
+	const __m256i sh = s > t ? _mm256_srli_epi16(v, s - t) : _mm256_slli_epi16(v, t - s);
+	return _mm256_and_si256(sh, _mm256_set1_epi8((char)(1 << t)));
+}
+
 /* [sum v0, sum v1, sum v2, sum v3] of four int32 vectors (exact). */
 TGT2 static inline __m128i hsum4_i32(__m256i v0, __m256i v1, __m256i v2, __m256i v3)
 {
@@ -298,11 +340,11 @@ TGT2 static AINL2 void q8_0_k4(const uint8_t *const *wr, int K, const uint8_t *a
 TGT2 static inline __m256i q0_codes_avx2(int dt, const uint8_t *blk)
 {
 	const __m128i m4 = _mm_set1_epi8(0x0F);
-	const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + (dt == KV_DT_Q4_0 ? 2 : 6)));
+	const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + q0_qs(dt)));
 	__m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
-	if (dt == KV_DT_Q5_0) { /* bit j of qh -> 0x10 in byte j */
+	if (q0_qh(dt)) { /* bit j of qh -> 0x10 in byte j */
 		uint32_t qh;
-		memcpy(&qh, blk + 2, 4);
+		memcpy(&qh, blk + q0_qh(dt), 4);
 		const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
 						     3, 3, 3, 3, 3, 3, 3, 3);
 		const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
@@ -353,6 +395,50 @@ TGT2 static AINL2 void q0_k4(int dt, const uint8_t *const *wr, int K, const uint
 		_mm_storeu_ps(out + 4 * i, acc[i]);
 }
 
+/* Q4_1 / Q5_1: per block acc = fma(d dx, isum, acc), then
+ * acc = fma(m dx, sum qx, acc) (sum qx = -ns / 128). */
+TGT2 static AINL2 void q1_k4(int dt, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+			     float *out)
+{
+	const int nb = K / 32, bb = q0_bytes(dt);
+	const uint8_t *ns = a + K + (size_t)nb * 4;
+	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
+	__m128 acc[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i p[AMR][4];
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++) {
+			pf_ahead(wr[r] + (size_t)bb * b, ahead, bb);
+			const __m256i u = q0_codes_avx2(dt, wr[r] + (size_t)bb * b);
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				const __m256i x = _mm256_load_si256((const __m256i *)(a + (size_t)i * astride + 32 * (size_t)b));
+				p[i][r] = dot4_avx2(u, x);
+			}
+		}
+		const size_t o = (size_t)bb * b;
+		const __m128 dw = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+		const __m128 mw = h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			int32_t n;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			memcpy(&n, ns + (size_t)i * astride + 4 * (size_t)b, 4);
+			const __m128 dxv = _mm_set1_ps(dx);
+			__m128i is = hsum4_i32(p[i][0], p[i][1], p[i][2], p[i][3]);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(dw, dxv), _mm_cvtepi32_ps(is), acc[i]);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(mw, dxv), _mm_set1_ps((float)(-(n / 128))), acc[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, acc[i]);
+}
+
 /* The 8 6-bit scales (bytes of sc[0..1]) and mins (bytes of mn[0..1]) of
  * a Q4_K block, four at a time (what q4k_sm gives one by one). */
 static inline void q4k_unpack(const uint8_t *blk, uint32_t *sc, uint32_t *mn)
@@ -367,10 +453,12 @@ static inline void q4k_unpack(const uint8_t *blk, uint32_t *sc, uint32_t *mn)
 	mn[1] = ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4);
 }
 
-TGT2 static AINL2 void q4_k_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
-			       float *out)
+/* Q4_K (q5 = 0) and Q5_K (q5 = 1: the 5th bit of slice s is bit s of qh). */
+TGT2 static AINL2 void q45_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+			      const int q5, float *out)
 {
 	const int nb = K / 256;
+	const size_t bb = q5 ? 176 : 144;
 	const size_t bso = (size_t)K + (size_t)nb * 4;
 	const __m256i m4 = _mm256_set1_epi8(0x0F);
 	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
@@ -381,8 +469,8 @@ TGT2 static AINL2 void q4_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 	for (int b = 0; b < nb; b++) {
 		__m256i S[AMR][4], C[AMR][4];
 		for (int r = 0; r < 4; r++) {
-			const uint8_t *blk = wr[r] + 144 * (size_t)b, *qs = blk + 16;
-			pf_ahead(blk, ahead, 144);
+			const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
+			pf_ahead(blk, ahead, (int)bb);
 			uint32_t scw[2], mnw[2];
 			q4k_unpack(blk, scw, mnw);
 			const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
@@ -396,7 +484,12 @@ TGT2 static AINL2 void q4_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 #pragma GCC unroll 4
 			for (int ch = 0; ch < 4; ch++) {
 				const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
-				const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+				__m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+				if (q5) {
+					const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+					lo = _mm256_or_si256(lo, bit_to(qh, 2 * ch, 4));
+					hi = _mm256_or_si256(hi, bit_to(qh, 2 * ch + 1, 4));
+				}
 				/* scales 2ch and 2ch + 1 in every int16 lane */
 				const __m256i s0 = _mm256_shuffle_epi8(lo16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * ch)));
 				const __m256i s1 = _mm256_shuffle_epi8(lo16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * ch + 1))));
@@ -416,7 +509,7 @@ TGT2 static AINL2 void q4_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 					mv, _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b)));
 			}
 		}
-		const size_t o = 144 * (size_t)b;
+		const size_t o = bb * (size_t)b;
 		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
 		const __m128 dm = h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2);
 #pragma GCC unroll 4
@@ -505,6 +598,109 @@ TGT2 static AINL2 void q6_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 		_mm_storeu_ps(out + 4 * i, acc[i]);
 }
 
+/* Q3_K / Q2_K: the 32 codes of slice s (groups 2s and 2s + 1 in the low
+ * and high 128-bit halves), Q3_K's as u = low bits | hmask bit << 2. */
+TGT2 static inline __m256i g16_codes(int dt, const uint8_t *blk, int s)
+{
+	const int n = s >> 2, j = s & 3;
+	const __m256i m3 = _mm256_set1_epi8(3);
+	if (dt == KV_DT_Q3_K) {
+		const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 32 + 32 * n));
+		const __m256i hm = _mm256_loadu_si256((const __m256i *)blk);
+		return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3), bit_to(hm, s, 2));
+	}
+	const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * n));
+	return _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
+}
+
+/* Their 16 group scales (Q3_K: minus 32, signed) and Q2_K's mins as int16. */
+TGT2 static inline void g16_scales(int dt, const uint8_t *blk, __m256i *s16, __m256i *m16)
+{
+	if (dt == KV_DT_Q3_K) {
+		int8_t sc[16];
+		q3k_scales(blk, sc);
+		*s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+		*m16 = _mm256_setzero_si256();
+		return;
+	}
+	const __m128i raw = _mm_loadu_si128((const __m128i *)blk), m4 = _mm_set1_epi8(0x0F);
+	*s16 = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+	*m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+}
+
+/* Q3_K: acc = fma(d dx, S, acc) with S = sum_g sc_g (u . x - 4 bs_g);
+ * Q2_K: S = sum_g sc_g u . x, C = sum_g m_g bs_g, two chains, acc - c. */
+TGT2 static AINL2 void g16_k4(const int dt, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride,
+			      const int mr, float *out)
+{
+	const int nb = K / 256, q3 = dt == KV_DT_Q3_K;
+	const size_t bso = (size_t)K + (size_t)nb * 4, bb = q3 ? 110 : 84;
+	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
+	__m128 acc[AMR], c[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = c[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i S[AMR][4], C[AMR][4];
+		for (int r = 0; r < 4; r++) {
+			const uint8_t *blk = wr[r] + bb * (size_t)b;
+			pf_ahead(blk, ahead, (int)bb);
+			__m256i s16, m16;
+			g16_scales(dt, blk, &s16, &m16);
+			__m256i t[AMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+			for (int n = 0; n < 2; n++) {
+				const __m256i sdup = n ? _mm256_permute2x128_si256(s16, s16, 0x11)
+						       : _mm256_permute2x128_si256(s16, s16, 0x00);
+#pragma GCC unroll 4
+				for (int j = 0; j < 4; j++) {
+					const int s = 4 * n + j;
+					const __m256i u = g16_codes(dt, blk, s);
+					const __m256i scv = _mm256_shuffle_epi8(
+						sdup, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * j + 1))),
+								       _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * j)))));
+#pragma GCC unroll 4
+					for (int i = 0; i < mr; i++) {
+						__m256i xv = _mm256_load_si256(
+							(const __m256i *)(a + (size_t)i * astride + 256 * (size_t)b + 32 * s));
+						t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), scv));
+					}
+				}
+			}
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
+				if (q3) {
+					S[i][r] = _mm256_sub_epi32(t[i], _mm256_slli_epi32(_mm256_madd_epi16(s16, bsv), 2));
+				} else {
+					S[i][r] = t[i];
+					C[i][r] = _mm256_madd_epi16(m16, bsv);
+				}
+			}
+		}
+		const size_t o = bb * (size_t)b + (q3 ? 108 : 80);
+		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+		const __m128 dm = q3 ? d : h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			const __m128 dxv = _mm_set1_ps(dx);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, dxv), _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])),
+					      acc[i]);
+			if (!q3)
+				c[i] = _mm_fmadd_ps(_mm_mul_ps(dm, dxv),
+						    _mm_cvtepi32_ps(hsum4_i32(C[i][0], C[i][1], C[i][2], C[i][3])), c[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, q3 ? acc[i] : _mm_sub_ps(acc[i], c[i]));
+}
+
 #define K4_DISPATCH(NAME, FN)                                                                                      \
 	TGT2 static void NAME(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr, float *out) \
 	{                                                                                                          \
@@ -527,8 +723,46 @@ TGT2 static void q0_gemm4(int dt, const uint8_t *const *wr, int K, const uint8_t
 	default: q0_k4(dt, wr, K, a, astride, 4, out); break;
 	}
 }
+
+TGT2 static void q1_gemm4(int dt, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr,
+			  float *out)
+{
+	switch (mr) {
+	case 1: q1_k4(dt, wr, K, a, astride, 1, out); break;
+	case 2: q1_k4(dt, wr, K, a, astride, 2, out); break;
+	case 3: q1_k4(dt, wr, K, a, astride, 3, out); break;
+	default: q1_k4(dt, wr, K, a, astride, 4, out); break;
+	}
+}
+
+TGT2 static AINL2 void q4_k_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+			       float *out)
+{
+	q45_k4(wr, K, a, astride, mr, 0, out);
+}
+
+TGT2 static AINL2 void q5_k_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+			       float *out)
+{
+	q45_k4(wr, K, a, astride, mr, 1, out);
+}
+
+TGT2 static AINL2 void q3_k_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+			       float *out)
+{
+	g16_k4(KV_DT_Q3_K, wr, K, a, astride, mr, out);
+}
+
+TGT2 static AINL2 void q2_k_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+			       float *out)
+{
+	g16_k4(KV_DT_Q2_K, wr, K, a, astride, mr, out);
+}
 K4_DISPATCH(q4_k_gemm4, q4_k_k4)
+K4_DISPATCH(q5_k_gemm4, q5_k_k4)
 K4_DISPATCH(q6_k_gemm4, q6_k_k4)
+K4_DISPATCH(q3_k_gemm4, q3_k_k4)
+K4_DISPATCH(q2_k_gemm4, q2_k_k4)
 
 /*
  * AVX-512 VNNI GEMM: a panel of 16 weight rows is repacked once so that
@@ -553,6 +787,12 @@ K4_DISPATCH(q6_k_gemm4, q6_k_k4)
 #define P8_BLK (8 * 64 + 64)
 #define P6_BLK (64 * 64 + 16 * 64 + 8 * 64 + 64)
 #define P4_BLK (64 * 64 + 8 * 64 + 4 * 64 + 64 + 64)
+/* Q4_1 / Q5_1: Q4_0's panel (unsigned codes, f32 d[16]), then f32 m[16].
+ * Q5_K: Q4_K's (codes 0..31). Q3_K: Q6_K's (codes 0..7, scales minus 32
+ * in sc and sp). Q2_K: Q6_K's with the mins' pairs in sp (codes 0..3),
+ * then f32 dmin[16]. */
+#define P1_BLK (P8_BLK + 64)
+#define P2_BLK (P6_BLK + 64)
 
 /* 16 rows of 32 bytes (row r at src[r]) to 8 registers of 64 bytes:
  * out + 64 g holds word g (bytes 4g..4g+3) of rows 0..15, xor-ed with
@@ -612,29 +852,36 @@ TGT5 static void pack_q8_0(const uint8_t *const *wr, int nb, uint8_t *pk)
 	}
 }
 
-/* Q4_0 / Q5_0 panel: the layout of Q8_0's, unsigned codes (no flip). */
+/* Q4_0 / Q5_0 panel: the layout of Q8_0's, unsigned codes (no flip);
+ * Q4_1 / Q5_1 add their mins. */
 TGT5 static void pack_q0(int dt, const uint8_t *const *wr, int nb, uint8_t *pk)
 {
-	const int bb = q0_bytes(dt);
+	const int bb = q0_bytes(dt), q1 = q0_is1(dt);
+	const size_t pb = q1 ? P1_BLK : P8_BLK;
 	uint8_t codes[PR][32] __attribute__((aligned(32)));
 	for (int b = 0; b < nb; b++) {
-		uint8_t *o = pk + (size_t)b * P8_BLK;
+		uint8_t *o = pk + (size_t)b * pb;
 		const uint8_t *src[PR];
-		uint16_t h[PR];
+		uint16_t h[PR], hm[PR];
 		for (int r = 0; r < PR; r++) {
 			const uint8_t *blk = wr[r] + (size_t)bb * b;
 			_mm256_store_si256((__m256i *)codes[r], q0_codes_avx2(dt, blk));
 			src[r] = codes[r];
 			memcpy(&h[r], blk, 2);
+			memcpy(&hm[r], blk + 2, 2);
 		}
 		scales16(h, (float *)(o + 512));
+		if (q1)
+			scales16(hm, (float *)(o + 576));
 		transpose16x8(src, o, _mm512_setzero_si512());
 	}
 }
 
-TGT5 static void pack_q4_k(const uint8_t *const *wr, int nb, uint8_t *pk)
+/* Q4_K and Q5_K (q5: the 5th bit of slice s from bit s of qh). */
+TGT5 static void pack_q45_k(const int q5, const uint8_t *const *wr, int nb, uint8_t *pk)
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0F);
+	const size_t bb = q5 ? 176 : 144;
 	uint8_t codes[PR][256] __attribute__((aligned(32))); /* element order */
 	for (int b = 0; b < nb; b++) {
 		uint8_t *o = pk + (size_t)b * P4_BLK;
@@ -642,15 +889,21 @@ TGT5 static void pack_q4_k(const uint8_t *const *wr, int nb, uint8_t *pk)
 		float *d = (float *)(mp + 4 * 16), *dm = d + 16;
 		uint16_t hd[PR], hm[PR];
 		for (int r = 0; r < PR; r++) {
-			const uint8_t *blk = wr[r] + 144 * (size_t)b, *qs = blk + 16;
+			const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
 			int m[8];
 			for (int s = 0; s < 8; s++)
 				q4k_sm(blk + 4, s, &sc[16 * s + r], &m[s]);
+			const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+#pragma GCC unroll 4
 			for (int ch = 0; ch < 4; ch++) {
 				__m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
-				_mm256_store_si256((__m256i *)(codes[r] + 64 * ch), _mm256_and_si256(raw, m4));
-				_mm256_store_si256((__m256i *)(codes[r] + 64 * ch + 32),
-						   _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+				__m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+				if (q5) {
+					lo = _mm256_or_si256(lo, bit_to(qh, 2 * ch, 4));
+					hi = _mm256_or_si256(hi, bit_to(qh, 2 * ch + 1, 4));
+				}
+				_mm256_store_si256((__m256i *)(codes[r] + 64 * ch), lo);
+				_mm256_store_si256((__m256i *)(codes[r] + 64 * ch + 32), hi);
 			}
 			for (int t = 0; t < 4; t++)
 				mp[16 * t + r] = (int32_t)((uint32_t)m[2 * t] | ((uint32_t)m[2 * t + 1] << 16));
@@ -708,6 +961,54 @@ TGT5 static void pack_q6_k(const uint8_t *const *wr, int nb, uint8_t *pk)
 	}
 }
 
+/* Q3_K / Q2_K panels (layouts above). */
+TGT5 static void pack_g16(const int dt, const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	const int q3 = dt == KV_DT_Q3_K;
+	const size_t bb = q3 ? 110 : 84, pb = q3 ? P6_BLK : P2_BLK;
+	uint8_t codes[PR][256] __attribute__((aligned(32))); /* element order */
+	for (int b = 0; b < nb; b++) {
+		uint8_t *o = pk + (size_t)b * pb;
+		int32_t *sc = (int32_t *)(o + 4096), *sp = sc + 16 * 16;
+		float *d = (float *)(sp + 8 * 16), *dm = d + 16;
+		uint16_t hd[PR], hm[PR];
+		for (int r = 0; r < PR; r++) {
+			const uint8_t *blk = wr[r] + bb * (size_t)b;
+#pragma GCC unroll 8
+			for (int s = 0; s < 8; s++)
+				_mm256_store_si256((__m256i *)(codes[r] + 32 * s), g16_codes(dt, blk, s));
+			int16_t s16[16], p16[16];
+			if (q3) {
+				int8_t s8[16];
+				q3k_scales(blk, s8);
+				for (int g = 0; g < 16; g++)
+					s16[g] = p16[g] = s8[g];
+				memcpy(&hd[r], blk + 108, 2);
+			} else {
+				for (int g = 0; g < 16; g++) {
+					s16[g] = (int16_t)(blk[g] & 15);
+					p16[g] = (int16_t)(blk[g] >> 4);
+				}
+				memcpy(&hd[r], blk + 80, 2);
+				memcpy(&hm[r], blk + 82, 2);
+			}
+			for (int g = 0; g < 16; g++)
+				sc[16 * g + r] = s16[g];
+			for (int t = 0; t < 8; t++)
+				sp[16 * t + r] = (int32_t)((uint32_t)(uint16_t)p16[2 * t] | ((uint32_t)(uint16_t)p16[2 * t + 1] << 16));
+		}
+		scales16(hd, d);
+		if (!q3)
+			scales16(hm, dm);
+		for (int s = 0; s < 8; s++) {
+			const uint8_t *src[PR];
+			for (int r = 0; r < PR; r++)
+				src[r] = codes[r] + 32 * s;
+			transpose16x8(src, o + 512 * s, _mm512_setzero_si512());
+		}
+	}
+}
+
 static inline int32_t word_at(const uint8_t *p)
 {
 	int32_t v;
@@ -720,21 +1021,23 @@ static inline int32_t word_at(const uint8_t *p)
 /* Q8_0 (sh = 0: codes + 128 against -128 sum q) and Q4_0 / Q5_0 (sh = 4 / 3:
  * unsigned codes against -8 / -16 sum q). */
 TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, size_t astride, const int mr,
-				    const int sh, float *out)
+				    const int sh, const int q1, float *out)
 {
 	const int nb = K / 32;
+	const size_t pb = q1 ? P1_BLK : P8_BLK;
 	const uint8_t *ns = a + K + (size_t)(K / 32) * 4, *dxp = a + K;
 	__m512 acc[GMR];
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
 		acc[i] = _mm512_setzero_ps();
 	for (int b = 0; b < nb; b++) {
-		const uint8_t *o = pk + (size_t)b * P8_BLK;
+		const uint8_t *o = pk + (size_t)b * pb;
 		/* two integer chains per row (even / odd words): half the latency */
 		__m512i t[GMR], t2[GMR];
 #pragma GCC unroll 4
 		for (int i = 0; i < mr; i++) { /* -128 sum q cancels the +128 of the weights' codes */
-			t[i] = _mm512_set1_epi32(word_at(ns + (size_t)i * astride + 4 * (size_t)b) >> sh);
+			t[i] = q1 ? _mm512_setzero_si512()
+				  : _mm512_set1_epi32(word_at(ns + (size_t)i * astride + 4 * (size_t)b) >> sh);
 			t2[i] = _mm512_setzero_si512();
 		}
 #pragma GCC unroll 8
@@ -758,6 +1061,11 @@ TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, 
 			float dx;
 			memcpy(&dx, dxp + (size_t)i * astride + 4 * (size_t)b, 4);
 			acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(t[i]), acc[i]);
+			if (q1) { /* the min times sum qx = -ns / 128 */
+				const float sq = (float)(-(word_at(ns + (size_t)i * astride + 4 * (size_t)b) / 128));
+				acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps((const float *)(o + 576)), _mm512_set1_ps(dx)),
+							 _mm512_set1_ps(sq), acc[i]);
+			}
 		}
 	}
 #pragma GCC unroll 4
@@ -828,17 +1136,20 @@ TGT5 static AINL void q4_k_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, 
 		_mm512_storeu_ps(out + PR * i, _mm512_sub_ps(acc[i], c[i]));
 }
 
+/* Q6_K (mode 5: S - 32 sum sc bs), Q3_K (mode 2: S - 4 sum sc bs) and
+ * Q2_K (mode 0: acc from S, c from sum m bs, acc - c). */
 TGT5 static AINL void q6_k_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, size_t astride, const int mr,
-				    float *out)
+				    const int mode, float *out)
 {
+	const size_t pb = mode ? P6_BLK : P2_BLK;
 	const int nb = K / 256;
 	const uint8_t *bsp = a + K + (size_t)(K / 256) * 4, *dxp = a + K;
-	__m512 acc[GMR];
+	__m512 acc[GMR], c[GMR];
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
-		acc[i] = _mm512_setzero_ps();
+		acc[i] = c[i] = _mm512_setzero_ps();
 	for (int b = 0; b < nb; b++) {
-		const uint8_t *o = pk + (size_t)b * P6_BLK;
+		const uint8_t *o = pk + (size_t)b * pb;
 		const int32_t *sc = (const int32_t *)(o + 4096), *sp = sc + 16 * 16;
 		const float *d = (const float *)(sp + 8 * 16);
 		__m512i S[GMR], O[GMR];
@@ -883,32 +1194,52 @@ TGT5 static AINL void q6_k_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, 
 		for (int i = 0; i < mr; i++) {
 			float dx;
 			memcpy(&dx, dxp + (size_t)i * astride + 4 * (size_t)b, 4);
-			__m512i St = _mm512_sub_epi32(S[i], _mm512_slli_epi32(O[i], 5)); /* the -32 offset */
-			acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(St), acc[i]);
+			const __m512 dxv = _mm512_set1_ps(dx);
+			if (mode) {
+				__m512i St = _mm512_sub_epi32(S[i], _mm512_slli_epi32(O[i], mode)); /* the -32 / -4 offset */
+				acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, dxv), _mm512_cvtepi32_ps(St), acc[i]);
+			} else {
+				acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, dxv), _mm512_cvtepi32_ps(S[i]), acc[i]);
+				c[i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(d + 16), dxv), _mm512_cvtepi32_ps(O[i]), c[i]);
+			}
 		}
 	}
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
-		_mm512_storeu_ps(out + PR * i, acc[i]);
+		_mm512_storeu_ps(out + PR * i, mode ? acc[i] : _mm512_sub_ps(acc[i], c[i]));
 }
 
-TGT5 static void q6_k_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
-{
-	switch (mr) {
-	case 1: q6_k_gemm16_t(pk, K, a, astride, 1, out); break;
-	case 2: q6_k_gemm16_t(pk, K, a, astride, 2, out); break;
-	case 3: q6_k_gemm16_t(pk, K, a, astride, 3, out); break;
-	default: q6_k_gemm16_t(pk, K, a, astride, 4, out); break;
+#define G16_DISPATCH(NAME, MODE)                                                                        \
+	TGT5 static void NAME(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out) \
+	{                                                                                               \
+		switch (mr) {                                                                           \
+		case 1: q6_k_gemm16_t(pk, K, a, astride, 1, MODE, out); break;                          \
+		case 2: q6_k_gemm16_t(pk, K, a, astride, 2, MODE, out); break;                          \
+		case 3: q6_k_gemm16_t(pk, K, a, astride, 3, MODE, out); break;                          \
+		default: q6_k_gemm16_t(pk, K, a, astride, 4, MODE, out); break;                         \
+		}                                                                                       \
 	}
-}
+G16_DISPATCH(q6_k_gemm16, 5)
+G16_DISPATCH(q3_k_gemm16, 2)
+G16_DISPATCH(q2_k_gemm16, 0)
 
 TGT5 static void q8_0_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, int sh, float *out)
 {
 	switch (mr) {
-	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, sh, out); break;
-	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, sh, out); break;
-	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, sh, out); break;
-	default: q8_0_gemm16_t(pk, K, a, astride, 4, sh, out); break;
+	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, sh, 0, out); break;
+	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, sh, 0, out); break;
+	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, sh, 0, out); break;
+	default: q8_0_gemm16_t(pk, K, a, astride, 4, sh, 0, out); break;
+	}
+}
+
+TGT5 static void q1_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
+{
+	switch (mr) {
+	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, 0, 1, out); break;
+	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, 0, 1, out); break;
+	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, 0, 1, out); break;
+	default: q8_0_gemm16_t(pk, K, a, astride, 4, 0, 1, out); break;
 	}
 }
 
@@ -919,6 +1250,282 @@ TGT5 static void q4_k_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t 
 	case 2: q4_k_gemm16_t(pk, K, a, astride, 2, out); break;
 	case 3: q4_k_gemm16_t(pk, K, a, astride, 3, out); break;
 	default: q4_k_gemm16_t(pk, K, a, astride, 4, out); break;
+	}
+}
+
+/*
+ * AVX-512 VNNI GEMV (M < 8: no repack): the AVX2 4-row kernels' structure
+ * with a slice pair (64 codes) per register. vpdpbusd gives per-dword sums
+ * of 4 code products (|z| <= 4 * 31 * 127 < 2^15, so z fits its low 16
+ * bits), and vpdpwssd with the dword scale (high word 0) adds z * sc
+ * exactly. Same integers, same float steps as q45_k4.
+ */
+TGT5 static inline __m512i bit_to5(__m512i v, int s, int t)
+{
+	const __m512i sh = s > t ? _mm512_srli_epi16(v, s - t) : _mm512_slli_epi16(v, t - s);
+	return _mm512_and_si512(sh, _mm512_set1_epi8((char)(1 << t)));
+}
+
+TGT5 static AINL void q45_k4_512(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+				 const int q5, float *out)
+{
+	const int nb = K / 256;
+	const size_t bso = (size_t)K + (size_t)nb * 4, bb = q5 ? 176 : 144;
+	const __m512i m4 = _mm512_set1_epi8(0x0F);
+	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
+	__m128 acc[AMR], c[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = c[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i S[AMR][4], C[AMR][4];
+		for (int r = 0; r < 4; r++) {
+			const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
+			pf_ahead(blk, ahead, (int)bb);
+			uint32_t scw[2], mnw[2];
+			q4k_unpack(blk, scw, mnw);
+			const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
+			const __m256i mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb)); /* m0 m0 m1 m1 ... */
+			const __m512i sc32 = _mm512_castsi256_si512(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)scw[1], (int)scw[0])));
+			__m512i qh2 = _mm512_setzero_si512();
+			if (q5) { /* qh in the low half, qh >> 1 in the high: bits 2ch of both halves */
+				const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+				qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 1), 1);
+			}
+			__m512i t[AMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+			for (int ch = 0; ch < 4; ch++) {
+				const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
+				__m512i w = _mm512_and_si512(
+					_mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1), m4);
+				if (q5)
+					w = _mm512_or_si512(w, bit_to5(qh2, 2 * ch, 4));
+				/* scale 2ch in dwords 0-7, 2ch + 1 in 8-15 */
+				const __m512i scv = _mm512_permutexvar_epi32(
+					_mm512_set_epi32(2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1,
+							 2 * ch + 1, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch),
+					sc32);
+#pragma GCC unroll 4
+				for (int i = 0; i < mr; i++) {
+					const __m512i x = _mm512_load_si512((const void *)(a + (size_t)i * astride + 256 * (size_t)b + 64 * ch));
+					t[i] = _mm512_dpwssd_epi32(t[i], _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x), scv);
+				}
+			}
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				S[i][r] = _mm256_add_epi32(_mm512_castsi512_si256(t[i]), _mm512_extracti64x4_epi64(t[i], 1));
+				C[i][r] = _mm256_madd_epi16(
+					mv, _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b)));
+			}
+		}
+		const size_t o = bb * (size_t)b;
+		const __m128 d = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o), (short)u16_at(wr[1] + o),
+							     (short)u16_at(wr[2] + o), (short)u16_at(wr[3] + o), 0, 0, 0, 0));
+		const __m128 dm = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o + 2), (short)u16_at(wr[1] + o + 2),
+							      (short)u16_at(wr[2] + o + 2), (short)u16_at(wr[3] + o + 2), 0, 0, 0, 0));
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			const __m128 dxv = _mm_set1_ps(dx);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, dxv), _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])),
+					      acc[i]);
+			c[i] = _mm_fmadd_ps(_mm_mul_ps(dm, dxv), _mm_cvtepi32_ps(hsum4_i32(C[i][0], C[i][1], C[i][2], C[i][3])),
+					    c[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, _mm_sub_ps(acc[i], c[i]));
+}
+
+/* Q6_K: codes 0..63 (|z| <= 4 * 63 * 127 < 2^15), a group scale per 4
+ * dwords (signed, high word cleared for vpdpwssd); the -32 offset as in
+ * q6_k_k4. Same integers, same float steps. */
+TGT5 static AINL void q6_k4_512(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+				float *out)
+{
+	const int nb = K / 256;
+	const size_t bso = (size_t)K + (size_t)nb * 4;
+	const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3), lo16 = _mm512_set1_epi32(0xFFFF);
+	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
+	__m128 acc[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i S[AMR][4];
+		for (int r = 0; r < 4; r++) {
+			const uint8_t *blk = wr[r] + 210 * (size_t)b;
+			pf_ahead(blk, ahead, 210);
+			const __m128i s8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+			const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+			const __m512i sc32 = _mm512_and_si512(_mm512_cvtepi8_epi32(s8), lo16);
+			__m512i t[AMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+			for (int n = 0; n < 2; n++) {
+				const __m512i ql = _mm512_loadu_si512((const void *)(blk + 64 * n));
+				const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+				const __m512i qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+#pragma GCC unroll 2
+				for (int pp = 0; pp < 2; pp++) { /* slices 4n + 2pp, 4n + 2pp + 1 */
+					const __m512i low = pp ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4) : _mm512_and_si512(ql, m4);
+					const __m512i hi = _mm512_and_si512(pp ? _mm512_srli_epi16(qh2, 4) : qh2, m3);
+					const __m512i w = _mm512_or_si512(low, _mm512_slli_epi16(hi, 4));
+					const int g = 8 * n + 4 * pp; /* groups g .. g + 3, 4 dwords each */
+					const __m512i scv = _mm512_permutexvar_epi32(
+						_mm512_set_epi32(g + 3, g + 3, g + 3, g + 3, g + 2, g + 2, g + 2, g + 2, g + 1, g + 1, g + 1, g + 1, g,
+								 g, g, g),
+						sc32);
+#pragma GCC unroll 4
+					for (int i = 0; i < mr; i++) {
+						const __m512i x = _mm512_load_si512(
+							(const void *)(a + (size_t)i * astride + 256 * (size_t)b + 128 * n + 64 * pp));
+						t[i] = _mm512_dpwssd_epi32(t[i], _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x), scv);
+					}
+				}
+			}
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
+				__m256i tt = _mm256_add_epi32(_mm512_castsi512_si256(t[i]), _mm512_extracti64x4_epi64(t[i], 1));
+				S[i][r] = _mm256_sub_epi32(tt, _mm256_slli_epi32(_mm256_madd_epi16(s16, bsv), 5));
+			}
+		}
+		const size_t o = 210 * (size_t)b + 208;
+		const __m128 d = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o), (short)u16_at(wr[1] + o),
+							     (short)u16_at(wr[2] + o), (short)u16_at(wr[3] + o), 0, 0, 0, 0));
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(dx)),
+					      _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])), acc[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, acc[i]);
+}
+
+TGT5 static void q6_k_gemv5(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr, float *out)
+{
+	switch (mr) {
+	case 1: q6_k4_512(wr, K, a, astride, 1, out); break;
+	case 2: q6_k4_512(wr, K, a, astride, 2, out); break;
+	case 3: q6_k4_512(wr, K, a, astride, 3, out); break;
+	default: q6_k4_512(wr, K, a, astride, 4, out); break;
+	}
+}
+
+/* Q2_K: g16_k4 with a slice pair per register (codes 0..3, group scales
+ * per 4 dwords as in q6_k4_512). Same integers, same float steps as
+ * g16_k4. (Q3_K measured slower this way than its AVX2 kernel: it keeps
+ * that one.) */
+TGT5 static AINL void q2_k4_512(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+				float *out)
+{
+	const int nb = K / 256;
+	const size_t bso = (size_t)K + (size_t)nb * 4;
+	const __m512i m3 = _mm512_set1_epi8(3);
+	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
+	__m128 acc[AMR], c[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = c[i] = _mm_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		__m256i S[AMR][4], C[AMR][4];
+		for (int r = 0; r < 4; r++) {
+			const uint8_t *blk = wr[r] + 84 * (size_t)b, *qs = blk + 16;
+			pf_ahead(blk, ahead, 84);
+			__m256i s16, m16;
+			g16_scales(KV_DT_Q2_K, blk, &s16, &m16);
+			const __m512i sc32 = _mm512_cvtepi16_epi32(s16); /* 0..15: high words 0 */
+			__m512i t[AMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+			for (int n = 0; n < 2; n++) {
+				const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * n));
+				const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 2), 1);
+#pragma GCC unroll 2
+				for (int pp = 0; pp < 2; pp++) { /* slices s0 = 4n + 2pp and s0 + 1 */
+					const int s0 = 4 * n + 2 * pp, g = 2 * s0;
+					const __m512i w = _mm512_and_si512(pp ? _mm512_srli_epi16(qq, 4) : qq, m3);
+					const __m512i scv = _mm512_permutexvar_epi32(
+						_mm512_set_epi32(g + 3, g + 3, g + 3, g + 3, g + 2, g + 2, g + 2, g + 2, g + 1, g + 1, g + 1, g + 1, g,
+								 g, g, g),
+						sc32);
+#pragma GCC unroll 4
+					for (int i = 0; i < mr; i++) {
+						const __m512i x =
+							_mm512_load_si512((const void *)(a + (size_t)i * astride + 256 * (size_t)b + 32 * s0));
+						t[i] = _mm512_dpwssd_epi32(t[i], _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x), scv);
+					}
+				}
+			}
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
+				S[i][r] = _mm256_add_epi32(_mm512_castsi512_si256(t[i]), _mm512_extracti64x4_epi64(t[i], 1));
+				C[i][r] = _mm256_madd_epi16(m16, bsv);
+			}
+		}
+		const size_t o = 84 * (size_t)b + 80;
+		const __m128 d = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o), (short)u16_at(wr[1] + o),
+							     (short)u16_at(wr[2] + o), (short)u16_at(wr[3] + o), 0, 0, 0, 0));
+		const __m128 dm = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o + 2), (short)u16_at(wr[1] + o + 2),
+							      (short)u16_at(wr[2] + o + 2), (short)u16_at(wr[3] + o + 2), 0, 0, 0, 0));
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			const __m128 dxv = _mm_set1_ps(dx);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, dxv), _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])),
+					      acc[i]);
+			c[i] = _mm_fmadd_ps(_mm_mul_ps(dm, dxv), _mm_cvtepi32_ps(hsum4_i32(C[i][0], C[i][1], C[i][2], C[i][3])),
+					    c[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, _mm_sub_ps(acc[i], c[i]));
+}
+
+TGT5 static void q2_k_gemv5(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr, float *out)
+{
+	switch (mr) {
+	case 1: q2_k4_512(wr, K, a, astride, 1, out); break;
+	case 2: q2_k4_512(wr, K, a, astride, 2, out); break;
+	case 3: q2_k4_512(wr, K, a, astride, 3, out); break;
+	default: q2_k4_512(wr, K, a, astride, 4, out); break;
+	}
+}
+
+TGT5 static void q45_k_gemv5(int q5, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr,
+			     float *out)
+{
+	if (q5) {
+		switch (mr) {
+		case 1: q45_k4_512(wr, K, a, astride, 1, 1, out); break;
+		case 2: q45_k4_512(wr, K, a, astride, 2, 1, out); break;
+		case 3: q45_k4_512(wr, K, a, astride, 3, 1, out); break;
+		default: q45_k4_512(wr, K, a, astride, 4, 1, out); break;
+		}
+		return;
+	}
+	switch (mr) {
+	case 1: q45_k4_512(wr, K, a, astride, 1, 0, out); break;
+	case 2: q45_k4_512(wr, K, a, astride, 2, 0, out); break;
+	case 3: q45_k4_512(wr, K, a, astride, 3, 0, out); break;
+	default: q45_k4_512(wr, K, a, astride, 4, 0, out); break;
 	}
 }
 
@@ -1033,13 +1640,125 @@ static float q6_k_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
 	return acc;
 }
 
+/* Q4_1 / Q5_1: per block, the codes' dot, then the min times the sum of
+ * the activation codes (-ns / 128, exact). */
+static float q1_scalar(int dt, const uint8_t *wrow, int K, const uint8_t *xr)
+{
+	const int8_t *xq = (const int8_t *)xr;
+	const float *dx = (const float *)(xr + K);
+	const uint8_t *ns = row_sums(xr, 32, K);
+	const int bb = q0_bytes(dt);
+	float acc = 0.0f;
+	for (int b = 0; b < K / 32; b++) {
+		const uint8_t *blk = wrow + (size_t)bb * b;
+		uint8_t u[32];
+		q0_codes(dt, blk, u);
+		const int8_t *qx = xq + 32 * (size_t)b;
+		int32_t isum = 0, n;
+		for (int k = 0; k < 32; k++)
+			isum += u[k] * qx[k];
+		memcpy(&n, ns + 4 * (size_t)b, 4);
+		acc = fmaf(h2f(blk) * dx[b], (float)isum, acc);
+		acc = fmaf(h2f(blk + 2) * dx[b], (float)(-(n / 128)), acc);
+	}
+	return acc;
+}
+
+/* Q5_K: Q4_K's formula, codes 0..31 (bit s of qh[e] is bit 4 of element e
+ * of slice s). */
+static float q5_k_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
+{
+	const int nb = K / 256;
+	const float *dx = (const float *)(xr + K);
+	const int16_t *bs = (const int16_t *)row_sums(xr, 256, K);
+	float acc = 0.0f, c = 0.0f;
+	for (int b = 0; b < nb; b++) {
+		const uint8_t *blk = wrow + (size_t)b * 176, *qh = blk + 16, *ql = blk + 48;
+		const int8_t *qx = (const int8_t *)xr + 256 * (size_t)b;
+		int32_t S = 0, C = 0;
+		for (int s = 0; s < 8; s++) {
+			int sc, mm;
+			q4k_sm(blk + 4, s, &sc, &mm);
+			int32_t p = 0;
+			for (int e = 0; e < 32; e++) {
+				int v = ql[32 * (s / 2) + e];
+				int q = ((s & 1) ? v >> 4 : v & 15) | (((qh[e] >> s) & 1) << 4);
+				p += q * qx[32 * s + e];
+			}
+			S += sc * p;
+			C += mm * (bs[16 * b + 2 * s] + bs[16 * b + 2 * s + 1]);
+		}
+		acc = fmaf(h2f(blk) * dx[b], (float)S, acc);
+		c = fmaf(h2f(blk + 2) * dx[b], (float)C, c);
+	}
+	return acc - c;
+}
+
+/* Q3_K (w = d sc_g (u - 4), u = 2 low bits | hmask bit << 2 in 0..7) and
+ * Q2_K (w = d sc_g u - dmin m_g, u in 0..3): element 32 s + e of a
+ * super-block (slice s = 4 n + j) takes bits 2j.. of qs[32 n + e]. */
+static float q3_k_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
+{
+	const float *dx = (const float *)(xr + K);
+	const int16_t *bs = (const int16_t *)row_sums(xr, 256, K);
+	float acc = 0.0f;
+	for (int b = 0; b < K / 256; b++) {
+		const uint8_t *blk = wrow + (size_t)b * 110, *hm = blk, *qs = blk + 32;
+		const int8_t *qx = (const int8_t *)xr + 256 * (size_t)b;
+		int8_t sc[16];
+		q3k_scales(blk, sc);
+		int32_t S = 0;
+		for (int g = 0; g < 16; g++) {
+			int s = g / 2, n = s / 4, j = s % 4;
+			int32_t p = 0;
+			for (int e = 16 * (g & 1); e < 16 * (g & 1) + 16; e++) {
+				int u = ((qs[32 * n + e] >> (2 * j)) & 3) | (((hm[e] >> s) & 1) << 2);
+				p += u * qx[32 * s + e];
+			}
+			S += sc[g] * (p - 4 * bs[16 * b + g]);
+		}
+		acc = fmaf(h2f(blk + 108) * dx[b], (float)S, acc);
+	}
+	return acc;
+}
+
+static float q2_k_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
+{
+	const float *dx = (const float *)(xr + K);
+	const int16_t *bs = (const int16_t *)row_sums(xr, 256, K);
+	float acc = 0.0f, c = 0.0f;
+	for (int b = 0; b < K / 256; b++) {
+		const uint8_t *blk = wrow + (size_t)b * 84, *qs = blk + 16;
+		const int8_t *qx = (const int8_t *)xr + 256 * (size_t)b;
+		int32_t S = 0, C = 0;
+		for (int g = 0; g < 16; g++) {
+			int s = g / 2, n = s / 4, j = s % 4;
+			int32_t p = 0;
+			for (int e = 16 * (g & 1); e < 16 * (g & 1) + 16; e++)
+				p += ((qs[32 * n + e] >> (2 * j)) & 3) * qx[32 * s + e];
+			S += (blk[g] & 15) * p;
+			C += (blk[g] >> 4) * bs[16 * b + g];
+		}
+		acc = fmaf(h2f(blk + 80) * dx[b], (float)S, acc);
+		c = fmaf(h2f(blk + 82) * dx[b], (float)C, c);
+	}
+	return acc - c;
+}
+
 float ke_qdot_ref(int dt, const uint8_t *wrow, int K, const uint8_t *arow)
 {
-	if (dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0)
-		return q0_scalar(dt, wrow, K, arow);
-	return dt == KV_DT_Q8_0 ? q8_0_scalar(wrow, K, arow)
-	       : dt == KV_DT_Q4_K ? q4_k_scalar(wrow, K, arow)
-				  : q6_k_scalar(wrow, K, arow);
+	switch (dt) {
+	case KV_DT_Q4_0:
+	case KV_DT_Q5_0: return q0_scalar(dt, wrow, K, arow);
+	case KV_DT_Q4_1:
+	case KV_DT_Q5_1: return q1_scalar(dt, wrow, K, arow);
+	case KV_DT_Q8_0: return q8_0_scalar(wrow, K, arow);
+	case KV_DT_Q4_K: return q4_k_scalar(wrow, K, arow);
+	case KV_DT_Q5_K: return q5_k_scalar(wrow, K, arow);
+	case KV_DT_Q3_K: return q3_k_scalar(wrow, K, arow);
+	case KV_DT_Q2_K: return q2_k_scalar(wrow, K, arow);
+	default: return q6_k_scalar(wrow, K, arow);
+	}
 }
 
 static int have_vnni(void)
@@ -1080,13 +1799,17 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 		return;
 #if defined(__x86_64__)
 	/* repacked 16-row panels when several activation rows share them */
-	const int b32 = ke_qdot_block(dt) == 32; /* Q8_0, Q4_0, Q5_0 */
+	const int b32 = ke_qdot_block(dt) == 32; /* Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 */
 	const int nbk = b32 ? K / 32 : K / 256;
+	const int q1 = b32 && q0_is1(dt), k45 = dt == KV_DT_Q4_K || dt == KV_DT_Q5_K;
 	uint8_t *pk = NULL;
 	/* below about 8 (K types) / 12 (Q8_0) rows the repack costs more than
 	 * it saves: the 4-row kernels, same numbers */
 	if (isa == KE_ISA_AVX512 && have_vnni() && m >= (b32 ? 12 : 8)) /* NULL: the 4-row kernels */
-		pk = pack_buf((size_t)nbk * (b32 ? P8_BLK : dt == KV_DT_Q4_K ? P4_BLK : P6_BLK));
+		pk = pack_buf((size_t)nbk * (b32		    ? (q1 ? P1_BLK : P8_BLK)
+					     : k45		    ? P4_BLK
+					     : dt == KV_DT_Q2_K ? P2_BLK
+								    : P6_BLK));
 	if (pk) {
 		const int nb = nbk;
 		for (int p0 = n0; p0 < n1; p0 += PR) {
@@ -1098,20 +1821,28 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 				pack_q8_0(wr, nb, pk);
 			else if (b32)
 				pack_q0(dt, wr, nb, pk);
-			else if (dt == KV_DT_Q4_K)
-				pack_q4_k(wr, nb, pk);
-			else
+			else if (k45)
+				pack_q45_k(dt == KV_DT_Q5_K, wr, nb, pk);
+			else if (dt == KV_DT_Q6_K)
 				pack_q6_k(wr, nb, pk);
+			else
+				pack_g16(dt, wr, nb, pk);
 			for (int i = 0; i < m; i += GMR) {
 				int mr = m - i < GMR ? m - i : GMR;
 				float o[GMR * PR];
-				if (b32)
-					q8_0_gemm16(pk, K, a + (size_t)i * astride, astride, mr,
-						    dt == KV_DT_Q8_0 ? 0 : q0_shift(dt), o);
-				else if (dt == KV_DT_Q4_K)
-					q4_k_gemm16(pk, K, a + (size_t)i * astride, astride, mr, o);
+				const uint8_t *ai = a + (size_t)i * astride;
+				if (q1)
+					q1_gemm16(pk, K, ai, astride, mr, o);
+				else if (b32)
+					q8_0_gemm16(pk, K, ai, astride, mr, dt == KV_DT_Q8_0 ? 0 : q0_shift(dt), o);
+				else if (k45)
+					q4_k_gemm16(pk, K, ai, astride, mr, o);
+				else if (dt == KV_DT_Q6_K)
+					q6_k_gemm16(pk, K, ai, astride, mr, o);
+				else if (dt == KV_DT_Q3_K)
+					q3_k_gemm16(pk, K, ai, astride, mr, o);
 				else
-					q6_k_gemm16(pk, K, a + (size_t)i * astride, astride, mr, o);
+					q2_k_gemm16(pk, K, ai, astride, mr, o);
 				for (int t = 0; t < mr; t++) {
 					float *yo = y + (size_t)(i + t) * ldy + p0;
 					if (nr == PR && !accum)
@@ -1125,6 +1856,7 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 		return;
 	}
 	if (isa >= KE_ISA_AVX2) {
+		const int v5 = isa == KE_ISA_AVX512 && have_vnni(); /* the 512-bit GEMVs */
 		for (int n = n0; n < n1; n += 4) {
 			int nr = n1 - n < 4 ? n1 - n : 4;
 			const uint8_t *wr[4];
@@ -1136,12 +1868,26 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 				float o[4 * AMR];
 				if (dt == KV_DT_Q8_0)
 					q8_0_gemm4(wr, K, xr, astride, mr, o);
+				else if (q1)
+					q1_gemm4(dt, wr, K, xr, astride, mr, o);
 				else if (b32)
 					q0_gemm4(dt, wr, K, xr, astride, mr, o);
+				else if (k45 && v5)
+					q45_k_gemv5(dt == KV_DT_Q5_K, wr, K, xr, astride, mr, o);
 				else if (dt == KV_DT_Q4_K)
 					q4_k_gemm4(wr, K, xr, astride, mr, o);
-				else
+				else if (dt == KV_DT_Q5_K)
+					q5_k_gemm4(wr, K, xr, astride, mr, o);
+				else if (dt == KV_DT_Q6_K && v5)
+					q6_k_gemv5(wr, K, xr, astride, mr, o);
+				else if (dt == KV_DT_Q6_K)
 					q6_k_gemm4(wr, K, xr, astride, mr, o);
+				else if (dt == KV_DT_Q2_K && v5)
+					q2_k_gemv5(wr, K, xr, astride, mr, o);
+				else if (dt == KV_DT_Q3_K)
+					q3_k_gemm4(wr, K, xr, astride, mr, o);
+				else
+					q2_k_gemm4(wr, K, xr, astride, mr, o);
 				for (int t = 0; t < mr; t++)
 					for (int r = 0; r < nr; r++)
 						put(y + (size_t)(i + t) * ldy + n + r, accum, o[4 * t + r]);

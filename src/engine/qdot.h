@@ -3,7 +3,8 @@
  * quantized per row to int8 (the `--quant-act q8` mode, docs/engine.md).
  *
  * Activation rows. A row x[0..K) is cut into blocks of B elements, B = 32
- * for Q8_0 / Q4_0 / Q5_0 weights and B = 256 for the K types (Q4_K, Q6_K); each block
+ * for Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 weights and B = 256 for the K types
+ * (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K); each block
  * is quantized on its own, from its own values only:
  *   amax = max |x[k]| over the block, found exactly on the bit patterns
  *          (bits & 0x7fffffff, an integer max: order-free);
@@ -30,22 +31,40 @@
  *        acc  = fmaf(dw_b * dx_b, (float)isum, acc)
  *     y = acc. Q4_0 / Q5_0 (w = dw (q - 8 | 16)) the same with
  *     isum = sum_k (q[k] - 8 | 16) qx[k].
+ *   Q4_1 / Q5_1 (w = dw q + m, codes 0..15 / 0..31, blocks of 32):
+ *     acc = +0; for each block b, two steps in this order:
+ *        isum = sum_k q[k] qx[k],  sumq = sum_k qx[k] = -ns[b] / 128 (int32)
+ *        acc  = fmaf(dw_b * dx_b, (float)isum, acc)
+ *        acc  = fmaf(m_b * dx_b, (float)sumq, acc)
+ *     y = acc (one chain: the min's term cancels against its own block's
+ *     codes term before the sum grows).
  *   Q4_K (w = d sc q - dmin m, super-blocks of 256, slices s of 32):
  *     acc = c = +0; for each super-block b:
  *        S = sum_s sc_s sum_{k in s} q[k] qx[k]                 (int32)
  *        C = sum_s m_s (bs[2s] + bs[2s+1])                      (int32)
  *        acc = fmaf(d_b * dx_b, (float)S, acc)
  *        c   = fmaf(dmin_b * dx_b, (float)C, c)
- *     y = acc - c.
+ *     y = acc - c. Q5_K (codes 0..31, the 5th bit from qh) exactly the same.
+ *   Q2_K (w = d sc_g q - dmin m_g, 4-bit sc and m, codes 0..3, groups g
+ *     of 16): the same two chains with
+ *        S = sum_g sc_g sum_{k in g} q[k] qx[k],  C = sum_g m_g bs[g].
  *   Q6_K (w = d sc_g (q - 32), groups g of 16):  acc = +0; for each b:
  *        S = sum_g sc_g (sum_{k in g} q[k] qx[k] - 32 bs[g])    (int32)
  *        acc = fmaf(d_b * dx_b, (float)S, acc)
- *     y = acc.
+ *     y = acc. Q3_K (w = d sc_g (q - 4), sc_g = 6-bit scale - 32, q = 2 low
+ *     bits | hmask bit << 2 in 0..7) the same with -4 bs[g] for -32 bs[g].
  * (float)i rounds to nearest even, as cvtdq2ps does.
  * Each output depends only on its weight row and its activation row.
  */
 #ifndef KV_ENGINE_QDOT_H
 #define KV_ENGINE_QDOT_H
+
+/* The integer path's definition, named in the cache namespace (qa=...):
+ * bump it whenever some matrix's numbers under --quant-act q8 change.
+ * "q8" until 2026-12-01; "q8.2" from the types Q4_1, Q5_1, Q2_K, Q3_K,
+ * Q5_K (a Q4_K_M file's Q5_1 matrices moved to the integer path, under
+ * the same tag, which would have served old entries as valid). */
+#define KE_QDOT_VERSION "q8.2"
 
 #include <stddef.h>
 #include <stdint.h>

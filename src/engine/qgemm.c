@@ -50,8 +50,8 @@ void ke_qgemm_row(const struct ke_mat *w, int r, float *out)
  * so the same values -- and multiplied into the 16 lane accumulators in
  * the canonical order of gemm.h (lanes 0-7 in one register, 8-15 in
  * another, then the fixed tree), so results equal the panel path bit for
- * bit. Types: Q8_0, Q4_K, Q6_K (what Q8_0 / Q4_K_M / Q6_K files are made
- * of); others take the panel path. An AVX-512 twin follows.
+ * bit. Types: every block type but Q8_K (the rest takes the panel path);
+ * an AVX-512 twin follows for Q8_0, Q4_K and Q6_K.
  */
 #define TGT2 __attribute__((target("avx2,fma,f16c")))
 #define FMR 4
@@ -136,6 +136,112 @@ TGT2 static void fused_row(int dt, const uint8_t *row, int K, const float *x, si
 				}
 				s8x16_f(_mm_sub_epi8(v, off), &wl, &wh);
 				f_acc(&a, mr, x, ldx, 32 * b + 16 * g, _mm256_mul_ps(wl, d), _mm256_mul_ps(wh, d));
+			}
+		}
+	} else if (dt == KV_DT_Q4_1 || dt == KV_DT_Q5_1) {
+		/* as Q4_0 / Q5_0, unsigned codes, then (q * d) + m as dq_q4_1 */
+		const int q5 = dt == KV_DT_Q5_1;
+		const size_t bb = q5 ? 24 : 20;
+		const __m128i m4 = _mm_set1_epi8(0x0F);
+		const __m128i sel = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+		const __m128i bit = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+		for (int b = 0; b < K / 32; b++) {
+			const uint8_t *blk = row + (size_t)b * bb, *qs = blk + (q5 ? 8 : 4);
+			const __m256 d = _mm256_set1_ps(q_h2f(blk)), mn = _mm256_set1_ps(q_h2f(blk + 2));
+			uint32_t qh = 0;
+			if (q5)
+				memcpy(&qh, blk + 4, 4);
+			__m128i raw = _mm_loadu_si128((const __m128i *)qs);
+			for (int g = 0; g < 2; g++) {
+				__m128i v = g ? _mm_and_si128(_mm_srli_epi16(raw, 4), m4) : _mm_and_si128(raw, m4);
+				if (q5) {
+					__m128i hb = _mm_shuffle_epi8(_mm_set1_epi16((short)(qh >> (16 * g))), sel);
+					hb = _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(hb, bit), bit), _mm_set1_epi8(0x10));
+					v = _mm_or_si128(v, hb);
+				}
+				u8x16_f(v, &wl, &wh);
+				f_acc(&a, mr, x, ldx, 32 * b + 16 * g, _mm256_add_ps(_mm256_mul_ps(wl, d), mn),
+				      _mm256_add_ps(_mm256_mul_ps(wh, d), mn));
+			}
+		}
+	} else if (dt == KV_DT_Q5_K) {
+		/* Q4_K's steps with the 5th bit: bit 2c + h of qh[l] */
+		const __m128i m4 = _mm_set1_epi8(0x0F), one = _mm_set1_epi8(1);
+		for (int b = 0; b < K / 256; b++) {
+			const uint8_t *blk = row + (size_t)b * 176, *scales = blk + 4, *qh = blk + 16, *q = blk + 48;
+			const float d = q_h2f(blk), min = q_h2f(blk + 2);
+			for (int c = 0; c < 4; c++) {
+				for (int h = 0; h < 2; h++) {
+					int j = 2 * c + h;
+					uint8_t sc, mm;
+					if (j < 4) {
+						sc = scales[j] & 63;
+						mm = scales[j + 4] & 63;
+					} else {
+						sc = (uint8_t)((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
+						mm = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+					}
+					__m256 dv = _mm256_set1_ps(d * (float)sc), mv = _mm256_set1_ps(min * (float)mm);
+					for (int s = 0; s < 2; s++) {
+						__m128i raw = _mm_loadu_si128((const __m128i *)(q + 32 * c + 16 * s));
+						__m128i nib = h ? _mm_and_si128(_mm_srli_epi16(raw, 4), m4) : _mm_and_si128(raw, m4);
+						__m128i hb = _mm_loadu_si128((const __m128i *)(qh + 16 * s));
+						hb = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(hb, j), one), 4);
+						u8x16_f(_mm_or_si128(nib, hb), &wl, &wh);
+						f_acc(&a, mr, x, ldx, 256 * b + 64 * c + 32 * h + 16 * s,
+						      _mm256_sub_ps(_mm256_mul_ps(dv, wl), mv), _mm256_sub_ps(_mm256_mul_ps(dv, wh), mv));
+					}
+				}
+			}
+		}
+	} else if (dt == KV_DT_Q2_K || dt == KV_DT_Q3_K) {
+		/* group (n, j, h) of 16: element 128 n + 32 j + 16 h + l from bits
+		 * 2j of q[32 n + 16 h + l]; Q2_K (dl q) - ml, Q3_K dl (q | hbit << 2) - 4 dl
+		 * as dl * (code - 4 * !hbit), the products of model/quant.c */
+		const int q3 = dt == KV_DT_Q3_K;
+		const __m128i m3 = _mm_set1_epi8(3), one = _mm_set1_epi8(1), four = _mm_set1_epi8(4);
+		for (int b = 0; b < K / 256; b++) {
+			const uint8_t *blk = row + (size_t)b * (q3 ? 110 : 84);
+			int8_t s3[16];
+			float d, min = 0.0f;
+			if (q3) {
+				const uint32_t km1 = 0x03030303u, km2 = 0x0f0f0f0fu;
+				uint32_t aux[4];
+				memcpy(aux, blk + 96, 12);
+				uint32_t tmp = aux[2];
+				aux[2] = ((aux[0] >> 4) & km2) | (((tmp >> 4) & km1) << 4);
+				aux[3] = ((aux[1] >> 4) & km2) | (((tmp >> 6) & km1) << 4);
+				aux[0] = (aux[0] & km2) | (((tmp >> 0) & km1) << 4);
+				aux[1] = (aux[1] & km2) | (((tmp >> 2) & km1) << 4);
+				memcpy(s3, aux, 16);
+				d = q_h2f(blk + 108);
+			} else {
+				d = q_h2f(blk + 80);
+				min = q_h2f(blk + 82);
+			}
+			const uint8_t *qs = blk + (q3 ? 32 : 16);
+			for (int n = 0; n < 2; n++) {
+				for (int j = 0; j < 4; j++) {
+					for (int h = 0; h < 2; h++) {
+						const int is = 8 * n + 2 * j + h;
+						__m128i v = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * n + 16 * h)), 2 * j), m3);
+						__m256 dv, mv = _mm256_setzero_ps();
+						if (q3) {
+							__m128i hb = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(blk + 16 * h)), 4 * n + j), one);
+							v = _mm_sub_epi8(_mm_or_si128(v, _mm_slli_epi16(hb, 2)), four);
+							s8x16_f(v, &wl, &wh);
+							dv = _mm256_set1_ps(d * (float)(s3[is] - 32));
+							f_acc(&a, mr, x, ldx, 256 * b + 128 * n + 32 * j + 16 * h, _mm256_mul_ps(dv, wl),
+							      _mm256_mul_ps(dv, wh));
+						} else {
+							u8x16_f(v, &wl, &wh);
+							dv = _mm256_set1_ps(d * (float)(blk[is] & 0xF));
+							mv = _mm256_set1_ps(min * (float)(blk[is] >> 4));
+							f_acc(&a, mr, x, ldx, 256 * b + 128 * n + 32 * j + 16 * h,
+							      _mm256_sub_ps(_mm256_mul_ps(dv, wl), mv), _mm256_sub_ps(_mm256_mul_ps(dv, wh), mv));
+						}
+					}
+				}
 			}
 		}
 	} else if (dt == KV_DT_F16) {
@@ -295,6 +401,7 @@ TGT5 static void fused_row5(int dt, const uint8_t *row, int K, const float *x, s
 static int fused_type(int dt)
 {
 	return dt == KV_DT_Q8_0 || dt == KV_DT_Q4_K || dt == KV_DT_Q6_K || dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0 ||
+	       dt == KV_DT_Q4_1 || dt == KV_DT_Q5_1 || dt == KV_DT_Q5_K || dt == KV_DT_Q2_K || dt == KV_DT_Q3_K ||
 	       dt == KV_DT_F16;
 }
 

@@ -4,16 +4,17 @@
  * Two modes, chosen per matrix at model load (ke_mat.qdot, the model's
  * --quant-act; it is part of the cache namespace):
  *
- * q8 (qdot = 1; the default for Q8_0, Q4_0, Q5_0, Q4_K and Q6_K): each
- * activation row is quantized on its own to int8 blocks (32 elements for
- * Q8_0, 256 with 16-sums for the K types) and multiplied with the weight
+ * q8 (qdot = 1; the default for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
+ * Q4_K, Q5_K and Q6_K): each activation row is quantized on its own to
+ * int8 blocks (32 elements for the 32-block types, 256 with 16-sums for
+ * the K types) and multiplied with the weight
  * codes in exact int32 dot products; the float combination of those
  * integers has one canonical order, written out in engine/qdot.h. An
  * output depends only on its activation row and weight row: never on M,
  * the tile, the thread or the ISA path (scalar, AVX2, AVX-512 VNNI agree
  * bit for bit, tested).
  *
- * f32 (qdot = 0, and every other block type and F16): a panel of weight
+ * f32 (qdot = 0, and Q8_K and F16 in both modes): a panel of weight
  * rows is dequantized exactly as model/quant.c defines (bit-identical to
  * ggml's to_float) into f32, and the f32 kernel of engine/gemm.c
  * multiplies it with the canonical 16-lane reduction of gemm.h. So every output equals, bit for bit, the f32 engine

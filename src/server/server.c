@@ -26,6 +26,7 @@
 #include "cache/policy.h"
 #include "session/sched.h"
 #include "engine/model.h"
+#include "engine/qdot.h"
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "model/config.h"
@@ -976,7 +977,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 			snprintf(memo, sizeof memo, "%s/%s", root, KSV_FP_MEMO_DIR);
 		struct ksv_fp_params fp = {.model_dir = o->model_dir,
 					   .kv_dtype = o->kv_dtype,
-					   .quant_act = ke_model_qdot(s->model) ? "q8" : NULL,
+					   .quant_act = ke_model_qdot(s->model) ? KE_QDOT_VERSION : NULL,
 					   .page_tokens = (int)o->page_tokens,
 					   .memo_dir = disk ? memo : NULL,
 					   .skip_weights = !disk};

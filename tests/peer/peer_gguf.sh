@@ -19,7 +19,13 @@
 #     ggml's), and the tiny random models have near-tied logits (measured
 #     97.2-99.0% in q8 mode, 97.8-99.2% with --quant-act f32; the MoE
 #     presets 97.8-98.4%, where a near tie in the router also flips
-#     experts; tiny-moe's files must reach 98%; see docs/gguf.md).
+#     experts; see docs/gguf.md). tiny-moe's floor was 98%, which is
+#     inside the noise: its Q4_K_M file has one Q5_1 matrix, which went
+#     from f32 to int8 activations with Q5_1 on the integer path
+#     (2026-12-02), and these 500 positions went 98.6% -> 97.8% while
+#     kvkeep's logits stayed as close to the exact f32 mode (rms 0.0186
+#     both); over five other token seeds the old build gave 97.8-98.6%
+#     (three below 98%), the new one 98.0-98.6%. So 97% like the others.
 # ok/FAIL lines for tests/run.sh; "skip" without the npm package.
 set -u
 . "$(dirname "$0")/common.sh"
@@ -37,7 +43,7 @@ top1 = float((a.argmax(1) == b.argmax(1)).mean())
 print("max rel %.3g, top-1 agreement %.3f" % (rel, top1))
 m = sys.argv[4]
 ok = (rel <= 1e-4 and top1 == 1.0) if m == "1" else (rel <= 1e-2 and top1 >= 0.99) if m == "2" \
-    else top1 >= 0.99 if m == "3" else top1 >= (0.98 if m == "4" else 0.97)
+    else top1 >= 0.99 if m == "3" else top1 >= 0.97
 sys.exit(0 if ok else 1)
 PYEOF
 }
@@ -72,7 +78,7 @@ for preset in ${KT_PEER_PRESETS:-tiny-dense tiny-hybrid tiny-moe tiny-next-moe};
 		# MoE: llama.cpp's f16/bf16-rounded activations can flip a near-tied
 		# router choice, which moves a whole row (measured max rel 0.1-0.13
 		# for BF16); top-1 only
-		case $preset-$t in *moe-f16|*moe-bf16) exact=3 ;; tiny-moe-*) [ $exact = 0 ] && exact=4 ;; esac
+		case $preset-$t in *moe-f16|*moe-bf16) exact=3 ;; esac
 		if ! "$K" logits "$F" --tokens "$ids" --out "$T/lp.f32" >/dev/null 2>"$T/err"; then
 			echo "FAIL peer_logits_${preset}_$t: $(grep -v '^kvpeer' "$T/err" | head -c 300)"
 			continue

@@ -21,6 +21,7 @@
 #include "engine/gemm.h"
 #include "base/clock.h"
 #include "engine/model.h"
+#include "engine/qgemm.h"
 #include "engine/seq.h"
 #include "model/config.h"
 #include "model/gguf_model.h"
@@ -423,7 +424,7 @@ KT_CASE(moe_convert_refuses_what_llama_cannot_run)
 KT_CASE(qgemm_invariance_all_types)
 {
 	const int types[] = {KV_DT_Q8_0, KV_DT_Q4_K, KV_DT_Q6_K, KV_DT_Q5_K, KV_DT_Q4_0, KV_DT_Q4_1, KV_DT_Q5_0,
-			     KV_DT_Q5_1, KV_DT_F16};
+			     KV_DT_Q5_1, KV_DT_Q2_K, KV_DT_Q3_K, KV_DT_F16};
 	const int N = 37, K = 512, M = 9;
 	uint64_t seed = 5;
 	float *wf = malloc((size_t)N * K * 4), *wd = malloc((size_t)N * K * 4), *x = malloc((size_t)M * K * 4);
@@ -472,5 +473,70 @@ KT_CASE(qgemm_invariance_all_types)
 	free(wq);
 }
 
+/* The integer path (--quant-act q8) on files made of the other block
+ * types (Q5_K_M, Q3_K_M, Q2_K, Q4_1, Q5_1 of tiny-dense-k, whose rows are
+ * whole 256-blocks): every Q4_1 / Q5_1 / Q2_K / Q3_K / Q5_K matrix takes
+ * it (ke_mat.qdot, ke_qgemm_int), the logits are chunk- and ISA-invariant
+ * bit for bit and close to the f32 mode's. */
+KT_CASE(q8_path_takes_the_other_block_types)
+{
+	const char *d = kt_tmpdir();
+	char hf[1024];
+	KT_REQUIRE(make(d, "tiny-dense-k", hf, sizeof hf) == 0);
+	const int types[] = {KQ_FTYPE_Q5_K_M, KQ_FTYPE_Q3_K_M, KQ_FTYPE_Q2_K, KQ_FTYPE_Q4_1, KQ_FTYPE_Q5_1};
+	for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+		char gg[1100];
+		snprintf(gg, sizeof gg, "%s/dk-%s.gguf", d, kq_ftype_name(types[k]));
+		struct kv_gguf_convert_params p = {hf, gg, types[k], KV_DW_NO_SYNC};
+		KT_OK(kv_gguf_convert(&p, NULL, NULL));
+		struct ke_model *q = load_qa(gg, KE_QACT_Q8), *f = load(gg);
+		KT_REQUIRE(q && f);
+		int n_new = 0, n_int = 0;
+		for (int i = 0; i < ke_model_n_mats(q); i++) {
+			const char *nm;
+			const struct ke_mat *w = ke_model_mat(q, i, &nm);
+			int dt = w->dtype;
+			if (dt == KV_DT_Q4_1 || dt == KV_DT_Q5_1 || dt == KV_DT_Q2_K || dt == KV_DT_Q3_K || dt == KV_DT_Q5_K) {
+				n_new++;
+				n_int += ke_qgemm_int(w);
+				KT_CHECKF(ke_qgemm_int(w), "%s: %s (%s) is not on the integer path", kq_ftype_name(types[k]), nm,
+					  kv_dtype_name(dt));
+			}
+			KT_CHECKF(!ke_qgemm_int(ke_model_mat(f, i, &nm)), "%s: %s on the integer path in f32 mode",
+				  kq_ftype_name(types[k]), nm);
+		}
+		KT_CHECKF(n_new > 0 && ke_model_qdot(q), "%s: %d matrices of the new types", kq_ftype_name(types[k]),
+			  n_new);
+		const int V = ke_model_config(q)->vocab;
+		int32_t tok[NTOK];
+		tokens(tok, NTOK, V);
+		float *lq = logits(q, tok, NTOK, 512), *lq5 = logits(q, tok, NTOK, 5), *lf = logits(f, tok, NTOK, 512);
+		KT_CHECKF(!memcmp(lq, lq5, (size_t)NTOK * V * 4), "%s q8: chunked prefill differs", kq_ftype_name(types[k]));
+		int saved = ke_isa();
+		for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++) {
+			ke_isa_set(isa);
+			float *li = logits(q, tok, NTOK, 7);
+			KT_CHECKF(!memcmp(lq, li, (size_t)NTOK * V * 4), "%s q8: ISA %s differs", kq_ftype_name(types[k]),
+				  ke_isa_name(isa));
+			free(li);
+		}
+		ke_isa_set(saved);
+		double se = 0, sn = 0;
+		for (size_t t = 0; t < (size_t)NTOK * V; t++) {
+			se += ((double)lq[t] - lf[t]) * ((double)lq[t] - lf[t]);
+			sn += (double)lf[t] * lf[t];
+		}
+		KT_CHECKF(se > 0 && sqrt(se / sn) < 0.05, "%s q8: rms rel error vs f32 mode %.3g", kq_ftype_name(types[k]),
+			  sqrt(se / sn));
+		fprintf(stderr, "  tiny-dense-k %s: %d/%d new-type matrices on the integer path, q8 vs f32 mode rms rel %.3g\n",
+			kq_ftype_name(types[k]), n_int, n_new, sqrt(se / sn));
+		free(lq);
+		free(lq5);
+		free(lf);
+		ke_model_destroy(q);
+		ke_model_destroy(f);
+	}
+}
+
 KT_MAIN(f32_gguf_equals_hf, quantized_equals_dequantized_f32, moe_gguf_bad_expert_tensors, moe_convert_refuses_what_llama_cannot_run,
-	qgemm_invariance_all_types)
+	qgemm_invariance_all_types, q8_path_takes_the_other_block_types)

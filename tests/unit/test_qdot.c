@@ -1,7 +1,8 @@
 /*
  * test_qdot.c - the integer path for quantized weights (engine/qdot.h,
- * --quant-act q8): per-row activation quantization and the Q8_0 / Q4_K /
- * Q6_K dots are bit-identical on the scalar, AVX2 and AVX-512 paths
+ * --quant-act q8): per-row activation quantization and the dots of every
+ * type it takes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
+ * Q6_K; several K and M) are bit-identical on the scalar, AVX2 and AVX-512 paths
  * (random data and edge cases), an output never depends on M, the tile,
  * the column range or the thread (ke_gemm row i of M = 37 == the M = 1
  * GEMV, memcmp), and the float result matches a double evaluation of the
@@ -112,11 +113,30 @@ KT_CASE(act_quant_paths_identical)
 	free(x);
 }
 
-static const int g_types[] = {KV_DT_Q8_0, KV_DT_Q4_K, KV_DT_Q6_K, KV_DT_Q4_0, KV_DT_Q5_0};
+static const int g_types[] = {KV_DT_Q8_0, KV_DT_Q4_K, KV_DT_Q6_K, KV_DT_Q4_0, KV_DT_Q5_0,
+			      KV_DT_Q4_1, KV_DT_Q5_1, KV_DT_Q5_K, KV_DT_Q3_K, KV_DT_Q2_K};
 
-/* Weight rows: half from the quantizer (realistic), half random bytes
- * (every code, -128 included, extreme 6-bit scales and mins) with finite
- * f16 scales, some of them zero. */
+/* Where a block of dt keeps its f16 scale (f16[0]) and its f16 min
+ * (f16[1], -1 if none). */
+static void f16_fields(int dt, int *f)
+{
+	f[1] = -1;
+	switch (dt) {
+	case KV_DT_Q4_1:
+	case KV_DT_Q5_1:
+	case KV_DT_Q4_K:
+	case KV_DT_Q5_K: f[0] = 0, f[1] = 2; break;
+	case KV_DT_Q6_K: f[0] = 208; break;
+	case KV_DT_Q3_K: f[0] = 108; break;
+	case KV_DT_Q2_K: f[0] = 80, f[1] = 82; break;
+	default: f[0] = 0; break;
+	}
+}
+
+/* Weight rows: half from the quantizer (realistic), a quarter random bytes
+ * (every code, -128 included, extreme 6-bit scales and mins) and a quarter
+ * all-max bytes (every code and sub-scale at its maximum) with finite f16
+ * scales, some of them zero, and mins at up to +-65504. */
 static void weight_rows(int dt, uint8_t *wq, int N, int K, uint64_t *s)
 {
 	size_t rb = (size_t)kv_dtype_row_bytes(dt, (uint64_t)K);
@@ -131,27 +151,34 @@ static void weight_rows(int dt, uint8_t *wq, int N, int K, uint64_t *s)
 			continue;
 		}
 		for (size_t i = 0; i < rb; i++)
-			row[i] = (uint8_t)kt_rand(s);
-		int bsz = dt == KV_DT_Q8_0 ? 34 : dt == KV_DT_Q4_K ? 144 : dt == KV_DT_Q6_K ? 210 : dt == KV_DT_Q4_0 ? 18 : 22;
-		for (size_t b = 0; b < rb / (size_t)bsz; b++) {
-			uint8_t *blk = row + b * (size_t)bsz;
-			uint16_t h[2];
+			row[i] = r % 4 == 3 ? 0xFF : (uint8_t)kt_rand(s);
+		size_t bsz = kq_block_bytes(dt);
+		int f[2];
+		f16_fields(dt, f);
+		for (size_t b = 0; b < rb / bsz; b++) {
+			uint8_t *blk = row + b * bsz;
 			for (int t = 0; t < 2; t++) {
-				float v = (kt_rand(s) % 7 == 0) ? 0.0f : frand(s, 0.01f);
-				h[t] = kv_f32_to_f16(v);
+				if (f[t] < 0)
+					continue;
+				unsigned pick = (unsigned)(kt_rand(s) % 7);
+				float v = pick == 0 ? 0.0f : frand(s, 0.01f);
+				if (t == 1 && pick == 1)
+					v = (kt_rand(s) & 1) ? 65504.0f : -65504.0f; /* extreme min */
+				else if (t == 1 && pick == 2)
+					v = frand(s, 100.0f);
+				uint16_t h = kv_f32_to_f16(v);
+				memcpy(blk + f[t], &h, 2);
 			}
-			if (dt == KV_DT_Q8_0 || dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0)
-				memcpy(blk, &h[0], 2);
-			else if (dt == KV_DT_Q4_K)
-				memcpy(blk, h, 4);
-			else
-				memcpy(blk + 208, &h[0], 2);
 		}
 	}
 	free(wf);
 }
 
-/* The formula of qdot.h evaluated in double from the codes. */
+/* What the integer dot approximates: kq_dequant_row's weights (ggml's
+ * to_float values) times the dequantized activation codes, in double;
+ * *mag = sum |w x|. The float steps of qdot.h round at most a few times
+ * per block, so they stay within a small multiple of 2^-24 * mag of this
+ * (and 2^-24 * |terms| of the min chain where one is subtracted). */
 static double ref_dot(int dt, const uint8_t *w, int K, const uint8_t *a, double *mag)
 {
 	const int8_t *qx = (const int8_t *)a;
@@ -159,43 +186,12 @@ static double ref_dot(int dt, const uint8_t *w, int K, const uint8_t *a, double 
 	double y = 0.0;
 	*mag = 0.0;
 	float *wd = malloc((size_t)K * 4);
-	/* dequantized weights times dequantized activations: the same
-	 * mathematical sum for Q8_0 and Q6_K; Q4_K's ggml dequantization rounds
-	 * d*sc and dmin*m to f32, which the integer path does not, so it is
-	 * recomputed exactly below */
-	if (dt == KV_DT_Q4_K) {
-		for (int b = 0; b < K / 256; b++) {
-			const uint8_t *blk = w + (size_t)b * 144, *sc = blk + 4, *qs = blk + 16;
-			uint16_t h0, h1;
-			memcpy(&h0, blk, 2);
-			memcpy(&h1, blk + 2, 2);
-			double d = kv_f16_to_f32(h0), dm = kv_f16_to_f32(h1);
-			for (int j = 0; j < 8; j++) {
-				int s6, m6;
-				if (j < 4) {
-					s6 = sc[j] & 63;
-					m6 = sc[j + 4] & 63;
-				} else {
-					s6 = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
-					m6 = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-				}
-				for (int e = 0; e < 32; e++) {
-					int v = qs[32 * (j / 2) + e];
-					int q = (j & 1) ? v >> 4 : v & 15;
-					double t = (d * s6 * q - dm * m6) * ((double)dx[b] * qx[256 * b + 32 * j + e]);
-					y += t;
-					*mag += fabs(t);
-				}
-			}
-		}
-	} else {
-		kq_dequant_row(dt, w, wd, (size_t)K);
-		int blk = ke_qdot_block(dt);
-		for (int k = 0; k < K; k++) {
-			double t = (double)wd[k] * ((double)dx[k / blk] * qx[k]);
-			y += t;
-			*mag += fabs(t);
-		}
+	kq_dequant_row(dt, w, wd, (size_t)K);
+	int blk = ke_qdot_block(dt);
+	for (int k = 0; k < K; k++) {
+		double t = (double)wd[k] * ((double)dx[k / blk] * qx[k]);
+		y += t;
+		*mag += fabs(t);
 	}
 	free(wd);
 	return y;
@@ -203,44 +199,55 @@ static double ref_dot(int dt, const uint8_t *w, int K, const uint8_t *a, double 
 
 KT_CASE(dot_paths_identical_and_exact)
 {
-	const int K = 1024, N = 21, M = 13;
+	const int Ks[] = {256, 768, 2048}, N = 21, M = 13;
 	uint64_t s = 23;
-	float *x = malloc((size_t)M * K * 4);
-	for (size_t t = 0; t < sizeof g_types / sizeof g_types[0]; t++) {
-		int dt = g_types[t], block = ke_qdot_block(dt);
-		size_t wb = (size_t)kv_dtype_row_bytes(dt, (uint64_t)K), ab = ke_qact_row_bytes(block, K);
-		uint8_t *wq = malloc(wb * N), *a = amalloc(ab * M);
-		weight_rows(dt, wq, N, K, &s);
-		for (int i = 0; i < M * K; i++)
-			x[i] = frand(&s, 2.0f);
-		for (int k = 0; k < block; k++)
-			x[k] = 0.0f; /* a zero activation block */
-		for (int k = 0; k < 64; k++)
-			x[K + k] = (k & 1) ? 1.0f : -1.0f; /* codes +-127 */
-		for (int i = 0; i < M; i++)
-			ke_qact_quant(KE_ISA_SCALAR, block, x + (size_t)i * K, K, a + (size_t)i * ab);
-		float ref[M * N], got[M * N];
-		for (int i = 0; i < M; i++)
-			for (int n = 0; n < N; n++) {
-				ref[i * N + n] = ke_qdot_ref(dt, wq + (size_t)n * wb, K, a + (size_t)i * ab);
-				double mag, r = ref_dot(dt, wq + (size_t)n * wb, K, a + (size_t)i * ab, &mag);
-				KT_CHECKF(fabs((double)ref[i * N + n] - r) <= 1e-5 * mag + 1e-30,
-					  "%s row %d act %d: %.9g vs double %.9g", kv_dtype_name(dt), n, i, ref[i * N + n], r);
-			}
-		for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++)
-			for (int mr = 1; mr <= M; mr++) {
-				/* rows in groups of mr (GEMV kernels at 1, panels above), columns split at 5 */
-				for (int i0 = 0; i0 < M; i0 += mr) {
-					int r = M - i0 < mr ? M - i0 : mr;
-					ke_qdot_gemm(isa, dt, wq, wb, K, a + (size_t)i0 * ab, ab, r, got + i0 * N, N, 0, 0, 5);
-					ke_qdot_gemm(isa, dt, wq, wb, K, a + (size_t)i0 * ab, ab, r, got + i0 * N, N, 0, 5, N);
+	double worst[sizeof g_types / sizeof g_types[0]] = {0};
+	float *x = malloc((size_t)M * 2048 * 4);
+	for (size_t kk = 0; kk < sizeof Ks / sizeof Ks[0]; kk++) {
+		const int K = Ks[kk];
+		for (size_t t = 0; t < sizeof g_types / sizeof g_types[0]; t++) {
+			int dt = g_types[t], block = ke_qdot_block(dt);
+			size_t wb = (size_t)kv_dtype_row_bytes(dt, (uint64_t)K), ab = ke_qact_row_bytes(block, K);
+			uint8_t *wq = malloc(wb * N), *a = amalloc(ab * M);
+			weight_rows(dt, wq, N, K, &s);
+			for (int i = 0; i < M * K; i++)
+				x[i] = frand(&s, 2.0f);
+			for (int k = 0; k < block; k++)
+				x[k] = 0.0f; /* a zero activation block */
+			for (int k = 0; k < 64; k++)
+				x[K + k] = (k & 1) ? 1.0f : -1.0f; /* codes +-127 */
+			for (int k = 0; k < K; k++)
+				x[2 * K + k] = 1.0f; /* all +127: the code sums at their maximum */
+			for (int i = 0; i < M; i++)
+				ke_qact_quant(KE_ISA_SCALAR, block, x + (size_t)i * K, K, a + (size_t)i * ab);
+			float ref[M * N], got[M * N];
+			for (int i = 0; i < M; i++)
+				for (int n = 0; n < N; n++) {
+					ref[i * N + n] = ke_qdot_ref(dt, wq + (size_t)n * wb, K, a + (size_t)i * ab);
+					double mag, r = ref_dot(dt, wq + (size_t)n * wb, K, a + (size_t)i * ab, &mag);
+					double e = fabs((double)ref[i * N + n] - r) / (mag + 1e-30);
+					worst[t] = e > worst[t] ? e : worst[t];
+					KT_CHECKF(e <= 2e-6, "%s K %d row %d act %d: %.9g vs double %.9g (error %.3g of sum |w x|)",
+						  kv_dtype_name(dt), K, n, i, ref[i * N + n], r, e);
 				}
-				KT_CHECKF(!memcmp(ref, got, sizeof ref), "%s: ISA %s, rows by %d differ from the definition",
-					  kv_dtype_name(dt), ke_isa_name(isa), mr);
-			}
-		free(wq);
-		free(a);
+			for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++)
+				for (int mr = 1; mr <= M; mr++) {
+					/* rows in groups of mr (GEMV kernels below 8/12, panels above), columns split at 5 */
+					for (int i0 = 0; i0 < M; i0 += mr) {
+						int r = M - i0 < mr ? M - i0 : mr;
+						ke_qdot_gemm(isa, dt, wq, wb, K, a + (size_t)i0 * ab, ab, r, got + i0 * N, N, 0, 0, 5);
+						ke_qdot_gemm(isa, dt, wq, wb, K, a + (size_t)i0 * ab, ab, r, got + i0 * N, N, 0, 5, N);
+					}
+					KT_CHECKF(!memcmp(ref, got, sizeof ref), "%s K %d: ISA %s, rows by %d differ from the definition",
+						  kv_dtype_name(dt), K, ke_isa_name(isa), mr);
+				}
+			free(wq);
+			free(a);
+		}
 	}
+	for (size_t t = 0; t < sizeof g_types / sizeof g_types[0]; t++)
+		fprintf(stderr, "  %s: ke_qdot_ref vs the dequantized double dot, worst error %.3g of sum |w x|\n",
+			kv_dtype_name(g_types[t]), worst[t]);
 	free(x);
 }
 
