@@ -267,6 +267,10 @@ static const tile_fn g_t2v[2][4] = {
 
 /* --- AVX-512 -------------------------------------------------------------- */
 
+/* REG for the 32 AVX-512 registers ("x" names only the first 16). Without
+ * it GCC folded the x load into each fma of the 8 x 3 and 6 x 4 tiles
+ * (MR x NR loads per block instead of MR + NR). */
+#define REG5(v) __asm__("" : "+v"(v))
 #define TGT5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
 #define MR5 4
 #define NR5 6
@@ -297,11 +301,21 @@ TGT5 static INL __m128 hsum4x5(__m512 a, __m512 b, __m512 c, __m512 d)
 									      0, 0), w));
 }
 
+/* bf16 -> f32 (bits << 16) in one shuffle: word i of the 16 loaded goes
+ * to the high half of dword i, the low halves zeroed by the mask (vpermw:
+ * one uop on port 5), where zero-extend + shift took two uops on the FMA
+ * ports for every weight vector. Exactly the same value. */
+TGT5 static INL __m512i bf16_idx5(void)
+{
+	return _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0,
+				1, 0, 0, 0);
+}
+
 TGT5 static INL __m512 ld16w(const void *p, int bf)
 {
 	if (bf)
-		return _mm512_castsi512_ps(
-			_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+		return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(
+			0xAAAAAAAAu, bf16_idx5(), _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p))));
 	return _mm512_loadu_ps((const float *)p);
 }
 
@@ -317,10 +331,10 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 			   size_t wstride, int K, float *y, size_t ldy, unsigned flags, int k0, int k1,
 			   const float *st_in, float *st_out)
 {
-	__m512 acc[6][6];
+	__m512 acc[8][6];
 	const size_t es = bf ? 2 : 4;
 	(void)K;
-#pragma GCC unroll 6
+#pragma GCC unroll 8
 	for (int i = 0; i < MR; i++)
 #pragma GCC unroll 6
 		for (int j = 0; j < NR; j++)
@@ -340,9 +354,10 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 			_mm_prefetch(w + (j + 2 * NR) * wstride + (size_t)k * es, _MM_HINT_T0);
 			wv[j] = ld16w(w + j * wstride + (size_t)k * es, bf);
 		}
-#pragma GCC unroll 6
+#pragma GCC unroll 8
 		for (int i = 0; i < MR; i++) {
 			__m512 xv = _mm512_loadu_ps(x + i * ldx + k);
+			REG5(xv);
 #pragma GCC unroll 6
 			for (int j = 0; j < NR; j++)
 				acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
@@ -354,7 +369,7 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 #pragma GCC unroll 6
 		for (int j = 0; j < NR; j++)
 			wv[j] = ld16w_mask(w + j * wstride + (size_t)k * es, bf, m);
-#pragma GCC unroll 6
+#pragma GCC unroll 8
 		for (int i = 0; i < MR; i++) {
 			__m512 xv = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
 #pragma GCC unroll 6
@@ -363,7 +378,7 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 		}
 	}
 	if (st_out) {
-#pragma GCC unroll 6
+#pragma GCC unroll 8
 		for (int i = 0; i < MR; i++)
 #pragma GCC unroll 6
 			for (int j = 0; j < NR; j++)
@@ -372,17 +387,17 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 	}
 	/* Reductions four accumulators at a time (hsum4x5: the same pairs as
 	 * hsum5), the rest one by one. */
-	float r[36];
+	float r[48];
 	const int T = MR * NR;
 	int q = 0;
-#pragma GCC unroll 6
+#pragma GCC unroll 12
 	for (; q + 4 <= T; q += 4)
 		_mm_storeu_ps(r + q, hsum4x5(acc[q / NR][q % NR], acc[(q + 1) / NR][(q + 1) % NR],
 					      acc[(q + 2) / NR][(q + 2) % NR], acc[(q + 3) / NR][(q + 3) % NR]));
 #pragma GCC unroll 3
 	for (; q < T; q++)
 		r[q] = hsum5(acc[q / NR][q % NR]);
-#pragma GCC unroll 6
+#pragma GCC unroll 8
 	for (int i = 0; i < MR; i++)
 #pragma GCC unroll 6
 		for (int j = 0; j < NR; j++) {
@@ -401,20 +416,27 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 					       float *so) \
 	{ tile5(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl, k0, k1, si, so); }
 #define T5ROW(mr, bf) T5(mr, 1, bf) T5(mr, 2, bf) T5(mr, 3, bf) T5(mr, 4, bf) T5(mr, 5, bf) T5(mr, 6, bf)
-T5ROW(1, 0) T5ROW(2, 0) T5ROW(3, 0) T5ROW(4, 0)
-T5ROW(1, 1) T5ROW(2, 1) T5ROW(3, 1) T5ROW(4, 1)
+T5ROW(1, 0) T5ROW(2, 0) T5ROW(3, 0) T5ROW(4, 0) T5ROW(5, 0) T5ROW(6, 0)
+T5ROW(1, 1) T5ROW(2, 1) T5ROW(3, 1) T5ROW(4, 1) T5ROW(5, 1) T5ROW(6, 1)
 #define T5KROW(mr, bf) T5K(mr, 1, bf) T5K(mr, 2, bf) T5K(mr, 3, bf) T5K(mr, 4, bf)
 T5KROW(1, 0) T5KROW(2, 0) T5KROW(3, 0) T5KROW(4, 0) T5KROW(5, 0) T5KROW(6, 0)
 T5KROW(1, 1) T5KROW(2, 1) T5KROW(3, 1) T5KROW(4, 1) T5KROW(5, 1) T5KROW(6, 1)
 
 #define T5TAB(mr, bf) {t5_##mr##_1_##bf, t5_##mr##_2_##bf, t5_##mr##_3_##bf, t5_##mr##_4_##bf, \
 		       t5_##mr##_5_##bf, t5_##mr##_6_##bf}
-static const tile_fn g_t5[2][MR5][NR5] = {
-	{T5TAB(1, 0), T5TAB(2, 0), T5TAB(3, 0), T5TAB(4, 0)},
-	{T5TAB(1, 1), T5TAB(2, 1), T5TAB(3, 1), T5TAB(4, 1)},
+/* Every tile up to 6 x 6; a sweep with an MR x NR shape uses rows 1..MR,
+ * columns 1..NR (the table's rows are T5LD long). Prefill (M >= 6) runs 6
+ * x 4 tiles: each 16-column block loads 4 weight vectors, which come from
+ * L2 (the block of weight rows, or the widened panel, is swept by every
+ * row tile), and 6 activation vectors from L1, for 24 fmas; the 4 x 6
+ * tile loaded 6 from L2 for the same 24, and on bf16 weights widened 6
+ * instead of 4. Decode batches (M < 6) keep 4 x 6: six weight streams in
+ * flight per tile, which the prefetch below was tuned for. */
+#define T5LD 6
+static const tile_fn g_t5[2][6][T5LD] = {
+	{T5TAB(1, 0), T5TAB(2, 0), T5TAB(3, 0), T5TAB(4, 0), T5TAB(5, 0), T5TAB(6, 0)},
+	{T5TAB(1, 1), T5TAB(2, 1), T5TAB(3, 1), T5TAB(4, 1), T5TAB(5, 1), T5TAB(6, 1)},
 };
-#define T5KTAB(mr, bf) {t5k_##mr##_1_##bf, t5k_##mr##_2_##bf, t5k_##mr##_3_##bf, t5k_##mr##_4_##bf, \
-			t5k_##mr##_5_##bf, t5k_##mr##_6_##bf}
 /* Long rows: 6 x 4 tiles (weights come from L2 there, activations from
  * L1, so fewer weight rows per tile and more activation rows). */
 #define T5K4TAB(mr, bf) {t5k_##mr##_1_##bf, t5k_##mr##_2_##bf, t5k_##mr##_3_##bf, t5k_##mr##_4_##bf}
@@ -426,8 +448,8 @@ static const tile_kfn g_t5k[2][6][4] = {
 #endif /* __x86_64__ */
 
 /* Blocked sweep over [n0, n1) with a tile table. */
-static void sweep(const tile_fn *tab, int mr_max, int nr_max, const struct ke_mat *w, const float *x, size_t ldx,
-		  int m, float *y, size_t ldy, unsigned flags, int n0, int n1)
+static void sweep(const tile_fn *tab, int tld, int mr_max, int nr_max, const struct ke_mat *w, const float *x,
+		  size_t ldx, int m, float *y, size_t ldy, unsigned flags, int n0, int n1)
 {
 	size_t es = w->dtype == KV_DT_BF16 ? 2 : 4;
 	size_t wstride = w->ld * es;
@@ -443,7 +465,7 @@ static void sweep(const tile_fn *tab, int mr_max, int nr_max, const struct ke_ma
 			int mr = m - i < mr_max ? m - i : mr_max;
 			for (int n = b0; n < b1; n += nr_max) {
 				int nr = b1 - n < nr_max ? b1 - n : nr_max;
-				tab[(mr - 1) * nr_max + (nr - 1)](x + (size_t)i * ldx, ldx, wd + (size_t)n * wstride,
+				tab[(mr - 1) * tld + (nr - 1)](x + (size_t)i * ldx, ldx, wd + (size_t)n * wstride,
 								  wstride, w->cols, y + (size_t)i * ldy + n, ldy, flags);
 			}
 		}
@@ -494,8 +516,8 @@ static int panel_rows(int K, int nr_max)
 	return nb - nb % nr_max;
 }
 
-static void sweep_packed(int isa, const tile_fn *tab, int mr_max, int nr_max, const struct ke_mat *w, const float *x,
-			 size_t ldx, int m, float *y, size_t ldy, unsigned flags, int n0, int n1)
+static void sweep_packed(int isa, const tile_fn *tab, int tld, int mr_max, int nr_max, const struct ke_mat *w,
+			 const float *x, size_t ldx, int m, float *y, size_t ldy, unsigned flags, int n0, int n1)
 {
 	float panel[PANEL_FLOATS];
 	int K = w->cols, ld = K + PANEL_PAD;
@@ -514,7 +536,7 @@ static void sweep_packed(int isa, const tile_fn *tab, int mr_max, int nr_max, co
 			int mr = m - i < mr_max ? m - i : mr_max;
 			for (int n = b0; n < b1; n += nr_max) {
 				int nr = b1 - n < nr_max ? b1 - n : nr_max;
-				tab[(mr - 1) * nr_max + (nr - 1)](x + (size_t)i * ldx, ldx,
+				tab[(mr - 1) * tld + (nr - 1)](x + (size_t)i * ldx, ldx,
 								  (const char *)(panel + (size_t)(n - b0) * ld),
 								  (size_t)ld * 4, K, y + (size_t)i * ldy + n, ldy, flags);
 			}
@@ -586,23 +608,27 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 	int bf = w->dtype == KV_DT_BF16;
 #if defined(__x86_64__)
 	if (isa == KE_ISA_AVX512) {
-		if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K && panel_rows(w->cols, NR5) >= NR5)
-			sweep_packed(isa, &g_t5[0][0][0], MR5, NR5, w, x, ldx, m, y, ldy, flags, n0, n1);
-		else if (m > 1 && w->cols > 4 * KC2)
+		int pre = m >= 6, mr = pre ? 6 : MR5, nr = pre ? 4 : NR5;
+		if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K && panel_rows(w->cols, nr) >= nr)
+			sweep_packed(isa, &g_t5[0][0][0], T5LD, mr, nr, w, x, ldx, m, y, ldy, flags, n0, n1);
+		else if (m > 1 && w->cols > (bf ? 4 : 2) * KC2)
+			/* f32 rows from 1024: measured 0.9x -> 1.1x of the whole-row
+			 * sweep at K = 2048; bf16 rows (half the bytes from L2) lost
+			 * 3-8% there, so they keep the whole row up to 2048 */
 			sweep_k(&g_t5k[bf][0][0], 6, 4, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else
-			sweep(&g_t5[bf][0][0], MR5, NR5, w, x, ldx, m, y, ldy, flags, n0, n1);
+			sweep(&g_t5[bf][0][0], T5LD, mr, nr, w, x, ldx, m, y, ldy, flags, n0, n1);
 		return;
 	}
 	if (isa == KE_ISA_AVX2) {
 		if (m == 1)
-			sweep(&g_t2v[bf][0], 1, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
+			sweep(&g_t2v[bf][0], 4, 1, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K && panel_rows(w->cols, 2) >= 2)
-			sweep_packed(isa, &g_t2[0][0][0], 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
+			sweep_packed(isa, &g_t2[0][0][0], 2, 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else if (w->cols > 2 * KC2)
 			sweep_k(&g_t2k[bf][0][0], 3, 2, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else
-			sweep(&g_t2[bf][0][0], 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
+			sweep(&g_t2[bf][0][0], 2, 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
 		return;
 	}
 #endif
