@@ -18,6 +18,7 @@
 #include "engine/prof.h"
 #include "model/safetensors.h"
 #include "base/pool.h"
+#include "base/mem.h"
 
 #include <math.h>
 #include <string.h>
@@ -158,7 +159,7 @@ TGT2 static INL __m256 ld8w(const void *p, int bf)
  * this is a later piece of K; they end in st_out when more of K follows,
  * else they are reduced into y. A lane's sequence of fmas is the same
  * whether K is done in one piece or several. */
-TGT2 static INL void tile2(const int MR, const int NR, const int bf, const float *x, size_t ldx, const char *w,
+TGT2 static INL void tile2(const int MR, const int NR, const int bf, const int pf, const float *x, size_t ldx, const char *w,
 			   size_t wstride, int K, float *y, size_t ldy, unsigned flags, int k0, int k1,
 			   const float *st_in, float *st_out)
 {
@@ -187,7 +188,7 @@ TGT2 static INL void tile2(const int MR, const int NR, const int bf, const float
 			 * streams): one thread, M = 256, f32 tiles 0.87 -> 0.93x
 			 * OpenBLAS; bf16 decode (M = 1, weights from memory) +14%.
 			 * f32 decode measured 12% slower with it, so it has none. */
-			if (MR > 1 || bf)
+			if (pf && (MR > 1 || bf))
 				_mm_prefetch(w + (j + 2 * NR) * wstride + (size_t)k * es, _MM_HINT_T0);
 			wv[j] = ld8w(w + j * wstride + (size_t)k * es, bf);
 		}
@@ -284,7 +285,7 @@ TGT2 static INL void tile2(const int MR, const int NR, const int bf, const float
 #define T2(mr, nr, bf) \
 	TGT2 static void t2_##mr##_##nr##_##bf(const float *x, size_t ldx, const char *w, size_t ws, int K, \
 					      float *y, size_t ldy, unsigned fl) \
-	{ tile2(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl, 0, K, NULL, NULL); }
+	{ tile2(mr, nr, bf, 1, x, ldx, w, ws, K, y, ldy, fl, 0, K, NULL, NULL); }
 T2(1, 1, 0) T2(1, 2, 0) T2(2, 1, 0) T2(2, 2, 0) T2(3, 1, 0) T2(3, 2, 0)
 T2(1, 1, 1) T2(1, 2, 1) T2(2, 1, 1) T2(2, 2, 1) T2(3, 1, 1) T2(3, 2, 1)
 T2(1, 3, 0) T2(1, 4, 0) T2(1, 3, 1) T2(1, 4, 1)
@@ -297,7 +298,7 @@ typedef void (*tile_kfn)(const float *, size_t, const char *, size_t, int, float
 	TGT2 static void t2k_##mr##_##nr##_##bf(const float *x, size_t ldx, const char *w, size_t ws, int K, \
 					       float *y, size_t ldy, unsigned fl, int k0, int k1, const float *si, \
 					       float *so) \
-	{ tile2(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl, k0, k1, si, so); }
+	{ tile2(mr, nr, bf, 1, x, ldx, w, ws, K, y, ldy, fl, k0, k1, si, so); }
 T2K(1, 1, 0) T2K(1, 2, 0) T2K(2, 1, 0) T2K(2, 2, 0) T2K(3, 1, 0) T2K(3, 2, 0)
 T2K(1, 1, 1) T2K(1, 2, 1) T2K(2, 1, 1) T2K(2, 2, 1) T2K(3, 1, 1) T2K(3, 2, 1)
 static const tile_kfn g_t2k[2][3][2] = {
@@ -408,7 +409,7 @@ TGT5 static INL __m512 ld16w_mask(const void *p, int bf, __mmask16 m)
 }
 
 /* Columns [k0, k1) with parked accumulators, as tile2. */
-TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float *x, size_t ldx, const char *w,
+TGT5 static INL void tile5(const int MR, const int NR, const int bf, const int pf, const float *x, size_t ldx, const char *w,
 			   size_t wstride, int K, float *y, size_t ldy, unsigned flags, int k0, int k1,
 			   const float *st_in, float *st_out)
 {
@@ -432,7 +433,8 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 			 * decode GEMMs of bench-hybrid, one thread: M = 1 7.2 -> 4.4 ms,
 			 * M = 4 10.5 -> 5.5 ms per step. A prefetch past the matrix
 			 * never faults. */
-			_mm_prefetch(w + (j + 2 * NR) * wstride + (size_t)k * es, _MM_HINT_T0);
+			if (pf)
+				_mm_prefetch(w + (j + 2 * NR) * wstride + (size_t)k * es, _MM_HINT_T0);
 			wv[j] = ld16w(w + j * wstride + (size_t)k * es, bf);
 		}
 #pragma GCC unroll 8
@@ -509,12 +511,12 @@ TGT5 static INL void tile5(const int MR, const int NR, const int bf, const float
 #define T5(mr, nr, bf) \
 	TGT5 static void t5_##mr##_##nr##_##bf(const float *x, size_t ldx, const char *w, size_t ws, int K, \
 					      float *y, size_t ldy, unsigned fl) \
-	{ tile5(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl, 0, K, NULL, NULL); }
+	{ tile5(mr, nr, bf, 1, x, ldx, w, ws, K, y, ldy, fl, 0, K, NULL, NULL); }
 #define T5K(mr, nr, bf) \
 	TGT5 static void t5k_##mr##_##nr##_##bf(const float *x, size_t ldx, const char *w, size_t ws, int K, \
 					       float *y, size_t ldy, unsigned fl, int k0, int k1, const float *si, \
 					       float *so) \
-	{ tile5(mr, nr, bf, x, ldx, w, ws, K, y, ldy, fl, k0, k1, si, so); }
+	{ tile5(mr, nr, bf, 0, x, ldx, w, ws, K, y, ldy, fl, k0, k1, si, so); }
 #define T5ROW(mr, bf) T5(mr, 1, bf) T5(mr, 2, bf) T5(mr, 3, bf) T5(mr, 4, bf) T5(mr, 5, bf) T5(mr, 6, bf)
 T5ROW(1, 0) T5ROW(2, 0) T5ROW(3, 0) T5ROW(4, 0) T5ROW(5, 0) T5ROW(6, 0)
 T5ROW(1, 1) T5ROW(2, 1) T5ROW(3, 1) T5ROW(4, 1) T5ROW(5, 1) T5ROW(6, 1)
@@ -625,7 +627,7 @@ static int panel_rows(int K, int nr_max)
 	return nb - nb % nr_max;
 }
 
-static void sweep_packed(int isa, const tile_fn *tab, int tld, int mr_max, int nr_max, const struct ke_mat *w,
+static void sweep_packed(int isa, const tile_kfn *tab, int tld, int mr_max, int nr_max, const struct ke_mat *w,
 			 const float *x, size_t ldx, int m, float *y, size_t ldy, unsigned flags, int n0, int n1)
 {
 	_Alignas(64) float panel[PANEL_FLOATS];
@@ -647,7 +649,8 @@ static void sweep_packed(int isa, const tile_fn *tab, int tld, int mr_max, int n
 				int nr = b1 - n < nr_max ? b1 - n : nr_max;
 				tab[(mr - 1) * tld + (nr - 1)](x + (size_t)i * ldx, ldx,
 								  (const char *)(panel + (size_t)(n - b0) * ld),
-								  (size_t)ld * 4, K, y + (size_t)i * ldy + n, ldy, flags);
+								  (size_t)ld * 4, K, y + (size_t)i * ldy + n, ldy, flags, 0, K,
+								  NULL, NULL);
 			}
 		}
 	}
@@ -698,6 +701,49 @@ static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, const s
 }
 #endif
 
+#if defined(__x86_64__)
+/*
+ * bf16 weights with rows longer than the panels take (K > PACK_MAX_K) and
+ * many activation rows, AVX-512: blocks of weight rows are widened to f32
+ * (exactly) into a per-thread buffer of about NB_BYTES and multiplied by
+ * the f32 path (the K-split sweep, whose tiles then load aligned f32
+ * vectors with no widening per row tile): the same fmas on the same
+ * values, so the same bits. One thread, M = 256, N = 512, K = 2048: ~112
+ * -> ~125 GFLOP/s (K = 4096, 12 widened rows per block against 64 bf16
+ * rows, measured 104 -> 96: longer rows keep the bf16 K-split). The buffer belongs to the thread for its lifetime (pool
+ * threads live as long as the process), counted under KV_MEM_SCRATCH;
+ * without it (allocation failure) the bf16 tiles run instead.
+ */
+static __thread float *tl_wide;
+static __thread size_t tl_wide_cap;
+
+static int sweep_widened(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
+			 unsigned flags, int n0, int n1)
+{
+	int K = w->cols, ld = panel_ld(K);
+	int nb = (int)(NB_BYTES / ((size_t)ld * 4));
+	nb = nb < 4 ? 4 : nb - nb % 4;
+	size_t need = (size_t)nb * (size_t)ld;
+	if (need > tl_wide_cap) {
+		float *b = kv_realloc(KV_MEM_SCRATCH, tl_wide, need * sizeof(float));
+		if (!b)
+			return 0;
+		tl_wide = b;
+		tl_wide_cap = need;
+	}
+	const char *wd = w->data;
+	size_t wstride = w->ld * 2;
+	for (int b0 = n0; b0 < n1; b0 += nb) {
+		int b1 = b0 + nb < n1 ? b0 + nb : n1;
+		for (int r = b0; r < b1; r++)
+			widen_row5(tl_wide + (size_t)(r - b0) * ld, wd + (size_t)r * wstride, K);
+		struct ke_mat wf = {tl_wide, KV_DT_F32, b1 - b0, K, (size_t)ld};
+		ke_gemm_range(isa, &wf, x, ldx, m, y + b0, ldy, flags, 0, b1 - b0);
+	}
+	return 1;
+}
+#endif
+
 void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
 		   unsigned flags, int n0, int n1)
 {
@@ -718,12 +764,19 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 #if defined(__x86_64__)
 	if (isa == KE_ISA_AVX512) {
 		int pre = m >= 6, mr = pre ? 6 : MR5, nr = pre ? 4 : NR5;
-		if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K && panel_rows(w->cols, nr) >= nr)
-			sweep_packed(isa, &g_t5[0][0][0], T5LD, mr, nr, w, x, ldx, m, y, ldy, flags, n0, n1);
+		/* The panels and the K-split sweep run the tiles without prefetch
+		 * (t5k): their weights are an L2-resident panel or block, where
+		 * the prefetches only took load slots (one thread, M = 256: packed
+		 * N = 2048 K = 512 +5%, f32 K = 2048 on the K split +25%). */
+		if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K && panel_rows(w->cols, 4) >= 4)
+			sweep_packed(isa, &g_t5k[0][0][0], 4, 6, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
+		else if (bf && m >= PACK_MIN_M && w->cols > PACK_MAX_K && w->cols <= 4 * KC2 &&
+			 sweep_widened(isa, w, x, ldx, m, y, ldy, flags, n0, n1))
+			;
 		else if (m > 1 && w->cols > (bf ? 4 : 2) * KC2)
-			/* f32 rows from 1024: measured 0.9x -> 1.1x of the whole-row
-			 * sweep at K = 2048; bf16 rows (half the bytes from L2) lost
-			 * 3-8% there, so they keep the whole row up to 2048 */
+			/* f32 rows from 1024: measured 0.8x -> 1.1x of the whole-row
+			 * sweep at K = 2048; bf16 rows (half the bytes from L2) were
+			 * no faster there, so they keep the whole row up to 2048 */
 			sweep_k(&g_t5k[bf][0][0], 6, 4, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else
 			sweep(&g_t5[bf][0][0], T5LD, mr, nr, w, x, ldx, m, y, ldy, flags, n0, n1);
@@ -733,7 +786,7 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 		if (m == 1)
 			sweep(&g_t2v[bf][0], 4, 1, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K && panel_rows(w->cols, 2) >= 2)
-			sweep_packed(isa, &g_t2[0][0][0], 2, 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
+			sweep_packed(isa, &g_t2k[0][0][0], 2, 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else if (w->cols > 2 * KC2)
 			sweep_k(&g_t2k[bf][0][0], 3, 2, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else
