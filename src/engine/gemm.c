@@ -22,6 +22,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -668,14 +669,39 @@ static void sweep_packed(int isa, const tile_kfn *tab, int tld, int mr_max, int 
  * 3/4 of the FMA rate). Same operations per lane as one piece.
  */
 #define KC2 512
+/* The piece actually walked: 1024 columns (6 activation rows of them,
+ * 24 KiB, still sit in L1 next to the streamed weights). With the block
+ * below, one thread, M = 256, AVX-512: N = 512 K = 2048 ~123 -> ~139
+ * GFLOP/s, K = 4096 bf16 ~105 -> ~115, f32 ~107 -> ~125; AVX2 K = 2048
+ * ~68 -> ~73. */
+#define KCP 1024
 #define NBK_MAX 144
+
+/* Weight bytes per block of the K-split sweeps: half the L2 of this CPU
+ * (sysconf, from CPUID), 256 KiB to 1 MiB; the activation pieces are
+ * re-read from L2 once per block, so the larger the block the fewer
+ * passes (1 MiB on the 2 MiB L2 of Sapphire Rapids, 256 KiB on Zen 3's
+ * 512 KiB). A speed knob only: no result depends on it. */
+static size_t kblock_bytes(void)
+{
+	static size_t cached;
+	size_t b = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+	if (b)
+		return b;
+	long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+	b = l2 > 0 ? (size_t)l2 / 2 : NB_BYTES;
+	b = b < NB_BYTES ? NB_BYTES : b > 4 * NB_BYTES ? 4 * NB_BYTES : b;
+	__atomic_store_n(&cached, b, __ATOMIC_RELAXED);
+	return b;
+}
+
 static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, const struct ke_mat *w, const float *x,
 		    size_t ldx, int m, float *y, size_t ldy, unsigned flags, int n0, int n1)
 {
 	size_t es = bf ? 2 : 4;
 	size_t wstride = w->ld * es;
 	int K = w->cols;
-	int nb = (int)(NB_BYTES / ((size_t)K * es));
+	int nb = (int)(kblock_bytes() / ((size_t)K * es));
 	nb = nb < nr_max ? nr_max : nb > NBK_MAX ? NBK_MAX : nb;
 	nb -= nb % nr_max;
 	/* parked accumulators of one row tile across the block: at most
@@ -686,8 +712,8 @@ static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, const s
 		int b1 = b0 + nb < n1 ? b0 + nb : n1;
 		for (int i = 0; i < m; i += mr_max) {
 			int mr = m - i < mr_max ? m - i : mr_max;
-			for (int k0 = 0; k0 < K; k0 += KC2) {
-				int k1 = k0 + KC2 < K ? k0 + KC2 : K;
+			for (int k0 = 0; k0 < K; k0 += KCP) {
+				int k1 = k0 + KCP < K ? k0 + KCP : K;
 				for (int n = b0; n < b1; n += nr_max) {
 					int nr = b1 - n < nr_max ? b1 - n : nr_max;
 					float *t = st + (size_t)(n - b0) * mr_max * 16;
@@ -705,14 +731,17 @@ static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, const s
 /*
  * bf16 weights with rows longer than the panels take (K > PACK_MAX_K) and
  * many activation rows, AVX-512: blocks of weight rows are widened to f32
- * (exactly) into a per-thread buffer of about NB_BYTES and multiplied by
+ * (exactly) into a per-thread buffer of one K-split block (kblock_bytes:
+ * 1 MiB on this CPU, 256 KiB to 1 MiB) and multiplied by
  * the f32 path (the K-split sweep, whose tiles then load aligned f32
  * vectors with no widening per row tile): the same fmas on the same
- * values, so the same bits. One thread, M = 256, N = 512, K = 2048: ~112
- * -> ~125 GFLOP/s (K = 4096, 12 widened rows per block against 64 bf16
- * rows, measured 104 -> 96: longer rows keep the bf16 K-split). The buffer belongs to the thread for its lifetime (pool
+ * values, so the same bits. One thread, M = 256: N = 512 K = 2048 ~112 ->
+ * ~137 GFLOP/s, N = 1024 K = 4096 ~104 -> ~132 (with 256 KiB blocks and
+ * 512-column pieces it lost at K = 4096: 12 widened rows per block). The
+ * buffer belongs to the thread for its lifetime (pool
  * threads live as long as the process), counted under KV_MEM_SCRATCH;
- * without it (allocation failure) the bf16 tiles run instead.
+ * without it (allocation failure) the bf16 tiles run instead. (On AVX2
+ * the same measured 3-6% slower than the bf16 K-split tiles.)
  */
 static __thread float *tl_wide;
 static __thread size_t tl_wide_cap;
@@ -721,7 +750,7 @@ static int sweep_widened(int isa, const struct ke_mat *w, const float *x, size_t
 			 unsigned flags, int n0, int n1)
 {
 	int K = w->cols, ld = panel_ld(K);
-	int nb = (int)(NB_BYTES / ((size_t)ld * 4));
+	int nb = (int)(kblock_bytes() / ((size_t)ld * 4));
 	nb = nb < 4 ? 4 : nb - nb % 4;
 	size_t need = (size_t)nb * (size_t)ld;
 	if (need > tl_wide_cap) {
@@ -735,8 +764,12 @@ static int sweep_widened(int isa, const struct ke_mat *w, const float *x, size_t
 	size_t wstride = w->ld * 2;
 	for (int b0 = n0; b0 < n1; b0 += nb) {
 		int b1 = b0 + nb < n1 ? b0 + nb : n1;
-		for (int r = b0; r < b1; r++)
-			widen_row5(tl_wide + (size_t)(r - b0) * ld, wd + (size_t)r * wstride, K);
+		for (int r = b0; r < b1; r++) {
+			if (isa >= KE_ISA_AVX512)
+				widen_row5(tl_wide + (size_t)(r - b0) * ld, wd + (size_t)r * wstride, K);
+			else
+				widen_row2(tl_wide + (size_t)(r - b0) * ld, wd + (size_t)r * wstride, K);
+		}
 		struct ke_mat wf = {tl_wide, KV_DT_F32, b1 - b0, K, (size_t)ld};
 		ke_gemm_range(isa, &wf, x, ldx, m, y + b0, ldy, flags, 0, b1 - b0);
 	}
@@ -770,7 +803,7 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 		 * N = 2048 K = 512 +5%, f32 K = 2048 on the K split +25%). */
 		if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K && panel_rows(w->cols, 4) >= 4)
 			sweep_packed(isa, &g_t5k[0][0][0], 4, 6, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
-		else if (bf && m >= PACK_MIN_M && w->cols > PACK_MAX_K && w->cols <= 4 * KC2 &&
+		else if (bf && m >= PACK_MIN_M && w->cols > PACK_MAX_K &&
 			 sweep_widened(isa, w, x, ldx, m, y, ldy, flags, n0, n1))
 			;
 		else if (m > 1 && w->cols > (bf ? 4 : 2) * KC2)
