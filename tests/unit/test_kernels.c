@@ -185,12 +185,14 @@ KT_CASE(gemm_long_rows_paths_bit_identical)
 }
 
 /* bf16 weights with many rows go through f32 panels widened once
- * (several panels when K is long): the same bits as the scalar path and
- * as one row at a time. */
+ * (several panels when K is long), and longer rows through widened f32
+ * blocks on the K-split sweep (AVX-512; several blocks and a ragged last
+ * piece at 2500 and 4100): the same bits as the scalar path and as one
+ * row at a time. */
 KT_CASE(gemm_packed_panels_bit_identical)
 {
-	static const int Ks[] = {300, 700, 1024};
-	for (int ki = 0; ki < 3; ki++) {
+	static const int Ks[] = {300, 700, 1024, 2500, 4100};
+	for (int ki = 0; ki < 5; ki++) {
 		int K = Ks[ki], M = 37, N = 100 + 7 * ki;
 		struct wmat w;
 		wmat_make(&w, N, K, 1);
