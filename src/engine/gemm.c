@@ -580,8 +580,10 @@ static void sweep(const tile_fn *tab, int tld, int mr_max, int nr_max, const str
  * bf16 weights with several activation rows: a panel of weight rows is
  * widened to f32 once (exact, so the f32 tiles then do the same fmas on
  * the same values) and swept by every row tile of the activations. In the
- * bf16 tiles each weight vector costs a zero-extend and a shift on the
- * FMA ports for every row tile that reads it; here once per panel.
+ * bf16 tiles each weight vector costs a widening shuffle for every row
+ * tile that reads it; here once per panel. AVX-512 (stack panels, the
+ * 6 x 4 tiles without prefetch); AVX2 widens its panels with
+ * sweep_widened below.
  */
 #define PANEL_FLOATS 16384 /* 64 KiB on the stack */
 #define PANEL_PAD 16       /* rows not a multiple of 4 KiB apart (L1 set aliasing) */
@@ -594,6 +596,10 @@ static void sweep(const tile_fn *tab, int tld, int mr_max, int nr_max, const str
  * activations are re-read from L2 for every panel (K = 2048 measured
  * 0.9x the bf16 tiles). */
 #define PACK_MAX_K 1024
+/* AVX2 panels: 32 KiB (12 rows of 512 floats), measured best of 24-1024
+ * KiB (+4-6% over 64 KiB; blocks this small lose 40% at K = 2048, which
+ * stays on the bf16 K-split tiles). */
+#define WIDE2_BYTES (32u * 1024u)
 
 TGT2 static void widen_row2(float *dst, const char *src, int K)
 {
@@ -628,7 +634,7 @@ static int panel_rows(int K, int nr_max)
 	return nb - nb % nr_max;
 }
 
-static void sweep_packed(int isa, const tile_kfn *tab, int tld, int mr_max, int nr_max, const struct ke_mat *w,
+static void sweep_packed(const tile_kfn *tab, int tld, int mr_max, int nr_max, const struct ke_mat *w,
 			 const float *x, size_t ldx, int m, float *y, size_t ldy, unsigned flags, int n0, int n1)
 {
 	_Alignas(64) float panel[PANEL_FLOATS];
@@ -638,12 +644,8 @@ static void sweep_packed(int isa, const tile_kfn *tab, int tld, int mr_max, int 
 	const char *wd = w->data;
 	for (int b0 = n0; b0 < n1; b0 += nb) {
 		int b1 = b0 + nb < n1 ? b0 + nb : n1;
-		for (int r = b0; r < b1; r++) {
-			if (isa >= KE_ISA_AVX512)
-				widen_row5(panel + (size_t)(r - b0) * ld, wd + (size_t)r * wstride, K);
-			else
-				widen_row2(panel + (size_t)(r - b0) * ld, wd + (size_t)r * wstride, K);
-		}
+		for (int r = b0; r < b1; r++)
+			widen_row5(panel + (size_t)(r - b0) * ld, wd + (size_t)r * wstride, K);
 		for (int i = 0; i < m; i += mr_max) {
 			int mr = m - i < mr_max ? m - i : mr_max;
 			for (int n = b0; n < b1; n += nr_max) {
@@ -730,7 +732,8 @@ static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, const s
 #if defined(__x86_64__)
 /*
  * bf16 weights with rows longer than the panels take (K > PACK_MAX_K) and
- * many activation rows, AVX-512: blocks of weight rows are widened to f32
+ * many activation rows, AVX-512 (and on AVX2 the panels themselves, in
+ * blocks of WIDE2_BYTES): blocks of weight rows are widened to f32
  * (exactly) into a per-thread buffer of one K-split block (kblock_bytes:
  * 1 MiB on this CPU, 256 KiB to 1 MiB) and multiplied by
  * the f32 path (the K-split sweep, whose tiles then load aligned f32
@@ -746,11 +749,11 @@ static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, const s
 static __thread float *tl_wide;
 static __thread size_t tl_wide_cap;
 
-static int sweep_widened(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
-			 unsigned flags, int n0, int n1)
+static int sweep_widened(int isa, size_t block, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y,
+			 size_t ldy, unsigned flags, int n0, int n1)
 {
 	int K = w->cols, ld = panel_ld(K);
-	int nb = (int)(kblock_bytes() / ((size_t)ld * 4));
+	int nb = (int)(block / ((size_t)ld * 4));
 	nb = nb < 4 ? 4 : nb - nb % 4;
 	size_t need = (size_t)nb * (size_t)ld;
 	if (need > tl_wide_cap) {
@@ -802,9 +805,9 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 		 * the prefetches only took load slots (one thread, M = 256: packed
 		 * N = 2048 K = 512 +5%, f32 K = 2048 on the K split +25%). */
 		if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K && panel_rows(w->cols, 4) >= 4)
-			sweep_packed(isa, &g_t5k[0][0][0], 4, 6, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
+			sweep_packed(&g_t5k[0][0][0], 4, 6, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else if (bf && m >= PACK_MIN_M && w->cols > PACK_MAX_K &&
-			 sweep_widened(isa, w, x, ldx, m, y, ldy, flags, n0, n1))
+			 sweep_widened(isa, kblock_bytes(), w, x, ldx, m, y, ldy, flags, n0, n1))
 			;
 		else if (m > 1 && w->cols > (bf ? 4 : 2) * KC2)
 			/* f32 rows from 1024: measured 0.8x -> 1.1x of the whole-row
@@ -818,8 +821,13 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 	if (isa == KE_ISA_AVX2) {
 		if (m == 1)
 			sweep(&g_t2v[bf][0], 4, 1, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
-		else if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K && panel_rows(w->cols, 2) >= 2)
-			sweep_packed(isa, &g_t2k[0][0][0], 2, 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
+		else if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K &&
+			 sweep_widened(isa, WIDE2_BYTES, w, x, ldx, m, y, ldy, flags, n0, n1))
+			/* AVX2 widens its panels into the same per-thread buffer
+			 * and runs the plain f32 sweep on them: the stack panel
+			 * with the K-split tiles measured 4-6% slower (one thread,
+			 * M = 256, K = 512 and 1024) */
+			;
 		else if (w->cols > 2 * KC2)
 			sweep_k(&g_t2k[bf][0][0], 3, 2, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else
