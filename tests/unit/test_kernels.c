@@ -185,12 +185,14 @@ KT_CASE(gemm_long_rows_paths_bit_identical)
 }
 
 /* bf16 weights with many rows go through f32 panels widened once
- * (several panels when K is long): the same bits as the scalar path and
- * as one row at a time. */
+ * (several panels when K is long), and longer rows through widened f32
+ * blocks on the K-split sweep (AVX-512; several blocks and a ragged last
+ * piece at 2500 and 4100): the same bits as the scalar path and as one
+ * row at a time. */
 KT_CASE(gemm_packed_panels_bit_identical)
 {
-	static const int Ks[] = {300, 700, 1024};
-	for (int ki = 0; ki < 3; ki++) {
+	static const int Ks[] = {300, 700, 1024, 2500, 4100};
+	for (int ki = 0; ki < 5; ki++) {
 		int K = Ks[ki], M = 37, N = 100 + 7 * ki;
 		struct wmat w;
 		wmat_make(&w, N, K, 1);
@@ -209,6 +211,40 @@ KT_CASE(gemm_packed_panels_bit_identical)
 		free(y1);
 		wmat_free(&w);
 	}
+}
+
+/* Every tile of every path and its edge remainders (the prefill tiles are
+ * 6 x 4 on AVX-512, 4 x 6 below 6 rows, 3 x 2 on AVX2; packed panels from
+ * 32 rows): all M x N up to 13 x 13 and M 32..38, bf16 and f32, short,
+ * ragged and long rows, against the scalar reference bit for bit. */
+KT_CASE(gemm_every_tile_shape_bit_identical)
+{
+	static const int Ks[] = {16, 37, 517, 1300};
+	for (int ki = 0; ki < 4; ki++)
+		for (int bf = 0; bf < 2; bf++) {
+			int K = Ks[ki];
+			struct wmat w;
+			wmat_make(&w, 13, K, bf);
+			float *x = rand_vec((size_t)38 * K), *y0 = malloc(38 * 13 * 4), *y1 = malloc(38 * 13 * 4);
+			for (int M = 1; M <= 38; M = M == 13 ? 32 : M + 1)
+				for (int N = 1; N <= 13; N++) {
+					struct ke_mat m = w.m;
+					m.rows = N;
+					ke_gemm_range(KE_ISA_SCALAR, &m, x, (size_t)K, M, y0, 13, 0, 0, N);
+					for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
+						memset(y1, 0, 38 * 13 * 4);
+						ke_gemm_range(isa, &m, x, (size_t)K, M, y1, 13, 0, 0, N);
+						int bad = 0;
+						for (int i = 0; i < M; i++)
+							bad |= memcmp(y0 + i * 13, y1 + i * 13, (size_t)N * 4) != 0;
+						KT_CHECKF(!bad, "%s != scalar M=%d N=%d K=%d bf=%d", ke_isa_name(isa), M, N, K, bf);
+					}
+				}
+			free(x);
+			free(y0);
+			free(y1);
+			wmat_free(&w);
+		}
 }
 
 KT_CASE(gemm_row_result_independent_of_m_and_split)
@@ -941,7 +977,7 @@ KT_CASE(logprobs)
 }
 
 KT_MAIN(gemm_matches_double_reference, gemm_simd_paths_bit_identical_to_scalar, gemm_long_rows_paths_bit_identical,
-	gemm_packed_panels_bit_identical,
+	gemm_packed_panels_bit_identical, gemm_every_tile_shape_bit_identical,
 	gemm_row_result_independent_of_m_and_split, gemm_accum_and_unaligned_weights, dot_is_the_gemm_order,
 	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
 	attention_invariant_to_chunks_threads_and_page_size,
