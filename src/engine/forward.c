@@ -75,6 +75,144 @@ static void write_row(const struct ke_layout *lay, struct kv_page **pages, int s
 		memcpy(dst, src, (size_t)lay->head_dim * sizeof *src);
 }
 
+/*
+ * Per-row steps (norms, RoPE, KV writes, pointwise gates) over the n rows
+ * of a chunk, split across the pool when there is enough of them: each
+ * row is computed by the same function on its own data, so the split
+ * changes nothing but which thread runs it. At 2 threads these steps were
+ * ~6-9% of a 1K prefill, on one thread while the other waited.
+ */
+typedef void (*row_fn)(const void *ctx, int t);
+struct row_job {
+	row_fn fn;
+	const void *ctx;
+};
+
+static void rows_part(void *ctx, size_t b, size_t e, int thread)
+{
+	const struct row_job *j = ctx;
+	(void)thread;
+	for (size_t t = b; t < e; t++)
+		j->fn(j->ctx, (int)t);
+}
+
+/* fn(ctx, t) for t in [0, n); work = rough float operations per row. */
+static void par_rows(int n, double work, row_fn fn, const void *ctx)
+{
+	struct kv_pool *pool = kv_pool_global();
+	int T = kv_pool_size(pool);
+	if (T < 2 || n < 2 || (double)n * work < KE_PAR_MIN_WORK / 4) {
+		for (int t = 0; t < n; t++)
+			fn(ctx, t);
+		return;
+	}
+	struct row_job j = {fn, ctx};
+	size_t grain = (size_t)n / (4u * (size_t)T);
+	kv_pool_for(pool, (size_t)n, grain ? grain : 1, rows_part, &j);
+}
+
+struct norm_job {
+	float *out;
+	const float *x, *w;
+	int D;
+	float eps;
+};
+
+static void norm_row(const void *ctx, int t)
+{
+	const struct norm_job *j = ctx;
+	ke_vec_rmsnorm(j->out + (size_t)t * j->D, j->x + (size_t)t * j->D, j->w, j->D, j->eps);
+}
+
+/* out[t] = rmsnorm(x[t]) * w for the n rows of D floats */
+static void norm_rows(float *out, const float *x, const float *w, int n, int D, float eps)
+{
+	struct norm_job j = {out, x, w, D, eps};
+	par_rows(n, 4.0 * D, norm_row, &j);
+}
+
+struct silu_job {
+	float *g;
+	const float *u; /* NULL: silu(g) alone */
+	size_t w;
+};
+
+static void silu_row(const void *ctx, int t)
+{
+	const struct silu_job *j = ctx;
+	float *g = j->g + (size_t)t * j->w;
+	if (j->u)
+		ke_vec_silu_mul(g, j->u + (size_t)t * j->w, (int)j->w);
+	else
+		ke_vec_silu(g, (int)j->w);
+}
+
+/* g = silu(g) (* u) over n rows of w floats (elementwise: the same bits
+ * however the rows are cut) */
+static void silu_rows(float *g, const float *u, int n, size_t w)
+{
+	struct silu_job j = {g, u, w};
+	par_rows(n, 20.0 * (double)w, silu_row, &j);
+}
+
+/* att * sigmoid(gate) for one row of w floats */
+struct gate_job {
+	float *att, *gate;
+	size_t w;
+};
+
+static void gate_row(const void *ctx, int t)
+{
+	const struct gate_job *j = ctx;
+	float *g = j->gate + (size_t)t * j->w, *a = j->att + (size_t)t * j->w;
+	for (size_t i = 0; i < j->w; i++)
+		g[i] = 0.0f - g[i];
+	ke_vec_exp(g, g, (int)j->w);
+	for (size_t i = 0; i < j->w; i++)
+		a[i] = a[i] * (1.0f / (1.0f + g[i]));
+}
+
+/* One row of an attention layer after its q/k/v projections: q and k
+ * normed and rotated, k and v written to the sequence's KV pages (each row
+ * its own position: rows never share a KV row). */
+struct qk_job {
+	const struct ke_fwd *f;
+	const struct ke_layer *ly;
+};
+
+static void qk_row(const void *ctx, int t)
+{
+	const struct qk_job *j = ctx;
+	const struct ke_fwd *f = j->f;
+	const struct ke_layer *ly = j->ly;
+	const struct kv_model_config *c = &f->m->cfg;
+	const struct ke_layout *lay = &f->m->lay;
+	struct ke_scratch *sc = f->sc;
+	int hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
+	int gated = c->attn_output_gate, half = c->rotary_dim / 2;
+	size_t qw = (size_t)H * hd * (gated ? 2 : 1), kw = (size_t)Hkv * hd;
+	float eps = (float)c->rms_eps;
+	const float *cs = sc->cosv + (size_t)t * half, *sn = sc->sinv + (size_t)t * half;
+	for (int h = 0; h < H; h++) {
+		/* hybrid q_proj rows per head: [query hd | gate hd] */
+		const float *src = sc->q + (size_t)t * qw + (size_t)h * hd * (gated ? 2 : 1);
+		float *dst = sc->qh + ((size_t)t * H + h) * hd;
+		if (gated)
+			memcpy(sc->gate + ((size_t)t * H + h) * hd, src + hd, (size_t)hd * sizeof *src);
+		ke_vec_rmsnorm(dst, src, ly->q_norm, hd, eps);
+		rope(dst, cs, sn, half);
+	}
+	for (int g = 0; g < Hkv; g++) {
+		float *k = sc->k + (size_t)t * kw + (size_t)g * hd;
+		ke_vec_rmsnorm(k, k, ly->k_norm, hd, eps);
+		rope(k, cs, sn, half);
+		struct ke_seq *s = f->seqs[f->row_seq[t]];
+		int pos = s->pos + t - f->row0[f->row_seq[t]];
+		write_row(lay, s->pages, (ly->idx * 2 + 0) * Hkv + g, pos, k);
+		write_row(lay, s->pages, (ly->idx * 2 + 1) * Hkv + g, pos, sc->v + (size_t)t * kw + (size_t)g * hd);
+	}
+}
+
 static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 {
 	const struct ke_model *m = f->m;
@@ -83,34 +221,14 @@ static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	struct ke_scratch *sc = f->sc;
 	int n = f->n;
 	int D = c->hidden, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
-	int gated = c->attn_output_gate, half = c->rotary_dim / 2;
+	int gated = c->attn_output_gate;
 	size_t qw = (size_t)H * hd * (gated ? 2 : 1), kw = (size_t)Hkv * hd;
-	float eps = (float)c->rms_eps;
 
 	ke_gemm(&ly->q, sc->h, (size_t)D, n, sc->q, qw, 0);
 	ke_gemm(&ly->k, sc->h, (size_t)D, n, sc->k, kw, 0);
 	ke_gemm(&ly->v, sc->h, (size_t)D, n, sc->v, kw, 0);
-	for (int t = 0; t < n; t++) {
-		const float *cs = sc->cosv + (size_t)t * half, *sn = sc->sinv + (size_t)t * half;
-		for (int h = 0; h < H; h++) {
-			/* hybrid q_proj rows per head: [query hd | gate hd] */
-			const float *src = sc->q + (size_t)t * qw + (size_t)h * hd * (gated ? 2 : 1);
-			float *dst = sc->qh + ((size_t)t * H + h) * hd;
-			if (gated)
-				memcpy(sc->gate + ((size_t)t * H + h) * hd, src + hd, (size_t)hd * sizeof *src);
-			ke_vec_rmsnorm(dst, src, ly->q_norm, hd, eps);
-			rope(dst, cs, sn, half);
-		}
-		for (int g = 0; g < Hkv; g++) {
-			float *k = sc->k + (size_t)t * kw + (size_t)g * hd;
-			ke_vec_rmsnorm(k, k, ly->k_norm, hd, eps);
-			rope(k, cs, sn, half);
-			struct ke_seq *s = f->seqs[f->row_seq[t]];
-			int pos = s->pos + t - f->row0[f->row_seq[t]];
-			write_row(lay, s->pages, (ly->idx * 2 + 0) * Hkv + g, pos, k);
-			write_row(lay, s->pages, (ly->idx * 2 + 1) * Hkv + g, pos, sc->v + (size_t)t * kw + (size_t)g * hd);
-		}
-	}
+	struct qk_job qj = {f, ly};
+	par_rows(n, 8.0 * (H + 2 * Hkv) * hd, qk_row, &qj);
 	/* attention reads each sequence's own pages: one call per sequence */
 	for (int i = 0; i < f->n_seq; i++) {
 		size_t r0 = (size_t)f->row0[i] * H * hd;
@@ -132,12 +250,8 @@ static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	if (gated) {
 		/* att * sigmoid(gate), the exp on the vector path (the same bits
 		 * as ke_exp: one scalar call per element was ~5% of a prefill) */
-		size_t tot = (size_t)n * H * hd;
-		for (size_t i = 0; i < tot; i++)
-			sc->gate[i] = 0.0f - sc->gate[i];
-		ke_vec_exp(sc->gate, sc->gate, (int)tot);
-		for (size_t i = 0; i < tot; i++)
-			sc->att[i] = sc->att[i] * (1.0f / (1.0f + sc->gate[i]));
+		struct gate_job gj = {sc->att, sc->gate, (size_t)H * hd};
+		par_rows(n, 30.0 * H * hd, gate_row, &gj);
 	}
 	ke_gemm(&ly->o, sc->att, (size_t)H * hd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
 }
@@ -192,6 +306,56 @@ static void untile(float *p, float *tmp, int Hk, int Hv, int w)
 		memcpy(p + (size_t)g * w, tmp + (size_t)((g % r) * Hk + g / r) * w, (size_t)w * sizeof *p);
 }
 
+/* A DeltaNet row after the conv: q, k l2-normed (q scaled), beta =
+ * sigmoid(b), alpha = exp(-A softplus(a + dt_bias)) per value head. */
+struct dn_row_job {
+	const struct kv_model_config *c;
+	const struct ke_layer *ly;
+	struct ke_scratch *sc;
+	int C;
+};
+
+static void dn_row(const void *ctx, int t)
+{
+	const struct dn_row_job *j = ctx;
+	const struct kv_model_config *c = j->c;
+	const struct ke_layer *ly = j->ly;
+	int Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim;
+	size_t kd = (size_t)Hk * dk;
+	float qscale = (float)(1.0 / sqrt((double)dk));
+	float *row = j->sc->dq + (size_t)t * j->C;
+	for (int g = 0; g < Hk; g++) {
+		float *q = row + (size_t)g * dk, *k = row + kd + (size_t)g * dk;
+		l2norm(q, dk);
+		for (int i = 0; i < dk; i++)
+			q[i] = q[i] * qscale;
+		l2norm(k, dk);
+	}
+	for (int h = 0; h < Hv; h++) {
+		float *bp = j->sc->beta + (size_t)t * Hv + h, *ap = j->sc->alpha + (size_t)t * Hv + h;
+		float b = *bp, x = *ap + ly->dt_bias[h];
+		float sp = x > 20.0f ? x : log1pf(expf(x)); /* torch softplus, threshold 20 */
+		*bp = 1.0f / (1.0f + expf(-b));
+		*ap = expf(ly->neg_a[h] * sp);
+	}
+}
+
+/* The gated RMSNorm of a row's value heads: (norm(o) * w) * silu(z). */
+static void gnorm_row(const void *ctx, int t)
+{
+	const struct dn_row_job *j = ctx;
+	const struct kv_model_config *c = j->c;
+	int Hv = c->lin_v_heads, dv = c->lin_v_dim;
+	size_t vd = (size_t)Hv * dv;
+	for (int h = 0; h < Hv; h++) {
+		float *o = j->sc->core + (size_t)t * vd + (size_t)h * dv;
+		const float *z = j->sc->z + (size_t)t * vd + (size_t)h * dv;
+		ke_vec_rmsnorm(o, o, j->ly->gnorm, dv, (float)c->rms_eps);
+		for (int i = 0; i < dv; i++)
+			o[i] = o[i] * z[i];
+	}
+}
+
 static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 {
 	const struct ke_model *m = f->m;
@@ -201,7 +365,6 @@ static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	int D = c->hidden, Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
 	int r = Hv / Hk, K = c->conv_kernel, C = m->conv_dim, n = f->n;
 	size_t kd = (size_t)Hk * dk, vd = (size_t)Hv * dv;
-	float eps = (float)c->rms_eps;
 
 	if (ly->fused) {
 		/* Qwen3-Next: qkvz grouped per key head g as [q_g | k_g | v_g (r dv) | z_g (r dv)],
@@ -245,25 +408,9 @@ static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 		float *conv = f->seqs[f->row_seq[t]]->rec + rl->conv_off / sizeof(float);
 		ke_dn_conv(conv, ly->conv_w, sc->dq + (size_t)t * C, C, K);
 	}
-	ke_vec_silu(sc->dq, n * C);
-	float qscale = (float)(1.0 / sqrt((double)dk));
-	for (int t = 0; t < n; t++) {
-		float *row = sc->dq + (size_t)t * C;
-		for (int g = 0; g < Hk; g++) {
-			float *q = row + (size_t)g * dk, *k = row + kd + (size_t)g * dk;
-			l2norm(q, dk);
-			for (int i = 0; i < dk; i++)
-				q[i] = q[i] * qscale;
-			l2norm(k, dk);
-		}
-		for (int h = 0; h < Hv; h++) {
-			float *bp = sc->beta + (size_t)t * Hv + h, *ap = sc->alpha + (size_t)t * Hv + h;
-			float b = *bp, x = *ap + ly->dt_bias[h];
-			float sp = x > 20.0f ? x : log1pf(expf(x));   /* torch softplus, threshold 20 */
-			*bp = 1.0f / (1.0f + expf(-b));
-			*ap = expf(ly->neg_a[h] * sp);
-		}
-	}
+	silu_rows(sc->dq, NULL, n, (size_t)C);
+	struct dn_row_job rj = {c, ly, sc, C};
+	par_rows(n, 6.0 * Hk * dk + 40.0 * Hv, dn_row, &rj);
 	/* the delta rule runs through each sequence's own state S */
 	struct dn_job j = {f, rl->state_off, sc->dq, sc->beta, sc->alpha, sc->core, C};
 	size_t units = (size_t)f->n_seq * (size_t)Hv;
@@ -273,15 +420,9 @@ static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 		dn_heads(&j, 0, units, 0);
 	ke_prof_add(KE_PROF_DN, t0, 7.0 * n * Hv * dk * dv, 8.0 * n * Hv * dk * dv);
 	/* gated RMSNorm per value head: (norm(o) * w) * silu(z) */
-	ke_vec_silu(sc->z, (int)((size_t)n * vd));
-	for (int t = 0; t < n; t++)
-		for (int h = 0; h < Hv; h++) {
-			float *o = sc->core + (size_t)t * vd + (size_t)h * dv;
-			const float *z = sc->z + (size_t)t * vd + (size_t)h * dv;
-			ke_vec_rmsnorm(o, o, ly->gnorm, dv, eps);
-			for (int i = 0; i < dv; i++)
-				o[i] = o[i] * z[i];
-		}
+	silu_rows(sc->z, NULL, n, vd);
+	struct dn_row_job gj = {c, ly, sc, C};
+	par_rows(n, 6.0 * (double)vd, gnorm_row, &gj);
 	if (c->out_proj_tiled) {
 		/* out_proj kept in llama.cpp's tiled value-head order (GGUF blocks
 		 * straddle heads): feed it the heads in that order (z is dead). */
@@ -320,21 +461,19 @@ static void forward_rows(const struct ke_fwd *f, const int32_t *const *toks)
 	}
 	for (int l = 0; l < c->n_layers; l++) {
 		const struct ke_layer *ly = &m->layers[l];
-		for (int t = 0; t < n; t++)
-			ke_vec_rmsnorm(sc->h + (size_t)t * D, sc->x + (size_t)t * D, ly->in_norm, D, eps);
+		norm_rows(sc->h, sc->x, ly->in_norm, n, D, eps);
 		if (ly->type == KV_LAYER_ATTN)
 			attn_layer(f, ly);
 		else
 			dn_layer(f, ly);
-		for (int t = 0; t < n; t++)
-			ke_vec_rmsnorm(sc->h + (size_t)t * D, sc->x + (size_t)t * D, ly->post_norm, D, eps);
+		norm_rows(sc->h, sc->x, ly->post_norm, n, D, eps);
 		if (ly->moe) { /* sparse MoE block, moe.c */
 			ke_moe_forward(ly->moe, sc->h, n, D, sc->x, sc->moe);
 			continue;
 		}
 		ke_gemm(&ly->gate, sc->h, (size_t)D, n, sc->m1, (size_t)I, 0);
 		ke_gemm(&ly->up, sc->h, (size_t)D, n, sc->m2, (size_t)I, 0);
-		ke_vec_silu_mul(sc->m1, sc->m2, (int)((size_t)n * I));
+		silu_rows(sc->m1, sc->m2, n, (size_t)I);
 		ke_gemm(&ly->down, sc->m1, (size_t)I, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
 	}
 }
@@ -353,8 +492,7 @@ void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, fl
 	memset(row_seq, 0, (size_t)n * sizeof *row_seq);
 	forward_rows(&f, &tok);
 	if (rows_out) {
-		for (int t = 0; t < n; t++)
-			ke_vec_rmsnorm(sc->h + (size_t)t * D, sc->x + (size_t)t * D, m->final_norm, D, eps);
+		norm_rows(sc->h, sc->x, m->final_norm, n, D, eps);
 		ke_gemm(&m->lm_head, sc->h, (size_t)D, n, rows_out, (size_t)V, 0);
 	} else if (last_out) {
 		ke_vec_rmsnorm(sc->h, sc->x + (size_t)(n - 1) * D, m->final_norm, D, eps);
