@@ -211,15 +211,15 @@ TGT2 static void rule_avx2(float *S, const float *q, const float *k, const float
 			     const float *alpha, const float *beta, size_t sab, float *o, size_t so, int dk, int dv, \
 			     int j0) \
 	{ \
-		VT u[4], d[4], ov[4]; \
-		_Pragma("GCC unroll 4") for (int x = 0; x < NV; x++) \
+		VT u[NV], d[NV], ov[NV]; \
+		_Pragma("GCC unroll 8") for (int x = 0; x < NV; x++) \
 			u[x] = ZERO(); \
 		{ \
 			VT al = SET1(alpha[0]); \
 			for (int i = 0; i < dk; i++) { \
 				float *s = S + (size_t)i * dv + j0; \
 				VT ki = SET1(k[i]); \
-				_Pragma("GCC unroll 4") for (int x = 0; x < NV; x++) { \
+				_Pragma("GCC unroll 8") for (int x = 0; x < NV; x++) { \
 					VT sv = MUL(LOAD(s + x * W), al); \
 					STORE(s + x * W, sv); \
 					u[x] = FMA(sv, ki, u[x]); \
@@ -229,7 +229,7 @@ TGT2 static void rule_avx2(float *S, const float *q, const float *k, const float
 		for (int t = 0; t < n; t++) { \
 			const float *qt = q + (size_t)t * sq, *kt = k + (size_t)t * sq, *vt = v + (size_t)t * sq; \
 			VT be = SET1(beta[(size_t)t * sab]); \
-			_Pragma("GCC unroll 4") for (int x = 0; x < NV; x++) { \
+			_Pragma("GCC unroll 8") for (int x = 0; x < NV; x++) { \
 				d[x] = MUL(SUB(LOAD(vt + j0 + x * W), u[x]), be); \
 				ov[x] = ZERO(); \
 				u[x] = ZERO(); \
@@ -240,7 +240,7 @@ TGT2 static void rule_avx2(float *S, const float *q, const float *k, const float
 				for (int i = 0; i < dk; i++) { \
 					float *s = S + (size_t)i * dv + j0; \
 					VT ki = SET1(kt[i]), qi = SET1(qt[i]), kni = SET1(kn[i]); \
-					_Pragma("GCC unroll 4") for (int x = 0; x < NV; x++) { \
+					_Pragma("GCC unroll 8") for (int x = 0; x < NV; x++) { \
 						VT sv = FMA(ki, d[x], LOAD(s + x * W)); \
 						ov[x] = FMA(sv, qi, ov[x]); \
 						sv = MUL(sv, al); \
@@ -252,7 +252,7 @@ TGT2 static void rule_avx2(float *S, const float *q, const float *k, const float
 				for (int i = 0; i < dk; i++) { \
 					float *s = S + (size_t)i * dv + j0; \
 					VT ki = SET1(kt[i]), qi = SET1(qt[i]); \
-					_Pragma("GCC unroll 4") for (int x = 0; x < NV; x++) { \
+					_Pragma("GCC unroll 8") for (int x = 0; x < NV; x++) { \
 						VT sv = FMA(ki, d[x], LOAD(s + x * W)); \
 						STORE(s + x * W, sv); \
 						ov[x] = FMA(sv, qi, ov[x]); \
@@ -260,7 +260,7 @@ TGT2 static void rule_avx2(float *S, const float *q, const float *k, const float
 				} \
 			} \
 			float *ot = o + (size_t)t * so + j0; \
-			_Pragma("GCC unroll 4") for (int x = 0; x < NV; x++) \
+			_Pragma("GCC unroll 8") for (int x = 0; x < NV; x++) \
 				STORE(ot + x * W, ov[x]); \
 		} \
 	}
@@ -273,6 +273,12 @@ TGT2 static void rule_avx2(float *S, const float *q, const float *k, const float
 #define DN_SWEEP_(...) DN_SWEEP(__VA_ARGS__)
 DN_SWEEP_(sweep_avx2_4, 4, AVX2_OPS)
 DN_SWEEP_(sweep_avx2_1, 1, AVX2_OPS)
+/* 128-column strips where dv allows: 8 independent o / u chains per row
+ * of S instead of 4 (the 4-wide strip waited on their latency) and the
+ * three broadcasts of a row shared by twice the columns; the strip's 64
+ * KiB of S (dk = 128) comes from L2. One thread, 8 heads of dk = dv = 128,
+ * 256 tokens: 59.6 -> 69-76 GFLOP/s. 29 zmm registers, no spills. */
+DN_SWEEP_(sweep_avx512_8, 8, AVX512_OPS)
 DN_SWEEP_(sweep_avx512_4, 4, AVX512_OPS)
 DN_SWEEP_(sweep_avx512_1, 1, AVX512_OPS)
 
@@ -356,6 +362,8 @@ void ke_dn_rule_seq(int isa, float *S, int n, const float *q, const float *k, co
 	}
 	if (isa >= KE_ISA_AVX512 && dv % 16 == 0) {
 		int j0 = 0;
+		for (; j0 + 128 <= dv; j0 += 128)
+			sweep_avx512_8(S, n, q, k, v, sq, alpha, beta, sab, o, so, dk, dv, j0);
 		for (; j0 + 64 <= dv; j0 += 64)
 			sweep_avx512_4(S, n, q, k, v, sq, alpha, beta, sab, o, so, dk, dv, j0);
 		for (; j0 < dv; j0 += 16)

@@ -705,10 +705,11 @@ KT_CASE(deltanet_rule_matches_double_and_paths_agree)
 /* ke_dn_rule_seq on every path (one token: the decode kernel; several:
  * the fused sweep) leaves S and the outputs bit-identical to the scalar
  * rule run token by token, for head sizes that take the 128-column
- * blocks, the 16-column tail, both, and no SIMD path at all. */
+ * blocks (decode; the prefill sweep's 128- and 64-column strips), the
+ * 16-column tail, all of them, and no SIMD path at all. */
 KT_CASE(deltanet_rule_seq_paths_match_scalar_token_by_token)
 {
-	static const int dvs[] = {16, 40, 128, 144, 256};
+	static const int dvs[] = {16, 40, 80, 128, 144, 208, 256};
 	int dk = 32, T = 7;
 	for (size_t di = 0; di < sizeof dvs / sizeof dvs[0]; di++) {
 		int dv = dvs[di], C = 2 * dk + dv;
