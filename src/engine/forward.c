@@ -356,6 +356,32 @@ static void gnorm_row(const void *ctx, int t)
 	}
 }
 
+/* The causal conv of a chunk, token by token through each sequence's conv
+ * state, over a range of channel blocks: channels are independent (each
+ * has its own K - 1 state values and kernel), so blocks run on different
+ * threads with every channel's operations and order unchanged. */
+#define CONV_BLOCK 64
+struct conv_job {
+	const struct ke_fwd *f;
+	const struct ke_layer *ly;
+	size_t conv_off; /* bytes into a sequence's rec: this layer's state [C][K - 1] */
+	float *dq;       /* [n][C] */
+	int C, K;
+};
+
+static void conv_part(void *ctx, size_t b, size_t e, int thread)
+{
+	const struct conv_job *j = ctx;
+	const struct ke_fwd *f = j->f;
+	(void)thread;
+	int c0 = (int)b * CONV_BLOCK, c1 = (int)e * CONV_BLOCK < j->C ? (int)e * CONV_BLOCK : j->C;
+	for (int t = 0; t < f->n; t++) {
+		float *conv = f->seqs[f->row_seq[t]]->rec + j->conv_off / sizeof(float);
+		ke_dn_conv(conv + (size_t)c0 * (j->K - 1), j->ly->conv_w + (size_t)c0 * j->K, j->dq + (size_t)t * j->C + c0,
+			   c1 - c0, j->K);
+	}
+}
+
 static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 {
 	const struct ke_model *m = f->m;
@@ -404,10 +430,12 @@ static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	}
 	/* causal conv, token by token through each sequence's conv state, then SiLU */
 	double t0 = ke_prof_t0();
-	for (int t = 0; t < n; t++) {
-		float *conv = f->seqs[f->row_seq[t]]->rec + rl->conv_off / sizeof(float);
-		ke_dn_conv(conv, ly->conv_w, sc->dq + (size_t)t * C, C, K);
-	}
+	struct conv_job cj = {f, ly, rl->conv_off, sc->dq, C, K};
+	size_t cblocks = ((size_t)C + CONV_BLOCK - 1) / CONV_BLOCK;
+	if (n > 1 && 2.0 * n * C * K >= KE_PAR_MIN_WORK / 4)
+		kv_pool_for(kv_pool_global(), cblocks, 1, conv_part, &cj);
+	else
+		conv_part(&cj, 0, cblocks, 0);
 	silu_rows(sc->dq, NULL, n, (size_t)C);
 	struct dn_row_job rj = {c, ly, sc, C};
 	par_rows(n, 6.0 * Hk * dk + 40.0 * Hv, dn_row, &rj);
