@@ -67,6 +67,11 @@ static int qk_rows(int hd)
 	return q < 6 ? 6 : q;
 }
 
+/* Keys per register tile of the lane-wise scores (qk_lanes), and the
+ * floats of its stack of partial sums (4 levels x 8 keys x 3 vectors). */
+#define QK_NK 8
+#define QK_STACK (4 * QK_NK * 3 * 16)
+
 /* Chunk states of the decode split: this many tiles' worth per thread. */
 #define SLOT_TILES 2
 /* Rows from which a tile widens its key/value blocks to f32. */
@@ -81,13 +86,16 @@ struct tile_scr {
 	float *M, *L; /* [R] merged chunks before the current one */
 	float *ACC;   /* [R][hd] */
 	float *kf;    /* [WB][hd] widened keys or values */
+	float *qT;    /* [hd][round up(R, 16)] queries transposed (qk_lanes) */
+	float *stk;   /* QK_STACK */
 	float *slots; /* SLOT_TILES x rmax x (hd + 2) */
 };
 
 static size_t scr_floats(int rmax, int hd)
 {
 	size_t r = (size_t)rmax, h = (size_t)hd;
-	return 2u * KE_ATTN_BLOCK * r + 3 * r * h + 6 * r + WB * h + SLOT_TILES * r * (h + 2) + 16u;
+	return 2u * KE_ATTN_BLOCK * r + 3 * r * h + 6 * r + WB * h + h * (r + 16) + QK_STACK +
+	       SLOT_TILES * r * (h + 2) + 16u;
 }
 
 size_t ke_attn_scratch_floats(int group, int head_dim)
@@ -117,6 +125,10 @@ static void scr_carve(struct tile_scr *s, float *p, int rmax, int hd)
 	p += 6 * r;
 	s->kf = p;
 	p += WB * h;
+	s->qT = p;
+	p += h * (r + 16);
+	s->stk = p;
+	p += QK_STACK;
 	s->slots = p;
 }
 
@@ -182,11 +194,17 @@ TGT5 static inline __m512 ld16(const char *p, int bf)
 	return _mm512_loadu_ps((const float *)(const void *)p);
 }
 
-/* n (a multiple of 16) bf16 values to f32 (exact). */
+/* n (a multiple of 16) bf16 values to f32 (exact): one word permute puts
+ * value i in the high half of dword i and zeroes the low halves (1 uop,
+ * where zero-extend + shift is 2). */
 TGT5 static void widen_avx512(float *y, const char *x, int n)
 {
-	for (int i = 0; i < n; i += 16)
-		_mm512_storeu_ps(y + i, ld16(x + 2 * i, 1));
+	const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4,
+					     0, 3, 0, 2, 0, 1, 0, 0, 0);
+	for (int i = 0; i < n; i += 16) {
+		__m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(x + 2 * i)));
+		_mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, idx, v)));
+	}
 }
 
 /* The same strip with 32 columns in two 16-lane registers per row, up to
@@ -274,6 +292,120 @@ static const pv_fn g_pv5w[2][5] = {{pv5w_1_0, pv5w_2_0, pv5w_3_0, pv5w_4_0, pv5w
 				   {pv5w_1_1, pv5w_2_1, pv5w_3_1, pv5w_4_1, pv5w_5_1}};
 static const pv_fn g_pv5[2][6] = {{pv5_1_0, pv5_2_0, pv5_3_0, pv5_4_0, pv5_5_0, pv5_6_0},
 				  {pv5_1_1, pv5_2_1, pv5_3_1, pv5_4_1, pv5_5_1, pv5_6_1}};
+
+/* Scores with the query rows in the lanes (AVX-512, hd a multiple of 16):
+ * qt is the tile's queries transposed, qt[k * ldq + r], so one vector holds
+ * element k of 16 query rows and one fma per (key, 16 rows) advances lane
+ * class j = k % 16 of the canonical 16-lane accumulators of all 16 scores
+ * at once. The accumulator of class j is computed alone (k = j, j + 16,
+ * ..., one fma each, from 0: the gemm's lane j), and the classes are
+ * summed in the canonical tree (gemm.h: j + j+8, then + j+4, + j+2, 0 + 1)
+ * by visiting them in bit-reversed order with a stack of partial sums: the
+ * same operations on the same values as the gemm tile, so the same bits,
+ * but the tree costs one vertical add per 16 scores per level instead of
+ * lane shuffles per score, and no load is folded twice. */
+static const int g_leaf[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+
+/* NK keys (kf + kk * hd; keys >= nk repeat key nk - 1 and are not stored)
+ * x NV vectors of 16 rows from row v0; scores st[kk * ldst + r], rows < R. */
+TGT5 static inline __attribute__((always_inline)) void qk_lanes_tile(const int NV, const int HD, const float *kf,
+								     int nk, int hd, const float *qt, int ldq, int v0,
+								     float *st, int ldst, int R, float *stk)
+{
+	/* HD > 0: the head size as a constant (one key pointer with fixed
+	 * offsets, the k loop unrolled) */
+	if (HD)
+		hd = HD;
+	__m512 a[QK_NK][3];
+	float stk_l[QK_STACK] __attribute__((aligned(64)));
+	stk = stk_l;
+	const float *kp[QK_NK];
+#pragma GCC unroll 8
+	for (int kk = 0; kk < QK_NK; kk++)
+#pragma GCC unroll 3
+		for (int v = 0; v < 3; v++)
+			a[kk][v] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+	for (int kk = 0; kk < QK_NK; kk++)
+		kp[kk] = kf + (size_t)(kk < nk ? kk : nk - 1) * hd;
+	int sp = 0;
+	for (int i = 0; i < 16; i++) {
+		int j = g_leaf[i];
+#pragma GCC unroll 8
+		for (int kk = 0; kk < QK_NK; kk++)
+#pragma GCC unroll 3
+			for (int v = 0; v < NV; v++)
+				a[kk][v] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+		for (int k = j; k < hd; k += 16) {
+			const float *q = qt + (size_t)k * ldq + v0;
+			__m512 qv[3];
+#pragma GCC unroll 3
+			for (int v = 0; v < NV; v++)
+				qv[v] = _mm512_loadu_ps(q + 16 * v);
+#pragma GCC unroll 8
+			for (int kk = 0; kk < QK_NK; kk++) {
+				__m512 kb = _mm512_set1_ps(HD && nk == QK_NK ? kf[kk * HD + k] : kp[kk][k]);
+#pragma GCC unroll 3
+				for (int v = 0; v < NV; v++)
+					a[kk][v] = _mm512_fmadd_ps(kb, qv[v], a[kk][v]);
+			}
+		}
+		/* the tree: leaf i closes ctz(i + 1) pairs */
+		for (int c = i + 1; !(c & 1); c >>= 1) {
+			sp--;
+#pragma GCC unroll 8
+			for (int kk = 0; kk < QK_NK; kk++)
+#pragma GCC unroll 3
+				for (int v = 0; v < NV; v++)
+					a[kk][v] = _mm512_add_ps(_mm512_loadu_ps(stk + ((size_t)(sp * QK_NK + kk) * 3 + v) * 16),
+								 a[kk][v]);
+		}
+		if (i < 15) {
+#pragma GCC unroll 8
+			for (int kk = 0; kk < QK_NK; kk++)
+#pragma GCC unroll 3
+				for (int v = 0; v < NV; v++)
+					_mm512_storeu_ps(stk + ((size_t)(sp * QK_NK + kk) * 3 + v) * 16, a[kk][v]);
+			sp++;
+		}
+	}
+#pragma GCC unroll 3
+	for (int v = 0; v < NV; v++) {
+		int left = R - (v0 + 16 * v);
+		__mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+#pragma GCC unroll 8
+		for (int kk = 0; kk < QK_NK; kk++)
+			if (kk < nk)
+				_mm512_mask_storeu_ps(st + (size_t)kk * ldst + v0 + 16 * v, m, a[kk][v]);
+	}
+}
+
+#define QKL(nv, HD) \
+	TGT5 static void qk_lanes_##nv##_##HD(const float *kf, int nk, int hd, const float *qt, int ldq, int v0, \
+					      float *st, int ldst, int R, float *stk) \
+	{ qk_lanes_tile(nv, HD, kf, nk, hd, qt, ldq, v0, st, ldst, R, stk); }
+QKL(1, 0) QKL(2, 0) QKL(3, 0) QKL(1, 128) QKL(2, 128) QKL(3, 128) QKL(1, 256) QKL(2, 256) QKL(3, 256)
+typedef void (*qk_fn)(const float *, int, int, const float *, int, int, float *, int, int, float *);
+static const qk_fn g_qk[3][3] = {{qk_lanes_1_0, qk_lanes_2_0, qk_lanes_3_0},
+				 {qk_lanes_1_128, qk_lanes_2_128, qk_lanes_3_128},
+				 {qk_lanes_1_256, qk_lanes_2_256, qk_lanes_3_256}};
+
+/* st[j * R + r] = gemm-dot(k_j, q_r) for keys j < n (kf + j * hd) and
+ * rows [r0, R) (rows of the first vector below r0 get scores too: nothing
+ * reads them). */
+TGT5 static void qk_lanes(const float *kf, int n, int hd, const float *qt, int ldq, float *st, int R, int r0,
+			  float *stk)
+{
+	for (int k0 = 0; k0 < n; k0 += QK_NK) {
+		int nk = n - k0 < QK_NK ? n - k0 : QK_NK;
+		for (int v0 = r0 & ~15; v0 < R; v0 += 48) {
+			int nv = (R - v0 + 15) / 16;
+			g_qk[hd == 128 ? 1 : hd == 256 ? 2 : 0][(nv < 3 ? nv : 3) - 1](
+				kf + (size_t)k0 * hd, nk, hd, qt, ldq, v0, st + (size_t)k0 * R, R, R, stk);
+		}
+	}
+}
 
 /* acc[i][d] = fma(P[j][i], V_j[d], acc[i][d]) for j ascending, i < G:
  * the same operations, element by element, as pv_scalar below. */
@@ -488,6 +620,16 @@ static void sm_sum(const float *st, int R, int nbm, int base, int G, float *sum,
 			sum[r] = sum[r] + st[(size_t)j * R + r];
 }
 
+static void scores_lanes(const float *kf, int n, int hd, const float *qt, int ldq, float *st, int R, int r0,
+			 float *stk)
+{
+#if defined(__x86_64__)
+	qk_lanes(kf, n, hd, qt, ldq, st, R, r0, stk);
+#else
+	(void)kf, (void)n, (void)hd, (void)qt, (void)ldq, (void)st, (void)R, (void)r0, (void)stk;
+#endif
+}
+
 static void pv_scalar(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int G, int hd, int bf)
 {
 	for (int j = 0; j < nb; j++)
@@ -576,6 +718,15 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 		m[i] = -FLT_MAX;
 		l[i] = 0.0f;
 	}
+	/* lanes: the scores with the rows in the lanes (qk_lanes) */
+	int lanes = wide && isa >= KE_ISA_AVX512 && hd % 16 == 0, ldq = (R + 15) & ~15;
+	if (lanes)
+		for (int k = 0; k < hd; k++) {
+			for (int r = 0; r < R; r++)
+				s->qT[(size_t)k * ldq + r] = s->qt[(size_t)r * hd + k];
+			for (int r = R; r < ldq; r++)
+				s->qT[(size_t)k * ldq + r] = 0.0f;
+		}
 	struct ke_mat qm = {s->qt, KV_DT_F32, R, hd, (size_t)hd};
 	const char *vrow[KE_ATTN_BLOCK], *krow[KE_ATTN_BLOCK];
 	for (int b0 = kb; b0 < ke; b0 += KE_ATTN_BLOCK) {
@@ -612,7 +763,17 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 			}
 			j += n;
 		}
-		if (wide && bf) {
+		if (lanes) {
+			for (int w0 = 0; w0 < nbm; w0 += wb) {
+				int n = nbm - w0 < wb ? nbm - w0 : wb;
+				for (int j = 0; j < n; j++)
+					if (bf)
+						widen(s->kf + (size_t)j * hd, krow[w0 + j], hd, isa);
+					else
+						memcpy(s->kf + (size_t)j * hd, krow[w0 + j], (size_t)hd * sizeof *s->kf);
+				scores_lanes(s->kf, n, hd, s->qT, ldq, s->st + (size_t)w0 * R, R, r0, s->stk);
+			}
+		} else if (wide && bf) {
 			for (int w0 = 0; w0 < nbm; w0 += wb) {
 				int n = nbm - w0 < wb ? nbm - w0 : wb;
 				for (int j = 0; j < n; j++)
