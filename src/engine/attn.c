@@ -87,14 +87,13 @@ struct tile_scr {
 	float *ACC;   /* [R][hd] */
 	float *kf;    /* [WB][hd] widened keys or values */
 	float *qT;    /* [hd][round up(R, 16)] queries transposed (qk_lanes) */
-	float *stk;   /* QK_STACK */
 	float *slots; /* SLOT_TILES x rmax x (hd + 2) */
 };
 
 static size_t scr_floats(int rmax, int hd)
 {
 	size_t r = (size_t)rmax, h = (size_t)hd;
-	return 2u * KE_ATTN_BLOCK * r + 3 * r * h + 6 * r + WB * h + h * (r + 16) + QK_STACK +
+	return 2u * KE_ATTN_BLOCK * r + 3 * r * h + 6 * r + WB * h + h * (r + 16) +
 	       SLOT_TILES * r * (h + 2) + 16u;
 }
 
@@ -127,8 +126,6 @@ static void scr_carve(struct tile_scr *s, float *p, int rmax, int hd)
 	p += WB * h;
 	s->qT = p;
 	p += h * (r + 16);
-	s->stk = p;
-	p += QK_STACK;
 	s->slots = p;
 }
 
@@ -235,14 +232,15 @@ TGT5 static inline __attribute__((always_inline)) void pv_strip5(const int GS, f
 	}
 }
 
-/* 64 columns (four registers per row), up to 5 rows: 20 accumulators,
- * so each broadcast weight feeds four fmas instead of two. */
+/* 64 columns (four registers per row), up to 6 rows: 24 accumulators,
+ * so each broadcast weight feeds four fmas instead of two (a 48-row tile
+ * is 8 strips; 5 rows left a strip of 3). */
 TGT5 static inline __attribute__((always_inline)) void pv_strip5w(const int GS, float *acc, const float *P, int ldp,
 								  const char *const *vrow, int nb, int hd, int d0, int bf)
 {
 	size_t es = bf ? 2 : 4;
-	__m512 a[5][4];
-#pragma GCC unroll 5
+	__m512 a[6][4];
+#pragma GCC unroll 6
 	for (int i = 0; i < GS; i++)
 #pragma GCC unroll 4
 		for (int c = 0; c < 4; c++)
@@ -252,7 +250,7 @@ TGT5 static inline __attribute__((always_inline)) void pv_strip5w(const int GS, 
 #pragma GCC unroll 4
 		for (int c = 0; c < 4; c++)
 			v[c] = ld16(vrow[j] + (size_t)(d0 + 16 * c) * es, bf);
-#pragma GCC unroll 5
+#pragma GCC unroll 6
 		for (int i = 0; i < GS; i++) {
 			__m512 p = _mm512_set1_ps(P[(size_t)j * ldp + i]);
 #pragma GCC unroll 4
@@ -260,7 +258,7 @@ TGT5 static inline __attribute__((always_inline)) void pv_strip5w(const int GS, 
 				a[i][c] = _mm512_fmadd_ps(p, v[c], a[i][c]);
 		}
 	}
-#pragma GCC unroll 5
+#pragma GCC unroll 6
 	for (int i = 0; i < GS; i++)
 #pragma GCC unroll 4
 		for (int c = 0; c < 4; c++)
@@ -271,8 +269,8 @@ TGT5 static inline __attribute__((always_inline)) void pv_strip5w(const int GS, 
 	TGT5 static void pv5w_##gs##_##bf(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
 					  int d0) \
 	{ pv_strip5w(gs, acc, P, ldp, vrow, nb, hd, d0, bf); }
-PVS5W(1, 0) PVS5W(2, 0) PVS5W(3, 0) PVS5W(4, 0) PVS5W(5, 0)
-PVS5W(1, 1) PVS5W(2, 1) PVS5W(3, 1) PVS5W(4, 1) PVS5W(5, 1)
+PVS5W(1, 0) PVS5W(2, 0) PVS5W(3, 0) PVS5W(4, 0) PVS5W(5, 0) PVS5W(6, 0)
+PVS5W(1, 1) PVS5W(2, 1) PVS5W(3, 1) PVS5W(4, 1) PVS5W(5, 1) PVS5W(6, 1)
 
 #define PVS5(gs, bf) \
 	TGT5 static void pv5_##gs##_##bf(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
@@ -288,8 +286,8 @@ PVS5(1, 1) PVS5(2, 1) PVS5(3, 1) PVS5(4, 1) PVS5(5, 1) PVS5(6, 1)
 PVS(1, 0) PVS(2, 0) PVS(3, 0) PVS(4, 0) PVS(1, 1) PVS(2, 1) PVS(3, 1) PVS(4, 1)
 typedef void (*pv_fn)(float *, const float *, int, const char *const *, int, int, int);
 static const pv_fn g_pv[2][4] = {{pv_1_0, pv_2_0, pv_3_0, pv_4_0}, {pv_1_1, pv_2_1, pv_3_1, pv_4_1}};
-static const pv_fn g_pv5w[2][5] = {{pv5w_1_0, pv5w_2_0, pv5w_3_0, pv5w_4_0, pv5w_5_0},
-				   {pv5w_1_1, pv5w_2_1, pv5w_3_1, pv5w_4_1, pv5w_5_1}};
+static const pv_fn g_pv5w[2][6] = {{pv5w_1_0, pv5w_2_0, pv5w_3_0, pv5w_4_0, pv5w_5_0, pv5w_6_0},
+				   {pv5w_1_1, pv5w_2_1, pv5w_3_1, pv5w_4_1, pv5w_5_1, pv5w_6_1}};
 static const pv_fn g_pv5[2][6] = {{pv5_1_0, pv5_2_0, pv5_3_0, pv5_4_0, pv5_5_0, pv5_6_0},
 				  {pv5_1_1, pv5_2_1, pv5_3_1, pv5_4_1, pv5_5_1, pv5_6_1}};
 
@@ -310,15 +308,14 @@ static const int g_leaf[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7,
  * x NV vectors of 16 rows from row v0; scores st[kk * ldst + r], rows < R. */
 TGT5 static inline __attribute__((always_inline)) void qk_lanes_tile(const int NV, const int HD, const float *kf,
 								     int nk, int hd, const float *qt, int ldq, int v0,
-								     float *st, int ldst, int R, float *stk)
+								     float *st, int ldst, int R)
 {
 	/* HD > 0: the head size as a constant (one key pointer with fixed
 	 * offsets, the k loop unrolled) */
 	if (HD)
 		hd = HD;
 	__m512 a[QK_NK][3];
-	float stk_l[QK_STACK] __attribute__((aligned(64)));
-	stk = stk_l;
+	float stk[QK_STACK] __attribute__((aligned(64))); /* partial sums */
 	const float *kp[QK_NK];
 #pragma GCC unroll 8
 	for (int kk = 0; kk < QK_NK; kk++)
@@ -383,10 +380,10 @@ TGT5 static inline __attribute__((always_inline)) void qk_lanes_tile(const int N
 
 #define QKL(nv, HD) \
 	TGT5 static void qk_lanes_##nv##_##HD(const float *kf, int nk, int hd, const float *qt, int ldq, int v0, \
-					      float *st, int ldst, int R, float *stk) \
-	{ qk_lanes_tile(nv, HD, kf, nk, hd, qt, ldq, v0, st, ldst, R, stk); }
+					      float *st, int ldst, int R) \
+	{ qk_lanes_tile(nv, HD, kf, nk, hd, qt, ldq, v0, st, ldst, R); }
 QKL(1, 0) QKL(2, 0) QKL(3, 0) QKL(1, 128) QKL(2, 128) QKL(3, 128) QKL(1, 256) QKL(2, 256) QKL(3, 256)
-typedef void (*qk_fn)(const float *, int, int, const float *, int, int, float *, int, int, float *);
+typedef void (*qk_fn)(const float *, int, int, const float *, int, int, float *, int, int);
 static const qk_fn g_qk[3][3] = {{qk_lanes_1_0, qk_lanes_2_0, qk_lanes_3_0},
 				 {qk_lanes_1_128, qk_lanes_2_128, qk_lanes_3_128},
 				 {qk_lanes_1_256, qk_lanes_2_256, qk_lanes_3_256}};
@@ -394,15 +391,14 @@ static const qk_fn g_qk[3][3] = {{qk_lanes_1_0, qk_lanes_2_0, qk_lanes_3_0},
 /* st[j * R + r] = gemm-dot(k_j, q_r) for keys j < n (kf + j * hd) and
  * rows [r0, R) (rows of the first vector below r0 get scores too: nothing
  * reads them). */
-TGT5 static void qk_lanes(const float *kf, int n, int hd, const float *qt, int ldq, float *st, int R, int r0,
-			  float *stk)
+TGT5 static void qk_lanes(const float *kf, int n, int hd, const float *qt, int ldq, float *st, int R, int r0)
 {
 	for (int k0 = 0; k0 < n; k0 += QK_NK) {
 		int nk = n - k0 < QK_NK ? n - k0 : QK_NK;
 		for (int v0 = r0 & ~15; v0 < R; v0 += 48) {
 			int nv = (R - v0 + 15) / 16;
 			g_qk[hd == 128 ? 1 : hd == 256 ? 2 : 0][(nv < 3 ? nv : 3) - 1](
-				kf + (size_t)k0 * hd, nk, hd, qt, ldq, v0, st + (size_t)k0 * R, R, R, stk);
+				kf + (size_t)k0 * hd, nk, hd, qt, ldq, v0, st + (size_t)k0 * R, R, R);
 		}
 	}
 }
@@ -415,8 +411,8 @@ static void pv_avx2(float *acc, const float *P, int ldp, const char *const *vrow
 	int d0 = 0;
 	if (isa >= KE_ISA_AVX512 && G >= 4)
 		for (; d0 + 64 <= hd; d0 += 64)
-			for (int g0 = 0; g0 < G; g0 += 5) {
-				int gs = G - g0 < 5 ? G - g0 : 5;
+			for (int g0 = 0; g0 < G; g0 += 6) {
+				int gs = G - g0 < 6 ? G - g0 : 6;
 				g_pv5w[bf][gs - 1](acc + (size_t)g0 * hd, P + g0, ldp, vrow, nb, hd, d0);
 			}
 	if (isa >= KE_ISA_AVX512)
@@ -620,13 +616,12 @@ static void sm_sum(const float *st, int R, int nbm, int base, int G, float *sum,
 			sum[r] = sum[r] + st[(size_t)j * R + r];
 }
 
-static void scores_lanes(const float *kf, int n, int hd, const float *qt, int ldq, float *st, int R, int r0,
-			 float *stk)
+static void scores_lanes(const float *kf, int n, int hd, const float *qt, int ldq, float *st, int R, int r0)
 {
 #if defined(__x86_64__)
-	qk_lanes(kf, n, hd, qt, ldq, st, R, r0, stk);
+	qk_lanes(kf, n, hd, qt, ldq, st, R, r0);
 #else
-	(void)kf, (void)n, (void)hd, (void)qt, (void)ldq, (void)st, (void)R, (void)r0, (void)stk;
+	(void)kf, (void)n, (void)hd, (void)qt, (void)ldq, (void)st, (void)R, (void)r0;
 #endif
 }
 
@@ -766,12 +761,13 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 		if (lanes) {
 			for (int w0 = 0; w0 < nbm; w0 += wb) {
 				int n = nbm - w0 < wb ? nbm - w0 : wb;
-				for (int j = 0; j < n; j++)
+				for (int j = 0; j < n; j++) {
 					if (bf)
 						widen(s->kf + (size_t)j * hd, krow[w0 + j], hd, isa);
 					else
 						memcpy(s->kf + (size_t)j * hd, krow[w0 + j], (size_t)hd * sizeof *s->kf);
-				scores_lanes(s->kf, n, hd, s->qT, ldq, s->st + (size_t)w0 * R, R, r0, s->stk);
+				}
+				scores_lanes(s->kf, n, hd, s->qT, ldq, s->st + (size_t)w0 * R, R, r0);
 			}
 		} else if (wide && bf) {
 			for (int w0 = 0; w0 < nbm; w0 += wb) {
