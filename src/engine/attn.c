@@ -232,15 +232,15 @@ TGT5 static inline __attribute__((always_inline)) void pv_strip5(const int GS, f
 	}
 }
 
-/* 64 columns (four registers per row), up to 6 rows: 24 accumulators,
- * so each broadcast weight feeds four fmas instead of two (a 48-row tile
- * is 8 strips; 5 rows left a strip of 3). */
+/* 64 columns (four registers per row), up to 5 rows: 20 accumulators,
+ * so each broadcast weight feeds four fmas instead of two. (Strips of 6
+ * rows, 24 accumulators, measured ~5% slower.) */
 TGT5 static inline __attribute__((always_inline)) void pv_strip5w(const int GS, float *acc, const float *P, int ldp,
 								  const char *const *vrow, int nb, int hd, int d0, int bf)
 {
 	size_t es = bf ? 2 : 4;
-	__m512 a[6][4];
-#pragma GCC unroll 6
+	__m512 a[5][4];
+#pragma GCC unroll 5
 	for (int i = 0; i < GS; i++)
 #pragma GCC unroll 4
 		for (int c = 0; c < 4; c++)
@@ -250,7 +250,7 @@ TGT5 static inline __attribute__((always_inline)) void pv_strip5w(const int GS, 
 #pragma GCC unroll 4
 		for (int c = 0; c < 4; c++)
 			v[c] = ld16(vrow[j] + (size_t)(d0 + 16 * c) * es, bf);
-#pragma GCC unroll 6
+#pragma GCC unroll 5
 		for (int i = 0; i < GS; i++) {
 			__m512 p = _mm512_set1_ps(P[(size_t)j * ldp + i]);
 #pragma GCC unroll 4
@@ -258,7 +258,7 @@ TGT5 static inline __attribute__((always_inline)) void pv_strip5w(const int GS, 
 				a[i][c] = _mm512_fmadd_ps(p, v[c], a[i][c]);
 		}
 	}
-#pragma GCC unroll 6
+#pragma GCC unroll 5
 	for (int i = 0; i < GS; i++)
 #pragma GCC unroll 4
 		for (int c = 0; c < 4; c++)
@@ -269,8 +269,8 @@ TGT5 static inline __attribute__((always_inline)) void pv_strip5w(const int GS, 
 	TGT5 static void pv5w_##gs##_##bf(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
 					  int d0) \
 	{ pv_strip5w(gs, acc, P, ldp, vrow, nb, hd, d0, bf); }
-PVS5W(1, 0) PVS5W(2, 0) PVS5W(3, 0) PVS5W(4, 0) PVS5W(5, 0) PVS5W(6, 0)
-PVS5W(1, 1) PVS5W(2, 1) PVS5W(3, 1) PVS5W(4, 1) PVS5W(5, 1) PVS5W(6, 1)
+PVS5W(1, 0) PVS5W(2, 0) PVS5W(3, 0) PVS5W(4, 0) PVS5W(5, 0)
+PVS5W(1, 1) PVS5W(2, 1) PVS5W(3, 1) PVS5W(4, 1) PVS5W(5, 1)
 
 #define PVS5(gs, bf) \
 	TGT5 static void pv5_##gs##_##bf(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
@@ -286,8 +286,8 @@ PVS5(1, 1) PVS5(2, 1) PVS5(3, 1) PVS5(4, 1) PVS5(5, 1) PVS5(6, 1)
 PVS(1, 0) PVS(2, 0) PVS(3, 0) PVS(4, 0) PVS(1, 1) PVS(2, 1) PVS(3, 1) PVS(4, 1)
 typedef void (*pv_fn)(float *, const float *, int, const char *const *, int, int, int);
 static const pv_fn g_pv[2][4] = {{pv_1_0, pv_2_0, pv_3_0, pv_4_0}, {pv_1_1, pv_2_1, pv_3_1, pv_4_1}};
-static const pv_fn g_pv5w[2][6] = {{pv5w_1_0, pv5w_2_0, pv5w_3_0, pv5w_4_0, pv5w_5_0, pv5w_6_0},
-				   {pv5w_1_1, pv5w_2_1, pv5w_3_1, pv5w_4_1, pv5w_5_1, pv5w_6_1}};
+static const pv_fn g_pv5w[2][5] = {{pv5w_1_0, pv5w_2_0, pv5w_3_0, pv5w_4_0, pv5w_5_0},
+				   {pv5w_1_1, pv5w_2_1, pv5w_3_1, pv5w_4_1, pv5w_5_1}};
 static const pv_fn g_pv5[2][6] = {{pv5_1_0, pv5_2_0, pv5_3_0, pv5_4_0, pv5_5_0, pv5_6_0},
 				  {pv5_1_1, pv5_2_1, pv5_3_1, pv5_4_1, pv5_5_1, pv5_6_1}};
 
@@ -382,11 +382,10 @@ TGT5 static inline __attribute__((always_inline)) void qk_lanes_tile(const int N
 	TGT5 static void qk_lanes_##nv##_##HD(const float *kf, int nk, int hd, const float *qt, int ldq, int v0, \
 					      float *st, int ldst, int R) \
 	{ qk_lanes_tile(nv, HD, kf, nk, hd, qt, ldq, v0, st, ldst, R); }
-QKL(1, 0) QKL(2, 0) QKL(3, 0) QKL(1, 128) QKL(2, 128) QKL(3, 128) QKL(1, 256) QKL(2, 256) QKL(3, 256)
+QKL(1, 0) QKL(2, 0) QKL(3, 0) QKL(1, 128) QKL(2, 128) QKL(3, 128)
 typedef void (*qk_fn)(const float *, int, int, const float *, int, int, float *, int, int);
-static const qk_fn g_qk[3][3] = {{qk_lanes_1_0, qk_lanes_2_0, qk_lanes_3_0},
-				 {qk_lanes_1_128, qk_lanes_2_128, qk_lanes_3_128},
-				 {qk_lanes_1_256, qk_lanes_2_256, qk_lanes_3_256}};
+static const qk_fn g_qk[2][3] = {{qk_lanes_1_0, qk_lanes_2_0, qk_lanes_3_0},
+				 {qk_lanes_1_128, qk_lanes_2_128, qk_lanes_3_128}};
 
 /* st[j * R + r] = gemm-dot(k_j, q_r) for keys j < n (kf + j * hd) and
  * rows [r0, R) (rows of the first vector below r0 get scores too: nothing
@@ -397,7 +396,7 @@ TGT5 static void qk_lanes(const float *kf, int n, int hd, const float *qt, int l
 		int nk = n - k0 < QK_NK ? n - k0 : QK_NK;
 		for (int v0 = r0 & ~15; v0 < R; v0 += 48) {
 			int nv = (R - v0 + 15) / 16;
-			g_qk[hd == 128 ? 1 : hd == 256 ? 2 : 0][(nv < 3 ? nv : 3) - 1](
+			g_qk[hd == 128][(nv < 3 ? nv : 3) - 1](
 				kf + (size_t)k0 * hd, nk, hd, qt, ldq, v0, st + (size_t)k0 * R, R, R);
 		}
 	}
@@ -411,8 +410,8 @@ static void pv_avx2(float *acc, const float *P, int ldp, const char *const *vrow
 	int d0 = 0;
 	if (isa >= KE_ISA_AVX512 && G >= 4)
 		for (; d0 + 64 <= hd; d0 += 64)
-			for (int g0 = 0; g0 < G; g0 += 6) {
-				int gs = G - g0 < 6 ? G - g0 : 6;
+			for (int g0 = 0; g0 < G; g0 += 5) {
+				int gs = G - g0 < 5 ? G - g0 : 5;
 				g_pv5w[bf][gs - 1](acc + (size_t)g0 * hd, P + g0, ldp, vrow, nb, hd, d0);
 			}
 	if (isa >= KE_ISA_AVX512)
@@ -713,8 +712,11 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 		m[i] = -FLT_MAX;
 		l[i] = 0.0f;
 	}
-	/* lanes: the scores with the rows in the lanes (qk_lanes) */
-	int lanes = wide && isa >= KE_ISA_AVX512 && hd % 16 == 0, ldq = (R + 15) & ~15;
+	/* lanes: the scores with the rows in the lanes (qk_lanes), where at
+	 * most 1/8 of the lanes would be padding (a 24-row tile at head_dim 256
+	 * wastes 1/4 and measured 0.92x the gemm tiles) */
+	int ldq = (R + 15) & ~15;
+	int lanes = wide && isa >= KE_ISA_AVX512 && hd % 16 == 0 && (ldq - R) * 8 <= R;
 	if (lanes)
 		for (int k = 0; k < hd; k++) {
 			for (int r = 0; r < R; r++)

@@ -611,14 +611,14 @@ KT_CASE(attention_key_split_prefill_equals_decode_and_paths)
 }
 
 /* The wide tiles' scores with the query rows in the vector lanes (AVX-512,
- * head_dim a multiple of 16, the constant-size kernels at 128 and 256):
- * every path, bf16 and f32 KV, prefill in one call or two, give the bits
- * of the scalar path. The shapes reach tiles of 1, 2 and 3 row vectors
- * (14, 20/24 and 48 rows, the last vector masked) and key groups cut by
- * the end of a block. */
+ * head_dim a multiple of 16, a constant-size kernel at 128): every path,
+ * bf16 and f32 KV, prefill in one call or two, give the bits of the scalar
+ * path. The last tiles of the shapes have 44, 30 and 15 rows (3, 2 and 1
+ * row vectors, the last one masked); key groups are cut by the end of a
+ * block; head_dim 256 (24-row tiles, the gemm scores) is checked too. */
 KT_CASE(attention_lane_scores_match_scalar_at_head_dims)
 {
-	static const int shapes[][4] = {{8, 2, 128, 125}, {4, 2, 128, 127}, {4, 2, 256, 125}, {8, 2, 64, 77}};
+	static const int shapes[][4] = {{8, 2, 128, 131}, {4, 2, 128, 111}, {6, 2, 64, 101}, {4, 2, 256, 125}};
 	for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
 		int H = shapes[si][0], Hkv = shapes[si][1], hd = shapes[si][2], T = shapes[si][3], G = H / Hkv;
 		float *kk = rand_vec((size_t)T * Hkv * hd), *vv = rand_vec((size_t)T * Hkv * hd);
