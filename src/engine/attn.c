@@ -553,6 +553,75 @@ TGT2 static void sm_sum_avx2(const float *st, int R, int nbm, int base, int G, f
 		for (int q = r > key_row0(base, j, G) ? r : key_row0(base, j, G); q < R; q++)
 			sum[q] = sum[q] + st[(size_t)j * R + q];
 }
+
+/* The softmax steps 16 rows per register (AVX-512; the same element-wise
+ * operations as the 8-row versions and the scalar code: a masked lane is
+ * a row the key does not reach, or past R). */
+TGT5 static inline __mmask16 rows_mask5(int r, int rj, int R)
+{
+	int lo = rj > r ? rj - r : 0, hi = R - r < 16 ? R - r : 16;
+	return lo >= hi ? 0 : (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+TGT5 static void sm_max_avx512(float *st, int R, int nbm, int base, int G, float scale, float *bm)
+{
+	__m512 sc = _mm512_set1_ps(scale);
+	int n = R * nbm, i = 0;
+	for (; i + 16 <= n; i += 16)
+		_mm512_storeu_ps(st + i, _mm512_mul_ps(_mm512_loadu_ps(st + i), sc));
+	if (i < n) {
+		__mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+		_mm512_mask_storeu_ps(st + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, st + i), sc));
+	}
+	for (int r = 0; r < R; r += 16) {
+		__mmask16 all = rows_mask5(r, 0, R);
+		__m512 b = _mm512_maskz_loadu_ps(all, bm + r);
+		for (int j = 0; j < nbm; j++) {
+			int rj = key_row0(base, j, G);
+			if (rj >= r + 16)
+				break;
+			__mmask16 m = rj > r ? rows_mask5(r, rj, R) : all;
+			__m512 v = _mm512_maskz_loadu_ps(all, st + (size_t)j * R + r);
+			b = _mm512_mask_blend_ps(_mm512_mask_cmp_ps_mask(m, v, b, _CMP_GT_OQ), b, v);
+		}
+		_mm512_mask_storeu_ps(bm + r, all, b);
+	}
+}
+
+TGT5 static void sm_sub_avx512(float *st, int R, int nbm, const float *m)
+{
+	for (int r = 0; r < R; r += 16) {
+		__mmask16 all = rows_mask5(r, 0, R);
+		__m512 mv = _mm512_maskz_loadu_ps(all, m + r);
+		for (int j = 0; j < nbm; j++)
+			_mm512_mask_storeu_ps(st + (size_t)j * R + r, all,
+					      _mm512_sub_ps(_mm512_maskz_loadu_ps(all, st + (size_t)j * R + r), mv));
+	}
+}
+
+TGT5 static void sm_sum_avx512(const float *st, int R, int nbm, int base, int G, float *sum)
+{
+	for (int r = 0; r < R; r += 16) {
+		__mmask16 all = rows_mask5(r, 0, R);
+		__m512 a = _mm512_maskz_loadu_ps(all, sum + r);
+		for (int j = 0; j < nbm; j++) {
+			int rj = key_row0(base, j, G);
+			if (rj >= r + 16)
+				break;
+			__mmask16 m = rj > r ? rows_mask5(r, rj, R) : all;
+			a = _mm512_mask_add_ps(a, m, a, _mm512_maskz_loadu_ps(all, st + (size_t)j * R + r));
+		}
+		_mm512_mask_storeu_ps(sum + r, all, a);
+	}
+}
+
+/* x *= c, n a multiple of 16 (each element x * c, as ke_vec_scale) */
+TGT5 static void scale_avx512(float *x, float c, int n)
+{
+	__m512 cv = _mm512_set1_ps(c);
+	for (int i = 0; i < n; i += 16)
+		_mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), cv));
+}
 #endif
 
 static void widen(float *y, const char *x, int n, int isa)
@@ -575,7 +644,10 @@ static void sm_max(float *st, int R, int nbm, int base, int G, float scale, floa
 {
 #if defined(__x86_64__)
 	if (isa >= KE_ISA_AVX2) {
-		sm_max_avx2(st, R, nbm, base, G, scale, bm);
+		if (isa >= KE_ISA_AVX512)
+			sm_max_avx512(st, R, nbm, base, G, scale, bm);
+		else
+			sm_max_avx2(st, R, nbm, base, G, scale, bm);
 		return;
 	}
 #endif
@@ -591,7 +663,10 @@ static void sm_sub(float *st, int R, int nbm, const float *m, int isa)
 {
 #if defined(__x86_64__)
 	if (isa >= KE_ISA_AVX2) {
-		sm_sub_avx2(st, R, nbm, m);
+		if (isa >= KE_ISA_AVX512)
+			sm_sub_avx512(st, R, nbm, m);
+		else
+			sm_sub_avx2(st, R, nbm, m);
 		return;
 	}
 #endif
@@ -605,7 +680,10 @@ static void sm_sum(const float *st, int R, int nbm, int base, int G, float *sum,
 {
 #if defined(__x86_64__)
 	if (isa >= KE_ISA_AVX2) {
-		sm_sum_avx2(st, R, nbm, base, G, sum);
+		if (isa >= KE_ISA_AVX512)
+			sm_sum_avx512(st, R, nbm, base, G, sum);
+		else
+			sm_sum_avx2(st, R, nbm, base, G, sum);
 		return;
 	}
 #endif
@@ -613,6 +691,18 @@ static void sm_sum(const float *st, int R, int nbm, int base, int G, float *sum,
 	for (int j = 0; j < nbm; j++)
 		for (int r = key_row0(base, j, G); r < R; r++)
 			sum[r] = sum[r] + st[(size_t)j * R + r];
+}
+
+static void scale_row(float *x, float c, int n, int isa)
+{
+#if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX512 && n % 16 == 0) {
+		scale_avx512(x, c, n);
+		return;
+	}
+#endif
+	(void)isa;
+	ke_vec_scale(x, c, (size_t)n);
 }
 
 static void scores_lanes(const float *kf, int n, int hd, const float *qt, int ldq, float *st, int R, int r0)
@@ -823,7 +913,7 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 		l_update(l + r0, cf + r0, sm + r0, nr);
 		for (int i = r0; i < R; i++)
 			if (cf[i] != 1.0f) /* x * 1 == x exactly: skipping it changes no bit */
-				ke_vec_scale(acc + (size_t)i * hd, cf[i], hd);
+				scale_row(acc + (size_t)i * hd, cf[i], hd, isa);
 		/* PV, WB keys at a time (each row still takes its keys in
 		 * order); runs of tokens with the same key count share a pass. */
 		for (int w0 = 0; w0 < nbm; w0 += wb) {
