@@ -9,9 +9,13 @@
  *           rows and the queries the weight rows of ke_gemm_range (an fma
  *           product is commutative, so these are the bits of dot(q_r,
  *           k_j)), which leaves the row index contiguous: the softmax
- *           steps below run over 8 rows per vector, each row still doing
- *           its own ops in key order (a row's sum over keys was one
- *           4-cycle dependent chain per key before);
+ *           steps below run over 8 (AVX-512: 16) rows per vector, each
+ *           row still doing its own ops in key order (a row's sum over
+ *           keys was one 4-cycle dependent chain per key before). On
+ *           AVX-512 with hd a multiple of 16 the tile computes the same
+ *           canonical dots itself with the rows in the lanes (qk_lanes:
+ *           each lane class of the 16-lane order on its own, then the
+ *           tree as vertical adds);
  *   softmax per row, element-wise and in key order (attn.h);
  *   PV      acc[r] += p_j[r] v_j, j ascending, in register strips.
  * Rows of the tile whose query does not reach key j (the diagonal block)
