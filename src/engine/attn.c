@@ -14,7 +14,7 @@
  *           keys was one 4-cycle dependent chain per key before). On
  *           AVX-512 with hd a multiple of 16 the tile computes the same
  *           canonical dots itself with the rows in the lanes (qk_lanes:
- *           each lane class of the 16-lane order on its own, then the
+ *           the lane classes of the 16-lane order two at a time, the
  *           tree as vertical adds);
  *   softmax per row, element-wise and in key order (attn.h);
  *   PV      acc[r] += p_j[r] v_j, j ascending, in register strips.
