@@ -53,9 +53,14 @@ static int hd_scale(int hd)
 	return hd <= 128 ? 1 : (hd + 127) / 128;
 }
 
-static int tile_tokens(int G, int hd)
+static int tile_tokens(int G, int hd, int isa)
 {
-	int tq = KE_ATTN_TILE_ROWS / hd_scale(hd) / G;
+	/* AVX-512 at head_dim 256: 32 rows, whole 16-row vectors for the lane
+	 * scores (24 rows would waste a quarter of the lanes or keep the gemm
+	 * tiles): bench-hybrid's shape in 256-query chunks ~1.1x; the AVX2
+	 * tiles showed no gain from it and keep 24 */
+	int rows = isa >= KE_ISA_AVX512 && hd > 128 && hd <= 256 ? 32 : KE_ATTN_TILE_ROWS / hd_scale(hd);
+	int tq = rows / G;
 	return tq < 1 ? 1 : tq;
 }
 
@@ -103,7 +108,10 @@ static size_t scr_floats(int rmax, int hd)
 
 size_t ke_attn_scratch_floats(int group, int head_dim)
 {
-	return scr_floats(tile_tokens(group, head_dim) * group, head_dim);
+	/* the larger of the paths' tiles (the path is chosen per call) */
+	size_t a = scr_floats(tile_tokens(group, head_dim, KE_ISA_AVX512) * group, head_dim);
+	size_t b = scr_floats(tile_tokens(group, head_dim, KE_ISA_SCALAR) * group, head_dim);
+	return a > b ? a : b;
 }
 
 static void scr_carve(struct tile_scr *s, float *p, int rmax, int hd)
@@ -1075,7 +1083,9 @@ void ke_attn(const struct ke_attn_args *a)
 {
 	int G = a->n_heads / a->lay->n_kv_heads, Hkv = a->lay->n_kv_heads;
 	struct attn_job j = {a, ke_isa(), ke_attn_scratch_floats(G, a->lay->head_dim),
-			     tile_tokens(G, a->lay->head_dim) * G, tile_tokens(G, a->lay->head_dim), 0, 0, 0, 0};
+			     0, 0, 0, 0, 0, 0};
+	j.tq = tile_tokens(G, a->lay->head_dim, j.isa);
+	j.rmax = j.tq * G;
 	j.n_tiles = (a->n_tok + j.tq - 1) / j.tq;
 	size_t units = (size_t)j.n_tiles * (size_t)Hkv;
 	double work = (double)a->n_tok * (double)(a->pos0 + a->n_tok) * a->n_heads * a->lay->head_dim;
