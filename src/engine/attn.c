@@ -9,9 +9,13 @@
  *           rows and the queries the weight rows of ke_gemm_range (an fma
  *           product is commutative, so these are the bits of dot(q_r,
  *           k_j)), which leaves the row index contiguous: the softmax
- *           steps below run over 8 rows per vector, each row still doing
- *           its own ops in key order (a row's sum over keys was one
- *           4-cycle dependent chain per key before);
+ *           steps below run over 8 (AVX-512: 16) rows per vector, each
+ *           row still doing its own ops in key order (a row's sum over
+ *           keys was one 4-cycle dependent chain per key before). On
+ *           AVX-512 with hd a multiple of 16 the tile computes the same
+ *           canonical dots itself with the rows in the lanes (qk_lanes:
+ *           the lane classes of the 16-lane order two at a time, the
+ *           tree as vertical adds);
  *   softmax per row, element-wise and in key order (attn.h);
  *   PV      acc[r] += p_j[r] v_j, j ascending, in register strips.
  * Rows of the tile whose query does not reach key j (the diagonal block)
@@ -49,9 +53,14 @@ static int hd_scale(int hd)
 	return hd <= 128 ? 1 : (hd + 127) / 128;
 }
 
-static int tile_tokens(int G, int hd)
+static int tile_tokens(int G, int hd, int isa)
 {
-	int tq = KE_ATTN_TILE_ROWS / hd_scale(hd) / G;
+	/* AVX-512 at head_dim 256: 32 rows, whole 16-row vectors for the lane
+	 * scores (24 rows would waste a quarter of the lanes or keep the gemm
+	 * tiles): bench-hybrid's shape in 256-query chunks ~1.1x; the AVX2
+	 * tiles showed no gain from it and keep 24 */
+	int rows = isa >= KE_ISA_AVX512 && hd > 128 && hd <= 256 ? 32 : KE_ATTN_TILE_ROWS / hd_scale(hd);
+	int tq = rows / G;
 	return tq < 1 ? 1 : tq;
 }
 
@@ -67,6 +76,11 @@ static int qk_rows(int hd)
 	return q < 6 ? 6 : q;
 }
 
+/* Keys per register tile of the lane-wise scores (qk_lanes), and the
+ * floats of its stack of partial sums (3 levels x 4 keys x 3 vectors). */
+#define QK_NK 4
+#define QK_STACK (3 * QK_NK * 3 * 16)
+
 /* Chunk states of the decode split: this many tiles' worth per thread. */
 #define SLOT_TILES 2
 /* Rows from which a tile widens its key/value blocks to f32. */
@@ -81,18 +95,23 @@ struct tile_scr {
 	float *M, *L; /* [R] merged chunks before the current one */
 	float *ACC;   /* [R][hd] */
 	float *kf;    /* [WB][hd] widened keys or values */
+	float *qT;    /* [hd][round up(R, 16)] queries transposed (qk_lanes) */
 	float *slots; /* SLOT_TILES x rmax x (hd + 2) */
 };
 
 static size_t scr_floats(int rmax, int hd)
 {
 	size_t r = (size_t)rmax, h = (size_t)hd;
-	return 2u * KE_ATTN_BLOCK * r + 3 * r * h + 6 * r + WB * h + SLOT_TILES * r * (h + 2) + 16u;
+	return 2u * KE_ATTN_BLOCK * r + 3 * r * h + 6 * r + WB * h + h * (r + 16) +
+	       SLOT_TILES * r * (h + 2) + 16u;
 }
 
 size_t ke_attn_scratch_floats(int group, int head_dim)
 {
-	return scr_floats(tile_tokens(group, head_dim) * group, head_dim);
+	/* the larger of the paths' tiles (the path is chosen per call) */
+	size_t a = scr_floats(tile_tokens(group, head_dim, KE_ISA_AVX512) * group, head_dim);
+	size_t b = scr_floats(tile_tokens(group, head_dim, KE_ISA_SCALAR) * group, head_dim);
+	return a > b ? a : b;
 }
 
 static void scr_carve(struct tile_scr *s, float *p, int rmax, int hd)
@@ -117,6 +136,8 @@ static void scr_carve(struct tile_scr *s, float *p, int rmax, int hd)
 	p += 6 * r;
 	s->kf = p;
 	p += WB * h;
+	s->qT = p;
+	p += h * (r + 16);
 	s->slots = p;
 }
 
@@ -182,11 +203,17 @@ TGT5 static inline __m512 ld16(const char *p, int bf)
 	return _mm512_loadu_ps((const float *)(const void *)p);
 }
 
-/* n (a multiple of 16) bf16 values to f32 (exact). */
+/* n (a multiple of 16) bf16 values to f32 (exact): one word permute puts
+ * value i in the high half of dword i and zeroes the low halves (1 uop,
+ * where zero-extend + shift is 2). */
 TGT5 static void widen_avx512(float *y, const char *x, int n)
 {
-	for (int i = 0; i < n; i += 16)
-		_mm512_storeu_ps(y + i, ld16(x + 2 * i, 1));
+	const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4,
+					     0, 3, 0, 2, 0, 1, 0, 0, 0);
+	for (int i = 0; i < n; i += 16) {
+		__m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(x + 2 * i)));
+		_mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, idx, v)));
+	}
 }
 
 /* The same strip with 32 columns in two 16-lane registers per row, up to
@@ -218,7 +245,8 @@ TGT5 static inline __attribute__((always_inline)) void pv_strip5(const int GS, f
 }
 
 /* 64 columns (four registers per row), up to 5 rows: 20 accumulators,
- * so each broadcast weight feeds four fmas instead of two. */
+ * so each broadcast weight feeds four fmas instead of two. (Strips of 6
+ * rows, 24 accumulators, measured ~5% slower.) */
 TGT5 static inline __attribute__((always_inline)) void pv_strip5w(const int GS, float *acc, const float *P, int ldp,
 								  const char *const *vrow, int nb, int hd, int d0, int bf)
 {
@@ -274,6 +302,128 @@ static const pv_fn g_pv5w[2][5] = {{pv5w_1_0, pv5w_2_0, pv5w_3_0, pv5w_4_0, pv5w
 				   {pv5w_1_1, pv5w_2_1, pv5w_3_1, pv5w_4_1, pv5w_5_1}};
 static const pv_fn g_pv5[2][6] = {{pv5_1_0, pv5_2_0, pv5_3_0, pv5_4_0, pv5_5_0, pv5_6_0},
 				  {pv5_1_1, pv5_2_1, pv5_3_1, pv5_4_1, pv5_5_1, pv5_6_1}};
+
+/* Scores with the query rows in the lanes (AVX-512, hd a multiple of 16):
+ * qt is the tile's queries transposed, qt[k * ldq + r], so one vector holds
+ * element k of 16 query rows and one fma per (key, 16 rows) advances lane
+ * class j = k % 16 of the canonical 16-lane accumulators of all 16 scores
+ * at once. The accumulator of class j is computed alone (k = j, j + 16,
+ * ..., one fma each, from 0: the gemm's lane j), and the classes are
+ * summed in the canonical tree (gemm.h: j + j+8, then + j+4, + j+2, 0 + 1)
+ * by visiting them in bit-reversed order with a stack of partial sums: the
+ * same operations on the same values as the gemm tile, so the same bits,
+ * but the tree costs one vertical add per 16 scores per level instead of
+ * lane shuffles per score, and no load is folded twice. */
+static const int g_leaf[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+
+/* NK keys (kf + kk * hd; keys >= nk repeat key nk - 1 and are not stored)
+ * x NV vectors of 16 rows from row v0; scores st[kk * ldst + r], rows < R.
+ * Lane classes j and j + 8 are computed together (leaf pair i = classes
+ * g_leaf[2i], g_leaf[2i] + 8) and added at once: the tree's first level
+ * in registers, half the partial sums through memory (parking all 16
+ * classes one by one measured 0.93x of this). */
+TGT5 static inline __attribute__((always_inline)) void qk_lanes_tile(const int NV, const int HD, const float *kf,
+								     int nk, int hd, const float *qt, int ldq, int v0,
+								     float *st, int ldst, int R)
+{
+	/* HD > 0: the head size as a constant (the k loop unrolled) */
+	if (HD)
+		hd = HD;
+	__m512 a[QK_NK][3], b[QK_NK][3];
+	float stk[QK_STACK] __attribute__((aligned(64))); /* partial sums */
+	const float *kp[QK_NK];
+#pragma GCC unroll 4
+	for (int kk = 0; kk < QK_NK; kk++) {
+		kp[kk] = kf + (size_t)(kk < nk ? kk : nk - 1) * hd;
+#pragma GCC unroll 3
+		for (int v = 0; v < 3; v++)
+			a[kk][v] = b[kk][v] = _mm512_setzero_ps();
+	}
+	int sp = 0;
+	for (int i = 0; i < 8; i++) {
+		int j = g_leaf[2 * i];
+#pragma GCC unroll 4
+		for (int kk = 0; kk < QK_NK; kk++)
+#pragma GCC unroll 3
+			for (int v = 0; v < NV; v++)
+				a[kk][v] = b[kk][v] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+		for (int k = j; k < hd; k += 16) {
+			const float *q = qt + (size_t)k * ldq + v0;
+			__m512 qa[3], qb[3];
+#pragma GCC unroll 3
+			for (int v = 0; v < NV; v++) {
+				qa[v] = _mm512_loadu_ps(q + 16 * v);
+				qb[v] = _mm512_loadu_ps(q + 8 * (size_t)ldq + 16 * v);
+			}
+#pragma GCC unroll 4
+			for (int kk = 0; kk < QK_NK; kk++) {
+				__m512 ka = _mm512_set1_ps(kp[kk][k]), kb = _mm512_set1_ps(kp[kk][k + 8]);
+#pragma GCC unroll 3
+				for (int v = 0; v < NV; v++) {
+					a[kk][v] = _mm512_fmadd_ps(ka, qa[v], a[kk][v]);
+					b[kk][v] = _mm512_fmadd_ps(kb, qb[v], b[kk][v]);
+				}
+			}
+		}
+		/* j + j+8, then the pairs close ctz(i + 1) more levels */
+#pragma GCC unroll 4
+		for (int kk = 0; kk < QK_NK; kk++)
+#pragma GCC unroll 3
+			for (int v = 0; v < NV; v++)
+				a[kk][v] = _mm512_add_ps(a[kk][v], b[kk][v]);
+		for (int c = i + 1; !(c & 1); c >>= 1) {
+			sp--;
+#pragma GCC unroll 4
+			for (int kk = 0; kk < QK_NK; kk++)
+#pragma GCC unroll 3
+				for (int v = 0; v < NV; v++)
+					a[kk][v] = _mm512_add_ps(_mm512_load_ps(stk + ((size_t)(sp * QK_NK + kk) * 3 + v) * 16),
+								 a[kk][v]);
+		}
+		if (i < 7) {
+#pragma GCC unroll 4
+			for (int kk = 0; kk < QK_NK; kk++)
+#pragma GCC unroll 3
+				for (int v = 0; v < NV; v++)
+					_mm512_store_ps(stk + ((size_t)(sp * QK_NK + kk) * 3 + v) * 16, a[kk][v]);
+			sp++;
+		}
+	}
+#pragma GCC unroll 3
+	for (int v = 0; v < NV; v++) {
+		int left = R - (v0 + 16 * v);
+		__mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+#pragma GCC unroll 4
+		for (int kk = 0; kk < QK_NK; kk++)
+			if (kk < nk)
+				_mm512_mask_storeu_ps(st + (size_t)kk * ldst + v0 + 16 * v, m, a[kk][v]);
+	}
+}
+
+#define QKL(nv, HD) \
+	TGT5 static void qk_lanes_##nv##_##HD(const float *kf, int nk, int hd, const float *qt, int ldq, int v0, \
+					      float *st, int ldst, int R) \
+	{ qk_lanes_tile(nv, HD, kf, nk, hd, qt, ldq, v0, st, ldst, R); }
+QKL(1, 0) QKL(2, 0) QKL(3, 0) QKL(1, 128) QKL(2, 128) QKL(3, 128)
+typedef void (*qk_fn)(const float *, int, int, const float *, int, int, float *, int, int);
+static const qk_fn g_qk[2][3] = {{qk_lanes_1_0, qk_lanes_2_0, qk_lanes_3_0},
+				 {qk_lanes_1_128, qk_lanes_2_128, qk_lanes_3_128}};
+
+/* st[j * R + r] = gemm-dot(k_j, q_r) for keys j < n (kf + j * hd) and
+ * rows [r0, R) (rows of the first vector below r0 get scores too: nothing
+ * reads them). */
+TGT5 static void qk_lanes(const float *kf, int n, int hd, const float *qt, int ldq, float *st, int R, int r0)
+{
+	for (int k0 = 0; k0 < n; k0 += QK_NK) {
+		int nk = n - k0 < QK_NK ? n - k0 : QK_NK;
+		for (int v0 = r0 & ~15; v0 < R; v0 += 48) {
+			int nv = (R - v0 + 15) / 16;
+			g_qk[hd == 128][(nv < 3 ? nv : 3) - 1](
+				kf + (size_t)k0 * hd, nk, hd, qt, ldq, v0, st + (size_t)k0 * R, R, R);
+		}
+	}
+}
 
 /* acc[i][d] = fma(P[j][i], V_j[d], acc[i][d]) for j ascending, i < G:
  * the same operations, element by element, as pv_scalar below. */
@@ -426,6 +576,75 @@ TGT2 static void sm_sum_avx2(const float *st, int R, int nbm, int base, int G, f
 		for (int q = r > key_row0(base, j, G) ? r : key_row0(base, j, G); q < R; q++)
 			sum[q] = sum[q] + st[(size_t)j * R + q];
 }
+
+/* The softmax steps 16 rows per register (AVX-512; the same element-wise
+ * operations as the 8-row versions and the scalar code: a masked lane is
+ * a row the key does not reach, or past R). */
+TGT5 static inline __mmask16 rows_mask5(int r, int rj, int R)
+{
+	int lo = rj > r ? rj - r : 0, hi = R - r < 16 ? R - r : 16;
+	return lo >= hi ? 0 : (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+TGT5 static void sm_max_avx512(float *st, int R, int nbm, int base, int G, float scale, float *bm)
+{
+	__m512 sc = _mm512_set1_ps(scale);
+	int n = R * nbm, i = 0;
+	for (; i + 16 <= n; i += 16)
+		_mm512_storeu_ps(st + i, _mm512_mul_ps(_mm512_loadu_ps(st + i), sc));
+	if (i < n) {
+		__mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+		_mm512_mask_storeu_ps(st + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, st + i), sc));
+	}
+	for (int r = 0; r < R; r += 16) {
+		__mmask16 all = rows_mask5(r, 0, R);
+		__m512 b = _mm512_maskz_loadu_ps(all, bm + r);
+		for (int j = 0; j < nbm; j++) {
+			int rj = key_row0(base, j, G);
+			if (rj >= r + 16)
+				break;
+			__mmask16 m = rj > r ? rows_mask5(r, rj, R) : all;
+			__m512 v = _mm512_maskz_loadu_ps(all, st + (size_t)j * R + r);
+			b = _mm512_mask_blend_ps(_mm512_mask_cmp_ps_mask(m, v, b, _CMP_GT_OQ), b, v);
+		}
+		_mm512_mask_storeu_ps(bm + r, all, b);
+	}
+}
+
+TGT5 static void sm_sub_avx512(float *st, int R, int nbm, const float *m)
+{
+	for (int r = 0; r < R; r += 16) {
+		__mmask16 all = rows_mask5(r, 0, R);
+		__m512 mv = _mm512_maskz_loadu_ps(all, m + r);
+		for (int j = 0; j < nbm; j++)
+			_mm512_mask_storeu_ps(st + (size_t)j * R + r, all,
+					      _mm512_sub_ps(_mm512_maskz_loadu_ps(all, st + (size_t)j * R + r), mv));
+	}
+}
+
+TGT5 static void sm_sum_avx512(const float *st, int R, int nbm, int base, int G, float *sum)
+{
+	for (int r = 0; r < R; r += 16) {
+		__mmask16 all = rows_mask5(r, 0, R);
+		__m512 a = _mm512_maskz_loadu_ps(all, sum + r);
+		for (int j = 0; j < nbm; j++) {
+			int rj = key_row0(base, j, G);
+			if (rj >= r + 16)
+				break;
+			__mmask16 m = rj > r ? rows_mask5(r, rj, R) : all;
+			a = _mm512_mask_add_ps(a, m, a, _mm512_maskz_loadu_ps(all, st + (size_t)j * R + r));
+		}
+		_mm512_mask_storeu_ps(sum + r, all, a);
+	}
+}
+
+/* x *= c, n a multiple of 16 (each element x * c, as ke_vec_scale) */
+TGT5 static void scale_avx512(float *x, float c, int n)
+{
+	__m512 cv = _mm512_set1_ps(c);
+	for (int i = 0; i < n; i += 16)
+		_mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), cv));
+}
 #endif
 
 static void widen(float *y, const char *x, int n, int isa)
@@ -448,7 +667,10 @@ static void sm_max(float *st, int R, int nbm, int base, int G, float scale, floa
 {
 #if defined(__x86_64__)
 	if (isa >= KE_ISA_AVX2) {
-		sm_max_avx2(st, R, nbm, base, G, scale, bm);
+		if (isa >= KE_ISA_AVX512)
+			sm_max_avx512(st, R, nbm, base, G, scale, bm);
+		else
+			sm_max_avx2(st, R, nbm, base, G, scale, bm);
 		return;
 	}
 #endif
@@ -464,7 +686,10 @@ static void sm_sub(float *st, int R, int nbm, const float *m, int isa)
 {
 #if defined(__x86_64__)
 	if (isa >= KE_ISA_AVX2) {
-		sm_sub_avx2(st, R, nbm, m);
+		if (isa >= KE_ISA_AVX512)
+			sm_sub_avx512(st, R, nbm, m);
+		else
+			sm_sub_avx2(st, R, nbm, m);
 		return;
 	}
 #endif
@@ -478,7 +703,10 @@ static void sm_sum(const float *st, int R, int nbm, int base, int G, float *sum,
 {
 #if defined(__x86_64__)
 	if (isa >= KE_ISA_AVX2) {
-		sm_sum_avx2(st, R, nbm, base, G, sum);
+		if (isa >= KE_ISA_AVX512)
+			sm_sum_avx512(st, R, nbm, base, G, sum);
+		else
+			sm_sum_avx2(st, R, nbm, base, G, sum);
 		return;
 	}
 #endif
@@ -486,6 +714,27 @@ static void sm_sum(const float *st, int R, int nbm, int base, int G, float *sum,
 	for (int j = 0; j < nbm; j++)
 		for (int r = key_row0(base, j, G); r < R; r++)
 			sum[r] = sum[r] + st[(size_t)j * R + r];
+}
+
+static void scale_row(float *x, float c, int n, int isa)
+{
+#if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX512 && n % 16 == 0) {
+		scale_avx512(x, c, n);
+		return;
+	}
+#endif
+	(void)isa;
+	ke_vec_scale(x, c, (size_t)n);
+}
+
+static void scores_lanes(const float *kf, int n, int hd, const float *qt, int ldq, float *st, int R, int r0)
+{
+#if defined(__x86_64__)
+	qk_lanes(kf, n, hd, qt, ldq, st, R, r0);
+#else
+	(void)kf, (void)n, (void)hd, (void)qt, (void)ldq, (void)st, (void)R, (void)r0;
+#endif
 }
 
 static void pv_scalar(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int G, int hd, int bf)
@@ -576,6 +825,18 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 		m[i] = -FLT_MAX;
 		l[i] = 0.0f;
 	}
+	/* lanes: the scores with the rows in the lanes (qk_lanes), where at
+	 * most 1/8 of the lanes would be padding (a 24-row tile at head_dim 256
+	 * wastes 1/4 and measured 0.92x the gemm tiles) */
+	int ldq = (R + 15) & ~15;
+	int lanes = wide && isa >= KE_ISA_AVX512 && hd % 16 == 0 && (ldq - R) * 8 <= R;
+	if (lanes)
+		for (int k = 0; k < hd; k++) {
+			for (int r = 0; r < R; r++)
+				s->qT[(size_t)k * ldq + r] = s->qt[(size_t)r * hd + k];
+			for (int r = R; r < ldq; r++)
+				s->qT[(size_t)k * ldq + r] = 0.0f;
+		}
 	struct ke_mat qm = {s->qt, KV_DT_F32, R, hd, (size_t)hd};
 	const char *vrow[KE_ATTN_BLOCK], *krow[KE_ATTN_BLOCK];
 	for (int b0 = kb; b0 < ke; b0 += KE_ATTN_BLOCK) {
@@ -612,7 +873,18 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 			}
 			j += n;
 		}
-		if (wide && bf) {
+		if (lanes) {
+			for (int w0 = 0; w0 < nbm; w0 += wb) {
+				int n = nbm - w0 < wb ? nbm - w0 : wb;
+				for (int j = 0; j < n; j++) {
+					if (bf)
+						widen(s->kf + (size_t)j * hd, krow[w0 + j], hd, isa);
+					else
+						memcpy(s->kf + (size_t)j * hd, krow[w0 + j], (size_t)hd * sizeof *s->kf);
+				}
+				scores_lanes(s->kf, n, hd, s->qT, ldq, s->st + (size_t)w0 * R, R, r0);
+			}
+		} else if (wide && bf) {
 			for (int w0 = 0; w0 < nbm; w0 += wb) {
 				int n = nbm - w0 < wb ? nbm - w0 : wb;
 				for (int j = 0; j < n; j++)
@@ -664,7 +936,7 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 		l_update(l + r0, cf + r0, sm + r0, nr);
 		for (int i = r0; i < R; i++)
 			if (cf[i] != 1.0f) /* x * 1 == x exactly: skipping it changes no bit */
-				ke_vec_scale(acc + (size_t)i * hd, cf[i], hd);
+				scale_row(acc + (size_t)i * hd, cf[i], hd, isa);
 		/* PV, WB keys at a time (each row still takes its keys in
 		 * order); runs of tokens with the same key count share a pass. */
 		for (int w0 = 0; w0 < nbm; w0 += wb) {
@@ -811,7 +1083,9 @@ void ke_attn(const struct ke_attn_args *a)
 {
 	int G = a->n_heads / a->lay->n_kv_heads, Hkv = a->lay->n_kv_heads;
 	struct attn_job j = {a, ke_isa(), ke_attn_scratch_floats(G, a->lay->head_dim),
-			     tile_tokens(G, a->lay->head_dim) * G, tile_tokens(G, a->lay->head_dim), 0, 0, 0, 0};
+			     0, 0, 0, 0, 0, 0};
+	j.tq = tile_tokens(G, a->lay->head_dim, j.isa);
+	j.rmax = j.tq * G;
 	j.n_tiles = (a->n_tok + j.tq - 1) / j.tq;
 	size_t units = (size_t)j.n_tiles * (size_t)Hkv;
 	double work = (double)a->n_tok * (double)(a->pos0 + a->n_tok) * a->n_heads * a->lay->head_dim;

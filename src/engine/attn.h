@@ -37,7 +37,7 @@
 /* Keys per chunk of the fixed split (a multiple of KE_ATTN_BLOCK). */
 #define KE_ATTN_SPLIT 512
 /* Query rows (tokens x G) computed together against each loaded key
- * block at head_dim <= 128 (half at 256): a speed knob only (the results
+ * block at head_dim <= 128 (half at 256, 32 rows on AVX-512): a speed knob only (the results
  * do not depend on it). */
 #define KE_ATTN_TILE_ROWS 48
 

@@ -646,6 +646,52 @@ KT_CASE(attention_key_split_prefill_equals_decode_and_paths)
 	free(scr);
 }
 
+/* The wide tiles' scores with the query rows in the vector lanes (AVX-512,
+ * head_dim a multiple of 16, a constant-size kernel at 128): every path,
+ * bf16 and f32 KV, prefill in one call or two, give the bits of the scalar
+ * path. The last tiles of the shapes have 44, 30 and 15 rows (3, 2 and 1
+ * row vectors, the last one masked); key groups are cut by the end of a
+ * block; head_dim 256 (24-row tiles, the gemm scores) is checked too. */
+KT_CASE(attention_lane_scores_match_scalar_at_head_dims)
+{
+	static const int shapes[][4] = {{8, 2, 128, 131}, {4, 2, 128, 111}, {6, 2, 64, 101}, {4, 2, 256, 125}};
+	for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+		int H = shapes[si][0], Hkv = shapes[si][1], hd = shapes[si][2], T = shapes[si][3], G = H / Hkv;
+		float *kk = rand_vec((size_t)T * Hkv * hd), *vv = rand_vec((size_t)T * Hkv * hd);
+		float *q = rand_vec((size_t)T * H * hd);
+		size_t row = (size_t)H * hd, sz = (size_t)T * row * 4;
+		float *ref = malloc(sz), *out = malloc(sz);
+		float *scr = malloc(16 * ke_attn_scratch_floats(G, hd) * 4);
+		for (int bf = 0; bf < 2; bf++) {
+			struct kvfix f;
+			kvfix_make(&f, Hkv, hd, 48, T, bf, kk, vv);
+			int saved = ke_isa();
+			ke_isa_set(KE_ISA_SCALAR);
+			run_attn(&f, H, q, ref, 0, T, scr, 1);
+			for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
+				ke_isa_set(isa);
+				memset(out, 0, sz);
+				run_attn(&f, H, q, out, 0, T, scr, 1);
+				KT_CHECKF(!memcmp(out, ref, sz), "hd %d G %d bf %d isa %s, one call", hd, G, bf,
+					  ke_isa_name(isa));
+				memset(out, 0, sz);
+				run_attn(&f, H, q, out, 0, 70, scr, 16);
+				run_attn(&f, H, q + 70 * row, out + 70 * row, 70, T - 70, scr, 16);
+				KT_CHECKF(!memcmp(out, ref, sz), "hd %d G %d bf %d isa %s, two calls", hd, G, bf,
+					  ke_isa_name(isa));
+			}
+			ke_isa_set(saved);
+			kvfix_free(&f);
+		}
+		free(kk);
+		free(vv);
+		free(q);
+		free(ref);
+		free(out);
+		free(scr);
+	}
+}
+
 /* --- DeltaNet --------------------------------------------------------------- */
 
 KT_CASE(deltanet_rule_matches_double_and_paths_agree)
@@ -982,6 +1028,7 @@ KT_MAIN(gemm_matches_double_reference, gemm_simd_paths_bit_identical_to_scalar, 
 	gemm_row_result_independent_of_m_and_split, gemm_accum_and_unaligned_weights, dot_is_the_gemm_order,
 	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
 	attention_invariant_to_chunks_threads_and_page_size,
-	attention_key_split_prefill_equals_decode_and_paths, deltanet_rule_matches_double_and_paths_agree,
+	attention_key_split_prefill_equals_decode_and_paths, attention_lane_scores_match_scalar_at_head_dims,
+	deltanet_rule_matches_double_and_paths_agree,
 	deltanet_rule_seq_paths_match_scalar_token_by_token, deltanet_conv_is_causal_with_state,
 	deltanet_conv_paths_match_scalar, sampler_greedy_and_reproducible, sampler_filters, logprobs)
