@@ -265,6 +265,7 @@ TGT2 static inline __m128i hsum4_i32(__m256i v0, __m256i v1, __m256i v2, __m256i
 	return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
 }
 
+
 static inline uint16_t u16_at(const uint8_t *p)
 {
 	uint16_t v;
@@ -298,6 +299,27 @@ static AINL2 void pf_ahead(const uint8_t *blk, ptrdiff_t ahead, int bytes)
 	for (int o = 0; o < bytes; o += 64)
 		_mm_prefetch((const char *)blk + ahead + o, _MM_HINT_T0);
 }
+
+/* The float steps of one super-block for 4 weight rows (lanes) and mr
+ * activation rows: acc = fmaf(d dx, S, acc), and with has_min
+ * c = fmaf(dmin dx, C, c) (qdot.h), S and C the lane sums of the rows'
+ * four integer vectors. Shared by the AVX2 and 512-bit 4-row kernels. */
+TGT2 static AINL2 void fin_block(const int mr, const int has_min, const uint8_t *a, size_t astride, int K, int b,
+				 __m128 d, __m128 dm, __m256i (*S)[4], __m256i (*C)[4], __m128 *acc, __m128 *c)
+{
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++) {
+		float dx;
+		memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+		const __m128 dxv = _mm_set1_ps(dx);
+		acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, dxv), _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])),
+				      acc[i]);
+		if (has_min)
+			c[i] = _mm_fmadd_ps(_mm_mul_ps(dm, dxv), _mm_cvtepi32_ps(hsum4_i32(C[i][0], C[i][1], C[i][2], C[i][3])),
+					    c[i]);
+	}
+}
+
 
 TGT2 static AINL2 void q8_0_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
 			       float *out)
@@ -512,16 +534,7 @@ TGT2 static AINL2 void q45_k4(const uint8_t *const *wr, int K, const uint8_t *a,
 		const size_t o = bb * (size_t)b;
 		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
 		const __m128 dm = h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2);
-#pragma GCC unroll 4
-		for (int i = 0; i < mr; i++) {
-			float dx;
-			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
-			const __m128 dxv = _mm_set1_ps(dx);
-			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, dxv), _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])),
-					      acc[i]);
-			c[i] = _mm_fmadd_ps(_mm_mul_ps(dm, dxv), _mm_cvtepi32_ps(hsum4_i32(C[i][0], C[i][1], C[i][2], C[i][3])),
-					    c[i]);
-		}
+		fin_block(mr, 1, a, astride, K, b, d, dm, S, C, acc, c);
 	}
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
@@ -684,17 +697,7 @@ TGT2 static AINL2 void g16_k4(const int dt, const uint8_t *const *wr, int K, con
 		const size_t o = bb * (size_t)b + (q3 ? 108 : 80);
 		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
 		const __m128 dm = q3 ? d : h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2);
-#pragma GCC unroll 4
-		for (int i = 0; i < mr; i++) {
-			float dx;
-			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
-			const __m128 dxv = _mm_set1_ps(dx);
-			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, dxv), _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])),
-					      acc[i]);
-			if (!q3)
-				c[i] = _mm_fmadd_ps(_mm_mul_ps(dm, dxv),
-						    _mm_cvtepi32_ps(hsum4_i32(C[i][0], C[i][1], C[i][2], C[i][3])), c[i]);
-		}
+		fin_block(mr, !q3, a, astride, K, b, d, dm, S, C, acc, c);
 	}
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
@@ -1322,20 +1325,9 @@ TGT5 static AINL void q45_k4_512(const uint8_t *const *wr, int K, const uint8_t 
 			}
 		}
 		const size_t o = bb * (size_t)b;
-		const __m128 d = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o), (short)u16_at(wr[1] + o),
-							     (short)u16_at(wr[2] + o), (short)u16_at(wr[3] + o), 0, 0, 0, 0));
-		const __m128 dm = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o + 2), (short)u16_at(wr[1] + o + 2),
-							      (short)u16_at(wr[2] + o + 2), (short)u16_at(wr[3] + o + 2), 0, 0, 0, 0));
-#pragma GCC unroll 4
-		for (int i = 0; i < mr; i++) {
-			float dx;
-			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
-			const __m128 dxv = _mm_set1_ps(dx);
-			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, dxv), _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])),
-					      acc[i]);
-			c[i] = _mm_fmadd_ps(_mm_mul_ps(dm, dxv), _mm_cvtepi32_ps(hsum4_i32(C[i][0], C[i][1], C[i][2], C[i][3])),
-					    c[i]);
-		}
+		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+		const __m128 dm = h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2);
+		fin_block(mr, 1, a, astride, K, b, d, dm, S, C, acc, c);
 	}
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
@@ -1399,8 +1391,7 @@ TGT5 static AINL void q6_k4_512(const uint8_t *const *wr, int K, const uint8_t *
 			}
 		}
 		const size_t o = 210 * (size_t)b + 208;
-		const __m128 d = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o), (short)u16_at(wr[1] + o),
-							     (short)u16_at(wr[2] + o), (short)u16_at(wr[3] + o), 0, 0, 0, 0));
+		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
 #pragma GCC unroll 4
 		for (int i = 0; i < mr; i++) {
 			float dx;
@@ -1479,20 +1470,9 @@ TGT5 static AINL void q2_k4_512(const uint8_t *const *wr, int K, const uint8_t *
 			}
 		}
 		const size_t o = 84 * (size_t)b + 80;
-		const __m128 d = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o), (short)u16_at(wr[1] + o),
-							     (short)u16_at(wr[2] + o), (short)u16_at(wr[3] + o), 0, 0, 0, 0));
-		const __m128 dm = _mm_cvtph_ps(_mm_setr_epi16((short)u16_at(wr[0] + o + 2), (short)u16_at(wr[1] + o + 2),
-							      (short)u16_at(wr[2] + o + 2), (short)u16_at(wr[3] + o + 2), 0, 0, 0, 0));
-#pragma GCC unroll 4
-		for (int i = 0; i < mr; i++) {
-			float dx;
-			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
-			const __m128 dxv = _mm_set1_ps(dx);
-			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, dxv), _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])),
-					      acc[i]);
-			c[i] = _mm_fmadd_ps(_mm_mul_ps(dm, dxv), _mm_cvtepi32_ps(hsum4_i32(C[i][0], C[i][1], C[i][2], C[i][3])),
-					    c[i]);
-		}
+		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+		const __m128 dm = h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2);
+		fin_block(mr, 1, a, astride, K, b, d, dm, S, C, acc, c);
 	}
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
