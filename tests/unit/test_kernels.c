@@ -194,19 +194,24 @@ KT_CASE(gemm_packed_panels_bit_identical)
 	static const int Ks[] = {300, 700, 1024, 2500, 4100};
 	for (int ki = 0; ki < 5; ki++) {
 		int K = Ks[ki], M = 37, N = 100 + 7 * ki;
+		unsigned fl = ki & 1 ? KE_GEMM_ACCUM : 0; /* y += on every other shape */
 		struct wmat w;
 		wmat_make(&w, N, K, 1);
-		float *x = rand_vec((size_t)M * K), *y0 = malloc((size_t)M * N * 4), *y1 = malloc((size_t)M * N * 4);
-		ke_gemm_range(KE_ISA_SCALAR, &w.m, x, (size_t)K, M, y0, (size_t)N, 0, 0, N);
+		float *x = rand_vec((size_t)M * K), *yi = rand_vec((size_t)M * N);
+		float *y0 = malloc((size_t)M * N * 4), *y1 = malloc((size_t)M * N * 4);
+		memcpy(y0, yi, (size_t)M * N * 4);
+		ke_gemm_range(KE_ISA_SCALAR, &w.m, x, (size_t)K, M, y0, (size_t)N, fl, 0, N);
 		for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
-			memset(y1, 0, (size_t)M * N * 4);
-			ke_gemm_range(isa, &w.m, x, (size_t)K, M, y1, (size_t)N, 0, 0, N);
+			memcpy(y1, yi, (size_t)M * N * 4);
+			ke_gemm_range(isa, &w.m, x, (size_t)K, M, y1, (size_t)N, fl, 0, N);
 			KT_CHECKF(!memcmp(y0, y1, (size_t)M * N * 4), "%s != scalar K=%d", ke_isa_name(isa), K);
-			ke_gemm_range(isa, &w.m, x + (size_t)(M - 1) * K, (size_t)K, 1, y1, (size_t)N, 0, 3, N);
+			memcpy(y1, yi + (size_t)(M - 1) * N, (size_t)N * 4);
+			ke_gemm_range(isa, &w.m, x + (size_t)(M - 1) * K, (size_t)K, 1, y1, (size_t)N, fl, 3, N);
 			KT_CHECKF(!memcmp(y0 + (size_t)(M - 1) * N + 3, y1 + 3, (size_t)(N - 3) * 4), "%s one row, K=%d",
 				  ke_isa_name(isa), K);
 		}
 		free(x);
+		free(yi);
 		free(y0);
 		free(y1);
 		wmat_free(&w);
