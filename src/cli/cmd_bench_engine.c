@@ -330,7 +330,12 @@ static int cmd_bench_engine(int argc, char **argv)
 	 * ("Prescott") on CPUs it does not know, such as some virtual Xeons:
 	 * a yardstick 3x too short. Unless the user chose one, ask for the
 	 * kernel of the path this engine runs (read when the library loads). */
+	/* A machine may set OPENBLAS_CORETYPE for everything (one of ours
+	 * sets Haswell on an AVX-512 CPU): it is kept, and the report says it
+	 * came from the environment, since a Haswell yardstick on an AVX-512
+	 * run is half the machine. */
 	const char *coretype = kv_env(KV_ENV_OPENBLAS_CORETYPE);
+	int coretype_env = coretype != NULL;
 	if (!coretype && ke_isa() >= KE_ISA_AVX2) {
 		coretype = ke_isa() >= KE_ISA_AVX512 ? "SkylakeX" : "Haswell";
 		setenv("OPENBLAS_CORETYPE", coretype, 0); /* for the library, which reads it when it loads */
@@ -440,7 +445,8 @@ static int cmd_bench_engine(int argc, char **argv)
 		       "\"kv_dtype\": \"%s\", \"quant_act\": \"%s\",\n", model, kv_arch_name(c->arch), ke_isa_name(ke_isa()),
 		       threads, weights_label(m, wfmt, sizeof wfmt), kv_f32 ? "f32" : "bf16",
 		       ke_model_qdot(m) ? "q8" : "f32");
-		printf(" \"openblas_coretype\": \"%s\",", coretype ? coretype : "auto");
+		printf(" \"openblas_coretype\": \"%s\", \"openblas_coretype_from_env\": %s,", coretype ? coretype : "auto",
+		       coretype_env ? "true" : "false");
 		printf(" \"gemm_m\": %d, \"gemm_gflops\": %.2f, \"gemm_f32_gflops\": %.2f, ", (int)gemm_m, g_ours, g_ours32);
 		if (sg)
 			printf("\"openblas_gflops\": %.2f, \"gemm_ratio_vs_openblas\": %.3f, "
@@ -488,8 +494,8 @@ static int cmd_bench_engine(int argc, char **argv)
 			else
 				printf("not installed\n");
 		}
-		printf("gemm total: %.1f GFLOP/s (f32 weights %.1f); openblas sgemm (%s kernel) ", g_ours, g_ours32,
-		       coretype ? coretype : "auto");
+		printf("gemm total: %.1f GFLOP/s (f32 weights %.1f); openblas sgemm (%s kernel%s) ", g_ours, g_ours32,
+		       coretype ? coretype : "auto", coretype_env ? ", from OPENBLAS_CORETYPE" : "");
 		if (sg)
 			printf("%.1f GFLOP/s; ratio %.2f (f32 weights %.2f)\n", g_blas, g_ours / g_blas, g_ours32 / g_blas);
 		else
