@@ -263,7 +263,25 @@ TGT2 static INL void tile2(const int MR, const int NR, const int bf, const int p
 		for (int q = 0; q < 8; q++)
 			t[(q % 4) * 2 + q / 4] = q < MR * NR ? _mm256_add_ps(lo[q / NR][q % NR], hi[q / NR][q % NR])
 							     : _mm256_setzero_ps();
-		_mm256_storeu_ps(r, hsum8x2(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]));
+		__m256 h = hsum8x2(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
+		if (NR == 2) {
+			/* row i's two outputs are lanes 2i, 2i + 1: one 8-byte store
+			 * per row, where the 8 floats went to the stack and came back
+			 * one by one (perf: the tile's reduction and stores were a
+			 * quarter of its samples at K = 256) */
+			__m128 q0 = _mm256_castps256_ps128(h), q1 = _mm256_extractf128_ps(h, 1);
+			__m128 rw[3] = {q0, _mm_movehl_ps(q0, q0), q1};
+#pragma GCC unroll 3
+			for (int i = 0; i < MR; i++) {
+				double *yo = (double *)(void *)(y + i * ldy);
+				__m128 v = rw[i];
+				if (flags & KE_GEMM_ACCUM)
+					v = _mm_add_ps(_mm_castpd_ps(_mm_load_sd(yo)), v);
+				_mm_store_sd(yo, _mm_castps_pd(v));
+			}
+			return;
+		}
+		_mm256_storeu_ps(r, h);
 #pragma GCC unroll 3
 		for (int i = 0; i < MR; i++)
 #pragma GCC unroll 4
