@@ -609,7 +609,7 @@ static void sweep(const tile_fn *tab, int tld, int mr_max, int nr_max, const str
  * 6 x 4 tiles without prefetch); AVX2 widens its panels with
  * sweep_widened below.
  */
-#define PANEL_FLOATS 16384 /* 64 KiB on the stack */
+#define PANEL_FLOATS 16384 /* at most 64 KiB on the stack; panel_floats() sizes them */
 #define PANEL_PAD 16       /* rows not a multiple of 4 KiB apart (L1 set aliasing) */
 /* Batched decode (a few rows per sequence set, the weights streamed from
  * memory) keeps the bf16 tiles, whose prefetch runs ahead of the stream:
@@ -620,6 +620,15 @@ static void sweep(const tile_fn *tab, int tld, int mr_max, int nr_max, const str
  * activations are re-read from L2 for every panel (K = 2048 measured
  * 0.9x the bf16 tiles). */
 #define PACK_MAX_K 1024
+/* AVX-512 panels take rows up to 512 columns; longer rows go to the
+ * widened K-split blocks (sweep_widened), whose 512 KiB-1 MiB block sits
+ * in L2 while the 6-row activation tile (24 KiB at K = 1024) stays in
+ * L1. One thread, M = 256, Zen 5, best of 6-8 alternating runs, GFLOP/s
+ * (OpenBLAS SkylakeX ~194-216 in the same runs): K = 1024 N = 512 179 ->
+ * 211, N = 2048 180 -> 208; K = 768 175 -> 193; at K = 512 the widened
+ * blocks lost (201 against 210 on the small panels), at K = 256 164
+ * against 193. */
+#define PACK_MAX_K5 512
 /* AVX2 panels: 32 KiB (12 rows of 512 floats), measured best of 24-1024
  * KiB (+4-6% over 64 KiB; blocks this small lose 40% at K = 2048, which
  * stays on the bf16 K-split tiles). */
@@ -687,9 +696,34 @@ static int panel_ld(int K)
 	return (K + 15) / 16 * 16 + PANEL_PAD;
 }
 
+/*
+ * Floats per AVX-512 panel: 2/5 of the L1 data cache (sysconf, from
+ * CPUID; 19.2 KiB of Zen 5's 48 KiB), 8 to 64 KiB, so that the panel and
+ * the 6-row activation tile (12 KiB at K = 512) are both L1-resident
+ * while every row tile sweeps the panel. The 64 KiB panel came from L2:
+ * one thread, M = 256, Zen 5, best of 8 alternating runs, GFLOP/s (panel
+ * floats 16384 / 4300 / 4900 / 5300): N = 2048 K = 512 197 / 212-215 /
+ * 210 / 214, N = 8192 K = 256 185 / 199-209 / 193 / 212, N = 1024 K = 512
+ * - / 223 / - / 223, against OpenBLAS (SkylakeX) 193-216. 2-4 KiB-row
+ * panels (2200-3200 floats) lost 5-7% at K = 512. A speed knob only.
+ */
+static int panel_floats(void)
+{
+	static int cached;
+	int f = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+	if (f)
+		return f;
+	long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+	long b = l1 > 0 ? l1 * 2 / 5 : 16384;
+	b = b < 8192 ? 8192 : b > PANEL_FLOATS * 4 ? PANEL_FLOATS * 4 : b;
+	f = (int)(b / 4);
+	__atomic_store_n(&cached, f, __ATOMIC_RELAXED);
+	return f;
+}
+
 static int panel_rows(int K, int nr_max)
 {
-	int nb = PANEL_FLOATS / panel_ld(K);
+	int nb = panel_floats() / panel_ld(K);
 	return nb - nb % nr_max;
 }
 
@@ -795,7 +829,7 @@ static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, const s
 
 #if defined(__x86_64__)
 /*
- * bf16 weights with rows longer than the panels take (K > PACK_MAX_K) and
+ * bf16 weights with rows longer than the panels take (K > PACK_MAX_K5) and
  * many activation rows, AVX-512 (and on AVX2 the panels themselves, in
  * blocks of WIDE2_BYTES): blocks of weight rows are widened to f32
  * (exactly) into a per-thread buffer of one K-split block (kblock_bytes:
@@ -874,9 +908,9 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 		 * (t5k): their weights are an L2-resident panel or block, where
 		 * the prefetches only took load slots (one thread, M = 256: packed
 		 * N = 2048 K = 512 +5%, f32 K = 2048 on the K split +25%). */
-		if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K && panel_rows(w->cols, 4) >= 4)
+		if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K5 && panel_rows(w->cols, 4) >= 4)
 			sweep_packed(&g_t5k[2][0][0], 4, 6, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
-		else if (bf && m >= PACK_MIN_M && w->cols > PACK_MAX_K &&
+		else if (bf && m >= PACK_MIN_M && w->cols > PACK_MAX_K5 &&
 			 sweep_widened(isa, kblock_bytes(), w, x, ldx, m, y, ldy, flags, n0, n1))
 			;
 		else if (m > 1 && w->cols > (bf ? 4 : 2) * KC2)
