@@ -21,7 +21,10 @@
  * Rows of the tile whose query does not reach key j (the diagonal block)
  * skip it: for key j the rows that use it are a suffix [rj, R). Narrow
  * tiles (decode, and the scalar path) compute the scores with the keys as
- * weight rows, in place, and transpose them. The chunks of the key split
+ * weight rows, in place, and transpose them; on AVX-512 tiles of 1, 2, 4
+ * or 8 rows do the same dots in qk_narrow, 16 outputs per register tile
+ * reduced together, and prefetch K ahead and V for the PV pass (decode is
+ * bound by streaming them). The chunks of the key split
  * (attn.h) are merged by the tile itself (prefill) or, for a decode step,
  * computed as separate units in parallel and merged by attn_split.
  */
