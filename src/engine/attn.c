@@ -21,7 +21,10 @@
  * Rows of the tile whose query does not reach key j (the diagonal block)
  * skip it: for key j the rows that use it are a suffix [rj, R). Narrow
  * tiles (decode, and the scalar path) compute the scores with the keys as
- * weight rows, in place, and transpose them. The chunks of the key split
+ * weight rows, in place, and transpose them; on AVX-512 tiles of 1, 2, 4
+ * or 8 rows do the same dots in qk_narrow, 16 outputs per register tile
+ * reduced together, and prefetch K ahead and V for the PV pass (decode is
+ * bound by streaming them). The chunks of the key split
  * (attn.h) are merged by the tile itself (prefill) or, for a decode step,
  * computed as separate units in parallel and merged by attn_split.
  */
@@ -203,17 +206,27 @@ TGT5 static inline __m512 ld16(const char *p, int bf)
 	return _mm512_loadu_ps((const float *)(const void *)p);
 }
 
-/* n (a multiple of 16) bf16 values to f32 (exact): one word permute puts
- * value i in the high half of dword i and zeroes the low halves (1 uop,
- * where zero-extend + shift is 2). */
+/* 16 bf16 values to f32 (exact): one word permute puts value i in the
+ * high half of dword i and zeroes the low halves (1 uop, where
+ * zero-extend + shift is 2). idx is bf16_idx(). */
+TGT5 static inline __m512i bf16_idx(void)
+{
+	return _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0,
+				1, 0, 0, 0);
+}
+
+TGT5 static inline __m512 bf16x16(const char *x, __m512i idx)
+{
+	__m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)x));
+	return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, idx, v));
+}
+
+/* n (a multiple of 16) bf16 values to f32 (exact). */
 TGT5 static void widen_avx512(float *y, const char *x, int n)
 {
-	const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4,
-					     0, 3, 0, 2, 0, 1, 0, 0, 0);
-	for (int i = 0; i < n; i += 16) {
-		__m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(const void *)(x + 2 * i)));
-		_mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, idx, v)));
-	}
+	const __m512i idx = bf16_idx();
+	for (int i = 0; i < n; i += 16)
+		_mm512_storeu_ps(y + i, bf16x16(x + 2 * i, idx));
 }
 
 /* The same strip with 32 columns in two 16-lane registers per row, up to
@@ -425,6 +438,106 @@ TGT5 static void qk_lanes(const float *kf, int n, int hd, const float *qt, int l
 	}
 }
 
+/* Lane n of the result is the canonical tree (gemm.h) of accumulator
+ * a[n]: j + j+8, + j+4, + j+2, 0 + 1, each an IEEE add of the same pair
+ * as the gemm's one-output reduction (addition is commutative bit for
+ * bit), done for 16 outputs at once by transposing 128-bit chunks and
+ * lanes: 15 adds and 30 shuffles for 16 outputs, where one output alone
+ * takes 4 adds and 4 shuffles that serve nobody else. */
+TGT5 static inline __m512 tree16(const __m512 *a)
+{
+	__m512 u[4];
+	for (int c = 0; c < 4; c++) {
+		__m512 p[2];
+		/* j + j+8: p[h] = [a_{8h+c} (8 lanes) | a_{8h+4+c} (8 lanes)] */
+		for (int h = 0; h < 2; h++) {
+			__m512 x = a[8 * h + c], y = a[8 * h + 4 + c];
+			p[h] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+		}
+		/* j + j+4: chunk r of u[c] = the 4-lane partial sums of a[4r + c] */
+		u[c] = _mm512_add_ps(_mm512_shuffle_f32x4(p[0], p[1], 0x88), _mm512_shuffle_f32x4(p[0], p[1], 0xDD));
+	}
+	/* j + j+2, then 0 + 1: chunk r = (u0[r], u1[r], u2[r], u3[r]) */
+	__m512 v0 = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], 0x44), _mm512_shuffle_ps(u[0], u[1], 0xEE));
+	__m512 v1 = _mm512_add_ps(_mm512_shuffle_ps(u[2], u[3], 0x44), _mm512_shuffle_ps(u[2], u[3], 0xEE));
+	return _mm512_add_ps(_mm512_shuffle_ps(v0, v1, 0x88), _mm512_shuffle_ps(v0, v1, 0xDD));
+}
+
+/* Decode scores (narrow tiles of R = 1, 2, 4 or 8 rows, hd a multiple of
+ * 16): st[j * R + r] = gemm-dot(k_j, q_r) for keys j < nk of krow, 16 / R
+ * keys per register tile, so the 16 outputs of a tile are one vector of
+ * st and are reduced together by tree16 (the gemm's decode tiles reduced
+ * each output alone, about as many shuffles and adds as the 8 fmas of a
+ * head_dim-128 dot). Each key's lane j takes k = j, j + 16, ... with one
+ * fma from 0: the canonical order.
+ * Decode attention streams K and V from memory (67 MB per token at 8K on
+ * bench-dense), and the hardware prefetcher alone kept one thread at ~8
+ * GB/s of the ~16 a plain read reaches: the V rows of the same keys (vrow,
+ * vbytes each) are prefetched here, so the PV pass that follows finds them
+ * in cache, and the K rows QKN_PF_K bytes ahead (the key rows of a head
+ * are contiguous within a page; a prefetch past it never faults). One
+ * thread, bench-dense Q4_K_M at 8K, decode attention of 64 tokens: 0.65 s
+ * with neither, 0.53-0.62 with V alone, 0.46 with K alone, 0.30-0.34 with
+ * both (K 1, 3, 4 or 8 KiB ahead: 0.32-0.38). */
+#define QKN_PF_K 2048
+TGT5 static inline __attribute__((always_inline)) void qk_narrow_tile(const int R, const int bf, const char *const *krow,
+								      int nk, int hd, const float *q, float *st,
+								      const char *const *vrow, int vbytes)
+{
+	const int NK = 16 / R;
+	const size_t es = bf ? 2 : 4;
+	const __m512i idx = bf16_idx();
+	__m512 a[16];
+	const char *kp[16];
+	for (int kk = 0; kk < NK; kk++) {
+		kp[kk] = krow[kk < nk ? kk : nk - 1];
+		if (kk < nk)
+			for (int o = 0; o < vbytes; o += 64) {
+				_mm_prefetch(vrow[kk] + o, _MM_HINT_T0);
+				/* an address, not a pointer into the page: it may lie past it */
+				_mm_prefetch((const char *)((uintptr_t)kp[kk] + QKN_PF_K + (uintptr_t)o), _MM_HINT_T0);
+			}
+	}
+#pragma GCC unroll 16
+	for (int n = 0; n < 16; n++)
+		a[n] = _mm512_setzero_ps();
+	for (int k = 0; k < hd; k += 16) {
+		__m512 qv[8];
+#pragma GCC unroll 8
+		for (int r = 0; r < R; r++)
+			qv[r] = _mm512_loadu_ps(q + (size_t)r * hd + k);
+#pragma GCC unroll 16
+		for (int kk = 0; kk < NK; kk++) {
+			__m512 kv = bf ? bf16x16(kp[kk] + (size_t)k * es, idx)
+				       : _mm512_loadu_ps((const float *)(const void *)(kp[kk] + (size_t)k * es));
+#pragma GCC unroll 8
+			for (int r = 0; r < R; r++)
+				a[kk * R + r] = _mm512_fmadd_ps(kv, qv[r], a[kk * R + r]);
+		}
+	}
+	int n = nk * R;
+	_mm512_mask_storeu_ps(st, n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u), tree16(a));
+}
+
+#define QKN(R, bf) \
+	TGT5 static void qk_narrow_##R##_##bf(const char *const *krow, int nk, int hd, const float *q, float *st, \
+					      const char *const *vrow, int vbytes) \
+	{ qk_narrow_tile(R, bf, krow, nk, hd, q, st, vrow, vbytes); }
+QKN(1, 0) QKN(2, 0) QKN(4, 0) QKN(8, 0) QKN(1, 1) QKN(2, 1) QKN(4, 1) QKN(8, 1)
+typedef void (*qkn_fn)(const char *const *, int, int, const float *, float *, const char *const *, int);
+static const qkn_fn g_qkn[2][4] = {{qk_narrow_1_0, qk_narrow_2_0, qk_narrow_4_0, qk_narrow_8_0},
+				   {qk_narrow_1_1, qk_narrow_2_1, qk_narrow_4_1, qk_narrow_8_1}};
+
+/* The scores of keys [0, n) of a block for a narrow tile of R rows (R
+ * divides 16), [key][row] as attn_tile keeps them. */
+TGT5 static void qk_narrow(const char *const *krow, int n, int hd, int bf, const float *q, float *st, int R,
+			   const char *const *vrow, int vbytes)
+{
+	int NK = 16 / R, ri = R == 1 ? 0 : R == 2 ? 1 : R == 4 ? 2 : 3;
+	for (int k0 = 0; k0 < n; k0 += NK)
+		g_qkn[bf][ri](krow + k0, n - k0 < NK ? n - k0 : NK, hd, q, st + (size_t)k0 * R, vrow + k0, vbytes);
+}
+
 /* acc[i][d] = fma(P[j][i], V_j[d], acc[i][d]) for j ascending, i < G:
  * the same operations, element by element, as pv_scalar below. */
 static void pv_avx2(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int G, int hd, int bf,
@@ -613,6 +726,22 @@ TGT5 static void sm_max_avx512(float *st, int R, int nbm, int base, int G, float
 
 TGT5 static void sm_sub_avx512(float *st, int R, int nbm, const float *m)
 {
+	if (R < 16 && 16 % R == 0) {
+		/* narrow tiles: st taken flat, lane i is row i % R (per-row
+		 * vectors of R lanes, masked, read back what the previous key's
+		 * masked store wrote and stalled on it: 9% of a decode step) */
+		__m512i ix = _mm512_and_si512(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+					      _mm512_set1_epi32(R - 1));
+		__m512 mv = _mm512_permutexvar_ps(ix, _mm512_maskz_loadu_ps((__mmask16)((1u << R) - 1u), m));
+		int n = R * nbm, i = 0;
+		for (; i + 16 <= n; i += 16)
+			_mm512_storeu_ps(st + i, _mm512_sub_ps(_mm512_loadu_ps(st + i), mv));
+		if (i < n) {
+			__mmask16 k = (__mmask16)((1u << (n - i)) - 1u);
+			_mm512_mask_storeu_ps(st + i, k, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, st + i), mv));
+		}
+		return;
+	}
 	for (int r = 0; r < R; r += 16) {
 		__mmask16 all = rows_mask5(r, 0, R);
 		__m512 mv = _mm512_maskz_loadu_ps(all, m + r);
@@ -667,7 +796,9 @@ static void sm_max(float *st, int R, int nbm, int base, int G, float scale, floa
 {
 #if defined(__x86_64__)
 	if (isa >= KE_ISA_AVX2) {
-		if (isa >= KE_ISA_AVX512)
+		/* narrow tiles: 8 / 4 rows per register, unmasked (the same
+		 * element-wise operations) */
+		if (isa >= KE_ISA_AVX512 && R > 8)
 			sm_max_avx512(st, R, nbm, base, G, scale, bm);
 		else
 			sm_max_avx2(st, R, nbm, base, G, scale, bm);
@@ -703,7 +834,7 @@ static void sm_sum(const float *st, int R, int nbm, int base, int G, float *sum,
 {
 #if defined(__x86_64__)
 	if (isa >= KE_ISA_AVX2) {
-		if (isa >= KE_ISA_AVX512)
+		if (isa >= KE_ISA_AVX512 && R > 8)
 			sm_sum_avx512(st, R, nbm, base, G, sum);
 		else
 			sm_sum_avx2(st, R, nbm, base, G, sum);
@@ -734,6 +865,16 @@ static void scores_lanes(const float *kf, int n, int hd, const float *qt, int ld
 	qk_lanes(kf, n, hd, qt, ldq, st, R, r0);
 #else
 	(void)kf, (void)n, (void)hd, (void)qt, (void)ldq, (void)st, (void)R, (void)r0;
+#endif
+}
+
+static void scores_narrow(const char *const *krow, int n, int hd, int bf, const float *q, float *st, int R,
+			  const char *const *vrow, int vbytes)
+{
+#if defined(__x86_64__)
+	qk_narrow(krow, n, hd, bf, q, st, R, vrow, vbytes);
+#else
+	(void)krow, (void)n, (void)hd, (void)bf, (void)q, (void)st, (void)R, (void)vrow, (void)vbytes;
 #endif
 }
 
@@ -830,6 +971,9 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 	 * wastes 1/4 and measured 0.92x the gemm tiles) */
 	int ldq = (R + 15) & ~15;
 	int lanes = wide && isa >= KE_ISA_AVX512 && hd % 16 == 0 && (ldq - R) * 8 <= R;
+	/* narrow tiles of 1, 2, 4 or 8 rows: the decode score kernel
+	 * (qk_narrow), which writes [key][row] itself */
+	int nar = !wide && isa >= KE_ISA_AVX512 && hd % 16 == 0 && R <= 16 && 16 % R == 0;
 	if (lanes)
 		for (int k = 0; k < hd; k++) {
 			for (int r = 0; r < R; r++)
@@ -895,6 +1039,8 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 					ke_gemm_range(isa, &qm, s->kf, (size_t)hd, n, s->st + (size_t)w0 * R, (size_t)R, 0, q0,
 						      q0 + qr < R ? q0 + qr : R);
 			}
+		} else if (nar) {
+			scores_narrow(krow, nbm, hd, bf, s->qt, s->st, R, vrow, hd * (bf ? 2 : 4));
 		} else {
 			for (int j0 = 0; j0 < nbm;) {
 				int p = b0 + j0;
@@ -905,13 +1051,22 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 						      s->st + (size_t)j0 * R, (size_t)R, 0, r0, R);
 				} else {
 					struct ke_mat km = {krow[j0], lay->kv_dtype, n, hd, (size_t)hd};
+					/* the PV pass below finds these V rows in cache (as
+					 * qk_narrow does on AVX-512): AVX2, one thread,
+					 * bench-dense Q4_K_M at 8K, decode attention 0.62-0.89 s
+					 * -> 0.53-0.64 in two alternating rounds; K rows 2 KiB
+					 * ahead as well showed no gain over the gemm's own
+					 * prefetch */
+					for (int q = 0; q < n; q++)
+						for (size_t o = 0; o < lay->row_bytes; o += 64)
+							__builtin_prefetch(vrow[j0 + q] + o);
 					ke_gemm_range(isa, &km, s->qt + (size_t)r0 * hd, (size_t)hd, nr,
 						      s->srm + (size_t)r0 * KE_ATTN_BLOCK + j0, KE_ATTN_BLOCK, 0, 0, n);
 				}
 				j0 += n;
 			}
 		}
-		if (!wide)
+		if (!wide && !nar)
 			for (int j = 0; j < nbm; j++)
 				for (int i = r0; i < R; i++)
 					s->st[(size_t)j * R + i] = s->srm[(size_t)i * KE_ATTN_BLOCK + j];

@@ -697,6 +697,53 @@ KT_CASE(attention_lane_scores_match_scalar_at_head_dims)
 	}
 }
 
+/* Decode (narrow) tiles of 1, 2, 4 and 8 rows take the AVX-512 decode
+ * score kernel (qk_narrow: 16 / R keys per register tile, the tail keys of
+ * a block masked) and 3 rows the gemm tiles: every decode step and 2-token
+ * step equals the scalar path's prefill bit for bit, single and split
+ * (past a chunk start), bf16 and f32 KV, pages of 48 tokens. */
+KT_CASE(attention_decode_scores_match_scalar)
+{
+	static const int shapes[][3] = {{4, 4, 128}, {8, 4, 256}, {8, 2, 128}, {8, 1, 64}, {6, 2, 128}};
+	static const int probe[] = {0, 1, 14, 62, 63, 64, 300, 511, 512, 513, 601};
+	int T = 603;
+	for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+		int H = shapes[si][0], Hkv = shapes[si][1], hd = shapes[si][2], G = H / Hkv;
+		float *kk = rand_vec((size_t)T * Hkv * hd), *vv = rand_vec((size_t)T * Hkv * hd);
+		float *q = rand_vec((size_t)T * H * hd);
+		size_t row = (size_t)H * hd, sz = (size_t)T * row * 4;
+		float *ref = malloc(sz), *out = malloc(2 * row * 4);
+		float *scr = malloc(16 * ke_attn_scratch_floats(G, hd) * 4);
+		for (int bf = 0; bf < 2; bf++) {
+			struct kvfix f;
+			kvfix_make(&f, Hkv, hd, 48, T, bf, kk, vv);
+			int saved = ke_isa();
+			ke_isa_set(KE_ISA_SCALAR);
+			run_attn(&f, H, q, ref, 0, T, scr, 1);
+			for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
+				ke_isa_set(isa);
+				for (size_t i = 0; i < sizeof probe / sizeof probe[0]; i++)
+					for (int n = 1; n <= 2; n++)
+						for (int th = 1; th <= 16; th += 15) {
+							int t = probe[i];
+							run_attn(&f, H, q + (size_t)t * row, out, t, n, scr, th);
+							KT_CHECKF(!memcmp(out, ref + (size_t)t * row, (size_t)n * row * 4),
+								  "G %d hd %d bf %d isa %s at %d, %d tokens, %d threads", G, hd,
+								  bf, ke_isa_name(isa), t, n, th);
+						}
+			}
+			ke_isa_set(saved);
+			kvfix_free(&f);
+		}
+		free(kk);
+		free(vv);
+		free(q);
+		free(ref);
+		free(out);
+		free(scr);
+	}
+}
+
 /* --- DeltaNet --------------------------------------------------------------- */
 
 KT_CASE(deltanet_rule_matches_double_and_paths_agree)
@@ -1034,6 +1081,7 @@ KT_MAIN(gemm_matches_double_reference, gemm_simd_paths_bit_identical_to_scalar, 
 	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
 	attention_invariant_to_chunks_threads_and_page_size,
 	attention_key_split_prefill_equals_decode_and_paths, attention_lane_scores_match_scalar_at_head_dims,
+	attention_decode_scores_match_scalar,
 	deltanet_rule_matches_double_and_paths_agree,
 	deltanet_rule_seq_paths_match_scalar_token_by_token, deltanet_conv_is_causal_with_state,
 	deltanet_conv_paths_match_scalar, sampler_greedy_and_reproducible, sampler_filters, logprobs)
