@@ -126,18 +126,6 @@ static inline void q0_codes(int dt, const uint8_t *blk, uint8_t *u)
 	}
 }
 
-/* Q4_K's 6-bit scale and min of slice j (ggml's get_scale_min_k4). */
-static inline void q4k_sm(const uint8_t *scales, int j, int *sc, int *mm)
-{
-	if (j < 4) {
-		*sc = scales[j] & 63;
-		*mm = scales[j + 4] & 63;
-	} else {
-		*sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
-		*mm = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
-	}
-}
-
 /* Q3_K's 16 6-bit scales minus 32 (ggml's unpacking of scales[12]). */
 static inline void q3k_scales(const uint8_t *blk, int8_t *sc)
 {
@@ -461,20 +449,6 @@ TGT2 static AINL2 void q1_k4(int dt, const uint8_t *const *wr, int K, const uint
 		_mm_storeu_ps(out + 4 * i, acc[i]);
 }
 
-/* The 8 6-bit scales (bytes of sc[0..1]) and mins (bytes of mn[0..1]) of
- * a Q4_K block, four at a time (what q4k_sm gives one by one). */
-static inline void q4k_unpack(const uint8_t *blk, uint32_t *sc, uint32_t *mn)
-{
-	uint32_t u0, u1, u2;
-	memcpy(&u0, blk + 4, 4);
-	memcpy(&u1, blk + 8, 4);
-	memcpy(&u2, blk + 12, 4);
-	sc[0] = u0 & 0x3f3f3f3fu;
-	mn[0] = u1 & 0x3f3f3f3fu;
-	sc[1] = (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4);
-	mn[1] = ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4);
-}
-
 /* Q4_K (q5 = 0) and Q5_K (q5 = 1: the 5th bit of slice s is bit s of qh). */
 TGT2 static AINL2 void q45_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
 			      const int q5, float *out)
@@ -494,7 +468,7 @@ TGT2 static AINL2 void q45_k4(const uint8_t *const *wr, int K, const uint8_t *a,
 			const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
 			pf_ahead(blk, ahead, (int)bb);
 			uint32_t scw[2], mnw[2];
-			q4k_unpack(blk, scw, mnw);
+			kq_scale_min_k4_words(blk + 4, scw, mnw);
 			const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
 			const __m256i mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb)); /* m0 m0 m1 m1 ... */
 			const __m256i sv = _mm256_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)scw[1], (int)scw[0]));
@@ -893,9 +867,12 @@ TGT5 static void pack_q45_k(const int q5, const uint8_t *const *wr, int nb, uint
 		uint16_t hd[PR], hm[PR];
 		for (int r = 0; r < PR; r++) {
 			const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
-			int m[8];
-			for (int s = 0; s < 8; s++)
-				q4k_sm(blk + 4, s, &sc[16 * s + r], &m[s]);
+			uint8_t m[8];
+			for (int s = 0; s < 8; s++) {
+				uint8_t s6;
+				kq_scale_min_k4(blk + 4, s, &s6, &m[s]);
+				sc[16 * s + r] = s6;
+			}
 			const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
 #pragma GCC unroll 4
 			for (int ch = 0; ch < 4; ch++) {
@@ -1286,7 +1263,7 @@ TGT5 static AINL void q45_k4_512(const uint8_t *const *wr, int K, const uint8_t 
 			const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
 			pf_ahead(blk, ahead, (int)bb);
 			uint32_t scw[2], mnw[2];
-			q4k_unpack(blk, scw, mnw);
+			kq_scale_min_k4_words(blk + 4, scw, mnw);
 			const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
 			const __m256i mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb)); /* m0 m0 m1 m1 ... */
 			const __m512i sc32 = _mm512_castsi256_si512(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)scw[1], (int)scw[0])));
@@ -1575,8 +1552,8 @@ static float q4_k_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
 		const int8_t *qx = (const int8_t *)xr + 256 * (size_t)b;
 		int32_t S = 0, C = 0;
 		for (int s = 0; s < 8; s++) {
-			int sc, mm;
-			q4k_sm(blk + 4, s, &sc, &mm);
+			uint8_t sc, mm;
+			kq_scale_min_k4(blk + 4, s, &sc, &mm);
 			int32_t p = 0;
 			for (int e = 0; e < 32; e++) {
 				int v = qs[32 * (s / 2) + e];
@@ -1657,8 +1634,8 @@ static float q5_k_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
 		const int8_t *qx = (const int8_t *)xr + 256 * (size_t)b;
 		int32_t S = 0, C = 0;
 		for (int s = 0; s < 8; s++) {
-			int sc, mm;
-			q4k_sm(blk + 4, s, &sc, &mm);
+			uint8_t sc, mm;
+			kq_scale_min_k4(blk + 4, s, &sc, &mm);
 			int32_t p = 0;
 			for (int e = 0; e < 32; e++) {
 				int v = ql[32 * (s / 2) + e];
