@@ -1339,7 +1339,8 @@ TGT5 static AINL void q45_k4_512(const uint8_t *const *wr, int K, const uint8_t 
 			kq_scale_min_k4_words(blk + 4, scw, mnw);
 			const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
 			const __m256i mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb)); /* m0 m0 m1 m1 ... */
-			const __m512i sc32 = _mm512_castsi256_si512(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)scw[1], (int)scw[0])));
+			/* the 8 scale bytes in every 128-bit lane, picked per dword by vpshufb */
+			const __m512i scb = _mm512_set1_epi64((long long)(((uint64_t)scw[1] << 32) | scw[0]));
 			__m512i qh2 = _mm512_setzero_si512();
 			if (q5) { /* qh in the low half, qh >> 1 in the high: bits 2ch of both halves */
 				const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
@@ -1351,16 +1352,16 @@ TGT5 static AINL void q45_k4_512(const uint8_t *const *wr, int K, const uint8_t 
 				t[i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
 			for (int ch = 0; ch < 4; ch++) {
-				const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
-				__m512i w = _mm512_and_si512(
-					_mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1), m4);
+				/* the 32 bytes in both halves (a broadcast load: no shuffle),
+				 * the high half shifted to its high nibbles under a mask */
+				const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * ch)));
+				__m512i w = _mm512_and_si512(_mm512_mask_srli_epi16(raw, (__mmask32)0xFFFF0000u, raw, 4), m4);
 				if (q5)
 					w = _mm512_or_si512(w, bit_to5(qh2, 2 * ch, 4));
-				/* scale 2ch in dwords 0-7, 2ch + 1 in 8-15 */
-				const __m512i scv = _mm512_permutexvar_epi32(
-					_mm512_set_epi32(2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1,
-							 2 * ch + 1, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch),
-					sc32);
+				/* scale 2ch in dwords 0-7, 2ch + 1 in 8-15 (bytes 1-3 zero) */
+				const int j0 = (int)0x80808000 | (2 * ch), j1 = j0 + 1;
+				const __m512i scv = _mm512_shuffle_epi8(
+					scb, _mm512_set_epi32(j1, j1, j1, j1, j1, j1, j1, j1, j0, j0, j0, j0, j0, j0, j0, j0));
 #pragma GCC unroll 4
 				for (int i = 0; i < mr; i++) {
 					const __m512i x = _mm512_load_si512((const void *)(a + (size_t)i * astride + 256 * (size_t)b + 64 * ch));
