@@ -126,18 +126,6 @@ static inline void q0_codes(int dt, const uint8_t *blk, uint8_t *u)
 	}
 }
 
-/* Q4_K's 6-bit scale and min of slice j (ggml's get_scale_min_k4). */
-static inline void q4k_sm(const uint8_t *scales, int j, int *sc, int *mm)
-{
-	if (j < 4) {
-		*sc = scales[j] & 63;
-		*mm = scales[j + 4] & 63;
-	} else {
-		*sc = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
-		*mm = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
-	}
-}
-
 /* Q3_K's 16 6-bit scales minus 32 (ggml's unpacking of scales[12]). */
 static inline void q3k_scales(const uint8_t *blk, int8_t *sc)
 {
@@ -289,10 +277,21 @@ TGT2 static inline __m128 h2f4(const uint8_t *p0, const uint8_t *p1, const uint8
 #define AMR 4
 #define AINL2 __attribute__((always_inline)) inline
 /* Decode (one activation row) is a stream over the weights: the kernels
- * prefetch the same bytes of the rows PF_PANELS 4-row panels ahead (the
- * rows of a matrix are contiguous, so that is the stream's next stretch;
- * a prefetch is a hint, past the end it never faults). */
-#define PF_PANELS 2
+ * prefetch the same bytes of the rows whole 4-row panels ahead, the first
+ * panel at least PF_BYTES on (the rows of a matrix are contiguous, so that
+ * is the stream's next stretch; a prefetch is a hint, past the end it
+ * never faults). */
+/* M = 1 streams, single thread (N rows x K): Q8_0 131072 x 256 went 68
+ * -> 35 ns per 4 rows from 2 panels (2.2 KB) to 16 KB ahead, Q4_K 262144 x
+ * 256 30 -> 23, Q6_K 131072 x 256 32 -> 28; 8 KB and 32 KB measured the
+ * same or worse. */
+#define PF_BYTES 16384
+
+static inline ptrdiff_t pf_dist(const uint8_t *const *wr)
+{
+	const ptrdiff_t p = 4 * (wr[1] - wr[0]); /* 0 in a one-row pass */
+	return p > 0 ? p * ((PF_BYTES + p - 1) / p) : 0;
+}
 
 static AINL2 void pf_ahead(const uint8_t *blk, ptrdiff_t ahead, int bytes)
 {
@@ -300,24 +299,64 @@ static AINL2 void pf_ahead(const uint8_t *blk, ptrdiff_t ahead, int bytes)
 		_mm_prefetch((const char *)blk + ahead + o, _MM_HINT_T0);
 }
 
-/* The float steps of one super-block for 4 weight rows (lanes) and mr
- * activation rows: acc = fmaf(d dx, S, acc), and with has_min
- * c = fmaf(dmin dx, C, c) (qdot.h), S and C the lane sums of the rows'
- * four integer vectors. Shared by the AVX2 and 512-bit 4-row kernels. */
-TGT2 static AINL2 void fin_block(const int mr, const int has_min, const uint8_t *a, size_t astride, int K, int b,
-				 __m128 d, __m128 dm, __m256i (*S)[4], __m256i (*C)[4], __m128 *acc, __m128 *c)
+/* The f16 pairs (d, dmin) at p0..p3 (the K types with a min keep them
+ * adjacent) as [d0 d1 d2 d3 dmin0 dmin1 dmin2 dmin3]: one 32-bit load per
+ * row, the same exact conversion as h2f4. */
+TGT2 static inline __m256 h2f4x2(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3)
+{
+	uint32_t u[4];
+	memcpy(&u[0], p0, 4);
+	memcpy(&u[1], p1, 4);
+	memcpy(&u[2], p2, 4);
+	memcpy(&u[3], p3, 4);
+	const __m128i h = _mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
+	return _mm256_cvtph_ps(_mm_shuffle_epi8(h, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15)));
+}
+
+/* [sum S0 .. sum S3, sum C0 .. sum C3] of eight int32 vectors (exact). */
+TGT2 static inline __m256i hsum8_i32(const __m256i *S, const __m256i *C)
+{
+	const __m256i s = _mm256_hadd_epi32(_mm256_hadd_epi32(S[0], S[1]), _mm256_hadd_epi32(S[2], S[3]));
+	const __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(C[0], C[1]), _mm256_hadd_epi32(C[2], C[3]));
+	return _mm256_add_epi32(_mm256_permute2x128_si256(s, c, 0x20), _mm256_permute2x128_si256(s, c, 0x31));
+}
+
+/* The float steps of one super-block for 4 weight rows and mr activation
+ * rows: acc = fmaf(d dx, S, acc) and c = fmaf(dmin dx, C, c) (qdot.h), S
+ * and C the lane sums of the rows' four integer vectors. Both chains run
+ * in one register, acc in lanes 0-3 and c in 4-7 (lane r: weight row r),
+ * dd = [d, dmin] (h2f4x2): the same operations per lane as two 128-bit
+ * chains, with one reduction tree and one FMA for both. Shared by the
+ * AVX2 and 512-bit 4-row kernels. */
+TGT2 static AINL2 void fin_block(const int mr, const uint8_t *a, size_t astride, int K, int b, __m256 dd,
+				 __m256i (*S)[4], __m256i (*C)[4], __m256 *ac)
 {
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++) {
 		float dx;
 		memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
-		const __m128 dxv = _mm_set1_ps(dx);
-		acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, dxv), _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])),
-				      acc[i]);
-		if (has_min)
-			c[i] = _mm_fmadd_ps(_mm_mul_ps(dm, dxv), _mm_cvtepi32_ps(hsum4_i32(C[i][0], C[i][1], C[i][2], C[i][3])),
-					    c[i]);
+		ac[i] = _mm256_fmadd_ps(_mm256_mul_ps(dd, _mm256_set1_ps(dx)), _mm256_cvtepi32_ps(hsum8_i32(S[i], C[i])),
+					ac[i]);
 	}
+}
+
+/* acc = fmaf(d dx, S, acc) alone (Q6_K, Q3_K). */
+TGT2 static AINL2 void fin_block1(const int mr, const uint8_t *a, size_t astride, int K, int b, __m128 d,
+				  __m256i (*S)[4], __m128 *acc)
+{
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++) {
+		float dx;
+		memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+		acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(dx)),
+				      _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])), acc[i]);
+	}
+}
+
+/* y = acc - c of fin_block's register. */
+TGT2 static inline __m128 fin_out(__m256 ac)
+{
+	return _mm_sub_ps(_mm256_castps256_ps128(ac), _mm256_extractf128_ps(ac, 1));
 }
 
 
@@ -325,7 +364,7 @@ TGT2 static AINL2 void q8_0_k4(const uint8_t *const *wr, int K, const uint8_t *a
 			       float *out)
 {
 	const int nb = K / 32;
-	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
+	const ptrdiff_t ahead = pf_dist(wr);
 	__m128 acc[AMR];
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
@@ -382,7 +421,7 @@ TGT2 static AINL2 void q0_k4(int dt, const uint8_t *const *wr, int K, const uint
 {
 	const int nb = K / 32, bb = q0_bytes(dt), sh = q0_shift(dt);
 	const uint8_t *ns = a + K + (size_t)nb * 4;
-	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
+	const ptrdiff_t ahead = pf_dist(wr);
 	__m128 acc[AMR];
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
@@ -424,7 +463,7 @@ TGT2 static AINL2 void q1_k4(int dt, const uint8_t *const *wr, int K, const uint
 {
 	const int nb = K / 32, bb = q0_bytes(dt);
 	const uint8_t *ns = a + K + (size_t)nb * 4;
-	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
+	const ptrdiff_t ahead = pf_dist(wr);
 	__m128 acc[AMR];
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
@@ -461,20 +500,6 @@ TGT2 static AINL2 void q1_k4(int dt, const uint8_t *const *wr, int K, const uint
 		_mm_storeu_ps(out + 4 * i, acc[i]);
 }
 
-/* The 8 6-bit scales (bytes of sc[0..1]) and mins (bytes of mn[0..1]) of
- * a Q4_K block, four at a time (what q4k_sm gives one by one). */
-static inline void q4k_unpack(const uint8_t *blk, uint32_t *sc, uint32_t *mn)
-{
-	uint32_t u0, u1, u2;
-	memcpy(&u0, blk + 4, 4);
-	memcpy(&u1, blk + 8, 4);
-	memcpy(&u2, blk + 12, 4);
-	sc[0] = u0 & 0x3f3f3f3fu;
-	mn[0] = u1 & 0x3f3f3f3fu;
-	sc[1] = (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4);
-	mn[1] = ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4);
-}
-
 /* Q4_K (q5 = 0) and Q5_K (q5 = 1: the 5th bit of slice s is bit s of qh). */
 TGT2 static AINL2 void q45_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
 			      const int q5, float *out)
@@ -483,18 +508,19 @@ TGT2 static AINL2 void q45_k4(const uint8_t *const *wr, int K, const uint8_t *a,
 	const size_t bb = q5 ? 176 : 144;
 	const size_t bso = (size_t)K + (size_t)nb * 4;
 	const __m256i m4 = _mm256_set1_epi8(0x0F);
-	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
-	__m128 acc[AMR], c[AMR];
+	const ptrdiff_t ahead = pf_dist(wr);
+	__m256 ac[AMR]; /* [acc | c] (fin_block) */
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
-		acc[i] = c[i] = _mm_setzero_ps();
+		ac[i] = _mm256_setzero_ps();
 	for (int b = 0; b < nb; b++) {
 		__m256i S[AMR][4], C[AMR][4];
+#pragma GCC unroll 4
 		for (int r = 0; r < 4; r++) {
 			const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
 			pf_ahead(blk, ahead, (int)bb);
 			uint32_t scw[2], mnw[2];
-			q4k_unpack(blk, scw, mnw);
+			kq_scale_min_k4_words(blk + 4, scw, mnw);
 			const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
 			const __m256i mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb)); /* m0 m0 m1 m1 ... */
 			const __m256i sv = _mm256_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)scw[1], (int)scw[0]));
@@ -532,13 +558,11 @@ TGT2 static AINL2 void q45_k4(const uint8_t *const *wr, int K, const uint8_t *a,
 			}
 		}
 		const size_t o = bb * (size_t)b;
-		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
-		const __m128 dm = h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2);
-		fin_block(mr, 1, a, astride, K, b, d, dm, S, C, acc, c);
+		fin_block(mr, a, astride, K, b, h2f4x2(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), S, C, ac);
 	}
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
-		_mm_storeu_ps(out + 4 * i, _mm_sub_ps(acc[i], c[i]));
+		_mm_storeu_ps(out + 4 * i, fin_out(ac[i]));
 }
 
 TGT2 static AINL2 void q6_k_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
@@ -547,13 +571,14 @@ TGT2 static AINL2 void q6_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 	const int nb = K / 256;
 	const size_t bso = (size_t)K + (size_t)nb * 4;
 	const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
-	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
+	const ptrdiff_t ahead = pf_dist(wr);
 	__m128 acc[AMR];
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
 		acc[i] = _mm_setzero_ps();
 	for (int b = 0; b < nb; b++) {
 		__m256i S[AMR][4];
+#pragma GCC unroll 4
 		for (int r = 0; r < 4; r++) {
 			const uint8_t *blk = wr[r] + 210 * (size_t)b;
 			pf_ahead(blk, ahead, 210);
@@ -648,13 +673,17 @@ TGT2 static AINL2 void g16_k4(const int dt, const uint8_t *const *wr, int K, con
 {
 	const int nb = K / 256, q3 = dt == KV_DT_Q3_K;
 	const size_t bso = (size_t)K + (size_t)nb * 4, bb = q3 ? 110 : 84;
-	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
-	__m128 acc[AMR], c[AMR];
+	const ptrdiff_t ahead = pf_dist(wr);
+	__m128 acc[AMR]; /* Q3_K */
+	__m256 ac[AMR];  /* Q2_K: [acc | c] (fin_block) */
 #pragma GCC unroll 4
-	for (int i = 0; i < mr; i++)
-		acc[i] = c[i] = _mm_setzero_ps();
+	for (int i = 0; i < mr; i++) {
+		acc[i] = _mm_setzero_ps();
+		ac[i] = _mm256_setzero_ps();
+	}
 	for (int b = 0; b < nb; b++) {
 		__m256i S[AMR][4], C[AMR][4];
+#pragma GCC unroll 4
 		for (int r = 0; r < 4; r++) {
 			const uint8_t *blk = wr[r] + bb * (size_t)b;
 			pf_ahead(blk, ahead, (int)bb);
@@ -695,48 +724,76 @@ TGT2 static AINL2 void g16_k4(const int dt, const uint8_t *const *wr, int K, con
 			}
 		}
 		const size_t o = bb * (size_t)b + (q3 ? 108 : 80);
-		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
-		const __m128 dm = q3 ? d : h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2);
-		fin_block(mr, !q3, a, astride, K, b, d, dm, S, C, acc, c);
+		if (q3)
+			fin_block1(mr, a, astride, K, b, h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), S, acc);
+		else
+			fin_block(mr, a, astride, K, b, h2f4x2(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), S, C, ac);
 	}
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
-		_mm_storeu_ps(out + 4 * i, q3 ? acc[i] : _mm_sub_ps(acc[i], c[i]));
+		_mm_storeu_ps(out + 4 * i, q3 ? acc[i] : fin_out(ac[i]));
 }
 
-#define K4_DISPATCH(NAME, FN)                                                                                      \
-	TGT2 static void NAME(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr, float *out) \
-	{                                                                                                          \
-		switch (mr) {                                                                                      \
-		case 1: FN(wr, K, a, astride, 1, out); break;                                                      \
-		case 2: FN(wr, K, a, astride, 2, out); break;                                                      \
-		case 3: FN(wr, K, a, astride, 3, out); break;                                                      \
-		default: FN(wr, K, a, astride, 4, out); break;                                                     \
-		}                                                                                                  \
-	}
-K4_DISPATCH(q8_0_gemm4, q8_0_k4)
-
-TGT2 static void q0_gemm4(int dt, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr,
-			  float *out)
+/* Outputs of one 4-row pass: o[4 t + r] -> y[t * ldy + r] for mr
+ * activation rows t and nr weight rows r. */
+static inline void gemv_put(float *y, size_t ldy, int accum, int mr, int nr, const float *o)
 {
-	switch (mr) {
-	case 1: q0_k4(dt, wr, K, a, astride, 1, out); break;
-	case 2: q0_k4(dt, wr, K, a, astride, 2, out); break;
-	case 3: q0_k4(dt, wr, K, a, astride, 3, out); break;
-	default: q0_k4(dt, wr, K, a, astride, 4, out); break;
+	for (int t = 0; t < mr; t++) {
+		float *yo = y + (size_t)t * ldy;
+		if (nr == 4 && !accum)
+			memcpy(yo, o + 4 * t, 4 * sizeof(float));
+		else
+			for (int r = 0; r < nr; r++)
+				yo[r] = accum ? yo[r] + o[4 * t + r] : o[4 * t + r];
 	}
 }
 
-TGT2 static void q1_gemm4(int dt, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr,
-			  float *out)
-{
-	switch (mr) {
-	case 1: q1_k4(dt, wr, K, a, astride, 1, out); break;
-	case 2: q1_k4(dt, wr, K, a, astride, 2, out); break;
-	case 3: q1_k4(dt, wr, K, a, astride, 3, out); break;
-	default: q1_k4(dt, wr, K, a, astride, 4, out); break;
+/* A GEMV over weight rows [n0, n1) of w against m activation rows: one
+ * 4-row kernel FN (a short pass repeats its last row), AMR activation
+ * rows at a time. The row loop lives in the same function as the inlined
+ * kernel, so its constants stay in registers across passes: the loop
+ * outside cost 18% of a Q4_K M = 1, K = 256 GEMV (perf, cpu-clock). */
+typedef void gemv_fn(const uint8_t *w, size_t wstride, int K, const uint8_t *a, size_t astride, int m, float *y,
+		     size_t ldy, int accum, int n0, int n1);
+#define GEMV_LOOP(TGT, NAME, FN)                                                                                \
+	TGT static void NAME(const uint8_t *w, size_t wstride, int K, const uint8_t *a, size_t astride, int m, float *y, \
+			     size_t ldy, int accum, int n0, int n1)                                                 \
+	{                                                                                                       \
+		for (int n = n0; n < n1; n += 4) {                                                              \
+			const int nr = n1 - n < 4 ? n1 - n : 4;                                                 \
+			const uint8_t *wr[4];                                                                   \
+			for (int r = 0; r < 4; r++)                                                             \
+				wr[r] = w + (size_t)(n + (r < nr ? r : nr - 1)) * wstride;                      \
+			for (int i = 0; i < m; i += AMR) {                                                      \
+				const int mr = m - i < AMR ? m - i : AMR;                                       \
+				const uint8_t *xr = a + (size_t)i * astride;                                    \
+				float o[4 * AMR];                                                               \
+				switch (mr) {                                                                   \
+				case 1: FN(wr, K, xr, astride, 1, o); break;                                    \
+				case 2: FN(wr, K, xr, astride, 2, o); break;                                    \
+				case 3: FN(wr, K, xr, astride, 3, o); break;                                    \
+				default: FN(wr, K, xr, astride, 4, o); break;                                   \
+				}                                                                               \
+				gemv_put(y + (size_t)i * ldy + n, ldy, accum, mr, nr, o);                       \
+			}                                                                                       \
+		}                                                                                               \
 	}
-}
+
+#define Q0_K4(NAME, FN, DT)                                                                                     \
+	TGT2 static AINL2 void NAME(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr, \
+				    float *out)                                                                 \
+	{                                                                                                       \
+		FN(DT, wr, K, a, astride, mr, out);                                                             \
+	}
+Q0_K4(q4_0_k4, q0_k4, KV_DT_Q4_0)
+Q0_K4(q5_0_k4, q0_k4, KV_DT_Q5_0)
+Q0_K4(q4_1_k4, q1_k4, KV_DT_Q4_1)
+Q0_K4(q5_1_k4, q1_k4, KV_DT_Q5_1)
+GEMV_LOOP(TGT2, q8_0_gemv, q8_0_k4)
+GEMV_LOOP(TGT2, q4_0_gemv, q4_0_k4)
+GEMV_LOOP(TGT2, q5_0_gemv, q5_0_k4)
+GEMV_LOOP(TGT2, q4_1_gemv, q4_1_k4)
+GEMV_LOOP(TGT2, q5_1_gemv, q5_1_k4)
 
 TGT2 static AINL2 void q4_k_k4(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
 			       float *out)
@@ -761,11 +818,11 @@ TGT2 static AINL2 void q2_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 {
 	g16_k4(KV_DT_Q2_K, wr, K, a, astride, mr, out);
 }
-K4_DISPATCH(q4_k_gemm4, q4_k_k4)
-K4_DISPATCH(q5_k_gemm4, q5_k_k4)
-K4_DISPATCH(q6_k_gemm4, q6_k_k4)
-K4_DISPATCH(q3_k_gemm4, q3_k_k4)
-K4_DISPATCH(q2_k_gemm4, q2_k_k4)
+GEMV_LOOP(TGT2, q4_k_gemv, q4_k_k4)
+GEMV_LOOP(TGT2, q5_k_gemv, q5_k_k4)
+GEMV_LOOP(TGT2, q6_k_gemv, q6_k_k4)
+GEMV_LOOP(TGT2, q3_k_gemv, q3_k_k4)
+GEMV_LOOP(TGT2, q2_k_gemv, q2_k_k4)
 
 /*
  * AVX-512 VNNI GEMM: a panel of 16 weight rows is repacked once so that
@@ -893,9 +950,12 @@ TGT5 static void pack_q45_k(const int q5, const uint8_t *const *wr, int nb, uint
 		uint16_t hd[PR], hm[PR];
 		for (int r = 0; r < PR; r++) {
 			const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
-			int m[8];
-			for (int s = 0; s < 8; s++)
-				q4k_sm(blk + 4, s, &sc[16 * s + r], &m[s]);
+			uint8_t m[8];
+			for (int s = 0; s < 8; s++) {
+				uint8_t s6;
+				kq_scale_min_k4(blk + 4, s, &s6, &m[s]);
+				sc[16 * s + r] = s6;
+			}
 			const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
 #pragma GCC unroll 4
 			for (int ch = 0; ch < 4; ch++) {
@@ -1275,21 +1335,23 @@ TGT5 static AINL void q45_k4_512(const uint8_t *const *wr, int K, const uint8_t 
 	const int nb = K / 256;
 	const size_t bso = (size_t)K + (size_t)nb * 4, bb = q5 ? 176 : 144;
 	const __m512i m4 = _mm512_set1_epi8(0x0F);
-	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
-	__m128 acc[AMR], c[AMR];
+	const ptrdiff_t ahead = pf_dist(wr);
+	__m256 ac[AMR]; /* [acc | c] (fin_block) */
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
-		acc[i] = c[i] = _mm_setzero_ps();
+		ac[i] = _mm256_setzero_ps();
 	for (int b = 0; b < nb; b++) {
 		__m256i S[AMR][4], C[AMR][4];
+#pragma GCC unroll 4
 		for (int r = 0; r < 4; r++) {
 			const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
 			pf_ahead(blk, ahead, (int)bb);
 			uint32_t scw[2], mnw[2];
-			q4k_unpack(blk, scw, mnw);
+			kq_scale_min_k4_words(blk + 4, scw, mnw);
 			const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
 			const __m256i mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb)); /* m0 m0 m1 m1 ... */
-			const __m512i sc32 = _mm512_castsi256_si512(_mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)scw[1], (int)scw[0])));
+			/* the 8 scale bytes in every 128-bit lane, picked per dword by vpshufb */
+			const __m512i scb = _mm512_set1_epi64((long long)(((uint64_t)scw[1] << 32) | scw[0]));
 			__m512i qh2 = _mm512_setzero_si512();
 			if (q5) { /* qh in the low half, qh >> 1 in the high: bits 2ch of both halves */
 				const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
@@ -1301,16 +1363,16 @@ TGT5 static AINL void q45_k4_512(const uint8_t *const *wr, int K, const uint8_t 
 				t[i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
 			for (int ch = 0; ch < 4; ch++) {
-				const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
-				__m512i w = _mm512_and_si512(
-					_mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1), m4);
+				/* the 32 bytes in both halves (a broadcast load: no shuffle),
+				 * the high half shifted to its high nibbles under a mask */
+				const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * ch)));
+				__m512i w = _mm512_and_si512(_mm512_mask_srli_epi16(raw, (__mmask32)0xFFFF0000u, raw, 4), m4);
 				if (q5)
 					w = _mm512_or_si512(w, bit_to5(qh2, 2 * ch, 4));
-				/* scale 2ch in dwords 0-7, 2ch + 1 in 8-15 */
-				const __m512i scv = _mm512_permutexvar_epi32(
-					_mm512_set_epi32(2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1, 2 * ch + 1,
-							 2 * ch + 1, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch, 2 * ch),
-					sc32);
+				/* scale 2ch in dwords 0-7, 2ch + 1 in 8-15 (bytes 1-3 zero) */
+				const int j0 = (int)0x80808000 | (2 * ch), j1 = j0 + 1;
+				const __m512i scv = _mm512_shuffle_epi8(
+					scb, _mm512_set_epi32(j1, j1, j1, j1, j1, j1, j1, j1, j0, j0, j0, j0, j0, j0, j0, j0));
 #pragma GCC unroll 4
 				for (int i = 0; i < mr; i++) {
 					const __m512i x = _mm512_load_si512((const void *)(a + (size_t)i * astride + 256 * (size_t)b + 64 * ch));
@@ -1325,13 +1387,11 @@ TGT5 static AINL void q45_k4_512(const uint8_t *const *wr, int K, const uint8_t 
 			}
 		}
 		const size_t o = bb * (size_t)b;
-		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
-		const __m128 dm = h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2);
-		fin_block(mr, 1, a, astride, K, b, d, dm, S, C, acc, c);
+		fin_block(mr, a, astride, K, b, h2f4x2(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), S, C, ac);
 	}
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
-		_mm_storeu_ps(out + 4 * i, _mm_sub_ps(acc[i], c[i]));
+		_mm_storeu_ps(out + 4 * i, fin_out(ac[i]));
 }
 
 /* Q6_K: codes 0..63 (|z| <= 4 * 63 * 127 < 2^15), a group scale per 4
@@ -1343,13 +1403,14 @@ TGT5 static AINL void q6_k4_512(const uint8_t *const *wr, int K, const uint8_t *
 	const int nb = K / 256;
 	const size_t bso = (size_t)K + (size_t)nb * 4;
 	const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3), lo16 = _mm512_set1_epi32(0xFFFF);
-	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
+	const ptrdiff_t ahead = pf_dist(wr);
 	__m128 acc[AMR];
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
 		acc[i] = _mm_setzero_ps();
 	for (int b = 0; b < nb; b++) {
 		__m256i S[AMR][4];
+#pragma GCC unroll 4
 		for (int r = 0; r < 4; r++) {
 			const uint8_t *blk = wr[r] + 210 * (size_t)b;
 			pf_ahead(blk, ahead, 210);
@@ -1405,15 +1466,7 @@ TGT5 static AINL void q6_k4_512(const uint8_t *const *wr, int K, const uint8_t *
 		_mm_storeu_ps(out + 4 * i, acc[i]);
 }
 
-TGT5 static void q6_k_gemv5(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr, float *out)
-{
-	switch (mr) {
-	case 1: q6_k4_512(wr, K, a, astride, 1, out); break;
-	case 2: q6_k4_512(wr, K, a, astride, 2, out); break;
-	case 3: q6_k4_512(wr, K, a, astride, 3, out); break;
-	default: q6_k4_512(wr, K, a, astride, 4, out); break;
-	}
-}
+GEMV_LOOP(TGT5, q6_k_gemv5, q6_k4_512)
 
 /* Q2_K: g16_k4 with a slice pair per register (codes 0..3, group scales
  * per 4 dwords as in q6_k4_512). Same integers, same float steps as
@@ -1425,13 +1478,14 @@ TGT5 static AINL void q2_k4_512(const uint8_t *const *wr, int K, const uint8_t *
 	const int nb = K / 256;
 	const size_t bso = (size_t)K + (size_t)nb * 4;
 	const __m512i m3 = _mm512_set1_epi8(3);
-	const ptrdiff_t ahead = PF_PANELS * 4 * (wr[1] - wr[0]);
-	__m128 acc[AMR], c[AMR];
+	const ptrdiff_t ahead = pf_dist(wr);
+	__m256 ac[AMR]; /* [acc | c] (fin_block) */
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
-		acc[i] = c[i] = _mm_setzero_ps();
+		ac[i] = _mm256_setzero_ps();
 	for (int b = 0; b < nb; b++) {
 		__m256i S[AMR][4], C[AMR][4];
+#pragma GCC unroll 4
 		for (int r = 0; r < 4; r++) {
 			const uint8_t *blk = wr[r] + 84 * (size_t)b, *qs = blk + 16;
 			pf_ahead(blk, ahead, 84);
@@ -1470,44 +1524,27 @@ TGT5 static AINL void q2_k4_512(const uint8_t *const *wr, int K, const uint8_t *
 			}
 		}
 		const size_t o = 84 * (size_t)b + 80;
-		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
-		const __m128 dm = h2f4(wr[0] + o + 2, wr[1] + o + 2, wr[2] + o + 2, wr[3] + o + 2);
-		fin_block(mr, 1, a, astride, K, b, d, dm, S, C, acc, c);
+		fin_block(mr, a, astride, K, b, h2f4x2(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), S, C, ac);
 	}
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
-		_mm_storeu_ps(out + 4 * i, _mm_sub_ps(acc[i], c[i]));
+		_mm_storeu_ps(out + 4 * i, fin_out(ac[i]));
 }
 
-TGT5 static void q2_k_gemv5(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr, float *out)
+TGT5 static AINL void q4_k4_512(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+				float *out)
 {
-	switch (mr) {
-	case 1: q2_k4_512(wr, K, a, astride, 1, out); break;
-	case 2: q2_k4_512(wr, K, a, astride, 2, out); break;
-	case 3: q2_k4_512(wr, K, a, astride, 3, out); break;
-	default: q2_k4_512(wr, K, a, astride, 4, out); break;
-	}
+	q45_k4_512(wr, K, a, astride, mr, 0, out);
 }
 
-TGT5 static void q45_k_gemv5(int q5, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, int mr,
-			     float *out)
+TGT5 static AINL void q5_k4_512(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr,
+				float *out)
 {
-	if (q5) {
-		switch (mr) {
-		case 1: q45_k4_512(wr, K, a, astride, 1, 1, out); break;
-		case 2: q45_k4_512(wr, K, a, astride, 2, 1, out); break;
-		case 3: q45_k4_512(wr, K, a, astride, 3, 1, out); break;
-		default: q45_k4_512(wr, K, a, astride, 4, 1, out); break;
-		}
-		return;
-	}
-	switch (mr) {
-	case 1: q45_k4_512(wr, K, a, astride, 1, 0, out); break;
-	case 2: q45_k4_512(wr, K, a, astride, 2, 0, out); break;
-	case 3: q45_k4_512(wr, K, a, astride, 3, 0, out); break;
-	default: q45_k4_512(wr, K, a, astride, 4, 0, out); break;
-	}
+	q45_k4_512(wr, K, a, astride, mr, 1, out);
 }
+GEMV_LOOP(TGT5, q2_k_gemv5, q2_k4_512)
+GEMV_LOOP(TGT5, q4_k_gemv5, q4_k4_512)
+GEMV_LOOP(TGT5, q5_k_gemv5, q5_k4_512)
 
 /* Per-thread repack buffer, grown as needed (pool threads live as long as
  * the process): a panel of 16 rows, 80 KiB for K = 4096 in Q4_K. */
@@ -1575,8 +1612,8 @@ static float q4_k_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
 		const int8_t *qx = (const int8_t *)xr + 256 * (size_t)b;
 		int32_t S = 0, C = 0;
 		for (int s = 0; s < 8; s++) {
-			int sc, mm;
-			q4k_sm(blk + 4, s, &sc, &mm);
+			uint8_t sc, mm;
+			kq_scale_min_k4(blk + 4, s, &sc, &mm);
 			int32_t p = 0;
 			for (int e = 0; e < 32; e++) {
 				int v = qs[32 * (s / 2) + e];
@@ -1657,8 +1694,8 @@ static float q5_k_scalar(const uint8_t *wrow, int K, const uint8_t *xr)
 		const int8_t *qx = (const int8_t *)xr + 256 * (size_t)b;
 		int32_t S = 0, C = 0;
 		for (int s = 0; s < 8; s++) {
-			int sc, mm;
-			q4k_sm(blk + 4, s, &sc, &mm);
+			uint8_t sc, mm;
+			kq_scale_min_k4(blk + 4, s, &sc, &mm);
 			int32_t p = 0;
 			for (int e = 0; e < 32; e++) {
 				int v = ql[32 * (s / 2) + e];
@@ -1837,42 +1874,17 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 	}
 	if (isa >= KE_ISA_AVX2) {
 		const int v5 = isa == KE_ISA_AVX512 && have_vnni(); /* the 512-bit GEMVs */
-		for (int n = n0; n < n1; n += 4) {
-			int nr = n1 - n < 4 ? n1 - n : 4;
-			const uint8_t *wr[4];
-			for (int r = 0; r < 4; r++)
-				wr[r] = w + (size_t)(n + (r < nr ? r : nr - 1)) * wstride;
-			for (int i = 0; i < m; i += AMR) {
-				int mr = m - i < AMR ? m - i : AMR;
-				const uint8_t *xr = a + (size_t)i * astride;
-				float o[4 * AMR];
-				if (dt == KV_DT_Q8_0)
-					q8_0_gemm4(wr, K, xr, astride, mr, o);
-				else if (q1)
-					q1_gemm4(dt, wr, K, xr, astride, mr, o);
-				else if (b32)
-					q0_gemm4(dt, wr, K, xr, astride, mr, o);
-				else if (k45 && v5)
-					q45_k_gemv5(dt == KV_DT_Q5_K, wr, K, xr, astride, mr, o);
-				else if (dt == KV_DT_Q4_K)
-					q4_k_gemm4(wr, K, xr, astride, mr, o);
-				else if (dt == KV_DT_Q5_K)
-					q5_k_gemm4(wr, K, xr, astride, mr, o);
-				else if (dt == KV_DT_Q6_K && v5)
-					q6_k_gemv5(wr, K, xr, astride, mr, o);
-				else if (dt == KV_DT_Q6_K)
-					q6_k_gemm4(wr, K, xr, astride, mr, o);
-				else if (dt == KV_DT_Q2_K && v5)
-					q2_k_gemv5(wr, K, xr, astride, mr, o);
-				else if (dt == KV_DT_Q3_K)
-					q3_k_gemm4(wr, K, xr, astride, mr, o);
-				else
-					q2_k_gemm4(wr, K, xr, astride, mr, o);
-				for (int t = 0; t < mr; t++)
-					for (int r = 0; r < nr; r++)
-						put(y + (size_t)(i + t) * ldy + n + r, accum, o[4 * t + r]);
-			}
-		}
+		gemv_fn *fn = dt == KV_DT_Q8_0	 ? q8_0_gemv
+			      : dt == KV_DT_Q4_0 ? q4_0_gemv
+			      : dt == KV_DT_Q5_0 ? q5_0_gemv
+			      : dt == KV_DT_Q4_1 ? q4_1_gemv
+			      : dt == KV_DT_Q5_1 ? q5_1_gemv
+			      : dt == KV_DT_Q4_K ? (v5 ? q4_k_gemv5 : q4_k_gemv)
+			      : dt == KV_DT_Q5_K ? (v5 ? q5_k_gemv5 : q5_k_gemv)
+			      : dt == KV_DT_Q6_K ? (v5 ? q6_k_gemv5 : q6_k_gemv)
+			      : dt == KV_DT_Q2_K ? (v5 ? q2_k_gemv5 : q2_k_gemv)
+						 : q3_k_gemv;
+		fn(w, wstride, K, a, astride, m, y, ldy, accum, n0, n1);
 		return;
 	}
 #endif

@@ -174,13 +174,7 @@ TGT2 static void fused_row(int dt, const uint8_t *row, int K, const float *x, si
 				for (int h = 0; h < 2; h++) {
 					int j = 2 * c + h;
 					uint8_t sc, mm;
-					if (j < 4) {
-						sc = scales[j] & 63;
-						mm = scales[j + 4] & 63;
-					} else {
-						sc = (uint8_t)((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
-						mm = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
-					}
+					kq_scale_min_k4(scales, j, &sc, &mm);
 					__m256 dv = _mm256_set1_ps(d * (float)sc), mv = _mm256_set1_ps(min * (float)mm);
 					for (int s = 0; s < 2; s++) {
 						__m128i raw = _mm_loadu_si128((const __m128i *)(q + 32 * c + 16 * s));
@@ -259,13 +253,7 @@ TGT2 static void fused_row(int dt, const uint8_t *row, int K, const float *x, si
 				for (int h = 0; h < 2; h++) {
 					int j = 2 * c + h;
 					uint8_t sc, mm;
-					if (j < 4) {
-						sc = scales[j] & 63;
-						mm = scales[j + 4] & 63;
-					} else {
-						sc = (uint8_t)((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
-						mm = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
-					}
+					kq_scale_min_k4(scales, j, &sc, &mm);
 					__m256 dv = _mm256_set1_ps(d * (float)sc), mv = _mm256_set1_ps(min * (float)mm);
 					for (int s = 0; s < 2; s++) {
 						__m128i raw = _mm_loadu_si128((const __m128i *)(q + 32 * c + 16 * s));
@@ -350,13 +338,7 @@ TGT5 static void fused_row5(int dt, const uint8_t *row, int K, const float *x, s
 				for (int h = 0; h < 2; h++) {
 					int j = 2 * c + h;
 					uint8_t sc, mm;
-					if (j < 4) {
-						sc = scales[j] & 63;
-						mm = scales[j + 4] & 63;
-					} else {
-						sc = (uint8_t)((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
-						mm = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
-					}
+					kq_scale_min_k4(scales, j, &sc, &mm);
 					__m512 dv = _mm512_set1_ps(d * (float)sc), mv = _mm512_set1_ps(min * (float)mm);
 					for (int s = 0; s < 2; s++) {
 						__m128i raw = _mm_loadu_si128((const __m128i *)(q + 32 * c + 16 * s));

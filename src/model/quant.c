@@ -103,18 +103,6 @@ static inline void f2h(uint8_t *p, float f)
 	memcpy(p, &h, 2);
 }
 
-/* ggml's get_scale_min_k4: 6-bit scale and min j of a Q4_K/Q5_K block. */
-static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
-{
-	if (j < 4) {
-		*d = q[j] & 63;
-		*m = q[j + 4] & 63;
-	} else {
-		*d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-		*m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-	}
-}
-
 /* --- dequantization (one block each) ---------------------------------------- */
 
 static void dq_q4_0(const uint8_t *b, float *y)
@@ -240,9 +228,9 @@ static void dq_q4_k(const uint8_t *b, float *y)
 	int is = 0;
 	uint8_t sc, m;
 	for (int j = 0; j < KQ_QK_K; j += 64) {
-		scale_min_k4(is + 0, scales, &sc, &m);
+		kq_scale_min_k4(scales, is + 0, &sc, &m);
 		const float d1 = d * (float)sc, m1 = min * (float)m;
-		scale_min_k4(is + 1, scales, &sc, &m);
+		kq_scale_min_k4(scales, is + 1, &sc, &m);
 		const float d2 = d * (float)sc, m2 = min * (float)m;
 		for (int l = 0; l < 32; ++l) {
 			float p = d1 * (float)(q[l] & 0xF);
@@ -264,9 +252,9 @@ static void dq_q5_k(const uint8_t *b, float *y)
 	int is = 0;
 	uint8_t sc, m, u1 = 1, u2 = 2;
 	for (int j = 0; j < KQ_QK_K; j += 64) {
-		scale_min_k4(is + 0, scales, &sc, &m);
+		kq_scale_min_k4(scales, is + 0, &sc, &m);
 		const float d1 = d * (float)sc, m1 = min * (float)m;
-		scale_min_k4(is + 1, scales, &sc, &m);
+		kq_scale_min_k4(scales, is + 1, &sc, &m);
 		const float d2 = d * (float)sc, m2 = min * (float)m;
 		for (int l = 0; l < 32; ++l) {
 			float p = d1 * (float)((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0));
@@ -577,7 +565,7 @@ static void q_k_affine(const float *x, uint8_t *b, int nmax, uint8_t *L)
 	const float dd = h2f(b), dm0 = h2f(b + 2);
 	for (int j = 0; j < 8; ++j) {
 		uint8_t s6, m6;
-		scale_min_k4(j, sc, &s6, &m6);
+		kq_scale_min_k4(sc, j, &s6, &m6);
 		const float d = dd * (float)s6;
 		if (!d)
 			continue;

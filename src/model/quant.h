@@ -37,6 +37,36 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+/* ggml's get_scale_min_k4: the 6-bit scale *sc and min *m of slice j
+ * (0..7) of a Q4_K / Q5_K block's scales[12] (the block's bytes 4..15).
+ * The one unpacking of them: dequantization, the quantizer's check, the
+ * f32-mode fused GEMVs and the integer path's kernels all call it. */
+static inline void kq_scale_min_k4(const uint8_t *scales, int j, uint8_t *sc, uint8_t *m)
+{
+	if (j < 4) {
+		*sc = scales[j] & 63;
+		*m = scales[j + 4] & 63;
+	} else {
+		*sc = (uint8_t)((scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4));
+		*m = (uint8_t)((scales[j + 4] >> 4) | ((scales[j] >> 6) << 4));
+	}
+}
+
+/* The same 8 scales (the bytes of sc[0..1], slice j in byte j) and 8 mins
+ * (mn[0..1]) four at a time, for SIMD kernels. */
+static inline void kq_scale_min_k4_words(const uint8_t *scales, uint32_t *sc, uint32_t *mn)
+{
+	uint32_t u0, u1, u2;
+	memcpy(&u0, scales, 4);
+	memcpy(&u1, scales + 4, 4);
+	memcpy(&u2, scales + 8, 4);
+	sc[0] = u0 & 0x3f3f3f3fu;
+	mn[0] = u1 & 0x3f3f3f3fu;
+	sc[1] = (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4);
+	mn[1] = ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4);
+}
 
 /* ggml_type numbers as stored in GGUF tensor infos. */
 enum kq_ggml_type {
