@@ -687,6 +687,21 @@ static void pf_next(const char *src, size_t bytes, int part, int parts)
 #endif
 }
 
+/* num / den of the cache sysconf(name) reports (CPUID), `dflt` when it
+ * reports none, clamped to [lo, hi]; computed once (*cached). Block and
+ * panel sizes only: no result depends on them. */
+static size_t cache_share(int name, size_t num, size_t den, size_t dflt, size_t lo, size_t hi, size_t *cached)
+{
+	size_t b = __atomic_load_n(cached, __ATOMIC_RELAXED);
+	if (b)
+		return b;
+	long c = sysconf(name);
+	b = c > 0 ? (size_t)c * num / den : dflt;
+	b = b < lo ? lo : b > hi ? hi : b;
+	__atomic_store_n(cached, b, __ATOMIC_RELAXED);
+	return b;
+}
+
 /* Panel row stride: K rounded up to whole cache lines, plus the pad, so
  * every row starts on a cache line (a 64-byte load that straddles two
  * lines costs two; the in-cache f32 tile measured up to 1.4x slower on
@@ -709,16 +724,8 @@ static int panel_ld(int K)
  */
 static int panel_floats(void)
 {
-	static int cached;
-	int f = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-	if (f)
-		return f;
-	long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-	long b = l1 > 0 ? l1 * 2 / 5 : 16384;
-	b = b < 8192 ? 8192 : b > PANEL_FLOATS * 4 ? PANEL_FLOATS * 4 : b;
-	f = (int)(b / 4);
-	__atomic_store_n(&cached, f, __ATOMIC_RELAXED);
-	return f;
+	static size_t cached;
+	return (int)(cache_share(_SC_LEVEL1_DCACHE_SIZE, 2, 5, 16384, 8192, PANEL_FLOATS * 4, &cached) / 4);
 }
 
 static int panel_rows(int K, int nr_max)
@@ -783,14 +790,7 @@ static void sweep_packed(const tile_kfn *tab, int tld, int mr_max, int nr_max, c
 static size_t kblock_bytes(void)
 {
 	static size_t cached;
-	size_t b = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-	if (b)
-		return b;
-	long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-	b = l2 > 0 ? (size_t)l2 / 2 : NB_BYTES;
-	b = b < NB_BYTES ? NB_BYTES : b > 4 * NB_BYTES ? 4 * NB_BYTES : b;
-	__atomic_store_n(&cached, b, __ATOMIC_RELAXED);
-	return b;
+	return cache_share(_SC_LEVEL2_CACHE_SIZE, 1, 2, NB_BYTES, NB_BYTES, 4 * NB_BYTES, &cached);
 }
 
 static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, const struct ke_mat *w, const float *x,
