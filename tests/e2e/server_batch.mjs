@@ -215,10 +215,20 @@ await check(`${T}:cache_salts_are_full_byte_strings`, async () => {
     const m = await metrics(S);
     eq(m.get('kvkeep_prefix_cache_lookups_total'), 3, 'metrics count every namespace');
     eq(m.get('kvkeep_prefix_cache_entries'), info.all_stats.entries, 'entries of every namespace');
-    const cl = await postJSON(S, '/v1/cache/clear', {});
-    eq(cl.status, 200, 'clear');
+    // The last request's worker may still hold its cache hit (pinned, so
+    // not evictable) for a moment after its reply went out: clear leaves
+    // what is pinned and says so in "entries"; once the worker is done, a
+    // clear empties every namespace. (CI saw entries 1 on a loaded machine.)
+    let cl, cleared = 0;
+    for (let i = 0; i < 50; i++) {
+      cl = await postJSON(S, '/v1/cache/clear', {});
+      eq(cl.status, 200, 'clear');
+      cleared += cl.json.cleared_entries;
+      if (cl.json.entries === 0) break;
+      await new Promise((r) => setTimeout(r, 20));
+    }
     eq(cl.json.entries, 0, 'nothing left in any namespace');
-    assert(cl.json.cleared_entries >= 2, `salted entries cleared too (${cl.json.cleared_entries})`);
+    assert(cleared >= 2, `salted entries cleared too (${cleared})`);
     const after = await (await fetch(S.url('/v1/cache/info'))).json();
     assert(after.namespaces.every((n) => n.stats.entries === 0), 'every namespace is empty in RAM');
   } finally { await S.stop(); }
