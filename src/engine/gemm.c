@@ -273,11 +273,12 @@ TGT2 static INL void tile2(const int MR, const int NR, const int bf, const int p
 			__m128 rw[3] = {q0, _mm_movehl_ps(q0, q0), q1};
 #pragma GCC unroll 3
 			for (int i = 0; i < MR; i++) {
-				double *yo = (double *)(void *)(y + i * ldy);
+				/* 8-byte unaligned moves (y is only float-aligned) */
+				__m128i *yo = (__m128i *)(void *)(y + i * ldy);
 				__m128 v = rw[i];
 				if (flags & KE_GEMM_ACCUM)
-					v = _mm_add_ps(_mm_castpd_ps(_mm_load_sd(yo)), v);
-				_mm_store_sd(yo, _mm_castps_pd(v));
+					v = _mm_add_ps(_mm_castsi128_ps(_mm_loadl_epi64(yo)), v);
+				_mm_storel_epi64(yo, _mm_castps_si128(v));
 			}
 			return;
 		}
