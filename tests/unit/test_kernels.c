@@ -657,22 +657,58 @@ KT_CASE(attention_key_split_prefill_equals_decode_and_paths)
  * path. The last tiles of the shapes have 44, 30 and 15 rows (3, 2 and 1
  * row vectors, the last one masked); key groups are cut by the end of a
  * block; head_dim 256 (24-row tiles, the gemm scores) is checked too. */
+/* Random K, V and queries of T tokens (H query heads over Hkv KV heads
+ * of head_dim hd), a reference output buffer and scratch for 16 threads:
+ * what the attention path tests below share. */
+struct acase {
+	float *kk, *vv, *q, *ref, *scr;
+	size_t row, sz; /* floats per token of q/out, bytes of T tokens */
+};
+
+static void acase_make(struct acase *a, int H, int Hkv, int hd, int T)
+{
+	a->kk = rand_vec((size_t)T * Hkv * hd);
+	a->vv = rand_vec((size_t)T * Hkv * hd);
+	a->q = rand_vec((size_t)T * H * hd);
+	a->row = (size_t)H * hd;
+	a->sz = (size_t)T * a->row * 4;
+	a->ref = malloc(a->sz);
+	a->scr = malloc(16 * ke_attn_scratch_floats(H / Hkv, hd) * 4);
+}
+
+/* KV pages of 48 tokens (bf16 or f32) into f, and the scalar path's
+ * prefill of all T tokens into a->ref; the ISA is left as it was. */
+static void acase_ref(struct acase *a, struct kvfix *f, int H, int Hkv, int hd, int T, int bf)
+{
+	kvfix_make(f, Hkv, hd, 48, T, bf, a->kk, a->vv);
+	int saved = ke_isa();
+	ke_isa_set(KE_ISA_SCALAR);
+	run_attn(f, H, a->q, a->ref, 0, T, a->scr, 1);
+	ke_isa_set(saved);
+}
+
+static void acase_free(struct acase *a)
+{
+	free(a->kk);
+	free(a->vv);
+	free(a->q);
+	free(a->ref);
+	free(a->scr);
+}
+
 KT_CASE(attention_lane_scores_match_scalar_at_head_dims)
 {
 	static const int shapes[][4] = {{8, 2, 128, 131}, {4, 2, 128, 111}, {6, 2, 64, 101}, {4, 2, 256, 125}};
 	for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
 		int H = shapes[si][0], Hkv = shapes[si][1], hd = shapes[si][2], T = shapes[si][3], G = H / Hkv;
-		float *kk = rand_vec((size_t)T * Hkv * hd), *vv = rand_vec((size_t)T * Hkv * hd);
-		float *q = rand_vec((size_t)T * H * hd);
-		size_t row = (size_t)H * hd, sz = (size_t)T * row * 4;
-		float *ref = malloc(sz), *out = malloc(sz);
-		float *scr = malloc(16 * ke_attn_scratch_floats(G, hd) * 4);
+		struct acase a;
+		acase_make(&a, H, Hkv, hd, T);
+		float *q = a.q, *ref = a.ref, *scr = a.scr, *out = malloc(a.sz);
+		size_t row = a.row, sz = a.sz;
 		for (int bf = 0; bf < 2; bf++) {
 			struct kvfix f;
-			kvfix_make(&f, Hkv, hd, 48, T, bf, kk, vv);
+			acase_ref(&a, &f, H, Hkv, hd, T, bf);
 			int saved = ke_isa();
-			ke_isa_set(KE_ISA_SCALAR);
-			run_attn(&f, H, q, ref, 0, T, scr, 1);
 			for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
 				ke_isa_set(isa);
 				memset(out, 0, sz);
@@ -688,12 +724,8 @@ KT_CASE(attention_lane_scores_match_scalar_at_head_dims)
 			ke_isa_set(saved);
 			kvfix_free(&f);
 		}
-		free(kk);
-		free(vv);
-		free(q);
-		free(ref);
+		acase_free(&a);
 		free(out);
-		free(scr);
 	}
 }
 
@@ -709,17 +741,14 @@ KT_CASE(attention_decode_scores_match_scalar)
 	int T = 603;
 	for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
 		int H = shapes[si][0], Hkv = shapes[si][1], hd = shapes[si][2], G = H / Hkv;
-		float *kk = rand_vec((size_t)T * Hkv * hd), *vv = rand_vec((size_t)T * Hkv * hd);
-		float *q = rand_vec((size_t)T * H * hd);
-		size_t row = (size_t)H * hd, sz = (size_t)T * row * 4;
-		float *ref = malloc(sz), *out = malloc(2 * row * 4);
-		float *scr = malloc(16 * ke_attn_scratch_floats(G, hd) * 4);
+		struct acase a;
+		acase_make(&a, H, Hkv, hd, T);
+		float *q = a.q, *ref = a.ref, *scr = a.scr, *out = malloc(2 * a.row * 4);
+		size_t row = a.row;
 		for (int bf = 0; bf < 2; bf++) {
 			struct kvfix f;
-			kvfix_make(&f, Hkv, hd, 48, T, bf, kk, vv);
+			acase_ref(&a, &f, H, Hkv, hd, T, bf);
 			int saved = ke_isa();
-			ke_isa_set(KE_ISA_SCALAR);
-			run_attn(&f, H, q, ref, 0, T, scr, 1);
 			for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
 				ke_isa_set(isa);
 				for (size_t i = 0; i < sizeof probe / sizeof probe[0]; i++)
@@ -735,12 +764,8 @@ KT_CASE(attention_decode_scores_match_scalar)
 			ke_isa_set(saved);
 			kvfix_free(&f);
 		}
-		free(kk);
-		free(vv);
-		free(q);
-		free(ref);
+		acase_free(&a);
 		free(out);
-		free(scr);
 	}
 }
 
