@@ -416,6 +416,8 @@ int kss_sched_flight_wanted(struct kss_sched *s, struct kss_flight *f, uint32_t 
 	pthread_mutex_lock(&s->mu);
 	for (int i = 0; i < f->n_wants; i++)
 		w |= f->wants[i] == pos;
+	if (!w && pos > f->reached)
+		f->reached = pos; /* nobody waits: passed (see sched.h) */
 	pthread_mutex_unlock(&s->mu);
 	return w;
 }

@@ -123,7 +123,10 @@ struct kss_flight *kss_sched_flight_begin(struct kss_sched *s, const void *ns, c
  * waiters re-check against them. */
 void kss_sched_flight_stops(struct kss_sched *s, struct kss_flight *f, const uint32_t *stops, size_t n_stops);
 /* 1 if a request waits for stop point pos of f: the prefill must store
- * an entry there (cache/turn.h kc_turn_share_at_stop). */
+ * an entry there (cache/turn.h kc_turn_share_at_stop), then call
+ * kss_sched_flight_at. 0 if none does: pos is passed at once, in the same
+ * lock, so a request arriving from now on does not wait for a store that
+ * will not come (it prefills that prefix itself). */
 int kss_sched_flight_wanted(struct kss_sched *s, struct kss_flight *f, uint32_t pos);
 /* The prefill stored its stop point `pos`: waiters for it go on. */
 void kss_sched_flight_at(struct kss_sched *s, struct kss_flight *f, uint32_t pos);

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static uint64_t g_seed = 0x5e55;
 
@@ -352,11 +353,40 @@ struct req {
 	int rc;
 };
 
+/* on_every at token GATE of a prefill through the scheduler: hold it until
+ * every other request has arrived and waits for its flight (or 20 s), so
+ * that the test does not depend on how fast the threads start: on a loaded
+ * machine the first request could otherwise pass the shared stop (250)
+ * before the last one arrives, and a request that arrives after the stop
+ * was passed prefills it itself (sched.h). A second request prefilling the
+ * shared prompt holds here too, until the deadline, and the count fails. */
+#define GATE 200
+
+static void gate(void *ctx, struct ke_seq *seq, int pos)
+{
+	struct kss_sched *s = ctx;
+	(void)seq;
+	if (pos != GATE)
+		return;
+	for (int i = 0; i < 20000; i++) {
+		struct kss_sched_stats st;
+		kss_sched_stats(s, &st);
+		if (st.flight_waits >= NREQ - 1)
+			return;
+		usleep(1000);
+	}
+}
+
 static void *req_main(void *arg)
 {
 	struct req *q = arg;
 	struct kss_run_params p = {.prompt = q->tok, .n = q->n, .bounds = q->bounds, .n_bounds = 2, .max_new = GEN,
 				   .out = q->out, .logits = q->logits, .sched = q->s};
+	if (q->s) {
+		p.every = GATE;
+		p.on_every = gate;
+		p.every_ctx = q->s;
+	}
 	q->rc = kss_run(q->c, q->m, &p, &q->r);
 	return NULL;
 }
