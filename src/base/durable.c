@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static uint64_t g_seq;
@@ -27,6 +28,26 @@ static void dir_of(const char *path, char *out, size_t cap)
 		memcpy(out, path, n);
 		out[n] = 0;
 	}
+}
+
+/* The umask without changing it (umask(2) sets it too, for every thread):
+ * the "Umask:" line of /proc/self/status (Linux 4.7), else the usual 022. */
+static mode_t process_umask(void)
+{
+	mode_t m = 022;
+	char line[128];
+	FILE *f = fopen("/proc/self/status", "re");
+	if (!f)
+		return m;
+	while (fgets(line, sizeof line, f)) {
+		unsigned v;
+		if (sscanf(line, "Umask: %o", &v) == 1) {
+			m = (mode_t)(v & 0777);
+			break;
+		}
+	}
+	fclose(f);
+	return m;
 }
 
 int kv_dw_begin(struct kv_dw *w, const char *final_path)
@@ -87,6 +108,8 @@ int kv_dw_commit(struct kv_dw *w, unsigned flags)
 		kv_dw_abort(w);
 		return kv_fail(KV_ERR_IO, "%s: commit after a failed write", w->final);
 	}
+	if (flags & KV_DW_PUBLIC)
+		(void)fchmod(w->fd, 0666 & ~process_umask()); /* the data is there either way */
 	op = "fdatasync";
 	if (!(flags & KV_DW_NO_SYNC) && kv_io_fdatasync(w->fd) != 0)
 		goto fail;

@@ -21,6 +21,10 @@
 
 #define KV_DW_NO_DIRSYNC 1u /* skip the folder fsync (caller batches it) */
 #define KV_DW_NO_SYNC 2u    /* skip fdatasync too (tests, throwaway output) */
+/* a file for the user (a model, logits, a trace): its mode becomes
+ * 0666 minus the umask at commit, like any file a tool writes; without
+ * it the file keeps the temp file's 0600 (the cache store's objects) */
+#define KV_DW_PUBLIC 4u
 
 struct kv_dw {
 	int fd;              /* temp file descriptor, -1 when closed */

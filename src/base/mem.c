@@ -8,6 +8,7 @@
 #include "base/mem.h"
 #include "base/err.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -69,6 +70,56 @@ void *kv_alloc(int cat, size_t size)
 	h->size = size;
 	kv_mem_note(cat, (int64_t)size);
 	return (char *)raw + HDR;
+}
+
+/* --- per-thread scratch --- */
+
+struct tls_buf {
+	void *p;
+	size_t cap;
+};
+
+static __thread struct tls_buf tl_scratch[KV_TLS__COUNT];
+static pthread_key_t tls_key;
+static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
+static int tls_key_ok;
+
+/* At thread exit: the value is that thread's tl_scratch. */
+static void tls_free(void *v)
+{
+	struct tls_buf *b = v;
+	for (int i = 0; i < KV_TLS__COUNT; i++) {
+		kv_free(b[i].p);
+		b[i].p = NULL;
+		b[i].cap = 0;
+	}
+}
+
+static void tls_init(void)
+{
+	tls_key_ok = pthread_key_create(&tls_key, tls_free) == 0;
+}
+
+void *kv_tls_scratch(int slot, size_t bytes)
+{
+	if (slot < 0 || slot >= KV_TLS__COUNT)
+		return NULL;
+	struct tls_buf *b = &tl_scratch[slot];
+	if (bytes <= b->cap && b->p)
+		return b->p;
+	pthread_once(&tls_once, tls_init);
+	void *nb = kv_alloc(KV_MEM_SCRATCH, bytes ? bytes : 1);
+	if (!nb)
+		return NULL;
+	/* the first buffer of this thread: have its exit free them all (a
+	 * thread without the key, which cannot happen short of running out of
+	 * keys, keeps them until the process ends, as before) */
+	if (tls_key_ok && !pthread_getspecific(tls_key))
+		pthread_setspecific(tls_key, tl_scratch);
+	kv_free(b->p);
+	b->p = nb;
+	b->cap = bytes;
+	return nb;
 }
 
 void *kv_zalloc(int cat, size_t size)

@@ -42,6 +42,20 @@ void kv_mem_note(int cat, int64_t delta);
 /* Bytes currently in use in a category / in all categories. */
 uint64_t kv_mem_used(int cat);
 uint64_t kv_mem_total(void);
+/* Per-thread scratch: the calling thread's buffer `slot`, at least `bytes`
+ * long (KV_MEM_SCRATCH, 64-byte aligned, contents not kept when it grows),
+ * or NULL when it cannot grow (the old one stays). A thread's buffers are
+ * freed when it exits: kernels run on pool threads that live as long as the
+ * process, but also on threads that do not (a scheduler's engine thread),
+ * which leaked theirs. */
+enum kv_tls_slot {
+	KV_TLS_GEMM_WIDE,         /* engine/gemm.c: bf16 rows widened to f32 */
+	KV_TLS_QGEMM_ACT,         /* engine/qgemm.c: quantized activation rows */
+	KV_TLS_QDOT_PACK,         /* engine/qdot.c: repacked weight panels */
+	KV_TLS_MLX_BLOCK,         /* engine/mlxgemm.c: dequantized weight blocks */
+	KV_TLS__COUNT
+};
+void *kv_tls_scratch(int slot, size_t bytes);
 /* Highest value kv_mem_used(cat) has had. */
 uint64_t kv_mem_peak(int cat);
 /* Short lowercase name ("weights", "kv_pages", ...). */

@@ -1222,7 +1222,7 @@ static int cmd_bench_mktrace(int argc, char **argv)
 		return 1;
 	}
 	if (out_path) {
-		rc = kv_durable_write(out_path, out.p, out.len, 0);
+		rc = kv_durable_write(out_path, out.p, out.len, KV_DW_PUBLIC);
 		if (rc) {
 			fprintf(stderr, "kvkeep: bench mktrace: %s\n", kv_errmsg());
 			kv_buf_free(&out);

@@ -52,7 +52,7 @@
 
 static int write_f32(const char *path, const void *p, size_t bytes)
 {
-	if (kv_durable_write(path, p, bytes, KV_DW_NO_SYNC)) {
+	if (kv_durable_write(path, p, bytes, KV_DW_NO_SYNC | KV_DW_PUBLIC)) {
 		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
 		return -1;
 	}

@@ -849,36 +849,28 @@ static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, const s
  * alternating runs: N = 512 K = 2048 183 -> 190 GFLOP/s, N = 256 K =
  * 4096 172 -> 178.
  */
-static __thread float *tl_wide;
-static __thread size_t tl_wide_cap;
-
 static int sweep_widened(int isa, size_t block, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y,
 			 size_t ldy, unsigned flags, int n0, int n1)
 {
 	int K = w->cols, ld = panel_ld(K);
 	int nb = (int)(block / ((size_t)ld * 4));
 	nb = nb < 4 ? 4 : nb - nb % 4;
-	size_t need = (size_t)nb * (size_t)ld;
-	if (need > tl_wide_cap) {
-		float *b = kv_realloc(KV_MEM_SCRATCH, tl_wide, need * sizeof(float));
-		if (!b)
-			return 0;
-		tl_wide = b;
-		tl_wide_cap = need;
-	}
+	float *wide = kv_tls_scratch(KV_TLS_GEMM_WIDE, (size_t)nb * (size_t)ld * sizeof(float));
+	if (!wide)
+		return 0;
 	const char *wd = w->data;
 	size_t wstride = w->ld * 2;
 	for (int b0 = n0; b0 < n1; b0 += nb) {
 		int b1 = b0 + nb < n1 ? b0 + nb : n1;
-		struct ke_mat wf = {tl_wide, KV_DT_F32, b1 - b0, K, (size_t)ld};
+		struct ke_mat wf = {wide, KV_DT_F32, b1 - b0, K, (size_t)ld};
 		if (isa >= KE_ISA_AVX512) {
 			for (int r = b0; r < b1; r++)
-				widen_il5(tl_wide, ld, r - b0, wd + (size_t)r * wstride, K);
+				widen_il5(wide, ld, r - b0, wd + (size_t)r * wstride, K);
 			sweep_k(&g_t5k[2][0][0], 6, 4, 2, &wf, x, ldx, m, y + b0, ldy, flags, 0, b1 - b0);
 			continue;
 		}
 		for (int r = b0; r < b1; r++)
-			widen_row2(tl_wide + (size_t)(r - b0) * ld, wd + (size_t)r * wstride, K);
+			widen_row2(wide + (size_t)(r - b0) * ld, wd + (size_t)r * wstride, K);
 		ke_gemm_range(isa, &wf, x, ldx, m, y + b0, ldy, flags, 0, b1 - b0);
 	}
 	return 1;

@@ -23,8 +23,8 @@
  * per-thread f32 buffer of about 256 KB (swept by every tile of
  * activation rows, as gemm.c's blocks, so only the packed bytes come from
  * memory) and the block goes to the f32 kernels of ke_gemm_range. The
- * buffer belongs to the thread for its lifetime (pool threads live as
- * long as the process) and is counted under KV_MEM_SCRATCH.
+ * buffer belongs to the thread until it exits (base/mem.h kv_tls_scratch)
+ * and is counted under KV_MEM_SCRATCH.
  */
 #include "engine/mlxgemm.h"
 #include "engine/gemm.h"
@@ -489,19 +489,9 @@ void ke_mat_dequant_rows(int isa, const struct ke_mat *w, int r0, int r1, float 
 }
 
 /* The per-thread block buffer (see the top of the file). */
-static __thread float *tl_buf;
-static __thread size_t tl_cap;
-
 static float *block_buf(size_t floats)
 {
-	if (floats <= tl_cap)
-		return tl_buf;
-	float *nb = kv_realloc(KV_MEM_SCRATCH, tl_buf, floats * sizeof(float));
-	if (!nb)
-		return NULL;
-	tl_buf = nb;
-	tl_cap = floats;
-	return nb;
+	return kv_tls_scratch(KV_TLS_MLX_BLOCK, floats * sizeof(float));
 }
 
 /* One weight element, the value every path uses. */

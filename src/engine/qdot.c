@@ -1546,21 +1546,11 @@ GEMV_LOOP(TGT5, q2_k_gemv5, q2_k4_512)
 GEMV_LOOP(TGT5, q4_k_gemv5, q4_k4_512)
 GEMV_LOOP(TGT5, q5_k_gemv5, q5_k4_512)
 
-/* Per-thread repack buffer, grown as needed (pool threads live as long as
- * the process): a panel of 16 rows, 80 KiB for K = 4096 in Q4_K. */
-static __thread void *tl_praw;
-static __thread size_t tl_pcap;
-
+/* Per-thread repack buffer, 64-byte aligned, grown as needed (base/mem.h
+ * kv_tls_scratch): a panel of 16 rows, 80 KiB for K = 4096 in Q4_K. */
 static uint8_t *pack_buf(size_t bytes)
 {
-	if (bytes > tl_pcap) {
-		void *nb = kv_realloc(KV_MEM_SCRATCH, tl_praw, bytes + 64);
-		if (!nb)
-			return NULL;
-		tl_praw = nb;
-		tl_pcap = bytes;
-	}
-	return (uint8_t *)(((uintptr_t)tl_praw + 63) & ~(uintptr_t)63);
+	return kv_tls_scratch(KV_TLS_QDOT_PACK, bytes);
 }
 #endif
 

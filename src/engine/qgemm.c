@@ -410,20 +410,10 @@ static int qpiece(size_t rb)
 }
 
 /* Per-thread buffer of quantized rows, 64-byte aligned, grown as needed
- * (pool threads live as long as the process). */
-static __thread void *tl_araw;
-static __thread size_t tl_acap;
-
+ * (base/mem.h kv_tls_scratch). */
 static uint8_t *act_buf(size_t bytes)
 {
-	if (bytes > tl_acap) {
-		void *nb = kv_realloc(KV_MEM_SCRATCH, tl_araw, bytes + 64);
-		if (!nb)
-			return NULL;
-		tl_araw = nb;
-		tl_acap = bytes;
-	}
-	return (uint8_t *)(((uintptr_t)tl_araw + 63) & ~(uintptr_t)63);
+	return kv_tls_scratch(KV_TLS_QGEMM_ACT, bytes);
 }
 
 static void act_quant(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, uint8_t *a, size_t rb)

@@ -1077,7 +1077,7 @@ int kv_ggufw_write(struct kv_ggufw *w, const char *path, unsigned flags)
 		kv_dw_abort(&dw);
 		return kv_fail_ctx(rc, "gguf writer: %s: %s", path, op);
 	}
-	if ((rc = kv_dw_commit(&dw, flags)))
+	if ((rc = kv_dw_commit(&dw, flags | KV_DW_PUBLIC)))
 		return kv_fail_ctx(rc, "gguf writer: %s: commit", path);
 	return KV_OK;
 }
@@ -1166,7 +1166,7 @@ int kv_ggufw_write_split(struct kv_ggufw *w, const char *prefix, uint64_t max_by
 	op = "commit";
 	for (size_t k = 0; k < np; k++) {
 		snprintf(path, sizeof path, "%s", dw[k].final);
-		if ((rc = kv_dw_commit(&dw[k], flags | KV_DW_NO_DIRSYNC)))
+		if ((rc = kv_dw_commit(&dw[k], flags | KV_DW_NO_DIRSYNC | KV_DW_PUBLIC)))
 			goto fail;
 		committed = k + 1;
 	}

@@ -467,7 +467,7 @@ static int copy_file(const char *from_dir, const char *to_dir, const char *name,
 	snprintf(b, sizeof b, "%s/%s", to_dir, name);
 	if (kv_io_read_file(a, 512u << 20, &buf, &len))
 		return KV_OK; /* absent: nothing to copy */
-	int rc = kv_durable_write(b, buf, len, flags);
+	int rc = kv_durable_write(b, buf, len, flags | KV_DW_PUBLIC);
 	free(buf);
 	return rc;
 }
@@ -735,7 +735,7 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 		goto out;
 	}
 	snprintf(path, sizeof path, "%s/config.json", o->out_dir);
-	rc = kv_durable_write(path, text, strlen(text), o->dw_flags);
+	rc = kv_durable_write(path, text, strlen(text), o->dw_flags | KV_DW_PUBLIC);
 	free(text);
 	static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
 					    "special_tokens_map.json", "generation_config.json", "vocab.json",

@@ -1272,7 +1272,7 @@ int kv_stw_write(struct kv_stw *w, const char *path, unsigned flags)
 	free(st.buf);
 	kv_free(scratch);
 	kv_buf_free(&b);
-	return kv_dw_commit(&dw, flags);
+	return kv_dw_commit(&dw, flags | KV_DW_PUBLIC);
 fail:
 	kv_dw_abort(&dw);
 fail_nodw:

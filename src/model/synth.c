@@ -1108,7 +1108,7 @@ static int write_file(const char *dir, const char *name, const char *p, size_t n
 	char path[4096];
 	if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
 		return kv_fail(KV_ERR_INVALID, "output path too long");
-	return kv_durable_write(path, p, n, flags);
+	return kv_durable_write(path, p, n, flags | KV_DW_PUBLIC);
 }
 
 int kv_synth_write(const struct kv_synth_opts *o)

@@ -19,6 +19,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -155,6 +156,34 @@ KT_CASE(mem_accounting)
 	KT_EQ_STR(kv_mem_cat_name(KV_MEM_KV), "kv_pages");
 }
 
+/* A thread's scratch grows, keeps its address while big enough, and is
+ * given back when the thread exits (a scheduler's engine thread used to
+ * leak its kernels' buffers). */
+static void *tls_thread(void *arg)
+{
+	uint64_t *seen = arg;
+	char *a = kv_tls_scratch(KV_TLS_GEMM_WIDE, 1000);
+	char *b = kv_tls_scratch(KV_TLS_GEMM_WIDE, 500);
+	char *c = kv_tls_scratch(KV_TLS_QDOT_PACK, 3000);
+	seen[0] = a && a == b && c && c != a && !((uintptr_t)a & 63) && !((uintptr_t)c & 63);
+	seen[1] = kv_mem_used(KV_MEM_SCRATCH);
+	memset(a, 1, 1000);
+	memset(c, 2, 3000);
+	return NULL;
+}
+
+KT_CASE(tls_scratch_freed_at_thread_exit)
+{
+	uint64_t before = kv_mem_used(KV_MEM_SCRATCH), seen[2] = {0, 0};
+	pthread_t th;
+	KT_EQ_INT(pthread_create(&th, NULL, tls_thread, seen), 0);
+	pthread_join(th, NULL);
+	KT_CHECK(seen[0]);
+	KT_CHECK(seen[1] >= before + 4000);
+	KT_EQ_U64(kv_mem_used(KV_MEM_SCRATCH), before);
+	KT_CHECK(kv_tls_scratch(KV_TLS__COUNT, 16) == NULL);
+}
+
 struct sum_ctx {
 	uint64_t *out;
 	int *hits;
@@ -252,6 +281,25 @@ KT_CASE(durable_write_basic)
 	KT_CHECK(!kv_dw_is_temp_name("x.safetensors"));
 	/* a missing folder is a clean error */
 	KT_EQ_INT(kv_durable_write("/nonexistent-dir/x", "a", 1, 0), KV_ERR_NOT_FOUND);
+}
+
+/* A file for the user gets 0666 minus the umask (what cp or a shell
+ * redirect would give it), never more: a 077 umask keeps it private. */
+KT_CASE(durable_write_public_follows_the_umask)
+{
+	char path[512];
+	struct stat st;
+	mode_t old = umask(022);
+	snprintf(path, sizeof path, "%s/model.gguf", kt_tmpdir());
+	KT_OK(kv_durable_write(path, "gguf", 4, KV_DW_PUBLIC));
+	KT_EQ_INT(stat(path, &st), 0);
+	KT_EQ_INT(st.st_mode & 0777, 0644);
+	umask(077);
+	KT_OK(kv_durable_write(path, "gguf", 4, KV_DW_PUBLIC | KV_DW_NO_SYNC));
+	KT_EQ_INT(stat(path, &st), 0);
+	KT_EQ_INT(st.st_mode & 0777, 0600);
+	umask(old);
+	KT_CHECK(file_equals(path, "gguf", 4));
 }
 
 /* Each injected fault: the call fails, no final file, no temp debris. */
@@ -506,6 +554,7 @@ KT_CASE(json_big_numbers)
 }
 
 KT_MAIN(errors_have_names, pages_refcount, crc32c_vectors, xxh3_basics, buf_appends, map_matches_a_model, mem_accounting,
-	pool_covers_every_index_once, clock_moves, durable_write_basic, durable_write_faults,
+	pool_covers_every_index_once, tls_scratch_freed_at_thread_exit, clock_moves, durable_write_basic, durable_write_public_follows_the_umask,
+	durable_write_faults,
 	durable_write_crash_each_step, durable_write_crash_exit_child, read_only_folder, json_helpers,
 	json_big_numbers)
