@@ -630,10 +630,21 @@ static void sweep(const tile_fn *tab, int tld, int mr_max, int nr_max, const str
  * blocks lost (201 against 210 on the small panels), at K = 256 164
  * against 193. */
 #define PACK_MAX_K5 512
-/* AVX2 panels: 32 KiB (12 rows of 512 floats), measured best of 24-1024
- * KiB (+4-6% over 64 KiB; blocks this small lose 40% at K = 2048, which
- * stays on the bf16 K-split tiles). */
-#define WIDE2_BYTES (32u * 1024u)
+/* AVX2 widened blocks: a quarter of the L2 (wide2_bytes below; 128 KiB,
+ * 60 rows of 512 floats, on Zen 3's 512 KiB). The first choice, 32 KiB
+ * (best of 24-1024 KiB on a Zen 5 running the AVX2 path, whose L2 of
+ * 1 MiB holds the activations), lost on a real AVX2-only CPU: on Zen 3 a
+ * 32 KiB panel and the 3-row activation tile (6 KiB at K = 512) do not
+ * both stay in the 32 KiB L1, and the M activation rows, streamed once
+ * per panel, do not fit its L2. With the larger block the tile's
+ * activation rows stay in L1 for 60 weight rows and the block streams
+ * from L2. One thread, Zen 3, 16 alternating runs, median ratio to
+ * OpenBLAS (Haswell kernel) in the same runs: M = 256 N = 2048 K = 512
+ * 0.72-0.74 -> 0.81-0.84, N = 1024 K = 512 0.69 -> 0.84, M = 512 N = 2048
+ * 0.67 -> 0.79; K = 1024 unchanged (0.66-0.68). Splitting M so that the
+ * activations fit the L2 (32 KiB panels) did not help (0.72), nor did
+ * copying the activation tile to a padded buffer (0.67). */
+#define WIDE2_BYTES (128u * 1024u)
 
 TGT2 static void widen_row2(float *dst, const char *src, int K)
 {
@@ -727,6 +738,12 @@ static int panel_floats(void)
 {
 	static size_t cached;
 	return (int)(cache_share(_SC_LEVEL1_DCACHE_SIZE, 2, 5, 16384, 8192, PANEL_FLOATS * 4, &cached) / 4);
+}
+
+static size_t wide2_bytes(void)
+{
+	static size_t cached;
+	return cache_share(_SC_LEVEL2_CACHE_SIZE, 1, 4, WIDE2_BYTES, 32768, 4 * WIDE2_BYTES, &cached);
 }
 
 static int panel_rows(int K, int nr_max)
@@ -919,7 +936,7 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 		if (m == 1)
 			sweep(&g_t2v[bf][0], 4, 1, 4, w, x, ldx, m, y, ldy, flags, n0, n1);
 		else if (bf && m >= PACK_MIN_M && w->cols <= PACK_MAX_K &&
-			 sweep_widened(isa, WIDE2_BYTES, w, x, ldx, m, y, ldy, flags, n0, n1))
+			 sweep_widened(isa, wide2_bytes(), w, x, ldx, m, y, ldy, flags, n0, n1))
 			/* AVX2 widens its panels into the same per-thread buffer
 			 * and runs the plain f32 sweep on them: the stack panel
 			 * with the K-split tiles measured 4-6% slower (one thread,
