@@ -803,23 +803,28 @@ static void sweep_packed(const tile_kfn *tab, int tld, int mr_max, int nr_max, c
 /* Weight bytes per block of the K-split sweeps: half the L2 of this CPU
  * (sysconf, from CPUID), 256 KiB to 1 MiB; the activation pieces are
  * re-read from L2 once per block, so the larger the block the fewer
- * passes (1 MiB on the 2 MiB L2 of Sapphire Rapids, 256 KiB on Zen 3's
- * 512 KiB). A speed knob only: no result depends on it. */
+ * passes (1 MiB on the 2 MiB L2 of Sapphire Rapids). The AVX2 tiles take
+ * a quarter of the L2 instead (wide2_bytes: 128 KiB on Zen 3's 512 KiB):
+ * one thread, Zen 3, 20 alternating runs, median ratio to OpenBLAS, M =
+ * 256: N = 512 K = 2048 0.66 -> 0.70, N = 1024 K = 4096 0.61 -> 0.65, N =
+ * 2048 K = 2048 0.68 -> 0.73 (the parked accumulators and the activation
+ * piece share the L2 with the block). A speed knob only: no result
+ * depends on it. */
 static size_t kblock_bytes(void)
 {
 	static size_t cached;
 	return cache_share(_SC_LEVEL2_CACHE_SIZE, 1, 2, NB_BYTES, NB_BYTES, 4 * NB_BYTES, &cached);
 }
 
-static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, const struct ke_mat *w, const float *x,
-		    size_t ldx, int m, float *y, size_t ldy, unsigned flags, int n0, int n1)
+static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, size_t block, const struct ke_mat *w,
+		    const float *x, size_t ldx, int m, float *y, size_t ldy, unsigned flags, int n0, int n1)
 {
 	/* bf 2: an interleaved f32 panel (IL5), whose tiles step 64 bytes
 	 * from row to row inside a group of four */
 	size_t es = bf == 1 ? 2 : 4;
 	size_t wstride = w->ld * es, tws = bf == 2 ? 64 : wstride;
 	int K = w->cols;
-	int nb = (int)(kblock_bytes() / ((size_t)K * es));
+	int nb = (int)(block / ((size_t)K * es));
 	nb = nb < nr_max ? nr_max : nb > NBK_MAX ? NBK_MAX : nb;
 	nb -= nb % nr_max;
 	/* parked accumulators of one row tile across the block: at most
@@ -883,7 +888,7 @@ static int sweep_widened(int isa, size_t block, const struct ke_mat *w, const fl
 		if (isa >= KE_ISA_AVX512) {
 			for (int r = b0; r < b1; r++)
 				widen_il5(wide, ld, r - b0, wd + (size_t)r * wstride, K);
-			sweep_k(&g_t5k[2][0][0], 6, 4, 2, &wf, x, ldx, m, y + b0, ldy, flags, 0, b1 - b0);
+			sweep_k(&g_t5k[2][0][0], 6, 4, 2, block, &wf, x, ldx, m, y + b0, ldy, flags, 0, b1 - b0);
 			continue;
 		}
 		for (int r = b0; r < b1; r++)
@@ -927,7 +932,7 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 			/* f32 rows from 1024: measured 0.8x -> 1.1x of the whole-row
 			 * sweep at K = 2048; bf16 rows (half the bytes from L2) were
 			 * no faster there, so they keep the whole row up to 2048 */
-			sweep_k(&g_t5k[bf][0][0], 6, 4, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
+			sweep_k(&g_t5k[bf][0][0], 6, 4, bf, kblock_bytes(), w, x, ldx, m, y, ldy, flags, n0, n1);
 		else
 			sweep(&g_t5[bf][0][0], T5LD, mr, nr, w, x, ldx, m, y, ldy, flags, n0, n1);
 		return;
@@ -943,7 +948,7 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 			 * M = 256, K = 512 and 1024) */
 			;
 		else if (w->cols > 2 * KC2)
-			sweep_k(&g_t2k[bf][0][0], 3, 2, bf, w, x, ldx, m, y, ldy, flags, n0, n1);
+			sweep_k(&g_t2k[bf][0][0], 3, 2, bf, wide2_bytes(), w, x, ldx, m, y, ldy, flags, n0, n1);
 		else
 			sweep(&g_t2[bf][0][0], 2, 3, 2, w, x, ldx, m, y, ldy, flags, n0, n1);
 		return;
