@@ -862,8 +862,8 @@ static void sweep_k(const tile_kfn *tab, int mr_max, int nr_max, int bf, size_t 
  * values, so the same bits. One thread, M = 256: N = 512 K = 2048 ~112 ->
  * ~137 GFLOP/s, N = 1024 K = 4096 ~104 -> ~132 (with 256 KiB blocks and
  * 512-column pieces it lost at K = 4096: 12 widened rows per block). The
- * buffer belongs to the thread for its lifetime (pool
- * threads live as long as the process), counted under KV_MEM_SCRATCH;
+ * buffer belongs to the thread until it exits (base/mem.h
+ * kv_tls_scratch), counted under KV_MEM_SCRATCH;
  * without it (allocation failure) the bf16 tiles run instead. (On AVX2
  * the same measured 3-6% slower than the bf16 K-split tiles.) AVX-512
  * widens into interleaved groups of four rows (IL5) and runs the K-split

@@ -25,7 +25,8 @@
  * and differences stay separate operations. */
 #pragma GCC optimize("fp-contract=off")
 
-/* Per-thread panel (256 KiB): pool threads live as long as the process. */
+/* Per-thread panel (256 KiB), static TLS: part of each thread's TLS block,
+ * so it goes with the thread (nothing to free). */
 static __thread float tl_panel[KE_QGEMM_MAX_K] __attribute__((aligned(64)));
 
 int ke_qgemm_handles(const struct ke_mat *w)
