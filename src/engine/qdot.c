@@ -825,6 +825,312 @@ GEMV_LOOP(TGT2, q3_k_gemv, q3_k_k4)
 GEMV_LOOP(TGT2, q2_k_gemv, q2_k_k4)
 
 /*
+ * AVX2 GEMM for the K types with many activation rows (prefill): a panel
+ * of 8 weight rows is repacked once per product so that dword lane r of a
+ * register holds 4 consecutive codes of row r; an activation word (4
+ * codes) broadcast to all lanes then gives, with vpmaddubsw, the pair sums
+ * of 8 outputs at once. The pair sums of a slice (Q4_K: 8 words; Q5_K and
+ * Q6_K fewer, see below) add up in int16 before one vpmaddwd by the
+ * slice's scales: one multiply per 32 products instead of the 4-row
+ * kernels' two, and no per-row decode or lane reduction. The int16 sums
+ * cannot overflow: a pair sum is at most 2 * 15 * 127 = 3810 in Q4_K (8 of
+ * them 30480), 2 * 31 * 127 = 7874 in Q5_K (4: 31496), 2 * 63 * 127 =
+ * 16002 in Q6_K (2: 32004), and nothing saturates. Same integers, same
+ * float operations per output as the 4-row kernels and the definition.
+ *
+ * Panel layout, per super-block (8 rows):
+ *   Q4_K / Q5_K: u8 w[8 slices][8 words][8 rows][4], i32 sc[8][8]
+ *     (sc | sc << 16 as int16, for vpmaddwd), i32 mp[4][8] (mins m_{2t} |
+ *     m_{2t+1} << 16, against the activation's slice sums b2), f32 d[8],
+ *     f32 dmin[8];
+ *   Q6_K: u8 w[8][8][8][4] (codes 0..63), i32 sc[16 groups][8] (signed,
+ *     both int16 halves), i32 sp[8][8] (sc_{2t} | sc_{2t+1} << 16, against
+ *     the 16-sums bs), f32 d[8].
+ */
+#define PR2 8 /* weight rows per AVX2 panel */
+#define P4A_BLK (2048 + 256 + 128 + 64)
+#define P6A_BLK (2048 + 512 + 256 + 64)
+
+/* 8 rows of 32 bytes (row r at src[r]) to 8 registers: out + 32 g holds
+ * word g (bytes 4g..4g+3) of rows 0..7. An 8 x 8 transpose of dwords. */
+TGT2 static inline void transpose8x8(const uint8_t *const *src, uint8_t *out)
+{
+	__m256i A[8], t[8], u[8];
+#pragma GCC unroll 8
+	for (int j = 0; j < 8; j++)
+		A[j] = _mm256_loadu_si256((const __m256i *)src[j]);
+#pragma GCC unroll 4
+	for (int j = 0; j < 8; j += 2) {
+		t[j] = _mm256_unpacklo_epi32(A[j], A[j + 1]);
+		t[j + 1] = _mm256_unpackhi_epi32(A[j], A[j + 1]);
+	}
+#pragma GCC unroll 2
+	for (int j = 0; j < 8; j += 4) {
+		u[j] = _mm256_unpacklo_epi64(t[j], t[j + 2]);
+		u[j + 1] = _mm256_unpackhi_epi64(t[j], t[j + 2]);
+		u[j + 2] = _mm256_unpacklo_epi64(t[j + 1], t[j + 3]);
+		u[j + 3] = _mm256_unpackhi_epi64(t[j + 1], t[j + 3]);
+	}
+#pragma GCC unroll 4
+	for (int k = 0; k < 4; k++) {
+		_mm256_store_si256((__m256i *)(out + 32 * k), _mm256_permute2x128_si256(u[k], u[k + 4], 0x20));
+		_mm256_store_si256((__m256i *)(out + 32 * (k + 4)), _mm256_permute2x128_si256(u[k], u[k + 4], 0x31));
+	}
+}
+
+/* The 256 codes of a Q4_K / Q5_K super-block in element order. */
+TGT2 static inline void q45_k_codes(const int q5, const uint8_t *blk, uint8_t *codes)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0F);
+	const uint8_t *qs = blk + (q5 ? 48 : 16);
+	const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+	for (int ch = 0; ch < 4; ch++) {
+		const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
+		__m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+		if (q5) {
+			lo = _mm256_or_si256(lo, bit_to(qh, 2 * ch, 4));
+			hi = _mm256_or_si256(hi, bit_to(qh, 2 * ch + 1, 4));
+		}
+		_mm256_store_si256((__m256i *)(codes + 64 * ch), lo);
+		_mm256_store_si256((__m256i *)(codes + 64 * ch + 32), hi);
+	}
+}
+
+/* The 256 codes (0..63) of a Q6_K super-block in element order. */
+TGT2 static inline void q6_k_codes(const uint8_t *blk, uint8_t *codes)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+#pragma GCC unroll 2
+	for (int n = 0; n < 2; n++) {
+		const uint8_t *ql = blk + 64 * n;
+		const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+#pragma GCC unroll 4
+		for (int part = 0; part < 4; part++) {
+			const __m256i lo = _mm256_loadu_si256((const __m256i *)(ql + ((part & 1) ? 32 : 0)));
+			const __m256i low = part < 2 ? _mm256_and_si256(lo, m4) : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
+			const __m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m3);
+			_mm256_store_si256((__m256i *)(codes + 128 * n + 32 * part), _mm256_or_si256(low, _mm256_slli_epi16(hi2, 4)));
+		}
+	}
+}
+
+static inline int32_t pair16(int lo, int hi)
+{
+	return (int32_t)((uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16));
+}
+
+/* Codes of 8 rows (element order, codes[r]) into the panel's words. */
+TGT2 static void pack8_words(uint8_t (*codes)[256], uint8_t *o)
+{
+	for (int s = 0; s < 8; s++) {
+		const uint8_t *src[PR2];
+		for (int r = 0; r < PR2; r++)
+			src[r] = codes[r] + 32 * s;
+		transpose8x8(src, o + 256 * s);
+	}
+}
+
+TGT2 static void pack8_q45_k(const int q5, const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	const size_t bb = q5 ? 176 : 144;
+	uint8_t codes[PR2][256] __attribute__((aligned(32)));
+	for (int b = 0; b < nb; b++) {
+		uint8_t *o = pk + (size_t)b * P4A_BLK;
+		int32_t *sc = (int32_t *)(o + 2048), *mp = sc + 8 * PR2;
+		float *d = (float *)(mp + 4 * PR2), *dm = d + PR2;
+		for (int r = 0; r < PR2; r++) {
+			const uint8_t *blk = wr[r] + bb * (size_t)b;
+			uint8_t s6[8], m[8];
+			for (int s = 0; s < 8; s++) {
+				kq_scale_min_k4(blk + 4, s, &s6[s], &m[s]);
+				sc[PR2 * s + r] = pair16(s6[s], s6[s]);
+			}
+			for (int t = 0; t < 4; t++)
+				mp[PR2 * t + r] = pair16(m[2 * t], m[2 * t + 1]);
+			d[r] = h2f(blk);
+			dm[r] = h2f(blk + 2);
+			q45_k_codes(q5, blk, codes[r]);
+		}
+		pack8_words(codes, o);
+	}
+}
+
+TGT2 static void pack8_q6_k(const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	uint8_t codes[PR2][256] __attribute__((aligned(32)));
+	for (int b = 0; b < nb; b++) {
+		uint8_t *o = pk + (size_t)b * P6A_BLK;
+		int32_t *sc = (int32_t *)(o + 2048), *sp = sc + 16 * PR2;
+		float *d = (float *)(sp + 8 * PR2);
+		for (int r = 0; r < PR2; r++) {
+			const uint8_t *blk = wr[r] + 210 * (size_t)b;
+			const int8_t *s8 = (const int8_t *)(blk + 192);
+			for (int g = 0; g < 16; g++)
+				sc[PR2 * g + r] = pair16(s8[g], s8[g]);
+			for (int t = 0; t < 8; t++)
+				sp[PR2 * t + r] = pair16(s8[2 * t], s8[2 * t + 1]);
+			d[r] = h2f(blk + 208);
+			q6_k_codes(blk, codes[r]);
+		}
+		pack8_words(codes, o);
+	}
+}
+
+/* The activation word at p broadcast to the 8 lanes. */
+TGT2 static inline __m256i xword(const uint8_t *p)
+{
+	int32_t v;
+	memcpy(&v, p, 4);
+	return _mm256_set1_epi32(v);
+}
+
+/* Q4_K (q5 = 0) and Q5_K (q5 = 1): 8 outputs for each of mr <= 4
+ * activation rows; the chains acc and c of qdot.h, lane r: weight row r. */
+TGT2 static AINL2 void q45_k_gemm8_t(const uint8_t *pk, int K, const uint8_t *a, size_t astride, const int mr,
+				     const int q5, float *out)
+{
+	const int nb = K / 256;
+	const uint8_t *b2p = a + K + (size_t)nb * 4 + (size_t)(K / 16) * 2, *dxp = a + K;
+	__m256 acc[AMR], c[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = c[i] = _mm256_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		const uint8_t *o = pk + (size_t)b * P4A_BLK;
+		const int32_t *sc = (const int32_t *)(o + 2048), *mp = sc + 8 * PR2;
+		const float *d = (const float *)(mp + 4 * PR2);
+		const uint8_t *xb = a + 256 * (size_t)b;
+		__m256i S[AMR], C[AMR];
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++)
+			S[i] = C[i] = _mm256_setzero_si256();
+		for (int s = 0; s < 8; s++) {
+			const __m256i scv = _mm256_load_si256((const __m256i *)(sc + PR2 * s));
+			__m256i t[AMR];
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				t[i] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+			for (int g = 0; g < 8; g++) {
+				const __m256i w = _mm256_load_si256((const __m256i *)(o + 256 * s + 32 * g));
+#pragma GCC unroll 4
+				for (int i = 0; i < mr; i++)
+					t[i] = _mm256_add_epi16(t[i],
+								_mm256_maddubs_epi16(w, xword(xb + (size_t)i * astride + 32 * s + 4 * g)));
+				if (g == 7 || (q5 && g == 3)) { /* Q5_K: 4 pair sums at most in int16 */
+#pragma GCC unroll 4
+					for (int i = 0; i < mr; i++) {
+						S[i] = _mm256_add_epi32(S[i], _mm256_madd_epi16(t[i], scv));
+						t[i] = _mm256_setzero_si256();
+					}
+				}
+			}
+		}
+#pragma GCC unroll 4
+		for (int tp = 0; tp < 4; tp++) {
+			const __m256i mv = _mm256_load_si256((const __m256i *)(mp + PR2 * tp));
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				C[i] = _mm256_add_epi32(
+					C[i], _mm256_madd_epi16(mv, xword(b2p + (size_t)i * astride + 2 * (8 * (size_t)b + 2 * tp))));
+		}
+		const __m256 dv = _mm256_load_ps(d), dmv = _mm256_load_ps(d + PR2);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, dxp + (size_t)i * astride + 4 * (size_t)b, 4);
+			const __m256 dxv = _mm256_set1_ps(dx);
+			acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, dxv), _mm256_cvtepi32_ps(S[i]), acc[i]);
+			c[i] = _mm256_fmadd_ps(_mm256_mul_ps(dmv, dxv), _mm256_cvtepi32_ps(C[i]), c[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm256_storeu_ps(out + PR2 * i, _mm256_sub_ps(acc[i], c[i]));
+}
+
+/* Q6_K: S = sum_g sc_g (u . x)_g - 32 sum_g sc_g bs_g, acc alone. */
+TGT2 static AINL2 void q6_k_gemm8_t(const uint8_t *pk, int K, const uint8_t *a, size_t astride, const int mr,
+				    float *out)
+{
+	const int nb = K / 256;
+	const uint8_t *bsp = a + K + (size_t)nb * 4, *dxp = a + K;
+	__m256 acc[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm256_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		const uint8_t *o = pk + (size_t)b * P6A_BLK;
+		const int32_t *sc = (const int32_t *)(o + 2048), *sp = sc + 16 * PR2;
+		const float *d = (const float *)(sp + 8 * PR2);
+		const uint8_t *xb = a + 256 * (size_t)b;
+		__m256i S[AMR], O[AMR];
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++)
+			S[i] = O[i] = _mm256_setzero_si256();
+		/* pairs of words h: half of group h / 2; words 2h and 2h + 1 of
+		 * the block sit at o + 64 h, their activation codes at xb + 8 h */
+#pragma GCC unroll 1
+		for (int h = 0; h < 32; h++) {
+			const __m256i scv = _mm256_load_si256((const __m256i *)(sc + PR2 * (h >> 1)));
+			const __m256i w0 = _mm256_load_si256((const __m256i *)(o + 64 * h));
+			const __m256i w1 = _mm256_load_si256((const __m256i *)(o + 64 * h + 32));
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				const uint8_t *x = xb + (size_t)i * astride + 8 * h;
+				const __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(w0, xword(x)),
+								   _mm256_maddubs_epi16(w1, xword(x + 4)));
+				S[i] = _mm256_add_epi32(S[i], _mm256_madd_epi16(t, scv));
+			}
+		}
+#pragma GCC unroll 8
+		for (int tp = 0; tp < 8; tp++) {
+			const __m256i sv = _mm256_load_si256((const __m256i *)(sp + PR2 * tp));
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				O[i] = _mm256_add_epi32(
+					O[i], _mm256_madd_epi16(sv, xword(bsp + (size_t)i * astride + 2 * (16 * (size_t)b + 2 * tp))));
+		}
+		const __m256 dv = _mm256_load_ps(d);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, dxp + (size_t)i * astride + 4 * (size_t)b, 4);
+			acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(dx)),
+						 _mm256_cvtepi32_ps(_mm256_sub_epi32(S[i], _mm256_slli_epi32(O[i], 5))), acc[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm256_storeu_ps(out + PR2 * i, acc[i]);
+}
+
+/* One call per activation tile of mr <= 4 rows: 8 outputs a row. */
+TGT2 static void k_gemm8(const int dt, const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr,
+			 float *out)
+{
+	switch (dt * 4 + mr - 1) {
+#define K8_CASE(DT, MR, CALL)                                                                                    \
+	case DT * 4 + MR - 1: CALL; break;
+	K8_CASE(KV_DT_Q4_K, 1, q45_k_gemm8_t(pk, K, a, astride, 1, 0, out))
+	K8_CASE(KV_DT_Q4_K, 2, q45_k_gemm8_t(pk, K, a, astride, 2, 0, out))
+	K8_CASE(KV_DT_Q4_K, 3, q45_k_gemm8_t(pk, K, a, astride, 3, 0, out))
+	K8_CASE(KV_DT_Q4_K, 4, q45_k_gemm8_t(pk, K, a, astride, 4, 0, out))
+	K8_CASE(KV_DT_Q5_K, 1, q45_k_gemm8_t(pk, K, a, astride, 1, 1, out))
+	K8_CASE(KV_DT_Q5_K, 2, q45_k_gemm8_t(pk, K, a, astride, 2, 1, out))
+	K8_CASE(KV_DT_Q5_K, 3, q45_k_gemm8_t(pk, K, a, astride, 3, 1, out))
+	K8_CASE(KV_DT_Q5_K, 4, q45_k_gemm8_t(pk, K, a, astride, 4, 1, out))
+	K8_CASE(KV_DT_Q6_K, 1, q6_k_gemm8_t(pk, K, a, astride, 1, out))
+	K8_CASE(KV_DT_Q6_K, 2, q6_k_gemm8_t(pk, K, a, astride, 2, out))
+	K8_CASE(KV_DT_Q6_K, 3, q6_k_gemm8_t(pk, K, a, astride, 3, out))
+	K8_CASE(KV_DT_Q6_K, 4, q6_k_gemm8_t(pk, K, a, astride, 4, out))
+#undef K8_CASE
+	default: break;
+	}
+}
+
+/*
  * AVX-512 VNNI GEMM: a panel of 16 weight rows is repacked once so that
  * lane r of a register holds 4 consecutive codes of row r; an activation
  * word (4 codes) broadcast to all lanes then gives, with vpdpbusd, the
@@ -1857,6 +2163,37 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 					else
 						for (int r = 0; r < nr; r++)
 							put(yo + r, accum, o[PR * t + r]);
+				}
+			}
+		}
+		return;
+	}
+	/* the AVX2 panels: from 8 activation rows (Q4_K, Q5_K) or 20 (Q6_K)
+	 * they beat the 4-row kernels (one thread, Zen 3, docs/engine.md) */
+	if (isa >= KE_ISA_AVX2 && ((k45 && m >= 8) || (dt == KV_DT_Q6_K && m >= 20))) {
+		const int nb = nbk;
+		const size_t pb = k45 ? P4A_BLK : P6A_BLK;
+		uint8_t *pk2 = pack_buf((size_t)nb * pb);
+		for (int p0 = n0; p0 < n1; p0 += PR2) {
+			int nr = n1 - p0 < PR2 ? n1 - p0 : PR2;
+			const uint8_t *wr[PR2];
+			for (int r = 0; r < PR2; r++) /* a short panel repeats its last row */
+				wr[r] = w + (size_t)(p0 + (r < nr ? r : nr - 1)) * wstride;
+			if (k45)
+				pack8_q45_k(dt == KV_DT_Q5_K, wr, nb, pk2);
+			else
+				pack8_q6_k(wr, nb, pk2);
+			for (int i = 0; i < m; i += AMR) {
+				int mr = m - i < AMR ? m - i : AMR;
+				float o[AMR * PR2];
+				k_gemm8(dt, pk2, K, a + (size_t)i * astride, astride, mr, o);
+				for (int t = 0; t < mr; t++) {
+					float *yo = y + (size_t)(i + t) * ldy + p0;
+					if (nr == PR2 && !accum)
+						memcpy(yo, o + PR2 * t, sizeof(float) * PR2);
+					else
+						for (int r = 0; r < nr; r++)
+							put(yo + r, accum, o[PR2 * t + r]);
 				}
 			}
 		}

@@ -199,7 +199,7 @@ static double ref_dot(int dt, const uint8_t *w, int K, const uint8_t *a, double 
 
 KT_CASE(dot_paths_identical_and_exact)
 {
-	const int Ks[] = {256, 768, 2048}, N = 21, M = 13;
+	const int Ks[] = {256, 768, 2048}, N = 21, M = 24;
 	uint64_t s = 23;
 	double worst[sizeof g_types / sizeof g_types[0]] = {0};
 	float *x = malloc((size_t)M * 2048 * 4);
@@ -232,7 +232,7 @@ KT_CASE(dot_paths_identical_and_exact)
 				}
 			for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++)
 				for (int mr = 1; mr <= M; mr++) {
-					/* rows in groups of mr (GEMV kernels below 8/12, panels above), columns split at 5 */
+					/* rows in groups of mr (4-row kernels below 8 / 12 / 20 rows, panels above), columns split at 5 */
 					for (int i0 = 0; i0 < M; i0 += mr) {
 						int r = M - i0 < mr ? M - i0 : mr;
 						ke_qdot_gemm(isa, dt, wq, wb, K, a + (size_t)i0 * ab, ab, r, got + i0 * N, N, 0, 0, 5);
