@@ -34,20 +34,24 @@ static void dir_of(const char *path, char *out, size_t cap)
  * the "Umask:" line of /proc/self/status (Linux 4.7), else the usual 022. */
 static mode_t process_umask(void)
 {
-	mode_t m = 022;
-	char line[128];
-	FILE *f = fopen("/proc/self/status", "re");
-	if (!f)
-		return m;
-	while (fgets(line, sizeof line, f)) {
-		unsigned v;
-		if (sscanf(line, "Umask: %o", &v) == 1) {
-			m = (mode_t)(v & 0777);
+	char buf[4096];
+	size_t n = 0;
+	int fd = kv_io_open("/proc/self/status", O_RDONLY | O_CLOEXEC, 0);
+	if (fd < 0)
+		return 022;
+	while (n < sizeof buf - 1) { /* procfs reports size 0: read to the end */
+		ssize_t r = kv_io_pread(fd, buf + n, sizeof buf - 1 - n, n);
+		if (r <= 0)
 			break;
-		}
+		n += (size_t)r;
 	}
-	fclose(f);
-	return m;
+	kv_io_close(fd);
+	buf[n] = 0;
+	const char *u = strstr(buf, "\nUmask:");
+	unsigned v;
+	if (!u || sscanf(u + 7, "%o", &v) != 1)
+		return 022;
+	return (mode_t)(v & 0777);
 }
 
 int kv_dw_begin(struct kv_dw *w, const char *final_path)
