@@ -1246,7 +1246,6 @@ TGT5 static void pack_q0(int dt, const uint8_t *const *wr, int nb, uint8_t *pk)
 /* Q4_K and Q5_K (q5: the 5th bit of slice s from bit s of qh). */
 TGT5 static void pack_q45_k(const int q5, const uint8_t *const *wr, int nb, uint8_t *pk)
 {
-	const __m256i m4 = _mm256_set1_epi8(0x0F);
 	const size_t bb = q5 ? 176 : 144;
 	uint8_t codes[PR][256] __attribute__((aligned(32))); /* element order */
 	for (int b = 0; b < nb; b++) {
@@ -1255,27 +1254,16 @@ TGT5 static void pack_q45_k(const int q5, const uint8_t *const *wr, int nb, uint
 		float *d = (float *)(mp + 4 * 16), *dm = d + 16;
 		uint16_t hd[PR], hm[PR];
 		for (int r = 0; r < PR; r++) {
-			const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
+			const uint8_t *blk = wr[r] + bb * (size_t)b;
 			uint8_t m[8];
 			for (int s = 0; s < 8; s++) {
 				uint8_t s6;
 				kq_scale_min_k4(blk + 4, s, &s6, &m[s]);
 				sc[16 * s + r] = s6;
 			}
-			const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-#pragma GCC unroll 4
-			for (int ch = 0; ch < 4; ch++) {
-				__m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
-				__m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-				if (q5) {
-					lo = _mm256_or_si256(lo, bit_to(qh, 2 * ch, 4));
-					hi = _mm256_or_si256(hi, bit_to(qh, 2 * ch + 1, 4));
-				}
-				_mm256_store_si256((__m256i *)(codes[r] + 64 * ch), lo);
-				_mm256_store_si256((__m256i *)(codes[r] + 64 * ch + 32), hi);
-			}
+			q45_k_codes(q5, blk, codes[r]);
 			for (int t = 0; t < 4; t++)
-				mp[16 * t + r] = (int32_t)((uint32_t)m[2 * t] | ((uint32_t)m[2 * t + 1] << 16));
+				mp[16 * t + r] = pair16(m[2 * t], m[2 * t + 1]);
 			memcpy(&hd[r], blk, 2);
 			memcpy(&hm[r], blk + 2, 2);
 		}
@@ -1292,7 +1280,6 @@ TGT5 static void pack_q45_k(const int q5, const uint8_t *const *wr, int nb, uint
 
 TGT5 static void pack_q6_k(const uint8_t *const *wr, int nb, uint8_t *pk)
 {
-	const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
 	uint8_t codes[PR][256] __attribute__((aligned(32))); /* element order */
 	for (int b = 0; b < nb; b++) {
 		uint8_t *o = pk + (size_t)b * P6_BLK;
@@ -1302,22 +1289,11 @@ TGT5 static void pack_q6_k(const uint8_t *const *wr, int nb, uint8_t *pk)
 		for (int r = 0; r < PR; r++) {
 			const uint8_t *blk = wr[r] + 210 * (size_t)b;
 			const int8_t *s8 = (const int8_t *)(blk + 192);
-			for (int n = 0; n < 2; n++) {
-				const uint8_t *ql = blk + 64 * n;
-				const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
-				for (int part = 0; part < 4; part++) {
-					__m256i lo = _mm256_loadu_si256((const __m256i *)(ql + ((part & 1) ? 32 : 0)));
-					__m256i low = part < 2 ? _mm256_and_si256(lo, m4)
-							       : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
-					__m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m3);
-					_mm256_store_si256((__m256i *)(codes[r] + 128 * n + 32 * part),
-							   _mm256_or_si256(low, _mm256_slli_epi16(hi2, 4)));
-				}
-			}
+			q6_k_codes(blk, codes[r]);
 			for (int g = 0; g < 16; g++)
 				sc[16 * g + r] = s8[g];
 			for (int t = 0; t < 8; t++)
-				sp[16 * t + r] = (int32_t)((uint32_t)(uint16_t)s8[2 * t] | ((uint32_t)(uint16_t)s8[2 * t + 1] << 16));
+				sp[16 * t + r] = pair16(s8[2 * t], s8[2 * t + 1]);
 			memcpy(&hd[r], blk + 208, 2);
 		}
 		scales16(hd, d);
