@@ -920,6 +920,13 @@ static inline int32_t pair16(int lo, int hi)
 	return (int32_t)((uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16));
 }
 
+/* 8 f16 scales to f32 with one vcvtph2ps: exact, a NaN quieted as h2f()
+ * gives it (no scalar call in the packers: docs/engine.md). */
+TGT2 static inline void scales8(const uint16_t *h, float *d)
+{
+	_mm256_storeu_ps(d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
+}
+
 /* Codes of 8 rows (element order, codes[r]) into the panel's words. */
 TGT2 static void pack8_words(uint8_t (*codes)[256], uint8_t *o)
 {
@@ -939,6 +946,7 @@ TGT2 static void pack8_q45_k(const int q5, const uint8_t *const *wr, int nb, uin
 		uint8_t *o = pk + (size_t)b * P4A_BLK;
 		int32_t *sc = (int32_t *)(o + 2048), *mp = sc + 8 * PR2;
 		float *d = (float *)(mp + 4 * PR2), *dm = d + PR2;
+		uint16_t hd[PR2], hm[PR2];
 		for (int r = 0; r < PR2; r++) {
 			const uint8_t *blk = wr[r] + bb * (size_t)b;
 			uint8_t s6[8], m[8];
@@ -948,10 +956,12 @@ TGT2 static void pack8_q45_k(const int q5, const uint8_t *const *wr, int nb, uin
 			}
 			for (int t = 0; t < 4; t++)
 				mp[PR2 * t + r] = pair16(m[2 * t], m[2 * t + 1]);
-			d[r] = h2f(blk);
-			dm[r] = h2f(blk + 2);
+			memcpy(&hd[r], blk, 2);
+			memcpy(&hm[r], blk + 2, 2);
 			q45_k_codes(q5, blk, codes[r]);
 		}
+		scales8(hd, d);
+		scales8(hm, dm);
 		pack8_words(codes, o);
 	}
 }
@@ -963,6 +973,7 @@ TGT2 static void pack8_q6_k(const uint8_t *const *wr, int nb, uint8_t *pk)
 		uint8_t *o = pk + (size_t)b * P6A_BLK;
 		int32_t *sc = (int32_t *)(o + 2048), *sp = sc + 16 * PR2;
 		float *d = (float *)(sp + 8 * PR2);
+		uint16_t hd[PR2];
 		for (int r = 0; r < PR2; r++) {
 			const uint8_t *blk = wr[r] + 210 * (size_t)b;
 			const int8_t *s8 = (const int8_t *)(blk + 192);
@@ -970,9 +981,10 @@ TGT2 static void pack8_q6_k(const uint8_t *const *wr, int nb, uint8_t *pk)
 				sc[PR2 * g + r] = pair16(s8[g], s8[g]);
 			for (int t = 0; t < 8; t++)
 				sp[PR2 * t + r] = pair16(s8[2 * t], s8[2 * t + 1]);
-			d[r] = h2f(blk + 208);
+			memcpy(&hd[r], blk + 208, 2);
 			q6_k_codes(blk, codes[r]);
 		}
+		scales8(hd, d);
 		pack8_words(codes, o);
 	}
 }
