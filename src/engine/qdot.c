@@ -2091,6 +2091,84 @@ static inline void put(float *y, int accum, float v)
 	*y = accum ? *y + v : v;
 }
 
+#if defined(__x86_64__)
+/* A panel GEMM: pack(dt, wr, nb, pk) repacks a panel of pr weight rows
+ * (wr[r]: row r, nb blocks), tile(dt, pk, K, a, astride, mr, o) gives
+ * o[pr * t + r] for mr <= AMR activation rows t. */
+typedef void panel_pack_fn(int dt, const uint8_t *const *wr, int nb, uint8_t *pk);
+typedef void panel_tile_fn(int dt, const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *o);
+
+/* VNNI: 16-row panels of every type */
+TGT5 static void pack16(int dt, const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	if (dt == KV_DT_Q8_0)
+		pack_q8_0(wr, nb, pk);
+	else if (ke_qdot_block(dt) == 32)
+		pack_q0(dt, wr, nb, pk);
+	else if (dt == KV_DT_Q4_K || dt == KV_DT_Q5_K)
+		pack_q45_k(dt == KV_DT_Q5_K, wr, nb, pk);
+	else if (dt == KV_DT_Q6_K)
+		pack_q6_k(wr, nb, pk);
+	else
+		pack_g16(dt, wr, nb, pk);
+}
+
+TGT5 static void gemm16(int dt, const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *o)
+{
+	if (dt == KV_DT_Q4_1 || dt == KV_DT_Q5_1)
+		q1_gemm16(pk, K, a, astride, mr, o);
+	else if (ke_qdot_block(dt) == 32)
+		q8_0_gemm16(pk, K, a, astride, mr, dt == KV_DT_Q8_0 ? 0 : q0_shift(dt), o);
+	else if (dt == KV_DT_Q4_K || dt == KV_DT_Q5_K)
+		q4_k_gemm16(pk, K, a, astride, mr, o);
+	else if (dt == KV_DT_Q6_K)
+		q6_k_gemm16(pk, K, a, astride, mr, o);
+	else if (dt == KV_DT_Q3_K)
+		q3_k_gemm16(pk, K, a, astride, mr, o);
+	else
+		q2_k_gemm16(pk, K, a, astride, mr, o);
+}
+
+/* AVX2: 8-row panels of Q4_K, Q5_K, Q6_K (tiles: k_gemm8) */
+TGT2 static void pack8(int dt, const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	if (dt == KV_DT_Q6_K)
+		pack8_q6_k(wr, nb, pk);
+	else
+		pack8_q45_k(dt == KV_DT_Q5_K, wr, nb, pk);
+}
+
+_Static_assert(GMR == AMR, "the VNNI and AVX2 tiles take the same activation rows");
+
+/* Weight rows [n0, n1) against the m activation rows, panel by panel (a
+ * short panel repeats its last row), each repacked once into pk. */
+static void panel_gemm(int pr, panel_pack_fn *pack, panel_tile_fn *tile, int dt, const uint8_t *w, size_t wstride,
+		       int K, int nb, uint8_t *pk, const uint8_t *a, size_t astride, int m, float *y, size_t ldy,
+		       int accum, int n0, int n1)
+{
+	for (int p0 = n0; p0 < n1; p0 += pr) {
+		int nr = n1 - p0 < pr ? n1 - p0 : pr;
+		const uint8_t *wr[PR];
+		for (int r = 0; r < pr; r++)
+			wr[r] = w + (size_t)(p0 + (r < nr ? r : nr - 1)) * wstride;
+		pack(dt, wr, nb, pk);
+		for (int i = 0; i < m; i += AMR) {
+			int mr = m - i < AMR ? m - i : AMR;
+			float o[AMR * PR];
+			tile(dt, pk, K, a + (size_t)i * astride, astride, mr, o);
+			for (int t = 0; t < mr; t++) {
+				float *yo = y + (size_t)(i + t) * ldy + p0;
+				if (nr == pr && !accum)
+					memcpy(yo, o + pr * t, sizeof(float) * (size_t)pr);
+				else
+					for (int r = 0; r < nr; r++)
+						put(yo + r, accum, o[pr * t + r]);
+			}
+		}
+	}
+}
+#endif
+
 void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, const uint8_t *a, size_t astride, int m,
 		  float *y, size_t ldy, int accum, int n0, int n1)
 {
@@ -2103,89 +2181,27 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 	const int b32 = ke_qdot_block(dt) == 32; /* Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 */
 	const int nbk = b32 ? K / 32 : K / 256;
 	const int q1 = b32 && q0_is1(dt), k45 = dt == KV_DT_Q4_K || dt == KV_DT_Q5_K;
-	uint8_t *pk = NULL;
 	/* below about 8 (K types) / 12 (Q8_0) rows the repack costs more than
-	 * it saves: the 4-row kernels, same numbers */
-	if (isa == KE_ISA_AVX512 && have_vnni() && m >= (b32 ? 12 : 8)) /* NULL: the 4-row kernels */
-		pk = pack_buf((size_t)nbk * (b32		    ? (q1 ? P1_BLK : P8_BLK)
-					     : k45		    ? P4_BLK
-					     : dt == KV_DT_Q2_K ? P2_BLK
-								    : P6_BLK));
-	if (pk) {
-		const int nb = nbk;
-		for (int p0 = n0; p0 < n1; p0 += PR) {
-			int nr = n1 - p0 < PR ? n1 - p0 : PR;
-			const uint8_t *wr[PR];
-			for (int r = 0; r < PR; r++) /* a short panel repeats its last row */
-				wr[r] = w + (size_t)(p0 + (r < nr ? r : nr - 1)) * wstride;
-			if (dt == KV_DT_Q8_0)
-				pack_q8_0(wr, nb, pk);
-			else if (b32)
-				pack_q0(dt, wr, nb, pk);
-			else if (k45)
-				pack_q45_k(dt == KV_DT_Q5_K, wr, nb, pk);
-			else if (dt == KV_DT_Q6_K)
-				pack_q6_k(wr, nb, pk);
-			else
-				pack_g16(dt, wr, nb, pk);
-			for (int i = 0; i < m; i += GMR) {
-				int mr = m - i < GMR ? m - i : GMR;
-				float o[GMR * PR];
-				const uint8_t *ai = a + (size_t)i * astride;
-				if (q1)
-					q1_gemm16(pk, K, ai, astride, mr, o);
-				else if (b32)
-					q8_0_gemm16(pk, K, ai, astride, mr, dt == KV_DT_Q8_0 ? 0 : q0_shift(dt), o);
-				else if (k45)
-					q4_k_gemm16(pk, K, ai, astride, mr, o);
-				else if (dt == KV_DT_Q6_K)
-					q6_k_gemm16(pk, K, ai, astride, mr, o);
-				else if (dt == KV_DT_Q3_K)
-					q3_k_gemm16(pk, K, ai, astride, mr, o);
-				else
-					q2_k_gemm16(pk, K, ai, astride, mr, o);
-				for (int t = 0; t < mr; t++) {
-					float *yo = y + (size_t)(i + t) * ldy + p0;
-					if (nr == PR && !accum)
-						memcpy(yo, o + PR * t, sizeof(float) * PR);
-					else
-						for (int r = 0; r < nr; r++)
-							put(yo + r, accum, o[PR * t + r]);
-				}
-			}
+	 * it saves: the 4-row kernels, same numbers; no repack buffer (NULL)
+	 * the same */
+	if (isa == KE_ISA_AVX512 && have_vnni() && m >= (b32 ? 12 : 8)) {
+		uint8_t *pk = pack_buf((size_t)nbk * (b32		     ? (q1 ? P1_BLK : P8_BLK)
+						      : k45		     ? P4_BLK
+						      : dt == KV_DT_Q2_K ? P2_BLK
+									 : P6_BLK));
+		if (pk) {
+			panel_gemm(PR, pack16, gemm16, dt, w, wstride, K, nbk, pk, a, astride, m, y, ldy, accum, n0, n1);
+			return;
 		}
-		return;
 	}
 	/* the AVX2 panels: from 8 activation rows (Q4_K, Q5_K) or 20 (Q6_K)
 	 * they beat the 4-row kernels (one thread, Zen 3, docs/engine.md) */
 	if (isa >= KE_ISA_AVX2 && ((k45 && m >= 8) || (dt == KV_DT_Q6_K && m >= 20))) {
-		const int nb = nbk;
-		const size_t pb = k45 ? P4A_BLK : P6A_BLK;
-		uint8_t *pk2 = pack_buf((size_t)nb * pb);
-		for (int p0 = n0; p0 < n1; p0 += PR2) {
-			int nr = n1 - p0 < PR2 ? n1 - p0 : PR2;
-			const uint8_t *wr[PR2];
-			for (int r = 0; r < PR2; r++) /* a short panel repeats its last row */
-				wr[r] = w + (size_t)(p0 + (r < nr ? r : nr - 1)) * wstride;
-			if (k45)
-				pack8_q45_k(dt == KV_DT_Q5_K, wr, nb, pk2);
-			else
-				pack8_q6_k(wr, nb, pk2);
-			for (int i = 0; i < m; i += AMR) {
-				int mr = m - i < AMR ? m - i : AMR;
-				float o[AMR * PR2];
-				k_gemm8(dt, pk2, K, a + (size_t)i * astride, astride, mr, o);
-				for (int t = 0; t < mr; t++) {
-					float *yo = y + (size_t)(i + t) * ldy + p0;
-					if (nr == PR2 && !accum)
-						memcpy(yo, o + PR2 * t, sizeof(float) * PR2);
-					else
-						for (int r = 0; r < nr; r++)
-							put(yo + r, accum, o[PR2 * t + r]);
-				}
-			}
+		uint8_t *pk = pack_buf((size_t)nbk * (k45 ? P4A_BLK : P6A_BLK));
+		if (pk) {
+			panel_gemm(PR2, pack8, k_gemm8, dt, w, wstride, K, nbk, pk, a, astride, m, y, ldy, accum, n0, n1);
+			return;
 		}
-		return;
 	}
 	if (isa >= KE_ISA_AVX2) {
 		const int v5 = isa == KE_ISA_AVX512 && have_vnni(); /* the 512-bit GEMVs */
