@@ -17,6 +17,11 @@
  *              the kernel of the engine's path (Haswell for AVX2, SkylakeX
  *              for AVX-512) unless already set. GFLOP/s = 2 M N K / time,
  *              summed over the shapes, best of --repeat runs.
+ *   warm-up    first, untimed: a sequence prefills 32 tokens and decodes
+ *              one (every weight page mapped, the scratch and page pool
+ *              touched), as llama.cpp's side of bench/peer_bench.sh
+ *              (kvpeer bench) does before it times; on a 3.4 GB model the
+ *              first prefill otherwise pays about 0.5 s of one-time costs.
  *   prefill    for each context C: a fresh sequence prefills C random
  *              tokens; tokens/s = C / time.
  *   decode     then --decode-tokens greedy steps at that context; tokens/s.
@@ -400,6 +405,17 @@ static int cmd_bench_engine(int argc, char **argv)
 	for (int i = 0; i < maxc; i++) {
 		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
 		tok[i] = (int32_t)((seed >> 33) % (uint64_t)V);
+	}
+	{
+		struct ke_seq *s = NULL;
+		int nw = maxc < 32 ? maxc : 32;
+		if (ke_seq_create(m, NULL, &s) || ke_seq_prefill(s, tok, nw, NULL, logits) ||
+		    ke_seq_decode(s, ke_argmax(logits, V), logits)) {
+			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+			ke_seq_destroy(s);
+			goto out2;
+		}
+		ke_seq_destroy(s);
 	}
 	for (size_t i = 0; i < ncl; i++) {
 		struct ke_seq *s = NULL;

@@ -34,7 +34,7 @@ static int cmd_mkmodel(int argc, char **argv)
 {
 	const char *preset = NULL, *out = NULL, *tok = NULL, *dtype = "bf16";
 	int64_t seed = 0;
-	int config_only = 0, list = 0, no_sync = 0, rc;
+	int config_only = 0, large = 0, list = 0, no_sync = 0, rc;
 	struct kv_flag flags[] = {
 		{"preset", KV_FLAG_STR, &preset, "NAME", "preset to write (see --list)"},
 		{"out", KV_FLAG_STR, &out, "DIR", "output folder, created if missing"},
@@ -43,12 +43,15 @@ static int cmd_mkmodel(int argc, char **argv)
 		{"seed", KV_FLAG_INT, &seed, "N", "weights seed (default 0); same seed, same bytes"},
 		{"dtype", KV_FLAG_STR, &dtype, "bf16|f32", "weight dtype (default bf16)"},
 		{"config-only", KV_FLAG_BOOL, &config_only, NULL, "write config.json and tokenizer files, no weights"},
+		{"large", KV_FLAG_BOOL, &large, NULL,
+		 "write the weights of a real-size preset too (qwen3-1.7b 4 GB, qwen3-8b 16 GB, qwen35-9b 18 GB in "
+		 "bf16; for benchmarks)"},
 		{"no-sync", KV_FLAG_BOOL, &no_sync, NULL, "skip fsync (throwaway test folders)"},
 		{"list", KV_FLAG_BOOL, &list, NULL, "list the presets and exit"},
 		{0},
 	};
 	const char *usage = "usage: kvkeep mkmodel --preset NAME --out DIR [--tokenizer DIR] [--seed N] "
-			    "[--dtype bf16|f32] [--config-only]";
+			    "[--dtype bf16|f32] [--config-only | --large]";
 
 	rc = kv_flags_parse(usage, flags, argc, argv, NULL, 0, NULL);
 	if (rc == 1) {
@@ -86,6 +89,7 @@ static int cmd_mkmodel(int argc, char **argv)
 		.seed = (uint64_t)seed,
 		.dtype = strcmp(dtype, "f32") ? KV_DT_BF16 : KV_DT_F32,
 		.config_only = config_only,
+		.large = large,
 		.dw_flags = no_sync ? KV_DW_NO_SYNC : 0,
 	};
 	rc = kv_synth_write(&o);

@@ -9,6 +9,7 @@
 #include "base/io.h"
 #include "base/json.h"
 #include "base/mem.h"
+#include "base/pool.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -212,6 +213,24 @@ struct conv_t {
 	int64_t shape[3];
 };
 
+struct quant_rows {
+	int dt;
+	const float *f;
+	uint8_t *dst;
+	size_t cols, rb;
+	int failed; /* written only as 1 */
+};
+
+/* Rows 1 + [b, e) of a conversion (row 0 ran on the caller). */
+static void quant_rows_fn(void *ctx, size_t b, size_t e, int thread)
+{
+	struct quant_rows *q = ctx;
+	(void)thread;
+	for (size_t r = b + 1; r < e + 1; r++)
+		if (kq_quant_row(q->dt, q->f + r * q->cols, q->dst + r * q->rb, q->cols))
+			__atomic_store_n(&q->failed, 1, __ATOMIC_RELAXED);
+}
+
 static int conv_fill(void *ctx, void *dst, uint64_t nbytes)
 {
 	struct conv_t *t = ctx;
@@ -253,9 +272,19 @@ static int conv_fill(void *ctx, void *dst, uint64_t nbytes)
 		rc = kv_fail(KV_ERR_INVALID, "internal: '%s' size", t->gg);
 		goto out;
 	}
-	for (int64_t r = 0; r < t->rows && !rc; r++)
-		rc = kq_quant_row(t->dt, f + (size_t)r * (size_t)t->cols, (uint8_t *)dst + (size_t)r * rb,
-				  (size_t)t->cols);
+	/* Row 0 on this thread (an unsupported type or length fails here, with
+	 * its message), the rest on the pool: each row is quantized on its own,
+	 * so the bytes do not depend on the threads (the K types' search takes
+	 * minutes for a real-size model on one core). */
+	if (t->rows > 0)
+		rc = kq_quant_row(t->dt, f, dst, (size_t)t->cols);
+	if (!rc && t->rows > 1) {
+		struct quant_rows q = {.dt = t->dt, .f = f, .dst = dst, .cols = (size_t)t->cols, .rb = (size_t)rb};
+		kv_pool_for(kv_pool_global(), (size_t)t->rows - 1, 8, quant_rows_fn, &q);
+		if (q.failed)
+			rc = kv_fail(KV_ERR_INVALID, "quantize: '%s' to %s failed on a row", t->gg,
+				     kv_dtype_name(t->dt));
+	}
 out:
 	kv_free(tmp);
 	kv_free(f);

@@ -79,13 +79,31 @@ static const struct kv_synth_preset g_presets[] = {
 	},
 	{
 		.name = "qwen35-9b",
-		.summary = "the real Qwen3.5-9B geometry, config and tokenizer only (--config-only)",
+		.summary = "the real Qwen3.5-9B geometry: config only, or --large for 18 GB of weights",
 		.arch = KV_ARCH_QWEN3_5,
 		.hidden = 4096, .n_layers = 32, .n_heads = 16, .n_kv_heads = 4, .head_dim = 256,
 		.intermediate = 12288, .full_attention_interval = 4,
 		.lin_k_heads = 16, .lin_v_heads = 32, .lin_k_dim = 128, .lin_v_dim = 128, .conv_kernel = 4,
 		.partial_rotary = 0.25, .rope_theta = 10000000, .rms_eps = 1e-6, .max_positions = 262144,
-		.config_only = 1, .mlp_only_layer = -1,
+		.config_only = 1, .mlp_only_layer = -1, .vocab = 248320,
+	},
+	{
+		/* Qwen/Qwen3-1.7B config.json: tied embeddings. */
+		.name = "qwen3-1.7b",
+		.summary = "the real Qwen3-1.7B geometry (tied embeddings): config only, or --large for 4 GB of weights",
+		.arch = KV_ARCH_QWEN3,
+		.hidden = 2048, .n_layers = 28, .n_heads = 16, .n_kv_heads = 8, .head_dim = 128,
+		.intermediate = 6144, .partial_rotary = 1.0, .rope_theta = 1000000, .rms_eps = 1e-6,
+		.tie_embeddings = 1, .max_positions = 40960, .vocab = 151936, .config_only = 1,
+	},
+	{
+		/* Qwen/Qwen3-8B config.json. */
+		.name = "qwen3-8b",
+		.summary = "the real Qwen3-8B geometry: config only, or --large for 16 GB of weights",
+		.arch = KV_ARCH_QWEN3,
+		.hidden = 4096, .n_layers = 36, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128,
+		.intermediate = 12288, .partial_rotary = 1.0, .rope_theta = 1000000, .rms_eps = 1e-6,
+		.max_positions = 40960, .vocab = 151936, .config_only = 1,
 	},
 	{
 		.name = "tiny-moe",
@@ -1130,9 +1148,11 @@ int kv_synth_write(const struct kv_synth_opts *o)
 	}
 	if (o->dtype != KV_DT_BF16 && o->dtype != KV_DT_F32)
 		return kv_fail(KV_ERR_INVALID, "dtype must be bf16 or f32");
-	if (p->config_only && !o->config_only)
+	if (p->config_only && !o->config_only && !o->large)
 		return kv_fail(KV_ERR_INVALID,
-			       "preset '%s' is too large to synthesise weights for; use --config-only", p->name);
+			       "preset '%s' is a real model's size; use --config-only, or --large to write its weights "
+			       "anyway (benchmarks)",
+			       p->name);
 	if (!o->out_dir || !o->out_dir[0])
 		return kv_fail(KV_ERR_INVALID, "no output folder");
 

@@ -48,7 +48,7 @@ struct kv_synth_preset {
 	double rms_eps;
 	int tie_embeddings;
 	int max_positions;
-	int config_only;           /* too big to synthesise: config + tokenizer only */
+	int config_only;           /* real size: config + tokenizer only unless opts.large */
 	int release_files;         /* as the Qwen3.5 releases ship: config.json's eos_token_id
 				    * is <|endoftext|> only, and generation_config.json lists
 				    * [<|im_end|>, <|endoftext|>] with the model card's sampling
@@ -76,6 +76,8 @@ struct kv_synth_opts {
 	uint64_t seed;             /* weights seed */
 	int dtype;                 /* KV_DT_BF16 or KV_DT_F32 (must be set) */
 	int config_only;           /* no model.safetensors */
+	int large;                 /* write the weights of a config-only (real-size)
+				    * preset anyway (--large: tens of GB) */
 	unsigned dw_flags;         /* KV_DW_* for every file written */
 };
 

@@ -632,6 +632,27 @@ KT_CASE(cli_mkmodel_and_info)
 	KT_CHECK(json_is_null(json_object_get(j, "weights")));
 	json_decref(j);
 
+	/* The real dense geometries (benchmark models with --large): Qwen3-1.7B
+	 * ties its embeddings, Qwen3-8B does not; 8 KV heads x 128 x 2 bytes
+	 * x K,V per layer. */
+	const char *dense[2] = {"qwen3-1.7b", "qwen3-8b"};
+	const double dlo[2] = {1.70e9, 8.15e9}, dhi[2] = {1.75e9, 8.25e9};
+	const int dlayers[2] = {28, 36};
+	for (int i = 0; i < 2; i++) {
+		char dm[700];
+		snprintf(dm, sizeof dm, "%s/%s", kt_tmpdir(), dense[i]);
+		KT_EQ_INT(run(out, sizeof out, "mkmodel --preset %s --out '%s' --config-only --no-sync", dense[i], dm), 0);
+		KT_EQ_INT(run(out, sizeof out, "model info '%s' --json%s", dm, ""), 0);
+		j = json_loads(out, 0, &e);
+		KT_REQUIRE(j != NULL);
+		double pa = (double)json_integer_value(json_object_get(j, "params"));
+		KT_CHECKF(pa > dlo[i] && pa < dhi[i], "%s: %g parameters", dense[i], pa);
+		KT_EQ_INT(json_integer_value(json_object_get(j, "n_layers")), dlayers[i]);
+		KT_EQ_INT(json_integer_value(json_object_get(j, "vocab")), 151936);
+		KT_EQ_INT(json_integer_value(json_object_get(j, "kv_bytes_per_token")), dlayers[i] * 8 * 128 * 2 * 2);
+		json_decref(j);
+	}
+
 	/* The real MoE geometries: total and active parameters, resident sizes. */
 	const char *moe[2] = {"qwen35-35b-a3b", "qwen3-next-80b-a3b"};
 	const double lo[2] = {34e9, 79e9}, hi[2] = {36e9, 81e9};
@@ -685,7 +706,7 @@ KT_CASE(cli_mkmodel_and_info)
 	KT_EQ_INT(run(out, sizeof out, "mkmodel --preset %s --out '%s'", "nope", dd), 2);
 	KT_CHECK(strstr(out, "unknown preset") && strstr(out, "bench-hybrid"));
 	KT_EQ_INT(run(out, sizeof out, "mkmodel --preset %s --out '%s'", "qwen35-9b", dd), 1);
-	KT_CHECK(strstr(out, "--config-only") != NULL);
+	KT_CHECK(strstr(out, "--config-only") != NULL && strstr(out, "--large") != NULL);
 	KT_EQ_INT(run(out, sizeof out, "mkmodel --preset %s --out '%s' --dtype f16", "tiny-dense", dd), 2);
 	KT_EQ_INT(run(out, sizeof out, "mkmodel --preset %s%s", "tiny-dense", ""), 2);
 	KT_EQ_INT(run(out, sizeof out, "model info '%s/none'%s", kt_tmpdir(), ""), 1);
