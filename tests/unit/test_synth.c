@@ -606,6 +606,20 @@ static int run(char *out, size_t cap, const char *fmt, const char *a, const char
 	return rc;
 }
 
+/* `model info --json` of a preset written config-only into the test
+ * folder; NULL (and a failed check) if either command fails. */
+static json_t *config_info(char *out, size_t cap, const char *preset)
+{
+	char dm[700];
+	json_error_t e;
+	snprintf(dm, sizeof dm, "%s/%s", kt_tmpdir(), preset);
+	KT_EQ_INT(run(out, cap, "mkmodel --preset %s --out '%s' --config-only --no-sync", preset, dm), 0);
+	KT_EQ_INT(run(out, cap, "model info '%s' --json%s", dm, ""), 0);
+	json_t *j = json_loads(out, 0, &e);
+	KT_CHECK(j != NULL);
+	return j;
+}
+
 KT_CASE(cli_mkmodel_and_info)
 {
 	static char out[1 << 16];
@@ -639,12 +653,7 @@ KT_CASE(cli_mkmodel_and_info)
 	const double dlo[2] = {1.70e9, 8.15e9}, dhi[2] = {1.75e9, 8.25e9};
 	const int dlayers[2] = {28, 36};
 	for (int i = 0; i < 2; i++) {
-		char dm[700];
-		snprintf(dm, sizeof dm, "%s/%s", kt_tmpdir(), dense[i]);
-		KT_EQ_INT(run(out, sizeof out, "mkmodel --preset %s --out '%s' --config-only --no-sync", dense[i], dm), 0);
-		KT_EQ_INT(run(out, sizeof out, "model info '%s' --json%s", dm, ""), 0);
-		j = json_loads(out, 0, &e);
-		KT_REQUIRE(j != NULL);
+		KT_REQUIRE((j = config_info(out, sizeof out, dense[i])) != NULL);
 		double pa = (double)json_integer_value(json_object_get(j, "params"));
 		KT_CHECKF(pa > dlo[i] && pa < dhi[i], "%s: %g parameters", dense[i], pa);
 		KT_EQ_INT(json_integer_value(json_object_get(j, "n_layers")), dlayers[i]);
@@ -657,12 +666,7 @@ KT_CASE(cli_mkmodel_and_info)
 	const char *moe[2] = {"qwen35-35b-a3b", "qwen3-next-80b-a3b"};
 	const double lo[2] = {34e9, 79e9}, hi[2] = {36e9, 81e9};
 	for (int i = 0; i < 2; i++) {
-		char dm[700];
-		snprintf(dm, sizeof dm, "%s/%s", kt_tmpdir(), moe[i]);
-		KT_EQ_INT(run(out, sizeof out, "mkmodel --preset %s --out '%s' --config-only --no-sync", moe[i], dm), 0);
-		KT_EQ_INT(run(out, sizeof out, "model info '%s' --json%s", dm, ""), 0);
-		j = json_loads(out, 0, &e);
-		KT_REQUIRE(j != NULL);
+		KT_REQUIRE((j = config_info(out, sizeof out, moe[i])) != NULL);
 		double pa = (double)json_integer_value(json_object_get(j, "params"));
 		double ac = (double)json_integer_value(json_object_get(j, "active_params"));
 		KT_CHECKF(pa > lo[i] && pa < hi[i], "%s: %g parameters", moe[i], pa);
