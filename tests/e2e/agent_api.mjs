@@ -13,7 +13,7 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { createRequire } from 'node:module';
 import {
-  ROOT, loadOpenAI, check, assert, eq, mkModel, startServer, postJSON, fail,
+  ROOT, loadOpenAI, check, assert, eq, mkModel, startServer, postJSON, fail, until,
 } from './server_util.mjs';
 
 const T = 'agent_api';
@@ -143,7 +143,8 @@ await check(`${T}:miss_explainer_names_the_changed_tool`, async () => {
   assert(ex.first_diff > 100 && ex.first_diff === ex.shared_tokens, `first_diff ${ex.first_diff}`);
   assert(typeof ex.cached === 'string' && ex.cached.includes('Read a file'), `cached text ${ex.cached}`);
   assert(ex.new.includes('Read a whole'), `new text ${ex.new}`);
-  assert(/event=cache\.miss_reason [^\n]*role=system tool=1/.test(A.log()), 'log line');
+  // logged before the reply, but node may read the reply before the stderr pipe
+  assert(await until(() => /event=cache\.miss_reason [^\n]*role=system tool=1/.test(A.log()), 5000), 'log line');
 });
 
 await check(`${T}:anthropic_errors`, async () => {

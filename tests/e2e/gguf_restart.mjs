@@ -5,7 +5,7 @@
 // logprobs of a --disable-prefix-cache server, bit for bit.
 import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
-import { KT_BIN, TMP, check, assert, eq, mkModel, startServer as start0, postJSON } from './server_util.mjs';
+import { KT_BIN, TMP, check, assert, eq, mkModel, startServer as start0, postJSON, until } from './server_util.mjs';
 
 const startServer = (model, extra = []) => start0(model, ['--served-model-name', 'm', ...extra]);
 const P = 'gguf_restart';
@@ -48,7 +48,7 @@ await check(`${P}:q4_k_m_hybrid_restart_bit_identical_to_cold`, async () => {
   eq(t1.lp, cold.lp, 'turn 1 logprobs vs the --disable-prefix-cache run');
   srv = await startServer(gguf, ['--cache-dir', dir]);
   const r = await chat(srv, turn1());
-  assert(/event=store\.fetch /.test(srv.log()), 'nothing was loaded from disk');
+  assert(await until(() => /event=store\.fetch /.test(srv.log()), 5000), 'nothing was loaded from disk');
   assert(r.cached > 0, `after restart cached ${r.cached}`);
   eq(r.text, cold.text, 'text after restart vs cold');
   eq(r.lp, cold.lp, 'logprobs after restart vs cold');

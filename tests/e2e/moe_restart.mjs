@@ -12,7 +12,7 @@
 //            bit-identical to a --disable-prefix-cache server.
 import { execFileSync } from 'node:child_process';
 import { join } from 'node:path';
-import { KT_BIN, TMP, check, assert, eq, mkModel, startServer as start0, postJSON, failures_count } from './server_util.mjs';
+import { KT_BIN, TMP, check, assert, eq, mkModel, startServer as start0, postJSON, failures_count, until } from './server_util.mjs';
 
 const P = 'moe_restart';
 const startServer = (model, extra = []) => start0(model, ['--served-model-name', 'm', ...extra]);
@@ -66,7 +66,7 @@ await check(`${P}:restart_resumes_from_disk_bit_identical`, async () => {
   const srv = await startServer(moe, ['--cache-dir', dir]);
   const r = await chat(srv, turn1());
   assert(r.cached > 0, `after the restart turn 1 cached ${r.cached}: nothing came from disk`);
-  assert(/event=store\.fetch /.test(srv.log()), 'no store.fetch log line');
+  assert(await until(() => /event=store\.fetch /.test(srv.log()), 5000), 'no store.fetch log line');
   eq(r.text, t1.text, 'text after restart vs cold');
   eq(r.lp, t1.lp, 'logprobs after restart vs cold');
   await srv.stop();
@@ -91,7 +91,7 @@ async function ggufRestart(hf, gguf, type, gdir) {
   eq(g2.lp, c2.lp, 'cached turn 2 logprobs vs cold');
   srv = await startServer(gguf, ['--cache-dir', gdir]);
   const r = await chat(srv, turn1());
-  assert(/event=store\.fetch /.test(srv.log()), 'nothing was loaded from disk');
+  assert(await until(() => /event=store\.fetch /.test(srv.log()), 5000), 'nothing was loaded from disk');
   assert(r.cached > 0, `after restart cached ${r.cached}`);
   eq(r.text, c1.text, 'text after restart vs cold');
   eq(r.lp, c1.lp, 'logprobs after restart vs cold');

@@ -198,7 +198,7 @@ await check(`${T}:hybrid_turn2_cached_and_bit_identical`, async () => {
     eq(cold.r2.usage.prompt_tokens_details.cached_tokens, 0, 'cold server');
     eq(warm.r2.choices[0].message.content, cold.r2.choices[0].message.content, 'same text');
     eq(JSON.stringify(warm.r2.choices[0].logprobs), JSON.stringify(cold.r2.choices[0].logprobs), 'same logprobs');
-    assert(/resume=(anchor|hit|snap)/.test(HA.log()), 'request log line names the resume kind');
+    assert(await until(() => /resume=(anchor|hit|snap)/.test(HA.log()), 5000), 'request log line names the resume kind');
     const m = await metrics(HA);
     assert((m.get('kvkeep_resume_total{kind="anchor"}') || 0) + (m.get('kvkeep_resume_total{kind="hit"}') || 0) +
       (m.get('kvkeep_resume_total{kind="snap"}') || 0) >= 1, 'resume kind counted');

@@ -116,7 +116,7 @@ await check(`${P}:hybrid_replay_resumes_at_boundary_bit_identical`, async () => 
   eq(t1.text, hcold.text, 'the cold turn 1 and the --disable-prefix-cache run differ');
   const srv = await startServer(hybrid, ['--cache-dir', hdir]);
   const r = await chat(srv, turn1());
-  const f = lastFetch(srv);
+  const f = await until(() => lastFetch(srv), 5000);
   assert(f, 'no store.fetch line: nothing was loaded from disk');
   assert(f.anchor > 0, `no anchor: ${JSON.stringify(f)}`);
   assert(r.cached >= f.anchor, `resumed at ${r.cached}, below the anchor ${f.anchor}`);
