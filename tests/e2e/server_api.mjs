@@ -8,7 +8,7 @@
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import {
-  KT_BIN, loadOpenAI, check, assert, eq, mkModel, startServer, metrics, postJSON, sleep, fail, ok, until,
+  KT_BIN, loadOpenAI, check, assert, eq, mkModel, startServer, metrics, postJSON, fail, ok, until,
 } from './server_util.mjs';
 
 const T = 'server_api';
@@ -426,10 +426,8 @@ await check(`${T}:access_keys`, async () => {
     eq((await fetch(D.url('/v1/cache/info'), { headers: { authorization: 'Bearer k-admin' } })).status, 200, 'info with the admin key');
     eq((await postJSON(D, '/v1/cache/probe', chat, { 'x-api-key': 'k-admin' })).status, 200, 'probe with the admin key');
     eq((await postJSON(D, '/v1/cache/clear', {}, { authorization: 'Bearer k-admin' })).status, 200, 'clear with the admin key');
-    await sleep(100);
-    const log = D.log();
-    assert(/level=info event=cache.admin route=\/v1\/cache\/probe peer=127\.0\.0\.1:\d+/.test(log), 'probe logged at info');
-    assert(/event=http.error route=\/v1\/chat\/completions status=401/.test(log), '401 logged');
+    assert(await until(() => /level=info event=cache.admin route=\/v1\/cache\/probe peer=127\.0\.0\.1:\d+/.test(D.log()), 5000), 'probe logged at info');
+    assert(await until(() => /event=http.error route=\/v1\/chat\/completions status=401/.test(D.log()), 5000), '401 logged');
   } finally { await D.stop(); }
   // beyond loopback without --admin-key: the admin routes are refused
   const E = await startServer(model, [...common, '--host', '0.0.0.0'], { KVKEEP_API_KEY: 'env-key' });

@@ -4,7 +4,7 @@
 // it, and print one "ok NAME" / "FAIL NAME: why" line per check for
 // tests/run.sh. Every wait has a deadline.
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync, createWriteStream, readFileSync, existsSync } from 'node:fs';
+import { mkdtempSync, rmSync, createWriteStream, existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -72,15 +72,20 @@ export function startServer(model, extra = [], env = {}) {
     env: { ...process.env, KVKEEP_LOG: 'info', KVKEEP_CACHE_DIR: join(TMP, `disk-cache-${servers.size}-${Date.now()}`), ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
-  const srv = { proc, logPath, port: 0, exited: null };
+  // log() answers from memory: the file's writes are asynchronous and
+  // may trail the data a test has already seen
+  const srv = { proc, logPath, port: 0, exited: null, text: '' };
   servers.add(srv);
   proc.on('exit', (code, sig) => { srv.exited = { code, sig }; servers.delete(srv); });
-  proc.stdout.pipe(log, { end: false });
+  // 'close' comes after the last stdout/stderr data: stop() waits for it
+  srv.closed = new Promise((res) => proc.once('close', res));
+  proc.stdout.on('data', (d) => { log.write(d); srv.text += d.toString(); });
   return new Promise((resolve, reject) => {
     let buf = '';
     const timer = setTimeout(() => reject(new Error(`server did not start in 60 s; log ${logPath}`)), 60000);
     proc.stderr.on('data', (d) => {
       log.write(d);
+      srv.text += d.toString();
       if (srv.port) return;
       buf += d.toString();
       const m = buf.match(/event=serve\.ready [^\n]*port=(\d+)/);
@@ -90,7 +95,7 @@ export function startServer(model, extra = [], env = {}) {
         srv.base = `http://127.0.0.1:${srv.port}`;
         srv.url = (p) => `${srv.base}${p}`;
         srv.stop = (sig = 'SIGTERM', ms = 10000) => stopServer(srv, sig, ms);
-        srv.log = () => readFileSync(logPath, 'utf8');
+        srv.log = () => srv.text;
         resolve(srv);
       }
     });
@@ -102,10 +107,11 @@ export function startServer(model, extra = [], env = {}) {
 
 export function stopServer(srv, sig = 'SIGTERM', ms = 10000) {
   return new Promise((resolve, reject) => {
-    if (srv.exited) return resolve(srv.exited);
     const t0 = Date.now();
+    const done = (st) => { srv.closed.then(() => resolve(st)); };
+    if (srv.exited) return done(srv.exited);
     const timer = setTimeout(() => { srv.proc.kill('SIGKILL'); reject(new Error(`server did not exit within ${ms} ms of ${sig}`)); }, ms);
-    srv.proc.once('exit', (code, s) => { clearTimeout(timer); resolve({ code, sig: s, ms: Date.now() - t0 }); });
+    srv.proc.once('exit', (code, s) => { clearTimeout(timer); done({ code, sig: s, ms: Date.now() - t0 }); });
     srv.proc.kill(sig);
   });
 }

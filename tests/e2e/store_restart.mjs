@@ -237,6 +237,7 @@ await check(`${P}:unwritable_folder_serves_from_ram`, async () => {
   const m = await metrics(srv);
   assert(m.get('kvkeep_disk_write_errors_total{kind="readonly"}') >= 1, 'readonly not counted');
   eq(m.get('kvkeep_disk_writable'), 0, 'kvkeep_disk_writable');
+  await until(() => /store\.(readonly|write_failed)/.test(srv.log()), 5000);
   const lines = srv.log().split('\n').filter((l) => /store\.(readonly|write_failed)/.test(l));
   assert(lines.length === 1, `logged ${lines.length} times (want once)`);
   await srv.stop();
