@@ -37,6 +37,10 @@ void kv_free(void *p);
 /* Size the caller asked for when allocating p. */
 size_t kv_alloc_size(const void *p);
 
+/* Asks for transparent huge pages on [p, p + n) (MADV_HUGEPAGE): kv_alloc's
+ * large blocks and the read-only weight file mappings. Errors are ignored:
+ * where the kernel cannot, nothing changes. */
+void kv_mem_advise_huge(void *p, size_t n);
 /* Adjust a category by delta bytes for memory not from kv_alloc (mmap). */
 void kv_mem_note(int cat, int64_t delta);
 /* Bytes currently in use in a category / in all categories. */

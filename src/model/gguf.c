@@ -408,7 +408,7 @@ static int file_map(const char *path, struct gg_file *f)
 	kv_io_close(fd);
 	if (m == MAP_FAILED)
 		return kv_fail(kv_io_errno_code(errno), "%s: mmap: %s", path, strerror(errno));
-	kv_map_advise_weights(m, (size_t)sb.st_size);
+	kv_mem_advise_huge(m, (size_t)sb.st_size); /* base/mem.c: weights */
 	f->base = m;
 	f->size = (size_t)sb.st_size;
 	f->mapped = 1;

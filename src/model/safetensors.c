@@ -557,29 +557,6 @@ int kv_st_open_mem(const void *p, size_t n, const char *what, struct kv_st **out
 	return KV_OK;
 }
 
-/*
- * Weights are mapped, never copied (DESIGN.md 8), and a forward walks
- * every page of them. On this project's machines (virtual machines) the
- * first access to each 4 KiB page of a mapping costs about 0.9 us however
- * the page got mapped, so the first forward after a server start ran at a
- * fifth of its speed: 1.06-1.27 s against 0.15-0.25 s for a 3-token
- * forward of a 5 GB qwen35-9b Q4_K_M file already in the page cache.
- * MADV_HUGEPAGE asks the kernel to read the file into 2 MiB page-cache
- * folios and to map those whole (ext4 and other filesystems with large
- * folios, THP "madvise" or "always"): 2,500 mappings instead of 1.3
- * million, for this process and for every later one while the file stays
- * cached, which is the case of a restarted server. Where the kernel
- * cannot, nothing changes; engine/model.c also touches the pages at load.
- */
-void kv_map_advise_weights(void *p, size_t n)
-{
-#ifdef MADV_HUGEPAGE
-	(void)madvise(p, n, MADV_HUGEPAGE);
-#else
-	(void)p, (void)n;
-#endif
-}
-
 int kv_st_open(const char *path, struct kv_st **out)
 {
 	struct kv_st *st;
@@ -619,7 +596,7 @@ int kv_st_open(const char *path, struct kv_st **out)
 		return rc;
 	}
 	kv_io_close(fd);
-	kv_map_advise_weights(m, (size_t)sb.st_size);
+	kv_mem_advise_huge(m, (size_t)sb.st_size); /* base/mem.c: weights */
 	st = calloc(1, sizeof *st);
 	if (!st || !(st->path = strdup(path))) {
 		free(st);

@@ -127,9 +127,6 @@ int kv_st_meta_at(const struct kv_st *st, size_t i, const char **key, const char
 uint64_t kv_st_file_size(const struct kv_st *st);
 uint64_t kv_st_header_len(const struct kv_st *st);
 int kv_st_is_aligned(const struct kv_tensor *t);
-/* Advice for a read-only mapping of a weight file (safetensors or GGUF):
- * transparent huge pages (see safetensors.c). Errors are ignored. */
-void kv_map_advise_weights(void *p, size_t n);
 
 /* Element i of a tensor as float: float dtypes converted, integer and
  * BOOL dtypes by value, F8 types and i >= numel give 0. Unaligned-safe. */
