@@ -1106,6 +1106,11 @@ void kc_cache_set_budget(struct kc_cache *c, uint64_t bytes)
 	pthread_mutex_unlock(&c->mu);
 }
 
+int kc_cache_enabled(const struct kc_cache *c)
+{
+	return c && !c->disabled; /* set at create, never changed */
+}
+
 uint64_t kc_cache_budget(struct kc_cache *c)
 {
 	pthread_mutex_lock(&c->mu);

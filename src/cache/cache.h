@@ -184,6 +184,8 @@ int kc_cache_put(struct kc_cache *c, const struct kc_put *p, uint64_t *entry_id)
 
 /* Change the byte budget (0 = none) and evict down to it. */
 void kc_cache_set_budget(struct kc_cache *c, uint64_t bytes);
+/* 0 for a cache made with `disabled` (it stores nothing), or NULL. */
+int kc_cache_enabled(const struct kc_cache *c);
 uint64_t kc_cache_budget(struct kc_cache *c);
 /* Evict the least recently used unpinned entry (leaves first), MRU
  * included. KV_OK and *released (bytes given back to the allocator), or

@@ -95,6 +95,9 @@ struct ksv_req {
  * sees them).
  */
 int ksv_req_parse(int api, const char *body, size_t len, int max_depth, struct ksv_req *req);
+/* The same from a parsed body, whose reference it takes (req->body):
+ * the Messages and Responses translations hand their chat body here. */
+int ksv_req_parse_json(int api, json_t *body, struct ksv_req *req);
 void ksv_req_free(struct ksv_req *req);
 
 /*
