@@ -8,7 +8,7 @@
  *
  * Each recorded body is sent in order, streamed, with only stream,
  * stream_options.include_usage, temperature and the token cap changed
- * (and "model" with --model; server/replay.h says exactly how). Per request it records the HTTP
+ * (and "model" with --model; client/replay.h says exactly how). Per request it records the HTTP
  * status, prompt / cached / generated tokens, time to first token and
  * total time; bad trace lines and rejected bodies are reported on their
  * row and the replay goes on.
@@ -40,9 +40,9 @@
 #include "base/env.h"
 #include "base/err.h"
 #include "base/json.h"
-#include "server/child.h"
-#include "server/http_client.h"
-#include "server/replay.h"
+#include "client/child.h"
+#include "client/http_client.h"
+#include "client/replay.h"
 
 #include <errno.h>
 #include <math.h>
@@ -135,9 +135,9 @@ static void free_words(char **v)
 
 /*
  * The spawned server: the words of the --spawn command ("kvkeep" = this
- * binary), then `extra` (NULL: none); server/child.h adds --port.
+ * binary), then `extra` (NULL: none); client/child.h adds --port.
  */
-static int spawn_init(struct ksv_child *c, const char *cmd, const char *extra, const char *log_path,
+static int spawn_init(struct kcl_child *c, const char *cmd, const char *extra, const char *log_path,
 		      double ready_timeout_s, double stop_timeout_s)
 {
 	char **w = NULL;
@@ -155,7 +155,7 @@ static int spawn_init(struct ksv_child *c, const char *cmd, const char *extra, c
 	if (extra)
 		w[n++] = strdup(extra);
 	w[n] = NULL;
-	int rc = ksv_child_init(c, w, n, 0);
+	int rc = kcl_child_init(c, w, n, 0);
 	free_words(w);
 	c->log_path = log_path;
 	c->ready_timeout_s = ready_timeout_s;
@@ -164,16 +164,16 @@ static int spawn_init(struct ksv_child *c, const char *cmd, const char *extra, c
 }
 
 /* Start it (and make it the one the signal handler stops). */
-static int spawn_start(struct ksv_child *c, double *ready_s)
+static int spawn_start(struct kcl_child *c, double *ready_s)
 {
-	int rc = ksv_child_start(c, ready_s);
+	int rc = kcl_child_start(c, ready_s);
 	g_child = c->pid;
 	return rc;
 }
 
-static int spawn_stop(struct ksv_child *c, double *stop_s, char *desc, size_t cap)
+static int spawn_stop(struct kcl_child *c, double *stop_s, char *desc, size_t cap)
 {
-	int rc = ksv_child_stop(c, stop_s, desc, cap);
+	int rc = kcl_child_stop(c, stop_s, desc, cap);
 	g_child = 0;
 	return rc;
 }
@@ -195,7 +195,7 @@ static int get_json(const char *url, const char *path, int timeout_ms, json_t **
 		k = kv_env(KV_ENV_API_KEY);
 	if (k && *k && strlen(k) < 900 && !strpbrk(k, "\r\n"))
 		snprintf(hdr, sizeof hdr, "Authorization: Bearer %s\r\n", k);
-	int rc = ksv_http_fetch_h(full, "GET", NULL, 0, timeout_ms, *hdr ? hdr : NULL, &status, &b, &bl);
+	int rc = kcl_http_fetch_h(full, "GET", NULL, 0, timeout_ms, *hdr ? hdr : NULL, &status, &b, &bl);
 	if (rc == KV_OK && status == 200)
 		rc = kv_json_parse(full, b, bl, KV_JSON_MAX_DEPTH, out);
 	else if (rc == KV_OK)
@@ -211,9 +211,9 @@ struct rp_row {
 	int pass;                     /* 1-based */
 	int server_start;             /* which start of the server answered (1-based; 0: --base-url) */
 	int first_after_restart;
-	struct ksv_replay_result r;
+	struct kcl_replay_result r;
 	int have_cold;
-	struct ksv_replay_result cold;
+	struct kcl_replay_result cold;
 };
 
 struct rp_out {
@@ -249,10 +249,10 @@ static void table_head(const struct rp_out *o)
 		"cached", "reuse", "ttft_ms", "total_ms", "gen", "note");
 }
 
-static void table_row(const struct rp_out *o, size_t n, const struct rp_row *w, const struct ksv_replay_item *it,
+static void table_row(const struct rp_out *o, size_t n, const struct rp_row *w, const struct kcl_replay_item *it,
 		      const char *tag)
 {
-	const struct ksv_replay_result *r = &w->r;
+	const struct kcl_replay_result *r = &w->r;
 	char p[24], c[24], re[16], tt[24], to[24], g[24];
 	fmt_i(p, sizeof p, r->prompt_tokens);
 	fmt_i(c, sizeof c, r->cached_tokens);
@@ -285,7 +285,7 @@ static json_t *jint(int64_t v)
 	return v < 0 ? json_null() : json_integer(v);
 }
 
-static json_t *result_json(const struct ksv_replay_result *r)
+static json_t *result_json(const struct kcl_replay_result *r)
 {
 	json_t *o = json_object();
 	json_object_set_new(o, "ok", json_boolean(r->ok));
@@ -314,7 +314,7 @@ static void emit_json(json_t *o)
 	json_decref(o);
 }
 
-static json_t *summary_json(const struct ksv_replay_summary *s)
+static json_t *summary_json(const struct kcl_replay_summary *s)
 {
 	json_t *o = json_object();
 	json_object_set_new(o, "requests", json_integer((json_int_t)s->requests));
@@ -331,7 +331,7 @@ static json_t *summary_json(const struct ksv_replay_summary *s)
 	return o;
 }
 
-static void summary_line(FILE *f, const char *label, const struct ksv_replay_summary *s)
+static void summary_line(FILE *f, const char *label, const struct kcl_replay_summary *s)
 {
 	char t50[24], t90[24], o50[24], o90[24];
 	fmt_ms(t50, sizeof t50, s->ttft_p50_s);
@@ -347,8 +347,8 @@ static void summary_line(FILE *f, const char *label, const struct ksv_replay_sum
 }
 
 /* Send one item (or record why it cannot be sent). */
-static void run_item(const struct ksv_url *u, const struct ksv_replay_item *it, int64_t max_tokens, const char *model,
-		     int timeout_ms, struct ksv_replay_result *r)
+static void run_item(const struct kcl_url *u, const struct kcl_replay_item *it, int64_t max_tokens, const char *model,
+		     int timeout_ms, struct kcl_replay_result *r)
 {
 	memset(r, 0, sizeof *r);
 	r->prompt_tokens = r->cached_tokens = r->generated_tokens = -1;
@@ -360,11 +360,11 @@ static void run_item(const struct ksv_url *u, const struct ksv_replay_item *it, 
 	}
 	char *body = NULL;
 	size_t len = 0;
-	if (ksv_replay_prepare(it->body, max_tokens, model, &body, &len)) {
+	if (kcl_replay_prepare(it->body, max_tokens, model, &body, &len)) {
 		snprintf(r->error, sizeof r->error, "%s", kv_errmsg());
 		return;
 	}
-	ksv_replay_send(u, body, len, timeout_ms, r);
+	kcl_replay_send(u, body, len, timeout_ms, r);
 	free(body);
 }
 
@@ -372,8 +372,8 @@ static void run_item(const struct ksv_url *u, const struct ksv_replay_item *it, 
  * them are in flight together (an agent's subagents); rows are filled in
  * place and printed in trace order when the pass is over. */
 struct pool {
-	const struct ksv_url *u;
-	const struct ksv_replay_trace *tr;
+	const struct kcl_url *u;
+	const struct kcl_replay_trace *tr;
 	struct rp_row *rows;          /* this pass's rows, tr->n of them */
 	int64_t max_tokens;
 	const char *model;
@@ -459,15 +459,15 @@ static int cmd_bench_replay(int argc, char **argv)
 		return 2;
 	}
 
-	struct ksv_replay_trace *tr = NULL;
-	rc = trace_path ? ksv_replay_load_jsonl(trace_path, &tr) : ksv_replay_load_dir(dir, &tr);
+	struct kcl_replay_trace *tr = NULL;
+	rc = trace_path ? kcl_replay_load_jsonl(trace_path, &tr) : kcl_replay_load_dir(dir, &tr);
 	if (rc) {
 		fprintf(stderr, "kvkeep bench replay: %s\n", kv_errmsg());
 		return 1;
 	}
 	if (tr->n == 0) {
 		fprintf(stderr, "kvkeep bench replay: %s holds no requests\n", trace_path ? trace_path : dir);
-		ksv_replay_trace_free(tr);
+		kcl_replay_trace_free(tr);
 		return 1;
 	}
 	size_t bad_lines = 0;
@@ -475,8 +475,8 @@ static int cmd_bench_replay(int argc, char **argv)
 		bad_lines += tr->items[i].body == NULL;
 
 	struct rp_out out = {json ? stderr : stdout, json};
-	struct ksv_child srv = {0};
-	struct ksv_url u;
+	struct kcl_child srv = {0};
+	struct kcl_url u;
 	json_t *starts = json_array();
 	int fatal = 0, restarts = 0, server_start_no = 0;
 	int timeout_ms = timeout_s > 2000000 ? 2000000000 : (int)(timeout_s * 1000);
@@ -488,7 +488,7 @@ static int cmd_bench_replay(int argc, char **argv)
 	json_t *restart_events = json_array();
 	size_t seq = 0;
 	int after_restart_pending = 0;
-	struct ksv_replay_summary sum, cold_sum;
+	struct kcl_replay_summary sum, cold_sum;
 	int have_cold = 0;
 	double *speed_ttft = NULL, *speed_total = NULL;
 	size_t n_sp_ttft = 0, n_sp_total = 0;
@@ -499,7 +499,7 @@ static int cmd_bench_replay(int argc, char **argv)
 				(long long)repeat);
 		else
 			fprintf(stderr, "kvkeep bench replay: out of memory\n");
-		ksv_replay_trace_free(tr);
+		kcl_replay_trace_free(tr);
 		free(rows);
 		json_decref(starts);
 		json_decref(restart_events);
@@ -525,9 +525,9 @@ static int cmd_bench_replay(int argc, char **argv)
 							ci ? ci : json_null()));
 		char b[200];
 		snprintf(b, sizeof b, "%s/v1", srv.url);
-		ksv_url_parse(b, &u);
+		kcl_url_parse(b, &u);
 	} else {
-		if (ksv_url_parse(base_url, &u)) {
+		if (kcl_url_parse(base_url, &u)) {
 			fprintf(stderr, "kvkeep bench replay: %s\n", kv_errmsg());
 			fatal = 2;
 			goto done;
@@ -620,7 +620,7 @@ static int cmd_bench_replay(int argc, char **argv)
 		double stop_s = 0, ready_s = 0;
 		char desc[64];
 		spawn_stop(&srv, &stop_s, desc, sizeof desc);
-		ksv_child_free(&srv);
+		kcl_child_free(&srv);
 		if (spawn_init(&srv, spawn, "--disable-prefix-cache", server_log, ready_timeout_s, stop_timeout_s) ||
 		    spawn_start(&srv, &ready_s)) {
 			fprintf(stderr, "kvkeep bench replay: cold server: %s\n", kv_errmsg());
@@ -629,9 +629,9 @@ static int cmd_bench_replay(int argc, char **argv)
 		}
 		char b[200];
 		snprintf(b, sizeof b, "%s/v1", srv.url);
-		ksv_url_parse(b, &u);
+		kcl_url_parse(b, &u);
 		fprintf(out.table, "\ncold server (--disable-prefix-cache) ready on %s in %.2f s\n", srv.url, ready_s);
-		struct ksv_replay_result *cold = calloc(tr->n, sizeof *cold);
+		struct kcl_replay_result *cold = calloc(tr->n, sizeof *cold);
 		speed_ttft = calloc(total, sizeof *speed_ttft);
 		speed_total = calloc(total, sizeof *speed_total);
 		if (!cold || !speed_ttft || !speed_total) {
@@ -646,7 +646,7 @@ static int cmd_bench_replay(int argc, char **argv)
 		for (size_t i = 0; i < tr->n; i++) {
 			run_item(&u, &tr->items[i], max_tokens, model, timeout_ms, &cold[i]);
 			/* the first pass's row of this item is what the cold one is set against */
-			const struct ksv_replay_result *wr = &rows[i].r;
+			const struct kcl_replay_result *wr = &rows[i].r;
 			char wt[24], ct[24], wo[24], co[24], s1[24] = "-", s2[24] = "-", p[24], c[24];
 			fmt_ms(wt, sizeof wt, wr->ttft_s);
 			fmt_ms(ct, sizeof ct, cold[i].ttft_s);
@@ -663,7 +663,7 @@ static int cmd_bench_replay(int argc, char **argv)
 			fflush(out.table);
 		}
 		for (size_t k = 0; k < seq; k++) {
-			const struct ksv_replay_result *cr = &cold[rows[k].item];
+			const struct kcl_replay_result *cr = &cold[rows[k].item];
 			rows[k].have_cold = 1;
 			rows[k].cold = *cr;
 			if (rows[k].r.ok && cr->ok && rows[k].r.ttft_s > 0 && cr->ttft_s > 0)
@@ -671,7 +671,7 @@ static int cmd_bench_replay(int argc, char **argv)
 			if (rows[k].r.ok && cr->ok && rows[k].r.total_s > 0)
 				speed_total[n_sp_total++] = cr->total_s / rows[k].r.total_s;
 		}
-		ksv_replay_summarize(cold, tr->n, &cold_sum);
+		kcl_replay_summarize(cold, tr->n, &cold_sum);
 		have_cold = 1;
 		free(cold);
 	}
@@ -681,12 +681,12 @@ done:;
 	char desc[64];
 	if (srv.pid > 0)
 		spawn_stop(&srv, &stop_s, desc, sizeof desc);
-	ksv_child_free(&srv);
+	kcl_child_free(&srv);
 
-	struct ksv_replay_result *flat = calloc(seq ? seq : 1, sizeof *flat);
+	struct kcl_replay_result *flat = calloc(seq ? seq : 1, sizeof *flat);
 	for (size_t k = 0; flat && k < seq; k++)
 		flat[k] = rows[k].r;
-	ksv_replay_summarize(flat, flat ? seq : 0, &sum);
+	kcl_replay_summarize(flat, flat ? seq : 0, &sum);
 	free(flat);
 	size_t n_failed = sum.failed;
 	if (seq > 0) {
@@ -694,7 +694,7 @@ done:;
 		summary_line(out.table, "summary", &sum);
 		if (have_cold) {
 			summary_line(out.table, "cold   ", &cold_sum);
-			double m1 = ksv_replay_quantile(speed_ttft, n_sp_ttft, 0.5), m2 = ksv_replay_quantile(speed_total, n_sp_total, 0.5);
+			double m1 = kcl_replay_quantile(speed_ttft, n_sp_ttft, 0.5), m2 = kcl_replay_quantile(speed_total, n_sp_total, 0.5);
 			fprintf(out.table, "speedup over cold: ttft p50 %.2fx, total p50 %.2fx\n", isnan(m1) ? 0.0 : m1,
 				isnan(m2) ? 0.0 : m2);
 		}
@@ -705,7 +705,7 @@ done:;
 		size_t ev = 0;
 		for (size_t k = 0; k < seq; k++) {
 			const struct rp_row *w = &rows[k];
-			const struct ksv_replay_item *it = &tr->items[w->item];
+			const struct kcl_replay_item *it = &tr->items[w->item];
 			json_t *o = result_json(&w->r);
 			json_t *head = json_pack("{s:s, s:I, s:i, s:I, s:s, s:i, s:b, s:b}", "type", "request", "n",
 						 (json_int_t)(k + 1), "pass", w->pass, "index", (json_int_t)(w->item + 1),
@@ -756,9 +756,9 @@ done:;
 		json_object_set(s, "server_starts", starts);
 		if (have_cold) {
 			json_t *c = summary_json(&cold_sum);
-			json_object_set_new(c, "speedup_ttft_p50", jnum_or_null(ksv_replay_quantile(speed_ttft, n_sp_ttft, 0.5)));
+			json_object_set_new(c, "speedup_ttft_p50", jnum_or_null(kcl_replay_quantile(speed_ttft, n_sp_ttft, 0.5)));
 			json_object_set_new(c, "speedup_total_p50",
-					    jnum_or_null(ksv_replay_quantile(speed_total, n_sp_total, 0.5)));
+					    jnum_or_null(kcl_replay_quantile(speed_total, n_sp_total, 0.5)));
 			json_object_set_new(s, "cold", c);
 		} else {
 			json_object_set_new(s, "cold", json_null());
@@ -771,7 +771,7 @@ done:;
 	free(rows);
 	json_decref(starts);
 	json_decref(restart_events);
-	ksv_replay_trace_free(tr);
+	kcl_replay_trace_free(tr);
 	if (fatal)
 		return fatal == 2 ? 2 : 1;
 	return n_failed ? 3 : 0;
