@@ -37,6 +37,7 @@ static int render_chat(struct ksv_server *s, const struct ksv_req *r, struct ksv
 				  .enable_thinking = r->enable_thinking,
 				  .kwargs = json_is_object(kw) ? kw : NULL,
 				  .max_message_boundaries = KSV_MAX_MESSAGE_BOUNDARIES,
+				  .keep_reasoning = !strcmp(s->o.reasoning_history, "keep"),
 				  .request_specials = s->o.special_tokens_in_request};
 	struct kv_chat_render rr;
 	memset(&rr, 0, sizeof rr);
