@@ -17,6 +17,7 @@
  */
 #include "cache/cache.h"
 #include "cache/index.h"
+#include "cache/echo.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -34,6 +35,7 @@ struct kc_cache {
 	struct kc_policy pol;
 	const struct kc_index_ops *ops;
 	void *ix;
+	struct kc_echo *echo;     /* the namespace's answer records (echo.h), or NULL */
 	struct kc_node root;
 	uint32_t B;
 	int hybrid;
@@ -494,8 +496,17 @@ int kc_cache_create(const struct kc_params *p, struct kc_cache **out)
 		c->tf = 0;
 	c->on_evict = p->on_evict;
 	c->evict_ctx = p->evict_ctx;
+	if (p->echo_bytes && !p->disabled && kc_echo_create(p->echo_bytes, &c->echo)) {
+		kc_cache_destroy(c);
+		return KV_ERR_NOMEM;
+	}
 	*out = c;
 	return KV_OK;
+}
+
+struct kc_echo *kc_cache_echo(const struct kc_cache *c)
+{
+	return c ? c->echo : NULL;
 }
 
 void kc_cache_destroy(struct kc_cache *c)
@@ -512,6 +523,7 @@ void kc_cache_destroy(struct kc_cache *c)
 		KV_WARN("cache.destroy_pinned", "nodes=%llu rps=%llu", (unsigned long long)c->n_nodes,
 			(unsigned long long)c->n_rps);
 	c->ops->destroy(c->ix);
+	kc_echo_destroy(c->echo);
 	free(c->root.rx_kids);
 	free(c->path);
 	free(c->rpv);

@@ -44,6 +44,7 @@
 #include "server/openai.h"
 #include "server/request.h"
 #include "server/wire.h"
+#include "session/echo.h"
 #include "session/request.h"
 #include "text/toolcall.h"
 
@@ -85,6 +86,7 @@ struct gen {
 	int started;              /* the stream's first bytes are out */
 	int step_reasoning;       /* the current step produced reasoning */
 	uint64_t t_prev;          /* the previous decode step, for the inter-token latency */
+	struct kv_buf gen_ids;    /* the generated token ids (int32_t), for the answer's record */
 	struct kv_buf sse;
 	struct kss_request_result res;
 };
@@ -101,6 +103,7 @@ static void gen_unref(struct gen *g)
 	free(g->forced);
 	kv_buf_free(&g->pend);
 	kv_buf_free(&g->sse);
+	kv_buf_free(&g->gen_ids);
 	ksv_answer_free(&g->ans);
 	json_decref(g->norm_report);
 	pthread_cond_destroy(&g->cv);
@@ -190,6 +193,7 @@ static void on_token(void *ctx, const struct kss_token *t)
 		ksv_observe(g->s->f_itl, (double)(now - g->t_prev) / 1e9);
 	g->t_prev = now;
 	ksv_answer_token(&g->ans, t);
+	kv_buf_add(&g->gen_ids, &t->id, sizeof t->id);
 }
 
 static void on_event(void *ctx, const struct kv_out_ev *e)
@@ -227,13 +231,20 @@ static const struct kss_sink sink = {
  * the prompt departs from the cache. New ref, or NULL. */
 static json_t *usage_ext(const struct gen *g)
 {
-	if (!g->norm_report && !g->res.have_explain)
+	if (!g->norm_report && !g->res.have_explain && !g->pr.n_restored)
 		return NULL;
 	json_t *j = json_object();
 	if (g->norm_report)
 		json_object_set(j, "normalized", g->norm_report);
 	if (g->res.have_explain)
 		json_object_set_new(j, "cache", ksv_explain_json(&g->res.ex));
+	if (g->pr.n_restored) {
+		/* the server's own answers the prompt used as generated */
+		json_t *a = json_array();
+		for (size_t i = 0; i < g->pr.n_restored; i++)
+			json_array_append_new(a, json_integer(g->pr.restored[i]));
+		json_object_set_new(j, "restored_messages", a);
+	}
 	return j;
 }
 
@@ -277,6 +288,59 @@ static void account(struct gen *g)
 	snprintf(rec.route, sizeof rec.route, "%s", g->route);
 	snprintf(rec.resume, sizeof rec.resume, "%s", r->resume_kind);
 	ksv_recent_add(s->recent, &rec);
+}
+
+/*
+ * Remember the answer exactly (session/echo.h), so that when the client
+ * sends it back the prompt uses these tokens: the generation prompt and
+ * any forced opening (the prompt after its last message), then every
+ * generated token. Only for chat answers that ended normally, under
+ * --reasoning-history keep and --echo-generated on.
+ */
+static void remember_answer(struct gen *g)
+{
+	struct ksv_server *s = g->s;
+	struct ksv_answer *a = &g->ans;
+	if (g->req.api != KSV_API_CHAT || !g->pr.gp_text || strcmp(s->o.echo_generated, "on") ||
+	    strcmp(s->o.reasoning_history, "keep"))
+		return;
+	size_t n_gen = g->gen_ids.len / sizeof(int32_t);
+	const int32_t *gen = (const int32_t *)g->gen_ids.p;
+	struct kv_buf text = KV_BUF_INIT, key = KV_BUF_INIT, toks = KV_BUF_INIT;
+	struct kss_echo_call *calls = calloc(a->n_tools ? a->n_tools : 1, sizeof *calls);
+	char *gtext = NULL, *content = NULL, *reasoning = NULL;
+	size_t glen = 0, cl = 0, rl = 0, nc = 0;
+	if (!calls || (n_gen && kv_tok_decode(s->tok, gen, n_gen, 0, &gtext, &glen)))
+		goto out;
+	kv_buf_add(&text, g->pr.gp_text, g->pr.gp_len);
+	if (g->forced)
+		kv_buf_adds(&text, g->forced);
+	kv_buf_add(&text, gtext, glen);
+	kv_buf_add(&toks, g->pr.tokens + g->pr.gp_tok, (g->pr.n_tokens - g->pr.gp_tok) * sizeof(int32_t));
+	kv_buf_add(&toks, gen, n_gen * sizeof(int32_t));
+	content = ksv_answer_text(a, KSV_BLK_TEXT, &cl);
+	reasoning = ksv_answer_text(a, KSV_BLK_REASONING, &rl);
+	for (size_t i = 0; i < a->n_blk; i++)
+		if (a->blk[i].kind == KSV_BLK_TOOL)
+			calls[nc++] = (struct kss_echo_call){.id = a->blk[i].call_id, .name = a->blk[i].name,
+							     .args = a->blk[i].text.p ? a->blk[i].text.p : "{}",
+							     .args_len = a->blk[i].text.p ? a->blk[i].text.len : 2};
+	if (text.oom || toks.oom || kss_echo_key_answer(content, cl, calls, nc, &key))
+		goto out;
+	struct kc_echo_rec rec = {.key = key.p, .key_len = key.len, .reasoning = reasoning ? reasoning : "",
+				  .reasoning_len = rl, .text = text.p, .text_len = text.len,
+				  .tokens = (const int32_t *)toks.p, .n_tokens = (uint32_t)(toks.len / sizeof(int32_t))};
+	if (kss_echo_remember(s->svc, g->salt, &rec))
+		KV_DEBUG("echo.remember_failed", "route=%s err=\"%s\"", g->route, kv_errmsg());
+out:
+	kv_errclear();
+	kv_buf_free(&text);
+	kv_buf_free(&key);
+	kv_buf_free(&toks);
+	free(calls);
+	free(gtext);
+	free(content);
+	free(reasoning);
 }
 
 /* The stream's end: the wire's finish, or its error event. */
@@ -340,6 +404,8 @@ static void gen_run(struct ksv_job *job)
 	g->ans.finish = r->finish;
 	g->ans.stop_sequence = r->stop_hit && g->req.n_stop ? g->req.stop[0] : NULL;
 	g->ans.ext = usage_ext(g);
+	if (r->admitted && !r->fail)
+		remember_answer(g);
 	if (!r->admitted) {
 		pthread_mutex_lock(&g->mu);
 		g->fail_status = status ? status : 500;
@@ -370,10 +436,10 @@ static void gen_run(struct ksv_job *job)
 	double dur = (double)(kv_now_ns() - g->t_arrive) / 1e9;
 	double gen_s = r->t_first_ns ? (double)(r->t_last_ns - r->t_first_ns) / 1e9 : 0;
 	KV_INFO("request",
-		"route=%s stream=%d prompt_tokens=%u cached_tokens=%u resume=%s disk=%d gen_tokens=%u forced_tokens=%u "
-		"finish=%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f%s%s",
+		"route=%s stream=%d prompt_tokens=%u cached_tokens=%u resume=%s disk=%d restored_messages=%zu gen_tokens=%u "
+		"forced_tokens=%u finish=%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f%s%s",
 		g->route, g->req.stream, r->usage.prompt_tokens, r->usage.cached_tokens,
-		r->admitted ? r->resume_kind : "none", r->from_disk > 0, r->generated, g->n_forced,
+		r->admitted ? r->resume_kind : "none", r->from_disk > 0, g->pr.n_restored, r->generated, g->n_forced,
 		cancelled ? "cancelled" : status ? "error" : r->finish,
 		r->t_first_ns ? (double)(r->t_first_ns - g->t_arrive) / 1e6 : 0.0,
 		gen_s > 0 && r->generated > 1 ? (r->generated - 1) / gen_s : 0.0, (double)(t_start - g->job.t_submit_ns) / 1e6,
@@ -532,7 +598,7 @@ static int parse_body(struct gen *g, const struct ksv_request *rq, int api, int 
 static int prepare_prompt(struct gen *g, struct ksv_conn *c)
 {
 	char param[32];
-	int status = ksv_prompt_make(g->s, &g->req, &g->pr, param, sizeof param);
+	int status = ksv_prompt_make(g->s, &g->req, g->salt, &g->pr, param, sizeof param);
 	if (status) {
 		gen_error(g, c, status, param, "%s", kv_errmsg());
 		return 1;
@@ -757,7 +823,10 @@ void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq)
 		gen_error(g, c, 400, g->req.err_param, "%s", kv_errmsg());
 		goto out;
 	}
-	if (prepare_prompt(g, c) || request_salt(g, c, g->req.body, &ss))
+	if (request_salt(g, c, g->req.body, &ss))
+		goto out;
+	g->salt = ss;
+	if (prepare_prompt(g, c))
 		goto out;
 	struct kss_probe_result pr;
 	kss_probe(s->svc, ss, g->pr.tokens, g->pr.n_tokens, g->pr.bounds, g->pr.n_bounds, &pr);

@@ -5,6 +5,8 @@
  */
 #include "server/server_int.h"
 #include "base/err.h"
+#include "base/log.h"
+#include "session/echo.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -23,10 +25,28 @@ void ksv_prompt_free(struct ksv_prompt *pr)
 {
 	free(pr->tokens);
 	free(pr->bounds);
+	free(pr->gp_text);
+	free(pr->restored);
 	memset(pr, 0, sizeof *pr);
 }
 
-static int render_chat(struct ksv_server *s, const struct ksv_req *r, struct ksv_prompt *pr, char *param, size_t cap)
+/* The generation prompt: after the boundary that ends the last message. */
+static void keep_gp(struct ksv_prompt *pr, const struct kv_chat_render *rr, size_t n_messages)
+{
+	if (!rr->n_boundaries || rr->boundary_msgs[rr->n_boundaries - 1] != n_messages)
+		return; /* the template's last message end is not a clean cut */
+	size_t b = rr->boundary_bytes[rr->n_boundaries - 1];
+	pr->gp_tok = (uint32_t)rr->boundaries[rr->n_boundaries - 1];
+	pr->gp_len = rr->text_len - b;
+	pr->gp_text = malloc(pr->gp_len + 1);
+	if (pr->gp_text) {
+		memcpy(pr->gp_text, rr->text + b, pr->gp_len);
+		pr->gp_text[pr->gp_len] = 0;
+	}
+}
+
+static int render_chat(struct ksv_server *s, const struct ksv_req *r, const char *salt, struct ksv_prompt *pr,
+		       char *param, size_t cap)
 {
 	if (!s->chat) {
 		kv_fail(KV_ERR_UNSUPPORTED, "chat templates are not available in this build");
@@ -39,14 +59,29 @@ static int render_chat(struct ksv_server *s, const struct ksv_req *r, struct ksv
 				  .max_message_boundaries = KSV_MAX_MESSAGE_BOUNDARIES,
 				  .keep_reasoning = !strcmp(s->o.reasoning_history, "keep"),
 				  .request_specials = s->o.special_tokens_in_request};
+	/* the server's own answers the client sent back: their exact tokens
+	 * (only with keep: the template's letter renders them its own way) */
+	struct kss_echo_found ef = {0};
+	if (co.keep_reasoning && !strcmp(s->o.echo_generated, "on") &&
+	    kss_echo_find(s->svc, salt, r->messages, &ef) == KV_OK) {
+		co.splices = ef.splices;
+		co.n_splices = ef.n;
+	}
 	struct kv_chat_render rr;
 	memset(&rr, 0, sizeof rr);
 	int rc = kv_chat_render(s->chat, r->messages, r->tools, &co, &rr);
 	if (rc) {
 		snprintf(param, cap, "messages");
 		kv_chat_render_free(&rr);
+		kss_echo_found_free(&ef);
 		return rc == KV_ERR_NOMEM ? 500 : 400;
 	}
+	if (rr.n_spliced && (pr->restored = malloc(rr.n_spliced * sizeof *pr->restored)))
+		for (size_t i = 0; i < ef.n; i++)
+			if (rr.splice_at[i] >= 0)
+				pr->restored[pr->n_restored++] = (uint32_t)ef.splices[i].message;
+	kss_echo_found_free(&ef);
+	keep_gp(pr, &rr, json_array_size(r->messages));
 	pr->n_tokens = (uint32_t)rr.n_tokens;
 	pr->tokens = malloc((rr.n_tokens ? rr.n_tokens : 1) * sizeof *pr->tokens);
 	pr->bounds = malloc((rr.n_boundaries ? rr.n_boundaries : 1) * sizeof *pr->bounds);
@@ -67,13 +102,14 @@ static int render_chat(struct ksv_server *s, const struct ksv_req *r, struct ksv
 	return 0;
 }
 
-int ksv_prompt_make(struct ksv_server *s, const struct ksv_req *r, struct ksv_prompt *pr, char *param, size_t cap)
+int ksv_prompt_make(struct ksv_server *s, const struct ksv_req *r, const char *salt, struct ksv_prompt *pr,
+		    char *param, size_t cap)
 {
 	int status;
 	memset(pr, 0, sizeof *pr);
 	param[0] = 0;
 	if (r->api == KSV_API_CHAT) {
-		if ((status = render_chat(s, r, pr, param, cap)))
+		if ((status = render_chat(s, r, salt, pr, param, cap)))
 			return status;
 	} else if (r->prompt) {
 		int32_t *ids = NULL;

@@ -988,6 +988,8 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		goto fail;
 	cp.mem_used = cache_mem_used;
 	cp.policy = &s->policy;
+	/* the server's own answers, per namespace (session/echo.h) */
+	cp.echo_bytes = !strcmp(o->echo_generated, "on") ? (uint64_t)o->echo_generated_mb * MiB : 0;
 	s->mem_cap = cp.mem_cap;
 	s->cache_params = cp;
 	if ((rc = kc_cache_create(&cp, &s->cache)))

@@ -99,11 +99,21 @@ struct ksv_prompt {
 	uint32_t *bounds;         /* message boundaries, ascending, in (0, n_tokens) (malloc'd) */
 	size_t n_bounds;
 	int in_think;             /* the generation prompt opened a think block */
+	/* where the generation prompt starts (the end of the last message),
+	 * for the answer's record (session/echo.h); gp_text NULL: unknown */
+	uint32_t gp_tok;
+	char *gp_text;            /* the generation prompt's text (malloc'd) */
+	size_t gp_len;
+	/* the server's own answers the prompt restored (session/echo.h) */
+	uint32_t *restored;       /* their message indices (malloc'd) */
+	size_t n_restored;
 };
 /* Render a chat request's messages (or tokenize a completion's prompt)
- * into pr. 0, or the HTTP status of the failure (400 with the field in
- * param, 500) with the message in kv_errmsg(). */
-int ksv_prompt_make(struct ksv_server *s, const struct ksv_req *r, struct ksv_prompt *pr, char *param, size_t cap);
+ * into pr; salt: the request's namespace (its remembered answers). 0, or
+ * the HTTP status of the failure (400 with the field in param, 500) with
+ * the message in kv_errmsg(). */
+int ksv_prompt_make(struct ksv_server *s, const struct ksv_req *r, const char *salt, struct ksv_prompt *pr,
+		    char *param, size_t cap);
 /* Append text's tokens to the prompt (*n: how many). */
 int ksv_prompt_append(struct ksv_server *s, struct ksv_prompt *pr, const char *text, uint32_t *n);
 void ksv_prompt_free(struct ksv_prompt *pr);

@@ -64,6 +64,11 @@ uint64_t kss_service_request_overhead(const struct kss_service *s)
 	return kss_request_overhead(s->p.model, s->p.prefill_chunk);
 }
 
+struct kss_registry *kss_service_registry(struct kss_service *s)
+{
+	return s->p.reg;
+}
+
 void kss_service_away(struct kss_service *s, int away)
 {
 	kss_sched_away(s->p.engine, away);
