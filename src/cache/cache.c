@@ -496,7 +496,9 @@ int kc_cache_create(const struct kc_params *p, struct kc_cache **out)
 		c->tf = 0;
 	c->on_evict = p->on_evict;
 	c->evict_ctx = p->evict_ctx;
-	if (p->echo_bytes && !p->disabled && kc_echo_create(p->echo_bytes, &c->echo)) {
+	/* with the cache disabled too: answers render as generated either way,
+	 * so a prompt does not depend on whether the KV is cached */
+	if (p->echo_bytes && kc_echo_create(p->echo_bytes, &c->echo)) {
 		kc_cache_destroy(c);
 		return KV_ERR_NOMEM;
 	}

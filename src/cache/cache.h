@@ -186,7 +186,8 @@ int kc_cache_put(struct kc_cache *c, const struct kc_put *p, uint64_t *entry_id)
 /* Change the byte budget (0 = none) and evict down to it. */
 void kc_cache_set_budget(struct kc_cache *c, uint64_t bytes);
 /* The namespace's store of the server's own answers (echo.h); NULL when
- * echo_bytes was 0 or the cache is disabled. Lives as long as the cache. */
+ * echo_bytes was 0 (kept for a disabled cache too: prompts render the same
+ * with and without the KV cache). Lives as long as the cache. */
 struct kc_echo *kc_cache_echo(const struct kc_cache *c);
 /* 0 for a cache made with `disabled` (it stores nothing), or NULL. */
 int kc_cache_enabled(const struct kc_cache *c);

@@ -17,7 +17,9 @@
 
 struct rec {
 	struct rec *prev, *next;   /* LRU: head = most recent */
-	struct kv_h128 id;
+	struct kv_h128 id;         /* of the key alone: records that differ only
+	                              in their reasoning share it */
+	uint64_t used;             /* last put or hit (a store-wide counter) */
 	size_t bytes;              /* this block */
 	int dirty;
 	struct kc_echo_rec r;      /* pointers into this block */
@@ -30,6 +32,7 @@ struct kc_echo {
 	struct rec **slot;         /* open addressing, tombstones = TOMB */
 	size_t cap, used, live;
 	struct kc_echo_stats st;
+	uint64_t tick;
 };
 
 static struct rec tomb_rec;
@@ -82,17 +85,34 @@ static size_t slot_of(const struct kc_echo *e, struct kv_h128 id)
 	return (size_t)(id.lo ^ (id.hi * 0x9E3779B97F4A7C15ull)) & (e->cap - 1);
 }
 
-/* The slot holding id, or NULL. */
-static struct rec **find(struct kc_echo *e, struct kv_h128 id, const char *key, size_t key_len)
+static int same_reasoning(const struct rec *r, const char *reasoning, size_t n)
 {
+	return r->r.reasoning_len == n && (!n || !memcmp(r->r.reasoning, reasoning, n));
+}
+
+/*
+ * The slot of the record with this key. Several records may share a key
+ * (answers that differ only in their reasoning, e.g. reasoning alone and
+ * no content): exact = 1 wants the one with exactly this reasoning (put,
+ * and lookups of a message that carries reasoning); exact = 0 the most
+ * recently used of them (a message whose reasoning the client dropped).
+ */
+static struct rec **find(struct kc_echo *e, struct kv_h128 id, const char *key, size_t key_len, const char *reasoning,
+			 size_t rlen, int exact)
+{
+	struct rec **best = NULL;
 	for (size_t i = slot_of(e, id), k = 0; k < e->cap; i = (i + 1) & (e->cap - 1), k++) {
 		struct rec *r = e->slot[i];
 		if (!r)
-			return NULL;
-		if (r != TOMB && kv_h128_eq(r->id, id) && r->r.key_len == key_len && !memcmp(r->r.key, key, key_len))
-			return &e->slot[i];
+			break;
+		if (r == TOMB || !kv_h128_eq(r->id, id) || r->r.key_len != key_len || memcmp(r->r.key, key, key_len))
+			continue;
+		if (exact ? same_reasoning(r, reasoning, rlen) : (!best || r->used > (*best)->used))
+			best = &e->slot[i];
+		if (exact && best)
+			break;
 	}
-	return NULL;
+	return best;
 }
 
 static int grow(struct kc_echo *e)
@@ -144,7 +164,7 @@ static void lru_front(struct kc_echo *e, struct rec *r)
 /* Remove r from the table and the list and free it (lock held). */
 static void drop(struct kc_echo *e, struct rec *r)
 {
-	struct rec **s = find(e, r->id, r->r.key, r->r.key_len);
+	struct rec **s = find(e, r->id, r->r.key, r->r.key_len, r->r.reasoning, r->r.reasoning_len, 1);
 	if (s) {
 		*s = TOMB;
 		e->live--;
@@ -199,9 +219,10 @@ int kc_echo_put(struct kc_echo *e, const struct kc_echo_rec *in, int dirty)
 		kv_free(r);
 		return KV_OK; /* larger than the whole store: not kept */
 	}
-	struct rec **old = find(e, r->id, in->key, in->key_len);
+	struct rec **old = find(e, r->id, in->key, in->key_len, in->reasoning, in->reasoning_len, 1);
 	if (old)
 		drop(e, *old);
+	r->used = ++e->tick;
 	while (e->bytes + r->bytes > e->budget && e->tail) {
 		drop(e, e->tail);
 		e->st.evictions++;
@@ -243,9 +264,9 @@ int kc_echo_get(struct kc_echo *e, const char *key, size_t key_len, const char *
 	*out_block = NULL;
 	struct kv_h128 id = kc_echo_id(key, key_len);
 	pthread_mutex_lock(&e->mu);
-	struct rec **s = find(e, id, key, key_len);
-	if (s && (!reasoning_len || (reasoning_len == (*s)->r.reasoning_len &&
-				     !memcmp(reasoning, (*s)->r.reasoning, reasoning_len)))) {
+	struct rec **s = find(e, id, key, key_len, reasoning, reasoning_len, reasoning_len > 0);
+	if (s) {
+		(*s)->used = ++e->tick;
 		lru_unlink(e, *s);
 		lru_front(e, *s);
 		rc = copy_out(*s, out, out_block);

@@ -16,8 +16,10 @@
  * back (session/echo.h builds it: content, tool-call ids, names and
  * arguments as parsed JSON). The key bytes are kept and compared in full,
  * never trusted from a hash. The reasoning is kept beside it: a message
- * that carries reasoning matches only if it is the same; one without any
- * (the client dropped it) matches too.
+ * that carries reasoning matches only the record with the same reasoning;
+ * one without any (the client dropped it) matches the most recently used
+ * record of its key. Records that differ only in their reasoning (an
+ * answer that is reasoning alone, say) are kept side by side.
  *
  * One store per cache namespace (it lives in its kc_cache), so salts and
  * models never share records. Bounded in bytes: the least recently used
@@ -53,7 +55,8 @@ struct kc_echo_rec {
 int kc_echo_create(uint64_t budget, struct kc_echo **out);
 void kc_echo_destroy(struct kc_echo *e);
 
-/* Store a record (copied); a record with the same key is replaced. dirty:
+/* Store a record (copied); a record with the same key and reasoning is
+ * replaced. dirty:
  * the disk tier should save it. A record larger than the whole budget is
  * not stored. */
 int kc_echo_put(struct kc_echo *e, const struct kc_echo_rec *r, int dirty);

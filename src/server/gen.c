@@ -768,6 +768,7 @@ static int prepare(struct gen *g, const struct ksv_request *rq, int api)
 	g->ans.tb = &s->tb;
 	g->ans.include_usage = g->req.stream && g->req.include_usage;
 	g->ans.logprobs = g->req.logprobs;
+	g->ans.encrypted_reasoning = g->req.encrypted_reasoning;
 	return 0;
 }
 

@@ -85,6 +85,7 @@ struct ksv_req {
 	int top_logprobs;          /* 0..20 alternatives per token */
 	int enable_thinking;       /* -1 unset, 0, 1 */
 	int ignore_eos;            /* vLLM extension: keep generating past end-of-sequence tokens */
+	int encrypted_reasoning;   /* Responses: include has "reasoning.encrypted_content" */
 	char err_param[96];        /* on error: the offending field's path */
 };
 

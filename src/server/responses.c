@@ -62,6 +62,18 @@ static json_t *assistant_tail(json_t *msgs, struct kv_buf *pending_reasoning)
 	return last;
 }
 
+/* Reasoning that no assistant message or call took (an answer that was
+ * reasoning alone): an assistant message of its own. */
+static void flush_reasoning(json_t *msgs, struct kv_buf *pending_reasoning)
+{
+	if (!pending_reasoning->len)
+		return;
+	json_t *m = json_pack("{s:s, s:s, s:o}", "role", "assistant", "content", "", "reasoning_content",
+			      ksv_wire_buf_string(pending_reasoning));
+	json_array_append_new(msgs, m);
+	kv_buf_reset(pending_reasoning);
+}
+
 static void add_call(json_t *asst, const char *call_id, const char *name, json_t *args)
 {
 	json_t *calls = json_object_get(asst, "tool_calls");
@@ -71,6 +83,57 @@ static void add_call(json_t *asst, const char *call_id, const char *name, json_t
 	}
 	json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:o}}", "id", call_id, "type", "function",
 					       "function", "name", name, "arguments", args));
+}
+
+/*
+ * encrypted_content of the reasoning items this server returns (when the
+ * request's "include" asks for "reasoning.encrypted_content", as Codex
+ * does with store: false): "kvk1:" + base64 of the reasoning text. It is
+ * not secret (the client has the text anyway): it lets a client that
+ * keeps only encrypted_content send the reasoning back, so the history
+ * renders as generated. Other servers' values are opaque: ignored.
+ */
+static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static json_t *reasoning_seal(const char *p, size_t n)
+{
+	struct kv_buf b = KV_BUF_INIT;
+	const unsigned char *u = (const unsigned char *)p;
+	kv_buf_adds(&b, "kvk1:");
+	for (size_t i = 0; i < n; i += 3) {
+		uint32_t v = (uint32_t)u[i] << 16 | (i + 1 < n ? (uint32_t)u[i + 1] << 8 : 0) | (i + 2 < n ? u[i + 2] : 0);
+		char q[4] = {b64[v >> 18 & 63], b64[v >> 12 & 63], i + 1 < n ? b64[v >> 6 & 63] : '=',
+			     i + 2 < n ? b64[v & 63] : '='};
+		kv_buf_add(&b, q, 4);
+	}
+	json_t *j = b.oom ? json_null() : json_stringn(b.p, b.len);
+	kv_buf_free(&b);
+	return j ? j : json_null();
+}
+
+static void reasoning_unseal(const json_t *v, struct kv_buf *out)
+{
+	const char *s = json_string_value(v);
+	size_t n = json_string_length(v);
+	if (!s || n < 5 || memcmp(s, "kvk1:", 5))
+		return;
+	uint32_t acc = 0;
+	int bits = 0;
+	for (size_t i = 5; i < n && s[i] != '='; i++) {
+		const char *f = memchr(b64, s[i], 64);
+		if (!f || !s[i]) {
+			kv_buf_reset(out); /* not ours after all: no reasoning */
+			return;
+		}
+		acc = acc << 6 | (uint32_t)(f - b64);
+		bits += 6;
+		if (bits >= 8) {
+			bits -= 8;
+			kv_buf_addc(out, (char)(acc >> bits & 0xff));
+		}
+	}
+	if (memchr(out->p ? out->p : "", 0, out->len))
+		kv_buf_reset(out);
 }
 
 static int translate_input(const json_t *input, json_t *msgs, char *param, size_t cap)
@@ -117,9 +180,12 @@ static int translate_input(const json_t *input, json_t *msgs, char *param, size_
 				kv_buf_free(&t);
 				break;
 			}
+			int assistant = ksv_wire_is(role, "assistant");
+			if (!assistant)
+				flush_reasoning(msgs, &reasoning);
 			json_t *m = json_pack("{s:s, s:o}", "role", r, "content", ksv_wire_buf_string(&t));
 			kv_buf_free(&t);
-			if (!strcmp(r, "assistant") && reasoning.len) {
+			if (assistant && reasoning.len) {
 				json_object_set_new(m, "reasoning_content", ksv_wire_buf_string(&reasoning));
 				kv_buf_reset(&reasoning);
 			}
@@ -153,6 +219,7 @@ static int translate_input(const json_t *input, json_t *msgs, char *param, size_
 				kv_buf_free(&t);
 				break;
 			}
+			flush_reasoning(msgs, &reasoning);
 			json_array_append_new(msgs, json_pack("{s:s, s:o, s:s}", "role", "tool", "content", ksv_wire_buf_string(&t),
 							      "tool_call_id", call_id));
 			kv_buf_free(&t);
@@ -164,11 +231,16 @@ static int translate_input(const json_t *input, json_t *msgs, char *param, size_
 			kv_buf_reset(&reasoning);
 			if (src && !json_is_null(src) && (rc = parts_text(src, fp, &reasoning, param, cap)))
 				break;
+			/* no text, but our own encrypted_content: the reasoning it carries */
+			if (!reasoning.len)
+				reasoning_unseal(json_object_get(it, "encrypted_content"), &reasoning);
 		} else {
 			rc = ksv_wire_bad(param, cap, p, "%s: unsupported input item type \"%s\"", json_string_value(type));
 			break;
 		}
 	}
+	if (!rc)
+		flush_reasoning(msgs, &reasoning);
 	kv_buf_free(&reasoning);
 	return rc;
 }
@@ -341,7 +413,13 @@ static int resp_parse(const json_t *body, int api, int for_count, struct ksv_req
 		snprintf(req->err_param, sizeof req->err_param, "%s", param);
 		return KV_ERR_INVALID;
 	}
-	return ksv_req_parse_json(KSV_API_CHAT, chat, req);
+	int rc = ksv_req_parse_json(KSV_API_CHAT, chat, req);
+	size_t i;
+	const json_t *inc;
+	json_array_foreach(json_object_get(body, "include"), i, inc)
+		if (ksv_wire_is(inc, "reasoning.encrypted_content"))
+			req->encrypted_reasoning = 1;
+	return rc;
 }
 
 /* --- the answer ------------------------------------------------------------------ */
@@ -367,13 +445,13 @@ static json_t *usage_json(const struct ksv_answer *a)
 }
 
 /* The output items so far (as they are when complete). */
-static json_t *item_json(const struct ksv_block *b, int complete);
+static json_t *item_json(const struct ksv_answer *a, const struct ksv_block *b, int complete);
 
 static json_t *items_json(const struct ksv_answer *a)
 {
 	json_t *arr = json_array();
 	for (size_t i = 0; i < a->n_blk; i++)
-		json_array_append_new(arr, item_json(&a->blk[i], !(a->open && i == a->n_blk - 1)));
+		json_array_append_new(arr, item_json(a, &a->blk[i], !(a->open && i == a->n_blk - 1)));
 	return arr;
 }
 
@@ -403,7 +481,7 @@ static json_t *output_text_part(const struct ksv_block *b)
 	return json_pack("{s:s, s:o, s:[]}", "type", "output_text", "text", block_text(b), "annotations");
 }
 
-static json_t *item_json(const struct ksv_block *b, int complete)
+static json_t *item_json(const struct ksv_answer *a, const struct ksv_block *b, int complete)
 {
 	const char *status = complete ? "completed" : "in_progress";
 	if (b->kind == KSV_BLK_TEXT)
@@ -413,6 +491,8 @@ static json_t *item_json(const struct ksv_block *b, int complete)
 		json_t *r = json_pack("{s:s, s:s, s:[], s:o}", "id", b->item_id, "type", "reasoning", "summary", "content",
 				      complete ? json_pack("[{s:s, s:o}]", "type", "reasoning_text", "text", block_text(b))
 					       : json_array());
+		if (complete && a->encrypted_reasoning)
+			json_object_set_new(r, "encrypted_content", reasoning_seal(b->text.p ? b->text.p : "", b->text.len));
 		if (complete)
 			json_object_set_new(r, "status", json_string(status));
 		return r;
@@ -426,7 +506,7 @@ static void resp_open(struct ksv_answer *a, const struct ksv_block *b, struct kv
 	int idx = (int)a->n_blk - 1;
 	if (!out)
 		return;
-	emit(a, out, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", idx, "item", item_json(b, 0)));
+	emit(a, out, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", idx, "item", item_json(a, b, 0)));
 	if (b->kind == KSV_BLK_TEXT)
 		emit(a, out, "response.content_part.added",
 		     json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[]}}", "item_id", b->item_id, "output_index", idx,
@@ -467,7 +547,7 @@ static void resp_close(struct ksv_answer *a, const struct ksv_block *b, struct k
 		emit(a, out, "response.function_call_arguments.done",
 		     json_pack("{s:s, s:i, s:o}", "item_id", b->item_id, "output_index", idx, "arguments", block_text(b)));
 	}
-	emit(a, out, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", idx, "item", item_json(b, 1)));
+	emit(a, out, "response.output_item.done", json_pack("{s:i, s:o}", "output_index", idx, "item", item_json(a, b, 1)));
 }
 
 static int truncated(const struct ksv_answer *a)

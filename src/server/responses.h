@@ -21,10 +21,18 @@
  *                               -> a "tool" message
  *     {type: "custom_tool_call", call_id, name, input} and its
  *      "custom_tool_call_output" -> the same, arguments {"input": input}
- *     {type: "reasoning", summary: [{text}], content: [{text}]}
- *                               -> reasoning_content of the next
+ *     {type: "reasoning", summary: [{text}], content: [{text}],
+ *      encrypted_content}       -> reasoning_content of the next
  *                                  assistant message (sent back verbatim
- *                                  by clients; content wins over summary)
+ *                                  by clients; content wins over summary,
+ *                                  and with neither, this server's own
+ *                                  encrypted_content "kvk1:<base64>" gives
+ *                                  the text); reasoning no assistant
+ *                                  message or call follows is an assistant
+ *                                  message of its own (an answer that was
+ *                                  reasoning alone)
+ *   include: ["reasoning.encrypted_content"] -> the answer's reasoning
+ *     items carry encrypted_content (store: false clients keep only it)
  *     item "id" / "status" fields are accepted and ignored; other item
  *     types are a 400 naming them.
  *   tools: [{type: "function", name, description, parameters, strict}];

@@ -92,6 +92,7 @@ struct ksv_answer {
 	/* Responses */
 	int seq;                   /* the next sequence_number */
 	uint32_t reasoning_tokens; /* generated tokens that were reasoning */
+	int encrypted_reasoning;   /* reasoning items carry encrypted_content */
 	/* the end, set by the caller before finish / body */
 	struct kss_usage usage;
 	const char *finish;        /* "stop", "length", "tool_calls" */

@@ -51,15 +51,29 @@ KT_CASE(store_get_put_reasoning)
 	/* a key is compared in full: a prefix or extension is another key */
 	KT_EQ_INT(kc_echo_get(e, "key-", 4, NULL, 0, &got, &blk), KV_ERR_NOT_FOUND);
 	KT_EQ_INT(kc_echo_get(e, "key-ab", 6, NULL, 0, &got, &blk), KV_ERR_NOT_FOUND);
-	/* the same key replaces */
-	struct kc_echo_rec a2 = rec("key-a", "", "<gp>bye", t2, 2);
+	/* the same key with other reasoning (answers that are reasoning alone
+	 * share their empty content): both kept; a message with reasoning
+	 * finds its own, one without the most recent */
+	struct kc_echo_rec a2 = rec("key-a", "second thought", "<gp>bye", t2, 2);
 	KT_OK(kc_echo_put(e, &a2, 0));
 	KT_OK(kc_echo_get(e, "key-a", 5, NULL, 0, &got, &blk));
 	KT_EQ_INT(got.n_tokens, 2);
 	free(blk);
+	KT_OK(kc_echo_get(e, "key-a", 5, "thought", 7, &got, &blk));
+	KT_EQ_INT(got.n_tokens, 3);
+	free(blk);
+	KT_OK(kc_echo_get(e, "key-a", 5, NULL, 0, &got, &blk)); /* "thought" is now the most recent */
+	KT_EQ_INT(got.n_tokens, 3);
+	free(blk);
+	/* the same key and reasoning replaces */
+	struct kc_echo_rec a3 = rec("key-a", "thought", "<gp>again", t2, 1);
+	KT_OK(kc_echo_put(e, &a3, 0));
+	KT_OK(kc_echo_get(e, "key-a", 5, "thought", 7, &got, &blk));
+	KT_EQ_INT(got.n_tokens, 1);
+	free(blk);
 	struct kc_echo_stats st;
 	kc_echo_stats(e, &st);
-	KT_EQ_U64(st.records, 1);
+	KT_EQ_U64(st.records, 2);
 	kc_echo_clear(e);
 	KT_EQ_INT(kc_echo_get(e, "key-a", 5, NULL, 0, &got, &blk), KV_ERR_NOT_FOUND);
 	kc_echo_destroy(e);
