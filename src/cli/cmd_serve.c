@@ -59,8 +59,9 @@ static int cmd_serve(int argc, char **argv)
 		{"model", KV_FLAG_STR, &model, "DIR", "model folder (config.json, *.safetensors, tokenizer files); required"},
 		{"host", KV_FLAG_STR, &o.host, "ADDR", "address to listen on (default 127.0.0.1)"},
 		{"port", KV_FLAG_INT, &o.port, "N", "port (default 8000; 0 picks a free one)"},
-		{"served-model-name", KV_FLAG_STR, &o.served_model_name, "NAME",
-		 "model id in the API (default: the model folder's name)"},
+		{"served-model-name", KV_FLAG_STR, &o.served_model_name, "NAME[,NAME...]",
+		 "model ids in the API, comma-separated: every name reaches this model (Claude Code sends its main and "
+		 "its small/fast model's); answers report the name the request used (default: the model folder's name)"},
 		{"enable-prefix-cache", KV_FLAG_BOOL, &o.prefix_cache, NULL, "use the prefix cache (default: on)"},
 		{"disable-prefix-cache", KV_FLAG_CLEAR, &o.prefix_cache, NULL,
 		 "keep nothing: no lookups, nothing stored (RAM or disk)"},
@@ -94,7 +95,8 @@ static int cmd_serve(int argc, char **argv)
 		 "accept a request's cache_salt field: requests with the same salt share a namespace of their own (default: refused)"},
 		{"prompt-normalize", KV_FLAG_STR, &o.prompt_normalize, "RULES",
 		 "volatile-prefix rules applied before rendering, comma-separated: billing-header (Claude Code's "
-		 "per-session header line), all, none (default billing-header)"},
+		 "per-session header line), tools-order (tools rendered sorted by name: MCP clients reorder them; this "
+		 "changes what the model sees), all, none (default billing-header)"},
 		{"special-tokens-in-request", KV_FLAG_BOOL, &o.special_tokens_in_request, NULL,
 		 "special-token literals (<|im_start|>...) in request text become control tokens, as in Hugging Face "
 		 "(default: they are tokenized as the text they are)"},

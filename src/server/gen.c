@@ -581,14 +581,15 @@ static int parse_body(struct gen *g, const struct ksv_request *rq, int api, int 
 	}
 	if (g->req.api == KSV_API_CHAT && g->req.messages && s->norm_rules) {
 		json_t *wrap = json_pack("{s:O}", "messages", g->req.messages);
-		int n = wrap ? ksv_norm_apply(wrap, s->norm_rules, &g->norm_report) : 0;
+		int n = wrap ? ksv_norm_apply(wrap, &g->req.tools, s->norm_rules, &g->norm_report) : 0;
 		json_decref(wrap);
 		for (size_t i = 0; n && i < json_array_size(g->norm_report); i++) {
 			json_t *r = json_array_get(g->norm_report, i);
-			KV_INFO("prompt.normalize", "route=%s rule=%s message=%lld removed_bytes=%zu", g->route,
+			KV_INFO("prompt.normalize", "route=%s rule=%s message=%lld removed_bytes=%zu moved_tools=%lld", g->route,
 				json_string_value(json_object_get(r, "rule")),
 				(long long)json_integer_value(json_object_get(r, "message")),
-				json_string_length(json_object_get(r, "removed")));
+				json_string_length(json_object_get(r, "removed")),
+				(long long)json_integer_value(json_object_get(r, "moved")));
 		}
 	}
 	return 0;
@@ -638,6 +639,17 @@ static int force_tool_call(struct gen *g, struct ksv_conn *c)
 	return 0;
 }
 
+/* The request's model must be a served name (404 listing them). */
+static int check_model(struct gen *g, struct ksv_conn *c)
+{
+	if (!g->req.model || ksv_server_serves(g->s, g->req.model))
+		return 0;
+	char names[512];
+	ksv_server_names_text(g->s, names, sizeof names);
+	gen_error(g, c, 404, "model", "the model '%s' does not exist (this server serves %s)", g->req.model, names);
+	return 1;
+}
+
 static const char *route_name(int api, int wire)
 {
 	if (wire == KSV_WIRE_ANTHROPIC)
@@ -655,7 +667,7 @@ void ksv_gen_count_tokens(struct ksv_server *s, const struct ksv_request *rq)
 		ksv_reply_error_wire(s, c, KSV_WIRE_ANTHROPIC, 500, NULL, "out of memory");
 		return;
 	}
-	if (parse_body(g, rq, KSV_API_CHAT, 1) || prepare_prompt(g, c)) {
+	if (parse_body(g, rq, KSV_API_CHAT, 1) || check_model(g, c) || prepare_prompt(g, c)) {
 		gen_unref(g);
 		return;
 	}
@@ -744,11 +756,8 @@ static int prepare(struct gen *g, const struct ksv_request *rq, int api)
 	struct ksv_conn *c = rq->conn;
 	if (parse_body(g, rq, api, 0))
 		return 1;
-	if (g->req.model && strcmp(g->req.model, s->model_name)) {
-		gen_error(g, c, 404, "model", "the model '%s' does not exist (this server serves '%s')", g->req.model,
-			  s->model_name);
+	if (check_model(g, c))
 		return 1;
-	}
 	/* cache_salt: with --allow-request-salt, requests with the same salt
 	 * share a namespace of their own (session/registry.h); without it a salt is
 	 * refused rather than silently sharing the server's namespace */
@@ -764,7 +773,8 @@ static int prepare(struct gen *g, const struct ksv_request *rq, int api)
 	}
 	mt -= g->n_forced; /* forced tokens count against max_tokens */
 	g->max_tokens = (int)(mt < room ? mt : room);
-	ksv_answer_init(&g->ans, g->w, api, s->model_name, g->req.stream);
+	/* the answer names the model as the request did (one of the served names) */
+	ksv_answer_init(&g->ans, g->w, api, g->req.model ? g->req.model : s->model_name, g->req.stream);
 	g->ans.tb = &s->tb;
 	g->ans.include_usage = g->req.stream && g->req.include_usage;
 	g->ans.logprobs = g->req.logprobs;

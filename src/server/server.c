@@ -185,10 +185,59 @@ static void handle_cache_clear(struct ksv_server *s, struct ksv_conn *c)
 	ksv_reply_json(c, 200, j);
 }
 
-static void handle_models(struct ksv_server *s, struct ksv_conn *c, const char *id)
+int ksv_server_serves(const struct ksv_server *s, const char *name)
+{
+	for (int i = 0; i < s->n_names; i++)
+		if (!strcmp(s->names[i], name))
+			return 1;
+	return 0;
+}
+
+void ksv_server_names_text(const struct ksv_server *s, char *out, size_t cap)
+{
+	size_t at = 0;
+	out[0] = 0;
+	for (int i = 0; i < s->n_names && at < cap; i++)
+		at += (size_t)snprintf(out + at, cap - at, "%s'%s'", i ? ", " : "", s->names[i]);
+}
+
+/* The served names from --served-model-name (a,b: every name reaches the
+ * one model; Claude Code sends its main and its small/fast model name),
+ * else the model folder's name. */
+static int set_names(struct ksv_server *s, const struct ksv_opts *o)
+{
+	if (o->served_model_name && *o->served_model_name) {
+		if (!(s->names_buf = strdup(o->served_model_name)))
+			return kv_fail(KV_ERR_NOMEM, "out of memory");
+		for (char *p = s->names_buf, *e; p; p = e) {
+			e = strchr(p, ',');
+			if (e)
+				*e++ = 0;
+			if (!*p)
+				return kv_fail(KV_ERR_INVALID, "--served-model-name: an empty name in '%s'", o->served_model_name);
+			if (s->n_names == KSV_MAX_NAMES)
+				return kv_fail(KV_ERR_INVALID, "--served-model-name: at most %d names", KSV_MAX_NAMES);
+			s->names[s->n_names++] = p;
+		}
+		snprintf(s->model_name, sizeof s->model_name, "%s", s->names[0]);
+		return KV_OK;
+	}
+	const char *dir = o->model_dir;
+	size_t l = strlen(dir);
+	while (l > 1 && dir[l - 1] == '/')
+		l--;
+	const char *b = dir + l;
+	while (b > dir && b[-1] != '/')
+		b--;
+	snprintf(s->model_name, sizeof s->model_name, "%.*s", (int)(dir + l - b), b);
+	s->names[s->n_names++] = s->model_name;
+	return KV_OK;
+}
+
+static json_t *model_json(struct ksv_server *s, const char *name)
 {
 	json_t *m = json_object();
-	json_object_set_new(m, "id", json_string(s->model_name));
+	json_object_set_new(m, "id", json_string(name));
 	json_object_set_new(m, "object", json_string("model"));
 	json_object_set_new(m, "created", json_integer(s->created));
 	json_object_set_new(m, "owned_by", json_string("kvkeep"));
@@ -206,17 +255,24 @@ static void handle_models(struct ksv_server *s, struct ksv_conn *c, const char *
 		json_array_append_new(st, json_integer(s->eos[i]));
 	json_object_set_new(sd, "stop_token_ids", st);
 	json_object_set_new(m, "sampling_defaults", sd);
+	return m;
+}
+
+static void handle_models(struct ksv_server *s, struct ksv_conn *c, const char *id)
+{
 	if (id) {
-		if (strcmp(id, s->model_name)) {
-			json_decref(m);
-			ksv_reply_error(s, c, 404, "model", "the model '%s' does not exist", id);
+		if (!ksv_server_serves(s, id)) {
+			char names[512];
+			ksv_server_names_text(s, names, sizeof names);
+			ksv_reply_error(s, c, 404, "model", "the model '%s' does not exist (this server serves %s)", id, names);
 			return;
 		}
-		ksv_reply_json(c, 200, m);
+		ksv_reply_json(c, 200, model_json(s, id));
 		return;
 	}
 	json_t *j = json_object(), *d = json_array();
-	json_array_append_new(d, m);
+	for (int i = 0; i < s->n_names; i++)
+		json_array_append_new(d, model_json(s, s->names[i]));
 	json_object_set_new(j, "object", json_string("list"));
 	json_object_set_new(j, "data", d);
 	ksv_reply_json(c, 200, j);
@@ -903,18 +959,8 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	s->o = *o;
 	s->stop_pipe[0] = s->stop_pipe[1] = -1;
 	s->created = kv_wall_s();
-	if (o->served_model_name && *o->served_model_name) {
-		snprintf(s->model_name, sizeof s->model_name, "%s", o->served_model_name);
-	} else {
-		const char *dir = o->model_dir;
-		size_t l = strlen(dir);
-		while (l > 1 && dir[l - 1] == '/')
-			l--;
-		const char *b = dir + l;
-		while (b > dir && b[-1] != '/')
-			b--;
-		snprintf(s->model_name, sizeof s->model_name, "%.*s", (int)(dir + l - b), b);
-	}
+	if ((rc = set_names(s, o)))
+		goto fail;
 	uint64_t t0 = kv_now_ns();
 
 	if ((rc = kv_tok_load_model(o->model_dir, &s->tok))) {
@@ -1162,6 +1208,7 @@ void ksv_server_destroy(struct ksv_server *s)
 	ksv_metrics_destroy(s->m);
 	ksv_recent_destroy(s->recent);
 	kv_tokbytes_free(&s->tb);
+	free(s->names_buf);
 	if (s->stop_pipe[0] >= 0)
 		close(s->stop_pipe[0]);
 	if (s->stop_pipe[1] >= 0)

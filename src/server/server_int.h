@@ -32,12 +32,16 @@
 #include "store/store.h"
 
 #define JSON_MAX_DEPTH 64
+#define KSV_MAX_NAMES 16          /* --served-model-name a,b,... */
 
 #define MiB (1024ull * 1024ull)
 
 struct ksv_server {
 	struct ksv_opts o;
-	char model_name[256];
+	char model_name[256];             /* the first served name: what answers report by default */
+	char *names_buf;                  /* --served-model-name split at commas (owned) */
+	const char *names[KSV_MAX_NAMES]; /* every served name (into names_buf) */
+	int n_names;
 	struct kv_tok *tok;
 	struct kv_chat *chat;
 	struct ke_model *model;
@@ -83,6 +87,11 @@ struct ksv_server {
 	struct ksv_family *fc[24];        /* the RAM cache (cache_rows) */
 	struct ksv_family *fd[40];        /* the disk tier (disk_rows) */
 };
+
+/* server.c: the served model names. 1 if name is one of them. */
+int ksv_server_serves(const struct ksv_server *s, const char *name);
+/* "'a', 'b'" for messages (cut to cap). */
+void ksv_server_names_text(const struct ksv_server *s, char *out, size_t cap);
 
 /* reply.c */
 void ksv_reply_json(struct ksv_conn *c, int status, json_t *j);

@@ -310,5 +310,39 @@ await check(`${T}:own_answers_echoed`, async () => {
   assert(total >= 0.95 * want, `the session reused ${total} of ${want} tokens`);
 }, 240000);
 
+// --- several served names; the tools-order rule ------------------------------------
+
+await check(`${T}:served_names_and_tools_order`, async () => {
+  const C = await startServer(model, ['--served-model-name', 'tiny,claude-haiku-4-5', '--page-tokens', '16',
+    '--prompt-normalize', 'billing-header,tools-order']);
+  const list = await (await fetch(C.url('/v1/models'))).json();
+  eq(JSON.stringify(list.data.map((m) => m.id)), JSON.stringify(['tiny', 'claude-haiku-4-5']), '/v1/models lists every name');
+  // Claude Code's small/fast model name reaches the same model, and the answer names it
+  const r = await anth(C).messages.create({ model: 'claude-haiku-4-5', max_tokens: 4, system: SYSTEM, messages: [{ role: 'user', content: 'hi' }] });
+  eq(r.model, 'claude-haiku-4-5', 'the answer reports the name the request used');
+  const c = await oai(C).chat.completions.create({ model: 'tiny', max_tokens: 4, messages: [{ role: 'user', content: 'hi' }] });
+  eq(c.model, 'tiny', 'the first name works too');
+  let err = null;
+  try {
+    await oai(C).chat.completions.create({ model: 'gpt-x', max_tokens: 4, messages: [{ role: 'user', content: 'hi' }] });
+  } catch (e) { err = e; }
+  eq(err && err.status, 404, 'an unknown model is a 404');
+  assert(/'tiny', 'claude-haiku-4-5'/.test(err.message), `the 404 lists the served names: ${err.message}`);
+  let cerr = null;
+  try {
+    await anth(C).messages.countTokens({ model: 'gpt-x', messages: [{ role: 'user', content: 'hi' }] });
+  } catch (e) { cerr = e; }
+  eq(cerr && cerr.status, 404, 'count_tokens checks the model too');
+  // MCP clients reorder tools: with tools-order the prompt is the same
+  const msgs = [{ role: 'system', content: SYSTEM }, { role: 'user', content: 'List the files.' }];
+  const a = await oai(C).chat.completions.create({ model: 'tiny', max_tokens: 4, messages: msgs, tools: oaiTools });
+  const b = await oai(C).chat.completions.create({ model: 'tiny', max_tokens: 4, messages: msgs, tools: [...oaiTools].reverse() });
+  eq(b.usage.prompt_tokens, a.usage.prompt_tokens, 'the same prompt');
+  assert(b.usage.prompt_tokens_details.cached_tokens >= a.usage.prompt_tokens - 4,
+    `reordered tools hit the cache: ${b.usage.prompt_tokens_details.cached_tokens} of ${b.usage.prompt_tokens}`);
+  assert(/event=prompt.normalize [^\n]*rule=tools-order/.test(C.log()), 'the rule is logged');
+  await C.stop();
+}, 120000);
+
 for (const s of Object.values(servers)) for (const srv of s) await srv.stop();
 process.exit(0);

@@ -341,8 +341,8 @@ KT_CASE(normalize_billing_header)
 			 "\"x-anthropic-billing-header: keep me\"}]}";
 	json_t *a = J(s1), *b = J(s2), *ra = NULL, *rb = NULL;
 	KT_REQUIRE(a && b);
-	KT_EQ_INT(ksv_norm_apply(a, KSV_NORM_BILLING_HEADER, &ra), 1);
-	KT_EQ_INT(ksv_norm_apply(b, KSV_NORM_BILLING_HEADER, &rb), 1);
+	KT_EQ_INT(ksv_norm_apply(a, NULL, KSV_NORM_BILLING_HEADER, &ra), 1);
+	KT_EQ_INT(ksv_norm_apply(b, NULL, KSV_NORM_BILLING_HEADER, &rb), 1);
 	KT_EQ_STR(content_at(a, 0), "You are Claude Code.");
 	KT_CHECK(json_equal(a, b));
 	/* user text is never touched */
@@ -354,7 +354,7 @@ KT_CASE(normalize_billing_header)
 	json_decref(rb);
 	/* rules off: nothing changes */
 	json_t *c = J(s1), *rc = NULL;
-	KT_EQ_INT(ksv_norm_apply(c, 0, &rc), 0);
+	KT_EQ_INT(ksv_norm_apply(c, NULL, 0, &rc), 0);
 	KT_CHECK(!rc);
 	KT_CHECK(strstr(content_at(c, 0), "cc_version=1.0.1"));
 	json_decref(a);
@@ -362,5 +362,47 @@ KT_CASE(normalize_billing_header)
 	json_decref(c);
 }
 
-KT_MAIN(anthropic_claude_code_body, normalize_billing_header, anthropic_refusals, anthropic_stream_order, responses_codex_body,
+KT_CASE(normalize_tools_order)
+{
+	unsigned rules;
+	KT_OK(ksv_norm_parse("billing-header,tools-order", &rules));
+	KT_EQ_INT(rules, KSV_NORM_BILLING_HEADER | KSV_NORM_TOOLS_ORDER);
+	KT_OK(ksv_norm_parse("all", &rules));
+	KT_CHECK(rules & KSV_NORM_TOOLS_ORDER);
+	KT_OK(ksv_norm_parse("billing-header", &rules));
+	KT_CHECK(!(rules & KSV_NORM_TOOLS_ORDER)); /* opt-in: it changes what the model sees */
+	/* two requests with the same tools in another order render the same */
+	json_t *ta = J("[{\"type\":\"function\",\"function\":{\"name\":\"write\"}},"
+		       "{\"type\":\"function\",\"function\":{\"name\":\"bash\"}},"
+		       "{\"type\":\"function\",\"function\":{\"name\":\"read\",\"description\":\"1\"}},"
+		       "{\"type\":\"function\",\"function\":{\"name\":\"read\",\"description\":\"2\"}}]");
+	json_t *tb = J("[{\"type\":\"function\",\"function\":{\"name\":\"bash\"}},"
+		       "{\"type\":\"function\",\"function\":{\"name\":\"read\",\"description\":\"1\"}},"
+		       "{\"type\":\"function\",\"function\":{\"name\":\"write\"}},"
+		       "{\"type\":\"function\",\"function\":{\"name\":\"read\",\"description\":\"2\"}}]");
+	json_t *chat = J("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"), *ra = NULL, *rb = NULL;
+	KT_REQUIRE(ta && tb && chat);
+	KT_EQ_INT(ksv_norm_apply(chat, &ta, KSV_NORM_TOOLS_ORDER, &ra), 1);
+	KT_EQ_INT(ksv_norm_apply(chat, &tb, KSV_NORM_TOOLS_ORDER, &rb), 1);
+	KT_CHECK(json_equal(ta, tb));
+	/* sorted by name, equal names in their order */
+	static const char *const want[] = {"bash", "read", "read", "write"};
+	for (int i = 0; i < 4; i++)
+		KT_EQ_STR(json_string_value(json_object_get(json_object_get(json_array_get(ta, i), "function"), "name")),
+			  want[i]);
+	KT_EQ_STR(json_string_value(json_object_get(json_object_get(json_array_get(ta, 1), "function"), "description")),
+		  "1");
+	KT_EQ_STR(json_string_value(json_object_get(json_array_get(ra, 0), "rule")), "tools-order");
+	/* already sorted: nothing to report */
+	json_t *rc = NULL;
+	KT_EQ_INT(ksv_norm_apply(chat, &ta, KSV_NORM_TOOLS_ORDER, &rc), 0);
+	KT_CHECK(!rc);
+	json_decref(ra);
+	json_decref(rb);
+	json_decref(ta);
+	json_decref(tb);
+	json_decref(chat);
+}
+
+KT_MAIN(anthropic_claude_code_body, normalize_billing_header, normalize_tools_order, anthropic_refusals, anthropic_stream_order, responses_codex_body,
 	responses_stream_order)
