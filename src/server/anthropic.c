@@ -571,6 +571,7 @@ char *ksv_anth_count_body(int64_t n, size_t *len)
 
 const struct ksv_wire ksv_wire_anthropic = {
 	.name = "anthropic",
+	.answer_id_prefix = "msg_",
 	.tool_id_prefix = "toolu_",
 	.parse = anth_parse,
 	.start = anth_start,

@@ -580,6 +580,7 @@ static void resp_stream_error(struct ksv_answer *a, int status, const char *mess
 
 const struct ksv_wire ksv_wire_responses = {
 	.name = "responses",
+	.answer_id_prefix = "resp_",
 	.tool_id_prefix = "call_",
 	.parse = resp_parse,
 	.start = resp_start,

@@ -185,22 +185,6 @@ static void handle_cache_clear(struct ksv_server *s, struct ksv_conn *c)
 	ksv_reply_json(c, 200, j);
 }
 
-int ksv_server_serves(const struct ksv_server *s, const char *name)
-{
-	for (int i = 0; i < s->n_names; i++)
-		if (!strcmp(s->names[i], name))
-			return 1;
-	return 0;
-}
-
-void ksv_server_names_text(const struct ksv_server *s, char *out, size_t cap)
-{
-	size_t at = 0;
-	out[0] = 0;
-	for (int i = 0; i < s->n_names && at < cap; i++)
-		at += (size_t)snprintf(out + at, cap - at, "%s'%s'", i ? ", " : "", s->names[i]);
-}
-
 /* The served names from --served-model-name (a,b: every name reaches the
  * one model; Claude Code sends its main and its small/fast model name),
  * else the model folder's name. */
@@ -318,7 +302,7 @@ static void route_messages(struct ksv_server *s, const struct ksv_request *rq, c
 static void route_count_tokens(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
 {
 	(void)rest, (void)is_head;
-	ksv_gen_count_tokens(s, rq);
+	ksv_intake_count_tokens(s, rq);
 }
 
 static void route_responses(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
@@ -367,7 +351,7 @@ static void route_cache_clear(struct ksv_server *s, const struct ksv_request *rq
 static void route_probe(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
 {
 	(void)rest, (void)is_head;
-	ksv_gen_probe(s, rq);
+	ksv_intake_probe(s, rq);
 }
 
 /* A browser gets the dashboard; HEAD / is how some clients (Claude Code)

@@ -127,15 +127,33 @@ int ksv_prompt_make(struct ksv_server *s, const struct ksv_req *r, const char *s
 int ksv_prompt_append(struct ksv_server *s, struct ksv_prompt *pr, const char *text, uint32_t *n);
 void ksv_prompt_free(struct ksv_prompt *pr);
 
+/* intake.c: a generation request's way in */
+struct ksv_intake {
+	json_t *raw;              /* the body as sent (owned): cache_salt is read here */
+	struct ksv_req req;       /* the validated chat request (wire.h parse) */
+	json_t *norm_report;      /* what --prompt-normalize changed (NULL: nothing) */
+	const char *salt;         /* cache_salt (borrowed from raw), NULL: none */
+	struct ksv_prompt pr;     /* the rendered prompt (prompt.c) */
+	char *forced;             /* text forced at the start of the answer (tool_choice), or NULL */
+	uint32_t n_forced;        /* its tokens, appended to the prompt */
+	int max_tokens;           /* tokens to generate after the forced ones */
+};
+/* Parse, check and render a generation request in its API (enum
+ * ksv_wire_id): 0, or nonzero after replying with the refusal (in is
+ * then freeable). route names it in log lines. */
+int ksv_intake_gen(struct ksv_server *s, const struct ksv_request *rq, int wire, int api, const char *route,
+		   struct ksv_intake *in);
+void ksv_intake_free(struct ksv_intake *in);
+/* POST /v1/messages/count_tokens. */
+void ksv_intake_count_tokens(struct ksv_server *s, const struct ksv_request *rq);
+/* POST /v1/cache/probe. */
+void ksv_intake_probe(struct ksv_server *s, const struct ksv_request *rq);
+
 /* gen.c */
 /* POST /v1/chat/completions (api KSV_API_CHAT, wire OPENAI),
  * /v1/completions (KSV_API_COMPLETION), /v1/messages (KSV_API_CHAT, wire
  * ANTHROPIC) and /v1/responses (KSV_API_CHAT, wire RESPONSES). */
 void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api, int wire);
-/* POST /v1/messages/count_tokens. */
-void ksv_gen_count_tokens(struct ksv_server *s, const struct ksv_request *rq);
-/* POST /v1/cache/probe. */
-void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq);
 
 static inline void ksv_observe(struct ksv_family *f, double v)
 {

@@ -15,18 +15,6 @@
 
 #define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(17))
 
-const struct ksv_wire *ksv_wire_of(int id)
-{
-	switch (id) {
-	case KSV_WIRE_ANTHROPIC:
-		return &ksv_wire_anthropic;
-	case KSV_WIRE_RESPONSES:
-		return &ksv_wire_responses;
-	default:
-		return &ksv_wire_openai;
-	}
-}
-
 /* --- ids, JSON text, SSE ----------------------------------------------------- */
 
 static uint64_t rng_next(void)
@@ -130,11 +118,9 @@ void ksv_answer_init(struct ksv_answer *a, const struct ksv_wire *w, int api, co
 	a->stream = stream;
 	a->created = kv_wall_s();
 	snprintf(a->model, sizeof a->model, "%s", model ? model : "");
-	if (w == &ksv_wire_anthropic)
-		ksv_oai_rand_id("msg_", a->id, sizeof a->id);
-	else if (w == &ksv_wire_responses)
-		ksv_oai_rand_id("resp_", a->id, sizeof a->id);
-	else
+	if (w->answer_id_prefix)
+		ksv_oai_rand_id(w->answer_id_prefix, a->id, sizeof a->id);
+	else /* OpenAI's: chatcmpl- / cmpl- and 24 hex digits */
 		snprintf(a->id, sizeof a->id, "%s-%016llx%08llx", api == KSV_API_CHAT ? "chatcmpl" : "cmpl",
 			 (unsigned long long)rng_next(), (unsigned long long)(rng_next() & 0xffffffffu));
 }

@@ -102,6 +102,7 @@ struct ksv_answer {
 
 struct ksv_wire {
 	const char *name;           /* "openai", "anthropic", "responses" */
+	const char *answer_id_prefix; /* of the answer's id + 24 alphanumerics (NULL: OpenAI's own) */
 	const char *tool_id_prefix; /* of the ids the answer gives tool calls */
 	/* body: the parsed request (borrowed); for_count: count_tokens.
 	 * KV_ERR_INVALID with req->err_param set. */
@@ -118,6 +119,7 @@ struct ksv_wire {
 };
 
 extern const struct ksv_wire ksv_wire_openai, ksv_wire_anthropic, ksv_wire_responses;
+/* The table of an API (wires.c, above the three formats). */
 const struct ksv_wire *ksv_wire_of(int id);
 
 /* --- the block machine ------------------------------------------------------ */

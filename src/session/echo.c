@@ -190,3 +190,35 @@ int kss_echo_remember(struct kss_service *s, const char *salt, const struct kc_e
 	kss_registry_with(kss_service_registry(s), salt, remember_in, &x);
 	return x.rc;
 }
+
+int kss_echo_remember_answer(struct kss_service *s, const char *salt, const struct kss_echo_answer *a)
+{
+	struct kv_buf text = KV_BUF_INIT, key = KV_BUF_INIT, toks = KV_BUF_INIT;
+	char *gtext = NULL;
+	size_t glen = 0;
+	int rc = a->n_gen ? kv_tok_decode(kss_service_tok(s), a->gen, a->n_gen, 0, &gtext, &glen) : KV_OK;
+	if (rc)
+		goto out;
+	kv_buf_add(&text, a->gp_text, a->gp_len);
+	if (a->forced)
+		kv_buf_adds(&text, a->forced);
+	kv_buf_add(&text, gtext, glen);
+	kv_buf_add(&toks, a->prefix, a->n_prefix * sizeof(int32_t));
+	kv_buf_add(&toks, a->gen, a->n_gen * sizeof(int32_t));
+	if (text.oom || toks.oom) {
+		rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	if ((rc = kss_echo_key_answer(a->content, a->content_len, a->calls, a->n_calls, &key)))
+		goto out;
+	struct kc_echo_rec rec = {.key = key.p, .key_len = key.len, .reasoning = a->reasoning ? a->reasoning : "",
+				  .reasoning_len = a->reasoning ? a->reasoning_len : 0, .text = text.p, .text_len = text.len,
+				  .tokens = (const int32_t *)toks.p, .n_tokens = (uint32_t)(toks.len / sizeof(int32_t))};
+	rc = kss_echo_remember(s, salt, &rec);
+out:
+	kv_buf_free(&text);
+	kv_buf_free(&key);
+	kv_buf_free(&toks);
+	free(gtext);
+	return rc;
+}

@@ -64,7 +64,27 @@ struct kss_echo_found {
 int kss_echo_find(struct kss_service *s, const char *salt, const json_t *messages, struct kss_echo_found *out);
 void kss_echo_found_free(struct kss_echo_found *f);
 
-/* Remember an answer in the namespace of salt. */
+/* Remember a record in the namespace of salt. */
 int kss_echo_remember(struct kss_service *s, const char *salt, const struct kc_echo_rec *r);
+
+/* An answer as it was generated and returned. */
+struct kss_echo_answer {
+	const char *gp_text;             /* the generation prompt's text */
+	size_t gp_len;
+	const char *forced;              /* a forced opening after it (tool_choice), or NULL */
+	const int32_t *prefix;           /* the tokens of both: the prompt after its last message */
+	size_t n_prefix;
+	const int32_t *gen;              /* the generated tokens (not the end-of-turn token) */
+	size_t n_gen;
+	const char *content;             /* what the answer returned: text, */
+	size_t content_len;
+	const char *reasoning;           /* reasoning (NULL: none), */
+	size_t reasoning_len;
+	const struct kss_echo_call *calls; /* tool calls */
+	size_t n_calls;
+};
+/* Build the answer's record (key, the generated text decoded) and
+ * remember it. Errors are only memory or an undecodable token. */
+int kss_echo_remember_answer(struct kss_service *s, const char *salt, const struct kss_echo_answer *a);
 
 #endif

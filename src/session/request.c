@@ -69,6 +69,11 @@ struct kss_registry *kss_service_registry(struct kss_service *s)
 	return s->p.reg;
 }
 
+const struct kv_tok *kss_service_tok(const struct kss_service *s)
+{
+	return s->p.tok;
+}
+
 void kss_service_away(struct kss_service *s, int away)
 {
 	kss_sched_away(s->p.engine, away);

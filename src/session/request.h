@@ -74,8 +74,9 @@ void kss_service_destroy(struct kss_service *s);
  * the prefill chunk (0: 256). */
 uint64_t kss_request_overhead(const struct ke_model *m, int chunk);
 uint64_t kss_service_request_overhead(const struct kss_service *s);
-/* The namespaces the service serves (registry.h). */
+/* The namespaces the service serves (registry.h), its tokenizer. */
 struct kss_registry *kss_service_registry(struct kss_service *s);
+const struct kv_tok *kss_service_tok(const struct kss_service *s);
 /* The calling request waits on its client (1) or is back (0): the engine
  * does not wait for it meanwhile (sched.h kss_sched_away). */
 void kss_service_away(struct kss_service *s, int away);
