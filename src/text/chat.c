@@ -1240,6 +1240,88 @@ static int encode_segment(const struct kv_chat *c, const struct lits *L, const c
 	return KV_OK;
 }
 
+/* Where messages end in the final text (the kept one when keep is
+ * active), in bytes: cs->cuts[i] ends render(messages[:cs->cut_k[i]]).
+ * cs->cuts and cs->cut_k have room for n + 2 entries. */
+struct cut_search {
+	size_t *cuts, *cut_k, n_cuts;
+	int first_is_head, from_probe;
+};
+
+static int find_cuts(struct chat_job *j, const json_t *prep, int has_tools, const struct kv_chat_opts *o,
+		     const char *full, size_t full_len, const struct keep *keep, struct cut_search *cs)
+{
+	const struct kv_chat *c = j->c;
+	size_t n = j->msgs->n;
+	/* prefix renders are compared with the whole render, and a position
+	 * in the newest turn moves by what keeping changed before it */
+	const char *fin = keep->active ? keep->t.p : full;
+	size_t fin_len = keep->active ? keep->t.len : full_len;
+	{
+		size_t *cuts = cs->cuts, *cut_k = cs->cut_k, n_cuts = 0;
+		size_t h = 0;
+		const char *role0 = json_string_value(json_object_get(json_array_get(prep, 0), "role"));
+		if (role0 && !strcmp(role0, "system"))
+			h = 1;
+		size_t k0 = 1;
+		if (h || has_tools) {
+			size_t a = prefix_len(j, h, full, full_len);
+			if (!(a > 0 && clean_cut(c, full, full_len, a))) {
+				a = probe_anchor(j, h, full, full_len);
+				cs->from_probe = a > 0;
+			}
+			if (a > 0 && (!keep->active || a <= keep->d[0])) {
+				cut_k[n_cuts] = h;
+				cuts[n_cuts++] = a;
+				cs->first_is_head = 1;
+			}
+			k0 = h + 1;
+		}
+		if (o->max_message_boundaries > 0 && n >= (size_t)o->max_message_boundaries &&
+		    n + 1 - (size_t)o->max_message_boundaries > k0)
+			k0 = n + 1 - (size_t)o->max_message_boundaries;
+		size_t qi = 0, ref_turn = SIZE_MAX;
+		struct kv_buf ref = KV_BUF_INIT;
+		for (size_t k = k0; k <= n; k++) {
+			size_t l = 0;
+			if (!keep->active || k <= keep->q[0]) {
+				l = prefix_len(j, k, full, full_len);
+			} else if (k <= keep->q[keep->nq - 1]) {
+				/* inside an earlier turn i: compared with that turn's
+				 * render, render(messages[:q[i + 1]]) */
+				while (qi + 1 < keep->nq && keep->q[qi + 1] < k)
+					qi++;
+				if (keep->q[qi + 1] == k) {
+					l = keep->toff[qi + 1];
+				} else {
+					if (ref_turn != qi) {
+						kv_buf_reset(&ref);
+						kv_buf_add(&ref, full, keep->d[qi]);
+						kv_buf_add(&ref, keep->t.p + keep->toff[qi], keep->toff[qi + 1] - keep->toff[qi]);
+						ref_turn = qi;
+					}
+					size_t lr = ref.oom ? 0 : prefix_len(j, k, ref.p, ref.len);
+					if (lr > keep->d[qi])
+						l = lr - keep->d[qi] + keep->toff[qi];
+				}
+			} else {
+				size_t lf = prefix_len(j, k, full, full_len);
+				size_t dl = keep->d[keep->nq - 1];
+				if (lf >= dl)
+					l = lf - dl + keep->toff[keep->nq - 1];
+			}
+			if (l > 0 && (!n_cuts || l > cuts[n_cuts - 1]) && clean_cut(c, fin, fin_len, l)) {
+				cut_k[n_cuts] = k;
+				cuts[n_cuts++] = l;
+			}
+		}
+		kv_buf_free(&ref);
+		kv_errclear();
+		cs->n_cuts = n_cuts;
+	}
+	return KV_OK;
+}
+
 int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t *tools,
 		   const struct kv_chat_opts *opts, struct kv_chat_render *out)
 {
@@ -1358,12 +1440,8 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 	if (o.keep_reasoning && c->tok && (rc = keep_build(&j, prep, tools, &o, full, full_len, &keep)))
 		goto done;
 
-	/* boundaries in bytes of the final text (the kept one when keep is
-	 * active): prefix renders are compared with the whole render, and a
-	 * position in the newest turn moves by what keeping changed before it */
+	/* boundaries in bytes of the final text */
 	size_t n = j.msgs->n;
-	const char *fin = keep.active ? keep.t.p : full;
-	size_t fin_len = keep.active ? keep.t.len : full_len;
 	if (c->tok && !o.skip_boundaries) {
 		cuts = calloc(n + 2, sizeof *cuts);
 		cut_k = calloc(n + 2, sizeof *cut_k);
@@ -1371,64 +1449,12 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
 			goto done;
 		}
-		size_t h = 0;
-		const char *role0 = json_string_value(json_object_get(json_array_get(prep, 0), "role"));
-		if (role0 && !strcmp(role0, "system"))
-			h = 1;
-		size_t k0 = 1;
-		if (h || has_tools) {
-			size_t a = prefix_len(&j, h, full, full_len);
-			if (!(a > 0 && clean_cut(c, full, full_len, a))) {
-				a = probe_anchor(&j, h, full, full_len);
-				from_probe = a > 0;
-			}
-			if (a > 0 && (!keep.active || a <= keep.d[0])) {
-				cut_k[n_cuts] = h;
-				cuts[n_cuts++] = a;
-				first_is_head = 1;
-			}
-			k0 = h + 1;
-		}
-		if (o.max_message_boundaries > 0 && n >= (size_t)o.max_message_boundaries &&
-		    n + 1 - (size_t)o.max_message_boundaries > k0)
-			k0 = n + 1 - (size_t)o.max_message_boundaries;
-		size_t qi = 0, ref_turn = SIZE_MAX;
-		struct kv_buf ref = KV_BUF_INIT;
-		for (size_t k = k0; k <= n; k++) {
-			size_t l = 0;
-			if (!keep.active || k <= keep.q[0]) {
-				l = prefix_len(&j, k, full, full_len);
-			} else if (k <= keep.q[keep.nq - 1]) {
-				/* inside an earlier turn i: compared with that turn's
-				 * render, render(messages[:q[i + 1]]) */
-				while (qi + 1 < keep.nq && keep.q[qi + 1] < k)
-					qi++;
-				if (keep.q[qi + 1] == k) {
-					l = keep.toff[qi + 1];
-				} else {
-					if (ref_turn != qi) {
-						kv_buf_reset(&ref);
-						kv_buf_add(&ref, full, keep.d[qi]);
-						kv_buf_add(&ref, keep.t.p + keep.toff[qi], keep.toff[qi + 1] - keep.toff[qi]);
-						ref_turn = qi;
-					}
-					size_t lr = ref.oom ? 0 : prefix_len(&j, k, ref.p, ref.len);
-					if (lr > keep.d[qi])
-						l = lr - keep.d[qi] + keep.toff[qi];
-				}
-			} else {
-				size_t lf = prefix_len(&j, k, full, full_len);
-				size_t dl = keep.d[keep.nq - 1];
-				if (lf >= dl)
-					l = lf - dl + keep.toff[keep.nq - 1];
-			}
-			if (l > 0 && (!n_cuts || l > cuts[n_cuts - 1]) && clean_cut(c, fin, fin_len, l)) {
-				cut_k[n_cuts] = k;
-				cuts[n_cuts++] = l;
-			}
-		}
-		kv_buf_free(&ref);
-		kv_errclear();
+		struct cut_search cs = {.cuts = cuts, .cut_k = cut_k};
+		if ((rc = find_cuts(&j, prep, has_tools, &o, full, full_len, &keep, &cs)))
+			goto done;
+		n_cuts = cs.n_cuts;
+		first_is_head = cs.first_is_head;
+		from_probe = cs.from_probe;
 	}
 	if (keep.active) {
 		kv_buf_free(&text);
