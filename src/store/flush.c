@@ -1,6 +1,6 @@
 /*
- * flush.c - the shutdown flush (store.h ks_store_flush) and the write-rate
- * estimate it predicts with.
+ * flush.c - the shutdown flush (store.h ks_store_flush). The write-rate
+ * estimate it predicts with is core.c's (ks_rate_add, ks_rate_bps).
  *
  * Order. What is still dirty is grouped into units: one per entry (the
  * entry's blocks and resume points not yet on disk, then its manifest),
@@ -36,23 +36,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-void ks_rate_add(struct ks_rate *r, uint64_t bytes, uint64_t ns)
-{
-	/* keep roughly the last few seconds of writes */
-	if (r->ns > 4000000000ull) {
-		r->ns /= 2;
-		r->bytes /= 2;
-	}
-	r->bytes += bytes;
-	r->ns += ns ? ns : 1;
-	r->n++;
-}
-
-double ks_rate_bps(const struct ks_rate *r)
-{
-	return r->n && r->ns ? (double)r->bytes * 1e9 / (double)r->ns : 0;
-}
 
 /*
  * The seed probe: up to 16 MiB written and fsynced in the namespace
