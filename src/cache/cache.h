@@ -20,7 +20,7 @@
  *            shared prefix the lookup "snaps" (counted, and logged as
  *            "LCP snapped to checkpoint: shared=S entry_len=E resumed_at=P").
  *
- * Eviction (docs/cache.md). Entries are evicted LRU-first; a lookup that
+ * Eviction (evict.c, docs/cache.md). Entries are evicted LRU-first; a lookup that
  * uses an entry's end (or, dense, all of its KV) makes it most recently
  * used, storing an entry does too. Budget pressure first takes "leaf"
  * entries (unpinned, and their end is not shared, so evicting them frees
@@ -38,7 +38,7 @@
 #include "base/hash.h"
 #include "base/pages.h"
 #include "cache/names.h"
-#include "cache/policy.h"
+#include "cache/storage_policy.h"
 #include "engine/layout.h"
 
 enum kc_index_kind { KC_INDEX_RADIX = 0, KC_INDEX_HASH = 1 };

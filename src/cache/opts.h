@@ -16,7 +16,7 @@
  *   --memory-cap-mb N         memory cap for the floor, admission and the
  *                             prefill projection (default: the cgroup limit)
  * Environment: KVKEEP_PREFIX_CACHE_MAX_BYTES, KVKEEP_HYBRID_CHECKPOINT_STRIDE,
- * KVKEEP_HYBRID_CHECKPOINT_MAX (budget.h, policy.h).
+ * KVKEEP_HYBRID_CHECKPOINT_MAX (budget.h, storage_policy.h).
  */
 #ifndef KV_CACHE_OPTS_H
 #define KV_CACHE_OPTS_H
