@@ -217,7 +217,7 @@ struct kc_prefill_need {
  * stops as soon as an eviction releases nothing. *projected = the
  * projection. KV_OK if it fits, KV_ERR_FULL if not (the caller decides);
  * dense layouts: KV_OK without evicting (only hybrid prefill materialises
- * large transients, seed rule).
+ * large transients).
  */
 int kc_cache_reclaim_prefill(struct kc_cache *c, const struct kc_prefill_need *need, uint64_t *projected,
 			     uint64_t *released);

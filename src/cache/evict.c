@@ -80,8 +80,8 @@ void kc_evict_enforce(struct kc_cache *c)
 		evict(c, e, 0);
 	}
 	while (c->budget && c->bytes > c->budget) {
-		/* Seed rule: the MRU entry survives pressure while the process is
-		 * below the memory cap itself. */
+		/* docs/cache.md "Budget and eviction": the MRU entry survives
+		 * pressure while the process is below the memory cap itself. */
 		int guard = !(c->mem_cap && mem_used_now(c) >= c->mem_cap);
 		struct kc_entry *e = pick_victim(c, 1, guard);
 		if (!e)
@@ -181,8 +181,8 @@ int kc_cache_reclaim_prefill(struct kc_cache *c, const struct kc_prefill_need *n
 		r = evict(c, e, 1);
 		rel += r;
 		if (!r) {
-			/* Seed rule: an eviction that frees nothing means the memory
-			 * is held elsewhere; evicting more would only lose cache. */
+			/* An eviction that frees nothing means the memory is held
+			 * elsewhere; evicting more would only lose cache. */
 			rc = KV_ERR_FULL;
 			break;
 		}

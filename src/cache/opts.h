@@ -8,7 +8,7 @@
  *   --enable-prefix-cache / --disable-prefix-cache   (enabled by default)
  *   --prefix-cache-index radix|hash                  (radix)
  *   --prefix-cache-size N     legacy mode: bound entries by count instead of
- *                             bytes (the reference's default count: 100)
+ *                             bytes
  *   --cache-memory-mb N       byte budget in MiB
  *   --cache-memory-percent F  fraction of available RAM (0.20)
  *   --hybrid-cache-entries N  non-trimmable entries kept (automatic: 8 for

@@ -12,8 +12,8 @@
  * budget / 10), kept for the final folder syncs. Each unit's time is
  * predicted as bytes / rate: with no write sample in this process yet,
  * the rate of a 16 MiB fsynced probe, halved (serialisation overhead) and
- * clamped to 150-600 MB/s (the seed rule: a page-cache-fast probe cannot
- * over-promise, a slow one cannot skip everything); afterwards the rate
+ * clamped to 150-600 MB/s (so a page-cache-fast probe cannot
+ * over-promise and a slow one cannot skip everything); afterwards the rate
  * observed on real writes - the flush's own units once there is one
  * (each unit's folder syncs are done right after it and counted), else
  * the write-behind's recent writes. A unit predicted to end past the deadline is
@@ -38,7 +38,7 @@
 #include <time.h>
 
 /*
- * The seed probe: up to 16 MiB written and fsynced in the namespace
+ * The write probe: up to 16 MiB written and fsynced in the namespace
  * folder, then removed. On a disk too slow to write 16 MiB in a fifth of
  * the time left, it stops there and measures what it wrote (the probe
  * must not eat the budget it is meant to plan). Returns bytes/s, 0 when
