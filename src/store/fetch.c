@@ -395,8 +395,9 @@ struct fetch_run {
 
 /*
  * Plan, read the plan's files in parallel, and plan again without the
- * file that failed, up to MAX_REPLANS rounds. A miss leaves pl.pos at 0;
- * the return is an error only when memory for the reads runs out.
+ * file that failed, up to MAX_REPLANS rounds. A miss (also when every
+ * round failed) leaves pl.pos at 0; the return is an error only when
+ * memory for the reads runs out.
  */
 static int load_plans(struct fetch_run *r)
 {
@@ -486,8 +487,11 @@ static int load_plans(struct fetch_run *r)
 		}
 		if (bc.snap)
 			pl->anchor_flag = bc.snap_info.anchor_flag;
-		break;
+		return KV_OK;
 	}
+	/* every round failed (or nothing beats RAM): a miss. The last plan's
+	 * files failed their checks, so it must never reach the RAM cache. */
+	pl->pos = 0;
 	return KV_OK;
 }
 
