@@ -39,7 +39,7 @@ LDFLAGS_ALL = -pthread $(SAN) $(LDFLAGS)
 LDLIBS_ALL = -ljansson -lmicrohttpd -lxxhash -lpcre2-8 -lutf8proc -ledit -ldl -lm $(LDLIBS)
 
 LIB_SRC := $(sort $(wildcard src/base/*.c src/model/*.c src/text/*.c src/engine/*.c src/cache/*.c \
-	src/store/*.c src/session/*.c src/server/*.c))
+	src/store/*.c src/session/*.c src/server/*.c src/client/*.c))
 CLI_SRC := $(sort $(wildcard src/cli/*.c))
 UNIT_SRC := $(sort $(wildcard tests/unit/test_*.c))
 FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))

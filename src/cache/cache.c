@@ -19,6 +19,7 @@
  * new resume point; a lookup allocates nothing.
  */
 #include "cache/cache_int.h"
+#include "cache/echo.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -101,8 +102,19 @@ int kc_cache_create(const struct kc_params *p, struct kc_cache **out)
 		c->tf = 0;
 	c->on_evict = p->on_evict;
 	c->evict_ctx = p->evict_ctx;
+	/* with the cache disabled too: answers render as generated either way,
+	 * so a prompt does not depend on whether the KV is cached */
+	if (p->echo_bytes && kc_echo_create(p->echo_bytes, &c->echo)) {
+		kc_cache_destroy(c);
+		return KV_ERR_NOMEM;
+	}
 	*out = c;
 	return KV_OK;
+}
+
+struct kc_echo *kc_cache_echo(const struct kc_cache *c)
+{
+	return c ? c->echo : NULL;
 }
 
 void kc_cache_destroy(struct kc_cache *c)
@@ -119,6 +131,7 @@ void kc_cache_destroy(struct kc_cache *c)
 		KV_WARN("cache.destroy_pinned", "nodes=%llu rps=%llu", (unsigned long long)c->n_nodes,
 			(unsigned long long)c->n_rps);
 	c->ops->destroy(c->ix);
+	kc_echo_destroy(c->echo);
 	free(c->root.rx_kids);
 	free(c->path);
 	free(c->rpv);
@@ -134,6 +147,11 @@ const struct ke_layout *kc_cache_layout(const struct kc_cache *c)
 const struct kc_policy *kc_cache_policy(const struct kc_cache *c)
 {
 	return &c->pol;
+}
+
+int kc_cache_enabled(const struct kc_cache *c)
+{
+	return c && !c->disabled; /* set at create, never changed */
 }
 
 void *kc_cache_snap_alloc(struct kc_cache *c)

@@ -70,6 +70,7 @@ struct kc_params {
 	double transient_factor;         /* prefill transient per byte of prompt KV beyond
 					    the scratch; < 0 or 0: KC_TRANSIENT_FACTOR_DEFAULT */
 	const struct kc_policy *policy;  /* NULL: defaults + environment; copied */
+	uint64_t echo_bytes;             /* the namespace's answer records (echo.h); 0: none */
 	/* Called (under the cache lock: do not call back in) for every evicted
 	 * entry. Optional. */
 	void (*on_evict)(void *ctx, uint64_t entry_id, uint32_t len);
@@ -184,6 +185,12 @@ int kc_cache_put(struct kc_cache *c, const struct kc_put *p, uint64_t *entry_id)
 
 /* Change the byte budget (0 = none) and evict down to it. */
 void kc_cache_set_budget(struct kc_cache *c, uint64_t bytes);
+/* The namespace's store of the server's own answers (echo.h); NULL when
+ * echo_bytes was 0 (kept for a disabled cache too: prompts render the same
+ * with and without the KV cache). Lives as long as the cache. */
+struct kc_echo *kc_cache_echo(const struct kc_cache *c);
+/* 0 for a cache made with `disabled` (it stores nothing), or NULL. */
+int kc_cache_enabled(const struct kc_cache *c);
 uint64_t kc_cache_budget(struct kc_cache *c);
 /* Evict the least recently used unpinned entry (leaves first), MRU
  * included. KV_OK and *released (bytes given back to the allocator), or

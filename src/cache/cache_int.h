@@ -29,6 +29,7 @@ struct kc_cache {
 	struct kc_policy pol;
 	const struct kc_index_ops *ops;
 	void *ix;
+	struct kc_echo *echo;     /* the namespace's answer records (echo.h), or NULL */
 	struct kc_node root;
 	uint32_t B;
 	int hybrid;

@@ -8,7 +8,7 @@
  *
  * Each recorded body is sent in order, streamed, with only stream,
  * stream_options.include_usage, temperature and the token cap changed
- * (and "model" with --model; server/replay.h says exactly how). Per request it records the HTTP
+ * (and "model" with --model; client/replay.h says exactly how). Per request it records the HTTP
  * status, prompt / cached / generated tokens, time to first token and
  * total time; bad trace lines and rejected bodies are reported on their
  * row and the replay goes on.
@@ -40,9 +40,9 @@
 #include "base/env.h"
 #include "base/err.h"
 #include "base/json.h"
-#include "server/child.h"
-#include "server/http_client.h"
-#include "server/replay.h"
+#include "client/child.h"
+#include "client/http_client.h"
+#include "client/replay.h"
 
 #include <errno.h>
 #include <math.h>
@@ -135,9 +135,9 @@ static void free_words(char **v)
 
 /*
  * The spawned server: the words of the --spawn command ("kvkeep" = this
- * binary), then `extra` (NULL: none); server/child.h adds --port.
+ * binary), then `extra` (NULL: none); client/child.h adds --port.
  */
-static int spawn_init(struct ksv_child *c, const char *cmd, const char *extra, const char *log_path,
+static int spawn_init(struct kcl_child *c, const char *cmd, const char *extra, const char *log_path,
 		      double ready_timeout_s, double stop_timeout_s)
 {
 	char **w = NULL;
@@ -155,7 +155,7 @@ static int spawn_init(struct ksv_child *c, const char *cmd, const char *extra, c
 	if (extra)
 		w[n++] = strdup(extra);
 	w[n] = NULL;
-	int rc = ksv_child_init(c, w, n, 0);
+	int rc = kcl_child_init(c, w, n, 0);
 	free_words(w);
 	c->log_path = log_path;
 	c->ready_timeout_s = ready_timeout_s;
@@ -164,16 +164,16 @@ static int spawn_init(struct ksv_child *c, const char *cmd, const char *extra, c
 }
 
 /* Start it (and make it the one the signal handler stops). */
-static int spawn_start(struct ksv_child *c, double *ready_s)
+static int spawn_start(struct kcl_child *c, double *ready_s)
 {
-	int rc = ksv_child_start(c, ready_s);
+	int rc = kcl_child_start(c, ready_s);
 	g_child = c->pid;
 	return rc;
 }
 
-static int spawn_stop(struct ksv_child *c, double *stop_s, char *desc, size_t cap)
+static int spawn_stop(struct kcl_child *c, double *stop_s, char *desc, size_t cap)
 {
-	int rc = ksv_child_stop(c, stop_s, desc, cap);
+	int rc = kcl_child_stop(c, stop_s, desc, cap);
 	g_child = 0;
 	return rc;
 }
@@ -195,7 +195,7 @@ static int get_json(const char *url, const char *path, int timeout_ms, json_t **
 		k = kv_env(KV_ENV_API_KEY);
 	if (k && *k && strlen(k) < 900 && !strpbrk(k, "\r\n"))
 		snprintf(hdr, sizeof hdr, "Authorization: Bearer %s\r\n", k);
-	int rc = ksv_http_fetch_h(full, "GET", NULL, 0, timeout_ms, *hdr ? hdr : NULL, &status, &b, &bl);
+	int rc = kcl_http_fetch_h(full, "GET", NULL, 0, timeout_ms, *hdr ? hdr : NULL, &status, &b, &bl);
 	if (rc == KV_OK && status == 200)
 		rc = kv_json_parse(full, b, bl, KV_JSON_MAX_DEPTH, out);
 	else if (rc == KV_OK)
@@ -211,9 +211,9 @@ struct rp_row {
 	int pass;                     /* 1-based */
 	int server_start;             /* which start of the server answered (1-based; 0: --base-url) */
 	int first_after_restart;
-	struct ksv_replay_result r;
+	struct kcl_replay_result r;
 	int have_cold;
-	struct ksv_replay_result cold;
+	struct kcl_replay_result cold;
 };
 
 struct rp_out {
@@ -249,10 +249,10 @@ static void table_head(const struct rp_out *o)
 		"cached", "reuse", "ttft_ms", "total_ms", "gen", "note");
 }
 
-static void table_row(const struct rp_out *o, size_t n, const struct rp_row *w, const struct ksv_replay_item *it,
+static void table_row(const struct rp_out *o, size_t n, const struct rp_row *w, const struct kcl_replay_item *it,
 		      const char *tag)
 {
-	const struct ksv_replay_result *r = &w->r;
+	const struct kcl_replay_result *r = &w->r;
 	char p[24], c[24], re[16], tt[24], to[24], g[24];
 	fmt_i(p, sizeof p, r->prompt_tokens);
 	fmt_i(c, sizeof c, r->cached_tokens);
@@ -285,7 +285,7 @@ static json_t *jint(int64_t v)
 	return v < 0 ? json_null() : json_integer(v);
 }
 
-static json_t *result_json(const struct ksv_replay_result *r)
+static json_t *result_json(const struct kcl_replay_result *r)
 {
 	json_t *o = json_object();
 	json_object_set_new(o, "ok", json_boolean(r->ok));
@@ -314,7 +314,7 @@ static void emit_json(json_t *o)
 	json_decref(o);
 }
 
-static json_t *summary_json(const struct ksv_replay_summary *s)
+static json_t *summary_json(const struct kcl_replay_summary *s)
 {
 	json_t *o = json_object();
 	json_object_set_new(o, "requests", json_integer((json_int_t)s->requests));
@@ -331,7 +331,7 @@ static json_t *summary_json(const struct ksv_replay_summary *s)
 	return o;
 }
 
-static void summary_line(FILE *f, const char *label, const struct ksv_replay_summary *s)
+static void summary_line(FILE *f, const char *label, const struct kcl_replay_summary *s)
 {
 	char t50[24], t90[24], o50[24], o90[24];
 	fmt_ms(t50, sizeof t50, s->ttft_p50_s);
@@ -347,8 +347,8 @@ static void summary_line(FILE *f, const char *label, const struct ksv_replay_sum
 }
 
 /* Send one item (or record why it cannot be sent). */
-static void run_item(const struct ksv_url *u, const struct ksv_replay_item *it, int64_t max_tokens, const char *model,
-		     int timeout_ms, struct ksv_replay_result *r)
+static void run_item(const struct kcl_url *u, const struct kcl_replay_item *it, int64_t max_tokens, const char *model,
+		     int timeout_ms, struct kcl_replay_result *r)
 {
 	memset(r, 0, sizeof *r);
 	r->prompt_tokens = r->cached_tokens = r->generated_tokens = -1;
@@ -360,11 +360,11 @@ static void run_item(const struct ksv_url *u, const struct ksv_replay_item *it, 
 	}
 	char *body = NULL;
 	size_t len = 0;
-	if (ksv_replay_prepare(it->body, max_tokens, model, &body, &len)) {
+	if (kcl_replay_prepare(it->body, max_tokens, model, &body, &len)) {
 		snprintf(r->error, sizeof r->error, "%s", kv_errmsg());
 		return;
 	}
-	ksv_replay_send(u, body, len, timeout_ms, r);
+	kcl_replay_send(u, body, len, timeout_ms, r);
 	free(body);
 }
 
@@ -372,8 +372,8 @@ static void run_item(const struct ksv_url *u, const struct ksv_replay_item *it, 
  * them are in flight together (an agent's subagents); rows are filled in
  * place and printed in trace order when the pass is over. */
 struct pool {
-	const struct ksv_url *u;
-	const struct ksv_replay_trace *tr;
+	const struct kcl_url *u;
+	const struct kcl_replay_trace *tr;
 	struct rp_row *rows;          /* this pass's rows, tr->n of them */
 	int64_t max_tokens;
 	const char *model;
@@ -404,11 +404,11 @@ struct rp_opts {
 /* One replay: the options, the trace, the server, and every row. */
 struct replay {
 	struct rp_opts o;
-	struct ksv_replay_trace *tr;
+	struct kcl_replay_trace *tr;
 	size_t bad_lines;
 	struct rp_out out;
-	struct ksv_child srv;
-	struct ksv_url u;
+	struct kcl_child srv;
+	struct kcl_url u;
 	json_t *starts;            /* one object per server start (cache info) */
 	json_t *restart_events;    /* one {"type":"restart"} object per restart */
 	int fatal;                 /* 1: could not go on; 2: a bad --base-url */
@@ -418,7 +418,7 @@ struct replay {
 	struct rp_row *rows;
 	double t_run;
 	int after_restart_pending;
-	struct ksv_replay_summary sum, cold_sum;
+	struct kcl_replay_summary sum, cold_sum;
 	int have_cold;
 	double *speed_ttft, *speed_total;
 	size_t n_sp_ttft, n_sp_total;
@@ -512,9 +512,9 @@ static int start_server(struct replay *r)
 							   ci ? ci : json_null()));
 		char b[200];
 		snprintf(b, sizeof b, "%s/v1", r->srv.url);
-		ksv_url_parse(b, &r->u);
+		kcl_url_parse(b, &r->u);
 	} else {
-		if (ksv_url_parse(o->base_url, &r->u)) {
+		if (kcl_url_parse(o->base_url, &r->u)) {
 			fprintf(stderr, "kvkeep bench replay: %s\n", kv_errmsg());
 			r->fatal = 2;
 			return -1;
@@ -534,7 +534,7 @@ static int start_server(struct replay *r)
 static void run_concurrent_passes(struct replay *r)
 {
 	const struct rp_opts *o = &r->o;
-	const struct ksv_replay_trace *tr = r->tr;
+	const struct kcl_replay_trace *tr = r->tr;
 	for (int64_t pass = 1; pass <= o->repeat && !r->fatal; pass++) {
 		struct pool pl = {.u = &r->u, .tr = tr, .rows = r->rows + r->seq, .max_tokens = o->max_tokens,
 				  .model = o->model, .timeout_ms = r->timeout_ms};
@@ -600,7 +600,7 @@ static int restart_server(struct replay *r)
 static void run_serial_passes(struct replay *r)
 {
 	const struct rp_opts *o = &r->o;
-	const struct ksv_replay_trace *tr = r->tr;
+	const struct kcl_replay_trace *tr = r->tr;
 	for (int64_t pass = 1; pass <= o->repeat && !r->fatal; pass++) {
 		double t_pass1 = kv_now_s();
 		for (size_t i = 0; i < tr->n && !r->fatal; i++) {
@@ -629,12 +629,12 @@ static void run_serial_passes(struct replay *r)
 static void run_cold(struct replay *r)
 {
 	const struct rp_opts *o = &r->o;
-	const struct ksv_replay_trace *tr = r->tr;
+	const struct kcl_replay_trace *tr = r->tr;
 	struct rp_row *rows = r->rows;
 	double stop_s = 0, ready_s = 0;
 	char desc[64];
 	spawn_stop(&r->srv, &stop_s, desc, sizeof desc);
-	ksv_child_free(&r->srv);
+	kcl_child_free(&r->srv);
 	if (spawn_init(&r->srv, o->spawn, "--disable-prefix-cache", o->server_log, o->ready_timeout_s,
 		       o->stop_timeout_s) ||
 	    spawn_start(&r->srv, &ready_s)) {
@@ -644,9 +644,9 @@ static void run_cold(struct replay *r)
 	}
 	char b[200];
 	snprintf(b, sizeof b, "%s/v1", r->srv.url);
-	ksv_url_parse(b, &r->u);
+	kcl_url_parse(b, &r->u);
 	fprintf(r->out.table, "\ncold server (--disable-prefix-cache) ready on %s in %.2f s\n", r->srv.url, ready_s);
-	struct ksv_replay_result *cold = calloc(tr->n, sizeof *cold);
+	struct kcl_replay_result *cold = calloc(tr->n, sizeof *cold);
 	r->speed_ttft = calloc(r->total, sizeof *r->speed_ttft);
 	r->speed_total = calloc(r->total, sizeof *r->speed_total);
 	if (!cold || !r->speed_ttft || !r->speed_total) {
@@ -661,7 +661,7 @@ static void run_cold(struct replay *r)
 	for (size_t i = 0; i < tr->n; i++) {
 		run_item(&r->u, &tr->items[i], o->max_tokens, o->model, r->timeout_ms, &cold[i]);
 		/* the first pass's row of this item is what the cold one is set against */
-		const struct ksv_replay_result *wr = &rows[i].r;
+		const struct kcl_replay_result *wr = &rows[i].r;
 		char wt[24], ct[24], wo[24], co[24], s1[24] = "-", s2[24] = "-", p[24], c[24];
 		fmt_ms(wt, sizeof wt, wr->ttft_s);
 		fmt_ms(ct, sizeof ct, cold[i].ttft_s);
@@ -678,7 +678,7 @@ static void run_cold(struct replay *r)
 		fflush(r->out.table);
 	}
 	for (size_t k = 0; k < r->seq; k++) {
-		const struct ksv_replay_result *cr = &cold[rows[k].item];
+		const struct kcl_replay_result *cr = &cold[rows[k].item];
 		rows[k].have_cold = 1;
 		rows[k].cold = *cr;
 		if (rows[k].r.ok && cr->ok && rows[k].r.ttft_s > 0 && cr->ttft_s > 0)
@@ -686,7 +686,7 @@ static void run_cold(struct replay *r)
 		if (rows[k].r.ok && cr->ok && rows[k].r.total_s > 0)
 			r->speed_total[r->n_sp_total++] = cr->total_s / rows[k].r.total_s;
 	}
-	ksv_replay_summarize(cold, tr->n, &r->cold_sum);
+	kcl_replay_summarize(cold, tr->n, &r->cold_sum);
 	r->have_cold = 1;
 	free(cold);
 }
@@ -699,8 +699,8 @@ static void print_summary(const struct replay *r)
 	summary_line(t, "summary", &r->sum);
 	if (r->have_cold) {
 		summary_line(t, "cold   ", &r->cold_sum);
-		double m1 = ksv_replay_quantile(r->speed_ttft, r->n_sp_ttft, 0.5),
-		       m2 = ksv_replay_quantile(r->speed_total, r->n_sp_total, 0.5);
+		double m1 = kcl_replay_quantile(r->speed_ttft, r->n_sp_ttft, 0.5),
+		       m2 = kcl_replay_quantile(r->speed_total, r->n_sp_total, 0.5);
 		fprintf(t, "speedup over cold: ttft p50 %.2fx, total p50 %.2fx\n", isnan(m1) ? 0.0 : m1,
 			isnan(m2) ? 0.0 : m2);
 	}
@@ -716,7 +716,7 @@ static void print_json(const struct replay *r)
 	size_t ev = 0;
 	for (size_t k = 0; k < r->seq; k++) {
 		const struct rp_row *w = &rows[k];
-		const struct ksv_replay_item *it = &r->tr->items[w->item];
+		const struct kcl_replay_item *it = &r->tr->items[w->item];
 		json_t *o = result_json(&w->r);
 		json_t *head = json_pack("{s:s, s:I, s:i, s:I, s:s, s:i, s:b, s:b}", "type", "request", "n",
 					 (json_int_t)(k + 1), "pass", w->pass, "index", (json_int_t)(w->item + 1), "source",
@@ -765,9 +765,9 @@ static void print_json(const struct replay *r)
 	json_object_set(s, "server_starts", r->starts);
 	if (r->have_cold) {
 		json_t *c = summary_json(&r->cold_sum);
-		json_object_set_new(c, "speedup_ttft_p50", jnum_or_null(ksv_replay_quantile(r->speed_ttft, r->n_sp_ttft, 0.5)));
+		json_object_set_new(c, "speedup_ttft_p50", jnum_or_null(kcl_replay_quantile(r->speed_ttft, r->n_sp_ttft, 0.5)));
 		json_object_set_new(c, "speedup_total_p50",
-				    jnum_or_null(ksv_replay_quantile(r->speed_total, r->n_sp_total, 0.5)));
+				    jnum_or_null(kcl_replay_quantile(r->speed_total, r->n_sp_total, 0.5)));
 		json_object_set_new(s, "cold", c);
 	} else {
 		json_object_set_new(s, "cold", json_null());
@@ -784,14 +784,14 @@ static int cmd_bench_replay(int argc, char **argv)
 		return rc == 1 ? 0 : 2;
 	const struct rp_opts *o = &r.o;
 
-	rc = o->trace_path ? ksv_replay_load_jsonl(o->trace_path, &r.tr) : ksv_replay_load_dir(o->dir, &r.tr);
+	rc = o->trace_path ? kcl_replay_load_jsonl(o->trace_path, &r.tr) : kcl_replay_load_dir(o->dir, &r.tr);
 	if (rc) {
 		fprintf(stderr, "kvkeep bench replay: %s\n", kv_errmsg());
 		return 1;
 	}
 	if (r.tr->n == 0) {
 		fprintf(stderr, "kvkeep bench replay: %s holds no requests\n", o->trace_path ? o->trace_path : o->dir);
-		ksv_replay_trace_free(r.tr);
+		kcl_replay_trace_free(r.tr);
 		return 1;
 	}
 	for (size_t i = 0; i < r.tr->n; i++)
@@ -810,7 +810,7 @@ static int cmd_bench_replay(int argc, char **argv)
 				r.tr->n, (long long)o->repeat);
 		else
 			fprintf(stderr, "kvkeep bench replay: out of memory\n");
-		ksv_replay_trace_free(r.tr);
+		kcl_replay_trace_free(r.tr);
 		free(r.rows);
 		json_decref(r.starts);
 		json_decref(r.restart_events);
@@ -838,12 +838,12 @@ static int cmd_bench_replay(int argc, char **argv)
 	char desc[64];
 	if (r.srv.pid > 0)
 		spawn_stop(&r.srv, &stop_s, desc, sizeof desc);
-	ksv_child_free(&r.srv);
+	kcl_child_free(&r.srv);
 
-	struct ksv_replay_result *flat = calloc(r.seq ? r.seq : 1, sizeof *flat);
+	struct kcl_replay_result *flat = calloc(r.seq ? r.seq : 1, sizeof *flat);
 	for (size_t k = 0; flat && k < r.seq; k++)
 		flat[k] = r.rows[k].r;
-	ksv_replay_summarize(flat, flat ? r.seq : 0, &r.sum);
+	kcl_replay_summarize(flat, flat ? r.seq : 0, &r.sum);
 	free(flat);
 	size_t n_failed = r.sum.failed;
 	if (r.seq > 0)
@@ -855,7 +855,7 @@ static int cmd_bench_replay(int argc, char **argv)
 	free(r.rows);
 	json_decref(r.starts);
 	json_decref(r.restart_events);
-	ksv_replay_trace_free(r.tr);
+	kcl_replay_trace_free(r.tr);
 	if (r.fatal)
 		return r.fatal == 2 ? 2 : 1;
 	return n_failed ? 3 : 0;

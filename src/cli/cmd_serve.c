@@ -125,6 +125,15 @@ static int cmd_serve(int argc, char **argv)
 		 "repetition_penalty of requests that set none, > 0 (default: generation_config, else 1)"},
 		{"no-reasoning-split", KV_FLAG_BOOL, &no_split, NULL,
 		 "leave <think>...</think> in content instead of reasoning_content (default: split)"},
+		{"reasoning-history", KV_FLAG_STR, &o.reasoning_history, "keep|template",
+		 "keep: render the reasoning of every assistant turn a request carries, also where the template "
+		 "drops it, so the history stays what was generated and cached; template: the template to the letter "
+		 "(no reasoning kept, no answers restored) (default keep)"},
+		{"echo-generated", KV_FLAG_STR, &o.echo_generated, "on|off",
+		 "remember the exact tokens of every answer and use them when a client sends the answer back "
+		 "(default on)"},
+		{"echo-generated-mb", KV_FLAG_INT, &o.echo_generated_mb, "MB",
+		 "memory for those answers per cache namespace, least recently used out (default 32)"},
 		{"max-body-mb", KV_FLAG_INT, &o.max_body_mb, "MB", "largest request body, else 413 (default 32)"},
 		{"max-connections", KV_FLAG_INT, &o.max_connections, "N", "concurrent connections (default 512)"},
 		{"header-timeout-ms", KV_FLAG_INT, &o.header_timeout_ms, "MS",

@@ -32,6 +32,9 @@ void ksv_opts_default(struct ksv_opts *o)
 	o->max_model_len = 0;
 	o->default_max_tokens = 2048;
 	o->split_reasoning = 1;
+	o->reasoning_history = "keep";
+	o->echo_generated = "on";
+	o->echo_generated_mb = 32;
 	o->prompt_normalize = "billing-header";
 	o->generation_config = "auto";
 	for (int i = 0; i < KV_GC_N; i++)
@@ -88,6 +91,12 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--max-model-len must be 0-16777216");
 	if (o->default_max_tokens < 1)
 		return kv_fail(KV_ERR_INVALID, "--default-max-tokens must be >= 1");
+	if (strcmp(o->reasoning_history, "keep") && strcmp(o->reasoning_history, "template"))
+		return kv_fail(KV_ERR_INVALID, "--reasoning-history must be keep or template");
+	if (strcmp(o->echo_generated, "on") && strcmp(o->echo_generated, "off"))
+		return kv_fail(KV_ERR_INVALID, "--echo-generated must be on or off");
+	if (o->echo_generated_mb < 1 || o->echo_generated_mb > 1 << 20)
+		return kv_fail(KV_ERR_INVALID, "--echo-generated-mb must be 1-1048576");
 	if (!o->generation_config || !*o->generation_config)
 		return kv_fail(KV_ERR_INVALID, "--generation-config must be auto, none or a folder");
 	for (int i = 0; i < KV_GC_N; i++) {

@@ -56,6 +56,9 @@ struct ksv_opts {
 	int64_t max_model_len;            /* --max-model-len; 0 = the config's max_position_embeddings */
 	int64_t default_max_tokens;       /* --default-max-tokens, when a request gives none: 2048 */
 	int split_reasoning;              /* 1 unless --no-reasoning-split */
+	const char *reasoning_history;    /* --reasoning-history keep|template, default keep */
+	const char *echo_generated;       /* --echo-generated on|off, default on (session/echo.h) */
+	int64_t echo_generated_mb;        /* --echo-generated-mb: its memory per namespace, default 32 */
 	const char *prompt_normalize;     /* --prompt-normalize RULES (normalize.h), default "billing-header" */
 	int special_tokens_in_request;    /* --special-tokens-in-request: literals in request text become
 					     control tokens (Hugging Face); default 0: plain text */

@@ -514,13 +514,10 @@ static int check_unsupported(struct ksv_req *r, const json_t *b)
 	return KV_OK;
 }
 
-static int parse_common(struct ksv_req *r, const char *body, size_t len, int max_depth)
+/* The parsed body (its reference taken), an object, and its model. */
+static int parse_common(struct ksv_req *r, json_t *body)
 {
-	int rc = kv_json_parse("request body", body, len, max_depth, &r->body);
-	if (rc) {
-		snprintf(r->err_param, sizeof r->err_param, "%s", "");
-		return rc;
-	}
+	r->body = body;
 	if (!json_is_object(r->body))
 		return bad(r, "body", "must be a JSON object, got %s", type_name(r->body));
 	json_t *m = json_object_get(r->body, "model");
@@ -534,16 +531,31 @@ static int parse_common(struct ksv_req *r, const char *body, size_t len, int max
 	return KV_OK;
 }
 
-int ksv_req_parse(int api, const char *body, size_t len, int max_depth, struct ksv_req *r)
+static void req_init(struct ksv_req *r, int api)
 {
-	int rc;
-	int64_t iv;
-
 	memset(r, 0, sizeof *r);
 	r->api = api;
 	r->max_tokens = -1;
 	r->enable_thinking = -1;
-	if ((rc = parse_common(r, body, len, max_depth)))
+}
+
+int ksv_req_parse(int api, const char *body, size_t len, int max_depth, struct ksv_req *r)
+{
+	json_t *j = NULL;
+	req_init(r, api);
+	int rc = kv_json_parse("request body", body, len, max_depth, &j);
+	if (rc)
+		return rc;
+	return ksv_req_parse_json(api, j, r);
+}
+
+int ksv_req_parse_json(int api, json_t *body, struct ksv_req *r)
+{
+	int rc;
+	int64_t iv;
+
+	req_init(r, api);
+	if ((rc = parse_common(r, body)))
 		return rc;
 	const json_t *b = r->body;
 	if (api == KSV_API_CHAT) {
@@ -615,12 +627,12 @@ int ksv_req_parse(int api, const char *body, size_t len, int max_depth, struct k
 
 int ksv_req_parse_probe(const char *body, size_t len, int max_depth, struct ksv_req *r)
 {
-	int rc;
-	memset(r, 0, sizeof *r);
-	r->api = KSV_API_CHAT;
-	r->max_tokens = -1;
-	r->enable_thinking = -1;
-	if ((rc = parse_common(r, body, len, max_depth)))
+	json_t *j = NULL;
+	req_init(r, KSV_API_CHAT);
+	int rc = kv_json_parse("request body", body, len, max_depth, &j);
+	if (rc)
+		return rc;
+	if ((rc = parse_common(r, j)))
 		return rc;
 	if ((rc = parse_messages(r, json_object_get(r->body, "messages"))))
 		return rc;

@@ -85,6 +85,7 @@ struct ksv_req {
 	int top_logprobs;          /* 0..20 alternatives per token */
 	int enable_thinking;       /* -1 unset, 0, 1 */
 	int ignore_eos;            /* vLLM extension: keep generating past end-of-sequence tokens */
+	int encrypted_reasoning;   /* Responses: include has "reasoning.encrypted_content" */
 	char err_param[96];        /* on error: the offending field's path */
 };
 
@@ -95,6 +96,9 @@ struct ksv_req {
  * sees them).
  */
 int ksv_req_parse(int api, const char *body, size_t len, int max_depth, struct ksv_req *req);
+/* The same from a parsed body, whose reference it takes (req->body):
+ * the Messages and Responses translations hand their chat body here. */
+int ksv_req_parse_json(int api, json_t *body, struct ksv_req *req);
 void ksv_req_free(struct ksv_req *req);
 
 /*

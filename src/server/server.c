@@ -35,9 +35,8 @@
 #include "server/httpd.h"
 #include "server/metrics.h"
 #include "server/openai.h"
-#include "server/output.h"
 #include "server/request.h"
-#include "server/sched.h"
+#include "server/queue.h"
 #include "store/dir.h"
 #include "store/ns.h"
 #include "store/store.h"
@@ -150,7 +149,7 @@ static void handle_cache_info(struct ksv_server *s, struct ksv_conn *c)
 	json_t *ad = json_object();
 	json_object_set_new(ad, "memory_cap_bytes", json_integer((json_int_t)s->mem_cap));
 	json_object_set_new(ad, "memory_used_bytes", json_integer((json_int_t)kv_mem_total()));
-	json_object_set_new(ad, "per_request_bytes", json_integer((json_int_t)ksv_gen_request_overhead(s)));
+	json_object_set_new(ad, "per_request_bytes", json_integer((json_int_t)kss_service_request_overhead(s->svc)));
 	json_object_set_new(ad, "kv_bytes_per_token", json_integer((json_int_t)s->lay->kv_bytes_per_token));
 	json_object_set_new(j, "admission", ad);
 	json_object_set_new(p, "checkpoint_stride", json_integer(pol->stride));
@@ -728,8 +727,8 @@ static void scrape(void *ctx, struct ksv_metrics *m)
 		ksv_series_set(ksv_series_get(s->f_mem_peak, "category", kv_mem_cat_name(i), NULL), (double)kv_mem_peak(i));
 	}
 	ksv_metrics_set(s->f_pages, (double)kv_pages_in_use(ke_model_pages(s->model)));
-	ksv_metrics_set(s->f_running, ksv_sched_running(s->sched));
-	ksv_metrics_set(s->f_waiting, ksv_sched_queued(s->sched));
+	ksv_metrics_set(s->f_running, ksv_queue_running(s->queue));
+	ksv_metrics_set(s->f_waiting, ksv_queue_queued(s->queue));
 	struct engine_view ev = {.max_running = s->max_running};
 	kss_sched_stats(s->engine, &ev.es);
 	stat_scrape(engine_rows, N_ROWS(engine_rows), s->fe, &ev);
@@ -943,7 +942,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 			kv_tok_vocab_size(s->tok), s->vocab);
 	s->ctx_len = o->max_model_len > 0 ? (int)o->max_model_len : s->cfg->max_positions > 0 ? s->cfg->max_positions : 32768;
 	setup_sampling(s);
-	if ((rc = ksv_gen_token_table(s)))
+	if ((rc = kv_tokbytes_build(s->tok, s->vocab, &s->tb)))
 		goto fail;
 
 	/* the cache's own resolution of the flags and environment (budget,
@@ -989,6 +988,8 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		goto fail;
 	cp.mem_used = cache_mem_used;
 	cp.policy = &s->policy;
+	/* the server's own answers, per namespace (session/echo.h) */
+	cp.echo_bytes = !strcmp(o->echo_generated, "on") ? (uint64_t)o->echo_generated_mb * MiB : 0;
 	s->mem_cap = cp.mem_cap;
 	s->cache_params = cp;
 	if ((rc = kc_cache_create(&cp, &s->cache)))
@@ -1011,7 +1012,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		/* as many as 4, while each gets a share of the memory left for
 		 * work (half of it; the other half for the cache to grow into)
 		 * of its scratch plus 2048 tokens of KV */
-		uint64_t per = ksv_gen_request_overhead(s) + 2048ull * s->lay->kv_bytes_per_token;
+		uint64_t per = kss_request_overhead(s->model, (int)o->prefill_chunk) + 2048ull * s->lay->kv_bytes_per_token;
 		uint64_t used = kv_mem_total();
 		s->max_running = 4;
 		if (s->mem_cap) {
@@ -1026,8 +1027,20 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 				      .chunk = o->prefill_chunk < 8192 ? (int)o->prefill_chunk : 8192};
 	if ((rc = kss_sched_create(&ep, &s->engine)))
 		goto fail;
-	s->sched = ksv_sched_create(s->max_running, (int)o->max_queue);
-	if (!s->sched) {
+	struct kss_service_params svp = {.model = s->model,
+					 .tok = s->tok,
+					 .tb = &s->tb,
+					 .reg = s->reg,
+					 .cache = s->cache,
+					 .engine = s->engine,
+					 .eos = s->eos,
+					 .n_eos = s->n_eos,
+					 .mem_cap = s->mem_cap,
+					 .prefill_chunk = (int)o->prefill_chunk};
+	if ((rc = kss_service_create(&svp, &s->svc)))
+		goto fail;
+	s->queue = ksv_queue_create(s->max_running, (int)o->max_queue);
+	if (!s->queue) {
 		rc = KV_ERR_NOMEM;
 		goto fail;
 	}
@@ -1097,12 +1110,12 @@ int ksv_server_run(struct ksv_server *s)
 			break;
 	}
 	uint64_t t0 = kv_now_ns();
-	KV_INFO("serve.stopping", "running=%d waiting=%d", ksv_sched_running(s->sched), ksv_sched_queued(s->sched));
+	KV_INFO("serve.stopping", "running=%d waiting=%d", ksv_queue_running(s->queue), ksv_queue_queued(s->queue));
 	atomic_store(&s->stopping, 1);
 	ksv_httpd_quiesce(s->http);
 	/* queued requests are cancelled, running ones stop at the next step */
-	ksv_sched_close(s->sched, 1);
-	for (int i = 0; i < 200 && ksv_sched_running(s->sched) > 0; i++)
+	ksv_queue_close(s->queue, 1);
+	for (int i = 0; i < 200 && ksv_queue_running(s->queue) > 0; i++)
 		kv_sleep_ms(10);
 	/* the shutdown flush gets what is left of the SIGTERM budget */
 	if (s->store) {
@@ -1134,10 +1147,11 @@ void ksv_server_destroy(struct ksv_server *s)
 {
 	if (!s)
 		return;
-	if (s->sched)
-		ksv_sched_close(s->sched, 1);
+	if (s->queue)
+		ksv_queue_close(s->queue, 1);
 	ksv_httpd_stop(s->http); /* joins connection threads: no handler runs after this */
-	ksv_sched_destroy(s->sched);
+	ksv_queue_destroy(s->queue);
+	kss_service_destroy(s->svc);
 	kss_sched_destroy(s->engine); /* after the workers: no forward is in flight */
 	kss_registry_destroy(s->reg); /* the salted namespaces */
 	ks_store_close(s->store); /* before the cache: its writer holds cache views */
@@ -1147,9 +1161,7 @@ void ksv_server_destroy(struct ksv_server *s)
 	kv_tok_free(s->tok);
 	ksv_metrics_destroy(s->m);
 	ksv_recent_destroy(s->recent);
-	free(s->tb_off);
-	free(s->tb_len);
-	free(s->tb_data);
+	kv_tokbytes_free(&s->tb);
 	if (s->stop_pipe[0] >= 0)
 		close(s->stop_pipe[0]);
 	if (s->stop_pipe[1] >= 0)

@@ -1,6 +1,6 @@
 /*
- * server_int.h - what server.c (lifecycle, routes, metrics), reply.c (answers) and gen.c (a
- * generation request from body to answer) share. Private to src/server.
+ * server_int.h - what server.c (lifecycle, routes, metrics), reply.c (answers), prompt.c
+ * (rendering) and gen.c (a generation request over HTTP) share. Private to src/server.
  */
 #ifndef KV_SERVER_SERVER_INT_H
 #define KV_SERVER_SERVER_INT_H
@@ -18,20 +18,21 @@
 #include "text/template.h"
 #include "text/tokenizer.h"
 #include "text/stop.h"
+#include "text/tokbytes.h"
 #include "server/httpd.h"
 #include "server/metrics.h"
 #include "server/options.h"
 #include "server/recent.h"
-#include "server/sched.h"
+#include "server/wire.h"
+#include "server/queue.h"
+#include "session/explain.h"
 #include "session/registry.h"
+#include "session/request.h"
 #include "session/sched.h"
 #include "store/store.h"
 
 #define JSON_MAX_DEPTH 64
 
-/* The API a generation request came in through: its body's shape, its
- * answer's shape and its errors' shape. */
-enum ksv_wire { KSV_WIRE_OPENAI = 0, KSV_WIRE_ANTHROPIC, KSV_WIRE_RESPONSES };
 #define MiB (1024ull * 1024ull)
 
 struct ksv_server {
@@ -44,10 +45,10 @@ struct ksv_server {
 	const struct ke_layout *lay;
 	struct kc_cache *cache;
 	struct ks_store *store;           /* the disk tier (NULL: none, e.g. --disable-prefix-cache) */
-	struct ksv_sched *sched;          /* the request queue: max_running workers */
+	struct ksv_queue *queue;          /* the request queue: max_running workers */
 	struct kss_sched *engine;         /* the engine's scheduler (session/sched.h) */
+	struct kss_service *svc;          /* a request's path below HTTP (session/request.h) */
 	int max_running;
-	atomic_uint_fast64_t reserved;    /* admission projections of the requests running now */
 	struct ksv_metrics *m;
 	struct ksv_httpd *http;
 	int vocab;
@@ -69,10 +70,7 @@ struct ksv_server {
 	uint64_t budget_total;            /* RAM tier budget, shared by all namespaces */
 	struct kss_registry *reg;         /* every namespace: default + salted (session/registry.h) */
 	int64_t created;
-	/* token id -> raw bytes, for logprobs */
-	uint32_t *tb_off;
-	uint16_t *tb_len;
-	char *tb_data;
+	struct kv_tokbytes tb;            /* token id -> raw bytes, for logprobs */
 	/* stop */
 	int stop_pipe[2];
 	atomic_int stopping;
@@ -94,18 +92,39 @@ void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const
 void ksv_reply_error_wire(struct ksv_server *s, struct ksv_conn *c, int wire, int status, const char *param,
 			  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
+/* prompt.c: a request's prompt, rendered (or tokenized) */
+struct ksv_prompt {
+	int32_t *tokens;          /* n_tokens (malloc'd) */
+	uint32_t n_tokens;
+	uint32_t *bounds;         /* message boundaries, ascending, in (0, n_tokens) (malloc'd) */
+	size_t n_bounds;
+	int in_think;             /* the generation prompt opened a think block */
+	/* where the generation prompt starts (the end of the last message),
+	 * for the answer's record (session/echo.h); gp_text NULL: unknown */
+	uint32_t gp_tok;
+	char *gp_text;            /* the generation prompt's text (malloc'd) */
+	size_t gp_len;
+	/* the server's own answers the prompt restored (session/echo.h) */
+	uint32_t *restored;       /* their message indices (malloc'd) */
+	size_t n_restored;
+};
+/* Render a chat request's messages (or tokenize a completion's prompt)
+ * into pr; salt: the request's namespace (its remembered answers). 0, or
+ * the HTTP status of the failure (400 with the field in param, 500) with
+ * the message in kv_errmsg(). */
+int ksv_prompt_make(struct ksv_server *s, const struct ksv_req *r, const char *salt, struct ksv_prompt *pr,
+		    char *param, size_t cap);
+/* Append text's tokens to the prompt (*n: how many). */
+int ksv_prompt_append(struct ksv_server *s, struct ksv_prompt *pr, const char *text, uint32_t *n);
+void ksv_prompt_free(struct ksv_prompt *pr);
+
 /* gen.c */
-/* The token id -> raw bytes table used for logprobs. */
-int ksv_gen_token_table(struct ksv_server *s);
 /* POST /v1/chat/completions (api KSV_API_CHAT, wire OPENAI),
  * /v1/completions (KSV_API_COMPLETION), /v1/messages (KSV_API_CHAT, wire
  * ANTHROPIC) and /v1/responses (KSV_API_CHAT, wire RESPONSES). */
 void ksv_gen_handle(struct ksv_server *s, const struct ksv_request *rq, int api, int wire);
 /* POST /v1/messages/count_tokens. */
 void ksv_gen_count_tokens(struct ksv_server *s, const struct ksv_request *rq);
-/* Memory a generation needs besides its KV (recurrent state, scratch,
- * logits): the admission projection's constant part. */
-uint64_t ksv_gen_request_overhead(const struct ksv_server *s);
 /* POST /v1/cache/probe. */
 void ksv_gen_probe(struct ksv_server *s, const struct ksv_request *rq);
 

@@ -1,5 +1,5 @@
 /*
- * test_server_sched.c - src/server/sched: FIFO order, the queue bound (an
+ * test_server_queue.c - src/server/queue: FIFO order, the queue bound (an
  * idle worker does not count as waiting), cancelling a queued job (it
  * never runs) and a running one (its flag is set and it stops), close and
  * destroy with jobs in flight, the done callback that may free its job;
@@ -9,7 +9,7 @@
 #include "base/clock.h"
 #include "base/err.h"
 #include "server/options.h"
-#include "server/sched.h"
+#include "server/queue.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -56,10 +56,10 @@ static void init(struct tjob *t, int id, int block_ms, int *order, atomic_int *n
 }
 
 /* Wait until the scheduler runs `n` jobs (bounded). */
-static int wait_running(struct ksv_sched *s, int n)
+static int wait_running(struct ksv_queue *s, int n)
 {
 	for (int i = 0; i < 2000; i++) {
-		if (ksv_sched_running(s) == n)
+		if (ksv_queue_running(s) == n)
 			return 1;
 		kv_sleep_ms(1);
 	}
@@ -68,17 +68,17 @@ static int wait_running(struct ksv_sched *s, int n)
 
 KT_CASE(fifo_order_and_done)
 {
-	struct ksv_sched *s = ksv_sched_create(1, 16);
+	struct ksv_queue *s = ksv_queue_create(1, 16);
 	KT_REQUIRE(s);
 	struct tjob j[8];
 	int order[8];
 	atomic_int n = 0;
 	for (int i = 0; i < 8; i++) {
 		init(&j[i], i, i == 0 ? 50 : 0, order, &n);
-		KT_OK(ksv_sched_submit(s, &j[i].job));
+		KT_OK(ksv_queue_submit(s, &j[i].job));
 	}
 	for (int i = 0; i < 8; i++)
-		KT_EQ_INT(ksv_sched_wait(s, &j[i].job), KSV_JOB_DONE);
+		KT_EQ_INT(ksv_queue_wait(s, &j[i].job), KSV_JOB_DONE);
 	KT_EQ_INT(atomic_load(&n), 8);
 	for (int i = 0; i < 8; i++) {
 		KT_EQ_INT(order[i], i);
@@ -87,104 +87,104 @@ KT_CASE(fifo_order_and_done)
 			kv_sleep_ms(1);
 		KT_EQ_INT(atomic_load(&j[i].done_calls), 1);
 	}
-	ksv_sched_destroy(s);
+	ksv_queue_destroy(s);
 }
 
 KT_CASE(queue_bound_counts_waiting_only)
 {
-	struct ksv_sched *s = ksv_sched_create(1, 1);
+	struct ksv_queue *s = ksv_queue_create(1, 1);
 	KT_REQUIRE(s);
 	struct tjob a, b, c;
 	init(&a, 1, 3000, NULL, NULL);
 	init(&b, 2, 0, NULL, NULL);
 	init(&c, 3, 0, NULL, NULL);
-	KT_OK(ksv_sched_submit(s, &a.job)); /* taken by the idle worker */
+	KT_OK(ksv_queue_submit(s, &a.job)); /* taken by the idle worker */
 	KT_REQUIRE(wait_running(s, 1));
-	KT_OK(ksv_sched_submit(s, &b.job)); /* waits: the one allowed */
-	KT_EQ_INT(ksv_sched_queued(s), 1);
-	KT_EQ_INT(ksv_sched_submit(s, &c.job), KV_ERR_FULL);
-	ksv_sched_cancel(s, &a.job);
-	KT_EQ_INT(ksv_sched_wait(s, &b.job), KSV_JOB_DONE);
-	ksv_sched_destroy(s);
+	KT_OK(ksv_queue_submit(s, &b.job)); /* waits: the one allowed */
+	KT_EQ_INT(ksv_queue_queued(s), 1);
+	KT_EQ_INT(ksv_queue_submit(s, &c.job), KV_ERR_FULL);
+	ksv_queue_cancel(s, &a.job);
+	KT_EQ_INT(ksv_queue_wait(s, &b.job), KSV_JOB_DONE);
+	ksv_queue_destroy(s);
 
 	/* max_queue 0: a request runs when the worker is free, else is refused */
-	s = ksv_sched_create(1, 0);
+	s = ksv_queue_create(1, 0);
 	init(&a, 1, 3000, NULL, NULL);
 	init(&b, 2, 0, NULL, NULL);
-	KT_OK(ksv_sched_submit(s, &a.job));
+	KT_OK(ksv_queue_submit(s, &a.job));
 	KT_REQUIRE(wait_running(s, 1));
-	KT_EQ_INT(ksv_sched_submit(s, &b.job), KV_ERR_FULL);
-	ksv_sched_cancel(s, &a.job);
-	KT_EQ_INT(ksv_sched_wait(s, &a.job), KSV_JOB_DONE);
-	KT_OK(ksv_sched_submit(s, &b.job));
-	KT_EQ_INT(ksv_sched_wait(s, &b.job), KSV_JOB_DONE);
-	ksv_sched_destroy(s);
+	KT_EQ_INT(ksv_queue_submit(s, &b.job), KV_ERR_FULL);
+	ksv_queue_cancel(s, &a.job);
+	KT_EQ_INT(ksv_queue_wait(s, &a.job), KSV_JOB_DONE);
+	KT_OK(ksv_queue_submit(s, &b.job));
+	KT_EQ_INT(ksv_queue_wait(s, &b.job), KSV_JOB_DONE);
+	ksv_queue_destroy(s);
 }
 
 KT_CASE(cancel_queued_and_running)
 {
-	struct ksv_sched *s = ksv_sched_create(1, 8);
+	struct ksv_queue *s = ksv_queue_create(1, 8);
 	KT_REQUIRE(s);
 	struct tjob a, b, c;
 	init(&a, 1, 5000, NULL, NULL);
 	init(&b, 2, 0, NULL, NULL);
 	init(&c, 3, 0, NULL, NULL);
-	KT_OK(ksv_sched_submit(s, &a.job));
+	KT_OK(ksv_queue_submit(s, &a.job));
 	KT_REQUIRE(wait_running(s, 1));
-	KT_OK(ksv_sched_submit(s, &b.job));
-	KT_OK(ksv_sched_submit(s, &c.job));
+	KT_OK(ksv_queue_submit(s, &b.job));
+	KT_OK(ksv_queue_submit(s, &c.job));
 	/* a queued job is removed and never runs */
-	KT_EQ_INT(ksv_sched_cancel(s, &b.job), 1);
-	KT_EQ_INT(ksv_sched_state(s, &b.job), KSV_JOB_CANCELLED);
-	KT_EQ_INT(ksv_sched_queued(s), 1);
+	KT_EQ_INT(ksv_queue_cancel(s, &b.job), 1);
+	KT_EQ_INT(ksv_queue_state(s, &b.job), KSV_JOB_CANCELLED);
+	KT_EQ_INT(ksv_queue_queued(s), 1);
 	/* a running job gets its flag and stops soon */
 	uint64_t t0 = kv_now_ns();
-	KT_EQ_INT(ksv_sched_cancel(s, &a.job), 0);
-	KT_EQ_INT(ksv_sched_wait(s, &a.job), KSV_JOB_DONE);
+	KT_EQ_INT(ksv_queue_cancel(s, &a.job), 0);
+	KT_EQ_INT(ksv_queue_wait(s, &a.job), KSV_JOB_DONE);
 	KT_CHECK((kv_now_ns() - t0) / 1000000 < 1000);
 	KT_EQ_INT(atomic_load(&a.saw_cancel), 1);
-	KT_EQ_INT(ksv_sched_wait(s, &c.job), KSV_JOB_DONE);
+	KT_EQ_INT(ksv_queue_wait(s, &c.job), KSV_JOB_DONE);
 	KT_EQ_INT(atomic_load(&b.ran), 0);
 	KT_EQ_INT(atomic_load(&b.done_calls), 0);
 	KT_EQ_INT(atomic_load(&c.ran), 1);
 	/* cancelling a finished job changes nothing */
-	KT_EQ_INT(ksv_sched_cancel(s, &c.job), 0);
-	KT_EQ_INT(ksv_sched_state(s, &c.job), KSV_JOB_DONE);
+	KT_EQ_INT(ksv_queue_cancel(s, &c.job), 0);
+	KT_EQ_INT(ksv_queue_state(s, &c.job), KSV_JOB_DONE);
 	/* a timed wait returns the current state */
 	struct tjob d;
 	init(&d, 4, 300, NULL, NULL);
-	KT_OK(ksv_sched_submit(s, &d.job));
-	int st = ksv_sched_wait_ms(s, &d.job, 20);
+	KT_OK(ksv_queue_submit(s, &d.job));
+	int st = ksv_queue_wait_ms(s, &d.job, 20);
 	KT_CHECK(st == KSV_JOB_QUEUED || st == KSV_JOB_RUNNING);
-	KT_EQ_INT(ksv_sched_wait(s, &d.job), KSV_JOB_DONE);
-	ksv_sched_destroy(s);
+	KT_EQ_INT(ksv_queue_wait(s, &d.job), KSV_JOB_DONE);
+	ksv_queue_destroy(s);
 }
 
 KT_CASE(close_and_destroy_in_flight)
 {
-	struct ksv_sched *s = ksv_sched_create(1, 8);
+	struct ksv_queue *s = ksv_queue_create(1, 8);
 	KT_REQUIRE(s);
 	struct tjob a, b;
 	init(&a, 1, 5000, NULL, NULL);
 	init(&b, 2, 0, NULL, NULL);
-	KT_OK(ksv_sched_submit(s, &a.job));
+	KT_OK(ksv_queue_submit(s, &a.job));
 	KT_REQUIRE(wait_running(s, 1));
-	KT_OK(ksv_sched_submit(s, &b.job));
+	KT_OK(ksv_queue_submit(s, &b.job));
 	uint64_t t0 = kv_now_ns();
-	ksv_sched_close(s, 1);
-	KT_EQ_INT(ksv_sched_state(s, &b.job), KSV_JOB_CANCELLED);
-	KT_EQ_INT(ksv_sched_submit(s, &b.job), KV_ERR_CANCELLED);
-	KT_EQ_INT(ksv_sched_wait(s, &a.job), KSV_JOB_DONE);
+	ksv_queue_close(s, 1);
+	KT_EQ_INT(ksv_queue_state(s, &b.job), KSV_JOB_CANCELLED);
+	KT_EQ_INT(ksv_queue_submit(s, &b.job), KV_ERR_CANCELLED);
+	KT_EQ_INT(ksv_queue_wait(s, &a.job), KSV_JOB_DONE);
 	KT_EQ_INT(atomic_load(&a.saw_cancel), 1);
 	KT_CHECK((kv_now_ns() - t0) / 1000000 < 1000);
-	ksv_sched_destroy(s);
+	ksv_queue_destroy(s);
 	/* destroy alone cancels too */
-	s = ksv_sched_create(2, 8);
+	s = ksv_queue_create(2, 8);
 	init(&a, 1, 5000, NULL, NULL);
-	KT_OK(ksv_sched_submit(s, &a.job));
+	KT_OK(ksv_queue_submit(s, &a.job));
 	KT_REQUIRE(wait_running(s, 1));
 	t0 = kv_now_ns();
-	ksv_sched_destroy(s);
+	ksv_queue_destroy(s);
 	KT_EQ_INT(atomic_load(&a.saw_cancel), 1);
 	KT_CHECK((kv_now_ns() - t0) / 1000000 < 1000);
 }
@@ -202,18 +202,18 @@ static void noop_run(struct ksv_job *j)
 
 KT_CASE(done_may_free_the_job)
 {
-	struct ksv_sched *s = ksv_sched_create(1, 64);
+	struct ksv_queue *s = ksv_queue_create(1, 64);
 	KT_REQUIRE(s);
 	for (int i = 0; i < 50; i++) {
 		struct ksv_job *j = calloc(1, sizeof *j);
 		j->run = noop_run;
 		j->done = free_done;
-		KT_OK(ksv_sched_submit(s, j));
+		KT_OK(ksv_queue_submit(s, j));
 	}
-	for (int i = 0; i < 1000 && (ksv_sched_queued(s) || ksv_sched_running(s)); i++)
+	for (int i = 0; i < 1000 && (ksv_queue_queued(s) || ksv_queue_running(s)); i++)
 		kv_sleep_ms(1);
-	KT_EQ_INT(ksv_sched_queued(s), 0);
-	ksv_sched_destroy(s);
+	KT_EQ_INT(ksv_queue_queued(s), 0);
+	ksv_queue_destroy(s);
 }
 
 KT_CASE(options_defaults_and_checks)

@@ -26,55 +26,55 @@
  * Events are delivered through a callback as they become certain. Nothing
  * here allocates per token beyond the held-back buffers.
  */
-#ifndef KV_SERVER_OUTPUT_H
-#define KV_SERVER_OUTPUT_H
+#ifndef KV_TEXT_OUTPUT_H
+#define KV_TEXT_OUTPUT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "base/buf.h"
 
-enum ksv_ev_kind {
-	KSV_EV_CONTENT = 0,   /* text: content delta */
-	KSV_EV_REASONING,     /* text: reasoning delta */
-	KSV_EV_TOOL_START,    /* index, name (id made by the caller) */
-	KSV_EV_TOOL_ARGS,     /* index, text: a piece of the arguments JSON */
-	KSV_EV_TOOL_END,      /* index */
+enum kv_out_kind {
+	KV_OUT_CONTENT = 0,   /* text: content delta */
+	KV_OUT_REASONING,     /* text: reasoning delta */
+	KV_OUT_TOOL_START,    /* index, name (id made by the caller) */
+	KV_OUT_TOOL_ARGS,     /* index, text: a piece of the arguments JSON */
+	KV_OUT_TOOL_END,      /* index */
 };
 
-struct ksv_ev {
+struct kv_out_ev {
 	int kind;
 	const char *text;     /* valid during the callback */
 	size_t len;
 	int index;            /* tool-call index (0, 1, ...) */
-	const char *name;     /* KSV_EV_TOOL_START */
+	const char *name;     /* KV_OUT_TOOL_START */
 };
 
-typedef void (*ksv_ev_fn)(void *ctx, const struct ksv_ev *ev);
+typedef void (*kv_out_fn)(void *ctx, const struct kv_out_ev *ev);
 
-struct ksv_out_params {
+struct kv_out_params {
 	const char *const *stop; /* stop strings (borrowed, non-empty) */
 	size_t n_stop;
 	int split_reasoning;     /* 1: split <think>...</think> out */
 	int in_think;            /* 1: the prompt ended inside an open think block */
 	const void *tools;       /* json_t array of the request's tools, NULL = no tool parsing */
 	int xml_tools;           /* 1: Qwen3.5 XML tool-call syntax, 0: Qwen3 JSON */
-	ksv_ev_fn fn;
+	kv_out_fn fn;
 	void *ctx;
 };
 
-struct ksv_out;
+struct kv_out;
 
-int ksv_out_create(const struct ksv_out_params *p, struct ksv_out **out);
-void ksv_out_destroy(struct ksv_out *o);
+int kv_out_create(const struct kv_out_params *p, struct kv_out **out);
+void kv_out_destroy(struct kv_out *o);
 /* Feed decoded text. Returns 1 once a stop string matched (ignore what
  * follows), 0 otherwise, or a negative kv_err. */
-int ksv_out_feed(struct ksv_out *o, const char *text, size_t n);
+int kv_out_feed(struct kv_out *o, const char *text, size_t n);
 /* End of generation: release everything held back (partial tags become
  * plain text, an unfinished tool call becomes content). */
-int ksv_out_finish(struct ksv_out *o);
+int kv_out_finish(struct kv_out *o);
 /* Tool calls completed so far. */
-int ksv_out_n_tool_calls(const struct ksv_out *o);
+int kv_out_n_tool_calls(const struct kv_out *o);
 
 /* --- the stop matcher alone (exposed for tests) ---------------------------- */
 
@@ -83,6 +83,6 @@ int ksv_out_n_tool_calls(const struct ksv_out *o);
  * bytes that can be released now. *hit is set to 1 when a stop string
  * starts at the returned offset (release that many bytes, then stop).
  */
-size_t ksv_stop_scan(const char *p, size_t n, const char *const *stop, size_t n_stop, int *hit);
+size_t kv_out_stop_scan(const char *p, size_t n, const char *const *stop, size_t n_stop, int *hit);
 
 #endif

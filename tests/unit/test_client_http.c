@@ -1,5 +1,5 @@
 /*
- * test_server_client.c - src/server/http_client: URL parsing, response
+ * test_client_http.c - src/client/http_client: URL parsing, response
  * framing (Content-Length, chunked, until close), the SSE parser fed at
  * every split point, timeouts and abort. The peer is a canned-bytes server
  * on a loopback socket run by a thread of this test, so the exact wire
@@ -8,7 +8,7 @@
 #include "kt.h"
 #include "base/clock.h"
 #include "base/err.h"
-#include "server/http_client.h"
+#include "client/http_client.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -94,49 +94,49 @@ static void canned_stop(struct canned *c)
 static char *roundtrip(const char *reply, int *status, int *rc_out)
 {
 	struct canned c = {0};
-	struct ksv_http *h = NULL;
-	struct ksv_http_resp r;
+	struct kcl_http *h = NULL;
+	struct kcl_http_resp r;
 	char *body = NULL;
 	size_t len;
 	int rc;
 	*rc_out = -100;
 	if (canned_start(&c, reply, strlen(reply)))
 		return NULL;
-	rc = ksv_http_connect("127.0.0.1", c.port, 5000, &h);
+	rc = kcl_http_connect("127.0.0.1", c.port, 5000, &h);
 	if (!rc)
-		rc = ksv_http_send(h, "POST", "/v1/x", "application/json", "{\"a\":1}", 7, "X-Test: 1\r\n");
+		rc = kcl_http_send(h, "POST", "/v1/x", "application/json", "{\"a\":1}", 7, "X-Test: 1\r\n");
 	if (!rc)
-		rc = ksv_http_read_head(h, &r);
+		rc = kcl_http_read_head(h, &r);
 	if (!rc) {
 		*status = r.status;
-		rc = ksv_http_read_all(h, &r, 1 << 20, &body, &len);
-		ksv_http_resp_free(&r);
+		rc = kcl_http_read_all(h, &r, 1 << 20, &body, &len);
+		kcl_http_resp_free(&r);
 	}
 	*rc_out = rc;
-	ksv_http_close(h);
+	kcl_http_close(h);
 	canned_stop(&c);
 	return body;
 }
 
 KT_CASE(url_parse)
 {
-	struct ksv_url u;
-	KT_OK(ksv_url_parse("http://127.0.0.1:8000/v1/", &u));
+	struct kcl_url u;
+	KT_OK(kcl_url_parse("http://127.0.0.1:8000/v1/", &u));
 	KT_EQ_STR(u.host, "127.0.0.1");
 	KT_EQ_INT(u.port, 8000);
 	KT_EQ_STR(u.path, "/v1");
-	KT_OK(ksv_url_parse("http://localhost", &u));
+	KT_OK(kcl_url_parse("http://localhost", &u));
 	KT_EQ_INT(u.port, 80);
 	KT_EQ_STR(u.path, "");
-	KT_OK(ksv_url_parse("http://[::1]:9/a", &u));
+	KT_OK(kcl_url_parse("http://[::1]:9/a", &u));
 	KT_EQ_STR(u.host, "::1");
 	KT_EQ_INT(u.port, 9);
-	KT_EQ_INT(ksv_url_parse("https://x", &u), KV_ERR_INVALID);
-	KT_EQ_INT(ksv_url_parse("http://:80", &u), KV_ERR_INVALID);
-	KT_EQ_INT(ksv_url_parse("http://h:0/", &u), KV_ERR_INVALID);
-	KT_EQ_INT(ksv_url_parse("http://h:99999/", &u), KV_ERR_INVALID);
-	KT_EQ_INT(ksv_url_parse("http://h:12x/", &u), KV_ERR_INVALID);
-	KT_EQ_INT(ksv_url_parse(NULL, &u), KV_ERR_INVALID);
+	KT_EQ_INT(kcl_url_parse("https://x", &u), KV_ERR_INVALID);
+	KT_EQ_INT(kcl_url_parse("http://:80", &u), KV_ERR_INVALID);
+	KT_EQ_INT(kcl_url_parse("http://h:0/", &u), KV_ERR_INVALID);
+	KT_EQ_INT(kcl_url_parse("http://h:99999/", &u), KV_ERR_INVALID);
+	KT_EQ_INT(kcl_url_parse("http://h:12x/", &u), KV_ERR_INVALID);
+	KT_EQ_INT(kcl_url_parse(NULL, &u), KV_ERR_INVALID);
 }
 
 KT_CASE(content_length_body)
@@ -192,23 +192,23 @@ KT_CASE(broken_framing_is_an_error)
 KT_CASE(request_bytes_and_headers)
 {
 	struct canned c = {0};
-	struct ksv_http *h;
-	struct ksv_http_resp r;
+	struct kcl_http *h;
+	struct kcl_http_resp r;
 	char v[64];
 	const char *reply = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nConnection: close\r\n"
 			    "Content-Length: 0\r\n\r\n";
 	KT_REQUIRE(canned_start(&c, reply, strlen(reply)) == 0);
-	KT_OK(ksv_http_connect("127.0.0.1", c.port, 5000, &h));
-	KT_OK(ksv_http_send(h, "POST", "/p", "application/json", "{}", 2, NULL));
-	KT_OK(ksv_http_read_head(h, &r));
-	KT_EQ_INT(ksv_http_header(&r, "Content-Type", v, sizeof v), 1);
+	KT_OK(kcl_http_connect("127.0.0.1", c.port, 5000, &h));
+	KT_OK(kcl_http_send(h, "POST", "/p", "application/json", "{}", 2, NULL));
+	KT_OK(kcl_http_read_head(h, &r));
+	KT_EQ_INT(kcl_http_header(&r, "Content-Type", v, sizeof v), 1);
 	KT_EQ_STR(v, "text/event-stream");
-	KT_EQ_INT(ksv_http_header(&r, "x-none", v, sizeof v), 0);
+	KT_EQ_INT(kcl_http_header(&r, "x-none", v, sizeof v), 0);
 	KT_EQ_INT(r.keep_alive, 0);
 	char buf[8];
-	KT_EQ_INT(ksv_http_read(h, &r, buf, sizeof buf), 0);
-	ksv_http_resp_free(&r);
-	ksv_http_close(h);
+	KT_EQ_INT(kcl_http_read(h, &r, buf, sizeof buf), 0);
+	kcl_http_resp_free(&r);
+	kcl_http_close(h);
 	canned_stop(&c);
 	KT_CHECK(strncmp(c.req, "POST /p HTTP/1.1\r\n", 18) == 0);
 	KT_CHECK(strcasestr(c.req, "\r\nHost: 127.0.0.1:") != NULL);
@@ -230,16 +230,16 @@ KT_CASE(sse_every_split)
 	const char *want_ev[] = {"message", "ping", "message", "message", "message"};
 	size_t n = strlen(stream);
 	for (size_t split = 0; split <= n; split++) {
-		struct ksv_sse s;
-		struct ksv_sse_event ev;
+		struct kcl_sse s;
+		struct kcl_sse_event ev;
 		int k = 0, got;
-		ksv_sse_init(&s);
+		kcl_sse_init(&s);
 		const char *parts[2] = {stream, stream + split};
 		size_t lens[2] = {split, n - split};
 		for (int pi = 0; pi < 2; pi++) {
 			size_t off = 0;
 			while (off < lens[pi]) {
-				size_t u = ksv_sse_feed(&s, parts[pi] + off, lens[pi] - off, &ev, &got);
+				size_t u = kcl_sse_feed(&s, parts[pi] + off, lens[pi] - off, &ev, &got);
 				KT_REQUIRE(u != (size_t)-1);
 				off += u;
 				if (got) {
@@ -253,32 +253,32 @@ KT_CASE(sse_every_split)
 			}
 		}
 		KT_CHECKF(k == 5, "split %zu: %d events", split, k);
-		ksv_sse_free(&s);
+		kcl_sse_free(&s);
 	}
 }
 
 KT_CASE(sse_event_size_limit)
 {
-	struct ksv_sse s;
-	struct ksv_sse_event ev;
+	struct kcl_sse s;
+	struct kcl_sse_event ev;
 	int got;
 	char big[300];
 	memset(big, 'a', sizeof big);
 	memcpy(big, "data: ", 6);
-	ksv_sse_init(&s);
+	kcl_sse_init(&s);
 	s.max_event = 100;
-	KT_EQ_U64(ksv_sse_feed(&s, big, sizeof big, &ev, &got), (size_t)-1);
-	ksv_sse_free(&s);
+	KT_EQ_U64(kcl_sse_feed(&s, big, sizeof big, &ev, &got), (size_t)-1);
+	kcl_sse_free(&s);
 }
 
 /* SSE over a chunked response, one byte at a time on the wire. */
 KT_CASE(sse_over_chunked_slow)
 {
 	struct canned c = {0};
-	struct ksv_http *h;
-	struct ksv_http_resp r;
-	struct ksv_sse s;
-	struct ksv_sse_event ev;
+	struct kcl_http *h;
+	struct kcl_http_resp r;
+	struct kcl_sse s;
+	struct kcl_sse_event ev;
 	const char *reply = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 			    "8\r\ndata: a\n\r\n"
 			    "9\r\n\ndata: bb\r\n"
@@ -287,61 +287,61 @@ KT_CASE(sse_over_chunked_slow)
 			    "0\r\n\r\n";
 	c.delay_ms = 1;
 	KT_REQUIRE(canned_start(&c, reply, strlen(reply)) == 0);
-	KT_OK(ksv_http_connect("127.0.0.1", c.port, 5000, &h));
-	KT_OK(ksv_http_send(h, "GET", "/", NULL, NULL, 0, NULL));
-	KT_OK(ksv_http_read_head(h, &r));
-	ksv_sse_init(&s);
-	KT_EQ_INT(ksv_http_next_event(h, &r, &s, &ev), 1);
+	KT_OK(kcl_http_connect("127.0.0.1", c.port, 5000, &h));
+	KT_OK(kcl_http_send(h, "GET", "/", NULL, NULL, 0, NULL));
+	KT_OK(kcl_http_read_head(h, &r));
+	kcl_sse_init(&s);
+	KT_EQ_INT(kcl_http_next_event(h, &r, &s, &ev), 1);
 	KT_EQ_STR(ev.data, "a");
-	KT_EQ_INT(ksv_http_next_event(h, &r, &s, &ev), 1);
+	KT_EQ_INT(kcl_http_next_event(h, &r, &s, &ev), 1);
 	KT_EQ_STR(ev.data, "bb");
-	KT_EQ_INT(ksv_http_next_event(h, &r, &s, &ev), 1);
+	KT_EQ_INT(kcl_http_next_event(h, &r, &s, &ev), 1);
 	KT_EQ_STR(ev.data, "c");
-	KT_EQ_INT(ksv_http_next_event(h, &r, &s, &ev), 0);
-	ksv_sse_free(&s);
-	ksv_http_resp_free(&r);
-	ksv_http_close(h);
+	KT_EQ_INT(kcl_http_next_event(h, &r, &s, &ev), 0);
+	kcl_sse_free(&s);
+	kcl_http_resp_free(&r);
+	kcl_http_close(h);
 	canned_stop(&c);
 }
 
 KT_CASE(timeout_and_abort)
 {
 	struct canned c = {0};
-	struct ksv_http *h;
-	struct ksv_http_resp r;
+	struct kcl_http *h;
+	struct kcl_http_resp r;
 	c.hold_ms = 1500; /* never answers */
 	KT_REQUIRE(canned_start(&c, "", 0) == 0);
-	KT_OK(ksv_http_connect("127.0.0.1", c.port, 300, &h));
-	KT_OK(ksv_http_send(h, "GET", "/", NULL, NULL, 0, NULL));
+	KT_OK(kcl_http_connect("127.0.0.1", c.port, 300, &h));
+	KT_OK(kcl_http_send(h, "GET", "/", NULL, NULL, 0, NULL));
 	uint64_t t0 = kv_now_ns();
-	KT_EQ_INT(ksv_http_read_head(h, &r), KV_ERR_TIMEOUT);
+	KT_EQ_INT(kcl_http_read_head(h, &r), KV_ERR_TIMEOUT);
 	double el = (double)(kv_now_ns() - t0) / 1e9;
 	KT_CHECKF(el > 0.25 && el < 1.2, "timeout took %.3f s", el);
 	/* abort from this thread before the call: returns at once */
-	ksv_http_set_timeout(h, 0);
-	ksv_http_abort(h);
+	kcl_http_set_timeout(h, 0);
+	kcl_http_abort(h);
 	t0 = kv_now_ns();
-	KT_EQ_INT(ksv_http_read_head(h, &r), KV_ERR_CANCELLED);
+	KT_EQ_INT(kcl_http_read_head(h, &r), KV_ERR_CANCELLED);
 	KT_CHECK((double)(kv_now_ns() - t0) / 1e9 < 0.5);
-	ksv_http_close(h);
+	kcl_http_close(h);
 	canned_stop(&c);
 }
 
 KT_CASE(connect_refused)
 {
-	struct ksv_http *h = NULL;
+	struct kcl_http *h = NULL;
 	/* bind a port, close it, connect: refused */
 	struct canned c = {0};
 	KT_REQUIRE(canned_start(&c, "", 0) == 0);
 	int port = c.port;
 	/* let the canned thread finish by connecting once */
-	KT_OK(ksv_http_connect("127.0.0.1", port, 1000, &h));
-	ksv_http_close(h);
+	KT_OK(kcl_http_connect("127.0.0.1", port, 1000, &h));
+	kcl_http_close(h);
 	canned_stop(&c);
 	h = NULL;
-	KT_EQ_INT(ksv_http_connect("127.0.0.1", port, 1000, &h), KV_ERR_IO);
+	KT_EQ_INT(kcl_http_connect("127.0.0.1", port, 1000, &h), KV_ERR_IO);
 	KT_CHECK(h == NULL);
-	KT_EQ_INT(ksv_http_connect("", 80, 1000, &h), KV_ERR_INVALID);
+	KT_EQ_INT(kcl_http_connect("", 80, 1000, &h), KV_ERR_INVALID);
 }
 
 KT_CASE(fetch_one_shot)
@@ -353,7 +353,7 @@ KT_CASE(fetch_one_shot)
 	int st = 0;
 	KT_REQUIRE(canned_start(&c, reply, strlen(reply)) == 0);
 	snprintf(url, sizeof url, "http://127.0.0.1:%d/v1/models", c.port);
-	KT_OK(ksv_http_fetch(url, "GET", NULL, 0, 5000, &st, &body, &len));
+	KT_OK(kcl_http_fetch(url, "GET", NULL, 0, 5000, &st, &body, &len));
 	canned_stop(&c);
 	KT_EQ_INT(st, 404);
 	KT_EQ_STR(body, "{}");

@@ -15,9 +15,9 @@
  *           as numbers (GNU strverscmp: 2.json before 10.json, as `ls -v`),
  *           so recorders that do not zero-pad still replay in order.
  * Bodies are kept as parsed (jansson keeps key order) and sent unchanged
- * except for the fields ksv_replay_prepare sets.
+ * except for the fields kcl_replay_prepare sets.
  *
- * What is measured per request (ksv_replay_result): the HTTP status; from
+ * What is measured per request (kcl_replay_result): the HTTP status; from
  * the stream's usage object (the last non-null one; OpenAI sends it in a
  * final chunk with empty choices when stream_options.include_usage is
  * set) prompt_tokens, completion_tokens and
@@ -29,41 +29,41 @@
  * Ownership: a trace owns its items and their bodies; results own nothing
  * (fixed-size strings).
  */
-#ifndef KV_SERVER_REPLAY_H
-#define KV_SERVER_REPLAY_H
+#ifndef KV_CLIENT_REPLAY_H
+#define KV_CLIENT_REPLAY_H
 
 #include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "server/http_client.h"
+#include "client/http_client.h"
 
 #define KSV_REPLAY_MAX_TRACE ((size_t)2 << 30)  /* bytes of a JSONL trace we read */
 #define KSV_REPLAY_MAX_BODY ((size_t)256 << 20) /* bytes of one folder-mode body */
 
 /* --- traces --------------------------------------------------------------- */
 
-struct ksv_replay_item {
+struct kcl_replay_item {
 	char *source;  /* "FILE:LINE" or "DIR/NAME.json"; malloc'd */
 	json_t *body;  /* the request body (a JSON object); NULL for a bad item */
 	char *error;   /* why the item is bad (malloc'd); NULL for a good one */
 };
 
-struct ksv_replay_trace {
-	struct ksv_replay_item *items; /* n items in replay order */
+struct kcl_replay_trace {
+	struct kcl_replay_item *items; /* n items in replay order */
 	size_t n;
 };
 
 /* Parse JSONL bytes. `what` prefixes item sources ("trace.jsonl"). Bad lines
  * become bad items; only running out of memory fails. *out: free with
- * ksv_replay_trace_free. */
-int ksv_replay_load_jsonl_mem(const char *what, const char *p, size_t n, struct ksv_replay_trace **out);
+ * kcl_replay_trace_free. */
+int kcl_replay_load_jsonl_mem(const char *what, const char *p, size_t n, struct kcl_replay_trace **out);
 /* Read a JSONL file (at most KSV_REPLAY_MAX_TRACE bytes) through kv_io. */
-int ksv_replay_load_jsonl(const char *path, struct ksv_replay_trace **out);
+int kcl_replay_load_jsonl(const char *path, struct kcl_replay_trace **out);
 /* Read every *.json file of a folder, in strverscmp order. A folder with no
  * such file is KV_ERR_NOT_FOUND. */
-int ksv_replay_load_dir(const char *dir, struct ksv_replay_trace **out);
-void ksv_replay_trace_free(struct ksv_replay_trace *t);
+int kcl_replay_load_dir(const char *dir, struct kcl_replay_trace **out);
+void kcl_replay_trace_free(struct kcl_replay_trace *t);
 
 /*
  * The body to send: a copy of `body` with "stream": true,
@@ -75,12 +75,12 @@ void ksv_replay_trace_free(struct ksv_replay_trace *t);
  * traces name whatever model the client used). Every other field goes out
  * unchanged. *out is malloc'd compact JSON (free()).
  */
-int ksv_replay_prepare(const json_t *body, int64_t max_tokens, const char *model, char **out, size_t *len);
+int kcl_replay_prepare(const json_t *body, int64_t max_tokens, const char *model, char **out, size_t *len);
 
 /* --- one streamed response ------------------------------------------------ */
 
 /* Accumulates what one SSE response says. Counters are -1 until seen. */
-struct ksv_replay_stream {
+struct kcl_replay_stream {
 	int64_t prompt_tokens;
 	int64_t cached_tokens;     /* usage.prompt_tokens_details.cached_tokens */
 	int64_t completion_tokens;
@@ -92,14 +92,14 @@ struct ksv_replay_stream {
 	char error[256];           /* an in-stream {"error": ...} message, "" if none */
 };
 
-void ksv_replay_stream_init(struct ksv_replay_stream *s);
+void kcl_replay_stream_init(struct kcl_replay_stream *s);
 /* Account one event's data (the joined data: lines), received `t` seconds
  * after the request started. Never fails: malformed events are counted. */
-void ksv_replay_stream_event(struct ksv_replay_stream *s, const char *data, size_t n, double t);
+void kcl_replay_stream_event(struct kcl_replay_stream *s, const char *data, size_t n, double t);
 
 /* --- one request ------------------------------------------------------------ */
 
-struct ksv_replay_result {
+struct kcl_replay_result {
 	int ok;                    /* HTTP 200 and a complete stream without error */
 	int status;                /* HTTP status; 0 when no response came */
 	int64_t prompt_tokens;     /* -1: not reported */
@@ -118,8 +118,8 @@ struct ksv_replay_result {
  * non-200 response's error message (OpenAI {"error": {"message"}}, or the
  * start of the body) goes into res->error.
  */
-int ksv_replay_send(const struct ksv_url *base, const char *body, size_t len, int timeout_ms,
-		    struct ksv_replay_result *res);
+int kcl_replay_send(const struct kcl_url *base, const char *body, size_t len, int timeout_ms,
+		    struct kcl_replay_result *res);
 
 /* --- statistics ------------------------------------------------------------- */
 
@@ -129,9 +129,9 @@ int ksv_replay_send(const struct ksv_url *base, const char *body, size_t len, in
  * numpy.percentile): p50 of {1,2,3,4} is 2.5, p90 of 1..10 is 9.1. NaN when
  * n == 0. v is not modified.
  */
-double ksv_replay_quantile(const double *v, size_t n, double q);
+double kcl_replay_quantile(const double *v, size_t n, double q);
 
-struct ksv_replay_summary {
+struct kcl_replay_summary {
 	size_t requests;           /* items replayed (bad ones included) */
 	size_t ok, failed;
 	int64_t prompt_tokens;     /* over ok requests */
@@ -142,6 +142,6 @@ struct ksv_replay_summary {
 	double total_p50_s, total_p90_s; /* over ok requests */
 };
 
-void ksv_replay_summarize(const struct ksv_replay_result *r, size_t n, struct ksv_replay_summary *out);
+void kcl_replay_summarize(const struct kcl_replay_result *r, size_t n, struct kcl_replay_summary *out);
 
 #endif

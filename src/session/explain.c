@@ -1,8 +1,7 @@
 /*
  * explain.c - see explain.h.
  */
-#include "server/explain.h"
-#include "server/openai.h"
+#include "session/explain.h"
 #include "base/log.h"
 
 #include <stdio.h>
@@ -24,8 +23,8 @@ static void text_of(const struct kv_tok *tok, const int32_t *ids, size_t n, char
 	free(t);
 }
 
-void ksv_explain(const struct kv_tok *tok, const int32_t *prompt, uint32_t n, uint32_t shared,
-		 const int32_t *cached, uint32_t n_cached, struct ksv_explain *e)
+void kss_explain(const struct kv_tok *tok, const int32_t *prompt, uint32_t n, uint32_t shared,
+		 const int32_t *cached, uint32_t n_cached, struct kss_explain *e)
 {
 	memset(e, 0, sizeof *e);
 	e->shared = shared;
@@ -87,20 +86,6 @@ void ksv_explain(const struct kv_tok *tok, const int32_t *prompt, uint32_t n, ui
 	}
 }
 
-json_t *ksv_explain_json(const struct ksv_explain *e)
-{
-	json_t *j = json_object();
-	json_object_set_new(j, "shared_tokens", json_integer(e->shared));
-	json_object_set_new(j, "first_diff", e->shared < e->prompt_tokens ? json_integer(e->shared) : json_null());
-	json_object_set_new(j, "message", e->message >= 0 ? json_integer(e->message) : json_null());
-	json_object_set_new(j, "role", e->role[0] ? json_string(e->role) : json_null());
-	json_object_set_new(j, "tool", e->tool >= 0 ? json_integer(e->tool) : json_null());
-	json_object_set_new(j, "new", ksv_json_text(e->new_text, strlen(e->new_text)));
-	json_object_set_new(j, "cached", e->cached_text[0] ? ksv_json_text(e->cached_text, strlen(e->cached_text))
-							   : json_null());
-	return j;
-}
-
 /* A log value: quotes and control bytes escaped, cut at 80 bytes. */
 static void log_text(const char *s, char *out, size_t cap)
 {
@@ -118,7 +103,7 @@ static void log_text(const char *s, char *out, size_t cap)
 	out[o] = 0;
 }
 
-void ksv_explain_log(const char *route, const struct ksv_explain *e)
+void kss_explain_log(const char *route, const struct kss_explain *e)
 {
 	char nt[200], ct[200];
 	log_text(e->new_text, nt, sizeof nt);

@@ -22,16 +22,17 @@
  *   cached   the cached sequence's text from the same place, when the
  *            caller has it (cached tokens after `shared`).
  * Positions past the end of the prompt (a full hit) give message -1.
+ * The server turns the struct into the "kvkeep" usage extension
+ * (server/wire.c) and the dashboard's record.
  */
-#ifndef KV_SERVER_EXPLAIN_H
-#define KV_SERVER_EXPLAIN_H
+#ifndef KV_SESSION_EXPLAIN_H
+#define KV_SESSION_EXPLAIN_H
 
-#include <jansson.h>
 #include <stdint.h>
 
 #include "text/tokenizer.h"
 
-struct ksv_explain {
+struct kss_explain {
 	uint32_t shared;          /* tokens in common with the cache */
 	uint32_t prompt_tokens;
 	int message;              /* rendered turn index of the first differing token, -1: none */
@@ -43,11 +44,9 @@ struct ksv_explain {
 
 /* cached / n_cached: the cached sequence's tokens from position `shared`
  * on (may be NULL / 0). */
-void ksv_explain(const struct kv_tok *tok, const int32_t *prompt, uint32_t n, uint32_t shared,
-		 const int32_t *cached, uint32_t n_cached, struct ksv_explain *out);
-/* {"shared_tokens", "first_diff", "message", "role", "tool", "new", "cached"}. New ref. */
-json_t *ksv_explain_json(const struct ksv_explain *e);
+void kss_explain(const struct kv_tok *tok, const int32_t *prompt, uint32_t n, uint32_t shared,
+		 const int32_t *cached, uint32_t n_cached, struct kss_explain *out);
 /* One log line: event=cache.miss_reason first_diff=.. message=.. role=.. tool=.. */
-void ksv_explain_log(const char *route, const struct ksv_explain *e);
+void kss_explain_log(const char *route, const struct kss_explain *e);
 
 #endif

@@ -6,7 +6,7 @@
  * abort, and every wait is bounded by the HTTP client's per-call timeout
  * plus a total deadline per request.
  */
-#include "server/replay.h"
+#include "client/replay.h"
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/env.h"
@@ -24,7 +24,7 @@
 
 /* --- traces --------------------------------------------------------------- */
 
-static int trace_push(struct ksv_replay_trace *t, size_t *cap, char *source, json_t *body, char *error)
+static int trace_push(struct kcl_replay_trace *t, size_t *cap, char *source, json_t *body, char *error)
 {
 	if (!source || (!body && !error)) {
 		free(source);
@@ -34,7 +34,7 @@ static int trace_push(struct ksv_replay_trace *t, size_t *cap, char *source, jso
 	}
 	if (t->n == *cap) {
 		size_t nc = *cap ? *cap * 2 : 64;
-		struct ksv_replay_item *ni = realloc(t->items, nc * sizeof *ni);
+		struct kcl_replay_item *ni = realloc(t->items, nc * sizeof *ni);
 		if (!ni) {
 			free(source);
 			free(error);
@@ -44,7 +44,7 @@ static int trace_push(struct ksv_replay_trace *t, size_t *cap, char *source, jso
 		t->items = ni;
 		*cap = nc;
 	}
-	t->items[t->n++] = (struct ksv_replay_item){source, body, error};
+	t->items[t->n++] = (struct kcl_replay_item){source, body, error};
 	return KV_OK;
 }
 
@@ -67,9 +67,9 @@ static json_t *parse_body(const char *what, const char *p, size_t n, char **err)
 	return v;
 }
 
-int ksv_replay_load_jsonl_mem(const char *what, const char *p, size_t n, struct ksv_replay_trace **out)
+int kcl_replay_load_jsonl_mem(const char *what, const char *p, size_t n, struct kcl_replay_trace **out)
 {
-	struct ksv_replay_trace *t = calloc(1, sizeof *t);
+	struct kcl_replay_trace *t = calloc(1, sizeof *t);
 	size_t cap = 0, line_no = 0, i = 0;
 	int rc = KV_OK;
 
@@ -96,14 +96,14 @@ int ksv_replay_load_jsonl_mem(const char *what, const char *p, size_t n, struct 
 		rc = trace_push(t, &cap, strdup(src), body, err);
 	}
 	if (rc) {
-		ksv_replay_trace_free(t);
+		kcl_replay_trace_free(t);
 		return rc;
 	}
 	*out = t;
 	return KV_OK;
 }
 
-int ksv_replay_load_jsonl(const char *path, struct ksv_replay_trace **out)
+int kcl_replay_load_jsonl(const char *path, struct kcl_replay_trace **out)
 {
 	char *buf;
 	size_t len;
@@ -111,7 +111,7 @@ int ksv_replay_load_jsonl(const char *path, struct ksv_replay_trace **out)
 	*out = NULL;
 	if (rc)
 		return rc;
-	rc = ksv_replay_load_jsonl_mem(path, buf, len, out);
+	rc = kcl_replay_load_jsonl_mem(path, buf, len, out);
 	free(buf);
 	return rc;
 }
@@ -121,7 +121,7 @@ static int cmp_names(const void *a, const void *b)
 	return strverscmp(*(char *const *)a, *(char *const *)b);
 }
 
-int ksv_replay_load_dir(const char *dir, struct ksv_replay_trace **out)
+int kcl_replay_load_dir(const char *dir, struct kcl_replay_trace **out)
 {
 	DIR *d = opendir(dir);
 	char **names = NULL;
@@ -153,7 +153,7 @@ int ksv_replay_load_dir(const char *dir, struct ksv_replay_trace **out)
 		n++;
 	}
 	closedir(d);
-	struct ksv_replay_trace *t = rc ? NULL : calloc(1, sizeof *t);
+	struct kcl_replay_trace *t = rc ? NULL : calloc(1, sizeof *t);
 	if (!rc && !t)
 		rc = kv_fail(KV_ERR_NOMEM, "replay: out of memory");
 	if (!rc && n == 0)
@@ -180,14 +180,14 @@ int ksv_replay_load_dir(const char *dir, struct ksv_replay_trace **out)
 		free(names[i]);
 	free(names);
 	if (rc) {
-		ksv_replay_trace_free(t);
+		kcl_replay_trace_free(t);
 		return rc;
 	}
 	*out = t;
 	return KV_OK;
 }
 
-void ksv_replay_trace_free(struct ksv_replay_trace *t)
+void kcl_replay_trace_free(struct kcl_replay_trace *t)
 {
 	if (!t)
 		return;
@@ -214,7 +214,7 @@ static int cap_int_field(json_t *o, const char *key, int64_t cap)
 	return 1;
 }
 
-int ksv_replay_prepare(const json_t *body, int64_t max_tokens, const char *model, char **out, size_t *len)
+int kcl_replay_prepare(const json_t *body, int64_t max_tokens, const char *model, char **out, size_t *len)
 {
 	json_t *b, *so;
 	*out = NULL;
@@ -251,7 +251,7 @@ int ksv_replay_prepare(const json_t *body, int64_t max_tokens, const char *model
 
 /* --- stream accounting ------------------------------------------------------ */
 
-void ksv_replay_stream_init(struct ksv_replay_stream *s)
+void kcl_replay_stream_init(struct kcl_replay_stream *s)
 {
 	memset(s, 0, sizeof *s);
 	s->prompt_tokens = s->cached_tokens = s->completion_tokens = -1;
@@ -283,7 +283,7 @@ static int64_t usage_int(const json_t *o, const char *key)
 	return -1;
 }
 
-void ksv_replay_stream_event(struct ksv_replay_stream *s, const char *data, size_t n, double t)
+void kcl_replay_stream_event(struct kcl_replay_stream *s, const char *data, size_t n, double t)
 {
 	json_t *v = NULL, *x;
 	size_t i;
@@ -361,14 +361,14 @@ static void error_of_body(const char *b, size_t n, char *out, size_t cap)
 		snprintf(out, cap, "(empty body)");
 }
 
-int ksv_replay_send(const struct ksv_url *base, const char *body, size_t len, int timeout_ms,
-		    struct ksv_replay_result *res)
+int kcl_replay_send(const struct kcl_url *base, const char *body, size_t len, int timeout_ms,
+		    struct kcl_replay_result *res)
 {
-	struct ksv_http *h = NULL;
-	struct ksv_http_resp r = {0};
-	struct ksv_sse sse;
-	struct ksv_sse_event ev;
-	struct ksv_replay_stream st;
+	struct kcl_http *h = NULL;
+	struct kcl_http_resp r = {0};
+	struct kcl_sse sse;
+	struct kcl_sse_event ev;
+	struct kcl_replay_stream st;
 	char path[1200];
 	int rc;
 	double t0 = kv_now_s();
@@ -377,21 +377,21 @@ int ksv_replay_send(const struct ksv_url *base, const char *body, size_t len, in
 	memset(res, 0, sizeof *res);
 	res->prompt_tokens = res->cached_tokens = -1;
 	res->ttft_s = -1;
-	ksv_sse_init(&sse);
-	ksv_replay_stream_init(&st);
+	kcl_sse_init(&sse);
+	kcl_replay_stream_init(&st);
 	/* a base URL without a path means the server root; OpenAI clients put /v1 in it */
 	snprintf(path, sizeof path, "%s/chat/completions", base->path[0] ? base->path : "/v1");
-	rc = ksv_http_connect(base->host, base->port, timeout_ms, &h);
+	rc = kcl_http_connect(base->host, base->port, timeout_ms, &h);
 	if (!rc) {
 		/* a server with an API key: KVKEEP_API_KEY, as kvkeep serve reads it */
 		char hdr[1100] = "Accept: text/event-stream\r\n";
 		const char *k = kv_env(KV_ENV_API_KEY);
 		if (k && *k && strlen(k) < 900 && !strpbrk(k, "\r\n"))
 			snprintf(hdr, sizeof hdr, "Accept: text/event-stream\r\nAuthorization: Bearer %s\r\n", k);
-		rc = ksv_http_send(h, "POST", path, "application/json", body, len, hdr);
+		rc = kcl_http_send(h, "POST", path, "application/json", body, len, hdr);
 	}
 	if (!rc)
-		rc = ksv_http_read_head(h, &r);
+		rc = kcl_http_read_head(h, &r);
 	if (rc) {
 		snprintf(res->error, sizeof res->error, "%s", kv_errmsg());
 		goto out;
@@ -400,7 +400,7 @@ int ksv_replay_send(const struct ksv_url *base, const char *body, size_t len, in
 	if (r.status != 200) {
 		char *b = NULL;
 		size_t bl = 0;
-		if (ksv_http_read_all(h, &r, 1u << 20, &b, &bl) == KV_OK) {
+		if (kcl_http_read_all(h, &r, 1u << 20, &b, &bl) == KV_OK) {
 			char msg[400];
 			error_of_body(b, bl, msg, sizeof msg);
 			snprintf(res->error, sizeof res->error, "HTTP %d: %s", r.status, msg);
@@ -415,14 +415,14 @@ int ksv_replay_send(const struct ksv_url *base, const char *body, size_t len, in
 			rc = kv_fail(KV_ERR_TIMEOUT, "replay: request took longer than %d ms", timeout_ms);
 			break;
 		}
-		int g = ksv_http_next_event(h, &r, &sse, &ev);
+		int g = kcl_http_next_event(h, &r, &sse, &ev);
 		if (g < 0) {
 			rc = g;
 			break;
 		}
 		if (g == 0)
 			break;
-		ksv_replay_stream_event(&st, ev.data, ev.data_len, kv_now_s() - t0);
+		kcl_replay_stream_event(&st, ev.data, ev.data_len, kv_now_s() - t0);
 	}
 	if (rc)
 		snprintf(res->error, sizeof res->error, "stream broken after %.3f s: %s", kv_now_s() - t0, kv_errmsg());
@@ -444,9 +444,9 @@ out:
 	else
 		res->generated_tokens = -1;
 	res->ttft_s = st.t_first;
-	ksv_sse_free(&sse);
-	ksv_http_resp_free(&r);
-	ksv_http_close(h);
+	kcl_sse_free(&sse);
+	kcl_http_resp_free(&r);
+	kcl_http_close(h);
 	return rc;
 }
 
@@ -458,7 +458,7 @@ static int cmp_double(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-double ksv_replay_quantile(const double *v, size_t n, double q)
+double kcl_replay_quantile(const double *v, size_t n, double q)
 {
 	if (n == 0 || !(q >= 0 && q <= 1))
 		return NAN;
@@ -474,7 +474,7 @@ double ksv_replay_quantile(const double *v, size_t n, double q)
 	return r;
 }
 
-void ksv_replay_summarize(const struct ksv_replay_result *r, size_t n, struct ksv_replay_summary *o)
+void kcl_replay_summarize(const struct kcl_replay_result *r, size_t n, struct kcl_replay_summary *o)
 {
 	double *ttft = malloc((n ? n : 1) * sizeof *ttft), *tot = malloc((n ? n : 1) * sizeof *tot);
 	size_t nt = 0, nn = 0;
@@ -499,10 +499,10 @@ void ksv_replay_summarize(const struct ksv_replay_result *r, size_t n, struct ks
 			tot[nn++] = r[i].total_s;
 	}
 	o->reuse_ratio = o->prompt_tokens > 0 ? (double)o->cached_tokens / (double)o->prompt_tokens : NAN;
-	o->ttft_p50_s = ksv_replay_quantile(ttft, nt, 0.5);
-	o->ttft_p90_s = ksv_replay_quantile(ttft, nt, 0.9);
-	o->total_p50_s = ksv_replay_quantile(tot, nn, 0.5);
-	o->total_p90_s = ksv_replay_quantile(tot, nn, 0.9);
+	o->ttft_p50_s = kcl_replay_quantile(ttft, nt, 0.5);
+	o->ttft_p90_s = kcl_replay_quantile(ttft, nt, 0.9);
+	o->total_p50_s = kcl_replay_quantile(tot, nn, 0.5);
+	o->total_p90_s = kcl_replay_quantile(tot, nn, 0.9);
 	free(ttft);
 	free(tot);
 }

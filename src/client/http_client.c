@@ -5,10 +5,10 @@
  * reader both consume from it, so bytes of the body that arrived with the
  * head are never lost. Every recv/send waits with poll() against the
  * connection's deadline, in slices of at most 200 ms so an abort flag is
- * noticed; ksv_http_abort also shuts the socket down, which wakes a
+ * noticed; kcl_http_abort also shuts the socket down, which wakes a
  * blocked poll at once.
  */
-#include "server/http_client.h"
+#include "client/http_client.h"
 #include "base/clock.h"
 #include "base/err.h"
 
@@ -25,17 +25,17 @@
 #include <unistd.h>
 #include <fcntl.h>
 
-struct ksv_http {
+struct kcl_http {
 	int fd;
 	int timeout_ms;          /* per call; <= 0 no deadline */
-	volatile int aborted;    /* set by ksv_http_abort */
+	volatile int aborted;    /* set by kcl_http_abort */
 	char host[300];          /* Host header value */
 	char rbuf[16384];
 	size_t rpos, rend;       /* unread bytes are rbuf[rpos, rend) */
 	int eof;                 /* the peer closed its side */
 };
 
-int ksv_url_parse(const char *url, struct ksv_url *out)
+int kcl_url_parse(const char *url, struct kcl_url *out)
 {
 	const char *p, *host_end, *path;
 	memset(out, 0, sizeof *out);
@@ -91,13 +91,13 @@ static int left_ms(uint64_t deadline_ns)
 	return ms > 1000000000 ? 1000000000 : (int)ms;
 }
 
-static uint64_t deadline_of(const struct ksv_http *h)
+static uint64_t deadline_of(const struct kcl_http *h)
 {
 	return h->timeout_ms > 0 ? kv_now_ns() + (uint64_t)h->timeout_ms * 1000000ull : 0;
 }
 
 /* Wait until fd is ready for `events`. KV_OK, KV_ERR_TIMEOUT, KV_ERR_CANCELLED, KV_ERR_IO. */
-static int wait_fd(struct ksv_http *h, short events, uint64_t deadline_ns, const char *what)
+static int wait_fd(struct kcl_http *h, short events, uint64_t deadline_ns, const char *what)
 {
 	for (;;) {
 		if (h->aborted)
@@ -120,12 +120,12 @@ static int wait_fd(struct ksv_http *h, short events, uint64_t deadline_ns, const
 	}
 }
 
-int ksv_http_connect(const char *host, int port, int timeout_ms, struct ksv_http **out)
+int kcl_http_connect(const char *host, int port, int timeout_ms, struct kcl_http **out)
 {
 	struct addrinfo hints = {0}, *res = NULL, *ai;
 	char portstr[16];
 	int rc, last_err = 0;
-	struct ksv_http *h;
+	struct kcl_http *h;
 
 	*out = NULL;
 	if (!host || !*host || port <= 0 || port > 65535)
@@ -184,7 +184,7 @@ int ksv_http_connect(const char *host, int port, int timeout_ms, struct ksv_http
 	return KV_OK;
 }
 
-void ksv_http_close(struct ksv_http *h)
+void kcl_http_close(struct kcl_http *h)
 {
 	if (!h)
 		return;
@@ -193,24 +193,24 @@ void ksv_http_close(struct ksv_http *h)
 	free(h);
 }
 
-void ksv_http_set_timeout(struct ksv_http *h, int timeout_ms)
+void kcl_http_set_timeout(struct kcl_http *h, int timeout_ms)
 {
 	h->timeout_ms = timeout_ms;
 }
 
-void ksv_http_abort(struct ksv_http *h)
+void kcl_http_abort(struct kcl_http *h)
 {
 	h->aborted = 1;
 	if (h->fd >= 0)
 		shutdown(h->fd, SHUT_RDWR);
 }
 
-int ksv_http_fd(const struct ksv_http *h)
+int kcl_http_fd(const struct kcl_http *h)
 {
 	return h->fd;
 }
 
-static int send_all(struct ksv_http *h, const char *p, size_t n, uint64_t deadline)
+static int send_all(struct kcl_http *h, const char *p, size_t n, uint64_t deadline)
 {
 	while (n > 0) {
 		int rc = wait_fd(h, POLLOUT, deadline, "send");
@@ -228,7 +228,7 @@ static int send_all(struct ksv_http *h, const char *p, size_t n, uint64_t deadli
 	return KV_OK;
 }
 
-int ksv_http_send(struct ksv_http *h, const char *method, const char *path, const char *content_type,
+int kcl_http_send(struct kcl_http *h, const char *method, const char *path, const char *content_type,
 		  const void *body, size_t len, const char *extra_headers)
 {
 	struct kv_buf b = KV_BUF_INIT;
@@ -260,7 +260,7 @@ int ksv_http_send(struct ksv_http *h, const char *method, const char *path, cons
 
 /* Read more bytes into rbuf (compacting it first). Returns bytes read, 0 at
  * EOF, or a negative kv_err code. */
-static long fill(struct ksv_http *h, uint64_t deadline)
+static long fill(struct kcl_http *h, uint64_t deadline)
 {
 	if (h->rpos > 0) {
 		memmove(h->rbuf, h->rbuf + h->rpos, h->rend - h->rpos);
@@ -294,13 +294,13 @@ static long fill(struct ksv_http *h, uint64_t deadline)
 	}
 }
 
-void ksv_http_resp_free(struct ksv_http_resp *r)
+void kcl_http_resp_free(struct kcl_http_resp *r)
 {
 	free(r->head);
 	memset(r, 0, sizeof *r);
 }
 
-int ksv_http_header(const struct ksv_http_resp *r, const char *name, char *out, size_t cap)
+int kcl_http_header(const struct kcl_http_resp *r, const char *name, char *out, size_t cap)
 {
 	size_t nl = strlen(name);
 	const char *p = r->head ? strstr(r->head, "\r\n") : NULL;
@@ -349,7 +349,7 @@ static int has_token(const char *v, const char *tok)
 	return 0;
 }
 
-int ksv_http_read_head(struct ksv_http *h, struct ksv_http_resp *r)
+int kcl_http_read_head(struct kcl_http *h, struct kcl_http_resp *r)
 {
 	uint64_t deadline = deadline_of(h);
 	char *end = NULL;
@@ -383,25 +383,25 @@ int ksv_http_read_head(struct ksv_http *h, struct ksv_http_resp *r)
 
 	int major = 0, minor = 0, status = 0;
 	if (sscanf(r->head, "HTTP/%d.%d %d", &major, &minor, &status) != 3 || status < 100 || status > 999) {
-		ksv_http_resp_free(r);
+		kcl_http_resp_free(r);
 		return kv_fail(KV_ERR_CORRUPT, "http: bad status line");
 	}
 	r->status = status;
 	r->keep_alive = major > 1 || (major == 1 && minor >= 1);
-	if (ksv_http_header(r, "connection", val, sizeof val)) {
+	if (kcl_http_header(r, "connection", val, sizeof val)) {
 		if (has_token(val, "close"))
 			r->keep_alive = 0;
 		else if (has_token(val, "keep-alive"))
 			r->keep_alive = 1;
 	}
-	if (ksv_http_header(r, "transfer-encoding", val, sizeof val) && has_token(val, "chunked"))
+	if (kcl_http_header(r, "transfer-encoding", val, sizeof val) && has_token(val, "chunked"))
 		r->chunked = 1;
-	if (!r->chunked && ksv_http_header(r, "content-length", val, sizeof val)) {
+	if (!r->chunked && kcl_http_header(r, "content-length", val, sizeof val)) {
 		char *e;
 		errno = 0;
 		long long cl = strtoll(val, &e, 10);
 		if (errno || e == val || *e || cl < 0) {
-			ksv_http_resp_free(r);
+			kcl_http_resp_free(r);
 			return kv_fail(KV_ERR_CORRUPT, "http: bad Content-Length '%s'", val);
 		}
 		r->content_length = cl;
@@ -425,7 +425,7 @@ int ksv_http_read_head(struct ksv_http *h, struct ksv_http_resp *r)
 }
 
 /* Read a CRLF-terminated line from rbuf into line (without CRLF). */
-static int read_line(struct ksv_http *h, char *line, size_t cap, uint64_t deadline)
+static int read_line(struct kcl_http *h, char *line, size_t cap, uint64_t deadline)
 {
 	for (;;) {
 		char *nl = memchr(h->rbuf + h->rpos, '\n', h->rend - h->rpos);
@@ -451,7 +451,7 @@ static int read_line(struct ksv_http *h, char *line, size_t cap, uint64_t deadli
 	}
 }
 
-long ksv_http_read(struct ksv_http *h, struct ksv_http_resp *r, void *buf, size_t cap)
+long kcl_http_read(struct kcl_http *h, struct kcl_http_resp *r, void *buf, size_t cap)
 {
 	uint64_t deadline = deadline_of(h);
 	char line[4200];
@@ -523,7 +523,7 @@ long ksv_http_read(struct ksv_http *h, struct ksv_http_resp *r, void *buf, size_
 	}
 }
 
-int ksv_http_read_all(struct ksv_http *h, struct ksv_http_resp *r, size_t max, char **out, size_t *len)
+int kcl_http_read_all(struct kcl_http *h, struct kcl_http_resp *r, size_t max, char **out, size_t *len)
 {
 	struct kv_buf b = KV_BUF_INIT;
 	char tmp[16384];
@@ -531,7 +531,7 @@ int ksv_http_read_all(struct ksv_http *h, struct ksv_http_resp *r, size_t max, c
 	if (len)
 		*len = 0;
 	for (;;) {
-		long n = ksv_http_read(h, r, tmp, sizeof tmp);
+		long n = kcl_http_read(h, r, tmp, sizeof tmp);
 		if (n < 0) {
 			kv_buf_free(&b);
 			return (int)n;
@@ -560,13 +560,13 @@ int ksv_http_read_all(struct ksv_http *h, struct ksv_http_resp *r, size_t max, c
 
 /* --- SSE ---------------------------------------------------------------- */
 
-void ksv_sse_init(struct ksv_sse *s)
+void kcl_sse_init(struct kcl_sse *s)
 {
 	memset(s, 0, sizeof *s);
 	s->max_event = 16u << 20;
 }
 
-void ksv_sse_free(struct ksv_sse *s)
+void kcl_sse_free(struct kcl_sse *s)
 {
 	kv_buf_free(&s->line);
 	kv_buf_free(&s->data);
@@ -576,7 +576,7 @@ void ksv_sse_free(struct ksv_sse *s)
 }
 
 /* Handle one complete line. Returns 1 when it dispatched an event. */
-static int sse_line(struct ksv_sse *s, struct ksv_sse_event *ev)
+static int sse_line(struct kcl_sse *s, struct kcl_sse_event *ev)
 {
 	const char *l = s->line.p ? s->line.p : "";
 	size_t n = s->line.len;
@@ -621,7 +621,7 @@ static int sse_line(struct ksv_sse *s, struct ksv_sse_event *ev)
 	return 0;
 }
 
-size_t ksv_sse_feed(struct ksv_sse *s, const char *p, size_t n, struct ksv_sse_event *ev, int *got)
+size_t kcl_sse_feed(struct kcl_sse *s, const char *p, size_t n, struct kcl_sse_event *ev, int *got)
 {
 	*got = 0;
 	for (size_t i = 0; i < n; i++) {
@@ -648,13 +648,13 @@ size_t ksv_sse_feed(struct ksv_sse *s, const char *p, size_t n, struct ksv_sse_e
 	return n;
 }
 
-int ksv_http_next_event(struct ksv_http *h, struct ksv_http_resp *r, struct ksv_sse *s, struct ksv_sse_event *ev)
+int kcl_http_next_event(struct kcl_http *h, struct kcl_http_resp *r, struct kcl_sse *s, struct kcl_sse_event *ev)
 {
 	char tmp[8192];
 	for (;;) {
 		if (s->pend_off < s->pend.len) {
 			int got;
-			size_t used = ksv_sse_feed(s, s->pend.p + s->pend_off, s->pend.len - s->pend_off, ev, &got);
+			size_t used = kcl_sse_feed(s, s->pend.p + s->pend_off, s->pend.len - s->pend_off, ev, &got);
 			if (used == (size_t)-1)
 				return kv_fail(KV_ERR_FULL, "sse: event larger than %zu bytes", s->max_event);
 			s->pend_off += used;
@@ -666,7 +666,7 @@ int ksv_http_next_event(struct ksv_http *h, struct ksv_http_resp *r, struct ksv_
 				return 1;
 			continue;
 		}
-		long n = ksv_http_read(h, r, tmp, sizeof tmp);
+		long n = kcl_http_read(h, r, tmp, sizeof tmp);
 		if (n < 0)
 			return (int)n;
 		if (n == 0) {
@@ -685,18 +685,18 @@ int ksv_http_next_event(struct ksv_http *h, struct ksv_http_resp *r, struct ksv_
 	}
 }
 
-int ksv_http_fetch(const char *url, const char *method, const char *req_body, size_t req_len, int timeout_ms,
+int kcl_http_fetch(const char *url, const char *method, const char *req_body, size_t req_len, int timeout_ms,
 		   int *status, char **body, size_t *len)
 {
-	return ksv_http_fetch_h(url, method, req_body, req_len, timeout_ms, NULL, status, body, len);
+	return kcl_http_fetch_h(url, method, req_body, req_len, timeout_ms, NULL, status, body, len);
 }
 
-int ksv_http_fetch_h(const char *url, const char *method, const char *req_body, size_t req_len, int timeout_ms,
+int kcl_http_fetch_h(const char *url, const char *method, const char *req_body, size_t req_len, int timeout_ms,
 		     const char *extra_headers, int *status, char **body, size_t *len)
 {
-	struct ksv_url u;
-	struct ksv_http *h = NULL;
-	struct ksv_http_resp r = {0};
+	struct kcl_url u;
+	struct kcl_http *h = NULL;
+	struct kcl_http_resp r = {0};
 	char *b = NULL;
 	size_t bl = 0;
 	int rc;
@@ -707,20 +707,20 @@ int ksv_http_fetch_h(const char *url, const char *method, const char *req_body, 
 		*body = NULL;
 	if (len)
 		*len = 0;
-	if ((rc = ksv_url_parse(url, &u)))
+	if ((rc = kcl_url_parse(url, &u)))
 		return rc;
-	if ((rc = ksv_http_connect(u.host, u.port, timeout_ms, &h)))
+	if ((rc = kcl_http_connect(u.host, u.port, timeout_ms, &h)))
 		return rc;
-	rc = ksv_http_send(h, method, u.path[0] ? u.path : "/", req_body ? "application/json" : NULL, req_body,
+	rc = kcl_http_send(h, method, u.path[0] ? u.path : "/", req_body ? "application/json" : NULL, req_body,
 			   req_len, extra_headers);
 	if (!rc)
-		rc = ksv_http_read_head(h, &r);
+		rc = kcl_http_read_head(h, &r);
 	if (!rc && strcasecmp(method, "HEAD"))
-		rc = ksv_http_read_all(h, &r, 64u << 20, &b, &bl);
+		rc = kcl_http_read_all(h, &r, 64u << 20, &b, &bl);
 	if (!rc && status)
 		*status = r.status;
-	ksv_http_resp_free(&r);
-	ksv_http_close(h);
+	kcl_http_resp_free(&r);
+	kcl_http_close(h);
 	if (!rc && body)
 		*body = b;
 	else

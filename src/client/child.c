@@ -1,11 +1,11 @@
 /*
  * child.c - see child.h.
  */
-#include "server/child.h"
+#include "client/child.h"
 #include "base/clock.h"
 #include "base/env.h"
 #include "base/err.h"
-#include "server/http_client.h"
+#include "client/http_client.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-int ksv_free_port(void)
+int kcl_free_port(void)
 {
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -34,7 +34,7 @@ int ksv_free_port(void)
 	return port;
 }
 
-void ksv_child_status_text(int st, char *out, size_t cap)
+void kcl_child_status_text(int st, char *out, size_t cap)
 {
 	if (WIFEXITED(st))
 		snprintf(out, cap, "exited %d", WEXITSTATUS(st));
@@ -45,7 +45,7 @@ void ksv_child_status_text(int st, char *out, size_t cap)
 }
 
 /* (Re)write the last argument, the port, and the URL. */
-static int set_port(struct ksv_child *c, int port)
+static int set_port(struct kcl_child *c, int port)
 {
 	char ps[16];
 	snprintf(ps, sizeof ps, "%d", port);
@@ -58,7 +58,7 @@ static int set_port(struct ksv_child *c, int port)
 	return KV_OK;
 }
 
-int ksv_child_init(struct ksv_child *c, char *const *words, int n, int port)
+int kcl_child_init(struct kcl_child *c, char *const *words, int n, int port)
 {
 	memset(c, 0, sizeof *c);
 	if (n <= 0)
@@ -83,13 +83,13 @@ int ksv_child_init(struct ksv_child *c, char *const *words, int n, int port)
 		if (!c->argv[i])
 			return kv_fail(KV_ERR_NOMEM, "out of memory");
 	c->auto_port = port <= 0;
-	if (c->auto_port && (port = ksv_free_port()) <= 0)
+	if (c->auto_port && (port = kcl_free_port()) <= 0)
 		return kv_fail(KV_ERR_IO, "no free loopback port");
 	return set_port(c, port);
 }
 
 /* One start attempt. *died: the child exited before it was ready. */
-static int start_once(struct ksv_child *c, double t0, int *died)
+static int start_once(struct kcl_child *c, double t0, int *died)
 {
 	int log_fd = -1;
 	*died = 0;
@@ -136,14 +136,14 @@ static int start_once(struct ksv_child *c, double t0, int *died)
 		int st;
 		if (waitpid(pid, &st, WNOHANG) == pid) {
 			char d[64];
-			ksv_child_status_text(st, d, sizeof d);
+			kcl_child_status_text(st, d, sizeof d);
 			c->pid = 0;
 			*died = 1;
 			return kv_fail(KV_ERR_IO, "the server (%s) %s before it was ready%s%s", c->argv[0], d,
 				       c->log_path ? "; its log: " : "; its log is above", c->log_path ? c->log_path : "");
 		}
 		int status = 0;
-		if (ksv_http_fetch(url, "GET", NULL, 0, 2000, &status, NULL, NULL) == KV_OK && status == 200)
+		if (kcl_http_fetch(url, "GET", NULL, 0, 2000, &status, NULL, NULL) == KV_OK && status == 200)
 			return KV_OK;
 		if (kv_now_s() - t0 > limit) {
 			kill(pid, SIGKILL);
@@ -155,7 +155,7 @@ static int start_once(struct ksv_child *c, double t0, int *died)
 	}
 }
 
-int ksv_child_start(struct ksv_child *c, double *ready_s)
+int kcl_child_start(struct kcl_child *c, double *ready_s)
 {
 	double t0 = kv_now_s();
 	int rc = KV_OK, died = 0;
@@ -164,7 +164,7 @@ int ksv_child_start(struct ksv_child *c, double *ready_s)
 		if (rc == KV_OK || !died || !c->auto_port)
 			break;
 		/* maybe another process took the port: try a new one */
-		int port = ksv_free_port();
+		int port = kcl_free_port();
 		if (port <= 0 || set_port(c, port))
 			break;
 	}
@@ -173,7 +173,7 @@ int ksv_child_start(struct ksv_child *c, double *ready_s)
 	return rc;
 }
 
-int ksv_child_stop(struct ksv_child *c, double *stop_s, char *desc, size_t cap)
+int kcl_child_stop(struct kcl_child *c, double *stop_s, char *desc, size_t cap)
 {
 	double t0 = kv_now_s(), limit = c->stop_timeout_s > 0 ? c->stop_timeout_s : 30;
 	int st = 0, rc = KV_OK;
@@ -203,15 +203,15 @@ int ksv_child_stop(struct ksv_child *c, double *stop_s, char *desc, size_t cap)
 	if (stop_s)
 		*stop_s = kv_now_s() - t0;
 	if (desc)
-		ksv_child_status_text(st, desc, cap);
+		kcl_child_status_text(st, desc, cap);
 	c->pid = 0;
 	return rc;
 }
 
-void ksv_child_free(struct ksv_child *c)
+void kcl_child_free(struct kcl_child *c)
 {
 	if (c->pid > 0)
-		ksv_child_stop(c, NULL, NULL, 0);
+		kcl_child_stop(c, NULL, NULL, 0);
 	for (int i = 0; c->argv && i < c->argc; i++)
 		free(c->argv[i]);
 	free(c->argv);

@@ -13,13 +13,13 @@
  * and the child exits before it is ready (another process took the port),
  * start tries again on a new port, three times in all.
  */
-#ifndef KV_SERVER_CHILD_H
-#define KV_SERVER_CHILD_H
+#ifndef KV_CLIENT_CHILD_H
+#define KV_CLIENT_CHILD_H
 
 #include <stddef.h>
 #include <sys/types.h>
 
-struct ksv_child {
+struct kcl_child {
 	char **argv;              /* malloc'd words, NULL-terminated, "--port P" last */
 	int argc;
 	pid_t pid;                /* 0 when not running */
@@ -35,19 +35,19 @@ struct ksv_child {
 };
 
 /* A loopback port nobody listens on right now (the kernel's pick); -1 if none. */
-int ksv_free_port(void);
+int kcl_free_port(void);
 /* Copy the command words, add "--port P" (port 0: a free one). */
-int ksv_child_init(struct ksv_child *c, char *const *words, int n_words, int port);
+int kcl_child_init(struct kcl_child *c, char *const *words, int n_words, int port);
 /* Start and wait for /health == 200. *ready_s (may be NULL): seconds it
  * took. KV_ERR_IO (exited early: the message says how), KV_ERR_TIMEOUT
  * (killed after ready_timeout_s). */
-int ksv_child_start(struct ksv_child *c, double *ready_s);
+int kcl_child_start(struct kcl_child *c, double *ready_s);
 /* SIGTERM and wait; SIGKILL after stop_timeout_s (KV_ERR_TIMEOUT).
  * *stop_s and desc ("exited 0", "killed by signal 9") may be NULL. */
-int ksv_child_stop(struct ksv_child *c, double *stop_s, char *desc, size_t cap);
+int kcl_child_stop(struct kcl_child *c, double *stop_s, char *desc, size_t cap);
 /* Stop if running, then free the words. */
-void ksv_child_free(struct ksv_child *c);
+void kcl_child_free(struct kcl_child *c);
 /* "exited N" / "killed by signal N" of a wait status. */
-void ksv_child_status_text(int status, char *out, size_t cap);
+void kcl_child_status_text(int status, char *out, size_t cap);
 
 #endif

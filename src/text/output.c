@@ -5,7 +5,7 @@
  * longest suffix that is a prefix of a stop string, the reasoning splitter
  * a partial "<think>"/"</think>". Both buffers stay a few bytes long.
  */
-#include "server/output.h"
+#include "text/output.h"
 #include "base/err.h"
 #include "text/toolcall.h"
 
@@ -17,8 +17,8 @@
 
 enum { TH_UNDECIDED = 0, TH_IN, TH_CONTENT_START, TH_CONTENT };
 
-struct ksv_out {
-	struct ksv_out_params p;
+struct kv_out {
+	struct kv_out_params p;
 	struct kv_buf stop_pend;   /* text not yet cleared by the stop matcher */
 	struct kv_buf think_pend;  /* text not yet classified by the splitter */
 	int th;                    /* TH_* */
@@ -26,7 +26,7 @@ struct ksv_out {
 	struct kv_tc_parser *tc;   /* tool-call parser (tools on), else NULL */
 };
 
-size_t ksv_stop_scan(const char *p, size_t n, const char *const *stop, size_t n_stop, int *hit)
+size_t kv_out_stop_scan(const char *p, size_t n, const char *const *stop, size_t n_stop, int *hit)
 {
 	size_t best = n, hold = 0;
 	*hit = 0;
@@ -54,9 +54,9 @@ size_t ksv_stop_scan(const char *p, size_t n, const char *const *stop, size_t n_
 	return n - hold;
 }
 
-int ksv_out_create(const struct ksv_out_params *p, struct ksv_out **out)
+int kv_out_create(const struct kv_out_params *p, struct kv_out **out)
 {
-	struct ksv_out *o = calloc(1, sizeof *o);
+	struct kv_out *o = calloc(1, sizeof *o);
 	*out = NULL;
 	if (!o)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
@@ -74,7 +74,7 @@ int ksv_out_create(const struct ksv_out_params *p, struct ksv_out **out)
 	return KV_OK;
 }
 
-void ksv_out_destroy(struct ksv_out *o)
+void kv_out_destroy(struct kv_out *o)
 {
 	if (!o)
 		return;
@@ -84,36 +84,36 @@ void ksv_out_destroy(struct ksv_out *o)
 	free(o);
 }
 
-int ksv_out_n_tool_calls(const struct ksv_out *o)
+int kv_out_n_tool_calls(const struct kv_out *o)
 {
 	return o->tc ? kv_tc_count(o->tc) : 0;
 }
 
-static void ev_text(struct ksv_out *o, int kind, const char *t, size_t n)
+static void ev_text(struct kv_out *o, int kind, const char *t, size_t n)
 {
 	if (!n)
 		return;
-	struct ksv_ev e = {.kind = kind, .text = t, .len = n};
+	struct kv_out_ev e = {.kind = kind, .text = t, .len = n};
 	o->p.fn(o->p.ctx, &e);
 }
 
 /* The tool-call parser's events, translated. */
 static int tc_event(void *ud, const struct kv_tc_event *e)
 {
-	struct ksv_out *o = ud;
-	struct ksv_ev ev = {.index = e->index};
+	struct kv_out *o = ud;
+	struct kv_out_ev ev = {.index = e->index};
 	switch (e->kind) {
 	case KV_TC_CONTENT:
 		if (!e->len)
 			return 0;
-		ev.kind = KSV_EV_CONTENT;
+		ev.kind = KV_OUT_CONTENT;
 		ev.text = e->text;
 		ev.len = e->len;
 		break;
 	case KV_TC_CALL_START: {
 		/* the name is not NUL-terminated: hand out a terminated copy */
 		char *name = strndup(e->text ? e->text : "", e->text ? e->len : 0);
-		ev.kind = KSV_EV_TOOL_START;
+		ev.kind = KV_OUT_TOOL_START;
 		ev.name = name ? name : "";
 		o->p.fn(o->p.ctx, &ev);
 		free(name);
@@ -122,12 +122,12 @@ static int tc_event(void *ud, const struct kv_tc_event *e)
 	case KV_TC_ARGS_DELTA:
 		if (!e->len)
 			return 0;
-		ev.kind = KSV_EV_TOOL_ARGS;
+		ev.kind = KV_OUT_TOOL_ARGS;
 		ev.text = e->text;
 		ev.len = e->len;
 		break;
 	default:
-		ev.kind = KSV_EV_TOOL_END;
+		ev.kind = KV_OUT_TOOL_END;
 		break;
 	}
 	o->p.fn(o->p.ctx, &ev);
@@ -135,12 +135,12 @@ static int tc_event(void *ud, const struct kv_tc_event *e)
 }
 
 /* Content stage: the tool-call parser when tools are on, else pass through. */
-static void content(struct ksv_out *o, const char *t, size_t n)
+static void content(struct kv_out *o, const char *t, size_t n)
 {
 	if (o->tc)
 		kv_tc_feed(o->tc, t, n, tc_event, o);
 	else
-		ev_text(o, KSV_EV_CONTENT, t, n);
+		ev_text(o, KV_OUT_CONTENT, t, n);
 }
 
 /* 1 if s[0, n) is a prefix of tag. */
@@ -151,7 +151,7 @@ static int prefix_of(const char *s, size_t n, const char *tag)
 }
 
 /* Reasoning stage: consumes think_pend as far as it can. */
-static void think_run(struct ksv_out *o, int final)
+static void think_run(struct kv_out *o, int final)
 {
 	struct kv_buf *b = &o->think_pend;
 	for (;;) {
@@ -179,7 +179,7 @@ static void think_run(struct ksv_out *o, int final)
 		} else if (o->th == TH_IN) {
 			const char *e = memmem(p, n, THINK_CLOSE, strlen(THINK_CLOSE));
 			if (e) {
-				ev_text(o, KSV_EV_REASONING, p, (size_t)(e - p));
+				ev_text(o, KV_OUT_REASONING, p, (size_t)(e - p));
 				used = (size_t)(e - p) + strlen(THINK_CLOSE);
 				o->th = TH_CONTENT_START;
 			} else {
@@ -191,7 +191,7 @@ static void think_run(struct ksv_out *o, int final)
 							hold = k;
 							break;
 						}
-				ev_text(o, KSV_EV_REASONING, p, n - hold);
+				ev_text(o, KV_OUT_REASONING, p, n - hold);
 				used = n - hold;
 				if (!used)
 					return;
@@ -213,7 +213,7 @@ static void think_run(struct ksv_out *o, int final)
 	}
 }
 
-static void release(struct ksv_out *o, const char *t, size_t n)
+static void release(struct kv_out *o, const char *t, size_t n)
 {
 	if (!n)
 		return;
@@ -221,7 +221,7 @@ static void release(struct ksv_out *o, const char *t, size_t n)
 	think_run(o, 0);
 }
 
-int ksv_out_feed(struct ksv_out *o, const char *text, size_t n)
+int kv_out_feed(struct kv_out *o, const char *text, size_t n)
 {
 	if (o->stopped)
 		return 1;
@@ -233,7 +233,7 @@ int ksv_out_feed(struct ksv_out *o, const char *text, size_t n)
 	if (o->stop_pend.oom)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	int hit;
-	size_t ok = ksv_stop_scan(o->stop_pend.p, o->stop_pend.len, o->p.stop, o->p.n_stop, &hit);
+	size_t ok = kv_out_stop_scan(o->stop_pend.p, o->stop_pend.len, o->p.stop, o->p.n_stop, &hit);
 	release(o, o->stop_pend.p, ok);
 	if (hit) {
 		o->stopped = 1;
@@ -246,7 +246,7 @@ int ksv_out_feed(struct ksv_out *o, const char *text, size_t n)
 	return 0;
 }
 
-int ksv_out_finish(struct ksv_out *o)
+int kv_out_finish(struct kv_out *o)
 {
 	if (!o->stopped && o->stop_pend.len) {
 		kv_buf_add(&o->think_pend, o->stop_pend.p, o->stop_pend.len);

@@ -1,11 +1,11 @@
 /*
- * sched.c - see sched.h.
+ * queue.c - see queue.h.
  *
  * One mutex and two condition variables: `work` wakes workers when a job
  * is queued or the scheduler closes, `done` wakes waiters when a job
  * changes to DONE or CANCELLED. The queue is a singly linked FIFO.
  */
-#include "server/sched.h"
+#include "server/queue.h"
 #include "base/clock.h"
 #include "base/err.h"
 
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-struct ksv_sched {
+struct ksv_queue {
 	pthread_mutex_t mu;
 	pthread_cond_t work, done;
 	struct ksv_job *head, *tail;
@@ -26,14 +26,14 @@ struct ksv_sched {
 };
 
 struct worker_arg {
-	struct ksv_sched *s;
+	struct ksv_queue *s;
 	int idx;
 };
 
 static void *worker_main(void *arg)
 {
 	struct worker_arg wa = *(struct worker_arg *)arg;
-	struct ksv_sched *s = wa.s;
+	struct ksv_queue *s = wa.s;
 	free(arg);
 	pthread_mutex_lock(&s->mu);
 	for (;;) {
@@ -69,9 +69,9 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
-struct ksv_sched *ksv_sched_create(int n_workers, int max_queue)
+struct ksv_queue *ksv_queue_create(int n_workers, int max_queue)
 {
-	struct ksv_sched *s = calloc(1, sizeof *s);
+	struct ksv_queue *s = calloc(1, sizeof *s);
 	if (!s) {
 		kv_fail(KV_ERR_NOMEM, "sched: out of memory");
 		return NULL;
@@ -118,7 +118,7 @@ fail:
 	return NULL;
 }
 
-static void cancel_queued_locked(struct ksv_sched *s)
+static void cancel_queued_locked(struct ksv_queue *s)
 {
 	struct ksv_job *j = s->head;
 	while (j) {
@@ -133,7 +133,7 @@ static void cancel_queued_locked(struct ksv_sched *s)
 	pthread_cond_broadcast(&s->done);
 }
 
-void ksv_sched_close(struct ksv_sched *s, int cancel_running)
+void ksv_queue_close(struct ksv_queue *s, int cancel_running)
 {
 	pthread_mutex_lock(&s->mu);
 	s->closed = 1;
@@ -145,7 +145,7 @@ void ksv_sched_close(struct ksv_sched *s, int cancel_running)
 	pthread_mutex_unlock(&s->mu);
 }
 
-void ksv_sched_destroy(struct ksv_sched *s)
+void ksv_queue_destroy(struct ksv_queue *s)
 {
 	if (!s)
 		return;
@@ -168,7 +168,7 @@ void ksv_sched_destroy(struct ksv_sched *s)
 	free(s);
 }
 
-int ksv_sched_submit(struct ksv_sched *s, struct ksv_job *job)
+int ksv_queue_submit(struct ksv_queue *s, struct ksv_job *job)
 {
 	int rc = KV_OK;
 	pthread_mutex_lock(&s->mu);
@@ -195,7 +195,7 @@ int ksv_sched_submit(struct ksv_sched *s, struct ksv_job *job)
 	return rc;
 }
 
-int ksv_sched_cancel(struct ksv_sched *s, struct ksv_job *job)
+int ksv_queue_cancel(struct ksv_queue *s, struct ksv_job *job)
 {
 	int removed = 0;
 	pthread_mutex_lock(&s->mu);
@@ -221,7 +221,7 @@ int ksv_sched_cancel(struct ksv_sched *s, struct ksv_job *job)
 	return removed;
 }
 
-int ksv_sched_wait_ms(struct ksv_sched *s, struct ksv_job *job, int ms)
+int ksv_queue_wait_ms(struct ksv_queue *s, struct ksv_job *job, int ms)
 {
 	struct timespec ts;
 	int st;
@@ -247,12 +247,12 @@ int ksv_sched_wait_ms(struct ksv_sched *s, struct ksv_job *job, int ms)
 	return st;
 }
 
-int ksv_sched_wait(struct ksv_sched *s, struct ksv_job *job)
+int ksv_queue_wait(struct ksv_queue *s, struct ksv_job *job)
 {
-	return ksv_sched_wait_ms(s, job, -1);
+	return ksv_queue_wait_ms(s, job, -1);
 }
 
-int ksv_sched_state(struct ksv_sched *s, struct ksv_job *job)
+int ksv_queue_state(struct ksv_queue *s, struct ksv_job *job)
 {
 	pthread_mutex_lock(&s->mu);
 	int st = job->state;
@@ -260,7 +260,7 @@ int ksv_sched_state(struct ksv_sched *s, struct ksv_job *job)
 	return st;
 }
 
-int ksv_sched_queued(struct ksv_sched *s)
+int ksv_queue_queued(struct ksv_queue *s)
 {
 	pthread_mutex_lock(&s->mu);
 	int n = s->n_queued;
@@ -268,7 +268,7 @@ int ksv_sched_queued(struct ksv_sched *s)
 	return n;
 }
 
-int ksv_sched_running(struct ksv_sched *s)
+int ksv_queue_running(struct ksv_queue *s)
 {
 	pthread_mutex_lock(&s->mu);
 	int n = s->n_running;
