@@ -13,7 +13,7 @@
  *   KVKEEP_THREADS                  base/pool.c
  *   KVKEEP_ISA                      engine/isa.c
  *   KVKEEP_PREFIX_CACHE_MAX_BYTES   cache/budget.c (kc_budget_compute)
- *   KVKEEP_HYBRID_CHECKPOINT_*      cache/policy.c (kc_policy_env)
+ *   KVKEEP_HYBRID_CHECKPOINT_*      cache/storage_policy.c (kc_policy_env)
  *   KVKEEP_CACHE_DIR, XDG_CACHE_HOME, HOME   store/dir.c (ks_dir_root_from)
  *   KVKEEP_KV_CHECKPOINT_MAX_BYTES  store/store.c (ks_ckpt_cap_parse)
  *   KVKEEP_SHUTDOWN_BUDGET          store/store.c (ks_store_budget_parse)

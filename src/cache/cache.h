@@ -20,7 +20,7 @@
  *            shared prefix the lookup "snaps" (counted, and logged as
  *            "LCP snapped to checkpoint: shared=S entry_len=E resumed_at=P").
  *
- * Eviction (docs/cache.md). Entries are evicted LRU-first; a lookup that
+ * Eviction (evict.c, docs/cache.md). Entries are evicted LRU-first; a lookup that
  * uses an entry's end (or, dense, all of its KV) makes it most recently
  * used, storing an entry does too. Budget pressure first takes "leaf"
  * entries (unpinned, and their end is not shared, so evicting them frees
@@ -38,7 +38,7 @@
 #include "base/hash.h"
 #include "base/pages.h"
 #include "cache/names.h"
-#include "cache/policy.h"
+#include "cache/storage_policy.h"
 #include "engine/layout.h"
 
 enum kc_index_kind { KC_INDEX_RADIX = 0, KC_INDEX_HASH = 1 };
@@ -224,7 +224,7 @@ struct kc_prefill_need {
  * stops as soon as an eviction releases nothing. *projected = the
  * projection. KV_OK if it fits, KV_ERR_FULL if not (the caller decides);
  * dense layouts: KV_OK without evicting (only hybrid prefill materialises
- * large transients, seed rule).
+ * large transients).
  */
 int kc_cache_reclaim_prefill(struct kc_cache *c, const struct kc_prefill_need *need, uint64_t *projected,
 			     uint64_t *released);

@@ -68,7 +68,7 @@ static int cmd_serve(int argc, char **argv)
 		{"prefix-cache-index", KV_FLAG_STR, &o.prefix_cache_index, "radix|hash",
 		 "index of cached blocks (default radix)"},
 		{"prefix-cache-size", KV_FLAG_INT, &o.prefix_cache_size, "N",
-		 "legacy mode: bound the cache by entry count (default: off, by bytes; the reference used 100)"},
+		 "legacy mode: bound the cache by entry count (default: off, by bytes; other servers default to 100 entries in this mode)"},
 		{"cache-memory-mb", KV_FLAG_INT, &o.cache_memory_mb, "MB",
 		 "RAM cache budget in MiB (default: auto, 20% of available RAM)"},
 		{"cache-memory-percent", KV_FLAG_DOUBLE, &o.cache_memory_percent, "F",

@@ -23,7 +23,7 @@
 #include "cache/budget.h"
 #include "cache/cache.h"
 #include "cache/opts.h"
-#include "cache/policy.h"
+#include "cache/storage_policy.h"
 #include "session/sched.h"
 #include "engine/model.h"
 #include "engine/qdot.h"

@@ -12,7 +12,7 @@
 #include "base/io.h"
 #include "base/pages.h"
 #include "cache/cache.h"
-#include "cache/policy.h"
+#include "cache/storage_policy.h"
 #include "store/store.h"
 #include "kt.h"
 #include "test_cache_util.h"

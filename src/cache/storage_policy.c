@@ -1,7 +1,7 @@
 /*
- * policy.c - see policy.h.
+ * storage_policy.c - the storage policy (see storage_policy.h).
  */
-#include "cache/policy.h"
+#include "cache/storage_policy.h"
 #include "cache/budget.h"
 #include "base/env.h"
 #include "base/log.h"

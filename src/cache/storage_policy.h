@@ -1,7 +1,9 @@
 /*
- * policy.h - the storage policy: where prefill stops for snapshots and
- * what an entry keeps (docs/cache.md, the storage rules). Pure functions, no
- * cache or engine needed, so every rule is testable with plain numbers.
+ * storage_policy.h - the storage policy: where prefill stops for
+ * snapshots and what an entry keeps (docs/cache.md, the storage rules).
+ * Pure functions, no cache or engine needed, so every rule is testable
+ * with plain numbers. What leaves the cache, and when, is eviction
+ * (evict.c), not this policy.
  *
  * Vocabulary. A request has a prompt of n tokens, message boundaries
  * b_0 < b_1 < ... (token positions just after a message's "<|im_end|>\n";
@@ -30,8 +32,8 @@
  * Dense models resume anywhere their KV covers: no snapshots, one entry
  * per request (prompt + completion), stop points = just the prompt end.
  */
-#ifndef KV_CACHE_POLICY_H
-#define KV_CACHE_POLICY_H
+#ifndef KV_CACHE_STORAGE_POLICY_H
+#define KV_CACHE_STORAGE_POLICY_H
 
 #include <stddef.h>
 #include <stdint.h>
