@@ -698,6 +698,11 @@ static const struct stat_row disk_rows[] = {
 	     "Writes that failed, by kind (enospc, eio, fsync, readonly, cap)."),
 	LROW(disk_refused, "kvkeep_disk_refused_files_total", C, "Files refused by the loader, by reason."),
 	DROW(st.quarantined, "kvkeep_disk_quarantined_files_total", C, "Corrupt files moved to quarantine/."),
+	DROW(st.echo_written, "kvkeep_disk_answer_records_written_total", C,
+	     "The server's own answers written to disk (so a client that sends one back after a restart hits)."),
+	DROW(st.echo_loaded, "kvkeep_disk_answer_records_loaded_total", C, "Answer records loaded at start."),
+	DROW(st.echo_rejected, "kvkeep_disk_answer_records_rejected_total", C,
+	     "Answer record files refused at start (checksum, size, vocabulary) and quarantined."),
 	DROW(st.incomplete, "kvkeep_disk_incomplete_entries_total", C,
 	     "Manifests not written because a dependency was missing."),
 	DROW(st.loads, "kvkeep_disk_loads_total", C, "Lookups served by loading from disk."),
@@ -915,7 +920,8 @@ static void open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_cache 
 			       .max_bytes = o->disk_cache_max_mb > 0 ? (uint64_t)o->disk_cache_max_mb * MiB : 0,
 			       .max_files = o->disk_cache_max_files > 0 ? (uint64_t)o->disk_cache_max_files : 0,
 			       .env_ckpt_max = o->env_kv_checkpoint_max_bytes,
-			       .ckpt_interval = (uint32_t)o->kv_disk_checkpoint_interval};
+			       .ckpt_interval = (uint32_t)o->kv_disk_checkpoint_interval,
+			       .vocab = s->vocab};
 	if (ks_store_open(&sp, out)) {
 		KV_WARN("store.disabled", "root=%s err=\"%s\" msg=\"no disk tier: serving from RAM only\"", root,
 			kv_errmsg());

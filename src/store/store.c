@@ -134,6 +134,7 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 		s->root, hex, s->writable, (unsigned long long)(s->cap_bytes >> 20), s->max_files,
 		(unsigned long long)(s->reserve_bytes >> 20), (unsigned long long)(s->ckpt_cap_bytes >> 20),
 		s->p.ckpt_interval);
+	ks_echo_load(s); /* answers remembered before a restart, before any request */
 	*out = s;
 	return KV_OK;
 }

@@ -7,7 +7,8 @@
  *   writer.c   write-behind and object writes     \
  *   fetch.c    disk lookups and loads              |  the workers: call
  *   scan.c     the startup scan                    |  evict.c and core.c
- *   flush.c    the shutdown flush (calls writer.c) /
+ *   flush.c    the shutdown flush (calls writer.c) |
+ *   echo.c     the answer records' files           /
  *   evict.c    disk eviction: caps, reserve, prune order; calls core.c
  *   core.c     paths, rejects and quarantine, write failures, the
  *              namespace claim, chain hashes, the rate, ks_par_run
@@ -117,9 +118,17 @@ struct ks_store {
 	uint8_t shard_made[KS_AREA__COUNT][256]; /* shard folders known to exist (under wmu) */
 	int ns_dir_dirty[KS_AREA__COUNT];        /* a shard was created: sync the ns folder */
 
+	uint64_t echo_bytes;             /* answer records on disk (echo.c), under mu */
 	int32_t *tool_order;             /* prune: eviction order, built once */
 	size_t tool_n, tool_i;
 };
+
+/* echo.c: the namespace's answer records (cache/echo.h) in its echo/ folder */
+/* Write the records remembered since the last call (the writer thread and
+ * the shutdown flush); keeps the folder within the records' budget. */
+void ks_echo_save(struct ks_store *s);
+/* Load the folder's records into the cache's store (at open). */
+void ks_echo_load(struct ks_store *s);
 
 /* core.c ------------------------------------------------------------------- */
 

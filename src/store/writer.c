@@ -437,6 +437,8 @@ size_t ks_writer_drain(struct ks_store *s, int honor_stop)
 	}
 	ks_writer_commit(s);
 	pthread_mutex_unlock(&s->wmu);
+	if (!(honor_stop && stop_requested(s)))
+		ks_echo_save(s); /* the answers remembered meanwhile (echo.c) */
 	if (ckpt_done)
 		ks_evict_enforce_caps(s); /* the checkpoint cap, oldest first */
 	return n;

@@ -310,6 +310,26 @@ await check(`${T}:own_answers_echoed`, async () => {
   assert(total >= 0.95 * want, `the session reused ${total} of ${want} tokens`);
 }, 240000);
 
+// --- answers remembered across a restart ------------------------------------------
+
+await check(`${T}:answers_survive_a_restart`, async () => {
+  const dir = join(model, '..', 'restart-cache');
+  let srv = await startServer(model, [...common, '--cache-dir', dir]);
+  const msgs = [{ role: 'system', content: SYSTEM }, { role: 'user', content: TASKS[0] }];
+  const a = await oai(srv).chat.completions.create({ model: NAME, messages: msgs, max_tokens: 48, temperature: 0 });
+  msgs.push(a.choices[0].message, { role: 'user', content: TASKS[1] });
+  const st = await srv.stop('SIGTERM', 15000);
+  eq(st.code, 0, 'exit status after SIGTERM');
+  srv = await startServer(model, [...common, '--cache-dir', dir]);
+  assert(/event=store\.echo_load [^\n]*loaded=1/.test(srv.log()), 'the answer record was loaded at start');
+  const b = await oai(srv).chat.completions.create({ model: NAME, messages: msgs, max_tokens: 4, temperature: 0 });
+  const u = b.usage, prev = a.usage.prompt_tokens + a.usage.completion_tokens;
+  eq(JSON.stringify(u.kvkeep.restored_messages), '[2]', 'the answer renders as generated after the restart');
+  assert(u.prompt_tokens_details.cached_tokens > a.usage.prompt_tokens,
+    `after the restart cached ${u.prompt_tokens_details.cached_tokens}: it does not reach into the answer (${a.usage.prompt_tokens} + ${a.usage.completion_tokens} = ${prev})`);
+  await srv.stop();
+}, 120000);
+
 // --- several served names; the tools-order rule ------------------------------------
 
 await check(`${T}:served_names_and_tools_order`, async () => {
