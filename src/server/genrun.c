@@ -228,6 +228,7 @@ void gen_run(struct ksv_job *job)
 
 	int cancelled = r->fail == KSS_FAIL_CANCELLED;
 	int status = r->fail ? fail_status(r->fail) : 0;
+	const char *why = NULL; /* a cancelled request: why (httpd.h ksv_stream_gone_why) */
 	if (r->fail == KSS_FAIL_MEMORY && !r->admitted)
 		ksv_metrics_add(s->f_rej_503, 1);
 	/* counted before the client gets its answer, so a client that reads
@@ -262,6 +263,8 @@ void gen_run(struct ksv_job *job)
 			snprintf(g->fail_msg, sizeof g->fail_msg, "%s", r->err);
 		}
 		g->phase = PH_DONE;
+		if (cancelled)
+			why = atomic_load(&s->stopping) ? "shutdown" : g->stream ? ksv_stream_gone_why(g->stream) : "hangup";
 		if (g->stream) {
 			ksv_stream_end(g->stream);
 			g->stream = NULL;
@@ -274,10 +277,10 @@ void gen_run(struct ksv_job *job)
 	double gen_s = r->t_first_ns ? (double)(r->t_last_ns - r->t_first_ns) / 1e9 : 0;
 	KV_INFO("request",
 		"route=%s stream=%d prompt_tokens=%u cached_tokens=%u resume=%s disk=%d restored_messages=%zu gen_tokens=%u "
-		"forced_tokens=%u finish=%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f%s%s",
+		"forced_tokens=%u finish=%s%s%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f%s%s",
 		g->route, g->in.req.stream, r->usage.prompt_tokens, r->usage.cached_tokens,
 		r->admitted ? r->resume_kind : "none", r->from_disk > 0, g->in.pr.n_restored, r->generated, g->in.n_forced,
-		cancelled ? "cancelled" : status ? "error" : r->finish,
+		cancelled ? "cancelled" : status ? "error" : r->finish, why ? " why=" : "", why ? why : "",
 		r->t_first_ns ? (double)(r->t_first_ns - g->t_arrive) / 1e6 : 0.0,
 		gen_s > 0 && r->generated > 1 ? (r->generated - 1) / gen_s : 0.0, (double)(t_start - g->job.t_submit_ns) / 1e6,
 		r->prefill_ms, dur * 1e3, status && !cancelled ? " error=" : "", status && !cancelled ? r->err : "");
