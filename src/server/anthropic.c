@@ -352,8 +352,9 @@ int ksv_anth_to_chat(const json_t *body, int for_count, json_t **chat_out, char 
 	/* generation fields: copied as they are; request.c checks them */
 	v = json_object_get(body, "max_tokens");
 	if (!for_count) {
-		if (!v) {
-			rc = ksv_wire_bad(param, cap, "max_tokens", "%s: required%s", NULL);
+		if (!v || json_is_null(v)) {
+			/* Anthropic's max_tokens has no default: null is no value */
+			rc = ksv_wire_bad(param, cap, "max_tokens", "%s: required (an integer >= 1)%s", NULL);
 			goto fail;
 		}
 		json_object_set(chat, "max_tokens", (json_t *)v);
@@ -530,6 +531,7 @@ static const char *error_type(int status)
 	case 403: return "permission_error";
 	case 404: return "not_found_error";
 	case 413: return "request_too_large";
+	case 415: return "invalid_request_error";
 	case 429: return "rate_limit_error";
 	case 503: return "overloaded_error";
 	default: return status >= 500 ? "api_error" : "invalid_request_error";

@@ -92,7 +92,7 @@ static json_t *usage_ext(const struct gen *g)
 	if (g->in.norm_report)
 		json_object_set(j, "normalized", g->in.norm_report);
 	if (g->res.have_explain)
-		json_object_set_new(j, "cache", ksv_explain_json(&g->res.ex));
+		json_object_set_new(j, "cache", ksv_explain_json(&g->res.ex, g->in.trusted));
 	if (g->in.pr.n_restored) {
 		/* the server's own answers the prompt used as generated */
 		json_t *a = json_array();
@@ -139,7 +139,8 @@ static void account(struct gen *g)
 				     .cached_disk = from_disk, .gen_tokens = r->generated,
 				     .ttft_ms = r->t_first_ns ? (double)(r->t_first_ns - g->t_arrive) / 1e6 : 0,
 				     .prefill_ms = r->prefill_ms, .decode_ms = r->decode_ms,
-				     .miss = r->have_explain && pc < np ? ksv_explain_json(&r->ex) : NULL};
+				     .miss = r->have_explain && pc < np ? ksv_explain_json(&r->ex, 1) : NULL,
+				     .salted = g->in.salt != NULL};
 	snprintf(rec.route, sizeof rec.route, "%s", g->route);
 	snprintf(rec.resume, sizeof rec.resume, "%s", r->resume_kind);
 	ksv_recent_add(s->recent, &rec);

@@ -385,6 +385,8 @@ static int queue(struct ksv_conn *c, int status, const char *ctype, struct MHD_R
 		return kv_fail(KV_ERR_NOMEM, "httpd: cannot create a response");
 	if (ctype)
 		MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+	/* a browser never reads an answer as another type than it says */
+	MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
 	for (size_t i = 0; i < c->n_hdrs; i++)
 		MHD_add_response_header(r, c->hdrs[i].name, c->hdrs[i].value);
 	enum MHD_Result ok = MHD_queue_response(c->mc, (unsigned)status, r);
@@ -533,7 +535,7 @@ static void send_raw_413(struct ksv_conn *c, const char *body)
 	char buf[1024];
 	int n = snprintf(buf, sizeof buf,
 			 "HTTP/1.1 413 Payload Too Large\r\nConnection: close\r\nContent-Type: application/json\r\n"
-			 "Content-Length: %zu\r\n\r\n%s",
+			 "X-Content-Type-Options: nosniff\r\nContent-Length: %zu\r\n\r\n%s",
 			 strlen(body), body);
 	if (c->fd >= 0 && n > 0 && (size_t)n < sizeof buf) {
 		ssize_t w = send(c->fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);

@@ -245,6 +245,7 @@ static void error_fields(int status, const char **type, const char **code)
 	case 404: *type = "invalid_request_error"; *code = "not_found"; break;
 	case 405: *type = "invalid_request_error"; *code = "method_not_allowed"; break;
 	case 413: *type = "invalid_request_error"; *code = "request_too_large"; break;
+	case 415: *type = "invalid_request_error"; *code = "unsupported_media_type"; break;
 	case 429:
 	case 503:
 		*type = "overloaded_error";

@@ -283,7 +283,7 @@ void ksv_wire_usage_ext(const struct ksv_answer *a, json_t *usage)
 		json_object_set(usage, "kvkeep", a->ext);
 }
 
-json_t *ksv_explain_json(const struct kss_explain *e)
+json_t *ksv_explain_json(const struct kss_explain *e, int with_cached)
 {
 	json_t *j = json_object();
 	json_object_set_new(j, "shared_tokens", json_integer(e->shared));
@@ -292,7 +292,10 @@ json_t *ksv_explain_json(const struct kss_explain *e)
 	json_object_set_new(j, "role", e->role[0] ? json_string(e->role) : json_null());
 	json_object_set_new(j, "tool", e->tool >= 0 ? json_integer(e->tool) : json_null());
 	json_object_set_new(j, "new", ksv_json_text(e->new_text, strlen(e->new_text)));
-	json_object_set_new(j, "cached", e->cached_text[0] ? ksv_json_text(e->cached_text, strlen(e->cached_text))
-							   : json_null());
+	/* the cached side is what another client sent: only for a trusted
+	 * caller (auth.h ksv_auth_trusted) */
+	json_object_set_new(j, "cached", with_cached && e->cached_text[0]
+						 ? ksv_json_text(e->cached_text, strlen(e->cached_text))
+						 : json_null());
 	return j;
 }

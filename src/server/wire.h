@@ -151,7 +151,7 @@ json_t *ksv_wire_buf_string(const struct kv_buf *b);
 void ksv_wire_add_function(json_t *out, const char *name, const json_t *description, const json_t *schema);
 /* The miss explainer (session/explain.h) as JSON: {"shared_tokens",
  * "first_diff", "message", "role", "tool", "new", "cached"}. New ref. */
-json_t *ksv_explain_json(const struct kss_explain *e);
+json_t *ksv_explain_json(const struct kss_explain *e, int with_cached);
 /* The "kvkeep" usage extension in a usage object (when a->ext). */
 void ksv_wire_usage_ext(const struct ksv_answer *a, json_t *usage);
 
