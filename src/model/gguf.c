@@ -17,6 +17,7 @@
 #include "model/quant.h"
 #include "base/buf.h"
 #include "base/durable.h"
+#include "base/corrupt.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/map.h"

@@ -5,6 +5,7 @@
 #include "model/gguf_model.h"
 #include "model/quant.h"
 #include "model/safetensors.h"
+#include "base/corrupt.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/json.h"

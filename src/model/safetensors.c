@@ -19,6 +19,7 @@
 #include "model/gguf_model.h"
 #include "base/buf.h"
 #include "base/durable.h"
+#include "base/corrupt.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/json.h"

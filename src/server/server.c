@@ -13,6 +13,7 @@
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/env.h"
+#include "base/corrupt.h"
 #include "base/err.h"
 #include "base/hash.h"
 #include "base/io.h"

@@ -3,6 +3,7 @@
  */
 #include "store/ns.h"
 #include "base/durable.h"
+#include "base/corrupt.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "model/safetensors.h"

@@ -15,6 +15,7 @@
 #include "base/clock.h"
 #include "base/durable.h"
 #include "base/env.h"
+#include "base/corrupt.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/log.h"
