@@ -3,6 +3,7 @@
  */
 #include "engine/moe.h"
 #include "engine/engine_int.h"
+#include "engine/matmul.h"
 #include "engine/vec.h"
 #include "base/err.h"
 #include "base/mem.h"

@@ -18,6 +18,7 @@
 #include "base/io.h"
 #include "base/mem.h"
 #include "engine/isa.h"
+#include "engine/matmul.h"
 #include "engine/gemm.h"
 #include "base/clock.h"
 #include "engine/model.h"

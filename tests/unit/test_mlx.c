@@ -32,6 +32,7 @@
 #include "base/io.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/matmul.h"
 #include "engine/mlxgemm.h"
 #include "engine/model.h"
 #include "engine/seq.h"

@@ -12,6 +12,7 @@
 #include "base/err.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/matmul.h"
 #include "engine/qdot.h"
 #include "engine/qgemm.h"
 #include "model/quant.h"
