@@ -80,7 +80,7 @@ void ke_mat_row_f32(const struct ke_mat *w, int r, float *out)
 			memcpy(&h, p + (size_t)k * 2, 2);
 			out[k] = kv_bf16_to_f32(h);
 		}
-	} else if (kq_is_quant(w->dtype)) {
+	} else if (kv_dtype_is_quant(w->dtype)) {
 		/* ggml blocks: the row is whole blocks at its block row stride */
 		const char *p = (const char *)w->data + (size_t)r * (size_t)kv_dtype_row_bytes(w->dtype, (uint64_t)w->ld);
 		if (kq_dequant_row(w->dtype, p, out, (size_t)w->cols))

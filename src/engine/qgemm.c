@@ -31,7 +31,7 @@ static __thread float tl_panel[KE_QGEMM_MAX_K] __attribute__((aligned(64)));
 
 int ke_qgemm_handles(const struct ke_mat *w)
 {
-	return kq_is_quant(w->dtype) || w->dtype == KV_DT_F16;
+	return kv_dtype_is_quant(w->dtype) || w->dtype == KV_DT_F16;
 }
 
 static const uint8_t *row_ptr(const struct ke_mat *w, int r)

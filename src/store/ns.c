@@ -2,8 +2,8 @@
  * ns.c - see ns.h.
  */
 #include "store/ns.h"
-#include "base/durable.h"
 #include "base/corrupt.h"
+#include "base/durable.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "model/safetensors.h"

@@ -9,8 +9,8 @@
  */
 #include "store/obj.h"
 #include "base/clock.h"
-#include "base/durable.h"
 #include "base/corrupt.h"
+#include "base/durable.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/mem.h"

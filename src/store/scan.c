@@ -13,9 +13,9 @@
  * on probing file names directly.
  */
 #include "base/clock.h"
+#include "base/corrupt.h"
 #include "base/durable.h"
 #include "base/env.h"
-#include "base/corrupt.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/log.h"

@@ -37,6 +37,7 @@
 #include "engine/model.h"
 #include "engine/seq.h"
 #include "model/mlx.h"
+#include "model/mlx_convert.h"
 #include "model/safetensors.h"
 #include "model/synth.h"
 #include "server/fingerprint.h"
