@@ -465,8 +465,6 @@ kj_cfail(struct cstate *cs, size_t off, const char *fmt, ...);
 void __attribute__((noreturn)) kj_cnomem(struct cstate *cs);
 void *kj_calloc_c(struct cstate *cs, size_t n);
 void kj_lex(struct cstate *cs);
-
-/* --- jinja_parse.c --- */
 void kj_pos_of(const struct kv_tmpl *t, size_t off, int *line, int *col);
 
 /* --- jinja_value.c --- */
