@@ -580,10 +580,373 @@ static struct val marg(struct rt *rt, const struct node *at, const struct val *s
 	return *v;
 }
 
+/*
+ * The methods, one function each (or one for a group that differs by a
+ * flag, which reads id), found by id in g_methods with the kind of object
+ * they belong to: Python's str, dict and list methods, and loop.cycle.
+ * fname is "kind.name" for messages.
+ */
+typedef struct val method_fn(struct rt *rt, const struct node *at, const struct val *self, int id, const char *fname,
+			     const struct args *a);
+#define METHOD(name)                                                                                      \
+	static struct val name(struct rt *rt, const struct node *at, const struct val *self,                \
+			       int id __attribute__((unused)), const char *fname __attribute__((unused)), \
+			       const struct args *a)
+
+/* Parameter names the methods bind. */
+static const char *const pn_chars[] = {"chars"}, *const pn_sep[] = {"sep", "maxsplit"},
+		  *const pn_replace[] = {"old", "new", "count"}, *const pn_width[] = {"width", "fillchar"},
+		  *const pn_sub[] = {"sub"}, *const pn_keepends[] = {"keepends"}, *const pn_x[] = {"x"},
+		  *const pn_get[] = {"key", "default"};
+
+METHOD(meth_str_strip)
+{
+	struct val p[1];
+	kj_bind(rt, at, fname, pn_chars, 1, 0, a, p);
+	if (p[0].t == V_STR)
+		p[0] = marg(rt, at, self, &p[0]);
+	return kj_str_strip(rt, at, self, &p[0], id == M_S_STRIP ? 3 : id == M_S_LSTRIP ? 1 : 2);
+}
+
+METHOD(meth_str_split)
+{
+	struct val p[2];
+	kj_bind(rt, at, fname, pn_sep, 2, 0, a, p);
+	if (p[0].t == V_STR)
+		p[0] = marg(rt, at, self, &p[0]);
+	return kj_str_split(rt, at, self, &p[0], p[1].t == V_MISSING ? -1 : kj_want_int(rt, at, fname, &p[1]),
+			 id == M_S_RSPLIT);
+}
+
+METHOD(meth_str_replace)
+{
+	struct val p[3];
+	kj_bind(rt, at, fname, pn_replace, 3, 2, a, p);
+	kj_want_str(rt, at, fname, &p[0]);
+	kj_want_str(rt, at, fname, &p[1]);
+	p[0] = marg(rt, at, self, &p[0]);
+	p[1] = marg(rt, at, self, &p[1]);
+	{
+		struct val r = kj_str_replace(rt, at, self, &p[0], &p[1],
+					   p[2].t == V_MISSING ? -1 : kj_want_int(rt, at, fname, &p[2]));
+		r.safe = self->safe;
+		return r;
+	}
+}
+
+METHOD(meth_str_startsends)
+{
+	if (a->n != 1 || a->nkw)
+		UNSUP(rt, at, "%s() with start/end arguments", fname);
+	return vbool(startsends(rt, at, self, &a->v[0], id == M_S_ENDSWITH));
+}
+
+METHOD(meth_str_case)
+{
+	struct val p[1];
+	kj_bind(rt, at, fname, NULL, 0, 0, a, p);
+	return kj_str_case(rt, at, self, id == M_S_UPPER ? CASE_UPPER : id == M_S_LOWER ? CASE_LOWER
+					     : id == M_S_TITLE ? CASE_TITLE : CASE_CAPITALIZE);
+}
+
+METHOD(meth_str_pad)
+{
+	struct val p[2];
+	kj_bind(rt, at, fname, pn_width, 2, 1, a, p);
+	return kj_str_pad(rt, at, self, kj_want_int(rt, at, fname, &p[0]), &p[1],
+		       id == M_S_CENTER ? 0 : id == M_S_LJUST ? 1 : 2);
+}
+
+METHOD(meth_str_zfill)
+{
+	struct val p[1];
+	kj_bind(rt, at, fname, pn_width, 1, 1, a, p);
+	int64_t w = kj_want_int(rt, at, fname, &p[0]), len = (int64_t)kv_utf8_count(self->u.s.p, self->u.s.n);
+	if (w <= len)
+		return *self;
+	if (w > (int64_t)rt->max_out)
+		kj_rfail(rt, at, KV_ERR_INVALID, "padding wider than the output cap");
+	struct outbuf b = {0};
+	size_t sign = self->u.s.n && (self->u.s.p[0] == '-' || self->u.s.p[0] == '+');
+	kj_ob_add(rt, at, &b, self->u.s.p, sign);
+	for (int64_t i = 0; i < w - len; i++)
+		kj_ob_addc(rt, at, &b, '0');
+	kj_ob_add(rt, at, &b, self->u.s.p + sign, self->u.s.n - sign);
+	return kj_ob_val(&b);
+}
+
+METHOD(meth_str_count)
+{
+	if (a->n != 1 || a->nkw)
+		UNSUP(rt, at, "%s() with start/end arguments", fname);
+	kj_want_str(rt, at, fname, &a->v[0]);
+	if (!a->v[0].u.s.n)
+		return vint((int64_t)kv_utf8_count(self->u.s.p, self->u.s.n) + 1);
+	int64_t c = 0;
+	const char *q = self->u.s.p, *e = q + self->u.s.n;
+	while ((q = memmem(q, (size_t)(e - q), a->v[0].u.s.p, a->v[0].u.s.n))) {
+		c++;
+		q += a->v[0].u.s.n;
+	}
+	return vint(c);
+}
+
+METHOD(meth_str_find)
+{
+	if (a->n != 1 || a->nkw)
+		UNSUP(rt, at, "%s() with start/end arguments", fname);
+	kj_want_str(rt, at, fname, &a->v[0]);
+	int64_t r = str_find(self, &a->v[0], id == M_S_RFIND || id == M_S_RINDEX);
+	if (r < 0 && (id == M_S_INDEX || id == M_S_RINDEX))
+		TYPE_ERR(rt, at, "substring not found");
+	return vint(r);
+}
+
+METHOD(meth_str_partition)
+{
+	struct val p[1];
+	kj_bind(rt, at, fname, pn_sub, 1, 1, a, p);
+	kj_want_str(rt, at, fname, &p[0]);
+	if (!p[0].u.s.n)
+		TYPE_ERR(rt, at, "empty separator");
+	struct list *l = kj_list_new(rt, at, 3, L_TUPLE);
+	int64_t k = str_find(self, &p[0], id == M_S_RPARTITION);
+	if (k < 0) {
+		l->v[0] = id == M_S_PARTITION ? *self : vstr("", 0);
+		l->v[1] = vstr("", 0);
+		l->v[2] = id == M_S_PARTITION ? vstr("", 0) : *self;
+	} else {
+		size_t *offs;
+		kj_cp_offsets(rt, at, self->u.s.p, self->u.s.n, &offs);
+		size_t b0 = OFF(offs, k), b1 = b0 + p[0].u.s.n;
+		l->v[0] = vstr(self->u.s.p, b0);
+		l->v[1] = p[0];
+		l->v[2] = vstr(self->u.s.p + b1, self->u.s.n - b1);
+	}
+	return vlist(l);
+}
+
+METHOD(meth_str_remove)
+{
+	struct val p[1];
+	kj_bind(rt, at, fname, pn_sub, 1, 1, a, p);
+	kj_want_str(rt, at, fname, &p[0]);
+	int e = id == M_S_REMOVESUFFIX;
+	if (p[0].u.s.n && startsends(rt, at, self, &p[0], e)) {
+		struct val r = vstr(self->u.s.p + (e ? 0 : p[0].u.s.n), self->u.s.n - p[0].u.s.n);
+		r.safe = self->safe;
+		return r;
+	}
+	return *self;
+}
+
+METHOD(meth_str_splitlines)
+{
+	struct val p[1];
+	kj_bind(rt, at, fname, pn_keepends, 1, 0, a, p);
+	return kj_str_splitlines(rt, at, self, p[0].t != V_MISSING && kj_truthy(&p[0]));
+}
+
+METHOD(meth_str_join)
+{
+	struct val p[1];
+	kj_bind(rt, at, fname, pn_x, 1, 1, a, p);
+	return kj_str_join(rt, at, self, kj_iter_items(rt, at, &p[0]), 1);
+}
+
+METHOD(meth_str_format)
+{
+	return str_format(rt, at, self, a);
+}
+
+METHOD(meth_str_isalnum)
+{
+	struct val p[1];
+	kj_bind(rt, at, fname, NULL, 0, 0, a, p);
+	return vbool(str_all(self, kj_py_isalnum));
+}
+
+METHOD(meth_str_isalpha)
+{
+	struct val p[1];
+	kj_bind(rt, at, fname, NULL, 0, 0, a, p);
+	return vbool(str_all(self, kj_py_isalpha));
+}
+
+METHOD(meth_str_isdigit)
+{
+	struct val p[1];
+	kj_bind(rt, at, fname, NULL, 0, 0, a, p);
+	return vbool(str_all(self, kj_py_isdigit));
+}
+
+METHOD(meth_str_isnumeric)
+{
+	struct val p[1];
+	kj_bind(rt, at, fname, NULL, 0, 0, a, p);
+	return vbool(str_all(self, py_isnumeric_cp));
+}
+
+METHOD(meth_str_isspace)
+{
+	struct val p[1];
+	kj_bind(rt, at, fname, NULL, 0, 0, a, p);
+	return vbool(str_all(self, kj_py_isspace));
+}
+
+METHOD(meth_str_islower)
+{
+	struct val p[1];
+	kj_bind(rt, at, fname, NULL, 0, 0, a, p);
+	return vbool(kj_str_is_case(self, 0));
+}
+
+METHOD(meth_str_isupper)
+{
+	struct val p[1];
+	kj_bind(rt, at, fname, NULL, 0, 0, a, p);
+	return vbool(kj_str_is_case(self, 1));
+}
+
+METHOD(meth_dict_get)
+{
+	const struct dict *d = self->u.d;
+	struct val p[2];
+	kj_bind(rt, at, fname, pn_get, 2, 1, a, p);
+	long i = kj_dict_find(rt, at, d, &p[0]);
+	return i >= 0 ? d->v[i] : p[1].t == V_MISSING ? KJ_NONE : p[1];
+}
+
+METHOD(meth_dict_items)
+{
+	const struct dict *d = self->u.d;
+	struct val p[1];
+	kj_bind(rt, at, fname, NULL, 0, 0, a, p);
+	struct list *l = kj_list_new(rt, at, d->n, L_ITEMS);
+	for (size_t i = 0; i < d->n; i++) {
+		struct list *pair = kj_list_new(rt, at, 2, L_TUPLE);
+		pair->v[0] = d->k[i];
+		pair->v[1] = d->v[i];
+		l->v[i] = vlist(pair);
+	}
+	return vlist(l);
+}
+
+METHOD(meth_dict_keys_values)
+{
+	const struct dict *d = self->u.d;
+	struct val p[1];
+	kj_bind(rt, at, fname, NULL, 0, 0, a, p);
+	struct list *l = kj_list_new(rt, at, d->n, id == M_D_KEYS ? L_KEYS : L_VALUES);
+	if (d->n)
+		memcpy(l->v, id == M_D_KEYS ? d->k : d->v, d->n * sizeof *l->v);
+	return vlist(l);
+}
+
+METHOD(meth_dict_copy)
+{
+	const struct dict *d = self->u.d;
+	struct val p[1];
+	kj_bind(rt, at, fname, NULL, 0, 0, a, p);
+	struct dict *c = kj_dict_new(rt, at, d->n);
+	for (size_t i = 0; i < d->n; i++)
+		kj_dict_set(rt, at, c, d->k[i], d->v[i]);
+	return vdict(c);
+}
+
+METHOD(meth_list_count)
+{
+	const struct list *l = self->u.l;
+	struct val p[1];
+	kj_bind(rt, at, fname, pn_x, 1, 1, a, p);
+	int64_t c = 0;
+	for (size_t i = 0; i < l->n; i++)
+		c += kj_val_eq(rt, at, &l->v[i], &p[0], 0);
+	return vint(c);
+}
+
+METHOD(meth_list_index)
+{
+	const struct list *l = self->u.l;
+	if (a->n != 1 || a->nkw)
+		UNSUP(rt, at, "%s() with start/end arguments", fname);
+	for (size_t i = 0; i < l->n; i++)
+		if (kj_val_eq(rt, at, &l->v[i], &a->v[0], 0))
+			return vint((int64_t)i);
+	TYPE_ERR(rt, at, "%s(): value is not in the list", fname);
+}
+
+METHOD(meth_list_copy)
+{
+	const struct list *l = self->u.l;
+	struct val p[1];
+	kj_bind(rt, at, fname, NULL, 0, 0, a, p);
+	struct list *c = kj_list_new(rt, at, l->n, l->kind);
+	memcpy(c->v, l->v, l->n * sizeof *l->v);
+	return vlist(c);
+}
+
+METHOD(meth_loop_cycle)
+{
+	if (a->nkw || a->n == 0)
+		TYPE_ERR(rt, at, "loop.cycle(): no items for cycling given");
+	return a->v[self->u.lo->i % (size_t)a->n];
+}
+
+static const struct {
+	int kind;       /* enum vkind of self */
+	method_fn *fn;
+} g_methods[M__COUNT] = {
+	[M_S_STRIP] = {V_STR, meth_str_strip},
+	[M_S_LSTRIP] = {V_STR, meth_str_strip},
+	[M_S_RSTRIP] = {V_STR, meth_str_strip},
+	[M_S_SPLIT] = {V_STR, meth_str_split},
+	[M_S_RSPLIT] = {V_STR, meth_str_split},
+	[M_S_REPLACE] = {V_STR, meth_str_replace},
+	[M_S_STARTSWITH] = {V_STR, meth_str_startsends},
+	[M_S_ENDSWITH] = {V_STR, meth_str_startsends},
+	[M_S_UPPER] = {V_STR, meth_str_case},
+	[M_S_LOWER] = {V_STR, meth_str_case},
+	[M_S_TITLE] = {V_STR, meth_str_case},
+	[M_S_CAPITALIZE] = {V_STR, meth_str_case},
+	[M_S_CENTER] = {V_STR, meth_str_pad},
+	[M_S_LJUST] = {V_STR, meth_str_pad},
+	[M_S_RJUST] = {V_STR, meth_str_pad},
+	[M_S_ZFILL] = {V_STR, meth_str_zfill},
+	[M_S_COUNT] = {V_STR, meth_str_count},
+	[M_S_FIND] = {V_STR, meth_str_find},
+	[M_S_RFIND] = {V_STR, meth_str_find},
+	[M_S_INDEX] = {V_STR, meth_str_find},
+	[M_S_RINDEX] = {V_STR, meth_str_find},
+	[M_S_PARTITION] = {V_STR, meth_str_partition},
+	[M_S_RPARTITION] = {V_STR, meth_str_partition},
+	[M_S_REMOVEPREFIX] = {V_STR, meth_str_remove},
+	[M_S_REMOVESUFFIX] = {V_STR, meth_str_remove},
+	[M_S_SPLITLINES] = {V_STR, meth_str_splitlines},
+	[M_S_JOIN] = {V_STR, meth_str_join},
+	[M_S_FORMAT] = {V_STR, meth_str_format},
+	[M_S_ISALNUM] = {V_STR, meth_str_isalnum},
+	[M_S_ISALPHA] = {V_STR, meth_str_isalpha},
+	[M_S_ISDIGIT] = {V_STR, meth_str_isdigit},
+	[M_S_ISDECIMAL] = {V_STR, meth_str_isdigit},
+	[M_S_ISNUMERIC] = {V_STR, meth_str_isnumeric},
+	[M_S_ISSPACE] = {V_STR, meth_str_isspace},
+	[M_S_ISLOWER] = {V_STR, meth_str_islower},
+	[M_S_ISUPPER] = {V_STR, meth_str_isupper},
+	[M_D_GET] = {V_DICT, meth_dict_get},
+	[M_D_ITEMS] = {V_DICT, meth_dict_items},
+	[M_D_KEYS] = {V_DICT, meth_dict_keys_values},
+	[M_D_VALUES] = {V_DICT, meth_dict_keys_values},
+	[M_D_COPY] = {V_DICT, meth_dict_copy},
+	[M_L_COUNT] = {V_LIST, meth_list_count},
+	[M_L_INDEX] = {V_LIST, meth_list_index},
+	[M_L_COPY] = {V_LIST, meth_list_copy},
+	[M_LOOP_CYCLE] = {V_LOOP, meth_loop_cycle},
+};
+
 struct val kj_call_method(struct rt *rt, const struct node *at, const struct val *self, int id,
 			  const struct args *a)
 {
-	struct val p[4];
 	const char *name = kj_meth_names[id];
 	char fname[48];
 	snprintf(fname, sizeof fname, "%s.%s", kj_kind_name(self), name);
@@ -593,217 +956,8 @@ struct val kj_call_method(struct rt *rt, const struct node *at, const struct val
 					 "lists or dicts)", name, kj_kind_name(self));
 		UNSUP(rt, at, "%s() is not supported", fname);
 	}
-	if (self->t == V_STR) {
-		static const char *const n1[] = {"chars"}, *const nsep[] = {"sep", "maxsplit"},
-				  *const nrep[] = {"old", "new", "count"}, *const nw[] = {"width", "fillchar"},
-				  *const nsub[] = {"sub"}, *const nke[] = {"keepends"}, *const nx[] = {"x"};
-		switch (id) {
-		case M_S_STRIP:
-		case M_S_LSTRIP:
-		case M_S_RSTRIP:
-			kj_bind(rt, at, fname, n1, 1, 0, a, p);
-			if (p[0].t == V_STR)
-				p[0] = marg(rt, at, self, &p[0]);
-			return kj_str_strip(rt, at, self, &p[0], id == M_S_STRIP ? 3 : id == M_S_LSTRIP ? 1 : 2);
-		case M_S_SPLIT:
-		case M_S_RSPLIT:
-			kj_bind(rt, at, fname, nsep, 2, 0, a, p);
-			if (p[0].t == V_STR)
-				p[0] = marg(rt, at, self, &p[0]);
-			return kj_str_split(rt, at, self, &p[0], p[1].t == V_MISSING ? -1 : kj_want_int(rt, at, fname, &p[1]),
-					 id == M_S_RSPLIT);
-		case M_S_REPLACE:
-			kj_bind(rt, at, fname, nrep, 3, 2, a, p);
-			kj_want_str(rt, at, fname, &p[0]);
-			kj_want_str(rt, at, fname, &p[1]);
-			p[0] = marg(rt, at, self, &p[0]);
-			p[1] = marg(rt, at, self, &p[1]);
-			{
-				struct val r = kj_str_replace(rt, at, self, &p[0], &p[1],
-							   p[2].t == V_MISSING ? -1 : kj_want_int(rt, at, fname, &p[2]));
-				r.safe = self->safe;
-				return r;
-			}
-		case M_S_STARTSWITH:
-		case M_S_ENDSWITH:
-			if (a->n != 1 || a->nkw)
-				UNSUP(rt, at, "%s() with start/end arguments", fname);
-			return vbool(startsends(rt, at, self, &a->v[0], id == M_S_ENDSWITH));
-		case M_S_UPPER:
-		case M_S_LOWER:
-		case M_S_TITLE:
-		case M_S_CAPITALIZE:
-			kj_bind(rt, at, fname, NULL, 0, 0, a, p);
-			return kj_str_case(rt, at, self, id == M_S_UPPER ? CASE_UPPER : id == M_S_LOWER ? CASE_LOWER
-							     : id == M_S_TITLE ? CASE_TITLE : CASE_CAPITALIZE);
-		case M_S_CENTER:
-		case M_S_LJUST:
-		case M_S_RJUST:
-			kj_bind(rt, at, fname, nw, 2, 1, a, p);
-			return kj_str_pad(rt, at, self, kj_want_int(rt, at, fname, &p[0]), &p[1],
-				       id == M_S_CENTER ? 0 : id == M_S_LJUST ? 1 : 2);
-		case M_S_ZFILL: {
-			kj_bind(rt, at, fname, nw, 1, 1, a, p);
-			int64_t w = kj_want_int(rt, at, fname, &p[0]), len = (int64_t)kv_utf8_count(self->u.s.p, self->u.s.n);
-			if (w <= len)
-				return *self;
-			if (w > (int64_t)rt->max_out)
-				kj_rfail(rt, at, KV_ERR_INVALID, "padding wider than the output cap");
-			struct outbuf b = {0};
-			size_t sign = self->u.s.n && (self->u.s.p[0] == '-' || self->u.s.p[0] == '+');
-			kj_ob_add(rt, at, &b, self->u.s.p, sign);
-			for (int64_t i = 0; i < w - len; i++)
-				kj_ob_addc(rt, at, &b, '0');
-			kj_ob_add(rt, at, &b, self->u.s.p + sign, self->u.s.n - sign);
-			return kj_ob_val(&b);
-		}
-		case M_S_COUNT: {
-			if (a->n != 1 || a->nkw)
-				UNSUP(rt, at, "%s() with start/end arguments", fname);
-			kj_want_str(rt, at, fname, &a->v[0]);
-			if (!a->v[0].u.s.n)
-				return vint((int64_t)kv_utf8_count(self->u.s.p, self->u.s.n) + 1);
-			int64_t c = 0;
-			const char *q = self->u.s.p, *e = q + self->u.s.n;
-			while ((q = memmem(q, (size_t)(e - q), a->v[0].u.s.p, a->v[0].u.s.n))) {
-				c++;
-				q += a->v[0].u.s.n;
-			}
-			return vint(c);
-		}
-		case M_S_FIND:
-		case M_S_RFIND:
-		case M_S_INDEX:
-		case M_S_RINDEX: {
-			if (a->n != 1 || a->nkw)
-				UNSUP(rt, at, "%s() with start/end arguments", fname);
-			kj_want_str(rt, at, fname, &a->v[0]);
-			int64_t r = str_find(self, &a->v[0], id == M_S_RFIND || id == M_S_RINDEX);
-			if (r < 0 && (id == M_S_INDEX || id == M_S_RINDEX))
-				TYPE_ERR(rt, at, "substring not found");
-			return vint(r);
-		}
-		case M_S_PARTITION:
-		case M_S_RPARTITION: {
-			kj_bind(rt, at, fname, nsub, 1, 1, a, p);
-			kj_want_str(rt, at, fname, &p[0]);
-			if (!p[0].u.s.n)
-				TYPE_ERR(rt, at, "empty separator");
-			struct list *l = kj_list_new(rt, at, 3, L_TUPLE);
-			int64_t k = str_find(self, &p[0], id == M_S_RPARTITION);
-			if (k < 0) {
-				l->v[0] = id == M_S_PARTITION ? *self : vstr("", 0);
-				l->v[1] = vstr("", 0);
-				l->v[2] = id == M_S_PARTITION ? vstr("", 0) : *self;
-			} else {
-				size_t *offs;
-				kj_cp_offsets(rt, at, self->u.s.p, self->u.s.n, &offs);
-				size_t b0 = OFF(offs, k), b1 = b0 + p[0].u.s.n;
-				l->v[0] = vstr(self->u.s.p, b0);
-				l->v[1] = p[0];
-				l->v[2] = vstr(self->u.s.p + b1, self->u.s.n - b1);
-			}
-			return vlist(l);
-		}
-		case M_S_REMOVEPREFIX:
-		case M_S_REMOVESUFFIX: {
-			kj_bind(rt, at, fname, nsub, 1, 1, a, p);
-			kj_want_str(rt, at, fname, &p[0]);
-			int e = id == M_S_REMOVESUFFIX;
-			if (p[0].u.s.n && startsends(rt, at, self, &p[0], e)) {
-				struct val r = vstr(self->u.s.p + (e ? 0 : p[0].u.s.n), self->u.s.n - p[0].u.s.n);
-				r.safe = self->safe;
-				return r;
-			}
-			return *self;
-		}
-		case M_S_SPLITLINES:
-			kj_bind(rt, at, fname, nke, 1, 0, a, p);
-			return kj_str_splitlines(rt, at, self, p[0].t != V_MISSING && kj_truthy(&p[0]));
-		case M_S_JOIN: {
-			kj_bind(rt, at, fname, nx, 1, 1, a, p);
-			return kj_str_join(rt, at, self, kj_iter_items(rt, at, &p[0]), 1);
-		}
-		case M_S_FORMAT:
-			return str_format(rt, at, self, a);
-		case M_S_ISALNUM: kj_bind(rt, at, fname, NULL, 0, 0, a, p); return vbool(str_all(self, kj_py_isalnum));
-		case M_S_ISALPHA: kj_bind(rt, at, fname, NULL, 0, 0, a, p); return vbool(str_all(self, kj_py_isalpha));
-		case M_S_ISDIGIT:
-		case M_S_ISDECIMAL: kj_bind(rt, at, fname, NULL, 0, 0, a, p); return vbool(str_all(self, kj_py_isdigit));
-		case M_S_ISNUMERIC: kj_bind(rt, at, fname, NULL, 0, 0, a, p); return vbool(str_all(self, py_isnumeric_cp));
-		case M_S_ISSPACE: kj_bind(rt, at, fname, NULL, 0, 0, a, p); return vbool(str_all(self, kj_py_isspace));
-		case M_S_ISLOWER: kj_bind(rt, at, fname, NULL, 0, 0, a, p); return vbool(kj_str_is_case(self, 0));
-		case M_S_ISUPPER: kj_bind(rt, at, fname, NULL, 0, 0, a, p); return vbool(kj_str_is_case(self, 1));
-		}
-	}
-	if (self->t == V_DICT) {
-		static const char *const nget[] = {"key", "default"};
-		const struct dict *d = self->u.d;
-		switch (id) {
-		case M_D_GET: {
-			kj_bind(rt, at, fname, nget, 2, 1, a, p);
-			long i = kj_dict_find(rt, at, d, &p[0]);
-			return i >= 0 ? d->v[i] : p[1].t == V_MISSING ? KJ_NONE : p[1];
-		}
-		case M_D_ITEMS: {
-			kj_bind(rt, at, fname, NULL, 0, 0, a, p);
-			struct list *l = kj_list_new(rt, at, d->n, L_ITEMS);
-			for (size_t i = 0; i < d->n; i++) {
-				struct list *pair = kj_list_new(rt, at, 2, L_TUPLE);
-				pair->v[0] = d->k[i];
-				pair->v[1] = d->v[i];
-				l->v[i] = vlist(pair);
-			}
-			return vlist(l);
-		}
-		case M_D_KEYS:
-		case M_D_VALUES: {
-			kj_bind(rt, at, fname, NULL, 0, 0, a, p);
-			struct list *l = kj_list_new(rt, at, d->n, id == M_D_KEYS ? L_KEYS : L_VALUES);
-			if (d->n)
-				memcpy(l->v, id == M_D_KEYS ? d->k : d->v, d->n * sizeof *l->v);
-			return vlist(l);
-		}
-		case M_D_COPY: {
-			kj_bind(rt, at, fname, NULL, 0, 0, a, p);
-			struct dict *c = kj_dict_new(rt, at, d->n);
-			for (size_t i = 0; i < d->n; i++)
-				kj_dict_set(rt, at, c, d->k[i], d->v[i]);
-			return vdict(c);
-		}
-		}
-	}
-	if (self->t == V_LIST) {
-		static const char *const nx[] = {"x"};
-		const struct list *l = self->u.l;
-		switch (id) {
-		case M_L_COUNT: {
-			kj_bind(rt, at, fname, nx, 1, 1, a, p);
-			int64_t c = 0;
-			for (size_t i = 0; i < l->n; i++)
-				c += kj_val_eq(rt, at, &l->v[i], &p[0], 0);
-			return vint(c);
-		}
-		case M_L_INDEX:
-			if (a->n != 1 || a->nkw)
-				UNSUP(rt, at, "%s() with start/end arguments", fname);
-			for (size_t i = 0; i < l->n; i++)
-				if (kj_val_eq(rt, at, &l->v[i], &a->v[0], 0))
-					return vint((int64_t)i);
-			TYPE_ERR(rt, at, "%s(): value is not in the list", fname);
-		case M_L_COPY: {
-			kj_bind(rt, at, fname, NULL, 0, 0, a, p);
-			struct list *c = kj_list_new(rt, at, l->n, l->kind);
-			memcpy(c->v, l->v, l->n * sizeof *l->v);
-			return vlist(c);
-		}
-		}
-	}
-	if (self->t == V_LOOP && id == M_LOOP_CYCLE) {
-		if (a->nkw || a->n == 0)
-			TYPE_ERR(rt, at, "loop.cycle(): no items for cycling given");
-		return a->v[self->u.lo->i % (size_t)a->n];
-	}
+	if (g_methods[id].fn && self->t == g_methods[id].kind)
+		return g_methods[id].fn(rt, at, self, id, fname, a);
 	UNSUP(rt, at, "%s() is not supported", fname);
 }
 
