@@ -1,9 +1,9 @@
 /*
  * jinja_int.h - internal to src/text/: what the pieces of the Jinja
  * interpreter behind text/template.h share (jinja_lex.c, jinja_parse.c,
- * jinja_value.c, jinja_builtins.c, jinja_eval.c) and what the chat layer
- * (chat.c) uses of them. Names shared between the pieces carry the kj_
- * prefix; everything else stays static in its piece.
+ * jinja_value.c, jinja_builtins.c, jinja_filters.c, jinja_eval.c) and what
+ * the chat layer (chat.c) uses of them. Names shared between the pieces
+ * carry the kj_ prefix; everything else stays static in its piece.
  *
  * What it renders. The chat_template of a tokenizer_config.json, the way
  * Hugging Face renders it: jinja2.sandbox.ImmutableSandboxedEnvironment
