@@ -35,6 +35,13 @@ struct ke_layer {
 	const float *dt_bias;     /* [Hv] */
 	const float *gnorm;       /* [dv] plain weight */
 	struct ke_moe *moe;       /* sparse MoE block instead of gate/up/down (moe.h), or NULL */
+	/* Mamba-2 (KV_LAYER_MAMBA, mamba.c): in_proj gives [z | xBC | dt];
+	 * conv_w, neg_a, dt_bias, gnorm ([H P]) and out above are its too.
+	 * Nemotron-H layers have no post_norm and no FFN (post_norm NULL);
+	 * its MLP layers (KV_LAYER_MLP) use up and down. */
+	struct ke_mat in_proj;
+	const float *conv_b;      /* [C] conv bias, or NULL */
+	const float *ssm_d;       /* [H] the D skip */
 };
 
 /* 8 matrices per layer at most for dense layers; a MoE layer lists its
@@ -156,6 +163,16 @@ struct ke_fwd {
 	const int *row0;               /* [n_seq + 1] */
 	const int *row_seq;            /* [n] */
 };
+
+/* fn(ctx, t) for t in [0, n) on the pool when there is enough work
+ * (about `work` float operations a row); each row the same function of its
+ * own data, so the split never changes a bit (forward.c). */
+typedef void (*ke_row_fn)(const void *ctx, int t);
+void ke_par_rows(int n, double work, ke_row_fn fn, const void *ctx);
+/* x += (in W^T) over the f->n rows, through sc->h (which must be dead)
+ * times residual_multiplier when the model has one (Granite), else
+ * accumulated straight into x. */
+void ke_gemm_residual(const struct ke_fwd *f, const struct ke_mat *w, const float *in, size_t k);
 
 /* Run f. toks[i]: the row0[i+1] - row0[i] tokens of seqs[i]. last_out[i]
  * (V floats or NULL): logits of that sequence's last row. logits_tmp holds

@@ -13,6 +13,7 @@
 #include "engine/attn.h"
 #include "engine/deltanet.h"
 #include "engine/isa.h"
+#include "engine/mamba.h"
 #include "engine/matmul.h"
 #include "engine/qgemm.h"
 #include "engine/prof.h"
@@ -112,6 +113,45 @@ static void par_rows(int n, double work, row_fn fn, const void *ctx)
 	kv_pool_for(pool, (size_t)n, grain ? grain : 1, rows_part, &j);
 }
 
+void ke_par_rows(int n, double work, ke_row_fn fn, const void *ctx)
+{
+	par_rows(n, work, fn, ctx);
+}
+
+/* x[t] += r * y[t] for a row (Granite's residual_multiplier): the product
+ * rounded, then the add, as transformers' residual + h * multiplier. */
+struct resid_job {
+	float *x;
+	const float *y;
+	float r;
+	int D;
+};
+
+static void resid_row(const void *ctx, int t)
+{
+	const struct resid_job *j = ctx;
+	float *x = j->x + (size_t)t * j->D;
+	const float *y = j->y + (size_t)t * j->D;
+	for (int i = 0; i < j->D; i++) {
+		float v = y[i] * j->r;
+		x[i] = x[i] + v;
+	}
+}
+
+void ke_gemm_residual(const struct ke_fwd *f, const struct ke_mat *w, const float *in, size_t k)
+{
+	const struct kv_model_config *c = &f->m->cfg;
+	struct ke_scratch *sc = f->sc;
+	int D = c->hidden;
+	if (c->residual_mult == 1.0 || c->residual_mult == 0.0) {
+		ke_gemm(w, in, k, f->n, sc->x, (size_t)D, KE_GEMM_ACCUM);
+		return;
+	}
+	ke_gemm(w, in, k, f->n, sc->h, (size_t)D, 0);
+	struct resid_job j = {sc->x, sc->h, (float)c->residual_mult, D};
+	par_rows(f->n, 2.0 * D, resid_row, &j);
+}
+
 struct norm_job {
 	float *out;
 	const float *x, *w;
@@ -200,12 +240,16 @@ static void qk_row(const void *ctx, int t)
 		float *dst = sc->qh + ((size_t)t * H + h) * hd;
 		if (gated)
 			memcpy(sc->gate + ((size_t)t * H + h) * hd, src + hd, (size_t)hd * sizeof *src);
-		ke_vec_rmsnorm(dst, src, ly->q_norm, hd, eps);
+		if (ly->q_norm)
+			ke_vec_rmsnorm(dst, src, ly->q_norm, hd, eps);
+		else /* Granite / Nemotron-H: no q/k norm */
+			memcpy(dst, src, (size_t)hd * sizeof *src);
 		rope(dst, cs, sn, half);
 	}
 	for (int g = 0; g < Hkv; g++) {
 		float *k = sc->k + (size_t)t * kw + (size_t)g * hd;
-		ke_vec_rmsnorm(k, k, ly->k_norm, hd, eps);
+		if (ly->k_norm)
+			ke_vec_rmsnorm(k, k, ly->k_norm, hd, eps);
 		rope(k, cs, sn, half);
 		struct ke_seq *s = f->seqs[f->row_seq[t]];
 		int pos = s->pos + t - f->row0[f->row_seq[t]];
@@ -242,7 +286,7 @@ static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 			.out = sc->att + r0,
 			.pos0 = f->seqs[i]->pos,
 			.n_tok = f->row0[i + 1] - f->row0[i],
-			.scale = (float)(1.0 / sqrt((double)hd)),
+			.scale = c->attn_scale > 0 ? (float)c->attn_scale : (float)(1.0 / sqrt((double)hd)),
 			.scratch = sc->attn_scr,
 			.scratch_threads = sc->attn_threads,
 		};
@@ -254,7 +298,7 @@ static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 		struct gate_job gj = {sc->att, sc->gate, (size_t)H * hd};
 		par_rows(n, 30.0 * H * hd, gate_row, &gj);
 	}
-	ke_gemm(&ly->o, sc->att, (size_t)H * hd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
+	ke_gemm_residual(f, &ly->o, sc->att, (size_t)H * hd);
 }
 
 /* The delta rule of every (sequence, value head) pair of a forward: one
@@ -465,6 +509,43 @@ static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	ke_gemm(&ly->out, sc->core, vd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
 }
 
+/* Nemotron-H's MLP layer: x += down(relu(up h)^2), the square one
+ * rounding of r * r as torch's relu(x) ** 2. */
+struct relu2_job {
+	float *u;
+	size_t w;
+};
+
+static void relu2_row(const void *ctx, int t)
+{
+	const struct relu2_job *j = ctx;
+	float *u = j->u + (size_t)t * j->w;
+	for (size_t i = 0; i < j->w; i++) {
+		float r = u[i] > 0.0f ? u[i] : 0.0f;
+		u[i] = r * r;
+	}
+}
+
+static void mlp_relu2(const struct ke_fwd *f, const struct ke_layer *ly)
+{
+	struct ke_scratch *sc = f->sc;
+	int D = f->m->cfg.hidden, I = ly->up.rows;
+	ke_gemm(&ly->up, sc->h, (size_t)D, f->n, sc->m1, (size_t)I, 0);
+	struct relu2_job j = {sc->m1, (size_t)I};
+	par_rows(f->n, 2.0 * I, relu2_row, &j);
+	ke_gemm_residual(f, &ly->down, sc->m1, (size_t)I);
+}
+
+/* Granite: logits / logits_scaling (a division, as transformers does). */
+static void logits_div(const struct kv_model_config *c, float *v, size_t n)
+{
+	if (c->logits_div == 0.0 || c->logits_div == 1.0)
+		return;
+	float d = (float)c->logits_div;
+	for (size_t i = 0; i < n; i++)
+		v[i] = v[i] / d;
+}
+
 /*
  * The rows of every sequence of f, concatenated, through all layers: the
  * GEMMs and per-row steps run over all f->n rows at once (their result per
@@ -483,6 +564,9 @@ static void forward_rows(const struct ke_fwd *f, const int32_t *const *toks)
 		int r0 = f->row0[i], ni = f->row0[i + 1] - r0;
 		for (int t = 0; t < ni; t++)
 			embed_row(m, toks[i][t], sc->x + (size_t)(r0 + t) * D);
+		if (c->embed_mult != 0.0 && c->embed_mult != 1.0) /* Granite's embedding_multiplier */
+			for (size_t e = (size_t)r0 * D; e < (size_t)(r0 + ni) * D; e++)
+				sc->x[e] = sc->x[e] * (float)c->embed_mult;
 		if (c->n_attn_layers) {
 			size_t half = (size_t)(c->rotary_dim / 2);
 			rope_tables(m, f->seqs[i]->pos, ni, sc->cosv + r0 * half, sc->sinv + r0 * half);
@@ -493,17 +577,24 @@ static void forward_rows(const struct ke_fwd *f, const int32_t *const *toks)
 		norm_rows(sc->h, sc->x, ly->in_norm, n, D, eps);
 		if (ly->type == KV_LAYER_ATTN)
 			attn_layer(f, ly);
+		else if (ly->type == KV_LAYER_MAMBA)
+			ke_mamba_layer(f, ly); /* mamba.c */
+		else if (ly->type == KV_LAYER_MLP)
+			mlp_relu2(f, ly);
 		else
 			dn_layer(f, ly);
+		if (!ly->post_norm) /* Nemotron-H: the mixer is the whole layer */
+			continue;
 		norm_rows(sc->h, sc->x, ly->post_norm, n, D, eps);
 		if (ly->moe) { /* sparse MoE block, moe.c */
 			ke_moe_forward(ly->moe, sc->h, n, D, sc->x, sc->moe);
 			continue;
 		}
+		I = ly->gate.rows; /* Granite's dense MLP is shared_intermediate wide */
 		ke_gemm(&ly->gate, sc->h, (size_t)D, n, sc->m1, (size_t)I, 0);
 		ke_gemm(&ly->up, sc->h, (size_t)D, n, sc->m2, (size_t)I, 0);
 		silu_rows(sc->m1, sc->m2, n, (size_t)I);
-		ke_gemm(&ly->down, sc->m1, (size_t)I, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
+		ke_gemm_residual(f, &ly->down, sc->m1, (size_t)ly->down.cols);
 	}
 }
 
@@ -523,9 +614,11 @@ void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, fl
 	if (rows_out) {
 		norm_rows(sc->h, sc->x, m->final_norm, n, D, eps);
 		ke_gemm(&m->lm_head, sc->h, (size_t)D, n, rows_out, (size_t)V, 0);
+		logits_div(c, rows_out, (size_t)n * V);
 	} else if (last_out) {
 		ke_vec_rmsnorm(sc->h, sc->x + (size_t)(n - 1) * D, m->final_norm, D, eps);
 		ke_gemm(&m->lm_head, sc->h, (size_t)D, 1, last_out, (size_t)V, 0);
+		logits_div(c, last_out, (size_t)V);
 	}
 }
 
@@ -546,6 +639,7 @@ void ke_forward_batch(const struct ke_fwd *f, const int32_t *const *toks, float 
 	if (!k)
 		return;
 	ke_gemm(&f->m->lm_head, sc->h, (size_t)D, k, logits_tmp, (size_t)V, 0);
+	logits_div(c, logits_tmp, (size_t)k * V);
 	k = 0;
 	for (int i = 0; i < f->n_seq; i++)
 		if (last_out[i])
