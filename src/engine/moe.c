@@ -229,14 +229,20 @@ int ke_moe_load_granite(struct ke_model *m, int layer, struct ke_moe **out)
 	mo->gate = (struct ke_mat *)(mo + 1);
 	mo->up = mo->gate + E;
 	mo->down = mo->up + E;
-	/* the shared expert's gate and up are the two halves of one matrix */
-	snprintf(name, sizeof name, "%slayers.%d.shared_mlp.input_linear.weight", m->prefix, layer);
-	if ((rc = get(m, name, 2, 2 * (int64_t)Is, D, 0, &t, &mq)))
-		goto fail;
-	view(m, &mo->sh_gate, t, &mq, 0, 2 * (int64_t)Is, 0, Is, D);
-	view(m, &mo->sh_up, t, &mq, 0, 2 * (int64_t)Is, Is, Is, D);
-	list_mat(m, &mo->sh_gate, t->name);
-	list_mat(m, &mo->sh_up, t->name);
+	if (c->shared_split) { /* a GGUF's ffn_{gate,up}_shexp */
+		if ((rc = mat2(m, &mo->sh_gate, Is, D, "%slayers.%d.shared_mlp.gate_proj.weight", layer, 1)) ||
+		    (rc = mat2(m, &mo->sh_up, Is, D, "%slayers.%d.shared_mlp.up_proj.weight", layer, 1)))
+			goto fail;
+	} else {
+		/* the shared expert's gate and up are the two halves of one matrix */
+		snprintf(name, sizeof name, "%slayers.%d.shared_mlp.input_linear.weight", m->prefix, layer);
+		if ((rc = get(m, name, 2, 2 * (int64_t)Is, D, 0, &t, &mq)))
+			goto fail;
+		view(m, &mo->sh_gate, t, &mq, 0, 2 * (int64_t)Is, 0, Is, D);
+		view(m, &mo->sh_up, t, &mq, 0, 2 * (int64_t)Is, Is, Is, D);
+		list_mat(m, &mo->sh_gate, t->name);
+		list_mat(m, &mo->sh_up, t->name);
+	}
 	if ((rc = mat2(m, &mo->router, E, D, "%slayers.%d.block_sparse_moe.router.layer.weight", layer, 1)) ||
 	    (rc = mat2(m, &mo->sh_down, D, Is, "%slayers.%d.shared_mlp.output_linear.weight", layer, 1)))
 		goto fail;

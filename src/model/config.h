@@ -168,6 +168,8 @@ struct kv_model_config {
 	double residual_mult;         /* granite residual_multiplier (1 otherwise) */
 	double attn_scale;            /* attention scale; 0: head_dim^-0.5 */
 	double logits_div;            /* granite logits_scaling: logits / it (1 otherwise) */
+	int shared_split;             /* granite MoE: the shared expert as shared_mlp.{gate,up}_proj
+	                                 (a GGUF's ffn_{gate,up}_shexp) instead of input_linear */
 };
 
 /* Largest config.json read (model/open.c, the MLX readers and writer). */

@@ -570,7 +570,12 @@ int kv_config_tensors_ssm(const struct kv_model_config *c, const char *p, struct
 			spec(&s, l, KV_ROLE_LINEAR_OUT, 2, D, Is, 0, "%slayers.%d.mlp.down_proj.weight", p, l);
 			continue;
 		}
-		spec(&s, l, KV_ROLE_LINEAR, 2, 2 * Is, D, 0, "%slayers.%d.shared_mlp.input_linear.weight", p, l);
+		if (c->shared_split) {
+			spec(&s, l, KV_ROLE_LINEAR, 2, Is, D, 0, "%slayers.%d.shared_mlp.gate_proj.weight", p, l);
+			spec(&s, l, KV_ROLE_LINEAR, 2, Is, D, 0, "%slayers.%d.shared_mlp.up_proj.weight", p, l);
+		} else {
+			spec(&s, l, KV_ROLE_LINEAR, 2, 2 * Is, D, 0, "%slayers.%d.shared_mlp.input_linear.weight", p, l);
+		}
 		spec(&s, l, KV_ROLE_LINEAR_OUT, 2, D, Is, 0, "%slayers.%d.shared_mlp.output_linear.weight", p, l);
 	}
 	spec(&s, -1, KV_ROLE_NORM, 1, D, 0, 0, nem ? "%snorm_f.weight" : "%snorm.weight", p);
