@@ -664,9 +664,9 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		}
 	double t_touch = kv_now_s(), touched = touch_weights(m);
 	t_touch = kv_now_s() - t_touch;
-	KV_INFO("engine.model.load", "dir=%s arch=%s layers=%d attn=%d deltanet=%d hidden=%d vocab=%d kv=%s "
+	KV_INFO("engine.model.load", "dir=%s arch=%s layers=%d attn=%d deltanet=%d mamba=%d hidden=%d vocab=%d kv=%s "
 		"page_tokens=%d weights_mb=%.1f touched_mb=%.1f touch_ms=%.0f", dir, kv_arch_name(c->arch),
-		c->n_layers, c->n_attn_layers, c->n_deltanet_layers, c->hidden, c->vocab, p->kv_f32 ? "f32" : "bf16",
+		c->n_layers, c->n_attn_layers, c->n_deltanet_layers, c->n_ssm_layers, c->hidden, c->vocab, p->kv_f32 ? "f32" : "bf16",
 		m->lay.page_tokens, (double)kv_weights_bytes(m->w) / 1048576.0, touched / 1048576.0, t_touch * 1e3);
 	kv_mlx_qcfg_free(L.q);
 	free(L.specs);

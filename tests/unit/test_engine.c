@@ -47,8 +47,8 @@ static const char *models(void)
 		return NULL;
 	}
 	atexit(cleanup);
-	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe", "tiny-next"};
-	for (int i = 0; i < 4; i++)
+	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe", "tiny-next", "tiny-granite-h", "tiny-nemotron-h"};
+	for (int i = 0; i < 6; i++)
 		if (kt_sh("'%s' mkmodel --preset %s --out '%s/%s' --no-sync >/dev/null 2>&1", kt_bin(), presets[i], g_dir,
 			  presets[i]) ||
 		    kt_sh("'%s' mkmodel --preset %s --dtype f32 --out '%s/%s-f32' --no-sync >/dev/null 2>&1", kt_bin(),
@@ -240,6 +240,15 @@ KT_CASE(batch_invariance_next_moe_50_splits)
 	batch_invariance("tiny-next");
 }
 
+/* The Mamba-2 hybrids: conv and SSM state through 50 random splits, the
+ * same bits as token by token (engine/mamba.h). */
+KT_CASE(batch_invariance_mamba_50_splits)
+{
+	batch_invariance("tiny-granite-h");
+	batch_invariance("tiny-nemotron-h");
+	batch_invariance("tiny-nemotron-h-f32");
+}
+
 /*
  * Continuous batching: K sequences advance together through ke_batch_run,
  * each step mixing decode tokens (n = 1), prefill chunks of random sizes
@@ -385,6 +394,13 @@ static void batched_chunks_equal_alone(const char *name)
 	ke_batch_destroy(b);
 	free(lg);
 	ke_model_destroy(m);
+}
+
+KT_CASE(batched_equals_alone_mamba)
+{
+	batched_equals_alone("tiny-granite-h");
+	batched_equals_alone("tiny-nemotron-h");
+	batched_chunks_equal_alone("tiny-nemotron-h");
 }
 
 KT_CASE(batched_chunks_equal_alone_hybrid)
@@ -628,6 +644,18 @@ KT_CASE(resume_from_snapshot_pages_tail_dense)
 KT_CASE(resume_from_snapshot_pages_tail_hybrid)
 {
 	resume_case("tiny-hybrid");
+}
+
+KT_CASE(cpu_paths_give_identical_logits_mamba)
+{
+	const char *names[] = {"tiny-granite-h", "tiny-nemotron-h-f32"};
+	cpu_paths(names, 2);
+}
+
+KT_CASE(resume_from_snapshot_pages_tail_mamba)
+{
+	resume_case("tiny-granite-h");
+	resume_case("tiny-nemotron-h");
 }
 
 KT_CASE(fork_shares_full_pages_and_copies_on_write)
@@ -1119,4 +1147,5 @@ KT_MAIN(layout_of_tiny_models, batch_invariance_dense_50_splits, batch_invarianc
 	resume_from_snapshot_pages_tail_dense, resume_from_snapshot_pages_tail_hybrid,
 	fork_shares_full_pages_and_copies_on_write, stop_points_callback_and_cancel, rewind_and_truncate,
 	bad_inputs_and_page_limit, scratch_is_sized_once, bad_model_folders_fail_at_load_naming_the_tensor,
-	generate_cli_writes_the_logits)
+	generate_cli_writes_the_logits, batch_invariance_mamba_50_splits, batched_equals_alone_mamba,
+	cpu_paths_give_identical_logits_mamba, resume_from_snapshot_pages_tail_mamba)
