@@ -457,7 +457,9 @@ static int load_ssm_layer(struct loader *L, int i)
 		return rc;
 	if (c->layer_moe[i])
 		return ke_moe_load_granite(m, i, &ly->moe); /* moe.c */
-	if (c->expert_layout == KV_EXPERTS_SPLIT) /* mlx-lm's dense Granite */
+	char mn[160];
+	snprintf(mn, sizeof mn, "%slayers.%d.mlp.gate_proj.weight", m->prefix, i);
+	if (kv_weights_find(m->w, mn)) /* mlx-lm's dense Granite, a GGUF's ffn_{gate,up,down} */
 		return (rc = load_mat(L, &ly->gate, "%slayers.%d.mlp.gate_proj.weight", i)) ||
 				       (rc = load_mat(L, &ly->up, "%slayers.%d.mlp.up_proj.weight", i)) ||
 				       (rc = load_mat(L, &ly->down, "%slayers.%d.mlp.down_proj.weight", i))
@@ -511,6 +513,8 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		goto fail;
 	if ((rc = kv_config_check_weights(c, m->w, m->prefix, sizeof m->prefix)))
 		goto fail;
+	if (c->ssm && !c->gguf) /* mlx-lm's Granite names: the tensor list follows the weights */
+		kv_config_detect_experts(c, m->w, m->prefix);
 
 	size_t nf = arena_floats(c);
 	m->owned = kv_alloc(KV_MEM_WEIGHTS, nf * sizeof(float));

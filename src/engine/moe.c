@@ -143,7 +143,6 @@ int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 	mo->I = I;
 	mo->Is = Is;
 	mo->norm_topk = c->norm_topk_prob;
-	mo->out_scale = 1.0f;
 	mo->gate = (struct ke_mat *)(mo + 1);
 	mo->up = mo->gate + E;
 	mo->down = mo->up + E;
@@ -472,6 +471,7 @@ void ke_moe_forward(const struct ke_moe *mo, const float *h, int n, int D, float
 		ke_gemm(&mo->sh_router, h, (size_t)D, n, s.sg, 1, 0);
 
 	/* the fixed-order sum of moe.h, then the residual */
+	const float os = mo->out_scale != 0.0f ? mo->out_scale : 1.0f;
 	for (int t = 0; t < n; t++) {
 		/* ungated (Granite): g = 1, and 1 * so is so exactly */
 		float g = mo->sh_router.data ? 1.0f / (1.0f + ke_exp(0.0f - s.sg[t])) : 1.0f;
@@ -485,7 +485,7 @@ void ke_moe_forward(const struct ke_moe *mo, const float *h, int n, int D, float
 			}
 			float sh = g * so[i];
 			y = y + sh;
-			float v = y * mo->out_scale; /* 1 but for Granite: y exactly */
+			float v = y * os; /* 1 but for Granite: y exactly */
 			xr[i] = xr[i] + v;
 		}
 	}

@@ -51,7 +51,7 @@ struct ke_moe {
 	struct ke_mat *gate, *up, *down; /* E views each: [I][D], [I][D], [D][I] */
 	struct ke_mat sh_gate, sh_up, sh_down; /* shared expert */
 	struct ke_mat sh_router;  /* [1][D] mlp.shared_expert_gate.weight; no data: ungated (Granite) */
-	float out_scale;          /* x += out_scale * y: Granite's residual_multiplier, else 1 */
+	float out_scale;          /* x += out_scale * y: Granite's residual_multiplier; 0 means 1 */
 };
 
 /* Load layer `layer`'s block from m->w (names under m->prefix). Errors

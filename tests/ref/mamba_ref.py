@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference_model import load_weights, compare_logits, compare_state  # noqa: E402
+from reference_model import load_weights, write_safetensors, compare_logits, compare_state  # noqa: E402
 
 
 def load_cfg(d):
@@ -258,6 +258,64 @@ class Model:
         return logits
 
 
+def dequant_mlx(src, dst):
+    """An MLX affine folder as kvkeep (mlx-lm's names) writes these families
+    -> a float32 Hugging Face folder of the same values: codes * scale +
+    bias per group, the conv back to [C, 1, K], Granite's switch_mlp stacks
+    back into block_sparse_moe.input_linear / output_linear and a dense
+    Granite's mlp.* back into shared_mlp."""
+    with open(os.path.join(src, "config.json")) as f:
+        j = json.load(f)
+    q = j["quantization"]
+    W = load_weights(src)
+    out = {}
+    for name, t in W.items():
+        if name.endswith(".scales") or name.endswith(".biases"):
+            continue
+        if isinstance(t, np.ndarray):  # U32 codes
+            base = name[:-len(".weight")]
+            o = q.get(base, q)
+            bits, gs = o["bits"], o["group_size"]
+            per = 32 // bits
+            lead = t.shape[:-1]
+            t2 = t.reshape(-1, t.shape[-1])
+            rows, packed = t2.shape
+            codes = np.zeros((rows, packed * per), dtype=np.int64)
+            for i in range(per):
+                codes[:, i::per] = (t2.astype(np.int64) >> (bits * i)) & ((1 << bits) - 1)
+            sc = W[base + ".scales"].numpy().astype(np.float64).reshape(rows, -1)
+            bi = W[base + ".biases"].numpy().astype(np.float64).reshape(rows, -1)
+            g = np.repeat(np.arange(codes.shape[1] // gs), gs)
+            t = torch.from_numpy((sc[:, g] * codes + bi[:, g]).astype(np.float32).reshape(*lead, codes.shape[1]))
+        elif name.endswith("conv1d.weight") and t.ndim == 3 and t.shape[-1] == 1:
+            t = t.permute(0, 2, 1).contiguous()
+        out[name] = t.float()
+    res = {}
+    for name, t in out.items():
+        if ".block_sparse_moe.switch_mlp.gate_proj." in name:
+            up = out[name.replace("gate_proj", "up_proj")]
+            res[name.replace("switch_mlp.gate_proj", "input_linear")] = torch.cat([t, up], dim=1)
+        elif ".block_sparse_moe.switch_mlp.down_proj." in name:
+            res[name.replace("switch_mlp.down_proj", "output_linear")] = t
+        elif ".block_sparse_moe.switch_mlp.up_proj." in name:
+            pass
+        elif ".mlp.gate_proj." in name and "mixer" not in name:
+            up = out[name.replace("gate_proj", "up_proj")]
+            res[name.replace("mlp.gate_proj", "shared_mlp.input_linear")] = torch.cat([t, up], dim=0)
+        elif ".mlp.down_proj." in name and "mixer" not in name:
+            res[name.replace("mlp.down_proj", "shared_mlp.output_linear")] = t
+        elif ".mlp.up_proj." in name and "mixer" not in name:
+            pass
+        else:
+            res[name] = t
+    os.makedirs(dst, exist_ok=True)
+    write_safetensors(os.path.join(dst, "model.safetensors"), res)
+    j.pop("quantization", None)
+    j.pop("quantization_config", None)
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(j, f, indent=2)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model")
@@ -270,10 +328,14 @@ def main():
                     help="comma list: check the chunked scan against the recurrent one at each size")
     ap.add_argument("--compare", nargs=2)
     ap.add_argument("--compare-state", nargs=2)
+    ap.add_argument("--dequant-mlx", nargs=2)
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--tol", type=float, default=1e-4)
     a = ap.parse_args()
     torch.set_num_threads(1)
+    if a.dequant_mlx:
+        dequant_mlx(*a.dequant_mlx)
+        return 0
     if a.compare:
         return compare_logits(a.compare[0], a.compare[1], a.vocab, a.tol)
     if a.compare_state:

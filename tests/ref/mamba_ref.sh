@@ -14,6 +14,11 @@
 #   chunking    the engine's logits and snapshot with prefill chunks of 1, 5
 #               and 64 tokens and on the scalar and AVX2 paths: the same bytes
 #               as the whole-prompt run (cmp)
+#   mlx         `kvkeep convert --mlx-bits` folders in mlx-lm's names
+#               (tiny-granite-h 4-bit: block_sparse_moe.switch_mlp stacks;
+#               tiny-granite-h-dense 8-bit: mlp.*; tiny-nemotron-h 4-bit;
+#               groups of 32) run by the engine against the reference on the
+#               same weights dequantized by mamba_ref.py --dequant-mlx (1e-4)
 # One "ok NAME" / "FAIL NAME: why" line per check.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -87,5 +92,25 @@ for p in tiny-granite-h tiny-granite-h-dense tiny-nemotron-h; do
 		cmp -s "$T/$p.v.bin" "$T/$p.c.bin" && cmp -s "$T/$p.v.st" "$T/$p.c.st" || { same=0; echo "  $p: $isa differs" >&2; }
 	done
 	if [ $same = 1 ]; then ok "${p}_engine_chunks_and_paths_bit_identical"; else fail "${p}_engine_chunks_and_paths_bit_identical" "logits or state differ"; fi
+done
+for pb in tiny-granite-h:4 tiny-granite-h-dense:8 tiny-nemotron-h:4; do
+	p=${pb%:*} b=${pb#*:} d=$T/${pb%:*}
+	[ -d "$d" ] || continue
+	q=$T/$p-mlx$b
+	vocab=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$d/config.json")
+	TOK=$("$PY" -c "import random; r=random.Random(11); print(','.join(str(r.randrange($vocab)) for _ in range(64)))")
+	if ! "$BIN" convert --model "$d" --out "$q" --mlx-bits "$b" --group-size 32 --no-sync >"$T/mlx.log" 2>&1 ||
+		! "$PY" "$REF" --dequant-mlx "$q" "$q-deq" >>"$T/mlx.log" 2>&1 || ! gen "$q" "$q.c" ||
+		! "$PY" "$REF" --model "$q-deq" --tokens "$TOK" --logits-out "$q.r.bin" --state-out "$q.r.st" >>"$T/mlx.log" 2>&1; then
+		fail "${p}_mlx${b}" "$(tail -2 "$T/mlx.log" "$q.c.log" 2>/dev/null | tr '\n' ' ')"
+		continue
+	fi
+	if out=$("$PY" "$REF" --compare "$q.c.bin" "$q.r.bin" --vocab "$vocab" --tol 1e-4) &&
+		out2=$("$PY" "$REF" --compare-state "$q.c.st" "$q.r.st" --tol 1e-4); then
+		ok "${p}_mlx${b}_logits_and_state_vs_dequantized_reference"
+	else
+		fail "${p}_mlx${b}_logits_and_state_vs_dequantized_reference" "$out ${out2:-}"
+	fi
+	echo "  $p mlx$b: $out ${out2:-}" >&2
 done
 [ $fails = 0 ]
