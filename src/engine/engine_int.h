@@ -166,7 +166,7 @@ struct ke_fwd {
 
 /* fn(ctx, t) for t in [0, n) on the pool when there is enough work
  * (about `work` float operations a row); each row the same function of its
- * own data, so the split never changes a bit (forward.c). */
+ * own data, so the split never changes a bit (rows.c). */
 typedef void (*ke_row_fn)(const void *ctx, int t);
 void ke_par_rows(int n, double work, ke_row_fn fn, const void *ctx);
 /* x += (in W^T) over the f->n rows, through sc->h (which must be dead)
