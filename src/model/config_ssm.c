@@ -317,7 +317,8 @@ static int parse_granite(struct sp *p, struct kv_model_config *c)
 		return kv_fail(KV_ERR_INVALID, "%s: attention_multiplier, logits_scaling and rms_norm_eps must be "
 			       "positive (rms_norm_eps below 1)", p->what);
 	c->attn_scale = am;
-	if ((rc = gets_only(p, "position_embedding_type", "rope", "nope", NULL)))
+	/* transformers' default (None) is no RoPE too: only "rope" turns it on */
+	if ((rc = gets_only(p, "position_embedding_type", "nope", "nope", NULL)))
 		return kv_fail_ctx(rc, "RoPE on Granite hybrid attention is not implemented (the 4.0-H releases "
 				   "use nope)");
 	if ((rc = gets_only(p, "hidden_act", "silu", "silu", NULL)) ||
