@@ -450,11 +450,7 @@ struct relu2_job {
 static void relu2_row(const void *ctx, int t)
 {
 	const struct relu2_job *j = ctx;
-	float *u = j->u + (size_t)t * j->w;
-	for (size_t i = 0; i < j->w; i++) {
-		float r = u[i] > 0.0f ? u[i] : 0.0f;
-		u[i] = r * r;
-	}
+	ke_vec_relu2(j->u + (size_t)t * j->w, (int)j->w);
 }
 
 static void mlp_relu2(const struct ke_fwd *f, const struct ke_layer *ly)

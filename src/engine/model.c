@@ -834,12 +834,12 @@ size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *s
 		end = off > end ? off : end;
 	}
 	if (c->n_ssm_layers) {
-		/* Mamba-2 (mamba.c): in_proj output, dt, exp(dt A), y */
+		/* Mamba-2 (mamba.c): in_proj output, the scan's operands, y */
 		size_t H = (size_t)c->ssm_heads, W = H * (size_t)c->ssm_head_dim;
 		off = base;
+		size_t GN = (size_t)c->ssm_groups * (size_t)c->ssm_state;
 		CARVE(mix, C * (W + (size_t)kv_config_conv_dim(c) + H));
-		CARVE(beta, C * H);
-		CARVE(alpha, C * H);
+		CARVE(dq, C * (2 * W + 2 * GN + 2 * H)); /* the scan's compact operands (mamba.c) */
 		CARVE(core, C * W);
 		end = off > end ? off : end;
 	}

@@ -7,6 +7,7 @@
 #include "kt.h"
 #include "engine/isa.h"
 #include "engine/mamba.h"
+#include "engine/vec.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -119,4 +120,22 @@ KT_CASE(scan_matches_double_recurrence)
 	drop(&p);
 }
 
-KT_MAIN(scan_paths_and_chunks_bit_identical, scan_matches_double_recurrence)
+/* Nemotron-H's relu(x)^2 on every path, edge values included. */
+KT_CASE(relu2_paths)
+{
+	float a[37], b[37];
+	for (int i = 0; i < 37; i++)
+		a[i] = rnd() * 3.0f;
+	a[0] = -0.0f, a[1] = NAN, a[2] = -INFINITY, a[3] = INFINITY, a[4] = 1e-30f;
+	memcpy(b, a, sizeof a);
+	ke_vec_relu2_isa(KE_ISA_SCALAR, a, 37);
+	for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
+		float c[37];
+		memcpy(c, b, sizeof c);
+		ke_vec_relu2_isa(isa, c, 37);
+		KT_CHECKF(!memcmp(a, c, sizeof a), "%s differs from scalar", ke_isa_name(isa));
+	}
+	KT_CHECK(a[0] == 0.0f && !signbit(a[0]) && a[1] == 0.0f && a[2] == 0.0f && isinf(a[3]) && a[4] == 0.0f);
+}
+
+KT_MAIN(scan_paths_and_chunks_bit_identical, scan_matches_double_recurrence, relu2_paths)
