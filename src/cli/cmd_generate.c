@@ -7,6 +7,9 @@
  *       [--min-p P] [--presence-penalty X] [--frequency-penalty X]
  *       [--repetition-penalty X] [--seed S] [--generation-config none|auto|DIR]
  *       [--stop TEXT] [--logits-out FILE]
+ *       [--grammar FILE.gbnf | --json-schema FILE [--strict] | --json-object |
+ *        --tools FILE --tool-choice required|auto|none|NAME [--tool-format json|xml]
+ *        [--parallel-tool-calls]] [--grammar-close N] [--completion-out FILE]
  *
  * Prints the generated ids on one line ("ids: 1 2 3") and, when the folder
  * has a tokenizer, the text of prompt + completion after "text: ". Timing
@@ -30,6 +33,18 @@
  *                       models; layout.h snapshot format)
  * --prompt encodes with the folder's tokenizer.json (special tokens such
  * as <|im_start|> are recognised).
+ *
+ * Constraints (docs/constrain.md): --grammar (GBNF), --json-schema (a JSON
+ * Schema file; --strict makes an unsupported keyword an error),
+ * --json-object (any JSON object) or --tools with --tool-choice (the
+ * model's tool-call syntax, --tool-format json for Qwen3, xml for
+ * Qwen3.5) mask every sampled token (ke_sample_masked) with the grammar's
+ * allowed tokens; the stop ids are allowed exactly when the grammar can
+ * end. --grammar-close N closes the output after N tokens with the
+ * grammar's shortest completion (forced tokens), so a random model's
+ * output is complete within a budget: the corpus test relies on it.
+ * --completion-out writes the completion's bytes (the end-of-sequence
+ * token left out) to FILE.
  */
 #include "base/clock.h"
 #include "base/buf.h"
@@ -41,6 +56,12 @@
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "model/genconfig.h"
+#include "base/io.h"
+#include "base/json.h"
+#include "text/gbnf.h"
+#include "text/gmatch.h"
+#include "text/jschema.h"
+#include "text/tcgram.h"
 #include "text/template.h"
 #include "text/tokenizer.h"
 #include "text/stop.h"
@@ -59,6 +80,89 @@ static int write_f32(const char *path, const void *p, size_t bytes)
 	return 0;
 }
 
+/* Read a whole file (at most 16 MB) through the I/O table. */
+static char *read_all(const char *path, size_t *len)
+{
+	char *p = NULL;
+	if (kv_io_read_file(path, 16u << 20, &p, len)) {
+		fprintf(stderr, "kvkeep generate: %s\n", kv_errmsg());
+		return NULL;
+	}
+	return p;
+}
+
+struct cons_flags {
+	const char *grammar, *schema, *tools, *tool_choice, *tool_format;
+	int json_object, strict, parallel, print;
+};
+
+/* The constraint's grammar from the flags: NULL and 0 when there is none. */
+static int build_constraint(const struct cons_flags *cf, struct kv_gram **out)
+{
+	int n = !!cf->grammar + !!cf->schema + !!cf->json_object + !!cf->tools;
+	*out = NULL;
+	if (!n)
+		return 0;
+	if (n > 1) {
+		fprintf(stderr, "kvkeep generate: give one of --grammar, --json-schema, --json-object, --tools\n");
+		return -1;
+	}
+	size_t len;
+	char *txt = NULL;
+	json_t *j = NULL;
+	int rc = 0;
+	if (cf->grammar) {
+		if (!(txt = read_all(cf->grammar, &len)))
+			return -1;
+		rc = kv_gbnf_parse(txt, len, out);
+	} else if (cf->json_object) {
+		struct kv_js_opts o = {.strict = cf->strict};
+		rc = kv_jschema_any_object(&o, out);
+	} else {
+		const char *path = cf->schema ? cf->schema : cf->tools;
+		if (!(txt = read_all(path, &len)))
+			return -1;
+		if ((rc = kv_json_parse(path, txt, len, KV_JSON_MAX_DEPTH, &j)))
+			goto done;
+		if (cf->schema) {
+			struct kv_js_opts o = {.strict = cf->strict};
+			rc = kv_jschema_compile(j, &o, out);
+		} else {
+			const char *ch = cf->tool_choice ? cf->tool_choice : "required";
+			struct kv_tcg_params tp = {.parallel = cf->parallel, .strict = cf->strict};
+			tp.format = cf->tool_format && !strcmp(cf->tool_format, "xml") ? KV_TC_XML : KV_TC_JSON;
+			if (cf->tool_format && strcmp(cf->tool_format, "xml") && strcmp(cf->tool_format, "json")) {
+				fprintf(stderr, "kvkeep generate: --tool-format must be json or xml\n");
+				rc = -1;
+				goto done;
+			}
+			if (!strcmp(ch, "required"))
+				tp.choice = KV_TCG_REQUIRED;
+			else if (!strcmp(ch, "auto"))
+				tp.choice = KV_TCG_AUTO;
+			else if (!strcmp(ch, "none"))
+				tp.choice = KV_TCG_NONE;
+			else {
+				tp.choice = KV_TCG_NAMED;
+				tp.name = ch;
+			}
+			rc = kv_tcg_build(j, &tp, out);
+		}
+	}
+done:
+	if (rc > 0 || rc < -1)
+		fprintf(stderr, "kvkeep generate: %s\n", kv_errmsg());
+	free(txt);
+	json_decref(j);
+	if (!rc && cf->print) {
+		struct kv_buf b = KV_BUF_INIT;
+		kv_gram_dump(*out, &b);
+		fprintf(stderr, "%s", b.p ? b.p : "");
+		kv_buf_free(&b);
+	}
+	return rc ? -1 : 0;
+}
+
 static int cmd_generate(int argc, char **argv)
 {
 	const char *model = NULL, *prompt = NULL, *tokens_s = NULL, *logits_out = NULL, *all_out = NULL,
@@ -69,6 +173,9 @@ static int cmd_generate(int argc, char **argv)
 	double sv[KV_GC_N] = {NAN, NAN, NAN, NAN, NAN, NAN, NAN};
 	int kv_f32 = 0, ignore_eos = 0, quiet = 0;
 	const char *quant_act = "q8";
+	struct cons_flags cf = {0};
+	const char *completion_out = NULL;
+	int64_t close_at = -1;
 	struct kv_flag flags[] = {
 		{"model", KV_FLAG_STR, &model, "DIR", "model folder (config.json + safetensors)"},
 		{"prompt", KV_FLAG_STR, &prompt, "TEXT", "prompt text (needs the folder's tokenizer.json)"},
@@ -98,6 +205,20 @@ static int cmd_generate(int argc, char **argv)
 		{"page-tokens", KV_FLAG_INT, &page_tokens, "N", "tokens per KV page (default 256)"},
 		{"ignore-eos", KV_FLAG_BOOL, &ignore_eos, NULL, "do not stop at an EOS token"},
 		{"quiet", KV_FLAG_BOOL, &quiet, NULL, "no timing line on stderr"},
+		{"grammar", KV_FLAG_STR, &cf.grammar, "FILE", "constrain the output to a GBNF grammar (llama.cpp syntax)"},
+		{"json-schema", KV_FLAG_STR, &cf.schema, "FILE", "constrain the output to JSON valid under the JSON Schema in FILE"},
+		{"json-object", KV_FLAG_BOOL, &cf.json_object, NULL, "constrain the output to any JSON object"},
+		{"strict", KV_FLAG_BOOL, &cf.strict, NULL, "an unsupported JSON Schema keyword is an error (default: ignored)"},
+		{"tools", KV_FLAG_STR, &cf.tools, "FILE", "an OpenAI tools array: constrain the output to tool calls"},
+		{"tool-choice", KV_FLAG_STR, &cf.tool_choice, "required|auto|none|NAME",
+		 "with --tools: which calls are allowed (default required)"},
+		{"tool-format", KV_FLAG_STR, &cf.tool_format, "json|xml",
+		 "with --tools: Qwen3 JSON (default) or Qwen3.5 XML tool-call syntax"},
+		{"parallel-tool-calls", KV_FLAG_BOOL, &cf.parallel, NULL, "with --tools: several calls may follow each other"},
+		{"print-grammar", KV_FLAG_BOOL, &cf.print, NULL, "print the constraint's grammar (GBNF-like) to stderr"},
+		{"grammar-close", KV_FLAG_INT, &close_at, "N",
+		 "after N tokens, finish the constrained output with its shortest completion (default: never)"},
+		{"completion-out", KV_FLAG_STR, &completion_out, "FILE", "write the completion's bytes to FILE"},
 		{0},
 	};
 	const char *usage = "usage: kvkeep generate --model DIR (--prompt TEXT | --tokens 1,2,3) [--max-tokens N] "
@@ -146,6 +267,19 @@ static int cmd_generate(int argc, char **argv)
 	float *logits = NULL, *all = NULL;
 	void *snap = NULL;
 	int status = 1;
+	struct kv_gram *ir = NULL;
+	struct kv_gvocab *gv = NULL;
+	struct kv_grammar *gram = NULL;
+	struct kv_gmatch *gm = NULL;
+	uint32_t *mask = NULL;
+	struct kv_buf comp = KV_BUF_INIT;
+	double mask_s = 0, mask_max = 0;
+	int n_masks = 0;
+
+	if (build_constraint(&cf, &ir)) {
+		status = 2;
+		goto out;
+	}
 
 	struct ke_model_params mp = {.kv_f32 = kv_f32, .page_tokens = (int)page_tokens,
 				     .quant_act = ke_quant_act_parse(quant_act)};
@@ -212,8 +346,34 @@ static int cmd_generate(int argc, char **argv)
 	}
 	if (tok)
 		kv_tok_stream_init(&ds, tok, 1);
+	if (ir) {
+		if (!tok) {
+			fprintf(stderr, "kvkeep generate: a constraint needs the folder's tokenizer\n");
+			status = 2;
+			goto out;
+		}
+		double c0 = kv_now_s();
+		if (kv_gvocab_create(tok, V, &gv)) {
+			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+			goto out;
+		}
+		double c1 = kv_now_s();
+		if (kv_grammar_create(ir, gv, NULL, &gram) || kv_gmatch_create(gram, stop_ids, n_stop_ids, &gm)) {
+			fprintf(stderr, "kvkeep generate: %s\n", kv_errmsg());
+			status = 2;
+			goto out;
+		}
+		if (!quiet)
+			fprintf(stderr, "constraint: vocabulary trie %.1f ms, grammar compiled in %.2f ms (%d states)\n",
+				(c1 - c0) * 1e3, (kv_now_s() - c1) * 1e3, kv_grammar_pda(gram)->n_states);
+		mask = malloc((size_t)kv_gmatch_mask_words(gm) * sizeof *mask);
+		if (!mask) {
+			fprintf(stderr, "kvkeep: out of memory\n");
+			goto out;
+		}
+	}
 	logits = kv_alloc(KV_MEM_SCRATCH, (size_t)V * sizeof *logits);
-	out_ids = malloc(((size_t)max_tokens + 1) * sizeof *out_ids);
+	out_ids = malloc(((size_t)max_tokens + 4096 + 1) * sizeof *out_ids);
 	if (all_out)
 		all = kv_alloc(KV_MEM_SCRATCH, n_ids * (size_t)V * sizeof *all);
 	if (!logits || !out_ids || (all_out && !all)) {
@@ -240,14 +400,62 @@ static int cmd_generate(int argc, char **argv)
 	int n_out = 0;
 	const char *finish = "length";
 	for (int i = 0; i < max_tokens; i++) {
-		int32_t t = ke_sample(smp, logits);
+		int32_t t;
+		if (gm) {
+			if (close_at >= 0 && i >= close_at && !kv_gmatch_can_end(gm)) {
+				/* the budget is spent: finish with the shortest completion */
+				struct kv_buf cb = KV_BUF_INIT;
+				int k = -1;
+				if (!kv_gmatch_complete(gm, &cb) && cb.len <= 4096)
+					k = kv_gmatch_force(gm, cb.p, cb.len, out_ids + n_out);
+				kv_buf_free(&cb);
+				if (k < 0) {
+					fprintf(stderr, "kvkeep generate: could not close the output: %s\n", kv_errmsg());
+					goto out;
+				}
+				for (int q = 0; q < k; q++) {
+					size_t bl;
+					const char *bp = kv_tok_bytes_get(gv->bytes, out_ids[n_out + q], &bl);
+					kv_buf_add(&comp, bp, bl);
+				}
+				n_out += k;
+				finish = "closed";
+				break;
+			}
+			if (kv_gmatch_done(gm) && !n_stop_ids) {
+				finish = "grammar";
+				break;
+			}
+			double m0 = kv_now_s();
+			if (kv_gmatch_fill_mask(gm, mask)) {
+				fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+				goto out;
+			}
+			double m1 = kv_now_s();
+			mask_s += m1 - m0;
+			if (m1 - m0 > mask_max)
+				mask_max = m1 - m0;
+			n_masks++;
+			t = ke_sample_masked(smp, logits, mask);
+			if (kv_gmatch_accept(gm, t)) {
+				fprintf(stderr, "kvkeep generate: the sampler chose a token the grammar refuses: %s\n", kv_errmsg());
+				goto out;
+			}
+		} else {
+			t = ke_sample(smp, logits);
+		}
 		out_ids[n_out++] = t;
 		int eos = 0;
 		for (int e = 0; e < n_stop_ids; e++)
 			eos |= stop_ids[e] == t;
-		if (eos && !ignore_eos) {
+		if (eos && (!ignore_eos || gm)) {
 			finish = "eos";
 			break;
+		}
+		if (gm) {
+			size_t bl;
+			const char *bp = kv_tok_bytes_get(gv->bytes, t, &bl);
+			kv_buf_add(&comp, bp, bl);
 		}
 		if (stop) { /* the text so far, searched where the new piece could complete a match */
 			size_t before = gen_text.len, L = strlen(stop);
@@ -286,12 +494,37 @@ static int cmd_generate(int argc, char **argv)
 		}
 	}
 	printf("finish: %s\n", finish);
+	if (gm) {
+		printf("grammar: %s\n", kv_gmatch_ended(gm) || kv_gmatch_can_end(gm) ? "complete" : "incomplete");
+		if (!quiet && n_masks)
+			fprintf(stderr, "constraint: %d masks, mean %.1f us, max %.1f us\n", n_masks, mask_s / n_masks * 1e6,
+				mask_max * 1e6);
+	}
+	if (completion_out) {
+		if (!gm) { /* no constraint: the decoded completion */
+			char *text = NULL;
+			size_t tl = 0;
+			if (tok && !kv_tok_decode(tok, out_ids, (size_t)n_out, 1, &text, &tl))
+				kv_buf_add(&comp, text, tl);
+			free(text);
+		}
+		if (kv_durable_write(completion_out, comp.p ? comp.p : "", comp.len, KV_DW_NO_SYNC | KV_DW_PUBLIC)) {
+			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+			goto out;
+		}
+	}
 	if (!quiet)
 		fprintf(stderr, "prompt %zu tokens in %.3f s (%.1f tok/s), %d generated in %.3f s (%.1f tok/s), isa=%s\n",
 			n_ids, t1 - t0, (double)n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_out, t2 - t1,
 			n_out > 1 ? (double)(n_out - 1) / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0, ke_isa_name(ke_isa()));
 	status = 0;
 out:
+	free(mask);
+	kv_buf_free(&comp);
+	kv_gmatch_free(gm);
+	kv_grammar_unref(gram);
+	kv_gvocab_free(gv);
+	kv_gram_free(ir);
 	free(snap);
 	kv_free(all);
 	kv_free(logits);

@@ -32,7 +32,22 @@
 
 #define P_END (-1)
 #define P_CTX (-2)
-enum { F_END = 1, F_CTX = 2 };
+#define P_ESC (-3)
+enum { F_END = 1, F_CTX = 2, F_ESCEND = 4 };
+
+/*
+ * Where a rule may return to, for walks: when a path pops the bottom of a
+ * walk (P_CTX) or of an escaped path (P_ESC), it goes on from every state
+ * some call of that rule returns to, with the stack below unknown (P_ESC):
+ * a context-insensitive over-approximation that lets a walk reject the
+ * tokens no context can take (a space followed by a word, after a JSON
+ * value) instead of leaving them all to the run-time check.
+ */
+struct rets {
+	int32_t *off;      /* [n_rules + 1] into st */
+	int32_t *st;
+	uint8_t *end_ok;   /* [n_rules] the rule may be the bottom of a stack */
+};
 
 struct pair {
 	int32_t s, p;
@@ -82,6 +97,7 @@ static int i32_push(struct i32v *a, int32_t x)
 
 struct gss {
 	int32_t *st, *par, *depth;
+	uint8_t *esc;     /* the chain below ends in P_ESC (walks only) */
 	uint32_t *stamp;
 	int n, c;
 	int32_t *ht;
@@ -94,6 +110,7 @@ static void gss_free(struct gss *g)
 	free(g->st);
 	free(g->par);
 	free(g->depth);
+	free(g->esc);
 	free(g->stamp);
 	free(g->ht);
 	memset(g, 0, sizeof *g);
@@ -161,7 +178,10 @@ static int32_t gss_get(struct gss *g, int32_t s, int32_t p)
 		uint32_t *e = realloc(g->stamp, (size_t)c * sizeof *e);
 		if (e)
 			g->stamp = e;
-		if (!a || !b || !d || !e)
+		uint8_t *f = realloc(g->esc, (size_t)c);
+		if (f)
+			g->esc = f;
+		if (!a || !b || !d || !e || !f)
 			return kv_fail(KV_ERR_NOMEM, "grammar matcher: out of memory"), -1;
 		g->c = c;
 	}
@@ -169,6 +189,7 @@ static int32_t gss_get(struct gss *g, int32_t s, int32_t p)
 	g->st[i] = s;
 	g->par[i] = p;
 	g->depth[i] = p < 0 ? 1 : g->depth[p] + 1;
+	g->esc[i] = (uint8_t)(p == P_ESC || (p >= 0 && g->esc[p]));
 	g->stamp[i] = 0;
 	g->ht[h] = i;
 	if ((uint32_t)g->n * 2 > g->hmask + 1 && gss_rehash(g, (g->hmask + 1) * 2))
@@ -187,8 +208,10 @@ static void gss_new_step(struct gss *g)
 
 /* --- closure and step ------------------------------------------------------ */
 
-/* Drain work: byte-reading pairs to out, F_END / F_CTX into *fl. */
-static int closure(const struct kv_gpda *a, struct gss *g, struct pvec *work, struct pvec *out, int *fl)
+/* Drain work: byte-reading pairs to out, F_* into *fl. rt (walks only)
+ * says where a rule returns to when its stack below is unknown. */
+static int closure(const struct kv_gpda *a, struct gss *g, struct pvec *work, struct pvec *out, int *fl,
+		   const struct rets *rt)
 {
 	while (work->n) {
 		struct pair x = work->v[--work->n];
@@ -202,12 +225,20 @@ static int closure(const struct kv_gpda *a, struct gss *g, struct pvec *work, st
 		if ((st->flags & KV_GS_BYTES) && pv_push(out, x.s, x.p))
 			return -1;
 		if (st->flags & KV_GS_ACCEPT) {
-			if (x.p == P_END)
+			if (x.p == P_END) {
 				*fl |= F_END;
-			else if (x.p == P_CTX)
-				*fl |= F_CTX;
-			else if (pv_push(work, g->st[x.p], g->par[x.p]))
+			} else if (x.p == P_CTX || x.p == P_ESC) {
+				if (x.p == P_CTX)
+					*fl |= F_CTX;
+				int r = st->rule;
+				if (rt->end_ok[r])
+					*fl |= F_ESCEND;
+				for (int k = rt->off[r]; k < rt->off[r + 1]; k++)
+					if (pv_push(work, rt->st[k], P_ESC))
+						return -1;
+			} else if (pv_push(work, g->st[x.p], g->par[x.p])) {
 				return -1;
+			}
 		}
 		for (int i = 0; i < st->n_calls; i++) {
 			int e = st->call0 + i;
@@ -230,7 +261,7 @@ static int closure(const struct kv_gpda *a, struct gss *g, struct pvec *work, st
 /* One byte from in[0..n) (read fully before out grows; out may be the
  * same vector as in's storage only if in lies before out->n). */
 static int step(const struct kv_gpda *a, struct gss *g, struct pvec *work, const struct pair *in, int n, int byte,
-		struct pvec *out, int *fl)
+		struct pvec *out, int *fl, const struct rets *rt)
 {
 	gss_new_step(g);
 	*fl = 0;
@@ -240,7 +271,7 @@ static int step(const struct kv_gpda *a, struct gss *g, struct pvec *work, const
 		if (t >= 0 && pv_push(work, t, in[i].p))
 			return -1;
 	}
-	return closure(a, g, work, out, fl);
+	return closure(a, g, work, out, fl, rt);
 }
 
 /* --- mask entries ---------------------------------------------------------- */
@@ -271,8 +302,8 @@ struct kv_grammar {
 	struct gss wg;
 	struct pvec cfg, work;
 	int32_t *off, *len;
-	uint8_t *esc;
 	struct i32v acc, cd;
+	struct rets rt;
 	/* stats */
 	uint64_t computed, evicted, dep_total;
 	double walk_ms;
@@ -309,6 +340,12 @@ static int add_ids(struct kv_grammar *G, struct i32v *to, int32_t id)
 	return 0;
 }
 
+/* 1 when pair x lies on a path that has left the walk's rule. */
+static int escaped(const struct gss *g, struct pair x)
+{
+	return x.p == P_ESC || (x.p >= 0 && g->esc[x.p]);
+}
+
 /* The trie walk for state s0 (under G->mu). */
 static struct pent *walk(struct kv_grammar *G, int32_t s0)
 {
@@ -323,7 +360,6 @@ static struct pent *walk(struct kv_grammar *G, int32_t s0)
 		return NULL;
 	G->off[0] = 0;
 	G->len[0] = 1;
-	G->esc[0] = 0;
 	int i = 0, nn = v->n_nodes;
 	while (i < nn) {
 		int d = v->depth[i];
@@ -342,35 +378,32 @@ static struct pent *walk(struct kv_grammar *G, int32_t s0)
 				} else {
 					gss_new_step(&G->wg);
 					G->work.n = 0;
-					if (pv_push(&G->work, t, x.p) || closure(a, &G->wg, &G->work, &G->cfg, &fl))
+					if (pv_push(&G->work, t, x.p) || closure(a, &G->wg, &G->work, &G->cfg, &fl, &G->rt))
 						return NULL;
 				}
 			}
-		} else if (step(a, &G->wg, &G->work, G->cfg.v + po, pl, byte, &G->cfg, &fl)) {
+		} else if (step(a, &G->wg, &G->work, G->cfg.v + po, pl, byte, &G->cfg, &fl, &G->rt)) {
 			return NULL;
 		}
 		int32_t nl = G->cfg.n - no;
 		G->off[d] = no;
 		G->len[d] = nl;
-		int esc_before = G->esc[d - 1];
 		if (v->tok[i] >= 0) {
-			if (nl || fl) {
+			int in = (fl & (F_END | F_CTX)) != 0, esc = (fl & F_ESCEND) != 0;
+			for (int k = no; k < no + nl && !in; k++) {
+				if (escaped(&G->wg, G->cfg.v[k]))
+					esc = 1;
+				else
+					in = 1;
+			}
+			if (in) {
 				if (add_ids(G, &G->acc, v->tok[i]))
 					return NULL;
-			} else if (esc_before && add_ids(G, &G->cd, v->tok[i])) {
+			} else if (esc && add_ids(G, &G->cd, v->tok[i])) {
 				return NULL;
 			}
 		}
-		G->esc[d] = (uint8_t)(esc_before || (fl & F_CTX));
-		if (nl == 0) {
-			if (G->esc[d])
-				for (int j = i + 1; j < v->end[i]; j++)
-					if (v->tok[j] >= 0 && add_ids(G, &G->cd, v->tok[j]))
-						return NULL;
-			i = v->end[i];
-		} else {
-			i++;
-		}
+		i = nl ? i + 1 : v->end[i];
 	}
 	struct pent *e = calloc(1, sizeof *e);
 	if (!e) {
@@ -402,6 +435,7 @@ static struct pent *walk(struct kv_grammar *G, int32_t s0)
 	}
 	memcpy(e->cd, G->cd.v, (size_t)G->cd.n * sizeof *e->cd);
 	e->bytes += (size_t)G->cd.n * 4 + sizeof *e;
+	if (getenv("KV_GM_DEBUG")) fprintf(stderr, "walk s%d rule %d flags %d acc %d cd %d\n", s0, a->st[s0].rule, a->st[s0].flags, G->acc.n, G->cd.n);
 	G->computed++;
 	G->dep_total += (uint64_t)G->cd.n;
 	G->walk_ms += (kv_now_s() - t0) * 1e3;
@@ -436,6 +470,70 @@ static struct pent *entry(struct kv_grammar *G, int32_t s)
 	return e;
 }
 
+/* Return states of every rule (struct rets): a tail call returns where its
+ * caller returns, so tail callers are followed to their own returns. */
+static int rets_build(const struct kv_gpda *a, struct rets *rt)
+{
+	int R = a->n_rules, rc = -1;
+	struct i32v st = {0};
+	uint8_t *in = calloc((size_t)R + 1, 1), *seen = calloc((size_t)a->n_states + 1, 1);
+	int32_t *q = malloc(((size_t)R + 1) * sizeof *q);
+	int32_t *caller = malloc(((size_t)a->n_call_edges + 1) * sizeof *caller);
+	rt->off = malloc(((size_t)R + 1) * sizeof *rt->off);
+	rt->end_ok = calloc((size_t)R + 1, 1);
+	if (!in || !seen || !q || !caller || !rt->off || !rt->end_ok)
+		goto out;
+	for (int s = 0; s < a->n_states; s++)
+		for (int k = 0; k < a->st[s].n_calls; k++)
+			caller[a->st[s].call0 + k] = s;
+	for (int r = 0; r < R; r++) {
+		rt->off[r] = st.n;
+		memset(in, 0, (size_t)R);
+		int qn = 0;
+		q[qn++] = r;
+		in[r] = 1;
+		int first = st.n;
+		for (int h = 0; h < qn; h++) {
+			int x = q[h];
+			if (x == a->root)
+				rt->end_ok[r] = 1;
+			for (int e = 0; e < a->n_call_edges; e++) {
+				if (a->call_rule[e] != x)
+					continue;
+				int32_t ret = a->call_ret[e];
+				if (a->st[ret].flags & KV_GS_TAILRET) {
+					int cr = a->st[caller[e]].rule;
+					if (!in[cr]) {
+						in[cr] = 1;
+						q[qn++] = cr;
+					}
+				} else if (!seen[ret]) {
+					seen[ret] = 1;
+					if (i32_push(&st, ret))
+						goto out;
+				}
+			}
+		}
+		for (int k = first; k < st.n; k++)
+			seen[st.v[k]] = 0;
+	}
+	rt->off[R] = st.n;
+	rt->st = st.v;
+	st.v = NULL;
+	if (!rt->st)
+		rt->st = malloc(sizeof *rt->st);
+	rc = rt->st ? 0 : -1;
+out:
+	free(st.v);
+	free(in);
+	free(seen);
+	free(q);
+	free(caller);
+	if (rc)
+		kv_fail(KV_ERR_NOMEM, "grammar: out of memory");
+	return rc;
+}
+
 int kv_grammar_create(const struct kv_gram *ir, const struct kv_gvocab *v, const struct kv_grammar_params *p,
 		      struct kv_grammar **out)
 {
@@ -459,8 +557,7 @@ int kv_grammar_create(const struct kv_gram *ir, const struct kv_gvocab *v, const
 	G->ent = calloc((size_t)a->n_states + 1, sizeof *G->ent);
 	G->off = malloc(((size_t)v->max_depth + 2) * sizeof *G->off);
 	G->len = malloc(((size_t)v->max_depth + 2) * sizeof *G->len);
-	G->esc = malloc((size_t)v->max_depth + 2);
-	if (!G->ent || !G->off || !G->len || !G->esc) {
+	if (!G->ent || !G->off || !G->len || rets_build(a, &G->rt)) {
 		kv_grammar_unref(G);
 		return kv_fail(KV_ERR_NOMEM, "grammar: out of memory");
 	}
@@ -488,7 +585,9 @@ void kv_grammar_unref(struct kv_grammar *G)
 	free(G->work.v);
 	free(G->off);
 	free(G->len);
-	free(G->esc);
+	free(G->rt.off);
+	free(G->rt.st);
+	free(G->rt.end_ok);
 	free(G->acc.v);
 	free(G->cd.v);
 	pthread_mutex_destroy(&G->mu);
@@ -559,7 +658,7 @@ static int start_state(struct kv_gmatch *m)
 	gss_new_step(&m->g);
 	m->cur.n = 0;
 	m->work.n = 0;
-	if (pv_push(&m->work, a->rule_start[a->root], P_END) || closure(a, &m->g, &m->work, &m->cur, &fl))
+	if (pv_push(&m->work, a->rule_start[a->root], P_END) || closure(a, &m->g, &m->work, &m->cur, &fl, NULL))
 		return KV_ERR_NOMEM;
 	m->can_end = (fl & F_END) != 0;
 	m->ended = 0;
@@ -702,7 +801,7 @@ static int run_bytes(struct kv_gmatch *m, const struct pair *in, int n, const ui
 	*fl = 0;
 	for (size_t k = 0; k < len; k++) {
 		dst->n = 0;
-		if (step(a, &m->g, &m->work, src->v, src->n, p[k], dst, fl))
+		if (step(a, &m->g, &m->work, src->v, src->n, p[k], dst, fl, NULL))
 			return -1;
 		if (dst->n > KV_GM_MAX_TOPS)
 			dst->n = KV_GM_MAX_TOPS; /* ambiguity bound: the rest are dropped */

@@ -125,6 +125,8 @@ struct cc {
 	uint32_t *mark;            /* [c_nfa] stamps */
 	uint32_t stamp;
 	struct ivec stk, tmp;
+	struct kv_map *frag;       /* (rule, exit state) -> fragment entry: an
+				    * inlined rule with the same exit is built once */
 };
 
 /* --- scan: reachability, references, components --------------------------- */
@@ -454,7 +456,20 @@ static int build_ref(struct cc *c, int rule, int32_t in, int32_t out, struct ins
 		iv_free(&J.entries);
 		return e < 0 ? -1 : nfa_edge(c, E_EPS, in, e, 0, 0);
 	}
-	return build(c, kv_gram_rule_expr(c->g, rule), in, out, 0, NULL);
+	/* a plain inlined rule: one fragment per (rule, exit); a second use
+	 * with the same exit (alternatives that end at the same point, such
+	 * as the optional properties of an object) jumps into it */
+	uint64_t key = ((uint64_t)(uint32_t)rule << 32) | (uint32_t)out, v;
+	if (kv_map_get(c->frag, &key, sizeof key, &v))
+		return nfa_edge(c, E_EPS, in, (int32_t)v, 0, 0);
+	int32_t e = nfa_state(c);
+	if (e < 0)
+		return -1;
+	if (kv_map_put(c->frag, &key, sizeof key, (uint64_t)e))
+		return kv_fail(KV_ERR_NOMEM, "grammar compiler: out of memory");
+	if (build(c, kv_gram_rule_expr(c->g, rule), e, out, 0, NULL))
+		return -1;
+	return nfa_edge(c, E_EPS, in, e, 0, 0);
 }
 
 static int build(struct cc *c, int x, int32_t in, int32_t out, int tail, struct inst *I)
@@ -546,8 +561,13 @@ static int closure(struct cc *c, struct ivec *out)
 		memset(c->mark, 0, (size_t)c->c_nfa * sizeof *c->mark);
 		c->stamp = 1;
 	}
+	int w = 0;
 	for (int i = 0; i < c->stk.n; i++)
-		c->mark[c->stk.v[i]] = c->stamp;
+		if (c->mark[c->stk.v[i]] != c->stamp) { /* the seeds may repeat */
+			c->mark[c->stk.v[i]] = c->stamp;
+			c->stk.v[w++] = c->stk.v[i];
+		}
+	c->stk.n = w;
 	while (c->stk.n) {
 		int32_t s = c->stk.v[--c->stk.n];
 		if (iv_push(out, s))
@@ -1116,6 +1136,7 @@ static void cc_free(struct cc *c)
 	iv_free(&c->dset_len);
 	iv_free(&c->dset);
 	kv_map_destroy(c->dmap);
+	kv_map_destroy(c->frag);
 	free(c->d_rule);
 	free(c->d_acc);
 	free(c->d_trans);
@@ -1143,7 +1164,7 @@ int kv_gpda_compile(const struct kv_gram *g, const struct kv_gpda_limits *lim, s
 	if ((rc = scan(&c)))
 		goto fail;
 	classes(&c);
-	if (!(c.dmap = kv_map_create(1024))) {
+	if (!(c.dmap = kv_map_create(1024)) || !(c.frag = kv_map_create(256))) {
 		rc = kv_fail(KV_ERR_NOMEM, "grammar compiler: out of memory");
 		goto fail;
 	}
@@ -1169,6 +1190,7 @@ int kv_gpda_compile(const struct kv_gram *g, const struct kv_gpda_limits *lim, s
 		}
 		c.n_nfa = 0;
 		c.n_e = 0;
+		kv_map_clear(c.frag);
 		int32_t s0 = nfa_state(&c), f = nfa_state(&c);
 		rc = KV_ERR_INVALID;
 		if (s0 < 0 || f < 0)
