@@ -62,10 +62,12 @@
 #include "text/gmatch.h"
 #include "text/jschema.h"
 #include "text/tcgram.h"
+#include "text/toolcall.h"
 #include "text/template.h"
 #include "text/tokenizer.h"
 #include "text/stop.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,8 +124,11 @@ static int build_constraint(const struct cons_flags *cf, struct kv_gram **out)
 		const char *path = cf->schema ? cf->schema : cf->tools;
 		if (!(txt = read_all(path, &len)))
 			return -1;
-		if ((rc = kv_json_parse(path, txt, len, KV_JSON_MAX_DEPTH, &j)))
+		json_error_t je;
+		if (!(j = json_loadb(txt, len, JSON_DECODE_ANY, &je))) {
+			rc = kv_fail(KV_ERR_INVALID, "%s: line %d: %s", path, je.line, je.text);
 			goto done;
+		}
 		if (cf->schema) {
 			struct kv_js_opts o = {.strict = cf->strict};
 			rc = kv_jschema_compile(j, &o, out);
@@ -163,6 +168,254 @@ done:
 	return rc ? -1 : 0;
 }
 
+/* --- corpus mode: one model load, many constraints ------------------------ */
+
+struct corpus {
+	struct ke_model *m;
+	const struct kv_tok *tok;
+	struct kv_gvocab *gv;
+	const int32_t *ids;
+	size_t n_ids;
+	const int32_t *stop;
+	int n_stop;
+	struct ke_sample_params pp;
+	struct ke_seq_params sp;
+	int64_t max_tokens, close_at;
+	int quiet;
+	double mask_s, mask_max;
+	long n_masks;
+};
+
+/* Generate once under ir; the completion's bytes to out_path; with tools,
+ * the parsed calls ({"content", "tool_calls"}, text/toolcall.h) to
+ * calls_path. Returns 0, or -1 with a message printed. */
+static int corpus_one(struct corpus *c, struct kv_gram *ir, const char *name, const char *out_path,
+		      const char *calls_path, const json_t *tools, int format)
+{
+	struct kv_grammar *gram = NULL;
+	struct kv_gmatch *gm = NULL;
+	struct ke_seq *s = NULL;
+	struct ke_sampler *smp = NULL;
+	uint32_t *mask = NULL;
+	float *logits = NULL;
+	int32_t *forced = NULL;
+	struct kv_buf comp = KV_BUF_INIT;
+	int rc = -1, V = ke_model_config(c->m)->vocab, n_out = 0;
+	const char *finish = "length";
+	if (kv_grammar_create(ir, c->gv, NULL, &gram) || kv_gmatch_create(gram, c->stop, c->n_stop, &gm)) {
+		printf("corpus %s: error: %s\n", name, kv_errmsg());
+		goto out;
+	}
+	mask = malloc((size_t)kv_gmatch_mask_words(gm) * sizeof *mask);
+	logits = kv_alloc(KV_MEM_SCRATCH, (size_t)V * sizeof *logits);
+	forced = malloc(4097 * sizeof *forced);
+	if (!mask || !logits || !forced || ke_seq_create(c->m, &c->sp, &s) || ke_sampler_create(V, &c->pp, &smp)) {
+		printf("corpus %s: error: %s\n", name, kv_errmsg());
+		goto out;
+	}
+	ke_sampler_prompt(smp, c->ids, c->n_ids);
+	struct ke_prefill_opts po = {0};
+	if (ke_seq_prefill(s, c->ids, (int)c->n_ids, &po, logits)) {
+		printf("corpus %s: error: %s\n", name, kv_errmsg());
+		goto out;
+	}
+	for (int64_t i = 0; i < c->max_tokens; i++) {
+		if (c->close_at >= 0 && i >= c->close_at && !kv_gmatch_can_end(gm)) {
+			struct kv_buf cb = KV_BUF_INIT;
+			int k = -1;
+			if (!kv_gmatch_complete(gm, &cb) && cb.len <= 4096)
+				k = kv_gmatch_force(gm, cb.p, cb.len, forced);
+			kv_buf_free(&cb);
+			if (k < 0) {
+				printf("corpus %s: error: could not close the output: %s\n", name, kv_errmsg());
+				goto out;
+			}
+			for (int q = 0; q < k; q++) {
+				size_t bl;
+				const char *bp = kv_tok_bytes_get(c->gv->bytes, forced[q], &bl);
+				kv_buf_add(&comp, bp, bl);
+			}
+			n_out += k;
+			finish = "closed";
+			break;
+		}
+		if (kv_gmatch_done(gm) && !c->n_stop) {
+			finish = "grammar";
+			break;
+		}
+		double m0 = kv_now_s();
+		if (kv_gmatch_fill_mask(gm, mask)) {
+			printf("corpus %s: error: %s\n", name, kv_errmsg());
+			goto out;
+		}
+		double dt = kv_now_s() - m0;
+		c->mask_s += dt;
+		if (dt > c->mask_max)
+			c->mask_max = dt;
+		c->n_masks++;
+		int32_t t = ke_sample_masked(smp, logits, mask);
+		if (kv_gmatch_accept(gm, t)) {
+			printf("corpus %s: error: the sampler chose a refused token: %s\n", name, kv_errmsg());
+			goto out;
+		}
+		n_out++;
+		if (kv_gmatch_ended(gm)) {
+			finish = "eos";
+			break;
+		}
+		size_t bl;
+		const char *bp = kv_tok_bytes_get(c->gv->bytes, t, &bl);
+		kv_buf_add(&comp, bp, bl);
+		if (i + 1 < c->max_tokens && ke_seq_decode(s, t, logits)) {
+			printf("corpus %s: error: %s\n", name, kv_errmsg());
+			goto out;
+		}
+	}
+	if (kv_durable_write(out_path, comp.p ? comp.p : "", comp.len, KV_DW_NO_SYNC | KV_DW_PUBLIC)) {
+		printf("corpus %s: error: %s\n", name, kv_errmsg());
+		goto out;
+	}
+	if (calls_path) {
+		struct kv_tc_params tp = {.format = format, .tools = tools};
+		char *content = NULL;
+		size_t cl = 0;
+		json_t *calls = NULL;
+		if (kv_tc_parse(comp.p ? comp.p : "", comp.len, &tp, "call_", &content, &cl, &calls)) {
+			printf("corpus %s: error: tool-call parse: %s\n", name, kv_errmsg());
+			goto out;
+		}
+		json_t *o = json_pack("{s:s%,s:o}", "content", content ? content : "", cl, "tool_calls", calls);
+		char *txt = json_dumps(o, JSON_ENCODE_ANY);
+		int wr = txt ? kv_durable_write(calls_path, txt, strlen(txt), KV_DW_NO_SYNC | KV_DW_PUBLIC) : -1;
+		free(txt);
+		free(content);
+		json_decref(o);
+		if (wr) {
+			printf("corpus %s: error: cannot write %s\n", name, calls_path);
+			goto out;
+		}
+	}
+	printf("corpus %s: finish=%s tokens=%d grammar=%s\n", name, finish, n_out,
+	       kv_gmatch_ended(gm) || kv_gmatch_can_end(gm) ? "complete" : "incomplete");
+	rc = 0;
+out:
+	kv_buf_free(&comp);
+	free(mask);
+	free(forced);
+	kv_free(logits);
+	ke_sampler_destroy(smp);
+	ke_seq_destroy(s);
+	kv_gmatch_free(gm);
+	kv_grammar_unref(gram);
+	return rc;
+}
+
+static int by_name(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every *.json schema of a folder, or every tool of a tools file. */
+static int corpus_run(struct corpus *c, const struct cons_flags *cf, const char *out_dir)
+{
+	int bad = 0;
+	char path[4096], outp[4096], callp[4096];
+	if (cf->schema) {
+		DIR *d = opendir(cf->schema);
+		struct dirent *e;
+		char **names = NULL;
+		size_t n = 0, cap = 0;
+		if (!d) {
+			fprintf(stderr, "kvkeep generate: cannot open %s\n", cf->schema);
+			return -1;
+		}
+		while ((e = readdir(d))) {
+			size_t l = strlen(e->d_name);
+			if (l < 6 || strcmp(e->d_name + l - 5, ".json"))
+				continue;
+			if (n == cap) {
+				cap = cap ? 2 * cap : 64;
+				char **q = realloc(names, cap * sizeof *q);
+				if (!q)
+					break;
+				names = q;
+			}
+			names[n++] = strdup(e->d_name);
+		}
+		closedir(d);
+		qsort(names, n, sizeof *names, by_name);
+		for (size_t i = 0; i < n; i++) {
+			struct kv_gram *ir = NULL;
+			json_t *j = NULL;
+			char *txt = NULL;
+			size_t len;
+			if (kv_path_fmt(path, sizeof path, "%s/%s", cf->schema, names[i]) ||
+			    kv_path_fmt(outp, sizeof outp, "%s/%s", out_dir, names[i])) {
+				bad++;
+				continue;
+			}
+			struct kv_js_opts o = {.strict = cf->strict};
+			json_error_t je;
+			if (!(txt = read_all(path, &len))) {
+				bad++;
+				free(names[i]);
+				continue;
+			}
+			if (!(j = json_loadb(txt, len, JSON_DECODE_ANY, &je)))
+				kv_fail(KV_ERR_INVALID, "%s: line %d: %s", path, je.line, je.text);
+			if (!j || kv_jschema_compile(j, &o, &ir)) {
+				printf("corpus %s: error: %s\n", names[i], kv_errmsg());
+				bad++;
+			} else if (corpus_one(c, ir, names[i], outp, NULL, NULL, 0)) {
+				bad++;
+			}
+			kv_gram_free(ir);
+			json_decref(j);
+			free(txt);
+			free(names[i]);
+		}
+		free(names);
+		return bad ? -1 : 0;
+	}
+	/* --tools FILE --tool-choice each */
+	size_t len;
+	char *txt = read_all(cf->tools, &len);
+	json_t *tools = NULL;
+	if (!txt || kv_json_parse(cf->tools, txt, len, KV_JSON_MAX_DEPTH, &tools) || !json_is_array(tools)) {
+		fprintf(stderr, "kvkeep generate: %s: not a tools array\n", cf->tools);
+		free(txt);
+		json_decref(tools);
+		return -1;
+	}
+	int format = cf->tool_format && !strcmp(cf->tool_format, "xml") ? KV_TC_XML : KV_TC_JSON;
+	size_t i;
+	json_t *t;
+	json_array_foreach(tools, i, t) {
+		const json_t *fn = json_object_get(t, "function") ? json_object_get(t, "function") : t;
+		const char *name = json_string_value(json_object_get(fn, "name"));
+		struct kv_gram *ir = NULL;
+		if (!name)
+			continue;
+		struct kv_tcg_params tp = {.format = format, .choice = KV_TCG_NAMED, .name = name,
+					   .parallel = cf->parallel, .strict = cf->strict};
+		if (kv_path_fmt(outp, sizeof outp, "%s/%s.txt", out_dir, name) ||
+		    kv_path_fmt(callp, sizeof callp, "%s/%s.calls.json", out_dir, name)) {
+			bad++;
+			continue;
+		}
+		if (kv_tcg_build(tools, &tp, &ir)) {
+			printf("corpus %s: error: %s\n", name, kv_errmsg());
+			bad++;
+		} else if (corpus_one(c, ir, name, outp, callp, tools, format)) {
+			bad++;
+		}
+		kv_gram_free(ir);
+	}
+	json_decref(tools);
+	free(txt);
+	return bad ? -1 : 0;
+}
+
 static int cmd_generate(int argc, char **argv)
 {
 	const char *model = NULL, *prompt = NULL, *tokens_s = NULL, *logits_out = NULL, *all_out = NULL,
@@ -174,7 +427,7 @@ static int cmd_generate(int argc, char **argv)
 	int kv_f32 = 0, ignore_eos = 0, quiet = 0;
 	const char *quant_act = "q8";
 	struct cons_flags cf = {0};
-	const char *completion_out = NULL;
+	const char *completion_out = NULL, *out_dir = NULL;
 	int64_t close_at = -1;
 	struct kv_flag flags[] = {
 		{"model", KV_FLAG_STR, &model, "DIR", "model folder (config.json + safetensors)"},
@@ -219,6 +472,9 @@ static int cmd_generate(int argc, char **argv)
 		{"grammar-close", KV_FLAG_INT, &close_at, "N",
 		 "after N tokens, finish the constrained output with its shortest completion (default: never)"},
 		{"completion-out", KV_FLAG_STR, &completion_out, "FILE", "write the completion's bytes to FILE"},
+		{"out-dir", KV_FLAG_STR, &out_dir, "DIR",
+		 "corpus mode (--json-schema DIR, or --tools FILE --tool-choice each): one completion per schema or tool "
+		 "into DIR"},
 		{0},
 	};
 	const char *usage = "usage: kvkeep generate --model DIR (--prompt TEXT | --tokens 1,2,3) [--max-tokens N] "
@@ -276,7 +532,7 @@ static int cmd_generate(int argc, char **argv)
 	double mask_s = 0, mask_max = 0;
 	int n_masks = 0;
 
-	if (build_constraint(&cf, &ir)) {
+	if (!out_dir && build_constraint(&cf, &ir)) {
 		status = 2;
 		goto out;
 	}
@@ -346,6 +602,28 @@ static int cmd_generate(int argc, char **argv)
 	}
 	if (tok)
 		kv_tok_stream_init(&ds, tok, 1);
+	if (out_dir) {
+		if (!tok || !(cf.schema || (cf.tools && cf.tool_choice && !strcmp(cf.tool_choice, "each")))) {
+			fprintf(stderr, "kvkeep generate: --out-dir needs the tokenizer and --json-schema DIR or --tools FILE "
+					"--tool-choice each\n");
+			status = 2;
+			goto out;
+		}
+		struct corpus cp = {.m = m, .tok = tok, .ids = ids, .n_ids = n_ids, .stop = stop_ids, .n_stop = n_stop_ids,
+				    .pp = pp, .sp = sp, .max_tokens = max_tokens, .close_at = close_at, .quiet = quiet};
+		double c0 = kv_now_s();
+		if (kv_gvocab_create(tok, V, &cp.gv)) {
+			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+			goto out;
+		}
+		int crc = corpus_run(&cp, &cf, out_dir);
+		if (!quiet)
+			fprintf(stderr, "corpus: %.1f s, %ld masks, mean %.1f us, max %.1f us\n", kv_now_s() - c0, cp.n_masks,
+				cp.n_masks ? cp.mask_s / (double)cp.n_masks * 1e6 : 0.0, cp.mask_max * 1e6);
+		kv_gvocab_free(cp.gv);
+		status = crc ? 1 : 0;
+		goto out;
+	}
 	if (ir) {
 		if (!tok) {
 			fprintf(stderr, "kvkeep generate: a constraint needs the folder's tokenizer\n");

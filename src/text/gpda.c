@@ -195,6 +195,168 @@ static int succ_collect(struct cc *c, int owner, int rule, int tail)
 	return iv_push(&c->tmp, rule);
 }
 
+/* --- big rules used many times stay rules of their own ----------------------- */
+
+#define BIG_RULE 400          /* estimated NFA states */
+#define EST_CAP 1000000000LL
+
+struct est {
+	struct cc *c;
+	int64_t *size;            /* [nr] estimate, -1 unknown, -2 being computed */
+	int64_t *w;               /* [nr] weighted uses */
+};
+
+static int64_t capmul(int64_t a, int64_t b)
+{
+	return a > EST_CAP / (b ? b : 1) ? EST_CAP : a * b;
+}
+
+/* NFA states an expression inlines into (refs to callable or cyclic
+ * rules count 1: they are calls or built once). */
+static int64_t est_expr(struct est *E, int x, int depth);
+
+static int64_t est_rule(struct est *E, int r, int depth)
+{
+	struct cc *c = E->c;
+	if (c->callable[r] >= 0 || c->cyclic[c->scc[r]])
+		return 1;
+	if (E->size[r] >= 0)
+		return E->size[r];
+	if (E->size[r] == -2 || depth > 2000)
+		return EST_CAP;
+	E->size[r] = -2;
+	E->size[r] = est_expr(E, kv_gram_rule_expr(c->g, r), depth + 1);
+	return E->size[r];
+}
+
+static int64_t est_expr(struct est *E, int x, int depth)
+{
+	const struct kv_gx *n = kv_gram_node(E->c->g, x);
+	const int32_t *k = kv_gram_kids(E->c->g, x);
+	int64_t t = 1;
+	if (depth > 4000)
+		return EST_CAP;
+	switch (n->kind) {
+	case KV_GX_SEQ:
+	case KV_GX_ALT:
+		for (int i = 0; i < n->n_kids; i++) {
+			t += est_expr(E, k[i], depth + 1);
+			if (t > EST_CAP)
+				return EST_CAP;
+		}
+		return t;
+	case KV_GX_REP:
+		return capmul(est_expr(E, k[0], depth + 1), n->b < 0 ? n->a + 1 : n->b);
+	case KV_GX_REF:
+		return est_rule(E, n->a, depth + 1);
+	default:
+		return 1;
+	}
+}
+
+/* Add w x (how often each site is built) to the uses of the rules that
+ * expression x references. */
+static void add_uses(struct est *E, int x, int64_t w, int depth)
+{
+	const struct kv_gx *n = kv_gram_node(E->c->g, x);
+	const int32_t *k = kv_gram_kids(E->c->g, x);
+	if (depth > 4000)
+		return;
+	switch (n->kind) {
+	case KV_GX_SEQ:
+	case KV_GX_ALT:
+		for (int i = 0; i < n->n_kids; i++)
+			add_uses(E, k[i], w, depth + 1);
+		break;
+	case KV_GX_REP:
+		add_uses(E, k[0], capmul(w, n->b < 0 ? n->a + 1 : n->b), depth + 1);
+		break;
+	case KV_GX_REF:
+		E->w[n->a] = E->w[n->a] + w > EST_CAP ? EST_CAP : E->w[n->a] + w;
+		break;
+	default:
+		break;
+	}
+}
+
+/*
+ * A rule that is not recursive but large, and built more than once (a
+ * $def used in many places, the item of an array with maxItems 32), is
+ * compiled once as a rule of its own and called, instead of copied into
+ * every place: the automaton stays small and its states' masks are
+ * shared. Rules are visited from the root down (a topological order of
+ * the references between rules that are not recursive), so a rule's uses
+ * are known when it is decided.
+ */
+static int big_callables(struct cc *c)
+{
+	int nr = c->nr, rc = 0;
+	struct est E = {c, malloc((size_t)nr * sizeof *E.size), calloc((size_t)nr, sizeof *E.w)};
+	int32_t *order = malloc((size_t)nr * sizeof *order), *st = malloc(((size_t)nr + 1) * 2 * sizeof *st);
+	uint8_t *seen = calloc((size_t)nr, 1);
+	if (!E.size || !E.w || !order || !st || !seen) {
+		rc = kv_fail(KV_ERR_NOMEM, "grammar compiler: out of memory");
+		goto out;
+	}
+	for (int r = 0; r < nr; r++)
+		E.size[r] = -1;
+	/* post-order DFS over references to rules that are not recursive */
+	int no = 0;
+	for (int r0 = 0; r0 < nr; r0++) {
+		if (!c->reach[r0] || seen[r0])
+			continue;
+		int sp = 0;
+		st[0] = r0;
+		st[1] = 0;
+		sp = 1;
+		seen[r0] = 1;
+		while (sp) {
+			int r = st[2 * (sp - 1)];
+			c->tmp.n = 0;
+			if (walk_refs(c, r, kv_gram_rule_expr(c->g, r), succ_collect)) {
+				rc = KV_ERR_NOMEM;
+				goto out;
+			}
+			int i = st[2 * (sp - 1) + 1];
+			if (i < c->tmp.n) {
+				st[2 * (sp - 1) + 1]++;
+				int q = c->tmp.v[i];
+				if (!seen[q] && !c->cyclic[c->scc[q]]) {
+					seen[q] = 1;
+					st[2 * sp] = q;
+					st[2 * sp + 1] = 0;
+					sp++;
+				}
+				continue;
+			}
+			order[no++] = r;
+			sp--;
+		}
+	}
+	/* from the root down: reverse post-order */
+	for (int i = no - 1; i >= 0; i--) {
+		int r = order[i];
+		if (c->callable[r] < 0 && !c->cyclic[c->scc[r]] && E.w[r] >= 2 && est_rule(&E, r, 0) >= BIG_RULE) {
+			c->callable[r] = c->n_callable;
+			c->callable_rule[c->n_callable++] = r;
+			for (int k = 0; k < nr; k++)
+				if (E.size[k] != -1 && k != r)
+					E.size[k] = -1; /* estimates through r are stale */
+		}
+		int64_t w = c->callable[r] >= 0 || c->cyclic[c->scc[r]] ? 1 : E.w[r];
+		if (r == kv_gram_root(c->g))
+			w = 1;
+		add_uses(&E, kv_gram_rule_expr(c->g, r), w ? w : 1, 0);
+	}
+out:
+	free(E.size);
+	free(E.w);
+	free(order);
+	free(st);
+	free(seen);
+	return rc;
+}
+
 static int scan(struct cc *c)
 {
 	const struct kv_gram *g = c->g;
@@ -346,6 +508,7 @@ static int scan(struct cc *c)
 		}
 	free(pin);
 	free(inl);
+	rc = big_callables(c);
 tdone:
 	free(idx);
 	free(low);

@@ -708,6 +708,42 @@ static int get_count(struct js *J, const json_t *s, const char *k, long long def
 	return 0;
 }
 
+/* Length bounds beyond this are not enforced: each counted character is
+ * a state of its own (docs/constrain.md). */
+#define MAX_LEN_BOUND 1000
+
+/* One character of ranges r (encoded for the mode). */
+static int class_char(struct js *J, const uint32_t *r, int n, int raw)
+{
+	return kv_rx_class(J->g, r, n, 0, raw ? &J->rxraw : &J->rx);
+}
+
+/* Intersect sorted merged ranges a (in place) with b. */
+static int intersect(uint32_t **a, int *na, const uint32_t *b, int nb)
+{
+	uint32_t *o = malloc(((size_t)*na + (size_t)nb + 1) * 2 * sizeof *o);
+	int k = 0, i = 0, j = 0;
+	if (!o)
+		return -1;
+	while (i < *na && j < nb) {
+		uint32_t lo = (*a)[2 * i] > b[2 * j] ? (*a)[2 * i] : b[2 * j];
+		uint32_t hi = (*a)[2 * i + 1] < b[2 * j + 1] ? (*a)[2 * i + 1] : b[2 * j + 1];
+		if (lo <= hi) {
+			o[2 * k] = lo;
+			o[2 * k + 1] = hi;
+			k++;
+		}
+		if ((*a)[2 * i + 1] < b[2 * j + 1])
+			i++;
+		else
+			j++;
+	}
+	free(*a);
+	*a = o;
+	*na = k;
+	return 0;
+}
+
 /* The JSON text (or raw text) of a string schema. */
 static int string_schema(struct js *J, const json_t *s, int raw)
 {
@@ -718,59 +754,119 @@ static int string_schema(struct js *J, const json_t *s, int raw)
 		return -1;
 	if (mx >= 0 && mn > mx)
 		return invalid(J, "minLength is larger than maxLength"), -1;
-	const char *re = NULL;
+	const char *re = NULL; /* the one pattern or format that is not simple */
 	size_t re_len = 0;
+	int n_complex = 0;
+	/* the character class and length the simple patterns allow */
+	uint32_t *cls = malloc(2 * sizeof *cls);
+	int ncls = 1, out = -1;
+	if (!cls)
+		return kv_fail(KV_ERR_NOMEM, "out of memory"), -1;
+	cls[0] = 0;
+	cls[1] = 0x10FFFF;
 	if (fmt) {
-		if (!json_is_string(fmt))
-			return invalid(J, "format must be a string"), -1;
+		if (!json_is_string(fmt)) {
+			invalid(J, "format must be a string");
+			goto done;
+		}
+		const char *fre = NULL;
 		for (const struct fmt *f = FORMATS; f->name; f++)
 			if (!strcmp(f->name, json_string_value(fmt)))
-				re = f->re;
-		if (!re && J->strict) {
+				fre = f->re;
+		if (!fre && J->strict) {
 			char why[160];
 			snprintf(why, sizeof why, "format \"%.100s\" is not one of those supported", json_string_value(fmt));
-			return unsupported(J, "format", why), -1;
+			unsupported(J, "format", why);
+			goto done;
 		}
-		if (re)
-			re_len = strlen(re);
+		if (fre) {
+			re = fre;
+			re_len = strlen(fre);
+			n_complex++;
+		}
 	}
 	if (pat) {
-		if (!json_is_string(pat))
-			return invalid(J, "pattern must be a string"), -1;
-		if (re) {
-			if (J->strict)
-				return unsupported(J, "pattern", "pattern together with format"), -1;
-		} else {
-			re = json_string_value(pat);
-			re_len = json_string_length(pat);
+		size_t np = json_is_array(pat) ? json_array_size(pat) : 1;
+		for (size_t i = 0; i < np; i++) {
+			const json_t *one = json_is_array(pat) ? json_array_get(pat, i) : pat;
+			if (!json_is_string(one)) {
+				invalid(J, "pattern must be a string");
+				goto done;
+			}
+			uint32_t *pr;
+			int npr, pmin, pmax;
+			if (kv_rx_simple(json_string_value(one), json_string_length(one), &pr, &npr, &pmin, &pmax)) {
+				int rc = intersect(&cls, &ncls, pr, npr);
+				free(pr);
+				if (rc) {
+					kv_fail(KV_ERR_NOMEM, "out of memory");
+					goto done;
+				}
+				if (pmin > mn)
+					mn = pmin;
+				if (pmax >= 0 && (mx < 0 || pmax < mx))
+					mx = pmax;
+				continue;
+			}
+			n_complex++;
+			if (!re) {
+				re = json_string_value(one);
+				re_len = json_string_length(one);
+			}
 		}
 	}
-	const struct kv_rx_opts *rx = raw ? &J->rxraw : &J->rx;
-	if (re) {
-		if ((mn > 0 || mx >= 0) && J->strict)
-			return unsupported(J, mn > 0 ? "minLength" : "maxLength", "length bounds together with a pattern or format"),
-			       -1;
+	int simple = ncls != 1 || cls[0] != 0 || cls[1] != 0x10FFFF;
+	if (n_complex > 1 || (n_complex && (simple || mn > 0 || mx >= 0))) {
+		if (J->strict) {
+			unsupported(J, fmt && pat ? "pattern" : pat ? "pattern" : "format",
+				    "a pattern or format together with another pattern, format or length bound");
+			goto done;
+		}
+		/* not strict: the first pattern or format alone */
+		simple = 0;
+		mn = 0;
+		mx = -1;
+	}
+	if (n_complex) {
 		int x;
-		int rc = kv_rx_compile(g, re, re_len, rx, &x);
+		int rc = kv_rx_compile(g, re, re_len, raw ? &J->rxraw : &J->rx, &x);
 		if (rc) {
-			if (rc == KV_ERR_UNSUPPORTED && !J->strict && pat && re == json_string_value(pat))
+			if (rc == KV_ERR_UNSUPPORTED && !J->strict && (!fmt || re != NULL)) {
+				kv_errclear();
 				goto plain; /* an unsupported pattern is ignored when not strict */
+			}
 			if (!J->err)
 				J->err = rc;
-			return kv_fail_ctx(rc, "JSON Schema at %s", where(J)), -1;
+			kv_fail_ctx(rc, "JSON Schema at %s", where(J));
+			goto done;
 		}
-		return raw ? x : kv_gram_seq3(g, lit(J, "\""), x, lit(J, "\""));
+		out = raw ? x : kv_gram_seq3(g, lit(J, "\""), x, lit(J, "\""));
+		goto done;
 	}
 plain:
-	if (mn > 0 || mx >= 0) {
-		if (mn > KV_GRAM_MAX_REP || mx > KV_GRAM_MAX_REP)
-			return unsupported(J, mn > KV_GRAM_MAX_REP ? "minLength" : "maxLength", "a bound over 100000"), -1;
-		static const uint32_t all[2] = {0, 0x10FFFF};
-		int ch = kv_rx_class(g, all, 1, 0, rx);
-		int body = kv_gram_rep(g, ch, (int)mn, (int)mx);
-		return raw ? body : kv_gram_seq3(g, lit(J, "\""), body, lit(J, "\""));
+	if (mx > MAX_LEN_BOUND)
+		mx = -1; /* documented: not enforced */
+	if (mn > MAX_LEN_BOUND) {
+		if (J->strict) {
+			unsupported(J, "minLength", "a bound over 1000");
+			goto done;
+		}
+		mn = 0;
 	}
-	return raw ? free_raw(J) : free_string(J);
+	if (simple || mn > 0 || mx >= 0) {
+		if (!ncls) {
+			invalid(J, "the patterns allow no character at all");
+			goto done;
+		}
+		int ch = class_char(J, cls, ncls, raw);
+		int body = kv_gram_rep(g, ch, (int)mn, (int)mx);
+		out = raw ? body : kv_gram_seq3(g, lit(J, "\""), body, lit(J, "\""));
+		goto done;
+	}
+	out = raw ? free_raw(J) : free_string(J);
+done:
+	free(cls);
+	return out;
 }
 
 /* --- free-form values ------------------------------------------------------------ */
@@ -929,6 +1025,23 @@ static int merge_into(struct js *J, json_t *dst, const json_t *src0, int depth)
 		return invalid(J, "allOf member is not a schema (false can match nothing)");
 	const char *k;
 	json_t *v;
+	/* additionalProperties: false applies to the member's own properties:
+	 * a property only the other side declares cannot appear at all */
+	{
+		const json_t *dp = json_object_get(dst, "properties"), *sp = json_object_get(src, "properties");
+		int dclosed = json_is_false(json_object_get(dst, "additionalProperties"));
+		int sclosed = json_is_false(json_object_get(src, "additionalProperties"));
+		if ((dclosed && json_is_object(sp)) || (sclosed && json_is_object(dp))) {
+			json_t *np = json_is_object(dp) ? json_copy((json_t *)dp) : json_object();
+			const char *pk;
+			json_t *pv;
+			if (dclosed && json_is_object(sp))
+				json_object_foreach((json_t *)sp, pk, pv) if (!json_object_get(np, pk)) json_object_set_new(np, pk, json_false());
+			if (sclosed && json_is_object(dp))
+				json_object_foreach((json_t *)dp, pk, pv) if (!json_object_get(sp, pk)) json_object_set_new(np, pk, json_false());
+			json_object_set_new(dst, "properties", np);
+		}
+	}
 	json_object_foreach((json_t *)src, k, v) {
 		json_t *cur = json_object_get(dst, k);
 		if (!strcmp(k, "allOf")) {
@@ -963,8 +1076,10 @@ static int merge_into(struct js *J, json_t *dst, const json_t *src0, int depth)
 			json_t *pv;
 			json_object_foreach(v, pk, pv) {
 				json_t *old = json_object_get(u, pk);
-				if (!old) {
+				if (!old || json_is_false(pv)) {
 					json_object_set(u, pk, pv);
+				} else if (json_is_false(old)) {
+					continue; /* a closed member does not allow it */
 				} else if (!json_equal(old, pv)) {
 					json_t *m = json_object();
 					json_object_set_new(m, "allOf", json_pack("[OO]", old, pv));
@@ -982,6 +1097,20 @@ static int merge_into(struct js *J, json_t *dst, const json_t *src0, int depth)
 				if (bits & (1 << b) && !(b == 2 && (bits & T_NUM)))
 					json_array_append_new(arr, json_string(names[b]));
 			json_object_set_new(dst, k, arr);
+		} else if (!strcmp(k, "pattern")) {
+			/* several patterns: all must match (string_schema intersects
+			 * the simple ones) */
+			json_t *l = json_is_array(cur) ? json_copy(cur) : json_pack("[O]", cur);
+			json_array_append(l, v);
+			json_object_set_new(dst, k, l);
+		} else if ((!strcmp(k, "minLength") || !strcmp(k, "minItems") || !strcmp(k, "minimum") ||
+			    !strcmp(k, "minProperties")) && json_is_number(cur) && json_is_number(v)) {
+			if (json_number_value(v) > json_number_value(cur))
+				json_object_set(dst, k, v);
+		} else if ((!strcmp(k, "maxLength") || !strcmp(k, "maxItems") || !strcmp(k, "maximum") ||
+			    !strcmp(k, "maxProperties")) && json_is_number(cur) && json_is_number(v)) {
+			if (json_number_value(v) < json_number_value(cur))
+				json_object_set(dst, k, v);
 		} else if (!strcmp(k, "description") || !strcmp(k, "title") || !in_list(SUPPORTED, k)) {
 			continue; /* annotations: the first one stays */
 		} else {
@@ -1165,7 +1294,7 @@ static int object_schema(struct js *J, const json_t *s)
 		unsupported(J, "maxProperties", "fewer than the properties the object may have");
 		goto done;
 	}
-	if (!props && extras && !json_is_object(addl) && minp <= 0) {
+	if (!props && !nr && extras && !json_is_object(addl) && minp <= 0) {
 		out = any_object(J); /* free-form object */
 		goto done;
 	}
@@ -1304,6 +1433,14 @@ static int array_schema(struct js *J, const json_t *s)
 		}
 		if (rest && json_is_true(rest))
 			relem = any_value(J);
+		/* a rule: the automaton compiler builds a large item once and
+		 * calls it, instead of copying it maxItems times (gpda.c) */
+		int ir = kv_gram_rule_new(g, "item");
+		if (kv_gram_define(g, ir, relem)) {
+			free(el);
+			return -1;
+		}
+		relem = kv_gram_ref(g, ir);
 	}
 	/* build from the end: T(i) = the elements from i on, after i elements
 	 * written (i > 0 means a comma comes first) */

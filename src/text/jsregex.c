@@ -317,7 +317,8 @@ static int enc_class(struct rp *p, struct crs *r, int negate)
 	return kv_rx_class(p->g, r->v, r->n, negate, p->o);
 }
 
-static int parse_class(struct rp *p)
+/* The class at p->i ('[' ...) into *r, negation applied. 0 or -1. */
+static int class_ranges(struct rp *p, struct crs *out)
 {
 	struct crs r = {0};
 	int neg = 0, x = -1;
@@ -398,8 +399,22 @@ static int parse_class(struct rp *p)
 			goto out;
 	}
 	p->i++; /* ] */
-	x = enc_class(p, &r, neg);
+	if (crs_norm(&r, neg))
+		goto out;
+	*out = r;
+	r.v = NULL;
+	x = 0;
 out:
+	free(r.v);
+	return x;
+}
+
+static int parse_class(struct rp *p)
+{
+	struct crs r = {0};
+	if (class_ranges(p, &r))
+		return -1;
+	int x = enc_class(p, &r, 0);
 	free(r.v);
 	return x;
 }
@@ -668,4 +683,57 @@ int kv_rx_compile(struct kv_gram *g, const char *pat, size_t n, const struct kv_
 		return bad(&p, KV_ERR_INVALID, "unmatched ')'");
 	*expr = x;
 	return KV_OK;
+}
+
+int kv_rx_simple(const char *pat, size_t n, uint32_t **pairs, int *n_pairs, int *min, int *max)
+{
+	struct rp p = {.s = pat, .n = n};
+	struct crs r = {0};
+	*pairs = NULL;
+	*n_pairs = 0;
+	if (n < 3 || pat[0] != '^' || pat[n - 1] != '$' || pat[n - 2] == '\\')
+		return 0;
+	p.n = n - 1; /* without the '$' */
+	p.i = 1;
+	char c = pat[1];
+	if (c == '[') {
+		if (class_ranges(&p, &r))
+			goto no;
+	} else if (c == '.') {
+		static const uint32_t lt[] = {'\n', '\n', '\r', '\r', 0x2028, 0x2029};
+		for (int k = 0; k < 3; k++)
+			crs_add(&r, lt[2 * k], lt[2 * k + 1]);
+		crs_norm(&r, 1);
+		p.i++;
+	} else if (c == '\\' && p.i + 1 < p.n && class_escape(pat[2], &r)) {
+		crs_norm(&r, 0);
+		p.i += 2;
+	} else {
+		goto no;
+	}
+	int mn = 1, mx = 1;
+	if (p.i < p.n) {
+		char q = pat[p.i];
+		if (q == '*' || q == '+' || q == '?') {
+			mn = q == '+';
+			mx = q == '?' ? 1 : -1;
+			p.i++;
+		} else if (q == '{' && quant_braces(&p, &mn, &mx)) {
+			if (mx >= 0 && mx < mn)
+				goto no;
+		} else {
+			goto no;
+		}
+	}
+	if (p.i != p.n)
+		goto no;
+	*pairs = r.v;
+	*n_pairs = r.n;
+	*min = mn;
+	*max = mx;
+	return 1;
+no:
+	free(r.v);
+	kv_errclear();
+	return 0;
 }

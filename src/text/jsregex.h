@@ -43,4 +43,13 @@ int kv_rx_compile(struct kv_gram *g, const char *pat, size_t n, const struct kv_
  * compiler writes. -1 on a (sticky) grammar error. */
 int kv_rx_class(struct kv_gram *g, const uint32_t *pairs, int n, int negate, const struct kv_rx_opts *o);
 
+/*
+ * A pattern that only bounds which characters and how many: ^C*$, ^C+$,
+ * ^C?$, ^C{m}$, ^C{m,}$, ^C{m,n}$ with C a class, '.' or a class escape.
+ * 1 with the class as sorted, merged code point ranges (*pairs, malloc'd,
+ * n_pairs of them), *min and *max (-1: none); else 0. The JSON Schema
+ * compiler intersects several such patterns (allOf) and length bounds.
+ */
+int kv_rx_simple(const char *pat, size_t n, uint32_t **pairs, int *n_pairs, int *min, int *max);
+
 #endif
