@@ -304,6 +304,8 @@ struct kv_grammar {
 	int32_t *off, *len;
 	struct i32v acc, cd;
 	struct rets rt;
+	uint32_t *accbits;    /* [words] the walk's accepted ids */
+	int n_acc;
 	/* stats */
 	uint64_t computed, evicted, dep_total;
 	double walk_ms;
@@ -346,64 +348,115 @@ static int escaped(const struct gss *g, struct pair x)
 	return x.p == P_ESC || (x.p >= 0 && g->esc[x.p]);
 }
 
-/* The trie walk for state s0 (under G->mu). */
+static int cfg_reserve(struct pvec *v, int n)
+{
+	if (n <= v->c)
+		return 0;
+	int c = v->c ? v->c : 64;
+	while (c < n)
+		c *= 2;
+	struct pair *q = realloc(v->v, (size_t)c * sizeof *q);
+	if (!q)
+		return kv_fail(KV_ERR_NOMEM, "grammar matcher: out of memory");
+	v->v = q;
+	v->c = c;
+	return 0;
+}
+
+static inline void acc_set(struct kv_grammar *G, int32_t id)
+{
+	for (; id >= 0; id = G->v->same_next[id]) {
+		uint32_t bit = 1u << (id & 31);
+		if (!(G->accbits[id >> 5] & bit)) {
+			G->accbits[id >> 5] |= bit;
+			G->n_acc++;
+		}
+	}
+}
+
+/*
+ * The trie walk for state s0 (under G->mu). The hot loop is the fast path:
+ * one pair at a SIMPLE state (string contents, literals, digits) steps by
+ * one table lookup and writes the next configuration in place; anything
+ * else (a state that can end its rule, call or pop, several pairs) goes
+ * through step() and closure(). Accepted ids go straight into a bitmap.
+ */
 static struct pent *walk(struct kv_grammar *G, int32_t s0)
 {
 	const struct kv_gpda *a = G->a;
 	const struct kv_gvocab *v = G->v;
+	const struct kv_gps *st = a->st;
+	const uint8_t *bytes = v->byte;
+	const uint16_t *depth = v->depth;
+	const int32_t *tok = v->tok, *end = v->end;
 	double t0 = kv_now_s();
 	gss_reset(&G->wg);
-	G->acc.n = G->cd.n = 0;
-	int32_t bottom = a->st[s0].rule == a->root && !a->rule_called[a->root] ? P_END : P_CTX;
-	G->cfg.n = 0;
-	if (pv_push(&G->cfg, s0, bottom))
+	G->cd.n = 0;
+	G->n_acc = 0;
+	memset(G->accbits, 0, (size_t)G->words * sizeof *G->accbits);
+	int32_t bottom = st[s0].rule == a->root && !a->rule_called[a->root] ? P_END : P_CTX;
+	if (cfg_reserve(&G->cfg, 64))
 		return NULL;
+	G->cfg.v[0].s = s0;
+	G->cfg.v[0].p = bottom;
+	G->cfg.n = 1;
 	G->off[0] = 0;
 	G->len[0] = 1;
 	int i = 0, nn = v->n_nodes;
 	while (i < nn) {
-		int d = v->depth[i];
-		int byte = v->byte[i];
+		int d = depth[i];
 		int32_t po = G->off[d - 1], pl = G->len[d - 1];
 		int32_t no = po + pl;
-		int fl = 0;
+		int fl = 0, in = 0, esc = 0;
+		if (cfg_reserve(&G->cfg, no + 1))
+			return NULL;
 		G->cfg.n = no;
-		if (pl == 1 && (a->st[G->cfg.v[po].s].flags & KV_GS_SIMPLE)) {
-			struct pair x = G->cfg.v[po];
-			int32_t t = kv_gpda_next(a, x.s, byte);
-			if (t >= 0) {
-				if (a->st[t].flags & KV_GS_SIMPLE) {
-					if (pv_push(&G->cfg, t, x.p))
-						return NULL;
-				} else {
-					gss_new_step(&G->wg);
-					G->work.n = 0;
-					if (pv_push(&G->work, t, x.p) || closure(a, &G->wg, &G->work, &G->cfg, &fl, &G->rt))
+		struct pair x = G->cfg.v[po];
+		if (pl == 1 && (st[x.s].flags & KV_GS_SIMPLE)) {
+			int32_t t = a->trans[(size_t)st[x.s].row * (size_t)a->n_cls + a->cls[bytes[i]]];
+			if (t < 0) {
+				i = end[i];
+				continue;
+			}
+			if (st[t].flags & KV_GS_SIMPLE) {
+				G->cfg.v[no].s = t;
+				G->cfg.v[no].p = x.p;
+				G->off[d] = no;
+				G->len[d] = 1;
+				if (tok[i] >= 0) {
+					if (!escaped(&G->wg, x))
+						acc_set(G, tok[i]);
+					else if (add_ids(G, &G->cd, tok[i]))
 						return NULL;
 				}
+				i++;
+				continue;
 			}
-		} else if (step(a, &G->wg, &G->work, G->cfg.v + po, pl, byte, &G->cfg, &fl, &G->rt)) {
+			gss_new_step(&G->wg);
+			G->work.n = 0;
+			if (pv_push(&G->work, t, x.p) || closure(a, &G->wg, &G->work, &G->cfg, &fl, &G->rt))
+				return NULL;
+		} else if (step(a, &G->wg, &G->work, G->cfg.v + po, pl, bytes[i], &G->cfg, &fl, &G->rt)) {
 			return NULL;
 		}
 		int32_t nl = G->cfg.n - no;
 		G->off[d] = no;
 		G->len[d] = nl;
-		if (v->tok[i] >= 0) {
-			int in = (fl & (F_END | F_CTX)) != 0, esc = (fl & F_ESCEND) != 0;
+		if (tok[i] >= 0) {
+			in = (fl & (F_END | F_CTX)) != 0;
+			esc = (fl & F_ESCEND) != 0;
 			for (int k = no; k < no + nl && !in; k++) {
 				if (escaped(&G->wg, G->cfg.v[k]))
 					esc = 1;
 				else
 					in = 1;
 			}
-			if (in) {
-				if (add_ids(G, &G->acc, v->tok[i]))
-					return NULL;
-			} else if (esc && add_ids(G, &G->cd, v->tok[i])) {
+			if (in)
+				acc_set(G, tok[i]);
+			else if (esc && add_ids(G, &G->cd, tok[i]))
 				return NULL;
-			}
 		}
-		i = nl ? i + 1 : v->end[i];
+		i = nl ? i + 1 : end[i];
 	}
 	struct pent *e = calloc(1, sizeof *e);
 	if (!e) {
@@ -411,19 +464,21 @@ static struct pent *walk(struct kv_grammar *G, int32_t s0)
 		return NULL;
 	}
 	e->state = s0;
-	e->n_acc = G->acc.n;
-	if ((size_t)G->acc.n * 32 < (size_t)v->n_ids) {
+	e->n_acc = G->n_acc;
+	if ((size_t)G->n_acc * 32 < (size_t)v->n_ids) {
 		e->kind = PE_LIST;
-		e->acc = malloc(((size_t)G->acc.n + 1) * sizeof *e->acc);
+		e->acc = malloc(((size_t)G->n_acc + 1) * sizeof *e->acc);
+		int k = 0;
 		if (e->acc)
-			memcpy(e->acc, G->acc.v, (size_t)G->acc.n * sizeof *e->acc);
-		e->bytes = (size_t)G->acc.n * 4;
+			for (int w = 0; w < G->words; w++)
+				for (uint32_t m = G->accbits[w]; m; m &= m - 1)
+					e->acc[k++] = (uint32_t)(w * 32 + __builtin_ctz(m));
+		e->bytes = (size_t)G->n_acc * 4;
 	} else {
 		e->kind = PE_BITS;
-		e->acc = calloc((size_t)G->words, sizeof *e->acc);
+		e->acc = malloc((size_t)G->words * sizeof *e->acc);
 		if (e->acc)
-			for (int k = 0; k < G->acc.n; k++)
-				e->acc[G->acc.v[k] >> 5] |= 1u << (G->acc.v[k] & 31);
+			memcpy(e->acc, G->accbits, (size_t)G->words * sizeof *e->acc);
 		e->bytes = (size_t)G->words * 4;
 	}
 	e->n_cd = G->cd.n;
@@ -435,10 +490,12 @@ static struct pent *walk(struct kv_grammar *G, int32_t s0)
 	}
 	memcpy(e->cd, G->cd.v, (size_t)G->cd.n * sizeof *e->cd);
 	e->bytes += (size_t)G->cd.n * 4 + sizeof *e;
-	if (getenv("KV_GM_DEBUG")) fprintf(stderr, "walk s%d rule %d flags %d acc %d cd %d\n", s0, a->st[s0].rule, a->st[s0].flags, G->acc.n, G->cd.n);
 	G->computed++;
 	G->dep_total += (uint64_t)G->cd.n;
 	G->walk_ms += (kv_now_s() - t0) * 1e3;
+	if (getenv("KV_GM_DEBUG"))
+		fprintf(stderr, "walk s%d rule %d flags %d acc %d cd %d %.3f ms\n", s0, st[s0].rule, st[s0].flags, G->n_acc,
+			G->cd.n, (kv_now_s() - t0) * 1e3);
 	return e;
 }
 
@@ -557,7 +614,8 @@ int kv_grammar_create(const struct kv_gram *ir, const struct kv_gvocab *v, const
 	G->ent = calloc((size_t)a->n_states + 1, sizeof *G->ent);
 	G->off = malloc(((size_t)v->max_depth + 2) * sizeof *G->off);
 	G->len = malloc(((size_t)v->max_depth + 2) * sizeof *G->len);
-	if (!G->ent || !G->off || !G->len || rets_build(a, &G->rt)) {
+	G->accbits = malloc(((size_t)G->words + 1) * sizeof *G->accbits);
+	if (!G->ent || !G->off || !G->len || !G->accbits || rets_build(a, &G->rt)) {
 		kv_grammar_unref(G);
 		return kv_fail(KV_ERR_NOMEM, "grammar: out of memory");
 	}
@@ -585,6 +643,7 @@ void kv_grammar_unref(struct kv_grammar *G)
 	free(G->work.v);
 	free(G->off);
 	free(G->len);
+	free(G->accbits);
 	free(G->rt.off);
 	free(G->rt.st);
 	free(G->rt.end_ok);
