@@ -544,6 +544,9 @@ static int int_in(struct js *J, long long lo, long long hi)
 static int integer_schema(struct js *J, const json_t *s)
 {
 	struct bound lo, hi;
+	const json_t *mo = json_object_get(s, "multipleOf");
+	if (mo && J->strict && !(json_is_number(mo) && json_number_value(mo) == 1.0))
+		return unsupported(J, "multipleOf", "only multipleOf 1 is supported"), -1;
 	if (read_bounds(J, s, &lo, &hi))
 		return -1;
 	double l = -(double)NUM_MAX, h = (double)NUM_MAX;
@@ -621,6 +624,8 @@ static int number_schema(struct js *J, const json_t *s)
 	const json_t *mo = json_object_get(s, "multipleOf");
 	if (mo && json_is_number(mo) && json_number_value(mo) == 1.0)
 		return integer_schema(J, s);
+	if (mo && J->strict)
+		return unsupported(J, "multipleOf", "only multipleOf 1 is supported"), -1;
 	if (!lo.have && !hi.have) {
 		int d = kv_gram_bytes(g, '0', '9');
 		int ip = kv_gram_alt2(g, lit(J, "0"), kv_gram_seq2(g, kv_gram_bytes(g, '1', '9'), kv_gram_rep(g, d, 0, 15)));
@@ -859,6 +864,8 @@ plain:
 			goto done;
 		}
 		int ch = class_char(J, cls, ncls, raw);
+		if (!simple && !raw) /* any character: the other escapes too, one character each */
+			ch = kv_gram_alt2(g, ch, extra_escapes(J));
 		int body = kv_gram_rep(g, ch, (int)mn, (int)mx);
 		out = raw ? body : kv_gram_seq3(g, lit(J, "\""), body, lit(J, "\""));
 		goto done;

@@ -15,6 +15,9 @@
 #include "text/gpda.h"
 #include "text/gram.h"
 #include "text/gvocab.h"
+#include "text/jschema.h"
+#include "text/tcgram.h"
+#include "text/toolcall.h"
 #include "text/tokbytes.h"
 
 #include <stdio.h>
@@ -336,5 +339,230 @@ KT_CASE(mask_equals_brute_force_small_grammars)
 	random_walks("root ::= x \"}\"\nx ::= \"{\" (x | \"a\")* \"}\" | \"b\"\n", 10, 30, 8);
 }
 
-KT_MAIN(gbnf_accepts_and_rejects, gbnf_errors_name_the_problem, mask_equals_brute_force_arith,
+
+/* A compiled grammar (any front end) and whether it accepts s whole. */
+static int gram_matches(struct kv_gram *ir, const char *s)
+{
+	struct kv_gvocab *v = small_vocab();
+	struct kv_grammar *G = NULL;
+	int ok = -1;
+	if (v && !kv_grammar_create(ir, v, NULL, &G))
+		ok = matches(G, s);
+	kv_grammar_unref(G);
+	kv_gvocab_free(v);
+	return ok;
+}
+
+static int schema_matches(const char *schema, const char *s)
+{
+	json_error_t e;
+	json_t *j = json_loads(schema, JSON_DECODE_ANY, &e);
+	struct kv_gram *ir = NULL;
+	struct kv_js_opts o = {0};
+	int ok = -1;
+	if (j && !kv_jschema_compile(j, &o, &ir))
+		ok = gram_matches(ir, s);
+	else
+		kt_fail(__FILE__, __LINE__, "schema %s: %s", schema, kv_errmsg());
+	kv_gram_free(ir);
+	json_decref(j);
+	return ok;
+}
+
+KT_CASE(json_schema_layout_and_keywords)
+{
+	const char *obj = "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}, \"b\": {\"type\": \"string\"}, "
+			  "\"c\": {\"type\": \"boolean\"}}, \"required\": [\"b\"], \"additionalProperties\": false}";
+	KT_EQ_INT(schema_matches(obj, "{\"b\":\"x\"}"), 1);
+	KT_EQ_INT(schema_matches(obj, "{\"a\": 1, \"b\": \"x\", \"c\": true}"), 1);
+	KT_EQ_INT(schema_matches(obj, "{\"a\":-7,\"b\":\"\"}"), 1);
+	KT_EQ_INT(schema_matches(obj, "{\"b\": \"x\", \"a\": 1}"), 0);   /* schema order */
+	KT_EQ_INT(schema_matches(obj, "{\"a\": 1}"), 0);                /* b is required */
+	KT_EQ_INT(schema_matches(obj, "{ \"b\": \"x\"}"), 0);           /* the layout */
+	KT_EQ_INT(schema_matches(obj, "{\"b\":  \"x\"}"), 0);
+	KT_EQ_INT(schema_matches(obj, "{\"b\": \"x\", \"d\": 1}"), 0);
+	KT_EQ_INT(schema_matches("{\"type\": \"integer\", \"minimum\": -5, \"maximum\": 120}", "120"), 1);
+	KT_EQ_INT(schema_matches("{\"type\": \"integer\", \"minimum\": -5, \"maximum\": 120}", "121"), 0);
+	KT_EQ_INT(schema_matches("{\"type\": \"integer\", \"minimum\": -5, \"maximum\": 120}", "-5"), 1);
+	KT_EQ_INT(schema_matches("{\"type\": \"integer\", \"minimum\": -5, \"maximum\": 120}", "-6"), 0);
+	KT_EQ_INT(schema_matches("{\"type\": \"integer\", \"minimum\": -5, \"maximum\": 120}", "007"), 0);
+	KT_EQ_INT(schema_matches("{\"type\": \"number\", \"exclusiveMinimum\": 0, \"maximum\": 1}", "0.5"), 1);
+	KT_EQ_INT(schema_matches("{\"type\": \"number\", \"exclusiveMinimum\": 0, \"maximum\": 1}", "0"), 0);
+	KT_EQ_INT(schema_matches("{\"type\": \"number\", \"exclusiveMinimum\": 0, \"maximum\": 1}", "0.000"), 0);
+	KT_EQ_INT(schema_matches("{\"type\": \"number\", \"exclusiveMinimum\": 0, \"maximum\": 1}", "1.0"), 1);
+	KT_EQ_INT(schema_matches("{\"type\": \"number\", \"exclusiveMinimum\": 0, \"maximum\": 1}", "1.01"), 0);
+	KT_EQ_INT(schema_matches("{\"type\": \"string\", \"maxLength\": 2}", "\"\\u00e9\\n\""), 1);
+	KT_EQ_INT(schema_matches("{\"type\": \"string\", \"maxLength\": 2}", "\"abc\""), 0);
+	KT_EQ_INT(schema_matches("{\"type\": \"string\", \"format\": \"date\"}", "\"2024-02-28\""), 1);
+	KT_EQ_INT(schema_matches("{\"type\": \"string\", \"format\": \"date\"}", "\"2024-02-30\""), 0);
+	KT_EQ_INT(schema_matches("{\"type\": \"string\", \"pattern\": \"^a+$\"}", "\"aaa\""), 1);
+	KT_EQ_INT(schema_matches("{\"type\": \"string\", \"pattern\": \"b\"}", "\"xxbyy\""), 1);
+	KT_EQ_INT(schema_matches("{\"type\": \"string\", \"pattern\": \"b\"}", "\"xxyy\""), 0);
+	KT_EQ_INT(schema_matches("{\"enum\": [\"a\\\"b\", 1, null]}", "\"a\\\"b\""), 1);
+	KT_EQ_INT(schema_matches("{\"const\": {\"k\": [1, true]}}", "{\"k\": [1, true]}"), 1);
+	KT_EQ_INT(schema_matches("{\"type\": [\"string\", \"null\"]}", "null"), 1);
+	KT_EQ_INT(schema_matches("{\"type\": \"array\", \"items\": {\"type\": \"integer\"}, \"minItems\": 2, \"maxItems\": 3}",
+				 "[1, 2,3]"), 1);
+	KT_EQ_INT(schema_matches("{\"type\": \"array\", \"items\": {\"type\": \"integer\"}, \"minItems\": 2, \"maxItems\": 3}",
+				 "[1]"), 0);
+	KT_EQ_INT(schema_matches("{\"type\": \"array\", \"prefixItems\": [{\"type\": \"string\"}], \"items\": false}", "[\"x\"]"), 1);
+	KT_EQ_INT(schema_matches("{\"type\": \"array\", \"prefixItems\": [{\"type\": \"string\"}], \"items\": false}",
+				 "[\"x\", 1]"), 0);
+	const char *rec = "{\"$defs\": {\"n\": {\"type\": \"object\", \"properties\": {\"k\": {\"type\": \"array\", \"items\": "
+			  "{\"$ref\": \"#/$defs/n\"}}}, \"additionalProperties\": false}}, \"$ref\": \"#/$defs/n\"}";
+	KT_EQ_INT(schema_matches(rec, "{\"k\": [{}, {\"k\": [{\"k\": []}]}]}"), 1);
+	KT_EQ_INT(schema_matches(rec, "{\"k\": [{\"j\": 1}]}"), 0);
+	KT_EQ_INT(schema_matches("{\"type\": \"object\", \"additionalProperties\": {\"type\": \"integer\"}}", "{\"x\": 1, \"y-2\": 3}"), 1);
+	KT_EQ_INT(schema_matches("{\"type\": \"object\", \"additionalProperties\": {\"type\": \"integer\"}}", "{\"x\": \"s\"}"), 0);
+	KT_EQ_INT(schema_matches("{\"type\": \"object\"}", "{\"free\": [1, {\"n\": null}], \"s\": \"t\"}"), 1);
+}
+
+/* strict: the error names the keyword and where it is */
+static void schema_error(const char *schema, int strict, int want_rc, const char *want)
+{
+	json_error_t e;
+	json_t *j = json_loads(schema, JSON_DECODE_ANY, &e);
+	struct kv_gram *ir = NULL;
+	struct kv_js_opts o = {.strict = strict};
+	int rc = j ? kv_jschema_compile(j, &o, &ir) : -100;
+	if (!rc && ir) { /* some errors show up when the automaton is built */
+		struct kv_gpda *a = NULL;
+		struct kv_gpda_limits lim = {.max_dfa_states = 20000};
+		rc = kv_gpda_compile(ir, &lim, &a);
+		kv_gpda_free(a);
+	}
+	if (rc != want_rc)
+		kt_fail(__FILE__, __LINE__, "schema %s: rc %d, wanted %d (%s)", schema, rc, want_rc, kv_errmsg());
+	else if (want && !strstr(kv_errmsg(), want))
+		kt_fail(__FILE__, __LINE__, "schema %s: error '%s' does not say '%s'", schema, kv_errmsg(), want);
+	kv_gram_free(ir);
+	json_decref(j);
+}
+
+KT_CASE(json_schema_errors_name_the_problem)
+{
+	schema_error("{\"not\": {\"type\": \"string\"}}", 1, KV_ERR_UNSUPPORTED, "unsupported JSON Schema keyword 'not' at #");
+	schema_error("{\"not\": {\"type\": \"string\"}}", 0, 0, NULL);
+	schema_error("{\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"object\", \"patternProperties\": {}}}}", 1,
+		     KV_ERR_UNSUPPORTED, "'patternProperties' at #/properties/x");
+	schema_error("{\"type\": \"string\", \"format\": \"ipv6\"}", 1, KV_ERR_UNSUPPORTED, "format \"ipv6\"");
+	schema_error("{\"type\": \"string\", \"format\": \"ipv6\"}", 0, 0, NULL);
+	schema_error("{\"type\": \"string\", \"pattern\": \"^(?=a)b$\"}", 1, KV_ERR_UNSUPPORTED, "lookahead");
+	schema_error("{\"type\": \"string\", \"pattern\": \"(a\"}", 0, KV_ERR_INVALID, "unclosed group");
+	schema_error("{\"type\": \"array\", \"uniqueItems\": true}", 1, KV_ERR_UNSUPPORTED, "'uniqueItems'");
+	schema_error("{\"type\": \"number\", \"multipleOf\": 3}", 1, KV_ERR_UNSUPPORTED, NULL);
+	schema_error("{\"type\": \"strng\"}", 0, KV_ERR_INVALID, "type must be");
+	schema_error("{\"$ref\": \"#/$defs/missing\"}", 0, KV_ERR_INVALID, "points to nothing");
+	schema_error("{\"$ref\": \"https://example.com/s.json\"}", 0, KV_ERR_UNSUPPORTED, "'$ref'");
+	schema_error("{\"enum\": 3}", 0, KV_ERR_INVALID, "enum must be an array");
+	schema_error("{\"type\": \"string\", \"minLength\": 5, \"maxLength\": 2}", 0, KV_ERR_INVALID, "minLength is larger");
+	schema_error("{\"type\": \"integer\", \"minimum\": 5, \"maximum\": 2}", 0, KV_ERR_INVALID, "no integer lies within");
+	schema_error("false", 0, KV_ERR_INVALID, "no value can match");
+	schema_error("{\"type\": \"object\", \"required\": [\"x\"], \"additionalProperties\": false}", 0, KV_ERR_INVALID,
+		     "required property \"x\" is not allowed");
+	schema_error("{\"enum\": [1, 2], \"type\": \"string\"}", 0, KV_ERR_INVALID, "no enum / const value fits");
+	schema_error("{\"$defs\": {\"a\": {\"$ref\": \"#/$defs/a\"}}, \"$ref\": \"#/$defs/a\"}", 0, KV_ERR_INVALID, NULL);
+	/* large but bounded: the automaton's limit, never a hang */
+	schema_error("{\"type\": \"array\", \"items\": {\"type\": \"string\", \"pattern\": \"^(a|b)*a(a|b){18}$\"}, \"maxItems\": 3}",
+		     0, KV_ERR_INVALID, "too large");
+	/* deep nesting */
+	struct kv_buf b = KV_BUF_INIT;
+	for (int i = 0; i < 120; i++)
+		kv_buf_adds(&b, "{\"type\": \"array\", \"items\": ");
+	kv_buf_adds(&b, "{\"type\": \"integer\"}");
+	for (int i = 0; i < 120; i++)
+		kv_buf_addc(&b, '}');
+	schema_error(b.p, 0, 0, NULL);
+	kv_buf_free(&b);
+}
+
+/* The tool-call grammar accepts what the chat templates write and what
+ * toolcall.c parses, and the parse gives back the arguments. */
+KT_CASE(tool_call_grammars_round_trip)
+{
+	json_error_t e;
+	json_t *tools = json_loads("[{\"type\": \"function\", \"function\": {\"name\": \"read\", \"parameters\": {\"type\": "
+				   "\"object\", \"properties\": {\"path\": {\"type\": \"string\"}, \"limit\": {\"type\": "
+				   "\"integer\", \"minimum\": 1}, \"flags\": {\"type\": \"array\", \"items\": {\"type\": "
+				   "\"string\"}}}, \"required\": [\"path\"], \"additionalProperties\": false}}}, "
+				   "{\"type\": \"function\", \"function\": {\"name\": \"stop\", \"parameters\": {\"type\": "
+				   "\"object\", \"properties\": {}}}}]",
+				   0, &e);
+	KT_REQUIRE(tools);
+	struct kv_gram *ir;
+	struct kv_tcg_params p = {.format = KV_TC_JSON, .choice = KV_TCG_REQUIRED};
+	KT_OK(kv_tcg_build(tools, &p, &ir));
+	const char *jcall = "<tool_call>\n{\"name\": \"read\", \"arguments\": {\"path\": \"a</b>.c\", \"limit\": 3}}\n</tool_call>";
+	KT_EQ_INT(gram_matches(ir, jcall), 1);
+	KT_EQ_INT(gram_matches(ir, "<tool_call>\n{\"name\": \"stop\", \"arguments\": {}}\n</tool_call>"), 1);
+	KT_EQ_INT(gram_matches(ir, "<tool_call>\n{\"name\": \"read\", \"arguments\": {\"limit\": 3}}\n</tool_call>"), 0);
+	/* a string may not close the call early */
+	KT_EQ_INT(gram_matches(ir, "<tool_call>\n{\"name\": \"read\", \"arguments\": {\"path\": \"x</tool_call>\"}}\n</tool_call>"), 0);
+	KT_EQ_INT(gram_matches(ir, "hello <tool_call>\n{\"name\": \"stop\", \"arguments\": {}}\n</tool_call>"), 0);
+	kv_gram_free(ir);
+	p.parallel = 1;
+	KT_OK(kv_tcg_build(tools, &p, &ir));
+	KT_EQ_INT(gram_matches(ir, "<tool_call>\n{\"name\": \"stop\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": "
+				   "\"stop\", \"arguments\": {}}\n</tool_call>"), 1);
+	kv_gram_free(ir);
+	/* auto: text without an opener, then maybe calls */
+	p = (struct kv_tcg_params){.format = KV_TC_JSON, .choice = KV_TCG_AUTO};
+	KT_OK(kv_tcg_build(tools, &p, &ir));
+	KT_EQ_INT(gram_matches(ir, "Let me look.\n\n<tool_call>\n{\"name\": \"stop\", \"arguments\": {}}\n</tool_call>"), 1);
+	KT_EQ_INT(gram_matches(ir, "Just text, no call."), 1);
+	KT_EQ_INT(gram_matches(ir, "text <tool_call> more"), 0);
+	kv_gram_free(ir);
+	/* the XML form, and what the parser makes of it */
+	p = (struct kv_tcg_params){.format = KV_TC_XML, .choice = KV_TCG_NAMED, .name = "read"};
+	KT_OK(kv_tcg_build(tools, &p, &ir));
+	const char *xcall = "<tool_call>\n<function=read>\n<parameter=path>\nsrc/a <b>.c\n</parameter>\n<parameter=flags>\n"
+			    "[\"-n\"]\n</parameter>\n</function>\n</tool_call>";
+	KT_EQ_INT(gram_matches(ir, xcall), 1);
+	KT_EQ_INT(gram_matches(ir, "<tool_call>\n<function=stop>\n</function>\n</tool_call>"), 0);
+	KT_EQ_INT(gram_matches(ir, "<tool_call>\n<function=read>\n<parameter=path>\nx</parameter>y\n</parameter>\n</function>\n"
+				   "</tool_call>"), 0);
+	kv_gram_free(ir);
+	struct kv_tc_params tp = {.format = KV_TC_XML, .tools = tools};
+	char *content;
+	size_t cl;
+	json_t *calls;
+	KT_OK(kv_tc_parse(xcall, strlen(xcall), &tp, NULL, &content, &cl, &calls));
+	KT_EQ_INT(json_array_size(calls), 1);
+	KT_EQ_STR(json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments")),
+		  "{\"path\": \"src/a <b>.c\", \"flags\": [\"-n\"]}");
+	free(content);
+	json_decref(calls);
+	/* errors */
+	p = (struct kv_tcg_params){.format = KV_TC_JSON, .choice = KV_TCG_NAMED, .name = "nope"};
+	KT_CHECK(kv_tcg_build(tools, &p, &ir) == KV_ERR_INVALID && strstr(kv_errmsg(), "'nope', which is not in tools"));
+	json_decref(tools);
+}
+
+/* The shortest completion and forced tokens close any prefix. */
+KT_CASE(completion_closes_the_output)
+{
+	struct kv_gvocab *v = small_vocab();
+	KT_REQUIRE(v);
+	struct kv_grammar *G = compile(G_JSON, v);
+	KT_REQUIRE(G);
+	struct kv_gmatch *m;
+	KT_OK(kv_gmatch_create(G, NULL, 0, &m));
+	const char *pre = "{\"a\": [1, {\"b\": \"x";
+	KT_OK(kv_gmatch_accept_bytes(m, pre, strlen(pre)));
+	KT_CHECK(!kv_gmatch_can_end(m));
+	struct kv_buf c = KV_BUF_INIT;
+	KT_OK(kv_gmatch_complete(m, &c));
+	KT_EQ_STR(c.p, "\"}]}");
+	int32_t ids[16];
+	int n = kv_gmatch_force(m, c.p, c.len, ids);
+	KT_CHECK(n > 0 && n <= 4);
+	KT_CHECK(kv_gmatch_can_end(m));
+	kv_buf_free(&c);
+	kv_gmatch_free(m);
+	kv_grammar_unref(G);
+	kv_gvocab_free(v);
+}
+
+KT_MAIN(gbnf_accepts_and_rejects, json_schema_layout_and_keywords, json_schema_errors_name_the_problem,
+	tool_call_grammars_round_trip, completion_closes_the_output, gbnf_errors_name_the_problem, mask_equals_brute_force_arith,
 	mask_equals_brute_force_json, mask_equals_brute_force_parens, mask_equals_brute_force_small_grammars)
