@@ -864,8 +864,6 @@ plain:
 			goto done;
 		}
 		int ch = class_char(J, cls, ncls, raw);
-		if (!simple && !raw) /* any character: the other escapes too, one character each */
-			ch = kv_gram_alt2(g, ch, extra_escapes(J));
 		int body = kv_gram_rep(g, ch, (int)mn, (int)mx);
 		out = raw ? body : kv_gram_seq3(g, lit(J, "\""), body, lit(J, "\""));
 		goto done;

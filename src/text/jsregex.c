@@ -135,6 +135,23 @@ int kv_rx_class(struct kv_gram *g, const uint32_t *pairs, int n, int negate, con
 		goto done;
 	if (o->mode == KV_RX_JSON) {
 		char buf[8];
+		int all_ctl = 1;
+		for (uint32_t c = 0; c < 0x20 && all_ctl; c++)
+			all_ctl = crs_has(&r, c);
+		if (all_ctl) {
+			/* every control character: \n \r \t and \u00XX for all 32
+			 * (one short alternative instead of 32) */
+			int hex = kv_gram_alt2(g, kv_gram_bytes(g, '0', '9'), kv_gram_bytes(g, 'a', 'f'));
+			alts[na++] = kv_gram_seq2(g, kv_gram_lits(g, "\\u00"), kv_gram_seq2(g, kv_gram_bytes(g, '0', '1'), hex));
+			alts[na++] = kv_gram_lits(g, "\\n");
+			alts[na++] = kv_gram_lits(g, "\\r");
+			alts[na++] = kv_gram_lits(g, "\\t");
+			if (crs_remove(&r, 0) || crs_norm(&r, 0))
+				goto done;
+			for (uint32_t c = 1; c < 0x20; c++)
+				if (crs_remove(&r, c))
+					goto done;
+		}
 		for (uint32_t c = 0; c < 0x20; c++)
 			if (crs_has(&r, c)) {
 				int l = escape_of(c, buf);
