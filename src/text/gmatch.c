@@ -23,6 +23,7 @@
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/map.h"
+#include "base/mem.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -315,8 +316,8 @@ static void pent_free(struct pent *e)
 {
 	if (!e)
 		return;
-	free(e->acc);
-	free(e->cd);
+	kv_free(e->acc);
+	kv_free(e->cd);
 	free(e);
 }
 
@@ -467,7 +468,7 @@ static struct pent *walk(struct kv_grammar *G, int32_t s0)
 	e->n_acc = G->n_acc;
 	if ((size_t)G->n_acc * 32 < (size_t)v->n_ids) {
 		e->kind = PE_LIST;
-		e->acc = malloc(((size_t)G->n_acc + 1) * sizeof *e->acc);
+		e->acc = kv_alloc(KV_MEM_OTHER, ((size_t)G->n_acc + 1) * sizeof *e->acc);
 		int k = 0;
 		if (e->acc)
 			for (int w = 0; w < G->words; w++)
@@ -476,19 +477,20 @@ static struct pent *walk(struct kv_grammar *G, int32_t s0)
 		e->bytes = (size_t)G->n_acc * 4;
 	} else {
 		e->kind = PE_BITS;
-		e->acc = malloc((size_t)G->words * sizeof *e->acc);
+		e->acc = kv_alloc(KV_MEM_OTHER, (size_t)G->words * sizeof *e->acc);
 		if (e->acc)
 			memcpy(e->acc, G->accbits, (size_t)G->words * sizeof *e->acc);
 		e->bytes = (size_t)G->words * 4;
 	}
 	e->n_cd = G->cd.n;
-	e->cd = malloc(((size_t)G->cd.n + 1) * sizeof *e->cd);
+	e->cd = kv_alloc(KV_MEM_OTHER, ((size_t)G->cd.n + 1) * sizeof *e->cd);
 	if (!e->acc || !e->cd) {
 		pent_free(e);
 		kv_fail(KV_ERR_NOMEM, "grammar matcher: out of memory");
 		return NULL;
 	}
-	memcpy(e->cd, G->cd.v, (size_t)G->cd.n * sizeof *e->cd);
+	if (G->cd.n)
+		memcpy(e->cd, G->cd.v, (size_t)G->cd.n * sizeof *e->cd);
 	e->bytes += (size_t)G->cd.n * 4 + sizeof *e;
 	G->computed++;
 	G->dep_total += (uint64_t)G->cd.n;

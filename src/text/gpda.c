@@ -742,7 +742,8 @@ static int closure(struct cc *c, struct ivec *out)
 					return -1;
 			}
 	}
-	qsort(out->v, (size_t)out->n, sizeof *out->v, cmp_i32);
+	if (out->n)
+		qsort(out->v, (size_t)out->n, sizeof *out->v, cmp_i32);
 	return 0;
 }
 
@@ -836,7 +837,8 @@ static int determinize(struct cc *c, int rule, int32_t start, int32_t final)
 				be[nb++] = (struct bedge){c->e[e].a, c->e[e].b, c->e[e].to};
 				off = c->dset_off.v[d - first]; /* dset may not move, but stay safe */
 			}
-		qsort(be, (size_t)nb, sizeof *be, bedge_cmp);
+		if (nb)
+			qsort(be, (size_t)nb, sizeof *be, bedge_cmp);
 		int32_t *row = c->d_trans + (size_t)d * (size_t)c->n_cls;
 		int32_t last = -1;
 		prev.n = 0;
@@ -851,7 +853,7 @@ static int determinize(struct cc *c, int rule, int32_t start, int32_t final)
 				have_prev = 0;
 				continue;
 			}
-			qsort(tg.v, (size_t)tg.n, sizeof *tg.v, cmp_i32);
+			qsort(tg.v, (size_t)tg.n, sizeof *tg.v, cmp_i32); /* tg.n > 0 here */
 			if (have_prev && tg.n == prev.n && !memcmp(tg.v, prev.v, (size_t)tg.n * sizeof *tg.v)) {
 				row[cl] = last;
 				continue;
@@ -1388,8 +1390,10 @@ int kv_gpda_compile(const struct kv_gram *g, const struct kv_gpda_limits *lim, s
 		rc = kv_fail(KV_ERR_NOMEM, "grammar compiler: out of memory");
 		goto fail;
 	}
-	memcpy(a->call_rule, c.call_rule.v, (size_t)c.call_rule.n * sizeof *a->call_rule);
-	memcpy(a->call_ret, c.call_ret.v, (size_t)c.call_rule.n * sizeof *a->call_ret);
+	if (c.call_rule.n) {
+		memcpy(a->call_rule, c.call_rule.v, (size_t)c.call_rule.n * sizeof *a->call_rule);
+		memcpy(a->call_ret, c.call_ret.v, (size_t)c.call_rule.n * sizeof *a->call_ret);
+	}
 	/* rows: temporarily one per state (d_trans), compacted below */
 	a->trans = c.d_trans;
 	c.d_trans = NULL;

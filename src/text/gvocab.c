@@ -8,6 +8,7 @@
  */
 #include "text/gvocab.h"
 #include "base/err.h"
+#include "base/mem.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -29,10 +30,10 @@ void kv_gvocab_free(struct kv_gvocab *v)
 {
 	if (!v)
 		return;
-	free(v->byte);
-	free(v->depth);
-	free(v->end);
-	free(v->tok);
+	kv_free(v->byte);
+	kv_free(v->depth);
+	kv_free(v->end);
+	kv_free(v->tok);
 	free(v->same_next);
 	kv_tok_bytes_free(v->bytes);
 	free(v);
@@ -63,10 +64,11 @@ int kv_gvocab_from_bytes(struct kv_tok_bytes *b, struct kv_gvocab **out)
 		}
 	}
 	qsort_r(ids, (size_t)m, sizeof *ids, by_bytes, b);
-	v->byte = malloc(total + 1);
-	v->depth = malloc((total + 1) * sizeof *v->depth);
-	v->end = malloc((total + 1) * sizeof *v->end);
-	v->tok = malloc((total + 1) * sizeof *v->tok);
+	/* the trie is counted (KV_MEM_OTHER): ~4 MB for a Qwen3 vocabulary */
+	v->byte = kv_alloc(KV_MEM_OTHER, total + 1);
+	v->depth = kv_alloc(KV_MEM_OTHER, (total + 1) * sizeof *v->depth);
+	v->end = kv_alloc(KV_MEM_OTHER, (total + 1) * sizeof *v->end);
+	v->tok = kv_alloc(KV_MEM_OTHER, (total + 1) * sizeof *v->tok);
 	open = malloc(65537 * sizeof *open);
 	if (!v->byte || !v->depth || !v->end || !v->tok || !open)
 		goto nomem;

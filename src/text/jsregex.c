@@ -45,7 +45,8 @@ static int cmp_pair(const void *a, const void *b)
 /* Sort, merge, and complement when negate. */
 static int crs_norm(struct crs *r, int negate)
 {
-	qsort(r->v, (size_t)r->n, 2 * sizeof *r->v, cmp_pair);
+	if (r->n)
+		qsort(r->v, (size_t)r->n, 2 * sizeof *r->v, cmp_pair);
 	int w = 0;
 	for (int i = 0; i < r->n; i++) {
 		if (w && r->v[2 * i] <= r->v[2 * (w - 1) + 1] + 1) {
