@@ -11,6 +11,7 @@
 #include "base/buf.h"
 #include "base/err.h"
 #include "text/gbnf.h"
+#include "text/gcache.h"
 #include "text/gmatch.h"
 #include "text/gpda.h"
 #include "text/gram.h"
@@ -564,6 +565,51 @@ KT_CASE(completion_closes_the_output)
 	kv_gvocab_free(v);
 }
 
-KT_MAIN(gbnf_accepts_and_rejects, json_schema_layout_and_keywords, json_schema_errors_name_the_problem,
+static int build_gbnf(void *ctx, struct kv_gram **ir)
+{
+	const char *t = ctx;
+	return kv_gbnf_parse(t, strlen(t), ir);
+}
+
+/* Compiled grammars are found again by key, the least recently used one
+ * leaves first, a failed build is not kept. */
+KT_CASE(grammar_cache_by_key)
+{
+	struct kv_gvocab *v = small_vocab();
+	KT_REQUIRE(v);
+	struct kv_gcache *c;
+	struct kv_gcache_params p = {.max_entries = 2};
+	KT_OK(kv_gcache_create(v, &p, &c));
+	struct kv_grammar *a, *a2, *b, *d;
+	int hit;
+	KT_OK(kv_gcache_get(c, "A", 1, build_gbnf, "root ::= \"a\"+", &a, &hit));
+	KT_EQ_INT(hit, 0);
+	KT_OK(kv_gcache_get(c, "A", 1, build_gbnf, "root ::= \"never built\"", &a2, &hit));
+	KT_EQ_INT(hit, 1);
+	KT_CHECK(a == a2);
+	KT_EQ_INT(matches(a2, "aaa"), 1);
+	KT_OK(kv_gcache_get(c, "B", 1, build_gbnf, "root ::= \"b\"", &b, &hit));
+	KT_EQ_INT(hit, 0);
+	KT_CHECK(kv_gcache_get(c, "E", 1, build_gbnf, "root ::= root \"x\" | \"y\"", &d, &hit) == KV_ERR_INVALID);
+	KT_CHECK(strstr(kv_errmsg(), "left recursion") != NULL);
+	/* A was used before B: a third key evicts A, whose reference we hold */
+	KT_OK(kv_gcache_get(c, "C", 1, build_gbnf, "root ::= \"c\"", &d, &hit));
+	kv_grammar_unref(d);
+	KT_OK(kv_gcache_get(c, "B", 1, build_gbnf, "root ::= \"x\"", &d, &hit));
+	KT_EQ_INT(hit, 1);
+	kv_grammar_unref(d);
+	KT_OK(kv_gcache_get(c, "A", 1, build_gbnf, "root ::= \"z\"", &d, &hit));
+	KT_EQ_INT(hit, 0);
+	KT_EQ_INT(matches(d, "z"), 1);
+	KT_EQ_INT(matches(a, "a"), 1); /* the evicted grammar still works for its holder */
+	kv_grammar_unref(d);
+	kv_grammar_unref(a);
+	kv_grammar_unref(a2);
+	kv_grammar_unref(b);
+	kv_gcache_free(c);
+	kv_gvocab_free(v);
+}
+
+KT_MAIN(gbnf_accepts_and_rejects, grammar_cache_by_key, json_schema_layout_and_keywords, json_schema_errors_name_the_problem,
 	tool_call_grammars_round_trip, completion_closes_the_output, gbnf_errors_name_the_problem, mask_equals_brute_force_arith,
 	mask_equals_brute_force_json, mask_equals_brute_force_parens, mask_equals_brute_force_small_grammars)
