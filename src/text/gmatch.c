@@ -307,6 +307,7 @@ struct kv_grammar {
 	struct rets rt;
 	uint32_t *accbits;    /* [words] the walk's accepted ids */
 	int n_acc;
+	uint64_t (*loop)[4];  /* [n_states] bytes on which a SIMPLE state goes to itself */
 	/* stats */
 	uint64_t computed, evicted, dep_total;
 	double walk_ms;
@@ -418,6 +419,23 @@ static struct pent *walk(struct kv_grammar *G, int32_t s0)
 			if (t < 0) {
 				i = end[i];
 				continue;
+			}
+			if (t == x.s) {
+				/* a state that loops on every byte of the subtree: all
+				 * its tokens end here, accepted (or all dependent) */
+				const uint64_t *lp = G->loop[t], *sb = v->sub[i];
+				if (!(sb[0] & ~lp[0]) && !(sb[1] & ~lp[1]) && !(sb[2] & ~lp[2]) && !(sb[3] & ~lp[3])) {
+					int esc = escaped(&G->wg, x);
+					for (int j = i; j < end[i]; j++)
+						if (tok[j] >= 0) {
+							if (!esc)
+								acc_set(G, tok[j]);
+							else if (add_ids(G, &G->cd, tok[j]))
+								return NULL;
+						}
+					i = end[i];
+					continue;
+				}
 			}
 			if (st[t].flags & KV_GS_SIMPLE) {
 				G->cfg.v[no].s = t;
@@ -617,7 +635,14 @@ int kv_grammar_create(const struct kv_gram *ir, const struct kv_gvocab *v, const
 	G->off = malloc(((size_t)v->max_depth + 2) * sizeof *G->off);
 	G->len = malloc(((size_t)v->max_depth + 2) * sizeof *G->len);
 	G->accbits = malloc(((size_t)G->words + 1) * sizeof *G->accbits);
-	if (!G->ent || !G->off || !G->len || !G->accbits || rets_build(a, &G->rt)) {
+	G->loop = calloc((size_t)a->n_states + 1, sizeof *G->loop);
+	if (G->loop)
+		for (int s = 0; s < a->n_states; s++)
+			if (a->st[s].flags & KV_GS_SIMPLE)
+				for (int b = 0; b < 256; b++)
+					if (kv_gpda_next(a, s, b) == s)
+						G->loop[s][b >> 6] |= 1ull << (b & 63);
+	if (!G->ent || !G->off || !G->len || !G->accbits || !G->loop || rets_build(a, &G->rt)) {
 		kv_grammar_unref(G);
 		return kv_fail(KV_ERR_NOMEM, "grammar: out of memory");
 	}
@@ -646,6 +671,7 @@ void kv_grammar_unref(struct kv_grammar *G)
 	free(G->off);
 	free(G->len);
 	free(G->accbits);
+	free(G->loop);
 	free(G->rt.off);
 	free(G->rt.st);
 	free(G->rt.end_ok);

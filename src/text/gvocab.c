@@ -34,6 +34,7 @@ void kv_gvocab_free(struct kv_gvocab *v)
 	kv_free(v->depth);
 	kv_free(v->end);
 	kv_free(v->tok);
+	kv_free(v->sub);
 	free(v->same_next);
 	kv_tok_bytes_free(v->bytes);
 	free(v);
@@ -113,7 +114,19 @@ int kv_gvocab_from_bytes(struct kv_tok_bytes *b, struct kv_gvocab **out)
 	}
 	while (sp)
 		v->end[open[--sp]] = n;
-	v->mem = sizeof *v + (size_t)n * (1 + 2 + 4 + 4) + (size_t)b->n * 4 + b->data_len + (size_t)b->n * 9;
+	/* subtree byte sets, children before parents: pre-order reversed */
+	v->sub = kv_zalloc(KV_MEM_OTHER, ((size_t)n + 1) * sizeof *v->sub);
+	if (!v->sub)
+		goto nomem;
+	for (int i = n - 1; i >= 0; i--) {
+		v->sub[i][v->byte[i] >> 6] |= 1ull << (v->byte[i] & 63);
+		/* fold the children in: they start at i + 1 and follow each other
+		 * by end[] */
+		for (int c = i + 1; c < v->end[i]; c = v->end[c])
+			for (int w = 0; w < 4; w++)
+				v->sub[i][w] |= v->sub[c][w];
+	}
+	v->mem = sizeof *v + (size_t)n * (1 + 2 + 4 + 4 + 32) + (size_t)b->n * 4 + b->data_len + (size_t)b->n * 9;
 	free(ids);
 	free(open);
 	*out = v;

@@ -30,6 +30,10 @@ struct kv_gvocab {
 	int32_t *end;           /* [n_nodes] one past the subtree */
 	int32_t *tok;           /* [n_nodes] token ending here, or -1 */
 	int32_t *same_next;     /* [n_ids] next id with the same bytes, or -1 */
+	uint64_t (*sub)[4];     /* [n_nodes] the bytes that occur in the subtree
+				 * (the node included), a 256-bit set: a walk
+				 * accepts a whole subtree at once when a state
+				 * loops on all of them (gmatch.c) */
 	int max_depth;          /* longest token in bytes */
 	int n_tokens;           /* ids in the trie */
 	struct kv_tok_bytes *bytes; /* owned: id -> bytes */
