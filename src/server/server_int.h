@@ -75,7 +75,7 @@ struct ksv_server {
 	uint64_t budget_total;            /* RAM tier budget, shared by all namespaces */
 	struct kss_registry *reg;         /* every namespace: default + salted (session/registry.h) */
 	int64_t created;
-	struct kv_tokbytes tb;            /* token id -> raw bytes, for logprobs */
+	struct kv_tok_bytes *tb;           /* token id -> raw bytes: logprobs, grammars (text/tokbytes.h) */
 	/* stop */
 	int stop_pipe[2];
 	atomic_int stopping;

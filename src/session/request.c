@@ -150,14 +150,14 @@ enum { PICK_EOS = 1, PICK_STOP_STRING = 2, PICK_CANCEL = 3 };
 
 static void token_logprobs(struct req *q, const float *logits, int32_t t, struct kss_token *ti)
 {
-	const struct kv_tokbytes *tb = q->s->p.tb;
+	const struct kv_tok_bytes *tb = q->s->p.tb;
 	int top = q->p->top_logprobs;
 	if (top > KSS_MAX_TOP_LOGPROBS)
 		top = KSS_MAX_TOP_LOGPROBS;
 	ti->logprob = ke_token_logprob(logits, q->s->vocab, t);
 	ti->n_top = top ? ke_top_logprobs(logits, q->s->vocab, top, ti->top_id, ti->top_lp) : 0;
 	for (int i = 0; i < ti->n_top; i++)
-		ti->top_bytes[i] = kv_tokbytes_get(tb, ti->top_id[i], &ti->top_len[i]);
+		ti->top_bytes[i] = kv_tok_bytes_get(tb, ti->top_id[i], &ti->top_len[i]);
 }
 
 /*
@@ -185,7 +185,7 @@ static int pick(void *ctx, const float *logits, int vocab, int32_t *tok)
 	}
 	r->generated++;
 	struct kss_token ti = {.id = t};
-	ti.bytes = kv_tokbytes_get(q->s->p.tb, t, &ti.len);
+	ti.bytes = kv_tok_bytes_get(q->s->p.tb, t, &ti.len);
 	if (q->p->logprobs)
 		token_logprobs(q, logits, t, &ti);
 	if (q->k->token)

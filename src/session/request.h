@@ -55,7 +55,7 @@
 struct kss_service_params {
 	struct ke_model *model;
 	const struct kv_tok *tok;
-	const struct kv_tokbytes *tb;   /* token bytes, for logprobs */
+	const struct kv_tok_bytes *tb;   /* token bytes, for logprobs */
 	struct kss_registry *reg;       /* every namespace */
 	struct kc_cache *cache;         /* the default namespace's cache */
 	struct kss_sched *engine;       /* the engine's scheduler */

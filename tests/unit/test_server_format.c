@@ -217,12 +217,12 @@ static int sse_events(const char *text, json_t **ev, int cap, int *done)
 #define JS(obj, path) json_string_value(json_object_get(obj, path))
 
 /* A token table of four tokens: 0 "\xe4\xbd", 1 "a", 2 "\xff", 3 "ab", 4 "c". */
-static struct kv_tokbytes tiny_tb(void)
+static struct kv_tok_bytes tiny_tb(void)
 {
 	static uint32_t off[] = {0, 2, 3, 4, 6};
-	static uint16_t len[] = {2, 1, 1, 2, 1};
+	static uint32_t len[] = {2, 1, 1, 2, 1};
 	static char data[] = "\xe4\xbd" "a" "\xff" "ab" "c";
-	struct kv_tokbytes t = {.n = 5, .off = off, .len = len, .data = data};
+	struct kv_tok_bytes t = {.n = 5, .off = off, .len = len, .data = data};
 	return t;
 }
 
@@ -236,7 +236,7 @@ KT_CASE(chat_stream_chunks)
 {
 	struct ksv_answer o;
 	struct kv_buf b = KV_BUF_INIT;
-	struct kv_tokbytes tb = tiny_tb();
+	struct kv_tok_bytes tb = tiny_tb();
 	ksv_answer_init(&o, &ksv_wire_openai, KSV_API_CHAT, "tiny", 1);
 	o.tb = &tb;
 	o.include_usage = 1;
@@ -363,7 +363,7 @@ KT_CASE(completion_bodies)
 {
 	struct ksv_answer o;
 	struct kv_buf b = KV_BUF_INIT;
-	struct kv_tokbytes tb = tiny_tb();
+	struct kv_tok_bytes tb = tiny_tb();
 	ksv_answer_init(&o, &ksv_wire_openai, KSV_API_COMPLETION, "tiny", 1);
 	o.tb = &tb;
 	o.logprobs = 1;
