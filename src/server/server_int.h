@@ -144,9 +144,10 @@ struct ksv_intake {
 	const char *salt;         /* cache_salt (borrowed from raw, or salt_hdr), NULL: none */
 	char *salt_hdr;           /* the X-Cache-Salt header's copy (owned), or NULL */
 	struct ksv_prompt pr;     /* the rendered prompt (prompt.c) */
-	char *forced;             /* text forced at the start of the answer (tool_choice), or NULL */
-	uint32_t n_forced;        /* its tokens, appended to the prompt */
-	int max_tokens;           /* tokens to generate after the forced ones */
+	struct kv_grammar *grammar; /* structured output (session/constrain.h; a reference), or NULL */
+	int cons_kind;            /* enum kss_cons_kind */
+	int cons_hit;             /* the grammar was compiled before */
+	int max_tokens;           /* tokens to generate */
 	int trusted;              /* may see other clients' text (ksv_server_trusted) */
 };
 /* Parse, check and render a generation request in its API (enum

@@ -1752,6 +1752,13 @@ static int sch(struct js *J, const json_t *s, int raw)
 		int *alts = calloc(json_array_size(vals) + 1, sizeof *alts), na = 0;
 		size_t i;
 		json_t *v;
+		/* the values' own types narrow what "type" left open: an enum of
+		 * strings alone is a string, raw text in the XML form included */
+		int vb = 0;
+		json_array_foreach(vals, i, v)
+			vb |= json_type_bits(v);
+		if (bits & vb)
+			bits &= vb;
 		json_array_foreach(vals, i, v) {
 			int tb = json_type_bits(v);
 			if (!(tb & bits) || has_word(J, v))
