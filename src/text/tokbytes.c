@@ -64,19 +64,47 @@ static int piece_bytes(const struct kv_tok *t, int32_t id, struct kv_buf *out)
 	return KV_OK;
 }
 
+/* A table of n ids without data (NULL: no memory). */
+static struct kv_tok_bytes *table_new(int n)
+{
+	struct kv_tok_bytes *b = n >= 0 ? calloc(1, sizeof *b) : NULL;
+	if (!b)
+		return NULL;
+	b->n = n;
+	b->off = malloc(((size_t)n + 1) * sizeof *b->off);
+	b->len = malloc(((size_t)n + 1) * sizeof *b->len);
+	b->special = calloc((size_t)n + 1, 1);
+	if (!b->off || !b->len || !b->special) {
+		kv_tok_bytes_free(b);
+		return NULL;
+	}
+	return b;
+}
+
+/* The table's data from the buffer d (failed: it ran out of memory), or
+ * everything freed. */
+static int finish(struct kv_tok_bytes *b, struct kv_buf *d, int failed, struct kv_tok_bytes **out)
+{
+	if (b && !failed && !d->oom) {
+		b->data_len = d->len;
+		b->data = d->p ? kv_buf_take(d) : calloc(1, 1);
+		if (b->data) {
+			*out = b;
+			return KV_OK;
+		}
+	}
+	kv_buf_free(d);
+	kv_tok_bytes_free(b);
+	return kv_fail(KV_ERR_NOMEM, "token byte table: out of memory");
+}
+
 int kv_tok_bytes_build(const struct kv_tok *t, int n_ids, struct kv_tok_bytes **out)
 {
-	struct kv_tok_bytes *b = calloc(1, sizeof *b);
+	struct kv_tok_bytes *b = table_new(n_ids);
 	struct kv_buf d = KV_BUF_INIT;
 	*out = NULL;
-	if (!b || n_ids < 0)
-		goto nomem;
-	b->n = n_ids;
-	b->off = malloc(((size_t)n_ids + 1) * sizeof *b->off);
-	b->len = malloc(((size_t)n_ids + 1) * sizeof *b->len);
-	b->special = calloc((size_t)n_ids + 1, 1);
-	if (!b->off || !b->len || !b->special)
-		goto nomem;
+	if (!b)
+		return finish(b, &d, 1, out);
 	int nt = kv_tok_vocab_size(t);
 	for (int i = 0; i < n_ids; i++) {
 		size_t at = d.len;
@@ -90,22 +118,11 @@ int kv_tok_bytes_build(const struct kv_tok *t, int n_ids, struct kv_tok_bytes **
 			b->special[i] = (uint8_t)kv_tok_is_special(t, i);
 		}
 		if (d.len > UINT32_MAX / 2)
-			goto nomem;
+			return finish(b, &d, 1, out);
 		b->off[i] = (uint32_t)at;
 		b->len[i] = (uint32_t)(d.len - at);
 	}
-	if (d.oom)
-		goto nomem;
-	b->data_len = d.len;
-	b->data = d.p ? kv_buf_take(&d) : calloc(1, 1);
-	if (!b->data)
-		goto nomem;
-	*out = b;
-	return KV_OK;
-nomem:
-	kv_buf_free(&d);
-	kv_tok_bytes_free(b);
-	return kv_fail(KV_ERR_NOMEM, "token byte table: out of memory");
+	return finish(b, &d, 0, out);
 }
 
 void kv_tok_bytes_free(struct kv_tok_bytes *b)
@@ -122,36 +139,19 @@ void kv_tok_bytes_free(struct kv_tok_bytes *b)
 int kv_tok_bytes_from(const char *const *s, const size_t *len, const uint8_t *special, int n,
 		      struct kv_tok_bytes **out)
 {
-	struct kv_tok_bytes *b = calloc(1, sizeof *b);
+	struct kv_tok_bytes *b = table_new(n);
 	struct kv_buf d = KV_BUF_INIT;
 	*out = NULL;
-	if (!b || n < 0)
-		goto nomem;
-	b->n = n;
-	b->off = malloc(((size_t)n + 1) * sizeof *b->off);
-	b->len = malloc(((size_t)n + 1) * sizeof *b->len);
-	b->special = calloc((size_t)n + 1, 1);
-	if (!b->off || !b->len || !b->special)
-		goto nomem;
+	if (!b)
+		return finish(b, &d, 1, out);
 	for (int i = 0; i < n; i++) {
 		if (d.len + len[i] > UINT32_MAX / 2)
-			goto nomem;
+			return finish(b, &d, 1, out);
 		b->off[i] = (uint32_t)d.len;
 		b->len[i] = (uint32_t)len[i];
 		if (len[i])
 			kv_buf_add(&d, s[i], len[i]);
 		b->special[i] = special ? special[i] : 0;
 	}
-	if (d.oom)
-		goto nomem;
-	b->data_len = d.len;
-	b->data = d.p ? kv_buf_take(&d) : calloc(1, 1);
-	if (!b->data)
-		goto nomem;
-	*out = b;
-	return KV_OK;
-nomem:
-	kv_buf_free(&d);
-	kv_tok_bytes_free(b);
-	return kv_fail(KV_ERR_NOMEM, "token byte table: out of memory");
+	return finish(b, &d, 0, out);
 }

@@ -148,7 +148,14 @@ KT_CASE(request_errors_name_the_field)
 	B("\"min_p\":-0.1", "min_p");
 	B("\"top_k\":2.5", "top_k");
 	B("\"logit_bias\":{\"1\":5}", "logit_bias");
-	B("\"response_format\":{\"type\":\"json_object\"}", "response_format");
+	B("\"response_format\":{\"type\":\"yaml\"}", "response_format.type");
+	B("\"response_format\":{\"type\":\"json_schema\"}", "response_format.json_schema");
+	B("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":3}}", "response_format.json_schema.schema");
+	B("\"response_format\":{\"type\":\"json_object\"},\"grammar\":\"root ::= \\\"a\\\"\"", "grammar");
+	B("\"grammar\":5", "grammar");
+	B("\"json_schema\":[]", "json_schema");
+	B("\"parallel_tool_calls\":\"yes\"", "parallel_tool_calls");
+	B("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":1}}]", "tools[0].function.strict");
 	B("\"tools\":{}", "tools");
 	B("\"tools\":[{\"type\":\"function\"}]", "tools[0].function");
 	B("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]", "tools[0].function.parameters");
