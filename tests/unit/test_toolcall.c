@@ -382,13 +382,6 @@ KT_CASE(list_form_nemotron)
 	/* the Qwen tags are plain text in this format, and the other way round */
 	check_chunkings("<tool_call>{\"name\": \"a\"}</tool_call>", &LISTP, "C[<tool_call>{\"name\": \"a\"}</tool_call>]");
 	check_chunkings("<TOOLCALL>[{\"name\": \"a\"}]</TOOLCALL>", &JSONP, "C[<TOOLCALL>[{\"name\": \"a\"}]</TOOLCALL>]");
-	char *o = NULL;
-	KT_OK(kv_tc_opener(KV_TC_LIST, "read_file", &o));
-	KT_EQ_STR(o, "<TOOLCALL>[{\"name\": \"read_file\", \"arguments\": ");
-	free(o);
-	KT_OK(kv_tc_opener(KV_TC_LIST, NULL, &o));
-	KT_EQ_STR(o, "<TOOLCALL>[{\"name\": \"");
-	free(o);
 }
 
 KT_MAIN(json_form, several_calls_and_text_around, held_back_prefix, xml_form_with_coercion,
