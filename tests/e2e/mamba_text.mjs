@@ -4,8 +4,9 @@
 // (tests/data/families). For each, in each of the three APIs (Chat
 // Completions, Messages, Responses): a request with tools and a tool call
 // and its result in the history, tool_choice naming read_file: the answer
-// is a read_file call, or (the random model rarely closes the call) text
-// that starts with the family's own tool-call opener; the same request
+// is a read_file call, or (the random model rarely closes the call within
+// max_tokens) text that starts with the family's own tool-call opener, as
+// the tool-call grammar constrains it (text/tcgram.h); the same request
 // again is served from the cache with the same answer, and a
 // --disable-prefix-cache server gives that answer too (greedy).
 import { join } from 'node:path';
@@ -23,19 +24,19 @@ const params = { type: 'object', properties: { path: { type: 'string' } }, requi
 const system = 'You are a careful coding agent. '.repeat(10) + '/no_think';
 
 const bodies = {
-  chat: () => ({ model: 'm', temperature: 0, max_tokens: 28,
+  chat: () => ({ model: 'm', temperature: 0, max_tokens: 48,
     tools: [{ type: 'function', function: { name: 'read_file', description: 'Read a file.', parameters: params } }],
     tool_choice: { type: 'function', function: { name: 'read_file' } },
     messages: [{ role: 'system', content: system }, { role: 'user', content: 'Open the README.' },
       { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'read_file', arguments: '{"path": "README"}' } }] },
       { role: 'tool', tool_call_id: 'c1', content: 'kvkeep: a prefix cache' }, { role: 'user', content: 'Now the Makefile.' }] }),
-  messages: () => ({ model: 'm', temperature: 0, max_tokens: 28, system,
+  messages: () => ({ model: 'm', temperature: 0, max_tokens: 48, system,
     tools: [{ name: 'read_file', description: 'Read a file.', input_schema: params }],
     tool_choice: { type: 'tool', name: 'read_file' },
     messages: [{ role: 'user', content: 'Open the README.' },
       { role: 'assistant', content: [{ type: 'tool_use', id: 'c1', name: 'read_file', input: { path: 'README' } }] },
       { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'c1', content: 'kvkeep: a prefix cache' }, { type: 'text', text: 'Now the Makefile.' }] }] }),
-  responses: () => ({ model: 'm', temperature: 0, max_output_tokens: 28, instructions: system,
+  responses: () => ({ model: 'm', temperature: 0, max_output_tokens: 48, instructions: system,
     tools: [{ type: 'function', name: 'read_file', description: 'Read a file.', parameters: params }],
     tool_choice: { type: 'function', name: 'read_file' },
     input: [{ role: 'user', content: 'Open the README.' },

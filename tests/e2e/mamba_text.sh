@@ -15,7 +15,7 @@
 #               through kvkeep serve: Chat Completions, Messages and
 #               Responses with tools and a tool call + result in the history
 #               (the family's syntax in the prompt), a named tool_choice
-#               opens the family's own tool-call syntax, and greedy answers
+#               is constrained to the family's own tool-call syntax, and greedy answers
 #               with the cache equal a --disable-prefix-cache server's
 #               (mamba_text.mjs).
 set -u
