@@ -247,7 +247,7 @@ static const char *weights_label(const struct ke_model *m, char *buf, size_t cap
 
 static int cmd_bench_engine(int argc, char **argv)
 {
-	const char *model = NULL, *ctxs = "1024,8192", *quant_act = "q8";
+	const char *model = NULL, *ctxs = "1024,8192", *quant_act = "q8", *kv_dtype = NULL;
 	int64_t decode_tokens = 32, repeat = 3, gemm_m = 256;
 	int json = 0, kv_f32 = 0, long_ctx = 0;
 	struct kv_flag flags[] = {
@@ -257,7 +257,8 @@ static int cmd_bench_engine(int argc, char **argv)
 		{"decode-tokens", KV_FLAG_INT, &decode_tokens, "N", "decode steps timed per context (default 32)"},
 		{"repeat", KV_FLAG_INT, &repeat, "N", "GEMM repetitions, best kept (default 3)"},
 		{"gemm-m", KV_FLAG_INT, &gemm_m, "M", "activation rows of the GEMM measurement (default 256)"},
-		{"kv-f32", KV_FLAG_BOOL, &kv_f32, NULL, "f32 KV (default bf16)"},
+		{"kv-dtype", KV_FLAG_STR, &kv_dtype, "bf16|f32|q8_0", "KV element type (default bf16)"},
+		{"kv-f32", KV_FLAG_BOOL, &kv_f32, NULL, "f32 KV (the same as --kv-dtype f32)"},
 		{"quant-act", KV_FLAG_STR, &quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
 		{"long", KV_FLAG_BOOL, &long_ctx, NULL, "also measure a 32K context (slow)"},
 		{0},
@@ -293,9 +294,15 @@ static int cmd_bench_engine(int argc, char **argv)
 		}
 
 	struct ke_model *m = NULL;
-	struct ke_model_params mp = {.kv_f32 = kv_f32, .quant_act = ke_quant_act_parse(quant_act)};
+	struct ke_model_params mp = {.kv = kv_f32 ? KE_KV_F32 : ke_kv_parse(kv_dtype),
+				     .quant_act = ke_quant_act_parse(quant_act)};
 	if (mp.quant_act < 0) {
 		fprintf(stderr, "kvkeep bench engine: --quant-act must be q8 or f32\n");
+		free(cl);
+		return 2;
+	}
+	if (mp.kv < 0 || (kv_f32 && kv_dtype && strcmp(kv_dtype, "f32"))) {
+		fprintf(stderr, "kvkeep bench engine: --kv-dtype must be bf16, f32 or q8_0 (and agree with --kv-f32)\n");
 		free(cl);
 		return 2;
 	}
@@ -459,8 +466,7 @@ static int cmd_bench_engine(int argc, char **argv)
 	if (json) {
 		printf("{\"model\": \"%s\", \"arch\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"weight_dtype\": \"%s\", "
 		       "\"kv_dtype\": \"%s\", \"quant_act\": \"%s\",\n", model, kv_arch_name(c->arch), ke_isa_name(ke_isa()),
-		       threads, weights_label(m, wfmt, sizeof wfmt), kv_f32 ? "f32" : "bf16",
-		       ke_model_qdot(m) ? "q8" : "f32");
+		       threads, weights_label(m, wfmt, sizeof wfmt), ke_kv_name(mp.kv), ke_model_qdot(m) ? "q8" : "f32");
 		printf(" \"openblas_coretype\": \"%s\", \"openblas_coretype_from_env\": %s,", coretype ? coretype : "auto",
 		       coretype_env ? "true" : "false");
 		printf(" \"gemm_m\": %d, \"gemm_gflops\": %.2f, \"gemm_f32_gflops\": %.2f, ", (int)gemm_m, g_ours, g_ours32);
@@ -499,7 +505,7 @@ static int cmd_bench_engine(int argc, char **argv)
 		printf("]}\n");
 	} else {
 		printf("model %s (%s, %s weights, %s KV), isa %s, %d threads\n", model, kv_arch_name(c->arch),
-		       weights_label(m, wfmt, sizeof wfmt), kv_f32 ? "f32" : "bf16", ke_isa_name(ke_isa()), threads);
+		       weights_label(m, wfmt, sizeof wfmt), ke_kv_name(mp.kv), ke_isa_name(ke_isa()), threads);
 		printf("memcpy: %.2f GB/s (1 thread %.2f GB/s)\n", bw / 1e9, bw1 / 1e9);
 		for (int i = 0; i < nsh; i++) {
 			double fl = 2.0 * (double)gemm_m * sh[i].w->rows * sh[i].w->cols;

@@ -929,7 +929,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	s->xml_tools = kv_chat_xml_tools(s->chat);
 	if ((rc = ksv_norm_parse(o->prompt_normalize, &s->norm_rules)) || (rc = ksv_recent_create(&s->recent)))
 		goto fail;
-	struct ke_model_params mp = {.kv_f32 = !strcmp(o->kv_dtype, "f32"),
+	struct ke_model_params mp = {.kv = ke_kv_parse(o->kv_dtype),
 				     .page_tokens = (int)o->page_tokens,
 				     .quant_act = ke_quant_act_parse(o->quant_act)};
 	if ((rc = ke_model_load(o->model_dir, &mp, &s->model)))
