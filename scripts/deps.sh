@@ -12,10 +12,12 @@
 #          yardstick of `kvkeep bench engine`; git reads the llama.cpp source
 #          bundle of tests/peer (its headers, checked out at build time); GNU
 #          time measures resident memory in bench/peer_bench.sh; Chromium
-#          for the dashboard test (tests/e2e/dashboard.sh).
+#          for the dashboard test (tests/e2e/dashboard.sh); Universal Ctags
+#          finds the function definitions for the architecture check
+#          (tests/arch/check.py).
 set -eu
 BUILD_PKGS="gcc make libc6-dev libmicrohttpd-dev libjansson-dev libxxhash-dev libpcre2-dev libutf8proc-dev libedit-dev"
-TEST_PKGS="chromium git python3 python3-torch python3-numpy python3-jinja2 prometheus clang-14 libclang-rt-14-dev libopenblas0-pthread procps time"
+TEST_PKGS="chromium git python3 python3-torch python3-numpy python3-jinja2 prometheus clang-14 libclang-rt-14-dev libopenblas0-pthread procps time universal-ctags"
 set_name=${1:-build}
 pkgs=$BUILD_PKGS
 [ "$set_name" = demo ] && pkgs="$BUILD_PKGS python3"

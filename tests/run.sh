@@ -71,7 +71,7 @@ for r in "$BUILD"/tests/replay_*; do
 done
 
 if [ "$MODE" != "--unit-only" ]; then
-	for s in tests/e2e/*.sh tests/peer/peer_*.sh tests/ref/*.sh; do
+	for s in tests/arch/*.sh tests/e2e/*.sh tests/peer/peer_*.sh tests/ref/*.sh; do
 		[ -f "$s" ] || continue
 		n=$(basename "$(dirname "$s")")_$(basename "$s" .sh)
 		run_one "$n" 900 bash "$s"

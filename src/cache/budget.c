@@ -66,7 +66,8 @@ int kc_budget_compute(const struct kc_budget_in *in, struct kc_budget *out)
 				 (unsigned long long)v);
 			return KV_OK;
 		}
-		/* Seed rule: blank or invalid falls back to the heuristic, logged once. */
+		/* docs/cache.md "Budget and eviction": blank or invalid falls back to
+		 * the heuristic, logged once. */
 		out->env_ignored = 1;
 	}
 	if (in->cache_memory_mb >= 0) {

@@ -60,7 +60,7 @@ struct kc_budget {
 /*
  * Compute the budget. KV_OK, or KV_ERR_INVALID (with a kv_fail message)
  * for a bad flag value: a percent outside (0, 1] or a negative size. A
- * bad environment value is not an error (seed rule): see env_ignored.
+ * bad environment value is not an error (docs/cache.md): see env_ignored.
  */
 int kc_budget_compute(const struct kc_budget_in *in, struct kc_budget *out);
 

@@ -1,5 +1,8 @@
 /*
- * cache.c - the RAM prefix cache core (see cache.h; objects in index.h).
+ * cache.c - the RAM prefix cache's facade (cache.h): create/destroy,
+ * lookup, put, counters, the check, and the disk tier's views. Eviction
+ * is in evict.c, the objects' making and collecting in tree.c, the state
+ * they share in cache_int.h (objects drawn in index.h).
  *
  * Invariants (kc_cache_check verifies all of them):
  *   - node.refs = children + resume points + pins; a non-root node with
@@ -15,8 +18,8 @@
  * Nothing here allocates per token: a put allocates per new block and per
  * new resume point; a lookup allocates nothing.
  */
-#include "cache/cache.h"
-#include "cache/index.h"
+#include "cache/cache_int.h"
+#include "cache/echo.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -25,59 +28,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define LAT_RING 4096
-
-struct kc_cache {
-	pthread_mutex_t mu;
-	struct ke_layout L;
-	struct kc_policy pol;
-	const struct kc_index_ops *ops;
-	void *ix;
-	struct kc_node root;
-	uint32_t B;
-	int hybrid;
-	int disabled;
-	uint64_t budget;
-	uint32_t max_entries;
-	int32_t max_hyb;
-	uint64_t mem_cap;
-	uint64_t (*mem_used)(void *);
-	void *mem_ctx;
-	double tf;
-	void (*on_evict)(void *, uint64_t, uint32_t);
-	void *evict_ctx;
-
-	struct kc_entry *lru_head, *lru_tail;
-	struct kc_obj *dirty_head, *dirty_tail;
-	size_t n_dirty;
-
-	uint64_t bytes, n_entries, n_nodes, n_rps, n_snaps, dedup;
-	uint64_t next_id;
-	struct kc_stats st;        /* event counters only; sizes filled on demand */
-	uint64_t lat[LAT_RING];
-	uint32_t lat_n, lat_i;
-
-	struct kc_node **path;     /* scratch for put, path_cap slots */
-	size_t path_cap;
-	struct kc_rp **rpv;        /* scratch for lookup */
-	size_t rpv_cap;
-};
-
-static uint64_t node_bytes(const struct kc_cache *c)
-{
-	return kc_policy_node_bytes(&c->L);
-}
-
-static uint64_t rp_tail_bytes(const struct kc_cache *c, uint32_t t)
-{
-	return kc_policy_rp_bytes(&c->L, t, 0);
-}
-
-static uint64_t mem_used_now(struct kc_cache *c)
-{
-	return c->mem_used ? c->mem_used(c->mem_ctx) : kv_mem_total();
-}
 
 const char *kc_index_name(int kind)
 {
@@ -95,348 +45,6 @@ int kc_index_parse(const char *s, int *kind)
 		return KV_OK;
 	}
 	return kv_fail(KV_ERR_INVALID, "--prefix-cache-index '%s': expected radix or hash", s ? s : "");
-}
-
-/* --- lists ---------------------------------------------------------------- */
-
-static void dirty_push(struct kc_cache *c, struct kc_obj *o)
-{
-	o->dnext = NULL;
-	o->dprev = c->dirty_tail;
-	if (c->dirty_tail)
-		c->dirty_tail->dnext = o;
-	else
-		c->dirty_head = o;
-	c->dirty_tail = o;
-	o->dirty = 1;
-	c->n_dirty++;
-}
-
-static void dirty_unlink(struct kc_cache *c, struct kc_obj *o)
-{
-	if (!o->dirty)
-		return;
-	if (o->dprev)
-		o->dprev->dnext = o->dnext;
-	else
-		c->dirty_head = o->dnext;
-	if (o->dnext)
-		o->dnext->dprev = o->dprev;
-	else
-		c->dirty_tail = o->dprev;
-	o->dprev = o->dnext = NULL;
-	o->dirty = 0;
-	c->n_dirty--;
-}
-
-static void lru_unlink(struct kc_cache *c, struct kc_entry *e)
-{
-	if (e->prev)
-		e->prev->next = e->next;
-	else
-		c->lru_head = e->next;
-	if (e->next)
-		e->next->prev = e->prev;
-	else
-		c->lru_tail = e->prev;
-	e->prev = e->next = NULL;
-}
-
-static void lru_front(struct kc_cache *c, struct kc_entry *e)
-{
-	e->last_use_ms = kv_wall_ms();
-	e->prev = NULL;
-	e->next = c->lru_head;
-	if (c->lru_head)
-		c->lru_head->prev = e;
-	else
-		c->lru_tail = e;
-	c->lru_head = e;
-}
-
-static void touch(struct kc_cache *c, struct kc_entry *e)
-{
-	if (!e || c->lru_head == e)
-		return;
-	lru_unlink(c, e);
-	lru_front(c, e);
-}
-
-/* --- nodes ---------------------------------------------------------------- */
-
-static struct kc_node *node_new(struct kc_cache *c, struct kc_node *parent, const int32_t *blk, struct kv_h128 h,
-				struct kv_page *page, int clean)
-{
-	struct kc_node *n = calloc(1, sizeof *n);
-	if (!n) {
-		kv_fail(KV_ERR_NOMEM, "prefix cache: cannot allocate a node");
-		return NULL;
-	}
-	n->tokens = kv_alloc(KV_MEM_CACHE, (size_t)c->B * sizeof(int32_t));
-	if (!n->tokens) {
-		free(n);
-		return NULL;
-	}
-	memcpy(n->tokens, blk, (size_t)c->B * sizeof(int32_t));
-	n->obj.kind = KC_OBJ_BLOCK;
-	n->parent = parent;
-	n->depth = parent->depth + 1;
-	n->hash = h;
-	n->sib = parent->kid;
-	if (parent->kid)
-		parent->kid->sib_prev = n;
-	parent->kid = n;
-	parent->n_kids++;
-	parent->refs++;
-	if (c->ops->add(c->ix, n) != KV_OK) {
-		parent->kid = n->sib;
-		if (n->sib)
-			n->sib->sib_prev = NULL;
-		parent->n_kids--;
-		parent->refs--;
-		kv_free(n->tokens);
-		free(n);
-		return NULL;
-	}
-	kv_page_ref(page);
-	n->page = page;
-	c->bytes += node_bytes(c);
-	c->n_nodes++;
-	if (!clean)
-		dirty_push(c, &n->obj);
-	return n;
-}
-
-/* Free n and then its ancestors while nothing references them. */
-static void node_gc(struct kc_cache *c, struct kc_node *n, uint64_t *rel)
-{
-	while (n && n != &c->root && n->refs == 0) {
-		struct kc_node *p = n->parent;
-		c->ops->del(c->ix, n);
-		if (n->sib_prev)
-			n->sib_prev->sib = n->sib;
-		else
-			p->kid = n->sib;
-		if (n->sib)
-			n->sib->sib_prev = n->sib_prev;
-		p->n_kids--;
-		p->refs--;
-		dirty_unlink(c, &n->obj);
-		/* The page is really given back only if we held the last reference
-		 * (a live sequence may still use it). */
-		if (kv_page_refs(n->page) == 1)
-			*rel += c->L.page_bytes;
-		kv_page_unref(n->page);
-		kv_free(n->tokens);
-		*rel += (uint64_t)c->B * sizeof(int32_t);
-		c->bytes -= node_bytes(c);
-		c->n_nodes--;
-		free(n->rx_kids);
-		free(n);
-		n = p;
-	}
-}
-
-/* --- resume points -------------------------------------------------------- */
-
-static struct kc_rp *rp_find(struct kc_node *x, const int32_t *tail, uint32_t t)
-{
-	for (struct kc_rp *r = x->rps; r; r = r->next)
-		if (r->t == t && (!t || !kc_tok_cmp(r->tail_tok, tail, t)))
-			return r;
-	return NULL;
-}
-
-/* Copy rows [0, t) of every segment of a page into a compact tail. */
-static void rows_to_tail(const struct kc_cache *c, const void *page, uint32_t t, void *tail)
-{
-	size_t rb = c->L.row_bytes;
-	for (int s = 0; s < c->L.n_segments; s++)
-		memcpy((char *)tail + (size_t)s * t * rb, (const char *)page + (size_t)s * c->B * rb, (size_t)t * rb);
-}
-
-static struct kc_rp *rp_new(struct kc_cache *c, struct kc_node *x, const int32_t *tail, uint32_t t,
-			    const struct kv_page *page, int clean)
-{
-	struct kc_rp *r = calloc(1, sizeof *r);
-	if (!r) {
-		kv_fail(KV_ERR_NOMEM, "prefix cache: cannot allocate a resume point");
-		return NULL;
-	}
-	r->obj.kind = KC_OBJ_RP;
-	r->t = t;
-	if (t) {
-		r->tail_tok = kv_alloc(KV_MEM_CACHE, (size_t)t * sizeof(int32_t));
-		r->tail_kv = kv_alloc(KV_MEM_CACHE, (size_t)t * c->L.kv_bytes_per_token);
-		if (!r->tail_tok || !r->tail_kv) {
-			kv_free(r->tail_tok);
-			kv_free(r->tail_kv);
-			free(r);
-			return NULL;
-		}
-		memcpy(r->tail_tok, tail, (size_t)t * sizeof(int32_t));
-		rows_to_tail(c, page->data, t, r->tail_kv);
-	}
-	r->node = x;
-	r->pos = x->depth * c->B + t;
-	r->id = kc_rp_id(x->hash, tail, t);
-	x->refs++;
-	r->next = x->rps;
-	x->rps = r;
-	c->bytes += rp_tail_bytes(c, t);
-	c->n_rps++;
-	if (!clean)
-		dirty_push(c, &r->obj);
-	return r;
-}
-
-static void rp_set_snap(struct kc_cache *c, struct kc_rp *r, void *snap)
-{
-	r->snap = snap;
-	c->bytes += c->L.snapshot_bytes;
-	c->n_snaps++;
-}
-
-static void rp_gc(struct kc_cache *c, struct kc_rp *r, uint64_t *rel)
-{
-	struct kc_node *x = r->node;
-	struct kc_rp **pp;
-	if (r->refs || r->pins)
-		return;
-	for (pp = &x->rps; *pp && *pp != r; pp = &(*pp)->next)
-		;
-	if (*pp)
-		*pp = r->next;
-	dirty_unlink(c, &r->obj);
-	if (r->t) {
-		kv_free(r->tail_tok);
-		kv_free(r->tail_kv);
-		*rel += rp_tail_bytes(c, r->t);
-	}
-	c->bytes -= rp_tail_bytes(c, r->t);
-	c->n_rps--;
-	if (r->snap) {
-		kv_free(r->snap);
-		*rel += c->L.snapshot_bytes;
-		c->bytes -= c->L.snapshot_bytes;
-		c->n_snaps--;
-	}
-	free(r);
-	x->refs--;
-	node_gc(c, x, rel);
-}
-
-/* --- entries -------------------------------------------------------------- */
-
-static void through_add(struct kc_cache *c, struct kc_node *x, int delta)
-{
-	for (; x && x != &c->root; x = x->parent) {
-		if (delta > 0) {
-			if (x->through >= 1)
-				c->dedup += c->L.page_bytes;
-			x->through++;
-		} else {
-			x->through--;
-			if (x->through >= 1)
-				c->dedup -= c->L.page_bytes;
-		}
-	}
-}
-
-static void entry_free(struct kc_cache *c, struct kc_entry *e, uint64_t *rel)
-{
-	struct kc_rp *end = e->end;
-	uint64_t id = e->id;
-	uint32_t len = end->pos;
-
-	lru_unlink(c, e);
-	dirty_unlink(c, &e->obj);
-	through_add(c, end->node, -1);
-	end->entry = NULL;
-	end->refs--;
-	for (uint32_t i = 0; i < e->n_ckpt; i++)
-		e->ckpt[i]->refs--;
-	/* Checkpoints sit above the end on the same path; collect the end
-	 * first so nodes fall away from the bottom up. */
-	rp_gc(c, end, rel);
-	for (uint32_t i = e->n_ckpt; i-- > 0;)
-		rp_gc(c, e->ckpt[i], rel);
-	free(e->ckpt);
-	free(e);
-	c->n_entries--;
-	if (c->on_evict)
-		c->on_evict(c->evict_ctx, id, len);
-}
-
-/* 1 if evicting e frees memory: its end is not shared and holds a tail, a
- * snapshot or the last reference to a block. */
-static int entry_is_leaf(const struct kc_cache *c, const struct kc_entry *e)
-{
-	const struct kc_rp *r = e->end;
-	if (r->pins || r->refs != 1)
-		return 0;
-	if (r->t || r->snap)
-		return 1;
-	return r->node != &c->root && r->node->refs == 1;
-}
-
-/* The least recently used evictable entry: leaves first; then (if not
- * leaves_only) any unpinned one. guard_mru keeps the head. */
-static struct kc_entry *pick_victim(struct kc_cache *c, int leaves_only, int guard_mru)
-{
-	for (struct kc_entry *e = c->lru_tail; e; e = e->prev) {
-		if (guard_mru && e == c->lru_head)
-			continue;
-		if (!e->end->pins && entry_is_leaf(c, e))
-			return e;
-	}
-	if (leaves_only)
-		return NULL;
-	for (struct kc_entry *e = c->lru_tail; e; e = e->prev) {
-		if (guard_mru && e == c->lru_head)
-			continue;
-		if (!e->end->pins)
-			return e;
-	}
-	return NULL;
-}
-
-static uint64_t evict(struct kc_cache *c, struct kc_entry *e, int pressure)
-{
-	uint64_t rel = 0;
-	entry_free(c, e, &rel);
-	c->st.evictions++;
-	if (pressure)
-		c->st.pressure_evictions++;
-	return rel;
-}
-
-static uint32_t count_cap(const struct kc_cache *c)
-{
-	uint32_t lim = c->max_entries;
-	if (c->hybrid && c->max_hyb > 0 && (!lim || (uint32_t)c->max_hyb < lim))
-		lim = (uint32_t)c->max_hyb;
-	return lim;
-}
-
-static void enforce(struct kc_cache *c)
-{
-	uint32_t lim = count_cap(c);
-	while (lim && c->n_entries > lim) {
-		struct kc_entry *e = pick_victim(c, 0, 1);
-		if (!e)
-			break;
-		evict(c, e, 0);
-	}
-	while (c->budget && c->bytes > c->budget) {
-		/* Seed rule: the MRU entry survives pressure while the process is
-		 * below the memory cap itself. */
-		int guard = !(c->mem_cap && mem_used_now(c) >= c->mem_cap);
-		struct kc_entry *e = pick_victim(c, 1, guard);
-		if (!e)
-			break;
-		evict(c, e, 1);
-	}
 }
 
 /* --- create / destroy ------------------------------------------------------ */
@@ -494,8 +102,19 @@ int kc_cache_create(const struct kc_params *p, struct kc_cache **out)
 		c->tf = 0;
 	c->on_evict = p->on_evict;
 	c->evict_ctx = p->evict_ctx;
+	/* with the cache disabled too: answers render as generated either way,
+	 * so a prompt does not depend on whether the KV is cached */
+	if (p->echo_bytes && kc_echo_create(p->echo_bytes, &c->echo)) {
+		kc_cache_destroy(c);
+		return KV_ERR_NOMEM;
+	}
 	*out = c;
 	return KV_OK;
+}
+
+struct kc_echo *kc_cache_echo(const struct kc_cache *c)
+{
+	return c ? c->echo : NULL;
 }
 
 void kc_cache_destroy(struct kc_cache *c)
@@ -505,13 +124,14 @@ void kc_cache_destroy(struct kc_cache *c)
 		return;
 	c->on_evict = NULL;
 	while (c->lru_tail)
-		entry_free(c, c->lru_tail, &rel);
+		kc_tree_entry_free(c, c->lru_tail, &rel);
 	/* Anything left is pinned by a hit or view that was not released: a
 	 * caller bug; leak it rather than free memory someone still reads. */
 	if (c->n_nodes || c->n_rps)
 		KV_WARN("cache.destroy_pinned", "nodes=%llu rps=%llu", (unsigned long long)c->n_nodes,
 			(unsigned long long)c->n_rps);
 	c->ops->destroy(c->ix);
+	kc_echo_destroy(c->echo);
 	free(c->root.rx_kids);
 	free(c->path);
 	free(c->rpv);
@@ -527,6 +147,11 @@ const struct ke_layout *kc_cache_layout(const struct kc_cache *c)
 const struct kc_policy *kc_cache_policy(const struct kc_cache *c)
 {
 	return &c->pol;
+}
+
+int kc_cache_enabled(const struct kc_cache *c)
+{
+	return c && !c->disabled; /* set at create, never changed */
 }
 
 void *kc_cache_snap_alloc(struct kc_cache *c)
@@ -742,7 +367,7 @@ static int lookup(struct kc_cache *c, const int32_t *tok, uint32_t n, struct kc_
 			h->snap = best->snap;
 			collect_inherited(c, h, best, tok, n);
 			if (!peek)
-				touch(c, best->entry);
+				kc_tree_touch(c, best->entry);
 			if (shared > p && !peek) {
 				uint32_t elen = lcp_kid >= lcp_rp && kid ? reach_len(c, kid)
 						: trp && lcp_rp ? (trp->entry ? trp->pos : reach_len(c, d))
@@ -770,11 +395,11 @@ static int lookup(struct kc_cache *c, const int32_t *tok, uint32_t n, struct kc_
 		/* Entries whose KV this hit used up to their end become most
 		 * recently used, deepest first so shallower ones end up newer. */
 		if (h->src_rp_ && !peek)
-			touch(c, h->src_rp_->entry);
+			kc_tree_touch(c, h->src_rp_->entry);
 		for (struct kc_node *x = h->node_; !peek; x = x->parent) {
 			for (struct kc_rp *r = x->rps; r; r = r->next)
 				if (!r->t && r->entry)
-					touch(c, r->entry);
+					kc_tree_touch(c, r->entry);
 			if (x == &c->root)
 				break;
 		}
@@ -835,7 +460,7 @@ static void node_unpin(struct kc_cache *c, struct kc_node *x, uint64_t *rel)
 {
 	x->pins--;
 	x->refs--;
-	node_gc(c, x, rel);
+	kc_tree_node_gc(c, x, rel);
 }
 
 void kc_hit_release(struct kc_cache *c, struct kc_hit *h)
@@ -846,17 +471,17 @@ void kc_hit_release(struct kc_cache *c, struct kc_hit *h)
 	pthread_mutex_lock(&c->mu);
 	for (uint32_t i = 0; i < h->n_inh; i++) {
 		h->inh_rp_[i]->pins--;
-		rp_gc(c, h->inh_rp_[i], &rel);
+		kc_tree_rp_gc(c, h->inh_rp_[i], &rel);
 	}
 	if (h->src_rp_) {
 		h->src_rp_->pins--;
-		rp_gc(c, h->src_rp_, &rel);
+		kc_tree_rp_gc(c, h->src_rp_, &rel);
 	}
 	if (h->src_node_)
 		node_unpin(c, h->src_node_, &rel);
 	if (h->node_)
 		node_unpin(c, h->node_, &rel);
-	enforce(c);
+	kc_evict_enforce(c);
 	pthread_mutex_unlock(&c->mu);
 	h->node_ = h->src_node_ = NULL;
 	h->src_rp_ = NULL;
@@ -904,13 +529,13 @@ static int rp_get(struct kc_cache *c, const struct kc_put *p, uint32_t pos, stru
 	struct kc_node *x = c->path[pos / c->B];
 	uint32_t t = pos % c->B;
 	const int32_t *tail = p->tokens + (size_t)(pos / c->B) * c->B;
-	struct kc_rp *r = rp_find(x, tail, t);
+	struct kc_rp *r = kc_tree_rp_find(x, tail, t);
 	*out = r;
 	if (r)
 		return KV_OK;
 	if (t && !p->pages[pos / c->B])
 		return kv_fail(KV_ERR_INVALID, "prefix cache put: no page for the tail at %u", pos);
-	r = rp_new(c, x, tail, t, t ? p->pages[pos / c->B] : NULL, p->clean);
+	r = kc_tree_rp_new(c, x, tail, t, t ? p->pages[pos / c->B] : NULL, p->clean);
 	if (!r)
 		return KV_ERR_NOMEM;
 	*out = r;
@@ -943,7 +568,7 @@ static void supersede(struct kc_cache *c, const struct kc_put *p, uint32_t nb, s
 			if (!r)
 				break;
 			c->st.superseded++;
-			entry_free(c, r->entry, &rel);
+			kc_tree_entry_free(c, r->entry, &rel);
 		}
 	}
 }
@@ -987,10 +612,10 @@ int kc_cache_put(struct kc_cache *c, const struct kc_put *p, uint64_t *entry_id)
 		if (!k) {
 			if (!p->pages[i])
 				rc = kv_fail(KV_ERR_INVALID, "prefix cache put: block %u is new but has no page", i);
-			else if (!(k = node_new(c, x, blk, h, p->pages[i], p->clean)))
+			else if (!(k = kc_tree_node_new(c, x, blk, h, p->pages[i], p->clean)))
 				rc = KV_ERR_NOMEM;
 			if (rc) {
-				node_gc(c, x, &rel); /* drop the new blocks made so far */
+				kc_tree_node_gc(c, x, &rel); /* drop the new blocks made so far */
 				goto out;
 			}
 		}
@@ -999,7 +624,7 @@ int kc_cache_put(struct kc_cache *c, const struct kc_put *p, uint64_t *entry_id)
 
 	rc = rp_get(c, p, p->n, &end);
 	if (rc) {
-		node_gc(c, c->path[nb], &rel);
+		kc_tree_node_gc(c, c->path[nb], &rel);
 		goto out;
 	}
 	end->refs++; /* hold it while the checkpoints are made */
@@ -1008,10 +633,10 @@ int kc_cache_put(struct kc_cache *c, const struct kc_put *p, uint64_t *entry_id)
 			if (!end_snap) {
 				rc = kv_fail(KV_ERR_INVALID, "prefix cache put: hybrid entry without a snapshot at %u", p->n);
 				end->refs--;
-				rp_gc(c, end, &rel);
+				kc_tree_rp_gc(c, end, &rel);
 				goto out;
 			}
-			rp_set_snap(c, end, end_snap);
+			kc_tree_rp_set_snap(c, end, end_snap);
 			end_snap = NULL;
 		}
 		/* Checkpoints that cannot be made (no snapshot, no tail page, no
@@ -1021,11 +646,11 @@ int kc_cache_put(struct kc_cache *c, const struct kc_put *p, uint64_t *entry_id)
 			if (rp_get(c, p, p->ckpt[i].pos, &r) != KV_OK)
 				continue;
 			if (!r->snap && p->ckpt[i].snap) {
-				rp_set_snap(c, r, p->ckpt[i].snap);
+				kc_tree_rp_set_snap(c, r, p->ckpt[i].snap);
 				used[i] = 1;
 			}
 			if (!r->snap) {
-				rp_gc(c, r, &rel);
+				kc_tree_rp_gc(c, r, &rel);
 				continue;
 			}
 			r->refs++;
@@ -1037,10 +662,10 @@ int kc_cache_put(struct kc_cache *c, const struct kc_put *p, uint64_t *entry_id)
 		/* The same end is stored already: that entry wins, made MRU. */
 		for (uint32_t i = 0; i < n_ck; i++) {
 			ck[i]->refs--;
-			rp_gc(c, ck[i], &rel);
+			kc_tree_rp_gc(c, ck[i], &rel);
 		}
 		end->refs--;
-		touch(c, end->entry);
+		kc_tree_touch(c, end->entry);
 		if (entry_id)
 			*entry_id = end->entry->id;
 		goto out;
@@ -1054,10 +679,10 @@ int kc_cache_put(struct kc_cache *c, const struct kc_put *p, uint64_t *entry_id)
 		rc = kv_fail(KV_ERR_NOMEM, "prefix cache put: cannot allocate an entry");
 		for (uint32_t i = 0; i < n_ck; i++) {
 			ck[i]->refs--;
-			rp_gc(c, ck[i], &rel);
+			kc_tree_rp_gc(c, ck[i], &rel);
 		}
 		end->refs--;
-		rp_gc(c, end, &rel);
+		kc_tree_rp_gc(c, end, &rel);
 		goto out;
 	}
 	e->obj.kind = KC_OBJ_ENTRY;
@@ -1076,131 +701,23 @@ int kc_cache_put(struct kc_cache *c, const struct kc_put *p, uint64_t *entry_id)
 		end->anchor = 1;
 		e->anchor = p->n;
 	}
-	through_add(c, end->node, +1);
-	lru_front(c, e);
+	kc_tree_through_add(c, end->node, +1);
+	kc_tree_lru_front(c, e);
 	if (!p->clean)
-		dirty_push(c, &e->obj);
+		kc_tree_dirty_push(c, &e->obj);
 	c->n_entries++;
 	c->st.stores++;
 	if (entry_id)
 		*entry_id = e->id;
 	if (!c->hybrid)
 		supersede(c, p, nb, end);
-	enforce(c);
+	kc_evict_enforce(c);
 out:
 	pthread_mutex_unlock(&c->mu);
 	kv_free(end_snap);
 	for (uint32_t i = 0; i < p->n_ckpt; i++)
 		if (!used[i])
 			kv_free(p->ckpt[i].snap);
-	return rc;
-}
-
-/* --- budget, eviction, admission ------------------------------------------- */
-
-void kc_cache_set_budget(struct kc_cache *c, uint64_t bytes)
-{
-	pthread_mutex_lock(&c->mu);
-	c->budget = bytes;
-	enforce(c);
-	pthread_mutex_unlock(&c->mu);
-}
-
-uint64_t kc_cache_budget(struct kc_cache *c)
-{
-	pthread_mutex_lock(&c->mu);
-	uint64_t b = c->budget;
-	pthread_mutex_unlock(&c->mu);
-	return b;
-}
-
-int kc_cache_evict_lru(struct kc_cache *c, uint64_t *released)
-{
-	struct kc_entry *e;
-	uint64_t rel = 0;
-	pthread_mutex_lock(&c->mu);
-	e = pick_victim(c, 0, 0);
-	if (e)
-		rel = evict(c, e, 0);
-	pthread_mutex_unlock(&c->mu);
-	if (released)
-		*released = rel;
-	return e ? KV_OK : KV_ERR_NOT_FOUND;
-}
-
-void kc_cache_clear(struct kc_cache *c)
-{
-	while (kc_cache_evict_lru(c, NULL) == KV_OK)
-		;
-}
-
-int kc_cache_admit(struct kc_cache *c, uint64_t used, uint64_t need, uint64_t cap, uint64_t *released)
-{
-	uint64_t rel = 0;
-	int rc = KV_OK;
-	if (released)
-		*released = 0;
-	if (!cap)
-		return KV_OK;
-	pthread_mutex_lock(&c->mu);
-	while (used - (rel < used ? rel : used) + need > cap) {
-		struct kc_entry *e = pick_victim(c, 0, 0);
-		if (!e) {
-			rc = kv_fail(KV_ERR_FULL, "no room: %llu bytes in use + %llu needed > cap %llu after evicting",
-				     (unsigned long long)(used - (rel < used ? rel : used)), (unsigned long long)need,
-				     (unsigned long long)cap);
-			break;
-		}
-		rel += evict(c, e, 0);
-	}
-	pthread_mutex_unlock(&c->mu);
-	if (released)
-		*released = rel;
-	return rc;
-}
-
-int kc_cache_reclaim_prefill(struct kc_cache *c, const struct kc_prefill_need *need, uint64_t *projected,
-			     uint64_t *released)
-{
-	uint64_t rel = 0, proj, limit;
-	int rc = KV_OK;
-
-	proj = need->recurrent + need->inflight + need->scratch +
-	       (uint64_t)((double)need->remaining_tokens * (double)c->L.kv_bytes_per_token * (1.0 + c->tf));
-	if (projected)
-		*projected = proj;
-	if (released)
-		*released = 0;
-	if (!c->hybrid || !need->cap)
-		return KV_OK;
-	limit = need->cap / 10 * 9;
-	pthread_mutex_lock(&c->mu);
-	for (;;) {
-		uint64_t now = need->used - (rel < need->used ? rel : need->used);
-		struct kc_entry *e;
-		uint64_t r;
-		if (now + proj <= limit)
-			break;
-		e = pick_victim(c, 1, now < need->cap);
-		if (!e) {
-			rc = KV_ERR_FULL;
-			break;
-		}
-		r = evict(c, e, 1);
-		rel += r;
-		if (!r) {
-			/* Seed rule: an eviction that frees nothing means the memory
-			 * is held elsewhere; evicting more would only lose cache. */
-			rc = KV_ERR_FULL;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&c->mu);
-	if (rc != KV_OK)
-		kv_fail(rc, "prefill projection %llu bytes does not fit 90%% of the cap %llu",
-			(unsigned long long)proj, (unsigned long long)need->cap);
-	if (released)
-		*released = rel;
 	return rc;
 }
 
@@ -1440,7 +957,7 @@ size_t kc_cache_take_dirty(struct kc_cache *c, struct kc_view *out, size_t max)
 				v->ckpt[v->n_ckpt++] = e->ckpt[i]->pos;
 			v->anchor_pos = e->anchor;
 		}
-		dirty_unlink(c, o);
+		kc_tree_dirty_unlink(c, o);
 		k++;
 	}
 	pthread_mutex_unlock(&c->mu);
@@ -1460,8 +977,8 @@ void kc_cache_view_release(struct kc_cache *c, struct kc_view *v)
 		struct kc_rp *r = v->priv_;
 		pthread_mutex_lock(&c->mu);
 		r->pins--;
-		rp_gc(c, r, &rel);
-		enforce(c);
+		kc_tree_rp_gc(c, r, &rel);
+		kc_evict_enforce(c);
 		pthread_mutex_unlock(&c->mu);
 		v->priv_ = NULL;
 	}

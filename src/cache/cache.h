@@ -20,7 +20,7 @@
  *            shared prefix the lookup "snaps" (counted, and logged as
  *            "LCP snapped to checkpoint: shared=S entry_len=E resumed_at=P").
  *
- * Eviction (docs/cache.md). Entries are evicted LRU-first; a lookup that
+ * Eviction (evict.c, docs/cache.md). Entries are evicted LRU-first; a lookup that
  * uses an entry's end (or, dense, all of its KV) makes it most recently
  * used, storing an entry does too. Budget pressure first takes "leaf"
  * entries (unpinned, and their end is not shared, so evicting them frees
@@ -38,7 +38,7 @@
 #include "base/hash.h"
 #include "base/pages.h"
 #include "cache/names.h"
-#include "cache/policy.h"
+#include "cache/storage_policy.h"
 #include "engine/layout.h"
 
 enum kc_index_kind { KC_INDEX_RADIX = 0, KC_INDEX_HASH = 1 };
@@ -70,6 +70,7 @@ struct kc_params {
 	double transient_factor;         /* prefill transient per byte of prompt KV beyond
 					    the scratch; < 0 or 0: KC_TRANSIENT_FACTOR_DEFAULT */
 	const struct kc_policy *policy;  /* NULL: defaults + environment; copied */
+	uint64_t echo_bytes;             /* the namespace's answer records (echo.h); 0: none */
 	/* Called (under the cache lock: do not call back in) for every evicted
 	 * entry. Optional. */
 	void (*on_evict)(void *ctx, uint64_t entry_id, uint32_t len);
@@ -184,6 +185,12 @@ int kc_cache_put(struct kc_cache *c, const struct kc_put *p, uint64_t *entry_id)
 
 /* Change the byte budget (0 = none) and evict down to it. */
 void kc_cache_set_budget(struct kc_cache *c, uint64_t bytes);
+/* The namespace's store of the server's own answers (echo.h); NULL when
+ * echo_bytes was 0 (kept for a disabled cache too: prompts render the same
+ * with and without the KV cache). Lives as long as the cache. */
+struct kc_echo *kc_cache_echo(const struct kc_cache *c);
+/* 0 for a cache made with `disabled` (it stores nothing), or NULL. */
+int kc_cache_enabled(const struct kc_cache *c);
 uint64_t kc_cache_budget(struct kc_cache *c);
 /* Evict the least recently used unpinned entry (leaves first), MRU
  * included. KV_OK and *released (bytes given back to the allocator), or
@@ -217,7 +224,7 @@ struct kc_prefill_need {
  * stops as soon as an eviction releases nothing. *projected = the
  * projection. KV_OK if it fits, KV_ERR_FULL if not (the caller decides);
  * dense layouts: KV_OK without evicting (only hybrid prefill materialises
- * large transients, seed rule).
+ * large transients).
  */
 int kc_cache_reclaim_prefill(struct kc_cache *c, const struct kc_prefill_need *need, uint64_t *projected,
 			     uint64_t *released);

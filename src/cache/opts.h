@@ -8,7 +8,7 @@
  *   --enable-prefix-cache / --disable-prefix-cache   (enabled by default)
  *   --prefix-cache-index radix|hash                  (radix)
  *   --prefix-cache-size N     legacy mode: bound entries by count instead of
- *                             bytes (the reference's default count: 100)
+ *                             bytes
  *   --cache-memory-mb N       byte budget in MiB
  *   --cache-memory-percent F  fraction of available RAM (0.20)
  *   --hybrid-cache-entries N  non-trimmable entries kept (automatic: 8 for
@@ -16,7 +16,7 @@
  *   --memory-cap-mb N         memory cap for the floor, admission and the
  *                             prefill projection (default: the cgroup limit)
  * Environment: KVKEEP_PREFIX_CACHE_MAX_BYTES, KVKEEP_HYBRID_CHECKPOINT_STRIDE,
- * KVKEEP_HYBRID_CHECKPOINT_MAX (budget.h, policy.h).
+ * KVKEEP_HYBRID_CHECKPOINT_MAX (budget.h, storage_policy.h).
  */
 #ifndef KV_CACHE_OPTS_H
 #define KV_CACHE_OPTS_H

@@ -1,7 +1,7 @@
 /*
  * turn.h - one request's dealings with the prefix cache, engine-agnostic:
  * the lookup, the stop points, the snapshots taken at them, and what is
- * stored at the end, following the storage policy (policy.h).
+ * stored at the end, following the storage policy (storage_policy.h).
  *
  * The caller runs the engine; the turn tells it where to stop and takes
  * what it hands over:

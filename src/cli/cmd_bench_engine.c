@@ -47,6 +47,7 @@
 #include "cli/cli.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/matmul.h"
 #include "engine/mlxgemm.h"
 #include "engine/prof.h"
 #include "engine/sample.h"
@@ -245,97 +246,95 @@ static const char *weights_label(const struct ke_model *m, char *buf, size_t cap
 	return buf;
 }
 
-static int cmd_bench_engine(int argc, char **argv)
+struct be_opts {
+	const char *model, *ctxs, *quant_act, *kv_dtype;
+	int64_t decode_tokens, repeat, gemm_m;
+	int json, kv_f32, long_ctx;
+	int kv;                    /* enum ke_kv, from --kv-dtype / --kv-f32 */
+	int32_t *cl;               /* the contexts (malloc'd), ncl of them */
+	size_t ncl;
+};
+
+/* One run: the options, the model, and what was measured. */
+struct bench {
+	struct be_opts o;
+	struct ke_model *m;
+	const struct kv_model_config *c;
+	int V, threads;
+	double bw1, bw;            /* memcpy bytes/s: one thread, the higher of one and all */
+	double wbytes, state_bytes, bound, peak;
+	struct shape sh[MAX_SHAPES];
+	int nsh;
+	const char *coretype;      /* OpenBLAS kernel asked for, NULL: its own choice */
+	int coretype_env;          /* 1: from the environment, not chosen here */
+	void *blas;                /* dlopen handle, or NULL */
+	sgemm_fn sg;
+	double g_ours, g_ours32, g_blas;
+	struct ctx_result res[MAX_CTX];
+};
+
+/* Flags into o (o->cl allocated): 0 to run, 1 for --help (exit 0), 2 for
+ * a usage error (reported). */
+static int parse_opts(int argc, char **argv, struct be_opts *o)
 {
-	const char *model = NULL, *ctxs = "1024,8192", *quant_act = "q8", *kv_dtype = NULL;
-	int64_t decode_tokens = 32, repeat = 3, gemm_m = 256;
-	int json = 0, kv_f32 = 0, long_ctx = 0;
+	*o = (struct be_opts){.ctxs = "1024,8192", .quant_act = "q8", .decode_tokens = 32, .repeat = 3, .gemm_m = 256};
 	struct kv_flag flags[] = {
-		{"model", KV_FLAG_STR, &model, "DIR", "model folder"},
-		{"json", KV_FLAG_BOOL, &json, NULL, "print one JSON object"},
-		{"contexts", KV_FLAG_STR, &ctxs, "LIST", "context lengths for prefill/decode (default 1024,8192)"},
-		{"decode-tokens", KV_FLAG_INT, &decode_tokens, "N", "decode steps timed per context (default 32)"},
-		{"repeat", KV_FLAG_INT, &repeat, "N", "GEMM repetitions, best kept (default 3)"},
-		{"gemm-m", KV_FLAG_INT, &gemm_m, "M", "activation rows of the GEMM measurement (default 256)"},
-		{"kv-dtype", KV_FLAG_STR, &kv_dtype, "bf16|f32|q8_0", "KV element type (default bf16)"},
-		{"kv-f32", KV_FLAG_BOOL, &kv_f32, NULL, "f32 KV (the same as --kv-dtype f32)"},
-		{"quant-act", KV_FLAG_STR, &quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
-		{"long", KV_FLAG_BOOL, &long_ctx, NULL, "also measure a 32K context (slow)"},
+		{"model", KV_FLAG_STR, &o->model, "DIR", "model folder"},
+		{"json", KV_FLAG_BOOL, &o->json, NULL, "print one JSON object"},
+		{"contexts", KV_FLAG_STR, &o->ctxs, "LIST", "context lengths for prefill/decode (default 1024,8192)"},
+		{"decode-tokens", KV_FLAG_INT, &o->decode_tokens, "N", "decode steps timed per context (default 32)"},
+		{"repeat", KV_FLAG_INT, &o->repeat, "N", "GEMM repetitions, best kept (default 3)"},
+		{"gemm-m", KV_FLAG_INT, &o->gemm_m, "M", "activation rows of the GEMM measurement (default 256)"},
+		{"kv-dtype", KV_FLAG_STR, &o->kv_dtype, "bf16|f32|q8_0", "KV element type (default bf16)"},
+		{"kv-f32", KV_FLAG_BOOL, &o->kv_f32, NULL, "f32 KV (the same as --kv-dtype f32)"},
+		{"quant-act", KV_FLAG_STR, &o->quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
+		{"long", KV_FLAG_BOOL, &o->long_ctx, NULL, "also measure a 32K context (slow)"},
 		{0},
 	};
 	const char *usage = "usage: kvkeep bench engine --model DIR [--json] [--contexts 1024,8192]";
 	int rc = kv_flags_parse(usage, flags, argc, argv, NULL, 0, NULL);
 	if (rc == 1)
-		return 0;
+		return 1;
 	if (rc)
 		return 2;
-	int32_t *cl = NULL;
-	size_t ncl = 0;
-	if (!model || kv_parse_int_list(ctxs, &cl, &ncl) || ncl == 0 || ncl > MAX_CTX || decode_tokens < 1 ||
-	    decode_tokens > 100000 || repeat < 1 || repeat > 1000 || gemm_m < 1 || gemm_m > 8192) {
+	if (!o->model || kv_parse_int_list(o->ctxs, &o->cl, &o->ncl) || o->ncl == 0 || o->ncl > MAX_CTX ||
+	    o->decode_tokens < 1 || o->decode_tokens > 100000 || o->repeat < 1 || o->repeat > 1000 || o->gemm_m < 1 ||
+	    o->gemm_m > 8192) {
 		fprintf(stderr, "kvkeep bench engine: --model is required; contexts 1..%d values; see --help\n", MAX_CTX);
-		free(cl);
 		return 2;
 	}
-	if (long_ctx && ncl < MAX_CTX) {
-		int32_t *ncl2 = realloc(cl, (ncl + 1) * sizeof *cl);
-		if (!ncl2) {
-			free(cl);
+	if (o->long_ctx && o->ncl < MAX_CTX) {
+		int32_t *ncl2 = realloc(o->cl, (o->ncl + 1) * sizeof *o->cl);
+		if (!ncl2)
+			return 2;
+		o->cl = ncl2;
+		o->cl[o->ncl++] = 32768;
+	}
+	for (size_t i = 0; i < o->ncl; i++)
+		if (o->cl[i] < 1 || o->cl[i] > 1 << 20) {
+			fprintf(stderr, "kvkeep bench engine: context %d out of range\n", o->cl[i]);
 			return 2;
 		}
-		cl = ncl2;
-		cl[ncl++] = 32768;
-	}
-	for (size_t i = 0; i < ncl; i++)
-		if (cl[i] < 1 || cl[i] > 1 << 20) {
-			fprintf(stderr, "kvkeep bench engine: context %d out of range\n", cl[i]);
-			free(cl);
-			return 2;
-		}
+	return 0;
+}
 
-	struct ke_model *m = NULL;
-	struct ke_model_params mp = {.kv = kv_f32 ? KE_KV_F32 : ke_kv_parse(kv_dtype),
-				     .quant_act = ke_quant_act_parse(quant_act)};
-	if (mp.quant_act < 0) {
-		fprintf(stderr, "kvkeep bench engine: --quant-act must be q8 or f32\n");
-		free(cl);
-		return 2;
-	}
-	if (mp.kv < 0 || (kv_f32 && kv_dtype && strcmp(kv_dtype, "f32"))) {
-		fprintf(stderr, "kvkeep bench engine: --kv-dtype must be bf16, f32 or q8_0 (and agree with --kv-f32)\n");
-		free(cl);
-		return 2;
-	}
-	if (ke_model_load(model, &mp, &m)) {
-		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
-		free(cl);
-		return 1;
-	}
-	const struct kv_model_config *c = ke_model_config(m);
-	int V = c->vocab, threads = kv_pool_size(kv_pool_global());
-	int status = 1;
-
-	/* memory bandwidth and the decode bound */
-	double bw1, bw = memcpy_bw(&bw1);
-	double wbytes = (double)ke_model_decode_bytes(m);
-	double state_bytes = (double)ke_model_layout(m)->snapshot_bytes;
-	double bound = bw > 0 ? bw / wbytes : 0;
-	double peak = ke_peak_gflops(ke_isa(), 0.2);
-
-	/* GEMM on the largest distinct shapes */
-	struct shape sh[MAX_SHAPES];
-	int nsh = 0;
-	for (int i = 0; i < ke_model_n_mats(m) && nsh < MAX_SHAPES; i++) {
+/* The GEMM on the model's largest distinct shapes, ours (its weight
+ * format, then f32 copies) and OpenBLAS's. -1 when out of memory. */
+static int bench_gemm(struct bench *b)
+{
+	const int64_t gemm_m = b->o.gemm_m;
+	struct shape *sh = b->sh;
+	for (int i = 0; i < ke_model_n_mats(b->m) && b->nsh < MAX_SHAPES; i++) {
 		const char *nm;
-		const struct ke_mat *w = ke_model_mat(m, i, &nm);
+		const struct ke_mat *w = ke_model_mat(b->m, i, &nm);
 		int dup = 0;
-		for (int j = 0; j < nsh; j++)
+		for (int j = 0; j < b->nsh; j++)
 			dup |= sh[j].w->rows == w->rows && sh[j].w->cols == w->cols && sh[j].w->dtype == w->dtype;
 		if (!dup) {
-			memset(&sh[nsh], 0, sizeof sh[nsh]);
-			sh[nsh].w = w;
-			sh[nsh].name = nm;
-			nsh++;
+			memset(&sh[b->nsh], 0, sizeof sh[b->nsh]);
+			sh[b->nsh].w = w;
+			sh[b->nsh].name = nm;
+			b->nsh++;
 		}
 	}
 	/* OpenBLAS picks its kernel from the CPU model and falls back to SSE3
@@ -346,19 +345,19 @@ static int cmd_bench_engine(int argc, char **argv)
 	 * sets Haswell on an AVX-512 CPU): it is kept, and the report says it
 	 * came from the environment, since a Haswell yardstick on an AVX-512
 	 * run is half the machine. */
-	const char *coretype = kv_env(KV_ENV_OPENBLAS_CORETYPE);
-	int coretype_env = coretype != NULL;
-	if (!coretype && ke_isa() >= KE_ISA_AVX2) {
-		coretype = ke_isa() >= KE_ISA_AVX512 ? "SkylakeX" : "Haswell";
-		setenv("OPENBLAS_CORETYPE", coretype, 0); /* for the library, which reads it when it loads */
+	b->coretype = kv_env(KV_ENV_OPENBLAS_CORETYPE);
+	b->coretype_env = b->coretype != NULL;
+	if (!b->coretype && ke_isa() >= KE_ISA_AVX2) {
+		b->coretype = ke_isa() >= KE_ISA_AVX512 ? "SkylakeX" : "Haswell";
+		setenv("OPENBLAS_CORETYPE", b->coretype, 0); /* for the library, which reads it when it loads */
 	}
-	void *blas = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
-	sgemm_fn sg = blas ? (sgemm_fn)dlsym(blas, "cblas_sgemm") : NULL;
-	set_threads_fn st = blas ? (set_threads_fn)dlsym(blas, "openblas_set_num_threads") : NULL;
+	b->blas = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+	b->sg = b->blas ? (sgemm_fn)dlsym(b->blas, "cblas_sgemm") : NULL;
+	set_threads_fn st = b->blas ? (set_threads_fn)dlsym(b->blas, "openblas_set_num_threads") : NULL;
 	if (st)
-		st(threads);
+		st(b->threads);
 	double fl_total = 0, t_ours = 0, t_ours32 = 0, t_blas = 0;
-	for (int i = 0; i < nsh; i++) {
+	for (int i = 0; i < b->nsh; i++) {
 		const struct ke_mat *w = sh[i].w;
 		size_t nk = (size_t)w->rows * w->cols;
 		float *x = kv_alloc(KV_MEM_OTHER, (size_t)gemm_m * w->cols * 4);
@@ -369,7 +368,7 @@ static int cmd_bench_engine(int argc, char **argv)
 			kv_free(x);
 			kv_free(y);
 			kv_free(wf);
-			goto out;
+			return -1;
 		}
 		uint64_t seed = 1;
 		for (size_t k = 0; k < (size_t)gemm_m * w->cols; k++) {
@@ -379,12 +378,12 @@ static int cmd_bench_engine(int argc, char **argv)
 		for (int r = 0; r < w->rows; r++) /* any weight format, as the GEMM sees it */
 			ke_mat_row_f32(w, r, wf + (size_t)r * w->cols);
 		struct ke_mat w32 = {wf, KV_DT_F32, w->rows, w->cols, (size_t)w->cols};
-		struct gemm_ctx g = {w, x, wf, y, (int)gemm_m, sg};
-		sh[i].ours = time_best((int)repeat, run_ours, &g);
+		struct gemm_ctx g = {w, x, wf, y, (int)gemm_m, b->sg};
+		sh[i].ours = time_best((int)b->o.repeat, run_ours, &g);
 		g.w = &w32;
-		sh[i].ours_f32 = time_best((int)repeat, run_ours, &g);
-		if (sg)
-			sh[i].blas = time_best((int)repeat, run_blas, &g);
+		sh[i].ours_f32 = time_best((int)b->o.repeat, run_ours, &g);
+		if (b->sg)
+			sh[i].blas = time_best((int)b->o.repeat, run_blas, &g);
 		double fl = 2.0 * (double)gemm_m * w->rows * w->cols;
 		fl_total += fl;
 		t_ours += sh[i].ours;
@@ -394,19 +393,26 @@ static int cmd_bench_engine(int argc, char **argv)
 		kv_free(y);
 		kv_free(wf);
 	}
-	double g_ours = fl_total / t_ours / 1e9, g_ours32 = fl_total / t_ours32 / 1e9;
-	double g_blas = sg ? fl_total / t_blas / 1e9 : 0;
+	b->g_ours = fl_total / t_ours / 1e9;
+	b->g_ours32 = fl_total / t_ours32 / 1e9;
+	b->g_blas = b->sg ? fl_total / t_blas / 1e9 : 0;
+	return 0;
+}
 
-	/* prefill and decode per context */
-	struct ctx_result res[MAX_CTX];
+/* The untimed warm-up, then prefill and decode per context, with the
+ * phase timers on. -1 on an error (reported). */
+static int bench_contexts(struct bench *b)
+{
+	const struct be_opts *o = &b->o;
+	int V = b->V, status = -1, rc;
 	float *logits = kv_alloc(KV_MEM_SCRATCH, (size_t)V * 4);
 	int maxc = 0;
-	for (size_t i = 0; i < ncl; i++)
-		maxc = cl[i] > maxc ? cl[i] : maxc;
+	for (size_t i = 0; i < o->ncl; i++)
+		maxc = o->cl[i] > maxc ? o->cl[i] : maxc;
 	int32_t *tok = malloc((size_t)maxc * sizeof *tok);
 	if (!logits || !tok) {
 		fprintf(stderr, "kvkeep: out of memory\n");
-		goto out2;
+		goto out;
 	}
 	uint64_t seed = 7;
 	for (int i = 0; i < maxc; i++) {
@@ -416,132 +422,198 @@ static int cmd_bench_engine(int argc, char **argv)
 	{
 		struct ke_seq *s = NULL;
 		int nw = maxc < 32 ? maxc : 32;
-		if (ke_seq_create(m, NULL, &s) || ke_seq_prefill(s, tok, nw, NULL, logits) ||
+		if (ke_seq_create(b->m, NULL, &s) || ke_seq_prefill(s, tok, nw, NULL, logits) ||
 		    ke_seq_decode(s, ke_argmax(logits, V), logits)) {
 			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
 			ke_seq_destroy(s);
-			goto out2;
+			goto out;
 		}
 		ke_seq_destroy(s);
 	}
-	for (size_t i = 0; i < ncl; i++) {
+	for (size_t i = 0; i < o->ncl; i++) {
+		struct ctx_result *res = &b->res[i];
 		struct ke_seq *s = NULL;
-		if (ke_seq_create(m, NULL, &s)) {
+		if (ke_seq_create(b->m, NULL, &s)) {
 			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
-			goto out2;
+			goto out;
 		}
 		ke_prof_reset();
 		ke_prof_enable(1);
 		double t = kv_now_s();
-		rc = ke_seq_prefill(s, tok, cl[i], NULL, logits);
+		rc = ke_seq_prefill(s, tok, o->cl[i], NULL, logits);
 		double tp = kv_now_s() - t;
-		ke_prof_get(&res[i].prof[0]);
+		ke_prof_get(&res->prof[0]);
 		ke_prof_reset();
 		int32_t next = ke_argmax(logits, V);
 		t = kv_now_s();
-		for (int k = 0; k < decode_tokens && !rc; k++) {
+		for (int k = 0; k < o->decode_tokens && !rc; k++) {
 			rc = ke_seq_decode(s, next, logits);
 			next = ke_argmax(logits, V);
 		}
 		double td = kv_now_s() - t;
-		ke_prof_get(&res[i].prof[1]);
+		ke_prof_get(&res->prof[1]);
 		ke_prof_enable(0);
 		ke_seq_destroy(s);
 		if (rc) {
 			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
-			goto out2;
+			goto out;
 		}
-		res[i].ctx = cl[i];
-		res[i].prefill_tps = cl[i] / tp;
-		res[i].decode_tps = (double)decode_tokens / td;
-		double step_bytes = wbytes + 2.0 * state_bytes +
-				    (double)(cl[i] + decode_tokens / 2) * (double)ke_model_layout(m)->kv_bytes_per_token;
-		res[i].bound_kv = bw / step_bytes;
-		if (!json)
-			fprintf(stderr, "context %d: prefill %.1f tok/s, decode %.2f tok/s\n", cl[i], res[i].prefill_tps,
-				res[i].decode_tps);
-	}
-
-	char wfmt[160];
-	if (json) {
-		printf("{\"model\": \"%s\", \"arch\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"weight_dtype\": \"%s\", "
-		       "\"kv_dtype\": \"%s\", \"quant_act\": \"%s\",\n", model, kv_arch_name(c->arch), ke_isa_name(ke_isa()),
-		       threads, weights_label(m, wfmt, sizeof wfmt), ke_kv_name(mp.kv), ke_model_qdot(m) ? "q8" : "f32");
-		printf(" \"openblas_coretype\": \"%s\", \"openblas_coretype_from_env\": %s,", coretype ? coretype : "auto",
-		       coretype_env ? "true" : "false");
-		printf(" \"gemm_m\": %d, \"gemm_gflops\": %.2f, \"gemm_f32_gflops\": %.2f, ", (int)gemm_m, g_ours, g_ours32);
-		if (sg)
-			printf("\"openblas_gflops\": %.2f, \"gemm_ratio_vs_openblas\": %.3f, "
-			       "\"gemm_f32_ratio_vs_openblas\": %.3f,\n", g_blas, g_ours / g_blas, g_ours32 / g_blas);
-		else
-			printf("\"openblas_gflops\": null, \"openblas\": \"not installed\", \"gemm_ratio_vs_openblas\": null,\n");
-		printf(" \"gemm_shapes\": [");
-		for (int i = 0; i < nsh; i++) {
-			double fl = 2.0 * (double)gemm_m * sh[i].w->rows * sh[i].w->cols;
-			printf("%s{\"name\": \"%s\", \"n\": %d, \"k\": %d, \"gflops\": %.2f, \"f32_gflops\": %.2f, "
-			       "\"openblas_gflops\": %.2f}", i ? ", " : "", sh[i].name, sh[i].w->rows, sh[i].w->cols,
-			       fl / sh[i].ours / 1e9, fl / sh[i].ours_f32 / 1e9, sg ? fl / sh[i].blas / 1e9 : 0.0);
-		}
-		printf("],\n \"peak_gflops\": %.2f, \"memcpy_gb_per_s\": %.2f, \"memcpy_1thread_gb_per_s\": %.2f, \"decode_weight_bytes\": %.0f, "
-		       "\"recurrent_state_bytes\": %.0f,\n", peak, bw / 1e9, bw1 / 1e9, wbytes, state_bytes);
-		printf(" \"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, \"decode_bound_tokens_per_s\": %.2f, "
-		       "\"decode_vs_bound\": %.3f,\n", res[0].prefill_tps, res[0].decode_tps, bound, res[0].decode_tps / bound);
-		/* flat keys per context for scripts: prefill_tps_1024, decode_tps_8192, ... */
-		printf(" ");
-		for (size_t i = 0; i < ncl; i++)
-			printf("\"prefill_tps_%d\": %.2f, \"decode_tps_%d\": %.2f, ", res[i].ctx, res[i].prefill_tps, res[i].ctx,
-			       res[i].decode_tps);
-		printf("\n \"contexts\": [");
-		for (size_t i = 0; i < ncl; i++) {
-			printf("%s{\"context\": %d, \"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, "
-			       "\"decode_vs_bound\": %.3f, \"decode_bound_with_kv_tokens_per_s\": %.2f,\n  \"prefill_phases\": ",
-			       i ? ",\n " : "", res[i].ctx, res[i].prefill_tps, res[i].decode_tps, res[i].decode_tps / bound,
-			       res[i].bound_kv);
-			print_phases_json(&res[i].prof[0], peak, bw);
-			printf(",\n  \"decode_phases\": ");
-			print_phases_json(&res[i].prof[1], peak, bw);
-			printf("}");
-		}
-		printf("]}\n");
-	} else {
-		printf("model %s (%s, %s weights, %s KV), isa %s, %d threads\n", model, kv_arch_name(c->arch),
-		       weights_label(m, wfmt, sizeof wfmt), ke_kv_name(mp.kv), ke_isa_name(ke_isa()), threads);
-		printf("memcpy: %.2f GB/s (1 thread %.2f GB/s)\n", bw / 1e9, bw1 / 1e9);
-		for (int i = 0; i < nsh; i++) {
-			double fl = 2.0 * (double)gemm_m * sh[i].w->rows * sh[i].w->cols;
-			printf("gemm %-44s M=%d N=%d K=%d: %.1f GFLOP/s (f32 weights %.1f), openblas ", sh[i].name, (int)gemm_m,
-			       sh[i].w->rows, sh[i].w->cols, fl / sh[i].ours / 1e9, fl / sh[i].ours_f32 / 1e9);
-			if (sg)
-				printf("%.1f GFLOP/s\n", fl / sh[i].blas / 1e9);
-			else
-				printf("not installed\n");
-		}
-		printf("gemm total: %.1f GFLOP/s (f32 weights %.1f); openblas sgemm (%s kernel%s) ", g_ours, g_ours32,
-		       coretype ? coretype : "auto", coretype_env ? ", from OPENBLAS_CORETYPE" : "");
-		if (sg)
-			printf("%.1f GFLOP/s; ratio %.2f (f32 weights %.2f)\n", g_blas, g_ours / g_blas, g_ours32 / g_blas);
-		else
-			printf("not installed\n");
-		printf("FMA peak: %.1f GFLOP/s (%d threads)\n", peak, threads);
-		for (size_t i = 0; i < ncl; i++) {
-			printf("context %6d: prefill %9.1f tok/s, decode %8.2f tok/s (%.0f%% of the weights bound; "
-			       "bound with KV + state reads %.2f tok/s)\n", res[i].ctx, res[i].prefill_tps, res[i].decode_tps,
-			       100.0 * res[i].decode_tps / bound, res[i].bound_kv);
-			print_phases_text("prefill", &res[i].prof[0], peak, bw);
-			print_phases_text("decode", &res[i].prof[1], peak, bw);
-		}
-		printf("decode bound: %.2f tok/s (%.1f MB of weights per token at %.2f GB/s; recurrent state %.1f MB "
-		       "not counted)\n", bound, wbytes / 1e6, bw / 1e9, state_bytes / 1e6);
+		res->ctx = o->cl[i];
+		res->prefill_tps = o->cl[i] / tp;
+		res->decode_tps = (double)o->decode_tokens / td;
+		double step_bytes = b->wbytes + 2.0 * b->state_bytes +
+				    (double)(o->cl[i] + o->decode_tokens / 2) * (double)ke_model_layout(b->m)->kv_bytes_per_token;
+		res->bound_kv = b->bw / step_bytes;
+		if (!o->json)
+			fprintf(stderr, "context %d: prefill %.1f tok/s, decode %.2f tok/s\n", o->cl[i], res->prefill_tps,
+				res->decode_tps);
 	}
 	status = 0;
-out2:
+out:
 	free(tok);
 	kv_free(logits);
-out:
-	if (blas)
-		dlclose(blas);
-	free(cl);
-	ke_model_destroy(m);
+	return status;
+}
+
+/* --json: one object (docs/engine.md lists the keys). */
+static void print_json(const struct bench *b)
+{
+	const struct be_opts *o = &b->o;
+	const struct shape *sh = b->sh;
+	const struct ctx_result *res = b->res;
+	const int64_t gemm_m = o->gemm_m;
+	double peak = b->peak, bw = b->bw, bound = b->bound;
+	char wfmt[160];
+	printf("{\"model\": \"%s\", \"arch\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"weight_dtype\": \"%s\", "
+	       "\"kv_dtype\": \"%s\", \"quant_act\": \"%s\",\n", o->model, kv_arch_name(b->c->arch), ke_isa_name(ke_isa()),
+	       b->threads, weights_label(b->m, wfmt, sizeof wfmt), ke_kv_name(o->kv),
+	       ke_model_qdot(b->m) ? "q8" : "f32");
+	printf(" \"openblas_coretype\": \"%s\", \"openblas_coretype_from_env\": %s,", b->coretype ? b->coretype : "auto",
+	       b->coretype_env ? "true" : "false");
+	printf(" \"gemm_m\": %d, \"gemm_gflops\": %.2f, \"gemm_f32_gflops\": %.2f, ", (int)gemm_m, b->g_ours, b->g_ours32);
+	if (b->sg)
+		printf("\"openblas_gflops\": %.2f, \"gemm_ratio_vs_openblas\": %.3f, "
+		       "\"gemm_f32_ratio_vs_openblas\": %.3f,\n", b->g_blas, b->g_ours / b->g_blas, b->g_ours32 / b->g_blas);
+	else
+		printf("\"openblas_gflops\": null, \"openblas\": \"not installed\", \"gemm_ratio_vs_openblas\": null,\n");
+	printf(" \"gemm_shapes\": [");
+	for (int i = 0; i < b->nsh; i++) {
+		double fl = 2.0 * (double)gemm_m * sh[i].w->rows * sh[i].w->cols;
+		printf("%s{\"name\": \"%s\", \"n\": %d, \"k\": %d, \"gflops\": %.2f, \"f32_gflops\": %.2f, "
+		       "\"openblas_gflops\": %.2f}", i ? ", " : "", sh[i].name, sh[i].w->rows, sh[i].w->cols,
+		       fl / sh[i].ours / 1e9, fl / sh[i].ours_f32 / 1e9, b->sg ? fl / sh[i].blas / 1e9 : 0.0);
+	}
+	printf("],\n \"peak_gflops\": %.2f, \"memcpy_gb_per_s\": %.2f, \"memcpy_1thread_gb_per_s\": %.2f, \"decode_weight_bytes\": %.0f, "
+	       "\"recurrent_state_bytes\": %.0f,\n", peak, bw / 1e9, b->bw1 / 1e9, b->wbytes, b->state_bytes);
+	printf(" \"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, \"decode_bound_tokens_per_s\": %.2f, "
+	       "\"decode_vs_bound\": %.3f,\n", res[0].prefill_tps, res[0].decode_tps, bound, res[0].decode_tps / bound);
+	/* flat keys per context for scripts: prefill_tps_1024, decode_tps_8192, ... */
+	printf(" ");
+	for (size_t i = 0; i < o->ncl; i++)
+		printf("\"prefill_tps_%d\": %.2f, \"decode_tps_%d\": %.2f, ", res[i].ctx, res[i].prefill_tps, res[i].ctx,
+		       res[i].decode_tps);
+	printf("\n \"contexts\": [");
+	for (size_t i = 0; i < o->ncl; i++) {
+		printf("%s{\"context\": %d, \"prefill_tokens_per_s\": %.2f, \"decode_tokens_per_s\": %.2f, "
+		       "\"decode_vs_bound\": %.3f, \"decode_bound_with_kv_tokens_per_s\": %.2f,\n  \"prefill_phases\": ",
+		       i ? ",\n " : "", res[i].ctx, res[i].prefill_tps, res[i].decode_tps, res[i].decode_tps / bound,
+		       res[i].bound_kv);
+		print_phases_json(&res[i].prof[0], peak, bw);
+		printf(",\n  \"decode_phases\": ");
+		print_phases_json(&res[i].prof[1], peak, bw);
+		printf("}");
+	}
+	printf("]}\n");
+}
+
+/* The text report. */
+static void print_text(const struct bench *b)
+{
+	const struct be_opts *o = &b->o;
+	const struct shape *sh = b->sh;
+	const struct ctx_result *res = b->res;
+	const int64_t gemm_m = o->gemm_m;
+	double peak = b->peak, bw = b->bw, bound = b->bound;
+	char wfmt[160];
+	printf("model %s (%s, %s weights, %s KV), isa %s, %d threads\n", o->model, kv_arch_name(b->c->arch),
+	       weights_label(b->m, wfmt, sizeof wfmt), ke_kv_name(o->kv), ke_isa_name(ke_isa()), b->threads);
+	printf("memcpy: %.2f GB/s (1 thread %.2f GB/s)\n", bw / 1e9, b->bw1 / 1e9);
+	for (int i = 0; i < b->nsh; i++) {
+		double fl = 2.0 * (double)gemm_m * sh[i].w->rows * sh[i].w->cols;
+		printf("gemm %-44s M=%d N=%d K=%d: %.1f GFLOP/s (f32 weights %.1f), openblas ", sh[i].name, (int)gemm_m,
+		       sh[i].w->rows, sh[i].w->cols, fl / sh[i].ours / 1e9, fl / sh[i].ours_f32 / 1e9);
+		if (b->sg)
+			printf("%.1f GFLOP/s\n", fl / sh[i].blas / 1e9);
+		else
+			printf("not installed\n");
+	}
+	printf("gemm total: %.1f GFLOP/s (f32 weights %.1f); openblas sgemm (%s kernel%s) ", b->g_ours, b->g_ours32,
+	       b->coretype ? b->coretype : "auto", b->coretype_env ? ", from OPENBLAS_CORETYPE" : "");
+	if (b->sg)
+		printf("%.1f GFLOP/s; ratio %.2f (f32 weights %.2f)\n", b->g_blas, b->g_ours / b->g_blas,
+		       b->g_ours32 / b->g_blas);
+	else
+		printf("not installed\n");
+	printf("FMA peak: %.1f GFLOP/s (%d threads)\n", peak, b->threads);
+	for (size_t i = 0; i < o->ncl; i++) {
+		printf("context %6d: prefill %9.1f tok/s, decode %8.2f tok/s (%.0f%% of the weights bound; "
+		       "bound with KV + state reads %.2f tok/s)\n", res[i].ctx, res[i].prefill_tps, res[i].decode_tps,
+		       100.0 * res[i].decode_tps / bound, res[i].bound_kv);
+		print_phases_text("prefill", &res[i].prof[0], peak, bw);
+		print_phases_text("decode", &res[i].prof[1], peak, bw);
+	}
+	printf("decode bound: %.2f tok/s (%.1f MB of weights per token at %.2f GB/s; recurrent state %.1f MB "
+	       "not counted)\n", bound, b->wbytes / 1e6, bw / 1e9, b->state_bytes / 1e6);
+}
+
+static int cmd_bench_engine(int argc, char **argv)
+{
+	struct bench b = {0};
+	int rc = parse_opts(argc, argv, &b.o);
+	if (rc) {
+		free(b.o.cl);
+		return rc == 1 ? 0 : 2;
+	}
+	b.o.kv = b.o.kv_f32 ? KE_KV_F32 : ke_kv_parse(b.o.kv_dtype);
+	struct ke_model_params mp = {.kv = b.o.kv, .quant_act = ke_quant_act_parse(b.o.quant_act)};
+	if (mp.quant_act < 0) {
+		fprintf(stderr, "kvkeep bench engine: --quant-act must be q8 or f32\n");
+		free(b.o.cl);
+		return 2;
+	}
+	if (mp.kv < 0 || (b.o.kv_f32 && b.o.kv_dtype && strcmp(b.o.kv_dtype, "f32"))) {
+		fprintf(stderr, "kvkeep bench engine: --kv-dtype must be bf16, f32 or q8_0 (and agree with --kv-f32)\n");
+		free(b.o.cl);
+		return 2;
+	}
+	if (ke_model_load(b.o.model, &mp, &b.m)) {
+		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+		free(b.o.cl);
+		return 1;
+	}
+	b.c = ke_model_config(b.m);
+	b.V = b.c->vocab;
+	b.threads = kv_pool_size(kv_pool_global());
+	int status = 1;
+
+	/* memory bandwidth and the decode bound */
+	b.bw = memcpy_bw(&b.bw1);
+	b.wbytes = (double)ke_model_decode_bytes(b.m);
+	b.state_bytes = (double)ke_model_layout(b.m)->snapshot_bytes;
+	b.bound = b.bw > 0 ? b.bw / b.wbytes : 0;
+	b.peak = ke_peak_gflops(ke_isa(), 0.2);
+
+	if (bench_gemm(&b) == 0 && bench_contexts(&b) == 0) {
+		if (b.o.json)
+			print_json(&b);
+		else
+			print_text(&b);
+		status = 0;
+	}
+	if (b.blas)
+		dlclose(b.blas);
+	free(b.o.cl);
+	ke_model_destroy(b.m);
 	return status;
 }
 KV_COMMAND(bench_engine, "bench engine", "engine speed: GEMM vs OpenBLAS, prefill and decode tokens/s", cmd_bench_engine);

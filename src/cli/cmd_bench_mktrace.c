@@ -28,7 +28,13 @@
  *     (content null, ids "call_" + 24 characters, arguments as JSON
  *     strings, sometimes several in parallel), tool results (string
  *     content, every fourth as a list of text parts) and plain-text
- *     assistant answers that end a task.
+ *     assistant answers that end a task;
+ *   - with --reasoning, every assistant message carries reasoning_content
+ *     (planning text), as clients of thinking models send their history
+ *     back; with --write-lines N, every change step writes an N-line file
+ *     through write_file's "content" argument (coding agents write files
+ *     through tool-call arguments). Without these flags the bytes are the
+ *     same as before they existed.
  * The token count of the system prompt is estimated while generating (a
  * pre-tokenizer-like count of word, digit, punctuation and space pieces);
  * tests check it against the real Qwen3 tokenizer.
@@ -764,6 +770,8 @@ struct mt_session {
 	json_t *tools;          /* borrowed */
 	int cmd_seq;
 	int n_results;          /* tool results so far: every 4th is sent as text parts */
+	int reasoning;          /* --reasoning: assistant messages carry reasoning_content */
+	size_t write_lines;     /* --write-lines: write_file content lines (0: 12, no forced writes) */
 };
 
 static void mt_code_lines(struct kv_buf *b, struct mt_session *s, size_t n, int numbered, size_t first)
@@ -878,7 +886,8 @@ static json_t *mt_args(struct mt_session *s, const struct mt_tool *t, const char
 		} else if (!strcmp(n, "old_string") || !strcmp(n, "new_string") || !strcmp(n, "content") ||
 			   !strcmp(n, "patch") || !strcmp(n, "new_source")) {
 			struct kv_buf b = KV_BUF_INIT;
-			mt_code_lines(&b, s, !strcmp(n, "content") ? 12 : 2 + mt_below(s->r, 4), 0, 0);
+			mt_code_lines(&b, s, !strcmp(n, "content") ? (s->write_lines ? s->write_lines : 12) : 2 + mt_below(s->r, 4), 0,
+				      0);
 			json_object_set_new(a, n, json_string(b.p ? b.p : ""));
 			kv_buf_free(&b);
 		} else if (!strcmp(n, "todos") || !strcmp(n, "edits")) {
@@ -1058,6 +1067,44 @@ static json_t *mt_user_msg(struct mt_session *s, const char *text)
 	return json_pack("{s:s, s:s}", "role", "user", "content", text);
 }
 
+/* Planning text for reasoning_content (--reasoning): what a thinking
+ * model writes before it acts, 2-4 sentences. */
+static char *mt_reasoning(struct mt_session *s, int step, int task_len)
+{
+	struct kv_buf b = KV_BUF_INIT;
+	const char *file = mt_file(s->p, s->r);
+	if (step >= task_len)
+		kv_buf_printf(&b, "The change is in and the tests pass, so I can report back. I should mention %s in %s, "
+				  "since it has the same shape and the user may want it next.", MT_PICK(s->r, IDENTS), file);
+	else if (step == 0)
+		kv_buf_printf(&b, "Before changing anything I need to see how %s is used. The failure mentions %s, so %s is the "
+				  "place to start; I will look for its callers too.", MT_PICK(s->r, IDENTS), MT_PICK(s->r, ERRORS),
+			      file);
+	else
+		kv_buf_printf(&b, "Now I understand the flow: %s passes %s straight through. The fix belongs in %s, and it "
+				  "must keep the existing behaviour for the other callers.", MT_PICK(s->r, MODULES),
+			      MT_PICK(s->r, IDENTS), file);
+	size_t extra = mt_below(s->r, 3);
+	for (size_t i = 0; i < extra; i++) {
+		kv_buf_addc(&b, ' ');
+		mt_sentence(&b, s->r);
+	}
+	return kv_buf_take(&b);
+}
+
+/* The reasoning_content of an assistant message, when asked for. */
+static int mt_add_reasoning(struct mt_session *s, json_t *msg, int step, int task_len)
+{
+	if (!s->reasoning)
+		return 0;
+	char *r = mt_reasoning(s, step, task_len);
+	if (!r)
+		return -1;
+	json_object_set_new(msg, "reasoning_content", json_string(r));
+	free(r);
+	return 0;
+}
+
 /*
  * The assistant's reply at step `step` of a task: tool calls (appended to
  * msgs together with their results) or, when the task is done, a text
@@ -1076,8 +1123,13 @@ static int mt_step(struct mt_session *s, json_t *msgs, int step, int task_len)
 		ans = kv_buf_take(&b);
 		if (!ans)
 			return -1;
-		json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content", ans));
+		json_t *am = json_pack("{s:s, s:s}", "role", "assistant", "content", ans);
 		free(ans);
+		if (mt_add_reasoning(s, am, step, task_len)) {
+			json_decref(am);
+			return -1;
+		}
+		json_array_append_new(msgs, am);
 		char *u = mt_fill(s, mt_chance(s->r, 1, 2) ? MT_PICK(s->r, FOLLOWUPS) : MT_PICK(s->r, TASKS));
 		if (!u)
 			return -1;
@@ -1091,6 +1143,9 @@ static int mt_step(struct mt_session *s, json_t *msgs, int step, int task_len)
 	json_t *calls = json_array(), *results = json_array();
 	for (size_t c = 0; c < n_calls; c++) {
 		const struct mt_tool *t = mt_find_tool(pool[mt_below(s->r, pool_n)], s->tools);
+		/* --write-lines: every change step writes a whole file through its arguments */
+		if (s->write_lines && c == 0 && pool == CHANGE && mt_find_tool("write_file", s->tools))
+			t = mt_find_tool("write_file", s->tools);
 		if (!t)
 			t = mt_find_tool("read_file", s->tools);
 		if (!t) /* fewer tools than the basics: call the first one offered */
@@ -1120,7 +1175,13 @@ static int mt_step(struct mt_session *s, json_t *msgs, int step, int task_len)
 		free(res);
 		json_array_append_new(results, json_pack("{s:s, s:s, s:o}", "role", "tool", "tool_call_id", id, "content", content));
 	}
-	json_array_append_new(msgs, json_pack("{s:s, s:n, s:o}", "role", "assistant", "content", "tool_calls", calls));
+	json_t *am = json_pack("{s:s, s:n, s:o}", "role", "assistant", "content", "tool_calls", calls);
+	if (mt_add_reasoning(s, am, step, task_len)) {
+		json_decref(am);
+		json_decref(results);
+		return -1;
+	}
+	json_array_append_new(msgs, am);
 	json_array_extend(msgs, results);
 	json_decref(results);
 	return 0;
@@ -1130,9 +1191,9 @@ static int mt_step(struct mt_session *s, json_t *msgs, int step, int task_len)
 
 static int cmd_bench_mktrace(int argc, char **argv)
 {
-	int64_t n_tools = 30, sys_tokens = 8000, turns = 10, seed = 1, max_tokens = 4096;
+	int64_t n_tools = 30, sys_tokens = 8000, turns = 10, seed = 1, max_tokens = 4096, write_lines = 0;
 	const char *out_path = NULL, *model = "kvkeep";
-	int quiet = 0;
+	int quiet = 0, reasoning = 0;
 	const struct kv_flag flags[] = {
 		{"tools", KV_FLAG_INT, &n_tools, "N", "number of function tools (default 30; past 30, MCP-style copies)"},
 		{"system-tokens", KV_FLAG_INT, &sys_tokens, "N", "approximate system prompt size in tokens (default 8000)"},
@@ -1141,6 +1202,10 @@ static int cmd_bench_mktrace(int argc, char **argv)
 		{"out", KV_FLAG_STR, &out_path, "FILE", "write the JSONL trace here (default: stdout)"},
 		{"model", KV_FLAG_STR, &model, "NAME", "the \"model\" field of every request (default kvkeep)"},
 		{"max-tokens", KV_FLAG_INT, &max_tokens, "N", "the \"max_tokens\" field of every request (default 4096)"},
+		{"reasoning", KV_FLAG_BOOL, &reasoning, NULL,
+		 "every assistant message carries reasoning_content, as clients of thinking models send it back"},
+		{"write-lines", KV_FLAG_INT, &write_lines, "N",
+		 "every change step writes a file of N lines through write_file's arguments (default 0: no forced writes)"},
 		{"quiet", KV_FLAG_BOOL, &quiet, NULL, "do not print the summary line to stderr"},
 		{0}};
 	const char *usage = "usage: kvkeep bench mktrace [--tools N] [--system-tokens N] [--turns T] [--seed S] [--out FILE]\n\n"
@@ -1150,9 +1215,9 @@ static int cmd_bench_mktrace(int argc, char **argv)
 	if (rc)
 		return rc == 1 ? 0 : 2;
 	if (n_tools < 0 || n_tools > 1000 || sys_tokens < 0 || sys_tokens > 1000000 || turns < 1 || turns > 10000 ||
-	    max_tokens < 1) {
+	    max_tokens < 1 || write_lines < 0 || write_lines > 100000) {
 		fprintf(stderr, "kvkeep: bench mktrace: --tools must be 0..1000, --system-tokens 0..1000000, --turns "
-				"1..10000, --max-tokens >= 1\n");
+				"1..10000, --max-tokens >= 1, --write-lines 0..100000\n");
 		return 2;
 	}
 
@@ -1164,7 +1229,7 @@ static int cmd_bench_mktrace(int argc, char **argv)
 	json_t *tools = mt_tools((size_t)n_tools);
 	json_t *msgs = json_array();
 	struct kv_buf out = KV_BUF_INIT;
-	struct mt_session s = {&r, &proj, tools, 1, 0};
+	struct mt_session s = {&r, &proj, tools, 1, 0, reasoning, (size_t)write_lines};
 	int err = sys == NULL || !tools || !msgs;
 	char user_id[40] = "mktrace-";
 

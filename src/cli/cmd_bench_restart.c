@@ -50,7 +50,7 @@
 #include "base/mem.h"
 #include "cache/cache.h"
 #include "cache/names.h"
-#include "cache/policy.h"
+#include "cache/storage_policy.h"
 #include "session/run.h"
 #include "engine/model.h"
 #include "text/template.h"

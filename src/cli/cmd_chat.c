@@ -24,8 +24,8 @@
 #include "base/env.h"
 #include "base/err.h"
 #include "base/io.h"
-#include "server/child.h"
-#include "server/http_client.h"
+#include "client/child.h"
+#include "client/http_client.h"
 
 #include <editline/readline.h>
 #include <errno.h>
@@ -36,24 +36,24 @@
 #include <string.h>
 #include <unistd.h>
 
-static struct ksv_child g_srv;              /* the server started with --model */
+static struct kcl_child g_srv;              /* the server started with --model */
 static volatile pid_t g_child = -1;         /* its pid, for the signal handlers */
-static struct ksv_http *volatile g_active; /* connection of the answer streaming now */
+static struct kcl_http *volatile g_active; /* connection of the answer streaming now */
 static volatile sig_atomic_t g_interrupted;
 
 static void stop_child(void)
 {
-	ksv_child_free(&g_srv); /* SIGTERM, SIGKILL after 5 s */
+	kcl_child_free(&g_srv); /* SIGTERM, SIGKILL after 5 s */
 	g_child = -1;
 }
 
 static void on_sigint(int sig)
 {
 	(void)sig;
-	struct ksv_http *h = g_active;
+	struct kcl_http *h = g_active;
 	if (h) { /* stop the answer, keep the chat */
 		g_interrupted = 1;
-		ksv_http_abort(h);
+		kcl_http_abort(h);
 		return;
 	}
 	if (g_child > 0)
@@ -70,7 +70,7 @@ static void on_sigterm(int sig)
 }
 
 /* Start `kvkeep serve` on a free loopback port and wait until /health
- * answers 200 (server/child.h). */
+ * answers 200 (client/child.h). */
 static int spawn_server(const char *model, int disable_cache, char **extra, int n_extra, const char *log_path,
 			char *base_url, size_t cap)
 {
@@ -86,14 +86,14 @@ static int spawn_server(const char *model, int disable_cache, char **extra, int 
 		av[ac++] = "--disable-prefix-cache";
 	for (int i = 0; i < n_extra && ac < 63; i++)
 		av[ac++] = extra[i];
-	int rc = ksv_child_init(&g_srv, av, ac, 0);
+	int rc = kcl_child_init(&g_srv, av, ac, 0);
 	if (rc)
 		return rc;
 	g_srv.log_path = log_path;
 	g_srv.log_level = "info"; /* the file is the only trace of what the server saw: keep it all */
 	g_srv.ignore_sigint = 1; /* Ctrl-C belongs to the chat, which stops the server */
 	g_srv.stop_timeout_s = 5;
-	rc = ksv_child_start(&g_srv, NULL);
+	rc = kcl_child_start(&g_srv, NULL);
 	g_child = g_srv.pid > 0 ? g_srv.pid : -1;
 	if (rc == KV_OK)
 		snprintf(base_url, cap, "%s/v1", g_srv.url);
@@ -113,13 +113,43 @@ static const char *auth_header(void)
 	return h;
 }
 
+/* The server's first model id (malloc'd), or NULL after saying on stderr
+ * what is wrong and what to do: nothing listening, a base URL without
+ * /v1, a key required. A server still loading its model is waited for. */
 static char *model_id(const char *base_url)
 {
 	char url[1200], *body = NULL;
 	int st = 0;
-	if (kv_path_fmt(url, sizeof url, "%s/models", base_url))
+	if (kv_path_fmt(url, sizeof url, "%s/models", base_url)) {
+		fprintf(stderr, "kvkeep chat: %s\n", kv_errmsg());
 		return NULL;
-	if (ksv_http_fetch_h(url, "GET", NULL, 0, 10000, auth_header(), &st, &body, NULL) || st != 200) {
+	}
+	for (int waited = 0;; waited++) {
+		free(body);
+		body = NULL;
+		if (kcl_http_fetch_h(url, "GET", NULL, 0, 10000, auth_header(), &st, &body, NULL)) {
+			fprintf(stderr, "kvkeep chat: nothing answers at %s (%s): is `kvkeep serve` running there? (it listens on "
+					"127.0.0.1:8000 unless told --host / --port)\n",
+				base_url, kv_errmsg());
+			return NULL;
+		}
+		if (st != 503 || waited >= 600)
+			break;
+		if (!waited)
+			fprintf(stderr, "waiting for the server to load its model...\n");
+		kv_sleep_ms(500);
+	}
+	if (st != 200) {
+		size_t bl = strlen(base_url);
+		int v1 = bl >= 3 && !strcmp(base_url + bl - 3, "/v1");
+		if (st == 404 && !v1)
+			fprintf(stderr, "kvkeep chat: %s answered 404: the base URL ends in /v1 (--base-url %s/v1)\n", url,
+				base_url);
+		else if (st == 401)
+			fprintf(stderr, "kvkeep chat: %s wants an API key: set KVKEEP_API_KEY to the server's --api-key\n",
+				base_url);
+		else
+			fprintf(stderr, "kvkeep chat: %s answered %d: %.200s\n", url, st, body ? body : "");
 		free(body);
 		return NULL;
 	}
@@ -128,12 +158,14 @@ static char *model_id(const char *base_url)
 	const char *id = json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
 	char *r = id ? strdup(id) : NULL;
 	json_decref(j);
+	if (!r)
+		fprintf(stderr, "kvkeep chat: %s lists no model (is it an OpenAI-compatible server?)\n", url);
 	return r;
 }
 
 /* One streamed answer: prints deltas, returns the assistant text (malloc'd)
  * or NULL on error. */
-static char *ask(const struct ksv_url *u, const char *model, json_t *messages, int64_t max_tokens, double temperature,
+static char *ask(const struct kcl_url *u, const char *model, json_t *messages, int64_t max_tokens, double temperature,
 		 int *interrupted)
 {
 	json_t *body = json_object();
@@ -148,32 +180,32 @@ static char *ask(const struct ksv_url *u, const char *model, json_t *messages, i
 	json_decref(body);
 	if (!txt)
 		return NULL;
-	struct ksv_http *h = NULL;
-	struct ksv_http_resp r = {0};
-	struct ksv_sse sse;
-	struct ksv_sse_event ev;
+	struct kcl_http *h = NULL;
+	struct kcl_http_resp r = {0};
+	struct kcl_sse sse;
+	struct kcl_sse_event ev;
 	struct kv_buf answer = KV_BUF_INIT;
 	char path[1200];
 	int rc, in_reasoning = 0, reported = 0;
 	*interrupted = 0;
 	snprintf(path, sizeof path, "%s/chat/completions", u->path);
-	rc = ksv_http_connect(u->host, u->port, 10000, &h);
+	rc = kcl_http_connect(u->host, u->port, 10000, &h);
 	if (rc) {
 		free(txt);
 		fprintf(stderr, "kvkeep chat: %s\n", kv_errmsg());
 		return NULL;
 	}
-	ksv_http_set_timeout(h, 600000);
+	kcl_http_set_timeout(h, 600000);
 	g_interrupted = 0;
 	g_active = h;
-	rc = ksv_http_send(h, "POST", path, "application/json", txt, strlen(txt), auth_header());
+	rc = kcl_http_send(h, "POST", path, "application/json", txt, strlen(txt), auth_header());
 	free(txt);
 	if (!rc)
-		rc = ksv_http_read_head(h, &r);
+		rc = kcl_http_read_head(h, &r);
 	if (!rc && r.status != 200) {
 		char *eb = NULL;
 		size_t el;
-		ksv_http_read_all(h, &r, 1 << 20, &eb, &el);
+		kcl_http_read_all(h, &r, 1 << 20, &eb, &el);
 		json_t *ej = eb ? json_loads(eb, 0, NULL) : NULL;
 		const char *msg = json_string_value(json_object_get(json_object_get(ej, "error"), "message"));
 		fprintf(stderr, "kvkeep chat: server answered %d: %s\n", r.status, msg ? msg : (eb ? eb : ""));
@@ -182,8 +214,8 @@ static char *ask(const struct ksv_url *u, const char *model, json_t *messages, i
 		rc = KV_ERR_IO;
 		reported = 1;
 	}
-	ksv_sse_init(&sse);
-	while (!rc && (rc = ksv_http_next_event(h, &r, &sse, &ev)) == 1) {
+	kcl_sse_init(&sse);
+	while (!rc && (rc = kcl_http_next_event(h, &r, &sse, &ev)) == 1) {
 		rc = 0;
 		if (!strcmp(ev.data, "[DONE]"))
 			break;
@@ -235,9 +267,9 @@ static char *ask(const struct ksv_url *u, const char *model, json_t *messages, i
 	fflush(stdout);
 	if (rc < 0 && !*interrupted && !reported)
 		fprintf(stderr, "kvkeep chat: %s\n", kv_errmsg());
-	ksv_sse_free(&sse);
-	ksv_http_resp_free(&r);
-	ksv_http_close(h);
+	kcl_sse_free(&sse);
+	kcl_http_resp_free(&r);
+	kcl_http_close(h);
 	if (rc < 0 && !*interrupted) {
 		kv_buf_free(&answer);
 		return NULL;
@@ -320,15 +352,14 @@ static int cmd_chat(int argc, char **argv)
 		sigaction(SIGINT, &sa, NULL);
 	}
 	signal(SIGPIPE, SIG_IGN);
-	struct ksv_url u;
-	if (ksv_url_parse(url, &u)) {
+	struct kcl_url u;
+	if (kcl_url_parse(url, &u)) {
 		fprintf(stderr, "kvkeep chat: %s\n", kv_errmsg());
 		stop_child();
 		return 2;
 	}
 	char *mid = name ? strdup(name) : model_id(url);
 	if (!mid) {
-		fprintf(stderr, "kvkeep chat: cannot list models at %s/models\n", url);
 		stop_child();
 		return 1;
 	}

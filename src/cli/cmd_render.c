@@ -97,6 +97,7 @@ static int write_out(const char *p, size_t n)
 /* --max-boundaries of the current render. */
 static int g_max_b;
 static int g_req_specials; /* --special-tokens-in-request */
+static int g_keep;         /* --reasoning-history keep (the server's default) */
 
 /* A tokenizer kept across the lines of a batch. */
 struct tok_cache {
@@ -145,6 +146,7 @@ static int render_one(int argc, char **argv, struct tok_cache *tc)
 	const char *model = NULL, *request = NULL, *tfile = NULL, *ctxfile = NULL, *batch = NULL, *outfile = NULL;
 	int no_gen = 0, json_out = 0, tokens = 0, no_bound = 0, timing = 0, req_specials = 0;
 	int64_t max_b = 0;
+	const char *history = "keep";
 	struct kv_flag flags[] = {
 		{"model", KV_FLAG_STR, &model, "DIR", "model folder (tokenizer.json, tokenizer_config.json)"},
 		{"request", KV_FLAG_STR, &request, "FILE", "OpenAI chat request body, JSON ('-' = stdin)"},
@@ -155,6 +157,9 @@ static int render_one(int argc, char **argv, struct tok_cache *tc)
 		{"max-boundaries", KV_FLAG_INT, &max_b, "N", "search only the last N message ends (default 0: all)"},
 		{"special-tokens-in-request", KV_FLAG_BOOL, &req_specials, NULL,
 		 "special-token literals in the request become control tokens (Hugging Face; default: plain text)"},
+		{"reasoning-history", KV_FLAG_STR, &history, "keep|template",
+		 "keep (the server's default): every user turn rendered as when it was the newest, so earlier reasoning "
+		 "stays; template: the template's own text"},
 		{"template", KV_FLAG_STR, &tfile, "FILE", "use this Jinja template instead of the model's"},
 		{"context", KV_FLAG_STR, &ctxfile, "FILE", "raw mode: render --template with this JSON object"},
 		{"time", KV_FLAG_BOOL, &timing, NULL, "print the render time to stderr"},
@@ -185,8 +190,13 @@ static int render_one(int argc, char **argv, struct tok_cache *tc)
 		fprintf(stderr, "kvkeep: --max-boundaries wants 0..1000000\n");
 		return 2;
 	}
+	if (strcmp(history, "keep") && strcmp(history, "template")) {
+		fprintf(stderr, "kvkeep: --reasoning-history wants keep or template\n");
+		return 2;
+	}
 	g_max_b = (int)max_b;
 	g_req_specials = req_specials;
+	g_keep = !strcmp(history, "keep");
 	int rc1 = render_main(model, request, tfile, ctxfile, no_gen, json_out, tokens, no_bound, timing, tc);
 	if (g_out) {
 		if (fclose(g_out) && !rc1) {
@@ -272,6 +282,7 @@ static int render_main(const char *model, const char *request, const char *tfile
 		.skip_boundaries = no_bound,
 		.max_message_boundaries = g_max_b,
 		.request_specials = g_req_specials,
+		.keep_reasoning = g_keep,
 	};
 	uint64_t t0 = kv_now_ns();
 	if ((rc = kv_chat_render(chat, json_object_get(req, "messages"), json_object_get(req, "tools"), &opts, &r)))

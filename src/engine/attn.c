@@ -35,6 +35,7 @@
 #include "engine/gemm.h"
 #include "engine/isa.h"
 #include "engine/kvq8.h"
+#include "engine/matmul.h"
 #include "engine/prof.h"
 #include "engine/vec.h"
 #include "model/safetensors.h"

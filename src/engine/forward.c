@@ -14,6 +14,7 @@
 #include "engine/deltanet.h"
 #include "engine/isa.h"
 #include "engine/kvq8.h"
+#include "engine/matmul.h"
 #include "engine/qgemm.h"
 #include "engine/prof.h"
 #include "engine/vec.h"

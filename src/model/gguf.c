@@ -16,6 +16,7 @@
 #include "model/gguf.h"
 #include "model/quant.h"
 #include "base/buf.h"
+#include "base/corrupt.h"
 #include "base/durable.h"
 #include "base/err.h"
 #include "base/io.h"
@@ -274,7 +275,7 @@ static int parse_tensor(struct cur *c, struct gg_file *f, struct kv_tensor *t, s
 				       c->path, t->name, tn, type);
 		return KV_CORRUPT(c->path, at, "tensor '%s' has unknown ggml type %u", t->name, type);
 	}
-	int qk = kq_block_elems(t->dtype);
+	int qk = kv_dtype_block_elems(t->dtype);
 	if (ne[0] % (uint64_t)qk)
 		return KV_CORRUPT(c->path, at, "tensor '%s': %llu elements per row do not divide into %s blocks of %d",
 				  t->name, (unsigned long long)ne[0], kv_dtype_name(t->dtype), qk);
@@ -282,7 +283,7 @@ static int parse_tensor(struct cur *c, struct gg_file *f, struct kv_tensor *t, s
 	for (uint32_t d = 0; d < nd; d++)
 		t->shape[nd - 1 - d] = (int64_t)ne[d];
 	t->numel = numel;
-	t->nbytes = numel / (uint64_t)qk * kq_block_bytes(t->dtype);
+	t->nbytes = numel / (uint64_t)qk * kv_dtype_block_bytes(t->dtype);
 	t->file = f->path;
 	return KV_OK;
 }
@@ -543,6 +544,20 @@ static int folder_gguf(const char *dir, char *out, size_t cap)
 	return KV_OK;
 }
 
+/* 1 if the file starts with the GGUF magic: a file without the suffix,
+ * such as a blob of Ollama's store (model/locate.h), is one too. */
+static int has_gguf_magic(const char *path)
+{
+	char m[4];
+	int fd = kv_io_open(path, O_RDONLY | O_CLOEXEC, 0);
+	if (fd < 0)
+		return 0;
+	int ok = kv_io_pread_full(fd, m, 4, 0, path) == KV_OK && !memcmp(m, "GGUF", 4);
+	kv_io_close(fd);
+	kv_errclear();
+	return ok;
+}
+
 int kv_gguf_is_model_path(const char *path)
 {
 	struct stat sb;
@@ -550,7 +565,7 @@ int kv_gguf_is_model_path(const char *path)
 	if (!path || stat(path, &sb) != 0)
 		return 0;
 	if (S_ISREG(sb.st_mode))
-		return has_suffix(path, ".gguf");
+		return has_suffix(path, ".gguf") || has_gguf_magic(path);
 	if (!S_ISDIR(sb.st_mode))
 		return 0;
 	snprintf(buf, sizeof buf, "%s/config.json", path);

@@ -9,6 +9,7 @@
  */
 #include "server/anthropic.h"
 #include "server/openai.h"
+#include "server/wire.h"
 #include "base/err.h"
 #include "base/log.h"
 
@@ -16,15 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { OPEN_NONE = 0, OPEN_TEXT, OPEN_THINKING, OPEN_TOOL };
-
 /* --- request translation --------------------------------------------------- */
-
-static int bad(char *param, size_t cap, const char *path, const char *fmt, const char *detail)
-{
-	snprintf(param, cap, "%s", path);
-	return kv_fail(KV_ERR_INVALID, fmt, path, detail ? detail : "");
-}
 
 /* The "type" of content block b at path p: an object with a string type;
  * image and document blocks are refused (text-only models). */
@@ -32,9 +25,9 @@ static int block_type(const json_t *b, const char *p, const char **type, char *p
 {
 	*type = json_string_value(json_object_get(b, "type"));
 	if (!json_is_object(b) || !*type)
-		return bad(param, cap, p, "%s: a content block must be an object with a \"type\"%s", NULL);
+		return ksv_wire_bad(param, cap, p, "%s: a content block must be an object with a \"type\"%s", NULL);
 	if (!strcmp(*type, "image") || !strcmp(*type, "document"))
-		return bad(param, cap, p, "%s: %s blocks are not supported: this server runs text-only models", *type);
+		return ksv_wire_bad(param, cap, p, "%s: %s blocks are not supported: this server runs text-only models", *type);
 	return KV_OK;
 }
 
@@ -43,45 +36,28 @@ static int block_text(const json_t *b, const char *p, struct kv_buf *out, char *
 {
 	const json_t *t = json_object_get(b, "text");
 	if (!json_is_string(t))
-		return bad(param, cap, p, "%s.text: must be a string%s", NULL);
+		return ksv_wire_bad(param, cap, p, "%s.text: must be a string%s", NULL);
 	kv_buf_add(out, json_string_value(t), json_string_length(t));
 	return KV_OK;
+}
+
+/* One block of a text-only content list: a text block's text. */
+static int text_block(const json_t *b, const char *p, struct kv_buf *out, char *param, size_t cap)
+{
+	const char *type;
+	int rc = block_type(b, p, &type, param, cap);
+	if (rc)
+		return rc;
+	if (strcmp(type, "text"))
+		return ksv_wire_bad(param, cap, p, "%s: unsupported content block type \"%s\" here", type);
+	return block_text(b, p, out, param, cap);
 }
 
 /* Appends the text of `content` (a string, or a list of text blocks) to
  * out, blocks joined with "\n". Other block types are refused. */
 static int text_blocks(const json_t *content, const char *path, struct kv_buf *out, char *param, size_t cap)
 {
-	char p[160];
-	if (json_is_string(content)) {
-		kv_buf_add(out, json_string_value(content), json_string_length(content));
-		return KV_OK;
-	}
-	if (!json_is_array(content))
-		return bad(param, cap, path, "%s: must be a string or a list of content blocks%s", NULL);
-	size_t i;
-	const json_t *b;
-	int first = 1;
-	json_array_foreach(content, i, b) {
-		snprintf(p, sizeof p, "%s[%zu]", path, i);
-		const char *type;
-		int rc = block_type(b, p, &type, param, cap);
-		if (rc)
-			return rc;
-		if (strcmp(type, "text"))
-			return bad(param, cap, p, "%s: unsupported content block type \"%s\" here", type);
-		if (!first)
-			kv_buf_adds(out, "\n");
-		first = 0;
-		if ((rc = block_text(b, p, out, param, cap)))
-			return rc;
-	}
-	return KV_OK;
-}
-
-static json_t *buf_string(struct kv_buf *b)
-{
-	return json_stringn(b->p ? b->p : "", b->len);
+	return ksv_wire_join_text(content, path, "content blocks", text_block, out, param, cap);
 }
 
 static int user_message(const json_t *content, const char *path, json_t *msgs, char *param, size_t cap)
@@ -95,7 +71,7 @@ static int user_message(const json_t *content, const char *path, json_t *msgs, c
 		return KV_OK;
 	}
 	if (!json_is_array(content))
-		return bad(param, cap, path, "%s: must be a string or a list of content blocks%s", NULL);
+		return ksv_wire_bad(param, cap, path, "%s: must be a string or a list of content blocks%s", NULL);
 	size_t i;
 	const json_t *b;
 	json_array_foreach(content, i, b) {
@@ -112,7 +88,7 @@ static int user_message(const json_t *content, const char *path, json_t *msgs, c
 		} else if (!strcmp(type, "tool_result")) {
 			const char *id = json_string_value(json_object_get(b, "tool_use_id"));
 			if (!id) {
-				rc = bad(param, cap, p, "%s.tool_use_id: required string%s", NULL);
+				rc = ksv_wire_bad(param, cap, p, "%s.tool_use_id: required string%s", NULL);
 				goto out;
 			}
 			struct kv_buf r = KV_BUF_INIT;
@@ -123,16 +99,16 @@ static int user_message(const json_t *content, const char *path, json_t *msgs, c
 				kv_buf_free(&r);
 				goto out;
 			}
-			json_t *m = json_pack("{s:s, s:o, s:s}", "role", "tool", "content", buf_string(&r), "tool_call_id", id);
+			json_t *m = json_pack("{s:s, s:o, s:s}", "role", "tool", "content", ksv_wire_buf_string(&r), "tool_call_id", id);
 			kv_buf_free(&r);
 			json_array_append_new(msgs, m);
 		} else {
-			rc = bad(param, cap, p, "%s: unsupported content block type \"%s\" in a user message", type);
+			rc = ksv_wire_bad(param, cap, p, "%s: unsupported content block type \"%s\" in a user message", type);
 			goto out;
 		}
 	}
 	if (has_text || json_array_size(content) == 0)
-		json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "user", "content", buf_string(&text)));
+		json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "user", "content", ksv_wire_buf_string(&text)));
 out:
 	kv_buf_free(&text);
 	return rc;
@@ -146,7 +122,7 @@ static int assistant_message(const json_t *content, const char *path, json_t *ms
 		return KV_OK;
 	}
 	if (!json_is_array(content))
-		return bad(param, cap, path, "%s: must be a string or a list of content blocks%s", NULL);
+		return ksv_wire_bad(param, cap, path, "%s: must be a string or a list of content blocks%s", NULL);
 	struct kv_buf text = KV_BUF_INIT, think = KV_BUF_INIT;
 	json_t *calls = json_array();
 	int rc = KV_OK;
@@ -163,7 +139,7 @@ static int assistant_message(const json_t *content, const char *path, json_t *ms
 		} else if (!strcmp(type, "thinking")) {
 			const json_t *t = json_object_get(b, "thinking");
 			if (t && !json_is_string(t)) {
-				rc = bad(param, cap, p, "%s.thinking: must be a string%s", NULL);
+				rc = ksv_wire_bad(param, cap, p, "%s.thinking: must be a string%s", NULL);
 				goto out;
 			}
 			if (t)
@@ -175,24 +151,24 @@ static int assistant_message(const json_t *content, const char *path, json_t *ms
 			const char *name = json_string_value(json_object_get(b, "name"));
 			const json_t *input = json_object_get(b, "input");
 			if (!id || !name) {
-				rc = bad(param, cap, p, "%s: tool_use needs string \"id\" and \"name\"%s", NULL);
+				rc = ksv_wire_bad(param, cap, p, "%s: tool_use needs string \"id\" and \"name\"%s", NULL);
 				goto out;
 			}
 			if (input && !json_is_object(input)) {
-				rc = bad(param, cap, p, "%s.input: must be an object%s", NULL);
+				rc = ksv_wire_bad(param, cap, p, "%s.input: must be an object%s", NULL);
 				goto out;
 			}
 			json_t *args = input ? json_incref((json_t *)input) : json_object();
 			json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:o}}", "id", id, "type", "function",
 							       "function", "name", name, "arguments", args));
 		} else {
-			rc = bad(param, cap, p, "%s: unsupported content block type \"%s\" in an assistant message", type);
+			rc = ksv_wire_bad(param, cap, p, "%s: unsupported content block type \"%s\" in an assistant message", type);
 			goto out;
 		}
 	}
-	json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content", buf_string(&text));
+	json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content", ksv_wire_buf_string(&text));
 	if (think.len)
-		json_object_set_new(m, "reasoning_content", buf_string(&think));
+		json_object_set_new(m, "reasoning_content", ksv_wire_buf_string(&think));
 	if (json_array_size(calls))
 		json_object_set(m, "tool_calls", calls);
 	json_array_append_new(msgs, m);
@@ -209,7 +185,7 @@ static int translate_tools(const json_t *tools, json_t *chat, char *param, size_
 	if (!tools || json_is_null(tools))
 		return KV_OK;
 	if (!json_is_array(tools))
-		return bad(param, cap, "tools", "%s: must be a list%s", NULL);
+		return ksv_wire_bad(param, cap, "tools", "%s: must be a list%s", NULL);
 	json_t *out = json_array();
 	size_t i;
 	const json_t *t;
@@ -217,7 +193,7 @@ static int translate_tools(const json_t *tools, json_t *chat, char *param, size_
 		snprintf(p, sizeof p, "tools[%zu]", i);
 		if (!json_is_object(t)) {
 			json_decref(out);
-			return bad(param, cap, p, "%s: must be an object%s", NULL);
+			return ksv_wire_bad(param, cap, p, "%s: must be an object%s", NULL);
 		}
 		const char *type = json_string_value(json_object_get(t, "type"));
 		const char *name = json_string_value(json_object_get(t, "name"));
@@ -227,21 +203,14 @@ static int translate_tools(const json_t *tools, json_t *chat, char *param, size_
 		}
 		if (!name) {
 			json_decref(out);
-			return bad(param, cap, p, "%s.name: required string%s", NULL);
+			return ksv_wire_bad(param, cap, p, "%s.name: required string%s", NULL);
 		}
-		json_t *fn = json_pack("{s:s}", "name", name);
-		const json_t *d = json_object_get(t, "description");
-		if (json_is_string(d))
-			json_object_set(fn, "description", (json_t *)d);
 		const json_t *schema = json_object_get(t, "input_schema");
 		if (schema && !json_is_object(schema)) {
-			json_decref(fn);
 			json_decref(out);
-			return bad(param, cap, p, "%s.input_schema: must be an object%s", NULL);
+			return ksv_wire_bad(param, cap, p, "%s.input_schema: must be an object%s", NULL);
 		}
-		if (schema)
-			json_object_set(fn, "parameters", (json_t *)schema);
-		json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", fn));
+		ksv_wire_add_function(out, name, json_object_get(t, "description"), schema);
 	}
 	if (json_array_size(out))
 		json_object_set(chat, "tools", out);
@@ -255,7 +224,7 @@ static int translate_tool_choice(const json_t *tc, json_t *chat, char *param, si
 		return KV_OK;
 	const char *type = json_string_value(json_object_get(tc, "type"));
 	if (!json_is_object(tc) || !type)
-		return bad(param, cap, "tool_choice", "%s: must be an object with a \"type\"%s", NULL);
+		return ksv_wire_bad(param, cap, "tool_choice", "%s: must be an object with a \"type\"%s", NULL);
 	if (!strcmp(type, "auto"))
 		json_object_set_new(chat, "tool_choice", json_string("auto"));
 	else if (!strcmp(type, "any"))
@@ -265,11 +234,18 @@ static int translate_tool_choice(const json_t *tc, json_t *chat, char *param, si
 	else if (!strcmp(type, "tool")) {
 		const char *name = json_string_value(json_object_get(tc, "name"));
 		if (!name)
-			return bad(param, cap, "tool_choice.name", "%s: required string for type \"tool\"%s", NULL);
+			return ksv_wire_bad(param, cap, "tool_choice.name", "%s: required string for type \"tool\"%s", NULL);
 		json_object_set_new(chat, "tool_choice",
 				    json_pack("{s:s, s:{s:s}}", "type", "function", "function", "name", name));
 	} else
-		return bad(param, cap, "tool_choice.type", "%s: must be auto, any, tool or none, not \"%s\"", type);
+		return ksv_wire_bad(param, cap, "tool_choice.type", "%s: must be auto, any, tool or none, not \"%s\"", type);
+	const json_t *dp = json_object_get(tc, "disable_parallel_tool_use");
+	if (dp && !json_is_null(dp)) {
+		if (!json_is_boolean(dp))
+			return ksv_wire_bad(param, cap, "tool_choice.disable_parallel_tool_use", "%s: must be true or false%s",
+					    NULL);
+		json_object_set_new(chat, "parallel_tool_calls", json_boolean(!json_is_true(dp)));
+	}
 	return KV_OK;
 }
 
@@ -279,32 +255,30 @@ static int translate_thinking(const json_t *th, json_t *chat, char *param, size_
 		return KV_OK;
 	const char *type = json_string_value(json_object_get(th, "type"));
 	if (!json_is_object(th) || !type)
-		return bad(param, cap, "thinking", "%s: must be an object with a \"type\"%s", NULL);
+		return ksv_wire_bad(param, cap, "thinking", "%s: must be an object with a \"type\"%s", NULL);
 	int on;
 	if (!strcmp(type, "enabled") || !strcmp(type, "adaptive"))
 		on = 1;
 	else if (!strcmp(type, "disabled"))
 		on = 0;
 	else
-		return bad(param, cap, "thinking.type", "%s: must be enabled, adaptive or disabled, not \"%s\"", type);
+		return ksv_wire_bad(param, cap, "thinking.type", "%s: must be enabled, adaptive or disabled, not \"%s\"", type);
 	json_object_set_new(chat, "chat_template_kwargs", json_pack("{s:b}", "enable_thinking", on));
 	return KV_OK;
 }
 
 int ksv_anth_to_chat(const json_t *body, int for_count, json_t **chat_out, char *param, size_t cap)
 {
-	*chat_out = NULL;
-	param[0] = 0;
-	if (!json_is_object(body))
-		return bad(param, cap, "", "request body%s: must be a JSON object%s", NULL);
-	json_t *chat = json_object(), *msgs = json_array();
-	int rc = KV_OK;
+	json_t *chat, *msgs;
+	int rc = ksv_wire_translate_begin(body, chat_out, param, cap, &chat, &msgs);
+	if (rc)
+		return rc;
 	const json_t *v;
 	char p[64];
 
 	if ((v = json_object_get(body, "model"))) {
 		if (!json_is_string(v)) {
-			rc = bad(param, cap, "model", "%s: must be a string%s", NULL);
+			rc = ksv_wire_bad(param, cap, "model", "%s: must be a string%s", NULL);
 			goto fail;
 		}
 		json_object_set(chat, "model", (json_t *)v);
@@ -318,13 +292,13 @@ int ksv_anth_to_chat(const json_t *body, int for_count, json_t **chat_out, char 
 			goto fail;
 		}
 		if (sys.len)
-			json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "system", "content", buf_string(&sys)));
+			json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "system", "content", ksv_wire_buf_string(&sys)));
 		kv_buf_free(&sys);
 	}
 	/* messages */
 	const json_t *ms = json_object_get(body, "messages");
 	if (!json_is_array(ms) || json_array_size(ms) == 0) {
-		rc = bad(param, cap, "messages", "%s: required non-empty list%s", NULL);
+		rc = ksv_wire_bad(param, cap, "messages", "%s: required non-empty list%s", NULL);
 		goto fail;
 	}
 	size_t i;
@@ -334,7 +308,7 @@ int ksv_anth_to_chat(const json_t *body, int for_count, json_t **chat_out, char 
 		const json_t *role = json_object_get(m, "role");
 		const json_t *content = json_object_get(m, "content");
 		if (!json_is_object(m) || !json_is_string(role)) {
-			rc = bad(param, cap, p, "%s: must be an object with a string \"role\"%s", NULL);
+			rc = ksv_wire_bad(param, cap, p, "%s: must be an object with a string \"role\"%s", NULL);
 			goto fail;
 		}
 		/* full-string compare: "user\u0000x" is not "user" */
@@ -343,7 +317,7 @@ int ksv_anth_to_chat(const json_t *body, int for_count, json_t **chat_out, char 
 		char cp[80];
 		snprintf(cp, sizeof cp, "%s.content", p);
 		if (!content) {
-			rc = bad(param, cap, cp, "%s: required%s", NULL);
+			rc = ksv_wire_bad(param, cap, cp, "%s: required%s", NULL);
 			goto fail;
 		}
 		if (rl == 4 && !memcmp(r, "user", 4))
@@ -353,12 +327,12 @@ int ksv_anth_to_chat(const json_t *body, int for_count, json_t **chat_out, char 
 		else if (rl == 6 && !memcmp(r, "system", 6)) {
 			struct kv_buf t = KV_BUF_INIT;
 			if (!(rc = text_blocks(content, cp, &t, param, cap)))
-				json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "system", "content", buf_string(&t)));
+				json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "system", "content", ksv_wire_buf_string(&t)));
 			kv_buf_free(&t);
 		} else {
 			char rp[80];
 			snprintf(rp, sizeof rp, "%s.role", p);
-			rc = bad(param, cap, rp, "%s: must be \"user\", \"assistant\" or \"system\"%s", NULL);
+			rc = ksv_wire_bad(param, cap, rp, "%s: must be \"user\", \"assistant\" or \"system\"%s", NULL);
 		}
 		if (rc)
 			goto fail;
@@ -371,195 +345,53 @@ int ksv_anth_to_chat(const json_t *body, int for_count, json_t **chat_out, char 
 	/* generation fields: copied as they are; request.c checks them */
 	v = json_object_get(body, "max_tokens");
 	if (!for_count) {
-		if (!v) {
-			rc = bad(param, cap, "max_tokens", "%s: required%s", NULL);
+		if (!v || json_is_null(v)) {
+			/* Anthropic's max_tokens has no default: null is no value */
+			rc = ksv_wire_bad(param, cap, "max_tokens", "%s: required (an integer >= 1)%s", NULL);
 			goto fail;
 		}
 		json_object_set(chat, "max_tokens", (json_t *)v);
 	}
-	/* the penalties, min_p and seed are kvkeep's extensions here, as on
-	 * chat completions (one parser: request.c) */
-	static const char *const copy[] = {"temperature", "top_p", "top_k", "stream", "min_p", "seed", "presence_penalty",
-					   "frequency_penalty", "repetition_penalty"};
-	for (size_t k = 0; k < sizeof copy / sizeof *copy; k++)
-		if ((v = json_object_get(body, copy[k])) && !json_is_null(v))
-			json_object_set(chat, copy[k], (json_t *)v);
+	ksv_wire_copy_sampling(body, chat);
 	if ((v = json_object_get(body, "stop_sequences")) && !json_is_null(v)) {
 		if (!json_is_array(v)) {
-			rc = bad(param, cap, "stop_sequences", "%s: must be a list of strings%s", NULL);
+			rc = ksv_wire_bad(param, cap, "stop_sequences", "%s: must be a list of strings%s", NULL);
 			goto fail;
 		}
 		json_object_set(chat, "stop", (json_t *)v);
 	}
-	if (json_is_true(json_object_get(body, "stream")))
-		json_object_set_new(chat, "stream_options", json_pack("{s:b}", "include_usage", 1));
-	json_decref(msgs);
-	*chat_out = chat;
-	return KV_OK;
 fail:
-	json_decref(msgs);
-	json_decref(chat);
-	return rc;
+	return ksv_wire_translated(rc, msgs, chat, chat_out);
 }
 
-/* --- responses ----------------------------------------------------------- */
+/* --- the request, as a wire ---------------------------------------------------- */
+
+static int anth_parse(const json_t *body, int api, int for_count, struct ksv_req *req)
+{
+	json_t *chat = NULL;
+	char param[96] = "";
+	(void)api;
+	int rc = ksv_anth_to_chat(body, for_count, &chat, param, sizeof param);
+	return ksv_wire_chat_req(rc, chat, param, req);
+}
+
+/* --- the answer ------------------------------------------------------------------ */
 
 static void emit(struct kv_buf *out, const char *event, json_t *data)
 {
 	ksv_sse_event(out, event, data);
 }
 
-void ksv_anth_init(struct ksv_anth *a, const char *model, int stream)
+/* Anthropic's usage: the three input fields add up to the prompt. */
+static json_t *usage_json(const struct ksv_answer *a)
 {
-	memset(a, 0, sizeof *a);
-	ksv_oai_rand_id("msg_", a->id, sizeof a->id);
-	snprintf(a->model, sizeof a->model, "%s", model ? model : "");
-	a->stream = stream;
-	a->blocks = json_array();
-	struct kv_buf z = KV_BUF_INIT;
-	a->cur = z;
-}
-
-void ksv_anth_free(struct ksv_anth *a)
-{
-	json_decref(a->blocks);
-	a->blocks = NULL;
-	kv_buf_free(&a->cur);
-}
-
-static json_t *usage_json(const struct ksv_anth_usage *u)
-{
-	return json_pack("{s:I, s:I, s:I, s:I}", "input_tokens", (json_int_t)u->input_tokens,
-			 "cache_creation_input_tokens", (json_int_t)u->cache_creation, "cache_read_input_tokens",
-			 (json_int_t)u->cache_read, "output_tokens", (json_int_t)u->output_tokens);
-}
-
-void ksv_anth_start(struct ksv_anth *a, const struct ksv_anth_usage *u, struct kv_buf *out)
-{
-	json_t *msg = json_pack("{s:s, s:s, s:s, s:s, s:[], s:n, s:n, s:o}", "id", a->id, "type", "message", "role",
-				"assistant", "model", a->model, "content", "stop_reason", "stop_sequence", "usage",
-				usage_json(u));
-	emit(out, "message_start", json_pack("{s:s, s:o}", "type", "message_start", "message", msg));
-}
-
-/* Ends the open block: keeps it for the whole body and, streaming, sends
- * its last delta (a thinking block's empty signature) and the stop. */
-static void close_block(struct ksv_anth *a, struct kv_buf *out)
-{
-	if (a->open == OPEN_NONE)
-		return;
-	json_t *blk = json_array_get(a->blocks, json_array_size(a->blocks) - 1);
-	int idx = a->next_index - 1;
-	if (a->open == OPEN_TEXT)
-		json_object_set_new(blk, "text", ksv_json_text(a->cur.p ? a->cur.p : "", a->cur.len));
-	else if (a->open == OPEN_THINKING) {
-		json_object_set_new(blk, "thinking", ksv_json_text(a->cur.p ? a->cur.p : "", a->cur.len));
-		if (a->stream && out)
-			emit(out, "content_block_delta",
-			     json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", idx, "delta",
-				       "type", "signature_delta", "signature", ""));
-	} else {
-		json_error_t je;
-		json_t *in = a->cur.len ? json_loadb(a->cur.p, a->cur.len, 0, &je) : json_object();
-		if (!json_is_object(in)) {
-			/* the tool-call parser hands over valid JSON; anything
-			 * else is kept visible rather than dropped */
-			json_decref(in);
-			in = json_pack("{s:o}", "_raw", ksv_json_text(a->cur.p ? a->cur.p : "", a->cur.len));
-		}
-		json_object_set_new(blk, "input", in);
-	}
-	if (a->stream && out)
-		emit(out, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", idx));
-	a->open = OPEN_NONE;
-	kv_buf_reset(&a->cur);
-}
-
-static void open_block(struct ksv_anth *a, int kind, json_t *blk, struct kv_buf *out)
-{
-	close_block(a, out);
-	int idx = a->next_index++;
-	json_array_append(a->blocks, blk);
-	if (a->stream && out)
-		emit(out, "content_block_start",
-		     json_pack("{s:s, s:i, s:O}", "type", "content_block_start", "index", idx, "content_block", blk));
-	json_decref(blk);
-	a->open = kind;
-	kv_buf_reset(&a->cur);
-}
-
-static void delta(struct ksv_anth *a, const char *type, const char *key, const char *text, size_t len,
-		  struct kv_buf *out)
-{
-	kv_buf_add(&a->cur, text, len);
-	if (a->stream && out && len)
-		emit(out, "content_block_delta",
-		     json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", a->next_index - 1,
-			       "delta", "type", type, key, ksv_json_text(text, len)));
-}
-
-void ksv_anth_event(struct ksv_anth *a, const struct ksv_ev *e, struct kv_buf *out)
-{
-	switch (e->kind) {
-	case KSV_EV_CONTENT:
-		if (a->open != OPEN_TEXT) {
-			if (!e->len)
-				return;
-			open_block(a, OPEN_TEXT, json_pack("{s:s, s:s}", "type", "text", "text", ""), out);
-		}
-		delta(a, "text_delta", "text", e->text, e->len, out);
-		break;
-	case KSV_EV_REASONING:
-		if (a->open != OPEN_THINKING) {
-			if (!e->len)
-				return;
-			open_block(a, OPEN_THINKING, json_pack("{s:s, s:s, s:s}", "type", "thinking", "thinking", "",
-							       "signature", ""), out);
-		}
-		delta(a, "thinking_delta", "thinking", e->text, e->len, out);
-		break;
-	case KSV_EV_TOOL_START: {
-		char id[40];
-		ksv_oai_rand_id("toolu_", id, sizeof id);
-		open_block(a, OPEN_TOOL, json_pack("{s:s, s:s, s:s, s:{}}", "type", "tool_use", "id", id, "name",
-						   e->name ? e->name : "", "input"), out);
-		break;
-	}
-	case KSV_EV_TOOL_ARGS:
-		if (a->open == OPEN_TOOL)
-			delta(a, "input_json_delta", "partial_json", e->text, e->len, out);
-		break;
-	case KSV_EV_TOOL_END:
-		if (a->open == OPEN_TOOL)
-			close_block(a, out);
-		break;
-	}
-}
-
-void ksv_anth_finish(struct ksv_anth *a, const char *stop_reason, const char *stop_sequence,
-		     const struct ksv_anth_usage *u, struct kv_buf *out)
-{
-	close_block(a, out);
-	if (!a->stream || !out)
-		return;
-	json_t *d = json_pack("{s:s, s:o}", "stop_reason", stop_reason,
-			      "stop_sequence", stop_sequence ? json_string(stop_sequence) : json_null());
-	emit(out, "message_delta", json_pack("{s:s, s:o, s:o}", "type", "message_delta", "delta", d, "usage", usage_json(u)));
-	emit(out, "message_stop", json_pack("{s:s}", "type", "message_stop"));
-}
-
-char *ksv_anth_response(struct ksv_anth *a, const char *stop_reason, const char *stop_sequence,
-			const struct ksv_anth_usage *u, const json_t *ext, size_t *len)
-{
-	close_block(a, NULL);
-	json_t *usage = usage_json(u);
-	if (ext)
-		json_object_set(usage, "kvkeep", (json_t *)ext);
-	json_t *msg = json_pack("{s:s, s:s, s:s, s:s, s:O, s:s, s:o, s:o}", "id", a->id, "type", "message", "role",
-				"assistant", "model", a->model, "content", a->blocks, "stop_reason", stop_reason,
-				"stop_sequence", stop_sequence ? json_string(stop_sequence) : json_null(), "usage",
-				usage);
-	return ksv_json_body(msg, len);
+	const struct kss_usage *u = &a->usage;
+	json_int_t input = (json_int_t)u->prompt_tokens - u->cached_tokens - u->cache_creation_tokens;
+	json_t *j = json_pack("{s:I, s:I, s:I, s:I}", "input_tokens", input < 0 ? 0 : input, "cache_creation_input_tokens",
+			      (json_int_t)u->cache_creation_tokens, "cache_read_input_tokens", (json_int_t)u->cached_tokens,
+			      "output_tokens", (json_int_t)u->completion_tokens);
+	ksv_wire_usage_ext(a, j);
+	return j;
 }
 
 const char *ksv_anth_stop_reason(const char *finish, int stop_hit)
@@ -573,6 +405,100 @@ const char *ksv_anth_stop_reason(const char *finish, int stop_hit)
 	return "end_turn";
 }
 
+static json_t *stop_json(const struct ksv_answer *a)
+{
+	return a->stop_sequence ? json_string(a->stop_sequence) : json_null();
+}
+
+/* message_start (the usage split is known: the lookup is done) and a ping. */
+static void anth_start(struct ksv_answer *a, struct kv_buf *out)
+{
+	json_t *msg = json_pack("{s:s, s:s, s:s, s:s, s:[], s:n, s:n, s:o}", "id", a->id, "type", "message", "role",
+				"assistant", "model", a->model, "content", "stop_reason", "stop_sequence", "usage",
+				usage_json(a));
+	emit(out, "message_start", json_pack("{s:s, s:o}", "type", "message_start", "message", msg));
+	ksv_anth_ping(out);
+}
+
+/* The content block of b as the answer shows it (text and input filled
+ * when the block is complete). */
+static json_t *block_json(const struct ksv_block *b, int complete)
+{
+	const char *t = b->text.p ? b->text.p : "";
+	size_t n = complete ? b->text.len : 0;
+	if (b->kind == KSV_BLK_TEXT)
+		return json_pack("{s:s, s:o}", "type", "text", "text", ksv_json_text(t, n));
+	if (b->kind == KSV_BLK_REASONING)
+		return json_pack("{s:s, s:o, s:s}", "type", "thinking", "thinking", ksv_json_text(t, n), "signature", "");
+	json_t *in = NULL;
+	if (complete) {
+		json_error_t je;
+		in = n ? json_loadb(t, n, 0, &je) : json_object();
+		if (!json_is_object(in)) {
+			/* the tool-call parser hands over valid JSON; anything
+			 * else is kept visible rather than dropped */
+			json_decref(in);
+			in = json_pack("{s:o}", "_raw", ksv_json_text(t, n));
+		}
+	}
+	return json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id", b->call_id, "name", b->name, "input",
+			 in ? in : json_object());
+}
+
+static void anth_open(struct ksv_answer *a, const struct ksv_block *b, struct kv_buf *out)
+{
+	if (out)
+		emit(out, "content_block_start",
+		     json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index", (int)a->n_blk - 1, "content_block",
+			       block_json(b, 0)));
+}
+
+static void anth_delta(struct ksv_answer *a, const struct ksv_block *b, const char *t, size_t n, struct kv_buf *out)
+{
+	static const char *const type[] = {[KSV_BLK_TEXT] = "text_delta", [KSV_BLK_REASONING] = "thinking_delta",
+					   [KSV_BLK_TOOL] = "input_json_delta"};
+	static const char *const key[] = {[KSV_BLK_TEXT] = "text", [KSV_BLK_REASONING] = "thinking",
+					  [KSV_BLK_TOOL] = "partial_json"};
+	if (out)
+		emit(out, "content_block_delta",
+		     json_pack("{s:s, s:i, s:{s:s, s:o}}", "type", "content_block_delta", "index", (int)a->n_blk - 1, "delta",
+			       "type", type[b->kind], key[b->kind], ksv_json_text(t, n)));
+}
+
+/* A thinking block ends with its (empty) signature, then every block stops. */
+static void anth_close(struct ksv_answer *a, const struct ksv_block *b, struct kv_buf *out)
+{
+	int idx = (int)a->n_blk - 1;
+	if (!out)
+		return;
+	if (b->kind == KSV_BLK_REASONING)
+		emit(out, "content_block_delta",
+		     json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta", "index", idx, "delta", "type",
+			       "signature_delta", "signature", ""));
+	emit(out, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index", idx));
+}
+
+static void anth_finish(struct ksv_answer *a, struct kv_buf *out)
+{
+	json_t *d = json_pack("{s:s, s:o}", "stop_reason", ksv_anth_stop_reason(a->finish, a->stop_sequence != NULL),
+			      "stop_sequence", stop_json(a));
+	emit(out, "message_delta", json_pack("{s:s, s:o, s:o}", "type", "message_delta", "delta", d, "usage", usage_json(a)));
+	emit(out, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+}
+
+static char *anth_body(struct ksv_answer *a, size_t *len)
+{
+	ksv_answer_close(a, NULL);
+	json_t *blocks = json_array();
+	for (size_t i = 0; i < a->n_blk; i++)
+		json_array_append_new(blocks, block_json(&a->blk[i], 1));
+	json_t *msg = json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:o, s:o}", "id", a->id, "type", "message", "role",
+				"assistant", "model", a->model, "content", blocks, "stop_reason",
+				ksv_anth_stop_reason(a->finish, a->stop_sequence != NULL), "stop_sequence", stop_json(a),
+				"usage", usage_json(a));
+	return ksv_json_body(msg, len);
+}
+
 static const char *error_type(int status)
 {
 	switch (status) {
@@ -581,6 +507,7 @@ static const char *error_type(int status)
 	case 403: return "permission_error";
 	case 404: return "not_found_error";
 	case 413: return "request_too_large";
+	case 415: return "invalid_request_error";
 	case 429: return "rate_limit_error";
 	case 503: return "overloaded_error";
 	default: return status >= 500 ? "api_error" : "invalid_request_error";
@@ -595,12 +522,18 @@ static json_t *error_json(int status, const char *message)
 
 char *ksv_anth_error(int status, const char *message, size_t *len)
 {
-	json_t *j = error_json(status, message);
-	return ksv_json_body(j, len);
+	return ksv_json_body(error_json(status, message), len);
 }
 
-void ksv_anth_sse_error(int status, const char *message, struct kv_buf *out)
+static char *anth_error_body(int status, const char *message, const char *param, size_t *len)
 {
+	(void)param;
+	return ksv_anth_error(status, message, len);
+}
+
+static void anth_stream_error(struct ksv_answer *a, int status, const char *message, struct kv_buf *out)
+{
+	(void)a;
 	emit(out, "error", error_json(status, message));
 }
 
@@ -609,8 +542,19 @@ void ksv_anth_ping(struct kv_buf *out)
 	emit(out, "ping", json_pack("{s:s}", "type", "ping"));
 }
 
+/* While the prompt is prefilled the stream would be silent: a ping once a
+ * second (Anthropic's own keep-alive event; clients and proxies see the
+ * stream is alive). */
+static void anth_progress(struct ksv_answer *a, const struct ksv_progress *p, struct kv_buf *out)
+{
+	(void)a;
+	if (out && p->keepalive)
+		ksv_anth_ping(out);
+}
+
 char *ksv_anth_count_body(int64_t n, size_t *len)
 {
-	json_t *j = json_pack("{s:I}", "input_tokens", (json_int_t)n);
-	return ksv_json_body(j, len);
+	return ksv_json_body(json_pack("{s:I}", "input_tokens", (json_int_t)n), len);
 }
+
+const struct ksv_wire ksv_wire_anthropic = KSV_WIRE_ROW(anth, "anthropic", "msg_", "toolu_", NULL, anth_error_body);

@@ -1,6 +1,7 @@
 /*
  * anthropic.h - the Anthropic Messages API (POST /v1/messages), as Claude
- * Code speaks it: request translation and response formatting.
+ * Code speaks it: request translation and the wire format
+ * (ksv_wire_anthropic, wire.h).
  *
  * Requests are translated into the OpenAI chat body that request.h
  * validates, so every route shares one validation, one template render and
@@ -41,9 +42,12 @@
  *                   content_block_stop)*, message_delta, message_stop;
  *                   ping while waiting; error inside a stream.
  *   stop_reason    end_turn | tool_use | max_tokens | stop_sequence
- *   usage          input_tokens counts the prompt tokens the cache did not
- *                  serve; cache_read_input_tokens those it served;
- *                  cache_creation_input_tokens those newly stored.
+ *   usage          cache_read_input_tokens counts the prompt tokens the
+ *                  cache served; cache_creation_input_tokens those this
+ *                  request prefilled and the cache keeps; input_tokens the
+ *                  rest: the three add up to the prompt, as in Anthropic's
+ *                  API (message_start already carries the final split:
+ *                  the lookup is done when it is sent).
  * Errors: {"type": "error", "error": {"type": T, "message": M}} with T
  * invalid_request_error (400, 413 request_too_large), authentication_error
  * (401), not_found_error (404), rate_limit_error (429), api_error (500),
@@ -57,15 +61,6 @@
 #include <stdint.h>
 
 #include "base/buf.h"
-#include "server/output.h"
-
-/* Usage in Anthropic's terms. */
-struct ksv_anth_usage {
-	int64_t input_tokens;         /* prompt tokens not served by the cache */
-	int64_t cache_read;           /* prompt tokens served by the cache */
-	int64_t cache_creation;       /* prompt tokens newly stored */
-	int64_t output_tokens;
-};
 
 /*
  * Translate a Messages body into an OpenAI chat body (a new json_t the
@@ -75,39 +70,12 @@ struct ksv_anth_usage {
  */
 int ksv_anth_to_chat(const json_t *body, int for_count, json_t **chat, char *param, size_t param_cap);
 
-/* The state of one response: block indexes, what is open, the blocks kept
- * for the non-streaming body. */
-struct ksv_anth {
-	char id[40];                  /* msg_<24 alphanumerics> */
-	char model[256];
-	int stream;                   /* 1: events are written, 0: only kept */
-	int next_index;               /* index of the next content block */
-	int open;                     /* enum: 0 none, 1 text, 2 thinking, 3 tool_use */
-	json_t *blocks;               /* owned: the content blocks so far */
-	struct kv_buf cur;            /* text / thinking / argument JSON of the open block */
-};
-
-void ksv_anth_init(struct ksv_anth *a, const char *model, int stream);
-void ksv_anth_free(struct ksv_anth *a);
-
-/* message_start (streaming only). */
-void ksv_anth_start(struct ksv_anth *a, const struct ksv_anth_usage *u, struct kv_buf *out);
-/* One output event (output.h); out may be NULL when not streaming. */
-void ksv_anth_event(struct ksv_anth *a, const struct ksv_ev *e, struct kv_buf *out);
-/* Close what is open, then message_delta + message_stop (streaming). */
-void ksv_anth_finish(struct ksv_anth *a, const char *stop_reason, const char *stop_sequence,
-		     const struct ksv_anth_usage *u, struct kv_buf *out);
-/* The whole message (non-streaming), after ksv_anth_finish. malloc'd. */
-char *ksv_anth_response(struct ksv_anth *a, const char *stop_reason, const char *stop_sequence,
-			const struct ksv_anth_usage *u, const json_t *ext, size_t *len);
-
 /* The OpenAI-style finish reason ("stop", "length", "tool_calls") as a
  * stop_reason; stop_hit: a stop sequence ended the output. */
 const char *ksv_anth_stop_reason(const char *finish, int stop_hit);
 
-/* Error body / stream event for an HTTP status. malloc'd / appended. */
+/* Error body for an HTTP status (malloc'd), and the ping event. */
 char *ksv_anth_error(int status, const char *message, size_t *len);
-void ksv_anth_sse_error(int status, const char *message, struct kv_buf *out);
 void ksv_anth_ping(struct kv_buf *out);
 
 /* {"input_tokens": n} for /v1/messages/count_tokens. malloc'd. */

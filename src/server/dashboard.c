@@ -8,7 +8,11 @@
 #include "server/dashboard.h"
 #include "server/server_int.h"
 #include "server/recent.h"
+#include "server/browser.h"
+#include "base/buf.h"
+#include "server/inflight.h"
 #include "session/registry.h"
+#include "session/sched.h"
 #include "base/clock.h"
 #include "base/env.h"
 #include "base/hash.h"
@@ -17,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 __asm__(".section .rodata\n"
 	".global ksv_dash_html\n"
@@ -36,13 +41,45 @@ const char *ksv_dashboard_page(size_t *len)
 	return ksv_dash_html;
 }
 
+/*
+ * The page with a fresh nonce on its <script> tags, and the
+ * Content-Security-Policy that runs only those (server/browser.h): text
+ * that reached the page from a prompt can never run as script.
+ */
 void ksv_dashboard_handle_page(struct ksv_server *s, struct ksv_conn *c)
 {
-	(void)s;
 	size_t n;
 	const char *p = ksv_dashboard_page(&n);
+	unsigned char raw[16];
+	char nonce[33], csp[400], tag[64];
+	if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) {
+		ksv_reply_error(s, c, 500, NULL, "no random bytes for the page's nonce");
+		return;
+	}
+	for (size_t i = 0; i < sizeof raw; i++)
+		snprintf(nonce + 2 * i, 3, "%02x", raw[i]);
+	snprintf(tag, sizeof tag, "<script nonce=\"%s\">", nonce);
+	struct kv_buf b = KV_BUF_INIT;
+	for (const char *q = p, *end = p + n; q < end;) {
+		const char *t = memmem(q, (size_t)(end - q), "<script>", 8);
+		if (!t) {
+			kv_buf_add(&b, q, (size_t)(end - q));
+			break;
+		}
+		kv_buf_add(&b, q, (size_t)(t - q));
+		kv_buf_adds(&b, tag);
+		q = t + 8;
+	}
+	if (b.oom) {
+		kv_buf_free(&b);
+		ksv_reply_error(s, c, 500, NULL, "out of memory");
+		return;
+	}
+	ksv_browser_csp(nonce, csp, sizeof csp);
+	ksv_conn_header(c, "Content-Security-Policy", csp);
 	ksv_conn_header(c, "Cache-Control", "no-store");
-	ksv_conn_reply(c, 200, "text/html; charset=utf-8", p, n);
+	ksv_conn_reply(c, 200, "text/html; charset=utf-8", b.p, b.len);
+	kv_buf_free(&b);
 }
 
 /* MemTotal and MemAvailable of /proc/meminfo, bytes (0 when unknown). */
@@ -107,21 +144,26 @@ static void add_ns(const char *name, const struct kss_tier *t, json_t *nss, json
 			tot->write_bps = ds.write_bps;
 		json_object_set_new(row, "disk_bytes", json_integer((json_int_t)db));
 		/* entries only on disk: not (or no longer) in RAM */
-		size_t m = ks_store_list_entries(t->store, dbuf, MAX_LIST);
+		size_t m = ks_store_list_entries(t->store, dbuf, MAX_LIST), disk_only = 0;
 		for (size_t i = 0; i < m && i < MAX_LIST; i++) {
 			int in_ram = 0;
 			for (size_t j = 0; j < n && j < MAX_LIST && !in_ram; j++)
 				in_ram = ebuf[j].tokens == dbuf[i].tokens && !ebuf[j].dirty;
 			if (in_ram)
 				continue;
+			disk_only++;
 			json_array_append_new(ents, json_pack("{s:s, s:n, s:I, s:I, s:[], s:I, s:s, s:I}", "ns", name, "id",
 							      "tokens", (json_int_t)dbuf[i].tokens, "anchor",
 							      (json_int_t)dbuf[i].anchor, "checkpoints", "last_use_ms",
 							      (json_int_t)dbuf[i].last_use_ms, "where", "disk", "bytes",
 							      (json_int_t)dbuf[i].bytes));
 		}
+		/* "entries" counts the RAM tier's; these are the other rows the
+		 * entries list shows for the namespace */
+		json_object_set_new(row, "disk_only_entries", json_integer((json_int_t)disk_only));
 	} else {
 		json_object_set_new(row, "disk_bytes", json_null());
+		json_object_set_new(row, "disk_only_entries", json_integer(0));
 	}
 	json_array_append_new(nss, row);
 }
@@ -181,7 +223,16 @@ void ksv_dashboard_handle_state(struct ksv_server *s, struct ksv_conn *c)
 	json_object_set_new(j, "memory", m);
 	json_object_set_new(j, "namespaces", nss);
 	json_object_set_new(j, "entries", ents);
-	ksv_recent_json(s->recent, j);
+	/*
+	 * Prompt text of the recent misses: a salted namespace's only to the
+	 * admin key; the default namespace's also to a trusted caller (no
+	 * keys, loopback) while no salts are in use. With salts accepted the
+	 * page shows numbers, since its callers are several tenants.
+	 */
+	int admin = ksv_server_admin(s, c);
+	int text_default = admin || (ksv_server_trusted(s, c) && !s->o.allow_request_salt);
+	json_object_set_new(j, "prompt_text", json_boolean(text_default));
+	ksv_recent_json(s->recent, j, text_default, admin);
 	json_t *cn = json_object_get(j, "counters");
 	json_object_set_new(cn, "evictions", json_integer((json_int_t)tot.evictions));
 	json_object_set_new(cn, "disk_writes", json_integer((json_int_t)tot.disk_writes));
@@ -194,5 +245,16 @@ void ksv_dashboard_handle_state(struct ksv_server *s, struct ksv_conn *c)
 	double use = tot.write_bps > 0 && budget > 0 ? (double)tot.dirty * avg / tot.write_bps / budget : 0;
 	json_object_set_new(cn, "flush_budget_use", json_real(use));
 	json_object_set_new(cn, "dirty_objects", json_integer((json_int_t)tot.dirty));
+	/* the engine's own counters grow every step, not when a request ends:
+	 * the page's prefill and decode rates come from these */
+	struct kss_sched_stats es;
+	kss_sched_stats(s->engine, &es);
+	json_object_set_new(cn, "engine_steps", json_integer((json_int_t)es.steps));
+	json_object_set_new(cn, "engine_prefill_tokens", json_integer((json_int_t)es.prefill_rows));
+	json_object_set_new(cn, "engine_decode_tokens", json_integer((json_int_t)(es.rows - es.prefill_rows)));
+	json_object_set_new(cn, "engine_step_ms", json_real(es.step_s * 1e3));
+	/* the requests running now, with their progress; how many wait */
+	json_object_set_new(j, "running", ksv_inflight_json(s->inflight));
+	json_object_set_new(j, "queued", json_integer(ksv_queue_queued(s->queue)));
 	ksv_reply_json(c, 200, j);
 }

@@ -1,5 +1,7 @@
 /*
- * openai.h - response bodies and SSE chunks in the OpenAI schema.
+ * openai.h - the OpenAI wire format (ksv_wire_openai, wire.h): chat
+ * completions and legacy completions, and the JSON / SSE helpers every
+ * format uses.
  *
  * Chat completion (stream: false):
  *   {"id": "chatcmpl-<24 hex>", "object": "chat.completion", "created": <unix s>,
@@ -15,7 +17,8 @@
  *   TOKEN_LP = {"token": string, "logprob": number, "bytes": [int, ...],
  *               "top_logprobs": [{"token", "logprob", "bytes"}, ...]}
  *   USAGE = {"prompt_tokens", "completion_tokens", "total_tokens",
- *            "prompt_tokens_details": {"cached_tokens"}}
+ *            "prompt_tokens_details": {"cached_tokens"}[, "kvkeep": {...}]}
+ *   content is null only when the answer is tool calls alone.
  *
  * Chat stream: "data: <chunk>\n\n" events, then "data: [DONE]\n\n". Every
  * chunk is {"id", "object": "chat.completion.chunk", "created", "model",
@@ -27,6 +30,9 @@
  *   {"tool_calls": [{"index": i, "id": "call_..", "type": "function",
  *                    "function": {"name": N, "arguments": ""}}]}
  * followed by {"tool_calls": [{"index": i, "function": {"arguments": "<piece>"}}]}.
+ * A token's logprobs ride on the delta its text came in; a token whose
+ * text is held back (a possible stop string) sends them in an empty
+ * content delta at the end of its step.
  *
  * Completions (/v1/completions): object "text_completion", choices
  * [{"index": 0, "text": T, "logprobs": null|LEGACY, "finish_reason"}];
@@ -50,89 +56,17 @@
 
 #include "base/buf.h"
 
-/* One alternative token with its log-probability. */
-struct ksv_lp_alt {
-	const char *bytes;   /* the token's raw bytes */
-	size_t len;
-	float logprob;
-};
-
-/* The chosen token of one step, with its alternatives. */
-struct ksv_lp {
-	const char *bytes;
-	size_t len;
-	float logprob;
-	int n_top;
-	const struct ksv_lp_alt *top;
-};
-
-struct ksv_usage {
-	int64_t prompt_tokens;
-	int64_t completion_tokens;
-	int64_t cached_tokens;
-};
-
-/* The state of one response (ids, what the stream has sent). */
-struct ksv_oai {
-	int api;                  /* enum ksv_api */
-	char id[48];
-	int64_t created;
-	char model[256];
-	int include_usage;
-	int role_sent;
-	int logprobs;             /* logprobs were asked for */
-	size_t text_offset;       /* completions: bytes of text sent so far */
-};
-
-void ksv_oai_init(struct ksv_oai *o, int api, const char *model, int include_usage, int logprobs);
 /* prefix + 24 random alphanumerics into out (cap >= strlen(prefix) + 25,
  * else out is ""). Used for call_, msg_, toolu_, resp_, fc_ ids. */
 void ksv_oai_rand_id(const char *prefix, char *out, size_t cap);
-/* "call_" + 24 random alphanumerics into out (>= 32 bytes). */
-void ksv_oai_tool_call_id(char out[32]);
-
-/* --- SSE chunks (each appends "data: ...\n\n" to out) ---------------------- */
-
-void ksv_oai_sse_role(struct ksv_oai *o, struct kv_buf *out);
-/* A content (and/or reasoning) delta with the logprobs of its tokens. Sends
- * the role chunk first if not sent yet. */
-void ksv_oai_sse_delta(struct ksv_oai *o, const char *content, size_t len, const char *reasoning, size_t rlen,
-		       const struct ksv_lp *lps, size_t n_lps, struct kv_buf *out);
-void ksv_oai_sse_tool_start(struct ksv_oai *o, int index, const char *id, const char *name, struct kv_buf *out);
-void ksv_oai_sse_tool_args(struct ksv_oai *o, int index, const char *args, size_t len, struct kv_buf *out);
-void ksv_oai_sse_finish(struct ksv_oai *o, const char *reason, struct kv_buf *out);
-/* The usage chunk (only when include_usage), then nothing else. */
-void ksv_oai_sse_usage(struct ksv_oai *o, const struct ksv_usage *u, struct kv_buf *out);
-/* An error inside a stream that already started. */
-void ksv_oai_sse_error(struct ksv_oai *o, int status, const char *message, struct kv_buf *out);
-void ksv_oai_sse_done(struct kv_buf *out);
-
-/* --- whole responses ----------------------------------------------------- */
-
-struct ksv_tool_call {
-	char id[32];
-	char *name;          /* malloc'd by the producer */
-	char *arguments;     /* malloc'd JSON text */
-};
-
-struct ksv_oai_result {
-	const char *content;         /* NULL: no content (null in JSON) */
-	size_t content_len;
-	const char *reasoning;       /* NULL: omitted */
-	size_t reasoning_len;
-	const struct ksv_tool_call *calls;
-	size_t n_calls;
-	const struct ksv_lp *lps;    /* every generated token (when logprobs) */
-	size_t n_lps;
-	const char *finish_reason;
-	struct ksv_usage usage;
-};
-
-/* The full JSON body, malloc'd (free()). NULL when out of memory. */
-char *ksv_oai_response(struct ksv_oai *o, const struct ksv_oai_result *r, size_t *len);
+/* 64 random bits (ids). */
+uint64_t ksv_wire_rand64(void);
 
 /* Error body for a status; param may be NULL or "". malloc'd (free()). */
 char *ksv_oai_error(int status, const char *message, const char *param, size_t *len);
+/* The same with OpenAI's own code for the case instead of the status's
+ * ("context_length_exceeded"). */
+char *ksv_oai_error_code(int status, const char *code, const char *message, const char *param, size_t *len);
 
 /* One SSE event: "event: NAME\n" (omitted when event is NULL, as OpenAI's
  * chat stream has it), "data: <compact JSON>\n\n". Takes data's reference;

@@ -2,6 +2,7 @@
  * options.c - see options.h.
  */
 #include "server/options.h"
+#include "server/browser.h"
 #include "base/env.h"
 #include "base/err.h"
 #include "engine/model.h"
@@ -32,6 +33,9 @@ void ksv_opts_default(struct ksv_opts *o)
 	o->max_model_len = 0;
 	o->default_max_tokens = 2048;
 	o->split_reasoning = 1;
+	o->reasoning_history = "keep";
+	o->echo_generated = "on";
+	o->echo_generated_mb = 32;
 	o->prompt_normalize = "billing-header";
 	o->generation_config = "auto";
 	for (int i = 0; i < KV_GC_N; i++)
@@ -59,9 +63,12 @@ void ksv_opts_env(struct ksv_opts *o)
 int ksv_opts_check(const struct ksv_opts *o)
 {
 	if (!o->model_dir || !*o->model_dir)
-		return kv_fail(KV_ERR_INVALID, "--model DIR is required");
+		return kv_fail(KV_ERR_INVALID, "a model is required: kvkeep serve MODEL (a .gguf file, a Hugging Face or MLX "
+					       "folder, or a name from `kvkeep models`)");
 	if (o->port < 0 || o->port > 65535)
 		return kv_fail(KV_ERR_INVALID, "--port must be 0-65535");
+	if (ksv_browser_check_flags(o->allowed_origin, o->allowed_host))
+		return KV_ERR_INVALID;
 	if (strcmp(o->prefix_cache_index, "radix") && strcmp(o->prefix_cache_index, "hash"))
 		return kv_fail(KV_ERR_INVALID, "--prefix-cache-index must be radix or hash");
 	if (o->prefix_cache_size == 0 || o->prefix_cache_size < -1)
@@ -80,6 +87,8 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--kv-dtype must be bf16, f32 or q8_0");
 	if (ke_quant_act_parse(o->quant_act) < 0)
 		return kv_fail(KV_ERR_INVALID, "--quant-act must be q8 or f32");
+	if (o->threads < 0 || o->threads > 4096)
+		return kv_fail(KV_ERR_INVALID, "--threads must be 1-4096 (0: KVKEEP_THREADS, else one per core)");
 	if (o->page_tokens < 1 || o->page_tokens > 65536)
 		return kv_fail(KV_ERR_INVALID, "--page-tokens must be 1-65536");
 	if (o->prefill_chunk < 1 || o->prefill_chunk > 65536)
@@ -88,6 +97,12 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--max-model-len must be 0-16777216");
 	if (o->default_max_tokens < 1)
 		return kv_fail(KV_ERR_INVALID, "--default-max-tokens must be >= 1");
+	if (strcmp(o->reasoning_history, "keep") && strcmp(o->reasoning_history, "template"))
+		return kv_fail(KV_ERR_INVALID, "--reasoning-history must be keep or template");
+	if (strcmp(o->echo_generated, "on") && strcmp(o->echo_generated, "off"))
+		return kv_fail(KV_ERR_INVALID, "--echo-generated must be on or off");
+	if (o->echo_generated_mb < 1 || o->echo_generated_mb > 1 << 20)
+		return kv_fail(KV_ERR_INVALID, "--echo-generated-mb must be 1-1048576");
 	if (!o->generation_config || !*o->generation_config)
 		return kv_fail(KV_ERR_INVALID, "--generation-config must be auto, none or a folder");
 	for (int i = 0; i < KV_GC_N; i++) {

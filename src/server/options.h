@@ -20,7 +20,7 @@
 
 struct ksv_opts {
 	/* model and network */
-	const char *model_dir;            /* --model DIR (required) */
+	const char *model_dir;            /* --model PATH (required): a .gguf file or a model folder */
 	const char *host;                 /* --host, default 127.0.0.1 */
 	int64_t port;                     /* --port, default 8000 (0: any free port) */
 	const char *served_model_name;    /* --served-model-name, default: the folder's name */
@@ -49,6 +49,7 @@ struct ksv_opts {
 	const char *env_kv_checkpoint_max_bytes; /* KVKEEP_KV_CHECKPOINT_MAX_BYTES (20 GiB) */
 
 	/* engine */
+	int64_t threads;                  /* --threads / -t: engine threads; 0 = KVKEEP_THREADS, else one per core */
 	const char *kv_dtype;             /* --kv-dtype bf16|f32, default bf16 */
 	const char *quant_act;            /* --quant-act q8|f32, default q8 (engine/model.h) */
 	int64_t page_tokens;              /* --page-tokens B, default 256 */
@@ -56,6 +57,9 @@ struct ksv_opts {
 	int64_t max_model_len;            /* --max-model-len; 0 = the config's max_position_embeddings */
 	int64_t default_max_tokens;       /* --default-max-tokens, when a request gives none: 2048 */
 	int split_reasoning;              /* 1 unless --no-reasoning-split */
+	const char *reasoning_history;    /* --reasoning-history keep|template, default keep */
+	const char *echo_generated;       /* --echo-generated on|off, default on (session/echo.h) */
+	int64_t echo_generated_mb;        /* --echo-generated-mb: its memory per namespace, default 32 */
 	const char *prompt_normalize;     /* --prompt-normalize RULES (normalize.h), default "billing-header" */
 	int special_tokens_in_request;    /* --special-tokens-in-request: literals in request text become
 					     control tokens (Hugging Face); default 0: plain text */
@@ -80,6 +84,10 @@ struct ksv_opts {
 	const char *admin_key;            /* --admin-key (NULL: KVKEEP_ADMIN_KEY, else loopback only) */
 	const char *env_api_key;          /* KVKEEP_API_KEY */
 	const char *env_admin_key;        /* KVKEEP_ADMIN_KEY */
+
+	/* browsers (server/browser.h) */
+	const char *allowed_origin;       /* --allowed-origin: web origins that may call, comma-separated, or "*" */
+	const char *allowed_host;         /* --allowed-host: Host names a keyless server answers to, or "*" */
 };
 
 /* Defaults of every field (environment not read). */

@@ -44,6 +44,10 @@ void ksv_req_free(struct ksv_req *r)
 
 static const char *type_name(const json_t *v)
 {
+	const char *lit;
+	size_t n;
+	if (kv_json_number_literal(v, &lit, &n))
+		return "a number beyond the range kvkeep reads (64-bit integers, doubles)";
 	switch (json_typeof(v)) {
 	case JSON_OBJECT:
 		return "an object";
@@ -70,6 +74,19 @@ static int has_nul(const json_t *v)
 	return json_is_string(v) && strlen(json_string_value(v)) != json_string_length(v);
 }
 
+/* A number too large for the parser (base/json.h kv_json_number_literal:
+ * 2^63, 1e999) is reported with its text and the field's range rather
+ * than as the string it is carried in. 1 when it was (and r says so). */
+static int out_of_range(struct ksv_req *r, const char *key, const json_t *v, const char *range)
+{
+	const char *lit;
+	size_t n;
+	if (!kv_json_number_literal(v, &lit, &n))
+		return 0;
+	bad(r, key, "%.*s%s is out of range %s", n > 40 ? 40 : (int)n, lit, n > 40 ? "..." : "", range);
+	return 1;
+}
+
 /* Optional number in [lo, hi] (lo_open: lo excluded). */
 static int get_num(struct ksv_req *r, const json_t *o, const char *key, double lo, int lo_open, double hi, double def,
 		   double *out)
@@ -78,6 +95,10 @@ static int get_num(struct ksv_req *r, const json_t *o, const char *key, double l
 	*out = def;
 	if (!v || json_is_null(v))
 		return KV_OK;
+	char range[64];
+	snprintf(range, sizeof range, "[%g, %g]", lo, hi);
+	if (out_of_range(r, key, v, range))
+		return KV_ERR_INVALID;
 	if (!json_is_number(v))
 		return bad(r, key, "must be a number, got %s", type_name(v));
 	double d = json_number_value(v);
@@ -102,6 +123,11 @@ static int get_int(struct ksv_req *r, const json_t *o, const char *key, int64_t 
 		*out = (int64_t)d;
 	} else if (json_is_integer(v)) {
 		*out = json_integer_value(v);
+	} else if (kv_json_number_literal(v, &(const char *){NULL}, &(size_t){0})) {
+		char range[64];
+		snprintf(range, sizeof range, "[%lld, %lld]", (long long)lo, (long long)hi);
+		out_of_range(r, key, v, range);
+		return KV_ERR_INVALID;
 	} else {
 		return bad(r, key, "must be an integer, got %s", type_name(v));
 	}
@@ -319,6 +345,12 @@ static int parse_tools(struct ksv_req *r, const json_t *tools)
 			snprintf(p, sizeof p, "tools[%zu].function.parameters", i);
 			return bad(r, p, "must be a JSON schema object");
 		}
+		const json_t *st = json_object_get(fn, "strict");
+		if (st && !json_is_null(st) && !json_is_boolean(st)) {
+			snprintf(p, sizeof p, "tools[%zu].function.strict", i);
+			return bad(r, p, "must be true or false");
+		}
+		r->tools_strict |= json_is_true(st);
 	}
 	if (json_array_size(tools) > 0)
 		r->tools = json_incref((json_t *)tools);
@@ -333,6 +365,79 @@ static int has_tool(const json_t *tools, const char *name)
 			return 1;
 	}
 	return 0;
+}
+
+/* response_format: text, json_object (with llama.cpp's optional schema)
+ * or json_schema. */
+static int parse_response_format(struct ksv_req *r, const json_t *rf)
+{
+	if (!rf || json_is_null(rf))
+		return KV_OK;
+	const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+	const char *ty = json_is_string(t) && !has_nul(t) ? json_string_value(t) : "";
+	r->fmt_param = "response_format";
+	if (!strcmp(ty, "text"))
+		return KV_OK;
+	if (!strcmp(ty, "json_object")) {
+		const json_t *sc = json_object_get(rf, "schema");
+		if (sc && !json_is_null(sc)) {
+			if (!json_is_object(sc) && !json_is_boolean(sc))
+				return bad(r, "response_format.schema", "must be a JSON Schema (an object)");
+			r->fmt = KSV_FMT_JSON_SCHEMA;
+			r->fmt_schema = sc;
+		} else {
+			r->fmt = KSV_FMT_JSON_OBJECT;
+		}
+		return KV_OK;
+	}
+	if (!strcmp(ty, "json_schema")) {
+		const json_t *js = json_object_get(rf, "json_schema");
+		if (!json_is_object(js))
+			return bad(r, "response_format.json_schema", "must be an object with a \"schema\"");
+		const json_t *sc = json_object_get(js, "schema"), *st = json_object_get(js, "strict");
+		if (!json_is_object(sc) && !json_is_boolean(sc))
+			return bad(r, "response_format.json_schema.schema", "must be a JSON Schema (an object)");
+		if (st && !json_is_null(st) && !json_is_boolean(st))
+			return bad(r, "response_format.json_schema.strict", "must be true or false");
+		r->fmt = KSV_FMT_JSON_SCHEMA;
+		r->fmt_schema = sc;
+		r->fmt_strict = json_is_true(st);
+		r->fmt_param = "response_format.json_schema";
+		return KV_OK;
+	}
+	return bad(r, "response_format.type", "must be \"text\", \"json_object\" or \"json_schema\"");
+}
+
+/* The structured-output fields: response_format, and llama.cpp's
+ * json_schema and grammar; at most one of them. */
+static int parse_format(struct ksv_req *r, const json_t *b)
+{
+	const json_t *js = json_object_get(b, "json_schema"), *gr = json_object_get(b, "grammar");
+	int rc = parse_response_format(r, json_object_get(b, "response_format"));
+	if (rc)
+		return rc;
+	if (js && !json_is_null(js)) {
+		if (r->fmt)
+			return bad(r, "json_schema", "give one of response_format, json_schema and grammar");
+		if (!json_is_object(js) && !json_is_boolean(js))
+			return bad(r, "json_schema", "must be a JSON Schema (an object)");
+		r->fmt = KSV_FMT_JSON_SCHEMA;
+		r->fmt_schema = js;
+		r->fmt_param = "json_schema";
+	}
+	if (gr && !json_is_null(gr)) {
+		if (!json_is_string(gr))
+			return bad(r, "grammar", "must be a string (GBNF)");
+		if (!json_string_length(gr)) /* llama.cpp clients send "" for none */
+			return KV_OK;
+		if (r->fmt)
+			return bad(r, "grammar", "give one of response_format, json_schema and grammar");
+		r->fmt = KSV_FMT_GRAMMAR;
+		r->grammar = json_string_value(gr);
+		r->grammar_len = json_string_length(gr);
+		r->fmt_param = "grammar";
+	}
+	return get_bool(r, b, "parallel_tool_calls", 1, &r->parallel_tool_calls);
 }
 
 static int parse_tool_choice(struct ksv_req *r, const json_t *tc)
@@ -489,12 +594,6 @@ static int check_unsupported(struct ksv_req *r, const json_t *b)
 	json_t *lb = json_object_get(b, "logit_bias");
 	if (lb && !json_is_null(lb) && !(json_is_object(lb) && json_object_size(lb) == 0))
 		return bad(r, "logit_bias", "is not supported");
-	json_t *rf = json_object_get(b, "response_format");
-	if (rf && !json_is_null(rf)) {
-		json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-		if (!json_is_string(t) || strcmp(json_string_value(t), "text"))
-			return bad(r, "response_format", "only {\"type\": \"text\"} is supported");
-	}
 	int64_t n;
 	int rc = get_int(r, b, "n", 1, 1, 1, &n);
 	if (rc)
@@ -514,13 +613,10 @@ static int check_unsupported(struct ksv_req *r, const json_t *b)
 	return KV_OK;
 }
 
-static int parse_common(struct ksv_req *r, const char *body, size_t len, int max_depth)
+/* The parsed body (its reference taken), an object, and its model. */
+static int parse_common(struct ksv_req *r, json_t *body)
 {
-	int rc = kv_json_parse("request body", body, len, max_depth, &r->body);
-	if (rc) {
-		snprintf(r->err_param, sizeof r->err_param, "%s", "");
-		return rc;
-	}
+	r->body = body;
 	if (!json_is_object(r->body))
 		return bad(r, "body", "must be a JSON object, got %s", type_name(r->body));
 	json_t *m = json_object_get(r->body, "model");
@@ -534,16 +630,31 @@ static int parse_common(struct ksv_req *r, const char *body, size_t len, int max
 	return KV_OK;
 }
 
-int ksv_req_parse(int api, const char *body, size_t len, int max_depth, struct ksv_req *r)
+static void req_init(struct ksv_req *r, int api)
 {
-	int rc;
-	int64_t iv;
-
 	memset(r, 0, sizeof *r);
 	r->api = api;
 	r->max_tokens = -1;
 	r->enable_thinking = -1;
-	if ((rc = parse_common(r, body, len, max_depth)))
+}
+
+int ksv_req_parse(int api, const char *body, size_t len, int max_depth, struct ksv_req *r)
+{
+	json_t *j = NULL;
+	req_init(r, api);
+	int rc = kv_json_parse("request body", body, len, max_depth, &j);
+	if (rc)
+		return rc;
+	return ksv_req_parse_json(api, j, r);
+}
+
+int ksv_req_parse_json(int api, json_t *body, struct ksv_req *r)
+{
+	int rc;
+	int64_t iv;
+
+	req_init(r, api);
+	if ((rc = parse_common(r, body)))
 		return rc;
 	const json_t *b = r->body;
 	if (api == KSV_API_CHAT) {
@@ -568,11 +679,13 @@ int ksv_req_parse(int api, const char *body, size_t len, int max_depth, struct k
 		if ((rc = parse_prompt(r, json_object_get(b, "prompt"))))
 			return rc;
 	}
-	if ((rc = check_unsupported(r, b)))
+	if ((rc = check_unsupported(r, b)) || (rc = parse_format(r, b)))
 		return rc;
 	if ((rc = get_bool(r, b, "stream", 0, &r->stream)))
 		return rc;
 	if ((rc = get_bool(r, b, "ignore_eos", 0, &r->ignore_eos)))
+		return rc;
+	if ((rc = get_bool(r, b, "return_progress", 0, &r->return_progress)))
 		return rc;
 	json_t *so = json_object_get(b, "stream_options");
 	if (so && !json_is_null(so)) {
@@ -615,12 +728,12 @@ int ksv_req_parse(int api, const char *body, size_t len, int max_depth, struct k
 
 int ksv_req_parse_probe(const char *body, size_t len, int max_depth, struct ksv_req *r)
 {
-	int rc;
-	memset(r, 0, sizeof *r);
-	r->api = KSV_API_CHAT;
-	r->max_tokens = -1;
-	r->enable_thinking = -1;
-	if ((rc = parse_common(r, body, len, max_depth)))
+	json_t *j = NULL;
+	req_init(r, KSV_API_CHAT);
+	int rc = kv_json_parse("request body", body, len, max_depth, &j);
+	if (rc)
+		return rc;
+	if ((rc = parse_common(r, j)))
 		return rc;
 	if ((rc = parse_messages(r, json_object_get(r->body, "messages"))))
 		return rc;

@@ -21,10 +21,18 @@
  *                               -> a "tool" message
  *     {type: "custom_tool_call", call_id, name, input} and its
  *      "custom_tool_call_output" -> the same, arguments {"input": input}
- *     {type: "reasoning", summary: [{text}], content: [{text}]}
- *                               -> reasoning_content of the next
+ *     {type: "reasoning", summary: [{text}], content: [{text}],
+ *      encrypted_content}       -> reasoning_content of the next
  *                                  assistant message (sent back verbatim
- *                                  by clients; content wins over summary)
+ *                                  by clients; content wins over summary,
+ *                                  and with neither, this server's own
+ *                                  encrypted_content "kvk1:<base64>" gives
+ *                                  the text); reasoning no assistant
+ *                                  message or call follows is an assistant
+ *                                  message of its own (an answer that was
+ *                                  reasoning alone)
+ *   include: ["reasoning.encrypted_content"] -> the answer's reasoning
+ *     items carry encrypted_content (store: false clients keep only it)
  *     item "id" / "status" fields are accepted and ignored; other item
  *     types are a 400 naming them.
  *   tools: [{type: "function", name, description, parameters, strict}];
@@ -61,45 +69,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "base/buf.h"
-#include "server/output.h"
-
-struct ksv_resp_usage {
-	int64_t input_tokens;
-	int64_t cached_tokens;
-	int64_t output_tokens;
-	int64_t reasoning_tokens;
-};
 
 /* Translate a Responses body into an OpenAI chat body (new json_t owned by
  * the caller). KV_ERR_INVALID with the message set and param naming the
  * field on error. */
 int ksv_resp_to_chat(const json_t *body, json_t **chat, char *param, size_t param_cap);
-
-struct ksv_resp {
-	char id[40];            /* resp_<24> */
-	char model[256];
-	int64_t created;
-	int stream;
-	int64_t seq;            /* sequence_number of the next event */
-	int open;               /* 0 none, 1 message, 2 reasoning, 3 function_call */
-	json_t *items;          /* owned: output items so far */
-	struct kv_buf cur;      /* text / arguments of the open item */
-};
-
-void ksv_resp_init(struct ksv_resp *r, const char *model, int stream);
-void ksv_resp_free(struct ksv_resp *r);
-/* response.created + response.in_progress (streaming). */
-void ksv_resp_start(struct ksv_resp *r, struct kv_buf *out);
-void ksv_resp_event(struct ksv_resp *r, const struct ksv_ev *e, struct kv_buf *out);
-/* Close the open item; streaming: response.completed. finish is the
- * OpenAI finish reason ("length" makes the status "incomplete"). */
-void ksv_resp_finish(struct ksv_resp *r, const char *finish, const struct ksv_resp_usage *u, const json_t *ext,
-		     struct kv_buf *out);
-/* The whole response object (after ksv_resp_finish). malloc'd. */
-char *ksv_resp_response(struct ksv_resp *r, const char *finish, const struct ksv_resp_usage *u, const json_t *ext,
-			size_t *len);
-/* response.failed inside a stream. */
-void ksv_resp_sse_error(struct ksv_resp *r, int status, const char *message, struct kv_buf *out);
 
 #endif

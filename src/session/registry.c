@@ -2,6 +2,7 @@
  * registry.c - see registry.h.
  */
 #include "session/registry.h"
+#include "cache/echo.h"
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
@@ -254,8 +255,13 @@ void kss_registry_clear(struct kss_registry *r, struct kc_stats *before, struct 
 	pthread_mutex_lock(&r->mu);
 	sum_stats(r, before ? before : &tmp);
 	kc_cache_clear(r->p.cache);
-	for (int i = 0; i < r->n; i++)
+	if (kc_cache_echo(r->p.cache))
+		kc_echo_clear(kc_cache_echo(r->p.cache));
+	for (int i = 0; i < r->n; i++) {
 		kc_cache_clear(r->salted[i].tier.cache);
+		if (kc_cache_echo(r->salted[i].tier.cache))
+			kc_echo_clear(kc_cache_echo(r->salted[i].tier.cache));
+	}
 	sum_stats(r, after ? after : &tmp);
 	pthread_mutex_unlock(&r->mu);
 }

@@ -172,6 +172,8 @@ static int prefill(struct run_ctx *x, const struct kss_run_params *p, struct ke_
 			return rc;
 		if (ke_seq_pos(s) != end)
 			return kv_fail(KV_ERR_CANCELLED, "prefill stopped at position %d", ke_seq_pos(s));
+		if (p->on_progress)
+			p->on_progress(p->cb_ctx, (uint32_t)end, (uint32_t)n);
 		if (next < n_stops && stops[next] == end) {
 			next++;
 			if ((rc = on_stop(x, s, end)))
@@ -280,6 +282,8 @@ int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params 
 	if (rc)
 		goto out;
 	r->restore_ms = ms_since(t0);
+	if (p->on_resume)
+		p->on_resume(p->cb_ctx, r);
 
 	/* 3. hybrid prefill projection */
 	if (x.hybrid && p->mem_cap) {

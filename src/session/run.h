@@ -43,6 +43,19 @@
  * anything else to stop generating (that code is not an error). */
 typedef int (*kss_pick_fn)(void *ctx, const float *logits, int vocab, int32_t *tok);
 
+struct kss_run_result {
+	uint32_t resumed;           /* p: tokens restored from the cache */
+	uint32_t shared;            /* tokens shared with the cache's best sequence */
+	int32_t next[KC_NEXT_TOKENS]; /* its tokens right after `shared` (cache.h kc_hit.next) */
+	uint32_t n_next;
+	uint32_t prefilled;         /* n - p */
+	uint32_t generated;         /* tokens in out */
+	uint32_t stops;             /* stop points the prefill paused at */
+	uint32_t from_disk;         /* resume point loaded from the disk tier (0: none) */
+	uint32_t waited;            /* stop of another request's prefill waited for (0: none) */
+	double lookup_ms, restore_ms, prefill_ms, decode_ms, store_ms;
+};
+
 struct kss_run_params {
 	const int32_t *prompt;      /* n tokens (borrowed) */
 	uint32_t n;
@@ -73,20 +86,16 @@ struct kss_run_params {
 	/* Optional: run every forward through this scheduler (batched with
 	 * the other running requests); NULL runs them on this thread. */
 	struct kss_sched *sched;
+	/* Optional: called once the resume point is known (after the lookup
+	 * and the restore, before the prefill): r holds resumed, shared,
+	 * next, from_disk and waited. */
+	void (*on_resume)(void *ctx, const struct kss_run_result *r);
+	/* Optional: called after every prefill forward with the position
+	 * reached (pos of n). */
+	void (*on_progress)(void *ctx, uint32_t pos, uint32_t n);
+	void *cb_ctx;               /* for on_resume and on_progress */
 };
 
-struct kss_run_result {
-	uint32_t resumed;           /* p: tokens restored from the cache */
-	uint32_t shared;            /* tokens shared with the cache's best sequence */
-	int32_t next[KC_NEXT_TOKENS]; /* its tokens right after `shared` (cache.h kc_hit.next) */
-	uint32_t n_next;
-	uint32_t prefilled;         /* n - p */
-	uint32_t generated;         /* tokens in out */
-	uint32_t stops;             /* stop points the prefill paused at */
-	uint32_t from_disk;         /* resume point loaded from the disk tier (0: none) */
-	uint32_t waited;            /* stop of another request's prefill waited for (0: none) */
-	double lookup_ms, restore_ms, prefill_ms, decode_ms, store_ms;
-};
 
 /*
  * Run one request. KV_OK; engine errors (KV_ERR_FULL page pool,

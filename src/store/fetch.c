@@ -23,6 +23,7 @@
  * survives the restart.
  */
 #include "base/clock.h"
+#include "base/corrupt.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/log.h"
@@ -374,307 +375,369 @@ uint32_t ks_fetch_probe(struct ks_store *s, const int32_t *tok, uint32_t n, cons
 	return pl.pos;
 }
 
-int ks_fetch_run(struct ks_store *s, const struct ks_req *rq, struct ks_fetch *out)
+/* One ks_fetch_run: what its steps share, and what `out:` frees. */
+struct fetch_run {
+	struct ks_store *s;
+	const struct ks_req *rq;
+	struct fctx f;
+	struct plan pl;
+	struct kv_page **own;      /* pages read from disk, by block (own_n + 1) */
+	struct kv_page **pages;    /* the entry's pages: RAM's or own (borrowed) */
+	struct kv_page *tail_page; /* the entry's last, partial page (owned) */
+	uint32_t own_n;
+	uint32_t *want;            /* blocks one round reads ... */
+	int *wrc;                  /* ... their results ... */
+	uint64_t *wbytes;          /* ... and sizes */
+	void *snap, *asnap;        /* the resume point's and the anchor's snapshots (owned until put) */
+	void *tail;                /* a tail file's rows (kv_alloc scratch) */
+	uint64_t bytes;
+	uint32_t files, anchor;
+};
+
+/*
+ * Plan, read the plan's files in parallel, and plan again without the
+ * file that failed, up to MAX_REPLANS rounds. A miss (also when every
+ * round failed) leaves pl.pos at 0; the return is an error only when
+ * memory for the reads runs out.
+ */
+static int load_plans(struct fetch_run *r)
 {
-	uint64_t t0 = kv_now_ns(), bytes = 0;
-	struct fctx f = {.s = s, .tok = rq->tokens, .n = rq->n, .bounds = rq->bounds, .n_bounds = rq->n_bounds,
-			 .max_blocks = UINT32_MAX};
-	struct kv_page **own = NULL, **pages = NULL, *tail_page = NULL;
-	uint32_t *want = NULL;
-	int *wrc = NULL;
-	uint64_t *wbytes = NULL;
-	void *snap = NULL, *asnap = NULL, *tail = NULL;
-	uint32_t B = s->B, files = 0, anchor = 0, own_n = 0;
-	struct plan pl = {0};
-	int rc = KV_OK;
-
-	f.direct = !atomic_load(&s->scan_done);
-	f.h = ks_store_chain(s, rq->tokens, rq->n, &f.nh);
-	if (!f.h)
-		return kv_fail(KV_ERR_NOMEM, "disk lookup: out of memory");
-	note_bounds(s, &f);
-	own_n = f.nh;
-	own = calloc(own_n + 1, sizeof *own);
-	pages = calloc(own_n + 1, sizeof *pages);
-	want = malloc((own_n + 1) * sizeof *want);
-	wrc = malloc((own_n + 1) * sizeof *wrc);
-	wbytes = malloc((own_n + 1) * sizeof *wbytes);
-	if (!own || !pages || !want || !wrc || !wbytes) {
-		rc = kv_fail(KV_ERR_NOMEM, "disk lookup: out of memory");
-		goto out;
-	}
-
+	struct ks_store *s = r->s;
+	const struct ks_req *rq = r->rq;
+	struct fctx *f = &r->f;
+	struct plan *pl = &r->pl;
+	uint32_t B = s->B;
 	for (int round = 0; round < MAX_REPLANS; round++) {
-		make_plan(&f, &pl);
-		if (pl.pos <= rq->ram_pos) {
-			pl.pos = 0;
+		make_plan(f, pl);
+		if (pl->pos <= rq->ram_pos) {
+			pl->pos = 0;
 			break;
 		}
-		uint32_t nblk = pl.e / B, k;
+		uint32_t nblk = pl->e / B, k;
 		/* blocks: the RAM hit's pages first, then the files, read in
 		 * parallel (a full device queue; CRCs checked while other reads
 		 * are under way) */
 		uint32_t n_want = 0;
 		for (k = 0; k < nblk; k++) {
 			if (k < rq->ram_n_pages && rq->ram_pages && rq->ram_pages[k])
-				pages[k] = rq->ram_pages[k];
-			else if (!own[k])
-				want[n_want++] = k;
+				r->pages[k] = rq->ram_pages[k];
+			else if (!r->own[k])
+				r->want[n_want++] = k;
 		}
 		/* tell the kernel every file this plan reads, so the device works
 		 * on all of them at once instead of one readahead window at a time */
 		for (uint32_t i = 0; i < n_want; i++)
-			will_need(s, KS_AREA_MAIN, KS_BLOCK, f.h[want[i] + 1]);
-		if (pl.rp && pl.t)
-			will_need(s, pl.tail_area, KS_TAIL, pl.id);
-		if (pl.rp && s->hybrid) {
-			will_need(s, pl.snap_area, KS_SNAP, pl.id);
-			will_need(s, KS_AREA_MAIN, KS_ENTRY, pl.id); /* its anchor is read next */
+			will_need(s, KS_AREA_MAIN, KS_BLOCK, f->h[r->want[i] + 1]);
+		if (pl->rp && pl->t)
+			will_need(s, pl->tail_area, KS_TAIL, pl->id);
+		if (pl->rp && s->hybrid) {
+			will_need(s, pl->snap_area, KS_SNAP, pl->id);
+			will_need(s, KS_AREA_MAIN, KS_ENTRY, pl->id); /* its anchor is read next */
 		}
 		/* the resume point's files go with the blocks */
-		if (pl.rp && pl.t && !tail && !(tail = kv_alloc(KV_MEM_SCRATCH, s->L.page_bytes))) {
-			rc = kv_fail(KV_ERR_NOMEM, "disk lookup: out of memory");
-			goto out;
-		}
-		if (s->hybrid && !snap && !(snap = kc_cache_snap_alloc(s->p.cache))) {
-			rc = kv_fail(KV_ERR_NOMEM, "disk lookup: out of memory");
-			goto out;
-		}
-		struct blk_ctx bc = {.s = s, .f = &f, .rq = rq, .own = own, .want = want, .n_want = n_want, .rc = wrc,
-				     .bytes = wbytes, .pl = &pl, .tail = pl.rp && pl.t ? tail : NULL,
-				     .snap = pl.rp && s->hybrid ? snap : NULL};
+		if (pl->rp && pl->t && !r->tail && !(r->tail = kv_alloc(KV_MEM_SCRATCH, s->L.page_bytes)))
+			return kv_fail(KV_ERR_NOMEM, "disk lookup: out of memory");
+		if (s->hybrid && !r->snap && !(r->snap = kc_cache_snap_alloc(s->p.cache)))
+			return kv_fail(KV_ERR_NOMEM, "disk lookup: out of memory");
+		struct blk_ctx bc = {.s = s, .f = f, .rq = rq, .own = r->own, .want = r->want, .n_want = n_want,
+				     .rc = r->wrc, .bytes = r->wbytes, .pl = pl, .tail = pl->rp && pl->t ? r->tail : NULL,
+				     .snap = pl->rp && s->hybrid ? r->snap : NULL};
 		size_t n_items = n_want + (bc.tail ? 1 : 0) + (bc.snap ? 1 : 0);
 		ks_par_run(n_items, KS_READ_THREADS, load_item, &bc);
 		uint32_t bad_k = UINT32_MAX;
 		for (uint32_t i = 0; i < n_want; i++) {
-			if (wrc[i] == KV_ERR_NOMEM) {
+			if (r->wrc[i] == KV_ERR_NOMEM) {
 				/* no room for the pages: a miss, not an error */
 				KV_WARN("store.fetch", "msg=\"no free KV page to load into\"");
-				pl.pos = 0;
-				goto done_plans;
+				pl->pos = 0;
+				return KV_OK;
 			}
-			if (wrc[i] && want[i] < bad_k)
-				bad_k = want[i];
-			if (!wrc[i]) {
-				bytes += wbytes[i];
-				files++;
+			if (r->wrc[i] && r->want[i] < bad_k)
+				bad_k = r->want[i];
+			if (!r->wrc[i]) {
+				r->bytes += r->wbytes[i];
+				r->files++;
 			}
 		}
 		if (bc.tail && !bc.tail_rc) {
-			bytes += bc.tail_bytes;
-			files++;
+			r->bytes += bc.tail_bytes;
+			r->files++;
 		}
 		if (bc.snap && !bc.snap_rc) {
-			bytes += bc.snap_bytes;
-			files++;
+			r->bytes += bc.snap_bytes;
+			r->files++;
 		}
 		if (bad_k != UINT32_MAX) {
-			f.max_blocks = bad_k;
+			f->max_blocks = bad_k;
 			continue;
 		}
 		if ((bc.tail && bc.tail_rc) || (bc.snap && bc.snap_rc)) {
-			exclude(&f, pl.id);
+			exclude(f, pl->id);
 			continue;
 		}
 		for (k = 0; k < nblk; k++)
 			if (!(k < rq->ram_n_pages && rq->ram_pages && rq->ram_pages[k]))
-				pages[k] = own[k];
+				r->pages[k] = r->own[k];
 		if (bc.tail) {
-			if (!tail_page && !(tail_page = kv_page_alloc(s->p.pages))) {
-				pl.pos = 0;
-				goto done_plans;
+			if (!r->tail_page && !(r->tail_page = kv_page_alloc(s->p.pages))) {
+				pl->pos = 0;
+				return KV_OK;
 			}
-			ke_layout_copy_rows(&s->L, tail_page->data, (int)B, tail, (int)pl.t, (int)pl.t);
-			pages[nblk] = tail_page;
+			ke_layout_copy_rows(&s->L, r->tail_page->data, (int)B, r->tail, (int)pl->t, (int)pl->t);
+			r->pages[nblk] = r->tail_page;
 		}
 		if (bc.snap)
-			pl.anchor_flag = bc.snap_info.anchor_flag;
-		break;
+			pl->anchor_flag = bc.snap_info.anchor_flag;
+		return KV_OK;
 	}
-done_plans:
-	/* dense: the first rows of a stored block or tail that shares only
-	 * part of its tokens with the prompt (the RAM tier does the same) */
-	if (!s->hybrid && !f.direct && (pl.pos || !rq->ram_pos)) {
-		uint32_t d = pl.rp ? pl.j : pl.e / B, lim = rq->n - 1, have = pl.pos > d * B ? pl.pos - d * B : 0;
-		struct {
-			int kind, area;
-			struct kv_h128 id;
-			uint32_t pos, n;
-		} cand[16];
-		int nc = 0;
-		if (d < f.nh && d <= f.max_blocks && lim > d * B) {
-			pthread_mutex_lock(&s->mu);
-			for (int32_t c = ks_cat_first_child(s->cat, f.h[d]); c >= 0 && nc < 16;) {
-				const struct ks_rec *r = ks_cat_at(s->cat, c);
-				if (!r)
-					break;
-				if (((r->kind == KS_BLOCK && r->area == KS_AREA_MAIN) || r->kind == KS_TAIL) && r->n > have &&
-				    !excluded(&f, r->id)) {
-					cand[nc].kind = r->kind;
-					cand[nc].area = r->area;
-					cand[nc].id = r->id;
-					cand[nc].pos = r->pos;
-					cand[nc].n = r->n;
-					nc++;
-				}
-				c = r->next_sib;
-			}
-			pthread_mutex_unlock(&s->mu);
-		}
-		uint32_t best = have;
-		struct kv_page *best_pg = NULL;
-		for (int i = 0; i < nc; i++) {
-			int32_t ctok[4096];
-			if (cand[i].n > B || B > 4096)
-				continue;
-			if (!tail && !(tail = kv_alloc(KV_MEM_SCRATCH, s->L.page_bytes)))
-				break;
-			struct kv_page *pg = kv_page_alloc(s->p.pages);
-			if (!pg)
-				break;
-			struct ks_obj_dst d2 = {.tokens = ctok, .kv = cand[i].kind == KS_BLOCK ? pg->data : tail};
-			if (load_obj(s, cand[i].area, cand[i].kind, cand[i].id, f.h[d], cand[i].pos, &d2, NULL, &bytes)) {
-				kv_page_unref(pg);
-				continue;
-			}
-			files++;
-			uint32_t m = cand[i].n < lim - d * B ? cand[i].n : lim - d * B, l = 0;
-			while (l < m && ctok[l] == rq->tokens[(size_t)d * B + l])
-				l++;
-			if (l > best) {
-				if (cand[i].kind == KS_TAIL)
-					ke_layout_copy_rows(&s->L, pg->data, (int)B, tail, (int)cand[i].n, (int)l);
-				kv_page_unref(best_pg);
-				best_pg = pg;
-				best = l;
-			} else {
-				kv_page_unref(pg);
-			}
-		}
-		if (best_pg && d * B + best > pl.pos && d * B + best > rq->ram_pos) {
-			/* blocks 1..d are loaded (or in RAM): the partial page ends the entry */
-			for (uint32_t k = 0; k < d; k++)
-				if (!pages[k])
-					best = 0;
-			if (best) {
-				pl.pos = pl.e = d * B + best;
-				pl.rp = 0;
-				kv_page_unref(tail_page);
-				tail_page = best_pg;
-				best_pg = NULL;
-				pages[d] = tail_page;
-			}
-		}
-		kv_page_unref(best_pg);
-	}
-	if (!pl.pos)
-		goto out;
+	/* every round failed (or nothing beats RAM): a miss. The last plan's
+	 * files failed their checks, so it must never reach the RAM cache. */
+	pl->pos = 0;
+	return KV_OK;
+}
 
-	/* the stored entry's anchor below p (hybrid), from its manifest */
-	if (s->hybrid && pl.rp) {
-		if (pl.anchor_flag) {
-			anchor = pl.pos;
+/*
+ * Dense models: the first rows of a stored block or tail that shares only
+ * part of its tokens with the prompt (the RAM tier does the same) extend
+ * the hit past the plan, ending the entry with a partial page.
+ */
+static void extend_partial(struct fetch_run *r)
+{
+	struct ks_store *s = r->s;
+	const struct ks_req *rq = r->rq;
+	struct fctx *f = &r->f;
+	struct plan *pl = &r->pl;
+	uint32_t B = s->B;
+	uint32_t d = pl->rp ? pl->j : pl->e / B, lim = rq->n - 1, have = pl->pos > d * B ? pl->pos - d * B : 0;
+	struct {
+		int kind, area;
+		struct kv_h128 id;
+		uint32_t pos, n;
+	} cand[16];
+	int nc = 0;
+	if (d < f->nh && d <= f->max_blocks && lim > d * B) {
+		pthread_mutex_lock(&s->mu);
+		for (int32_t c = ks_cat_first_child(s->cat, f->h[d]); c >= 0 && nc < 16;) {
+			const struct ks_rec *rec = ks_cat_at(s->cat, c);
+			if (!rec)
+				break;
+			if (((rec->kind == KS_BLOCK && rec->area == KS_AREA_MAIN) || rec->kind == KS_TAIL) && rec->n > have &&
+			    !excluded(f, rec->id)) {
+				cand[nc].kind = rec->kind;
+				cand[nc].area = rec->area;
+				cand[nc].id = rec->id;
+				cand[nc].pos = rec->pos;
+				cand[nc].n = rec->n;
+				nc++;
+			}
+			c = rec->next_sib;
+		}
+		pthread_mutex_unlock(&s->mu);
+	}
+	uint32_t best = have;
+	struct kv_page *best_pg = NULL;
+	for (int i = 0; i < nc; i++) {
+		int32_t ctok[4096];
+		if (cand[i].n > B || B > 4096)
+			continue;
+		if (!r->tail && !(r->tail = kv_alloc(KV_MEM_SCRATCH, s->L.page_bytes)))
+			break;
+		struct kv_page *pg = kv_page_alloc(s->p.pages);
+		if (!pg)
+			break;
+		struct ks_obj_dst d2 = {.tokens = ctok, .kv = cand[i].kind == KS_BLOCK ? pg->data : r->tail};
+		if (load_obj(s, cand[i].area, cand[i].kind, cand[i].id, f->h[d], cand[i].pos, &d2, NULL, &r->bytes)) {
+			kv_page_unref(pg);
+			continue;
+		}
+		r->files++;
+		uint32_t m = cand[i].n < lim - d * B ? cand[i].n : lim - d * B, l = 0;
+		while (l < m && ctok[l] == rq->tokens[(size_t)d * B + l])
+			l++;
+		if (l > best) {
+			if (cand[i].kind == KS_TAIL)
+				ke_layout_copy_rows(&s->L, pg->data, (int)B, r->tail, (int)cand[i].n, (int)l);
+			kv_page_unref(best_pg);
+			best_pg = pg;
+			best = l;
 		} else {
-			int ea = -1;
-			for (int a = 0; a < KS_AREA__COUNT && ea < 0; a++)
-				if (ks_store_has(s, a, KS_ENTRY, pl.id))
-					ea = a;
-			uint32_t ck[KS_MAX_CKPT];
-			struct ks_obj_info ei;
-			struct ks_obj_dst d = {.ckpt = ck, .expect = rq->tokens};
-			if (ea >= 0 && load_obj(s, ea, KS_ENTRY, pl.id, f.h[pl.j], pl.pos, &d, &ei, &bytes) == KV_OK) {
-				files++;
-				uint32_t a = ei.anchor;
-				if (a && a < pl.pos && a / B < f.nh) {
-					struct kv_h128 aid = kc_rp_id(f.h[a / B], rq->tokens + (size_t)(a / B) * B, a % B);
-					int sa = ks_store_has(s, KS_AREA_MAIN, KS_SNAP, aid)   ? KS_AREA_MAIN
-						 : ks_store_has(s, KS_AREA_CKPT, KS_SNAP, aid) ? KS_AREA_CKPT
-											       : -1;
-					struct ks_obj_dst ad = {.expect = rq->tokens + (size_t)(a / B) * B};
-					if (sa >= 0 && (ad.snap = asnap = kc_cache_snap_alloc(s->p.cache)) &&
-					    load_obj(s, sa, KS_SNAP, aid, f.h[a / B], a, &ad, NULL, &bytes) == KV_OK) {
-						files++;
-						anchor = a;
-						touch_used(s, sa, KS_SNAP, aid);
-					} else {
-						kc_cache_snap_free(s->p.cache, asnap);
-						asnap = NULL;
-					}
-				}
-				touch_used(s, ea, KS_ENTRY, pl.id);
+			kv_page_unref(pg);
+		}
+	}
+	if (best_pg && d * B + best > pl->pos && d * B + best > rq->ram_pos) {
+		/* blocks 1..d are loaded (or in RAM): the partial page ends the entry */
+		for (uint32_t k = 0; k < d; k++)
+			if (!r->pages[k])
+				best = 0;
+		if (best) {
+			pl->pos = pl->e = d * B + best;
+			pl->rp = 0;
+			kv_page_unref(r->tail_page);
+			r->tail_page = best_pg;
+			best_pg = NULL;
+			r->pages[d] = r->tail_page;
+		}
+	}
+	kv_page_unref(best_pg);
+}
+
+/* Hybrid models: the stored entry's anchor below p, from its manifest,
+ * and the anchor's snapshot (r->asnap) when its file is there. */
+static void read_anchor(struct fetch_run *r)
+{
+	struct ks_store *s = r->s;
+	const struct ks_req *rq = r->rq;
+	struct fctx *f = &r->f;
+	struct plan *pl = &r->pl;
+	uint32_t B = s->B;
+	if (pl->anchor_flag) {
+		r->anchor = pl->pos;
+		return;
+	}
+	int ea = -1;
+	for (int a = 0; a < KS_AREA__COUNT && ea < 0; a++)
+		if (ks_store_has(s, a, KS_ENTRY, pl->id))
+			ea = a;
+	uint32_t ck[KS_MAX_CKPT];
+	struct ks_obj_info ei;
+	struct ks_obj_dst d = {.ckpt = ck, .expect = rq->tokens};
+	if (ea >= 0 && load_obj(s, ea, KS_ENTRY, pl->id, f->h[pl->j], pl->pos, &d, &ei, &r->bytes) == KV_OK) {
+		r->files++;
+		uint32_t a = ei.anchor;
+		if (a && a < pl->pos && a / B < f->nh) {
+			struct kv_h128 aid = kc_rp_id(f->h[a / B], rq->tokens + (size_t)(a / B) * B, a % B);
+			int sa = ks_store_has(s, KS_AREA_MAIN, KS_SNAP, aid)   ? KS_AREA_MAIN
+				 : ks_store_has(s, KS_AREA_CKPT, KS_SNAP, aid) ? KS_AREA_CKPT
+									       : -1;
+			struct ks_obj_dst ad = {.expect = rq->tokens + (size_t)(a / B) * B};
+			if (sa >= 0 && (ad.snap = r->asnap = kc_cache_snap_alloc(s->p.cache)) &&
+			    load_obj(s, sa, KS_SNAP, aid, f->h[a / B], a, &ad, NULL, &r->bytes) == KV_OK) {
+				r->files++;
+				r->anchor = a;
+				touch_used(s, sa, KS_SNAP, aid);
+			} else {
+				kc_cache_snap_free(s->p.cache, r->asnap);
+				r->asnap = NULL;
 			}
 		}
+		touch_used(s, ea, KS_ENTRY, pl->id);
 	}
+}
 
-	/* hand it to the RAM tier */
-	{
-		struct kc_put_ckpt ck = {.pos = anchor, .snap = asnap};
-		struct kc_put put = {.tokens = rq->tokens,
-				     .n = pl.e,
-				     .pages = pages,
-				     .snap = snap,
-				     .ckpt = anchor && anchor < pl.e ? &ck : NULL,
-				     .n_ckpt = anchor && anchor < pl.e ? 1 : 0,
-				     .anchor = anchor,
-				     .clean = 1};
-		uint64_t eid = 0;
-		if (!put.n_ckpt && asnap) {
-			kc_cache_snap_free(s->p.cache, asnap);
-			put.ckpt = NULL;
-		}
-		asnap = NULL;
-		int prc = kc_cache_put(s->p.cache, &put, &eid);
-		snap = NULL; /* consumed */
-		if (prc) {
-			KV_WARN("store.fetch", "msg=\"the RAM cache refused the loaded entry\" err=\"%s\"", kv_errmsg());
-			pl.pos = 0;
-			goto out;
-		}
+/* Hand the loaded entry to the RAM tier (its snapshots are consumed) and
+ * note the last use of every file that served it. KV_OK, or the cache's
+ * refusal (logged: then the fetch is a miss). */
+static int put_entry(struct fetch_run *r)
+{
+	struct ks_store *s = r->s;
+	struct plan *pl = &r->pl;
+	uint32_t B = s->B;
+	struct kc_put_ckpt ck = {.pos = r->anchor, .snap = r->asnap};
+	struct kc_put put = {.tokens = r->rq->tokens,
+			     .n = pl->e,
+			     .pages = r->pages,
+			     .snap = r->snap,
+			     .ckpt = r->anchor && r->anchor < pl->e ? &ck : NULL,
+			     .n_ckpt = r->anchor && r->anchor < pl->e ? 1 : 0,
+			     .anchor = r->anchor,
+			     .clean = 1};
+	uint64_t eid = 0;
+	if (!put.n_ckpt && r->asnap) {
+		kc_cache_snap_free(s->p.cache, r->asnap);
+		put.ckpt = NULL;
 	}
-	/* last use of what served the hit */
-	for (uint32_t k = 0; k < pl.e / B; k++)
-		if (own[k])
-			touch_used(s, KS_AREA_MAIN, KS_BLOCK, f.h[k + 1]);
-	if (pl.rp && pl.t)
-		touch_used(s, pl.tail_area, KS_TAIL, pl.id);
-	if (pl.rp && s->hybrid)
-		touch_used(s, pl.snap_area, KS_SNAP, pl.id);
+	r->asnap = NULL;
+	int prc = kc_cache_put(s->p.cache, &put, &eid);
+	r->snap = NULL; /* consumed */
+	if (prc) {
+		KV_WARN("store.fetch", "msg=\"the RAM cache refused the loaded entry\" err=\"%s\"", kv_errmsg());
+		return prc;
+	}
+	for (uint32_t k = 0; k < pl->e / B; k++)
+		if (r->own[k])
+			touch_used(s, KS_AREA_MAIN, KS_BLOCK, r->f.h[k + 1]);
+	if (pl->rp && pl->t)
+		touch_used(s, pl->tail_area, KS_TAIL, pl->id);
+	if (pl->rp && s->hybrid)
+		touch_used(s, pl->snap_area, KS_SNAP, pl->id);
+	return KV_OK;
+}
 
-out:
-	out->pos = rc ? 0 : pl.pos;
-	out->anchor = out->pos ? anchor : 0;
-	out->bytes = bytes;
-	out->files = files;
-	out->direct = f.direct;
-	out->seconds = (double)(kv_now_ns() - t0) / 1e9;
+/* The fetch's counters and its log line. */
+static void count_fetch(struct ks_store *s, const struct ks_req *rq, const struct ks_fetch *out)
+{
 	pthread_mutex_lock(&s->mu);
-	if (f.direct)
+	if (out->direct)
 		s->st.direct_lookups++;
 	if (out->pos) {
 		s->st.loads++;
-		s->st.load_bytes += bytes;
-		s->st.load_files += files;
+		s->st.load_bytes += out->bytes;
+		s->st.load_files += out->files;
 		s->st.load_tokens += out->pos;
 		s->st.load_seconds += out->seconds;
 	}
 	pthread_mutex_unlock(&s->mu);
 	if (out->pos)
 		KV_INFO("store.fetch", "resumed_at=%u anchor=%u prompt=%u ram_pos=%u files=%u bytes=%llu ms=%.2f direct=%d",
-			out->pos, out->anchor, rq->n, rq->ram_pos, files, (unsigned long long)bytes, out->seconds * 1e3,
-			f.direct);
-	for (uint32_t k = 0; k <= own_n && own; k++)
-		kv_page_unref(own[k]);
-	kv_page_unref(tail_page);
-	if (snap)
-		kc_cache_snap_free(s->p.cache, snap);
-	if (asnap)
-		kc_cache_snap_free(s->p.cache, asnap);
-	kv_free(tail);
-	free(own);
-	free(pages);
-	free(want);
-	free(wrc);
-	free(wbytes);
-	free(f.h);
+			out->pos, out->anchor, rq->n, rq->ram_pos, out->files, (unsigned long long)out->bytes,
+			out->seconds * 1e3, out->direct);
+}
+
+int ks_fetch_run(struct ks_store *s, const struct ks_req *rq, struct ks_fetch *out)
+{
+	uint64_t t0 = kv_now_ns();
+	struct fetch_run r = {.s = s, .rq = rq};
+	int rc = KV_OK;
+
+	r.f = (struct fctx){.s = s, .tok = rq->tokens, .n = rq->n, .bounds = rq->bounds, .n_bounds = rq->n_bounds,
+			    .max_blocks = UINT32_MAX};
+	r.f.direct = !atomic_load(&s->scan_done);
+	r.f.h = ks_store_chain(s, rq->tokens, rq->n, &r.f.nh);
+	if (!r.f.h)
+		return kv_fail(KV_ERR_NOMEM, "disk lookup: out of memory");
+	note_bounds(s, &r.f);
+	r.own_n = r.f.nh;
+	r.own = calloc(r.own_n + 1, sizeof *r.own);
+	r.pages = calloc(r.own_n + 1, sizeof *r.pages);
+	r.want = malloc((r.own_n + 1) * sizeof *r.want);
+	r.wrc = malloc((r.own_n + 1) * sizeof *r.wrc);
+	r.wbytes = malloc((r.own_n + 1) * sizeof *r.wbytes);
+	if (!r.own || !r.pages || !r.want || !r.wrc || !r.wbytes) {
+		rc = kv_fail(KV_ERR_NOMEM, "disk lookup: out of memory");
+		goto out;
+	}
+	if ((rc = load_plans(&r)))
+		goto out;
+	if (!s->hybrid && !r.f.direct && (r.pl.pos || !rq->ram_pos))
+		extend_partial(&r);
+	if (!r.pl.pos)
+		goto out;
+	if (s->hybrid && r.pl.rp)
+		read_anchor(&r);
+	if (put_entry(&r))
+		r.pl.pos = 0;
+
+out:
+	out->pos = rc ? 0 : r.pl.pos;
+	out->anchor = out->pos ? r.anchor : 0;
+	out->bytes = r.bytes;
+	out->files = r.files;
+	out->direct = r.f.direct;
+	out->seconds = (double)(kv_now_ns() - t0) / 1e9;
+	count_fetch(s, rq, out);
+	for (uint32_t k = 0; k <= r.own_n && r.own; k++)
+		kv_page_unref(r.own[k]);
+	kv_page_unref(r.tail_page);
+	if (r.snap)
+		kc_cache_snap_free(s->p.cache, r.snap);
+	if (r.asnap)
+		kc_cache_snap_free(s->p.cache, r.asnap);
+	kv_free(r.tail);
+	free(r.own);
+	free(r.pages);
+	free(r.want);
+	free(r.wrc);
+	free(r.wbytes);
+	free(r.f.h);
 	return rc;
 }

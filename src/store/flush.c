@@ -1,6 +1,6 @@
 /*
- * flush.c - the shutdown flush (store.h ks_store_flush) and the write-rate
- * estimate it predicts with.
+ * flush.c - the shutdown flush (store.h ks_store_flush). The write-rate
+ * estimate it predicts with is core.c's (ks_rate_add, ks_rate_bps).
  *
  * Order. What is still dirty is grouped into units: one per entry (the
  * entry's blocks and resume points not yet on disk, then its manifest),
@@ -12,8 +12,8 @@
  * budget / 10), kept for the final folder syncs. Each unit's time is
  * predicted as bytes / rate: with no write sample in this process yet,
  * the rate of a 16 MiB fsynced probe, halved (serialisation overhead) and
- * clamped to 150-600 MB/s (the seed rule: a page-cache-fast probe cannot
- * over-promise, a slow one cannot skip everything); afterwards the rate
+ * clamped to 150-600 MB/s (so a page-cache-fast probe cannot
+ * over-promise and a slow one cannot skip everything); afterwards the rate
  * observed on real writes - the flush's own units once there is one
  * (each unit's folder syncs are done right after it and counted), else
  * the write-behind's recent writes. A unit predicted to end past the deadline is
@@ -37,25 +37,8 @@
 #include <string.h>
 #include <time.h>
 
-void ks_rate_add(struct ks_rate *r, uint64_t bytes, uint64_t ns)
-{
-	/* keep roughly the last few seconds of writes */
-	if (r->ns > 4000000000ull) {
-		r->ns /= 2;
-		r->bytes /= 2;
-	}
-	r->bytes += bytes;
-	r->ns += ns ? ns : 1;
-	r->n++;
-}
-
-double ks_rate_bps(const struct ks_rate *r)
-{
-	return r->n && r->ns ? (double)r->bytes * 1e9 / (double)r->ns : 0;
-}
-
 /*
- * The seed probe: up to 16 MiB written and fsynced in the namespace
+ * The write probe: up to 16 MiB written and fsynced in the namespace
  * folder, then removed. On a disk too slow to write 16 MiB in a fifth of
  * the time left, it stops there and measures what it wrote (the probe
  * must not eat the budget it is meant to plan). Returns bytes/s, 0 when
@@ -123,22 +106,27 @@ static void key(int kind, struct kv_h128 id, uint8_t k[17])
 	}
 }
 
-int ks_flush_run(struct ks_store *s, double budget_s, struct ks_flush_report *rep)
-{
-	uint64_t t0 = kv_now_ns();
-	double head = budget_s / 10 < 0.5 ? budget_s / 10 : 0.5;
-	uint64_t deadline = t0 + (uint64_t)((budget_s - head > 0 ? budget_s - head : 0) * 1e9);
-	struct vec vv = {0};
-	struct ks_ckpt_job **jobs = NULL;
-	size_t n_jobs = 0;
-	struct unit *units = NULL;
-	size_t n_units = 0, *mem = NULL, n_mem = 0;
-	int *is_bnd = NULL, *assigned = NULL, *ents = NULL;
-	struct kv_map *ix = NULL;
-	int rc = KV_OK;
+/* One ks_flush_run: what its steps share, and what `done:` frees. */
+struct flush_run {
+	struct ks_store *s;
+	struct ks_flush_report *rep;
+	uint64_t deadline;
+	struct vec vv;              /* dirty views (released at the end) */
+	struct ks_ckpt_job **jobs;  /* queued checkpoints (owned) */
+	size_t n_jobs;
+	struct unit *units;
+	size_t n_units;
+	size_t *mem, n_mem;         /* the units' members: indexes into vv */
+	int *is_bnd, *assigned, *ents;
+	struct kv_map *ix;          /* (kind, id) -> index into vv */
+	double probe_bps;
+	struct ks_rate frate;       /* the flush's own write rate */
+};
 
-	rep->budget_s = budget_s;
-	/* 1. the writer finishes the object in hand and leaves */
+/* 1. The writer finishes the object in hand and leaves. Returns 1 when it
+ * is still busy at the deadline. */
+static int stop_writer(struct ks_store *s, uint64_t deadline)
+{
 	pthread_mutex_lock(&s->mu);
 	s->stop = 1;
 	pthread_cond_broadcast(&s->cv);
@@ -154,27 +142,27 @@ int ks_flush_run(struct ks_store *s, double budget_s, struct ks_flush_report *re
 	}
 	int busy = s->writer_busy;
 	pthread_mutex_unlock(&s->mu);
-	if (busy) {
-		KV_WARN("store.flush", "msg=\"the writer is still busy at the deadline: nothing flushed\"");
-		rep->seconds = (double)(kv_now_ns() - t0) / 1e9;
-		return KV_ERR_TIMEOUT;
-	}
-	pthread_mutex_lock(&s->wmu);
+	return busy;
+}
 
-	/* 2. everything still dirty */
+/* 2. Everything still dirty: the cache's views and the queued checkpoints. */
+static void take_dirty(struct flush_run *f)
+{
+	struct ks_store *s = f->s;
+	struct vec *vv = &f->vv;
 	for (;;) {
-		if (vv.n == vv.cap) {
-			size_t nc = vv.cap ? vv.cap * 2 : 256;
-			struct kc_view *nv = realloc(vv.v, nc * sizeof *nv);
+		if (vv->n == vv->cap) {
+			size_t nc = vv->cap ? vv->cap * 2 : 256;
+			struct kc_view *nv = realloc(vv->v, nc * sizeof *nv);
 			if (!nv)
 				break;
-			vv.v = nv;
-			vv.cap = nc;
+			vv->v = nv;
+			vv->cap = nc;
 		}
-		size_t k = s->p.cache ? kc_cache_take_dirty(s->p.cache, vv.v + vv.n, vv.cap - vv.n) : 0;
+		size_t k = s->p.cache ? kc_cache_take_dirty(s->p.cache, vv->v + vv->n, vv->cap - vv->n) : 0;
 		if (!k)
 			break;
-		vv.n += k;
+		vv->n += k;
 	}
 	for (struct ks_ckpt_job *j; (pthread_mutex_lock(&s->mu), j = s->q_head, pthread_mutex_unlock(&s->mu), j);) {
 		pthread_mutex_lock(&s->mu);
@@ -183,210 +171,205 @@ int ks_flush_run(struct ks_store *s, double budget_s, struct ks_flush_report *re
 			s->q_tail = NULL;
 		s->q_len--;
 		pthread_mutex_unlock(&s->mu);
-		struct ks_ckpt_job **nj = realloc(jobs, (n_jobs + 1) * sizeof *nj);
+		struct ks_ckpt_job **nj = realloc(f->jobs, (f->n_jobs + 1) * sizeof *nj);
 		if (!nj) {
 			ks_writer_job_free(j);
 			continue;
 		}
-		jobs = nj;
-		jobs[n_jobs++] = j;
+		f->jobs = nj;
+		f->jobs[f->n_jobs++] = j;
 	}
-	if (!vv.n && !n_jobs)
-		goto done;
+}
 
-	/* 3. units */
-	is_bnd = calloc(vv.n + 1, sizeof *is_bnd);
-	assigned = calloc(vv.n + 1, sizeof *assigned);
-	ents = malloc((vv.n + 1) * sizeof *ents);
-	mem = malloc((vv.n + 1) * sizeof *mem);
-	units = malloc((vv.n + n_jobs + 1) * sizeof *units);
-	ix = kv_map_create(vv.n * 2 + 16);
-	if (!is_bnd || !assigned || !ents || !mem || !units || !ix) {
-		rc = kv_fail(KV_ERR_NOMEM, "flush: out of memory");
-		goto done;
+/* Add the dirty view (kind, id), if there is one not in a unit yet, to u. */
+static void add_member(struct flush_run *f, struct unit *u, int kind, struct kv_h128 id)
+{
+	uint8_t kk[17];
+	uint64_t vi;
+	key(kind, id, kk);
+	if (kv_map_get(f->ix, kk, sizeof kk, &vi) && !f->assigned[vi]) {
+		f->assigned[vi] = 1;
+		f->mem[f->n_mem++] = (size_t)vi;
+		u->bytes += ks_writer_view_bytes(f->s, &f->vv.v[vi]);
 	}
+}
+
+/* One entry's unit: its dirty blocks, then its dirty resume points (the
+ * checkpoints and the end), then the entry itself. */
+static void add_entry_unit(struct flush_run *f, int ent)
+{
+	struct ks_store *s = f->s;
+	const struct kc_view *ev = &f->vv.v[ent];
+	struct unit *u = &f->units[f->n_units++];
+	uint32_t nh, B = s->B;
+	struct kv_h128 *h = ks_store_chain(s, ev->tokens, ev->n_tokens, &nh);
+	memset(u, 0, sizeof *u);
+	u->first = f->n_mem;
+	u->entry = ent;
+	u->boundary = f->is_bnd[ent];
+	u->job = -1;
+	for (uint32_t k = 1; h && k < nh; k++)
+		add_member(f, u, KC_OBJ_BLOCK, h[k]);
+	for (uint32_t c = 0; h && c <= ev->n_ckpt; c++) {
+		uint32_t p = c < ev->n_ckpt ? ev->ckpt[c] : ev->n_tokens;
+		if (p / B >= nh)
+			continue;
+		add_member(f, u, KC_OBJ_RP, kc_rp_id(h[p / B], ev->tokens + (size_t)(p / B) * B, p % B));
+	}
+	free(h);
+	f->assigned[ent] = 1;
+	f->mem[f->n_mem++] = (size_t)ent;
+	u->bytes += ks_writer_view_bytes(s, ev);
+	u->n = f->n_mem - u->first;
+}
+
+/* 3. Units, in the order of the file comment: entries (boundary first,
+ * newest first), the objects no entry needs, the checkpoints. */
+static int make_units(struct flush_run *f)
+{
+	struct ks_store *s = f->s;
+	struct vec *vv = &f->vv;
+	f->is_bnd = calloc(vv->n + 1, sizeof *f->is_bnd);
+	f->assigned = calloc(vv->n + 1, sizeof *f->assigned);
+	f->ents = malloc((vv->n + 1) * sizeof *f->ents);
+	f->mem = malloc((vv->n + 1) * sizeof *f->mem);
+	f->units = malloc((vv->n + f->n_jobs + 1) * sizeof *f->units);
+	f->ix = kv_map_create(vv->n * 2 + 16);
+	if (!f->is_bnd || !f->assigned || !f->ents || !f->mem || !f->units || !f->ix)
+		return kv_fail(KV_ERR_NOMEM, "flush: out of memory");
 	size_t n_ents = 0;
 	pthread_mutex_lock(&s->mu);
-	for (size_t i = 0; i < vv.n; i++) {
+	for (size_t i = 0; i < vv->n; i++) {
 		uint8_t k[17];
-		key(vv.v[i].kind, vv.v[i].id, k);
-		kv_map_put(ix, k, sizeof k, i);
-		if (vv.v[i].kind == KC_OBJ_ENTRY) {
-			is_bnd[i] = ks_store_is_boundary_locked(s, vv.v[i].id);
-			ents[n_ents++] = (int)i;
+		key(vv->v[i].kind, vv->v[i].id, k);
+		kv_map_put(f->ix, k, sizeof k, i);
+		if (vv->v[i].kind == KC_OBJ_ENTRY) {
+			f->is_bnd[i] = ks_store_is_boundary_locked(s, vv->v[i].id);
+			f->ents[n_ents++] = (int)i;
 		}
 	}
 	pthread_mutex_unlock(&s->mu);
-	qsort_r(ents, n_ents, sizeof *ents, cmp_entries, is_bnd);
-	for (size_t e = 0; e < n_ents; e++) {
-		const struct kc_view *ev = &vv.v[ents[e]];
-		struct unit *u = &units[n_units++];
-		uint32_t nh, B = s->B;
-		struct kv_h128 *h = ks_store_chain(s, ev->tokens, ev->n_tokens, &nh);
-		memset(u, 0, sizeof *u);
-		u->first = n_mem;
-		u->entry = ents[e];
-		u->boundary = is_bnd[ents[e]];
-		u->job = -1;
-		for (uint32_t k = 1; h && k < nh; k++) {
-			uint8_t kk[17];
-			uint64_t vi;
-			key(KC_OBJ_BLOCK, h[k], kk);
-			if (kv_map_get(ix, kk, sizeof kk, &vi) && !assigned[vi]) {
-				assigned[vi] = 1;
-				mem[n_mem++] = (size_t)vi;
-				u->bytes += ks_writer_view_bytes(s, &vv.v[vi]);
-			}
-		}
-		for (uint32_t c = 0; h && c <= ev->n_ckpt; c++) {
-			uint32_t p = c < ev->n_ckpt ? ev->ckpt[c] : ev->n_tokens;
-			uint8_t kk[17];
-			uint64_t vi;
-			if (p / B >= nh)
-				continue;
-			key(KC_OBJ_RP, kc_rp_id(h[p / B], ev->tokens + (size_t)(p / B) * B, p % B), kk);
-			if (kv_map_get(ix, kk, sizeof kk, &vi) && !assigned[vi]) {
-				assigned[vi] = 1;
-				mem[n_mem++] = (size_t)vi;
-				u->bytes += ks_writer_view_bytes(s, &vv.v[vi]);
-			}
-		}
-		free(h);
-		assigned[ents[e]] = 1;
-		mem[n_mem++] = (size_t)ents[e];
-		u->bytes += ks_writer_view_bytes(s, ev);
-		u->n = n_mem - u->first;
-	}
-	for (size_t i = 0; i < vv.n; i++)
-		if (!assigned[i]) {
-			struct unit *u = &units[n_units++];
+	qsort_r(f->ents, n_ents, sizeof *f->ents, cmp_entries, f->is_bnd);
+	for (size_t e = 0; e < n_ents; e++)
+		add_entry_unit(f, f->ents[e]);
+	for (size_t i = 0; i < vv->n; i++)
+		if (!f->assigned[i]) {
+			struct unit *u = &f->units[f->n_units++];
 			memset(u, 0, sizeof *u);
-			u->first = n_mem;
+			u->first = f->n_mem;
 			u->n = 1;
 			u->entry = -1;
 			u->job = -1;
-			mem[n_mem++] = i;
-			u->bytes = ks_writer_view_bytes(s, &vv.v[i]);
+			f->mem[f->n_mem++] = i;
+			u->bytes = ks_writer_view_bytes(s, &vv->v[i]);
 		}
-	for (size_t i = 0; i < n_jobs; i++) {
-		struct unit *u = &units[n_units++];
+	for (size_t i = 0; i < f->n_jobs; i++) {
+		struct unit *u = &f->units[f->n_units++];
 		memset(u, 0, sizeof *u);
 		u->entry = -1;
 		u->job = (int)i;
-		u->bytes = (uint64_t)jobs[i]->n * s->L.kv_bytes_per_token + (s->hybrid ? s->L.snapshot_bytes : 0) +
-			   (uint64_t)jobs[i]->n * 4 + 8192;
+		u->bytes = (uint64_t)f->jobs[i]->n * s->L.kv_bytes_per_token + (s->hybrid ? s->L.snapshot_bytes : 0) +
+			   (uint64_t)f->jobs[i]->n * 4 + 8192;
 	}
+	return KV_OK;
+}
 
-	/* 4. write, unit by unit, while the predictions fit */
-	double probe_bps = 0;
-	struct ks_rate frate = {0};
-	for (size_t ui = 0; ui < n_units; ui++) {
-		struct unit *u = &units[ui];
-		uint64_t now = kv_now_ns();
-		int skip = rep->deadline_hit || now >= deadline;
-		double bps = 0;
-		if (!skip) {
-			/* the flush's own units (their folder syncs included) are the
-			 * best sample; then the write-behind's; then the probe */
-			bps = ks_rate_bps(&frate);
-			if (bps <= 0) {
-				pthread_mutex_lock(&s->mu);
-				bps = ks_rate_bps(&s->rate);
-				pthread_mutex_unlock(&s->mu);
-			}
-			if (bps <= 0 && !rep->probed) {
-				rep->probed = 1;
-				uint64_t tp = kv_now_ns();
-				probe_bps = probe(s, deadline) / 2;
-				rep->probe_seconds = (double)(kv_now_ns() - tp) / 1e9;
-				if (probe_bps < KS_PROBE_MIN_BPS)
-					probe_bps = KS_PROBE_MIN_BPS;
-				if (probe_bps > KS_PROBE_MAX_BPS)
-					probe_bps = KS_PROBE_MAX_BPS;
-				now = kv_now_ns();
-			}
-			if (bps <= 0)
-				bps = probe_bps > 0 ? probe_bps : KS_PROBE_MIN_BPS;
-			if (rep->first_bps == 0)
-				rep->first_bps = bps;
-			double pred_ns = (double)u->bytes / bps * 1e9;
-			if (now >= deadline || (double)now + pred_ns > (double)deadline) {
-				skip = 1;
-				KV_INFO("store.flush_skip", "entry_len=%u boundary=%d bytes=%llu predicted_ms=%.1f left_ms=%.1f",
-					u->entry >= 0 ? vv.v[u->entry].n_tokens : 0, u->boundary,
-					(unsigned long long)u->bytes, pred_ns / 1e6,
-					now < deadline ? (double)(deadline - now) / 1e6 : 0.0);
-			}
-		}
-		if (skip) {
-			rep->bytes_skipped += u->bytes;
-			rep->objects_skipped += u->job >= 0 ? 1 : (uint32_t)u->n;
-			if (u->entry >= 0)
-				rep->entries_skipped++;
-			continue;
-		}
-		int wrc = KV_OK;
-		uint64_t tu0 = kv_now_ns();
-		if (u->job >= 0) {
-			wrc = ks_writer_ckpt(s, jobs[u->job], deadline);
+/* 1 when the unit is predicted to end past the deadline (or the deadline
+ * has passed): the rate is the flush's own, else the write-behind's, else
+ * the probe's (run once, here). */
+static int unit_late(struct flush_run *f, const struct unit *u)
+{
+	struct ks_store *s = f->s;
+	struct ks_flush_report *rep = f->rep;
+	uint64_t now = kv_now_ns(), deadline = f->deadline;
+	if (rep->deadline_hit || now >= deadline)
+		return 1;
+	/* the flush's own units (their folder syncs included) are the
+	 * best sample; then the write-behind's; then the probe */
+	double bps = ks_rate_bps(&f->frate);
+	if (bps <= 0) {
+		pthread_mutex_lock(&s->mu);
+		bps = ks_rate_bps(&s->rate);
+		pthread_mutex_unlock(&s->mu);
+	}
+	if (bps <= 0 && !rep->probed) {
+		rep->probed = 1;
+		uint64_t tp = kv_now_ns();
+		f->probe_bps = probe(s, deadline) / 2;
+		rep->probe_seconds = (double)(kv_now_ns() - tp) / 1e9;
+		if (f->probe_bps < KS_PROBE_MIN_BPS)
+			f->probe_bps = KS_PROBE_MIN_BPS;
+		if (f->probe_bps > KS_PROBE_MAX_BPS)
+			f->probe_bps = KS_PROBE_MAX_BPS;
+		now = kv_now_ns();
+	}
+	if (bps <= 0)
+		bps = f->probe_bps > 0 ? f->probe_bps : KS_PROBE_MIN_BPS;
+	if (rep->first_bps == 0)
+		rep->first_bps = bps;
+	double pred_ns = (double)u->bytes / bps * 1e9;
+	if (now >= deadline || (double)now + pred_ns > (double)deadline) {
+		KV_INFO("store.flush_skip", "entry_len=%u boundary=%d bytes=%llu predicted_ms=%.1f left_ms=%.1f",
+			u->entry >= 0 ? f->vv.v[u->entry].n_tokens : 0, u->boundary, (unsigned long long)u->bytes,
+			pred_ns / 1e6, now < deadline ? (double)(deadline - now) / 1e6 : 0.0);
+		return 1;
+	}
+	return 0;
+}
+
+/* Write one unit and make it durable, counting it in the report. */
+static void write_unit(struct flush_run *f, const struct unit *u)
+{
+	struct ks_store *s = f->s;
+	struct ks_flush_report *rep = f->rep;
+	int wrc = KV_OK;
+	uint64_t tu0 = kv_now_ns();
+	if (u->job >= 0) {
+		wrc = ks_writer_ckpt(s, f->jobs[u->job], f->deadline);
+		if (wrc == KV_OK)
+			rep->objects_saved++;
+	} else {
+		for (size_t m = 0; m < u->n; m++) {
+			const struct kc_view *v = &f->vv.v[f->mem[u->first + m]];
+			wrc = ks_writer_view(s, v, f->deadline);
+			if (wrc == KV_ERR_TIMEOUT)
+				break;
 			if (wrc == KV_OK)
 				rep->objects_saved++;
-		} else {
-			for (size_t m = 0; m < u->n; m++) {
-				const struct kc_view *v = &vv.v[mem[u->first + m]];
-				wrc = ks_writer_view(s, v, deadline);
-				if (wrc == KV_ERR_TIMEOUT)
-					break;
-				if (wrc == KV_OK)
-					rep->objects_saved++;
-			}
-		}
-		/* each unit is made durable before the next: its data and folder
-		 * syncs count in the observed rate, and the final commit stays
-		 * small; staged data past the deadline is abandoned, not synced */
-		if (ks_writer_settle(s, deadline) == KV_ERR_TIMEOUT)
-			wrc = KV_ERR_TIMEOUT;
-		ks_writer_commit(s);
-		ks_rate_add(&frate, u->bytes, kv_now_ns() - tu0);
-		rep->write_seconds += (double)(kv_now_ns() - tu0) / 1e9;
-		if (wrc == KV_ERR_TIMEOUT) {
-			rep->deadline_hit = 1;
-			rep->bytes_skipped += u->bytes;
-			if (u->entry >= 0)
-				rep->entries_skipped++;
-			continue;
-		}
-		rep->bytes_saved += u->bytes;
-		if (u->entry >= 0) {
-			if (ks_store_has(s, KS_AREA_MAIN, KS_ENTRY, vv.v[u->entry].id)) {
-				if (!rep->entries_saved) {
-					rep->first_entry_len = vv.v[u->entry].n_tokens;
-					rep->first_entry_boundary = u->boundary;
-				}
-				rep->entries_saved++;
-			} else {
-				rep->entries_skipped++;
-			}
 		}
 	}
-
-done:
-	/* 5. the folder syncs (the headroom is for these) */
+	/* each unit is made durable before the next: its data and folder
+	 * syncs count in the observed rate, and the final commit stays
+	 * small; staged data past the deadline is abandoned, not synced */
+	if (ks_writer_settle(s, f->deadline) == KV_ERR_TIMEOUT)
+		wrc = KV_ERR_TIMEOUT;
 	ks_writer_commit(s);
-	pthread_mutex_unlock(&s->wmu);
-	for (size_t i = 0; i < vv.n; i++)
-		kc_cache_view_release(s->p.cache, &vv.v[i]);
-	for (size_t i = 0; i < n_jobs; i++)
-		ks_writer_job_free(jobs[i]);
-	free(vv.v);
-	free(jobs);
-	free(units);
-	free(mem);
-	free(is_bnd);
-	free(assigned);
-	free(ents);
-	kv_map_destroy(ix);
-	rep->seconds = (double)(kv_now_ns() - t0) / 1e9;
+	ks_rate_add(&f->frate, u->bytes, kv_now_ns() - tu0);
+	rep->write_seconds += (double)(kv_now_ns() - tu0) / 1e9;
+	if (wrc == KV_ERR_TIMEOUT) {
+		rep->deadline_hit = 1;
+		rep->bytes_skipped += u->bytes;
+		if (u->entry >= 0)
+			rep->entries_skipped++;
+		return;
+	}
+	rep->bytes_saved += u->bytes;
+	if (u->entry >= 0) {
+		if (ks_store_has(s, KS_AREA_MAIN, KS_ENTRY, f->vv.v[u->entry].id)) {
+			if (!rep->entries_saved) {
+				rep->first_entry_len = f->vv.v[u->entry].n_tokens;
+				rep->first_entry_boundary = u->boundary;
+			}
+			rep->entries_saved++;
+		} else {
+			rep->entries_skipped++;
+		}
+	}
+}
+
+/* The flush's counters and its log line. */
+static void count_flush(struct ks_store *s, const struct ks_flush_report *rep, double budget_s)
+{
 	pthread_mutex_lock(&s->mu);
 	s->st.flush_entries_saved += rep->entries_saved;
 	s->st.flush_entries_skipped += rep->entries_skipped;
@@ -399,5 +382,60 @@ done:
 		rep->entries_saved, rep->objects_saved, (double)rep->bytes_saved / 1e6, rep->entries_skipped,
 		rep->objects_skipped, (double)rep->bytes_skipped / 1e6, rep->first_entry_len, rep->first_entry_boundary,
 		rep->seconds * 1e3, budget_s * 1e3, rep->first_bps / 1e6, rep->probed, rep->deadline_hit);
+}
+
+int ks_flush_run(struct ks_store *s, double budget_s, struct ks_flush_report *rep)
+{
+	uint64_t t0 = kv_now_ns();
+	double head = budget_s / 10 < 0.5 ? budget_s / 10 : 0.5;
+	struct flush_run f = {.s = s, .rep = rep};
+	int rc = KV_OK;
+
+	f.deadline = t0 + (uint64_t)((budget_s - head > 0 ? budget_s - head : 0) * 1e9);
+	rep->budget_s = budget_s;
+	if (stop_writer(s, f.deadline)) {
+		KV_WARN("store.flush", "msg=\"the writer is still busy at the deadline: nothing flushed\"");
+		rep->seconds = (double)(kv_now_ns() - t0) / 1e9;
+		return KV_ERR_TIMEOUT;
+	}
+	ks_echo_save(s); /* the answer records first: small, and a replayed session needs them */
+	pthread_mutex_lock(&s->wmu);
+	take_dirty(&f);
+	if (!f.vv.n && !f.n_jobs)
+		goto done;
+	if ((rc = make_units(&f)))
+		goto done;
+
+	/* 4. write, unit by unit, while the predictions fit */
+	for (size_t ui = 0; ui < f.n_units; ui++) {
+		const struct unit *u = &f.units[ui];
+		if (unit_late(&f, u)) {
+			rep->bytes_skipped += u->bytes;
+			rep->objects_skipped += u->job >= 0 ? 1 : (uint32_t)u->n;
+			if (u->entry >= 0)
+				rep->entries_skipped++;
+			continue;
+		}
+		write_unit(&f, u);
+	}
+
+done:
+	/* 5. the folder syncs (the headroom is for these) */
+	ks_writer_commit(s);
+	pthread_mutex_unlock(&s->wmu);
+	for (size_t i = 0; i < f.vv.n; i++)
+		kc_cache_view_release(s->p.cache, &f.vv.v[i]);
+	for (size_t i = 0; i < f.n_jobs; i++)
+		ks_writer_job_free(f.jobs[i]);
+	free(f.vv.v);
+	free(f.jobs);
+	free(f.units);
+	free(f.mem);
+	free(f.is_bnd);
+	free(f.assigned);
+	free(f.ents);
+	kv_map_destroy(f.ix);
+	rep->seconds = (double)(kv_now_ns() - t0) / 1e9;
+	count_flush(s, rep, budget_s);
 	return rc;
 }

@@ -13,6 +13,7 @@
  * on probing file names directly.
  */
 #include "base/clock.h"
+#include "base/corrupt.h"
 #include "base/durable.h"
 #include "base/env.h"
 #include "base/err.h"
@@ -172,7 +173,7 @@ void ks_scan_run(struct ks_store *s)
 	if (!sc.cut)
 		atomic_store(&s->scan_done, 1);
 	if (!s->p.tool && !s->ns_busy)
-		ks_store_enforce_caps(s);
+		ks_evict_enforce_caps(s);
 	KV_INFO("store.scan", "files=%llu known=%zu bytes=%llu debris=%llu corrupt=%llu foreign=%llu ns_removed=%llu "
 			      "ms=%.1f complete=%d",
 		(unsigned long long)sc.files, nf, (unsigned long long)nb, (unsigned long long)sc.debris,

@@ -1,31 +1,25 @@
 /*
- * store.c - the disk tier's facade (store.h): open/close, the disk caps,
- * rejected files, counters. The work itself is in writer.c, fetch.c,
- * scan.c and flush.c (store_int.h says who owns what).
+ * store.c - the disk tier's facade (store.h): open/close, the shutdown
+ * budget, the checkpoint queue, counters and listings. The work itself is
+ * in writer.c, fetch.c, scan.c and flush.c, eviction in evict.c, and what
+ * they share in core.c (store_int.h says who owns what and which way
+ * calls go).
  */
 #include "store/store.h"
-#include "base/clock.h"
 #include "base/env.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/log.h"
 #include "base/mem.h"
-#include "cache/budget.h"
-#include "cache/names.h"
 #include "store/ns.h"
 #include "store/store_int.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-const char *ks_werr_name(int w)
-{
-	static const char *const n[KS_WERR__COUNT] = {"enospc", "eio", "fsync", "readonly", "cap"};
-	return w >= 0 && w < KS_WERR__COUNT ? n[w] : "?";
-}
 
 double ks_store_budget_parse(const char *env)
 {
@@ -36,294 +30,15 @@ double ks_store_budget_parse(const char *env)
 	errno = 0;
 	v = strtod(env, &end);
 	if (errno || *end || !(v >= 0) || v > 3600) {
-		KV_WARN("store.budget", "value=\"%.40s\" msg=\"KVKEEP_SHUTDOWN_BUDGET is not a number of seconds: using "
+		/* read at every shutdown step and dashboard poll: said once */
+		static atomic_int warned;
+		if (!atomic_exchange(&warned, 1))
+			KV_WARN("store.budget", "value=\"%.40s\" msg=\"KVKEEP_SHUTDOWN_BUDGET is not a number of seconds: using "
 					"3.5\"",
 			env);
 		return KS_SHUTDOWN_BUDGET_DEFAULT;
 	}
 	return v;
-}
-
-uint64_t ks_ckpt_cap_parse(const char *v)
-{
-	uint64_t x;
-	if (!v || !*v)
-		return KS_CKPT_MAX_BYTES_DEFAULT;
-	/* the same number rule as the cache's KVKEEP_* byte counts */
-	if (kc_budget_parse_u64(v, &x) != 0) {
-		KV_WARN("store.ckpt_cap", "value=\"%.40s\" msg=\"KVKEEP_KV_CHECKPOINT_MAX_BYTES is not a byte count: "
-					  "using 20 GiB\"",
-			v);
-		return KS_CKPT_MAX_BYTES_DEFAULT;
-	}
-	return x;
-}
-
-int ks_store_path(const struct ks_store *s, int area, int kind, struct kv_h128 id, char *out, size_t cap)
-{
-	return ks_dir_obj_path(s->dir[area], kind, id, out, cap);
-}
-
-int ks_store_has(struct ks_store *s, int area, int kind, struct kv_h128 id)
-{
-	pthread_mutex_lock(&s->mu);
-	int have = ks_cat_find(s->cat, area, kind, id) >= 0;
-	pthread_mutex_unlock(&s->mu);
-	if (have || atomic_load(&s->scan_done))
-		return have;
-	char path[4096];
-	struct stat sb;
-	return ks_store_path(s, area, kind, id, path, sizeof path) == KV_OK && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
-void ks_store_reject(struct ks_store *s, const char *path, int area, int kind, struct kv_h128 id, int bad)
-{
-	int corrupt = bad != KS_BAD_NS && bad != KS_BAD_VERSION && bad != KS_BAD_IO && bad != KS_BAD_NONE;
-	char tag[33];
-	kv_h128_hex(s->p.ns, tag);
-	pthread_mutex_lock(&s->mu);
-	if (bad > 0 && bad < KS_BAD__COUNT)
-		s->st.bad[bad]++;
-	int32_t i = ks_cat_find(s->cat, area, kind, id);
-	if (i >= 0 && corrupt)
-		ks_cat_del(s->cat, i);
-	if (corrupt)
-		s->st.quarantined++;
-	pthread_mutex_unlock(&s->mu);
-	if (!corrupt)
-		return;
-	KV_WARN("store.quarantine", "file=%s reason=%s err=\"%s\"", path, ks_bad_name(bad), kv_errmsg());
-	ks_dir_quarantine(s->root, path, tag, s->p.quarantine_bytes);
-}
-
-void ks_store_write_failed(struct ks_store *s, int rc, const char *what)
-{
-	const char *msg = kv_errmsg();
-	int w;
-	if (rc == KV_ERR_FULL)
-		w = strstr(msg, "cap") ? KS_WERR_CAP : KS_WERR_ENOSPC;
-	else if (strstr(msg, "Read-only") || strstr(msg, "Permission denied") || strstr(msg, "Operation not permitted"))
-		w = KS_WERR_READONLY;
-	else if (strstr(msg, "fdatasync") || strstr(msg, "fsync"))
-		w = KS_WERR_FSYNC;
-	else
-		w = KS_WERR_EIO;
-	pthread_mutex_lock(&s->mu);
-	s->st.write_errors[w]++;
-	int first = !s->logged_werr[w];
-	s->logged_werr[w] = 1;
-	if (w == KS_WERR_READONLY)
-		s->writable = 0;
-	pthread_mutex_unlock(&s->mu);
-	if (first)
-		KV_WARN("store.write_failed",
-			"kind=%s object=%s err=\"%s\" msg=\"disk cache write failed; serving from RAM (logged once per "
-			"kind)\"",
-			ks_werr_name(w), what, msg);
-}
-
-void ks_store_evict_locked(struct ks_store *s, int32_t i, int ckpt_rule)
-{
-	const struct ks_rec *r = ks_cat_at(s->cat, i);
-	char path[4096];
-	if (!r)
-		return;
-	/* unlink under the lock: a short metadata call, and it keeps the
-	 * catalog and the folder in agreement (a path that cannot be built
-	 * names no file: nothing to unlink) */
-	if (ks_store_path(s, r->area, r->kind, r->id, path, sizeof path) == KV_OK && kv_io_unlink(path) != 0 &&
-	    errno != ENOENT)
-		return;
-	if (ckpt_rule)
-		s->st.ckpt_evictions++;
-	else
-		s->st.evictions++;
-	ks_cat_del(s->cat, i);
-}
-
-/* Evict from `order` until fits(s) says stop. Returns bytes freed. */
-static uint64_t evict_order(struct ks_store *s, int32_t *order, size_t n, int ckpt_rule, uint64_t need_free)
-{
-	uint64_t freed = 0;
-	for (size_t k = 0; k < n && freed < need_free; k++) {
-		const struct ks_rec *r = ks_cat_at(s->cat, order[k]);
-		if (!r)
-			continue;
-		uint64_t b = r->bytes;
-		size_t before = ks_cat_count(s->cat, -1);
-		ks_store_evict_locked(s, order[k], ckpt_rule);
-		if (ks_cat_count(s->cat, -1) < before)
-			freed += b;
-	}
-	return freed;
-}
-
-/* Evict up to k records in order; returns how many went. */
-static size_t evict_count(struct ks_store *s, int32_t *order, size_t n, size_t k)
-{
-	size_t gone = 0;
-	for (size_t i = 0; i < n && gone < k; i++) {
-		size_t before = ks_cat_count(s->cat, -1);
-		if (!ks_cat_at(s->cat, order[i]))
-			continue;
-		ks_store_evict_locked(s, order[i], 0);
-		gone += before - ks_cat_count(s->cat, -1);
-	}
-	return gone;
-}
-
-int ks_store_make_room(struct ks_store *s, uint64_t need)
-{
-	uint64_t total = 0, avail = 0, used, over = 0;
-	int have_fs = ks_dir_fs(s->dir[KS_AREA_MAIN], &total, &avail) == KV_OK;
-	int32_t *order = NULL;
-	size_t n = 0;
-	pthread_mutex_lock(&s->mu);
-	used = ks_cat_bytes(s->cat, -1);
-	if (used + need > s->cap_bytes)
-		over = used + need - s->cap_bytes;
-	if (have_fs && avail < need + s->reserve_bytes && need + s->reserve_bytes - avail > over)
-		over = need + s->reserve_bytes - avail;
-	if (over && ks_cat_order(s->cat, -1, 0, &order, &n) == KV_OK) {
-		uint64_t freed = evict_order(s, order, n, 0, over);
-		free(order);
-		if (freed < over) {
-			pthread_mutex_unlock(&s->mu);
-			return kv_fail(KV_ERR_FULL, "disk cache cap: %llu bytes more do not fit (cap %llu, free %llu)",
-				       (unsigned long long)need, (unsigned long long)s->cap_bytes,
-				       (unsigned long long)avail);
-		}
-	}
-	/* the object cap bounds the index's memory and the startup scan: past
-	 * it, evict down to 95% so the sort is not paid on every write */
-	size_t cnt = ks_cat_count(s->cat, -1), add = need ? 1 : 0;
-	if (s->max_files && cnt + add > s->max_files) {
-		size_t target = s->max_files - s->max_files / 20;
-		order = NULL;
-		if (ks_cat_order(s->cat, -1, 0, &order, &n) == KV_OK) {
-			evict_count(s, order, n, cnt + add - target);
-			free(order);
-		}
-		if (ks_cat_count(s->cat, -1) + add > s->max_files) {
-			pthread_mutex_unlock(&s->mu);
-			return kv_fail(KV_ERR_FULL, "disk cache cap: %zu objects (the object cap)", s->max_files);
-		}
-	}
-	pthread_mutex_unlock(&s->mu);
-	return KV_OK;
-}
-
-void ks_store_enforce_caps(struct ks_store *s)
-{
-	int32_t *order = NULL;
-	size_t n = 0;
-	ks_store_make_room(s, 0);
-	pthread_mutex_lock(&s->mu);
-	uint64_t cb = ks_cat_bytes(s->cat, KS_AREA_CKPT);
-	if (s->ckpt_cap_bytes && cb > s->ckpt_cap_bytes && ks_cat_order(s->cat, KS_AREA_CKPT, 1, &order, &n) == KV_OK) {
-		evict_order(s, order, n, 1, cb - s->ckpt_cap_bytes);
-		free(order);
-	}
-	s->last_enforce_ns = (int64_t)kv_now_ns();
-	pthread_mutex_unlock(&s->mu);
-}
-
-int ks_store_is_boundary_locked(const struct ks_store *s, struct kv_h128 id)
-{
-	for (uint32_t i = 0; i < s->bring_n; i++)
-		if (kv_h128_eq(s->bring[i], id))
-			return 1;
-	return 0;
-}
-
-/*
- * Run fn(ctx, i) for i in [0, n) on up to max_threads threads (the caller
- * is one of them). Used for waits on the device: data and folder syncs
- * issued together let the kernel and the device merge their cache flushes
- * and journal commits (measured here: 30 small files, 0.13-0.22 s one
- * after another, 0.01 s in parallel), and reads issued together keep the
- * device queue full while other threads check CRCs. Runs everything in
- * the calling thread when threads cannot start.
- */
-struct par {
-	void (*fn)(void *ctx, size_t i);
-	void *ctx;
-	size_t n, stride, first;
-};
-
-static void *par_main(void *arg)
-{
-	struct par *p = arg;
-	for (size_t i = p->first; i < p->n; i += p->stride)
-		p->fn(p->ctx, i);
-	return NULL;
-}
-
-void ks_par_run(size_t n, size_t max_threads, void (*fn)(void *ctx, size_t i), void *ctx)
-{
-	pthread_t t[KS_PAR_MAX];
-	struct par p[KS_PAR_MAX];
-	size_t nt = n < max_threads ? n : max_threads, started = 0;
-	if (nt > KS_PAR_MAX)
-		nt = KS_PAR_MAX;
-	if (nt <= 1) {
-		for (size_t i = 0; i < n; i++)
-			fn(ctx, i);
-		return;
-	}
-	for (size_t k = 0; k < nt; k++) {
-		p[k] = (struct par){fn, ctx, n, nt, k};
-		if (k > 0 && pthread_create(&t[k], NULL, par_main, &p[k]) == 0)
-			started |= (size_t)1 << k;
-	}
-	par_main(&p[0]);
-	for (size_t k = 1; k < nt; k++) {
-		if (started & ((size_t)1 << k))
-			pthread_join(t[k], NULL);
-		else
-			par_main(&p[k]);
-	}
-}
-
-struct kv_h128 *ks_store_chain(const struct ks_store *s, const int32_t *tok, uint32_t n, uint32_t *nh)
-{
-	uint32_t K = n / s->B;
-	struct kv_h128 *h = malloc(((size_t)K + 1) * sizeof *h);
-	if (!h)
-		return NULL;
-	h[0] = s->p.ns;
-	for (uint32_t k = 1; k <= K; k++)
-		h[k] = kc_chain_hash(h[k - 1], tok + (size_t)(k - 1) * s->B, s->B);
-	*nh = K + 1;
-	return h;
-}
-
-int ks_store_claim(struct ks_store *s)
-{
-	int rc;
-	long pid = 0;
-	s->unclaimed = 1;
-	if ((rc = ks_dir_ensure(s->dir[KS_AREA_MAIN])) || (rc = ks_dir_ensure(s->dir[KS_AREA_CKPT])))
-		return rc;
-	if (s->lock_fd < 0 && (rc = ks_ns_lock(s->dir[KS_AREA_MAIN], 2.0, &s->lock_fd, &pid))) {
-		if (rc != KV_ERR_NOT_OURS)
-			return rc;
-		pthread_mutex_lock(&s->mu);
-		s->writable = 0;
-		s->ns_busy = 1;
-		pthread_mutex_unlock(&s->mu);
-		s->unclaimed = 0;
-		KV_WARN("store.ns_busy", "root=%s pid=%ld err=\"%s\" msg=\"another kvkeep server serves this namespace: "
-					 "this one reads its disk cache but writes and deletes nothing; give each "
-					 "server its own --cache-dir or --cache-salt\"",
-			s->root, pid, kv_errmsg());
-		return rc;
-	}
-	if ((rc = ks_ns_mark(s->dir[KS_AREA_MAIN], s->p.ns, s->label, s->p.salted, &s->L)))
-		return rc;
-	s->touched_ns = ks_dir_now_ns();
-	s->unclaimed = 0;
-	return KV_OK;
 }
 
 int ks_store_open(const struct ks_params *p, struct ks_store **out)
@@ -423,6 +138,7 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 		s->root, hex, s->writable, (unsigned long long)(s->cap_bytes >> 20), s->max_files,
 		(unsigned long long)(s->reserve_bytes >> 20), (unsigned long long)(s->ckpt_cap_bytes >> 20),
 		s->p.ckpt_interval);
+	ks_echo_load(s); /* answers remembered before a restart, before any request */
 	*out = s;
 	return KV_OK;
 }
@@ -625,42 +341,6 @@ uint64_t ks_store_disk_bytes(struct ks_store *s)
 	return b;
 }
 
-/* The next live record of the tool order (caller holds mu); -1 none. */
-static int32_t next_victim_locked(struct ks_store *s)
-{
-	if (!s->tool_order && ks_cat_order(s->cat, -1, 0, &s->tool_order, &s->tool_n) != KV_OK)
-		return -1;
-	while (s->tool_i < s->tool_n && !ks_cat_at(s->cat, s->tool_order[s->tool_i]))
-		s->tool_i++;
-	return s->tool_i < s->tool_n ? s->tool_order[s->tool_i] : -1;
-}
-
-int64_t ks_store_next_victim(struct ks_store *s)
-{
-	pthread_mutex_lock(&s->mu);
-	int32_t i = next_victim_locked(s);
-	int64_t k = i >= 0 ? ks_cat_at(s->cat, i)->eff : INT64_MAX;
-	pthread_mutex_unlock(&s->mu);
-	return k;
-}
-
-uint64_t ks_store_evict_next(struct ks_store *s)
-{
-	uint64_t freed = 0;
-	pthread_mutex_lock(&s->mu);
-	int32_t i = next_victim_locked(s);
-	if (i >= 0) {
-		uint64_t b = ks_cat_at(s->cat, i)->bytes;
-		ks_store_evict_locked(s, i, 0);
-		if (!ks_cat_at(s->cat, i))
-			freed = b;
-		else
-			s->tool_i++; /* could not delete it: move on */
-	}
-	pthread_mutex_unlock(&s->mu);
-	return freed;
-}
-
 const char *ks_store_root(const struct ks_store *s)
 {
 	return s->root;
@@ -680,9 +360,30 @@ size_t ks_store_list_entries(struct ks_store *s, struct ks_entry_info *out, size
 		const struct ks_rec *r = ks_cat_at(s->cat, i);
 		if (!r || !r->live || r->kind != KS_ENTRY || r->area != KS_AREA_MAIN)
 			continue;
-		if (n < max)
+		if (n < max) {
+			/* what the entry takes on disk: its manifest, the tail and
+			 * snapshot of its end (same id), and the blocks up to it (its
+			 * parent chain), as `kvkeep cache ls` counts them (which adds
+			 * its checkpoints' snapshots) */
+			uint64_t bytes = r->bytes;
+			for (int k = KS_TAIL; k <= KS_SNAP; k++) {
+				int32_t j = ks_cat_find(s->cat, KS_AREA_MAIN, k, r->id);
+				if (j >= 0)
+					bytes += ks_cat_at(s->cat, j)->bytes;
+			}
+			struct kv_h128 p = r->parent;
+			/* a chain is at most one block per token long: a bound, not a hope */
+			for (uint32_t hops = 0; hops <= r->pos; hops++) {
+				int32_t j = ks_cat_find(s->cat, KS_AREA_MAIN, KS_BLOCK, p);
+				if (j < 0)
+					break;
+				const struct ks_rec *b = ks_cat_at(s->cat, j);
+				bytes += b->bytes;
+				p = b->parent;
+			}
 			out[n] = (struct ks_entry_info){.tokens = r->pos, .anchor = r->anchor_pos,
-							.last_use_ms = r->mtime / 1000000, .bytes = r->bytes, .id = r->id};
+							.last_use_ms = r->mtime / 1000000, .bytes = bytes, .id = r->id};
+		}
 		n++;
 	}
 	pthread_mutex_unlock(&s->mu);

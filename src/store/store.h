@@ -86,6 +86,7 @@ struct ks_params {
 	int64_t ns_max_age_s;          /* 0 = KS_NS_MAX_AGE_S (7 days) */
 	int tool;                      /* offline tools: write no marker, start no thread; the scan
 					  only catalogs (no age-out, no caps, nothing quarantined) */
+	int vocab;                     /* token ids of answer records must be below it (0: unchecked) */
 };
 
 struct ks_store;
@@ -214,6 +215,7 @@ struct ks_stats {
 	uint64_t drops;                /* checkpoints dropped: queue full */
 	uint64_t bad[KS_BAD__COUNT];   /* files refused, by reason (namespace/version: skipped) */
 	uint64_t quarantined;
+	uint64_t echo_written, echo_loaded, echo_rejected; /* answer records (echo.c) */
 	uint64_t loads, load_bytes, load_tokens, load_files;
 	double load_seconds;
 	uint64_t direct_lookups;       /* lookups served before the scan was done */
@@ -240,7 +242,7 @@ struct ks_entry_info {
 	uint32_t tokens;              /* the entry's length */
 	uint32_t anchor;              /* 0 = none */
 	int64_t last_use_ms;          /* the file's last use (wall clock) */
-	uint64_t bytes;               /* the manifest file's size */
+	uint64_t bytes;               /* its files: manifest, end tail / snapshot and the blocks before it */
 	struct kv_h128 id;            /* its resume point's name */
 };
 /* Up to max entries of the main area, in catalog order; returns how many

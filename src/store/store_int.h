@@ -1,8 +1,19 @@
 /*
- * store_int.h - the store's state, shared by its modules (store.c: the
- * facade, caps and counters; writer.c: write-behind and object writes;
- * fetch.c: disk lookups and loads; scan.c: the startup scan; flush.c: the
- * shutdown flush). Internal to src/store.
+ * store_int.h - the store's state, shared by its modules. Internal to
+ * src/store. Calls go one way, from the facade down:
+ *
+ *   store.c    the facade (store.h): open/close, the checkpoint queue,
+ *              counters; calls the workers
+ *   writer.c   write-behind and object writes     \
+ *   fetch.c    disk lookups and loads              |  the workers: call
+ *   scan.c     the startup scan                    |  evict.c and core.c
+ *   flush.c    the shutdown flush (calls writer.c) |
+ *   echo.c     the answer records' files           /
+ *   evict.c    disk eviction: caps, reserve, prune order; calls core.c
+ *   core.c     paths, rejects and quarantine, write failures, the
+ *              namespace claim, chain hashes, the rate, ks_par_run
+ *
+ * and below them catalog.c, dir.c, ns.c and obj.c.
  *
  * Locking: `mu` guards the catalog, the counters, the checkpoint queue,
  * the boundary ring and the flags below it. File I/O never runs under it.
@@ -107,11 +118,19 @@ struct ks_store {
 	uint8_t shard_made[KS_AREA__COUNT][256]; /* shard folders known to exist (under wmu) */
 	int ns_dir_dirty[KS_AREA__COUNT];        /* a shard was created: sync the ns folder */
 
+	uint64_t echo_bytes;             /* answer records on disk (echo.c), under mu */
 	int32_t *tool_order;             /* prune: eviction order, built once */
 	size_t tool_n, tool_i;
 };
 
-/* store.c ------------------------------------------------------------------ */
+/* echo.c: the namespace's answer records (cache/echo.h) in its echo/ folder */
+/* Write the records remembered since the last call (the writer thread and
+ * the shutdown flush); keeps the folder within the records' budget. */
+void ks_echo_save(struct ks_store *s);
+/* Load the folder's records into the cache's store (at open). */
+void ks_echo_load(struct ks_store *s);
+
+/* core.c ------------------------------------------------------------------- */
 
 /* KVKEEP_KV_CHECKPOINT_MAX_BYTES (read at open and at every scan): bytes,
  * 0 = no cap; unset or blank: 20 GiB; invalid: 20 GiB with a warning. */
@@ -128,15 +147,9 @@ void ks_store_reject(struct ks_store *s, const char *path, int area, int kind, s
  * writer while `unclaimed`). KV_OK; KV_ERR_NOT_OURS (another server:
  * ns_busy set, writes off); another error leaves `unclaimed` set. */
 int ks_store_claim(struct ks_store *s);
-/* Make room for `need` more bytes (disk cap, reserve). KV_OK or KV_ERR_FULL. */
-int ks_store_make_room(struct ks_store *s, uint64_t need);
 /* Classify a failed write, count it, log its kind once; a read-only
  * folder turns writes off. */
 void ks_store_write_failed(struct ks_store *s, int rc, const char *what);
-/* Delete one record's file and forget it. Caller holds mu. */
-void ks_store_evict_locked(struct ks_store *s, int32_t i, int ckpt_rule);
-/* Cap enforcement (takes mu). */
-void ks_store_enforce_caps(struct ks_store *s);
 /* 1 if id names an rp at a message boundary seen recently (caller holds mu). */
 int ks_store_is_boundary_locked(const struct ks_store *s, struct kv_h128 id);
 /* Run fn(ctx, i) for i in [0, n) on up to max_threads (<= KS_PAR_MAX)
@@ -147,6 +160,20 @@ int ks_store_is_boundary_locked(const struct ks_store *s, struct kv_h128 id);
 void ks_par_run(size_t n, size_t max_threads, void (*fn)(void *ctx, size_t i), void *ctx);
 /* Prefix chain hashes: h[0] = ns, h[k] = hash through block k (k <= n / B). */
 struct kv_h128 *ks_store_chain(const struct ks_store *s, const int32_t *tok, uint32_t n, uint32_t *nh);
+
+/* The observed write rate: ks_rate_add adds one sample, ks_rate_bps gives
+ * bytes/s (0 before the first sample). s->rate is under mu. */
+void ks_rate_add(struct ks_rate *r, uint64_t bytes, uint64_t ns);
+double ks_rate_bps(const struct ks_rate *r);
+
+/* evict.c ------------------------------------------------------------------ */
+
+/* Make room for `need` more bytes (disk cap, reserve). KV_OK or KV_ERR_FULL. */
+int ks_evict_make_room(struct ks_store *s, uint64_t need);
+/* Delete one record's file and forget it. Caller holds mu. */
+void ks_evict_locked(struct ks_store *s, int32_t i, int ckpt_rule);
+/* Cap enforcement (takes mu). */
+void ks_evict_enforce_caps(struct ks_store *s);
 
 /* writer.c ----------------------------------------------------------------- */
 
@@ -192,8 +219,5 @@ uint32_t ks_fetch_probe(struct ks_store *s, const int32_t *tok, uint32_t n, cons
 /* flush.c ------------------------------------------------------------------ */
 
 int ks_flush_run(struct ks_store *s, double budget_s, struct ks_flush_report *rep);
-/* The rate helpers (caller holds mu). */
-void ks_rate_add(struct ks_rate *r, uint64_t bytes, uint64_t ns);
-double ks_rate_bps(const struct ks_rate *r);
 
 #endif

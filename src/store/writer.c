@@ -199,7 +199,7 @@ int ks_writer_put(struct ks_store *s, int area, const struct ks_obj_src *src, ui
 		s->ns_dir_dirty[area] = 1;
 	}
 	uint64_t need = ks_obj_data_bytes(&s->L, src->kind, src->n_tokens, src->n_ckpt) + 4096;
-	if ((rc = ks_store_make_room(s, need + s->stg_bytes))) {
+	if ((rc = ks_evict_make_room(s, need + s->stg_bytes))) {
 		ks_store_write_failed(s, rc, ks_kind_name(src->kind));
 		return rc;
 	}
@@ -437,8 +437,10 @@ size_t ks_writer_drain(struct ks_store *s, int honor_stop)
 	}
 	ks_writer_commit(s);
 	pthread_mutex_unlock(&s->wmu);
+	if (!(honor_stop && stop_requested(s)))
+		ks_echo_save(s); /* the answers remembered meanwhile (echo.c) */
 	if (ckpt_done)
-		ks_store_enforce_caps(s); /* the checkpoint cap, oldest first */
+		ks_evict_enforce_caps(s); /* the checkpoint cap, oldest first */
 	return n;
 }
 

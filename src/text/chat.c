@@ -6,6 +6,7 @@
  */
 #include "text/jinja_int.h"
 #include "model/gguf_model.h"
+#include "base/hash.h"
 #include "base/io.h"
 
 #include <pthread.h>
@@ -36,6 +37,34 @@ struct kv_chat {
 	size_t n_added;
 	size_t max_added;               /* longest added token, bytes */
 	int xml_tools;
+	struct keep_memo *memo;         /* renders of earlier user turns (keep_reasoning) */
+};
+
+/*
+ * The keep_reasoning memo: what rendering an earlier user turn produced,
+ * by the content of every message up to it (and the template, tools and
+ * variables), so the next request of the same conversation does not
+ * render it again. Entries are small (one turn's text); LRU, bounded in
+ * bytes. One mutex: renders run on many threads.
+ */
+#define KEEP_MEMO_BYTES (16u << 20)
+#define KEEP_MEMO_SLOTS 512
+
+struct keep_ent {
+	struct kv_h128 key;
+	int kind;                /* 1: d (where a message starts), 2: a turn's text */
+	size_t d;
+	struct kv_h128 before;   /* kind 2: hash of the render's text before d */
+	char *text;              /* kind 2 (owned) */
+	size_t len;
+	uint64_t used;           /* LRU tick; 0: free slot */
+};
+
+struct keep_memo {
+	pthread_mutex_t mu;
+	struct keep_ent e[KEEP_MEMO_SLOTS];
+	size_t bytes;
+	uint64_t tick;
 };
 
 static const char *const special_keys[] = {
@@ -64,6 +93,12 @@ void kv_chat_free(struct kv_chat *c)
 	for (size_t i = 0; i < c->n_added; i++)
 		free(c->added[i].s);
 	free(c->added);
+	if (c->memo) {
+		for (size_t i = 0; i < KEEP_MEMO_SLOTS; i++)
+			free(c->memo->e[i].text);
+		pthread_mutex_destroy(&c->memo->mu);
+		free(c->memo);
+	}
 	free(c);
 }
 
@@ -153,7 +188,10 @@ static int chat_build(const json_t *cfg, const char *jinja_src, const char *what
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	c->tok = tok;
 	c->special = json_object();
-	if (!c->special) {
+	c->memo = calloc(1, sizeof *c->memo);
+	if (c->memo)
+		pthread_mutex_init(&c->memo->mu, NULL);
+	if (!c->special || !c->memo) {
 		rc = kv_fail(KV_ERR_NOMEM, "out of memory");
 		goto fail;
 	}
@@ -317,6 +355,15 @@ int kv_chat_set_template(struct kv_chat *c, const char *src, size_t len, const c
 	kv_tmpl_free(c->tmpl_tools);
 	free(c->src);
 	free(c->src_tools);
+	if (c->memo) { /* renders of the old template are no longer valid */
+		pthread_mutex_lock(&c->memo->mu);
+		for (size_t i = 0; i < KEEP_MEMO_SLOTS; i++) {
+			free(c->memo->e[i].text);
+			memset(&c->memo->e[i], 0, sizeof c->memo->e[i]);
+		}
+		c->memo->bytes = 0;
+		pthread_mutex_unlock(&c->memo->mu);
+	}
 	c->tmpl = t;
 	c->src = copy;
 	c->tmpl_tools = NULL;
@@ -510,15 +557,15 @@ static int job_set_json(struct chat_job *j, const char *name, const json_t *v, i
 	return KV_OK;
 }
 
-/* Render messages[:k] (+ extra message) without storing: compare with
- * full. Returns the prefix length when the render is a prefix of full,
- * else 0. */
-static size_t prefix_len(struct chat_job *j, size_t k, const char *full, size_t full_len)
+/* Render messages[:k] without the generation prompt: into out, or (out
+ * NULL) compared with full, *got the length of the common prefix. The
+ * core of prefix_len and render_prefix. */
+static int render_head(struct chat_job *j, size_t k, struct kv_buf *out, const char *full, size_t full_len,
+		       size_t *got)
 {
 	struct list *l = kj_ar_alloc_raw(&j->base, sizeof *l + k * sizeof(struct val));
-	size_t got = 0;
 	if (!l)
-		return 0;
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	memset(l, 0, sizeof *l);
 	l->n = k;
 	l->kind = L_LIST;
@@ -526,10 +573,18 @@ static size_t prefix_len(struct chat_job *j, size_t k, const char *full, size_t 
 	struct val saved_m = j->g[j->i_messages].v, saved_a = j->g[j->i_agp].v;
 	j->g[j->i_messages].v = vlist(l);
 	j->g[j->i_agp].v = vbool(0);
-	int rc = kj_render_core(j->t, j->g, j->ng, NULL, NULL, full, full_len, &got, &j->memo);
+	int rc = kj_render_core(j->t, j->g, j->ng, NULL, out, full, full_len, got, &j->memo);
 	j->g[j->i_messages].v = saved_m;
 	j->g[j->i_agp].v = saved_a;
-	return rc == KV_OK ? got : 0;
+	return rc;
+}
+
+/* Render messages[:k] without storing: compare with full. Returns the
+ * prefix length when the render is a prefix of full, else 0. */
+static size_t prefix_len(struct chat_job *j, size_t k, const char *full, size_t full_len)
+{
+	size_t got = 0;
+	return render_head(j, k, NULL, full, full_len, &got) == KV_OK ? got : 0;
 }
 
 /* The end of system + tools when rendering the head alone fails or is
@@ -584,6 +639,7 @@ void kv_chat_render_free(struct kv_chat_render *r)
 	free(r->boundaries);
 	free(r->boundary_bytes);
 	free(r->boundary_msgs);
+	free(r->splice_at);
 	memset(r, 0, sizeof *r);
 }
 
@@ -776,6 +832,492 @@ static int encode_mixed(const struct kv_chat *c, const struct lits *L, const cha
 	return KV_OK;
 }
 
+/* --- keep_reasoning (template.h "Reasoning history") --------------------- */
+
+static struct keep_ent *memo_find(struct keep_memo *m, struct kv_h128 key, int kind)
+{
+	for (size_t i = 0; i < KEEP_MEMO_SLOTS; i++)
+		if (m->e[i].used && m->e[i].kind == kind && kv_h128_eq(m->e[i].key, key)) {
+			m->e[i].used = ++m->tick;
+			return &m->e[i];
+		}
+	return NULL;
+}
+
+/* A free slot, evicting least recently used entries until `bytes` fit. */
+static struct keep_ent *memo_slot(struct keep_memo *m, size_t bytes)
+{
+	for (;;) {
+		struct keep_ent *lru = NULL, *free_slot = NULL;
+		for (size_t i = 0; i < KEEP_MEMO_SLOTS; i++) {
+			if (!m->e[i].used) {
+				free_slot = free_slot ? free_slot : &m->e[i];
+				continue;
+			}
+			if (!lru || m->e[i].used < lru->used)
+				lru = &m->e[i];
+		}
+		if (free_slot && m->bytes + bytes <= KEEP_MEMO_BYTES)
+			return free_slot;
+		if (!lru)
+			return NULL;
+		m->bytes -= lru->len;
+		free(lru->text);
+		memset(lru, 0, sizeof *lru);
+	}
+}
+
+static int memo_get_d(const struct kv_chat *c, struct kv_h128 key, size_t *d)
+{
+	int got = 0;
+	pthread_mutex_lock(&c->memo->mu);
+	struct keep_ent *e = memo_find(c->memo, key, 1);
+	if (e) {
+		*d = e->d;
+		got = 1;
+	}
+	pthread_mutex_unlock(&c->memo->mu);
+	return got;
+}
+
+static void memo_put_d(const struct kv_chat *c, struct kv_h128 key, size_t d)
+{
+	pthread_mutex_lock(&c->memo->mu);
+	struct keep_ent *e = memo_find(c->memo, key, 1);
+	if (!e && (e = memo_slot(c->memo, 0))) {
+		e->key = key;
+		e->kind = 1;
+		e->used = ++c->memo->tick;
+	}
+	if (e)
+		e->d = d;
+	pthread_mutex_unlock(&c->memo->mu);
+}
+
+/* A turn's remembered text (copied into out) when its render agreed with
+ * the text before d in the request at hand. */
+static int memo_get_turn(const struct kv_chat *c, struct kv_h128 key, size_t d, struct kv_h128 before,
+			 struct kv_buf *out)
+{
+	int got = 0;
+	pthread_mutex_lock(&c->memo->mu);
+	struct keep_ent *e = memo_find(c->memo, key, 2);
+	if (e && e->d == d && kv_h128_eq(e->before, before)) {
+		kv_buf_add(out, e->text, e->len);
+		got = !out->oom;
+	}
+	pthread_mutex_unlock(&c->memo->mu);
+	return got;
+}
+
+static void memo_put_turn(const struct kv_chat *c, struct kv_h128 key, size_t d, struct kv_h128 before, const char *t,
+			  size_t n)
+{
+	char *copy = malloc(n ? n : 1);
+	if (!copy)
+		return;
+	memcpy(copy, t, n);
+	pthread_mutex_lock(&c->memo->mu);
+	struct keep_ent *e = memo_find(c->memo, key, 2);
+	if (e) {
+		c->memo->bytes -= e->len;
+		free(e->text);
+	} else if ((e = memo_slot(c->memo, n))) {
+		e->key = key;
+		e->kind = 2;
+		e->used = ++c->memo->tick;
+	}
+	if (e) {
+		e->d = d;
+		e->before = before;
+		e->text = copy;
+		e->len = n;
+		c->memo->bytes += n;
+		copy = NULL;
+	}
+	pthread_mutex_unlock(&c->memo->mu);
+	free(copy);
+}
+
+/* Render messages[:k] without the generation prompt into out. */
+static int render_prefix(struct chat_job *j, size_t k, struct kv_buf *out)
+{
+	int rc = render_head(j, k, out, NULL, 0, NULL);
+	if (!rc && out->oom)
+		rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+	return rc;
+}
+
+/* The user turns of a request, rendered as each was when it was the newest
+ * (template.h "Reasoning history"). */
+struct keep {
+	int active;
+	size_t nq;               /* user messages */
+	size_t *q;               /* their indices */
+	size_t *d;               /* where message q[i] starts in the full render */
+	size_t *toff;            /* ... and in the kept text */
+	struct kv_buf t;         /* the kept text */
+};
+
+static void keep_free(struct keep *k)
+{
+	free(k->q);
+	free(k->d);
+	free(k->toff);
+	kv_buf_free(&k->t);
+	memset(k, 0, sizeof *k);
+}
+
+/* Chain hashes of the messages: h[m] covers everything that decides how
+ * messages[:m] render (template, tools, variables, the messages). */
+static int keep_hashes(const struct kv_chat *c, const struct kv_tmpl *t, const json_t *prep, const json_t *tools,
+		       const struct kv_chat_opts *o, struct kv_h128 *h)
+{
+	struct kv_buf b = KV_BUF_INIT;
+	char *x;
+	kv_buf_printf(&b, "kvkeep-keep-1 %p %d %d|", (const void *)t, o->enable_thinking, o->request_specials);
+	if (tools && (x = json_dumps(tools, JSON_COMPACT | JSON_SORT_KEYS | JSON_ALLOW_NUL))) {
+		kv_buf_adds(&b, x);
+		free(x);
+	}
+	kv_buf_adds(&b, "|");
+	if (o->kwargs && (x = json_dumps(o->kwargs, JSON_COMPACT | JSON_SORT_KEYS | JSON_ALLOW_NUL))) {
+		kv_buf_adds(&b, x);
+		free(x);
+	}
+	if (b.oom) {
+		kv_buf_free(&b);
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	}
+	h[0] = kv_xxh3_128(b.p, b.len, 0);
+	kv_buf_free(&b);
+	(void)c;
+	for (size_t m = 0; m < json_array_size(prep); m++) {
+		x = json_dumps(json_array_get(prep, m), JSON_COMPACT | JSON_SORT_KEYS | JSON_ALLOW_NUL);
+		if (!x)
+			return kv_fail(KV_ERR_NOMEM, "out of memory");
+		h[m + 1] = kv_xxh3_128_cat(&h[m], sizeof h[m], x, strlen(x));
+		free(x);
+	}
+	return KV_OK;
+}
+
+/*
+ * Build the kept text of a request whose whole render is full[0, len).
+ * Leaves k->active 0 when there is nothing to keep (fewer than two user
+ * messages) or when the template breaks the rule (then the request uses
+ * the template's own text). Errors only for memory.
+ */
+static int keep_build(struct chat_job *j, const json_t *prep, const json_t *tools, const struct kv_chat_opts *o,
+		      const char *full, size_t len, struct keep *k)
+{
+	const struct kv_chat *c = j->c;
+	size_t n = json_array_size(prep), nq = 0;
+	struct kv_h128 *h = NULL;
+	struct kv_buf r = KV_BUF_INIT;
+	int rc = KV_OK;
+	memset(k, 0, sizeof *k);
+	for (size_t i = 0; i < n; i++)
+		nq += !strcmp(json_string_value(json_object_get(json_array_get(prep, i), "role")), "user");
+	if (nq < 2)
+		return KV_OK;
+	k->q = calloc(nq, sizeof *k->q);
+	k->d = calloc(nq, sizeof *k->d);
+	k->toff = calloc(nq, sizeof *k->toff);
+	h = calloc(n + 1, sizeof *h);
+	if (!k->q || !k->d || !k->toff || !h) {
+		rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(json_string_value(json_object_get(json_array_get(prep, i), "role")), "user"))
+			k->q[k->nq++] = i;
+	if ((rc = keep_hashes(c, j->t, prep, tools, o, h)))
+		goto out;
+	/* where each user message starts: in every render that goes past it,
+	 * the messages before it render the same way (it is not the last user
+	 * message of any of the renders used here but its own turn's) */
+	for (size_t i = 0; i < k->nq; i++) {
+		if (k->q[i] == 0) {
+			k->d[i] = 0; /* the conversation starts with it */
+			continue;
+		}
+		if (!memo_get_d(c, h[k->q[i]], &k->d[i])) {
+			k->d[i] = probe_anchor(j, k->q[i], full, len);
+			if (k->d[i])
+				memo_put_d(c, h[k->q[i]], k->d[i]);
+		}
+		if (!k->d[i] || (i && k->d[i] <= k->d[i - 1]) || k->d[i] > len)
+			goto out; /* not found: the template's own text */
+	}
+	/* every turn but the newest, as render(messages[:q[i + 1]]) shows it */
+	kv_buf_add(&k->t, full, k->d[0]);
+	for (size_t i = 0; i + 1 < k->nq; i++) {
+		struct kv_h128 before = kv_xxh3_128(full, k->d[i], 0);
+		k->toff[i] = k->t.len;
+		if (memo_get_turn(c, h[k->q[i + 1]], k->d[i], before, &k->t))
+			continue;
+		kv_buf_reset(&r);
+		if ((rc = render_prefix(j, k->q[i + 1], &r))) {
+			if (rc == KV_ERR_NOMEM)
+				goto out;
+			rc = KV_OK;
+			kv_errclear();
+			goto out;
+		}
+		if (r.len < k->d[i] || memcmp(r.p, full, k->d[i]))
+			goto out; /* the text before the turn differs: the rule fails */
+		kv_buf_add(&k->t, r.p + k->d[i], r.len - k->d[i]);
+		memo_put_turn(c, h[k->q[i + 1]], k->d[i], before, r.p + k->d[i], r.len - k->d[i]);
+	}
+	k->toff[k->nq - 1] = k->t.len;
+	kv_buf_add(&k->t, full + k->d[k->nq - 1], len - k->d[k->nq - 1]);
+	if (k->t.oom) {
+		rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	k->active = k->t.len != len || memcmp(k->t.p, full, len);
+out:
+	if (!k->active || rc) {
+		int keep_rc = rc;
+		keep_free(k);
+		rc = keep_rc;
+	}
+	kv_buf_free(&r);
+	free(h);
+	return rc;
+}
+
+/* --- splices: the server's own answers (template.h kv_chat_splice) -------- */
+
+/* "[kvec<16 hex>.<message>]": the stand-in content of a spliced message
+ * (the per-process tag of the literals, so no request text can forge it;
+ * the message index keeps it the same from one request to the next). */
+static void splice_tag(size_t message, char *out, size_t cap)
+{
+	snprintf(out, cap, "[kvec%.16s.%zu]", g_lit_tag + 5, message);
+}
+
+/* Replace the spliced messages of prep (a private array) by stand-ins. */
+static int splice_stand_ins(json_t *prep, const struct kv_chat_opts *o)
+{
+	char tag[64];
+	for (size_t i = 0; i < o->n_splices; i++) {
+		const struct kv_chat_splice *sp = &o->splices[i];
+		json_t *m = json_array_get(prep, sp->message);
+		if (!m || strcmp(json_string_value(json_object_get(m, "role")), "assistant"))
+			return kv_fail(KV_ERR_INVALID, "splice %zu: messages[%zu] is not an assistant message", i, sp->message);
+		splice_tag(sp->message, tag, sizeof tag);
+		json_t *stand_in = json_pack("{s:s, s:s}", "role", "assistant", "content", tag);
+		if (!stand_in || json_array_set_new(prep, sp->message, stand_in))
+			return kv_fail(KV_ERR_NOMEM, "out of memory");
+	}
+	return KV_OK;
+}
+
+/* A byte range of the text whose tokens are given. */
+struct vspan {
+	size_t a, b;
+	const int32_t *tok;
+	size_t n;
+	size_t splice;           /* index in opts->splices */
+};
+
+/* Shift every position > at by delta (positions in (at, at + removed]
+ * cannot occur: the caller checked). */
+static void shift_positions(size_t *pos, size_t n, size_t at, ptrdiff_t delta)
+{
+	for (size_t i = 0; i < n; i++)
+		if (pos[i] > at)
+			pos[i] = (size_t)((ptrdiff_t)pos[i] + delta);
+}
+
+/*
+ * Put every splice's text in place of its stand-in (from the role header
+ * on). text is rewritten; cuts and the literal spans move with it; the
+ * applied splices go to vs[] (ascending). *nvs: how many.
+ */
+static int apply_splices(const struct kv_chat *c, const struct kv_chat_opts *o, struct kv_buf *text, size_t *cuts,
+			 size_t n_cuts, size_t *spans, size_t n_spans, struct vspan *vs, size_t *nvs)
+{
+	char tag[64];
+	size_t floor_at = 0;
+	*nvs = 0;
+	for (size_t i = 0; i < o->n_splices; i++) {
+		const struct kv_chat_splice *sp = &o->splices[i];
+		splice_tag(sp->message, tag, sizeof tag);
+		size_t tl = strlen(tag);
+		const char *t = text->p ? text->p : "";
+		const char *f = memmem(t + floor_at, text->len - floor_at, tag, tl);
+		if (!f || memmem(f + 1, text->len - (size_t)(f + 1 - t), tag, tl))
+			continue; /* the template dropped or repeated the stand-in */
+		/* the role header: the first line of the splice's text, the
+		 * last time it appears before the stand-in */
+		const char *nl = memchr(sp->text, '\n', sp->text_len);
+		size_t hl = nl ? (size_t)(nl - sp->text) + 1 : sp->text_len;
+		size_t p = (size_t)(f - t), hdr = SIZE_MAX;
+		for (size_t x = p >= hl ? p - hl + 1 : 0; x-- > floor_at;)
+			if (!memcmp(t + x, sp->text, hl)) {
+				hdr = x;
+				break;
+			}
+		if (hdr == SIZE_MAX || !clean_cut(c, t, text->len, hdr))
+			continue;
+		size_t end = p + tl;
+		int inside = 0;
+		for (size_t k = 0; k < n_cuts; k++)
+			inside |= cuts[k] > hdr && cuts[k] < end;
+		for (size_t k = 0; k < 2 * n_spans; k++)
+			inside |= spans[k] > hdr && spans[k] < end;
+		if (inside)
+			continue;
+		/* text = t[0, hdr) + sp->text + t[end, len) */
+		struct kv_buf nt = KV_BUF_INIT;
+		kv_buf_add(&nt, t, hdr);
+		kv_buf_add(&nt, sp->text, sp->text_len);
+		kv_buf_add(&nt, t + end, text->len - end);
+		if (nt.oom) {
+			kv_buf_free(&nt);
+			return kv_fail(KV_ERR_NOMEM, "out of memory");
+		}
+		ptrdiff_t delta = (ptrdiff_t)sp->text_len - (ptrdiff_t)(end - hdr);
+		shift_positions(cuts, n_cuts, hdr, delta);
+		shift_positions(spans, 2 * n_spans, hdr, delta);
+		for (size_t k = 0; k < *nvs; k++)
+			if (vs[k].a > hdr) {
+				vs[k].a = (size_t)((ptrdiff_t)vs[k].a + delta);
+				vs[k].b = (size_t)((ptrdiff_t)vs[k].b + delta);
+			}
+		kv_buf_free(text);
+		*text = nt;
+		vs[*nvs] = (struct vspan){.a = hdr, .b = hdr + sp->text_len, .tok = sp->tokens, .n = sp->n_tokens, .splice = i};
+		(*nvs)++;
+		floor_at = hdr + sp->text_len;
+	}
+	return KV_OK;
+}
+
+/* Tokens of text[start, end): the given tokens of the splices inside it,
+ * the rest encoded (encode_mixed where request literals are). */
+static int encode_segment(const struct kv_chat *c, const struct lits *L, const char *text, size_t start, size_t end,
+			  const size_t *spans, size_t n_spans, const struct vspan *vs, size_t nvs, int32_t *splice_at,
+			  struct kv_buf *ids)
+{
+	int rc;
+	for (size_t v = 0; v <= nvs && start < end; v++) {
+		size_t stop = end;
+		if (v < nvs) {
+			if (vs[v].b <= start || vs[v].a >= end)
+				continue;
+			stop = vs[v].a;
+		}
+		if (stop > start) {
+			if (n_spans)
+				rc = encode_mixed(c, L, text, start, stop, spans, n_spans, ids);
+			else {
+				int32_t *seg;
+				size_t ns;
+				if (!(rc = kv_tok_encode(c->tok, text + start, stop - start, 1, &seg, &ns))) {
+					kv_buf_add(ids, seg, ns * sizeof *seg);
+					free(seg);
+				}
+			}
+			if (rc)
+				return rc;
+		}
+		if (v < nvs) {
+			splice_at[vs[v].splice] = (int32_t)(ids->len / sizeof(int32_t));
+			kv_buf_add(ids, vs[v].tok, vs[v].n * sizeof(int32_t));
+			start = vs[v].b;
+		} else {
+			start = end;
+		}
+	}
+	return KV_OK;
+}
+
+/* Where messages end in the final text (the kept one when keep is
+ * active), in bytes: cs->cuts[i] ends render(messages[:cs->cut_k[i]]).
+ * cs->cuts and cs->cut_k have room for n + 2 entries. */
+struct cut_search {
+	size_t *cuts, *cut_k, n_cuts;
+	int first_is_head, from_probe;
+};
+
+static int find_cuts(struct chat_job *j, const json_t *prep, int has_tools, const struct kv_chat_opts *o,
+		     const char *full, size_t full_len, const struct keep *keep, struct cut_search *cs)
+{
+	const struct kv_chat *c = j->c;
+	size_t n = j->msgs->n;
+	/* prefix renders are compared with the whole render, and a position
+	 * in the newest turn moves by what keeping changed before it */
+	const char *fin = keep->active ? keep->t.p : full;
+	size_t fin_len = keep->active ? keep->t.len : full_len;
+	{
+		size_t *cuts = cs->cuts, *cut_k = cs->cut_k, n_cuts = 0;
+		size_t h = 0;
+		const char *role0 = json_string_value(json_object_get(json_array_get(prep, 0), "role"));
+		if (role0 && !strcmp(role0, "system"))
+			h = 1;
+		size_t k0 = 1;
+		if (h || has_tools) {
+			size_t a = prefix_len(j, h, full, full_len);
+			if (!(a > 0 && clean_cut(c, full, full_len, a))) {
+				a = probe_anchor(j, h, full, full_len);
+				cs->from_probe = a > 0;
+			}
+			if (a > 0 && (!keep->active || a <= keep->d[0])) {
+				cut_k[n_cuts] = h;
+				cuts[n_cuts++] = a;
+				cs->first_is_head = 1;
+			}
+			k0 = h + 1;
+		}
+		if (o->max_message_boundaries > 0 && n >= (size_t)o->max_message_boundaries &&
+		    n + 1 - (size_t)o->max_message_boundaries > k0)
+			k0 = n + 1 - (size_t)o->max_message_boundaries;
+		size_t qi = 0, ref_turn = SIZE_MAX;
+		struct kv_buf ref = KV_BUF_INIT;
+		for (size_t k = k0; k <= n; k++) {
+			size_t l = 0;
+			if (!keep->active || k <= keep->q[0]) {
+				l = prefix_len(j, k, full, full_len);
+			} else if (k <= keep->q[keep->nq - 1]) {
+				/* inside an earlier turn i: compared with that turn's
+				 * render, render(messages[:q[i + 1]]) */
+				while (qi + 1 < keep->nq && keep->q[qi + 1] < k)
+					qi++;
+				if (keep->q[qi + 1] == k) {
+					l = keep->toff[qi + 1];
+				} else {
+					if (ref_turn != qi) {
+						kv_buf_reset(&ref);
+						kv_buf_add(&ref, full, keep->d[qi]);
+						kv_buf_add(&ref, keep->t.p + keep->toff[qi], keep->toff[qi + 1] - keep->toff[qi]);
+						ref_turn = qi;
+					}
+					size_t lr = ref.oom ? 0 : prefix_len(j, k, ref.p, ref.len);
+					if (lr > keep->d[qi])
+						l = lr - keep->d[qi] + keep->toff[qi];
+				}
+			} else {
+				size_t lf = prefix_len(j, k, full, full_len);
+				size_t dl = keep->d[keep->nq - 1];
+				if (lf >= dl)
+					l = lf - dl + keep->toff[keep->nq - 1];
+			}
+			if (l > 0 && (!n_cuts || l > cuts[n_cuts - 1]) && clean_cut(c, fin, fin_len, l)) {
+				cut_k[n_cuts] = k;
+				cuts[n_cuts++] = l;
+			}
+		}
+		kv_buf_free(&ref);
+		kv_errclear();
+		cs->n_cuts = n_cuts;
+	}
+	return KV_OK;
+}
+
 int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t *tools,
 		   const struct kv_chat_opts *opts, struct kv_chat_render *out)
 {
@@ -786,6 +1328,9 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 	int first_is_head = 0, from_probe = 0;
 	int rc;
 	struct kv_chat_opts o = {1, -1, NULL, 0, 0};
+	struct keep keep = {0};
+	struct vspan *vs = NULL;
+	size_t nvs = 0;
 
 	memset(out, 0, sizeof *out);
 	if (opts)
@@ -801,8 +1346,8 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 	json_t *tools_sub = NULL, *kw_sub = NULL;
 	size_t *spans = NULL, n_spans = 0;
 	int subst = 0;
+	pthread_once(&g_lit_once, lit_tag_init);
 	if (!o.request_specials && c->tok) {
-		pthread_once(&g_lit_once, lit_tag_init);
 		if ((rc = lits_collect(c, &lits)))
 			goto done;
 		if (lits.n && (json_has_lit(prep, &lits) || (tools && json_has_lit(tools, &lits)) ||
@@ -820,6 +1365,23 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 			if (o.kwargs)
 				o.kwargs = kw_sub;
 		}
+	}
+	/* the server's own answers: stand-ins, replaced after the render */
+	if (o.n_splices) {
+		if (!c->tok) {
+			rc = kv_fail(KV_ERR_INVALID, "splices need a tokenizer");
+			goto done;
+		}
+		out->splice_at = malloc(o.n_splices * sizeof *out->splice_at);
+		vs = calloc(o.n_splices, sizeof *vs);
+		if (!out->splice_at || !vs) {
+			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+			goto done;
+		}
+		for (size_t i = 0; i < o.n_splices; i++)
+			out->splice_at[i] = -1;
+		if ((rc = splice_stand_ins(prep, &o)))
+			goto done;
 	}
 	int has_tools = tools && json_is_array(tools) && json_array_size(tools) > 0;
 	j.c = c;
@@ -870,8 +1432,11 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 		rc = kv_fail(KV_ERR_INVALID, "the rendered prompt is not valid UTF-8");
 		goto done;
 	}
+	/* every user turn as it was rendered when it was the newest */
+	if (o.keep_reasoning && c->tok && (rc = keep_build(&j, prep, tools, &o, full, full_len, &keep)))
+		goto done;
 
-	/* boundaries in bytes */
+	/* boundaries in bytes of the final text */
 	size_t n = j.msgs->n;
 	if (c->tok && !o.skip_boundaries) {
 		cuts = calloc(n + 2, sizeof *cuts);
@@ -880,52 +1445,41 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
 			goto done;
 		}
-		size_t h = 0;
-		const char *role0 = json_string_value(json_object_get(json_array_get(prep, 0), "role"));
-		if (role0 && !strcmp(role0, "system"))
-			h = 1;
-		size_t k0 = 1;
-		if (h || has_tools) {
-			size_t a = prefix_len(&j, h, full, full_len);
-			if (!(a > 0 && clean_cut(c, full, full_len, a))) {
-				a = probe_anchor(&j, h, full, full_len);
-				from_probe = a > 0;
-			}
-			if (a > 0) {
-				cut_k[n_cuts] = h;
-				cuts[n_cuts++] = a;
-				first_is_head = 1;
-			}
-			k0 = h + 1;
-		}
-		if (o.max_message_boundaries > 0 && n >= (size_t)o.max_message_boundaries &&
-		    n + 1 - (size_t)o.max_message_boundaries > k0)
-			k0 = n + 1 - (size_t)o.max_message_boundaries;
-		for (size_t k = k0; k <= n; k++) {
-			size_t l = prefix_len(&j, k, full, full_len);
-			if (l > 0 && (!n_cuts || l > cuts[n_cuts - 1]) && clean_cut(c, full, full_len, l)) {
-				cut_k[n_cuts] = k;
-				cuts[n_cuts++] = l;
-			}
-		}
-		kv_errclear();
+		struct cut_search cs = {.cuts = cuts, .cut_k = cut_k};
+		if ((rc = find_cuts(&j, prep, has_tools, &o, full, full_len, &keep, &cs)))
+			goto done;
+		n_cuts = cs.n_cuts;
+		first_is_head = cs.first_is_head;
+		from_probe = cs.from_probe;
 	}
+	if (keep.active) {
+		kv_buf_free(&text);
+		text = keep.t;
+		memset(&keep.t, 0, sizeof keep.t);
+		out->kept = 1;
+	}
+	full = text.p ? text.p : "";
+	full_len = text.len;
 	if (subst) {
-		struct kv_buf fin = KV_BUF_INIT;
-		if ((rc = lits_restore(full, full_len, &lits, &fin, &spans, &n_spans, cuts, n_cuts))) {
-			kv_buf_free(&fin);
+		struct kv_buf fin2 = KV_BUF_INIT;
+		if ((rc = lits_restore(full, full_len, &lits, &fin2, &spans, &n_spans, cuts, n_cuts))) {
+			kv_buf_free(&fin2);
 			goto done;
 		}
 		kv_buf_free(&text);
-		text = fin;
-		full = text.p ? text.p : "";
-		full_len = text.len;
+		text = fin2;
 	}
+	if (o.n_splices && (rc = apply_splices(c, &o, &text, cuts, n_cuts, spans, n_spans, vs, &nvs)))
+		goto done;
+	full = text.p ? text.p : "";
+	full_len = text.len;
+	out->n_spliced = nvs;
 
 	/* tokens, segment by segment: every cut is at the start of an added
 	 * token (or the end), where the tokenizer starts a new segment anyway,
 	 * so the concatenation is the tokenization of the whole text and the
-	 * tokens up to a cut are exactly the tokens of the text up to it */
+	 * tokens up to a cut are exactly the tokens of the text up to it;
+	 * a spliced answer's tokens are its own */
 	if (c->tok) {
 		struct kv_buf ids = KV_BUF_INIT;
 		size_t start = 0;
@@ -938,20 +1492,10 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 		}
 		for (size_t s = 0; s <= n_cuts; s++) {
 			size_t end = s < n_cuts ? cuts[s] : full_len;
-			if (end > start && n_spans) {
-				if ((rc = encode_mixed(c, &lits, full, start, end, spans, n_spans, &ids))) {
-					kv_buf_free(&ids);
-					goto done;
-				}
-			} else if (end > start) {
-				int32_t *seg;
-				size_t ns;
-				if ((rc = kv_tok_encode(c->tok, full + start, end - start, 1, &seg, &ns))) {
-					kv_buf_free(&ids);
-					goto done;
-				}
-				kv_buf_add(&ids, seg, ns * sizeof *seg);
-				free(seg);
+			if (end > start &&
+			    (rc = encode_segment(c, &lits, full, start, end, spans, n_spans, vs, nvs, out->splice_at, &ids))) {
+				kv_buf_free(&ids);
+				goto done;
 			}
 			if (s < n_cuts) {
 				out->boundaries[s] = (int32_t)(ids.len / sizeof(int32_t));
@@ -980,7 +1524,9 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 done:
 	if (rc)
 		kv_chat_render_free(out);
+	keep_free(&keep);
 	kv_buf_free(&text);
+	free(vs);
 	free(cuts);
 	free(cut_k);
 	free(j.g);

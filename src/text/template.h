@@ -76,6 +76,24 @@ int kv_chat_set_template(struct kv_chat *c, const char *src, size_t len, const c
 /* 1 if the template renders Qwen3.5-style XML tool calls (<function=...>). */
 int kv_chat_xml_tools(const struct kv_chat *c);
 
+/*
+ * An assistant message rendered exactly as the model generated it (the
+ * server's own answer sent back by the client: session/echo.h). The
+ * template renders a stand-in for the message (its content a placeholder,
+ * no reasoning, no tool calls); the stand-in, from the message's role
+ * header ("<|im_start|>assistant\n": the first line of `text`) to the end
+ * of the placeholder, is replaced by `text`, and its tokens are `tokens`,
+ * never tokenized again. A splice whose stand-in cannot be found (the
+ * template dropped or changed it) is not applied.
+ */
+struct kv_chat_splice {
+	size_t message;              /* index in messages (an assistant message) */
+	const char *text;            /* the generation prompt as it was rendered, then the generated text */
+	size_t text_len;
+	const int32_t *tokens;       /* text's tokens as generated (borrowed) */
+	size_t n_tokens;
+};
+
 struct kv_chat_opts {
 	int add_generation_prompt;   /* 1 for a request the model answers */
 	int enable_thinking;         /* -1: leave undefined, 0 false, 1 true */
@@ -86,6 +104,12 @@ struct kv_chat_opts {
 	                                message ends are searched (plus the end of
 	                                system + tools), which bounds the cost on long
 	                                conversations (see kv_chat_render) */
+	int keep_reasoning;          /* 1: render every user turn as the template renders
+	                                the newest one, so the reasoning it shows there
+	                                stays when later turns arrive (see "Reasoning
+	                                history" below) */
+	const struct kv_chat_splice *splices; /* n_splices (borrowed), ascending message */
+	size_t n_splices;
 	int request_specials;        /* 1: special-token literals inside the request's
 	                                strings (content, tool results, names, tools,
 	                                kwargs) become control tokens, as in Hugging
@@ -115,6 +139,10 @@ struct kv_chat_render {
 	uint32_t *boundary_msgs;/* malloc'd: boundary i ends render(messages[:k]),
 	                           k = boundary_msgs[i] */
 	int first_from_probe;  /* boundary[0] came from the probe (see below) */
+	int kept;              /* keep_reasoning changed the text */
+	int32_t *splice_at;    /* malloc'd, n_splices entries: the token position where
+	                          each splice starts, -1 where it was not applied */
+	size_t n_spliced;      /* splices applied */
 };
 
 /*
@@ -186,6 +214,26 @@ int kv_chat_prepare_messages(const json_t *messages, json_t **out);
  * tokens (<think>, <tool_call>, ...) are single tokens either way, as in
  * Hugging Face. A template that changes a placeholder (|upper) leaves it
  * in the text as it made it.
+ */
+/*
+ * Reasoning history (keep_reasoning). Templates such as Qwen3's keep an
+ * assistant turn's reasoning only after the last user message: when a new
+ * user message arrives, every earlier turn is rendered again without it,
+ * and the rendered history departs from what the model saw (and the cache
+ * holds) right after the first user message. With keep_reasoning the
+ * conversation is cut at its user messages q_0 < q_1 < ... and each user
+ * turn j (messages q_j up to q_{j+1}) is rendered as the template renders
+ * it when it is the newest turn: the text of render(messages[:q_{j+1}])
+ * (no generation prompt) from where message q_j starts. The newest turn
+ * and everything before q_0 come from the whole render as usual. Where
+ * message q_j starts is found as for the anchor: a probe user message
+ * after messages[:q_j] and the last clean cut both renders share. Each
+ * turn's text depends only on the messages up to it, so it stays the same
+ * in every later request: the prefix holds. The renders of earlier turns
+ * are remembered by content (a small LRU per chat), so a request renders
+ * about two more prefixes than without the option. A template whose
+ * renders break the rule (the text before q_j differs between renders)
+ * makes the whole request fall back to the template's own rendering.
  */
 int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t *tools,
 		   const struct kv_chat_opts *opts, struct kv_chat_render *out);

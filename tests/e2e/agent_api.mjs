@@ -64,7 +64,12 @@ await check(`${T}:messages_create_three_turns_cache_grows`, async () => {
   eq(r1.type, 'message', 'type');
   eq(r1.role, 'assistant', 'role');
   assert(['end_turn', 'max_tokens', 'tool_use', 'stop_sequence'].includes(r1.stop_reason), `stop_reason ${r1.stop_reason}`);
-  assert(r1.usage.input_tokens > 100, `input_tokens ${r1.usage.input_tokens}`);
+  // Anthropic's rule: the three input fields add up to the prompt (a cold
+  // turn: what it prefilled is newly cached)
+  const prompt1 = r1.usage.input_tokens + r1.usage.cache_creation_input_tokens + r1.usage.cache_read_input_tokens;
+  assert(prompt1 > 100, `prompt ${prompt1}`);
+  eq(r1.usage.cache_read_input_tokens, 0, 'cold turn: nothing read from the cache');
+  eq(r1.usage.cache_creation_input_tokens, prompt1, 'cold turn: the whole prompt is newly cached');
   // turn 2: the answer plus a tool_use / tool_result round trip
   msgs.push({ role: 'assistant', content: [{ type: 'text', text: 'Running ls.' }, { type: 'tool_use', id: 'toolu_01', name: 'Bash', input: { command: 'ls' } }] });
   msgs.push({ role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_01', content: [{ type: 'text', text: 'a.c\nb.c' }] }, { type: 'text', text: 'Now read a.c' }] });
@@ -75,7 +80,11 @@ await check(`${T}:messages_create_three_turns_cache_grows`, async () => {
   const c2 = r2.usage.cache_read_input_tokens, c3 = r3.usage.cache_read_input_tokens;
   assert(c2 > 100, `turn 2 cache_read_input_tokens ${c2}`);
   assert(c3 > c2, `cached tokens grow: ${c2} then ${c3}`);
-  eq(r3.usage.input_tokens + c3 > c3, true, 'input_tokens counts the uncached part');
+  const u3 = r3.usage;
+  assert(u3.input_tokens + u3.cache_creation_input_tokens > 0, 'turn 3 prefilled its new messages');
+  const count3 = await c.messages.countTokens({ model: NAME, system: SYSTEM, tools: TOOLS, thinking: { type: 'disabled' }, messages: msgs });
+  eq(u3.input_tokens + u3.cache_creation_input_tokens + u3.cache_read_input_tokens, count3.input_tokens,
+    'the three input fields add up to the prompt');
 });
 
 await check(`${T}:messages_greedy_cache_equals_cold`, async () => {
@@ -114,7 +123,8 @@ await check(`${T}:messages_count_tokens`, async () => {
   const r = await c.messages.countTokens({ model: NAME, system: SYSTEM, tools: TOOLS, thinking: { type: 'disabled' }, messages: [{ role: 'user', content: 'hi' }] });
   assert(Number.isInteger(r.input_tokens) && r.input_tokens > 100, `count ${r.input_tokens}`);
   const m = await turn(c, [{ role: 'user', content: 'hi' }]);
-  eq(r.input_tokens, m.usage.input_tokens + m.usage.cache_read_input_tokens, 'count_tokens == prompt tokens');
+  eq(r.input_tokens, m.usage.input_tokens + m.usage.cache_creation_input_tokens + m.usage.cache_read_input_tokens,
+    'count_tokens == prompt tokens');
 });
 
 await check(`${T}:billing_header_rule_shares_the_prefix`, async () => {

@@ -6,7 +6,11 @@
 # (`unshare -n`), so neither can reach anything but the server. HOME,
 # CODEX_HOME and the work folder are temp folders: nothing is installed or
 # updated outside them. Checks: every turn exits 0, the server's cached
-# tokens grow from turn to turn; with the billing-header rule (default) a
+# tokens grow from turn to turn, each turn's first request reuses >= 95%
+# of the previous turn's last request (its prompt plus its answer, which
+# the CLI sends back), Claude Code's own usage of each turn (input +
+# cache_creation + cache_read, from --output-format json) equals the
+# prompts the server saw; with the billing-header rule (default) a
 # second Claude Code session reuses the whole system prompt + tools of the
 # first, and without it (--prompt-normalize none) it shares only the tokens
 # before the header's per-session suffix and the miss explainer names the

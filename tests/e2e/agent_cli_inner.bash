@@ -30,6 +30,45 @@ cached() {
 		sed -n 's/.* cached_tokens=\([0-9]*\) .*/\1/p' | awk 'NR==1{f=$1} {l=$1} END{print (f==""?-1:f), (l==""?-1:l)}'
 }
 lines() { wc -l <"$1"; }
+# every generation request of a log after line $2: "prompt cached gen" a line
+reqs() {
+	tail -n +"$(($2 + 1))" "$1" | grep -a 'event=request route=/v1/messages \|event=request route=/v1/responses ' |
+		sed -n 's/.* prompt_tokens=\([0-9]*\) cached_tokens=\([0-9]*\) .* gen_tokens=\([0-9]*\) .*/\1 \2 \3/p'
+}
+# "ok" when the first request after line $3 reuses >= 95% of the last
+# request before it (its prompt plus what it generated: the agent sends
+# the answer back), else the numbers
+turn_share() { # log lines-before-previous-turn lines-before-this-turn
+	local prev cur
+	prev=$(reqs "$1" "$2" | head -n "$(($(reqs "$1" "$2" | wc -l) - $(reqs "$1" "$3" | wc -l)))" | tail -n 1)
+	cur=$(reqs "$1" "$3" | head -n 1)
+	/usr/bin/python3 - "$prev" "$cur" <<'PY'
+import sys
+p, c = sys.argv[1].split(), sys.argv[2].split()
+if len(p) < 3 or len(c) < 3:
+    print("no requests (previous '%s', this '%s')" % (sys.argv[1], sys.argv[2]))
+elif int(c[1]) >= 0.95 * (int(p[0]) + int(p[2])):
+    print("ok")
+else:
+    print("cached %s < 95%% of %s + %s" % (c[1], p[0], p[2]))
+PY
+}
+# "ok" when Claude Code's usage of a turn (its --output-format json: the
+# sum over the turn's API calls) adds up to the prompts the server saw
+usage_adds_up() { # json log lines-before-turn
+	local sum
+	sum=$(reqs "$2" "$3" | awk '{s += $1} END {print s + 0}')
+	/usr/bin/python3 - "$1" "$sum" <<'PY'
+import json, sys
+try:
+    u = json.load(open(sys.argv[1]))["usage"]
+except Exception as e:
+    print("no usage in %s: %s" % (sys.argv[1], e)); sys.exit()
+got = u["input_tokens"] + u["cache_creation_input_tokens"] + u["cache_read_input_tokens"]
+print("ok" if got == int(sys.argv[2]) else "Claude Code counts %d prompt tokens (input %d + creation %d + read %d), the server %s" % (
+    got, u["input_tokens"], u["cache_creation_input_tokens"], u["cache_read_input_tokens"], sys.argv[2]))
+PY
+}
 
 mkdir -p "$TMPD/home" "$TMPD/work" "$TMPD/codex"
 export HOME=$TMPD/home XDG_CONFIG_HOME=$TMPD/home/.config
@@ -38,23 +77,35 @@ claude_env=(ANTHROPIC_BASE_URL=http://127.0.0.1:$PORT ANTHROPIC_API_KEY=none ANT
 	ANTHROPIC_DEFAULT_OPUS_MODEL=tiny CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1
 	DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1 CLAUDE_CODE_MAX_OUTPUT_TOKENS=64)
 claude() { (cd "$TMPD/work" && env "${claude_env[@]}" timeout 180 "$CLAUDE" --model tiny "$@") >>"$TMPD/claude.out" 2>&1; }
+# one turn with its JSON result in $1
+claude_json() { local out=$1; shift; (cd "$TMPD/work" && env "${claude_env[@]}" timeout 180 "$CLAUDE" --model tiny --output-format json "$@") >"$out" 2>>"$TMPD/claude.out"; }
 
 # --- Claude Code, three turns, then a second session (billing-header rule on)
 LOG=$TMPD/serve1.log
 if ! start "$LOG" "$TMPD/dc1"; then fail claude:start "server did not start: $(tail -3 "$LOG")"; exit 1; fi
 n0=$(lines "$LOG")
-claude -p "List the files in this folder."; r1=$?
+claude_json "$TMPD/c1.json" -p "List the files in this folder."; r1=$?
 read -r f1 l1 <<<"$(cached "$LOG" "$n0")"
 n1=$(lines "$LOG")
-claude -p -c "Now show me the largest one."; r2=$?
+claude_json "$TMPD/c2.json" -p -c "Now show me the largest one."; r2=$?
 read -r f2 l2 <<<"$(cached "$LOG" "$n1")"
 n2=$(lines "$LOG")
-claude -p -c "Thanks, summarise what you did."; r3=$?
+claude_json "$TMPD/c3.json" -p -c "Thanks, summarise what you did."; r3=$?
 read -r f3 l3 <<<"$(cached "$LOG" "$n2")"
+n2e=$(lines "$LOG")
 if [ "$r1$r2$r3" = 000 ]; then ok claude:three_turns_complete
 else fail claude:three_turns_complete "exit codes $r1 $r2 $r3: $(tail -c 300 "$TMPD/claude.out")"; fi
 if [ "$f1" = 0 ] && [ "$f2" -gt 1000 ] && [ "$f3" -gt "$f2" ]; then ok claude:cached_tokens_grow
 else fail claude:cached_tokens_grow "first request of each turn cached $f1 / $f2 / $f3 (last $l1 / $l2 / $l3)"; fi
+s2=$(turn_share "$LOG" "$n0" "$n1"); s3=$(turn_share "$LOG" "$n1" "$n2")
+if [ "$s2" = ok ] && [ "$s3" = ok ]; then ok claude:each_turn_reuses_the_last
+else fail claude:each_turn_reuses_the_last "turn 2: $s2; turn 3: $s3"; fi
+# turn 1's window ends where turn 2 starts: count only its own lines
+u1=$(head -n "$n1" "$LOG" >"$TMPD/t1.log"; usage_adds_up "$TMPD/c1.json" "$TMPD/t1.log" "$n0")
+u2=$(head -n "$n2" "$LOG" >"$TMPD/t2.log"; usage_adds_up "$TMPD/c2.json" "$TMPD/t2.log" "$n1")
+u3=$(head -n "$n2e" "$LOG" >"$TMPD/t3.log"; usage_adds_up "$TMPD/c3.json" "$TMPD/t3.log" "$n2")
+if [ "$u1$u2$u3" = okokok ]; then ok claude:context_usage_is_the_prompt
+else fail claude:context_usage_is_the_prompt "turn 1: $u1; turn 2: $u2; turn 3: $u3"; fi
 n3=$(lines "$LOG")
 claude -p "Explain what this project does."; r4=$?
 read -r f4 _ <<<"$(cached "$LOG" "$n3")"
@@ -115,4 +166,7 @@ if [ "$c1$c2$c3" = 000 ]; then ok codex:three_turns_complete
 else fail codex:three_turns_complete "exit codes $c1 $c2 $c3: $(tail -c 300 "$TMPD/codex.out")"; fi
 if [ "$g1" = 0 ] && [ "$g2" -gt 1000 ] && [ "$g3" -gt "$g2" ]; then ok codex:cached_tokens_grow
 else fail codex:cached_tokens_grow "first request of each turn cached $g1 / $g2 / $g3"; fi
+t2=$(turn_share "$LOG" "$m0" "$m1"); t3=$(turn_share "$LOG" "$m1" "$m2")
+if [ "$t2" = ok ] && [ "$t3" = ok ]; then ok codex:each_turn_reuses_the_last
+else fail codex:each_turn_reuses_the_last "turn 2: $t2; turn 3: $t3"; fi
 stop

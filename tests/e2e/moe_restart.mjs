@@ -3,7 +3,7 @@
 //
 //   live     turn 1 cold, turn 2 resumes from the RAM cache; turn 2's text
 //            and logprobs are bit-identical to a --disable-prefix-cache
-//            server's (greedy).
+//            server's given the same two turns (greedy).
 //   restart  SIGTERM, start again on the same cache folder: turn 1
 //            replayed resumes from disk and is bit-identical to cold.
 //   gguf     the same model as a Q4_K_M qwen35moe GGUF (quantized expert
@@ -38,9 +38,17 @@ async function chat(srv, body) {
     cached: r.json.usage.prompt_tokens_details ? r.json.usage.prompt_tokens_details.cached_tokens : -1 };
 }
 
-async function cold(body) {
+// A --disable-prefix-cache server given the same requests in order (the
+// earlier ones first): an answer the client sends back renders as the
+// model generated it on both servers (session/echo.h), so the two see the
+// same prompt and the last answers compare.
+async function cold(...bodies) {
   const srv = await startServer(moe, ['--disable-prefix-cache']);
-  try { return await chat(srv, body); } finally { await srv.stop(); }
+  try {
+    let r = null;
+    for (const b of bodies) r = await chat(srv, b);
+    return r;
+  } finally { await srv.stop(); }
 }
 
 const dir = join(TMP, 'cache-moe');
@@ -56,7 +64,7 @@ await check(`${P}:live_turn2_cached_equals_cold`, async () => {
   const c1 = await cold(turn1());
   eq(t1.text, c1.text, 'turn 1 vs cold');
   eq(t1.lp, c1.lp, 'turn 1 logprobs vs cold');
-  const c2 = await cold(turn2(t1.text));
+  const c2 = await cold(turn1(), turn2(t1.text));
   eq(t2.text, c2.text, 'cached turn 2 text vs cold');
   eq(t2.lp, c2.lp, 'cached turn 2 logprobs vs cold');
 }, 180000);

@@ -160,3 +160,23 @@ const fs = require("fs");
 })().catch((e) => console.log("tokenizer failed: " + e.message));
 ' "$NM" "$ROOT/bench/traces/small.jsonl" "$ROOT/bench/traces/agent.jsonl" "$T/big.jsonl" 2>&1)
 if [ -n "$why" ]; then fail system_prompt_size "$why"; else ok system_prompt_size; fi
+
+# --- --reasoning and --write-lines: thinking clients and file writes ----------------
+"$BIN" bench mktrace --tools 30 --system-tokens 500 --turns 24 --seed 4 --reasoning --write-lines 200 --quiet \
+	--out "$T/think.jsonl"
+why=$("$NODE" -e '
+const fs = require("fs");
+const lines = fs.readFileSync(process.argv[1], "utf8").trim().split("\n").map((l) => JSON.parse(l));
+const msgs = lines[lines.length - 1].messages;
+const asst = msgs.filter((m) => m.role === "assistant");
+if (!asst.length) { console.log("no assistant messages"); process.exit(); }
+const bare = asst.filter((m) => typeof m.reasoning_content !== "string" || m.reasoning_content.length < 40);
+if (bare.length) { console.log(`${bare.length} of ${asst.length} assistant messages have no reasoning_content`); process.exit(); }
+const writes = asst.flatMap((m) => m.tool_calls || []).filter((c) => c.function.name === "write_file")
+  .map((c) => JSON.parse(c.function.arguments).content);
+if (writes.length < 2) { console.log(`only ${writes.length} write_file calls`); process.exit(); }
+const short = writes.filter((w) => w.split("\n").filter((l) => l).length !== 200);
+if (short.length) console.log(`write_file contents of ${short.map((w) => w.split("\n").length - 1)} lines, want 200`);
+' "$T/think.jsonl" 2>&1)
+# and without the flags the bytes did not change (the fixtures above)
+if [ -n "$why" ]; then fail reasoning_and_file_writes "$why"; else ok reasoning_and_file_writes; fi

@@ -24,12 +24,14 @@ Commands:
                                     prompt); --probe appends a probe user
                                     message after the head (system)
   chat-batch MANIFEST               each line OUT<TAB>CONFIG<TAB>REQUEST<TAB>
-                                    TEMPLATE-or--<TAB>GEN(1|0): the chat
-                                    render into OUT (OUT.err on failure)
+                                    TEMPLATE-or--<TAB>GEN(1|0)[<TAB>keep]:
+                                    the chat render into OUT (OUT.err on
+                                    failure); keep: keep_render below
   boundaries-batch MANIFEST TOKENIZER NODE_DIR
                                     each line NAME<TAB>CONFIG<TAB>REQUEST<TAB>
-                                    TEMPLATE-or--<TAB>OURS.json: the check
-                                    below for each, one node process in all
+                                    TEMPLATE-or--<TAB>OURS.json[<TAB>keep]:
+                                    the check below for each, one node
+                                    process in all
   boundaries NAME CONFIG REQUEST OURS.json TOKENIZER NODE_DIR [--template F]
                                     check `kvkeep render --json --tokens`
                                     output (generation prompt on): the text,
@@ -85,6 +87,52 @@ ENV = make_env()
 
 def render(source, ctx):
     return ENV.from_string(source).render(**ctx)
+
+
+PROBE = "\u0001kvkeep-probe\u0001"
+TURN = "<|im_start|>"
+
+
+def keep_render(tmpl, ctx):
+    """kvkeep's --reasoning-history keep, written again from its definition
+    (src/text/template.h "Reasoning history"): each user turn j (messages
+    q_j up to q_{j+1}) is the text of render(messages[:q_{j+1}]) from where
+    message q_j starts; that start is where a render of messages[:q_j] plus
+    a probe user message parts from the whole render, backed off to the
+    turn opener. The newest turn and what comes before the first user
+    message are the whole render's."""
+    msgs = ctx["messages"]
+    full = tmpl.render(**ctx)
+    q = [i for i, m in enumerate(msgs) if m["role"] == "user"]
+    if len(q) < 2:
+        return full
+
+    def start(k):
+        if k == 0:
+            return 0
+        probe = tmpl.render(**dict(ctx, add_generation_prompt=False,
+                                   messages=msgs[:k] + [{"role": "user", "content": PROBE}]))
+        n = 0
+        while n < min(len(probe), len(full)) and probe[n] == full[n]:
+            n += 1
+        p = full.rfind(TURN, 0, n + 1)
+        if p <= 0 or not probe.startswith(full[:p]):
+            raise ValueError("no turn start for message %d" % k)
+        return p
+
+    d = [start(k) for k in q]
+    out = full[:d[0]]
+    for i in range(len(q) - 1):
+        r = tmpl.render(**dict(ctx, add_generation_prompt=False, messages=msgs[:q[i + 1]]))
+        if not r.startswith(full[:d[i]]):
+            return full  # the rule fails: the template's own text
+        out += r[d[i]:]
+    return out + full[d[-1]:]
+
+
+def chat_render(src, ctx, keep):
+    tmpl = ENV.from_string(src)
+    return keep_render(tmpl, ctx) if keep else tmpl.render(**ctx)
 
 
 def prepare_messages(messages):
@@ -168,22 +216,31 @@ def hf_encode(texts, tokenizer, node_dir):
         return json.load(open(outp, encoding="utf-8"))
 
 
-def check_boundaries(name, config, request, ours, tokenizer, node_dir, src):
+def check_boundaries(name, config, request, ours, tokenizer, node_dir, src, keep=False):
     """Returns an "ok ..." or "FAIL ..." line."""
-    st = boundary_texts(name, config, request, ours, src)
+    st = boundary_texts(name, config, request, ours, src, keep)
     if isinstance(st, str):
         return st
     return boundary_verdict(name, ours, hf_encode(st, tokenizer, node_dir))
 
 
-def boundary_texts(name, config, request, ours, src):
-    """The texts whose ids must be checked (full text first), or a FAIL line."""
+def boundary_texts(name, config, request, ours, src, keep=False):
+    """The texts whose ids must be checked (full text first), or a FAIL line.
+    keep: the text and every prefix are keep_render's."""
     if src is None:
         src = pick_template(config, bool(request.get("tools")))
     tmpl = ENV.from_string(src)
     ctx = chat_context(config, request, True)
     msgs = ctx["messages"]
-    full = tmpl.render(**ctx)
+
+    class Keep:
+        def render(self, **c):
+            return keep_render(tmpl, c)
+    if keep:
+        tmpl_keep = Keep()
+        full = tmpl_keep.render(**ctx)
+    else:
+        full = tmpl.render(**ctx)
     if full != ours["text"]:
         return "FAIL %s: the full render differs from the oracle" % name
     nb = len(ours["boundaries"])
@@ -201,7 +258,7 @@ def boundary_texts(name, config, request, ours, src):
                 return "FAIL %s: probe anchor at byte %d is not a prefix of the probe render" % (name, nbytes)
             texts.append(want.decode("utf-8"))
             continue
-        part = tmpl.render(**dict(ctx, add_generation_prompt=False, messages=msgs[:k])).encode("utf-8")
+        part = (tmpl_keep if keep else tmpl).render(**dict(ctx, add_generation_prompt=False, messages=msgs[:k])).encode("utf-8")
         if part != want:
             return "FAIL %s: boundary %d: render(messages[:%d]) is not the text up to byte %d" % (name, i, k, nbytes)
         texts.append(part.decode("utf-8"))
@@ -210,7 +267,7 @@ def boundary_texts(name, config, request, ours, src):
     fb = full.encode("utf-8")
     for k in range(1, len(msgs) + 1):
         try:
-            part = tmpl.render(**dict(ctx, add_generation_prompt=False, messages=msgs[:k])).encode("utf-8")
+            part = (tmpl_keep if keep else tmpl).render(**dict(ctx, add_generation_prompt=False, messages=msgs[:k])).encode("utf-8")
         except Exception:
             continue
         if part and fb.startswith(part) and (len(part) == len(fb) or fb[len(part):].startswith(b"<|im_start|>")):
@@ -287,12 +344,14 @@ def main(argv):
         for line in open(argv[2], encoding="utf-8"):
             if not line.strip():
                 continue
-            out, config, request, tmpl, gen = line.rstrip("\n").split("\t")
+            cols = line.rstrip("\n").split("\t")
+            out, config, request, tmpl, gen = cols[:5]
+            keep = len(cols) > 5 and cols[5] == "keep"
             try:
                 config = json.load(open(config, encoding="utf-8"))
                 request = json.load(open(request, encoding="utf-8"))
                 src = open(tmpl, encoding="utf-8").read() if tmpl != "-" else pick_template(config, bool(request.get("tools")))
-                text = render(src, chat_context(config, request, gen == "1"))
+                text = chat_render(src, chat_context(config, request, gen == "1"), keep)
                 with open(out, "w", encoding="utf-8", newline="") as f:
                     f.write(text)
             except Exception as e:
@@ -305,12 +364,14 @@ def main(argv):
         for line in open(argv[2], encoding="utf-8"):
             if not line.strip():
                 continue
-            name, config, request, tmpl, ours = line.rstrip("\n").split("\t")
+            cols = line.rstrip("\n").split("\t")
+            name, config, request, tmpl, ours = cols[:5]
+            keep = len(cols) > 5 and cols[5] == "keep"
             try:
                 ours = json.load(open(ours, encoding="utf-8"))
                 st = boundary_texts(name, json.load(open(config, encoding="utf-8")),
                                     json.load(open(request, encoding="utf-8")), ours,
-                                    open(tmpl, encoding="utf-8").read() if tmpl != "-" else None)
+                                    open(tmpl, encoding="utf-8").read() if tmpl != "-" else None, keep)
             except Exception as e:
                 st = "FAIL %s: %s: %s" % (name, type(e).__name__, e)
             if isinstance(st, str):

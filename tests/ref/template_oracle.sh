@@ -80,15 +80,19 @@ for req in "$ROOT"/tests/data/chat/*.json; do
 	for tmpl in qwen3 qwen35_style; do
 		tpath=-; targ=""
 		[ "$tmpl" = qwen35_style ] && tpath=$STYLE35 && targ="--template $STYLE35"
-		for gen in 1 0; do
-			o=$TMP/chat/$set_name.$tmpl.$gen
-			printf '%s\t%s\t%s\t%s\t%s\n' "$o.want" "$MODEL/tokenizer_config.json" "$req" "$tpath" "$gen" >>"$TMP/chat.manifest"
-			flag=""; [ $gen = 0 ] && flag=--no-generation-prompt
-			echo "--out $o.got --model $MODEL --request $req $targ $flag" >>"$TMP/chat.batch"
+		# template: the template to the letter (jinja2 itself); keep: the
+		# oracle's keep_render (template.h "Reasoning history")
+		for mode in template keep; do
+			for gen in 1 0; do
+				o=$TMP/chat/$set_name.$tmpl.$mode.$gen
+				printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$o.want" "$MODEL/tokenizer_config.json" "$req" "$tpath" "$gen" "$mode" >>"$TMP/chat.manifest"
+				flag=""; [ $gen = 0 ] && flag=--no-generation-prompt
+				echo "--out $o.got --model $MODEL --request $req $targ $flag --reasoning-history $mode" >>"$TMP/chat.batch"
+			done
+			o=$TMP/chat/$set_name.$tmpl.$mode
+			echo "--out $o.json --model $MODEL --request $req $targ --json --tokens --reasoning-history $mode" >>"$TMP/chat.batch"
+			printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$NAME:boundaries:$set_name:$tmpl:$mode" "$MODEL/tokenizer_config.json" "$req" "$tpath" "$o.json" "$mode" >>"$TMP/bound.manifest"
 		done
-		o=$TMP/chat/$set_name.$tmpl
-		echo "--out $o.json --model $MODEL --request $req $targ --json --tokens" >>"$TMP/chat.batch"
-		printf '%s\t%s\t%s\t%s\t%s\n' "$NAME:boundaries:$set_name:$tmpl" "$MODEL/tokenizer_config.json" "$req" "$tpath" "$o.json" >>"$TMP/bound.manifest"
 	done
 done
 "$PY" "$ORACLE" chat-batch "$TMP/chat.manifest" || fail_setup "the oracle failed on the chat requests"
@@ -96,18 +100,20 @@ done
 for req in "$ROOT"/tests/data/chat/*.json; do
 	set_name=$(basename "$req" .json)
 	for tmpl in qwen3 qwen35_style; do
-		ok=1
-		for gen in 1 0; do
-			o=$TMP/chat/$set_name.$tmpl.$gen
-			if [ -f "$o.want.err" ]; then
-				echo "FAIL $NAME:chat:$set_name:$tmpl:gen=$gen: the oracle cannot render it: $(head -c 200 "$o.want.err")"; ok=0
-			elif [ -f "$o.got.err" ]; then
-				echo "FAIL $NAME:chat:$set_name:$tmpl:gen=$gen: kvkeep failed: $(head -c 300 "$o.got.err")"; ok=0
-			elif ! cmp -s "$o.want" "$o.got"; then
-				echo "FAIL $NAME:chat:$set_name:$tmpl:gen=$gen: differs from jinja2 at byte $(cmp "$o.want" "$o.got" 2>&1 | grep -o 'byte [0-9]*' | head -1)"; ok=0
-			fi
+		for mode in template keep; do
+			ok=1
+			for gen in 1 0; do
+				o=$TMP/chat/$set_name.$tmpl.$mode.$gen
+				if [ -f "$o.want.err" ]; then
+					echo "FAIL $NAME:chat:$set_name:$tmpl:$mode:gen=$gen: the oracle cannot render it: $(head -c 200 "$o.want.err")"; ok=0
+				elif [ -f "$o.got.err" ]; then
+					echo "FAIL $NAME:chat:$set_name:$tmpl:$mode:gen=$gen: kvkeep failed: $(head -c 300 "$o.got.err")"; ok=0
+				elif ! cmp -s "$o.want" "$o.got"; then
+					echo "FAIL $NAME:chat:$set_name:$tmpl:$mode:gen=$gen: differs from the oracle at byte $(cmp "$o.want" "$o.got" 2>&1 | grep -o 'byte [0-9]*' | head -1)"; ok=0
+				fi
+			done
+			[ $ok -eq 1 ] && echo "ok $NAME:chat:$set_name:$tmpl:$mode: identical to the oracle (jinja2) with and without the generation prompt"
 		done
-		[ $ok -eq 1 ] && echo "ok $NAME:chat:$set_name:$tmpl: identical to jinja2 with and without the generation prompt"
 	done
 done
 "$PY" "$ORACLE" boundaries-batch "$TMP/bound.manifest" "$MODEL/tokenizer.json" "$NODE_DIR" 2>"$TMP/bound.err"

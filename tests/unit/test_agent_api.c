@@ -12,6 +12,7 @@
 #include "server/normalize.h"
 #include "server/request.h"
 #include "server/responses.h"
+#include "server/wire.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -154,43 +155,51 @@ static void event_names(const char *sse, char *out, size_t cap)
 	}
 }
 
-static void feed(void *fmt, int anth, int kind, const char *text, const char *name, struct kv_buf *out)
+static void feed(struct ksv_answer *a, int kind, const char *text, const char *name, struct kv_buf *out)
 {
-	struct ksv_ev e = {.kind = kind, .text = text, .len = text ? strlen(text) : 0, .name = name};
-	if (anth)
-		ksv_anth_event(fmt, &e, out);
-	else
-		ksv_resp_event(fmt, &e, out);
+	struct kv_out_ev e = {.kind = kind, .text = text, .len = text ? strlen(text) : 0, .name = name};
+	ksv_answer_event(a, &e, out);
+}
+
+/* The stream's end as the server writes it: close what is open, finish. */
+static void finish(struct ksv_answer *a, const char *reason, struct kv_buf *out)
+{
+	a->finish = reason;
+	ksv_answer_close(a, out);
+	a->w->finish(a, out);
 }
 
 KT_CASE(anthropic_stream_order)
 {
-	struct ksv_anth a;
+	struct ksv_answer a;
 	struct kv_buf out = KV_BUF_INIT;
-	struct ksv_anth_usage u = {.input_tokens = 10, .cache_read = 90, .cache_creation = 10, .output_tokens = 7};
-	ksv_anth_init(&a, "m", 1);
-	ksv_anth_start(&a, &u, &out);
-	feed(&a, 1, KSV_EV_REASONING, "think", NULL, &out);
-	feed(&a, 1, KSV_EV_CONTENT, "Hello", NULL, &out);
-	feed(&a, 1, KSV_EV_CONTENT, " world", NULL, &out);
-	feed(&a, 1, KSV_EV_TOOL_START, NULL, "Bash", &out);
-	feed(&a, 1, KSV_EV_TOOL_ARGS, "{\"command\":", NULL, &out);
-	feed(&a, 1, KSV_EV_TOOL_ARGS, "\"ls\"}", NULL, &out);
-	feed(&a, 1, KSV_EV_TOOL_END, NULL, NULL, &out);
-	ksv_anth_finish(&a, ksv_anth_stop_reason("tool_calls", 0), NULL, &u, &out);
+	ksv_answer_init(&a, &ksv_wire_anthropic, KSV_API_CHAT, "m", 1);
+	a.usage = (struct kss_usage){.prompt_tokens = 110, .cached_tokens = 90, .cache_creation_tokens = 10,
+				     .completion_tokens = 7};
+	a.w->start(&a, &out);
+	feed(&a, KV_OUT_REASONING, "think", NULL, &out);
+	feed(&a, KV_OUT_CONTENT, "Hello", NULL, &out);
+	feed(&a, KV_OUT_CONTENT, " world", NULL, &out);
+	feed(&a, KV_OUT_TOOL_START, NULL, "Bash", &out);
+	feed(&a, KV_OUT_TOOL_ARGS, "{\"command\":", NULL, &out);
+	feed(&a, KV_OUT_TOOL_ARGS, "\"ls\"}", NULL, &out);
+	feed(&a, KV_OUT_TOOL_END, NULL, NULL, &out);
+	finish(&a, "tool_calls", &out);
 	kv_buf_addc(&out, 0);
 	char names[1024];
 	event_names(out.p, names, sizeof names);
-	KT_EQ_STR(names, "message_start,content_block_start,content_block_delta,content_block_delta,content_block_stop,"
+	KT_EQ_STR(names, "message_start,ping,content_block_start,content_block_delta,content_block_delta,content_block_stop,"
 			 "content_block_start,content_block_delta,content_block_delta,content_block_stop,"
 			 "content_block_start,content_block_delta,content_block_delta,content_block_stop,"
 			 "message_delta,message_stop");
 	KT_CHECK(strstr(out.p, "\"signature_delta\""));
 	KT_CHECK(strstr(out.p, "\"stop_reason\":\"tool_use\""));
 	KT_CHECK(strstr(out.p, "\"cache_read_input_tokens\":90"));
+	/* the three input fields add up to the prompt */
+	KT_CHECK(strstr(out.p, "\"input_tokens\":10,\"cache_creation_input_tokens\":10,\"cache_read_input_tokens\":90"));
 	/* the whole message from the same state */
 	size_t n;
-	char *body = ksv_anth_response(&a, "tool_use", NULL, &u, NULL, &n);
+	char *body = a.w->body(&a, &n);
 	json_t *j = J(body);
 	KT_REQUIRE(j);
 	json_t *c = json_object_get(j, "content");
@@ -201,10 +210,11 @@ KT_CASE(anthropic_stream_order)
 	KT_EQ_STR(json_string_value(json_object_get(tu, "type")), "tool_use");
 	KT_CHECK(!strncmp(json_string_value(json_object_get(tu, "id")), "toolu_", 6));
 	KT_EQ_STR(json_string_value(json_object_get(json_object_get(tu, "input"), "command")), "ls");
+	KT_EQ_STR(json_string_value(json_object_get(j, "stop_reason")), "tool_use");
 	json_decref(j);
 	free(body);
 	kv_buf_free(&out);
-	ksv_anth_free(&a);
+	ksv_answer_free(&a);
 }
 
 KT_CASE(responses_codex_body)
@@ -271,17 +281,17 @@ KT_CASE(responses_codex_body)
 
 KT_CASE(responses_stream_order)
 {
-	struct ksv_resp r;
+	struct ksv_answer r;
 	struct kv_buf out = KV_BUF_INIT;
-	struct ksv_resp_usage u = {.input_tokens = 100, .cached_tokens = 80, .output_tokens = 9};
-	ksv_resp_init(&r, "m", 1);
-	ksv_resp_start(&r, &out);
-	feed(&r, 0, KSV_EV_REASONING, "plan", NULL, &out);
-	feed(&r, 0, KSV_EV_CONTENT, "ok", NULL, &out);
-	feed(&r, 0, KSV_EV_TOOL_START, NULL, "shell", &out);
-	feed(&r, 0, KSV_EV_TOOL_ARGS, "{}", NULL, &out);
-	feed(&r, 0, KSV_EV_TOOL_END, NULL, NULL, &out);
-	ksv_resp_finish(&r, "tool_calls", &u, NULL, &out);
+	ksv_answer_init(&r, &ksv_wire_responses, KSV_API_CHAT, "m", 1);
+	r.usage = (struct kss_usage){.prompt_tokens = 100, .cached_tokens = 80, .completion_tokens = 9};
+	r.w->start(&r, &out);
+	feed(&r, KV_OUT_REASONING, "plan", NULL, &out);
+	feed(&r, KV_OUT_CONTENT, "ok", NULL, &out);
+	feed(&r, KV_OUT_TOOL_START, NULL, "shell", &out);
+	feed(&r, KV_OUT_TOOL_ARGS, "{}", NULL, &out);
+	feed(&r, KV_OUT_TOOL_END, NULL, NULL, &out);
+	finish(&r, "tool_calls", &out);
 	kv_buf_addc(&out, 0);
 	char names[2048];
 	event_names(out.p, names, sizeof names);
@@ -299,7 +309,7 @@ KT_CASE(responses_stream_order)
 	KT_EQ_INT(want, 17);
 	KT_CHECK(strstr(out.p, "\"cached_tokens\":80"));
 	size_t n;
-	char *body = ksv_resp_response(&r, "tool_calls", &u, NULL, &n);
+	char *body = r.w->body(&r, &n);
 	json_t *j = J(body);
 	KT_REQUIRE(j);
 	KT_EQ_STR(json_string_value(json_object_get(j, "status")), "completed");
@@ -310,7 +320,7 @@ KT_CASE(responses_stream_order)
 	json_decref(j);
 	free(body);
 	kv_buf_free(&out);
-	ksv_resp_free(&r);
+	ksv_answer_free(&r);
 }
 
 KT_CASE(normalize_billing_header)
@@ -331,8 +341,8 @@ KT_CASE(normalize_billing_header)
 			 "\"x-anthropic-billing-header: keep me\"}]}";
 	json_t *a = J(s1), *b = J(s2), *ra = NULL, *rb = NULL;
 	KT_REQUIRE(a && b);
-	KT_EQ_INT(ksv_norm_apply(a, KSV_NORM_BILLING_HEADER, &ra), 1);
-	KT_EQ_INT(ksv_norm_apply(b, KSV_NORM_BILLING_HEADER, &rb), 1);
+	KT_EQ_INT(ksv_norm_apply(a, NULL, KSV_NORM_BILLING_HEADER, &ra), 1);
+	KT_EQ_INT(ksv_norm_apply(b, NULL, KSV_NORM_BILLING_HEADER, &rb), 1);
 	KT_EQ_STR(content_at(a, 0), "You are Claude Code.");
 	KT_CHECK(json_equal(a, b));
 	/* user text is never touched */
@@ -344,7 +354,7 @@ KT_CASE(normalize_billing_header)
 	json_decref(rb);
 	/* rules off: nothing changes */
 	json_t *c = J(s1), *rc = NULL;
-	KT_EQ_INT(ksv_norm_apply(c, 0, &rc), 0);
+	KT_EQ_INT(ksv_norm_apply(c, NULL, 0, &rc), 0);
 	KT_CHECK(!rc);
 	KT_CHECK(strstr(content_at(c, 0), "cc_version=1.0.1"));
 	json_decref(a);
@@ -352,5 +362,47 @@ KT_CASE(normalize_billing_header)
 	json_decref(c);
 }
 
-KT_MAIN(anthropic_claude_code_body, normalize_billing_header, anthropic_refusals, anthropic_stream_order, responses_codex_body,
+KT_CASE(normalize_tools_order)
+{
+	unsigned rules;
+	KT_OK(ksv_norm_parse("billing-header,tools-order", &rules));
+	KT_EQ_INT(rules, KSV_NORM_BILLING_HEADER | KSV_NORM_TOOLS_ORDER);
+	KT_OK(ksv_norm_parse("all", &rules));
+	KT_CHECK(rules & KSV_NORM_TOOLS_ORDER);
+	KT_OK(ksv_norm_parse("billing-header", &rules));
+	KT_CHECK(!(rules & KSV_NORM_TOOLS_ORDER)); /* opt-in: it changes what the model sees */
+	/* two requests with the same tools in another order render the same */
+	json_t *ta = J("[{\"type\":\"function\",\"function\":{\"name\":\"write\"}},"
+		       "{\"type\":\"function\",\"function\":{\"name\":\"bash\"}},"
+		       "{\"type\":\"function\",\"function\":{\"name\":\"read\",\"description\":\"1\"}},"
+		       "{\"type\":\"function\",\"function\":{\"name\":\"read\",\"description\":\"2\"}}]");
+	json_t *tb = J("[{\"type\":\"function\",\"function\":{\"name\":\"bash\"}},"
+		       "{\"type\":\"function\",\"function\":{\"name\":\"read\",\"description\":\"1\"}},"
+		       "{\"type\":\"function\",\"function\":{\"name\":\"write\"}},"
+		       "{\"type\":\"function\",\"function\":{\"name\":\"read\",\"description\":\"2\"}}]");
+	json_t *chat = J("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"), *ra = NULL, *rb = NULL;
+	KT_REQUIRE(ta && tb && chat);
+	KT_EQ_INT(ksv_norm_apply(chat, &ta, KSV_NORM_TOOLS_ORDER, &ra), 1);
+	KT_EQ_INT(ksv_norm_apply(chat, &tb, KSV_NORM_TOOLS_ORDER, &rb), 1);
+	KT_CHECK(json_equal(ta, tb));
+	/* sorted by name, equal names in their order */
+	static const char *const want[] = {"bash", "read", "read", "write"};
+	for (int i = 0; i < 4; i++)
+		KT_EQ_STR(json_string_value(json_object_get(json_object_get(json_array_get(ta, i), "function"), "name")),
+			  want[i]);
+	KT_EQ_STR(json_string_value(json_object_get(json_object_get(json_array_get(ta, 1), "function"), "description")),
+		  "1");
+	KT_EQ_STR(json_string_value(json_object_get(json_array_get(ra, 0), "rule")), "tools-order");
+	/* already sorted: nothing to report */
+	json_t *rc = NULL;
+	KT_EQ_INT(ksv_norm_apply(chat, &ta, KSV_NORM_TOOLS_ORDER, &rc), 0);
+	KT_CHECK(!rc);
+	json_decref(ra);
+	json_decref(rb);
+	json_decref(ta);
+	json_decref(tb);
+	json_decref(chat);
+}
+
+KT_MAIN(anthropic_claude_code_body, normalize_billing_header, normalize_tools_order, anthropic_refusals, anthropic_stream_order, responses_codex_body,
 	responses_stream_order)

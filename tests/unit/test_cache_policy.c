@@ -9,7 +9,7 @@
 #include "base/log.h"
 #include "cache/budget.h"
 #include "cache/opts.h"
-#include "cache/policy.h"
+#include "cache/storage_policy.h"
 #include "cache/turn.h"
 
 #include <stdio.h>

@@ -16,6 +16,7 @@
 #include "engine/gemm.h"
 #include "engine/isa.h"
 #include "engine/kvq8.h"
+#include "engine/matmul.h"
 #include "engine/sample.h"
 #include "engine/vec.h"
 #include "model/safetensors.h"

@@ -7,8 +7,8 @@
 #include "base/err.h"
 #include "base/io.h"
 #include "base/log.h"
-#include "server/http_client.h"
-#include "server/replay.h"
+#include "client/http_client.h"
+#include "client/replay.h"
 
 #include <math.h>
 #include <netinet/in.h>
@@ -30,8 +30,8 @@ KT_CASE(jsonl_keeps_bad_lines_in_place)
 			   "{\"messages\":[],\"x\":1}\r\n"
 			   "\"just a string\"\n"
 			   "{\"last\":true}"; /* no newline at the end */
-	struct ksv_replay_trace *t = NULL;
-	KT_OK(ksv_replay_load_jsonl_mem("t.jsonl", text, strlen(text), &t));
+	struct kcl_replay_trace *t = NULL;
+	KT_OK(kcl_replay_load_jsonl_mem("t.jsonl", text, strlen(text), &t));
 	KT_REQUIRE(t != NULL);
 	KT_EQ_INT(t->n, 6);
 	KT_REQUIRE(t->n == 6);
@@ -47,12 +47,12 @@ KT_CASE(jsonl_keeps_bad_lines_in_place)
 	KT_CHECK(!t->items[4].body && t->items[4].error);
 	KT_EQ_STR(t->items[5].source, "t.jsonl:8");
 	KT_CHECK(t->items[5].body && json_is_true(json_object_get(t->items[5].body, "last")));
-	ksv_replay_trace_free(t);
+	kcl_replay_trace_free(t);
 
 	/* an empty trace is no items, not an error */
-	KT_OK(ksv_replay_load_jsonl_mem("e", "\n\n", 2, &t));
+	KT_OK(kcl_replay_load_jsonl_mem("e", "\n\n", 2, &t));
 	KT_EQ_INT(t->n, 0);
-	ksv_replay_trace_free(t);
+	kcl_replay_trace_free(t);
 }
 
 KT_CASE(jsonl_rejects_deep_nesting_without_crashing)
@@ -64,12 +64,12 @@ KT_CASE(jsonl_rejects_deep_nesting_without_crashing)
 	buf[n++] = '\n';
 	memcpy(buf + n, "{\"ok\":1}\n", 9);
 	n += 9;
-	struct ksv_replay_trace *t = NULL;
-	KT_OK(ksv_replay_load_jsonl_mem("deep", buf, n, &t));
+	struct kcl_replay_trace *t = NULL;
+	KT_OK(kcl_replay_load_jsonl_mem("deep", buf, n, &t));
 	KT_REQUIRE(t && t->n == 2);
 	KT_CHECK(!t->items[0].body && strstr(t->items[0].error, "deep"));
 	KT_CHECK(t->items[1].body != NULL);
-	ksv_replay_trace_free(t);
+	kcl_replay_trace_free(t);
 }
 
 static void write_file(const char *dir, const char *name, const char *text)
@@ -99,8 +99,8 @@ KT_CASE(folder_mode_sorts_by_name_with_numbers)
 	snprintf(sub, sizeof sub, "%s/sub.json", dir);
 	KT_REQUIRE(mkdir(sub, 0700) == 0);
 
-	struct ksv_replay_trace *t = NULL;
-	KT_OK(ksv_replay_load_dir(dir, &t));
+	struct kcl_replay_trace *t = NULL;
+	KT_OK(kcl_replay_load_dir(dir, &t));
 	KT_REQUIRE(t != NULL);
 	KT_EQ_INT(t->n, 5);
 	KT_REQUIRE(t->n == 5);
@@ -112,14 +112,14 @@ KT_CASE(folder_mode_sorts_by_name_with_numbers)
 	KT_CHECK(strstr(t->items[3].source, "bad.json") != NULL);
 	KT_CHECK(!t->items[3].body && t->items[3].error);
 	KT_EQ_INT(json_integer_value(json_object_get(t->items[4].body, "n")), 103);
-	ksv_replay_trace_free(t);
+	kcl_replay_trace_free(t);
 
 	char empty[600];
 	snprintf(empty, sizeof empty, "%s/empty", kt_tmpdir());
 	KT_REQUIRE(mkdir(empty, 0700) == 0);
-	KT_EQ_INT(ksv_replay_load_dir(empty, &t), KV_ERR_NOT_FOUND);
+	KT_EQ_INT(kcl_replay_load_dir(empty, &t), KV_ERR_NOT_FOUND);
 	KT_CHECK(t == NULL);
-	KT_CHECK(ksv_replay_load_dir("/nonexistent/kvkeep/dir", &t) != KV_OK);
+	KT_CHECK(kcl_replay_load_dir("/nonexistent/kvkeep/dir", &t) != KV_OK);
 }
 
 /* --- body preparation --------------------------------------------------------- */
@@ -128,7 +128,7 @@ static json_t *prep_model(const char *in, int64_t cap, const char *model)
 {
 	json_t *b = json_loads(in, 0, NULL), *o = NULL;
 	char *s = NULL;
-	if (b && ksv_replay_prepare(b, cap, model, &s, NULL) == KV_OK)
+	if (b && kcl_replay_prepare(b, cap, model, &s, NULL) == KV_OK)
 		o = json_loads(s, 0, NULL);
 	free(s);
 	json_decref(b);
@@ -194,7 +194,7 @@ KT_CASE(prepare_changes_only_the_documented_fields)
 
 	char *s = NULL;
 	json_t *arr = json_array();
-	KT_EQ_INT(ksv_replay_prepare(arr, 16, NULL, &s, NULL), KV_ERR_INVALID);
+	KT_EQ_INT(kcl_replay_prepare(arr, 16, NULL, &s, NULL), KV_ERR_INVALID);
 	KT_CHECK(s == NULL);
 	json_decref(arr);
 }
@@ -203,27 +203,27 @@ KT_CASE(prepare_changes_only_the_documented_fields)
 
 /* Feed raw SSE text to the parser in pieces of `step` bytes; event k is
  * stamped with time k+1. */
-static void feed_sse(struct ksv_replay_stream *st, const char *text, size_t step)
+static void feed_sse(struct kcl_replay_stream *st, const char *text, size_t step)
 {
-	struct ksv_sse sse;
-	struct ksv_sse_event ev;
+	struct kcl_sse sse;
+	struct kcl_sse_event ev;
 	size_t n = strlen(text), off = 0;
 	int k = 0;
-	ksv_sse_init(&sse);
+	kcl_sse_init(&sse);
 	while (off < n) {
 		size_t end = off + step < n ? off + step : n, pos = off;
 		while (pos < end) {
 			int got = 0;
-			size_t used = ksv_sse_feed(&sse, text + pos, end - pos, &ev, &got);
+			size_t used = kcl_sse_feed(&sse, text + pos, end - pos, &ev, &got);
 			if (used == (size_t)-1)
 				break;
 			pos += used;
 			if (got)
-				ksv_replay_stream_event(st, ev.data, ev.data_len, ++k);
+				kcl_replay_stream_event(st, ev.data, ev.data_len, ++k);
 		}
 		off = end;
 	}
-	ksv_sse_free(&sse);
+	kcl_sse_free(&sse);
 }
 
 static const char *SSE_OPENAI =
@@ -240,8 +240,8 @@ KT_CASE(sse_usage_and_first_token)
 {
 	size_t steps[] = {1, 7, 64, 100000};
 	for (size_t i = 0; i < 4; i++) {
-		struct ksv_replay_stream st;
-		ksv_replay_stream_init(&st);
+		struct kcl_replay_stream st;
+		kcl_replay_stream_init(&st);
 		feed_sse(&st, SSE_OPENAI, steps[i]);
 		KT_EQ_INT(st.prompt_tokens, 17220);
 		KT_EQ_INT(st.cached_tokens, 17205);
@@ -258,8 +258,8 @@ KT_CASE(sse_usage_and_first_token)
 
 KT_CASE(sse_reasoning_and_tool_calls_count_as_tokens)
 {
-	struct ksv_replay_stream st;
-	ksv_replay_stream_init(&st);
+	struct kcl_replay_stream st;
+	kcl_replay_stream_init(&st);
 	feed_sse(&st,
 		 "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n"
 		 "data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"hmm\"}}]}\n\n"
@@ -270,7 +270,7 @@ KT_CASE(sse_reasoning_and_tool_calls_count_as_tokens)
 	KT_EQ_INT(st.prompt_tokens, -1); /* no usage chunk at all */
 	KT_EQ_INT(st.cached_tokens, -1);
 
-	ksv_replay_stream_init(&st);
+	kcl_replay_stream_init(&st);
 	feed_sse(&st,
 		 "data: {\"choices\":[{\"delta\":{\"content\":null,\"tool_calls\":[]}}]}\n\n"
 		 "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"function\":"
@@ -287,8 +287,8 @@ KT_CASE(sse_reasoning_and_tool_calls_count_as_tokens)
 
 KT_CASE(sse_last_usage_wins_and_bad_events_are_counted)
 {
-	struct ksv_replay_stream st;
-	ksv_replay_stream_init(&st);
+	struct kcl_replay_stream st;
+	kcl_replay_stream_init(&st);
 	feed_sse(&st,
 		 "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1,"
 		 "\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\n"
@@ -346,7 +346,7 @@ static void *canned_main(void *arg)
 	return NULL;
 }
 
-static int canned_start(struct canned *c, pthread_t *th, struct ksv_url *u)
+static int canned_start(struct canned *c, pthread_t *th, struct kcl_url *u)
 {
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	socklen_t al = sizeof a;
@@ -356,31 +356,31 @@ static int canned_start(struct canned *c, pthread_t *th, struct ksv_url *u)
 		return -1;
 	char url[100];
 	snprintf(url, sizeof url, "http://127.0.0.1:%d/v1", ntohs(a.sin_port));
-	if (ksv_url_parse(url, u))
+	if (kcl_url_parse(url, u))
 		return -1;
 	return pthread_create(th, NULL, canned_main, c);
 }
 
 static struct canned g_canned;
 
-static void canned_run(const char *response, struct ksv_replay_result *res, int *rc)
+static void canned_run(const char *response, struct kcl_replay_result *res, int *rc)
 {
 	pthread_t th;
-	struct ksv_url u;
+	struct kcl_url u;
 	memset(&g_canned, 0, sizeof g_canned);
 	g_canned.response = response;
 	*rc = -100;
 	if (canned_start(&g_canned, &th, &u))
 		return;
 	const char *body = "{\"messages\":[],\"stream\":true}";
-	*rc = ksv_replay_send(&u, body, strlen(body), 5000, res);
+	*rc = kcl_replay_send(&u, body, strlen(body), 5000, res);
 	pthread_join(th, NULL);
 	close(g_canned.lfd);
 }
 
 KT_CASE(send_measures_a_streamed_response)
 {
-	struct ksv_replay_result r;
+	struct kcl_replay_result r;
 	int rc;
 	char resp[4096];
 	snprintf(resp, sizeof resp,
@@ -401,7 +401,7 @@ KT_CASE(send_measures_a_streamed_response)
 
 KT_CASE(send_reports_rejections_and_broken_streams)
 {
-	struct ksv_replay_result r;
+	struct kcl_replay_result r;
 	int rc;
 	const char *ebody = "{\"error\":{\"message\":\"unknown role 'bogus'\",\"type\":\"invalid\"}}\n";
 	char e400[512];
@@ -432,7 +432,7 @@ KT_CASE(send_reports_rejections_and_broken_streams)
 	KT_CHECKF(strstr(r.error, "no usage") != NULL, "error: %s", r.error);
 
 	/* nobody listening */
-	struct ksv_url u;
+	struct kcl_url u;
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	socklen_t al = sizeof a;
@@ -441,8 +441,8 @@ KT_CASE(send_reports_rejections_and_broken_streams)
 	char url[100];
 	snprintf(url, sizeof url, "http://127.0.0.1:%d", ntohs(a.sin_port));
 	close(fd);
-	KT_OK(ksv_url_parse(url, &u));
-	rc = ksv_replay_send(&u, "{}", 2, 2000, &r);
+	KT_OK(kcl_url_parse(url, &u));
+	rc = kcl_replay_send(&u, "{}", 2, 2000, &r);
 	KT_CHECK(rc != KV_OK);
 	KT_EQ_INT(r.status, 0);
 	KT_CHECK(!r.ok && r.error[0]);
@@ -453,38 +453,38 @@ KT_CASE(send_reports_rejections_and_broken_streams)
 KT_CASE(quantiles_interpolate_between_ranks)
 {
 	double a[] = {4, 1, 3, 2};
-	KT_CHECK(ksv_replay_quantile(a, 4, 0.5) == 2.5);
+	KT_CHECK(kcl_replay_quantile(a, 4, 0.5) == 2.5);
 	KT_CHECK(a[0] == 4 && a[1] == 1); /* input untouched */
 	double b[10];
 	for (int i = 0; i < 10; i++)
 		b[i] = 10 - i; /* 10..1 */
-	KT_CHECKF(fabs(ksv_replay_quantile(b, 10, 0.9) - 9.1) < 1e-12, "p90 %g", ksv_replay_quantile(b, 10, 0.9));
-	KT_CHECK(ksv_replay_quantile(b, 10, 0.5) == 5.5);
-	KT_CHECK(ksv_replay_quantile(b, 10, 0.0) == 1);
-	KT_CHECK(ksv_replay_quantile(b, 10, 1.0) == 10);
+	KT_CHECKF(fabs(kcl_replay_quantile(b, 10, 0.9) - 9.1) < 1e-12, "p90 %g", kcl_replay_quantile(b, 10, 0.9));
+	KT_CHECK(kcl_replay_quantile(b, 10, 0.5) == 5.5);
+	KT_CHECK(kcl_replay_quantile(b, 10, 0.0) == 1);
+	KT_CHECK(kcl_replay_quantile(b, 10, 1.0) == 10);
 	double one = 7;
-	KT_CHECK(ksv_replay_quantile(&one, 1, 0.9) == 7);
-	KT_CHECK(isnan(ksv_replay_quantile(NULL, 0, 0.5)));
-	KT_CHECK(isnan(ksv_replay_quantile(b, 10, 1.5)));
+	KT_CHECK(kcl_replay_quantile(&one, 1, 0.9) == 7);
+	KT_CHECK(isnan(kcl_replay_quantile(NULL, 0, 0.5)));
+	KT_CHECK(isnan(kcl_replay_quantile(b, 10, 1.5)));
 	double c[] = {1, 2, 3, 4, 5};
-	KT_CHECK(ksv_replay_quantile(c, 5, 0.5) == 3);
-	KT_CHECK(fabs(ksv_replay_quantile(c, 5, 0.9) - 4.6) < 1e-12);
+	KT_CHECK(kcl_replay_quantile(c, 5, 0.5) == 3);
+	KT_CHECK(fabs(kcl_replay_quantile(c, 5, 0.9) - 4.6) < 1e-12);
 }
 
 KT_CASE(summary_counts_ok_requests_only)
 {
-	struct ksv_replay_result r[4];
+	struct kcl_replay_result r[4];
 	memset(r, 0, sizeof r);
-	r[0] = (struct ksv_replay_result){.ok = 1, .status = 200, .prompt_tokens = 1000, .cached_tokens = 0,
+	r[0] = (struct kcl_replay_result){.ok = 1, .status = 200, .prompt_tokens = 1000, .cached_tokens = 0,
 					  .generated_tokens = 16, .ttft_s = 2.0, .total_s = 2.5};
-	r[1] = (struct ksv_replay_result){.ok = 1, .status = 200, .prompt_tokens = 1100, .cached_tokens = 1000,
+	r[1] = (struct kcl_replay_result){.ok = 1, .status = 200, .prompt_tokens = 1100, .cached_tokens = 1000,
 					  .generated_tokens = 16, .ttft_s = 0.2, .total_s = 0.6};
-	r[2] = (struct ksv_replay_result){.ok = 0, .status = 400, .prompt_tokens = -1, .cached_tokens = -1,
+	r[2] = (struct kcl_replay_result){.ok = 0, .status = 400, .prompt_tokens = -1, .cached_tokens = -1,
 					  .generated_tokens = -1, .ttft_s = -1, .total_s = 0.01};
-	r[3] = (struct ksv_replay_result){.ok = 1, .status = 200, .prompt_tokens = 900, .cached_tokens = -1,
+	r[3] = (struct kcl_replay_result){.ok = 1, .status = 200, .prompt_tokens = 900, .cached_tokens = -1,
 					  .generated_tokens = 0, .ttft_s = -1, .total_s = 0.4};
-	struct ksv_replay_summary s;
-	ksv_replay_summarize(r, 4, &s);
+	struct kcl_replay_summary s;
+	kcl_replay_summarize(r, 4, &s);
 	KT_EQ_INT(s.requests, 4);
 	KT_EQ_INT(s.ok, 3);
 	KT_EQ_INT(s.failed, 1);
@@ -494,7 +494,7 @@ KT_CASE(summary_counts_ok_requests_only)
 	KT_CHECK(fabs(s.reuse_ratio - 1000.0 / 3000.0) < 1e-12);
 	KT_CHECK(fabs(s.ttft_p50_s - 1.1) < 1e-12); /* of {2.0, 0.2}: the request without a token is left out */
 	KT_CHECK(fabs(s.total_p50_s - 0.6) < 1e-12);
-	ksv_replay_summarize(r + 2, 1, &s);
+	kcl_replay_summarize(r + 2, 1, &s);
 	KT_CHECK(isnan(s.reuse_ratio) && isnan(s.ttft_p50_s));
 }
 

@@ -9,7 +9,8 @@
 #include "base/err.h"
 #include "server/metrics.h"
 #include "server/openai.h"
-#include "server/output.h"
+#include "server/wire.h"
+#include "text/output.h"
 #include "server/request.h"
 
 #include <jansson.h>
@@ -147,7 +148,14 @@ KT_CASE(request_errors_name_the_field)
 	B("\"min_p\":-0.1", "min_p");
 	B("\"top_k\":2.5", "top_k");
 	B("\"logit_bias\":{\"1\":5}", "logit_bias");
-	B("\"response_format\":{\"type\":\"json_object\"}", "response_format");
+	B("\"response_format\":{\"type\":\"yaml\"}", "response_format.type");
+	B("\"response_format\":{\"type\":\"json_schema\"}", "response_format.json_schema");
+	B("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":3}}", "response_format.json_schema.schema");
+	B("\"response_format\":{\"type\":\"json_object\"},\"grammar\":\"root ::= \\\"a\\\"\"", "grammar");
+	B("\"grammar\":5", "grammar");
+	B("\"json_schema\":[]", "json_schema");
+	B("\"parallel_tool_calls\":\"yes\"", "parallel_tool_calls");
+	B("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":1}}]", "tools[0].function.strict");
 	B("\"tools\":{}", "tools");
 	B("\"tools\":[{\"type\":\"function\"}]", "tools[0].function");
 	B("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]", "tools[0].function.parameters");
@@ -215,22 +223,44 @@ static int sse_events(const char *text, json_t **ev, int cap, int *done)
 
 #define JS(obj, path) json_string_value(json_object_get(obj, path))
 
+/* A token table of four tokens: 0 "\xe4\xbd", 1 "a", 2 "\xff", 3 "ab", 4 "c". */
+static struct kv_tok_bytes tiny_tb(void)
+{
+	static uint32_t off[] = {0, 2, 3, 4, 6};
+	static uint32_t len[] = {2, 1, 1, 2, 1};
+	static char data[] = "\xe4\xbd" "a" "\xff" "ab" "c";
+	struct kv_tok_bytes t = {.n = 5, .off = off, .len = len, .data = data};
+	return t;
+}
+
+static void feed_ev(struct ksv_answer *a, int kind, const char *text, const char *name, struct kv_buf *out)
+{
+	struct kv_out_ev e = {.kind = kind, .text = text, .len = text ? strlen(text) : 0, .name = name};
+	ksv_answer_event(a, &e, out);
+}
+
 KT_CASE(chat_stream_chunks)
 {
-	struct ksv_oai o;
+	struct ksv_answer o;
 	struct kv_buf b = KV_BUF_INIT;
-	ksv_oai_init(&o, KSV_API_CHAT, "tiny", 1, 1);
+	struct kv_tok_bytes tb = tiny_tb();
+	ksv_answer_init(&o, &ksv_wire_openai, KSV_API_CHAT, "tiny", 1);
+	o.tb = &tb;
+	o.include_usage = 1;
+	o.logprobs = 1;
 	KT_CHECK(!strncmp(o.id, "chatcmpl-", 9));
-	struct ksv_lp_alt alts[2] = {{"a", 1, -0.25f}, {"\xff", 1, -1.5f}};
-	struct ksv_lp lp = {"\xe4\xbd", 2, -0.25f, 2, alts};
-	ksv_oai_sse_delta(&o, "Hel", 3, NULL, 0, &lp, 1, &b);
-	ksv_oai_sse_tool_start(&o, 0, "call_x", "read_file", &b);
-	ksv_oai_sse_tool_args(&o, 0, "{\"pa", 4, &b);
-	ksv_oai_sse_tool_args(&o, 0, "th\": 1}", 7, &b);
-	ksv_oai_sse_finish(&o, "tool_calls", &b);
-	struct ksv_usage u = {10, 4, 8};
-	ksv_oai_sse_usage(&o, &u, &b);
-	ksv_oai_sse_done(&b);
+	o.w->start(&o, &b);
+	struct kss_token t = {.id = 0, .logprob = -0.25f, .n_top = 2, .top_id = {1, 2}, .top_lp = {-0.25f, -1.5f}};
+	ksv_answer_token(&o, &t);
+	feed_ev(&o, KV_OUT_CONTENT, "Hel", NULL, &b);
+	o.w->step(&o, &b);
+	feed_ev(&o, KV_OUT_TOOL_START, NULL, "read_file", &b);
+	feed_ev(&o, KV_OUT_TOOL_ARGS, "{\"pa", NULL, &b);
+	feed_ev(&o, KV_OUT_TOOL_ARGS, "th\": 1}", NULL, &b);
+	feed_ev(&o, KV_OUT_TOOL_END, NULL, NULL, &b);
+	o.usage = (struct kss_usage){.prompt_tokens = 10, .completion_tokens = 4, .cached_tokens = 8};
+	o.finish = "tool_calls";
+	o.w->finish(&o, &b);
 	KT_REQUIRE(!b.oom);
 	json_t *ev[16];
 	int done;
@@ -263,7 +293,7 @@ KT_CASE(chat_stream_chunks)
 	json_t *tc = json_array_get(json_object_get(json_object_get(json_array_get(json_object_get(ev[2], "choices"), 0),
 									"delta"), "tool_calls"), 0);
 	KT_EQ_INT(json_integer_value(json_object_get(tc, "index")), 0);
-	KT_EQ_STR(JS(tc, "id"), "call_x");
+	KT_CHECK(!strncmp(JS(tc, "id"), "call_", 5) && strlen(JS(tc, "id")) == 29);
 	KT_EQ_STR(JS(tc, "type"), "function");
 	KT_EQ_STR(JS(json_object_get(tc, "function"), "name"), "read_file");
 	KT_EQ_STR(JS(json_object_get(tc, "function"), "arguments"), "");
@@ -287,11 +317,12 @@ KT_CASE(chat_stream_chunks)
 	for (int i = 0; i < n; i++)
 		json_decref(ev[i]);
 	kv_buf_free(&b);
+	ksv_answer_free(&o);
 
 	/* without include_usage there is no usage key and no usage chunk */
-	ksv_oai_init(&o, KSV_API_CHAT, "tiny", 0, 0);
-	ksv_oai_sse_delta(&o, "x", 1, NULL, 0, NULL, 0, &b);
-	ksv_oai_sse_usage(&o, &u, &b);
+	ksv_answer_init(&o, &ksv_wire_openai, KSV_API_CHAT, "tiny", 1);
+	o.w->start(&o, &b);
+	feed_ev(&o, KV_OUT_CONTENT, "x", NULL, &b);
 	n = sse_events(b.p, ev, 16, &done);
 	KT_EQ_INT(n, 2);
 	for (int i = 0; i < n; i++) {
@@ -299,17 +330,20 @@ KT_CASE(chat_stream_chunks)
 		json_decref(ev[i]);
 	}
 	kv_buf_free(&b);
+	ksv_answer_free(&o);
 }
 
 KT_CASE(chat_response_body)
 {
-	struct ksv_oai o;
-	ksv_oai_init(&o, KSV_API_CHAT, "tiny", 0, 0);
-	struct ksv_tool_call calls[1] = {{"call_abc", "f", "{\"a\": 1}"}};
-	struct ksv_oai_result r = {.content = NULL, .calls = calls, .n_calls = 1, .finish_reason = "tool_calls",
-				   .usage = {5, 3, 2}};
+	struct ksv_answer o;
+	ksv_answer_init(&o, &ksv_wire_openai, KSV_API_CHAT, "tiny", 0);
+	feed_ev(&o, KV_OUT_TOOL_START, NULL, "f", NULL);
+	feed_ev(&o, KV_OUT_TOOL_ARGS, "{\"a\": 1}", NULL, NULL);
+	feed_ev(&o, KV_OUT_TOOL_END, NULL, NULL, NULL);
+	o.finish = "tool_calls";
+	o.usage = (struct kss_usage){.prompt_tokens = 5, .completion_tokens = 3, .cached_tokens = 2};
 	size_t len;
-	char *s = ksv_oai_response(&o, &r, &len);
+	char *s = o.w->body(&o, &len);
 	KT_REQUIRE(s);
 	json_t *j = json_loads(s, 0, NULL);
 	KT_REQUIRE(j);
@@ -319,41 +353,54 @@ KT_CASE(chat_response_body)
 	KT_EQ_STR(JS(m, "role"), "assistant");
 	KT_CHECK(json_is_null(json_object_get(m, "content")));
 	json_t *tc = json_array_get(json_object_get(m, "tool_calls"), 0);
-	KT_EQ_STR(JS(tc, "id"), "call_abc");
+	KT_EQ_STR(JS(tc, "id"), o.blk[0].call_id);
+	KT_EQ_INT(strlen(JS(tc, "id")), 29);
+	KT_CHECK(!strncmp(JS(tc, "id"), "call_", 5));
 	KT_EQ_STR(JS(json_object_get(tc, "function"), "arguments"), "{\"a\": 1}");
 	KT_CHECK(json_is_null(json_object_get(ch, "logprobs")));
 	KT_EQ_STR(JS(ch, "finish_reason"), "tool_calls");
+	KT_EQ_INT(json_integer_value(json_object_get(json_object_get(json_object_get(j, "usage"), "prompt_tokens_details"),
+						     "cached_tokens")), 2);
 	json_decref(j);
 	free(s);
-	char id[32];
-	ksv_oai_tool_call_id(id);
-	KT_EQ_INT(strlen(id), 29);
-	KT_CHECK(!strncmp(id, "call_", 5));
+	ksv_answer_free(&o);
 }
 
 KT_CASE(completion_bodies)
 {
-	struct ksv_oai o;
+	struct ksv_answer o;
 	struct kv_buf b = KV_BUF_INIT;
-	ksv_oai_init(&o, KSV_API_COMPLETION, "tiny", 0, 1);
-	struct ksv_lp_alt alts[1] = {{"ab", 2, -0.5f}};
-	struct ksv_lp lps[2] = {{"ab", 2, -0.5f, 1, alts}, {"c", 1, -2.0f, 0, NULL}};
-	ksv_oai_sse_delta(&o, "abc", 3, NULL, 0, lps, 2, &b);
-	ksv_oai_sse_finish(&o, "length", &b);
+	struct kv_tok_bytes tb = tiny_tb();
+	ksv_answer_init(&o, &ksv_wire_openai, KSV_API_COMPLETION, "tiny", 1);
+	o.tb = &tb;
+	o.logprobs = 1;
+	o.w->start(&o, &b);
+	struct kss_token t0 = {.id = 3, .logprob = -0.5f, .n_top = 1, .top_id = {3}, .top_lp = {-0.5f}};
+	struct kss_token t1 = {.id = 4, .logprob = -2.0f};
+	ksv_answer_token(&o, &t0);
+	feed_ev(&o, KV_OUT_CONTENT, "ab", NULL, &b);
+	ksv_answer_token(&o, &t1);
+	feed_ev(&o, KV_OUT_CONTENT, "c", NULL, &b);
+	o.finish = "length";
+	o.w->finish(&o, &b);
 	json_t *ev[4];
 	int done;
-	KT_EQ_INT(sse_events(b.p, ev, 4, &done), 2);
+	KT_EQ_INT(sse_events(b.p, ev, 4, &done), 3);
 	json_t *c = json_array_get(json_object_get(ev[0], "choices"), 0);
 	KT_EQ_STR(JS(ev[0], "object"), "text_completion");
-	KT_EQ_STR(JS(c, "text"), "abc");
+	KT_EQ_STR(JS(c, "text"), "ab");
 	json_t *lp = json_object_get(c, "logprobs");
-	KT_EQ_INT(json_array_size(json_object_get(lp, "tokens")), 2);
-	KT_EQ_INT(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 1)), 2);
+	KT_EQ_INT(json_array_size(json_object_get(lp, "tokens")), 1);
 	KT_CHECK(json_real_value(json_object_get(json_array_get(json_object_get(lp, "top_logprobs"), 0), "ab")) == -0.5);
-	KT_EQ_STR(JS(json_array_get(json_object_get(ev[1], "choices"), 0), "finish_reason"), "length");
-	json_decref(ev[0]);
-	json_decref(ev[1]);
+	json_t *c2 = json_array_get(json_object_get(ev[1], "choices"), 0);
+	KT_EQ_STR(JS(c2, "text"), "c");
+	/* text offsets run on across chunks */
+	KT_EQ_INT(json_integer_value(json_array_get(json_object_get(json_object_get(c2, "logprobs"), "text_offset"), 0)), 2);
+	KT_EQ_STR(JS(json_array_get(json_object_get(ev[2], "choices"), 0), "finish_reason"), "length");
+	for (int i = 0; i < 3; i++)
+		json_decref(ev[i]);
 	kv_buf_free(&b);
+	ksv_answer_free(&o);
 }
 
 KT_CASE(error_bodies)
@@ -389,19 +436,19 @@ struct collect {
 	int starts, ends;
 };
 
-static void collect_fn(void *ctx, const struct ksv_ev *e)
+static void collect_fn(void *ctx, const struct kv_out_ev *e)
 {
 	struct collect *c = ctx;
-	if (e->kind == KSV_EV_CONTENT)
+	if (e->kind == KV_OUT_CONTENT)
 		kv_buf_add(&c->content, e->text, e->len);
-	else if (e->kind == KSV_EV_REASONING)
+	else if (e->kind == KV_OUT_REASONING)
 		kv_buf_add(&c->reasoning, e->text, e->len);
-	else if (e->kind == KSV_EV_TOOL_START) {
+	else if (e->kind == KV_OUT_TOOL_START) {
 		kv_buf_printf(&c->calls, "%d:%s(", e->index, e->name);
 		c->starts++;
-	} else if (e->kind == KSV_EV_TOOL_ARGS)
+	} else if (e->kind == KV_OUT_TOOL_ARGS)
 		kv_buf_add(&c->calls, e->text, e->len);
-	else if (e->kind == KSV_EV_TOOL_END) {
+	else if (e->kind == KV_OUT_TOOL_END) {
 		kv_buf_adds(&c->calls, ");");
 		c->ends++;
 	}
@@ -411,17 +458,17 @@ static void collect_fn(void *ctx, const struct ksv_ev *e)
 static int run_split(const char *text, size_t split, const char *const *stop, size_t n_stop, int split_reasoning,
 		     int in_think, struct collect *c)
 {
-	struct ksv_out *o;
-	struct ksv_out_params p = {.stop = stop, .n_stop = n_stop, .split_reasoning = split_reasoning,
+	struct kv_out *o;
+	struct kv_out_params p = {.stop = stop, .n_stop = n_stop, .split_reasoning = split_reasoning,
 				   .in_think = in_think, .fn = collect_fn, .ctx = c};
 	memset(c, 0, sizeof *c);
-	if (ksv_out_create(&p, &o))
+	if (kv_out_create(&p, &o))
 		return -1;
-	int hit = ksv_out_feed(o, text, split);
+	int hit = kv_out_feed(o, text, split);
 	if (!hit)
-		hit = ksv_out_feed(o, text + split, strlen(text) - split);
-	ksv_out_finish(o);
-	ksv_out_destroy(o);
+		hit = kv_out_feed(o, text + split, strlen(text) - split);
+	kv_out_finish(o);
+	kv_out_destroy(o);
 	return hit;
 }
 
@@ -448,9 +495,9 @@ KT_CASE(stop_strings_every_split)
 	KT_EQ_STR(cs(&c.content), "abcEN");
 	kv_buf_free(&c.content);
 	int hit;
-	KT_EQ_U64(ksv_stop_scan("helloEN", 7, stop, 2, &hit), 5);
+	KT_EQ_U64(kv_out_stop_scan("helloEN", 7, stop, 2, &hit), 5);
 	KT_EQ_INT(hit, 0);
-	KT_EQ_U64(ksv_stop_scan("heENDlo", 7, stop, 2, &hit), 2);
+	KT_EQ_U64(kv_out_stop_scan("heENDlo", 7, stop, 2, &hit), 2);
 	KT_EQ_INT(hit, 1);
 }
 
@@ -553,27 +600,27 @@ static void tool_pipeline_case(const char *text, int xml, const char *const *sto
 				   "\"n\": {\"type\": \"integer\"}}}}}]", 0, NULL);
 	for (size_t split = 0; split <= strlen(text); split++) {
 		struct collect c;
-		struct ksv_out *o;
-		struct ksv_out_params p = {.stop = stop, .n_stop = n_stop, .split_reasoning = 1, .tools = tools,
+		struct kv_out *o;
+		struct kv_out_params p = {.stop = stop, .n_stop = n_stop, .split_reasoning = 1, .tools = tools,
 					   .xml_tools = xml, .fn = collect_fn, .ctx = &c};
 		memset(&c, 0, sizeof c);
-		if (ksv_out_create(&p, &o)) {
+		if (kv_out_create(&p, &o)) {
 			kt_fail(__FILE__, line, "create: %s", kv_errmsg());
 			break;
 		}
-		if (ksv_out_feed(o, text, split) != 1)
-			ksv_out_feed(o, text + split, strlen(text) - split);
-		ksv_out_finish(o);
+		if (kv_out_feed(o, text, split) != 1)
+			kv_out_feed(o, text + split, strlen(text) - split);
+		kv_out_finish(o);
 		int ok = !strcmp(cs(&c.content), want_content) && !strcmp(cs(&c.reasoning), want_reasoning) &&
-			 !strcmp(cs(&c.calls), want_calls) && c.starts == c.ends && c.starts == ksv_out_n_tool_calls(o);
+			 !strcmp(cs(&c.calls), want_calls) && c.starts == c.ends && c.starts == kv_out_n_tool_calls(o);
 		if (!ok) {
 			kt_fail(__FILE__, line, "split %zu: content '%s' reasoning '%s' calls '%s' (%d/%d)", split,
 				cs(&c.content), cs(&c.reasoning), cs(&c.calls), c.starts, c.ends);
-			ksv_out_destroy(o);
+			kv_out_destroy(o);
 			free_collect(&c);
 			break;
 		}
-		ksv_out_destroy(o);
+		kv_out_destroy(o);
 		free_collect(&c);
 	}
 	json_decref(tools);
@@ -605,17 +652,17 @@ KT_CASE(tool_call_sse_from_pipeline)
 {
 	json_t *tools = json_loads("[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", 0, NULL);
 	struct collect c;
-	struct ksv_out *o;
+	struct kv_out *o;
 	memset(&c, 0, sizeof c);
-	struct ksv_out_params p = {.tools = tools, .fn = collect_fn, .ctx = &c};
-	KT_OK(ksv_out_create(&p, &o));
+	struct kv_out_params p = {.tools = tools, .fn = collect_fn, .ctx = &c};
+	KT_OK(kv_out_create(&p, &o));
 	const char *t = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": [1, 2]}}\n</tool_call>";
 	for (size_t i = 0; t[i]; i++)
-		ksv_out_feed(o, t + i, 1);
-	ksv_out_finish(o);
-	KT_EQ_INT(ksv_out_n_tool_calls(o), 1);
+		kv_out_feed(o, t + i, 1);
+	kv_out_finish(o);
+	KT_EQ_INT(kv_out_n_tool_calls(o), 1);
 	KT_EQ_STR(cs(&c.calls), "0:f({\"x\": [1, 2]});");
-	ksv_out_destroy(o);
+	kv_out_destroy(o);
 	free_collect(&c);
 	json_decref(tools);
 }

@@ -9,7 +9,7 @@
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/log.h"
-#include "server/http_client.h"
+#include "client/http_client.h"
 #include "server/httpd.h"
 
 #include <arpa/inet.h>
@@ -172,7 +172,7 @@ static int get(int port, const char *method, const char *path, const char *body,
 	char url[128];
 	int st = 0;
 	snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
-	if (ksv_http_fetch(url, method, body, body ? strlen(body) : 0, 5000, &st, out, NULL)) {
+	if (kcl_http_fetch(url, method, body, body ? strlen(body) : 0, 5000, &st, out, NULL)) {
 		fprintf(stderr, "  fetch %s: %s\n", path, kv_errmsg());
 		return -1;
 	}
@@ -205,22 +205,22 @@ KT_CASE(keep_alive_two_requests)
 {
 	struct ksv_httpd *h = start(2000);
 	KT_REQUIRE(h);
-	struct ksv_http *c;
-	struct ksv_http_resp r;
+	struct kcl_http *c;
+	struct kcl_http_resp r;
 	char *b;
 	size_t n;
-	KT_OK(ksv_http_connect("127.0.0.1", ksv_httpd_port(h), 5000, &c));
+	KT_OK(kcl_http_connect("127.0.0.1", ksv_httpd_port(h), 5000, &c));
 	for (int i = 0; i < 2; i++) {
-		KT_OK(ksv_http_send(c, "POST", "/echo", "text/plain", "abc", 3, NULL));
-		KT_OK(ksv_http_read_head(c, &r));
+		KT_OK(kcl_http_send(c, "POST", "/echo", "text/plain", "abc", 3, NULL));
+		KT_OK(kcl_http_read_head(c, &r));
 		KT_EQ_INT(r.status, 200);
 		KT_EQ_INT(r.keep_alive, 1);
-		KT_OK(ksv_http_read_all(c, &r, 100, &b, &n));
+		KT_OK(kcl_http_read_all(c, &r, 100, &b, &n));
 		KT_EQ_STR(b, "abc");
 		free(b);
-		ksv_http_resp_free(&r);
+		kcl_http_resp_free(&r);
 	}
-	ksv_http_close(c);
+	kcl_http_close(c);
 	ksv_httpd_stop(h);
 }
 
@@ -288,26 +288,26 @@ KT_CASE(stream_chunks)
 {
 	struct ksv_httpd *h = start(2000);
 	KT_REQUIRE(h);
-	struct ksv_http *c;
-	struct ksv_http_resp r;
-	struct ksv_sse s;
-	struct ksv_sse_event ev;
-	KT_OK(ksv_http_connect("127.0.0.1", ksv_httpd_port(h), 5000, &c));
-	KT_OK(ksv_http_send(c, "GET", "/stream", NULL, NULL, 0, NULL));
-	KT_OK(ksv_http_read_head(c, &r));
+	struct kcl_http *c;
+	struct kcl_http_resp r;
+	struct kcl_sse s;
+	struct kcl_sse_event ev;
+	KT_OK(kcl_http_connect("127.0.0.1", ksv_httpd_port(h), 5000, &c));
+	KT_OK(kcl_http_send(c, "GET", "/stream", NULL, NULL, 0, NULL));
+	KT_OK(kcl_http_read_head(c, &r));
 	KT_EQ_INT(r.status, 200);
 	KT_EQ_INT(r.chunked, 1);
-	ksv_sse_init(&s);
+	kcl_sse_init(&s);
 	for (int i = 0; i < 5; i++) {
 		char want[16];
 		snprintf(want, sizeof want, "%d", i);
-		KT_EQ_INT(ksv_http_next_event(c, &r, &s, &ev), 1);
+		KT_EQ_INT(kcl_http_next_event(c, &r, &s, &ev), 1);
 		KT_EQ_STR(ev.data, want);
 	}
-	KT_EQ_INT(ksv_http_next_event(c, &r, &s, &ev), 0);
-	ksv_sse_free(&s);
-	ksv_http_resp_free(&r);
-	ksv_http_close(c);
+	KT_EQ_INT(kcl_http_next_event(c, &r, &s, &ev), 0);
+	kcl_sse_free(&s);
+	kcl_http_resp_free(&r);
+	kcl_http_close(c);
 	ksv_httpd_stop(h);
 }
 
@@ -315,20 +315,20 @@ KT_CASE(stream_client_hangs_up)
 {
 	struct ksv_httpd *h = start(2000);
 	KT_REQUIRE(h);
-	struct ksv_http *c;
-	struct ksv_http_resp r;
-	struct ksv_sse s;
-	struct ksv_sse_event ev;
+	struct kcl_http *c;
+	struct kcl_http_resp r;
+	struct kcl_sse s;
+	struct kcl_sse_event ev;
 	atomic_store(&g_gone_fired, 0);
 	atomic_store(&g_producer_cancelled, 0);
-	KT_OK(ksv_http_connect("127.0.0.1", ksv_httpd_port(h), 5000, &c));
-	KT_OK(ksv_http_send(c, "GET", "/slowstream", NULL, NULL, 0, NULL));
-	KT_OK(ksv_http_read_head(c, &r));
-	ksv_sse_init(&s);
-	KT_EQ_INT(ksv_http_next_event(c, &r, &s, &ev), 1);
-	ksv_sse_free(&s);
-	ksv_http_resp_free(&r);
-	ksv_http_close(c); /* hang up after the first event */
+	KT_OK(kcl_http_connect("127.0.0.1", ksv_httpd_port(h), 5000, &c));
+	KT_OK(kcl_http_send(c, "GET", "/slowstream", NULL, NULL, 0, NULL));
+	KT_OK(kcl_http_read_head(c, &r));
+	kcl_sse_init(&s);
+	KT_EQ_INT(kcl_http_next_event(c, &r, &s, &ev), 1);
+	kcl_sse_free(&s);
+	kcl_http_resp_free(&r);
+	kcl_http_close(c); /* hang up after the first event */
 	uint64_t t0 = kv_now_ns();
 	while (!(atomic_load(&g_gone_fired) && atomic_load(&g_producer_cancelled)) && kv_now_ns() - t0 < 3000000000ull)
 		kv_sleep_ms(5);

@@ -387,6 +387,60 @@ KT_CASE(interval_checkpoints_serve_hits)
 	ts_close(&e);
 }
 
+/* Flip one byte of every snapshot file under a folder (nftw callback). */
+static int flip_snap_fn(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+	(void)sb;
+	if (type == FTW_F && strstr(path + ftw->base, ".snap."))
+		flip_byte(path, 3);
+	return 0;
+}
+
+/*
+ * More corrupt resume points on one prompt than a fetch plans again for
+ * (16 rounds): every round's snapshot fails its CRC. The fetch must end
+ * in a miss, never hand its last, failed plan to the RAM cache. Here that
+ * plan is at 24, a block end whose blocks the RAM tree already holds (an
+ * entry of another prompt sharing 28 tokens), so nothing else would stop
+ * the snapshot that failed its check from being stored and served.
+ */
+KT_CASE(more_corrupt_snapshots_than_replans_give_a_miss)
+{
+	struct ts_env e;
+	int32_t tok[64], other[64];
+	struct kv_page *pg[16];
+	struct ks_params p = {.no_threads = 1, .ckpt_interval = 1, .queue_cap = 64, .env_ckpt_max = "0"};
+	ts_tokens(tok, 64, 64, 9);
+	ts_tokens(other, 64, 28, 10);
+	KT_OK(ts_open(&e, root_dir(), 1, &p));
+	int np = tc_pages(e.pool, &e.L, tok, 40, pg);
+	KT_REQUIRE(np == 5);
+	for (uint32_t at = 17; at <= 39; at++) {
+		void *ctx[2] = {tok, (void *)(uintptr_t)at};
+		KT_OK(ks_store_ckpt(e.s, tok, at, pg, fill_snap, ctx));
+		ks_store_drain(e.s);
+	}
+	for (int i = 0; i < np; i++)
+		kv_page_unref(pg[i]);
+	ts_close(&e);
+	char ck[4200];
+	snprintf(ck, sizeof ck, "%s/kv_checkpoints", root_dir());
+	KT_EQ_INT(ts_count_files(ck, ".snap."), 23);
+	KT_REQUIRE(nftw(ck, flip_snap_fn, 16, FTW_PHYS) == 0);
+
+	KT_OK(ts_open(&e, root_dir(), 1, &p));
+	ks_store_start_scan(e.s);
+	ts_put(&e, tok, 16, NULL, 0, 0);   /* RAM resumes tok at 16 ... */
+	ts_put(&e, other, 30, NULL, 0, 0); /* ... and holds blocks 0-2 */
+	struct ks_fetch f;
+	KT_EQ_INT(ts_lookup(&e, tok, 50, NULL, 0, NULL, &f), 16);
+	KT_EQ_INT(f.pos, 0);
+	struct ks_stats st;
+	ks_store_stats(e.s, &st);
+	KT_EQ_U64(st.bad[KS_BAD_CRC], 16);
+	ts_close(&e);
+}
+
 KT_CASE(checkpoint_queue_drops_when_full)
 {
 	struct ts_env e;
@@ -817,7 +871,8 @@ KT_CASE(object_cap_evicts_least_recently_used)
 
 KT_MAIN(hybrid_restart_resumes_at_boundary, direct_lookup_before_the_scan, dense_restart_longest_prefix,
 	corrupt_files_give_shorter_hits, other_namespaces_are_never_hits, namespaces_age_out,
-	disk_cap_evicts_least_recently_used, interval_checkpoints_serve_hits, checkpoint_queue_drops_when_full,
+	disk_cap_evicts_least_recently_used, interval_checkpoints_serve_hits,
+	more_corrupt_snapshots_than_replans_give_a_miss, checkpoint_queue_drops_when_full,
 	io_faults_keep_serving, readonly_folder_at_open, write_behind_thread, catalog_orders_leaves_first, budget_parse,
 	live_namespace_survives_age_out, second_server_on_namespace, full_disk_at_open_retries,
 	cache_tool_edges, catalog_scale, object_cap_evicts_least_recently_used)

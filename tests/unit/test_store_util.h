@@ -12,7 +12,7 @@
 #include "base/io.h"
 #include "base/pages.h"
 #include "cache/cache.h"
-#include "cache/policy.h"
+#include "cache/storage_policy.h"
 #include "store/store.h"
 #include "kt.h"
 #include "test_cache_util.h"
@@ -29,6 +29,8 @@
 /* Attention layers and KV heads of ts_layout; a test may raise them to
  * make objects bigger (rows stay 8 bytes, which tc_verify_hit needs). */
 static int ts_attn_layers = 2, ts_kv_heads = 2;
+/* Bytes for answer records (cache/echo.h) in the RAM cache; 0: none. */
+static uint64_t ts_echo_bytes = 0;
 
 static inline void ts_layout(struct ke_layout *L, int hybrid)
 {
@@ -86,7 +88,8 @@ static inline int ts_open(struct ts_env *e, const char *root, int hybrid, const 
 	e->ns = p.ns.lo || p.ns.hi ? p.ns : (struct kv_h128){0x1111, 0x2222};
 	kc_policy_default(&pol, hybrid);
 	e->pool = kv_pages_create(e->L.page_bytes, 0, 8);
-	struct kc_params cp = {.layout = &e->L, .ns = e->ns, .policy = &pol, .max_hybrid_entries = 64};
+	struct kc_params cp = {.layout = &e->L, .ns = e->ns, .policy = &pol, .max_hybrid_entries = 64,
+			       .echo_bytes = ts_echo_bytes};
 	if ((rc = kc_cache_create(&cp, &e->c)))
 		return rc;
 	p.root = root;
