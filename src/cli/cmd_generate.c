@@ -635,6 +635,25 @@ static int report(struct dec *d, const struct kv_tok *tok, const int32_t *ids, s
 	return 0;
 }
 
+/* The engine's parameters from the flags (--kv-f32 is the older spelling
+ * of --kv-dtype f32). -1, reported, on a bad value. */
+static int engine_params(int kv_f32, const char *kv_dtype, const char *quant_act, int64_t page_tokens,
+			 struct ke_model_params *mp)
+{
+	*mp = (struct ke_model_params){.kv = kv_f32 ? KE_KV_F32 : ke_kv_parse(kv_dtype),
+				       .page_tokens = (int)page_tokens,
+				       .quant_act = ke_quant_act_parse(quant_act)};
+	if (mp->quant_act < 0) {
+		fprintf(stderr, "kvkeep generate: --quant-act must be q8 or f32\n");
+		return -1;
+	}
+	if (mp->kv < 0 || (kv_f32 && kv_dtype && strcmp(kv_dtype, "f32"))) {
+		fprintf(stderr, "kvkeep generate: --kv-dtype must be bf16, f32 or q8_0 (and agree with --kv-f32)\n");
+		return -1;
+	}
+	return 0;
+}
+
 static int cmd_generate(int argc, char **argv)
 {
 	const char *model = NULL, *prompt = NULL, *tokens_s = NULL, *logits_out = NULL, *all_out = NULL,
@@ -740,16 +759,9 @@ static int cmd_generate(int argc, char **argv)
 		goto out;
 	}
 
-	struct ke_model_params mp = {.kv = kv_f32 ? KE_KV_F32 : ke_kv_parse(kv_dtype), .page_tokens = (int)page_tokens,
-				     .quant_act = ke_quant_act_parse(quant_act)};
-	if (mp.quant_act < 0) {
-		fprintf(stderr, "kvkeep generate: --quant-act must be q8 or f32\n");
+	struct ke_model_params mp;
+	if (engine_params(kv_f32, kv_dtype, quant_act, page_tokens, &mp))
 		goto out;
-	}
-	if (mp.kv < 0 || (kv_f32 && kv_dtype && strcmp(kv_dtype, "f32"))) {
-		fprintf(stderr, "kvkeep generate: --kv-dtype must be bf16, f32 or q8_0 (and agree with --kv-f32)\n");
-		goto out;
-	}
 	if (ke_model_load(model, &mp, &m)) {
 		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
 		goto out;
