@@ -37,10 +37,12 @@
 #include "base/err.h"
 #include "base/mem.h"
 #include "cli/cli.h"
+#include "cli/gen_spec.h"
 #include "engine/isa.h"
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "model/genconfig.h"
+#include "session/spec.h"
 #include "text/template.h"
 #include "text/tokenizer.h"
 #include "text/stop.h"
@@ -68,7 +70,7 @@ static int cmd_generate(int argc, char **argv)
 	/* sampling flags by enum kv_gencfg_field; NaN: not given */
 	double sv[KV_GC_N] = {NAN, NAN, NAN, NAN, NAN, NAN, NAN};
 	int kv_f32 = 0, ignore_eos = 0, quiet = 0;
-	const char *quant_act = "q8";
+	const char *quant_act = "q8", *spec_s = "auto";
 	struct kv_flag flags[] = {
 		{"model", KV_FLAG_STR, &model, "DIR", "model folder (config.json + safetensors)"},
 		{"prompt", KV_FLAG_STR, &prompt, "TEXT", "prompt text (needs the folder's tokenizer.json)"},
@@ -98,6 +100,8 @@ static int cmd_generate(int argc, char **argv)
 		{"page-tokens", KV_FLAG_INT, &page_tokens, "N", "tokens per KV page (default 256)"},
 		{"ignore-eos", KV_FLAG_BOOL, &ignore_eos, NULL, "do not stop at an EOS token"},
 		{"quiet", KV_FLAG_BOOL, &quiet, NULL, "no timing line on stderr"},
+		{"speculative", KV_FLAG_STR, &spec_s, "off|lookup|mtp|auto",
+		 "speculative decoding (default auto): the same ids, fewer forwards when drafts are right"},
 		{0},
 	};
 	const char *usage = "usage: kvkeep generate --model DIR (--prompt TEXT | --tokens 1,2,3) [--max-tokens N] "
@@ -109,6 +113,10 @@ static int cmd_generate(int argc, char **argv)
 		return 2;
 	if (!model || (!prompt == !tokens_s)) {
 		fprintf(stderr, "kvkeep generate: --model and exactly one of --prompt / --tokens are required\n");
+		return 2;
+	}
+	if (kss_spec_mode_parse(spec_s) < 0) {
+		fprintf(stderr, "kvkeep generate: --speculative must be off, lookup, mtp or auto\n");
 		return 2;
 	}
 	if (max_tokens < 0 || max_tokens > 1000000 || chunk < 0 || chunk > 8192 || page_tokens < 0 ||
@@ -239,6 +247,19 @@ static int cmd_generate(int argc, char **argv)
 	}
 	int n_out = 0;
 	const char *finish = "length";
+	struct cmd_gen_spec gs = {.s = s, .smp = smp, .logits = logits, .ids = ids, .n_ids = n_ids,
+				  .max_tokens = (int)max_tokens, .stop_ids = stop_ids, .n_stop_ids = n_stop_ids,
+				  .ignore_eos = ignore_eos, .stop = stop, .tok = tok, .mode = kss_spec_mode_parse(spec_s),
+				  .out_ids = out_ids};
+	if (gs.mode > 0) { /* gen_spec.h: the loop below, through the speculative decoder */
+		if (cmd_generate_spec(&gs)) {
+			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+			goto out;
+		}
+		n_out = gs.n_out;
+		finish = gs.finish;
+		max_tokens = 0;
+	}
 	for (int i = 0; i < max_tokens; i++) {
 		int32_t t = ke_sample(smp, logits);
 		out_ids[n_out++] = t;
@@ -290,6 +311,10 @@ static int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "prompt %zu tokens in %.3f s (%.1f tok/s), %d generated in %.3f s (%.1f tok/s), isa=%s\n",
 			n_ids, t1 - t0, (double)n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_out, t2 - t1,
 			n_out > 1 ? (double)(n_out - 1) / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0, ke_isa_name(ke_isa()));
+	if (!quiet && gs.mode > 0)
+		fprintf(stderr, "speculative %s: %u verifications, %u plain steps, drafted %u lookup + %u mtp, kept %u + %u\n",
+			kss_spec_mode_name(gs.mode), gs.spec.steps, gs.spec.plain, gs.spec.drafted[0], gs.spec.drafted[1],
+			gs.spec.accepted[0], gs.spec.accepted[1]);
 	status = 0;
 out:
 	free(snap);

@@ -148,7 +148,13 @@ static int cmd_serve(int argc, char **argv)
 		{"max-running", KV_FLAG_INT, &o.max_running, "N",
 		 "requests generating together, batched into one engine step (default: 4, fewer when memory is short)"},
 		{"max-batch-tokens", KV_FLAG_INT, &o.max_batch_tokens, "N",
-		 "tokens per engine step: decode tokens plus prefill chunks (default: prefill chunk + max running)"},
+		 "tokens per engine step: decode tokens, verifications and prefill chunks (default: prefill chunk + "
+		 "max running x (speculative draft + 1))"},
+		{"speculative", KV_FLAG_STR, &o.speculative, "off|lookup|mtp|auto",
+		 "speculative decoding: drafts from the prompt and the output so far (lookup), from the model's MTP "
+		 "head (mtp), or either (auto, the default); the output is the same as without, only the speed changes"},
+		{"speculative-draft", KV_FLAG_INT, &o.speculative_draft, "N",
+		 "longest draft one step verifies, 1-15 (default 8)"},
 		{NULL, 0, NULL, NULL, NULL},
 	};
 	int rc = kv_flags_parse(USAGE, flags, argc, argv, NULL, 0, NULL);

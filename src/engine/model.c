@@ -732,3 +732,9 @@ size_t ke_model_scratch_bytes(const struct ke_model *m, int chunk)
 {
 	return ke_scratch_plan(m, chunk > 0 ? chunk : 256, NULL, NULL);
 }
+
+int ke_model_has_mtp(const struct ke_model *m)
+{
+	(void)m;
+	return 0;
+}

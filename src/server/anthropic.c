@@ -361,7 +361,7 @@ int ksv_anth_to_chat(const json_t *body, int for_count, json_t **chat_out, char 
 	/* the penalties, min_p and seed are kvkeep's extensions here, as on
 	 * chat completions (one parser: request.c) */
 	static const char *const copy[] = {"temperature", "top_p", "top_k", "stream", "min_p", "seed", "presence_penalty",
-					   "frequency_penalty", "repetition_penalty"};
+					   "frequency_penalty", "repetition_penalty", "speculative"};
 	for (size_t k = 0; k < sizeof copy / sizeof *copy; k++)
 		if ((v = json_object_get(body, copy[k])) && !json_is_null(v))
 			json_object_set(chat, copy[k], (json_t *)v);

@@ -386,7 +386,7 @@ int ksv_resp_to_chat(const json_t *body, json_t **chat_out, char *param, size_t 
 	if ((v = json_object_get(body, "max_output_tokens")) && !json_is_null(v))
 		json_object_set(chat, "max_tokens", (json_t *)v);
 	static const char *const copy[] = {"temperature", "top_p", "stream", "top_k", "min_p", "seed", "presence_penalty",
-					   "frequency_penalty", "repetition_penalty"};
+					   "frequency_penalty", "repetition_penalty", "speculative"};
 	for (size_t k = 0; k < sizeof copy / sizeof *copy; k++)
 		if ((v = json_object_get(body, copy[k])) && !json_is_null(v))
 			json_object_set(chat, copy[k], (json_t *)v);

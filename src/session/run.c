@@ -2,6 +2,7 @@
  * run.c - see run.h.
  */
 #include "session/run.h"
+#include "session/decode.h"
 #include "cache/turn.h"
 #include "engine/sample.h"
 #include "base/log.h"
@@ -203,7 +204,7 @@ int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params 
 	uint32_t *share = NULL;       /* the stops a waiting request may be given */
 	const uint32_t *st;
 	size_t n_st;
-	uint32_t total, n_gen = 0;
+	uint32_t total;
 	uint64_t t0;
 	int joined = 0;
 
@@ -353,34 +354,18 @@ int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params 
 	if (p->logits)
 		memcpy(p->logits, logits, (size_t)V * sizeof *logits);
 
-	/* 5. decode: feed back every generated token but the last */
+	/* 5. decode (session/decode.h): feed back every generated token but
+	 * the last, plainly or verifying drafts */
 	t0 = kv_now_ns();
-	total = p->n;
-	for (uint32_t i = 0; i < p->max_new; i++) {
-		int32_t tok;
-		int stop = 0;
-		if (p->forced)
-			tok = p->forced[i];
-		else if (p->pick) {
-			if (p->pick(p->pick_ctx, logits, V, &tok) != KV_OK)
-				break;
-		} else
-			tok = ke_argmax(logits, V);
-		if (p->out)
-			p->out[i] = tok;
-		n_gen++;
-		for (size_t k = 0; k < p->n_stop_ids; k++)
-			stop |= tok == p->stop_ids[k];
-		if (stop || i + 1 == p->max_new)
-			break;
-		if ((rc = forward(p, s, &tok, 1, logits)))
-			goto out;
-		all[total++] = tok;
-		if (x.every && total % x.every == 0)
-			x.on_every(x.every_ctx, s, (int)total);
-	}
-	r->generated = n_gen;
+	struct kss_decode dc = {.p = p, .s = s, .logits = logits, .all = all, .total = p->n, .every = x.every,
+				.on_every = x.on_every, .every_ctx = x.every_ctx};
+	rc = kss_decode_run(&dc);
+	total = dc.total;
+	r->generated = dc.generated;
+	r->spec = dc.spec;
 	r->decode_ms = ms_since(t0);
+	if (rc)
+		goto out;
 
 	/* 6. store the completion entry */
 	t0 = kv_now_ns();
