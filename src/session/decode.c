@@ -147,7 +147,8 @@ int kss_decode_run(struct kss_decode *d)
 		int md = p->spec_max_draft ? p->spec_max_draft : KSS_RUN_SPEC_DRAFT;
 		if (md > max_rows - 1)
 			md = max_rows - 1;
-		struct kss_spec_params sp = {.mode = p->speculative, .max_draft = md};
+		struct kss_spec_params sp = {.mode = p->speculative, .max_draft = md, .mtp = p->spec_draft,
+					     .mtp_ctx = p->spec_draft_ctx};
 		x.rows = md >= 1 ? kv_alloc(KV_MEM_SCRATCH, (size_t)(md + 1) * x.V * sizeof *x.rows) : NULL;
 		/* speculation is an optimisation: without its memory, decode plainly */
 		if (x.rows && kss_spec_create(&sp, d->all, d->total, &x.sp) != KV_OK)

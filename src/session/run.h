@@ -110,6 +110,10 @@ struct kss_run_params {
 	 * (0: KSS_RUN_SPEC_DRAFT). The output is the same either way. */
 	int speculative;
 	int spec_max_draft;
+	/* Optional: a draft source in the MTP head's place (session/spec.h
+	 * kss_mtp_fn; the tests' oracle drafts). NULL: the model's head, if any. */
+	int (*spec_draft)(void *ctx, int max, int32_t *out, double *seconds);
+	void *spec_draft_ctx;
 };
 
 #define KSS_RUN_SPEC_DRAFT 8

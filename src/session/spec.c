@@ -16,9 +16,9 @@
 #define N_LCLASS 4            /* lookup match classes: 1, 2-3, 4-7, 8+ tokens */
 #define EST_MTP N_LCLASS
 #define N_EST (N_LCLASS + 1)
-#define OBS_DECAY 0.8         /* weight of older observations at each new one */
-#define IDLE_DECAY 0.95       /* per step: evidence fades back toward the prior */
-#define PRIOR_WEIGHT 3.0      /* the prior counts as this many draft positions */
+#define OBS_DECAY 0.9         /* weight of older observations at each new one */
+#define IDLE_DECAY 0.99       /* per step: evidence fades back toward the prior */
+#define PRIOR_WEIGHT 1.0      /* the prior counts as this many draft positions */
 #define COST_EMA 0.2
 
 /* Prior acceptance per estimator: a one-token match says little, a long
