@@ -39,6 +39,7 @@
 #include "cli/cli.h"
 #include "cli/gen_spec.h"
 #include "engine/isa.h"
+#include "engine/mtp.h"
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "model/genconfig.h"
@@ -61,6 +62,23 @@ static int write_f32(const char *path, const void *p, size_t bytes)
 	return 0;
 }
 
+/* --mtp-logits-out: the MTP head over the prompt (position t: the hidden
+ * state there and token t + 1), every row's logits. */
+static int write_mtp_logits(struct ke_model *m, const float *hidden, const int32_t *ids, size_t n, const char *path)
+{
+	struct ke_mtp_seq *ms = NULL;
+	size_t V = (size_t)ke_model_config(m)->vocab;
+	float *lg = kv_alloc(KV_MEM_SCRATCH, (n - 1) * V * sizeof *lg);
+	int rc = !lg || ke_mtp_seq_create(m, &ms) || ke_mtp_seq_logits(ms, hidden, ids + 1, (int)n - 1, lg);
+	if (rc)
+		fprintf(stderr, "kvkeep: MTP head: %s\n", lg ? kv_errmsg() : "out of memory");
+	else
+		rc = write_f32(path, lg, (n - 1) * V * sizeof *lg);
+	ke_mtp_seq_destroy(ms);
+	kv_free(lg);
+	return rc;
+}
+
 static int cmd_generate(int argc, char **argv)
 {
 	const char *model = NULL, *prompt = NULL, *tokens_s = NULL, *logits_out = NULL, *all_out = NULL,
@@ -70,7 +88,7 @@ static int cmd_generate(int argc, char **argv)
 	/* sampling flags by enum kv_gencfg_field; NaN: not given */
 	double sv[KV_GC_N] = {NAN, NAN, NAN, NAN, NAN, NAN, NAN};
 	int kv_f32 = 0, ignore_eos = 0, quiet = 0;
-	const char *quant_act = "q8", *spec_s = "auto";
+	const char *quant_act = "q8", *spec_s = "auto", *mtp_out = NULL;
 	struct kv_flag flags[] = {
 		{"model", KV_FLAG_STR, &model, "DIR", "model folder (config.json + safetensors)"},
 		{"prompt", KV_FLAG_STR, &prompt, "TEXT", "prompt text (needs the folder's tokenizer.json)"},
@@ -94,6 +112,8 @@ static int cmd_generate(int argc, char **argv)
 		{"logits-out", KV_FLAG_STR, &logits_out, "FILE", "write the last prompt position's logits (f32 LE)"},
 		{"all-logits-out", KV_FLAG_STR, &all_out, "FILE", "write every prompt position's logits (f32 LE)"},
 		{"state-out", KV_FLAG_STR, &state_out, "FILE", "write the recurrent snapshot after the prompt"},
+		{"mtp-logits-out", KV_FLAG_STR, &mtp_out, "FILE",
+		 "the MTP head's logits at prompt positions 0..n-2 (it sees the prompt's tokens, at most 64), f32 LE"},
 		{"kv-f32", KV_FLAG_BOOL, &kv_f32, NULL, "keep KV in f32 (default bf16)"},
 		{"quant-act", KV_FLAG_STR, &quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
 		{"chunk", KV_FLAG_INT, &chunk, "N", "prefill chunk in tokens (default 256)"},
@@ -229,11 +249,25 @@ static int cmd_generate(int argc, char **argv)
 		goto out;
 	}
 	struct ke_prefill_opts po = {.logits_all = all};
+	if (mtp_out && (n_ids < 2 || n_ids > 65 || !ke_model_has_mtp(m))) {
+		fprintf(stderr, "kvkeep generate: --mtp-logits-out needs a model with an MTP head and 2-65 prompt tokens\n");
+		goto out;
+	}
+	if (mtp_out && !(po.hidden_all = kv_alloc(KV_MEM_SCRATCH, n_ids * (size_t)c->hidden * sizeof(float)))) {
+		fprintf(stderr, "kvkeep: out of memory\n");
+		goto out;
+	}
 	double t0 = kv_now_s();
 	if (ke_seq_prefill(s, ids, (int)n_ids, &po, logits)) {
 		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+		kv_free(po.hidden_all);
 		goto out;
 	}
+	if (mtp_out && write_mtp_logits(m, po.hidden_all, ids, n_ids, mtp_out)) {
+		kv_free(po.hidden_all);
+		goto out;
+	}
+	kv_free(po.hidden_all);
 	double t1 = kv_now_s();
 	if (logits_out && write_f32(logits_out, logits, (size_t)V * sizeof *logits))
 		goto out;

@@ -43,6 +43,23 @@ struct ke_layer {
 
 #define KE_STASH 2
 
+/*
+ * The multi-token-prediction head (mtp.h), when the weights have one: a
+ * full-attention decoder layer fed fc([norm_e(embed(next token)) |
+ * norm_h(hidden)]), then its own final norm and the model's lm_head. Its
+ * attention keeps a KV of its own per sequence, in pages of a one-layer
+ * layout from its own pool.
+ */
+struct ke_mtp_head {
+	struct ke_mat fc;         /* [hidden][2 hidden] mtp.fc.weight */
+	const float *enorm;       /* [hidden] effective (1 + w) */
+	const float *hnorm;
+	const float *norm;        /* [hidden] the head's final norm */
+	struct ke_layer layer;    /* type ATTN, idx 0 (in lay) */
+	struct ke_layout lay;     /* one attention layer, the model's heads and page size */
+	struct kv_pages *pages;   /* its pool (KV pages of lay.page_bytes) */
+};
+
 struct ke_model {
 	char dir[1024];
 	char prefix[64];
@@ -63,6 +80,7 @@ struct ke_model {
 	struct ke_mat mats[KE_MAX_MATS];
 	const char *mat_names[KE_MAX_MATS];
 	int conv_dim;
+	struct ke_mtp_head *mtp;  /* NULL: no MTP head (model.c, mtp.c) */
 	/* Buffers of destroyed sequences kept for the next ones (seq.c): on
 	 * this kind of machine the first touch of fresh memory runs at a few
 	 * hundred MB/s, so a new sequence that allocated its 10-30 MiB of
@@ -200,7 +218,15 @@ struct ke_fwd {
 	struct ke_seq *const *seqs;    /* [n_seq] */
 	const int *row0;               /* [n_seq + 1] */
 	const int *row_seq;            /* [n] */
+	const struct ke_layout *lay;   /* the KV layout of the layers run (NULL: the model's;
+					* the MTP head's one-layer layout for mtp.c) */
 };
+
+/* One embedding row (dequantized for quantized tables). forward.c */
+void ke_forward_embed(const struct ke_model *m, int32_t id, float *out);
+/* One decoder layer over f's rows in f->sc->x (RoPE tables made for f's
+ * sequences first): what a forward does per layer. forward.c */
+void ke_forward_layer(const struct ke_fwd *f, const struct ke_layer *ly);
 
 /* Run f. toks[i]: the row0[i+1] - row0[i] tokens of seqs[i]. last_out[i]
  * (V floats or NULL): logits of that sequence's last row; all_out[i] (rows

@@ -21,7 +21,7 @@
 #include <math.h>
 #include <string.h>
 
-static void embed_row(const struct ke_model *m, int32_t id, float *out)
+void ke_forward_embed(const struct ke_model *m, int32_t id, float *out)
 {
 	int D = m->cfg.hidden;
 	if (ke_qgemm_handles(&m->embed)) { /* quantized or F16 table: engine/qgemm.c */
@@ -186,7 +186,7 @@ static void qk_row(const void *ctx, int t)
 	const struct ke_fwd *f = j->f;
 	const struct ke_layer *ly = j->ly;
 	const struct kv_model_config *c = &f->m->cfg;
-	const struct ke_layout *lay = &f->m->lay;
+	const struct ke_layout *lay = f->lay ? f->lay : &f->m->lay;
 	struct ke_scratch *sc = f->sc;
 	int hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
 	int gated = c->attn_output_gate, half = c->rotary_dim / 2;
@@ -217,7 +217,7 @@ static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 {
 	const struct ke_model *m = f->m;
 	const struct kv_model_config *c = &m->cfg;
-	const struct ke_layout *lay = &m->lay;
+	const struct ke_layout *lay = f->lay ? f->lay : &m->lay;
 	struct ke_scratch *sc = f->sc;
 	int n = f->n;
 	int D = c->hidden, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
@@ -502,6 +502,40 @@ static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	ke_gemm(&ly->out, sc->core, vd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
 }
 
+/* The RoPE tables of f's rows, each at its sequence's position. */
+static void rope_rows(const struct ke_fwd *f)
+{
+	const struct kv_model_config *c = &f->m->cfg;
+	size_t half = (size_t)(c->rotary_dim / 2);
+	for (int i = 0; c->n_attn_layers && i < f->n_seq; i++) {
+		int r0 = f->row0[i], ni = f->row0[i + 1] - r0;
+		rope_tables(f->m, f->seqs[i]->pos, ni, f->sc->cosv + r0 * half, f->sc->sinv + r0 * half);
+	}
+}
+
+/* One decoder layer on the residual stream of f's rows. */
+static void layer_rows(const struct ke_fwd *f, const struct ke_layer *ly)
+{
+	const struct kv_model_config *c = &f->m->cfg;
+	struct ke_scratch *sc = f->sc;
+	int D = c->hidden, I = c->intermediate, n = f->n;
+	float eps = (float)c->rms_eps;
+	norm_rows(sc->h, sc->x, ly->in_norm, n, D, eps);
+	if (ly->type == KV_LAYER_ATTN)
+		attn_layer(f, ly);
+	else
+		dn_layer(f, ly);
+	norm_rows(sc->h, sc->x, ly->post_norm, n, D, eps);
+	if (ly->moe) { /* sparse MoE block, moe.c */
+		ke_moe_forward(ly->moe, sc->h, n, D, sc->x, sc->moe);
+		return;
+	}
+	ke_gemm(&ly->gate, sc->h, (size_t)D, n, sc->m1, (size_t)I, 0);
+	ke_gemm(&ly->up, sc->h, (size_t)D, n, sc->m2, (size_t)I, 0);
+	silu_rows(sc->m1, sc->m2, n, (size_t)I);
+	ke_gemm(&ly->down, sc->m1, (size_t)I, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
+}
+
 /*
  * The rows of every sequence of f, concatenated, through all layers: the
  * GEMMs and per-row steps run over all f->n rows at once (their result per
@@ -511,37 +545,21 @@ static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 static void forward_rows(const struct ke_fwd *f, const int32_t *const *toks)
 {
 	const struct ke_model *m = f->m;
-	const struct kv_model_config *c = &m->cfg;
-	struct ke_scratch *sc = f->sc;
-	int D = c->hidden, I = c->intermediate, n = f->n;
-	float eps = (float)c->rms_eps;
-
+	int D = m->cfg.hidden;
 	for (int i = 0; i < f->n_seq; i++) {
 		int r0 = f->row0[i], ni = f->row0[i + 1] - r0;
 		for (int t = 0; t < ni; t++)
-			embed_row(m, toks[i][t], sc->x + (size_t)(r0 + t) * D);
-		if (c->n_attn_layers) {
-			size_t half = (size_t)(c->rotary_dim / 2);
-			rope_tables(m, f->seqs[i]->pos, ni, sc->cosv + r0 * half, sc->sinv + r0 * half);
-		}
+			ke_forward_embed(m, toks[i][t], f->sc->x + (size_t)(r0 + t) * D);
 	}
-	for (int l = 0; l < c->n_layers; l++) {
-		const struct ke_layer *ly = &m->layers[l];
-		norm_rows(sc->h, sc->x, ly->in_norm, n, D, eps);
-		if (ly->type == KV_LAYER_ATTN)
-			attn_layer(f, ly);
-		else
-			dn_layer(f, ly);
-		norm_rows(sc->h, sc->x, ly->post_norm, n, D, eps);
-		if (ly->moe) { /* sparse MoE block, moe.c */
-			ke_moe_forward(ly->moe, sc->h, n, D, sc->x, sc->moe);
-			continue;
-		}
-		ke_gemm(&ly->gate, sc->h, (size_t)D, n, sc->m1, (size_t)I, 0);
-		ke_gemm(&ly->up, sc->h, (size_t)D, n, sc->m2, (size_t)I, 0);
-		silu_rows(sc->m1, sc->m2, n, (size_t)I);
-		ke_gemm(&ly->down, sc->m1, (size_t)I, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
-	}
+	rope_rows(f);
+	for (int l = 0; l < m->cfg.n_layers; l++)
+		layer_rows(f, &m->layers[l]);
+}
+
+void ke_forward_layer(const struct ke_fwd *f, const struct ke_layer *ly)
+{
+	rope_rows(f);
+	layer_rows(f, ly);
 }
 
 void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, float *last_out)

@@ -104,6 +104,20 @@ static const struct {
 };
 #define N_MOE_MAP (sizeof g_moe / sizeof g_moe[0])
 
+/* The MTP head's own tensors (Hugging Face `mtp.*`, llama.cpp's
+ * blk.<n_layers>.nextn.*); its decoder layer maps as a layer does, from
+ * mtp.layers.0.* to blk.<n_layers>.*. Its norms are (1 + w) norms. */
+static const struct {
+	const char *hf, *gg;
+	int xf;
+} g_nextn[] = {
+	{"mtp.fc.weight", "nextn.eh_proj.weight", XF_NONE},
+	{"mtp.pre_fc_norm_embedding.weight", "nextn.enorm.weight", XF_NORM1},
+	{"mtp.pre_fc_norm_hidden.weight", "nextn.hnorm.weight", XF_NORM1},
+	{"mtp.norm.weight", "nextn.shared_head_norm.weight", XF_NORM1},
+};
+#define N_NEXTN_MAP (sizeof g_nextn / sizeof g_nextn[0])
+
 static int applies(const struct name_map *m, const struct kv_model_config *c)
 {
 	return m->hybrid_only == 0 || (m->hybrid_only == 1) == (c->hybrid != 0);
@@ -448,7 +462,7 @@ out:
 	return rc;
 }
 
-static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ftype)
+static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ftype, int n_mtp)
 {
 	char k[128];
 	const char *a = arch_gguf(c);
@@ -462,7 +476,10 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
 	    (rc = kv_ggufw_set_u32(w, "general.file_type", (uint32_t)ftype)) ||
 	    (rc = kv_ggufw_set_u32(w, "general.quantization_version", 2)))
 		return rc;
-	SETU("block_count", c->n_layers);
+	/* llama.cpp counts the MTP layers in block_count */
+	SETU("block_count", c->n_layers + n_mtp);
+	if (n_mtp)
+		SETU("nextn_predict_layers", n_mtp);
 	SETU("context_length", c->max_positions > 0 ? c->max_positions : 32768);
 	SETU("embedding_length", c->hidden);
 	SETU("feed_forward_length", c->intermediate);
@@ -575,12 +592,32 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 	if ((rc = kv_weights_open(p->hf_dir, &wt)) || (rc = kv_config_check_weights(&c, wt, prefix, sizeof prefix)) ||
 	    (rc = kv_config_tensors(&c, prefix, &spec, &ns)))
 		goto out;
+	/* the MTP head (mtp.*) becomes llama.cpp's nextn layer after the others */
+	int n_mtp = 0;
+	if (c.hybrid && kv_weights_find(wt, "mtp.fc.weight")) {
+		struct kv_tensor_spec *mt = NULL, *all;
+		size_t nm = 0;
+		struct kv_model_config cm = c;
+		kv_config_detect_experts(&cm, wt, "mtp.");
+		if ((rc = kv_config_mtp_tensors(&cm, kv_weights_find(wt, "mtp.layers.0.mlp.gate.weight") != NULL, &mt, &nm)))
+			goto out;
+		if (!(all = realloc(spec, (ns + nm) * sizeof *spec))) {
+			free(mt);
+			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+			goto out;
+		}
+		spec = all;
+		memcpy(spec + ns, mt, nm * sizeof *mt);
+		ns += nm;
+		free(mt);
+		n_mtp = 1;
+	}
 	/* an HF tensor gives at most two GGUF tensors (gate_up_proj, in_proj_qkvz) */
 	if (!(w = kv_ggufw_create()) || !(ct = calloc(2 * ns + 1, sizeof *ct))) {
 		rc = kv_fail(KV_ERR_NOMEM, "out of memory");
 		goto out;
 	}
-	if ((rc = conv_meta(w, &c, p->ftype)) || (rc = conv_tokenizer(w, p->hf_dir, &c)))
+	if ((rc = conv_meta(w, &c, p->ftype, n_mtp)) || (rc = conv_tokenizer(w, p->hf_dir, &c)))
 		goto out;
 	struct kq_mix_ctx mix = {c.n_layers, c.n_layers, !c.tie_embeddings, c.n_moe_layers ? c.n_experts : 0,
 				  c.n_kv_heads ? c.n_heads / c.n_kv_heads : 0};
@@ -590,10 +627,15 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 		char hf[160], gg[96], ggb[96];
 		const char *name = spec[i].name, *rest = NULL;
 		const struct kv_tensor *src = kv_weights_find(wt, name);
-		int layer = spec[i].layer, nout = 0;
+		int layer = spec[i].layer, nout = 0, is_mtp = !strncmp(name, "mtp.", 4);
+		/* where a layer's tensors sit in the folder: the MTP layer under mtp.layers.0. */
+		const char *sprefix = is_mtp ? "mtp." : prefix;
+		int slayer = is_mtp ? 0 : layer;
 		struct conv_t *o[2] = {NULL, NULL};
 		/* kv_config_tensors names with the folder's prefix; map as "model.". */
-		if (!strncmp(name, prefix, strlen(prefix)))
+		if (is_mtp && !strncmp(name, "mtp.layers.0.", 13))
+			snprintf(hf, sizeof hf, "model.layers.%d.%s", layer, name + 13);
+		else if (!strncmp(name, prefix, strlen(prefix)))
 			snprintf(hf, sizeof hf, "model.%s", name + strlen(prefix));
 		else
 			snprintf(hf, sizeof hf, "%s", name);
@@ -613,7 +655,7 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 				goto oom;
 			for (int64_t e = 0; e < E; e++) {
 				char en[192];
-				snprintf(en, sizeof en, "%slayers.%d.mlp.experts.%lld.%s_proj.weight", prefix, layer,
+				snprintf(en, sizeof en, "%slayers.%d.mlp.experts.%lld.%s_proj.weight", sprefix, slayer,
 					 (long long)e, which);
 				const struct kv_tensor *et = kv_weights_find(wt, en);
 				if (!et || et->ndim != 2 || et->shape[0] != src->shape[0] || et->shape[1] != src->shape[1]) {
@@ -665,7 +707,11 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 			}
 			nout = 2;
 		} else {
-			if (!kv_gguf_name_from_hf(&c, hf, gg, sizeof gg)) {
+			int found = 0;
+			for (size_t m = 0; m < N_NEXTN_MAP && is_mtp; m++)
+				if (!strcmp(name, g_nextn[m].hf))
+					found = snprintf(gg, sizeof gg, "blk.%d.%s", layer, g_nextn[m].gg) > 0;
+			if (!found && !kv_gguf_name_from_hf(&c, hf, gg, sizeof gg)) {
 				rc = kv_fail(KV_ERR_INCOMPATIBLE, "convert: no GGUF name for tensor '%s'", name);
 				goto out;
 			}
@@ -700,6 +746,9 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 					t->xf = g_layer[m].xf;
 			if (!strcmp(t->gg, "output_norm.weight"))
 				t->xf = XF_NORM1;
+			for (size_t m = 0; m < N_NEXTN_MAP && is_mtp; m++)
+				if (strstr(t->gg, g_nextn[m].gg))
+					t->xf = g_nextn[m].xf;
 			int role = spec[i].role;
 			int is_mat = t->ndim >= 2 && (role == KV_ROLE_EMBED || role == KV_ROLE_LM_HEAD ||
 						      role == KV_ROLE_LINEAR || role == KV_ROLE_LINEAR_OUT ||
@@ -899,8 +948,10 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 	 * in block_count; the text model has block_count - nextn layers. */
 	{
 		int64_t nextn = 0, bc = json_integer_value(json_object_get(o, "num_hidden_layers"));
-		if (get_u(g, arch, "nextn_predict_layers", &nextn) == KV_OK && nextn > 0 && nextn < bc)
+		if (get_u(g, arch, "nextn_predict_layers", &nextn) == KV_OK && nextn > 0 && nextn < bc) {
 			json_object_set_new(o, "num_hidden_layers", json_integer(bc - nextn));
+			json_object_set_new(o, "mtp_num_hidden_layers", json_integer(nextn));
+		}
 		kv_errclear();
 	}
 	if (hybrid) {
@@ -1067,8 +1118,19 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 						xf = g_layer[m].xf;
 					}
 			}
+			/* the MTP layer (nextn): under the Hugging Face mtp.* names */
+			int mtp = c->n_mtp_layers > 0 && layer == c->n_layers && !strncmp(t->name, "blk.", 4);
+			if (mtp) {
+				const char *rest = strchr(t->name + 4, '.') + 1;
+				for (size_t m = 0; m < N_NEXTN_MAP; m++)
+					if (!strcmp(rest, g_nextn[m].gg))
+						snprintf(hf, sizeof hf, "%s", g_nextn[m].hf);
+				for (size_t m = 0; m < N_LAYER_MAP && !hf[0]; m++)
+					if (applies(&g_layer[m], c) && !strcmp(rest, g_layer[m].gg))
+						snprintf(hf, sizeof hf, "mtp.layers.0.%s", g_layer[m].hf);
+			}
 			int ba_split = 0;
-			if (!hf[0] && layer >= 0 && layer < c->n_layers) {
+			if (!hf[0] && layer >= 0 && (layer < c->n_layers || mtp)) {
 				const char *rest = strchr(t->name + 4, '.') + 1;
 				for (size_t m = 0; m < N_MOE_MAP && !hf[0]; m++) {
 					if (strcmp(rest, g_moe[m].gg))
@@ -1085,7 +1147,10 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 						break;
 					if (!strcmp(rest, "ssm_ba.weight") && !c->fused_deltanet)
 						ba_split = 1;
-					snprintf(hf, sizeof hf, "model.layers.%d.%s", layer, h);
+					if (mtp)
+						snprintf(hf, sizeof hf, "mtp.layers.0.%s", h);
+					else
+						snprintf(hf, sizeof hf, "model.layers.%d.%s", layer, h);
 				}
 			}
 			if (!hf[0])

@@ -6,6 +6,7 @@
 #include "base/clock.h"
 #include "base/err.h"
 #include "base/mem.h"
+#include "engine/mtp.h"
 #include "engine/sample.h"
 
 #include <string.h>
@@ -13,26 +14,81 @@
 struct dec {
 	struct kss_decode *d;
 	const struct kss_run_params *p;
-	int V;
+	int V, D;
 	struct kss_spec *sp;
 	float *rows;              /* KE_SPEC_MAX_ROWS x V: a verification's logits */
+	/* the MTP head (engine/mtp.h), NULL when not used. Its context is
+	 * fed lazily: the hidden states of the fed rows wait in `pend` (the
+	 * positions [pend_pos, pend_pos + n_pend)) until a draft asks for the
+	 * head; their next tokens are the sequence's (all[], then tok) */
+	struct ke_mtp_seq *mtp;
+	float *hid;               /* KE_SPEC_MAX_ROWS x D: the last forward's hidden states */
+	float *pend;              /* KE_MTP_ROWS x D */
+	int n_pend;
+	uint32_t pend_pos;
+	int32_t tok;              /* the newest picked token */
 };
 
 /* One forward of one token: through the scheduler's batch, or here. */
 static int forward1(struct dec *x, int32_t tok, float *logits)
 {
 	if (x->p->sched)
-		return kss_sched_forward(x->p->sched, x->d->s, &tok, 1, logits);
-	return ke_seq_prefill(x->d->s, &tok, 1, NULL, logits);
+		return x->mtp ? kss_sched_forward_hidden(x->p->sched, x->d->s, &tok, 1, logits, x->hid)
+			      : kss_sched_forward(x->p->sched, x->d->s, &tok, 1, logits);
+	struct ke_prefill_opts o = {.hidden_all = x->mtp ? x->hid : NULL};
+	return ke_seq_prefill(x->d->s, &tok, 1, &o, logits);
 }
 
 /* A verification of n rows, every row's logits into x->rows. */
 static int verify(struct dec *x, const int32_t *tok, int n)
 {
+	float *hid = x->mtp ? x->hid : NULL;
 	if (x->p->sched)
-		return kss_sched_verify(x->p->sched, x->d->s, tok, n, x->rows, NULL);
-	struct ke_prefill_opts o = {.logits_all = x->rows, .spec = 1, .cancel = x->p->cancel};
+		return kss_sched_verify(x->p->sched, x->d->s, tok, n, x->rows, hid);
+	struct ke_prefill_opts o = {.logits_all = x->rows, .hidden_all = hid, .spec = 1, .cancel = x->p->cancel};
 	return ke_seq_prefill(x->d->s, tok, n, &o, NULL);
+}
+
+/* Hidden states of n rows ending at the sequence's end join the MTP
+ * head's waiting context; the oldest go when it is full (the head then
+ * starts its context again, mtp.h). */
+static void pend_add(struct dec *x, const float *h, int n)
+{
+	if (!x->mtp || n <= 0)
+		return;
+	uint32_t end = x->d->total;
+	if (n > KE_MTP_ROWS) {
+		h += (size_t)(n - KE_MTP_ROWS) * x->D;
+		n = KE_MTP_ROWS;
+	}
+	if (x->n_pend + n > KE_MTP_ROWS) {
+		int drop = x->n_pend + n - KE_MTP_ROWS;
+		memmove(x->pend, x->pend + (size_t)drop * x->D, (size_t)(x->n_pend - drop) * x->D * sizeof *x->pend);
+		x->n_pend -= drop;
+	}
+	memcpy(x->pend + (size_t)x->n_pend * x->D, h, (size_t)n * x->D * sizeof *h);
+	x->n_pend += n;
+	x->pend_pos = end - (uint32_t)x->n_pend;
+}
+
+/* The MTP head as spec.h's draft source: the waiting context, then up to
+ * max drafts after the newest picked token. */
+static int mtp_draft(void *ctx, int max, int32_t *out, double *seconds)
+{
+	struct dec *x = ctx;
+	int32_t next[KE_MTP_ROWS];
+	uint64_t t0 = kv_now_ns();
+	*seconds = 0.0;
+	if (!x->n_pend)
+		return 0;
+	for (int i = 0; i < x->n_pend; i++) {
+		uint32_t q = x->pend_pos + (uint32_t)i + 1;
+		next[i] = q < x->d->total ? x->d->all[q] : x->tok;
+	}
+	int k = ke_mtp_seq_draft(x->mtp, (int)x->pend_pos, x->pend, next, x->n_pend, max, out);
+	x->n_pend = 0;
+	*seconds = (double)(kv_now_ns() - t0) / 1e9;
+	return k > 0 ? k : 0;
 }
 
 /* The token plain decoding would take as its i-th: forced, the caller's
@@ -123,6 +179,7 @@ static int spec_step(struct dec *x, int32_t tok, const int32_t *draft, int k, in
 	if ((rc = ke_seq_accept(x->d->s, keep)))
 		return rc;
 	fed(x, rows, keep);
+	pend_add(x, x->hid, keep);
 	if (x->sp)
 		kss_spec_verified(x->sp, src, k, keep - 1, dt);
 	x->d->spec.steps++;
@@ -131,10 +188,17 @@ static int spec_step(struct dec *x, int32_t tok, const int32_t *draft, int k, in
 	return KV_OK;
 }
 
+int kss_decode_ctx_rows(const struct kss_run_params *p, const struct ke_model *m)
+{
+	int mtp_mode = p->speculative == KSS_SPEC_MTP || p->speculative == KSS_SPEC_AUTO;
+	return mtp_mode && !p->spec_draft && p->max_new > 1 && ke_model_has_mtp(m) ? KE_MTP_ROWS : 0;
+}
+
 int kss_decode_run(struct kss_decode *d)
 {
 	const struct kss_run_params *p = d->p;
-	struct dec x = {.d = d, .p = p, .V = ke_model_config(ke_seq_model(d->s))->vocab};
+	struct ke_model *m = ke_seq_model(d->s);
+	struct dec x = {.d = d, .p = p, .V = ke_model_config(m)->vocab, .D = ke_model_config(m)->hidden};
 	int32_t tok, draft[KE_SPEC_MAX_ROWS];
 	int rc = KV_OK, max_rows = 0;
 
@@ -150,6 +214,18 @@ int kss_decode_run(struct kss_decode *d)
 		struct kss_spec_params sp = {.mode = p->speculative, .max_draft = md, .mtp = p->spec_draft,
 					     .mtp_ctx = p->spec_draft_ctx};
 		x.rows = md >= 1 ? kv_alloc(KV_MEM_SCRATCH, (size_t)(md + 1) * x.V * sizeof *x.rows) : NULL;
+		if (x.rows && kss_decode_ctx_rows(p, m) && ke_mtp_seq_create(m, &x.mtp) == KV_OK) {
+			x.hid = kv_alloc(KV_MEM_SCRATCH, (size_t)KE_SPEC_MAX_ROWS * x.D * sizeof *x.hid);
+			x.pend = kv_alloc(KV_MEM_SCRATCH, (size_t)KE_MTP_ROWS * x.D * sizeof *x.pend);
+			if (!x.hid || !x.pend) { /* without the head, then */
+				ke_mtp_seq_destroy(x.mtp);
+				x.mtp = NULL;
+			} else {
+				sp.mtp = mtp_draft;
+				sp.mtp_ctx = &x;
+				pend_add(&x, d->ctx_hidden, d->ctx_hidden ? d->n_ctx : 0);
+			}
+		}
 		/* speculation is an optimisation: without its memory, decode plainly */
 		if (x.rows && kss_spec_create(&sp, d->all, d->total, &x.sp) != KV_OK)
 			x.sp = NULL;
@@ -157,6 +233,7 @@ int kss_decode_run(struct kss_decode *d)
 	if (pick(&x, 0, d->logits, &tok) != KV_OK)
 		goto out;
 	took(&x, tok);
+	x.tok = tok;
 	for (;;) {
 		if (is_stop(p, tok) || d->generated == p->max_new)
 			break;
@@ -174,6 +251,7 @@ int kss_decode_run(struct kss_decode *d)
 			int end;
 			if ((rc = spec_step(&x, tok, draft, k, src, &tok, &end)) || end)
 				break;
+			x.tok = tok;
 			continue;
 		}
 		uint64_t t0 = kv_now_ns();
@@ -183,14 +261,19 @@ int kss_decode_run(struct kss_decode *d)
 			kss_spec_plain(x.sp, secs_since(t0));
 		d->spec.plain += x.sp ? 1 : 0;
 		fed(&x, &tok, 1);
+		pend_add(&x, x.hid, 1);
 		if (pick(&x, d->generated, d->logits, &tok) != KV_OK)
 			break;
 		took(&x, tok);
+		x.tok = tok;
 	}
 out:
 	if (x.sp)
 		d->spec.mtp_ms = (double)kss_spec_stats(x.sp)->mtp_s_us / 1e3;
 	kss_spec_destroy(x.sp);
+	ke_mtp_seq_destroy(x.mtp);
 	kv_free(x.rows);
+	kv_free(x.hid);
+	kv_free(x.pend);
 	return rc;
 }

@@ -38,6 +38,11 @@ struct kss_decode {
 	uint32_t every;                   /* checkpoint interval (0: none) and its callback */
 	void (*on_every)(void *ctx, struct ke_seq *s, int pos);
 	void *every_ctx;
+	/* the MTP head's context from the prompt (kss_decode_ctx_rows): the
+	 * final hidden states of the prompt's last n_ctx positions (n_ctx x
+	 * hidden floats), or NULL */
+	const float *ctx_hidden;
+	int n_ctx;
 	/* out */
 	uint32_t generated;               /* tokens picked (kss_run_result.generated) */
 	struct kss_run_spec spec;         /* what speculation did */
@@ -46,5 +51,8 @@ struct kss_decode {
 /* Decode into d; KV_OK, or the engine's error (the sequence then holds
  * what was fed before it). */
 int kss_decode_run(struct kss_decode *d);
+/* How many of the prompt's last positions' hidden states the decode of p
+ * on m wants as the MTP head's context (0: none; the head is not used). */
+int kss_decode_ctx_rows(const struct kss_run_params *p, const struct ke_model *m);
 
 #endif

@@ -321,6 +321,15 @@ int kss_sched_forward(struct kss_sched *s, struct ke_seq *seq, const int32_t *to
 	return submit(s, &it);
 }
 
+int kss_sched_forward_hidden(struct kss_sched *s, struct ke_seq *seq, const int32_t *tok, int n, float *logits,
+			     float *hidden)
+{
+	if (n < 1 || n > s->p.chunk)
+		return kv_fail(KV_ERR_INVALID, "scheduler: a forward of %d tokens (1..%d)", n, s->p.chunk);
+	struct ke_batch_item it = {.s = seq, .tokens = tok, .n = n, .logits = logits, .hidden = hidden};
+	return submit(s, &it);
+}
+
 int kss_sched_verify(struct kss_sched *s, struct ke_seq *seq, const int32_t *tok, int n, float *logits_all,
 		     float *hidden)
 {

@@ -115,6 +115,11 @@ int kss_sched_forward(struct kss_sched *s, struct ke_seq *seq, const int32_t *to
  */
 int kss_sched_verify(struct kss_sched *s, struct ke_seq *seq, const int32_t *tok, int n, float *logits_all,
 		     float *hidden);
+/* A forward of n tokens like kss_sched_forward that also gives every
+ * row's final-normed hidden state into hidden (n x hidden floats): the
+ * context of the MTP head (engine/mtp.h). */
+int kss_sched_forward_hidden(struct kss_sched *s, struct ke_seq *seq, const int32_t *tok, int n, float *logits,
+			     float *hidden);
 /* Rows a verification may hold: spec_rows, cut so that every running
  * sequence's verification and a prefill chunk fit one step (0: none). */
 int kss_sched_spec_rows(const struct kss_sched *s);

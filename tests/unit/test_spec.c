@@ -13,6 +13,7 @@
 #include "cache/cache.h"
 #include "engine/isa.h"
 #include "engine/model.h"
+#include "engine/mtp.h"
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "model/safetensors.h"
@@ -35,12 +36,17 @@ static int rnd(int lo, int hi)
 	return lo + (int)(kt_rand(&g_seed) % (uint64_t)(hi - lo + 1));
 }
 
-static struct ke_model *load_model(const char *preset)
+/* preset, or "preset+mtp" for mkmodel --mtp */
+static struct ke_model *load_model(const char *name)
 {
-	char dir[1024];
+	char dir[1024], preset[64];
 	struct ke_model *m = NULL;
-	snprintf(dir, sizeof dir, "%s/%s", kt_tmpdir(), preset);
-	struct kv_synth_opts o = {.preset = preset, .out_dir = dir, .seed = 7, .dtype = KV_DT_BF16};
+	snprintf(preset, sizeof preset, "%s", name);
+	int mtp = strstr(preset, "+mtp") != NULL;
+	if (mtp)
+		*strstr(preset, "+mtp") = 0;
+	snprintf(dir, sizeof dir, "%s/%s%s", kt_tmpdir(), preset, mtp ? "-mtp" : "");
+	struct kv_synth_opts o = {.preset = preset, .out_dir = dir, .seed = 7, .dtype = KV_DT_BF16, .mtp = mtp};
 	if (kv_synth_write(&o) != KV_OK) {
 		kt_fail(__FILE__, __LINE__, "synth %s: %s", preset, kv_errmsg());
 		return NULL;
@@ -273,7 +279,7 @@ static void make_prompt(struct job *j)
 }
 
 struct tally {
-	uint64_t drafted, accepted, steps;
+	uint64_t drafted, accepted, steps, mtp_drafted;
 };
 
 /* K jobs run with speculation off one after another, then with `spec` K
@@ -327,6 +333,7 @@ static int identity(struct ke_model *m, int K, double temp, int spec, int use_sc
 			t->accepted += on[i].r.spec.accepted[k];
 		}
 		t->steps += on[i].r.spec.steps;
+		t->mtp_drafted += on[i].r.spec.drafted[KSS_SRC_MTP];
 		bad += off[i].r.spec.steps != 0;
 	}
 	free(off);
@@ -378,6 +385,72 @@ KT_CASE(on_equals_off_moe)
 {
 	identity_case("tiny-moe");
 	identity_case("tiny-next");
+}
+
+/* The model's own MTP head drafting (mkmodel --mtp): on == off. Its drafts
+ * on random weights are mostly refused (the policy then drafts less), so
+ * the oracle cases above carry the acceptance; here the head's path runs:
+ * context from the prompt, drafts chained, context kept across steps. */
+static void mtp_identity(const char *name)
+{
+	struct ke_model *m = load_model(name);
+	KT_REQUIRE(m);
+	KT_REQUIRE(ke_model_has_mtp(m));
+	struct tally t = {0};
+	uint64_t mtp_drafted = 0;
+	for (int k = 0; k < 2; k++) {
+		double temp = k ? 0.8 : 0.0;
+		struct tally t0 = t;
+		int bad = identity(m, 1, temp, KSS_SPEC_AUTO, 1, &t);
+		bad += identity(m, 4, temp, KSS_SPEC_AUTO, 1, &t);
+		KT_CHECKF(bad == 0, "%s, temperature %.1f: %d requests differ with the MTP head drafting", name, temp, bad);
+		mtp_drafted += t.mtp_drafted - t0.mtp_drafted;
+	}
+	KT_CHECKF(mtp_drafted > 0, "%s: the MTP head drafted nothing", name);
+	ke_model_destroy(m);
+}
+
+KT_CASE(on_equals_off_with_the_mtp_head)
+{
+	mtp_identity("tiny-hybrid+mtp");
+	mtp_identity("tiny-moe+mtp");
+	mtp_identity("tiny-next+mtp");
+}
+
+/* The head's drafts depend only on its context: drafting after a context
+ * built in pieces equals drafting after it built at once, and a position
+ * that does not continue the context starts it again. */
+KT_CASE(mtp_head_context_pieces_equal_whole)
+{
+	struct ke_model *m = load_model("tiny-hybrid+mtp");
+	KT_REQUIRE(m);
+	int D = ke_model_config(m)->hidden, V = ke_model_config(m)->vocab;
+	float *h = malloc(40 * (size_t)D * sizeof *h);
+	int32_t next[40], a[8], b[8];
+	for (int i = 0; i < 40 * D; i++)
+		h[i] = (float)((int)(kt_rand(&g_seed) % 2001) - 1000) / 500.0f;
+	for (int i = 0; i < 40; i++)
+		next[i] = (int32_t)(kt_rand(&g_seed) % (uint64_t)V);
+	struct ke_mtp_seq *x = NULL, *y = NULL;
+	KT_OK(ke_mtp_seq_create(m, &x));
+	KT_OK(ke_mtp_seq_create(m, &y));
+	KT_EQ_INT(ke_mtp_seq_draft(x, 100, h, next, 40, 6, a), 6);
+	KT_EQ_INT(ke_mtp_seq_context(x), 40);
+	int at = 0;
+	for (int piece = 7; at < 40; piece += 3) {
+		int n = 40 - at < piece ? 40 - at : piece;
+		KT_EQ_INT(ke_mtp_seq_draft(y, 100 + at, h + (size_t)at * D, next + at, n, at + n == 40 ? 6 : 2, b), at + n == 40 ? 6 : 2);
+		at += n;
+	}
+	KT_CHECK(!memcmp(a, b, sizeof a[0] * 6));
+	/* a jump back restarts the context */
+	KT_EQ_INT(ke_mtp_seq_draft(y, 5, h, next, 3, 1, b), 1);
+	KT_EQ_INT(ke_mtp_seq_context(y), 3);
+	KT_EQ_INT(ke_mtp_seq_draft(x, 0, h, next, 0, 1, b), KV_ERR_INVALID);
+	ke_mtp_seq_destroy(x);
+	ke_mtp_seq_destroy(y);
+	free(h);
+	ke_model_destroy(m);
 }
 
 /* Every CPU path: speculative decoding on the path against plain decoding
@@ -486,4 +559,5 @@ KT_CASE(cached_equals_cold_after_speculative_turns)
 
 KT_MAIN(lookup_drafts_what_followed_the_longest_match, lookup_index_is_bounded_and_checked,
 	policy_turns_off_and_comes_back, on_equals_off_dense, on_equals_off_hybrid, on_equals_off_moe,
-	on_equals_off_on_every_cpu_path, cached_equals_cold_after_speculative_turns)
+	on_equals_off_on_every_cpu_path, on_equals_off_with_the_mtp_head, mtp_head_context_pieces_equal_whole,
+	cached_equals_cold_after_speculative_turns)
