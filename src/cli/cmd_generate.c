@@ -79,6 +79,30 @@ static int write_mtp_logits(struct ke_model *m, const float *hidden, const int32
 	return rc;
 }
 
+/* The prompt's prefill (every position's logits into all, if set), and
+ * with mtp_out the MTP head's logits over it. */
+static int prefill(struct ke_model *m, struct ke_seq *s, const int32_t *ids, size_t n_ids, float *all, float *logits,
+		   const char *mtp_out)
+{
+	struct ke_prefill_opts po = {.logits_all = all};
+	int rc = -1;
+	if (mtp_out && (n_ids < 2 || n_ids > 65 || !ke_model_has_mtp(m))) {
+		fprintf(stderr, "kvkeep generate: --mtp-logits-out needs a model with an MTP head and 2-65 prompt tokens\n");
+		return -1;
+	}
+	if (mtp_out &&
+	    !(po.hidden_all = kv_alloc(KV_MEM_SCRATCH, n_ids * (size_t)ke_model_config(m)->hidden * sizeof(float)))) {
+		fprintf(stderr, "kvkeep: out of memory\n");
+		return -1;
+	}
+	if (ke_seq_prefill(s, ids, (int)n_ids, &po, logits))
+		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+	else
+		rc = mtp_out ? write_mtp_logits(m, po.hidden_all, ids, n_ids, mtp_out) : 0;
+	kv_free(po.hidden_all);
+	return rc;
+}
+
 static int cmd_generate(int argc, char **argv)
 {
 	const char *model = NULL, *prompt = NULL, *tokens_s = NULL, *logits_out = NULL, *all_out = NULL,
@@ -135,13 +159,9 @@ static int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "kvkeep generate: --model and exactly one of --prompt / --tokens are required\n");
 		return 2;
 	}
-	if (kss_spec_mode_parse(spec_s) < 0) {
-		fprintf(stderr, "kvkeep generate: --speculative must be off, lookup, mtp or auto\n");
-		return 2;
-	}
-	if (max_tokens < 0 || max_tokens > 1000000 || chunk < 0 || chunk > 8192 || page_tokens < 0 ||
+	if (max_tokens < 0 || kss_spec_mode_parse(spec_s) < 0 || max_tokens > 1000000 || chunk < 0 || chunk > 8192 || page_tokens < 0 ||
 	    page_tokens > 65536 || (stop && !*stop)) {
-		fprintf(stderr, "kvkeep generate: a numeric flag is out of range (see --help)\n");
+		fprintf(stderr, "kvkeep generate: a flag is out of range (see --help)\n");
 		return 2;
 	}
 	/* sampling: flag > generation_config (auto/DIR) > greedy */
@@ -248,26 +268,9 @@ static int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "kvkeep: out of memory\n");
 		goto out;
 	}
-	struct ke_prefill_opts po = {.logits_all = all};
-	if (mtp_out && (n_ids < 2 || n_ids > 65 || !ke_model_has_mtp(m))) {
-		fprintf(stderr, "kvkeep generate: --mtp-logits-out needs a model with an MTP head and 2-65 prompt tokens\n");
-		goto out;
-	}
-	if (mtp_out && !(po.hidden_all = kv_alloc(KV_MEM_SCRATCH, n_ids * (size_t)c->hidden * sizeof(float)))) {
-		fprintf(stderr, "kvkeep: out of memory\n");
-		goto out;
-	}
 	double t0 = kv_now_s();
-	if (ke_seq_prefill(s, ids, (int)n_ids, &po, logits)) {
-		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
-		kv_free(po.hidden_all);
+	if (prefill(m, s, ids, n_ids, all, logits, mtp_out))
 		goto out;
-	}
-	if (mtp_out && write_mtp_logits(m, po.hidden_all, ids, n_ids, mtp_out)) {
-		kv_free(po.hidden_all);
-		goto out;
-	}
-	kv_free(po.hidden_all);
 	double t1 = kv_now_s();
 	if (logits_out && write_f32(logits_out, logits, (size_t)V * sizeof *logits))
 		goto out;
@@ -346,9 +349,7 @@ static int cmd_generate(int argc, char **argv)
 			n_ids, t1 - t0, (double)n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_out, t2 - t1,
 			n_out > 1 ? (double)(n_out - 1) / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0, ke_isa_name(ke_isa()));
 	if (!quiet && gs.mode > 0)
-		fprintf(stderr, "speculative %s: %u verifications, %u plain steps, drafted %u lookup + %u mtp, kept %u + %u\n",
-			kss_spec_mode_name(gs.mode), gs.spec.steps, gs.spec.plain, gs.spec.drafted[0], gs.spec.drafted[1],
-			gs.spec.accepted[0], gs.spec.accepted[1]);
+		cmd_generate_spec_report(&gs);
 	status = 0;
 out:
 	free(snap);

@@ -7,6 +7,9 @@
 #include "base/buf.h"
 #include "base/err.h"
 #include "session/decode.h"
+#include "session/spec.h"
+
+#include <stdio.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -65,4 +68,11 @@ int cmd_generate_spec(struct cmd_gen_spec *g)
 	kv_buf_free(&c.text);
 	kv_buf_free(&c.piece);
 	return rc;
+}
+
+void cmd_generate_spec_report(const struct cmd_gen_spec *g)
+{
+	fprintf(stderr, "speculative %s: %u verifications, %u plain steps, drafted %u lookup + %u mtp, kept %u + %u\n",
+		kss_spec_mode_name(g->mode), g->spec.steps, g->spec.plain, g->spec.drafted[0], g->spec.drafted[1],
+		g->spec.accepted[0], g->spec.accepted[1]);
 }

@@ -37,5 +37,7 @@ struct cmd_gen_spec {
 
 /* KV_OK or the engine's error (message in kv_errmsg). */
 int cmd_generate_spec(struct cmd_gen_spec *g);
+/* What speculation did, one line on stderr. */
+void cmd_generate_spec_report(const struct cmd_gen_spec *g);
 
 #endif
