@@ -79,6 +79,30 @@ static int write_mtp_logits(struct ke_model *m, const float *hidden, const int32
 	return rc;
 }
 
+/* The ids, the text of prompt + completion (with a tokenizer), the finish. */
+static void print_result(const struct kv_tok *tok, const int32_t *ids, size_t n_ids, const int32_t *out_ids, int n_out,
+			 const char *finish)
+{
+	printf("ids:");
+	for (int i = 0; i < n_out; i++)
+		printf(" %d", out_ids[i]);
+	printf("\n");
+	if (tok) {
+		char *text = NULL;
+		size_t tl;
+		int32_t *both = malloc((n_ids + (size_t)n_out) * sizeof *both);
+		if (both) {
+			memcpy(both, ids, n_ids * sizeof *both);
+			memcpy(both + n_ids, out_ids, (size_t)n_out * sizeof *both);
+			if (!kv_tok_decode(tok, both, n_ids + (size_t)n_out, 0, &text, &tl))
+				printf("text: %s\n", text);
+			free(text);
+			free(both);
+		}
+	}
+	printf("finish: %s\n", finish);
+}
+
 /* The prompt's prefill (every position's logits into all, if set), and
  * with mtp_out the MTP head's logits over it. */
 static int prefill(struct ke_model *m, struct ke_seq *s, const int32_t *ids, size_t n_ids, float *all, float *logits,
@@ -159,8 +183,8 @@ static int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "kvkeep generate: --model and exactly one of --prompt / --tokens are required\n");
 		return 2;
 	}
-	if (max_tokens < 0 || kss_spec_mode_parse(spec_s) < 0 || max_tokens > 1000000 || chunk < 0 || chunk > 8192 || page_tokens < 0 ||
-	    page_tokens > 65536 || (stop && !*stop)) {
+	if (max_tokens < 0 || kss_spec_mode_parse(spec_s) < 0 || max_tokens > 1000000 || chunk < 0 || chunk > 8192 ||
+	    page_tokens < 0 || page_tokens > 65536 || (stop && !*stop)) {
 		fprintf(stderr, "kvkeep generate: a flag is out of range (see --help)\n");
 		return 2;
 	}
@@ -326,24 +350,7 @@ static int cmd_generate(int argc, char **argv)
 		}
 	}
 	double t2 = kv_now_s();
-	printf("ids:");
-	for (int i = 0; i < n_out; i++)
-		printf(" %d", out_ids[i]);
-	printf("\n");
-	if (tok) {
-		char *text = NULL;
-		size_t tl;
-		int32_t *both = malloc((n_ids + (size_t)n_out) * sizeof *both);
-		if (both) {
-			memcpy(both, ids, n_ids * sizeof *both);
-			memcpy(both + n_ids, out_ids, (size_t)n_out * sizeof *both);
-			if (!kv_tok_decode(tok, both, n_ids + (size_t)n_out, 0, &text, &tl))
-				printf("text: %s\n", text);
-			free(text);
-			free(both);
-		}
-	}
-	printf("finish: %s\n", finish);
+	print_result(tok, ids, n_ids, out_ids, n_out, finish);
 	if (!quiet)
 		fprintf(stderr, "prompt %zu tokens in %.3f s (%.1f tok/s), %d generated in %.3f s (%.1f tok/s), isa=%s\n",
 			n_ids, t1 - t0, (double)n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_out, t2 - t1,

@@ -91,6 +91,12 @@ static int cmd_serve(int argc, char **argv)
 		 "require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on the API routes (default: KVKEEP_API_KEY, else open)"},
 		{"admin-key", KV_FLAG_STR, &o.admin_key, "KEY",
 		 "require this key on /v1/cache/info, clear, probe (default: KVKEEP_ADMIN_KEY, else loopback only)"},
+		{"allowed-origin", KV_FLAG_STR, &o.allowed_origin, "ORIGIN[,ORIGIN...]",
+		 "web pages that may call the server from a browser (scheme://host[:port], or *); pages on localhost "
+		 "and the server's own (the dashboard) always may (default: no others)"},
+		{"allowed-host", KV_FLAG_STR, &o.allowed_host, "NAME[,NAME...]",
+		 "host names a server without --api-key answers to besides IP addresses, localhost and --host (DNS "
+		 "rebinding protection; * turns it off) (default: none)"},
 		{"allow-request-salt", KV_FLAG_BOOL, &o.allow_request_salt, NULL,
 		 "accept a request's cache_salt field: requests with the same salt share a namespace of their own (default: refused)"},
 		{"prompt-normalize", KV_FLAG_STR, &o.prompt_normalize, "RULES",
@@ -177,14 +183,19 @@ static int cmd_serve(int argc, char **argv)
 	sa.sa_handler = SIG_IGN;
 	sigaction(SIGPIPE, &sa, NULL);
 
-	if (ksv_server_create(&o, &g_srv)) {
-		fprintf(stderr, "kvkeep serve: %s\n", kv_errmsg());
-		return 1;
-	}
+	/* the handlers go in before the server exists: it answers (and logs
+	 * serve.ready) from inside ksv_server_create, and a SIGTERM in between
+	 * must stop it, not kill it */
 	sa.sa_handler = on_signal;
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
+	if (ksv_server_create(&o, &g_srv)) {
+		fprintf(stderr, "kvkeep serve: %s\n", kv_errmsg());
+		return 1;
+	}
+	if (g_signals)
+		ksv_server_request_stop(g_srv); /* came while the server was being made */
 	rc = ksv_server_run(g_srv);
 	ksv_server_destroy(g_srv);
 	g_srv = NULL;

@@ -6,6 +6,7 @@
  */
 #include "engine/mtp.h"
 #include "engine/engine_int.h"
+#include "engine/matmul.h"
 #include "engine/sample.h"
 #include "engine/vec.h"
 #include "base/err.h"

@@ -54,6 +54,19 @@ const char *ksv_auth_presented(const char *authorization, const char *x_api_key)
 	return x_api_key;
 }
 
+int ksv_auth_is_admin(const struct ksv_auth *a, const char *key)
+{
+	return a->admin_key && *a->admin_key && key && ksv_auth_equal(a->admin_key, key);
+}
+
+int ksv_auth_trusted(const struct ksv_auth *a, const char *key)
+{
+	int has_api = a->api_key && *a->api_key, has_admin = a->admin_key && *a->admin_key;
+	if (has_admin)
+		return ksv_auth_is_admin(a, key);
+	return !has_api && a->loopback;
+}
+
 enum ksv_auth_verdict ksv_auth_check(const struct ksv_auth *a, enum ksv_auth_class c, const char *key)
 {
 	int has_api = a->api_key && *a->api_key, has_admin = a->admin_key && *a->admin_key;

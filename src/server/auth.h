@@ -43,5 +43,14 @@ int ksv_auth_is_loopback(const char *host);
 const char *ksv_auth_presented(const char *authorization, const char *x_api_key);
 /* May a request presenting `key` (NULL: none) call a route of class c? */
 enum ksv_auth_verdict ksv_auth_check(const struct ksv_auth *a, enum ksv_auth_class c, const char *key);
+/* May a request presenting `key` see text that other clients sent (the
+ * cached side of a miss explanation)? Only with the admin key, or, on a
+ * server with no key at all that listens on loopback only, anyone (every
+ * client is the machine's own user). An API key alone never does: the
+ * admin routes' loopback rule above lets it call them, not read other
+ * clients' prompts. */
+int ksv_auth_trusted(const struct ksv_auth *a, const char *key);
+/* ... with the admin key itself (configured and presented). */
+int ksv_auth_is_admin(const struct ksv_auth *a, const char *key);
 
 #endif

@@ -8,6 +8,8 @@
 #include "server/dashboard.h"
 #include "server/server_int.h"
 #include "server/recent.h"
+#include "server/browser.h"
+#include "base/buf.h"
 #include "session/registry.h"
 #include "base/clock.h"
 #include "base/env.h"
@@ -17,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 __asm__(".section .rodata\n"
 	".global ksv_dash_html\n"
@@ -36,13 +39,45 @@ const char *ksv_dashboard_page(size_t *len)
 	return ksv_dash_html;
 }
 
+/*
+ * The page with a fresh nonce on its <script> tags, and the
+ * Content-Security-Policy that runs only those (server/browser.h): text
+ * that reached the page from a prompt can never run as script.
+ */
 void ksv_dashboard_handle_page(struct ksv_server *s, struct ksv_conn *c)
 {
-	(void)s;
 	size_t n;
 	const char *p = ksv_dashboard_page(&n);
+	unsigned char raw[16];
+	char nonce[33], csp[400], tag[64];
+	if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw) {
+		ksv_reply_error(s, c, 500, NULL, "no random bytes for the page's nonce");
+		return;
+	}
+	for (size_t i = 0; i < sizeof raw; i++)
+		snprintf(nonce + 2 * i, 3, "%02x", raw[i]);
+	snprintf(tag, sizeof tag, "<script nonce=\"%s\">", nonce);
+	struct kv_buf b = KV_BUF_INIT;
+	for (const char *q = p, *end = p + n; q < end;) {
+		const char *t = memmem(q, (size_t)(end - q), "<script>", 8);
+		if (!t) {
+			kv_buf_add(&b, q, (size_t)(end - q));
+			break;
+		}
+		kv_buf_add(&b, q, (size_t)(t - q));
+		kv_buf_adds(&b, tag);
+		q = t + 8;
+	}
+	if (b.oom) {
+		kv_buf_free(&b);
+		ksv_reply_error(s, c, 500, NULL, "out of memory");
+		return;
+	}
+	ksv_browser_csp(nonce, csp, sizeof csp);
+	ksv_conn_header(c, "Content-Security-Policy", csp);
 	ksv_conn_header(c, "Cache-Control", "no-store");
-	ksv_conn_reply(c, 200, "text/html; charset=utf-8", p, n);
+	ksv_conn_reply(c, 200, "text/html; charset=utf-8", b.p, b.len);
+	kv_buf_free(&b);
 }
 
 /* MemTotal and MemAvailable of /proc/meminfo, bytes (0 when unknown). */
@@ -181,7 +216,16 @@ void ksv_dashboard_handle_state(struct ksv_server *s, struct ksv_conn *c)
 	json_object_set_new(j, "memory", m);
 	json_object_set_new(j, "namespaces", nss);
 	json_object_set_new(j, "entries", ents);
-	ksv_recent_json(s->recent, j);
+	/*
+	 * Prompt text of the recent misses: a salted namespace's only to the
+	 * admin key; the default namespace's also to a trusted caller (no
+	 * keys, loopback) while no salts are in use. With salts accepted the
+	 * page shows numbers, since its callers are several tenants.
+	 */
+	int admin = ksv_server_admin(s, c);
+	int text_default = admin || (ksv_server_trusted(s, c) && !s->o.allow_request_salt);
+	json_object_set_new(j, "prompt_text", json_boolean(text_default));
+	ksv_recent_json(s->recent, j, text_default, admin);
 	json_t *cn = json_object_get(j, "counters");
 	json_object_set_new(cn, "evictions", json_integer((json_int_t)tot.evictions));
 	json_object_set_new(cn, "disk_writes", json_integer((json_int_t)tot.disk_writes));

@@ -93,7 +93,7 @@ static json_t *usage_ext(const struct gen *g)
 	if (g->in.norm_report)
 		json_object_set(j, "normalized", g->in.norm_report);
 	if (g->res.have_explain)
-		json_object_set_new(j, "cache", ksv_explain_json(&g->res.ex));
+		json_object_set_new(j, "cache", ksv_explain_json(&g->res.ex, g->in.trusted));
 	if (g->in.pr.n_restored) {
 		/* the server's own answers the prompt used as generated */
 		json_t *a = json_array();
@@ -140,7 +140,8 @@ static void account(struct gen *g)
 				     .cached_disk = from_disk, .gen_tokens = r->generated,
 				     .ttft_ms = r->t_first_ns ? (double)(r->t_first_ns - g->t_arrive) / 1e6 : 0,
 				     .prefill_ms = r->prefill_ms, .decode_ms = r->decode_ms,
-				     .miss = r->have_explain && pc < np ? ksv_explain_json(&r->ex) : NULL};
+				     .miss = r->have_explain && pc < np ? ksv_explain_json(&r->ex, 1) : NULL,
+				     .salted = g->in.salt != NULL};
 	snprintf(rec.route, sizeof rec.route, "%s", g->route);
 	snprintf(rec.resume, sizeof rec.resume, "%s", r->resume_kind);
 	ksv_recent_add(s->recent, &rec);
@@ -230,6 +231,7 @@ void gen_run(struct ksv_job *job)
 
 	int cancelled = r->fail == KSS_FAIL_CANCELLED;
 	int status = r->fail ? fail_status(r->fail) : 0;
+	const char *why = NULL; /* a cancelled request: why (httpd.h ksv_stream_gone_why) */
 	if (r->fail == KSS_FAIL_MEMORY && !r->admitted)
 		ksv_metrics_add(s->f_rej_503, 1);
 	/* counted before the client gets its answer, so a client that reads
@@ -264,6 +266,8 @@ void gen_run(struct ksv_job *job)
 			snprintf(g->fail_msg, sizeof g->fail_msg, "%s", r->err);
 		}
 		g->phase = PH_DONE;
+		if (cancelled)
+			why = atomic_load(&s->stopping) ? "shutdown" : g->stream ? ksv_stream_gone_why(g->stream) : "hangup";
 		if (g->stream) {
 			ksv_stream_end(g->stream);
 			g->stream = NULL;
@@ -278,11 +282,11 @@ void gen_run(struct ksv_job *job)
 	unsigned spec_accepted = r->spec.accepted[0] + r->spec.accepted[1];
 	KV_INFO("request",
 		"route=%s stream=%d prompt_tokens=%u cached_tokens=%u resume=%s disk=%d restored_messages=%zu gen_tokens=%u "
-		"forced_tokens=%u finish=%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f "
+		"forced_tokens=%u finish=%s%s%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f "
 		"spec=%s spec_drafted=%u spec_accepted=%u spec_acceptance=%.2f%s%s",
 		g->route, g->in.req.stream, r->usage.prompt_tokens, r->usage.cached_tokens,
 		r->admitted ? r->resume_kind : "none", r->from_disk > 0, g->in.pr.n_restored, r->generated, g->in.n_forced,
-		cancelled ? "cancelled" : status ? "error" : r->finish,
+		cancelled ? "cancelled" : status ? "error" : r->finish, why ? " why=" : "", why ? why : "",
 		r->t_first_ns ? (double)(r->t_first_ns - g->t_arrive) / 1e6 : 0.0,
 		gen_s > 0 && r->generated > 1 ? (r->generated - 1) / gen_s : 0.0, (double)(t_start - g->job.t_submit_ns) / 1e6,
 		r->prefill_ms, dur * 1e3, kss_spec_mode_name(r->speculative), spec_drafted, spec_accepted,

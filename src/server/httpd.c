@@ -84,7 +84,8 @@ struct ksv_stream {
 	int ended;              /* the producer called ksv_stream_end */
 	int gone;               /* the client left (or the connection died) */
 	int fd;
-	uint64_t last_drain_ns; /* when libmicrohttpd last took bytes (or the stream began) */
+	uint64_t last_drain_ns; /* when libmicrohttpd last took bytes, or bytes became pending */
+	int why;                /* enum ksv_gone_why: the first reason the stream ended early */
 	void (*on_gone)(void *arg);
 	void *on_gone_arg;
 	int gone_fired;
@@ -120,13 +121,16 @@ static void stream_unref(struct ksv_stream *s)
 	free(s);
 }
 
-/* Mark gone and run the callback once, outside the lock. */
-static void stream_set_gone(struct ksv_stream *s)
+/* Mark gone (why: the reason, kept if one is known already) and run the
+ * callback once, outside the lock. */
+static void stream_set_gone(struct ksv_stream *s, int why)
 {
 	void (*fn)(void *) = NULL;
 	void *arg = NULL;
 	pthread_mutex_lock(&s->mu);
 	s->gone = 1;
+	if (!s->why)
+		s->why = why;
 	if (!s->ended && !s->gone_fired && s->on_gone) {
 		s->gone_fired = 1;
 		s->in_cb = 1;
@@ -201,7 +205,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 		pthread_mutex_unlock(&s->mu);
 		int hup = fd_hung_up(s->fd);
 		if (hup) {
-			stream_set_gone(s);
+			stream_set_gone(s, KSV_GONE_HANGUP);
 			return MHD_CONTENT_READER_END_WITH_ERROR;
 		}
 		pthread_mutex_lock(&s->mu);
@@ -216,7 +220,9 @@ static void stream_free_cb(void *cls)
 	int unfinished = !s->ended || s->off < s->buf.len;
 	pthread_mutex_unlock(&s->mu);
 	if (unfinished)
-		stream_set_gone(s);
+		/* the connection closed under the response (the watchdog's cut
+		 * has set its own reason before) */
+		stream_set_gone(s, KSV_GONE_HANGUP);
 	stream_unref(s);
 }
 
@@ -229,6 +235,10 @@ int ksv_stream_write(struct ksv_stream *s, const void *p, size_t n)
 	else if (s->buf.len - s->off + n > STREAM_MAX_PENDING)
 		rc = KV_ERR_NOMEM;
 	else {
+		/* the stall clock runs from when bytes are waiting: a stream
+		 * silent for minutes (a long prefill) is not a stalled reader */
+		if (s->off == s->buf.len)
+			s->last_drain_ns = kv_now_ns();
 		kv_buf_add(&s->buf, p, n);
 		if (s->buf.oom)
 			rc = KV_ERR_NOMEM;
@@ -236,7 +246,7 @@ int ksv_stream_write(struct ksv_stream *s, const void *p, size_t n)
 	}
 	pthread_mutex_unlock(&s->mu);
 	if (rc == KV_ERR_NOMEM)
-		stream_set_gone(s); /* treat a client that stopped reading as gone */
+		stream_set_gone(s, KSV_GONE_OVERFLOW); /* treat a client that stopped reading as gone */
 	return rc;
 }
 
@@ -263,6 +273,15 @@ int ksv_stream_wait_room(struct ksv_stream *s, size_t max_pending, int ms)
 		rc = KV_ERR_TIMEOUT;
 	pthread_mutex_unlock(&s->mu);
 	return rc;
+}
+
+const char *ksv_stream_gone_why(struct ksv_stream *s)
+{
+	static const char *names[] = {"-", "hangup", "stalled", "overflow"};
+	pthread_mutex_lock(&s->mu);
+	int w = s->gone || s->why ? s->why : KSV_GONE_NONE;
+	pthread_mutex_unlock(&s->mu);
+	return w >= 0 && w < (int)(sizeof names / sizeof names[0]) ? names[w] : "-";
 }
 
 int ksv_stream_gone(struct ksv_stream *s)
@@ -366,6 +385,8 @@ static int queue(struct ksv_conn *c, int status, const char *ctype, struct MHD_R
 		return kv_fail(KV_ERR_NOMEM, "httpd: cannot create a response");
 	if (ctype)
 		MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+	/* a browser never reads an answer as another type than it says */
+	MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
 	for (size_t i = 0; i < c->n_hdrs; i++)
 		MHD_add_response_header(r, c->hdrs[i].name, c->hdrs[i].value);
 	enum MHD_Result ok = MHD_queue_response(c->mc, (unsigned)status, r);
@@ -514,7 +535,7 @@ static void send_raw_413(struct ksv_conn *c, const char *body)
 	char buf[1024];
 	int n = snprintf(buf, sizeof buf,
 			 "HTTP/1.1 413 Payload Too Large\r\nConnection: close\r\nContent-Type: application/json\r\n"
-			 "Content-Length: %zu\r\n\r\n%s",
+			 "X-Content-Type-Options: nosniff\r\nContent-Length: %zu\r\n\r\n%s",
 			 strlen(body), body);
 	if (c->fd >= 0 && n > 0 && (size_t)n < sizeof buf) {
 		ssize_t w = send(c->fd, buf, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -734,8 +755,14 @@ static void *watchdog_main(void *arg)
 				 * client stopped reading */
 				struct ksv_stream *s = t->stream;
 				pthread_mutex_lock(&s->mu);
-				kill = s->off < s->buf.len &&
-				       now - s->last_drain_ns > (uint64_t)h->p.stall_timeout_s * 1000000000ull;
+				/* `now` was read before the lock: a reader may have
+				 * taken bytes since, so last_drain_ns can be later
+				 * than now (that difference would wrap around) */
+				uint64_t ld = s->last_drain_ns;
+				kill = s->off < s->buf.len && now > ld &&
+				       now - ld > (uint64_t)h->p.stall_timeout_s * 1000000000ull;
+				if (kill && !s->why)
+					s->why = KSV_GONE_STALLED;
 				pthread_mutex_unlock(&s->mu);
 			}
 			if (kill) {

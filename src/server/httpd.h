@@ -124,6 +124,12 @@ int ksv_conn_gone(struct ksv_conn *c);
 int ksv_stream_write(struct ksv_stream *s, const void *p, size_t n);
 /* 1 once the client is gone. */
 int ksv_stream_gone(struct ksv_stream *s);
+/* Why a stream ended before its producer ended it, for the request log:
+ * "hangup" (the client closed the connection), "stalled" (the watchdog
+ * cut a client that read nothing for --stall-timeout-s), "overflow" (more
+ * than the pending limit waited), or "-" while it has not. */
+enum ksv_gone_why { KSV_GONE_NONE = 0, KSV_GONE_HANGUP, KSV_GONE_STALLED, KSV_GONE_OVERFLOW };
+const char *ksv_stream_gone_why(struct ksv_stream *s);
 /* Bytes queued that the client has not taken yet. */
 size_t ksv_stream_pending(struct ksv_stream *s);
 /* Wait up to ms until at most max_pending bytes are queued: KV_OK, or

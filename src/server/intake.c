@@ -27,6 +27,7 @@ void ksv_intake_free(struct ksv_intake *in)
 	json_decref(in->norm_report);
 	json_decref(in->raw);
 	free(in->forced);
+	free(in->salt_hdr);
 	memset(in, 0, sizeof *in);
 }
 
@@ -45,34 +46,57 @@ static void refuse(struct ksv_server *s, struct ksv_conn *c, int wire, int statu
 }
 
 /*
- * The request's cache_salt: NULL when absent (or JSON null), else the
- * salt. A salt names a namespace by its full bytes, so the two byte
- * strings a C string would confuse are refused rather than silently
+ * The request's salt, one rule on every route that reads a prompt (chat,
+ * completions, messages, count_tokens, responses, probe): the body's
+ * "cache_salt" or the X-Cache-Salt header (for clients that cannot add a
+ * body field), both the same when both are sent. *out: NULL when neither
+ * is (or the field is JSON null), else the salt (borrowed from the body or
+ * the header). A salt names a namespace by its full bytes, so the two
+ * byte strings a C string would confuse are refused rather than silently
  * sharing a namespace: one with NUL inside ("x\u0000a" would be "x"), and
  * the empty one (it would be the server's own namespace: omit the field
  * for that). Without --allow-request-salt a salt is refused rather than
  * silently sharing the server's namespace. Replies 400 and returns 1.
  */
-static int request_salt(struct ksv_server *s, struct ksv_conn *c, int wire, const json_t *body, const char **out)
+static int request_salt(struct ksv_server *s, struct ksv_conn *c, int wire, struct ksv_intake *in, const json_t *body)
 {
+	const char **out = &in->salt;
 	const json_t *salt = json_object_get(body, "cache_salt");
+	const char *hdr = ksv_conn_req_header(c, "X-Cache-Salt");
 	const char *why = NULL;
 	*out = NULL;
-	if (!salt || json_is_null(salt))
+	if (salt && json_is_null(salt))
+		salt = NULL;
+	if (!salt && !hdr)
 		return 0;
-	if (!json_is_string(salt))
+	if (salt && !json_is_string(salt))
 		why = "cache_salt must be a string";
 	else if (!s->o.allow_request_salt)
-		why = "cache_salt is not accepted: start the server with --allow-request-salt";
-	else if (!json_string_length(salt))
+		why = salt ? "cache_salt is not accepted: start the server with --allow-request-salt"
+			   : "X-Cache-Salt is not accepted: start the server with --allow-request-salt";
+	else if (salt && !json_string_length(salt))
 		why = "cache_salt must not be empty (omit it to use the server's namespace)";
-	else if (memchr(json_string_value(salt), 0, json_string_length(salt)))
+	else if (hdr && !*hdr)
+		why = "X-Cache-Salt must not be empty (omit it to use the server's namespace)";
+	else if (salt && memchr(json_string_value(salt), 0, json_string_length(salt)))
 		why = "cache_salt must not contain NUL characters";
+	else if (salt && hdr && strcmp(hdr, json_string_value(salt)))
+		why = "cache_salt and the X-Cache-Salt header differ: send one, or the same value in both";
 	if (why) {
 		refuse(s, c, wire, 400, "cache_salt", "%s", why);
 		return 1;
 	}
-	*out = json_string_value(salt);
+	if (salt) {
+		*out = json_string_value(salt);
+		return 0;
+	}
+	/* the header dies with the connection; a worker may outlive it */
+	in->salt_hdr = strdup(hdr);
+	if (!in->salt_hdr) {
+		refuse(s, c, wire, 500, NULL, "out of memory");
+		return 1;
+	}
+	*out = in->salt_hdr;
 	return 0;
 }
 
@@ -181,8 +205,9 @@ int ksv_intake_gen(struct ksv_server *s, const struct ksv_request *rq, int wire,
 {
 	struct ksv_conn *c = rq->conn;
 	memset(in, 0, sizeof *in);
+	in->trusted = ksv_server_trusted(s, c);
 	if (parse_body(s, rq, wire, api, 0, in) || check_model(s, c, wire, in) ||
-	    request_salt(s, c, wire, in->raw, &in->salt))
+	    request_salt(s, c, wire, in, in->raw))
 		return 1;
 	normalize(s, route, in);
 	return prompt(s, c, wire, in) || force_tool_call(s, c, wire, in) || limits(s, c, wire, in);
@@ -196,7 +221,7 @@ void ksv_intake_count_tokens(struct ksv_server *s, const struct ksv_request *rq)
 	int w = KSV_WIRE_ANTHROPIC;
 	memset(&in, 0, sizeof in);
 	if (!parse_body(s, rq, w, KSV_API_CHAT, 1, &in) && !check_model(s, rq->conn, w, &in) &&
-	    !request_salt(s, rq->conn, w, in.raw, &in.salt)) {
+	    !request_salt(s, rq->conn, w, &in, in.raw)) {
 		normalize(s, "/v1/messages/count_tokens", &in);
 		if (!prompt(s, rq->conn, w, &in)) {
 			size_t len = 0;
@@ -222,7 +247,7 @@ void ksv_intake_probe(struct ksv_server *s, const struct ksv_request *rq)
 		refuse(s, c, KSV_WIRE_OPENAI, 400, in.req.err_param, "%s", kv_errmsg());
 		goto out;
 	}
-	if (request_salt(s, c, KSV_WIRE_OPENAI, in.req.body, &in.salt) || prompt(s, c, KSV_WIRE_OPENAI, &in))
+	if (request_salt(s, c, KSV_WIRE_OPENAI, &in, in.req.body) || prompt(s, c, KSV_WIRE_OPENAI, &in))
 		goto out;
 	struct kss_probe_result pr;
 	kss_probe(s->svc, in.salt, in.pr.tokens, in.pr.n_tokens, in.pr.bounds, in.pr.n_bounds, &pr);
@@ -247,7 +272,7 @@ void ksv_intake_probe(struct ksv_server *s, const struct ksv_request *rq)
 		json_array_append_new(bs, json_integer(in.pr.bounds[i]));
 	json_object_set_new(j, "boundaries", bs);
 	if (pr.have_explain)
-		json_object_set_new(j, "miss", ksv_explain_json(&pr.ex));
+		json_object_set_new(j, "miss", ksv_explain_json(&pr.ex, ksv_server_trusted(s, c)));
 	ksv_reply_json(c, 200, j);
 out:
 	ksv_intake_free(&in);

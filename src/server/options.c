@@ -2,6 +2,7 @@
  * options.c - see options.h.
  */
 #include "server/options.h"
+#include "server/browser.h"
 #include "base/env.h"
 #include "base/err.h"
 #include "engine/model.h"
@@ -69,6 +70,8 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--model DIR is required");
 	if (o->port < 0 || o->port > 65535)
 		return kv_fail(KV_ERR_INVALID, "--port must be 0-65535");
+	if (ksv_browser_check_flags(o->allowed_origin, o->allowed_host))
+		return KV_ERR_INVALID;
 	if (strcmp(o->prefix_cache_index, "radix") && strcmp(o->prefix_cache_index, "hash"))
 		return kv_fail(KV_ERR_INVALID, "--prefix-cache-index must be radix or hash");
 	if (o->prefix_cache_size == 0 || o->prefix_cache_size < -1)

@@ -85,6 +85,10 @@ struct ksv_opts {
 	const char *admin_key;            /* --admin-key (NULL: KVKEEP_ADMIN_KEY, else loopback only) */
 	const char *env_api_key;          /* KVKEEP_API_KEY */
 	const char *env_admin_key;        /* KVKEEP_ADMIN_KEY */
+
+	/* browsers (server/browser.h) */
+	const char *allowed_origin;       /* --allowed-origin: web origins that may call, comma-separated, or "*" */
+	const char *allowed_host;         /* --allowed-host: Host names a keyless server answers to, or "*" */
 };
 
 /* Defaults of every field (environment not read). */

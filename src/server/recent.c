@@ -53,7 +53,18 @@ void ksv_recent_add(struct ksv_recent *r, const struct ksv_recent_req *q)
 	pthread_mutex_unlock(&r->mu);
 }
 
-void ksv_recent_json(struct ksv_recent *r, json_t *obj)
+/* A miss explanation without its text (a new object). */
+static json_t *numbers_only(json_t *miss)
+{
+	json_t *j = json_deep_copy(miss);
+	if (j) {
+		json_object_set_new(j, "new", json_null());
+		json_object_set_new(j, "cached", json_null());
+	}
+	return j;
+}
+
+void ksv_recent_json(struct ksv_recent *r, json_t *obj, int text_default, int text_salted)
 {
 	json_t *reqs = json_array(), *c = json_object();
 	pthread_mutex_lock(&r->mu);
@@ -66,7 +77,13 @@ void ksv_recent_json(struct ksv_recent *r, json_t *obj)
 				      "computed", (json_int_t)(q->prompt_tokens - q->cached_ram - q->cached_disk),
 				      "gen_tokens", (json_int_t)q->gen_tokens, "ttft_ms", q->ttft_ms, "prefill_ms",
 				      q->prefill_ms, "decode_ms", q->decode_ms);
-		json_object_set(j, "miss", q->miss ? q->miss : json_null());
+		json_object_set_new(j, "namespace", json_string(q->salted ? "salted" : "default"));
+		if (!q->miss)
+			json_object_set_new(j, "miss", json_null());
+		else if (q->salted ? text_salted : text_default)
+			json_object_set(j, "miss", q->miss);
+		else
+			json_object_set_new(j, "miss", numbers_only(q->miss));
 		json_array_append_new(reqs, j);
 	}
 	json_object_set_new(c, "requests", json_integer((json_int_t)r->requests));

@@ -25,6 +25,7 @@ struct ksv_recent_req {
 	uint32_t gen_tokens;
 	double ttft_ms, prefill_ms, decode_ms;
 	json_t *miss;               /* explain.h JSON, owned by the ring (NULL: none) */
+	int salted;                 /* the request's namespace had a salt */
 };
 
 struct ksv_recent;
@@ -33,7 +34,11 @@ int ksv_recent_create(struct ksv_recent **out);
 void ksv_recent_destroy(struct ksv_recent *r);
 /* Copies *q; takes the reference in q->miss. */
 void ksv_recent_add(struct ksv_recent *r, const struct ksv_recent_req *q);
-/* {"requests": [... oldest first], "counters": {...}} merged into obj. */
-void ksv_recent_json(struct ksv_recent *r, json_t *obj);
+/* {"requests": [... oldest first], "counters": {...}} merged into obj.
+ * text_default / text_salted: whether a record's miss explanation keeps
+ * its prompt text ("new", "cached") for records of the default namespace
+ * and of salted ones; without, the positions, message, role and tool
+ * remain. */
+void ksv_recent_json(struct ksv_recent *r, json_t *obj, int text_default, int text_salted);
 
 #endif

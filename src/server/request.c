@@ -44,6 +44,10 @@ void ksv_req_free(struct ksv_req *r)
 
 static const char *type_name(const json_t *v)
 {
+	const char *lit;
+	size_t n;
+	if (kv_json_number_literal(v, &lit, &n))
+		return "a number beyond the range kvkeep reads (64-bit integers, doubles)";
 	switch (json_typeof(v)) {
 	case JSON_OBJECT:
 		return "an object";
@@ -70,6 +74,19 @@ static int has_nul(const json_t *v)
 	return json_is_string(v) && strlen(json_string_value(v)) != json_string_length(v);
 }
 
+/* A number too large for the parser (base/json.h kv_json_number_literal:
+ * 2^63, 1e999) is reported with its text and the field's range rather
+ * than as the string it is carried in. 1 when it was (and r says so). */
+static int out_of_range(struct ksv_req *r, const char *key, const json_t *v, const char *range)
+{
+	const char *lit;
+	size_t n;
+	if (!kv_json_number_literal(v, &lit, &n))
+		return 0;
+	bad(r, key, "%.*s%s is out of range %s", n > 40 ? 40 : (int)n, lit, n > 40 ? "..." : "", range);
+	return 1;
+}
+
 /* Optional number in [lo, hi] (lo_open: lo excluded). */
 static int get_num(struct ksv_req *r, const json_t *o, const char *key, double lo, int lo_open, double hi, double def,
 		   double *out)
@@ -78,6 +95,10 @@ static int get_num(struct ksv_req *r, const json_t *o, const char *key, double l
 	*out = def;
 	if (!v || json_is_null(v))
 		return KV_OK;
+	char range[64];
+	snprintf(range, sizeof range, "[%g, %g]", lo, hi);
+	if (out_of_range(r, key, v, range))
+		return KV_ERR_INVALID;
 	if (!json_is_number(v))
 		return bad(r, key, "must be a number, got %s", type_name(v));
 	double d = json_number_value(v);
@@ -102,6 +123,11 @@ static int get_int(struct ksv_req *r, const json_t *o, const char *key, int64_t 
 		*out = (int64_t)d;
 	} else if (json_is_integer(v)) {
 		*out = json_integer_value(v);
+	} else if (kv_json_number_literal(v, &(const char *){NULL}, &(size_t){0})) {
+		char range[64];
+		snprintf(range, sizeof range, "[%lld, %lld]", (long long)lo, (long long)hi);
+		out_of_range(r, key, v, range);
+		return KV_ERR_INVALID;
 	} else {
 		return bad(r, key, "must be an integer, got %s", type_name(v));
 	}

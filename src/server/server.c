@@ -10,8 +10,10 @@
 #include "server/normalize.h"
 #include "server/fingerprint.h"
 #include "server/auth.h"
+#include "server/browser.h"
 #include "base/buf.h"
 #include "base/clock.h"
+#include "base/corrupt.h"
 #include "base/env.h"
 #include "base/err.h"
 #include "base/hash.h"
@@ -460,10 +462,24 @@ static void handler(void *ctx, const struct ksv_request *rq)
 		return;
 	}
 	ksv_conn_set_route(c, r->name);
-	struct ksv_auth au = {.api_key = s->o.api_key ? s->o.api_key : s->o.env_api_key,
-			      .admin_key = s->o.admin_key ? s->o.admin_key : s->o.env_admin_key,
-			      .loopback = ksv_auth_is_loopback(s->o.host)};
-	const char *key = ksv_auth_presented(ksv_conn_req_header(c, "Authorization"), ksv_conn_req_header(c, "x-api-key"));
+	/* browsers first: a page the user did not mean to allow learns
+	 * nothing, and a preflight carries no key (server/browser.h) */
+	char msg[600];
+	const char *api_key = s->o.api_key ? s->o.api_key : s->o.env_api_key;
+	struct ksv_browser br = {.host = s->o.host, .allowed_origin = s->o.allowed_origin,
+				 .allowed_host = s->o.allowed_host, .open_api = !api_key || !*api_key};
+	int refused = ksv_browser_check(&br, c, msg, sizeof msg);
+	if (refused) {
+		ksv_reply_error_wire(s, c, r->wire, refused, NULL, "%s", msg);
+		return;
+	}
+	if (!strcmp(rq->method, "OPTIONS")) {
+		ksv_browser_preflight(c, r->method);
+		ksv_conn_reply(c, 204, NULL, "", 0);
+		return;
+	}
+	struct ksv_auth au = ksv_server_auth(s);
+	const char *key = ksv_server_key(c);
 	switch (ksv_auth_check(&au, r->auth, key)) {
 	case KSV_AUTH_OK:
 		break;
@@ -490,6 +506,10 @@ static void handler(void *ctx, const struct ksv_request *rq)
 	if (strcmp(rq->method, r->method) && !is_head) {
 		ksv_conn_header(c, "Allow", r->method);
 		ksv_reply_error_wire(s, c, r->wire, 405, NULL, "%s does not accept %s (use %s)", path, rq->method, r->method);
+		return;
+	}
+	if (!strcmp(r->method, "POST") && (refused = ksv_browser_json_body(c, rq->body_len, msg, sizeof msg))) {
+		ksv_reply_error_wire(s, c, r->wire, refused, NULL, "%s", msg);
 		return;
 	}
 	r->fn(s, rq, rest, is_head);

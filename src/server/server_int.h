@@ -21,6 +21,7 @@
 #include "text/tokbytes.h"
 #include "server/httpd.h"
 #include "server/metrics.h"
+#include "server/auth.h"
 #include "server/options.h"
 #include "server/recent.h"
 #include "server/wire.h"
@@ -91,6 +92,14 @@ struct ksv_server {
 
 /* server.c: the served model names. 1 if name is one of them. */
 int ksv_server_serves(const struct ksv_server *s, const char *name);
+/* access.c: the server's keys (--api-key/--admin-key, else the
+ * environment's) and the key a request presents (NULL: none). */
+struct ksv_auth ksv_server_auth(const struct ksv_server *s);
+const char *ksv_server_key(struct ksv_conn *c);
+/* May the request on c see text other clients sent (auth.h
+ * ksv_auth_trusted)? Does it present the admin key (ksv_auth_is_admin)? */
+int ksv_server_trusted(const struct ksv_server *s, struct ksv_conn *c);
+int ksv_server_admin(const struct ksv_server *s, struct ksv_conn *c);
 /* "'a', 'b'" for messages (cut to cap). */
 void ksv_server_names_text(const struct ksv_server *s, char *out, size_t cap);
 
@@ -133,11 +142,13 @@ struct ksv_intake {
 	json_t *raw;              /* the body as sent (owned): cache_salt is read here */
 	struct ksv_req req;       /* the validated chat request (wire.h parse) */
 	json_t *norm_report;      /* what --prompt-normalize changed (NULL: nothing) */
-	const char *salt;         /* cache_salt (borrowed from raw), NULL: none */
+	const char *salt;         /* cache_salt (borrowed from raw, or salt_hdr), NULL: none */
+	char *salt_hdr;           /* the X-Cache-Salt header's copy (owned), or NULL */
 	struct ksv_prompt pr;     /* the rendered prompt (prompt.c) */
 	char *forced;             /* text forced at the start of the answer (tool_choice), or NULL */
 	uint32_t n_forced;        /* its tokens, appended to the prompt */
 	int max_tokens;           /* tokens to generate after the forced ones */
+	int trusted;              /* may see other clients' text (ksv_server_trusted) */
 };
 /* Parse, check and render a generation request in its API (enum
  * ksv_wire_id): 0, or nonzero after replying with the refusal (in is

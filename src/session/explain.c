@@ -103,12 +103,14 @@ static void log_text(const char *s, char *out, size_t cap)
 	out[o] = 0;
 }
 
+/* The request's own text only: the cached side is another client's, and a
+ * log is read by people other than the client (docs/api.md, "Who sees
+ * what"). */
 void kss_explain_log(const char *route, const struct kss_explain *e)
 {
-	char nt[200], ct[200];
+	char nt[200];
 	log_text(e->new_text, nt, sizeof nt);
-	log_text(e->cached_text, ct, sizeof ct);
 	KV_INFO("cache.miss_reason", "route=%s prompt_tokens=%u shared=%u first_diff=%u message=%d role=%s tool=%d "
-		"new=\"%s\" cached=\"%s\"", route, e->prompt_tokens, e->shared, e->shared, e->message,
-		e->role[0] ? e->role : "-", e->tool, nt, ct);
+		"new=\"%s\"", route, e->prompt_tokens, e->shared, e->shared, e->message,
+		e->role[0] ? e->role : "-", e->tool, nt);
 }

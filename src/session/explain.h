@@ -46,7 +46,8 @@ struct kss_explain {
  * on (may be NULL / 0). */
 void kss_explain(const struct kv_tok *tok, const int32_t *prompt, uint32_t n, uint32_t shared,
 		 const int32_t *cached, uint32_t n_cached, struct kss_explain *out);
-/* One log line: event=cache.miss_reason first_diff=.. message=.. role=.. tool=.. */
+/* One log line: event=cache.miss_reason first_diff=.. message=.. role=..
+ * tool=.. new=.. (never the cached side's text). */
 void kss_explain_log(const char *route, const struct kss_explain *e);
 
 #endif

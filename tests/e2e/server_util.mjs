@@ -69,7 +69,7 @@ export function startServer(model, extra = [], env = {}) {
   const proc = spawn(KT_BIN, ['serve', '--model', model, '--host', '127.0.0.1', '--port', '0', ...extra], {
     // a fresh disk-cache folder per server (the disk tier): no test sees
     // another's files; --cache-dir or env overrides it
-    env: { ...process.env, KVKEEP_LOG: 'info', KVKEEP_CACHE_DIR: join(TMP, `disk-cache-${servers.size}-${Date.now()}`), ...env },
+    env: { ...process.env, KVKEEP_LOG: process.env.KT_SERVER_LOG || 'info', KVKEEP_CACHE_DIR: join(TMP, `disk-cache-${servers.size}-${Date.now()}`), ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   // log() answers from memory: the file's writes are asynchronous and

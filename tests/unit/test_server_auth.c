@@ -58,4 +58,26 @@ KT_CASE(route_rules)
 	KT_EQ_INT(ksv_auth_check(&api_lo, KSV_AUTH_ADMIN, "k"), KSV_AUTH_OK);
 }
 
-KT_MAIN(equal_compares_whole_strings, loopback_hosts, presented_key, route_rules)
+/* Who may read other clients' text (issue 37): the admin key, or anyone
+ * on a keyless loopback server; an API key alone never. */
+KT_CASE(trusted_callers)
+{
+	struct ksv_auth open_lo = {.loopback = 1}, open_wide = {.loopback = 0};
+	struct ksv_auth keys = {.api_key = "k", .admin_key = "a", .loopback = 1};
+	struct ksv_auth api_lo = {.api_key = "k", .loopback = 1};
+	struct ksv_auth admin_lo = {.admin_key = "a", .loopback = 1};
+	KT_CHECK(ksv_auth_trusted(&open_lo, NULL));
+	KT_CHECK(!ksv_auth_trusted(&open_wide, NULL));
+	KT_CHECK(!ksv_auth_trusted(&keys, "k"));
+	KT_CHECK(!ksv_auth_trusted(&keys, NULL));
+	KT_CHECK(ksv_auth_trusted(&keys, "a"));
+	KT_CHECK(!ksv_auth_trusted(&api_lo, "k"));   /* may call the admin routes, may not read prompts */
+	KT_EQ_INT(ksv_auth_check(&api_lo, KSV_AUTH_ADMIN, "k"), KSV_AUTH_OK);
+	KT_CHECK(!ksv_auth_trusted(&admin_lo, NULL)); /* an admin key exists: only it */
+	KT_CHECK(ksv_auth_trusted(&admin_lo, "a"));
+	KT_CHECK(ksv_auth_is_admin(&keys, "a"));
+	KT_CHECK(!ksv_auth_is_admin(&keys, "k"));
+	KT_CHECK(!ksv_auth_is_admin(&open_lo, NULL));
+}
+
+KT_MAIN(equal_compares_whole_strings, loopback_hosts, presented_key, route_rules, trusted_callers)
