@@ -62,9 +62,10 @@ for (const [preset, name] of [['tiny-dense', 'dense'], ['tiny-hybrid', 'hybrid']
       assert(m.has('kvkeep_spec_acceptance_ratio{source="mtp"}'), 'no acceptance series for mtp');
       const mo = await metrics(off);
       eq(mo.get('kvkeep_spec_verifications_total'), 0, 'the off server verified drafts');
-      assert(/event=request [^\n]*spec=auto spec_drafted=\d+ spec_accepted=\d+ spec_acceptance=[\d.]+/.test(on.log()),
+      // (the request line is logged after the answer is sent: wait for it)
+      assert(await until(() => /event=request [^\n]*spec=auto spec_drafted=\d+ spec_accepted=\d+ spec_acceptance=[\d.]+/.test(on.log()), 5000),
         'the request log line has no acceptance');
-      assert(/event=request [^\n]*spec=off /.test(off.log()), 'the off server logs spec=off');
+      assert(await until(() => /event=request [^\n]*spec=off /.test(off.log()), 5000), 'the off server logs spec=off');
     } finally { await off.stop(); await on.stop(); }
   }, 240000);
 }
@@ -81,7 +82,7 @@ await check(`${P}:opt_out_decodes_plainly`, async () => {
     const b = await chat(srv, body(5, { speculative: false }));
     eq(b.text, a.text, 'text');
     eq(b.lp, a.lp, 'logprobs');
-    assert(/event=request [^\n]*spec=off spec_drafted=0 /.test(srv.log()), 'no spec=off request line');
+    assert(await until(() => /event=request [^\n]*spec=off spec_drafted=0 /.test(srv.log()), 5000), 'no spec=off request line');
     const bad = await postJSON(srv, '/v1/chat/completions', body(5, { speculative: 'yes' }));
     eq(bad.status, 400, 'a non-boolean speculative');
     assert(/speculative/.test(bad.text), `the 400 names the field: ${bad.text}`);
