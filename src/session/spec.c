@@ -19,7 +19,10 @@
 #define OBS_DECAY 0.9         /* weight of older observations at each new one */
 #define IDLE_DECAY 0.99       /* per step: evidence fades back toward the prior */
 #define PRIOR_WEIGHT 1.0      /* the prior counts as this many draft positions */
-#define COST_EMA 0.2
+#define WIN 16                /* cost observations kept */
+#define FORGET 32             /* plain steps after which the oldest cost observation goes */
+#define A_PRIOR 0.15
+#define B_PRIOR 0.25
 
 /* Prior acceptance per estimator: a one-token match says little, a long
  * one that the text is being copied; the MTP head's first tokens are
@@ -30,13 +33,68 @@ struct est {
 	double s, t;              /* decayed kept / tried draft positions */
 };
 
+/*
+ * A window of cost observations. Step times on a shared machine are the
+ * step's cost plus whatever other jobs took: the unit (a plain step) is
+ * the smallest of the recent ones, a ratio is the median of the recent
+ * ones, so a step that waited behind another process moves neither. A
+ * window with fewer than 3 observations gives the prior, and observations
+ * are forgotten while none come (FORGET), so an estimate that turned
+ * drafting off cannot keep it off: it goes back to the prior.
+ */
+struct win {
+	double v[WIN];
+	int n, next;
+};
+
+static void win_push(struct win *w, double x)
+{
+	w->v[w->next] = x;
+	w->next = (w->next + 1) % WIN;
+	if (w->n < WIN)
+		w->n++;
+}
+
+static void win_forget(struct win *w)
+{
+	if (w->n)
+		w->n--; /* the oldest: the ring's entries before next - n are stale */
+}
+
+static double win_min(const struct win *w)
+{
+	double m = 0.0;
+	for (int i = 0; i < w->n; i++) {
+		double x = w->v[(w->next - 1 - i + WIN) % WIN];
+		m = !i || x < m ? x : m;
+	}
+	return m;
+}
+
+static double win_median(const struct win *w, double prior)
+{
+	double t[WIN];
+	if (w->n < 3)
+		return prior;
+	for (int i = 0; i < w->n; i++)
+		t[i] = w->v[(w->next - 1 - i + WIN) % WIN];
+	for (int i = 1; i < w->n; i++) /* insertion sort: 16 values */
+		for (int j = i; j > 0 && t[j - 1] > t[j]; j--) {
+			double x = t[j];
+			t[j] = t[j - 1];
+			t[j - 1] = x;
+		}
+	return w->n % 2 ? t[w->n / 2] : (t[w->n / 2 - 1] + t[w->n / 2]) / 2;
+}
+
 struct kss_spec {
 	struct kss_spec_params p;
 	struct kss_lookup *lk;    /* NULL when the mode has no lookup */
 	struct est est[N_EST];
-	double t1;                /* a one-row decode step, seconds (EMA; 0 unknown) */
-	double a;                 /* cost of each verified row beyond the first, in steps */
-	double b;                 /* MTP cost per draft token, in steps */
+	struct win t1;            /* one-row decode steps, seconds (the unit: their minimum) */
+	struct win a;             /* cost of each verified row beyond the first, in steps */
+	struct win b;             /* MTP cost per draft token, in steps */
+	int quiet;                /* plain steps since the last cost observation */
 	struct kss_spec_stats st;
 	int last_draft_src;       /* the estimator of the last draft */
 };
@@ -71,8 +129,6 @@ int kss_spec_create(const struct kss_spec_params *p, const int32_t *prompt, uint
 	sp->p = *p;
 	if (p->mode != KSS_SPEC_AUTO && p->mode != KSS_SPEC_MTP)
 		sp->p.mtp = NULL;
-	sp->a = 0.15;
-	sp->b = 0.25;
 	if (p->mode != KSS_SPEC_MTP) {
 		if ((rc = kss_lookup_create(n + 4096, &sp->lk)) || (rc = kss_lookup_append(sp->lk, prompt, n))) {
 			kss_spec_destroy(sp);
@@ -144,12 +200,15 @@ int kss_spec_draft(struct kss_spec *sp, int budget, int32_t *draft, int *src)
 	}
 	if (budget > sp->p.max_draft)
 		budget = sp->p.max_draft;
-	if (budget < 1)
+	/* the first step of a sequence decodes plainly: its time is the unit
+	 * the costs of verifications are measured in */
+	if (budget < 1 || !sp->t1.n)
 		return 0;
+	double a = win_median(&sp->a, A_PRIOR), b = win_median(&sp->b, B_PRIOR);
 	if (sp->lk && (n_lk = kss_lookup_draft(sp->lk, budget, buf, &match)) > 0)
-		k_lk = best_k(est_p(sp, lclass(match)), sp->a, 0.0, n_lk, &g_lk);
+		k_lk = best_k(est_p(sp, lclass(match)), a, 0.0, n_lk, &g_lk);
 	if (sp->p.mtp)
-		k_mtp = best_k(est_p(sp, EST_MTP), sp->a, sp->b, budget, &g_mtp);
+		k_mtp = best_k(est_p(sp, EST_MTP), a, b, budget, &g_mtp);
 	if (k_lk && g_lk >= KSS_SPEC_MIN_GAIN && g_lk >= g_mtp) {
 		memcpy(draft, buf, (size_t)k_lk * sizeof *draft);
 		*src = KSS_SRC_LOOKUP;
@@ -160,9 +219,10 @@ int kss_spec_draft(struct kss_spec *sp, int budget, int32_t *draft, int *src)
 		double secs = 0.0;
 		int k = sp->p.mtp(sp->p.mtp_ctx, k_mtp, draft, &secs);
 		sp->st.mtp_s_us += (uint64_t)(secs * 1e6);
-		if (k > 0 && sp->t1 > 0.0) {
-			double bo = secs / sp->t1 / k;
-			sp->b = (1.0 - COST_EMA) * sp->b + COST_EMA * (bo < 0.001 ? 0.001 : bo > 5.0 ? 5.0 : bo);
+		double t1 = win_min(&sp->t1);
+		if (k > 0 && t1 > 0.0) {
+			double bo = secs / t1 / k;
+			win_push(&sp->b, bo < 0.001 ? 0.001 : bo > 5.0 ? 5.0 : bo);
 		}
 		if (k > 0) {
 			*src = KSS_SRC_MTP;
@@ -183,9 +243,11 @@ void kss_spec_verified(struct kss_spec *sp, int src, int k, int accepted, double
 	sp->st.steps++;
 	sp->st.drafted[src] += (uint64_t)k;
 	sp->st.accepted[src] += (uint64_t)accepted;
-	if (sp->t1 > 0.0 && seconds > 0.0) {
-		double ao = (seconds / sp->t1 - 1.0) / k;
-		sp->a = (1.0 - COST_EMA) * sp->a + COST_EMA * (ao < 0.005 ? 0.005 : ao > 3.0 ? 3.0 : ao);
+	double t1 = win_min(&sp->t1);
+	sp->quiet = 0;
+	if (t1 > 0.0 && seconds > 0.0) {
+		double ao = (seconds / t1 - 1.0) / k;
+		win_push(&sp->a, ao < 0.005 ? 0.005 : ao > 3.0 ? 3.0 : ao);
 	}
 }
 
@@ -193,5 +255,9 @@ void kss_spec_plain(struct kss_spec *sp, double seconds)
 {
 	sp->st.plain_steps++;
 	if (seconds > 0.0)
-		sp->t1 = sp->t1 > 0.0 ? (1.0 - COST_EMA) * sp->t1 + COST_EMA * seconds : seconds;
+		win_push(&sp->t1, seconds);
+	if (++sp->quiet % FORGET == 0) {
+		win_forget(&sp->a);
+		win_forget(&sp->b);
+	}
 }

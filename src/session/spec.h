@@ -23,8 +23,14 @@
  *             of the draft positions verified and kept, starting from a
  *             prior; the cost of verifying r rows relative to one decode
  *             step, c(r) = 1 + a (r - 1), with a measured from the step
- *             times the caller reports; the MTP head's cost per draft
- *             token b relative to a decode step, measured the same way.
+ *             times the caller reports (a verification's forward and its
+ *             rollback); the MTP head's cost per draft token b relative to
+ *             a decode step, measured the same way. On a shared machine a
+ *             step time is its cost plus other jobs' time: the unit is the
+ *             smallest recent plain step, a and b the medians of their
+ *             recent observations (the prior until there are 3), and
+ *             observations are forgotten while none come, so one slow
+ *             step cannot turn drafting off for good.
  *   length    the k <= budget maximising the expected tokens per unit of
  *             time, (1 + p + p^2 + ... + p^k) / (c(k + 1) + b k) (a draft
  *             token is kept only if every earlier one was).

@@ -157,6 +157,9 @@ KT_CASE(policy_turns_off_and_comes_back)
 	KT_OK(kss_spec_create(&p, pr, 64, &sp));
 	KT_REQUIRE(sp);
 	int src = -1, k = kss_spec_draft(sp, 8, d, &src);
+	KT_EQ_INT(k, 0); /* the first step measures a plain decode */
+	kss_spec_plain(sp, 0.001);
+	k = kss_spec_draft(sp, 8, d, &src);
 	KT_CHECKF(k >= 4 && src == KSS_SRC_LOOKUP && d[0] == 100, "a long match drafts: k %d src %d", k, src);
 	/* every draft fails: the policy stops drafting */
 	int drafted = 0, steps = 0;
@@ -170,6 +173,37 @@ KT_CASE(policy_turns_off_and_comes_back)
 		}
 	}
 	KT_CHECKF(drafted > 0 && drafted < 40, "%d of 200 steps drafted although every draft failed", drafted);
+	kss_spec_destroy(sp);
+
+	/* costs: plain steps of 1 ms, verifications of 1.2 ms keeping all (a
+	 * good source), and now and then one that took 40 ms (another job ran):
+	 * drafting goes on */
+	KT_OK(kss_spec_create(&(struct kss_spec_params){.mode = KSS_SPEC_LOOKUP, .max_draft = 8}, pr, 64, &sp));
+	KT_REQUIRE(sp);
+	drafted = 0;
+	for (steps = 0; steps < 300; steps++) {
+		k = kss_spec_draft(sp, 8, d, &src);
+		if (!k) {
+			kss_spec_plain(sp, 0.001);
+			continue;
+		}
+		drafted++;
+		kss_spec_verified(sp, src, k, k, steps % 10 == 3 ? 0.040 : 0.0012);
+	}
+	KT_CHECKF(drafted > 250, "only %d of 300 steps drafted with a source that is always right", drafted);
+	/* and when drafts stop paying (every verification slow), the policy
+	 * stops, then tries again */
+	for (steps = drafted = 0; steps < 300; steps++) {
+		k = kss_spec_draft(sp, 8, d, &src);
+		if (!k) {
+			kss_spec_plain(sp, 0.001);
+			continue;
+		}
+		drafted++;
+		kss_spec_verified(sp, src, k, k, 0.001 * (1 + 3 * k));
+	}
+	KT_CHECKF(drafted > 3 && drafted < 150, "%d of 300 steps drafted when verifying k rows costs 1 + 3k steps",
+		  drafted);
 	/* off when asked, or MTP without a head */
 	struct kss_spec *off = (struct kss_spec *)1;
 	p.mode = KSS_SPEC_OFF;
