@@ -239,6 +239,13 @@ static int translate_tool_choice(const json_t *tc, json_t *chat, char *param, si
 				    json_pack("{s:s, s:{s:s}}", "type", "function", "function", "name", name));
 	} else
 		return ksv_wire_bad(param, cap, "tool_choice.type", "%s: must be auto, any, tool or none, not \"%s\"", type);
+	const json_t *dp = json_object_get(tc, "disable_parallel_tool_use");
+	if (dp && !json_is_null(dp)) {
+		if (!json_is_boolean(dp))
+			return ksv_wire_bad(param, cap, "tool_choice.disable_parallel_tool_use", "%s: must be true or false%s",
+					    NULL);
+		json_object_set_new(chat, "parallel_tool_calls", json_boolean(!json_is_true(dp)));
+	}
 	return KV_OK;
 }
 

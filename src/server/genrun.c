@@ -104,6 +104,14 @@ static json_t *usage_ext(const struct gen *g)
 	return j;
 }
 
+static const char *cons_name(int kind)
+{
+	static const char *const names[] = {[KSS_CONS_NONE] = "none", [KSS_CONS_SCHEMA] = "json_schema",
+					    [KSS_CONS_JSON_OBJECT] = "json_object", [KSS_CONS_GBNF] = "grammar",
+					    [KSS_CONS_TOOLS] = "tools"};
+	return kind >= 0 && kind <= KSS_CONS_TOOLS ? names[kind] : "?";
+}
+
 static int fail_status(int why)
 {
 	switch (why) {
@@ -149,9 +157,8 @@ static void account(struct gen *g)
 
 /*
  * Remember the answer exactly (session/echo.h), so that when the client
- * sends it back the prompt uses these tokens: the generation prompt and
- * any forced opening (the prompt after its last message), then every
- * generated token. Only for chat answers that ended normally, under
+ * sends it back the prompt uses these tokens: the generation prompt (the
+ * prompt after its last message), then every generated token. Only for chat answers that ended normally, under
  * --reasoning-history keep and --echo-generated on.
  */
 static void remember_answer(struct gen *g)
@@ -163,7 +170,7 @@ static void remember_answer(struct gen *g)
 	    strcmp(s->o.reasoning_history, "keep"))
 		return;
 	struct kss_echo_call *calls = calloc(a->n_tools ? a->n_tools : 1, sizeof *calls);
-	struct kss_echo_answer ea = {.gp_text = pr->gp_text, .gp_len = pr->gp_len, .forced = g->in.forced,
+	struct kss_echo_answer ea = {.gp_text = pr->gp_text, .gp_len = pr->gp_len,
 				     .prefix = pr->tokens + pr->gp_tok, .n_prefix = pr->n_tokens - pr->gp_tok,
 				     .gen = (const int32_t *)g->gen_ids.p, .n_gen = g->gen_ids.len / sizeof(int32_t),
 				     .calls = calls};
@@ -209,8 +216,8 @@ void gen_run(struct ksv_job *job)
 		.salt = g->in.salt,
 		.prompt = g->in.pr.tokens,
 		.n_prompt = g->in.pr.n_tokens,
-		.n_forced = g->in.n_forced,
-		.forced_text = g->in.forced,
+		.grammar = g->in.grammar,
+		.may_think = s->o.split_reasoning && g->in.req.api == KSV_API_CHAT && g->in.req.enable_thinking != 0,
 		.bounds = g->in.pr.bounds,
 		.n_bounds = g->in.pr.n_bounds,
 		.max_tokens = (uint32_t)g->in.max_tokens,
@@ -282,10 +289,10 @@ void gen_run(struct ksv_job *job)
 	unsigned spec_accepted = r->spec.accepted[0] + r->spec.accepted[1];
 	KV_INFO("request",
 		"route=%s stream=%d prompt_tokens=%u cached_tokens=%u resume=%s disk=%d restored_messages=%zu gen_tokens=%u "
-		"forced_tokens=%u finish=%s%s%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f "
+		"constraint=%s finish=%s%s%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f "
 		"spec=%s spec_drafted=%u spec_accepted=%u spec_acceptance=%.2f%s%s",
 		g->route, g->in.req.stream, r->usage.prompt_tokens, r->usage.cached_tokens,
-		r->admitted ? r->resume_kind : "none", r->from_disk > 0, g->in.pr.n_restored, r->generated, g->in.n_forced,
+		r->admitted ? r->resume_kind : "none", r->from_disk > 0, g->in.pr.n_restored, r->generated, cons_name(g->in.cons_kind),
 		cancelled ? "cancelled" : status ? "error" : r->finish, why ? " why=" : "", why ? why : "",
 		r->t_first_ns ? (double)(r->t_first_ns - g->t_arrive) / 1e6 : 0.0,
 		gen_s > 0 && r->generated > 1 ? (r->generated - 1) / gen_s : 0.0, (double)(t_start - g->job.t_submit_ns) / 1e6,

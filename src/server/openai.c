@@ -34,7 +34,7 @@ static json_t *bytes_array(const char *p, size_t n)
 static json_t *tok_text(const struct ksv_answer *a, int32_t id, json_t **bytes)
 {
 	size_t n;
-	const char *p = kv_tokbytes_get(a->tb, id, &n);
+	const char *p = kv_tok_bytes_get(a->tb, id, &n);
 	if (bytes)
 		*bytes = bytes_array(p, n);
 	return ksv_json_text(p, n);
@@ -72,7 +72,7 @@ static json_t *lp_object(struct ksv_answer *a, const struct ksv_lp_rec *lps, siz
 	json_t *toks = json_array(), *tlp = json_array(), *top = json_array(), *off = json_array();
 	for (size_t i = 0; i < n; i++) {
 		size_t len;
-		kv_tokbytes_get(a->tb, lps[i].id, &len);
+		kv_tok_bytes_get(a->tb, lps[i].id, &len);
 		json_array_append_new(toks, tok_text(a, lps[i].id, NULL));
 		json_array_append_new(tlp, json_real((double)lps[i].lp));
 		json_t *m = json_object();

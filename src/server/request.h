@@ -30,7 +30,13 @@
  *   past end-of-sequence tokens; benchmarks and tests use it)
  *   speculative (bool, kvkeep's: false decodes this request without
  *   speculative decoding; the output is the same, docs/api.md)
- *   logit_bias (only empty), response_format (only {"type": "text"})
+ *   logit_bias (only empty)
+ *   structured output (docs/api.md "Structured output"), one of:
+ *     response_format     {type: "text"} | {type: "json_object", schema?} |
+ *                         {type: "json_schema", json_schema: {name?, schema, strict?}}
+ *     json_schema         a JSON Schema (llama.cpp's field)
+ *     grammar             GBNF text (llama.cpp's field)
+ *   parallel_tool_calls (bool, default true); a tool's function.strict
  * POST /v1/completions takes prompt (string, [string], [int, ...] or
  * [[int, ...]]) instead of messages/tools, logprobs as an integer 0-20 and
  * echo (only false), suffix (only empty), best_of (only 1).
@@ -50,6 +56,8 @@
 
 enum ksv_api { KSV_API_CHAT = 0, KSV_API_COMPLETION = 1 };
 enum ksv_tool_choice { KSV_TC_AUTO = 0, KSV_TC_NONE, KSV_TC_REQUIRED, KSV_TC_NAMED };
+/* The answer's format (structured output). */
+enum ksv_fmt { KSV_FMT_TEXT = 0, KSV_FMT_JSON_OBJECT, KSV_FMT_JSON_SCHEMA, KSV_FMT_GRAMMAR };
 
 #define KSV_MAX_STOP 4
 #define KSV_MAX_TOP_LOGPROBS 20
@@ -71,6 +79,15 @@ struct ksv_req {
 	json_t *tools;             /* owned reference or NULL (no tools / empty list) */
 	int tool_choice;           /* enum ksv_tool_choice */
 	const char *tool_name;     /* KSV_TC_NAMED: borrowed */
+	int parallel_tool_calls;   /* several calls may follow each other (default 1) */
+	int tools_strict;          /* some function has "strict": true */
+	/* structured output */
+	int fmt;                   /* enum ksv_fmt */
+	const json_t *fmt_schema;  /* JSON_SCHEMA (or JSON_OBJECT with a schema): borrowed from body */
+	int fmt_strict;            /* json_schema.strict */
+	const char *grammar;       /* GRAMMAR: GBNF text, borrowed */
+	size_t grammar_len;
+	const char *fmt_param;     /* the field that asked for it, for errors */
 	/* completions */
 	const char *prompt;        /* borrowed, NULL when given as ids */
 	size_t prompt_len;

@@ -1036,7 +1036,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 			kv_tok_vocab_size(s->tok), s->vocab);
 	s->ctx_len = o->max_model_len > 0 ? (int)o->max_model_len : s->cfg->max_positions > 0 ? s->cfg->max_positions : 32768;
 	setup_sampling(s);
-	if ((rc = kv_tokbytes_build(s->tok, s->vocab, &s->tb)))
+	if ((rc = kv_tok_bytes_build(s->tok, s->vocab, &s->tb)))
 		goto fail;
 
 	/* the cache's own resolution of the flags and environment (budget,
@@ -1131,7 +1131,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		goto fail;
 	struct kss_service_params svp = {.model = s->model,
 					 .tok = s->tok,
-					 .tb = &s->tb,
+					 .tb = s->tb,
 					 .reg = s->reg,
 					 .cache = s->cache,
 					 .engine = s->engine,
@@ -1266,7 +1266,7 @@ void ksv_server_destroy(struct ksv_server *s)
 	kv_tok_free(s->tok);
 	ksv_metrics_destroy(s->m);
 	ksv_recent_destroy(s->recent);
-	kv_tokbytes_free(&s->tb);
+	kv_tok_bytes_free(s->tb);
 	free(s->names_buf);
 	if (s->stop_pipe[0] >= 0)
 		close(s->stop_pipe[0]);

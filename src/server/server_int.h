@@ -76,7 +76,7 @@ struct ksv_server {
 	uint64_t budget_total;            /* RAM tier budget, shared by all namespaces */
 	struct kss_registry *reg;         /* every namespace: default + salted (session/registry.h) */
 	int64_t created;
-	struct kv_tokbytes tb;            /* token id -> raw bytes, for logprobs */
+	struct kv_tok_bytes *tb;           /* token id -> raw bytes: logprobs, grammars (text/tokbytes.h) */
 	/* stop */
 	int stop_pipe[2];
 	atomic_int stopping;
@@ -145,9 +145,10 @@ struct ksv_intake {
 	const char *salt;         /* cache_salt (borrowed from raw, or salt_hdr), NULL: none */
 	char *salt_hdr;           /* the X-Cache-Salt header's copy (owned), or NULL */
 	struct ksv_prompt pr;     /* the rendered prompt (prompt.c) */
-	char *forced;             /* text forced at the start of the answer (tool_choice), or NULL */
-	uint32_t n_forced;        /* its tokens, appended to the prompt */
-	int max_tokens;           /* tokens to generate after the forced ones */
+	struct kv_grammar *grammar; /* structured output (session/constrain.h; a reference), or NULL */
+	int cons_kind;            /* enum kss_cons_kind */
+	int cons_hit;             /* the grammar was compiled before */
+	int max_tokens;           /* tokens to generate */
 	int trusted;              /* may see other clients' text (ksv_server_trusted) */
 };
 /* Parse, check and render a generation request in its API (enum

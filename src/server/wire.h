@@ -78,7 +78,7 @@ struct ksv_answer {
 	char id[48];               /* chatcmpl-..., msg_..., resp_... */
 	int64_t created;           /* unix seconds */
 	char model[256];           /* the name the answer reports */
-	const struct kv_tokbytes *tb; /* token bytes (logprobs) */
+	const struct kv_tok_bytes *tb; /* token bytes (logprobs) */
 	struct ksv_block *blk;     /* the blocks so far (owned) */
 	size_t n_blk, cap_blk;
 	int open;                  /* 1: blk[n_blk - 1] is open */

@@ -15,6 +15,7 @@
 #include "store/store_int.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,10 @@ double ks_store_budget_parse(const char *env)
 	errno = 0;
 	v = strtod(env, &end);
 	if (errno || *end || !(v >= 0) || v > 3600) {
-		KV_WARN("store.budget", "value=\"%.40s\" msg=\"KVKEEP_SHUTDOWN_BUDGET is not a number of seconds: using "
+		/* read at every shutdown step and dashboard poll: said once */
+		static atomic_int warned;
+		if (!atomic_exchange(&warned, 1))
+			KV_WARN("store.budget", "value=\"%.40s\" msg=\"KVKEEP_SHUTDOWN_BUDGET is not a number of seconds: using "
 					"3.5\"",
 			env);
 		return KS_SHUTDOWN_BUDGET_DEFAULT;

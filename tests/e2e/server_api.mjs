@@ -125,29 +125,28 @@ await check(`${T}:tool_choice_variants`, async () => {
   for (const tc of ['none', 'auto', 'required', { type: 'function', function: { name: 'read_file' } }]) {
     const r = await ca.chat.completions.create({
       model: NAME, max_tokens: 24, temperature: 0, tools: TOOLS, tool_choice: tc,
+      // no reasoning first: the model may think before a constrained call
+      chat_template_kwargs: { enable_thinking: false },
       messages: [{ role: 'user', content: 'list files' }],
     });
     checkChatCompletion(r, NAME);
     assert(r.usage.completion_tokens <= 24, `max_tokens holds (${r.usage.completion_tokens})`);
     const m = r.choices[0].message;
     const text = (m.content || '') + JSON.stringify(m.tool_calls || []);
-    // a forced tool call starts the answer in the template's syntax; the
-    // random-weight model cannot close it, so it comes back as content
+    // required and named are constrained to a call in the template's
+    // syntax (structured_output.sh checks complete calls); the random
+    // model's free-string argument runs to max_tokens, so the answer is
+    // the start of that call
     if (typeof tc === 'object') {
-      assert(m.content && m.content.startsWith('<tool_call>\n{"name": "read_file", "arguments": ') ||
+      assert(m.content && m.content.startsWith('<tool_call>\n{"name": "read_file"') ||
         (m.tool_calls && m.tool_calls[0].function.name === 'read_file'), `named: ${text.slice(0, 80)}`);
     } else if (tc === 'required') {
       assert(m.content && m.content.startsWith('<tool_call>\n{"name": "') || (m.tool_calls && m.tool_calls.length),
         `required: ${text.slice(0, 80)}`);
     } else {
-      assert(!(m.content || '').startsWith('<tool_call>'), `${tc}: nothing forced`);
+      assert(!(m.content || '').startsWith('<tool_call>'), `${tc}: a call`);
     }
   }
-  // a max_tokens too small for the forced opening is a clear 400
-  const r = await postJSON(A, '/v1/chat/completions', { model: NAME, max_tokens: 3, tools: TOOLS,
-    tool_choice: { type: 'function', function: { name: 'read_file' } }, messages: [{ role: 'user', content: 'x' }] });
-  eq(r.status, 400, 'tiny max_tokens with a forced call');
-  eq(r.json.error.param, 'max_tokens', 'param');
 });
 
 // A two-turn conversation; turn 2 must reuse turn 1 from the cache.

@@ -3,8 +3,9 @@
 //
 //   identity  a server with --speculative off and one with the default
 //             (auto) answer the same requests, greedy and seeded sampling
-//             (temperature 0.8, top_p 0.9), one at a time and 4 at once:
-//             the same text and the same logprobs (JSON, byte for byte)
+//             (temperature 0.8, top_p 0.9), one held to a JSON constraint,
+//             one at a time and all at once: the same text and the same
+//             logprobs (JSON, byte for byte)
 //   opt-out   "speculative": false decodes plainly (the log line says
 //             spec=off) and answers the same; a non-boolean is a 400
 //   metrics   drafts were verified and kept (kvkeep_spec_* by source), and
@@ -25,7 +26,7 @@ function body(k, extra = {}) {
     messages: [{ role: 'system', content: 'You edit files. Repeat the file with the change applied.' },
       { role: 'user', content: `Here is utils.py:\n\n${file}\n\nRename step_${k} to stage_${k}.` }], ...extra };
 }
-const sampled = (k) => body(k, { temperature: 0.8, top_p: 0.9, seed: 42 + k });
+const sampled = (k, extra = {}) => body(k, { temperature: 0.8, top_p: 0.9, seed: 42 + k, ...extra });
 
 async function chat(srv, b) {
   const r = await postJSON(srv, '/v1/chat/completions', b);
@@ -42,7 +43,9 @@ for (const [preset, name] of [['tiny-dense', 'dense'], ['tiny-hybrid', 'hybrid']
     const off = await startServer(model, ['--speculative', 'off']);
     const on = await startServer(model, ['--max-running', '4']);
     try {
-      const bodies = [body(1), sampled(2), body(3), sampled(4)];
+      // the last one held to a constraint (structured output): its mask
+      // applies at every row's pick, as in plain decoding
+      const bodies = [body(1), sampled(2), body(3), sampled(4), sampled(5, { response_format: { type: 'json_object' }, ignore_eos: false })];
       const want = [];
       for (const b of bodies) want.push(await chat(off, b));
       for (let i = 0; i < bodies.length; i++) {
@@ -50,11 +53,11 @@ for (const [preset, name] of [['tiny-dense', 'dense'], ['tiny-hybrid', 'hybrid']
         eq(got.text, want[i].text, `request ${i} alone: text`);
         eq(got.lp, want[i].lp, `request ${i} alone: logprobs`);
       }
-      // 4 at once (the cache now holds their prompts: they resume)
+      // all at once (the cache now holds their prompts: they resume)
       const all = await Promise.all(bodies.map((b) => chat(on, b)));
       for (let i = 0; i < bodies.length; i++) {
-        eq(all[i].text, want[i].text, `request ${i} of 4 at once: text`);
-        eq(all[i].lp, want[i].lp, `request ${i} of 4 at once: logprobs`);
+        eq(all[i].text, want[i].text, `request ${i} of ${bodies.length} at once: text`);
+        eq(all[i].lp, want[i].lp, `request ${i} of ${bodies.length} at once: logprobs`);
       }
       const m = await metrics(on);
       drafted += m.get('kvkeep_spec_draft_tokens_total{source="lookup"}') || 0;
