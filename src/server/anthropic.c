@@ -542,6 +542,16 @@ void ksv_anth_ping(struct kv_buf *out)
 	emit(out, "ping", json_pack("{s:s}", "type", "ping"));
 }
 
+/* While the prompt is prefilled the stream would be silent: a ping once a
+ * second (Anthropic's own keep-alive event; clients and proxies see the
+ * stream is alive). */
+static void anth_progress(struct ksv_answer *a, const struct ksv_progress *p, struct kv_buf *out)
+{
+	(void)a;
+	if (out && p->keepalive)
+		ksv_anth_ping(out);
+}
+
 char *ksv_anth_count_body(int64_t n, size_t *len)
 {
 	return ksv_json_body(json_pack("{s:I}", "input_tokens", (json_int_t)n), len);

@@ -172,6 +172,7 @@ static int prepare(struct gen *g, const struct ksv_request *rq, int api)
 	g->ans.tb = s->tb;
 	g->ans.include_usage = g->in.req.stream && g->in.req.include_usage;
 	g->ans.logprobs = g->in.req.logprobs;
+	g->ans.return_progress = g->in.req.stream && g->in.req.return_progress;
 	g->ans.encrypted_reasoning = g->in.req.encrypted_reasoning;
 	return 0;
 }

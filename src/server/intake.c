@@ -145,12 +145,40 @@ static int check_model(struct ksv_server *s, struct ksv_conn *c, int wire, const
 	return 1;
 }
 
+/*
+ * A prompt longer than the context, in each API's own terms: OpenAI's
+ * code context_length_exceeded with the field that holds the prompt
+ * (messages; input on /v1/responses; prompt on /v1/completions), and
+ * Anthropic's "prompt is too long: N tokens > M maximum" (the text Claude
+ * Code looks for to compact its history).
+ */
+static void refuse_too_long(struct ksv_server *s, struct ksv_conn *c, int wire, const struct ksv_intake *in)
+{
+	uint32_t n = in->pr.n_tokens;
+	if (wire == KSV_WIRE_ANTHROPIC) {
+		refuse(s, c, wire, 400, "messages", "prompt is too long: %u tokens > %d maximum (this server's context; "
+						   "kvkeep serve -c N sets it)", n, s->ctx_len);
+		return;
+	}
+	const char *param = wire == KSV_WIRE_RESPONSES ? "input" : in->req.api == KSV_API_CHAT ? "messages" : "prompt";
+	ksv_reply_error_code(s, c, KSV_WIRE_OPENAI, 400, param, "context_length_exceeded",
+			     "This model's maximum context length is %d tokens. However, your %s resulted in %u tokens. "
+			     "Please reduce the length of the %s (or start kvkeep serve with a larger -c / --max-model-len).",
+			     s->ctx_len, param, n, param);
+}
+
 static int prompt(struct ksv_server *s, struct ksv_conn *c, int wire, struct ksv_intake *in)
 {
 	char param[32];
 	int status = ksv_prompt_make(s, &in->req, in->salt, &in->pr, param, sizeof param);
+	if (status == 400 && in->pr.n_tokens >= (uint32_t)s->ctx_len) {
+		refuse_too_long(s, c, wire, in);
+		return 1;
+	}
 	if (status) {
-		refuse(s, c, wire, status, param, "%s", kv_errmsg());
+		/* the Responses API names its prompt "input" */
+		refuse(s, c, wire, status, wire == KSV_WIRE_RESPONSES && !strcmp(param, "messages") ? "input" : param, "%s",
+		       kv_errmsg());
 		return 1;
 	}
 	return 0;

@@ -687,6 +687,8 @@ int ksv_req_parse_json(int api, json_t *body, struct ksv_req *r)
 		return rc;
 	if ((rc = get_bool(r, b, "speculative", 1, &r->speculative)))
 		return rc;
+	if ((rc = get_bool(r, b, "return_progress", 0, &r->return_progress)))
+		return rc;
 	json_t *so = json_object_get(b, "stream_options");
 	if (so && !json_is_null(so)) {
 		if (!json_is_object(so))

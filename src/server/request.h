@@ -30,6 +30,8 @@
  *   past end-of-sequence tokens; benchmarks and tests use it)
  *   speculative (bool, kvkeep's: false decodes this request without
  *   speculative decoding; the output is the same, docs/api.md)
+ *   return_progress (bool, llama.cpp's extension: a streamed answer sends
+ *   prompt_progress chunks while the prompt is prefilled)
  *   logit_bias (only empty)
  *   structured output (docs/api.md "Structured output"), one of:
  *     response_format     {type: "text"} | {type: "json_object", schema?} |
@@ -106,6 +108,7 @@ struct ksv_req {
 	int ignore_eos;            /* vLLM extension: keep generating past end-of-sequence tokens */
 	int speculative;           /* kvkeep extension, default true: false decodes without drafts
 				    * (speculative decoding; the output is the same either way) */
+	int return_progress;       /* llama.cpp extension: prompt_progress chunks while prefilling (streams) */
 	int encrypted_reasoning;   /* Responses: include has "reasoning.encrypted_content" */
 	char err_param[96];        /* on error: the offending field's path */
 };

@@ -474,6 +474,17 @@ static json_t *resp_obj(const struct ksv_answer *a, const char *status, const ch
 	return o;
 }
 
+/* The Responses API has no keep-alive event: while the prompt is
+ * prefilled, an SSE comment line once a second (every SSE parser skips
+ * lines that start with ':'; no sequence_number is used up), saying how
+ * far the prefill is. */
+static void resp_progress(struct ksv_answer *a, const struct ksv_progress *p, struct kv_buf *out)
+{
+	(void)a;
+	if (out && p->keepalive)
+		kv_buf_printf(out, ": keep-alive prefill %u/%u\n\n", p->processed, p->total);
+}
+
 static void resp_start(struct ksv_answer *a, struct kv_buf *out)
 {
 	emit(a, out, "response.created", json_pack("{s:o}", "response", resp_obj(a, "in_progress", NULL, 0)));

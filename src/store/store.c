@@ -360,9 +360,30 @@ size_t ks_store_list_entries(struct ks_store *s, struct ks_entry_info *out, size
 		const struct ks_rec *r = ks_cat_at(s->cat, i);
 		if (!r || !r->live || r->kind != KS_ENTRY || r->area != KS_AREA_MAIN)
 			continue;
-		if (n < max)
+		if (n < max) {
+			/* what the entry takes on disk: its manifest, the tail and
+			 * snapshot of its end (same id), and the blocks up to it (its
+			 * parent chain), as `kvkeep cache ls` counts them (which adds
+			 * its checkpoints' snapshots) */
+			uint64_t bytes = r->bytes;
+			for (int k = KS_TAIL; k <= KS_SNAP; k++) {
+				int32_t j = ks_cat_find(s->cat, KS_AREA_MAIN, k, r->id);
+				if (j >= 0)
+					bytes += ks_cat_at(s->cat, j)->bytes;
+			}
+			struct kv_h128 p = r->parent;
+			/* a chain is at most one block per token long: a bound, not a hope */
+			for (uint32_t hops = 0; hops <= r->pos; hops++) {
+				int32_t j = ks_cat_find(s->cat, KS_AREA_MAIN, KS_BLOCK, p);
+				if (j < 0)
+					break;
+				const struct ks_rec *b = ks_cat_at(s->cat, j);
+				bytes += b->bytes;
+				p = b->parent;
+			}
 			out[n] = (struct ks_entry_info){.tokens = r->pos, .anchor = r->anchor_pos,
-							.last_use_ms = r->mtime / 1000000, .bytes = r->bytes, .id = r->id};
+							.last_use_ms = r->mtime / 1000000, .bytes = bytes, .id = r->id};
+		}
 		n++;
 	}
 	pthread_mutex_unlock(&s->mu);
