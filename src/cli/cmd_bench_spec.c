@@ -4,7 +4,7 @@
  * (tests/unit/test_spec.c holds the identity).
  *
  *   kvkeep bench spec --model M [--transcripts DIR] [--only a,b] [--repeat N]
- *       [--mode lookup|mtp|auto] [--draft N] [--json]
+ *       [--mode lookup|mtp|auto] [--draft N] [--answer-tokens N] [--json]
  *
  * A transcript (bench/spec/NAME.json: "messages", the conversation up to
  * the answer, and "answer", the assistant's text) is rendered with the
@@ -312,7 +312,7 @@ static int rollback_bench(struct ke_model *m, int R, const char *path)
 static int cmd_bench_spec(int argc, char **argv)
 {
 	const char *model = NULL, *dir = "bench/spec", *only = NULL, *mode_s = "auto", *quant_act = "q8";
-	int64_t repeat = 3, draft = 8;
+	int64_t repeat = 3, draft = 8, answer_max = 0;
 	int json = 0, status = 1, n_tr = 0, rollback = 0;
 	struct kv_flag flags[] = {
 		{"model", KV_FLAG_STR, &model, "DIR", "model folder or GGUF file (with a tokenizer and chat template)"},
@@ -321,6 +321,8 @@ static int cmd_bench_spec(int argc, char **argv)
 		{"repeat", KV_FLAG_INT, &repeat, "N", "off / on pairs per transcript, alternating (default 3)"},
 		{"mode", KV_FLAG_STR, &mode_s, "lookup|mtp|auto", "the speculative mode compared with off (default auto)"},
 		{"draft", KV_FLAG_INT, &draft, "N", "longest draft a step verifies, 1-15 (default 8)"},
+		{"answer-tokens", KV_FLAG_INT, &answer_max, "N",
+		 "force only the first N tokens of each answer (0, the default: all; big models)"},
 		{"quant-act", KV_FLAG_STR, &quant_act, "q8|f32", "as for serve (default q8)"},
 		{"json", KV_FLAG_BOOL, &json, NULL, "one JSON object"},
 		{"rollback", KV_FLAG_BOOL, &rollback, NULL,
@@ -328,16 +330,17 @@ static int cmd_bench_spec(int argc, char **argv)
 		{0},
 	};
 	const char *usage = "usage: kvkeep bench spec --model M [--transcripts DIR] [--only a,b] [--repeat N] "
-			    "[--mode lookup|mtp|auto] [--draft N] [--json]";
+			    "[--mode lookup|mtp|auto] [--draft N] [--answer-tokens N] [--json]";
 	int rc = kv_flags_parse(usage, flags, argc, argv, NULL, 0, NULL);
 	if (rc == 1)
 		return 0;
 	if (rc)
 		return 2;
 	int mode = kss_spec_mode_parse(mode_s), qa = ke_quant_act_parse(quant_act);
-	if (!model || mode <= 0 || repeat < 1 || repeat > MAX_REP || draft < 1 || draft > KE_SPEC_MAX_ROWS - 1 || qa < 0) {
+	if (!model || mode <= 0 || repeat < 1 || repeat > MAX_REP || draft < 1 || draft > KE_SPEC_MAX_ROWS - 1 || qa < 0 ||
+	    answer_max < 0) {
 		fprintf(stderr, "kvkeep bench spec: --model is required; --mode lookup|mtp|auto, --repeat 1-%d, --draft "
-			"1-%d\n%s\n", MAX_REP, KE_SPEC_MAX_ROWS - 1, usage);
+			"1-%d, --answer-tokens >= 0\n%s\n", MAX_REP, KE_SPEC_MAX_ROWS - 1, usage);
 		return 2;
 	}
 	static char paths[MAX_TR][4096];
@@ -373,6 +376,8 @@ static int cmd_bench_spec(int argc, char **argv)
 			fprintf(stderr, "kvkeep bench spec: %s\n", kv_errmsg());
 			goto out;
 		}
+		if (answer_max && trs[n_tr].n_answer > (uint64_t)answer_max)
+			trs[n_tr].n_answer = (uint32_t)answer_max;
 		n_tr++;
 	}
 	struct kc_policy pol;

@@ -72,6 +72,13 @@ static const struct kv_flag_hint HINTS[] = {
 	{"--chat-template --chat-template-file", "kvkeep uses the model's own chat template (docs/templates.md)"},
 	{"-n --n-predict", "use --default-max-tokens N (clients usually send max_tokens themselves)"},
 	{"--temp", "use --default-temperature T"},
+	{"-md --model-draft -hfd --hf-repo-draft -ngld --gpu-layers-draft -cd --ctx-size-draft",
+	 "kvkeep needs no draft model: it drafts from the prompt and the output so far, and from the model's own MTP "
+	 "head when it has one (--speculative off|lookup|mtp|auto, auto by default)"},
+	{"--draft --draft-n --draft-max", "use --speculative-draft N (the longest draft; the length adapts to what is "
+					  "accepted)"},
+	{"--draft-min --draft-n-min --draft-p-min",
+	 "kvkeep picks the draft length from the measured acceptance and cost: leave it out (--speculative-draft N caps it)"},
 	{NULL, NULL},
 };
 
