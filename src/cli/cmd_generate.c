@@ -52,10 +52,13 @@
 #include "base/err.h"
 #include "base/mem.h"
 #include "cli/cli.h"
+#include "cli/gen_spec.h"
 #include "engine/isa.h"
+#include "engine/mtp.h"
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "model/genconfig.h"
+#include "session/spec.h"
 #include "base/io.h"
 #include "base/json.h"
 #include "text/gbnf.h"
@@ -649,6 +652,99 @@ static int report(struct dec *d, const struct kv_tok *tok, const int32_t *ids, s
 	return 0;
 }
 
+/* The engine's parameters from the flags (--kv-f32 is the older spelling
+ * of --kv-dtype f32). -1, reported, on a bad value. */
+static int engine_params(int kv_f32, const char *kv_dtype, const char *quant_act, int64_t page_tokens,
+			 struct ke_model_params *mp)
+{
+	*mp = (struct ke_model_params){.kv = kv_f32 ? KE_KV_F32 : ke_kv_parse(kv_dtype),
+				       .page_tokens = (int)page_tokens,
+				       .quant_act = ke_quant_act_parse(quant_act)};
+	if (mp->quant_act < 0) {
+		fprintf(stderr, "kvkeep generate: --quant-act must be q8 or f32\n");
+		return -1;
+	}
+	if (mp->kv < 0 || (kv_f32 && kv_dtype && strcmp(kv_dtype, "f32"))) {
+		fprintf(stderr, "kvkeep generate: --kv-dtype must be bf16, f32 or q8_0 (and agree with --kv-f32)\n");
+		return -1;
+	}
+	return 0;
+}
+
+/* --mtp-logits-out: the MTP head over the prompt (position t: the hidden
+ * state there and token t + 1), every row's logits. */
+static int write_mtp_logits(struct ke_model *m, const float *hidden, const int32_t *ids, size_t n, const char *path)
+{
+	struct ke_mtp_seq *ms = NULL;
+	size_t V = (size_t)ke_model_config(m)->vocab;
+	float *lg = kv_alloc(KV_MEM_SCRATCH, (n - 1) * V * sizeof *lg);
+	int rc = !lg || ke_mtp_seq_create(m, &ms) || ke_mtp_seq_logits(ms, hidden, ids + 1, (int)n - 1, lg);
+	if (rc)
+		fprintf(stderr, "kvkeep: MTP head: %s\n", lg ? kv_errmsg() : "out of memory");
+	else
+		rc = write_f32(path, lg, (n - 1) * V * sizeof *lg);
+	ke_mtp_seq_destroy(ms);
+	kv_free(lg);
+	return rc;
+}
+
+/* The prompt's prefill (every position's logits into all, if set), and
+ * with mtp_out the MTP head's logits over it. */
+static int prefill(struct ke_model *m, struct ke_seq *s, const int32_t *ids, size_t n_ids, float *all, float *logits,
+		   const char *mtp_out)
+{
+	struct ke_prefill_opts po = {.logits_all = all};
+	int rc = -1;
+	if (mtp_out && (n_ids < 2 || n_ids > 65 || !ke_model_has_mtp(m))) {
+		fprintf(stderr, "kvkeep generate: --mtp-logits-out needs a model with an MTP head and 2-65 prompt tokens\n");
+		return -1;
+	}
+	if (mtp_out &&
+	    !(po.hidden_all = kv_alloc(KV_MEM_SCRATCH, n_ids * (size_t)ke_model_config(m)->hidden * sizeof(float)))) {
+		fprintf(stderr, "kvkeep: out of memory\n");
+		return -1;
+	}
+	if (ke_seq_prefill(s, ids, (int)n_ids, &po, logits))
+		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+	else
+		rc = mtp_out ? write_mtp_logits(m, po.hidden_all, ids, n_ids, mtp_out) : 0;
+	kv_free(po.hidden_all);
+	return rc;
+}
+
+/* decode(), or with --speculative (and no constraint) the same loop
+ * through the session's speculative decoder (gen_spec.h): the same ids. */
+static int decode_any(struct dec *d, const struct kv_tok *tok, const int32_t *ids, size_t n_ids, int mode,
+		      struct cmd_gen_spec *gs)
+{
+	if (mode > 0 && !d->gm && !ke_model_can_speculate(ke_seq_model(d->s)))
+		fprintf(stderr, "kvkeep: speculative decoding off: the model's Mamba-2 layers have no speculative "
+				"rollback\n");
+	if (mode <= 0 || d->gm || !ke_model_can_speculate(ke_seq_model(d->s)))
+		return decode(d);
+	*gs = (struct cmd_gen_spec){.s = d->s, .smp = d->smp, .logits = d->logits, .ids = ids, .n_ids = n_ids,
+				    .max_tokens = (int)d->max_tokens, .stop_ids = d->stop_ids, .n_stop_ids = d->n_stop_ids,
+				    .ignore_eos = d->ignore_eos, .stop = d->stop, .tok = tok, .mode = mode,
+				    .out_ids = d->out_ids};
+	if (cmd_generate_spec(gs)) {
+		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+		return 1;
+	}
+	d->n_out = gs->n_out;
+	d->finish = gs->finish;
+	return 0;
+}
+
+/* report(), then what speculation did. */
+static int report_all(struct dec *d, const struct cmd_gen_spec *gs, const struct kv_tok *tok, const int32_t *ids,
+		      size_t n_ids, int quiet, const char *completion_out)
+{
+	int rc = report(d, tok, ids, n_ids, quiet, completion_out);
+	if (!rc && !quiet && gs->mode > 0)
+		cmd_generate_spec_report(gs);
+	return rc;
+}
+
 static int cmd_generate(int argc, char **argv)
 {
 	const char *model = NULL, *prompt = NULL, *tokens_s = NULL, *logits_out = NULL, *all_out = NULL,
@@ -658,7 +754,7 @@ static int cmd_generate(int argc, char **argv)
 	/* sampling flags by enum kv_gencfg_field; NaN: not given */
 	double sv[KV_GC_N] = {NAN, NAN, NAN, NAN, NAN, NAN, NAN};
 	int kv_f32 = 0, ignore_eos = 0, quiet = 0;
-	const char *quant_act = "q8";
+	const char *quant_act = "q8", *kv_dtype = NULL, *spec_s = "auto", *mtp_out = NULL;
 	struct cons_flags cf = {0};
 	const char *completion_out = NULL, *out_dir = NULL;
 	int64_t close_at = -1;
@@ -685,12 +781,17 @@ static int cmd_generate(int argc, char **argv)
 		{"logits-out", KV_FLAG_STR, &logits_out, "FILE", "write the last prompt position's logits (f32 LE)"},
 		{"all-logits-out", KV_FLAG_STR, &all_out, "FILE", "write every prompt position's logits (f32 LE)"},
 		{"state-out", KV_FLAG_STR, &state_out, "FILE", "write the recurrent snapshot after the prompt"},
-		{"kv-f32", KV_FLAG_BOOL, &kv_f32, NULL, "keep KV in f32 (default bf16)"},
+		{"kv-dtype", KV_FLAG_STR, &kv_dtype, "bf16|f32|q8_0", "KV element type (default bf16; q8_0: int8 blocks, half the bytes, lossy)"},
+		{"kv-f32", KV_FLAG_BOOL, &kv_f32, NULL, "keep KV in f32 (the same as --kv-dtype f32)"},
 		{"quant-act", KV_FLAG_STR, &quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
 		{"chunk", KV_FLAG_INT, &chunk, "N", "prefill chunk in tokens (default 256)"},
 		{"page-tokens", KV_FLAG_INT, &page_tokens, "N", "tokens per KV page (default 256)"},
 		{"ignore-eos", KV_FLAG_BOOL, &ignore_eos, NULL, "do not stop at an EOS token"},
 		{"quiet", KV_FLAG_BOOL, &quiet, NULL, "no timing line on stderr"},
+		{"speculative", KV_FLAG_STR, &spec_s, "off|lookup|mtp|auto",
+		 "speculative decoding without a constraint (default auto): the same ids, fewer forwards"},
+		{"mtp-logits-out", KV_FLAG_STR, &mtp_out, "FILE",
+		 "the MTP head's logits at prompt positions 0..n-2 (it sees the prompt's tokens, at most 64), f32 LE"},
 		{"grammar", KV_FLAG_STR, &cf.grammar, "FILE", "constrain the output to a GBNF grammar (llama.cpp syntax)"},
 		{"json-schema", KV_FLAG_STR, &cf.schema, "FILE", "constrain the output to JSON valid under the JSON Schema in FILE"},
 		{"json-object", KV_FLAG_BOOL, &cf.json_object, NULL, "constrain the output to any JSON object"},
@@ -721,9 +822,10 @@ static int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "kvkeep generate: --model and exactly one of --prompt / --tokens are required\n");
 		return 2;
 	}
+	int spec_mode = kss_spec_mode_parse(spec_s);
 	if (max_tokens < 0 || max_tokens > 1000000 || chunk < 0 || chunk > 8192 || page_tokens < 0 ||
-	    page_tokens > 65536 || (stop && !*stop)) {
-		fprintf(stderr, "kvkeep generate: a numeric flag is out of range (see --help)\n");
+	    page_tokens > 65536 || (stop && !*stop) || spec_mode < 0) {
+		fprintf(stderr, "kvkeep generate: a flag is out of range (see --help)\n");
 		return 2;
 	}
 	struct kv_gencfg sd, file;
@@ -753,12 +855,9 @@ static int cmd_generate(int argc, char **argv)
 		goto out;
 	}
 
-	struct ke_model_params mp = {.kv_f32 = kv_f32, .page_tokens = (int)page_tokens,
-				     .quant_act = ke_quant_act_parse(quant_act)};
-	if (mp.quant_act < 0) {
-		fprintf(stderr, "kvkeep generate: --quant-act must be q8 or f32\n");
+	struct ke_model_params mp;
+	if (engine_params(kv_f32, kv_dtype, quant_act, page_tokens, &mp))
 		goto out;
-	}
 	if (ke_model_load(model, &mp, &m)) {
 		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
 		goto out;
@@ -844,12 +943,9 @@ static int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "kvkeep: out of memory\n");
 		goto out;
 	}
-	struct ke_prefill_opts po = {.logits_all = all};
 	double t0 = kv_now_s();
-	if (ke_seq_prefill(s, ids, (int)n_ids, &po, logits)) {
-		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+	if (prefill(m, s, ids, n_ids, all, logits, mtp_out))
 		goto out;
-	}
 	double t1 = kv_now_s();
 	if (logits_out && write_f32(logits_out, logits, (size_t)V * sizeof *logits))
 		goto out;
@@ -865,10 +961,11 @@ static int cmd_generate(int argc, char **argv)
 			.n_stop_ids = n_stop_ids, .ignore_eos = ignore_eos, .stop = stop, .ds = &ds, .piece = &piece,
 			.gen_text = &gen_text, .comp = &comp, .max_tokens = max_tokens, .close_at = close_at,
 			.out_ids = out_ids, .finish = "length"};
-	if (decode(&d))
+	struct cmd_gen_spec gs = {0};
+	if (decode_any(&d, tok, ids, n_ids, spec_mode, &gs))
 		goto out;
 	double t2 = kv_now_s();
-	if (report(&d, tok, ids, n_ids, quiet, completion_out))
+	if (report_all(&d, &gs, tok, ids, n_ids, quiet, completion_out))
 		goto out;
 	if (!quiet)
 		fprintf(stderr, "prompt %zu tokens in %.3f s (%.1f tok/s), %d generated in %.3f s (%.1f tok/s), isa=%s\n",

@@ -216,6 +216,18 @@ static const struct kv_synth_preset g_presets[] = {
 		.rope_theta = 10000, .rms_eps = 1e-5, .tie_embeddings = 1, .max_positions = 131072,
 	},
 	{
+		/* Granite derives head_dim = hidden / heads: 2 heads give the 32
+		 * that q8_0 KV needs (engine/kvq8.h), for its tests on a hybrid */
+		.name = "tiny-granite-h-q8kv",
+		.summary = "tiny-granite-h with 2 attention heads of 32 (head_dim a multiple of 32: --kv-dtype q8_0 tests)",
+		.arch = KV_ARCH_GRANITE_HYBRID, .pattern = "MM*M",
+		.hidden = 64, .n_layers = 4, .n_heads = 2, .n_kv_heads = 1, .head_dim = 32, .intermediate = 32,
+		.n_experts = 8, .n_experts_per_tok = 2, .shared_intermediate = 48,
+		.ssm_heads = 4, .ssm_head_dim = 32, .ssm_state = 16, .ssm_groups = 1, .conv_kernel = 4,
+		.embed_mult = 2.0, .residual_mult = 0.5, .attn_mult = 0.03125, .logits_scaling = 1.25,
+		.rope_theta = 10000, .rms_eps = 1e-5, .tie_embeddings = 1, .max_positions = 131072,
+	},
+	{
 		.name = "tiny-nemotron-h",
 		.summary = "Nemotron-H shape: Mamba-2 (2 groups), attention and squared-ReLU MLP layers, M-M*-M",
 		.arch = KV_ARCH_NEMOTRON_H, .pattern = "M-M*-M",
@@ -1157,6 +1169,22 @@ static int write_weights(const struct kv_model_config *c, const char *path, uint
 
 	if ((rc = kv_config_tensors(c, NULL, &sp, &n)))
 		return rc;
+	if (c->n_mtp_layers > 0) { /* the MTP head after the text model's tensors */
+		struct kv_tensor_spec *mt = NULL, *all;
+		size_t nm = 0;
+		if ((rc = kv_config_mtp_tensors(c, c->n_moe_layers > 0, &mt, &nm)))
+			goto out;
+		all = realloc(sp, (n + nm) * sizeof *sp);
+		if (!all) {
+			free(mt);
+			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+			goto out;
+		}
+		sp = all;
+		memcpy(sp + n, mt, nm * sizeof *mt);
+		n += nm;
+		free(mt);
+	}
 	fc = calloc(n ? n : 1, sizeof *fc);
 	w = kv_stw_create();
 	if (!fc || !w) {
@@ -1250,6 +1278,27 @@ int kv_synth_write(const struct kv_synth_opts *o)
 	if ((rc = kv_synth_config_json(p, n_ids, bos, p->release_files && bos >= 0 ? bos : eos, o->dtype, &cfg,
 					&cfg_len)))
 		goto out;
+	if (o->mtp) {
+		/* mtp_num_hidden_layers: 1 where the release has it (text_config) */
+		json_t *root = json_loadb(cfg, cfg_len, 0, NULL), *tc;
+		char *t2;
+		if (p->arch == KV_ARCH_QWEN3) {
+			json_decref(root);
+			rc = kv_fail(KV_ERR_INVALID, "--mtp: preset '%s' is not a hybrid (Qwen3.5 / Qwen3-Next) model", p->name);
+			goto out;
+		}
+		tc = root ? json_object_get(root, "text_config") : NULL;
+		if (!root || json_object_set_new(tc ? tc : root, "mtp_num_hidden_layers", json_integer(1)) ||
+		    !(t2 = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(10)))) {
+			json_decref(root);
+			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+			goto out;
+		}
+		json_decref(root);
+		free(cfg);
+		cfg = t2;
+		cfg_len = strlen(cfg);
+	}
 	/* What we write must be what we read: parse it back. */
 	if ((rc = kv_config_parse(cfg, cfg_len, "generated config.json", &c))) {
 		kv_fail_ctx(rc, "preset '%s'", p->name);

@@ -6,6 +6,8 @@
 #include "base/env.h"
 #include "base/err.h"
 #include "engine/model.h"
+#include "engine/seq.h"
+#include "session/spec.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -37,6 +39,8 @@ void ksv_opts_default(struct ksv_opts *o)
 	o->echo_generated = "on";
 	o->echo_generated_mb = 32;
 	o->prompt_normalize = "billing-header";
+	o->speculative = "auto";
+	o->speculative_draft = 8;
 	o->generation_config = "auto";
 	for (int i = 0; i < KV_GC_N; i++)
 		o->default_sp[i] = NAN;
@@ -83,14 +87,18 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--hybrid-cache-entries must be >= 0");
 	if (o->kv_disk_checkpoint_interval < 0)
 		return kv_fail(KV_ERR_INVALID, "--kv-disk-checkpoint-interval must be >= 0");
-	if (strcmp(o->kv_dtype, "bf16") && strcmp(o->kv_dtype, "f32"))
-		return kv_fail(KV_ERR_INVALID, "--kv-dtype must be bf16 or f32");
+	if (ke_kv_parse(o->kv_dtype) < 0)
+		return kv_fail(KV_ERR_INVALID, "--kv-dtype must be bf16, f32 or q8_0");
 	if (ke_quant_act_parse(o->quant_act) < 0)
 		return kv_fail(KV_ERR_INVALID, "--quant-act must be q8 or f32");
 	if (o->threads < 0 || o->threads > 4096)
 		return kv_fail(KV_ERR_INVALID, "--threads must be 1-4096 (0: KVKEEP_THREADS, else one per core)");
 	if (o->page_tokens < 1 || o->page_tokens > 65536)
 		return kv_fail(KV_ERR_INVALID, "--page-tokens must be 1-65536");
+	if (kss_spec_mode_parse(o->speculative) < 0)
+		return kv_fail(KV_ERR_INVALID, "--speculative must be off, lookup, mtp or auto");
+	if (o->speculative_draft < 1 || o->speculative_draft > KE_SPEC_MAX_ROWS - 1)
+		return kv_fail(KV_ERR_INVALID, "--speculative-draft must be 1-%d", KE_SPEC_MAX_ROWS - 1);
 	if (o->prefill_chunk < 1 || o->prefill_chunk > 65536)
 		return kv_fail(KV_ERR_INVALID, "--prefill-chunk must be 1-65536");
 	if (o->max_model_len < 0 || o->max_model_len > (1 << 24))

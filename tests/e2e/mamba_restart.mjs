@@ -18,6 +18,11 @@
 //            cold, the files quarantined and counted by reason.
 //   gguf     tiny-nemotron-h as a Q8_0 nemotron_h GGUF: live turn 2 and
 //            turn 1 after a restart bit-identical to cold.
+//   q8 kv    tiny-granite-h-q8kv (attention head_dim 32) with --kv-dtype
+//            q8_0: live turn 2 and turn 1 after a restart bit-identical to
+//            a cold q8_0 server; and the default --speculative auto is
+//            turned off with a log line (Mamba-2 layers have no
+//            speculative rollback, docs/engine.md).
 import { execFileSync } from 'node:child_process';
 import { readdirSync, statSync, readFileSync, writeFileSync, openSync, writeSync, closeSync, truncateSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
@@ -71,7 +76,11 @@ function lastFetch(srv) {
 }
 
 async function cold(model, ...bodies) {
-  const srv = await startServer(model, ['--disable-prefix-cache']);
+  return coldWith(model, [], ...bodies);
+}
+
+async function coldWith(model, extra, ...bodies) {
+  const srv = await startServer(model, ['--disable-prefix-cache', ...extra]);
   try {
     let r = null;
     for (const b of bodies) r = await chat(srv, b);
@@ -175,6 +184,31 @@ await check(`${P}:nemotron_gguf_q8_0_restart_bit_identical_to_cold`, async () =>
   eq(g2.text, c2.text, 'cached turn 2 text vs cold');
   eq(g2.lp, c2.lp, 'cached turn 2 logprobs vs cold');
   srv = await startServer(gguf, ['--cache-dir', gdir]);
+  const r = await chat(srv, turn1());
+  assert(await until(() => lastFetch(srv), 5000), 'nothing was loaded from disk');
+  assert(r.cached > 0, `after restart cached ${r.cached}`);
+  eq(r.text, g1.text, 'text after restart vs cold');
+  eq(r.lp, g1.lp, 'logprobs after restart vs cold');
+  await srv.stop();
+}, 180000);
+
+await check(`${P}:granite_q8_0_kv_cached_equals_cold_speculation_off`, async () => {
+  const model = mkModel('tiny-granite-h-q8kv', 'granite-q8kv', true), dir = join(TMP, 'cache-granite-q8kv');
+  const q8 = ['--kv-dtype', 'q8_0'];
+  let srv = await startServer(model, ['--cache-dir', dir, ...q8]);
+  assert(/event=serve\.speculative .*Mamba-2/.test(srv.log()), 'no serve.speculative line for the Mamba-2 model');
+  assert(/event=serve\.scheduler .*speculative=off/.test(srv.log()), 'speculation not off');
+  const g1 = await chat(srv, turn1());
+  const g2 = await chat(srv, turn2(g1.text));
+  assert(g2.cached > 0, `live turn 2 cached ${g2.cached}`);
+  eq((await srv.stop('SIGTERM', 15000)).code, 0, 'exit status after SIGTERM');
+  const c1 = await coldWith(model, q8, turn1());
+  eq(g1.text, c1.text, 'turn 1 vs cold');
+  eq(g1.lp, c1.lp, 'turn 1 logprobs vs cold');
+  const c2 = await coldWith(model, q8, turn1(), turn2(g1.text));
+  eq(g2.text, c2.text, 'cached turn 2 text vs cold');
+  eq(g2.lp, c2.lp, 'cached turn 2 logprobs vs cold');
+  srv = await startServer(model, ['--cache-dir', dir, ...q8]);
   const r = await chat(srv, turn1());
   assert(await until(() => lastFetch(srv), 5000), 'nothing was loaded from disk');
   assert(r.cached > 0, `after restart cached ${r.cached}`);
