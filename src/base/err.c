@@ -1,14 +1,16 @@
 /*
  * err.c - error strings and the thread-local message buffer.
+ *
+ * It calls nothing else in base/: every module reports its failures through
+ * it, the environment table and the logger included (a corruption report,
+ * which also logs, is base/corrupt.c).
  */
 #include "base/err.h"
-#include "base/log.h"
 
 #include <stdio.h>
 #include <string.h>
 
 static _Thread_local char g_msg[1024];
-static uint64_t g_corrupt;
 
 const char *kv_strerror(int err)
 {
@@ -71,26 +73,4 @@ const char *kv_errmsg(void)
 void kv_errclear(void)
 {
 	g_msg[0] = 0;
-}
-
-int kv_corrupt_report(const char *src, int line, const char *datafile, uint64_t offset,
-		      const char *fmt, ...)
-{
-	char why[768];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(why, sizeof why, fmt, ap);
-	va_end(ap);
-	__atomic_add_fetch(&g_corrupt, 1, __ATOMIC_RELAXED);
-	kv_fail(KV_ERR_CORRUPT, "%s: %s (offset %llu)", datafile ? datafile : "?", why,
-		(unsigned long long)offset);
-	kv_log(KV_LOG_WARN, "corrupt", "file=%s offset=%llu src=%s:%d why=\"%s\"",
-	       datafile ? datafile : "?", (unsigned long long)offset, src, line, why);
-	return KV_ERR_CORRUPT;
-}
-
-uint64_t kv_corrupt_count(void)
-{
-	return __atomic_load_n(&g_corrupt, __ATOMIC_RELAXED);
 }

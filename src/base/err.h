@@ -51,18 +51,4 @@ int kv_fail_ctx(int err, const char *fmt, ...) __attribute__((format(printf, 2, 
 /* Clear the thread's message. */
 void kv_errclear(void);
 
-/*
- * Corruption is reported where it is found (docs/style.md): logs the source
- * file and line, the data file and the byte offset, counts it, records the
- * message, and evaluates to KV_ERR_CORRUPT.
- *     if (n > len) return KV_CORRUPT(path, off, "length %zu past end", n);
- */
-#define KV_CORRUPT(datafile, offset, ...) \
-	kv_corrupt_report(__FILE__, __LINE__, (datafile), (uint64_t)(offset), __VA_ARGS__)
-int kv_corrupt_report(const char *src, int line, const char *datafile, uint64_t offset,
-		      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-
-/* Process-wide count of KV_CORRUPT reports (for /metrics). */
-uint64_t kv_corrupt_count(void);
-
 #endif

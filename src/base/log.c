@@ -29,6 +29,16 @@ int kv_log_parse_level(const char *s)
 	return -1;
 }
 
+/*
+ * The level is read once, under g_once. An invalid KVKEEP_LOG is not
+ * reported from inside init_level: kv_log calls kv_log_enabled, which
+ * would wait on the same pthread_once forever (a self-deadlock that hung
+ * `KVKEEP_LOG=bogus kvkeep serve`, issue 37). init_level only records the
+ * bad text; the first kv_log_enabled after it takes the record (one
+ * exchange, so exactly one caller) and warns through the ordinary path.
+ */
+static const char *g_bad_level; /* set by init_level, taken once by report_bad_level */
+
 static void init_level(void)
 {
 	const char *e = kv_env(KV_ENV_LOG);
@@ -36,12 +46,24 @@ static void init_level(void)
 	if (__atomic_load_n(&g_level, __ATOMIC_RELAXED) < 0)
 		__atomic_store_n(&g_level, l < 0 ? KV_LOG_INFO : l, __ATOMIC_RELAXED);
 	if (e && *e && l < 0)
-		kv_log(KV_LOG_WARN, "log.level_invalid", "value=\"%s\" using=info", e);
+		__atomic_store_n(&g_bad_level, e, __ATOMIC_RELEASE);
+}
+
+static void report_bad_level(void)
+{
+	const char *e = __atomic_exchange_n(&g_bad_level, NULL, __ATOMIC_ACQ_REL);
+	char v[128];
+	if (!e)
+		return;
+	kv_log_escape(e, v, sizeof v);
+	kv_log(KV_LOG_WARN, "log.level_invalid", "value=\"%s\" using=info", v);
 }
 
 int kv_log_enabled(int level)
 {
 	pthread_once(&g_once, init_level);
+	if (__builtin_expect(__atomic_load_n(&g_bad_level, __ATOMIC_RELAXED) != NULL, 0))
+		report_bad_level();
 	return level >= __atomic_load_n(&g_level, __ATOMIC_RELAXED);
 }
 

@@ -4,7 +4,9 @@
  * Line format (stderr):
  *     ts=2026-11-29T09:00:00.123Z level=info event=serve.ready port=8000
  * The level comes from KVKEEP_LOG (debug|info|warn|error, default info),
- * read on first use; kv_log_set_level() overrides it. A line is written
+ * read on first use; kv_log_set_level() overrides it. An invalid value
+ * means info, and the first log call after reading it writes one warning
+ * line (event=log.level_invalid) naming the value. A line is written
  * with one write(2) so lines from threads never interleave.
  */
 #ifndef KV_BASE_LOG_H

@@ -43,8 +43,10 @@ void kv_mem_note(int cat, int64_t delta)
 }
 
 /*
- * Weight files are mapped, never copied (DESIGN.md 8), and a forward walks
- * every page of them. On this project's machines (virtual machines) the
+ * Weight files are mapped, never copied (a model can be most of the
+ * machine's memory: a mapping costs no copy, and its pages stay in the
+ * page cache for a restarted server), and a forward walks every page of
+ * them. On this project's machines (virtual machines) the
  * first access to each 4 KiB page of a mapping costs about 0.9 us however
  * the page got mapped, so the first forward after a server start ran at a
  * fifth of its speed: 1.06-1.27 s against 0.15-0.25 s for a 3-token

@@ -47,6 +47,7 @@
 #include "cli/cli.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/matmul.h"
 #include "engine/mlxgemm.h"
 #include "engine/prof.h"
 #include "engine/sample.h"

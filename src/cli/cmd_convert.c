@@ -4,7 +4,7 @@
  * (model/gguf_model.h does the work).
  */
 #include "cli/cli.h"
-#include "model/gguf_model.h"
+#include "model/gguf_convert.h"
 #include "model/quant.h"
 #include "base/durable.h"
 #include "base/err.h"

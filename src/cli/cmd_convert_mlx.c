@@ -6,7 +6,7 @@
  * usage.
  */
 #include "cli/cli.h"
-#include "model/mlx.h"
+#include "model/mlx_convert.h"
 #include "base/durable.h"
 #include "base/err.h"
 

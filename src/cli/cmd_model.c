@@ -10,8 +10,10 @@
 #include "model/config.h"
 #include "model/mlx.h"
 #include "model/gguf.h"
+#include "model/open.h"
 #include "model/safetensors.h"
 #include "model/synth.h"
+#include "model/weights.h"
 #include "base/durable.h"
 #include "base/err.h"
 

@@ -177,14 +177,19 @@ static int cmd_serve(int argc, char **argv)
 	sa.sa_handler = SIG_IGN;
 	sigaction(SIGPIPE, &sa, NULL);
 
-	if (ksv_server_create(&o, &g_srv)) {
-		fprintf(stderr, "kvkeep serve: %s\n", kv_errmsg());
-		return 1;
-	}
+	/* the handlers go in before the server exists: it answers (and logs
+	 * serve.ready) from inside ksv_server_create, and a SIGTERM in between
+	 * must stop it, not kill it */
 	sa.sa_handler = on_signal;
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
+	if (ksv_server_create(&o, &g_srv)) {
+		fprintf(stderr, "kvkeep serve: %s\n", kv_errmsg());
+		return 1;
+	}
+	if (g_signals)
+		ksv_server_request_stop(g_srv); /* came while the server was being made */
 	rc = ksv_server_run(g_srv);
 	ksv_server_destroy(g_srv);
 	g_srv = NULL;

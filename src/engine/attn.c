@@ -31,6 +31,7 @@
 #include "engine/attn.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/matmul.h"
 #include "engine/prof.h"
 #include "engine/vec.h"
 #include "model/safetensors.h"

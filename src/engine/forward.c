@@ -13,6 +13,7 @@
 #include "engine/attn.h"
 #include "engine/deltanet.h"
 #include "engine/isa.h"
+#include "engine/matmul.h"
 #include "engine/qgemm.h"
 #include "engine/prof.h"
 #include "engine/vec.h"

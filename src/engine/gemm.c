@@ -13,14 +13,11 @@
  */
 #include "engine/gemm.h"
 #include "engine/isa.h"
-#include "engine/mlxgemm.h"
-#include "engine/qgemm.h"
-#include "engine/prof.h"
 #include "model/safetensors.h"
-#include "base/pool.h"
 #include "base/mem.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -73,6 +70,33 @@ float ke_dot_ref(const float *a, const float *b, int n)
 			acc[j] = fmaf(x, y, acc[j]);
 		}
 	return tree16(acc);
+}
+
+/* --- what a matrix is ------------------------------------------------------ */
+
+size_t ke_mat_bytes(const struct ke_mat *w)
+{
+	size_t n = (size_t)w->rows * (size_t)w->cols;
+	switch (w->dtype) {
+	case KV_DT_F32: return n * 4;
+	case KV_DT_BF16:
+	case KV_DT_F16: return n * 2;
+	case KV_DT_MLX_AFFINE: {
+		size_t ng = w->group > 0 ? (size_t)w->rows * (size_t)(w->cols / w->group) : 0;
+		return n * (size_t)w->bits / 8 + 2 * ng * kv_dtype_size(w->sb_dtype);
+	}
+	}
+	/* ggml block types (model/quant.h): whole blocks per row */
+	return (size_t)w->rows * (size_t)kv_dtype_row_bytes(w->dtype, (uint64_t)w->cols);
+}
+
+const char *ke_mat_format(const struct ke_mat *w, char *buf, size_t cap)
+{
+	if (w->dtype == KV_DT_MLX_AFFINE)
+		snprintf(buf, cap, "MLX%d g%d", w->bits, w->group);
+	else
+		snprintf(buf, cap, "%s", kv_dtype_name(w->dtype) ? kv_dtype_name(w->dtype) : "?");
+	return buf;
 }
 
 /* --- scalar reference ----------------------------------------------------- */
@@ -893,25 +917,17 @@ static int sweep_widened(int isa, size_t block, const struct ke_mat *w, const fl
 		}
 		for (int r = b0; r < b1; r++)
 			widen_row2(wide + (size_t)(r - b0) * ld, wd + (size_t)r * wstride, K);
-		ke_gemm_range(isa, &wf, x, ldx, m, y + b0, ldy, flags, 0, b1 - b0);
+		ke_gemm_dense_range(isa, &wf, x, ldx, m, y + b0, ldy, flags, 0, b1 - b0);
 	}
 	return 1;
 }
 #endif
 
-void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
-		   unsigned flags, int n0, int n1)
+void ke_gemm_dense_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
+			 unsigned flags, int n0, int n1)
 {
 	if (m <= 0 || n1 <= n0)
 		return;
-	if (ke_qgemm_handles(w)) { /* block types and F16: engine/qgemm.c */
-		ke_qgemm_range(isa, w, x, ldx, m, y, ldy, flags, n0, n1);
-		return;
-	}
-	if (KE_MAT_IS_DQ(w)) { /* MLX affine groups: dequantized blocks back into this function */
-		ke_gemm_range_dq(isa, w, x, ldx, m, y, ldy, flags, n0, n1);
-		return;
-	}
 	int best = ke_isa_best();
 	if (isa > best)
 		isa = best;
@@ -956,47 +972,4 @@ void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, 
 #endif
 	(void)bf;
 	gemm_scalar(w, x, ldx, m, y, ldy, flags, n0, n1);
-}
-
-struct gemm_job {
-	int isa;
-	const struct ke_mat *w;
-	const float *x;
-	size_t ldx;
-	int m;
-	float *y;
-	size_t ldy;
-	unsigned flags;
-};
-
-static void gemm_part(void *ctx, size_t b, size_t e, int thread)
-{
-	const struct gemm_job *j = ctx;
-	(void)thread;
-	ke_gemm_range(j->isa, j->w, j->x, j->ldx, j->m, j->y, j->ldy, j->flags, (int)b, (int)e);
-}
-
-void ke_gemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy, unsigned flags)
-{
-	if (ke_qgemm_int(w)) { /* int8 activations: quantized once per call, engine/qgemm.c */
-		ke_qgemm(w, x, ldx, m, y, ldy, flags);
-		return;
-	}
-	struct gemm_job j = {ke_isa(), w, x, ldx, m, y, ldy, flags};
-	/* Waking a worker costs microseconds (much more when the cores are
-	 * busy with other processes): small products run on the caller. */
-	double work = (double)m * w->rows * w->cols;
-	double t0 = ke_prof_t0();
-	double wbytes = (double)w->rows * w->cols * (w->dtype == KV_DT_BF16 ? 2 : 4);
-	if (work < KE_PAR_MIN_WORK) {
-		gemm_part(&j, 0, (size_t)w->rows, 0);
-		ke_prof_add(KE_PROF_GEMM, t0, 2.0 * work, wbytes);
-		return;
-	}
-	/* Chunks: about four per thread, a multiple of every path's NR (6 and
-	 * 2) so chunks hold whole tiles. */
-	size_t per = (size_t)w->rows / (4u * (size_t)kv_pool_size(kv_pool_global())) + 1;
-	size_t grain = (per + 11) / 12 * 12;
-	kv_pool_for(kv_pool_global(), (size_t)w->rows, grain, gemm_part, &j);
-	ke_prof_add(KE_PROF_GEMM, t0, 2.0 * work, wbytes);
 }

@@ -1,5 +1,7 @@
 /*
- * gemm.h - the batch-invariant matrix product of the engine.
+ * gemm.h - the batch-invariant matrix product of the engine: the weight
+ * matrix (struct ke_mat), the numerics contract every product keeps, and
+ * the dense (F32, BF16) kernels. engine/matmul.h multiplies any matrix.
  *
  *   y[i][n] = sum_k x[i][k] * w[n][k]      x: [M x K] f32 activations
  *                                           w: [N x K] f32 or bf16 weights
@@ -56,21 +58,20 @@ struct ke_mat {
 
 /* Bytes of one matrix as stored (codes + scales + biases for MLX). */
 size_t ke_mat_bytes(const struct ke_mat *w);
-/* Row r of w as f32 into out[cols] (exactly the values the GEMM uses). */
-void ke_mat_row_f32(const struct ke_mat *w, int r, float *out);
+/* "F32", "BF16", "F16", "MLX4 g64" ... into buf; returns buf. */
+const char *ke_mat_format(const struct ke_mat *w, char *buf, size_t cap);
 
 /* Multiply-adds below which a kernel call stays on the calling thread. */
 #define KE_PAR_MIN_WORK 262144.0
 
 #define KE_GEMM_ACCUM 1u  /* y += product instead of y = product */
 
-/* y = x w^T for m rows, on the global thread pool, current ISA path. */
-void ke_gemm(const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy, unsigned flags);
-/* Same, single-threaded, output columns [n0, n1) only, on a given path
- * (enum ke_isa, clamped to what the CPU has). For tests and callers that
- * parallelise at their own level (attention). */
-void ke_gemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
-		   unsigned flags, int n0, int n1);
+/* The dense kernels: ke_gemm_range (engine/matmul.h) of an F32 or BF16
+ * matrix, single-threaded, output columns [n0, n1), on a given path
+ * (clamped to what the CPU has). engine/qgemm.c and engine/mlxgemm.c call
+ * it on the f32 rows they dequantize. */
+void ke_gemm_dense_range(int isa, const struct ke_mat *w, const float *x, size_t ldx, int m, float *y, size_t ldy,
+			 unsigned flags, int n0, int n1);
 
 /* The canonical dot product above for one pair of f32 vectors (scalar). */
 float ke_dot_ref(const float *a, const float *b, int n);

@@ -50,12 +50,15 @@ int ke_isa_set(int isa)
 	return isa;
 }
 
+/* The first call reads KVKEEP_ISA. Several kernel threads can make that
+ * first call at once: the one whose compare-and-swap sets the path is the
+ * one that warns, so a bad value warns once per process. */
 int ke_isa(void)
 {
 	int v = __atomic_load_n(&g_isa, __ATOMIC_ACQUIRE);
 	if (v >= 0)
 		return v;
-	int best = ke_isa_best(), want = best;
+	int best = ke_isa_best(), want = best, unknown = 0;
 	const char *e = kv_env(KV_ENV_ISA);
 	if (e && *e) {
 		if (!strcmp(e, "scalar"))
@@ -65,12 +68,17 @@ int ke_isa(void)
 		else if (!strcmp(e, "avx512"))
 			want = KE_ISA_AVX512;
 		else
-			KV_WARN("engine.isa", "msg=\"unknown KVKEEP_ISA ignored\" value=%s", e);
-		if (want > best)
-			KV_WARN("engine.isa", "msg=\"KVKEEP_ISA above what the CPU has\" want=%s using=%s",
-				ke_isa_name(want), ke_isa_name(best));
+			unknown = 1;
 	}
-	return ke_isa_set(want);
+	int isa = want > best ? best : want;
+	if (!__atomic_compare_exchange_n(&g_isa, &v, isa, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return v; /* another thread (or ke_isa_set) chose first */
+	if (unknown)
+		KV_WARN("engine.isa", "msg=\"unknown KVKEEP_ISA ignored\" value=%s", e);
+	if (want > best)
+		KV_WARN("engine.isa", "msg=\"KVKEEP_ISA above what the CPU has\" want=%s using=%s", ke_isa_name(want),
+			ke_isa_name(best));
+	return isa;
 }
 
 int ke_isa_has_f16c(void)

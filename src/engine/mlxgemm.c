@@ -13,7 +13,7 @@
  *         scale * q is exact in f32 and this equals scale * q + bias).
  * The product then runs the canonical 16-lane reduction of gemm.h on those
  * values (fused in registers for decode, or blocks of dequantized rows
- * handed to the f32 kernels of ke_gemm_range). So a row's result depends only on the weights' values and
+ * handed to the f32 kernels of ke_gemm_dense_range). So a row's result depends only on the weights' values and
  * the activation row: never on M, the block, the thread or the CPU path
  * (the scalar, AVX2 and AVX-512 dequantizers give the same bits; tested in
  * test_mlx.c).
@@ -22,7 +22,7 @@
  * multiplies at once (gemv_*). Otherwise rows are dequantized into a
  * per-thread f32 buffer of about 256 KB (swept by every tile of
  * activation rows, as gemm.c's blocks, so only the packed bytes come from
- * memory) and the block goes to the f32 kernels of ke_gemm_range. The
+ * memory) and the block goes to the f32 kernels of ke_gemm_dense_range. The
  * buffer belongs to the thread until it exits (base/mem.h kv_tls_scratch)
  * and is counted under KV_MEM_SCRATCH.
  */
@@ -71,31 +71,6 @@ static inline float sb_at(const void *p, int dt, size_t i)
 	return f16_val(h);
 }
 
-size_t ke_mat_bytes(const struct ke_mat *w)
-{
-	size_t n = (size_t)w->rows * (size_t)w->cols;
-	switch (w->dtype) {
-	case KV_DT_F32: return n * 4;
-	case KV_DT_BF16:
-	case KV_DT_F16: return n * 2;
-	case KV_DT_MLX_AFFINE: {
-		size_t ng = w->group > 0 ? (size_t)w->rows * (size_t)(w->cols / w->group) : 0;
-		return n * (size_t)w->bits / 8 + 2 * ng * kv_dtype_size(w->sb_dtype);
-	}
-	}
-	/* ggml block types (model/quant.h): whole blocks per row */
-	return (size_t)w->rows * (size_t)kv_dtype_row_bytes(w->dtype, (uint64_t)w->cols);
-}
-
-const char *ke_mat_format(const struct ke_mat *w, char *buf, size_t cap)
-{
-	if (w->dtype == KV_DT_MLX_AFFINE)
-		snprintf(buf, cap, "MLX%d g%d", w->bits, w->group);
-	else
-		snprintf(buf, cap, "%s", kv_dtype_name(w->dtype) ? kv_dtype_name(w->dtype) : "?");
-	return buf;
-}
-
 static inline const uint8_t *mlx_codes(const struct ke_mat *w, int r)
 {
 	return (const uint8_t *)w->data + (size_t)r * w->ld * (size_t)w->bits / 8;
@@ -125,24 +100,6 @@ static void dq_scalar(const struct ke_mat *w, int r, float *out)
 		uint16_t h;
 		memcpy(&h, p + (size_t)k * 2, 2);
 		out[k] = f16_val(h);
-	}
-}
-
-void ke_mat_row_f32(const struct ke_mat *w, int r, float *out)
-{
-	if (w->dtype == KV_DT_F32) {
-		memcpy(out, (const char *)w->data + (size_t)r * w->ld * 4, (size_t)w->cols * 4);
-	} else if (w->dtype == KV_DT_BF16) {
-		const char *p = (const char *)w->data + (size_t)r * w->ld * 2;
-		for (int k = 0; k < w->cols; k++)
-			out[k] = sb_at(p, KV_DT_BF16, (size_t)k);
-	} else if (kq_is_quant(w->dtype)) {
-		/* ggml blocks: the row is whole blocks at its block row stride */
-		const char *p = (const char *)w->data + (size_t)r * (size_t)kv_dtype_row_bytes(w->dtype, (uint64_t)w->ld);
-		if (kq_dequant_row(w->dtype, p, out, (size_t)w->cols))
-			memset(out, 0, (size_t)w->cols * sizeof *out);
-	} else {
-		dq_scalar(w, r, out);
 	}
 }
 
@@ -567,6 +524,6 @@ void ke_gemm_range_dq(int isa, const struct ke_mat *w, const float *x, size_t ld
 		int b1 = b0 + (int)nb < n1 ? b0 + (int)nb : n1;
 		ke_mat_dequant_rows(isa, w, b0, b1, buf);
 		struct ke_mat t = {.data = buf, .dtype = KV_DT_F32, .rows = b1 - b0, .cols = w->cols, .ld = K};
-		ke_gemm_range(isa, &t, x, ldx, m, y + b0, ldy, flags, 0, b1 - b0);
+		ke_gemm_dense_range(isa, &t, x, ldx, m, y + b0, ldy, flags, 0, b1 - b0);
 	}
 }

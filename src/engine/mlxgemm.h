@@ -1,7 +1,8 @@
 /*
  * mlxgemm.h - GEMM of F16 and MLX affine weight matrices (mlxgemm.c), the
- * hook ke_gemm_range calls for those dtypes, and the dequantizer the
- * tests and the embedding lookup share. Numerics: gemm.h, mlxgemm.c.
+ * hook ke_gemm_range (engine/matmul.c) calls for those dtypes, and the
+ * dequantizer the tests and the embedding lookup share. Numerics: gemm.h,
+ * mlxgemm.c.
  */
 #ifndef KV_ENGINE_MLXGEMM_H
 #define KV_ENGINE_MLXGEMM_H
@@ -19,8 +20,5 @@ void ke_gemm_range_dq(int isa, const struct ke_mat *w, const float *x, size_t ld
 /* Rows [r0, r1) of an F16 or MLX matrix as f32 (row-major, cols floats
  * each) on a given path (clamped to the CPU): the values the GEMM uses. */
 void ke_mat_dequant_rows(int isa, const struct ke_mat *w, int r0, int r1, float *out);
-
-/* "F32", "BF16", "F16", "MLX4 g64" ... into buf; returns buf. */
-const char *ke_mat_format(const struct ke_mat *w, char *buf, size_t cap);
 
 #endif

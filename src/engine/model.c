@@ -7,6 +7,7 @@
 #include "engine/qgemm.h"
 #include "engine/qdot.h"
 #include "engine/moe.h"
+#include "model/open.h"
 #include "model/quant.h"
 #include "base/clock.h"
 #include "base/err.h"
@@ -14,6 +15,7 @@
 #include "base/mem.h"
 #include "base/pool.h"
 #include "model/mlx.h"
+#include "model/weights.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -104,13 +106,13 @@ static int load_mat(struct loader *L, struct ke_mat *mat, const char *fmt, int l
 		mat->group = qm.group;
 		goto noted;
 	}
-	if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->dtype != KV_DT_F16 && !kq_is_quant(t->dtype))
+	if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->dtype != KV_DT_F16 && !kv_dtype_is_quant(t->dtype))
 		return kv_fail(KV_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; the engine runs F32, BF16, F16 and ggml block "
 			       "type matrices", t->file, name, kv_dtype_name(t->dtype) ? kv_dtype_name(t->dtype) : "?");
 	if (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->shape[1] > KE_QGEMM_MAX_K)
 		return kv_fail(KV_ERR_UNSUPPORTED, "%s: tensor '%s' has rows of %lld, above the %d quantized products take",
 			       t->file, name, (long long)t->shape[1], KE_QGEMM_MAX_K);
-	if ((t->dtype == KV_DT_F32 || t->dtype == KV_DT_BF16) && !kv_st_is_aligned(t))
+	if ((t->dtype == KV_DT_F32 || t->dtype == KV_DT_BF16) && !kv_tensor_is_aligned(t))
 		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is not aligned for its dtype", t->file, name);
 	if (t->shape[0] <= 0 || t->shape[1] <= 0 || t->shape[0] > INT32_MAX || t->shape[1] > INT32_MAX)
 		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' has an unusable shape", t->file, name);

@@ -3,6 +3,7 @@
  */
 #include "engine/moe.h"
 #include "engine/engine_int.h"
+#include "engine/matmul.h"
 #include "engine/vec.h"
 #include "base/err.h"
 #include "base/mem.h"
@@ -11,6 +12,7 @@
 #include "engine/qgemm.h"
 #include "model/mlx.h"
 #include "model/quant.h"
+#include "model/weights.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -18,7 +20,7 @@
 /* The matrix dtypes an expert may have: what ke_gemm multiplies. */
 static int dtype_ok(int dt)
 {
-	return dt == KV_DT_F32 || dt == KV_DT_BF16 || dt == KV_DT_F16 || kq_is_quant(dt);
+	return dt == KV_DT_F32 || dt == KV_DT_BF16 || dt == KV_DT_F16 || kv_dtype_is_quant(dt);
 }
 
 /* A tensor of the block: present, of a dtype ke_gemm runs, and of the

@@ -31,7 +31,7 @@ static __thread float tl_panel[KE_QGEMM_MAX_K] __attribute__((aligned(64)));
 
 int ke_qgemm_handles(const struct ke_mat *w)
 {
-	return kq_is_quant(w->dtype) || w->dtype == KV_DT_F16;
+	return kv_dtype_is_quant(w->dtype) || w->dtype == KV_DT_F16;
 }
 
 static const uint8_t *row_ptr(const struct ke_mat *w, int r)
@@ -531,6 +531,6 @@ void ke_qgemm_range(int isa, const struct ke_mat *w, const float *x, size_t ldx,
 		for (int r = 0; r < p; r++)
 			kq_dequant_row(w->dtype, row_ptr(w, n + r), tl_panel + (size_t)r * (size_t)K, (size_t)K);
 		struct ke_mat f = {tl_panel, KV_DT_F32, p, K, (size_t)K};
-		ke_gemm_range(isa, &f, x, ldx, m, y + n, ldy, flags, 0, p);
+		ke_gemm_dense_range(isa, &f, x, ldx, m, y + n, ldy, flags, 0, p);
 	}
 }

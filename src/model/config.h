@@ -50,8 +50,9 @@
  * use "model.layers.N...."; nested qwen3_5 checkpoints
  * (Qwen3_5ForConditionalGeneration, the real Qwen3.5 releases) use
  * "model.language_model.layers.N....", with "lm_head.weight" at the top
- * level in both. kv_config_tensors lists what a config implies and
- * kv_config_check_weights checks a weights handle against it.
+ * level in both. kv_config_tensors lists what a config implies;
+ * model/open.h loads the config of a model path of any format and checks
+ * a weights handle against it.
  */
 #ifndef KV_MODEL_CONFIG_H
 #define KV_MODEL_CONFIG_H
@@ -141,11 +142,11 @@ struct kv_model_config {
 	                                 in_proj_a rows in tiled order (outputs permuted) */
 };
 
+/* Largest config.json read (model/open.c, the MLX readers and writer). */
+#define KV_CONFIG_MAX_BYTES (16u * 1024 * 1024)
+
 /* Parse config.json text. `what` names the source in messages. */
 int kv_config_parse(const char *text, size_t len, const char *what, struct kv_model_config *out);
-/* Read <model_dir>/config.json, or the metadata of a GGUF model (a .gguf
- * file or a folder holding one: model/gguf_model.h). */
-int kv_config_load(const char *model_dir, struct kv_model_config *out);
 
 /* conv channels of a DeltaNet layer: 2 Hk dk + Hv dv. */
 uint64_t kv_config_conv_dim(const struct kv_model_config *c);
@@ -202,30 +203,8 @@ const char *kv_config_default_prefix(const struct kv_model_config *c);
 int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struct kv_tensor_spec **out,
 		      size_t *n);
 
-struct kv_weights;
-/*
- * Check that every tensor the config implies is present with its shape
- * and a float dtype (F32, BF16, F16), or as an MLX quantized matrix
- * (model/mlx.h). The prefix is found from the weights
- * ("model.language_model." or mlx-lm's "language_model.model." if its
- * embed_tokens is there, else "model.") and copied into prefix (may be
- * NULL). Extra tensors (mtp.*,
- * model.visual.*) are ignored. KV_ERR_INCOMPATIBLE names the first
- * missing or mismatched tensor. For MoE configs the expert layout is the
- * one the weights hold, see kv_config_detect_experts.
- */
-int kv_config_check_weights(const struct kv_model_config *c, const struct kv_weights *w, char *prefix,
-			    size_t cap);
 /* Name of the lm_head weight for a prefix: "language_model.lm_head.weight"
- * for mlx-lm's "language_model.model.", else "lm_head.weight". Also: the
- * check accepts MLX quantized matrices (model/mlx.h) and mlx-lm's
- * sanitized conv1d shape [C, K, 1]. */
+ * for mlx-lm's "language_model.model.", else "lm_head.weight". */
 const char *kv_config_lm_head_name(const char *prefix);
-
-/* Set c->expert_layout from the weights: STACKED when the first MoE
- * layer's "<prefix>layers.L.mlp.experts.gate_up_proj" exists, SWITCH when
- * its "mlp.switch_mlp.gate_proj.weight" does, else SPLIT.
- * No-op for dense configs. */
-void kv_config_detect_experts(struct kv_model_config *c, const struct kv_weights *w, const char *prefix);
 
 #endif

@@ -16,6 +16,7 @@
 #include "model/gguf.h"
 #include "model/quant.h"
 #include "base/buf.h"
+#include "base/corrupt.h"
 #include "base/durable.h"
 #include "base/err.h"
 #include "base/io.h"
@@ -274,7 +275,7 @@ static int parse_tensor(struct cur *c, struct gg_file *f, struct kv_tensor *t, s
 				       c->path, t->name, tn, type);
 		return KV_CORRUPT(c->path, at, "tensor '%s' has unknown ggml type %u", t->name, type);
 	}
-	int qk = kq_block_elems(t->dtype);
+	int qk = kv_dtype_block_elems(t->dtype);
 	if (ne[0] % (uint64_t)qk)
 		return KV_CORRUPT(c->path, at, "tensor '%s': %llu elements per row do not divide into %s blocks of %d",
 				  t->name, (unsigned long long)ne[0], kv_dtype_name(t->dtype), qk);
@@ -282,7 +283,7 @@ static int parse_tensor(struct cur *c, struct gg_file *f, struct kv_tensor *t, s
 	for (uint32_t d = 0; d < nd; d++)
 		t->shape[nd - 1 - d] = (int64_t)ne[d];
 	t->numel = numel;
-	t->nbytes = numel / (uint64_t)qk * kq_block_bytes(t->dtype);
+	t->nbytes = numel / (uint64_t)qk * kv_dtype_block_bytes(t->dtype);
 	t->file = f->path;
 	return KV_OK;
 }

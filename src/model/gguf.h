@@ -49,7 +49,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/safetensors.h"
+#include "model/tensor.h"
 
 #define KV_GGUF_MAGIC 0x46554747u /* "GGUF" */
 #define KV_GGUF_VERSION 3u

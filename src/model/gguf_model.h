@@ -1,9 +1,10 @@
 /*
  * gguf_model.h - Qwen3 / Qwen3.5 / Qwen3.5-MoE / Qwen3-Next models in GGUF
- * files (qwen3, qwen35, qwen35moe, qwen3next): llama.cpp's tensor names and
- * metadata, both ways (docs/gguf.md has the tables).
+ * files (qwen3, qwen35, qwen35moe, qwen3next), read as the Hugging Face
+ * model they were converted from (docs/gguf.md has the tables; the names
+ * and layouts are model/gguf_map.h, the other direction is
+ * model/gguf_convert.h):
  *
- *   kv_gguf_convert      Hugging Face folder -> GGUF file (`kvkeep convert`)
  *   kv_gguf_config       GGUF metadata -> struct kv_model_config
  *   kv_gguf_hf_tensors   GGUF tensors -> the Hugging Face names and layout
  *                        the engine loads (kv_weights_open uses it)
@@ -40,22 +41,6 @@
 #include "model/config.h"
 #include "model/gguf.h"
 
-struct kv_gguf_convert_params {
-	const char *hf_dir;       /* Hugging Face folder (config.json, safetensors, tokenizer.json) */
-	const char *out;          /* .gguf path */
-	int ftype;                /* enum kq_ftype */
-	unsigned dw_flags;        /* KV_DW_* */
-	/* A split set instead of one file (either nonzero): `out` minus its
-	 * ".gguf" is the prefix of "<prefix>-00001-of-0000N.gguf" ...
-	 * (kv_ggufw_write_split); *n_files gets N (1 without a split). */
-	uint64_t split_max_bytes;
-	uint32_t split_max_tensors;
-	int *n_files;
-};
-/* Writes the file; returns KV_OK or an error naming the step. Prints
- * nothing. *n_tensors / *bytes may be NULL. */
-int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, uint64_t *bytes);
-
 /* Config from metadata (general.architecture qwen3, qwen35, qwen35moe or
  * qwen3next). MoE files: every sparse layer's expert tensors are checked
  * (present, llama.cpp's shapes; errors name the GGUF tensor), the expert
@@ -89,8 +74,5 @@ int kv_gguf_chat_template(const struct kv_gguf *g, char **out);
  * chat_template, bos/eos/pad token strings from their ids, and the
  * control / user-defined tokens as added_tokens_decoder. */
 int kv_gguf_tokenizer_config_json(const struct kv_gguf *g, char **json, size_t *len);
-
-/* GGUF name of an HF tensor name and back (into buf); 0 if unmapped. */
-int kv_gguf_name_from_hf(const struct kv_model_config *c, const char *hf, char *buf, size_t cap);
 
 #endif

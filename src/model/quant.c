@@ -12,7 +12,7 @@
  * two roundings even if a compiler contracted).
  */
 #include "model/quant.h"
-#include "model/safetensors.h"
+#include "model/dtype.h"
 #include "base/err.h"
 
 #include <math.h>
@@ -31,18 +31,16 @@ static const char *const g_ggml_names[KQ_GGML__COUNT] = {
 	[39] = "MXFP4",
 };
 
+/* ggml type <-> kv_dtype, for the types kvkeep runs (model/dtype.c has
+ * their sizes). */
 static const struct {
-	int ggml, dtype, qk;
-	size_t bytes;
+	int ggml, dtype;
 } g_map[] = {
-	{KQ_GGML_F32, KV_DT_F32, 1, 4},      {KQ_GGML_F16, KV_DT_F16, 1, 2},     {KQ_GGML_BF16, KV_DT_BF16, 1, 2},
-	{KQ_GGML_F64, KV_DT_F64, 1, 8},      {KQ_GGML_I8, KV_DT_I8, 1, 1},       {KQ_GGML_I16, KV_DT_I16, 1, 2},
-	{KQ_GGML_I32, KV_DT_I32, 1, 4},      {KQ_GGML_I64, KV_DT_I64, 1, 8},
-	{KQ_GGML_Q4_0, KV_DT_Q4_0, 32, 18},  {KQ_GGML_Q4_1, KV_DT_Q4_1, 32, 20}, {KQ_GGML_Q5_0, KV_DT_Q5_0, 32, 22},
-	{KQ_GGML_Q5_1, KV_DT_Q5_1, 32, 24},  {KQ_GGML_Q8_0, KV_DT_Q8_0, 32, 34}, {KQ_GGML_Q2_K, KV_DT_Q2_K, 256, 84},
-	{KQ_GGML_Q3_K, KV_DT_Q3_K, 256, 110}, {KQ_GGML_Q4_K, KV_DT_Q4_K, 256, 144},
-	{KQ_GGML_Q5_K, KV_DT_Q5_K, 256, 176}, {KQ_GGML_Q6_K, KV_DT_Q6_K, 256, 210},
-	{KQ_GGML_Q8_K, KV_DT_Q8_K, 256, 292},
+	{KQ_GGML_F32, KV_DT_F32},   {KQ_GGML_F16, KV_DT_F16},   {KQ_GGML_BF16, KV_DT_BF16}, {KQ_GGML_F64, KV_DT_F64},
+	{KQ_GGML_I8, KV_DT_I8},     {KQ_GGML_I16, KV_DT_I16},   {KQ_GGML_I32, KV_DT_I32},   {KQ_GGML_I64, KV_DT_I64},
+	{KQ_GGML_Q4_0, KV_DT_Q4_0}, {KQ_GGML_Q4_1, KV_DT_Q4_1}, {KQ_GGML_Q5_0, KV_DT_Q5_0}, {KQ_GGML_Q5_1, KV_DT_Q5_1},
+	{KQ_GGML_Q8_0, KV_DT_Q8_0}, {KQ_GGML_Q2_K, KV_DT_Q2_K}, {KQ_GGML_Q3_K, KV_DT_Q3_K}, {KQ_GGML_Q4_K, KV_DT_Q4_K},
+	{KQ_GGML_Q5_K, KV_DT_Q5_K}, {KQ_GGML_Q6_K, KV_DT_Q6_K}, {KQ_GGML_Q8_K, KV_DT_Q8_K},
 };
 #define N_MAP (sizeof g_map / sizeof g_map[0])
 
@@ -65,27 +63,6 @@ int kq_ggml_from_dtype(int dtype)
 const char *kq_ggml_name(int t)
 {
 	return t >= 0 && t < KQ_GGML__COUNT ? g_ggml_names[t] : NULL;
-}
-
-int kq_block_elems(int dtype)
-{
-	for (size_t i = 0; i < N_MAP; i++)
-		if (g_map[i].dtype == dtype)
-			return g_map[i].qk;
-	return kv_dtype_size(dtype) ? 1 : 0;
-}
-
-size_t kq_block_bytes(int dtype)
-{
-	for (size_t i = 0; i < N_MAP; i++)
-		if (g_map[i].dtype == dtype)
-			return g_map[i].bytes;
-	return kv_dtype_size(dtype);
-}
-
-int kq_is_quant(int dtype)
-{
-	return dtype >= KV_DT_Q4_0 && dtype <= KV_DT_Q8_K;
 }
 
 /* --- helpers --------------------------------------------------------------- */
@@ -339,8 +316,8 @@ int kq_dequant_row(int dt, const void *src, float *dst, size_t n)
 		return KV_OK;
 	}
 	dq_fn f = dq_for(dt);
-	int qk = kq_block_elems(dt);
-	size_t bb = kq_block_bytes(dt);
+	int qk = kv_dtype_block_elems(dt);
+	size_t bb = kv_dtype_block_bytes(dt);
 	if (!f || n % (size_t)qk)
 		return kv_fail(KV_ERR_INVALID, "dequantize: %zu elements of %s", n,
 			       kv_dtype_name(dt) ? kv_dtype_name(dt) : "?");
@@ -905,8 +882,8 @@ int kq_quant_row(int dt, const float *src, void *dst, size_t n)
 	case KV_DT_Q5_K: f = q_q5_k; break;
 	case KV_DT_Q6_K: f = q_q6_k; break;
 	}
-	int qk = kq_block_elems(dt);
-	size_t bb = kq_block_bytes(dt);
+	int qk = kv_dtype_block_elems(dt);
+	size_t bb = kv_dtype_block_bytes(dt);
 	if (!f || n % (size_t)qk)
 		return kv_fail(KV_ERR_INVALID, "quantize: %zu elements to %s", n,
 			       kv_dtype_name(dt) ? kv_dtype_name(dt) : "?");
@@ -964,14 +941,14 @@ static int use_more_bits(int i, int n)
  * the row length gives way to a 32-block type, and F16 if none fits. */
 static int fallback(int t, int64_t row_len)
 {
-	if (row_len % kq_block_elems(t)) {
+	if (row_len % kv_dtype_block_elems(t)) {
 		switch (t) {
 		case KV_DT_Q2_K: case KV_DT_Q3_K: t = KV_DT_Q4_0; break;
 		case KV_DT_Q4_K: t = KV_DT_Q5_0; break;
 		case KV_DT_Q5_K: t = KV_DT_Q5_1; break;
 		case KV_DT_Q6_K: t = KV_DT_Q8_0; break;
 		}
-		if (row_len % kq_block_elems(t))
+		if (row_len % kv_dtype_block_elems(t))
 			t = KV_DT_F16;
 	}
 	return t;
@@ -986,7 +963,7 @@ int kq_ftype_tensor_dtype(int ftype, const struct kq_mix_ctx *m, const char *nam
 			base = g_ft[i].base;
 	if (base < 0)
 		return -1;
-	if (!kq_is_quant(base))
+	if (!kv_dtype_is_quant(base))
 		return base;
 	const int f = ftype, e8 = m->n_expert == 8, nl = m->n_layers;
 	int t = base;
@@ -994,7 +971,7 @@ int kq_ftype_tensor_dtype(int ftype, const struct kq_mix_ctx *m, const char *nam
 	 * can fire for these ftypes on qwen3/qwen35 (no Falcon, no 70B, no
 	 * imatrix), in its order */
 	if (!strcmp(name, "output.weight") || (!m->has_output && !strcmp(name, "token_embd.weight"))) {
-		if (row_len % kq_block_elems(base))
+		if (row_len % kv_dtype_block_elems(base))
 			t = KV_DT_Q8_0;
 		else if (t != KV_DT_Q8_0)
 			t = KV_DT_Q6_K;

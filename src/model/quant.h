@@ -81,20 +81,13 @@ enum kq_ggml_type {
 #define KQ_QK 32
 #define KQ_QK_K 256
 
-/* kv_dtype (model/safetensors.h) of a ggml type, -1 if kvkeep does not
+/* kv_dtype (model/dtype.h) of a ggml type, -1 if kvkeep does not
  * run it. And back: the ggml type of a kv_dtype, -1 if none. */
 int kq_dtype_from_ggml(int ggml_type);
 int kq_ggml_from_dtype(int dtype);
 /* ggml's name of a ggml type number ("Q4_K", "IQ2_XXS", ...) or NULL if
  * the number is not a ggml type at all. */
 const char *kq_ggml_name(int ggml_type);
-
-/* Elements per block and bytes per block of a kv_dtype (1 and the
- * element size for plain types); 0 for an unknown dtype. */
-int kq_block_elems(int dtype);
-size_t kq_block_bytes(int dtype);
-/* 1 for a block-quantized kv_dtype (Q4_0 ... Q8_K). */
-int kq_is_quant(int dtype);
 
 /* Dequantize n elements (a multiple of the block size) of a row of
  * dtype `dt` at src (any alignment) into dst. KV_ERR_INVALID for a dtype

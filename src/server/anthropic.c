@@ -41,35 +41,23 @@ static int block_text(const json_t *b, const char *p, struct kv_buf *out, char *
 	return KV_OK;
 }
 
+/* One block of a text-only content list: a text block's text. */
+static int text_block(const json_t *b, const char *p, struct kv_buf *out, char *param, size_t cap)
+{
+	const char *type;
+	int rc = block_type(b, p, &type, param, cap);
+	if (rc)
+		return rc;
+	if (strcmp(type, "text"))
+		return ksv_wire_bad(param, cap, p, "%s: unsupported content block type \"%s\" here", type);
+	return block_text(b, p, out, param, cap);
+}
+
 /* Appends the text of `content` (a string, or a list of text blocks) to
  * out, blocks joined with "\n". Other block types are refused. */
 static int text_blocks(const json_t *content, const char *path, struct kv_buf *out, char *param, size_t cap)
 {
-	char p[160];
-	if (json_is_string(content)) {
-		kv_buf_add(out, json_string_value(content), json_string_length(content));
-		return KV_OK;
-	}
-	if (!json_is_array(content))
-		return ksv_wire_bad(param, cap, path, "%s: must be a string or a list of content blocks%s", NULL);
-	size_t i;
-	const json_t *b;
-	int first = 1;
-	json_array_foreach(content, i, b) {
-		snprintf(p, sizeof p, "%s[%zu]", path, i);
-		const char *type;
-		int rc = block_type(b, p, &type, param, cap);
-		if (rc)
-			return rc;
-		if (strcmp(type, "text"))
-			return ksv_wire_bad(param, cap, p, "%s: unsupported content block type \"%s\" here", type);
-		if (!first)
-			kv_buf_adds(out, "\n");
-		first = 0;
-		if ((rc = block_text(b, p, out, param, cap)))
-			return rc;
-	}
-	return KV_OK;
+	return ksv_wire_join_text(content, path, "content blocks", text_block, out, param, cap);
 }
 
 static int user_message(const json_t *content, const char *path, json_t *msgs, char *param, size_t cap)
@@ -274,12 +262,10 @@ static int translate_thinking(const json_t *th, json_t *chat, char *param, size_
 
 int ksv_anth_to_chat(const json_t *body, int for_count, json_t **chat_out, char *param, size_t cap)
 {
-	*chat_out = NULL;
-	param[0] = 0;
-	if (!json_is_object(body))
-		return ksv_wire_bad(param, cap, "", "request body%s: must be a JSON object%s", NULL);
-	json_t *chat = json_object(), *msgs = json_array();
-	int rc = KV_OK;
+	json_t *chat, *msgs;
+	int rc = ksv_wire_translate_begin(body, chat_out, param, cap, &chat, &msgs);
+	if (rc)
+		return rc;
 	const json_t *v;
 	char p[64];
 
@@ -359,13 +345,7 @@ int ksv_anth_to_chat(const json_t *body, int for_count, json_t **chat_out, char 
 		}
 		json_object_set(chat, "max_tokens", (json_t *)v);
 	}
-	/* the penalties, min_p and seed are kvkeep's extensions here, as on
-	 * chat completions (one parser: request.c) */
-	static const char *const copy[] = {"temperature", "top_p", "top_k", "stream", "min_p", "seed", "presence_penalty",
-					   "frequency_penalty", "repetition_penalty"};
-	for (size_t k = 0; k < sizeof copy / sizeof *copy; k++)
-		if ((v = json_object_get(body, copy[k])) && !json_is_null(v))
-			json_object_set(chat, copy[k], (json_t *)v);
+	ksv_wire_copy_sampling(body, chat);
 	if ((v = json_object_get(body, "stop_sequences")) && !json_is_null(v)) {
 		if (!json_is_array(v)) {
 			rc = ksv_wire_bad(param, cap, "stop_sequences", "%s: must be a list of strings%s", NULL);
@@ -373,15 +353,8 @@ int ksv_anth_to_chat(const json_t *body, int for_count, json_t **chat_out, char 
 		}
 		json_object_set(chat, "stop", (json_t *)v);
 	}
-	if (json_is_true(json_object_get(body, "stream")))
-		json_object_set_new(chat, "stream_options", json_pack("{s:b}", "include_usage", 1));
-	json_decref(msgs);
-	*chat_out = chat;
-	return KV_OK;
 fail:
-	json_decref(msgs);
-	json_decref(chat);
-	return rc;
+	return ksv_wire_translated(rc, msgs, chat, chat_out);
 }
 
 /* --- the request, as a wire ---------------------------------------------------- */
@@ -391,12 +364,8 @@ static int anth_parse(const json_t *body, int api, int for_count, struct ksv_req
 	json_t *chat = NULL;
 	char param[96] = "";
 	(void)api;
-	memset(req, 0, sizeof *req);
-	if (ksv_anth_to_chat(body, for_count, &chat, param, sizeof param)) {
-		snprintf(req->err_param, sizeof req->err_param, "%s", param);
-		return KV_ERR_INVALID;
-	}
-	return ksv_req_parse_json(KSV_API_CHAT, chat, req);
+	int rc = ksv_anth_to_chat(body, for_count, &chat, param, sizeof param);
+	return ksv_wire_chat_req(rc, chat, param, req);
 }
 
 /* --- the answer ------------------------------------------------------------------ */
@@ -571,17 +540,4 @@ char *ksv_anth_count_body(int64_t n, size_t *len)
 	return ksv_json_body(json_pack("{s:I}", "input_tokens", (json_int_t)n), len);
 }
 
-const struct ksv_wire ksv_wire_anthropic = {
-	.name = "anthropic",
-	.answer_id_prefix = "msg_",
-	.tool_id_prefix = "toolu_",
-	.parse = anth_parse,
-	.start = anth_start,
-	.open = anth_open,
-	.delta = anth_delta,
-	.close = anth_close,
-	.finish = anth_finish,
-	.stream_error = anth_stream_error,
-	.body = anth_body,
-	.error_body = anth_error_body,
-};
+const struct ksv_wire ksv_wire_anthropic = KSV_WIRE_ROW(anth, "anthropic", "msg_", "toolu_", NULL, anth_error_body);

@@ -343,17 +343,4 @@ static char *oai_body(struct ksv_answer *a, size_t *len)
 	return ksv_json_body(c, len);
 }
 
-const struct ksv_wire ksv_wire_openai = {
-	.name = "openai",
-	.tool_id_prefix = "call_",
-	.parse = oai_parse,
-	.start = oai_start,
-	.open = oai_open,
-	.delta = oai_delta,
-	.close = oai_close,
-	.step = oai_step,
-	.finish = oai_finish,
-	.stream_error = oai_stream_error,
-	.body = oai_body,
-	.error_body = ksv_oai_error,
-};
+const struct ksv_wire ksv_wire_openai = KSV_WIRE_ROW(oai, "openai", NULL, "call_", oai_step, ksv_oai_error);

@@ -15,35 +15,26 @@
 
 /* Text of a string or a list of text parts (input_text, output_text,
  * text, summary_text, reasoning_text), joined with "\n". */
+static int part_text(const json_t *part, const char *p, struct kv_buf *out, char *param, size_t cap)
+{
+	const char *type = json_string_value(json_object_get(part, "type"));
+	if (!json_is_object(part) || !type)
+		return ksv_wire_bad(param, cap, p, "%s: a content part must be an object with a \"type\"%s", NULL);
+	if (!strcmp(type, "input_image") || !strcmp(type, "input_file") || !strcmp(type, "input_audio"))
+		return ksv_wire_bad(param, cap, p, "%s: %s parts are not supported: this server runs text-only models", type);
+	if (strcmp(type, "input_text") && strcmp(type, "output_text") && strcmp(type, "text") &&
+	    strcmp(type, "summary_text") && strcmp(type, "reasoning_text") && strcmp(type, "refusal"))
+		return ksv_wire_bad(param, cap, p, "%s: unsupported content part type \"%s\"", type);
+	const json_t *t = json_object_get(part, !strcmp(type, "refusal") ? "refusal" : "text");
+	if (!json_is_string(t))
+		return ksv_wire_bad(param, cap, p, "%s.text: must be a string%s", NULL);
+	kv_buf_add(out, json_string_value(t), json_string_length(t));
+	return KV_OK;
+}
+
 static int parts_text(const json_t *c, const char *path, struct kv_buf *out, char *param, size_t cap)
 {
-	char p[160];
-	if (json_is_string(c)) {
-		kv_buf_add(out, json_string_value(c), json_string_length(c));
-		return KV_OK;
-	}
-	if (!json_is_array(c))
-		return ksv_wire_bad(param, cap, path, "%s: must be a string or a list of content parts%s", NULL);
-	size_t i;
-	const json_t *part;
-	json_array_foreach(c, i, part) {
-		snprintf(p, sizeof p, "%s[%zu]", path, i);
-		const char *type = json_string_value(json_object_get(part, "type"));
-		if (!json_is_object(part) || !type)
-			return ksv_wire_bad(param, cap, p, "%s: a content part must be an object with a \"type\"%s", NULL);
-		if (!strcmp(type, "input_image") || !strcmp(type, "input_file") || !strcmp(type, "input_audio"))
-			return ksv_wire_bad(param, cap, p, "%s: %s parts are not supported: this server runs text-only models", type);
-		if (strcmp(type, "input_text") && strcmp(type, "output_text") && strcmp(type, "text") &&
-		    strcmp(type, "summary_text") && strcmp(type, "reasoning_text") && strcmp(type, "refusal"))
-			return ksv_wire_bad(param, cap, p, "%s: unsupported content part type \"%s\"", type);
-		const json_t *t = json_object_get(part, !strcmp(type, "refusal") ? "refusal" : "text");
-		if (!json_is_string(t))
-			return ksv_wire_bad(param, cap, p, "%s.text: must be a string%s", NULL);
-		if (i)
-			kv_buf_adds(out, "\n");
-		kv_buf_add(out, json_string_value(t), json_string_length(t));
-	}
-	return KV_OK;
+	return ksv_wire_join_text(c, path, "content parts", part_text, out, param, cap);
 }
 
 /* The assistant message the next function_call joins: the last message
@@ -312,12 +303,10 @@ static int translate_tools(const json_t *tools, json_t *chat, char *param, size_
 
 int ksv_resp_to_chat(const json_t *body, json_t **chat_out, char *param, size_t cap)
 {
-	*chat_out = NULL;
-	param[0] = 0;
-	if (!json_is_object(body))
-		return ksv_wire_bad(param, cap, "", "request body%s: must be a JSON object%s", NULL);
-	json_t *chat = json_object(), *msgs = json_array();
-	int rc = KV_OK;
+	json_t *chat, *msgs;
+	int rc = ksv_wire_translate_begin(body, chat_out, param, cap, &chat, &msgs);
+	if (rc)
+		return rc;
 	const json_t *v;
 	if ((v = json_object_get(body, "previous_response_id")) && !json_is_null(v)) {
 		rc = ksv_wire_bad(param, cap, "previous_response_id",
@@ -385,20 +374,9 @@ int ksv_resp_to_chat(const json_t *body, json_t **chat_out, char *param, size_t 
 	}
 	if ((v = json_object_get(body, "max_output_tokens")) && !json_is_null(v))
 		json_object_set(chat, "max_tokens", (json_t *)v);
-	static const char *const copy[] = {"temperature", "top_p", "stream", "top_k", "min_p", "seed", "presence_penalty",
-					   "frequency_penalty", "repetition_penalty"};
-	for (size_t k = 0; k < sizeof copy / sizeof *copy; k++)
-		if ((v = json_object_get(body, copy[k])) && !json_is_null(v))
-			json_object_set(chat, copy[k], (json_t *)v);
-	if (json_is_true(json_object_get(body, "stream")))
-		json_object_set_new(chat, "stream_options", json_pack("{s:b}", "include_usage", 1));
-	json_decref(msgs);
-	*chat_out = chat;
-	return KV_OK;
+	ksv_wire_copy_sampling(body, chat);
 fail:
-	json_decref(msgs);
-	json_decref(chat);
-	return rc;
+	return ksv_wire_translated(rc, msgs, chat, chat_out);
 }
 
 /* --- the request, as a wire ---------------------------------------------------- */
@@ -408,12 +386,9 @@ static int resp_parse(const json_t *body, int api, int for_count, struct ksv_req
 	json_t *chat = NULL;
 	char param[96] = "";
 	(void)api, (void)for_count;
-	memset(req, 0, sizeof *req);
-	if (ksv_resp_to_chat(body, &chat, param, sizeof param)) {
-		snprintf(req->err_param, sizeof req->err_param, "%s", param);
-		return KV_ERR_INVALID;
-	}
-	int rc = ksv_req_parse_json(KSV_API_CHAT, chat, req);
+	int rc = ksv_resp_to_chat(body, &chat, param, sizeof param);
+	if ((rc = ksv_wire_chat_req(rc, chat, param, req)))
+		return rc;
 	size_t i;
 	const json_t *inc;
 	json_array_foreach(json_object_get(body, "include"), i, inc)
@@ -578,17 +553,4 @@ static void resp_stream_error(struct ksv_answer *a, int status, const char *mess
 	emit(a, out, "response.failed", json_pack("{s:o}", "response", o));
 }
 
-const struct ksv_wire ksv_wire_responses = {
-	.name = "responses",
-	.answer_id_prefix = "resp_",
-	.tool_id_prefix = "call_",
-	.parse = resp_parse,
-	.start = resp_start,
-	.open = resp_open,
-	.delta = resp_delta,
-	.close = resp_close,
-	.finish = resp_finish,
-	.stream_error = resp_stream_error,
-	.body = resp_body,
-	.error_body = ksv_oai_error,
-};
+const struct ksv_wire ksv_wire_responses = KSV_WIRE_ROW(resp, "responses", "resp_", "call_", NULL, ksv_oai_error);

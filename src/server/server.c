@@ -13,6 +13,7 @@
 #include "server/browser.h"
 #include "base/buf.h"
 #include "base/clock.h"
+#include "base/corrupt.h"
 #include "base/env.h"
 #include "base/err.h"
 #include "base/hash.h"

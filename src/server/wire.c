@@ -299,3 +299,70 @@ json_t *ksv_explain_json(const struct kss_explain *e, int with_cached)
 						 : json_null());
 	return j;
 }
+
+void ksv_wire_copy_sampling(const json_t *body, json_t *chat)
+{
+	static const char *const copy[] = {"temperature", "top_p", "top_k", "stream", "min_p", "seed", "presence_penalty",
+					   "frequency_penalty", "repetition_penalty"};
+	json_t *v;
+	for (size_t k = 0; k < sizeof copy / sizeof *copy; k++)
+		if ((v = json_object_get(body, copy[k])) && !json_is_null(v))
+			json_object_set(chat, copy[k], v);
+	if (json_is_true(json_object_get(body, "stream")))
+		json_object_set_new(chat, "stream_options", json_pack("{s:b}", "include_usage", 1));
+}
+
+int ksv_wire_translated(int rc, json_t *msgs, json_t *chat, json_t **out)
+{
+	json_decref(msgs);
+	if (rc)
+		json_decref(chat);
+	else
+		*out = chat;
+	return rc;
+}
+
+int ksv_wire_chat_req(int rc, json_t *chat, const char *param, struct ksv_req *req)
+{
+	memset(req, 0, sizeof *req);
+	if (rc) {
+		snprintf(req->err_param, sizeof req->err_param, "%s", param);
+		return KV_ERR_INVALID;
+	}
+	return ksv_req_parse_json(KSV_API_CHAT, chat, req);
+}
+
+int ksv_wire_join_text(const json_t *c, const char *path, const char *what,
+		       int (*part)(const json_t *item, const char *path, struct kv_buf *out, char *param, size_t cap),
+		       struct kv_buf *out, char *param, size_t cap)
+{
+	char p[160];
+	if (json_is_string(c)) {
+		kv_buf_add(out, json_string_value(c), json_string_length(c));
+		return KV_OK;
+	}
+	if (!json_is_array(c))
+		return ksv_wire_bad(param, cap, path, "%s: must be a string or a list of %s", what);
+	size_t i;
+	const json_t *item;
+	json_array_foreach(c, i, item) {
+		snprintf(p, sizeof p, "%s[%zu]", path, i);
+		if (i)
+			kv_buf_adds(out, "\n");
+		int rc = part(item, p, out, param, cap);
+		if (rc)
+			return rc;
+	}
+	return KV_OK;
+}
+
+int ksv_wire_translate_begin(const json_t *body, json_t **out, char *param, size_t cap, json_t **chat, json_t **msgs)
+{
+	*out = NULL;
+	param[0] = 0;
+	if (!json_is_object(body))
+		return ksv_wire_bad(param, cap, "", "request body%s: must be a JSON object%s", NULL);
+	*chat = json_object();
+	*msgs = json_array();
+	return KV_OK;
+}

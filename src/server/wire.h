@@ -118,6 +118,14 @@ struct ksv_wire {
 	char *(*error_body)(int status, const char *msg, const char *param, size_t *len); /* malloc'd */
 };
 
+/* A format's row from its functions, named PREFIX_parse, PREFIX_start,
+ * ... PREFIX_body: the same names in every format, so a row is one line
+ * and a missing function a compile error. */
+#define KSV_WIRE_ROW(p, name_, answer_prefix, tool_prefix, step_, error_body_)                                  \
+	{.name = name_, .answer_id_prefix = answer_prefix, .tool_id_prefix = tool_prefix, .parse = p##_parse,        \
+	 .start = p##_start, .open = p##_open, .delta = p##_delta, .close = p##_close, .step = step_,                 \
+	 .finish = p##_finish, .stream_error = p##_stream_error, .body = p##_body, .error_body = error_body_}
+
 extern const struct ksv_wire ksv_wire_openai, ksv_wire_anthropic, ksv_wire_responses;
 /* The table of an API (wires.c, above the three formats). */
 const struct ksv_wire *ksv_wire_of(int id);
@@ -152,6 +160,29 @@ void ksv_wire_add_function(json_t *out, const char *name, const json_t *descript
 /* The miss explainer (session/explain.h) as JSON: {"shared_tokens",
  * "first_diff", "message", "role", "tool", "new", "cached"}. New ref. */
 json_t *ksv_explain_json(const struct kss_explain *e, int with_cached);
+
+/* --- what the translated APIs (Messages, Responses) share ----------------------- */
+
+/* The text of a string or a list of parts (each appended by part(), the
+ * item's path given as "path[i]"), parts joined with "\n"; `what` names
+ * the list in the error ("content blocks"). 0, or KV_ERR_INVALID with
+ * param set. */
+int ksv_wire_join_text(const json_t *c, const char *path, const char *what,
+		       int (*part)(const json_t *item, const char *path, struct kv_buf *out, char *param, size_t cap),
+		       struct kv_buf *out, char *param, size_t cap);
+/* The sampling fields a translated body carries as they are (request.c
+ * checks them: the penalties, min_p and seed are kvkeep's extensions
+ * there as on chat completions), and usage in the last stream chunk. */
+void ksv_wire_copy_sampling(const json_t *body, json_t *chat);
+/* The start of a translation: *out NULL, param "", the body must be an
+ * object; a new chat body and message list. 0 or KV_ERR_INVALID. */
+int ksv_wire_translate_begin(const json_t *body, json_t **out, char *param, size_t cap, json_t **chat, json_t **msgs);
+/* The end of a translation: drops msgs (the translation's own reference);
+ * on success (rc 0) hands chat to *out, else drops it. Returns rc. */
+int ksv_wire_translated(int rc, json_t *msgs, json_t *chat, json_t **out);
+/* The translated body as a validated request (ksv_req_parse_json takes
+ * chat); rc nonzero: the translation failed at `param`. */
+int ksv_wire_chat_req(int rc, json_t *chat, const char *param, struct ksv_req *req);
 /* The "kvkeep" usage extension in a usage object (when a->ext). */
 void ksv_wire_usage_ext(const struct ksv_answer *a, json_t *usage);
 

@@ -23,6 +23,7 @@
  * survives the restart.
  */
 #include "base/clock.h"
+#include "base/corrupt.h"
 #include "base/err.h"
 #include "base/io.h"
 #include "base/log.h"

@@ -2,6 +2,7 @@
  * ns.c - see ns.h.
  */
 #include "store/ns.h"
+#include "base/corrupt.h"
 #include "base/durable.h"
 #include "base/err.h"
 #include "base/io.h"

@@ -9,6 +9,7 @@
  */
 #include "store/obj.h"
 #include "base/clock.h"
+#include "base/corrupt.h"
 #include "base/durable.h"
 #include "base/err.h"
 #include "base/io.h"

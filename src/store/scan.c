@@ -13,6 +13,7 @@
  * on probing file names directly.
  */
 #include "base/clock.h"
+#include "base/corrupt.h"
 #include "base/durable.h"
 #include "base/env.h"
 #include "base/err.h"

@@ -626,3 +626,77 @@ int kv_tmpl_render(const struct kv_tmpl *t, const json_t *ctx, char **out, size_
 {
 	return kv_tmpl_render_ex(t, ctx, NULL, out, len);
 }
+
+/* ------------------------------------------------------------------------
+ * Calls: a macro runs template code, so it is called from here; methods
+ * and globals are jinja_builtins.c
+ * ---------------------------------------------------------------------- */
+
+static struct val call_macro(struct rt *rt, const struct node *at, const struct macro *m, const struct args *a)
+{
+	const struct node *def = m->def;
+	int np = def->tg->n, ndef = def->nw;
+	if (++rt->macro_depth > TM_MAX_MACRO_DEPTH)
+		kj_rfail(rt, at, KV_ERR_INVALID, "macros nested deeper than %d calls (runaway recursion?)",
+		      TM_MAX_MACRO_DEPTH);
+	kj_step(rt, at, 1);
+	struct scope *sc = kj_scope_new(rt, at, m->closure);
+	if (a->n > np && !def->varargs)
+		TYPE_ERR(rt, at, "macro '%s' takes not more than %d argument(s)", def->s, np);
+	uint8_t *used = kj_ralloc(rt, at, (size_t)a->nkw + 1);
+	memset(used, 0, (size_t)a->nkw + 1);
+	for (int i = 0; i < np; i++) {
+		struct val v = i < a->n ? a->v[i] : KJ_MISSING;
+		for (int k = 0; k < a->nkw; k++)
+			if (!strcmp(a->kwn[k], def->tg->names[i])) {
+				if (v.t != V_MISSING)
+					TYPE_ERR(rt, at, "macro '%s' got multiple values for argument '%s'", def->s,
+						 def->tg->names[i]);
+				v = a->kwv[k];
+				used[k] = 1;
+			}
+		if (v.t == V_MISSING) {
+			int di = i - (np - ndef);
+			v = di >= 0 ? kj_eval(rt, def->w[di], sc) : vundef(def->tg->names[i]);
+		}
+		kj_scope_set(rt, at, sc, def->tg->syms[i], v);
+	}
+	struct dict *kw = kj_dict_new(rt, at, 0);
+	for (int k = 0; k < a->nkw; k++)
+		if (!used[k]) {
+			if (!def->kwargs)
+				TYPE_ERR(rt, at, "macro '%s' takes no keyword argument '%s'", def->s, a->kwn[k]);
+			kj_dict_set(rt, at, kw, vstr(a->kwn[k], strlen(a->kwn[k])), a->kwv[k]);
+		}
+	if (def->varargs) {
+		int extra = a->n > np ? a->n - np : 0;
+		struct list *l = kj_list_new(rt, at, (size_t)extra, L_TUPLE);
+		for (int i = 0; i < extra; i++)
+			l->v[i] = a->v[np + i];
+		kj_scope_set(rt, at, sc, rt->t->sym_varargs, vlist(l));
+	}
+	if (def->kwargs)
+		kj_scope_set(rt, at, sc, rt->t->sym_kwargs, vdict(kw));
+	struct outbuf *saved = rt->cap, ob = {0};
+	int ctl = 0;
+	rt->cap = &ob;
+	kj_exec_body(rt, def->v, def->nv, sc, &ctl);
+	rt->cap = saved;
+	rt->macro_depth--;
+	return kj_ob_val(&ob);
+}
+
+struct val kj_call_value(struct rt *rt, const struct node *at, const struct val *f, const struct args *a)
+{
+	switch (f->t) {
+	case V_METHOD:
+		return kj_call_method(rt, at, &f->u.me->self, f->fn, a);
+	case V_FUNC:
+		return kj_call_global(rt, at, f->fn, a);
+	case V_MACRO:
+		return call_macro(rt, at, f->u.m, a);
+	case V_UNDEF:
+		kj_fail_undef(rt, at, f);
+	}
+	TYPE_ERR(rt, at, "'%s' object is not callable", kj_kind_name(f));
+}

@@ -1,9 +1,9 @@
 /*
  * jinja_int.h - internal to src/text/: what the pieces of the Jinja
  * interpreter behind text/template.h share (jinja_lex.c, jinja_parse.c,
- * jinja_value.c, jinja_builtins.c, jinja_eval.c) and what the chat layer
- * (chat.c) uses of them. Names shared between the pieces carry the kj_
- * prefix; everything else stays static in its piece.
+ * jinja_value.c, jinja_builtins.c, jinja_filters.c, jinja_eval.c) and what
+ * the chat layer (chat.c) uses of them. Names shared between the pieces
+ * carry the kj_ prefix; everything else stays static in its piece.
  *
  * What it renders. The chat_template of a tokenizer_config.json, the way
  * Hugging Face renders it: jinja2.sandbox.ImmutableSandboxedEnvironment
@@ -301,6 +301,35 @@ enum test {
 
 enum gfn { G_RANGE, G_NAMESPACE, G_RAISE, G_STRFTIME, G_DICT, G_LIPSUM, G_CYCLER, G_JOINER, G__COUNT };
 
+/* Methods of Python str/dict/list objects. The ones marked unsupported
+ * below exist in Python; calling them is an error here rather than the
+ * Undefined Jinja would give for a name Python does not have. */
+enum meth {
+	/* str */
+	M_S_CAPITALIZE, M_S_CENTER, M_S_COUNT, M_S_ENDSWITH, M_S_FIND, M_S_FORMAT, M_S_INDEX, M_S_ISALNUM,
+	M_S_ISALPHA, M_S_ISDIGIT, M_S_ISLOWER, M_S_ISSPACE, M_S_ISUPPER, M_S_JOIN, M_S_LJUST, M_S_LOWER,
+	M_S_LSTRIP, M_S_PARTITION, M_S_REMOVEPREFIX, M_S_REMOVESUFFIX, M_S_REPLACE, M_S_RFIND, M_S_RINDEX,
+	M_S_RJUST, M_S_RPARTITION, M_S_RSPLIT, M_S_RSTRIP, M_S_SPLIT, M_S_SPLITLINES, M_S_STARTSWITH,
+	M_S_STRIP, M_S_TITLE, M_S_UPPER, M_S_ZFILL, M_S_ISNUMERIC, M_S_ISDECIMAL,
+	M_S__UNSUPPORTED, /* marker: str methods below are not implemented */
+	M_S_CASEFOLD, M_S_ENCODE, M_S_EXPANDTABS, M_S_FORMAT_MAP, M_S_ISASCII, M_S_ISIDENTIFIER,
+	M_S_ISPRINTABLE, M_S_ISTITLE, M_S_MAKETRANS, M_S_SWAPCASE, M_S_TRANSLATE,
+	/* dict */
+	M_D_GET, M_D_ITEMS, M_D_KEYS, M_D_VALUES, M_D_COPY,
+	M_D__UNSUPPORTED,
+	M_D_CLEAR, M_D_FROMKEYS, M_D_POP, M_D_POPITEM, M_D_SETDEFAULT, M_D_UPDATE,
+	/* list / tuple */
+	M_L_COUNT, M_L_INDEX, M_L_COPY,
+	M_L__UNSUPPORTED,
+	M_L_APPEND, M_L_CLEAR, M_L_EXTEND, M_L_INSERT, M_L_POP, M_L_REMOVE, M_L_REVERSE, M_L_SORT,
+	/* loop */
+	M_LOOP_CYCLE, M_LOOP_CHANGED,
+	M__COUNT
+};
+
+/* str case conversions (kj_str_case). */
+enum { CASE_LOWER, CASE_UPPER, CASE_TITLE, CASE_CAPITALIZE };
+
 /* ------------------------------------------------------------------------
  * The compiled template
  * ---------------------------------------------------------------------- */
@@ -465,8 +494,6 @@ kj_cfail(struct cstate *cs, size_t off, const char *fmt, ...);
 void __attribute__((noreturn)) kj_cnomem(struct cstate *cs);
 void *kj_calloc_c(struct cstate *cs, size_t n);
 void kj_lex(struct cstate *cs);
-
-/* --- jinja_parse.c --- */
 void kj_pos_of(const struct kv_tmpl *t, size_t off, int *line, int *col);
 
 /* --- jinja_value.c --- */
@@ -527,19 +554,44 @@ struct val kj_do_slice(struct rt *rt, const struct node *at, const struct val *o
 const struct list *kj_iter_items(struct rt *rt, const struct node *at, const struct val *v);
 int64_t kj_val_len(struct rt *rt, const struct node *at, const struct val *v);
 
+/* --- jinja_value.c: method names and markup --- */
+extern const char *const kj_meth_names[M__COUNT];
+int kj_meth_lookup(int vkind, int lkind, const char *s, size_t n);
+struct val kj_markup_escape(struct rt *rt, const struct node *at, const struct val *v);
+
 /* --- jinja_builtins.c --- */
-extern const char *const kj_filt_names[F__COUNT];
-extern const char *const kj_test_names[T__COUNT];
 extern const char *const kj_gfn_names[G__COUNT];
 int kj_find_name(const char *const *tab, int n, const char *s, size_t len);
-int kj_meth_lookup(int vkind, int lkind, const char *s, size_t n);
-struct val kj_call_value(struct rt *rt, const struct node *at, const struct val *f, const struct args *a);
-struct val kj_markup_escape(struct rt *rt, const struct node *at, const struct val *v);
+void kj_bind(struct rt *rt, const struct node *at, const char *fname, const char *const *pn, int np, int nreq,
+		 const struct args *a, struct val *out);
+int64_t kj_want_int(struct rt *rt, const struct node *at, const char *fname, const struct val *v);
+const struct val *kj_want_str(struct rt *rt, const struct node *at, const char *fname, const struct val *v);
+struct val kj_str_case(struct rt *rt, const struct node *at, const struct val *s, int mode);
+int kj_str_is_case(const struct val *s, int upper);
+struct val kj_str_strip(struct rt *rt, const struct node *at, const struct val *s, const struct val *chars,
+			    int which);
+struct val kj_str_split(struct rt *rt, const struct node *at, const struct val *s, const struct val *sep,
+			    int64_t maxsplit, int right);
+struct val kj_str_replace(struct rt *rt, const struct node *at, const struct val *s, const struct val *old,
+			      const struct val *new, int64_t count);
+struct val kj_str_pad(struct rt *rt, const struct node *at, const struct val *s, int64_t width,
+			  const struct val *fill, int mode /* 0 center, 1 ljust, 2 rjust */);
+struct val kj_str_splitlines(struct rt *rt, const struct node *at, const struct val *s, int keepends);
+struct val kj_str_join(struct rt *rt, const struct node *at, const struct val *sep, const struct list *items,
+			   int strict);
+struct val kj_call_method(struct rt *rt, const struct node *at, const struct val *self, int id,
+			  const struct args *a);
+struct val kj_call_global(struct rt *rt, const struct node *at, int fn, const struct args *a);
+
+/* --- jinja_filters.c --- */
+extern const char *const kj_filt_names[F__COUNT];
+extern const char *const kj_test_names[T__COUNT];
 struct val kj_call_filter(struct rt *rt, const struct node *at, int id, const struct val *v,
 			      const struct args *a);
 int kj_test_value(struct rt *rt, const struct node *at, int id, const struct val *v, const struct args *a);
 
 /* --- jinja_eval.c --- */
+struct val kj_call_value(struct rt *rt, const struct node *at, const struct val *f, const struct args *a);
 struct val kj_eval(struct rt *rt, const struct node *x, struct scope *sc);
 void kj_exec_body(struct rt *rt, struct node *const *v, int n, struct scope *sc, int *ctl);
 int kj_render_core(const struct kv_tmpl *t, const struct gval *g, int ng, const struct kv_tmpl_limits *lim,

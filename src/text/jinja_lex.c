@@ -10,6 +10,22 @@ const char *const kj_op_text[] = {
 	"<=", "=", ".", ":", "|", ",", ";",
 };
 
+/* Line and column (1-based, in code points) of byte offset off: a binary
+ * search of the line starts kv_tmpl_compile records before lexing. */
+void kj_pos_of(const struct kv_tmpl *t, size_t off, int *line, int *col)
+{
+	int lo = 0, hi = t->n_lines - 1;
+	while (lo < hi) {
+		int mid = (lo + hi + 1) / 2;
+		if (t->lines[mid] <= off)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	*line = lo + 1;
+	*col = (int)kv_utf8_count(t->src + t->lines[lo], off - t->lines[lo]) + 1;
+}
+
 void __attribute__((noreturn, format(printf, 3, 4)))
 kj_cfail(struct cstate *cs, size_t off, const char *fmt, ...)
 {

@@ -5,20 +5,6 @@
  */
 #include "text/jinja_int.h"
 
-void kj_pos_of(const struct kv_tmpl *t, size_t off, int *line, int *col)
-{
-	int lo = 0, hi = t->n_lines - 1;
-	while (lo < hi) {
-		int mid = (lo + hi + 1) / 2;
-		if (t->lines[mid] <= off)
-			lo = mid;
-		else
-			hi = mid - 1;
-	}
-	*line = lo + 1;
-	*col = (int)kv_utf8_count(t->src + t->lines[lo], off - t->lines[lo]) + 1;
-}
-
 /* ------------------------------------------------------------------------
  * Parser (jinja2.parser's grammar and precedence)
  * ---------------------------------------------------------------------- */

@@ -1624,3 +1624,85 @@ int64_t kj_val_len(struct rt *rt, const struct node *at, const struct val *v)
 	}
 	TYPE_ERR(rt, at, "object of type '%s' has no len()", kj_kind_name(v));
 }
+
+/* ------------------------------------------------------------------------
+ * Method names (attribute lookup finds them; jinja_builtins.c runs them)
+ * ---------------------------------------------------------------------- */
+
+const char *const kj_meth_names[M__COUNT] = {
+	"capitalize", "center", "count", "endswith", "find", "format", "index", "isalnum", "isalpha",
+	"isdigit", "islower", "isspace", "isupper", "join", "ljust", "lower", "lstrip", "partition",
+	"removeprefix", "removesuffix", "replace", "rfind", "rindex", "rjust", "rpartition", "rsplit",
+	"rstrip", "split", "splitlines", "startswith", "strip", "title", "upper", "zfill", "isnumeric",
+	"isdecimal", "",
+	"casefold", "encode", "expandtabs", "format_map", "isascii", "isidentifier", "isprintable",
+	"istitle", "maketrans", "swapcase", "translate",
+	"get", "items", "keys", "values", "copy", "",
+	"clear", "fromkeys", "pop", "popitem", "setdefault", "update",
+	"count", "index", "copy", "",
+	"append", "clear", "extend", "insert", "pop", "remove", "reverse", "sort",
+	"cycle", "changed",
+};
+
+/* Method id for a name on an object of the given kind, or -1. */
+int kj_meth_lookup(int vkind, int lkind, const char *s, size_t n)
+{
+	int lo, hi;
+	if (vkind == V_STR)
+		lo = M_S_CAPITALIZE, hi = M_D_GET;
+	else if (vkind == V_DICT)
+		lo = M_D_GET, hi = M_L_COUNT;
+	else if (vkind == V_LIST && (lkind == L_LIST || lkind == L_TUPLE))
+		lo = M_L_COUNT, hi = M_LOOP_CYCLE;
+	else if (vkind == V_LOOP)
+		lo = M_LOOP_CYCLE, hi = M__COUNT;
+	else
+		return -1;
+	for (int i = lo; i < hi; i++)
+		if (kj_meth_names[i][0] && strlen(kj_meth_names[i]) == n && !memcmp(kj_meth_names[i], s, n)) {
+			/* tuples have count/index only */
+			if (vkind == V_LIST && lkind == L_TUPLE && i != M_L_COUNT && i != M_L_INDEX)
+				return -1;
+			return i;
+		}
+	return -1;
+}
+
+/* ------------------------------------------------------------------------
+ * Markup: the escape of the e / escape filters and of safe concatenation
+ * ---------------------------------------------------------------------- */
+
+struct val kj_markup_escape(struct rt *rt, const struct node *at, const struct val *v)
+{
+	if (v->t == V_STR && v->safe)
+		return *v;
+	struct val s = kj_str_of(rt, at, v);
+	struct outbuf b = {0};
+	size_t run = 0;
+	for (size_t i = 0; i < s.u.s.n; i++) {
+		const char *e = NULL;
+		switch (s.u.s.p[i]) {
+		case '&': e = "&amp;"; break;
+		case '<': e = "&lt;"; break;
+		case '>': e = "&gt;"; break;
+		case '"': e = "&#34;"; break;
+		case '\'': e = "&#39;"; break;
+		}
+		if (!e) {
+			run++;
+			continue;
+		}
+		kj_ob_add(rt, at, &b, s.u.s.p + i - run, run);
+		run = 0;
+		kj_ob_adds(rt, at, &b, e);
+	}
+	struct val r;
+	if (!b.n) {
+		r = s;
+	} else {
+		kj_ob_add(rt, at, &b, s.u.s.p + s.u.s.n - run, run);
+		r = kj_ob_val(&b);
+	}
+	r.safe = 1;
+	return r;
+}

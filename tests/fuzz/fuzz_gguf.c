@@ -67,11 +67,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		const uint8_t *p = t->data;
 		CHECK(p >= data && t->offset <= size && t->nbytes <= size - t->offset && p == data + t->offset);
 		CHECK(kv_gguf_tensor_find(g, t->name) == t);
-		int qk = kq_block_elems(t->dtype);
+		int qk = kv_dtype_block_elems(t->dtype);
 		CHECK(qk > 0 && t->numel % (uint64_t)qk == 0 && t->shape[t->ndim - 1] % qk == 0);
 		float buf[256];
 		uint64_t n = (uint64_t)qk;
-		if (t->dtype == KV_DT_F32 || t->dtype == KV_DT_F16 || t->dtype == KV_DT_BF16 || kq_is_quant(t->dtype)) {
+		if (t->dtype == KV_DT_F32 || t->dtype == KV_DT_F16 || t->dtype == KV_DT_BF16 || kv_dtype_is_quant(t->dtype)) {
 			CHECK(kv_tensor_to_f32(t, buf, 0, n) == KV_OK);
 			CHECK(kv_tensor_to_f32(t, buf, t->numel - n, n) == KV_OK);
 		}

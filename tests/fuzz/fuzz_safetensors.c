@@ -87,7 +87,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		CHECK(rc == KV_OK || (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->dtype != KV_DT_F16 &&
 				      t->dtype != KV_DT_F64));
 		if (kv_tensor_view(t, t->dtype))
-			CHECK(kv_st_is_aligned(t));
+			CHECK(kv_tensor_is_aligned(t));
 		void *d = kv_tensor_dup(t, KV_MEM_OTHER);
 		CHECK(d && (!t->nbytes || !memcmp(d, t->data, t->nbytes)));
 		kv_free(d);

@@ -5,6 +5,7 @@
 #include "kt.h"
 #include "base/buf.h"
 #include "base/clock.h"
+#include "base/corrupt.h"
 #include "base/durable.h"
 #include "base/err.h"
 #include "base/hash.h"
@@ -19,6 +20,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -42,6 +45,84 @@ KT_CASE(errors_have_names)
 	KT_CHECK(strstr(kv_errmsg(), "a.bin") && strstr(kv_errmsg(), "offset 17"));
 	KT_EQ_INT(kv_log_parse_level("debug"), KV_LOG_DEBUG);
 	KT_EQ_INT(kv_log_parse_level("bogus"), -1);
+}
+
+/* The child half of log_invalid_level_warns_once, in a fresh process (the
+ * logger reads KVKEEP_LOG once per process): five threads log at once. */
+static void *log_probe(void *arg)
+{
+	kv_log(KV_LOG_INFO, "test.probe", "thread=%d", (int)(intptr_t)arg);
+	return NULL;
+}
+
+static int count_of(const char *hay, const char *needle)
+{
+	int n = 0;
+	for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+		n++;
+	return n;
+}
+
+/* KVKEEP_LOG=bogus once hung every program that logged: the logger's
+ * one-time initialisation reported the bad value through kv_log, which
+ * waited on the same pthread_once (issue 37). Now it warns exactly once,
+ * from whichever thread logs first, and logs at the default level (info). */
+KT_CASE(log_invalid_level_warns_once)
+{
+	if (getenv("KT_LOG_CHILD")) {
+		pthread_t t[4];
+		for (int i = 0; i < 4; i++)
+			pthread_create(&t[i], NULL, log_probe, (void *)(intptr_t)(i + 1));
+		log_probe(0);
+		for (int i = 0; i < 4; i++)
+			pthread_join(t[i], NULL);
+		return;
+	}
+	int fd[2];
+	KT_REQUIRE(pipe(fd) == 0);
+	pid_t pid = fork();
+	KT_REQUIRE(pid >= 0);
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+		dup2(null, 1);
+		dup2(fd[1], 2);
+		close(fd[0]);
+		setenv("KVKEEP_LOG", "bo\"gus", 1);
+		setenv("KT_LOG_CHILD", "1", 1);
+		execl("/proc/self/exe", "test_base", "log_invalid_level_warns_once", (char *)NULL);
+		_exit(127);
+	}
+	close(fd[1]);
+	char out[8192];
+	size_t n = 0;
+	int hung = 0;
+	for (;;) {
+		struct pollfd p = {fd[0], POLLIN, 0};
+		int r = poll(&p, 1, 10000);
+		if (r == 0) {
+			hung = 1;
+			break;
+		}
+		ssize_t k = r > 0 ? read(fd[0], out + n, sizeof out - 1 - n) : -1;
+		if (k <= 0 || n + (size_t)k >= sizeof out - 1) {
+			if (k > 0)
+				n += (size_t)k;
+			break;
+		}
+		n += (size_t)k;
+	}
+	out[n] = 0;
+	close(fd[0]);
+	if (hung)
+		kill(pid, SIGKILL);
+	int st = 0;
+	waitpid(pid, &st, 0);
+	KT_CHECKF(!hung, "a program with KVKEEP_LOG=bogus still hangs in its first log call");
+	KT_CHECKF(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %d: %s", st, out);
+	KT_EQ_INT(count_of(out, "event=log.level_invalid"), 1);
+	/* the value is quoted with its quote escaped, so it cannot end the field */
+	KT_CHECKF(strstr(out, "level=warn event=log.level_invalid value=\"bo\\\"gus\" using=info"), "%s", out);
+	KT_EQ_INT(count_of(out, "level=info event=test.probe"), 5);
 }
 
 KT_CASE(crc32c_vectors)
@@ -553,7 +634,7 @@ KT_CASE(json_big_numbers)
 	KT_EQ_INT(kv_json_parse("t", "[01]", 4, 16, &v), KV_ERR_INVALID);
 }
 
-KT_MAIN(errors_have_names, pages_refcount, crc32c_vectors, xxh3_basics, buf_appends, map_matches_a_model, mem_accounting,
+KT_MAIN(errors_have_names, log_invalid_level_warns_once, pages_refcount, crc32c_vectors, xxh3_basics, buf_appends, map_matches_a_model, mem_accounting,
 	pool_covers_every_index_once, tls_scratch_freed_at_thread_exit, clock_moves, durable_write_basic, durable_write_public_follows_the_umask,
 	durable_write_faults,
 	durable_write_crash_each_step, durable_write_crash_exit_child, read_only_folder, json_helpers,

@@ -6,6 +6,7 @@
  */
 #include "kt.h"
 #include "model/config.h"
+#include "model/open.h"
 #include "base/err.h"
 
 #include <stdlib.h>

@@ -5,7 +5,9 @@
  */
 #include "kt.h"
 #include "model/gguf.h"
+#include "model/gguf_convert.h"
 #include "model/gguf_model.h"
+#include "model/open.h"
 #include "model/quant.h"
 #include "model/config.h"
 #include "text/template.h"

@@ -18,15 +18,19 @@
 #include "base/io.h"
 #include "base/mem.h"
 #include "engine/isa.h"
+#include "engine/matmul.h"
 #include "engine/gemm.h"
 #include "base/clock.h"
 #include "engine/model.h"
 #include "engine/qgemm.h"
 #include "engine/seq.h"
 #include "model/config.h"
+#include "model/gguf_convert.h"
 #include "model/gguf_model.h"
+#include "model/open.h"
 #include "model/quant.h"
 #include "model/safetensors.h"
+#include "model/weights.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -145,7 +149,7 @@ static int dequant_folder(const char *hf, const char *gg, const char *out)
 			break;
 		}
 		bufs[i] = malloc(th->numel * 4);
-		int mat = th->ndim >= 2 && kq_is_quant(tq->dtype);
+		int mat = th->ndim >= 2 && kv_dtype_is_quant(tq->dtype);
 		const struct kv_tensor *src = mat || tq->dtype != KV_DT_F32 ? tq : th;
 		if (!mat && tq->dtype == KV_DT_F32)
 			src = th; /* norms, A: the original values (what the GGUF holds, +1 / -exp aside) */

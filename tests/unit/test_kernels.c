@@ -15,6 +15,7 @@
 #include "engine/deltanet.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/matmul.h"
 #include "engine/sample.h"
 #include "engine/vec.h"
 #include "model/safetensors.h"

@@ -12,6 +12,7 @@
 #include "base/err.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/matmul.h"
 #include "engine/qdot.h"
 #include "engine/qgemm.h"
 #include "model/quant.h"
@@ -152,7 +153,7 @@ static void weight_rows(int dt, uint8_t *wq, int N, int K, uint64_t *s)
 		}
 		for (size_t i = 0; i < rb; i++)
 			row[i] = r % 4 == 3 ? 0xFF : (uint8_t)kt_rand(s);
-		size_t bsz = kq_block_bytes(dt);
+		size_t bsz = kv_dtype_block_bytes(dt);
 		int f[2];
 		f16_fields(dt, f);
 		for (size_t b = 0; b < rb / bsz; b++) {

@@ -24,12 +24,12 @@ KT_CASE(block_sizes)
 	const int qk[] = {32, 32, 32, 32, 32, 256, 256, 256, 256, 256, 256};
 	const size_t bytes[] = {18, 20, 22, 24, 34, 84, 110, 144, 176, 210, 292};
 	for (size_t i = 0; i < N_TYPES; i++) {
-		KT_EQ_INT(kq_block_elems(g_types[i]), qk[i]);
-		KT_EQ_U64(kq_block_bytes(g_types[i]), bytes[i]);
-		KT_CHECK(kq_is_quant(g_types[i]));
+		KT_EQ_INT(kv_dtype_block_elems(g_types[i]), qk[i]);
+		KT_EQ_U64(kv_dtype_block_bytes(g_types[i]), bytes[i]);
+		KT_CHECK(kv_dtype_is_quant(g_types[i]));
 		KT_EQ_INT(kq_dtype_from_ggml(kq_ggml_from_dtype(g_types[i])), g_types[i]);
 	}
-	KT_CHECK(!kq_is_quant(KV_DT_F32));
+	KT_CHECK(!kv_dtype_is_quant(KV_DT_F32));
 	KT_EQ_INT(kq_dtype_from_ggml(16), -1); /* IQ2_XXS: not read */
 	KT_EQ_STR(kq_ggml_name(16), "IQ2_XXS");
 	KT_CHECK(kq_ggml_name(4) == NULL);
@@ -171,8 +171,8 @@ KT_CASE(dequant_bit_identical_to_ggml)
 			     KV_DT_Q4_K, KV_DT_Q5_K, KV_DT_Q6_K, KV_DT_F16, KV_DT_BF16};
 	uint64_t s = 11;
 	for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-		int dt = types[t], qk = kq_block_elems(dt);
-		size_t bb = kq_block_bytes(dt), nblk = 400 * 256 / (size_t)qk, n = nblk * (size_t)qk;
+		int dt = types[t], qk = kv_dtype_block_elems(dt);
+		size_t bb = kv_dtype_block_bytes(dt), nblk = 400 * 256 / (size_t)qk, n = nblk * (size_t)qk;
 		uint8_t *b = malloc(nblk * bb);
 		float *mine = malloc(n * 4), *theirs = malloc(n * 4);
 		for (size_t i = 0; i < nblk * bb; i++)

@@ -12,9 +12,11 @@
  */
 #include "kt.h"
 #include "model/config.h"
+#include "model/open.h"
 #include "model/safetensors.h"
 #include "model/genconfig.h"
 #include "model/synth.h"
+#include "model/weights.h"
 #include "base/durable.h"
 #include "base/err.h"
 #include "base/io.h"

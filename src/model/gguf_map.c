@@ -1,0 +1,212 @@
+/*
+ * gguf_map.c - see gguf_map.h. One table per kind of name serves both
+ * directions, so conversion and loading cannot drift apart.
+ */
+#include "model/gguf_map.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Pre-tokenizer regexes by tokenizer.ggml.pre (the Split patterns of the
+ * real tokenizer.json files). */
+static const char g_re_qwen2[] =
+	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+	"\\s+(?!\\S)|\\s+";
+static const char g_re_qwen35[] =
+	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"
+	"\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+struct name_map {
+	const char *hf;       /* suffix after "model.layers.N." (or full top-level name) */
+	const char *gg;       /* suffix after "blk.N." */
+	int hybrid_only;      /* 1 hybrid, 0 both, -1 dense only */
+	int xf;
+};
+
+static const struct name_map g_layer[] = {
+	{"input_layernorm.weight", "attn_norm.weight", 0, KV_GGUF_XF_NORM1},
+	{"post_attention_layernorm.weight", "ffn_norm.weight", -1, KV_GGUF_XF_NONE},
+	{"post_attention_layernorm.weight", "post_attention_norm.weight", 1, KV_GGUF_XF_NORM1},
+	{"self_attn.q_proj.weight", "attn_q.weight", 0, KV_GGUF_XF_NONE},
+	{"self_attn.k_proj.weight", "attn_k.weight", 0, KV_GGUF_XF_NONE},
+	{"self_attn.v_proj.weight", "attn_v.weight", 0, KV_GGUF_XF_NONE},
+	{"self_attn.o_proj.weight", "attn_output.weight", 0, KV_GGUF_XF_NONE},
+	{"self_attn.q_norm.weight", "attn_q_norm.weight", 0, KV_GGUF_XF_NORM1},
+	{"self_attn.k_norm.weight", "attn_k_norm.weight", 0, KV_GGUF_XF_NORM1},
+	{"mlp.gate_proj.weight", "ffn_gate.weight", 0, KV_GGUF_XF_NONE},
+	{"mlp.up_proj.weight", "ffn_up.weight", 0, KV_GGUF_XF_NONE},
+	{"mlp.down_proj.weight", "ffn_down.weight", 0, KV_GGUF_XF_NONE},
+	{"linear_attn.in_proj_qkv.weight", "attn_qkv.weight", 1, KV_GGUF_XF_VROWS},
+	{"linear_attn.in_proj_z.weight", "attn_gate.weight", 1, KV_GGUF_XF_VROWS},
+	{"linear_attn.in_proj_b.weight", "ssm_beta.weight", 1, KV_GGUF_XF_VROWS},
+	{"linear_attn.in_proj_a.weight", "ssm_alpha.weight", 1, KV_GGUF_XF_VROWS},
+	{"linear_attn.conv1d.weight", "ssm_conv1d.weight", 1, KV_GGUF_XF_VROWS},
+	{"linear_attn.dt_bias", "ssm_dt.bias", 1, KV_GGUF_XF_VROWS},
+	{"linear_attn.A_log", "ssm_a", 1, KV_GGUF_XF_NEGEXP},
+	{"linear_attn.norm.weight", "ssm_norm.weight", 1, KV_GGUF_XF_NONE},
+	{"linear_attn.out_proj.weight", "ssm_out.weight", 1, KV_GGUF_XF_VCOLS},
+};
+#define N_LAYER_MAP (sizeof g_layer / sizeof g_layer[0])
+
+const char *kv_gguf_arch(const struct kv_model_config *c)
+{
+	if (c->arch == KV_ARCH_QWEN3_NEXT)
+		return "qwen3next";
+	if (c->hybrid)
+		return c->n_moe_layers ? "qwen35moe" : "qwen35";
+	return "qwen3";
+}
+
+/* The MoE tensors of a layer (llama.cpp's qwen35moe / qwen3next names).
+ * The routed experts are stacks [E][rows][cols]: ffn_gate_exps and
+ * ffn_up_exps [E][I][D], ffn_down_exps [E][D][I] (or llama.cpp's fused
+ * ffn_gate_up_exps [E][2I][D], read only). They load under mlx-lm's
+ * SwitchGLU names (or the HF stacked names for the fused one), which the
+ * engine views per expert (engine/moe.c). ffn_gate_inp_shexp is 1-D [D]
+ * where HF's shared_expert_gate is [1, D]. */
+static const struct {
+	const char *hf, *gg;
+} g_moe[] = {
+	{"mlp.gate.weight", "ffn_gate_inp.weight"},
+	{"mlp.switch_mlp.gate_proj.weight", "ffn_gate_exps.weight"},
+	{"mlp.switch_mlp.up_proj.weight", "ffn_up_exps.weight"},
+	{"mlp.switch_mlp.down_proj.weight", "ffn_down_exps.weight"},
+	{"mlp.experts.gate_up_proj", "ffn_gate_up_exps.weight"},
+	{"mlp.experts.down_proj", "ffn_down_exps.weight"},
+	{"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+	{"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+	{"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+	{"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"},
+	/* qwen3next's fused DeltaNet projections: llama.cpp's converter splits
+	 * in_proj_qkvz into attn_qkv + attn_gate; old files have ssm_in */
+	{"linear_attn.in_proj_qkvz.weight", "ssm_in.weight"},
+	{"linear_attn.in_proj_ba.weight", "ssm_ba.weight"},
+};
+#define N_MOE_MAP (sizeof g_moe / sizeof g_moe[0])
+
+static int applies(const struct name_map *m, const struct kv_model_config *c)
+{
+	return m->hybrid_only == 0 || (m->hybrid_only == 1) == (c->hybrid != 0);
+}
+
+int kv_gguf_name_from_hf(const struct kv_model_config *c, const char *hf, char *buf, size_t cap)
+{
+	const char *p = "model.";
+	int layer;
+	if (!strcmp(hf, "model.embed_tokens.weight"))
+		return snprintf(buf, cap, "token_embd.weight"), 1;
+	if (!strcmp(hf, "model.norm.weight"))
+		return snprintf(buf, cap, "output_norm.weight"), 1;
+	if (!strcmp(hf, "lm_head.weight"))
+		return snprintf(buf, cap, "output.weight"), 1;
+	if (strncmp(hf, p, strlen(p)) || sscanf(hf + strlen(p), "layers.%d.", &layer) != 1)
+		return 0;
+	const char *rest = strchr(hf + strlen(p) + 7, '.');
+	if (!rest)
+		return 0;
+	rest++;
+	for (size_t i = 0; i < N_LAYER_MAP; i++)
+		if (applies(&g_layer[i], c) && !strcmp(rest, g_layer[i].hf))
+			return snprintf(buf, cap, "blk.%d.%s", layer, g_layer[i].gg), 1;
+	for (size_t i = 0; i < N_MOE_MAP; i++)
+		if (!strcmp(rest, g_moe[i].hf))
+			return snprintf(buf, cap, "blk.%d.%s", layer, g_moe[i].gg), 1;
+	return 0;
+}
+
+const char *kv_gguf_layer_hf(const struct kv_model_config *c, const char *gg, int *xf)
+{
+	for (size_t m = 0; m < N_LAYER_MAP; m++)
+		if (applies(&g_layer[m], c) && !strcmp(gg, g_layer[m].gg)) {
+			if (xf)
+				*xf = g_layer[m].xf;
+			return g_layer[m].hf;
+		}
+	return NULL;
+}
+
+const char *kv_gguf_moe_hf(const char *gg)
+{
+	for (size_t m = 0; m < N_MOE_MAP; m++)
+		if (!strcmp(gg, g_moe[m].gg))
+			return g_moe[m].hf;
+	return NULL;
+}
+
+/* --- value-head order -------------------------------------------------------- */
+
+/* HF head of tiled position h (toward GGUF) or tiled position of HF head
+ * h (from GGUF). Hk | Hv is checked by the config. */
+static int vhead_src(const struct kv_model_config *c, int h, int to_gguf)
+{
+	int Hk = c->lin_k_heads, per = c->lin_v_heads / c->lin_k_heads;
+	if (to_gguf)
+		return (h % Hk) * per + h / Hk;
+	return (h % per) * Hk + h / per;
+}
+
+/* llama.cpp's qwen35 / qwen35moe converter tiles the value heads; its
+ * qwen3next converter keeps Hugging Face's grouped order. */
+int kv_gguf_vperm(const struct kv_model_config *c)
+{
+	return c->hybrid && c->arch != KV_ARCH_QWEN3_NEXT && c->lin_k_heads != c->lin_v_heads;
+}
+
+/* Where the value heads sit in a tensor's rows: first row and rows per head. */
+void kv_gguf_vrows(const struct kv_model_config *c, const char *gg, int64_t *voff, int64_t *vrow)
+{
+	int64_t kd = 2ll * c->lin_k_heads * c->lin_k_dim;
+	if (!strncmp(gg, "blk.", 4) && strchr(gg + 4, '.'))
+		gg = strchr(gg + 4, '.') + 1;
+	*voff = 0;
+	*vrow = c->lin_v_dim;
+	if (strstr(gg, "attn_qkv") || strstr(gg, "ssm_conv1d"))
+		*voff = kd;
+	else if (strstr(gg, "ssm_beta") || strstr(gg, "ssm_alpha") || strstr(gg, "ssm_dt") || !strcmp(gg, "ssm_a"))
+		*vrow = 1;
+}
+
+/* Permute value-head rows of a row-major byte matrix in place via tmp. */
+void kv_gguf_perm_rows(const struct kv_model_config *c, uint8_t *p, size_t row_bytes, int64_t voff, int64_t vrow,
+		       int to_gguf, uint8_t *tmp)
+{
+	size_t blk = (size_t)vrow * row_bytes;
+	uint8_t *v = p + (size_t)voff * row_bytes;
+	memcpy(tmp, v, blk * (size_t)c->lin_v_heads);
+	for (int h = 0; h < c->lin_v_heads; h++)
+		memcpy(v + (size_t)h * blk, tmp + (size_t)vhead_src(c, h, to_gguf) * blk, blk);
+}
+
+/* Permute value-head column blocks of each row (block = dv elements of
+ * elem_bytes, or whole quant blocks: bytes per head). */
+void kv_gguf_perm_cols(const struct kv_model_config *c, uint8_t *p, int64_t rows, size_t row_bytes,
+		       size_t head_bytes, int to_gguf, uint8_t *tmp)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		uint8_t *row = p + (size_t)r * row_bytes;
+		memcpy(tmp, row, row_bytes);
+		for (int h = 0; h < c->lin_v_heads; h++)
+			memcpy(row + (size_t)h * head_bytes, tmp + (size_t)vhead_src(c, h, to_gguf) * head_bytes,
+			       head_bytes);
+	}
+}
+
+/* --- the pre-tokenizer ------------------------------------------------------- */
+
+const char *kv_gguf_pre_regex(const char *pre)
+{
+	if (pre && !strcmp(pre, "qwen2"))
+		return g_re_qwen2;
+	if (pre && !strcmp(pre, "qwen35"))
+		return g_re_qwen35;
+	return NULL;
+}
+
+const char *kv_gguf_pre_name(const char *re)
+{
+	if (re && !strcmp(re, g_re_qwen2))
+		return "qwen2";
+	if (re && !strcmp(re, g_re_qwen35))
+		return "qwen35";
+	return NULL;
+}
