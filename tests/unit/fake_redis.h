@@ -165,7 +165,7 @@ static void fr_sendf(int fd, const char *fmt, ...)
 }
 
 /* caller holds mu */
-static struct fr_kv **fr_find(struct fr_cluster *cl, const char *k, size_t kl)
+static inline struct fr_kv **fr_find(struct fr_cluster *cl, const char *k, size_t kl)
 {
 	for (struct fr_kv **p = &cl->kv; *p; p = &(*p)->next)
 		if ((*p)->klen == kl && !memcmp((*p)->key, k, kl))
@@ -194,7 +194,7 @@ static void fr_put(struct fr_cluster *cl, const char *k, size_t kl, const char *
 	pthread_mutex_unlock(&cl->mu);
 }
 
-static int fr_exists(struct fr_cluster *cl, const char *k, size_t kl)
+static inline int fr_exists(struct fr_cluster *cl, const char *k, size_t kl)
 {
 	pthread_mutex_lock(&cl->mu);
 	int e = fr_find(cl, k, kl) != NULL;
@@ -420,7 +420,7 @@ static int fr_listen(struct fr_node *nd, int port)
 static struct fr_cluster *fr_kept[16];
 
 /* n nodes, slots split evenly in order. */
-static struct fr_cluster *fr_start(int n, const char *password)
+static inline struct fr_cluster *fr_start(int n, const char *password)
 {
 	struct fr_cluster *cl = calloc(1, sizeof *cl);
 	for (int i = 0; i < 16; i++)
@@ -450,7 +450,7 @@ static struct fr_cluster *fr_start(int n, const char *password)
 }
 
 /* Close the listener and every connection: the node is dead. */
-static void fr_down(struct fr_node *nd)
+static inline void fr_down(struct fr_node *nd)
 {
 	atomic_store(&nd->down, 1);
 	if (nd->running) {
@@ -466,12 +466,12 @@ static void fr_down(struct fr_node *nd)
 	pthread_mutex_unlock(&nd->cmu);
 }
 
-static int fr_up(struct fr_node *nd)
+static inline int fr_up(struct fr_node *nd)
 {
 	return fr_listen(nd, nd->port);
 }
 
-static void fr_set_owner(struct fr_cluster *cl, int from, int to, int node)
+static inline void fr_set_owner(struct fr_cluster *cl, int from, int to, int node)
 {
 	pthread_mutex_lock(&cl->mu);
 	for (int s = from; s <= to; s++)
@@ -479,7 +479,7 @@ static void fr_set_owner(struct fr_cluster *cl, int from, int to, int node)
 	pthread_mutex_unlock(&cl->mu);
 }
 
-static void fr_stop(struct fr_cluster *cl)
+static inline void fr_stop(struct fr_cluster *cl)
 {
 	if (!cl)
 		return;
@@ -502,7 +502,7 @@ static void fr_stop(struct fr_cluster *cl)
 
 /* "redis://127.0.0.1:p" with the first node only (the client must find the
  * others from CLUSTER SLOTS). */
-static void fr_url(struct fr_cluster *cl, const char *userinfo, char *out, size_t cap)
+static inline void fr_url(struct fr_cluster *cl, const char *userinfo, char *out, size_t cap)
 {
 	snprintf(out, cap, "redis://%s%s127.0.0.1:%d", userinfo ? userinfo : "", userinfo ? "@" : "", cl->node[0].port);
 }
