@@ -35,6 +35,7 @@
 #define MAX_REDIRECTS 5
 #define MAX_STALLS 3              /* rounds where no node could take the ops */
 #define READ_CHUNK (256u << 10)
+#define RAW_BUF (64u << 10)       /* a connection's buffer for reply heads */
 #define MAX_ARRAY (1 << 20)        /* elements of one array reply */
 #define CMD_PING 100              /* internal: the probe's PING */
 #define CMD_SLOTS 101             /* internal: CLUSTER SLOTS */
@@ -290,6 +291,13 @@ struct conn {
 	redisContext *c;
 	int node;
 	int reused;               /* came from the idle list */
+	/* GET batches read their replies here, not through hiredis's reader
+	 * (raw_reply): a value's bytes then go from the socket straight into
+	 * the buffer the caller gets, where the reader would have copied them
+	 * twice more (its growing buffer, then the reply object) */
+	int raw;
+	char *rb;                 /* RAW_BUF bytes (more while a send waits), or NULL */
+	size_t rb_cap, rb_pos, rb_len;
 	struct conn *next;
 };
 
@@ -401,6 +409,7 @@ static void conn_close(struct conn *k)
 	if (!k)
 		return;
 	redisFree(k->c);
+	free(k->rb);
 	free(k);
 }
 
@@ -482,10 +491,14 @@ static int conn_fill(struct kv_redis *r, struct conn *k, uint64_t deadline, char
 	return KV_OK;
 }
 
+static int raw_reply(struct kv_redis *r, struct conn *k, uint64_t deadline, struct rrep **out);
+
 /* The next reply. */
 static int conn_reply(struct kv_redis *r, struct conn *k, uint64_t deadline, char *buf, struct rrep **out)
 {
 	*out = NULL;
+	if (k->raw)
+		return raw_reply(r, k, deadline, out);
 	for (;;) {
 		void *rep = NULL;
 		if (redisReaderGetReply(k->c->reader, &rep) != REDIS_OK)
@@ -498,6 +511,143 @@ static int conn_reply(struct kv_redis *r, struct conn *k, uint64_t deadline, cha
 		if (rc)
 			return rc;
 	}
+}
+
+/* Raw mode: read what the socket has (waiting for it first) into rb. */
+static int raw_fill(struct kv_redis *r, struct conn *k, uint64_t deadline)
+{
+	short got = 0;
+	if (k->rb_pos && k->rb_pos == k->rb_len)
+		k->rb_pos = k->rb_len = 0;
+	if (k->rb_len == k->rb_cap) {
+		if (k->rb_pos) {
+			memmove(k->rb, k->rb + k->rb_pos, k->rb_len - k->rb_pos);
+			k->rb_len -= k->rb_pos;
+			k->rb_pos = 0;
+		} else {
+			/* replies pile up while a long send waits: make room */
+			size_t nc = k->rb_cap ? k->rb_cap * 2 : RAW_BUF;
+			char *nb = nc <= r->p.max_reply + 65536 ? realloc(k->rb, nc) : NULL;
+			if (!nb)
+				return kv_fail(KV_ERR_FULL, "remote cache: replies over %zu bytes wait", r->p.max_reply);
+			k->rb = nb;
+			k->rb_cap = nc;
+		}
+	}
+	int rc = wait_fd(r, k->c->fd, POLLIN, deadline, &got);
+	if (rc)
+		return rc;
+	ssize_t n = recv(k->c->fd, k->rb + k->rb_len, k->rb_cap - k->rb_len, MSG_DONTWAIT);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return KV_OK;
+	if (n < 0)
+		return kv_fail(KV_ERR_IO, "remote cache: read: %s", strerror(errno));
+	if (n == 0)
+		return kv_fail(KV_ERR_IO, "remote cache: the server closed the connection");
+	k->rb_len += (size_t)n;
+	pthread_mutex_lock(&r->mu);
+	r->st.bytes_in += (uint64_t)n;
+	pthread_mutex_unlock(&r->mu);
+	return KV_OK;
+}
+
+/* Raw mode: n bytes into dst: what rb holds, then straight from the socket. */
+static int raw_bytes(struct kv_redis *r, struct conn *k, uint64_t deadline, char *dst, size_t n)
+{
+	size_t have = k->rb_len - k->rb_pos, take = have < n ? have : n, got;
+	memcpy(dst, k->rb + k->rb_pos, take);
+	k->rb_pos += take;
+	for (got = take; got < n;) {
+		short ev = 0;
+		int rc = wait_fd(r, k->c->fd, POLLIN, deadline, &ev);
+		if (rc)
+			return rc;
+		ssize_t m = recv(k->c->fd, dst + got, n - got, MSG_DONTWAIT);
+		if (m < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+			continue;
+		if (m < 0)
+			return kv_fail(KV_ERR_IO, "remote cache: read: %s", strerror(errno));
+		if (m == 0)
+			return kv_fail(KV_ERR_IO, "remote cache: the server closed the connection");
+		got += (size_t)m;
+		pthread_mutex_lock(&r->mu);
+		r->st.bytes_in += (uint64_t)m;
+		pthread_mutex_unlock(&r->mu);
+	}
+	return KV_OK;
+}
+
+/*
+ * Raw mode: one reply of a GET batch (a status for ASKING, an error, a
+ * bulk string or nil; anything else is out of step). A bulk string's
+ * bytes land in an exact-size buffer that becomes the caller's value.
+ */
+static int raw_reply(struct kv_redis *r, struct conn *k, uint64_t deadline, struct rrep **out)
+{
+	char *crlf;
+	int rc;
+	*out = NULL;
+	for (;;) {
+		crlf = k->rb_len > k->rb_pos ? memmem(k->rb + k->rb_pos, k->rb_len - k->rb_pos, "\r\n", 2) : NULL;
+		if (crlf)
+			break;
+		if (k->rb_len - k->rb_pos > 4096)
+			return kv_fail(KV_ERR_IO, "remote cache: a reply line over 4096 bytes");
+		if ((rc = raw_fill(r, k, deadline)))
+			return rc;
+	}
+	char type = k->rb[k->rb_pos];
+	size_t ll = (size_t)(crlf - (k->rb + k->rb_pos + 1));
+	char line[4100];
+	memcpy(line, k->rb + k->rb_pos + 1, ll);
+	line[ll] = 0;
+	k->rb_pos += ll + 3;
+	struct rrep *rep = calloc(1, sizeof *rep);
+	if (!rep)
+		return kv_fail(KV_ERR_IO, "remote cache: out of memory");
+	if (type == '+' || type == '-') {
+		rep->type = type == '+' ? REDIS_REPLY_STATUS : REDIS_REPLY_ERROR;
+		if (!(rep->str = strdup(line))) {
+			rep_free(rep);
+			return kv_fail(KV_ERR_IO, "remote cache: out of memory");
+		}
+		rep->len = ll;
+		*out = rep;
+		return KV_OK;
+	}
+	char *end = NULL;
+	long long n = type == '$' ? strtoll(line, &end, 10) : -2;
+	if (type != '$' || !end || *end || n < -1) {
+		rep_free(rep);
+		return kv_fail(KV_ERR_IO, "remote cache: a GET answered with an unexpected reply ('%c')", type);
+	}
+	if (n == -1) {
+		rep->type = REDIS_REPLY_NIL;
+		*out = rep;
+		return KV_OK;
+	}
+	if ((unsigned long long)n > r->p.max_reply) {
+		rep_free(rep);
+		return kv_fail(KV_ERR_FULL, "remote cache: a reply of %lld bytes is over %zu", n, r->p.max_reply);
+	}
+	rep->type = REDIS_REPLY_STRING;
+	rep->len = (size_t)n;
+	if (!(rep->str = malloc((size_t)n + 1))) {
+		rep_free(rep);
+		return kv_fail(KV_ERR_IO, "remote cache: out of memory for a value of %lld bytes", n);
+	}
+	char tail[2];
+	if ((rc = raw_bytes(r, k, deadline, rep->str, (size_t)n)) || (rc = raw_bytes(r, k, deadline, tail, 2))) {
+		rep_free(rep);
+		return rc;
+	}
+	if (tail[0] != '\r' || tail[1] != '\n') {
+		rep_free(rep);
+		return kv_fail(KV_ERR_IO, "remote cache: a value not followed by CRLF");
+	}
+	rep->str[n] = 0;
+	*out = rep;
+	return KV_OK;
 }
 
 /* Write the pieces (advancing iov), reading replies meanwhile when the
@@ -519,7 +669,8 @@ static int conn_send(struct kv_redis *r, struct conn *k, struct iovec *iov, size
 			short got = 0;
 			if ((rc = wait_fd(r, k->c->fd, POLLOUT | POLLIN, deadline, &got)))
 				break;
-			if ((got & POLLIN) && !(got & POLLOUT) && (rc = conn_fill(r, k, deadline, buf)))
+			if ((got & POLLIN) && !(got & POLLOUT) &&
+			    (rc = k->raw ? raw_fill(r, k, deadline) : conn_fill(r, k, deadline, buf)))
 				break;
 			continue;
 		}
@@ -659,6 +810,13 @@ fail:
 
 static void conn_put(struct kv_redis *r, struct conn *k)
 {
+	/* bytes left over belong to no request: the stream is out of step */
+	if (k->rb_len > k->rb_pos || k->c->reader->len > k->c->reader->pos) {
+		conn_close(k);
+		return;
+	}
+	k->raw = 0;
+	k->rb_pos = k->rb_len = 0;
 	pthread_mutex_lock(&r->mu);
 	struct node *nd = &r->nodes[k->node];
 	if (nd->n_idle < r->p.idle_per_node && !atomic_load(&r->aborted)) {
@@ -820,6 +978,11 @@ static void run_batch(struct kv_redis *r, int node, struct kv_redis_op *ops, str
 		rd->unreachable += k;
 		goto out;
 	}
+	/* a batch of GETs reads its replies raw (struct conn) */
+	c->raw = 1;
+	for (size_t i = 0; i < k; i++)
+		if (ops[idx[i]].cmd != KV_REDIS_GET)
+			c->raw = 0;
 	/* the pipeline: [ASKING] cmd key [value], for each op */
 	size_t o = 0, v = 0;
 	for (size_t i = 0; i < k; i++) {

@@ -96,8 +96,8 @@ static int cmd_serve(int argc, char **argv)
 		{"remote-cache-password-file", KV_FLAG_STR, &o.remote_cache_password_file, "FILE",
 		 "read the Redis password from FILE (first line); wins over KVKEEP_REMOTE_CACHE_PASSWORD and the URL"},
 		{"remote-cache-timeout-ms", KV_FLAG_INT, &o.remote_cache_timeout_ms, "MS",
-		 "longest a request waits for one Redis call; a failure takes the tier down until a probe brings it "
-		 "back (default 200)"},
+		 "longest a request waits for one Redis call (plus, for a call that moves an object, its bytes at "
+		 "100 MB/s); a failure takes the tier down until a probe brings it back (default 200)"},
 		{"remote-cache-to-disk", KV_FLAG_STR, &o.remote_cache_to_disk, "on|off",
 		 "a remote hit is also written to the local disk tier (default on)"},
 		{"remote-cache-queue-mb", KV_FLAG_INT, &o.remote_cache_queue_mb, "MB",

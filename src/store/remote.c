@@ -24,7 +24,7 @@
 #define PROBE_MIN_NS (100ull * 1000000)
 #define PROBE_MAX_NS (5000ull * 1000000)
 #define LAT_RING 1024
-#define PUT_BPS 100e6 /* the slowest write rate a SET's deadline allows for */
+#define MIN_BPS 100e6 /* the slowest transfer rate a call's deadline allows for its bytes */
 
 struct ks_remote {
 	struct ks_remote_params p;
@@ -323,9 +323,14 @@ int ks_remote_load(struct ks_remote *r, const struct ke_layout *L, struct kv_h12
 		return kv_fail(KV_ERR_IO, "remote cache tier is down");
 	if (!(kl = ks_remote_key(r, ns, kind, id, key, sizeof key)))
 		return kv_fail(KV_ERR_INVALID, "remote key too long");
+	/* the call may take the timeout plus its bytes at MIN_BPS: a 50 MiB
+	 * snapshot is not cut by a deadline sized for a lookup, while a node
+	 * that does not answer still fails about a timeout after the EXISTS
+	 * batch that comes first */
+	uint64_t expect = kind == KS_SNAP ? L->snapshot_bytes : kind == KS_ENTRY ? (1u << 20) : L->page_bytes;
 	struct kv_redis_op op = {.cmd = KV_REDIS_GET, .key = key, .klen = kl};
 	uint64_t t0 = kv_now_ns();
-	kv_redis_exec(r->rc, &op, 1, r->p.timeout_ms);
+	kv_redis_exec(r->rc, &op, 1, r->p.timeout_ms + (int)((double)expect / MIN_BPS * 1e3));
 	note_call(r, t0);
 	rc = op.rc;
 	if (rc == KV_ERR_NOT_FOUND)
@@ -449,7 +454,7 @@ int ks_remote_put(struct ks_remote *r, const struct ke_layout *L, const struct k
 		}
 	}
 	struct kv_redis_op op = {.cmd = KV_REDIS_SET, .key = key, .klen = kl, .val = iov, .nval = n};
-	kv_redis_exec(r->rc, &op, 1, r->p.timeout_ms + (int)((double)total / PUT_BPS * 1e3));
+	kv_redis_exec(r->rc, &op, 1, r->p.timeout_ms + (int)((double)total / MIN_BPS * 1e3));
 	note_call(r, t0);
 	free(owned);
 	rc = op.rc;

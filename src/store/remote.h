@@ -33,8 +33,9 @@
  * evicts later (maxmemory + allkeys-lru does the tier's eviction) are
  * misses for those parts.
  *
- * Faults. Every call has a deadline (timeout_ms, default 200 ms; writes get
- * more for their bytes, see ks_remote_put). A transport failure (timeout,
+ * Faults. Every call has a deadline: timeout_ms (default 200 ms), plus, for
+ * a call that moves an object, the time its bytes take at 100 MB/s (a
+ * 50 MiB snapshot is not cut by a deadline sized for a lookup). A transport failure (timeout,
  * no node, a lost connection) marks the tier down: lookups skip it and
  * the writers drop their queue (counted) while a background thread probes
  * the cluster with backoff (100 ms doubling to 5 s) and marks it up again
@@ -118,8 +119,7 @@ int ks_remote_have(struct ks_remote *r, struct kv_h128 ns, const int *kinds, con
  * Put one object (src->ns names its namespace). An object of at least
  * KS_REMOTE_BIG bytes is TOUCHed first and not sent again when present
  * (*sent = 0). The call's deadline is the timeout plus the time the bytes
- * take at 100 MB/s, so a large snapshot is not cut by a timeout sized for
- * lookups. KV_OK, or the error (transport errors take the tier down).
+ * take at 100 MB/s (as for a GET). KV_OK, or the error (transport errors take the tier down).
  */
 int ks_remote_put(struct ks_remote *r, const struct ke_layout *L, const struct ks_obj_src *src, int *sent);
 
