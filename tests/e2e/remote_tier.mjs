@@ -148,6 +148,8 @@ await check(`${P}:session_moves_a_to_b_with_a_remote_hit_at_the_boundary`, async
   const m = await fetch(B.url('/metrics')).then((r) => r.text());
   assert(/^kvkeep_remote_hits_total 1$/m.test(m), 'kvkeep_remote_hits_total on B');
   assert(/^kvkeep_remote_up 1$/m.test(m), 'kvkeep_remote_up');
+  const pt = spawnSync('/usr/bin/promtool', ['check', 'metrics'], { input: m, encoding: 'utf8' });
+  eq(pt.status, 0, `promtool check metrics: ${pt.stdout} ${pt.stderr}`);
   // the dashboard's state shows the tier
   const st = await fetch(B.url('/v1/dashboard/state')).then((r) => r.json());
   assert(st.remote && st.remote.hits === 1 && st.remote.up === true, `dashboard: ${JSON.stringify(st.remote)}`);
