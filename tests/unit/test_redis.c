@@ -254,13 +254,14 @@ KT_CASE(slow_node_costs_at_most_the_timeout)
 	struct kv_redis *r = client(cl, NULL, NULL, 100);
 	KT_REQUIRE(r);
 	KT_OK(set1(r, "foo", "bar")); /* slot 12182: node 1 */
-	atomic_store(&cl->node[1].delay_ms, 600);
+	atomic_store(&cl->node[1].delay_ms, 1500);
 	uint64_t t0 = kv_now_ns();
 	struct kv_redis_op op = {.cmd = KV_REDIS_GET, .key = "foo", .klen = 3};
 	KT_EQ_INT(kv_redis_exec(r, &op, 1, 0), 1);
 	double ms = (double)(kv_now_ns() - t0) / 1e6;
 	KT_EQ_INT(op.rc, KV_ERR_TIMEOUT);
-	KT_CHECKF(ms >= 95 && ms < 180, "the call took %.1f ms with a 100 ms timeout", ms);
+	/* the timeout, not the node's 1.5 s (loose: shared machines, sanitizers) */
+	KT_CHECKF(ms >= 95 && ms < 600, "the call took %.1f ms with a 100 ms timeout", ms);
 	struct kv_redis_stats st;
 	kv_redis_stats(r, &st);
 	KT_EQ_INT(st.timeouts, 1);
@@ -290,7 +291,7 @@ KT_CASE(dead_master_fails_fast_then_failover)
 	kv_redis_exec(r, &op, 1, 0);
 	double ms = (double)(kv_now_ns() - t0) / 1e6;
 	KT_EQ_INT(op.rc, KV_ERR_IO);
-	KT_CHECKF(ms < 300, "a dead node held the call %.0f ms (timeout 1000)", ms);
+	KT_CHECKF(ms < 700, "a dead node held the call %.0f ms (timeout 1000)", ms);
 	KT_OK(get1(r, a, "1")); /* other slots still answer */
 	KT_CHECK(kv_redis_probe(r, 300) != KV_OK);
 	/* the replica is promoted: node 2's slots now belong to node 1 */
@@ -435,7 +436,7 @@ KT_CASE(abort_ends_calls_in_flight)
 	kv_redis_abort(r);
 	pthread_join(t, NULL);
 	KT_EQ_INT(a.rc, KV_ERR_CANCELLED);
-	KT_CHECKF(a.ms < 1000, "aborted call took %.0f ms", a.ms);
+	KT_CHECKF(a.ms < 1500, "aborted call took %.0f ms (the node delays 3000)", a.ms);
 	struct kv_redis_op op = {.cmd = KV_REDIS_GET, .key = "foo", .klen = 3};
 	kv_redis_exec(r, &op, 1, 0);
 	KT_EQ_INT(op.rc, KV_ERR_CANCELLED);
@@ -454,7 +455,7 @@ KT_CASE(nothing_listening)
 	struct kv_redis_op op = {.cmd = KV_REDIS_GET, .key = "a", .klen = 1};
 	KT_EQ_INT(kv_redis_exec(r, &op, 1, 0), 1);
 	KT_EQ_INT(op.rc, KV_ERR_IO);
-	KT_CHECKF((kv_now_ns() - t0) / 1000000 < 400, "took %llu ms", (unsigned long long)((kv_now_ns() - t0) / 1000000));
+	KT_CHECKF((kv_now_ns() - t0) / 1000000 < 450, "took %llu ms", (unsigned long long)((kv_now_ns() - t0) / 1000000));
 	KT_CHECK(kv_redis_probe(r, 200) != KV_OK);
 	kv_redis_destroy(r);
 }
