@@ -5,6 +5,7 @@
 #include "server/browser.h"
 #include "base/env.h"
 #include "base/err.h"
+#include "base/redis.h"
 #include "engine/model.h"
 
 #include <math.h>
@@ -136,6 +137,13 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--disk-cache-max-files must be >= 1");
 	if (o->remote_cache && !*o->remote_cache)
 		return kv_fail(KV_ERR_INVALID, "--remote-cache must not be empty (leave it out for no remote tier)");
+	if (o->remote_cache) {
+		struct kv_redis_url u;
+		int rc = kv_redis_url_parse(o->remote_cache, &u);
+		memset(&u, 0, sizeof u); /* it may hold a password */
+		if (rc)
+			return kv_fail_ctx(rc, "--remote-cache");
+	}
 	if (o->remote_cache_timeout_ms < 1 || o->remote_cache_timeout_ms > 60000)
 		return kv_fail(KV_ERR_INVALID, "--remote-cache-timeout-ms must be 1-60000");
 	if (strcmp(o->remote_cache_to_disk, "on") && strcmp(o->remote_cache_to_disk, "off"))
