@@ -19,6 +19,7 @@
  *   KVKEEP_SHUTDOWN_BUDGET          store/store.c (ks_store_budget_parse)
  *   KVKEEP_API_KEY, KVKEEP_ADMIN_KEY server/options.c, cli (chat, bench)
  *   KVKEEP_REMOTE_CACHE_PASSWORD    server/options.c -> store/remote.c
+ *   HF_HUB_CACHE, HF_HOME, OLLAMA_MODELS  model/locate.c (kv_locate_roots_env)
  *
  * docs/operations.md ("Environment") shows the table kv_env_markdown()
  * writes; tests/unit/test_env.c fails when the two differ.
@@ -49,6 +50,9 @@ enum kv_env_id {
 	KV_ENV_HOME,
 	KV_ENV_TMPDIR,
 	KV_ENV_OPENBLAS_CORETYPE,
+	KV_ENV_HF_HUB_CACHE,
+	KV_ENV_HF_HOME,
+	KV_ENV_OLLAMA_MODELS,
 	KV_ENV__COUNT
 };
 

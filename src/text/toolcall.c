@@ -767,39 +767,3 @@ int kv_tc_parse(const char *text, size_t len, const struct kv_tc_params *prm, co
 	return KV_OK;
 }
 
-/* 1 if a tool name can be written into the syntax as it is. */
-static int plain_name(const char *n)
-{
-	if (!*n)
-		return 0;
-	for (; *n; n++)
-		if (!((*n >= 'a' && *n <= 'z') || (*n >= 'A' && *n <= 'Z') || (*n >= '0' && *n <= '9') || *n == '_' ||
-		      *n == '-' || *n == '.'))
-			return 0;
-	return 1;
-}
-
-int kv_tc_opener(int format, const char *name, char **out)
-{
-	struct kv_buf b = KV_BUF_INIT;
-	*out = NULL;
-	if (name && !plain_name(name))
-		return kv_fail(KV_ERR_INVALID, "tool name '%.80s' cannot be forced (letters, digits, _ - . only)", name);
-	if (format == KV_TC_XML) {
-		if (name)
-			kv_buf_printf(&b, "<tool_call>\n<function=%s>\n", name);
-		else
-			kv_buf_adds(&b, "<tool_call>\n<function=");
-	} else {
-		if (name)
-			kv_buf_printf(&b, "<tool_call>\n{\"name\": \"%s\", \"arguments\": ", name);
-		else
-			kv_buf_adds(&b, "<tool_call>\n{\"name\": \"");
-	}
-	if (b.oom) {
-		kv_buf_free(&b);
-		return kv_fail(KV_ERR_NOMEM, "out of memory");
-	}
-	*out = kv_buf_take(&b);
-	return KV_OK;
-}

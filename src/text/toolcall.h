@@ -94,19 +94,6 @@ int kv_tc_finish(struct kv_tc_parser *p, kv_tc_emit_fn fn, void *ud);
 int kv_tc_count(const struct kv_tc_parser *p);
 
 /*
- * The opening of a tool call in the format's own syntax, for answers that
- * must call a tool (tool_choice "required" or a named function): the
- * model can only continue it.
- *   JSON  <tool_call>\n{"name": "NAME", "arguments":     (named)
- *         <tool_call>\n{"name": "                       (any tool)
- *   XML   <tool_call>\n<function=NAME>\n                  (named)
- *         <tool_call>\n<function=                        (any tool)
- * name NULL: any tool. A name that cannot be written into the syntax as it
- * is (letters, digits, _ - . only) is KV_ERR_INVALID. *out is malloc'd.
- */
-int kv_tc_opener(int format, const char *name, char **out);
-
-/*
  * One shot: the whole generated text to OpenAI fields. *content is the
  * malloc'd text outside tool calls (NUL-terminated, *content_len bytes);
  * *tool_calls a new JSON array (json_decref) of

@@ -148,7 +148,14 @@ KT_CASE(request_errors_name_the_field)
 	B("\"min_p\":-0.1", "min_p");
 	B("\"top_k\":2.5", "top_k");
 	B("\"logit_bias\":{\"1\":5}", "logit_bias");
-	B("\"response_format\":{\"type\":\"json_object\"}", "response_format");
+	B("\"response_format\":{\"type\":\"yaml\"}", "response_format.type");
+	B("\"response_format\":{\"type\":\"json_schema\"}", "response_format.json_schema");
+	B("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":3}}", "response_format.json_schema.schema");
+	B("\"response_format\":{\"type\":\"json_object\"},\"grammar\":\"root ::= \\\"a\\\"\"", "grammar");
+	B("\"grammar\":5", "grammar");
+	B("\"json_schema\":[]", "json_schema");
+	B("\"parallel_tool_calls\":\"yes\"", "parallel_tool_calls");
+	B("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":1}}]", "tools[0].function.strict");
 	B("\"tools\":{}", "tools");
 	B("\"tools\":[{\"type\":\"function\"}]", "tools[0].function");
 	B("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]", "tools[0].function.parameters");
@@ -217,12 +224,12 @@ static int sse_events(const char *text, json_t **ev, int cap, int *done)
 #define JS(obj, path) json_string_value(json_object_get(obj, path))
 
 /* A token table of four tokens: 0 "\xe4\xbd", 1 "a", 2 "\xff", 3 "ab", 4 "c". */
-static struct kv_tokbytes tiny_tb(void)
+static struct kv_tok_bytes tiny_tb(void)
 {
 	static uint32_t off[] = {0, 2, 3, 4, 6};
-	static uint16_t len[] = {2, 1, 1, 2, 1};
+	static uint32_t len[] = {2, 1, 1, 2, 1};
 	static char data[] = "\xe4\xbd" "a" "\xff" "ab" "c";
-	struct kv_tokbytes t = {.n = 5, .off = off, .len = len, .data = data};
+	struct kv_tok_bytes t = {.n = 5, .off = off, .len = len, .data = data};
 	return t;
 }
 
@@ -236,7 +243,7 @@ KT_CASE(chat_stream_chunks)
 {
 	struct ksv_answer o;
 	struct kv_buf b = KV_BUF_INIT;
-	struct kv_tokbytes tb = tiny_tb();
+	struct kv_tok_bytes tb = tiny_tb();
 	ksv_answer_init(&o, &ksv_wire_openai, KSV_API_CHAT, "tiny", 1);
 	o.tb = &tb;
 	o.include_usage = 1;
@@ -363,7 +370,7 @@ KT_CASE(completion_bodies)
 {
 	struct ksv_answer o;
 	struct kv_buf b = KV_BUF_INIT;
-	struct kv_tokbytes tb = tiny_tb();
+	struct kv_tok_bytes tb = tiny_tb();
 	ksv_answer_init(&o, &ksv_wire_openai, KSV_API_COMPLETION, "tiny", 1);
 	o.tb = &tb;
 	o.logprobs = 1;
