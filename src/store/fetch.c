@@ -288,7 +288,7 @@ static int remote_probe(struct fctx *f)
 		kinds[n] = f->rpn[i].kind;
 		ids[n++] = f->rpn[i].id;
 	}
-	if ((rc = ks_remote_have(s->p.remote, s->p.ns, kinds, ids, n, have)))
+	if ((rc = ks_remote_have(s->p.remote, s->p.ns, kinds, ids, n, 0, have)))
 		goto out;
 	for (uint32_t k = 1; k <= K; k++)
 		f->blk_have[k] = have[k - 1];

@@ -35,7 +35,9 @@
  *
  * Faults. Every call has a deadline: timeout_ms (default 200 ms), plus, for
  * a call that moves an object, the time its bytes take at 100 MB/s (a
- * 50 MiB snapshot is not cut by a deadline sized for a lookup). A transport failure (timeout,
+ * 50 MiB snapshot is not cut by a deadline sized for a lookup); the
+ * writers' calls get five times the timeout, since no request waits on
+ * them. A transport failure (timeout,
  * no node, a lost connection) marks the tier down: lookups skip it and
  * the writers drop their queue (counted) while a background thread probes
  * the cluster with backoff (100 ms doubling to 5 s) and marks it up again
@@ -112,14 +114,15 @@ int ks_remote_load(struct ks_remote *r, const struct ke_layout *L, struct kv_h12
 		   struct kv_h128 parent, uint32_t pos, const struct ks_obj_dst *dst, struct ks_obj_info *info,
 		   uint64_t *bytes);
 /* EXISTS of n objects in one call: have[i] = 1 / 0. KV_OK, or the
- * transport error (have[] then 0). */
+ * transport error (have[] then 0). for_write: a writer's call (five times
+ * the timeout, as for ks_remote_put); else a lookup's. */
 int ks_remote_have(struct ks_remote *r, struct kv_h128 ns, const int *kinds, const struct kv_h128 *ids, size_t n,
-		   uint8_t *have);
+		   int for_write, uint8_t *have);
 /*
  * Put one object (src->ns names its namespace). An object of at least
  * KS_REMOTE_BIG bytes is TOUCHed first and not sent again when present
- * (*sent = 0). The call's deadline is the timeout plus the time the bytes
- * take at 100 MB/s (as for a GET). KV_OK, or the error (transport errors take the tier down).
+ * (*sent = 0). The call's deadline is five times the timeout (no request
+ * waits on a write) plus the time the bytes take at 100 MB/s. KV_OK, or the error (transport errors take the tier down).
  */
 int ks_remote_put(struct ks_remote *r, const struct ke_layout *L, const struct ks_obj_src *src, int *sent);
 

@@ -111,7 +111,7 @@ static int write_view(struct ks_store *s, const struct kc_view *v, size_t *left)
 				kinds[q] = nd[q].kind;
 				ids[q] = nd[q].id;
 			}
-			if (complete && (rc = ks_remote_have(r, s->p.ns, kinds, ids, k, have)))
+			if (complete && (rc = ks_remote_have(r, s->p.ns, kinds, ids, k, 1, have)))
 				complete = 0;
 			for (size_t q = 0; complete && q < k; q++)
 				complete = have[q];

@@ -11,6 +11,7 @@
  *                   serves keys it has and answers "ASK" for the others;
  *                   the target serves it only right after ASKING
  *   delay_ms        every command of a node waits this long (a slow node)
+ *   set_delay_ms    every SET of a node waits this long (slow writes only)
  *   down            the node closes its listener and every connection (a
  *                   dead master); fr_up opens it again on the same port
  *   tryagain        the next n commands get -TRYAGAIN
@@ -60,6 +61,7 @@ struct fr_node {
 	int running;
 	atomic_int down;
 	atomic_int delay_ms;
+	atomic_int set_delay_ms;
 	atomic_int commands;    /* data commands served (GET/SET/...) */
 	atomic_int moved_sent, ask_sent;
 	int conns[FR_MAX_CONNS];
@@ -239,6 +241,8 @@ static void *fr_conn_main(void *arg)
 		if (d)
 			usleep((useconds_t)d * 1000);
 		const char *cmd = argv[0];
+		if ((d = atomic_load(&nd->set_delay_ms)) && !strcasecmp(cmd, "SET"))
+			usleep((useconds_t)d * 1000);
 		if (!strcasecmp(cmd, "AUTH")) {
 			const char *pw = argv[argc - 1];
 			authed = !strcmp(pw, cl->password);

@@ -532,6 +532,45 @@ KT_CASE(slow_node_bounds_the_lookup)
 	fr_stop(cl);
 }
 
+/* The writers' calls get five times the timeout (no request waits on
+ * them): with every SET slower than a lookup's deadline, every object and
+ * the manifest are still written and the tier stays up; the next server
+ * resumes from them. */
+KT_CASE(writes_outlast_a_lookup_deadline)
+{
+	struct fr_cluster *cl = fr_start(2, NULL);
+	KT_REQUIRE(cl);
+	struct ke_layout L;
+	ts_layout(&L, 1);
+	struct ks_remote *r = hub(cl, 100, 0, 0, &L);
+	KT_REQUIRE(r);
+	struct ts_env a, b;
+	int32_t tok[64];
+	uint32_t bounds[] = {B0, B1}, rpos;
+	ts_tokens(tok, 64, 64, 13);
+	KT_OK(open_env(&a, "a", 1, r, NS));
+	atomic_store(&cl->node[0].set_delay_ms, 150); /* past 100 ms and its bytes' 0.1 ms */
+	atomic_store(&cl->node[1].set_delay_ms, 150);
+	session(&a, tok);
+	ks_store_drain(a.s);
+	atomic_store(&cl->node[0].set_delay_ms, 0);
+	atomic_store(&cl->node[1].set_delay_ms, 0);
+	struct ks_remote_stats st;
+	ks_remote_stats(r, &st);
+	KT_CHECKF(st.downs == 0, "a write took the tier down (SETs take 150 ms, the timeout is 100 ms)");
+	KT_CHECK(ks_remote_up(r));
+	KT_CHECK(st.written_objects >= 2);
+	KT_EQ_U64(st.dropped[KS_RDROP_DOWN] + st.dropped[KS_RDROP_ERROR], 0);
+	KT_CHECK(count_keys(cl, ".entry.") >= 1);
+	KT_OK(open_env(&b, "b", 1, r, NS));
+	KT_EQ_INT(lookup(&b, tok, N_PROMPT, bounds, 2, NULL, &rpos), B1);
+	KT_EQ_INT(rpos, B1);
+	ts_close(&a);
+	ts_close(&b);
+	ks_remote_destroy(r);
+	fr_stop(cl);
+}
+
 KT_CASE(queue_cap_and_shutdown_drop)
 {
 	struct fr_cluster *cl = fr_start(2, NULL);
@@ -598,4 +637,5 @@ KT_CASE(queue_cap_and_shutdown_drop)
 
 KT_MAIN(a_writes_b_resumes_at_the_boundary, remote_hit_goes_to_disk_when_asked, dense_longest_prefix,
 	manifest_only_when_every_part_is_there, bad_values_are_misses_counted_and_deleted, other_namespace_never_hits,
-	down_tier_is_skipped_then_picked_up, slow_node_bounds_the_lookup, queue_cap_and_shutdown_drop)
+	down_tier_is_skipped_then_picked_up, slow_node_bounds_the_lookup, writes_outlast_a_lookup_deadline,
+	queue_cap_and_shutdown_drop)
