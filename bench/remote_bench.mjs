@@ -41,6 +41,10 @@ const REPS = Number(opt('reps', '3'));
 const COLD_REPS = Number(opt('cold-reps', String(REPS)));
 const PROMPT_TOKENS = Number(opt('prompt-tokens', '17000'));
 const THREADS = opt('threads', '1');
+// --remote-cache-timeout-ms of every server (default: the server's 200); on
+// a machine whose cores are all busy a 2 MiB GET can miss 220 ms, and a
+// lookup that fails a call is a miss (docs/cluster.md "Faults")
+const REMOTE_TIMEOUT = opt('remote-timeout-ms', null);
 const OUT = opt('out', null);
 const PARTS = (opt('parts', 'ttft,trace')).split(',');
 const SESSIONS = Number(opt('sessions', '8'));
@@ -65,6 +69,7 @@ function start(name, extra, { remote = null, cacheDir, timeoutMs = 900000 } = {}
   const a = ['serve', '--model', MODEL, '--host', '127.0.0.1', '--port', '0', '--served-model-name', 'kvkeep',
     '--cache-dir', cacheDir, '--echo-generated', 'off', ...extra];
   if (remote) a.push('--remote-cache', remote.url, '--remote-cache-prefix', remote.prefix);
+  if (remote && REMOTE_TIMEOUT) a.push('--remote-cache-timeout-ms', REMOTE_TIMEOUT);
   const env = { ...process.env, KVKEEP_LOG: 'info', KVKEEP_THREADS: THREADS, KVKEEP_REMOTE_CACHE_PASSWORD: PW };
   const p = spawn(KV, a, { env, stdio: ['ignore', 'pipe', 'pipe'] });
   procs.add(p);

@@ -8,7 +8,7 @@
 #
 #   bash bench/remote_bench.sh --model DIR|FILE.gguf [--label NAME] [--reps 3]
 #        [--prompt-tokens 17000] [--parts ttft,trace] [--sessions 8] [--turns 4]
-#        [--out FILE.json] [--keep]
+#        [--cold-reps N] [--remote-timeout-ms MS] [--out FILE.json] [--keep]
 #
 # Needs build/kvkeep (or $KT_BIN), node, redis-server, redis-cli, haproxy.
 set -eu
