@@ -93,8 +93,8 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--hybrid-cache-entries must be >= 0");
 	if (o->kv_disk_checkpoint_interval < 0)
 		return kv_fail(KV_ERR_INVALID, "--kv-disk-checkpoint-interval must be >= 0");
-	if (strcmp(o->kv_dtype, "bf16") && strcmp(o->kv_dtype, "f32"))
-		return kv_fail(KV_ERR_INVALID, "--kv-dtype must be bf16 or f32");
+	if (ke_kv_parse(o->kv_dtype) < 0)
+		return kv_fail(KV_ERR_INVALID, "--kv-dtype must be bf16, f32 or q8_0");
 	if (ke_quant_act_parse(o->quant_act) < 0)
 		return kv_fail(KV_ERR_INVALID, "--quant-act must be q8 or f32");
 	if (o->threads < 0 || o->threads > 4096)

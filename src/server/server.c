@@ -1345,7 +1345,7 @@ static int load_model(struct ksv_server *s)
 	if ((rc = ksv_norm_parse(o->prompt_normalize, &s->norm_rules)) || (rc = ksv_recent_create(&s->recent)) ||
 	    (rc = ksv_inflight_create(&s->inflight)))
 		return rc;
-	struct ke_model_params mp = {.kv_f32 = !strcmp(o->kv_dtype, "f32"),
+	struct ke_model_params mp = {.kv = ke_kv_parse(o->kv_dtype),
 				     .page_tokens = (int)o->page_tokens,
 				     .quant_act = ke_quant_act_parse(o->quant_act)};
 	if ((rc = ke_model_load(o->model_dir, &mp, &s->model)))

@@ -116,6 +116,21 @@ static void rec_tensor(struct tplan *t, size_t bytes, const int *dims, int nd)
 	t->nbytes = bytes;
 }
 
+/* How a KV tensor is typed in the file: the layout's dtype where
+ * safetensors has it (F32, BF16, F16: [kv_heads, rows, head_dim]), else
+ * U8 over each row's bytes ([kv_heads, rows, row_bytes]: Q8_0 blocks,
+ * which safetensors cannot name; the "kv_dtype" metadata says what they
+ * are). */
+static int kv_tensor_dtype(const struct ke_layout *L, int64_t *last_dim)
+{
+	if (kv_dtype_size(L->kv_dtype)) {
+		*last_dim = L->head_dim;
+		return L->kv_dtype;
+	}
+	*last_dim = (int64_t)L->row_bytes;
+	return KV_DT_U8;
+}
+
 /* The tensors of an object, in file order. Returns the count. */
 static int plan(const struct ke_layout *L, int kind, uint32_t n_tokens, uint32_t n_ckpt, struct tplan *p)
 {
@@ -137,11 +152,10 @@ static int plan(const struct ke_layout *L, int kind, uint32_t n_tokens, uint32_t
 				struct tplan *t = &p[n++];
 				memset(t, 0, sizeof *t);
 				snprintf(t->name, sizeof t->name, "kv.%d.%c", l, kv ? 'v' : 'k');
-				t->dtype = L->kv_dtype;
+				t->dtype = kv_tensor_dtype(L, &t->shape[2]);
 				t->ndim = 3;
 				t->shape[0] = L->n_kv_heads;
 				t->shape[1] = rows;
-				t->shape[2] = L->head_dim;
 				t->nbytes = (uint64_t)seg_bytes * (uint64_t)L->n_kv_heads;
 				t->mem_off = off;
 				t->part = 1;
@@ -347,6 +361,8 @@ static int header(const struct ke_layout *L, const struct ks_obj_src *s, struct 
 	M("n_tokens", num[2]);
 	M("tokens_xxh3", hex[3]);
 	M("page_tokens", num[3]);
+	if (s->kind == KS_BLOCK || s->kind == KS_TAIL)
+		M("kv_dtype", kv_dtype_name(L->kv_dtype));
 	if (s->kind == KS_SNAP || s->kind == KS_ENTRY)
 		M("anchor", num[5]);
 	M("created", num[4]);
@@ -981,7 +997,18 @@ int ks_obj_read(struct ks_obj *o, const struct ks_obj_dst *d, int *bad)
 		goto out;
 	}
 
-	/* 9 shapes and dtypes against the layout */
+	/* 9 shapes and dtypes against the layout; KV objects name their KV
+	 * dtype (files written before the key existed carry F32 or BF16 in
+	 * the tensors themselves, checked below; a U8-coded dtype such as
+	 * Q8_0 must be named) */
+	if (in->kind == KS_BLOCK || in->kind == KS_TAIL) {
+		const char *kd = kv_st_meta(o->st, "kv_dtype"), *want = kv_dtype_name(L->kv_dtype);
+		if (kd ? !want || strcmp(kd, want) : !kv_dtype_size(L->kv_dtype)) {
+			rc = BAD(KS_BAD_SHAPE, KV_ERR_CORRUPT, "KV dtype '%.16s', the layout's is %s", kd ? kd : "(none)",
+				 want ? want : "?");
+			goto out;
+		}
+	}
 	for (int i = 0; i < o->nt; i++) {
 		const struct kv_tensor *t = o->t[i];
 		const struct tplan *p = &o->p[i];

@@ -25,6 +25,10 @@
  *   "n_tokens"     decimal                   length of the "tokens" tensor
  *   "tokens_xxh3"  32 hex                    XXH3-128 of the tokens (int32 LE)
  *   "page_tokens"  decimal                   B of the layout that wrote it
+ *   "kv_dtype"     "F32" | "BF16" | "Q8_0"   block and tail: the KV dtype
+ *                                            of the layout that wrote it
+ *                                            (absent in files written before
+ *                                            it existed, all F32 or BF16)
  *   "anchor"       decimal                   snapshot: 1 if the resume point
  *                                            is a protected anchor, else 0;
  *                                            entry: its anchor position (0 none)
@@ -39,9 +43,14 @@
  *                                            tokens; entry: all n tokens
  *   block          "kv.<l>.k", "kv.<l>.v"    KV dtype [kv_heads, B, head_dim]
  *                                            for attention layer l = 0, 1, ...
- *                                            (exactly layout.h's page bytes)
+ *                                            (exactly layout.h's page bytes);
+ *                                            Q8_0 KV, which safetensors has no
+ *                                            dtype for: U8 [kv_heads, B,
+ *                                            row_bytes], the rows' 34-byte
+ *                                            blocks as they are in the page
  *   tail           "kv.<l>.k", "kv.<l>.v"    KV dtype [kv_heads, t, head_dim]
- *                                            (a compact tail of t rows)
+ *                                            (a compact tail of t rows; Q8_0:
+ *                                            U8 [kv_heads, t, row_bytes])
  *   snapshot       "rec.<L>.conv"            F32 [conv_dim, K-1]   } for every
  *                  "rec.<L>.state"           F32 [Hv, dk, dv]      } recurrent
  *                                            layer L, in layer order (a layer
@@ -63,7 +72,8 @@
  *   7 crc       crc32c of the data section                      KS_BAD_CRC
  *   8 tokens    tokens_xxh3, the id recomputed from parent and
  *               tokens, the caller's expected tokens            KS_BAD_TOKENS
- *   9 shapes    dtype and shape of every tensor vs the layout   KS_BAD_SHAPE
+ *   9 shapes    "kv_dtype" and the dtype and shape of every
+ *               tensor vs the layout                            KS_BAD_SHAPE
  *  10 positions pos fits the kind and B; checkpoints ascending
  *               inside (0, n); anchor is 0, n or a checkpoint   KS_BAD_POS
  *  11 coverage  every recurrent layer of the layout present     KS_BAD_COVER
