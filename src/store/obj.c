@@ -495,12 +495,47 @@ int ks_obj_write(const char *path, const struct ke_layout *L, const struct ks_ob
 	return KV_OK;
 }
 
+int ks_obj_iov(const struct ke_layout *L, const struct ks_obj_src *s, struct iovec *iov, void **owned, uint64_t *total)
+{
+	struct tplan p[MAX_TENSORS];
+	int nt, rc, n = 0;
+	void *hdr = NULL;
+	size_t hl = 0;
+	int32_t *ck = NULL;
+	*owned = NULL;
+	*total = 0;
+	if ((rc = check_src(L, s)) || (rc = header(L, s, p, &nt, &hdr, &hl, &ck, total)))
+		return rc;
+	/* one owned block: the header, then the entry's int32 checkpoints */
+	size_t ckb = s->kind == KS_ENTRY ? (size_t)s->n_ckpt * 4 : 0;
+	char *own = realloc(hdr, hl + ckb + 1);
+	if (!own) {
+		free(hdr);
+		free(ck);
+		return kv_fail(KV_ERR_NOMEM, "remote object: out of memory");
+	}
+	if (ckb)
+		memcpy(own + hl, ck, ckb);
+	free(ck);
+	iov[n++] = (struct iovec){own, hl};
+	for (int i = 0; i < nt; i++) {
+		if (!p[i].nbytes)
+			continue;
+		const void *src = p[i].part == 3 ? (const void *)(own + hl) : part_ptr(s, &p[i], NULL);
+		iov[n++] = (struct iovec){(void *)src, (size_t)p[i].nbytes};
+	}
+	*owned = own;
+	return n;
+}
+
 /* --- reading ----------------------------------------------------------- */
 
 struct ks_obj {
 	char *path;
 	struct kv_st *st;
-	int fd;
+	int fd;                   /* -1 for an object in memory */
+	const uint8_t *mem;       /* ks_obj_open_mem: the bytes (borrowed) */
+	uint64_t mem_len;
 	const struct ke_layout *L;
 	struct ks_obj_info info;
 	struct tplan p[MAX_TENSORS];
@@ -600,12 +635,14 @@ static uint64_t max_size(const struct ke_layout *L, int kind)
 
 #define BAD(code, errv, ...) (*bad = (code), KV_CORRUPT(path, 0, __VA_ARGS__), (errv))
 
-int ks_obj_open(const char *path, const struct ke_layout *L, int want_kind, const struct kv_h128 *ns,
-		struct ks_obj **out, int *bad)
+/* ks_obj_open and ks_obj_open_mem: a file at path, or mem_len bytes at
+ * mem (path then only names them in messages). */
+static int obj_open(const char *path, const void *mem, size_t mem_len, const struct ke_layout *L, int want_kind,
+		    const struct kv_h128 *ns, struct ks_obj **out, int *bad)
 {
 	struct ks_obj *o;
 	struct stat sb;
-	int rc, fd;
+	int rc, fd = -1;
 	int dummy;
 	if (!bad)
 		bad = &dummy;
@@ -613,6 +650,12 @@ int ks_obj_open(const char *path, const struct ke_layout *L, int want_kind, cons
 	*out = NULL;
 
 	/* 1 size */
+	if (mem) {
+		memset(&sb, 0, sizeof sb);
+		sb.st_mode = S_IFREG;
+		sb.st_size = (off_t)mem_len;
+		goto sized;
+	}
 	fd = kv_io_open(path, O_RDONLY | O_CLOEXEC, 0);
 	if (fd < 0) {
 		int e = errno;
@@ -625,8 +668,10 @@ int ks_obj_open(const char *path, const struct ke_layout *L, int want_kind, cons
 		*bad = KS_BAD_IO;
 		return kv_fail(kv_io_errno_code(e), "%s: stat: %s", path, strerror(e));
 	}
+sized:
 	if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < 10 || (uint64_t)sb.st_size > max_size(L, want_kind)) {
-		kv_io_close(fd);
+		if (fd >= 0)
+			kv_io_close(fd);
 		*bad = KS_BAD_SIZE;
 		return KV_CORRUPT(path, 0, "file of %lld bytes cannot be a %s object", (long long)sb.st_size,
 				  want_kind ? ks_kind_name(want_kind) : "disk");
@@ -634,15 +679,18 @@ int ks_obj_open(const char *path, const struct ke_layout *L, int want_kind, cons
 	o = calloc(1, sizeof *o);
 	if (!o || !(o->path = strdup(path))) {
 		free(o);
-		kv_io_close(fd);
+		if (fd >= 0)
+			kv_io_close(fd);
 		return kv_fail(KV_ERR_NOMEM, "%s: out of memory", path);
 	}
 	o->fd = fd;
+	o->mem = mem;
+	o->mem_len = mem_len;
 	o->L = L;
 	o->info.file_size = (uint64_t)sb.st_size;
 
 	/* 2 header: the safetensors rules, then ours */
-	rc = kv_st_open(path, &o->st);
+	rc = mem ? kv_st_open_mem(mem, mem_len, path, &o->st) : kv_st_open(path, &o->st);
 	if (rc) {
 		*bad = rc == KV_ERR_CORRUPT ? KS_BAD_HEADER : KS_BAD_IO;
 		goto fail;
@@ -795,6 +843,36 @@ fail:
 	return rc;
 }
 
+int ks_obj_open(const char *path, const struct ke_layout *L, int want_kind, const struct kv_h128 *ns,
+		struct ks_obj **out, int *bad)
+{
+	return obj_open(path, NULL, 0, L, want_kind, ns, out, bad);
+}
+
+int ks_obj_open_mem(const void *buf, size_t len, const char *what, const struct ke_layout *L, int want_kind,
+		    const struct kv_h128 *ns, struct ks_obj **out, int *bad)
+{
+	int dummy;
+	if (!buf) {
+		*out = NULL;
+		*(bad ? bad : &dummy) = KS_BAD_SIZE;
+		return KV_CORRUPT(what, 0, "no bytes");
+	}
+	return obj_open(what, buf, len, L, want_kind, ns, out, bad);
+}
+
+/* Bytes [off, off + len) of the object into dst. */
+static int obj_pread(const struct ks_obj *o, void *dst, size_t len, uint64_t off)
+{
+	if (!o->mem)
+		return kv_io_pread_full(o->fd, dst, len, off, o->path);
+	if (off > o->mem_len || len > o->mem_len - off)
+		return KV_CORRUPT(o->path, off, "%zu bytes past the end of a %llu-byte object", len,
+				  (unsigned long long)o->mem_len);
+	memcpy(dst, o->mem + off, len);
+	return KV_OK;
+}
+
 static void *part_dst(const struct ks_obj_dst *d, const struct tplan *t)
 {
 	switch (t->part) {
@@ -852,7 +930,7 @@ int ks_obj_read(struct ks_obj *o, const struct ks_obj_dst *d, int *bad)
 			continue;
 		}
 		if (dst) {
-			rc = kv_io_pread_full(o->fd, dst, (size_t)len, off, path);
+			rc = obj_pread(o, dst, (size_t)len, off);
 			if (!rc)
 				crc = kv_crc32c(crc, dst, (size_t)len);
 		} else {
@@ -867,7 +945,7 @@ int ks_obj_read(struct ks_obj *o, const struct ks_obj_dst *d, int *bad)
 			}
 			for (uint64_t k = 0; k < len && !rc; k += scratch_cap) {
 				size_t n = (size_t)(len - k < scratch_cap ? len - k : scratch_cap);
-				rc = kv_io_pread_full(o->fd, scratch, n, off + k, path);
+				rc = obj_pread(o, scratch, n, off + k);
 				if (!rc)
 					crc = kv_crc32c(crc, scratch, n);
 			}

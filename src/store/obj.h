@@ -86,6 +86,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "base/durable.h"
 #include "base/hash.h"
@@ -178,6 +179,18 @@ int ks_obj_stage(const char *path, const struct ke_layout *L, const struct ks_ob
 int ks_obj_stage_commit(struct ks_obj_staged *st, unsigned dw_flags);
 void ks_obj_stage_abort(struct ks_obj_staged *st);
 
+/*
+ * The same bytes as ks_obj_write, in pieces for a socket (the remote
+ * tier, store/remote.h): iov[0] is the header (in *owned, malloc'd: free
+ * it after the send), then each tensor straight from the source's memory
+ * (valid as long as the source is). Nothing of the data is copied.
+ * Returns the number of pieces (at most KS_OBJ_MAX_IOV) and *total, the
+ * byte count; a negative error (KV_ERR_INVALID, KV_ERR_NOMEM) otherwise.
+ */
+#define KS_OBJ_MAX_IOV (3 + 2 * KV_MAX_LAYERS)
+int ks_obj_iov(const struct ke_layout *L, const struct ks_obj_src *s, struct iovec *iov, void **owned,
+	       uint64_t *total);
+
 /* Exact file size ks_obj_write would produce (header included). */
 uint64_t ks_obj_file_size(const struct ke_layout *L, const struct ks_obj_src *s);
 /* Bytes of the data section of an object (no header). */
@@ -206,6 +219,11 @@ struct ks_obj;
  */
 int ks_obj_open(const char *path, const struct ke_layout *L, int want_kind, const struct kv_h128 *ns,
 		struct ks_obj **out, int *bad);
+/* The same steps on an object held in memory (a value from the remote
+ * tier): len bytes at buf, which must outlive the handle; `what` names it
+ * in messages. Step 1 checks len instead of a file size. */
+int ks_obj_open_mem(const void *buf, size_t len, const char *what, const struct ke_layout *L, int want_kind,
+		    const struct kv_h128 *ns, struct ks_obj **out, int *bad);
 const struct ks_obj_info *ks_obj_info(const struct ks_obj *o);
 void ks_obj_close(struct ks_obj *o);
 

@@ -460,14 +460,16 @@ KT_CASE(kv_objects_say_their_dtype)
  * padding space) succeed with exactly the original content. Never a
  * different content, never a crash.
  */
-static int check_variant(const char *path, const struct ke_layout *L, int kind, const struct sample *m, int *n_ok)
+/* A file at path, or (mem != NULL) len bytes in memory: the remote tier's values. */
+static int check_bytes(const char *path, const void *mem, size_t len, const struct ke_layout *L, int kind,
+		       const struct sample *m, int *n_ok)
 {
 	struct ks_obj *o;
 	int bad;
 	int32_t tok[64];
 	uint8_t kv[4096], snap[512];
 	uint32_t ck[64];
-	int rc = ks_obj_open(path, L, kind, &NS, &o, &bad);
+	int rc = mem ? ks_obj_open_mem(mem, len, "value", L, kind, &NS, &o, &bad) : ks_obj_open(path, L, kind, &NS, &o, &bad);
 	if (rc == KV_OK) {
 		const struct ks_obj_info *in = ks_obj_info(o);
 		struct ks_obj_dst d = {.tokens = tok, .kv = kv, .snap = snap, .ckpt = ck};
@@ -488,6 +490,11 @@ static int check_variant(const char *path, const struct ke_layout *L, int kind, 
 		rc = -101; /* anything else (IO, NOMEM) is not what a bad file should give */
 	}
 	return rc;
+}
+
+static int check_variant(const char *path, const struct ke_layout *L, int kind, const struct sample *m, int *n_ok)
+{
+	return check_bytes(path, NULL, 0, L, kind, m, n_ok);
 }
 
 KT_CASE(corruption_sweep)
@@ -549,6 +556,72 @@ KT_CASE(corruption_sweep)
 			/* most flips must be caught: a checker accepting everything
 			 * would pass the content test only by luck */
 			KT_CHECKF(n_ok < tried / 4, "%s: %d of %d mutants accepted", ks_kind_name(kind), n_ok, tried);
+		}
+	}
+}
+
+/*
+ * The remote tier's side (store/remote.c): ks_obj_iov gives exactly the
+ * file's bytes, and ks_obj_open_mem validates a value in memory with the
+ * same steps, refusing truncations and flips as a file's would be.
+ */
+KT_CASE(memory_objects_are_the_file_bytes)
+{
+	uint64_t seed = 99;
+	for (int hybrid = 0; hybrid <= 1; hybrid++) {
+		struct ke_layout L;
+		ts_layout(&L, hybrid);
+		for (int kind = KS_BLOCK; kind <= KS_ENTRY; kind++) {
+			if (kind == KS_SNAP && !hybrid)
+				continue;
+			struct sample m;
+			char path[4096];
+			char *file;
+			size_t flen;
+			make(&L, kind, (uint64_t)kind * 5 + (uint64_t)hybrid, &m);
+			obj_path(kind, path, sizeof path);
+			KT_OK(ks_obj_write(path, &L, &m.src, KV_DW_NO_SYNC, 0, NULL));
+			KT_OK(kv_io_read_file(path, 1u << 20, &file, &flen));
+			struct iovec iov[KS_OBJ_MAX_IOV];
+			void *owned;
+			uint64_t total;
+			int n = ks_obj_iov(&L, &m.src, iov, &owned, &total);
+			KT_REQUIRE(n > 0 && n <= KS_OBJ_MAX_IOV);
+			KT_EQ_U64(total, flen);
+			uint8_t *val = malloc(total);
+			KT_REQUIRE(val);
+			size_t o = 0;
+			for (int i = 0; i < n; i++) {
+				memcpy(val + o, iov[i].iov_base, iov[i].iov_len);
+				o += iov[i].iov_len;
+			}
+			free(owned);
+			KT_EQ_U64(o, total);
+			KT_CHECKF(!memcmp(val, file, flen), "%s: the pieces are not the file's bytes", ks_kind_name(kind));
+			int n_ok = 0, tried = 0;
+			KT_EQ_INT(check_bytes(NULL, val, total, &L, kind, &m, &n_ok), KV_OK);
+			KT_EQ_INT(n_ok, 1);
+			n_ok = 0;
+			for (size_t cut = 0; cut < total; cut += cut < 600 ? 1 : 7, tried++) {
+				int rc = check_bytes(NULL, val, cut, &L, kind, &m, &n_ok);
+				KT_CHECKF(rc == KV_ERR_CORRUPT, "%s value truncated at %zu: rc %d", ks_kind_name(kind), cut, rc);
+			}
+			uint8_t *mut = malloc(total + 4);
+			KT_REQUIRE(mut);
+			for (int it = 0; it < 300; it++, tried++) {
+				memcpy(mut, val, total);
+				mut[kt_rand(&seed) % total] ^= (uint8_t)(1 + kt_rand(&seed) % 255);
+				int rc = check_bytes(NULL, mut, total, &L, kind, &m, &n_ok);
+				KT_CHECKF(rc == KV_OK || rc == KV_ERR_CORRUPT || rc == KV_ERR_NOT_OURS || rc == KV_ERR_VERSION,
+					  "%s value flip %d: rc %d", ks_kind_name(kind), it, rc);
+			}
+			memcpy(mut, val, total);
+			memcpy(mut + total, "junk", 4);
+			KT_EQ_INT(check_bytes(NULL, mut, total + 4, &L, kind, &m, &n_ok), KV_ERR_CORRUPT);
+			KT_CHECKF(n_ok < tried / 4, "%s: %d of %d mutated values accepted", ks_kind_name(kind), n_ok, tried);
+			free(mut);
+			free(val);
+			free(file);
 		}
 	}
 }
@@ -706,7 +779,7 @@ KT_CASE(temp_debris_cleaned)
 }
 
 KT_MAIN(names, roundtrip_every_kind, refusals_name_the_step, version_and_metadata_checks, kv_objects_say_their_dtype,
-	corruption_sweep,
+	corruption_sweep, memory_objects_are_the_file_bytes,
 	deadline_stops_a_write, layout_text, namespace_rules, root_resolution, path_builders_refuse_truncation,
 	quarantine_is_capped,
 	temp_debris_cleaned)
