@@ -367,10 +367,6 @@ static int cmd_bench_spec(int argc, char **argv)
 		fprintf(stderr, "kvkeep bench spec: %s\n", kv_errmsg());
 		goto out;
 	}
-	if (!ke_model_can_speculate(m)) {
-		fprintf(stderr, "kvkeep bench spec: the model's Mamba-2 layers have no speculative rollback\n");
-		goto out;
-	}
 	if (mode == KSS_SPEC_MTP && !ke_model_has_mtp(m)) {
 		fprintf(stderr, "kvkeep bench spec: --mode mtp: the model has no MTP head\n");
 		goto out;

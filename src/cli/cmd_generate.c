@@ -717,10 +717,7 @@ static int prefill(struct ke_model *m, struct ke_seq *s, const int32_t *ids, siz
 static int decode_any(struct dec *d, const struct kv_tok *tok, const int32_t *ids, size_t n_ids, int mode,
 		      struct cmd_gen_spec *gs)
 {
-	if (mode > 0 && !d->gm && !ke_model_can_speculate(ke_seq_model(d->s)))
-		fprintf(stderr, "kvkeep: speculative decoding off: the model's Mamba-2 layers have no speculative "
-				"rollback\n");
-	if (mode <= 0 || d->gm || !ke_model_can_speculate(ke_seq_model(d->s)))
+	if (mode <= 0 || d->gm)
 		return decode(d);
 	*gs = (struct cmd_gen_spec){.s = d->s, .smp = d->smp, .logits = d->logits, .ids = ids, .n_ids = n_ids,
 				    .max_tokens = (int)d->max_tokens, .stop_ids = d->stop_ids, .n_stop_ids = d->n_stop_ids,

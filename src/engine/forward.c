@@ -245,7 +245,7 @@ static float *state_out(const struct ke_seq *s)
 /* Row r of DeltaNet layer `idx` in a speculative sequence's log. */
 static float *spec_log_row(const struct ke_seq *s, int idx, int r)
 {
-	return s->spec->log + ((size_t)idx * KE_SPEC_MAX_ROWS + (size_t)r) * ke_spec_log_w(s->m);
+	return ke_spec_log_row(s, idx, r);
 }
 
 /* The delta rule of every (sequence, value head) pair of a forward: one
@@ -688,6 +688,10 @@ void ke_spec_replay(struct ke_seq *s, int keep)
 	const struct ke_model *m = s->m;
 	const struct kv_model_config *c = &m->cfg;
 	int K = c->conv_kernel, C = m->conv_dim;
+	if (c->n_ssm_layers) { /* the Mamba-2 hybrids have no DeltaNet layer */
+		ke_mamba_replay(s, keep);
+		return;
+	}
 	/* the conv state is the last K - 1 inputs: shift the kept rows' in */
 	for (int l = 0; K > 1 && l < m->lay.n_rec_layers; l++) {
 		float *st = s->rec + m->lay.rec[l].conv_off / sizeof(float);

@@ -146,7 +146,8 @@ static void conv_part(void *ctx, size_t b, size_t e, int thread)
 	int c0 = (int)b * CONV_BLOCK, c1 = (int)e * CONV_BLOCK < j->C ? (int)e * CONV_BLOCK : j->C;
 	(void)thread;
 	for (int t = 0; t < f->n; t++) {
-		float *st = f->seqs[f->row_seq[t]]->rec + j->conv_off / sizeof(float);
+		const struct ke_seq *sq = f->seqs[f->row_seq[t]];
+		float *st = (sq->spec_fwd ? sq->spec->alt : sq->rec) + j->conv_off / sizeof(float);
 		ke_dn_conv(st + (size_t)c0 * (size_t)(j->K - 1), j->ly->conv_w + (size_t)c0 * (size_t)j->K,
 			   mix + (size_t)t * (size_t)j->Wp + (size_t)j->W + (size_t)c0, c1 - c0, j->K);
 	}
@@ -189,7 +190,11 @@ static void scan_part(void *ctx, size_t b, size_t e, int thread)
 	for (size_t u = b; u < e; u++) {
 		int i = (int)(u / (size_t)j->H), h = (int)(u % (size_t)j->H), g = h / hpg;
 		size_t r0 = (size_t)f->row0[i], ni = (size_t)f->row0[i + 1] - r0;
-		float *S = f->seqs[i]->rec + j->state_off / sizeof(float) + (size_t)h * P * N;
+		const struct ke_seq *sq = f->seqs[i];
+		size_t off = j->state_off / sizeof(float) + (size_t)h * P * N;
+		float *S = (sq->spec_fwd ? sq->spec->alt : sq->rec) + off;
+		if (sq->spec_fwd) /* out of place: the old state stays for ke_seq_accept */
+			memcpy(S, sq->rec + off, P * N * sizeof *S);
 		size_t hx = (size_t)h * n + r0, gx = (size_t)g * n + r0;
 		ke_ssm_scan(isa, S, j->P, j->N, (int)ni, j->xg + hx * P, P, j->Bg + gx * N, j->Cg + gx * N, N, j->dtg + hx,
 			    j->dAg + hx, 1, j->ly->ssm_d[h], j->yg + hx * P, P);
@@ -243,6 +248,17 @@ void ke_mamba_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	j.dAg = j.dtg + nn * (size_t)j.H;
 	j.yg = j.dAg + nn * (size_t)j.H;
 	ke_gemm(&ly->in_proj, sc->h, (size_t)c->hidden, n, sc->mix, (size_t)j.Wp, 0);
+	/* speculative sequences: log each row's conv input and raw dt (what
+	 * ke_mamba_replay needs), and run the conv on a copy of the old state */
+	for (int i = 0; i < f->n_seq; i++) {
+		const struct ke_seq *sq = f->seqs[i];
+		if (!sq->spec_fwd)
+			continue;
+		memcpy((char *)sq->spec->alt + rl->conv_off, (const char *)sq->rec + rl->conv_off, rl->conv_bytes);
+		for (int t = f->row0[i]; t < f->row0[i + 1]; t++)
+			memcpy(ke_spec_log_row(sq, ly->idx, t - f->row0[i]), sc->mix + (size_t)t * (size_t)j.Wp + (size_t)j.W,
+			       (size_t)(j.C + j.H) * sizeof(float));
+	}
 	double t0 = ke_prof_t0();
 	size_t cblocks = ((size_t)j.C + CONV_BLOCK - 1) / CONV_BLOCK;
 	if (n > 1 && 2.0 * n * j.C * j.K >= KE_PAR_MIN_WORK / 4)
@@ -259,4 +275,47 @@ void ke_mamba_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	ke_prof_add(KE_PROF_DN, t0, 5.0 * n * (double)j.W * j.N, 8.0 * n * (double)j.W * j.N);
 	ke_par_rows(n, 30.0 * j.W, gnorm_row, &j);
 	ke_gemm_residual(f, &ly->out, sc->core, (size_t)j.W);
+}
+
+/* ke_seq_accept's replay on the state before a speculative forward: per
+ * Mamba-2 layer and kept row, the conv step on the logged input, then
+ * pre_row's bias, SiLU, softplus and exp, then the scan of each head for
+ * that one row: the operations of the forward in its order (the scan
+ * gives the same bits at any chunk size), its y thrown away. */
+void ke_mamba_replay(struct ke_seq *s, int keep)
+{
+	const struct ke_model *m = s->m;
+	const struct kv_model_config *c = &m->cfg;
+	int W = c->ssm_heads * c->ssm_head_dim, C = m->conv_dim, H = c->ssm_heads, P = c->ssm_head_dim;
+	int N = c->ssm_state, G = c->ssm_groups, K = c->conv_kernel, hpg = H / G, isa = ke_isa();
+	float *xbc = s->spec->junk, *dt = xbc + C, *dA = dt + H, *y = dA + H;
+	for (int l = 0; l < c->n_layers; l++) {
+		const struct ke_layer *ly = &m->layers[l];
+		if (ly->type != KV_LAYER_MAMBA)
+			continue;
+		const struct ke_rec_layer *rl = &m->lay.rec[ly->idx];
+		float *st = s->rec + rl->conv_off / sizeof(float), *S0 = s->rec + rl->state_off / sizeof(float);
+		for (int t = 0; t < keep; t++) {
+			const float *row = ke_spec_log_row(s, ly->idx, t);
+			memcpy(xbc, row, (size_t)C * sizeof *xbc);
+			for (int c0 = 0; c0 < C; c0 += CONV_BLOCK) /* conv_part's blocks */
+				ke_dn_conv(st + (size_t)c0 * (size_t)(K - 1), ly->conv_w + (size_t)c0 * (size_t)K, xbc + c0,
+					   (C - c0 < CONV_BLOCK ? C - c0 : CONV_BLOCK), K);
+			if (ly->conv_b)
+				for (int ch = 0; ch < C; ch++)
+					xbc[ch] = xbc[ch] + ly->conv_b[ch];
+			ke_vec_silu(xbc, C);
+			for (int h = 0; h < H; h++) {
+				float v = row[C + h] + ly->dt_bias[h];
+				dt[h] = v > 20.0f ? v : log1pf(expf(v));
+				dA[h] = expf(dt[h] * ly->neg_a[h]);
+			}
+			for (int h = 0; h < H; h++) {
+				int g = h / hpg;
+				ke_ssm_scan(isa, S0 + (size_t)h * P * N, P, N, 1, xbc + (size_t)h * P, (size_t)P,
+					    xbc + W + (size_t)g * N, xbc + W + (size_t)(G + g) * N, (size_t)N, dt + h, dA + h, 1,
+					    ly->ssm_d[h], y, (size_t)P);
+			}
+		}
+	}
 }

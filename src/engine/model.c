@@ -415,11 +415,6 @@ int ke_model_has_mtp(const struct ke_model *m)
 	return m->mtp != NULL;
 }
 
-int ke_model_can_speculate(const struct ke_model *m)
-{
-	return m->cfg.n_ssm_layers == 0;
-}
-
 /*
  * Touching the weights at load. The weights are a read-only file mapping.
  * The first pass of a forward over pages it has never read ran at a fifth

@@ -96,10 +96,6 @@ int ke_model_n_mats(const struct ke_model *m);
 const struct ke_mat *ke_model_mat(const struct ke_model *m, int i, const char **name);
 /* 1 if the model has an MTP head that the engine loaded (engine/mtp.h). */
 int ke_model_has_mtp(const struct ke_model *m);
-/* 1 if speculative forwards can be taken back on this model (seq.h
- * ke_seq_accept); 0 for models with Mamba-2 layers, whose conv and SSM
- * state have no out-of-place rollback: callers decode them plainly. */
-int ke_model_can_speculate(const struct ke_model *m);
 /* Scratch bytes a sequence with this prefill chunk will allocate. */
 size_t ke_model_scratch_bytes(const struct ke_model *m, int chunk);
 

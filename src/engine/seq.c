@@ -78,11 +78,11 @@ static void spec_free(struct ke_seq *s)
 
 size_t ke_model_spec_bytes(const struct ke_model *m)
 {
-	if (!m->lay.snapshot_bytes || !ke_model_can_speculate(m))
+	if (!m->lay.snapshot_bytes)
 		return 0;
 	return m->lay.snapshot_bytes +
 	       (size_t)m->lay.n_rec_layers * KE_SPEC_MAX_ROWS * ke_spec_log_w(m) * sizeof(float) +
-	       (size_t)KE_SPEC_MAX_ROWS * m->cfg.lin_v_heads * m->cfg.lin_v_dim * sizeof(float);
+	       ke_spec_junk_w(m) * sizeof(float);
 }
 
 /* The undo buffers of speculative forwards (engine_int.h struct ke_spec),
@@ -92,10 +92,6 @@ static int spec_alloc(struct ke_seq *s)
 	const struct ke_model *m = s->m;
 	if (s->spec)
 		return KV_OK;
-	/* a Mamba-2 layer writes its state in place: a rejected row could
-	 * not be taken back (ke_model_can_speculate) */
-	if (!ke_model_can_speculate(m))
-		return kv_fail(KV_ERR_UNSUPPORTED, "speculative forwards are not supported on models with Mamba-2 layers");
 	struct ke_spec *sp = calloc(1, sizeof *sp);
 	if (!sp)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
@@ -107,8 +103,7 @@ static int spec_alloc(struct ke_seq *s)
 		sp->alt = kv_alloc(KV_MEM_SCRATCH, m->lay.snapshot_bytes);
 	sp->log = kv_alloc(KV_MEM_SCRATCH,
 			   (size_t)m->lay.n_rec_layers * KE_SPEC_MAX_ROWS * ke_spec_log_w(m) * sizeof(float));
-	sp->junk = kv_alloc(KV_MEM_SCRATCH, (size_t)KE_SPEC_MAX_ROWS * m->cfg.lin_v_heads * m->cfg.lin_v_dim *
-						    sizeof(float));
+	sp->junk = kv_alloc(KV_MEM_SCRATCH, ke_spec_junk_w(m) * sizeof(float));
 	if (!sp->alt || !sp->log || !sp->junk) {
 		spec_free(s);
 		return kv_fail(KV_ERR_NOMEM, "sequence: cannot allocate %zu bytes for speculative decoding",

@@ -1453,11 +1453,6 @@ int ksv_server_load(struct ksv_server *s)
 	s->spec_mode = kss_spec_mode_parse(o->speculative);
 	if (s->spec_mode == KSS_SPEC_MTP && !ke_model_has_mtp(s->model))
 		return kv_fail(KV_ERR_INVALID, "--speculative mtp: the model has no MTP head (mtp.* or nextn tensors)");
-	if (s->spec_mode && !ke_model_can_speculate(s->model)) {
-		KV_WARN("serve.speculative", "off: --speculative %s asked, but the model's Mamba-2 layers have no "
-			"speculative rollback; it decodes plainly", kss_spec_mode_name(s->spec_mode));
-		s->spec_mode = KSS_SPEC_OFF;
-	}
 	struct kss_sched_params ep = {.model = s->model,
 				      .max_running = s->max_running,
 				      .max_batch_tokens = (int)o->max_batch_tokens,

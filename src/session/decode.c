@@ -209,7 +209,7 @@ int kss_decode_run(struct kss_decode *d)
 	memset(&d->spec, 0, sizeof d->spec);
 	if (!p->max_new)
 		return KV_OK;
-	if (p->speculative && ke_model_can_speculate(m)) { /* else plainly (engine/model.h) */
+	if (p->speculative) {
 		max_rows = p->sched ? kss_sched_spec_rows(p->sched) : KE_SPEC_MAX_ROWS;
 		int md = p->spec_max_draft ? p->spec_max_draft : KSS_RUN_SPEC_DRAFT;
 		if (md > max_rows - 1)
