@@ -8,6 +8,7 @@
  * ("text_config.num_key_value_heads") and the file.
  */
 #include "model/config.h"
+#include "model/config_ssm.h"
 #include "base/err.h"
 #include "base/json.h"
 
@@ -392,6 +393,8 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 	snprintf(c->model_type, sizeof c->model_type, "%s", mt);
 	p->text = p->root;
 	p->tprefix = "";
+	if (kv_config_is_ssm_type(mt)) /* the Mamba-2 hybrids: config_ssm.c */
+		return kv_config_parse_ssm(p->root, p->what, c);
 	if (!strcmp(mt, "qwen3")) {
 		c->arch = KV_ARCH_QWEN3;
 		def_vocab = 151936, def_hidden = 4096, def_inter = 22016, def_layers = 32, def_heads = 32;
@@ -422,7 +425,8 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 			       p->what, mt);
 	} else {
 		return kv_fail(KV_ERR_UNSUPPORTED,
-			       "%s: model_type '%s' is not supported (supported: qwen3, qwen3_5, qwen3_5_moe, qwen3_next)",
+			       "%s: model_type '%s' is not supported (supported: qwen3, qwen3_5, qwen3_5_moe, qwen3_next, "
+			       "granitemoehybrid, nemotron_h)",
 			       p->what,
 			       mt);
 	}
@@ -526,7 +530,12 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 int kv_config_parse(const char *text, size_t len, const char *what, struct kv_model_config *out)
 {
 	struct cfgp p = {what ? what : "config.json", NULL, NULL, ""};
-	int rc = kv_json_parse(p.what, text, len, KV_JSON_MAX_DEPTH, &p.root);
+	char *relaxed = NULL;
+	size_t rlen = 0;
+	int rc = kv_config_json_relax(text, len, &relaxed, &rlen); /* Python's bare Infinity */
+	if (!rc)
+		rc = kv_json_parse(p.what, relaxed ? relaxed : text, relaxed ? rlen : len, KV_JSON_MAX_DEPTH, &p.root);
+	free(relaxed);
 	if (rc) {
 		memset(out, 0, sizeof *out);
 		return rc;
@@ -540,6 +549,8 @@ int kv_config_parse(const char *text, size_t len, const char *what, struct kv_mo
 
 uint64_t kv_config_conv_dim(const struct kv_model_config *c)
 {
+	if (c->ssm)
+		return kv_config_ssm_conv_dim(c);
 	if (!c->hybrid)
 		return 0;
 	return 2ull * (uint64_t)c->lin_k_heads * (uint64_t)c->lin_k_dim +
@@ -554,6 +565,8 @@ uint64_t kv_config_kv_bytes_per_token(const struct kv_model_config *c, int elem_
 
 uint64_t kv_config_recurrent_state_bytes(const struct kv_model_config *c)
 {
+	if (c->ssm) /* S [H][P][N] */
+		return (uint64_t)c->ssm_heads * (uint64_t)c->ssm_head_dim * (uint64_t)c->ssm_state * 4;
 	if (!c->hybrid)
 		return 0;
 	return (uint64_t)c->lin_v_heads * (uint64_t)c->lin_k_dim * (uint64_t)c->lin_v_dim * 4;
@@ -561,7 +574,7 @@ uint64_t kv_config_recurrent_state_bytes(const struct kv_model_config *c)
 
 uint64_t kv_config_conv_state_bytes(const struct kv_model_config *c)
 {
-	if (!c->hybrid)
+	if (!c->hybrid && !c->ssm)
 		return 0;
 	return kv_config_conv_dim(c) * (uint64_t)(c->conv_kernel - 1) * 4;
 }
@@ -572,12 +585,16 @@ const char *kv_arch_name(int arch)
 	case KV_ARCH_QWEN3: return "qwen3";
 	case KV_ARCH_QWEN3_5: return "qwen3_5";
 	case KV_ARCH_QWEN3_NEXT: return "qwen3_next";
+	case KV_ARCH_GRANITE_HYBRID: return "granitemoehybrid";
+	case KV_ARCH_NEMOTRON_H: return "nemotron_h";
 	}
 	return "unknown";
 }
 
 const char *kv_config_default_prefix(const struct kv_model_config *c)
 {
+	if (c->ssm)
+		return kv_config_ssm_prefix(c);
 	return c->text_nested ? "model.language_model." : "model.";
 }
 
@@ -663,6 +680,8 @@ int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struc
 
 	*out = NULL;
 	*n = 0;
+	if (c->ssm)
+		return kv_config_tensors_ssm(c, p, out, n);
 	spec(&s, -1, KV_ROLE_EMBED, 2, c->vocab, H, 0, "%sembed_tokens.weight", p);
 	for (int l = 0; l < c->n_layers; l++) {
 		spec(&s, l, norm, 1, H, 0, 0, "%slayers.%d.input_layernorm.weight", p, l);

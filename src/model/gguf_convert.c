@@ -275,6 +275,69 @@ out:
 	return rc;
 }
 
+/* granitehybrid / nemotron_h, as llama.cpp's converter writes them: the
+ * layer pattern in per-layer arrays (head_count_kv 0 on Mamba layers;
+ * nemotron_h's feed_forward_length non-zero on MLP layers), ssm.*,
+ * Granite's multipliers, no RoPE (rope.scaling.finetuned false). */
+static int conv_meta_ssm(struct kv_ggufw *w, const struct kv_model_config *c, const char *a)
+{
+	char k[128];
+	int rc = KV_OK, L = c->n_layers;
+	int32_t *kvh = calloc((size_t)L, sizeof *kvh), *ff = calloc((size_t)L, sizeof *ff);
+#define SETU(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_u32(w, k, (uint32_t)(v)); } while (0)
+#define SETF(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_f32(w, k, (float)(v)); } while (0)
+#define SETA(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_arr_i32(w, k, (size_t)L, v); } while (0)
+	if (!kvh || !ff) {
+		free(kvh);
+		free(ff);
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	}
+	for (int l = 0; l < L; l++) {
+		kvh[l] = c->layer_type[l] == KV_LAYER_ATTN ? c->n_kv_heads : 0;
+		ff[l] = c->layer_type[l] == KV_LAYER_MLP ? c->intermediate : 0;
+	}
+	SETU("context_length", 1u << 20); /* no RoPE: llama.cpp's converter writes 2^20 */
+	SETU("embedding_length", c->hidden);
+	SETU("attention.head_count", c->n_heads);
+	SETA("attention.head_count_kv", kvh);
+	SETU("attention.key_length", c->head_dim);
+	SETU("attention.value_length", c->head_dim);
+	SETF("attention.layer_norm_rms_epsilon", c->rms_eps);
+	SETU("ssm.conv_kernel", c->conv_kernel);
+	SETU("ssm.state_size", c->ssm_state);
+	SETU("ssm.group_count", c->ssm_groups);
+	SETU("ssm.inner_size", c->ssm_heads * c->ssm_head_dim);
+	SETU("ssm.time_step_rank", c->ssm_heads);
+	if (c->arch == KV_ARCH_NEMOTRON_H) {
+		SETA("feed_forward_length", ff);
+		SETF("attention.layer_norm_epsilon", c->rms_eps); /* its loader requires it */
+	} else {
+		/* n_ff: an expert's width (MoE), else the dense shared_mlp's */
+		SETU("feed_forward_length", c->n_moe_layers ? c->moe_intermediate : c->shared_intermediate);
+		SETF("attention.scale", c->attn_scale);
+		SETF("embedding_scale", c->embed_mult);
+		SETF("residual_scale", c->residual_mult);
+		SETF("logit_scale", c->logits_div);
+		snprintf(k, sizeof k, "%s.rope.scaling.finetuned", a);
+		if (!rc)
+			rc = kv_ggufw_set_bool(w, k, 0);
+		if (c->n_moe_layers) {
+			SETU("expert_count", c->n_experts);
+			SETU("expert_used_count", c->n_experts_per_tok);
+			SETU("expert_shared_feed_forward_length", c->shared_intermediate);
+		}
+	}
+	free(kvh);
+	free(ff);
+	return rc;
+#undef SETA
+#undef SETU
+#undef SETF
+}
+
 static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ftype, int n_mtp)
 {
 	char k[128];
@@ -293,6 +356,16 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
 	SETU("block_count", c->n_layers + n_mtp);
 	if (n_mtp)
 		SETU("nextn_predict_layers", n_mtp);
+	if (c->ssm) {
+		rc = conv_meta_ssm(w, c, a);
+#undef SETU
+#undef SETF
+		return rc;
+	}
+#define SETU(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_u32(w, k, (uint32_t)(v)); } while (0)
+#define SETF(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_f32(w, k, (float)(v)); } while (0)
 	SETU("context_length", c->max_positions > 0 ? c->max_positions : 32768);
 	SETU("embedding_length", c->hidden);
 	SETU("feed_forward_length", c->intermediate);
@@ -345,6 +418,14 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
  * key heads (the loaders size them by ssm.state_size). */
 static int conv_check_moe(const struct kv_model_config *c)
 {
+	/* Granite's gated norm spans the whole width in transformers and each
+	 * of the n_groups groups in llama.cpp: the same only for one group */
+	if (c->arch == KV_ARCH_GRANITE_HYBRID && c->ssm_groups != 1)
+		return kv_fail(KV_ERR_UNSUPPORTED, "convert: granitehybrid GGUF: llama.cpp normalises the Mamba output "
+			       "per group, transformers over the whole width; mamba_n_groups %d cannot be written",
+			       c->ssm_groups);
+	if (c->ssm)
+		return KV_OK;
 	if (c->arch == KV_ARCH_QWEN3_NEXT && c->n_moe_layers != c->n_layers)
 		return kv_fail(KV_ERR_UNSUPPORTED, "convert: qwen3next GGUF: llama.cpp's qwen3next has a sparse MoE block "
 			       "on every layer; this config has %d dense layer(s) (mlp_only_layers / decoder_sparse_step)",
@@ -384,6 +465,33 @@ static void conv_add(struct conv_t *t, const struct kv_tensor *src, int64_t r0, 
 	t->rows += rows;
 }
 
+/* The MTP head (mtp.*), when the folder has one, becomes llama.cpp's
+ * nextn layer after the others: its tensors appended to *spec, *n_mtp 1. */
+static int conv_mtp_specs(const struct kv_model_config *c, struct kv_weights *wt, struct kv_tensor_spec **spec,
+			  size_t *ns, int *n_mtp)
+{
+	struct kv_tensor_spec *mt = NULL, *all;
+	size_t nm = 0;
+	struct kv_model_config cm = *c;
+	int rc;
+	*n_mtp = 0;
+	if (!c->hybrid || !kv_weights_find(wt, "mtp.fc.weight"))
+		return KV_OK;
+	kv_config_detect_experts(&cm, wt, "mtp.");
+	if ((rc = kv_config_mtp_tensors(&cm, kv_weights_find(wt, "mtp.layers.0.mlp.gate.weight") != NULL, &mt, &nm)))
+		return rc;
+	if (!(all = realloc(*spec, (*ns + nm) * sizeof *all))) {
+		free(mt);
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	}
+	*spec = all;
+	memcpy(all + *ns, mt, nm * sizeof *mt);
+	*ns += nm;
+	free(mt);
+	*n_mtp = 1;
+	return KV_OK;
+}
+
 int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, uint64_t *bytes)
 {
 	struct kv_model_config c;
@@ -405,26 +513,9 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 	if ((rc = kv_weights_open(p->hf_dir, &wt)) || (rc = kv_config_check_weights(&c, wt, prefix, sizeof prefix)) ||
 	    (rc = kv_config_tensors(&c, prefix, &spec, &ns)))
 		goto out;
-	/* the MTP head (mtp.*) becomes llama.cpp's nextn layer after the others */
 	int n_mtp = 0;
-	if (c.hybrid && kv_weights_find(wt, "mtp.fc.weight")) {
-		struct kv_tensor_spec *mt = NULL, *all;
-		size_t nm = 0;
-		struct kv_model_config cm = c;
-		kv_config_detect_experts(&cm, wt, "mtp.");
-		if ((rc = kv_config_mtp_tensors(&cm, kv_weights_find(wt, "mtp.layers.0.mlp.gate.weight") != NULL, &mt, &nm)))
-			goto out;
-		if (!(all = realloc(spec, (ns + nm) * sizeof *spec))) {
-			free(mt);
-			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
-			goto out;
-		}
-		spec = all;
-		memcpy(spec + ns, mt, nm * sizeof *mt);
-		ns += nm;
-		free(mt);
-		n_mtp = 1;
-	}
+	if ((rc = conv_mtp_specs(&c, wt, &spec, &ns, &n_mtp)))
+		goto out;
 	/* an HF tensor gives at most two GGUF tensors (gate_up_proj, in_proj_qkvz) */
 	if (!(w = kv_ggufw_create()) || !(ct = calloc(2 * ns + 1, sizeof *ct))) {
 		rc = kv_fail(KV_ERR_NOMEM, "out of memory");
@@ -434,8 +525,10 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 		goto out;
 	struct kq_mix_ctx mix = {c.n_layers, c.n_layers, !c.tie_embeddings, c.n_moe_layers ? c.n_experts : 0,
 				  c.n_kv_heads ? c.n_heads / c.n_kv_heads : 0};
-	int i_v = 0;
-	const int64_t E = c.n_experts, I = c.moe_intermediate, D = c.hidden;
+	if (c.ssm) /* attn_v only on the attention layers (no attn_qkv on the Mamba ones) */
+		mix.n_attn_v = c.n_attn_layers;
+	int i_v = 0, i_down = 0;
+	const int64_t E = c.n_experts, I = c.moe_intermediate, D = c.hidden, Is = c.shared_intermediate;
 	for (size_t i = 0; i < ns; i++) {
 		char hf[160], gg[96], ggb[96];
 		const char *name = spec[i].name, *rest = NULL;
@@ -482,7 +575,32 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 			o[0]->shape[1] = src->shape[0];
 			o[0]->shape[2] = src->shape[1];
 			nout = 1;
-		} else if (rest && !strcmp(rest, "mlp.experts.gate_up_proj")) {
+		} else if (c.ssm && rest && !strcmp(rest, "shared_mlp.input_linear.weight")) {
+			/* Granite's [2 Is][D] gate | up -> ffn_{gate,up}_shexp (MoE) or ffn_{gate,up} */
+			const char *sx = c.n_moe_layers ? "_shexp" : "";
+			snprintf(gg, sizeof gg, "blk.%d.ffn_gate%s.weight", layer, sx);
+			snprintf(ggb, sizeof ggb, "blk.%d.ffn_up%s.weight", layer, sx);
+			if (!(o[0] = conv_new(ct, &nt, &c, gg, 1)) || !(o[1] = conv_new(ct, &nt, &c, ggb, 1)))
+				goto oom;
+			conv_add(o[0], src, 0, Is);
+			conv_add(o[1], src, Is, Is);
+			for (int j = 0; j < 2; j++) {
+				o[j]->ndim = 2;
+				o[j]->shape[0] = Is;
+				o[j]->shape[1] = D;
+			}
+			nout = 2;
+		} else if (c.ssm && rest && !c.n_moe_layers && !strcmp(rest, "shared_mlp.output_linear.weight")) {
+			snprintf(gg, sizeof gg, "blk.%d.ffn_down.weight", layer); /* dense Granite */
+			if (!(o[0] = conv_new(ct, &nt, &c, gg, 1)))
+				goto oom;
+			conv_add(o[0], src, 0, D);
+			o[0]->ndim = 2;
+			o[0]->shape[0] = D;
+			o[0]->shape[1] = Is;
+			nout = 1;
+		} else if (rest && (!strcmp(rest, "mlp.experts.gate_up_proj") ||
+				    (c.ssm && !strcmp(rest, "block_sparse_moe.input_linear.weight")))) {
 			/* [E][2I][D] -> ffn_gate_exps and ffn_up_exps [E][I][D] (llama.cpp's converter splits it) */
 			snprintf(gg, sizeof gg, "blk.%d.ffn_gate_exps.weight", layer);
 			snprintf(ggb, sizeof ggb, "blk.%d.ffn_up_exps.weight", layer);
@@ -531,7 +649,18 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 				goto oom;
 			int64_t cols = src->shape[src->ndim - 1];
 			conv_add(o[0], src, 0, (int64_t)(src->numel / (uint64_t)cols));
-			if (src->ndim == 1 || (rest && !strcmp(rest, "mlp.shared_expert_gate.weight"))) {
+			size_t gl = strlen(gg);
+			if (c.ssm && gl > 6 && (!strcmp(gg + gl - 6, ".ssm_a") || !strcmp(gg + gl - 6, ".ssm_d"))) {
+				o[0]->ndim = 2; /* llama.cpp's {1, H}: [H][1] */
+				o[0]->shape[0] = (int64_t)src->numel;
+				o[0]->shape[1] = 1;
+				o[0]->rows = o[0]->pc[0].rows = o[0]->shape[0];
+			} else if (c.ssm && strstr(gg, ".ssm_norm.")) {
+				o[0]->ndim = 2; /* {W / G, G}: [G][W / G] */
+				o[0]->shape[0] = c.ssm_groups;
+				o[0]->shape[1] = (int64_t)src->numel / c.ssm_groups;
+				o[0]->rows = o[0]->pc[0].rows = c.ssm_groups;
+			} else if (src->ndim == 1 || (rest && !strcmp(rest, "mlp.shared_expert_gate.weight"))) {
 				o[0]->ndim = 1; /* llama.cpp's ffn_gate_inp_shexp is {n_embd} */
 				o[0]->shape[0] = (int64_t)src->numel;
 			} else if (src->ndim == 3 && strstr(gg, "_exps.")) {
@@ -564,7 +693,10 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 						      role == KV_ROLE_LINEAR || role == KV_ROLE_LINEAR_OUT ||
 						      role == KV_ROLE_LINEAR_A);
 			if (is_mat) {
-				t->dt = kq_ftype_tensor_dtype(p->ftype, &mix, t->gg, layer, i_v, t->cols);
+				/* llama.cpp counts ffn_down tensors, not layers (equal unless some
+				 * layers have none, as Nemotron-H's Mamba and attention layers) */
+				int ml = strstr(t->gg, "ffn_down.") && c.ssm ? i_down++ : layer;
+				t->dt = kq_ftype_tensor_dtype(p->ftype, &mix, t->gg, ml, i_v, t->cols);
 				if (strstr(t->gg, "attn_v.weight") || strstr(t->gg, "attn_qkv.weight"))
 					i_v++;
 			} else {

@@ -63,7 +63,7 @@ int kv_out_create(const struct kv_out_params *p, struct kv_out **out)
 	o->p = *p;
 	o->th = !p->split_reasoning ? TH_CONTENT : p->in_think ? TH_IN : TH_UNDECIDED;
 	if (p->tools) {
-		struct kv_tc_params tp = {.format = p->xml_tools ? KV_TC_XML : KV_TC_JSON, .tools = p->tools};
+		struct kv_tc_params tp = {.format = p->xml_tools, .tools = p->tools};
 		int rc = kv_tc_parser_create(&tp, &o->tc);
 		if (rc) {
 			free(o);
