@@ -14,7 +14,7 @@ import { mkModel, startServer, stopServer, check, assert, until, failures_count 
 
 const T = 'stream_stress';
 const CLIENTS = 20;
-const TOTAL = Number(process.env.KT_STRESS_REQUESTS || 2000);
+const TOTAL = Number(process.env.KT_STRESS_REQUESTS || 1200);
 const DEADLINE_MS = 120000;
 
 const model = mkModel('tiny-hybrid', 'stress-hybrid', true);
