@@ -522,7 +522,8 @@ static void experts_part(void *ctx, size_t b0, size_t b1, int thread)
 	const struct ke_moe *mo = j->mo;
 	const struct moe_scr *s = j->s;
 	const int D = j->D, k = mo->k, I = mo->I;
-	const size_t Im = (size_t)(mo->I > mo->Is ? mo->I : mo->Is);
+	/* the row width carve() gave g1 and g2: GPT-OSS's gate_up is 2I wide */
+	const size_t Im = mo->kind == KV_MOE_OAI ? 2 * (size_t)mo->I : (size_t)(mo->I > mo->Is ? mo->I : mo->Is);
 	float *xin = s->xin, *g1 = s->g1, *g2 = s->g2;
 	if (!j->shared_bufs) {
 		xin = s->par + (size_t)thread * PAR_ROWS * ((size_t)D + 2 * Im);

@@ -112,6 +112,14 @@ struct ke_model *ke_seq_model(const struct ke_seq *s)
 	return s->m;
 }
 
+int ke_seq_window_pages(const struct ke_seq *s)
+{
+	int n = 0;
+	for (int i = 0; i < s->n_wpages; i++)
+		n += s->wpages[i] != NULL;
+	return n;
+}
+
 size_t ke_seq_scratch_bytes(const struct ke_seq *s)
 {
 	return s->sc.bytes + s->m->lay.rec_bytes;

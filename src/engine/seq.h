@@ -73,6 +73,9 @@ int ke_seq_n_pages(const struct ke_seq *s);
 /* Borrowed: valid while s holds it (ref it to keep it). */
 struct kv_page *ke_seq_page(const struct ke_seq *s, int i);
 struct ke_model *ke_seq_model(const struct ke_seq *s);
+/* Window pages the sequence holds (sliding layers; the ones before its
+ * window are dropped). */
+int ke_seq_window_pages(const struct ke_seq *s);
 /* Scratch bytes this sequence allocated (KV_MEM_SCRATCH). */
 size_t ke_seq_scratch_bytes(const struct ke_seq *s);
 

@@ -47,8 +47,9 @@ static const char *models(void)
 		return NULL;
 	}
 	atexit(cleanup);
-	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe", "tiny-next"};
-	for (int i = 0; i < 4; i++)
+	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe", "tiny-next",
+				 "tiny-gemma3", "tiny-gpt-oss", "tiny-llama3"};
+	for (int i = 0; i < 7; i++)
 		if (kt_sh("'%s' mkmodel --preset %s --out '%s/%s' --no-sync >/dev/null 2>&1", kt_bin(), presets[i], g_dir,
 			  presets[i]) ||
 		    kt_sh("'%s' mkmodel --preset %s --dtype f32 --out '%s/%s-f32' --no-sync >/dev/null 2>&1", kt_bin(),
@@ -240,6 +241,52 @@ KT_CASE(batch_invariance_next_moe_50_splits)
 	batch_invariance("tiny-next");
 }
 
+/* Sliding windows (16 keys in the tiny presets, 100 tokens: most queries
+ * attend a window that starts inside a page), sinks and GPT-OSS's MoE:
+ * whole == token by token == 50 random splits, KV, windows and all. */
+KT_CASE(batch_invariance_window_50_splits)
+{
+	batch_invariance("tiny-gemma3");
+	batch_invariance("tiny-gpt-oss");
+	batch_invariance("tiny-gpt-oss-f32");
+	batch_invariance("tiny-llama3");
+}
+
+/*
+ * Windows past the 512-key attention split: a decode step whose window
+ * straddles a chunk boundary merges two chunks (attn_split, the row's
+ * first chunk taken as it is), one whose window lies in one chunk merges
+ * none. Token-by-token decode from 480 to 560 equals the whole prefill,
+ * on every page size the pages may cut the window at (7, 16, 48).
+ */
+KT_CASE(window_across_the_attention_split)
+{
+	int B[] = {7, 16, 48};
+	for (int k = 0; k < 3; k++) {
+		struct ke_model *m = load("tiny-gpt-oss", 0, B[k]);
+		KT_REQUIRE(m);
+		int N = 560, P = 480, V = ke_model_config(m)->vocab;
+		int32_t *tok = rand_tokens(N, V);
+		float *ref = cold_logits(m, tok, N), *got = malloc((size_t)V * 4);
+		struct ke_seq *s = seq_new(m, 64);
+		KT_OK(ke_seq_prefill(s, tok, P, NULL, NULL));
+		int bad = 0;
+		for (int i = P; i < N; i++) {
+			KT_OK(ke_seq_decode(s, tok[i], got));
+			bad += memcmp(got, ref + (size_t)i * V, (size_t)V * 4) != 0;
+		}
+		KT_CHECKF(bad == 0, "page %d: %d decode steps differ from the whole prefill", B[k], bad);
+		/* only the window's pages are kept */
+		int live = ke_seq_window_pages(s);
+		KT_CHECKF(live <= (16 + 64) / B[k] + 2, "page %d: %d window pages live at %d", B[k], live, N);
+		ke_seq_destroy(s);
+		free(tok);
+		free(ref);
+		free(got);
+		ke_model_destroy(m);
+	}
+}
+
 /*
  * Continuous batching: K sequences advance together through ke_batch_run,
  * each step mixing decode tokens (n = 1), prefill chunks of random sizes
@@ -339,6 +386,12 @@ KT_CASE(batched_equals_alone_hybrid)
 	batched_equals_alone("tiny-hybrid");
 }
 
+KT_CASE(batched_equals_alone_window)
+{
+	batched_equals_alone("tiny-gemma3");
+	batched_equals_alone("tiny-gpt-oss");
+}
+
 /* Five sequences prefill 16-token chunks together (80 rows in a step: the
  * DeltaNet's (sequence, head) units go through the thread pool, which
  * smaller batches never reach on the tiny presets), then decode together:
@@ -431,6 +484,12 @@ KT_CASE(cpu_paths_give_identical_logits_moe)
 {
 	const char *names[] = {"tiny-moe", "tiny-next"};
 	cpu_paths(names, 2);
+}
+
+KT_CASE(cpu_paths_give_identical_logits_window)
+{
+	const char *names[] = {"tiny-gemma3", "tiny-gpt-oss", "tiny-llama3"};
+	cpu_paths(names, 3);
 }
 
 /* Routing: softmax, top-k with ties to the lower expert id, the selected
@@ -623,6 +682,15 @@ static void resume_case(const char *name)
 KT_CASE(resume_from_snapshot_pages_tail_dense)
 {
 	resume_case("tiny-dense");
+}
+
+/* window models: stops at 16 (the window itself), 37, 64 and 90 (past it):
+ * the snapshot holds the W - 1 rows before each, the pages the global
+ * layers only */
+KT_CASE(resume_from_snapshot_pages_tail_window)
+{
+	resume_case("tiny-gemma3");
+	resume_case("tiny-gpt-oss");
 }
 
 KT_CASE(resume_from_snapshot_pages_tail_hybrid)
@@ -1119,4 +1187,5 @@ KT_MAIN(layout_of_tiny_models, batch_invariance_dense_50_splits, batch_invarianc
 	resume_from_snapshot_pages_tail_dense, resume_from_snapshot_pages_tail_hybrid,
 	fork_shares_full_pages_and_copies_on_write, stop_points_callback_and_cancel, rewind_and_truncate,
 	bad_inputs_and_page_limit, scratch_is_sized_once, bad_model_folders_fail_at_load_naming_the_tensor,
-	generate_cli_writes_the_logits)
+	generate_cli_writes_the_logits, batch_invariance_window_50_splits, window_across_the_attention_split,
+	batched_equals_alone_window, cpu_paths_give_identical_logits_window, resume_from_snapshot_pages_tail_window)
