@@ -991,7 +991,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		goto fail;
 	s->cfg = ke_model_config(s->model);
 	s->lay = ke_model_layout(s->model);
-	s->hybrid = s->lay->n_rec_layers > 0;
+	s->hybrid = ke_layout_nontrim(s->lay);
 	s->vocab = s->cfg->vocab;
 	if (kv_tok_vocab_size(s->tok) > s->vocab)
 		KV_WARN("serve.vocab", "tokenizer_ids=%d model_vocab=%d msg=\"tokenizer has ids the model cannot embed\"",

@@ -43,7 +43,7 @@ int kss_service_create(const struct kss_service_params *p, struct kss_service **
 	s->p.eos = s->eos;
 	s->vocab = ke_model_config(p->model)->vocab;
 	s->lay = ke_model_layout(p->model);
-	s->hybrid = s->lay->n_rec_layers > 0;
+	s->hybrid = ke_layout_nontrim(s->lay);
 	*out = s;
 	return KV_OK;
 }
