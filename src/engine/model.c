@@ -166,7 +166,7 @@ static int load_vec(struct loader *L, const float **out, int n, int plus_one, co
 
 static size_t arena_floats(const struct kv_model_config *c)
 {
-	size_t n = (size_t)c->hidden + (size_t)c->rotary_dim / 2 + 64;
+	size_t n = (size_t)c->hidden + (size_t)c->rotary_dim + 64; /* + rope_freqs */
 	size_t C = (size_t)kv_config_conv_dim(c);
 	n += (size_t)c->rotary_dim / 2; /* the sliding layers' inverse frequencies */
 	for (int l = 0; l < c->n_layers; l++) {
@@ -582,6 +582,20 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	for (int i = 0; i < half; i++)
 		m->inv_freq[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rotary_dim);
 	rope_scale_freqs(c, m->inv_freq, half);
+	if (c->rope_freqs_tensor) {
+		/* a llama3 GGUF: the frequencies divided by the file's factors
+		 * (ggml's rope: theta / freq_factor) */
+		const float *ff;
+		char save[64];
+		snprintf(save, sizeof save, "%s", m->prefix);
+		m->prefix[0] = 0;
+		rc = load_vec(&L, &ff, half, 0, "%srope_freqs.weight", 0);
+		snprintf(m->prefix, sizeof m->prefix, "%s", save);
+		if (rc)
+			goto fail;
+		for (int i = 0; i < half; i++)
+			m->inv_freq[i] = m->inv_freq[i] / ff[i];
+	}
 	m->inv_freq_local = m->inv_freq;
 	if (c->n_swa_layers && (c->rope_local_theta != c->rope_theta || c->rope_scaling != KV_ROPE_NONE) &&
 	    c->arch == KV_ARCH_GEMMA3) {
