@@ -579,15 +579,69 @@ static size_t prefix_len(struct chat_job *j, size_t k, const char *full, size_t 
 	return rc == KV_OK ? got : 0;
 }
 
-/* The end of system + tools when rendering the head alone fails or is
+/* The head (the first h messages) plus a probe message of `role`,
+ * rendered into b; 0 if the template refuses it. */
+static int probe_render(struct chat_job *j, size_t h, const char *role, struct kv_buf *b);
+
+/* The added token that starts at byte `at` (the longest), or NULL. */
+static const struct added_tok *cut_token(const struct kv_chat *c, const char *text, size_t len, size_t at)
+{
+	const struct added_tok *best = NULL;
+	for (size_t i = 0; i < c->n_added; i++) {
+		const struct added_tok *a = &c->added[i];
+		if (a->cut && a->n <= len - at && !memcmp(text + at, a->s, a->n) && (!best || a->n > best->n))
+			best = a;
+	}
+	return best;
+}
+
+/*
+ * The end of system + tools when rendering the head alone fails or is
  * not a prefix (templates that insist on a user message): render the head
  * plus a probe user message and take the last clean cut before the two
- * renders part. Both conversations share the tokens up to there. */
+ * renders part. Both conversations share the tokens up to there. A turn
+ * header may spell the role between two added tokens (harmony's
+ * "<|start|>user<|message|>", Llama 3's "<|start_header_id|>user
+ * <|end_header_id|>", Gemma's "<start_of_turn>user" then its "\n"
+ * token): then that last cut lies inside the next message's header, and
+ * the turn starts at the cut before the role.
+ */
 static size_t probe_anchor(struct chat_job *j, size_t h, const char *full, size_t full_len)
 {
 	struct kv_buf b = KV_BUF_INIT;
 	size_t res = 0;
-	json_t *pm = json_pack("{s:s,s:s}", "role", "user", "content", CHAT_PROBE);
+	if (probe_render(j, h, "user", &b) && !b.oom && b.p) {
+		size_t lcp = 0, n = b.len < full_len ? b.len : full_len;
+		while (lcp < n && b.p[lcp] == full[lcp])
+			lcp++;
+		for (size_t cpos = lcp; cpos > 0; cpos--) {
+			if (cpos >= full_len || cpos >= b.len || !clean_cut(j->c, full, full_len, cpos) ||
+			    !clean_cut(j->c, b.p, b.len, cpos))
+				continue;
+			if (!res) {
+				res = cpos;
+				continue;
+			}
+			/* the previous cut: is what lies between it and res the role? */
+			const struct added_tok *t = cut_token(j->c, full, full_len, cpos);
+			size_t a = cpos + (t ? t->n : 0), e = res;
+			while (a < e && (full[a] == ' ' || full[a] == '\n'))
+				a++;
+			while (e > a && (full[e - 1] == ' ' || full[e - 1] == '\n'))
+				e--;
+			if (e - a == 4 && !memcmp(full + a, "user", 4))
+				res = cpos;
+			break;
+		}
+	}
+	kv_buf_free(&b);
+	return res;
+}
+
+static int probe_render(struct chat_job *j, size_t h, const char *role, struct kv_buf *b)
+{
+	int ok = 0;
+	json_t *pm = json_pack("{s:s,s:s}", "role", role, "content", CHAT_PROBE);
 	struct val pv;
 	struct list *l = kj_ar_alloc_raw(&j->base, sizeof *l + (h + 1) * sizeof(struct val));
 	/* pv borrows its strings from pm: keep pm until the render is done */
@@ -603,23 +657,14 @@ static size_t probe_anchor(struct chat_job *j, size_t h, const char *full, size_
 	struct val saved_m = j->g[j->i_messages].v, saved_a = j->g[j->i_agp].v;
 	j->g[j->i_messages].v = vlist(l);
 	j->g[j->i_agp].v = vbool(0);
-	int rc = kj_render_core(j->t, j->g, j->ng, NULL, &b, NULL, 0, NULL, &j->memo);
+	int rc = kj_render_core(j->t, j->g, j->ng, NULL, b, NULL, 0, NULL, &j->memo);
 	j->g[j->i_messages].v = saved_m;
 	j->g[j->i_agp].v = saved_a;
-	if (rc == KV_OK && !b.oom && b.p) {
-		size_t lcp = 0, n = b.len < full_len ? b.len : full_len;
-		while (lcp < n && b.p[lcp] == full[lcp])
-			lcp++;
-		for (size_t cpos = lcp; cpos > 0; cpos--)
-			if (cpos < full_len && cpos < b.len && clean_cut(j->c, full, full_len, cpos) &&
-			    clean_cut(j->c, b.p, b.len, cpos)) {
-				res = cpos;
-				break;
-			}
-	}
-	kv_buf_free(&b);
+	ok = rc == KV_OK;
+	if (!ok)
+		kv_errclear(); /* a template that refuses the probe: not an error */
 	json_decref(pm);
-	return res;
+	return ok;
 }
 
 void kv_chat_render_free(struct kv_chat_render *r)

@@ -93,7 +93,17 @@ PROBE = "\u0001kvkeep-probe\u0001"
 TURN = "<|im_start|>"
 
 
-def keep_render(tmpl, ctx):
+def turn_marker(src):
+    """The token that opens a turn in a template (kvkeep's C code finds any
+    clean cut; the oracle looks for this one): ChatML's, harmony's (GPT-OSS),
+    Llama 3's or Gemma's."""
+    for m in ("<|im_start|>", "<|start|>", "<|start_header_id|>", "<start_of_turn>"):
+        if m in src:
+            return m
+    return "<|im_start|>"
+
+
+def keep_render(tmpl, ctx, turn=TURN):
     """kvkeep's --reasoning-history keep, written again from its definition
     (src/text/template.h "Reasoning history"): each user turn j (messages
     q_j up to q_{j+1}) is the text of render(messages[:q_{j+1}]) from where
@@ -115,7 +125,7 @@ def keep_render(tmpl, ctx):
         n = 0
         while n < min(len(probe), len(full)) and probe[n] == full[n]:
             n += 1
-        p = full.rfind(TURN, 0, n + 1)
+        p = full.rfind(turn, 0, n + 1)
         if p <= 0 or not probe.startswith(full[:p]):
             raise ValueError("no turn start for message %d" % k)
         return p
@@ -132,7 +142,7 @@ def keep_render(tmpl, ctx):
 
 def chat_render(src, ctx, keep):
     tmpl = ENV.from_string(src)
-    return keep_render(tmpl, ctx) if keep else tmpl.render(**ctx)
+    return keep_render(tmpl, ctx, turn_marker(src)) if keep else tmpl.render(**ctx)
 
 
 def prepare_messages(messages):
@@ -235,7 +245,7 @@ def boundary_texts(name, config, request, ours, src, keep=False):
 
     class Keep:
         def render(self, **c):
-            return keep_render(tmpl, c)
+            return keep_render(tmpl, c, turn_marker(src))
     if keep:
         tmpl_keep = Keep()
         full = tmpl_keep.render(**ctx)
