@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 /* --- presets ------------------------------------------------------------- */
@@ -1031,9 +1032,34 @@ int kv_synth_tokenizer(char **tok_json, size_t *tok_len, char **cfg_json, size_t
 	return KV_OK;
 }
 
+/*
+ * The begin and end tokens of the tokenizers kvkeep ships presets for, by
+ * family, the first name of each list that the tokenizer has winning:
+ * GPT-OSS (harmony: the answer ends with <|return|>), Llama 3 and Gemma 3
+ * (end of turn), Qwen (ChatML; its <|endoftext|> is last because GPT-OSS
+ * has one too).
+ */
+static const char *const bos_names[] = {"<|startoftext|>", "<|begin_of_text|>", "<bos>", "<|endoftext|>"};
+static const char *const eos_names[] = {"<|im_end|>", "<|return|>", "<|eot_id|>", "<end_of_turn>"};
+
+static void note_special(const char *name, int id, int *bos_rank, int *bos_id, int *eos_rank, int *eos_id)
+{
+	for (int i = 0; i < (int)(sizeof bos_names / sizeof bos_names[0]); i++)
+		if (!strcmp(name, bos_names[i]) && i < *bos_rank) {
+			*bos_rank = i;
+			*bos_id = id;
+		}
+	for (int i = 0; i < (int)(sizeof eos_names / sizeof eos_names[0]); i++)
+		if (!strcmp(name, eos_names[i]) && i < *eos_rank) {
+			*eos_rank = i;
+			*eos_id = id;
+		}
+}
+
 int kv_synth_tokenizer_ids(const char *json, size_t len, const char *what, int *n_ids, int *bos_id, int *eos_id)
 {
 	json_t *root, *model, *vocab, *added, *v;
+	int bos_rank = 99, eos_rank = 99;
 	const char *k;
 	int64_t max_id = -1;
 	size_t i;
@@ -1057,10 +1083,7 @@ int kv_synth_tokenizer_ids(const char *json, size_t len, const char *what, int *
 		}
 		if (json_integer_value(v) > max_id)
 			max_id = json_integer_value(v);
-		if (!strcmp(k, "<|endoftext|>"))
-			*bos_id = (int)json_integer_value(v);
-		if (!strcmp(k, "<|im_end|>"))
-			*eos_id = (int)json_integer_value(v);
+		note_special(k, (int)json_integer_value(v), &bos_rank, bos_id, &eos_rank, eos_id);
 	}
 	json_array_foreach(added, i, v) {
 		json_t *id = json_object_get(v, "id");
@@ -1071,10 +1094,7 @@ int kv_synth_tokenizer_ids(const char *json, size_t len, const char *what, int *
 		}
 		if (json_integer_value(id) > max_id)
 			max_id = json_integer_value(id);
-		if (!strcmp(c, "<|endoftext|>"))
-			*bos_id = (int)json_integer_value(id);
-		if (!strcmp(c, "<|im_end|>"))
-			*eos_id = (int)json_integer_value(id);
+		note_special(c, (int)json_integer_value(id), &bos_rank, bos_id, &eos_rank, eos_id);
 	}
 	json_decref(root);
 	if (max_id < 0)
@@ -1344,6 +1364,23 @@ static int write_file(const char *dir, const char *name, const char *p, size_t n
 	return kv_durable_write(path, p, n, flags | KV_DW_PUBLIC);
 }
 
+/* chat_template.jinja of the tokenizer folder, when there is one. */
+static int copy_template(const char *from, const char *to, unsigned flags)
+{
+	char path[4096];
+	char *t = NULL;
+	size_t n = 0;
+	if ((size_t)snprintf(path, sizeof path, "%s/chat_template.jinja", from) >= sizeof path)
+		return kv_fail(KV_ERR_INVALID, "tokenizer folder path too long");
+	if (access(path, F_OK))
+		return KV_OK;
+	int rc = kv_io_read_file(path, 16u << 20, &t, &n);
+	if (!rc)
+		rc = write_file(to, "chat_template.jinja", t, n, flags);
+	free(t);
+	return rc;
+}
+
 int kv_synth_write(const struct kv_synth_opts *o)
 {
 	const struct kv_synth_preset *p = kv_synth_preset_find(o->preset);
@@ -1393,6 +1430,10 @@ int kv_synth_write(const struct kv_synth_opts *o)
 		goto out;
 	if ((rc = write_file(o->out_dir, "tokenizer.json", tok, tok_len, o->dw_flags)) ||
 	    (rc = write_file(o->out_dir, "tokenizer_config.json", tcfg, tcfg_len, o->dw_flags)))
+		goto out;
+	/* a template that ships beside the tokenizer (GPT-OSS's release keeps
+	 * it in chat_template.jinja, not in tokenizer_config.json) */
+	if (o->tokenizer_dir && (rc = copy_template(o->tokenizer_dir, o->out_dir, o->dw_flags)))
 		goto out;
 	if (!o->config_only) {
 		if ((size_t)snprintf(path, sizeof path, "%s/model.safetensors", o->out_dir) >= sizeof path) {

@@ -167,7 +167,8 @@ static int force_tool_call(struct ksv_server *s, struct ksv_conn *c, int wire, s
 	struct ksv_req *r = &in->req;
 	if (r->api != KSV_API_CHAT || !r->tools || (r->tool_choice != KSV_TC_REQUIRED && r->tool_choice != KSV_TC_NAMED))
 		return 0;
-	if (kv_tc_opener(s->xml_tools ? KV_TC_XML : KV_TC_JSON, r->tool_choice == KSV_TC_NAMED ? r->tool_name : NULL,
+	int fmt = s->harmony ? KV_TC_HARMONY : s->xml_tools ? KV_TC_XML : KV_TC_JSON;
+	if (kv_tc_opener(fmt, r->tool_choice == KSV_TC_NAMED ? r->tool_name : NULL,
 			 &in->forced)) {
 		refuse(s, c, wire, 400, "tool_choice", "%s", kv_errmsg());
 		return 1;

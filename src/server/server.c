@@ -982,6 +982,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		goto fail;
 	}
 	s->xml_tools = kv_chat_xml_tools(s->chat);
+	s->harmony = kv_chat_harmony(s->chat);
 	if ((rc = ksv_norm_parse(o->prompt_normalize, &s->norm_rules)) || (rc = ksv_recent_create(&s->recent)))
 		goto fail;
 	struct ke_model_params mp = {.kv_f32 = !strcmp(o->kv_dtype, "f32"),

@@ -64,6 +64,7 @@ struct ksv_server {
 	int ctx_len;
 	int hybrid;
 	int xml_tools;
+	int harmony;                      /* GPT-OSS harmony template (text/harmony.h) */
 	unsigned norm_rules;              /* --prompt-normalize (normalize.h) */
 	struct ksv_recent *recent;        /* the last requests, for the dashboard (recent.h) */
 	uint64_t mem_cap;

@@ -306,7 +306,7 @@ void kss_request(struct kss_service *s, const struct kss_request_params *p, cons
 		fail(&q, KSS_FAIL_ENGINE, "%s", kv_errmsg());
 		goto out;
 	}
-	kv_tok_stream_init(&q.ds, s->p.tok, 1);
+	kv_tok_stream_init(&q.ds, s->p.tok, !p->out.harmony); /* harmony's markers are parsed */
 
 	/* the status is decided: later failures reach a streaming client as
 	 * an error event */

@@ -37,6 +37,7 @@ struct kv_chat {
 	size_t n_added;
 	size_t max_added;               /* longest added token, bytes */
 	int xml_tools;
+	int harmony;                    /* GPT-OSS harmony template (see harmony_messages) */
 	struct keep_memo *memo;         /* renders of earlier user turns (keep_reasoning) */
 };
 
@@ -162,6 +163,12 @@ static int collect_added(struct kv_chat *c, const json_t *list)
 	return KV_OK;
 }
 
+/* GPT-OSS's template writes harmony messages: channels and message markers. */
+static int is_harmony(const char *src)
+{
+	return strstr(src, "<|channel|>") && strstr(src, "<|message|>") && strstr(src, "<|start|>");
+}
+
 static int compile_named(const char *src, const char *what, char **copy, struct kv_tmpl **out)
 {
 	int rc = kv_tmpl_compile(src, strlen(src), what, out);
@@ -266,6 +273,7 @@ static int chat_build(const json_t *cfg, const char *jinja_src, const char *what
 				c->added[i].cut = 0;
 	c->xml_tools = strstr(c->src, "<function=") != NULL ||
 		       (c->src_tools && strstr(c->src_tools, "<function=") != NULL);
+	c->harmony = is_harmony(c->src);
 	*out = c;
 	return KV_OK;
 fail:
@@ -369,12 +377,18 @@ int kv_chat_set_template(struct kv_chat *c, const char *src, size_t len, const c
 	c->tmpl_tools = NULL;
 	c->src_tools = NULL;
 	c->xml_tools = strstr(copy, "<function=") != NULL;
+	c->harmony = is_harmony(copy);
 	return KV_OK;
 }
 
 int kv_chat_xml_tools(const struct kv_chat *c)
 {
 	return c->xml_tools;
+}
+
+int kv_chat_harmony(const struct kv_chat *c)
+{
+	return c->harmony;
 }
 
 const char *kv_chat_template_source(const struct kv_chat *c, int tool_use)
@@ -497,6 +511,55 @@ int kv_chat_prepare_messages(const json_t *messages, json_t **out)
 		json_array_append_new(res, copy);
 	}
 	*out = res;
+	return KV_OK;
+}
+
+/*
+ * Harmony templates (GPT-OSS) read an assistant message's reasoning from
+ * "thinking" and write a tool call's arguments with tojson, so they want
+ * an object. The chat APIs send "reasoning_content" and arguments as JSON
+ * text: in place on prep (a private array of shallow copies), reasoning
+ * becomes "thinking" (kept out of a tool-call message that also has
+ * content, which the template refuses), and arguments text that parses
+ * as an object becomes that object (other text stays as it is).
+ */
+static int harmony_messages(json_t *prep)
+{
+	size_t i, j;
+	json_t *m, *call;
+	json_array_foreach(prep, i, m) {
+		if (strcmp(json_string_value(json_object_get(m, "role")), "assistant"))
+			continue;
+		const json_t *rc = json_object_get(m, "reasoning_content");
+		json_t *tc = json_object_get(m, "tool_calls");
+		int has_calls = json_is_array(tc) && json_array_size(tc) > 0;
+		const char *content = json_string_value(json_object_get(m, "content"));
+		if (json_is_string(rc) && json_string_length(rc) && !json_object_get(m, "thinking") &&
+		    !(has_calls && content && *content) &&
+		    json_object_set(m, "thinking", (json_t *)rc))
+			return kv_fail(KV_ERR_NOMEM, "out of memory");
+		if (!has_calls)
+			continue;
+		json_t *calls = json_array();
+		if (!calls)
+			return kv_fail(KV_ERR_NOMEM, "out of memory");
+		json_array_foreach(tc, j, call) {
+			json_t *c2 = json_copy(call), *fn = json_copy(json_object_get(call, "function"));
+			const json_t *args = json_object_get(fn, "arguments");
+			json_t *obj = json_is_string(args)
+					      ? json_loadb(json_string_value(args), json_string_length(args), 0, NULL)
+					      : NULL;
+			if (json_is_object(obj))
+				json_object_set(fn, "arguments", obj);
+			json_decref(obj);
+			if (!c2 || !fn || json_object_set_new(c2, "function", fn) || json_array_append_new(calls, c2)) {
+				json_decref(calls);
+				return kv_fail(KV_ERR_NOMEM, "out of memory");
+			}
+		}
+		if (json_object_set_new(m, "tool_calls", calls))
+			return kv_fail(KV_ERR_NOMEM, "out of memory");
+	}
 	return KV_OK;
 }
 
@@ -1024,7 +1087,8 @@ static int keep_hashes(const struct kv_chat *c, const struct kv_tmpl *t, const j
 {
 	struct kv_buf b = KV_BUF_INIT;
 	char *x;
-	kv_buf_printf(&b, "kvkeep-keep-1 %p %d %d|", (const void *)t, o->enable_thinking, o->request_specials);
+	kv_buf_printf(&b, "kvkeep-keep-1 %p %d %d %s|", (const void *)t, o->enable_thinking, o->request_specials,
+		      o->reasoning_effort ? o->reasoning_effort : "-");
 	if (tools && (x = json_dumps(tools, JSON_COMPACT | JSON_SORT_KEYS | JSON_ALLOW_NUL))) {
 		kv_buf_adds(&b, x);
 		free(x);
@@ -1049,6 +1113,23 @@ static int keep_hashes(const struct kv_chat *c, const struct kv_tmpl *t, const j
 		free(x);
 	}
 	return KV_OK;
+}
+
+/*
+ * A harmony template ends a conversation whose last message is the
+ * assistant's with "<|return|>", the end of a generation; in a history
+ * that goes on, harmony's rule makes it "<|end|>" (what the template
+ * writes for every earlier answer).
+ */
+static void harmony_turn_end(const struct kv_chat *c, struct kv_buf *r)
+{
+	static const char ret[] = "<|return|>", end[] = "<|end|>";
+	size_t rl = sizeof ret - 1, el = sizeof end - 1;
+	if (!c->harmony || r->len < rl || memcmp(r->p + r->len - rl, ret, rl))
+		return;
+	memcpy(r->p + r->len - rl, end, el);
+	r->len -= rl - el;
+	r->p[r->len] = 0;
 }
 
 /*
@@ -1116,6 +1197,7 @@ static int keep_build(struct chat_job *j, const json_t *prep, const json_t *tool
 		}
 		if (r.len < k->d[i] || memcmp(r.p, full, k->d[i]))
 			goto out; /* the text before the turn differs: the rule fails */
+		harmony_turn_end(c, &r);
 		kv_buf_add(&k->t, r.p + k->d[i], r.len - k->d[i]);
 		memo_put_turn(c, h[k->q[i + 1]], k->d[i], before, r.p + k->d[i], r.len - k->d[i]);
 	}
@@ -1390,9 +1472,19 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 		return kv_fail(KV_ERR_INVALID, "chat_template_kwargs must be an object");
 	if ((rc = kv_chat_prepare_messages(messages, &prep)))
 		return rc;
+	if (c->harmony) {
+		if ((rc = harmony_messages(prep))) {
+			json_decref(prep);
+			return rc;
+		}
+		/* an answer's generated text holds several harmony messages
+		 * (analysis, then final or a call), which the splice's one
+		 * stand-in message cannot stand for */
+		o.n_splices = 0;
+	}
 	/* special-token literals in the request: placeholders (see template.h) */
 	struct lits lits = {0};
-	json_t *tools_sub = NULL, *kw_sub = NULL;
+	json_t *tools_sub = NULL, *kw_sub = NULL, *effort = NULL;
 	size_t *spans = NULL, n_spans = 0;
 	int subst = 0;
 	pthread_once(&g_lit_once, lit_tag_init);
@@ -1457,6 +1549,13 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 	}
 	if (o.enable_thinking >= 0)
 		job_set(&j, "enable_thinking", vbool(o.enable_thinking));
+	if (o.reasoning_effort && !(o.kwargs && json_object_get(o.kwargs, "reasoning_effort"))) {
+		/* the template's value borrows the string: it lives to the end */
+		effort = json_string(o.reasoning_effort);
+		rc = effort ? job_set_json(&j, "reasoning_effort", effort, NULL) : kv_fail(KV_ERR_NOMEM, "out of memory");
+		if (rc)
+			goto done;
+	}
 	if ((rc = job_set_json(&j, "messages", prep, &j.i_messages)))
 		goto done;
 	j.msgs = j.g[j.i_messages].v.u.l;
@@ -1583,6 +1682,7 @@ done:
 	json_decref(prep);
 	json_decref(tools_sub);
 	json_decref(kw_sub);
+	json_decref(effort);
 	free(lits.t);
 	free(spans);
 	return rc;

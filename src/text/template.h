@@ -75,6 +75,11 @@ void kv_chat_free(struct kv_chat *c);
 int kv_chat_set_template(struct kv_chat *c, const char *src, size_t len, const char *what);
 /* 1 if the template renders Qwen3.5-style XML tool calls (<function=...>). */
 int kv_chat_xml_tools(const struct kv_chat *c);
+/* 1 if the template writes GPT-OSS harmony messages (<|channel|>...): the
+ * answers are parsed with text/harmony.h, and assistant messages sent back
+ * get their reasoning_content as "thinking" and their tool-call arguments
+ * as objects, as the template expects. */
+int kv_chat_harmony(const struct kv_chat *c);
 
 /*
  * An assistant message rendered exactly as the model generated it (the
@@ -116,6 +121,9 @@ struct kv_chat_opts {
 	                                Face; 0 (default): they are tokenized as the
 	                                text they are, and only the template's own
 	                                special tokens are control tokens */
+	const char *reasoning_effort; /* NULL, or the template variable
+	                                reasoning_effort (harmony: "low", "medium",
+	                                "high"); chat_template_kwargs win; borrowed */
 };
 
 /*

@@ -785,7 +785,14 @@ int kv_tc_opener(int format, const char *name, char **out)
 	*out = NULL;
 	if (name && !plain_name(name))
 		return kv_fail(KV_ERR_INVALID, "tool name '%.80s' cannot be forced (letters, digits, _ - . only)", name);
-	if (format == KV_TC_XML) {
+	if (format == KV_TC_HARMONY) {
+		/* a commentary message to the function; the model writes the
+		 * arguments (named) or the name and the rest of the header */
+		if (name)
+			kv_buf_printf(&b, "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>", name);
+		else
+			kv_buf_adds(&b, "<|channel|>commentary to=functions.");
+	} else if (format == KV_TC_XML) {
 		if (name)
 			kv_buf_printf(&b, "<tool_call>\n<function=%s>\n", name);
 		else
