@@ -1046,6 +1046,41 @@ KT_CASE(bad_model_folders_fail_at_load_naming_the_tensor)
 	KT_EQ_INT(kt_sh("rm -rf '%s'", dst), 0);
 }
 
+/* Sliding-window families (issue 32): a missing or misshapen sinks
+ * vector, MXFP4 expert blocks or scales of the wrong shape, and a window
+ * pattern that does not fit the layers: the error names what is wrong. */
+KT_CASE(bad_window_folders_name_the_problem)
+{
+	const char *d = models();
+	KT_REQUIRE(d);
+	char src[1024], dst[1024];
+	snprintf(src, sizeof src, "%s/tiny-gpt-oss", d);
+	snprintf(dst, sizeof dst, "%s/badwin", d);
+	const char *t[] = {"model.layers.1.self_attn.sinks", "model.layers.1.mlp.experts.gate_up_proj_blocks",
+			   "model.layers.0.mlp.experts.down_proj_scales", "model.layers.2.mlp.experts.gate_up_proj_bias"};
+	for (int i = 0; i < 4; i++) {
+		KT_OK(edit_model(src, dst, t[i], EDIT_DROP));
+		expect_load_fails(dst, t[i]);
+		KT_OK(edit_model(src, dst, t[i], EDIT_SHAPE));
+		expect_load_fails(dst, t[i]);
+	}
+	/* MXFP4 blocks must be bytes */
+	KT_OK(edit_model(src, dst, t[1], EDIT_I32));
+	expect_load_fails(dst, t[1]);
+	/* layer_types one short of num_hidden_layers; an unknown layer type */
+	KT_EQ_INT(kt_sh("rm -rf '%s' && cp -r '%s' '%s' && sed -i '0,/\"sliding_attention\",/{/\"sliding_attention\",/d}' "
+			"'%s/config.json'", dst, src, dst, dst), 0);
+	expect_load_fails(dst, "layer_types has 3 entries");
+	KT_EQ_INT(kt_sh("rm -rf '%s' && cp -r '%s' '%s' && sed -i '0,/\"sliding_attention\"/s//\"chunked_attention\"/' "
+			"'%s/config.json'", dst, src, dst, dst), 0);
+	expect_load_fails(dst, "layer_types[0] 'chunked_attention'");
+	snprintf(src, sizeof src, "%s/tiny-gemma3", d);
+	const char *g = "model.layers.2.post_feedforward_layernorm.weight";
+	KT_OK(edit_model(src, dst, g, EDIT_DROP));
+	expect_load_fails(dst, g);
+	KT_EQ_INT(kt_sh("rm -rf '%s'", dst), 0);
+}
+
 /* Expert weights count as resident: the budget and admission read
  * KV_MEM_WEIGHTS, which holds every mapped byte (all experts, routed to or
  * not) and the expert views. */
@@ -1183,7 +1218,8 @@ KT_MAIN(layout_of_tiny_models, batch_invariance_dense_50_splits, batch_invarianc
 	batched_equals_alone_dense, batched_equals_alone_hybrid, batched_chunks_equal_alone_hybrid,
 	cpu_paths_give_identical_logits, batch_invariance_moe_50_splits, batch_invariance_next_moe_50_splits,
 	cpu_paths_give_identical_logits_moe, moe_routing_ties_and_order, moe_reads_only_selected_experts,
-	bad_moe_folders_name_the_expert_tensor, moe_weights_are_counted_as_resident, moe_threads_give_identical_logits,
+	bad_moe_folders_name_the_expert_tensor, bad_window_folders_name_the_problem,
+	moe_weights_are_counted_as_resident, moe_threads_give_identical_logits,
 	resume_from_snapshot_pages_tail_dense, resume_from_snapshot_pages_tail_hybrid,
 	fork_shares_full_pages_and_copies_on_write, stop_points_callback_and_cancel, rewind_and_truncate,
 	bad_inputs_and_page_limit, scratch_is_sized_once, bad_model_folders_fail_at_load_naming_the_tensor,
