@@ -268,8 +268,9 @@ static int cmd_model_info(int argc, char **argv)
 		json_object_set_new(o, "n_attention_layers", json_integer(c.n_attn_layers));
 		json_object_set_new(o, "n_recurrent_layers", json_integer(c.n_deltanet_layers));
 		for (int l = 0; l < c.n_layers; l++)
-			json_array_append_new(lt, json_string(c.layer_type[l] == KV_LAYER_ATTN ? "full_attention"
-											: "linear_attention"));
+			json_array_append_new(lt, json_string(c.layer_type[l] != KV_LAYER_ATTN ? "linear_attention"
+							      : c.layer_window[l] > 0		 ? "sliding_attention"
+											 : "full_attention"));
 		json_object_set_new(o, "layer_types", lt);
 		json_object_set_new(o, "hidden", json_integer(c.hidden));
 		json_object_set_new(o, "vocab", json_integer(c.vocab));
@@ -291,6 +292,11 @@ static int cmd_model_info(int argc, char **argv)
 			json_object_set_new(o, "moe", mo);
 		}
 		json_object_set_new(o, "kv_bytes_per_token", json_integer((json_int_t)kvb));
+		/* sliding layers: their window, held once per sequence (and per
+		 * window snapshot), not per token (docs/cache.md) */
+		json_object_set_new(o, "sliding_window", json_integer(c.n_swa_layers ? c.sliding_window : 0));
+		json_object_set_new(o, "n_sliding_layers", json_integer(c.n_swa_layers));
+		json_object_set_new(o, "window_bytes_per_sequence", json_integer((json_int_t)kv_config_window_bytes(&c, 2)));
 		json_object_set_new(o, "recurrent_state_bytes_per_layer", json_integer((json_int_t)rsb));
 		json_object_set_new(o, "conv_state_bytes_per_layer", json_integer((json_int_t)csb));
 		if (!has_weights) {
@@ -331,8 +337,9 @@ static int cmd_model_info(int argc, char **argv)
 		printf("layers       %d: %d attention, %d recurrent (Gated DeltaNet)\n              ", c.n_layers,
 		       c.n_attn_layers, c.n_deltanet_layers);
 		for (int l = 0; l < c.n_layers; l++)
-			printf("%s", layer_letter(c.layer_type[l]));
-		printf("  (A attention, D DeltaNet)\n");
+			printf("%s", c.layer_type[l] == KV_LAYER_ATTN && c.layer_window[l] > 0 ? "S"
+											       : layer_letter(c.layer_type[l]));
+		printf("  (A attention, S sliding-window attention, D DeltaNet)\n");
 		printf("shape        hidden %d, intermediate %d, vocab %d, heads %d/%d kv x %d", c.hidden, c.intermediate,
 		       c.vocab, c.n_heads, c.n_kv_heads, c.head_dim);
 		if (c.hybrid)
@@ -342,16 +349,21 @@ static int cmd_model_info(int argc, char **argv)
 		printf("params       %llu (%.2f M)%s\n", (unsigned long long)params, (double)params / 1e6,
 		       c.tie_embeddings ? ", embeddings tied" : "");
 		if (c.n_moe_layers)
-			printf("experts      %d routed (top %d%s, %d x %d) + 1 shared (%d) on %d of %d layers\n"
+			printf("experts      %d routed (top %d%s, %d x %d)%s%.0d on %d of %d layers\n"
 			       "active       %llu parameters a token reads (%.2f M)\n",
 			       c.n_experts, c.n_experts_per_tok, c.norm_topk_prob ? ", renormalised" : "",
-			       c.moe_intermediate, c.hidden, c.shared_intermediate, c.n_moe_layers, c.n_layers,
+			       c.moe_intermediate, c.hidden, c.shared_intermediate ? " + 1 shared of " : "",
+			       c.shared_intermediate, c.n_moe_layers, c.n_layers,
 			       (unsigned long long)active, (double)active / 1e6);
 		printf("resident     %.2f GiB as BF16, ~%.2f GiB as Q4_K_M (%.2f bits/weight, all experts resident)\n",
 		       (double)bf16_bytes / 1073741824.0, (double)q4_bytes / 1073741824.0, Q4KM_BITS);
 		printf("decode reads %.1f MiB of BF16 weights per token (~%.1f MiB as Q4_K_M)\n",
 		       (double)dec * 2 / 1048576.0, (double)dec * Q4KM_BITS / 8 / 1048576.0);
-		printf("kv/token     %llu bytes (16-bit KV)\n", (unsigned long long)kvb);
+		printf("kv/token     %llu bytes (16-bit KV)%s\n", (unsigned long long)kvb,
+		       c.n_swa_layers ? ", global layers only" : "");
+		if (c.n_swa_layers)
+			printf("window       %d tokens on %d sliding layers: %llu bytes per sequence (16-bit KV)\n",
+			       c.sliding_window, c.n_swa_layers, (unsigned long long)kv_config_window_bytes(&c, 2));
 		if (c.hybrid)
 			printf("recurrent    %llu bytes of delta-rule state + %llu bytes of conv state per DeltaNet "
 			       "layer\n",

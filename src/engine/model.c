@@ -841,3 +841,12 @@ size_t ke_model_scratch_bytes(const struct ke_model *m, int chunk)
 {
 	return ke_scratch_plan(m, chunk > 0 ? chunk : 256, NULL, NULL);
 }
+
+size_t ke_model_window_seq_bytes(const struct ke_model *m, int chunk)
+{
+	if (!m->lay.n_win_layers)
+		return 0;
+	size_t B = (size_t)m->wlay.page_tokens;
+	size_t span = (size_t)m->lay.window + KE_ATTN_BLOCK + (size_t)(chunk > 0 ? chunk : 256);
+	return ((span + B - 1) / B + 1) * m->wlay.page_bytes;
+}

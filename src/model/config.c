@@ -616,8 +616,9 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 		def_kv = 8, def_hd = 64;
 	} else if (!strcmp(mt, "gemma4") || !strcmp(mt, "gemma4_text")) {
 		return kv_fail(KV_ERR_UNSUPPORTED,
-			       "%s: model_type '%s': Gemma 4 Hugging Face folders are not read (run its llama.cpp GGUF "
-			       "file: docs/models.md says which Gemma 4 features kvkeep matches)", p->what, mt);
+			       "%s: model_type '%s': Gemma 4 is not run by kvkeep yet (per-layer embeddings, KV shared "
+			       "across layers, per-layer head sizes and its MoE are not implemented; docs/models.md)",
+			       p->what, mt);
 	} else if (strstr(mt, "moe")) {
 		return kv_fail(KV_ERR_UNSUPPORTED, "%s: model_type '%s': mixture-of-experts models are not supported",
 			       p->what, mt);

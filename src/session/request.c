@@ -56,6 +56,7 @@ void kss_service_destroy(struct kss_service *s)
 uint64_t kss_request_overhead(const struct ke_model *m, int chunk)
 {
 	return ke_model_layout(m)->snapshot_bytes + ke_model_scratch_bytes(m, chunk ? chunk : 256) +
+	       ke_model_window_seq_bytes(m, chunk) +
 	       (uint64_t)ke_model_config(m)->vocab * sizeof(float);
 }
 

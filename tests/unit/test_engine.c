@@ -279,6 +279,12 @@ KT_CASE(window_across_the_attention_split)
 		/* only the window's pages are kept */
 		int live = ke_seq_window_pages(s);
 		KT_CHECKF(live <= (16 + 64) / B[k] + 2, "page %d: %d window pages live at %d", B[k], live, N);
+		/* and the admission's bound (ke_model_window_seq_bytes) holds them */
+		const struct ke_layout *L = ke_model_layout(m);
+		size_t wpage = (size_t)B[k] * (size_t)L->n_win_layers * 2 * (size_t)ke_model_config(m)->n_kv_heads *
+			       L->row_bytes;
+		KT_CHECKF((size_t)live * wpage <= ke_model_window_seq_bytes(m, 64) && ke_model_window_seq_bytes(m, 64) > 0,
+			  "page %d: %d live window pages above the bound %zu", B[k], live, ke_model_window_seq_bytes(m, 64));
 		ke_seq_destroy(s);
 		free(tok);
 		free(ref);
