@@ -223,6 +223,14 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 				     kv_weights_at(w, i)->name);
 			goto out;
 		}
+	if (c.arch == KV_ARCH_GPT_OSS) {
+		/* mlx-lm writes GPT-OSS's experts in MLX's own mxfp4 mode (with
+		 * their biases beside the SwitchGLU stacks), which this writer
+		 * does not produce */
+		rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: MLX conversion of gpt_oss is not supported (its experts are MXFP4 "
+			     "already: run the folder itself, or `kvkeep convert` to GGUF)", o->hf_dir);
+		goto out;
+	}
 	/* mlx-lm's names: Qwen3.5 lives under language_model (its sanitize()
 	 * maps model.language_model.* and model.* there); the others keep the
 	 * Hugging Face names. */
@@ -385,7 +393,9 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 			shape[1] = s->shape[2];
 			shape[2] = 1;
 		}
-		if (s->role == KV_ROLE_NORM_OFFSET)
+		/* mlx-lm's Qwen3.5 / Qwen3-Next sanitize() stores their (1 + w)
+		 * norms as 1 + w; its Gemma 3 keeps w and adds 1 when it runs */
+		if (s->role == KV_ROLE_NORM_OFFSET && c.hybrid)
 			j->kind = J_SHIFT;
 		rc = kv_stw_add_fill(st, dname, t->dtype, nd, shape, fill_job, j);
 	}
