@@ -6,7 +6,8 @@
 #   make unit       the C unit tests and fuzz corpora only (seconds to a few
 #                   minutes): the quick loop while changing a module
 #   make demo       generate the demo model if missing and run the agent session
-#                   (cold turn, live turns, restart, replay) with its timings
+#                   (cold turn, live turns, restart, replay) with its timings; ends
+#                   with the command that serves the model yourself
 #   make deps       install missing Debian packages (build set)
 #   make debug      -O0 -g3 build in build/debug: for gdb, nothing optimised away
 #   make asan       AddressSanitizer+UBSan build in build/asan: finds memory errors

@@ -12,7 +12,8 @@
 #            at the end of system + tools, or the later end of turn 1)
 #   turn 4   a new turn on the restored session
 # and prints one row per step: prompt tokens, cached tokens, resume kind,
-# time to first token. The requests come from `kvkeep bench mktrace` and
+# time to first token. It ends with the command that serves the model
+# yourself (scripts/demo_next.sh). The requests come from `kvkeep bench mktrace` and
 # are sent by `kvkeep bench replay --restart-after 3`.
 #
 # Environment: KVKEEP_DEMO_MODEL (a model to use instead of the default
@@ -111,3 +112,4 @@ EOF
 echo
 echo "== what the server said about the disk tier"
 grep -E "event=(store\.(flush|fetch|scan|open)|serve\.(ready|stopped))" "$WORK/server.log" | sed 's/^/  /' | cut -c1-240 || true
+bash "$ROOT/scripts/demo_next.sh" "$BUILD" "$MODEL"

@@ -20,7 +20,8 @@ static const struct kv_env_info g_info[KV_ENV__COUNT] = {
 	[KV_ENV_LOG] = {"KVKEEP_LOG", "level", "info",
 			"debug, info, warn, error, off; invalid: info with one warning"},
 	[KV_ENV_THREADS] = {"KVKEEP_THREADS", "integer", "one per core",
-			    "engine threads; unset, 0 or not a number: one per core"},
+			    "engine threads when `serve --threads` / `-t` is not given; unset, 0 or not a number: one "
+			    "per core"},
 	[KV_ENV_ISA] = {"KVKEEP_ISA", "scalar\\|avx2\\|avx512", "the best the CPU has",
 			"forces a lower kernel path (engine.md); unknown or above the CPU: one warning"},
 	[KV_ENV_CACHE_DIR] = {"KVKEEP_CACHE_DIR", "path", "unset",
@@ -49,6 +50,15 @@ static const struct kv_env_info g_info[KV_ENV__COUNT] = {
 	[KV_ENV_OPENBLAS_CORETYPE] = {"OPENBLAS_CORETYPE", "text", "set by `kvkeep bench engine`",
 				      "OpenBLAS kernel of the benchmark's yardstick; unset: the bench sets the one "
 				      "of the engine's path (Haswell, SkylakeX)"},
+	[KV_ENV_HF_HUB_CACHE] = {"HF_HUB_CACHE", "path", "unset",
+				 "the Hugging Face hub cache `serve -m ORG/NAME` and `kvkeep models` read (never "
+				 "download); unset: `$HF_HOME/hub`"},
+	[KV_ENV_HF_HOME] = {"HF_HOME", "path", "unset",
+			    "Hugging Face's folder: the hub cache is `$HF_HOME/hub`; unset: "
+			    "`$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`"},
+	[KV_ENV_OLLAMA_MODELS] = {"OLLAMA_MODELS", "path", "unset",
+				  "Ollama's model store `serve -m NAME:TAG` and `kvkeep models` read; unset: "
+				  "`~/.ollama/models`"},
 };
 
 static const char *g_val[KV_ENV__COUNT];

@@ -18,6 +18,7 @@
  *   KVKEEP_KV_CHECKPOINT_MAX_BYTES  store/store.c (ks_ckpt_cap_parse)
  *   KVKEEP_SHUTDOWN_BUDGET          store/store.c (ks_store_budget_parse)
  *   KVKEEP_API_KEY, KVKEEP_ADMIN_KEY server/options.c, cli (chat, bench)
+ *   HF_HUB_CACHE, HF_HOME, OLLAMA_MODELS  model/locate.c (kv_locate_roots_env)
  *
  * docs/operations.md ("Environment") shows the table kv_env_markdown()
  * writes; tests/unit/test_env.c fails when the two differ.
@@ -47,6 +48,9 @@ enum kv_env_id {
 	KV_ENV_HOME,
 	KV_ENV_TMPDIR,
 	KV_ENV_OPENBLAS_CORETYPE,
+	KV_ENV_HF_HUB_CACHE,
+	KV_ENV_HF_HOME,
+	KV_ENV_OLLAMA_MODELS,
 	KV_ENV__COUNT
 };
 

@@ -15,8 +15,10 @@
  */
 #include "base/env.h"
 #include "base/pool.h"
+#include "base/err.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -195,12 +197,23 @@ void kv_pool_for(struct kv_pool *p, size_t n, size_t grain, kv_range_fn fn, void
 
 static struct kv_pool *g_pool;
 static pthread_once_t g_pool_once = PTHREAD_ONCE_INIT;
+static int g_want;          /* kv_pool_global_threads, 0: not given */
+static atomic_int g_made;
 
 static void make_global(void)
 {
 	const char *e = kv_env(KV_ENV_THREADS);
-	int n = e ? atoi(e) : 0;
+	int n = g_want > 0 ? g_want : e ? atoi(e) : 0;
 	g_pool = kv_pool_create(n > 0 ? n : 0);
+	atomic_store(&g_made, 1);
+}
+
+int kv_pool_global_threads(int n)
+{
+	if (n < 1 || atomic_load(&g_made))
+		return kv_fail(KV_ERR_INVALID, "the thread count is set before the thread pool starts, to 1 or more");
+	g_want = n;
+	return KV_OK;
 }
 
 struct kv_pool *kv_pool_global(void)

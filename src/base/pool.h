@@ -40,6 +40,9 @@ void kv_pool_for(struct kv_pool *p, size_t n, size_t grain, kv_range_fn fn, void
 /* Process-wide pool, created on first use with KVKEEP_THREADS threads (or
  * one per core). Never destroyed. */
 struct kv_pool *kv_pool_global(void);
+/* Threads the global pool will have (n > 0), for `serve -t N`: wins over
+ * KVKEEP_THREADS. Only before the pool's first use: KV_ERR_INVALID after. */
+int kv_pool_global_threads(int n);
 /* Number of online cores (>= 1). */
 int kv_ncores(void);
 

@@ -9,9 +9,11 @@
  * ("bench engine") are matched against the first two words.
  *
  * Flags: a table of struct kv_flag, parsed by kv_flags_parse, which
- * accepts "--name value" and "--name=value", prints --help from the table
+ * accepts "--name value" and "--name=value" (and an alias's spellings,
+ * short ones such as "-c 4096" included), prints --help from the table
  * (with defaults), and rejects unknown flags and bad values with a clear
- * message. Positional arguments are collected in order.
+ * message: an unknown flag names the nearest known one. Positional
+ * arguments are collected in order; a lone "-" is one.
  */
 #ifndef KV_CLI_CLI_H
 #define KV_CLI_CLI_H
@@ -44,6 +46,14 @@ struct kv_flag {
 	const char *metavar;  /* "N", "DIR", NULL for bool */
 	const char *help;     /* one line; say the default in it */
 	int *seen;            /* optional: set to 1 when given */
+	const char *aliases;  /* optional: other spellings, space-separated, dashes included ("-c --ctx-size") */
+};
+
+/* A flag another program has and this command answers with a sentence
+ * instead of "unknown flag" (llama.cpp's -ngl on a CPU server). */
+struct kv_flag_hint {
+	const char *spellings; /* space-separated, dashes included */
+	const char *text;      /* what to do instead */
 };
 
 /*
@@ -53,6 +63,9 @@ struct kv_flag {
  */
 int kv_flags_parse(const char *usage, const struct kv_flag *flags, int argc, char **argv,
 		   char **pos, int max_pos, int *n_pos);
+/* The same with hints for flags of other programs (NULL-terminated). */
+int kv_flags_parse_hints(const char *usage, const struct kv_flag *flags, const struct kv_flag_hint *hints, int argc,
+			 char **argv, char **pos, int max_pos, int *n_pos);
 void kv_flags_help(const char *usage, const struct kv_flag *flags);
 
 /* Parse "1,2,3" into a malloc'd int array. 0 or -1 with a message. */

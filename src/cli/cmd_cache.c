@@ -60,7 +60,9 @@ struct copts {
 static int parse(const char *usage, int argc, char **argv, struct copts *o, int with_max)
 {
 	struct kv_flag flags[] = {
-		{"dir", KV_FLAG_STR, &o->dir, "D", "cache folder (default: KVKEEP_CACHE_DIR, XDG_CACHE_HOME/kvkeep, ~/.cache/kvkeep)"},
+		{"dir", KV_FLAG_STR, &o->dir, "D",
+		 "cache folder, as serve's --cache-dir (default: KVKEEP_CACHE_DIR, XDG_CACHE_HOME/kvkeep, ~/.cache/kvkeep)",
+		 NULL, "--cache-dir"},
 		{"json", KV_FLAG_BOOL, &o->json, NULL, "print JSON instead of a table"},
 		{with_max ? "max-mb" : NULL, KV_FLAG_INT, &o->max_mb, "N", "keep at most N MiB (prune)"},
 		{0},
@@ -227,7 +229,7 @@ static int cmp_entry(const void *a, const void *b)
 static int cmd_cache_ls(int argc, char **argv)
 {
 	struct copts o = {0};
-	int rc = parse("usage: kvkeep cache ls [--dir D] [--json]", argc, argv, &o, 0);
+	int rc = parse("usage: kvkeep cache ls [--dir D | --cache-dir D] [--json]", argc, argv, &o, 0);
 	if (rc)
 		return rc < 0 ? 0 : rc;
 	char **ns;

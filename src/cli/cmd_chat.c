@@ -113,13 +113,43 @@ static const char *auth_header(void)
 	return h;
 }
 
+/* The server's first model id (malloc'd), or NULL after saying on stderr
+ * what is wrong and what to do: nothing listening, a base URL without
+ * /v1, a key required. A server still loading its model is waited for. */
 static char *model_id(const char *base_url)
 {
 	char url[1200], *body = NULL;
 	int st = 0;
-	if (kv_path_fmt(url, sizeof url, "%s/models", base_url))
+	if (kv_path_fmt(url, sizeof url, "%s/models", base_url)) {
+		fprintf(stderr, "kvkeep chat: %s\n", kv_errmsg());
 		return NULL;
-	if (kcl_http_fetch_h(url, "GET", NULL, 0, 10000, auth_header(), &st, &body, NULL) || st != 200) {
+	}
+	for (int waited = 0;; waited++) {
+		free(body);
+		body = NULL;
+		if (kcl_http_fetch_h(url, "GET", NULL, 0, 10000, auth_header(), &st, &body, NULL)) {
+			fprintf(stderr, "kvkeep chat: nothing answers at %s (%s): is `kvkeep serve` running there? (it listens on "
+					"127.0.0.1:8000 unless told --host / --port)\n",
+				base_url, kv_errmsg());
+			return NULL;
+		}
+		if (st != 503 || waited >= 600)
+			break;
+		if (!waited)
+			fprintf(stderr, "waiting for the server to load its model...\n");
+		kv_sleep_ms(500);
+	}
+	if (st != 200) {
+		size_t bl = strlen(base_url);
+		int v1 = bl >= 3 && !strcmp(base_url + bl - 3, "/v1");
+		if (st == 404 && !v1)
+			fprintf(stderr, "kvkeep chat: %s answered 404: the base URL ends in /v1 (--base-url %s/v1)\n", url,
+				base_url);
+		else if (st == 401)
+			fprintf(stderr, "kvkeep chat: %s wants an API key: set KVKEEP_API_KEY to the server's --api-key\n",
+				base_url);
+		else
+			fprintf(stderr, "kvkeep chat: %s answered %d: %.200s\n", url, st, body ? body : "");
 		free(body);
 		return NULL;
 	}
@@ -128,6 +158,8 @@ static char *model_id(const char *base_url)
 	const char *id = json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
 	char *r = id ? strdup(id) : NULL;
 	json_decref(j);
+	if (!r)
+		fprintf(stderr, "kvkeep chat: %s lists no model (is it an OpenAI-compatible server?)\n", url);
 	return r;
 }
 
@@ -328,7 +360,6 @@ static int cmd_chat(int argc, char **argv)
 	}
 	char *mid = name ? strdup(name) : model_id(url);
 	if (!mid) {
-		fprintf(stderr, "kvkeep chat: cannot list models at %s/models\n", url);
 		stop_child();
 		return 1;
 	}

@@ -7,6 +7,9 @@
  *       [--min-p P] [--presence-penalty X] [--frequency-penalty X]
  *       [--repetition-penalty X] [--seed S] [--generation-config none|auto|DIR]
  *       [--stop TEXT] [--logits-out FILE]
+ *       [--grammar FILE.gbnf | --json-schema FILE [--strict] | --json-object |
+ *        --tools FILE --tool-choice required|auto|none|NAME [--tool-format json|xml]
+ *        [--parallel-tool-calls]] [--grammar-close N] [--completion-out FILE]
  *
  * Prints the generated ids on one line ("ids: 1 2 3") and, when the folder
  * has a tokenizer, the text of prompt + completion after "text: ". Timing
@@ -30,6 +33,18 @@
  *                       models; layout.h snapshot format)
  * --prompt encodes with the folder's tokenizer.json (special tokens such
  * as <|im_start|> are recognised).
+ *
+ * Constraints (docs/constrain.md): --grammar (GBNF), --json-schema (a JSON
+ * Schema file; --strict makes an unsupported keyword an error),
+ * --json-object (any JSON object) or --tools with --tool-choice (the
+ * model's tool-call syntax, --tool-format json for Qwen3, xml for
+ * Qwen3.5) mask every sampled token (ke_sample_masked) with the grammar's
+ * allowed tokens; the stop ids are allowed exactly when the grammar can
+ * end. --grammar-close N closes the output after N tokens with the
+ * grammar's shortest completion (forced tokens), so a random model's
+ * output is complete within a budget: the corpus test relies on it.
+ * --completion-out writes the completion's bytes (the end-of-sequence
+ * token left out) to FILE.
  */
 #include "base/clock.h"
 #include "base/buf.h"
@@ -41,10 +56,18 @@
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "model/genconfig.h"
+#include "base/io.h"
+#include "base/json.h"
+#include "text/gbnf.h"
+#include "text/gmatch.h"
+#include "text/jschema.h"
+#include "text/tcgram.h"
+#include "text/toolcall.h"
 #include "text/template.h"
 #include "text/tokenizer.h"
 #include "text/stop.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +82,559 @@ static int write_f32(const char *path, const void *p, size_t bytes)
 	return 0;
 }
 
+/* Read a whole file (at most 16 MB) through the I/O table. */
+static char *read_all(const char *path, size_t *len)
+{
+	char *p = NULL;
+	if (kv_io_read_file(path, 16u << 20, &p, len)) {
+		fprintf(stderr, "kvkeep generate: %s\n", kv_errmsg());
+		return NULL;
+	}
+	return p;
+}
+
+struct cons_flags {
+	const char *grammar, *schema, *tools, *tool_choice, *tool_format;
+	int json_object, strict, parallel, print;
+};
+
+/* The constraint's grammar from the flags: NULL and 0 when there is none. */
+static int build_constraint(const struct cons_flags *cf, struct kv_gram **out)
+{
+	int n = !!cf->grammar + !!cf->schema + !!cf->json_object + !!cf->tools;
+	*out = NULL;
+	if (!n)
+		return 0;
+	if (n > 1) {
+		fprintf(stderr, "kvkeep generate: give one of --grammar, --json-schema, --json-object, --tools\n");
+		return -1;
+	}
+	size_t len;
+	char *txt = NULL;
+	json_t *j = NULL;
+	int rc = 0;
+	if (cf->grammar) {
+		if (!(txt = read_all(cf->grammar, &len)))
+			return -1;
+		rc = kv_gbnf_parse(txt, len, out);
+	} else if (cf->json_object) {
+		struct kv_js_opts o = {.strict = cf->strict};
+		rc = kv_jschema_any_object(&o, out);
+	} else {
+		const char *path = cf->schema ? cf->schema : cf->tools;
+		if (!(txt = read_all(path, &len)))
+			return -1;
+		json_error_t je;
+		if (!(j = json_loadb(txt, len, JSON_DECODE_ANY, &je))) {
+			rc = kv_fail(KV_ERR_INVALID, "%s: line %d: %s", path, je.line, je.text);
+			goto done;
+		}
+		if (cf->schema) {
+			struct kv_js_opts o = {.strict = cf->strict};
+			rc = kv_jschema_compile(j, &o, out);
+		} else {
+			const char *ch = cf->tool_choice ? cf->tool_choice : "required";
+			struct kv_tcg_params tp = {.parallel = cf->parallel, .strict = cf->strict};
+			tp.format = cf->tool_format && !strcmp(cf->tool_format, "xml") ? KV_TC_XML : KV_TC_JSON;
+			if (cf->tool_format && strcmp(cf->tool_format, "xml") && strcmp(cf->tool_format, "json")) {
+				fprintf(stderr, "kvkeep generate: --tool-format must be json or xml\n");
+				rc = -1;
+				goto done;
+			}
+			if (!strcmp(ch, "required"))
+				tp.choice = KV_TCG_REQUIRED;
+			else if (!strcmp(ch, "auto"))
+				tp.choice = KV_TCG_AUTO;
+			else if (!strcmp(ch, "none"))
+				tp.choice = KV_TCG_NONE;
+			else {
+				tp.choice = KV_TCG_NAMED;
+				tp.name = ch;
+			}
+			rc = kv_tcg_build(j, &tp, out);
+		}
+	}
+done:
+	if (rc > 0 || rc < -1)
+		fprintf(stderr, "kvkeep generate: %s\n", kv_errmsg());
+	free(txt);
+	json_decref(j);
+	if (!rc && cf->print) {
+		struct kv_buf b = KV_BUF_INIT;
+		kv_gram_dump(*out, &b);
+		fprintf(stderr, "%s", b.p ? b.p : "");
+		kv_buf_free(&b);
+	}
+	return rc ? -1 : 0;
+}
+
+/* --- corpus mode: one model load, many constraints ------------------------ */
+
+struct corpus {
+	struct ke_model *m;
+	const struct kv_tok *tok;
+	struct kv_gvocab *gv;
+	const int32_t *ids;
+	size_t n_ids;
+	const int32_t *stop;
+	int n_stop;
+	struct ke_sample_params pp;
+	struct ke_seq_params sp;
+	int64_t max_tokens, close_at;
+	int quiet;
+	double mask_s, mask_max;
+	long n_masks;
+};
+
+/* Generate once under ir; the completion's bytes to out_path; with tools,
+ * the parsed calls ({"content", "tool_calls"}, text/toolcall.h) to
+ * calls_path. Returns 0, or -1 with a message printed. */
+static int corpus_one(struct corpus *c, struct kv_gram *ir, const char *name, const char *out_path,
+		      const char *calls_path, const json_t *tools, int format)
+{
+	struct kv_grammar *gram = NULL;
+	struct kv_gmatch *gm = NULL;
+	struct ke_seq *s = NULL;
+	struct ke_sampler *smp = NULL;
+	uint32_t *mask = NULL;
+	float *logits = NULL;
+	int32_t *forced = NULL;
+	struct kv_buf comp = KV_BUF_INIT;
+	int rc = -1, V = ke_model_config(c->m)->vocab, n_out = 0;
+	const char *finish = "length";
+	if (kv_grammar_create(ir, c->gv, NULL, &gram) || kv_gmatch_create(gram, c->stop, c->n_stop, &gm)) {
+		printf("corpus %s: error: %s\n", name, kv_errmsg());
+		goto out;
+	}
+	mask = malloc((size_t)kv_gmatch_mask_words(gm) * sizeof *mask);
+	logits = kv_alloc(KV_MEM_SCRATCH, (size_t)V * sizeof *logits);
+	forced = malloc(4097 * sizeof *forced);
+	if (!mask || !logits || !forced || ke_seq_create(c->m, &c->sp, &s) || ke_sampler_create(V, &c->pp, &smp)) {
+		printf("corpus %s: error: %s\n", name, kv_errmsg());
+		goto out;
+	}
+	ke_sampler_prompt(smp, c->ids, c->n_ids);
+	struct ke_prefill_opts po = {0};
+	if (ke_seq_prefill(s, c->ids, (int)c->n_ids, &po, logits)) {
+		printf("corpus %s: error: %s\n", name, kv_errmsg());
+		goto out;
+	}
+	for (int64_t i = 0; i < c->max_tokens; i++) {
+		if (c->close_at >= 0 && i >= c->close_at && !kv_gmatch_can_end(gm)) {
+			struct kv_buf cb = KV_BUF_INIT;
+			int k = -1;
+			if (!kv_gmatch_complete(gm, &cb) && cb.len <= 4096)
+				k = kv_gmatch_force(gm, cb.p, cb.len, forced);
+			kv_buf_free(&cb);
+			if (k < 0) {
+				printf("corpus %s: error: could not close the output: %s\n", name, kv_errmsg());
+				goto out;
+			}
+			for (int q = 0; q < k; q++) {
+				size_t bl;
+				const char *bp = kv_tok_bytes_get(c->gv->bytes, forced[q], &bl);
+				kv_buf_add(&comp, bp, bl);
+			}
+			n_out += k;
+			finish = "closed";
+			break;
+		}
+		if (kv_gmatch_done(gm) && !c->n_stop) {
+			finish = "grammar";
+			break;
+		}
+		double m0 = kv_now_s();
+		if (kv_gmatch_fill_mask(gm, mask)) {
+			printf("corpus %s: error: %s\n", name, kv_errmsg());
+			goto out;
+		}
+		double dt = kv_now_s() - m0;
+		c->mask_s += dt;
+		if (dt > c->mask_max)
+			c->mask_max = dt;
+		c->n_masks++;
+		int32_t t = ke_sample_masked(smp, logits, mask);
+		if (kv_gmatch_accept(gm, t)) {
+			printf("corpus %s: error: the sampler chose a refused token: %s\n", name, kv_errmsg());
+			goto out;
+		}
+		n_out++;
+		if (kv_gmatch_ended(gm)) {
+			finish = "eos";
+			break;
+		}
+		size_t bl;
+		const char *bp = kv_tok_bytes_get(c->gv->bytes, t, &bl);
+		kv_buf_add(&comp, bp, bl);
+		if (i + 1 < c->max_tokens && ke_seq_decode(s, t, logits)) {
+			printf("corpus %s: error: %s\n", name, kv_errmsg());
+			goto out;
+		}
+	}
+	if (kv_durable_write(out_path, comp.p ? comp.p : "", comp.len, KV_DW_NO_SYNC | KV_DW_PUBLIC)) {
+		printf("corpus %s: error: %s\n", name, kv_errmsg());
+		goto out;
+	}
+	if (calls_path) {
+		struct kv_tc_params tp = {.format = format, .tools = tools};
+		char *content = NULL;
+		size_t cl = 0;
+		json_t *calls = NULL;
+		if (kv_tc_parse(comp.p ? comp.p : "", comp.len, &tp, "call_", &content, &cl, &calls)) {
+			printf("corpus %s: error: tool-call parse: %s\n", name, kv_errmsg());
+			goto out;
+		}
+		json_t *o = json_pack("{s:s%,s:o}", "content", content ? content : "", cl, "tool_calls", calls);
+		char *txt = json_dumps(o, JSON_ENCODE_ANY);
+		int wr = txt ? kv_durable_write(calls_path, txt, strlen(txt), KV_DW_NO_SYNC | KV_DW_PUBLIC) : -1;
+		free(txt);
+		free(content);
+		json_decref(o);
+		if (wr) {
+			printf("corpus %s: error: cannot write %s\n", name, calls_path);
+			goto out;
+		}
+	}
+	printf("corpus %s: finish=%s tokens=%d grammar=%s\n", name, finish, n_out,
+	       kv_gmatch_ended(gm) || kv_gmatch_can_end(gm) ? "complete" : "incomplete");
+	rc = 0;
+out:
+	kv_buf_free(&comp);
+	free(mask);
+	free(forced);
+	kv_free(logits);
+	ke_sampler_destroy(smp);
+	ke_seq_destroy(s);
+	kv_gmatch_free(gm);
+	kv_grammar_unref(gram);
+	return rc;
+}
+
+static int by_name(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every *.json schema of a folder, or every tool of a tools file. */
+static int corpus_run(struct corpus *c, const struct cons_flags *cf, const char *out_dir)
+{
+	int bad = 0;
+	char path[4096], outp[4096], callp[4096];
+	if (cf->schema) {
+		DIR *d = opendir(cf->schema);
+		struct dirent *e;
+		char **names = NULL;
+		size_t n = 0, cap = 0;
+		if (!d) {
+			fprintf(stderr, "kvkeep generate: cannot open %s\n", cf->schema);
+			return -1;
+		}
+		while ((e = readdir(d))) {
+			size_t l = strlen(e->d_name);
+			if (l < 6 || strcmp(e->d_name + l - 5, ".json"))
+				continue;
+			if (n == cap) {
+				cap = cap ? 2 * cap : 64;
+				char **q = realloc(names, cap * sizeof *q);
+				if (!q)
+					break;
+				names = q;
+			}
+			names[n++] = strdup(e->d_name);
+		}
+		closedir(d);
+		qsort(names, n, sizeof *names, by_name);
+		for (size_t i = 0; i < n; i++) {
+			struct kv_gram *ir = NULL;
+			json_t *j = NULL;
+			char *txt = NULL;
+			size_t len;
+			if (kv_path_fmt(path, sizeof path, "%s/%s", cf->schema, names[i]) ||
+			    kv_path_fmt(outp, sizeof outp, "%s/%s", out_dir, names[i])) {
+				bad++;
+				continue;
+			}
+			struct kv_js_opts o = {.strict = cf->strict};
+			json_error_t je;
+			if (!(txt = read_all(path, &len))) {
+				bad++;
+				free(names[i]);
+				continue;
+			}
+			if (!(j = json_loadb(txt, len, JSON_DECODE_ANY, &je)))
+				kv_fail(KV_ERR_INVALID, "%s: line %d: %s", path, je.line, je.text);
+			if (!j || kv_jschema_compile(j, &o, &ir)) {
+				printf("corpus %s: error: %s\n", names[i], kv_errmsg());
+				bad++;
+			} else if (corpus_one(c, ir, names[i], outp, NULL, NULL, 0)) {
+				bad++;
+			}
+			kv_gram_free(ir);
+			json_decref(j);
+			free(txt);
+			free(names[i]);
+		}
+		free(names);
+		return bad ? -1 : 0;
+	}
+	/* --tools FILE --tool-choice each */
+	size_t len;
+	char *txt = read_all(cf->tools, &len);
+	json_t *tools = NULL;
+	if (!txt || kv_json_parse(cf->tools, txt, len, KV_JSON_MAX_DEPTH, &tools) || !json_is_array(tools)) {
+		fprintf(stderr, "kvkeep generate: %s: not a tools array\n", cf->tools);
+		free(txt);
+		json_decref(tools);
+		return -1;
+	}
+	int format = cf->tool_format && !strcmp(cf->tool_format, "xml") ? KV_TC_XML : KV_TC_JSON;
+	size_t i;
+	json_t *t;
+	json_array_foreach(tools, i, t) {
+		const json_t *fn = json_object_get(t, "function") ? json_object_get(t, "function") : t;
+		const char *name = json_string_value(json_object_get(fn, "name"));
+		struct kv_gram *ir = NULL;
+		if (!name)
+			continue;
+		struct kv_tcg_params tp = {.format = format, .choice = KV_TCG_NAMED, .name = name,
+					   .parallel = cf->parallel, .strict = cf->strict};
+		if (kv_path_fmt(outp, sizeof outp, "%s/%s.txt", out_dir, name) ||
+		    kv_path_fmt(callp, sizeof callp, "%s/%s.calls.json", out_dir, name)) {
+			bad++;
+			continue;
+		}
+		if (kv_tcg_build(tools, &tp, &ir)) {
+			printf("corpus %s: error: %s\n", name, kv_errmsg());
+			bad++;
+		} else if (corpus_one(c, ir, name, outp, callp, tools, format)) {
+			bad++;
+		}
+		kv_gram_free(ir);
+	}
+	json_decref(tools);
+	free(txt);
+	return bad ? -1 : 0;
+}
+
+/* Sampling: flag > generation_config (auto/DIR) > greedy. *file: the
+ * generation_config read (its stop ids matter too). 0, or 2 for a bad
+ * flag. */
+static int sampling_defaults(const char *model, const char *gc_mode, const double *sv, struct kv_gencfg *sd,
+			     struct kv_gencfg *file)
+{
+	struct kv_gencfg fl;
+	kv_gencfg_openai(sd);
+	sd->v[KV_GC_TEMPERATURE] = 0.0;
+	kv_gencfg_init(&fl);
+	for (int i = 0; i < KV_GC_N; i++)
+		if (!isnan(sv[i]) && kv_gencfg_set(&fl, i, sv[i], "flag")) {
+			fprintf(stderr, "kvkeep generate: %s\n", kv_errmsg());
+			return 2;
+		}
+	int gc_none = !strcmp(gc_mode, "none"), gc_auto = !strcmp(gc_mode, "auto");
+	int grc = kv_gencfg_load(gc_auto || gc_none ? model : gc_mode, file);
+	if (grc && (grc != KV_ERR_NOT_FOUND || (!gc_auto && !gc_none)))
+		fprintf(stderr, "kvkeep generate: warning: generation_config.json ignored: %s\n", kv_errmsg());
+	if (!gc_none)
+		kv_gencfg_overlay(sd, file);
+	kv_gencfg_overlay(sd, &fl);
+
+	return 0;
+}
+
+/* The engine's sampling parameters from the resolved defaults. */
+static struct ke_sample_params sample_params(const struct kv_gencfg *sd, uint64_t seed)
+{
+	return (struct ke_sample_params){.temperature = sd->v[KV_GC_TEMPERATURE],
+					 .top_k = (int)sd->v[KV_GC_TOP_K],
+					 .top_p = sd->v[KV_GC_TOP_P],
+					 .min_p = sd->v[KV_GC_MIN_P],
+					 .presence_penalty = sd->v[KV_GC_PRESENCE_PENALTY],
+					 .frequency_penalty = sd->v[KV_GC_FREQUENCY_PENALTY],
+					 .repetition_penalty = sd->v[KV_GC_REPETITION_PENALTY],
+					 .seed = seed};
+}
+
+/* The constraint of ir bound to the model's vocabulary: its trie, the
+ * compiled grammar, the matcher and a mask buffer. 0, 1 (out of memory,
+ * a load error) or 2 (a bad constraint), the error printed. */
+static int constraint_setup(const struct kv_gram *ir, const struct kv_tok *tok, int V, const int32_t *stop_ids,
+			    int n_stop_ids, int quiet, struct kv_gvocab **gv, struct kv_grammar **gram,
+			    struct kv_gmatch **gm, uint32_t **mask)
+{
+	if (!tok) {
+		fprintf(stderr, "kvkeep generate: a constraint needs the folder's tokenizer\n");
+		return 2;
+	}
+	double c0 = kv_now_s();
+	if (kv_gvocab_create(tok, V, gv)) {
+		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+		return 1;
+	}
+	double c1 = kv_now_s();
+	if (kv_grammar_create(ir, *gv, NULL, gram) || kv_gmatch_create(*gram, stop_ids, n_stop_ids, gm)) {
+		fprintf(stderr, "kvkeep generate: %s\n", kv_errmsg());
+		return 2;
+	}
+	if (!quiet)
+		fprintf(stderr, "constraint: vocabulary trie %.1f ms, grammar compiled in %.2f ms (%d states)\n",
+			(c1 - c0) * 1e3, (kv_now_s() - c1) * 1e3, kv_grammar_pda(*gram)->n_states);
+	*mask = malloc((size_t)kv_gmatch_mask_words(*gm) * sizeof **mask);
+	if (!*mask) {
+		fprintf(stderr, "kvkeep: out of memory\n");
+		return 1;
+	}
+	return 0;
+}
+
+/* The decode loop of one generation (the constraint's mask before each
+ * token when there is one); the tokens in d->out_ids, why it ended in
+ * d->finish. 0, or 1 after printing the error. */
+struct dec {
+	struct ke_seq *s;
+	struct ke_sampler *smp;
+	float *logits;
+	struct kv_gmatch *gm;             /* NULL: no constraint */
+	const struct kv_gvocab *gv;
+	uint32_t *mask;
+	const int32_t *stop_ids;
+	int n_stop_ids, ignore_eos;
+	const char *stop;                 /* --stop text, or NULL */
+	struct kv_tok_stream *ds;
+	struct kv_buf *piece, *gen_text, *comp;
+	int64_t max_tokens, close_at;
+	int32_t *out_ids;
+	int n_out;
+	const char *finish;
+	double mask_s, mask_max;
+	int n_masks;
+};
+
+static int decode(struct dec *d)
+{
+	for (int i = 0; i < d->max_tokens; i++) {
+		int32_t t;
+		if (d->gm) {
+			if (d->close_at >= 0 && i >= d->close_at && !kv_gmatch_can_end(d->gm)) {
+				/* the budget is spent: d->finish with the shortest completion */
+				struct kv_buf cb = KV_BUF_INIT;
+				int k = -1;
+				if (!kv_gmatch_complete(d->gm, &cb) && cb.len <= 4096)
+					k = kv_gmatch_force(d->gm, cb.p, cb.len, d->out_ids + d->n_out);
+				kv_buf_free(&cb);
+				if (k < 0) {
+					fprintf(stderr, "kvkeep generate: could not close the output: %s\n", kv_errmsg());
+					return 1;
+				}
+				for (int q = 0; q < k; q++) {
+					size_t bl;
+					const char *bp = kv_tok_bytes_get(d->gv->bytes, d->out_ids[d->n_out + q], &bl);
+					kv_buf_add(d->comp, bp, bl);
+				}
+				d->n_out += k;
+				d->finish = "closed";
+				break;
+			}
+			if (kv_gmatch_done(d->gm) && !d->n_stop_ids) {
+				d->finish = "grammar";
+				break;
+			}
+			double m0 = kv_now_s();
+			if (kv_gmatch_fill_mask(d->gm, d->mask)) {
+				fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+				return 1;
+			}
+			double m1 = kv_now_s();
+			d->mask_s += m1 - m0;
+			if (m1 - m0 > d->mask_max)
+				d->mask_max = m1 - m0;
+			d->n_masks++;
+			t = ke_sample_masked(d->smp, d->logits, d->mask);
+			if (kv_gmatch_accept(d->gm, t)) {
+				fprintf(stderr, "kvkeep generate: the sampler chose a token the grammar refuses: %s\n", kv_errmsg());
+				return 1;
+			}
+		} else {
+			t = ke_sample(d->smp, d->logits);
+		}
+		d->out_ids[d->n_out++] = t;
+		int eos = 0;
+		for (int e = 0; e < d->n_stop_ids; e++)
+			eos |= d->stop_ids[e] == t;
+		if (eos && (!d->ignore_eos || d->gm)) {
+			d->finish = "eos";
+			break;
+		}
+		if (d->gm) {
+			size_t bl;
+			const char *bp = kv_tok_bytes_get(d->gv->bytes, t, &bl);
+			kv_buf_add(d->comp, bp, bl);
+		}
+		if (d->stop) { /* the text so far, searched where the new d->piece could complete a match */
+			size_t before = d->gen_text->len, L = strlen(d->stop);
+			kv_buf_reset(d->piece);
+			kv_tok_stream_feed(d->ds, t, d->piece);
+			kv_buf_add(d->gen_text, d->piece->p ? d->piece->p : "", d->piece->len);
+			size_t from = before >= L ? before - L + 1 : 0;
+			if (d->gen_text->len >= L && memmem(d->gen_text->p + from, d->gen_text->len - from, d->stop, L)) {
+				d->finish = "stop";
+				break;
+			}
+		}
+		if (i + 1 == d->max_tokens)
+			break;
+		if (ke_seq_decode(d->s, t, d->logits)) {
+			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* The ids, the text, why it ended and the completion file. 0 or 1. */
+static int report(struct dec *d, const struct kv_tok *tok, const int32_t *ids, size_t n_ids, int quiet,
+		  const char *completion_out)
+{
+	printf("ids:");
+	for (int i = 0; i < d->n_out; i++)
+		printf(" %d", d->out_ids[i]);
+	printf("\n");
+	if (tok) {
+		char *text = NULL;
+		size_t tl;
+		int32_t *both = malloc((n_ids + (size_t)d->n_out) * sizeof *both);
+		if (both) {
+			memcpy(both, ids, n_ids * sizeof *both);
+			memcpy(both + n_ids, d->out_ids, (size_t)d->n_out * sizeof *both);
+			if (!kv_tok_decode(tok, both, n_ids + (size_t)d->n_out, 0, &text, &tl))
+				printf("text: %s\n", text);
+			free(text);
+			free(both);
+		}
+	}
+	printf("finish: %s\n", d->finish);
+	if (d->gm) {
+		printf("grammar: %s\n", kv_gmatch_ended(d->gm) || kv_gmatch_can_end(d->gm) ? "complete" : "incomplete");
+		if (!quiet && d->n_masks)
+			fprintf(stderr, "constraint: %d masks, mean %.1f us, max %.1f us\n", d->n_masks, d->mask_s / d->n_masks * 1e6,
+				d->mask_max * 1e6);
+	}
+	if (completion_out) {
+		if (!d->gm) { /* no constraint: the decoded completion */
+			char *text = NULL;
+			size_t tl = 0;
+			if (tok && !kv_tok_decode(tok, d->out_ids, (size_t)d->n_out, 1, &text, &tl))
+				kv_buf_add(d->comp, text, tl);
+			free(text);
+		}
+		if (kv_durable_write(completion_out, d->comp->p ? d->comp->p : "", d->comp->len, KV_DW_NO_SYNC | KV_DW_PUBLIC)) {
+			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+			return 1;
+		}
+	}
+	return 0;
+}
+
 static int cmd_generate(int argc, char **argv)
 {
 	const char *model = NULL, *prompt = NULL, *tokens_s = NULL, *logits_out = NULL, *all_out = NULL,
@@ -69,6 +645,9 @@ static int cmd_generate(int argc, char **argv)
 	double sv[KV_GC_N] = {NAN, NAN, NAN, NAN, NAN, NAN, NAN};
 	int kv_f32 = 0, ignore_eos = 0, quiet = 0;
 	const char *quant_act = "q8";
+	struct cons_flags cf = {0};
+	const char *completion_out = NULL, *out_dir = NULL;
+	int64_t close_at = -1;
 	struct kv_flag flags[] = {
 		{"model", KV_FLAG_STR, &model, "DIR", "model folder (config.json + safetensors)"},
 		{"prompt", KV_FLAG_STR, &prompt, "TEXT", "prompt text (needs the folder's tokenizer.json)"},
@@ -98,6 +677,23 @@ static int cmd_generate(int argc, char **argv)
 		{"page-tokens", KV_FLAG_INT, &page_tokens, "N", "tokens per KV page (default 256)"},
 		{"ignore-eos", KV_FLAG_BOOL, &ignore_eos, NULL, "do not stop at an EOS token"},
 		{"quiet", KV_FLAG_BOOL, &quiet, NULL, "no timing line on stderr"},
+		{"grammar", KV_FLAG_STR, &cf.grammar, "FILE", "constrain the output to a GBNF grammar (llama.cpp syntax)"},
+		{"json-schema", KV_FLAG_STR, &cf.schema, "FILE", "constrain the output to JSON valid under the JSON Schema in FILE"},
+		{"json-object", KV_FLAG_BOOL, &cf.json_object, NULL, "constrain the output to any JSON object"},
+		{"strict", KV_FLAG_BOOL, &cf.strict, NULL, "an unsupported JSON Schema keyword is an error (default: ignored)"},
+		{"tools", KV_FLAG_STR, &cf.tools, "FILE", "an OpenAI tools array: constrain the output to tool calls"},
+		{"tool-choice", KV_FLAG_STR, &cf.tool_choice, "required|auto|none|NAME",
+		 "with --tools: which calls are allowed (default required)"},
+		{"tool-format", KV_FLAG_STR, &cf.tool_format, "json|xml",
+		 "with --tools: Qwen3 JSON (default) or Qwen3.5 XML tool-call syntax"},
+		{"parallel-tool-calls", KV_FLAG_BOOL, &cf.parallel, NULL, "with --tools: several calls may follow each other"},
+		{"print-grammar", KV_FLAG_BOOL, &cf.print, NULL, "print the constraint's grammar (GBNF-like) to stderr"},
+		{"grammar-close", KV_FLAG_INT, &close_at, "N",
+		 "after N tokens, finish the constrained output with its shortest completion (default: never)"},
+		{"completion-out", KV_FLAG_STR, &completion_out, "FILE", "write the completion's bytes to FILE"},
+		{"out-dir", KV_FLAG_STR, &out_dir, "DIR",
+		 "corpus mode (--json-schema DIR, or --tools FILE --tool-choice each): one completion per schema or tool "
+		 "into DIR"},
 		{0},
 	};
 	const char *usage = "usage: kvkeep generate --model DIR (--prompt TEXT | --tokens 1,2,3) [--max-tokens N] "
@@ -116,24 +712,9 @@ static int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "kvkeep generate: a numeric flag is out of range (see --help)\n");
 		return 2;
 	}
-	/* sampling: flag > generation_config (auto/DIR) > greedy */
-	struct kv_gencfg sd, file, fl;
-	kv_gencfg_openai(&sd);
-	sd.v[KV_GC_TEMPERATURE] = 0.0;
-	kv_gencfg_init(&fl);
-	for (int i = 0; i < KV_GC_N; i++)
-		if (!isnan(sv[i]) && kv_gencfg_set(&fl, i, sv[i], "flag")) {
-			fprintf(stderr, "kvkeep generate: %s\n", kv_errmsg());
-			return 2;
-		}
-	int gc_none = !strcmp(gc_mode, "none"), gc_auto = !strcmp(gc_mode, "auto");
-	int grc = kv_gencfg_load(gc_auto || gc_none ? model : gc_mode, &file);
-	if (grc && (grc != KV_ERR_NOT_FOUND || (!gc_auto && !gc_none)))
-		fprintf(stderr, "kvkeep generate: warning: generation_config.json ignored: %s\n", kv_errmsg());
-	if (!gc_none)
-		kv_gencfg_overlay(&sd, &file);
-	kv_gencfg_overlay(&sd, &fl);
-
+	struct kv_gencfg sd, file;
+	if (sampling_defaults(model, gc_mode, sv, &sd, &file))
+		return 2;
 	struct ke_model *m = NULL;
 	struct ke_seq *s = NULL;
 	struct ke_sampler *smp = NULL;
@@ -146,6 +727,17 @@ static int cmd_generate(int argc, char **argv)
 	float *logits = NULL, *all = NULL;
 	void *snap = NULL;
 	int status = 1;
+	struct kv_gram *ir = NULL;
+	struct kv_gvocab *gv = NULL;
+	struct kv_grammar *gram = NULL;
+	struct kv_gmatch *gm = NULL;
+	uint32_t *mask = NULL;
+	struct kv_buf comp = KV_BUF_INIT;
+
+	if (!out_dir && build_constraint(&cf, &ir)) {
+		status = 2;
+		goto out;
+	}
 
 	struct ke_model_params mp = {.kv_f32 = kv_f32, .page_tokens = (int)page_tokens,
 				     .quant_act = ke_quant_act_parse(quant_act)};
@@ -185,14 +777,7 @@ static int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
 		goto out;
 	}
-	struct ke_sample_params pp = {.temperature = sd.v[KV_GC_TEMPERATURE],
-				      .top_k = (int)sd.v[KV_GC_TOP_K],
-				      .top_p = sd.v[KV_GC_TOP_P],
-				      .min_p = sd.v[KV_GC_MIN_P],
-				      .presence_penalty = sd.v[KV_GC_PRESENCE_PENALTY],
-				      .frequency_penalty = sd.v[KV_GC_FREQUENCY_PENALTY],
-				      .repetition_penalty = sd.v[KV_GC_REPETITION_PENALTY],
-				      .seed = (uint64_t)seed};
+	struct ke_sample_params pp = sample_params(&sd, (uint64_t)seed);
 	if (ke_sampler_create(V, &pp, &smp)) {
 		fprintf(stderr, "kvkeep generate: %s\n", kv_errmsg());
 		status = 2;
@@ -212,8 +797,33 @@ static int cmd_generate(int argc, char **argv)
 	}
 	if (tok)
 		kv_tok_stream_init(&ds, tok, 1);
+	if (out_dir) {
+		if (!tok || !(cf.schema || (cf.tools && cf.tool_choice && !strcmp(cf.tool_choice, "each")))) {
+			fprintf(stderr, "kvkeep generate: --out-dir needs the tokenizer and --json-schema DIR or --tools FILE "
+					"--tool-choice each\n");
+			status = 2;
+			goto out;
+		}
+		struct corpus cp = {.m = m, .tok = tok, .ids = ids, .n_ids = n_ids, .stop = stop_ids, .n_stop = n_stop_ids,
+				    .pp = pp, .sp = sp, .max_tokens = max_tokens, .close_at = close_at, .quiet = quiet};
+		double c0 = kv_now_s();
+		if (kv_gvocab_create(tok, V, &cp.gv)) {
+			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+			goto out;
+		}
+		int crc = corpus_run(&cp, &cf, out_dir);
+		if (!quiet)
+			fprintf(stderr, "corpus: %.1f s, %ld masks, mean %.1f us, max %.1f us\n", kv_now_s() - c0, cp.n_masks,
+				cp.n_masks ? cp.mask_s / (double)cp.n_masks * 1e6 : 0.0, cp.mask_max * 1e6);
+		kv_gvocab_free(cp.gv);
+		status = crc ? 1 : 0;
+		goto out;
+	}
+	if (ir && (status = constraint_setup(ir, tok, V, stop_ids, n_stop_ids, quiet, &gv, &gram, &gm, &mask)))
+		goto out;
+	status = 1;
 	logits = kv_alloc(KV_MEM_SCRATCH, (size_t)V * sizeof *logits);
-	out_ids = malloc(((size_t)max_tokens + 1) * sizeof *out_ids);
+	out_ids = malloc(((size_t)max_tokens + 4096 + 1) * sizeof *out_ids);
 	if (all_out)
 		all = kv_alloc(KV_MEM_SCRATCH, n_ids * (size_t)V * sizeof *all);
 	if (!logits || !out_ids || (all_out && !all)) {
@@ -237,61 +847,27 @@ static int cmd_generate(int argc, char **argv)
 		if (!snap || ke_seq_snapshot(s, snap, sb) || write_f32(state_out, snap, sb))
 			goto out;
 	}
-	int n_out = 0;
-	const char *finish = "length";
-	for (int i = 0; i < max_tokens; i++) {
-		int32_t t = ke_sample(smp, logits);
-		out_ids[n_out++] = t;
-		int eos = 0;
-		for (int e = 0; e < n_stop_ids; e++)
-			eos |= stop_ids[e] == t;
-		if (eos && !ignore_eos) {
-			finish = "eos";
-			break;
-		}
-		if (stop) { /* the text so far, searched where the new piece could complete a match */
-			size_t before = gen_text.len, L = strlen(stop);
-			kv_buf_reset(&piece);
-			kv_tok_stream_feed(&ds, t, &piece);
-			kv_buf_add(&gen_text, piece.p ? piece.p : "", piece.len);
-			size_t from = before >= L ? before - L + 1 : 0;
-			if (gen_text.len >= L && memmem(gen_text.p + from, gen_text.len - from, stop, L)) {
-				finish = "stop";
-				break;
-			}
-		}
-		if (i + 1 == max_tokens)
-			break;
-		if (ke_seq_decode(s, t, logits)) {
-			fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
-			goto out;
-		}
-	}
+	struct dec d = {.s = s, .smp = smp, .logits = logits, .gm = gm, .gv = gv, .mask = mask, .stop_ids = stop_ids,
+			.n_stop_ids = n_stop_ids, .ignore_eos = ignore_eos, .stop = stop, .ds = &ds, .piece = &piece,
+			.gen_text = &gen_text, .comp = &comp, .max_tokens = max_tokens, .close_at = close_at,
+			.out_ids = out_ids, .finish = "length"};
+	if (decode(&d))
+		goto out;
 	double t2 = kv_now_s();
-	printf("ids:");
-	for (int i = 0; i < n_out; i++)
-		printf(" %d", out_ids[i]);
-	printf("\n");
-	if (tok) {
-		char *text = NULL;
-		size_t tl;
-		int32_t *both = malloc((n_ids + (size_t)n_out) * sizeof *both);
-		if (both) {
-			memcpy(both, ids, n_ids * sizeof *both);
-			memcpy(both + n_ids, out_ids, (size_t)n_out * sizeof *both);
-			if (!kv_tok_decode(tok, both, n_ids + (size_t)n_out, 0, &text, &tl))
-				printf("text: %s\n", text);
-			free(text);
-			free(both);
-		}
-	}
-	printf("finish: %s\n", finish);
+	if (report(&d, tok, ids, n_ids, quiet, completion_out))
+		goto out;
 	if (!quiet)
 		fprintf(stderr, "prompt %zu tokens in %.3f s (%.1f tok/s), %d generated in %.3f s (%.1f tok/s), isa=%s\n",
-			n_ids, t1 - t0, (double)n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_out, t2 - t1,
-			n_out > 1 ? (double)(n_out - 1) / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0, ke_isa_name(ke_isa()));
+			n_ids, t1 - t0, (double)n_ids / (t1 - t0 > 0 ? t1 - t0 : 1e-9), d.n_out, t2 - t1,
+			d.n_out > 1 ? (double)(d.n_out - 1) / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0, ke_isa_name(ke_isa()));
 	status = 0;
 out:
+	free(mask);
+	kv_buf_free(&comp);
+	kv_gmatch_free(gm);
+	kv_grammar_unref(gram);
+	kv_gvocab_free(gv);
+	kv_gram_free(ir);
 	free(snap);
 	kv_free(all);
 	kv_free(logits);

@@ -257,6 +257,20 @@ static int cmd_model_info(int argc, char **argv)
 	/* decode reads one row of an untied embedding table, all the rest */
 	uint64_t dec = active - (c.tie_embeddings ? 0 : (uint64_t)c.vocab * (uint64_t)c.hidden);
 	uint64_t kvb = kv_config_kv_bytes_per_token(&c, 2);
+	/* A quantized file (a GGUF of block types, an MLX folder) leads with
+	 * its own figures: what it holds, what the engine keeps resident and
+	 * what decoding reads per token (the same share of it as of the
+	 * parameters); the BF16 / Q4_K_M lines become estimates for other
+	 * formats. */
+	int quantized = 0;
+	char file_types[160] = "";
+	for (int i = 0, at = 0; w && !w_rc && i < wt.n; i++) {
+		if (strcmp(wt.name[i], "F32") && strcmp(wt.name[i], "F16") && strcmp(wt.name[i], "BF16"))
+			quantized = 1;
+		if (at < (int)sizeof file_types - 24)
+			at += snprintf(file_types + at, sizeof file_types - (size_t)at, "%s%s", at ? ", " : "", wt.name[i]);
+	}
+	uint64_t file_dec = params ? (uint64_t)((double)wt.resident * (double)dec / (double)params) : 0;
 	uint64_t rsb = kv_config_recurrent_state_bytes(&c);
 	uint64_t csb = kv_config_conv_state_bytes(&c);
 	if (as_json) {
@@ -276,6 +290,12 @@ static int cmd_model_info(int argc, char **argv)
 		json_object_set_new(o, "vocab", json_integer(c.vocab));
 		json_object_set_new(o, "params", json_integer((json_int_t)params));
 		json_object_set_new(o, "active_params", json_integer((json_int_t)active));
+		if (quantized) {
+			json_object_set_new(o, "file", json_pack("{s:s, s:I, s:I, s:I}", "format", kv_weights_gguf(w) ? "gguf" : "mlx",
+							       "bytes", (json_int_t)kv_weights_bytes(w), "resident_bytes",
+							       (json_int_t)wt.resident, "decode_bytes_per_token_est",
+							       (json_int_t)file_dec));
+		}
 		json_object_set_new(o, "resident_bytes_bf16", json_integer((json_int_t)bf16_bytes));
 		json_object_set_new(o, "resident_bytes_q4_k_m_est", json_integer((json_int_t)q4_bytes));
 		json_object_set_new(o, "decode_bytes_per_token_bf16", json_integer((json_int_t)(dec * 2)));
@@ -332,6 +352,13 @@ static int cmd_model_info(int argc, char **argv)
 		json_decref(o);
 	} else {
 		printf("model        %s\n", pos[0]);
+		if (quantized) {
+			printf("this file    %s %s: %.2f GiB of weights (%s)\n", kv_weights_gguf(w) ? "GGUF" : "MLX",
+			       kv_weights_gguf(w) ? "quantized" : "folder", (double)kv_weights_bytes(w) / 1073741824.0,
+			       file_types);
+			printf("             %.2f GiB resident, decode reads ~%.1f MiB of it per token\n",
+			       (double)wt.resident / 1073741824.0, (double)file_dec / 1048576.0);
+		}
 		printf("architecture %s (model_type %s%s%s)\n", kv_arch_name(c.arch), c.model_type,
 		       c.architecture[0] ? ", " : "", c.architecture);
 		printf("layers       %d: %d attention, %d recurrent (Gated DeltaNet)\n              ", c.n_layers,
@@ -355,10 +382,12 @@ static int cmd_model_info(int argc, char **argv)
 			       c.moe_intermediate, c.hidden, c.shared_intermediate ? " + 1 shared of " : "",
 			       c.shared_intermediate, c.n_moe_layers, c.n_layers,
 			       (unsigned long long)active, (double)active / 1e6);
-		printf("resident     %.2f GiB as BF16, ~%.2f GiB as Q4_K_M (%.2f bits/weight, all experts resident)\n",
-		       (double)bf16_bytes / 1073741824.0, (double)q4_bytes / 1073741824.0, Q4KM_BITS);
-		printf("decode reads %.1f MiB of BF16 weights per token (~%.1f MiB as Q4_K_M)\n",
-		       (double)dec * 2 / 1048576.0, (double)dec * Q4KM_BITS / 8 / 1048576.0);
+		printf("%s %.2f GiB as BF16, ~%.2f GiB as Q4_K_M (%.2f bits/weight, all experts resident)\n",
+		       quantized ? "other formats" : "resident    ", (double)bf16_bytes / 1073741824.0,
+		       (double)q4_bytes / 1073741824.0, Q4KM_BITS);
+		printf("%s %.1f MiB of BF16 weights per token (~%.1f MiB as Q4_K_M)\n",
+		       quantized ? "  they read  " : "decode reads", (double)dec * 2 / 1048576.0,
+		       (double)dec * Q4KM_BITS / 8 / 1048576.0);
 		printf("kv/token     %llu bytes (16-bit KV)%s\n", (unsigned long long)kvb,
 		       c.n_swa_layers ? ", global layers only" : "");
 		if (c.n_swa_layers)

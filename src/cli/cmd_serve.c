@@ -8,30 +8,72 @@
 #include "cli/cli.h"
 #include "base/err.h"
 #include "base/log.h"
+#include "model/locate.h"
 #include "server/server.h"
 
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-static struct ksv_server *g_srv;
+static struct ksv_server *volatile g_srv;
 static volatile sig_atomic_t g_signals;
 
 static void on_signal(int sig)
 {
-	(void)sig;
 	if (++g_signals > 1)
 		_exit(130); /* second signal: leave now */
-	if (g_srv)
-		ksv_server_request_stop(g_srv);
+	struct ksv_server *s = g_srv;
+	if (s && ksv_server_ready(s)) {
+		ksv_server_request_stop(s);
+		return;
+	}
+	_exit(128 + sig); /* still loading: nothing to answer or flush yet */
 }
 
 static const char *USAGE =
-	"usage: kvkeep serve --model DIR [--host 127.0.0.1] [--port 8000] [--served-model-name NAME] [flags]\n"
+	"usage: kvkeep serve MODEL [flags]        (or --model / -m MODEL; llama-server's -c, -t, -np, -a work too)\n"
 	"\n"
-	"Serve an OpenAI-compatible API (chat completions, completions, models, health,\n"
-	"metrics, cache admin) for one model folder, with the prefix cache in the loop.";
+	"Serve the OpenAI (chat completions, responses), Anthropic (messages) APIs and the cache dashboard\n"
+	"for one model, with the prefix cache in the loop. MODEL is a .gguf file, a Hugging Face or MLX\n"
+	"model folder, or the name of a model the Hugging Face hub or Ollama already downloaded\n"
+	"(`kvkeep models` lists them; nothing is ever downloaded).\n"
+	"\n"
+	"quick start (README.md has the same, docs/api.md the details):\n"
+	"  kvkeep serve Qwen3-8B-Q4_K_M.gguf -a qwen     a GGUF file; clients ask for the model 'qwen'\n"
+	"  kvkeep serve Qwen3-8B -a qwen                 a Hugging Face folder (config.json, *.safetensors)\n"
+	"  kvkeep serve Qwen3-8B-MLX-4bit -a qwen        an MLX folder (mlx-lm, 4 or 8 bits)\n"
+	"  kvkeep serve -m Qwen/Qwen3-8B -a qwen         from the Hugging Face cache (or -m qwen3:8b from Ollama)\n"
+	"then, on http://127.0.0.1:8000 (/health answers 200 once the model is loaded):\n"
+	"  Claude Code  ANTHROPIC_BASE_URL=http://127.0.0.1:8000 ANTHROPIC_API_KEY=none \\\n"
+	"               ANTHROPIC_MODEL=qwen ANTHROPIC_DEFAULT_HAIKU_MODEL=qwen claude\n"
+	"  Codex        codex -c model_provider=kvkeep -c model=qwen -c 'model_providers.kvkeep={name=\"kvkeep\",\n"
+	"               base_url=\"http://127.0.0.1:8000/v1\", wire_api=\"responses\"}'\n"
+	"  opencode     opencode.json: {\"provider\": {\"kvkeep\": {\"npm\": \"@ai-sdk/openai-compatible\",\n"
+	"               \"options\": {\"baseURL\": \"http://127.0.0.1:8000/v1\"}, \"models\": {\"qwen\": {}}}},\n"
+	"               \"model\": \"kvkeep/qwen\"}\n"
+	"  qwen-code    OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=none OPENAI_MODEL=qwen qwen\n"
+	"  OpenAI SDK   OpenAI(base_url=\"http://127.0.0.1:8000/v1\", api_key=\"none\"), model=\"qwen\"\n"
+	"  curl         curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+	"                 -d '{\"model\": \"qwen\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'\n"
+	"  the browser  http://127.0.0.1:8000/dashboard";
+
+/* llama-server flags with no kvkeep equivalent: a sentence, not "unknown". */
+static const struct kv_flag_hint HINTS[] = {
+	{"-ngl --n-gpu-layers --gpu-layers", "kvkeep runs on the CPU (no GPU offload): leave it out"},
+	{"-hf --hf-repo -hff --hf-file -mu --model-url",
+	 "kvkeep never downloads: give a local file or folder, or a model the Hugging Face hub or Ollama already "
+	 "downloaded (-m ORG/NAME, -m NAME:TAG; `kvkeep models` lists them)"},
+	{"--jinja", "kvkeep always renders the model's own Jinja chat template: leave it out"},
+	{"-fa --flash-attn -cb --cont-batching",
+	 "kvkeep's attention and continuous batching are always on (--max-running sets the batch): leave it out"},
+	{"-b --batch-size -ub --ubatch-size", "use --prefill-chunk N (prefill tokens per step) or --max-batch-tokens N"},
+	{"--chat-template --chat-template-file", "kvkeep uses the model's own chat template (docs/templates.md)"},
+	{"-n --n-predict", "use --default-max-tokens N (clients usually send max_tokens themselves)"},
+	{"--temp", "use --default-temperature T"},
+	{NULL, NULL},
+};
 
 static const char *ENV_HELP =
 	"\nenvironment:\n"
@@ -42,26 +84,74 @@ static const char *ENV_HELP =
 	"                                      (default 2048)\n"
 	"  KVKEEP_HYBRID_CHECKPOINT_MAX=N      checkpoints kept per entry, 0 disables (default 4)\n"
 	"  KVKEEP_LOG=debug|info|warn|error    log level (default info)\n"
-	"  KVKEEP_THREADS=N                    engine threads (default: one per core)\n"
+	"  KVKEEP_THREADS=N                    engine threads when -t is not given (default: one per core)\n"
 	"  KVKEEP_CACHE_DIR=DIR                disk cache folder when --cache-dir is not given\n"
 	"  KVKEEP_SHUTDOWN_BUDGET=S            seconds the SIGTERM flush may take (default 3.5)\n"
 	"  KVKEEP_KV_CHECKPOINT_MAX_BYTES=N    cap of kv_checkpoints/, oldest files first; 0 = no cap\n"
-	"                                      (default 20 GiB; read again at every startup scan)\n";
+	"                                      (default 20 GiB; read again at every startup scan)\n"
+	"  HF_HUB_CACHE, HF_HOME               where -m ORG/NAME looks (default ~/.cache/huggingface/hub)\n"
+	"  OLLAMA_MODELS                       where -m NAME:TAG looks (default ~/.ollama/models)\n";
+
+/*
+ * MODEL as given: a path that exists is used as it is; anything else is
+ * looked up by name in the Hugging Face cache and Ollama's store
+ * (model/locate.h, offline). A name found that way becomes the default
+ * served name. The buffers are static: the options borrow them.
+ */
+static int resolve_model(struct ksv_opts *o, const char *model)
+{
+	static char path[4096], name[1100];
+	struct stat sb;
+	if (stat(model, &sb) == 0 || strchr(model, '/') == model || !strncmp(model, "./", 2) ||
+	    !strncmp(model, "../", 3) || !strncmp(model, "~/", 2)) {
+		o->model_dir = model; /* a path (kv_model_probe says what is wrong with it) */
+		return 0;
+	}
+	struct kv_locate_roots roots;
+	struct kv_local_model m;
+	kv_locate_roots_env(&roots);
+	int rc = kv_locate_find(&roots, model, &m);
+	if (rc == KV_ERR_NOT_FOUND) {
+		fprintf(stderr, "kvkeep serve: %s: no such file or folder, and %s. `kvkeep models` lists the models found "
+				"on this machine; kvkeep never downloads\n",
+			model, kv_errmsg());
+		return 1;
+	}
+	if (rc) {
+		fprintf(stderr, "kvkeep serve: %s\n", kv_errmsg());
+		return 1;
+	}
+	snprintf(path, sizeof path, "%s", m.path);
+	/* clients may ask for the name as typed ("qwen3") and as found
+	 * ("qwen3:latest") */
+	if (strcmp(model, m.name) && !strchr(model, ',') && strlen(model) < 512)
+		snprintf(name, sizeof name, "%.511s,%.511s", model, m.name);
+	else
+		snprintf(name, sizeof name, "%s", m.name);
+	o->model_dir = path;
+	if (!o->served_model_name)
+		o->served_model_name = name;
+	fprintf(stderr, "kvkeep serve: %s is %s (%s)\n", model, path, m.source);
+	return 0;
+}
 
 static int cmd_serve(int argc, char **argv)
 {
 	struct ksv_opts o;
-	const char *model = NULL, *tok_unused = NULL;
-	int no_split = 0;
-	(void)tok_unused;
+	const char *model = NULL;
+	char *pos[1];
+	int no_split = 0, n_pos = 0;
 	ksv_opts_default(&o);
 	struct kv_flag flags[] = {
-		{"model", KV_FLAG_STR, &model, "DIR", "model folder (config.json, *.safetensors, tokenizer files); required"},
+		{"model", KV_FLAG_STR, &model, "MODEL",
+		 "a .gguf file, a Hugging Face or MLX folder, or a name from `kvkeep models` (or give it first, without "
+		 "the flag)", NULL, "-m"},
 		{"host", KV_FLAG_STR, &o.host, "ADDR", "address to listen on (default 127.0.0.1)"},
 		{"port", KV_FLAG_INT, &o.port, "N", "port (default 8000; 0 picks a free one)"},
 		{"served-model-name", KV_FLAG_STR, &o.served_model_name, "NAME[,NAME...]",
 		 "model ids in the API, comma-separated: every name reaches this model (Claude Code sends its main and "
-		 "its small/fast model's); answers report the name the request used (default: the model folder's name)"},
+		 "its small/fast model's); answers report the name the request used (default: the file or folder name, "
+		 "without .gguf)", NULL, "-a --alias"},
 		{"enable-prefix-cache", KV_FLAG_BOOL, &o.prefix_cache, NULL, "use the prefix cache (default: on)"},
 		{"disable-prefix-cache", KV_FLAG_CLEAR, &o.prefix_cache, NULL,
 		 "keep nothing: no lookups, nothing stored (RAM or disk)"},
@@ -111,7 +201,10 @@ static int cmd_serve(int argc, char **argv)
 		{"page-tokens", KV_FLAG_INT, &o.page_tokens, "B", "tokens per KV page / cache block (default 256)"},
 		{"prefill-chunk", KV_FLAG_INT, &o.prefill_chunk, "N", "prefill tokens per forward step (default 256)"},
 		{"max-model-len", KV_FLAG_INT, &o.max_model_len, "N",
-		 "context length (default: max_position_embeddings of config.json, else 32768)"},
+		 "context length (default: the model's max_position_embeddings, lowered to what half the memory left "
+		 "after the weights holds; logged at start)", NULL, "-c --ctx-size"},
+		{"threads", KV_FLAG_INT, &o.threads, "N",
+		 "engine threads (default: KVKEEP_THREADS, else one per core; logged at start)", NULL, "-t"},
 		{"default-max-tokens", KV_FLAG_INT, &o.default_max_tokens, "N",
 		 "tokens generated when a request sets no max_tokens (default 2048)"},
 		{"generation-config", KV_FLAG_STR, &o.generation_config, "auto|none|DIR",
@@ -152,19 +245,32 @@ static int cmd_serve(int argc, char **argv)
 		 "requests that may wait for the engine; more get 429 (default 64)"},
 		{"retry-after-s", KV_FLAG_INT, &o.retry_after_s, "S", "Retry-After of 503 and 429 answers (default 2)"},
 		{"max-running", KV_FLAG_INT, &o.max_running, "N",
-		 "requests generating together, batched into one engine step (default: 4, fewer when memory is short)"},
+		 "requests generating together, batched into one engine step (default: 4, fewer when memory is short)",
+		 NULL, "-np --parallel"},
 		{"max-batch-tokens", KV_FLAG_INT, &o.max_batch_tokens, "N",
 		 "tokens per engine step: decode tokens plus prefill chunks (default: prefill chunk + max running)"},
 		{NULL, 0, NULL, NULL, NULL},
 	};
-	int rc = kv_flags_parse(USAGE, flags, argc, argv, NULL, 0, NULL);
+	int rc = kv_flags_parse_hints(USAGE, flags, HINTS, argc, argv, pos, 1, &n_pos);
 	if (rc == 1) {
 		fputs(ENV_HELP, stdout);
 		return 0;
 	}
 	if (rc)
 		return 2;
-	o.model_dir = model;
+	if (n_pos && model) {
+		fprintf(stderr, "kvkeep serve: two models: '%s' and --model '%s' (give one)\n", pos[0], model);
+		return 2;
+	}
+	if (n_pos)
+		model = pos[0];
+	if (!model) {
+		fprintf(stderr, "kvkeep serve: which model? kvkeep serve MODEL (a .gguf file, a Hugging Face or MLX folder, "
+				"or a name from `kvkeep models`); kvkeep serve --help has a quick start\n");
+		return 2;
+	}
+	if (resolve_model(&o, model))
+		return 1;
 	o.split_reasoning = !no_split;
 	ksv_opts_env(&o);
 	if (ksv_opts_check(&o)) {
@@ -177,22 +283,30 @@ static int cmd_serve(int argc, char **argv)
 	sa.sa_handler = SIG_IGN;
 	sigaction(SIGPIPE, &sa, NULL);
 
-	/* the handlers go in before the server exists: it answers (and logs
-	 * serve.ready) from inside ksv_server_create, and a SIGTERM in between
-	 * must stop it, not kill it */
+	/* the handlers go in before the server exists: a signal while it
+	 * loads leaves at once (nothing to flush yet), one after it is ready
+	 * stops it (serve.ready is logged after it is ready) */
 	sa.sa_handler = on_signal;
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGTERM, &sa, NULL);
 	sigaction(SIGINT, &sa, NULL);
-	if (ksv_server_create(&o, &g_srv)) {
+	/* listen first (a busy port fails before the model loads), then load */
+	struct ksv_server *srv;
+	if (ksv_server_create(&o, &srv)) {
 		fprintf(stderr, "kvkeep serve: %s\n", kv_errmsg());
 		return 1;
 	}
-	if (g_signals)
-		ksv_server_request_stop(g_srv); /* came while the server was being made */
-	rc = ksv_server_run(g_srv);
-	ksv_server_destroy(g_srv);
+	g_srv = srv;
+	if (ksv_server_load(srv)) {
+		fprintf(stderr, "kvkeep serve: %s\n", kv_errmsg());
+		g_srv = NULL;
+		ksv_server_destroy(srv);
+		return 1;
+	}
+	rc = ksv_server_run(srv);
 	g_srv = NULL;
+	ksv_server_destroy(srv);
 	return rc ? 1 : 0;
 }
-KV_COMMAND(serve, "serve", "serve the OpenAI-compatible API for a model folder", cmd_serve);
+KV_COMMAND(serve, "serve", "serve the OpenAI and Anthropic APIs for a GGUF file, a model folder or a local model name",
+	   cmd_serve);

@@ -168,6 +168,58 @@ void ke_sampler_accept(struct ke_sampler *s, int32_t id)
 		s->count[id]++;
 }
 
+static inline int allowed(const uint32_t *mask, int i)
+{
+	return (mask[i >> 5] >> (i & 31)) & 1;
+}
+
+/* The lowest allowed id (0 when the mask allows nothing). */
+static int32_t first_allowed(const uint32_t *mask, int n)
+{
+	for (int w = 0; w < (n + 31) / 32; w++)
+		if (mask[w]) {
+			int i = w * 32 + __builtin_ctz(mask[w]);
+			return i < n ? i : 0;
+		}
+	return 0;
+}
+
+/* ke_argmax over the allowed ids: the lowest id among the maximal
+ * finite logits, else the lowest allowed id. */
+static int32_t argmax_masked(const float *logits, int n, const uint32_t *mask)
+{
+	int32_t best = -1;
+	float bv = -INFINITY;
+	for (int w = 0; w < (n + 31) / 32; w++) {
+		uint32_t m = mask[w];
+		while (m) {
+			int i = w * 32 + __builtin_ctz(m);
+			m &= m - 1;
+			if (i >= n)
+				break;
+			float v = logits[i];
+			if (v > bv) { /* NaN and -inf never win */
+				bv = v;
+				best = i;
+			}
+		}
+	}
+	return best >= 0 ? best : first_allowed(mask, n);
+}
+
+void ke_logits_mask(float *logits, int n, const uint32_t *mask)
+{
+	for (int w = 0; w < (n + 31) / 32; w++) {
+		uint32_t m = mask[w];
+		if (m == 0xFFFFFFFFu)
+			continue;
+		int end = w * 32 + 32 < n ? w * 32 + 32 : n;
+		for (int i = w * 32; i < end; i++)
+			if (!((m >> (i & 31)) & 1))
+				logits[i] = -INFINITY;
+	}
+}
+
 int32_t ke_argmax(const float *logits, int n)
 {
 	int32_t best = 0;
@@ -230,16 +282,20 @@ enum { PREP_DIST = -1, PREP_TOPK = -2 };
  * PREP_DIST with prob[] = softmax(logits / T) and *pmax its largest
  * probability.
  */
-static int32_t prepare(struct ke_sampler *s, const float *logits, double *pmax, double *mx_out)
+static int32_t prepare(struct ke_sampler *s, const float *logits, const uint32_t *mask, double *pmax, double *mx_out)
 {
 	const struct ke_sample_params *p = &s->p;
 	int V = s->vocab;
 	int greedy = p->temperature == 0.0;
 	if (greedy && !s->penalties)
-		return ke_argmax(logits, V);
+		return mask ? argmax_masked(logits, V, mask) : ke_argmax(logits, V);
 	double *w = s->prob;
-	for (int i = 0; i < V; i++)
-		w[i] = isfinite(logits[i]) ? (double)logits[i] : -INFINITY;
+	if (mask)
+		for (int i = 0; i < V; i++)
+			w[i] = allowed(mask, i) && isfinite(logits[i]) ? (double)logits[i] : -INFINITY;
+	else
+		for (int i = 0; i < V; i++)
+			w[i] = isfinite(logits[i]) ? (double)logits[i] : -INFINITY;
 	if (s->penalties) {
 		double r = p->repetition_penalty, f = p->frequency_penalty, q = p->presence_penalty;
 		for (int j = 0; j < s->n_touched; j++) {
@@ -262,7 +318,7 @@ static int32_t prepare(struct ke_sampler *s, const float *logits, double *pmax, 
 			best = i;
 		}
 	if (greedy || mx == -INFINITY)
-		return mx == -INFINITY ? 0 : best;
+		return mx == -INFINITY ? (mask ? first_allowed(mask, V) : 0) : best;
 	*mx_out = mx;
 	if (p->top_k > 0 && p->top_k <= TOPK_SELECT_MAX && p->top_k < V)
 		return PREP_TOPK;
@@ -411,10 +467,10 @@ static int filter_topk(struct ke_sampler *s, double mx, double *kept_mass)
 	return cut(s, n, 1, kept_mass);
 }
 
-static int32_t choose(struct ke_sampler *s, const float *logits)
+static int32_t choose(struct ke_sampler *s, const float *logits, const uint32_t *mask)
 {
 	double pmax = 1.0, mx = 0.0, kept;
-	int32_t g = prepare(s, logits, &pmax, &mx);
+	int32_t g = prepare(s, logits, mask, &pmax, &mx);
 	if (g >= 0)
 		return g;
 	int n;
@@ -449,15 +505,27 @@ static int32_t choose(struct ke_sampler *s, const float *logits)
 
 int32_t ke_sample(struct ke_sampler *s, const float *logits)
 {
-	int32_t t = choose(s, logits);
+	int32_t t = choose(s, logits, NULL);
+	ke_sampler_accept(s, t);
+	return t;
+}
+
+int32_t ke_sample_masked(struct ke_sampler *s, const float *logits, const uint32_t *mask)
+{
+	int32_t t = choose(s, logits, mask);
 	ke_sampler_accept(s, t);
 	return t;
 }
 
 int ke_sampler_dist(struct ke_sampler *s, const float *logits, int32_t *ids, double *probs)
 {
+	return ke_sampler_dist_masked(s, logits, NULL, ids, probs);
+}
+
+int ke_sampler_dist_masked(struct ke_sampler *s, const float *logits, const uint32_t *mask, int32_t *ids, double *probs)
+{
 	double pmax = 1.0, mx = 0.0, kept;
-	int32_t g = prepare(s, logits, &pmax, &mx);
+	int32_t g = prepare(s, logits, mask, &pmax, &mx);
 	if (g >= 0) {
 		ids[0] = g;
 		probs[0] = 1.0;

@@ -79,6 +79,22 @@ int32_t ke_sample(struct ke_sampler *s, const float *logits);
  */
 int ke_sampler_dist(struct ke_sampler *s, const float *logits, int32_t *ids, double *probs);
 
+/*
+ * A token mask (the constraint engine, text/gmatch.h): bit i of mask[i /
+ * 32] (least significant first) set = token i allowed; (vocab + 31) / 32
+ * words. ke_sample_masked is ke_sample on the logits with every
+ * masked-out one replaced by -inf before anything else, so the penalties
+ * and every filter see the masked distribution; it reads the logits
+ * without writing them. When no allowed token has a finite logit it
+ * returns the lowest allowed id (0 if the mask allows nothing), never a
+ * masked-out one. ke_sampler_dist_masked is ke_sampler_dist the same way.
+ * ke_logits_mask writes the -infs into a logits buffer, for callers whose
+ * logprobs must see the mask (ke_top_logprobs on the masked buffer).
+ */
+int32_t ke_sample_masked(struct ke_sampler *s, const float *logits, const uint32_t *mask);
+int ke_sampler_dist_masked(struct ke_sampler *s, const float *logits, const uint32_t *mask, int32_t *ids, double *probs);
+void ke_logits_mask(float *logits, int n, const uint32_t *mask);
+
 /* Greedy choice (lowest id among ties). */
 int32_t ke_argmax(const float *logits, int n);
 /* log-softmax of n logits (double accumulation) into out (may alias). */

@@ -544,6 +544,20 @@ static int folder_gguf(const char *dir, char *out, size_t cap)
 	return KV_OK;
 }
 
+/* 1 if the file starts with the GGUF magic: a file without the suffix,
+ * such as a blob of Ollama's store (model/locate.h), is one too. */
+static int has_gguf_magic(const char *path)
+{
+	char m[4];
+	int fd = kv_io_open(path, O_RDONLY | O_CLOEXEC, 0);
+	if (fd < 0)
+		return 0;
+	int ok = kv_io_pread_full(fd, m, 4, 0, path) == KV_OK && !memcmp(m, "GGUF", 4);
+	kv_io_close(fd);
+	kv_errclear();
+	return ok;
+}
+
 int kv_gguf_is_model_path(const char *path)
 {
 	struct stat sb;
@@ -551,7 +565,7 @@ int kv_gguf_is_model_path(const char *path)
 	if (!path || stat(path, &sb) != 0)
 		return 0;
 	if (S_ISREG(sb.st_mode))
-		return has_suffix(path, ".gguf");
+		return has_suffix(path, ".gguf") || has_gguf_magic(path);
 	if (!S_ISDIR(sb.st_mode))
 		return 0;
 	snprintf(buf, sizeof buf, "%s/config.json", path);

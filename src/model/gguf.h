@@ -93,8 +93,9 @@ int kv_gguf_open(const char *path, struct kv_gguf **out);
 /* Validate bytes in memory (p must outlive the handle); no split sets. */
 int kv_gguf_open_mem(const void *p, size_t n, const char *what, struct kv_gguf **out);
 void kv_gguf_close(struct kv_gguf *g);
-/* 1 if path names a GGUF model: a file ending in .gguf, or a folder
- * without config.json that holds a .gguf file. */
+/* 1 if path names a GGUF model: a file ending in .gguf or starting with
+ * the GGUF magic (an Ollama blob has no suffix), or a folder without
+ * config.json that holds a .gguf file. */
 int kv_gguf_is_model_path(const char *path);
 /* Path of the (first) file; valid while open. */
 const char *kv_gguf_path(const struct kv_gguf *g);

@@ -239,6 +239,13 @@ static int translate_tool_choice(const json_t *tc, json_t *chat, char *param, si
 				    json_pack("{s:s, s:{s:s}}", "type", "function", "function", "name", name));
 	} else
 		return ksv_wire_bad(param, cap, "tool_choice.type", "%s: must be auto, any, tool or none, not \"%s\"", type);
+	const json_t *dp = json_object_get(tc, "disable_parallel_tool_use");
+	if (dp && !json_is_null(dp)) {
+		if (!json_is_boolean(dp))
+			return ksv_wire_bad(param, cap, "tool_choice.disable_parallel_tool_use", "%s: must be true or false%s",
+					    NULL);
+		json_object_set_new(chat, "parallel_tool_calls", json_boolean(!json_is_true(dp)));
+	}
 	return KV_OK;
 }
 
@@ -533,6 +540,16 @@ static void anth_stream_error(struct ksv_answer *a, int status, const char *mess
 void ksv_anth_ping(struct kv_buf *out)
 {
 	emit(out, "ping", json_pack("{s:s}", "type", "ping"));
+}
+
+/* While the prompt is prefilled the stream would be silent: a ping once a
+ * second (Anthropic's own keep-alive event; clients and proxies see the
+ * stream is alive). */
+static void anth_progress(struct ksv_answer *a, const struct ksv_progress *p, struct kv_buf *out)
+{
+	(void)a;
+	if (out && p->keepalive)
+		ksv_anth_ping(out);
 }
 
 char *ksv_anth_count_body(int64_t n, size_t *len)

@@ -10,7 +10,9 @@
 #include "server/recent.h"
 #include "server/browser.h"
 #include "base/buf.h"
+#include "server/inflight.h"
 #include "session/registry.h"
+#include "session/sched.h"
 #include "base/clock.h"
 #include "base/env.h"
 #include "base/hash.h"
@@ -142,21 +144,26 @@ static void add_ns(const char *name, const struct kss_tier *t, json_t *nss, json
 			tot->write_bps = ds.write_bps;
 		json_object_set_new(row, "disk_bytes", json_integer((json_int_t)db));
 		/* entries only on disk: not (or no longer) in RAM */
-		size_t m = ks_store_list_entries(t->store, dbuf, MAX_LIST);
+		size_t m = ks_store_list_entries(t->store, dbuf, MAX_LIST), disk_only = 0;
 		for (size_t i = 0; i < m && i < MAX_LIST; i++) {
 			int in_ram = 0;
 			for (size_t j = 0; j < n && j < MAX_LIST && !in_ram; j++)
 				in_ram = ebuf[j].tokens == dbuf[i].tokens && !ebuf[j].dirty;
 			if (in_ram)
 				continue;
+			disk_only++;
 			json_array_append_new(ents, json_pack("{s:s, s:n, s:I, s:I, s:[], s:I, s:s, s:I}", "ns", name, "id",
 							      "tokens", (json_int_t)dbuf[i].tokens, "anchor",
 							      (json_int_t)dbuf[i].anchor, "checkpoints", "last_use_ms",
 							      (json_int_t)dbuf[i].last_use_ms, "where", "disk", "bytes",
 							      (json_int_t)dbuf[i].bytes));
 		}
+		/* "entries" counts the RAM tier's; these are the other rows the
+		 * entries list shows for the namespace */
+		json_object_set_new(row, "disk_only_entries", json_integer((json_int_t)disk_only));
 	} else {
 		json_object_set_new(row, "disk_bytes", json_null());
+		json_object_set_new(row, "disk_only_entries", json_integer(0));
 	}
 	json_array_append_new(nss, row);
 }
@@ -238,5 +245,16 @@ void ksv_dashboard_handle_state(struct ksv_server *s, struct ksv_conn *c)
 	double use = tot.write_bps > 0 && budget > 0 ? (double)tot.dirty * avg / tot.write_bps / budget : 0;
 	json_object_set_new(cn, "flush_budget_use", json_real(use));
 	json_object_set_new(cn, "dirty_objects", json_integer((json_int_t)tot.dirty));
+	/* the engine's own counters grow every step, not when a request ends:
+	 * the page's prefill and decode rates come from these */
+	struct kss_sched_stats es;
+	kss_sched_stats(s->engine, &es);
+	json_object_set_new(cn, "engine_steps", json_integer((json_int_t)es.steps));
+	json_object_set_new(cn, "engine_prefill_tokens", json_integer((json_int_t)es.prefill_rows));
+	json_object_set_new(cn, "engine_decode_tokens", json_integer((json_int_t)(es.rows - es.prefill_rows)));
+	json_object_set_new(cn, "engine_step_ms", json_real(es.step_s * 1e3));
+	/* the requests running now, with their progress; how many wait */
+	json_object_set_new(j, "running", ksv_inflight_json(s->inflight));
+	json_object_set_new(j, "queued", json_integer(ksv_queue_queued(s->queue)));
 	ksv_reply_json(c, 200, j);
 }

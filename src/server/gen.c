@@ -169,9 +169,10 @@ static int prepare(struct gen *g, const struct ksv_request *rq, int api)
 		return 1;
 	/* the answer names the model as the request did (one of the served names) */
 	ksv_answer_init(&g->ans, g->w, api, g->in.req.model ? g->in.req.model : s->model_name, g->in.req.stream);
-	g->ans.tb = &s->tb;
+	g->ans.tb = s->tb;
 	g->ans.include_usage = g->in.req.stream && g->in.req.include_usage;
 	g->ans.logprobs = g->in.req.logprobs;
+	g->ans.return_progress = g->in.req.stream && g->in.req.return_progress;
 	g->ans.encrypted_reasoning = g->in.req.encrypted_reasoning;
 	return 0;
 }

@@ -17,6 +17,7 @@
 #define KV_SERVER_GEN_INT_H
 
 #include "server/server_int.h"
+#include "server/inflight.h"
 #include "server/wire.h"
 #include "session/request.h"
 
@@ -47,6 +48,11 @@ struct gen {
 	int step_reasoning;       /* the current step produced reasoning */
 	uint64_t t_prev;          /* the previous decode step, for the inter-token latency */
 	struct kv_buf gen_ids;    /* the generated token ids (int32_t), for the answer's record */
+	/* while it runs (worker): the dashboard's record and the prefill's clocks */
+	struct ksv_inflight_rec live;
+	uint64_t t_prefill0;      /* the prefill began (kv_now_ns) */
+	uint64_t t_last_ka;       /* the last keep-alive (or the stream's start) */
+	uint64_t t_last_log;      /* the last progress log line */
 	struct kv_buf sse;
 	struct kss_request_result res;
 };

@@ -33,17 +33,73 @@ static void stream_start(struct gen *g)
 	gen_emit(g);
 }
 
+/* How often a long prefill says something: a keep-alive on the stream
+ * (Anthropic ping, Responses comment) and an info log line. */
+#define KEEPALIVE_NS 1000000000ull
+#define PROGRESS_LOG_NS 3000000000ull
+
+/* The wire's progress event (OpenAI prompt_progress with return_progress,
+ * a keep-alive when due), on a stream that started. */
+static void stream_progress(struct gen *g, uint32_t done, uint64_t now, int keepalive_due)
+{
+	if (!g->in.req.stream || !g->started || !g->w->progress)
+		return;
+	struct ksv_progress p = {.total = g->in.pr.n_tokens,
+				 .cache = g->ans.usage.cached_tokens,
+				 .processed = done,
+				 .time_ms = (int64_t)((now - g->t_prefill0) / 1000000),
+				 .keepalive = keepalive_due};
+	g->w->progress(&g->ans, &p, &g->sse);
+	if (keepalive_due)
+		g->t_last_ka = now;
+	gen_emit(g);
+}
+
 static void on_resumed(void *ctx, const struct kss_usage *u)
 {
 	struct gen *g = ctx;
+	uint64_t now = kv_now_ns();
 	g->ans.usage = *u;
+	g->t_prefill0 = g->t_last_ka = g->t_last_log = now;
+	atomic_store_explicit(&g->live.prompt_tokens, g->in.pr.n_tokens, memory_order_relaxed);
+	atomic_store_explicit(&g->live.cached_tokens, u->cached_tokens, memory_order_relaxed);
+	atomic_store_explicit(&g->live.processed, u->cached_tokens, memory_order_relaxed);
+	atomic_store_explicit(&g->live.t_prefill_ns, now, memory_order_relaxed);
+	atomic_store_explicit(&g->live.phase, KSV_IF_PREFILL, memory_order_relaxed);
 	stream_start(g);
+	/* llama.cpp sends a first progress chunk before any work (processed =
+	 * cache) */
+	stream_progress(g, u->cached_tokens, now, 0);
+}
+
+/* A prefill chunk is done: done of total prompt tokens are in the
+ * sequence (the cached ones included). */
+static void on_progress(void *ctx, uint32_t done, uint32_t total)
+{
+	struct gen *g = ctx;
+	uint64_t now = kv_now_ns();
+	atomic_store_explicit(&g->live.processed, done, memory_order_relaxed);
+	stream_progress(g, done, now, now - g->t_last_ka >= KEEPALIVE_NS);
+	if (now - g->t_last_log >= PROGRESS_LOG_NS && done < total) {
+		/* a prefill of minutes is not silent in the log either */
+		uint32_t cached = g->ans.usage.cached_tokens;
+		double el = (double)(now - g->t_prefill0) / 1e9;
+		double rate = el > 0 && done > cached ? (double)(done - cached) / el : 0;
+		g->t_last_log = now;
+		KV_INFO("request.progress",
+			"route=%s phase=prefill processed=%u total=%u cached=%u elapsed_s=%.1f tok_s=%.0f eta_s=%.0f", g->route,
+			done, total, cached, el, rate, rate > 0 ? (double)(total - done) / rate : -1.0);
+	}
 }
 
 static void on_token(void *ctx, const struct kss_token *t)
 {
 	struct gen *g = ctx;
 	uint64_t now = kv_now_ns();
+	if (!atomic_fetch_add_explicit(&g->live.gen_tokens, 1, memory_order_relaxed)) {
+		atomic_store_explicit(&g->live.t_first_ns, now, memory_order_relaxed);
+		atomic_store_explicit(&g->live.phase, KSV_IF_DECODE, memory_order_relaxed);
+	}
 	if (g->t_prev)
 		ksv_observe(g->s->f_itl, (double)(now - g->t_prev) / 1e9);
 	g->t_prev = now;
@@ -75,6 +131,7 @@ static void on_step(void *ctx)
 static const struct kss_sink sink = {
 	.admitted = on_admitted,
 	.resumed = on_resumed,
+	.progress = on_progress,
 	.token = on_token,
 	.event = on_event,
 	.step = on_step,
@@ -101,6 +158,14 @@ static json_t *usage_ext(const struct gen *g)
 		json_object_set_new(j, "restored_messages", a);
 	}
 	return j;
+}
+
+static const char *cons_name(int kind)
+{
+	static const char *const names[] = {[KSS_CONS_NONE] = "none", [KSS_CONS_SCHEMA] = "json_schema",
+					    [KSS_CONS_JSON_OBJECT] = "json_object", [KSS_CONS_GBNF] = "grammar",
+					    [KSS_CONS_TOOLS] = "tools"};
+	return kind >= 0 && kind <= KSS_CONS_TOOLS ? names[kind] : "?";
 }
 
 static int fail_status(int why)
@@ -148,9 +213,8 @@ static void account(struct gen *g)
 
 /*
  * Remember the answer exactly (session/echo.h), so that when the client
- * sends it back the prompt uses these tokens: the generation prompt and
- * any forced opening (the prompt after its last message), then every
- * generated token. Only for chat answers that ended normally, under
+ * sends it back the prompt uses these tokens: the generation prompt (the
+ * prompt after its last message), then every generated token. Only for chat answers that ended normally, under
  * --reasoning-history keep and --echo-generated on.
  */
 static void remember_answer(struct gen *g)
@@ -162,7 +226,7 @@ static void remember_answer(struct gen *g)
 	    strcmp(s->o.reasoning_history, "keep"))
 		return;
 	struct kss_echo_call *calls = calloc(a->n_tools ? a->n_tools : 1, sizeof *calls);
-	struct kss_echo_answer ea = {.gp_text = pr->gp_text, .gp_len = pr->gp_len, .forced = g->in.forced,
+	struct kss_echo_answer ea = {.gp_text = pr->gp_text, .gp_len = pr->gp_len,
 				     .prefix = pr->tokens + pr->gp_tok, .n_prefix = pr->n_tokens - pr->gp_tok,
 				     .gen = (const int32_t *)g->gen_ids.p, .n_gen = g->gen_ids.len / sizeof(int32_t),
 				     .calls = calls};
@@ -208,8 +272,8 @@ void gen_run(struct ksv_job *job)
 		.salt = g->in.salt,
 		.prompt = g->in.pr.tokens,
 		.n_prompt = g->in.pr.n_tokens,
-		.n_forced = g->in.n_forced,
-		.forced_text = g->in.forced,
+		.grammar = g->in.grammar,
+		.may_think = s->o.split_reasoning && g->in.req.api == KSV_API_CHAT && g->in.req.enable_thinking != 0,
 		.bounds = g->in.pr.bounds,
 		.n_bounds = g->in.pr.n_bounds,
 		.max_tokens = (uint32_t)g->in.max_tokens,
@@ -226,7 +290,13 @@ void gen_run(struct ksv_job *job)
 		.cancel = &g->job.cancel,
 	};
 	ksv_sampling_resolve(&g->in.req.sp, &s->sdef, kv_now_ns() ^ (uint64_t)(uintptr_t)g, &rp.sp);
+	/* on the dashboard while it runs (inflight.h) */
+	snprintf(g->live.route, sizeof g->live.route, "%s", g->route);
+	g->live.t_arrive_ms = kv_wall_ms() - (int64_t)((t_start - g->t_arrive) / 1000000);
+	g->live.t_start_ns = g->t_arrive;
+	ksv_inflight_add(s->inflight, &g->live);
 	kss_request(s->svc, &rp, &sink, g, r);
+	ksv_inflight_remove(s->inflight, &g->live);
 
 	int cancelled = r->fail == KSS_FAIL_CANCELLED;
 	int status = r->fail ? fail_status(r->fail) : 0;
@@ -279,9 +349,9 @@ void gen_run(struct ksv_job *job)
 	double gen_s = r->t_first_ns ? (double)(r->t_last_ns - r->t_first_ns) / 1e9 : 0;
 	KV_INFO("request",
 		"route=%s stream=%d prompt_tokens=%u cached_tokens=%u resume=%s disk=%d restored_messages=%zu gen_tokens=%u "
-		"forced_tokens=%u finish=%s%s%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f%s%s",
+		"constraint=%s finish=%s%s%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f%s%s",
 		g->route, g->in.req.stream, r->usage.prompt_tokens, r->usage.cached_tokens,
-		r->admitted ? r->resume_kind : "none", r->from_disk > 0, g->in.pr.n_restored, r->generated, g->in.n_forced,
+		r->admitted ? r->resume_kind : "none", r->from_disk > 0, g->in.pr.n_restored, r->generated, cons_name(g->in.cons_kind),
 		cancelled ? "cancelled" : status ? "error" : r->finish, why ? " why=" : "", why ? why : "",
 		r->t_first_ns ? (double)(r->t_first_ns - g->t_arrive) / 1e6 : 0.0,
 		gen_s > 0 && r->generated > 1 ? (r->generated - 1) / gen_s : 0.0, (double)(t_start - g->job.t_submit_ns) / 1e6,

@@ -793,6 +793,36 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 	KV_DEBUG("http.mhd", "msg=\"%s\"", buf);
 }
 
+/* Why the daemon could not listen: bind the address once more, alone,
+ * and keep the errno (libmicrohttpd only logs it). */
+static int bind_errno(const struct addrinfo *a)
+{
+	int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+	if (fd < 0)
+		return errno;
+	int one = 1, e = 0;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	if (bind(fd, a->ai_addr, a->ai_addrlen) || listen(fd, 1))
+		e = errno;
+	close(fd);
+	return e;
+}
+
+/* The cause and the fix, in words. */
+static int listen_error(const char *host, int port, int e)
+{
+	if (e == EADDRINUSE)
+		return kv_fail(KV_ERR_IO, "port %d on %s is already in use (another server is listening there): stop it, "
+					  "or pick another port with --port N (--port 0 takes any free one)", port, host);
+	if (e == EACCES)
+		return kv_fail(KV_ERR_IO, "port %d on %s needs more privileges (ports below 1024 need root): use --port "
+					  "8000 or another port above 1023", port, host);
+	if (e == EADDRNOTAVAIL)
+		return kv_fail(KV_ERR_IO, "%s is not an address of this machine: use --host 127.0.0.1 (this machine "
+					  "only) or --host 0.0.0.0 (every interface)", host);
+	return kv_fail(KV_ERR_IO, "cannot listen on %s:%d: %s", host, port, e ? strerror(e) : "unknown error");
+}
+
 int ksv_httpd_start(const struct ksv_httpd_params *p, struct ksv_httpd **out)
 {
 	struct addrinfo hints = {0}, *res = NULL;
@@ -837,12 +867,12 @@ int ksv_httpd_start(const struct ksv_httpd_params *p, struct ksv_httpd **out)
 				MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
 				MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
 				MHD_OPTION_END);
+	int why = h->d ? 0 : bind_errno(res);
 	freeaddrinfo(res);
 	if (!h->d) {
 		pthread_mutex_destroy(&h->tmu);
 		free(h);
-		return kv_fail(KV_ERR_IO, "httpd: cannot listen on %s:%d (address in use or not available)",
-			       p->host ? p->host : "*", p->port);
+		return listen_error(p->host && *p->host ? p->host : "*", p->port, why);
 	}
 	const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
 	h->port = di ? di->port : p->port;

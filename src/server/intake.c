@@ -1,8 +1,8 @@
 /*
  * intake.c - a generation request's way in (server_int.h struct
  * ksv_intake): the body in its wire format (wire.h parse), the model, the
- * cache_salt, --prompt-normalize, the prompt (prompt.c), a forced
- * tool-call opening and the token limits. Every refusal is answered here,
+ * cache_salt, --prompt-normalize, the prompt (prompt.c), the constraint
+ * of structured output (session/constrain.h) and the token limits. Every refusal is answered here,
  * in the request's own error shape, naming the field. The two routes that
  * need no more than this, /v1/messages/count_tokens and /v1/cache/probe,
  * are answered here too.
@@ -13,7 +13,7 @@
 #include "base/log.h"
 #include "server/anthropic.h"
 #include "server/normalize.h"
-#include "text/toolcall.h"
+#include "text/tcgram.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -26,8 +26,9 @@ void ksv_intake_free(struct ksv_intake *in)
 	ksv_prompt_free(&in->pr);
 	json_decref(in->norm_report);
 	json_decref(in->raw);
-	free(in->forced);
 	free(in->salt_hdr);
+	if (in->grammar)
+		kv_grammar_unref(in->grammar);
 	memset(in, 0, sizeof *in);
 }
 
@@ -144,61 +145,118 @@ static int check_model(struct ksv_server *s, struct ksv_conn *c, int wire, const
 	return 1;
 }
 
+/*
+ * A prompt longer than the context, in each API's own terms: OpenAI's
+ * code context_length_exceeded with the field that holds the prompt
+ * (messages; input on /v1/responses; prompt on /v1/completions), and
+ * Anthropic's "prompt is too long: N tokens > M maximum" (the text Claude
+ * Code looks for to compact its history).
+ */
+static void refuse_too_long(struct ksv_server *s, struct ksv_conn *c, int wire, const struct ksv_intake *in)
+{
+	uint32_t n = in->pr.n_tokens;
+	if (wire == KSV_WIRE_ANTHROPIC) {
+		refuse(s, c, wire, 400, "messages", "prompt is too long: %u tokens > %d maximum (this server's context; "
+						   "kvkeep serve -c N sets it)", n, s->ctx_len);
+		return;
+	}
+	const char *param = wire == KSV_WIRE_RESPONSES ? "input" : in->req.api == KSV_API_CHAT ? "messages" : "prompt";
+	ksv_reply_error_code(s, c, KSV_WIRE_OPENAI, 400, param, "context_length_exceeded",
+			     "This model's maximum context length is %d tokens. However, your %s resulted in %u tokens. "
+			     "Please reduce the length of the %s (or start kvkeep serve with a larger -c / --max-model-len).",
+			     s->ctx_len, param, n, param);
+}
+
 static int prompt(struct ksv_server *s, struct ksv_conn *c, int wire, struct ksv_intake *in)
 {
 	char param[32];
 	int status = ksv_prompt_make(s, &in->req, in->salt, &in->pr, param, sizeof param);
+	if (status == 400 && in->pr.n_tokens >= (uint32_t)s->ctx_len) {
+		refuse_too_long(s, c, wire, in);
+		return 1;
+	}
 	if (status) {
-		refuse(s, c, wire, status, param, "%s", kv_errmsg());
+		/* the Responses API names its prompt "input" */
+		refuse(s, c, wire, status, wire == KSV_WIRE_RESPONSES && !strcmp(param, "messages") ? "input" : param, "%s",
+		       kv_errmsg());
 		return 1;
 	}
 	return 0;
 }
 
 /*
- * tool_choice "required" or a named function: the answer is made to start
- * with the opening of a tool call in the template's own syntax, so the
- * model can only continue it (text/toolcall.h kv_tc_opener; a documented
- * feature, not a test hook). The forced tokens are prefilled after the
- * generation prompt and count as completion tokens.
+ * The constraint of structured output (session/constrain.h), compiled or
+ * found: tool_choice required or named (the call in the template's own
+ * syntax, its arguments valid under the function's schema), tool_choice
+ * none (no call), auto with a strict function (text, then calls whose
+ * arguments follow the schemas), or the answer's format (response_format,
+ * json_schema, grammar). required and named win over a format (the answer
+ * is the call); auto with a format is refused: the format would leave no
+ * room for a call. A spec that does not compile is a 400 naming what is
+ * wrong.
  */
-static int force_tool_call(struct ksv_server *s, struct ksv_conn *c, int wire, struct ksv_intake *in)
+static int constraint(struct ksv_server *s, struct ksv_conn *c, int wire, struct ksv_intake *in)
 {
-	struct ksv_req *r = &in->req;
-	if (r->api != KSV_API_CHAT || !r->tools || (r->tool_choice != KSV_TC_REQUIRED && r->tool_choice != KSV_TC_NAMED))
+	const struct ksv_req *r = &in->req;
+	struct kss_cons_spec sp = {.kind = KSS_CONS_NONE};
+	const char *param = r->fmt_param;
+	if (r->tools && r->api == KSV_API_CHAT && r->tool_choice != KSV_TC_AUTO) {
+		static const int choice[] = {[KSV_TC_NONE] = KV_TCG_NONE, [KSV_TC_REQUIRED] = KV_TCG_REQUIRED,
+					     [KSV_TC_NAMED] = KV_TCG_NAMED};
+		if (r->tool_choice != KSV_TC_NONE || !r->fmt)
+			sp = (struct kss_cons_spec){.kind = KSS_CONS_TOOLS, .choice = choice[r->tool_choice]};
+	} else if (r->tools && r->api == KSV_API_CHAT && r->fmt) {
+		refuse(s, c, wire, 400, "tool_choice",
+		       "a response format with tools needs tool_choice \"none\" or \"required\" (under \"auto\" the "
+		       "format would leave no room for a tool call)");
+		return 1;
+	} else if (r->tools && r->api == KSV_API_CHAT && r->tools_strict) {
+		sp = (struct kss_cons_spec){.kind = KSS_CONS_TOOLS, .choice = KV_TCG_AUTO};
+	}
+	if (sp.kind == KSS_CONS_TOOLS) {
+		sp.tools = r->tools;
+		sp.name = r->tool_name;
+		sp.parallel = r->parallel_tool_calls;
+		sp.strict = r->tools_strict;
+		sp.xml = s->xml_tools;
+		param = r->tool_choice == KSV_TC_NAMED ? "tool_choice" : "tools";
+	} else if (r->fmt == KSV_FMT_JSON_SCHEMA) {
+		sp = (struct kss_cons_spec){.kind = KSS_CONS_SCHEMA, .schema = r->fmt_schema, .strict = r->fmt_strict};
+	} else if (r->fmt == KSV_FMT_JSON_OBJECT) {
+		sp.kind = KSS_CONS_JSON_OBJECT;
+	} else if (r->fmt == KSV_FMT_GRAMMAR) {
+		sp = (struct kss_cons_spec){.kind = KSS_CONS_GBNF, .gbnf = r->grammar, .gbnf_len = r->grammar_len};
+	}
+	if (sp.kind == KSS_CONS_NONE)
 		return 0;
-	int fmt = s->harmony ? KV_TC_HARMONY : s->xml_tools ? KV_TC_XML : KV_TC_JSON;
-	if (kv_tc_opener(fmt, r->tool_choice == KSV_TC_NAMED ? r->tool_name : NULL,
-			 &in->forced)) {
-		refuse(s, c, wire, 400, "tool_choice", "%s", kv_errmsg());
+	if (s->harmony) {
+		/* the grammar engine writes calls and answers in the Qwen syntaxes;
+		 * GPT-OSS's channels (analysis, then final or a commentary call)
+		 * are not in it yet. "none" and "auto" with strict functions run
+		 * unconstrained (the calls are parsed as harmony); a form the answer
+		 * must follow is refused rather than constrained wrongly. */
+		if (sp.kind == KSS_CONS_TOOLS && (sp.choice == KV_TCG_NONE || sp.choice == KV_TCG_AUTO))
+			return 0;
+		refuse(s, c, wire, 400, param,
+		       "%s: structured output and forced tool calls are not supported for the harmony format "
+		       "(GPT-OSS) yet", param);
 		return 1;
 	}
-	if (ksv_prompt_append(s, &in->pr, in->forced, &in->n_forced)) {
-		refuse(s, c, wire, 500, NULL, "cannot encode the forced tool call: %s", kv_errmsg());
-		return 1;
-	}
-	if ((int64_t)in->pr.n_tokens >= s->ctx_len) {
-		refuse(s, c, wire, 400, "messages", "the prompt is %u tokens; this model's context is %d tokens",
-		       in->pr.n_tokens, s->ctx_len);
+	in->cons_kind = sp.kind;
+	int rc = kss_cons_get(kss_service_cons(s->svc), &sp, &in->grammar, &in->cons_hit);
+	if (rc) {
+		refuse(s, c, wire, rc == KV_ERR_NOMEM ? 500 : 400, param, "%s: %s", param, kv_errmsg());
 		return 1;
 	}
 	return 0;
 }
 
-/* max_tokens within the context, the forced tokens counted against it. */
-static int limits(struct ksv_server *s, struct ksv_conn *c, int wire, struct ksv_intake *in)
+/* max_tokens within the context. */
+static void limits(struct ksv_server *s, struct ksv_intake *in)
 {
 	int64_t room = s->ctx_len - (int64_t)in->pr.n_tokens;
 	int64_t mt = in->req.max_tokens > 0 ? in->req.max_tokens : s->o.default_max_tokens;
-	if (in->n_forced && mt <= (int64_t)in->n_forced) {
-		refuse(s, c, wire, 400, in->req.max_tokens > 0 ? "max_tokens" : "tool_choice",
-		       "max_tokens %lld leaves no room: the forced tool-call opening alone takes %u tokens", (long long)mt,
-		       in->n_forced);
-		return 1;
-	}
-	mt -= in->n_forced;
 	in->max_tokens = (int)(mt < room ? mt : room);
-	return 0;
 }
 
 int ksv_intake_gen(struct ksv_server *s, const struct ksv_request *rq, int wire, int api, const char *route,
@@ -211,7 +269,10 @@ int ksv_intake_gen(struct ksv_server *s, const struct ksv_request *rq, int wire,
 	    request_salt(s, c, wire, in, in->raw))
 		return 1;
 	normalize(s, route, in);
-	return prompt(s, c, wire, in) || force_tool_call(s, c, wire, in) || limits(s, c, wire, in);
+	if (prompt(s, c, wire, in) || constraint(s, c, wire, in))
+		return 1;
+	limits(s, in);
+	return 0;
 }
 
 /* POST /v1/messages/count_tokens: the prompt's length as /v1/messages

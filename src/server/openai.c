@@ -34,7 +34,7 @@ static json_t *bytes_array(const char *p, size_t n)
 static json_t *tok_text(const struct ksv_answer *a, int32_t id, json_t **bytes)
 {
 	size_t n;
-	const char *p = kv_tokbytes_get(a->tb, id, &n);
+	const char *p = kv_tok_bytes_get(a->tb, id, &n);
 	if (bytes)
 		*bytes = bytes_array(p, n);
 	return ksv_json_text(p, n);
@@ -72,7 +72,7 @@ static json_t *lp_object(struct ksv_answer *a, const struct ksv_lp_rec *lps, siz
 	json_t *toks = json_array(), *tlp = json_array(), *top = json_array(), *off = json_array();
 	for (size_t i = 0; i < n; i++) {
 		size_t len;
-		kv_tokbytes_get(a->tb, lps[i].id, &len);
+		kv_tok_bytes_get(a->tb, lps[i].id, &len);
 		json_array_append_new(toks, tok_text(a, lps[i].id, NULL));
 		json_array_append_new(tlp, json_real((double)lps[i].lp));
 		json_t *m = json_object();
@@ -218,6 +218,32 @@ static void oai_step(struct ksv_answer *a, struct kv_buf *out)
 		text_delta(a, 0, "", 0, out);
 }
 
+/* llama.cpp's progress chunk (return_progress): an empty assistant delta
+ * (completions: empty text) with prompt_progress {total, cache,
+ * processed, time_ms}; processed / total is the share done. */
+static void oai_progress(struct ksv_answer *a, const struct ksv_progress *p, struct kv_buf *out)
+{
+	if (!a->return_progress || !out)
+		return;
+	role_chunk(a, out);
+	json_t *c = chunk_base(a), *choices = json_array(), *ch = json_object();
+	json_object_set_new(ch, "index", json_integer(0));
+	if (a->api == KSV_API_CHAT)
+		json_object_set_new(ch, "delta", json_pack("{s:s, s:n}", "role", "assistant", "content"));
+	else
+		json_object_set_new(ch, "text", json_string(""));
+	json_object_set_new(ch, "logprobs", json_null());
+	json_object_set_new(ch, "finish_reason", json_null());
+	json_array_append_new(choices, ch);
+	json_object_set_new(c, "choices", choices);
+	if (a->include_usage)
+		json_object_set_new(c, "usage", json_null());
+	json_object_set_new(c, "prompt_progress",
+			    json_pack("{s:I, s:I, s:I, s:I}", "total", (json_int_t)p->total, "cache", (json_int_t)p->cache,
+				      "processed", (json_int_t)p->processed, "time_ms", (json_int_t)p->time_ms));
+	ksv_sse_event(out, NULL, c);
+}
+
 static void usage_chunk(struct ksv_answer *a, struct kv_buf *out)
 {
 	if (!a->include_usage)
@@ -255,10 +281,12 @@ static void error_fields(int status, const char **type, const char **code)
 	}
 }
 
-static json_t *error_json(int status, const char *message, const char *param)
+static json_t *error_json_code(int status, const char *message, const char *param, const char *code_override)
 {
 	const char *type, *code;
 	error_fields(status, &type, &code);
+	if (code_override)
+		code = code_override;
 	json_t *e = json_object(), *w = json_object();
 	json_object_set_new(e, "message", ksv_json_text(message, strlen(message)));
 	json_object_set_new(e, "type", json_string(type));
@@ -268,9 +296,19 @@ static json_t *error_json(int status, const char *message, const char *param)
 	return w;
 }
 
+static json_t *error_json(int status, const char *message, const char *param)
+{
+	return error_json_code(status, message, param, NULL);
+}
+
 char *ksv_oai_error(int status, const char *message, const char *param, size_t *len)
 {
 	return ksv_json_body(error_json(status, message ? message : "", param), len);
+}
+
+char *ksv_oai_error_code(int status, const char *code, const char *message, const char *param, size_t *len)
+{
+	return ksv_json_body(error_json_code(status, message ? message : "", param, code), len);
 }
 
 /* An error inside a stream that started: the error chunk, the usage so

@@ -64,6 +64,9 @@ uint64_t ksv_wire_rand64(void);
 
 /* Error body for a status; param may be NULL or "". malloc'd (free()). */
 char *ksv_oai_error(int status, const char *message, const char *param, size_t *len);
+/* The same with OpenAI's own code for the case instead of the status's
+ * ("context_length_exceeded"). */
+char *ksv_oai_error_code(int status, const char *code, const char *message, const char *param, size_t *len);
 
 /* One SSE event: "event: NAME\n" (omitted when event is NULL, as OpenAI's
  * chat stream has it), "data: <compact JSON>\n\n". Takes data's reference;

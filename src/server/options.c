@@ -63,7 +63,8 @@ void ksv_opts_env(struct ksv_opts *o)
 int ksv_opts_check(const struct ksv_opts *o)
 {
 	if (!o->model_dir || !*o->model_dir)
-		return kv_fail(KV_ERR_INVALID, "--model DIR is required");
+		return kv_fail(KV_ERR_INVALID, "a model is required: kvkeep serve MODEL (a .gguf file, a Hugging Face or MLX "
+					       "folder, or a name from `kvkeep models`)");
 	if (o->port < 0 || o->port > 65535)
 		return kv_fail(KV_ERR_INVALID, "--port must be 0-65535");
 	if (ksv_browser_check_flags(o->allowed_origin, o->allowed_host))
@@ -86,6 +87,8 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--kv-dtype must be bf16 or f32");
 	if (ke_quant_act_parse(o->quant_act) < 0)
 		return kv_fail(KV_ERR_INVALID, "--quant-act must be q8 or f32");
+	if (o->threads < 0 || o->threads > 4096)
+		return kv_fail(KV_ERR_INVALID, "--threads must be 1-4096 (0: KVKEEP_THREADS, else one per core)");
 	if (o->page_tokens < 1 || o->page_tokens > 65536)
 		return kv_fail(KV_ERR_INVALID, "--page-tokens must be 1-65536");
 	if (o->prefill_chunk < 1 || o->prefill_chunk > 65536)

@@ -20,7 +20,7 @@
 
 struct ksv_opts {
 	/* model and network */
-	const char *model_dir;            /* --model DIR (required) */
+	const char *model_dir;            /* --model PATH (required): a .gguf file or a model folder */
 	const char *host;                 /* --host, default 127.0.0.1 */
 	int64_t port;                     /* --port, default 8000 (0: any free port) */
 	const char *served_model_name;    /* --served-model-name, default: the folder's name */
@@ -49,6 +49,7 @@ struct ksv_opts {
 	const char *env_kv_checkpoint_max_bytes; /* KVKEEP_KV_CHECKPOINT_MAX_BYTES (20 GiB) */
 
 	/* engine */
+	int64_t threads;                  /* --threads / -t: engine threads; 0 = KVKEEP_THREADS, else one per core */
 	const char *kv_dtype;             /* --kv-dtype bf16|f32, default bf16 */
 	const char *quant_act;            /* --quant-act q8|f32, default q8 (engine/model.h) */
 	int64_t page_tokens;              /* --page-tokens B, default 256 */

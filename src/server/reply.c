@@ -27,12 +27,13 @@ void ksv_reply_json(struct ksv_conn *c, int status, json_t *j)
 }
 
 static void reply_error_v(struct ksv_server *s, struct ksv_conn *c, int wire, int status, const char *param,
-			  const char *fmt, va_list ap)
+			  const char *code, const char *fmt, va_list ap)
 {
 	char msg[600], ra[32];
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	size_t len = 0;
-	char *body = wire == KSV_WIRE_ANTHROPIC ? ksv_anth_error(status, msg, &len) : ksv_oai_error(status, msg, param, &len);
+	char *body = wire == KSV_WIRE_ANTHROPIC ? ksv_anth_error(status, msg, &len)
+						: ksv_oai_error_code(status, code, msg, param, &len);
 	/* every refusal leaves a line at the default level: a user whose agent
 	 * fails must be able to see why in the server log */
 	char emsg[700], eparam[160];
@@ -51,7 +52,7 @@ void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const
 {
 	va_list ap;
 	va_start(ap, fmt);
-	reply_error_v(s, c, KSV_WIRE_OPENAI, status, param, fmt, ap);
+	reply_error_v(s, c, KSV_WIRE_OPENAI, status, param, NULL, fmt, ap);
 	va_end(ap);
 }
 
@@ -60,6 +61,15 @@ void ksv_reply_error_wire(struct ksv_server *s, struct ksv_conn *c, int wire, in
 {
 	va_list ap;
 	va_start(ap, fmt);
-	reply_error_v(s, c, wire, status, param, fmt, ap);
+	reply_error_v(s, c, wire, status, param, NULL, fmt, ap);
+	va_end(ap);
+}
+
+void ksv_reply_error_code(struct ksv_server *s, struct ksv_conn *c, int wire, int status, const char *param,
+			  const char *code, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	reply_error_v(s, c, wire, status, param, code, fmt, ap);
 	va_end(ap);
 }

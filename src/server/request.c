@@ -345,6 +345,12 @@ static int parse_tools(struct ksv_req *r, const json_t *tools)
 			snprintf(p, sizeof p, "tools[%zu].function.parameters", i);
 			return bad(r, p, "must be a JSON schema object");
 		}
+		const json_t *st = json_object_get(fn, "strict");
+		if (st && !json_is_null(st) && !json_is_boolean(st)) {
+			snprintf(p, sizeof p, "tools[%zu].function.strict", i);
+			return bad(r, p, "must be true or false");
+		}
+		r->tools_strict |= json_is_true(st);
 	}
 	if (json_array_size(tools) > 0)
 		r->tools = json_incref((json_t *)tools);
@@ -359,6 +365,79 @@ static int has_tool(const json_t *tools, const char *name)
 			return 1;
 	}
 	return 0;
+}
+
+/* response_format: text, json_object (with llama.cpp's optional schema)
+ * or json_schema. */
+static int parse_response_format(struct ksv_req *r, const json_t *rf)
+{
+	if (!rf || json_is_null(rf))
+		return KV_OK;
+	const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+	const char *ty = json_is_string(t) && !has_nul(t) ? json_string_value(t) : "";
+	r->fmt_param = "response_format";
+	if (!strcmp(ty, "text"))
+		return KV_OK;
+	if (!strcmp(ty, "json_object")) {
+		const json_t *sc = json_object_get(rf, "schema");
+		if (sc && !json_is_null(sc)) {
+			if (!json_is_object(sc) && !json_is_boolean(sc))
+				return bad(r, "response_format.schema", "must be a JSON Schema (an object)");
+			r->fmt = KSV_FMT_JSON_SCHEMA;
+			r->fmt_schema = sc;
+		} else {
+			r->fmt = KSV_FMT_JSON_OBJECT;
+		}
+		return KV_OK;
+	}
+	if (!strcmp(ty, "json_schema")) {
+		const json_t *js = json_object_get(rf, "json_schema");
+		if (!json_is_object(js))
+			return bad(r, "response_format.json_schema", "must be an object with a \"schema\"");
+		const json_t *sc = json_object_get(js, "schema"), *st = json_object_get(js, "strict");
+		if (!json_is_object(sc) && !json_is_boolean(sc))
+			return bad(r, "response_format.json_schema.schema", "must be a JSON Schema (an object)");
+		if (st && !json_is_null(st) && !json_is_boolean(st))
+			return bad(r, "response_format.json_schema.strict", "must be true or false");
+		r->fmt = KSV_FMT_JSON_SCHEMA;
+		r->fmt_schema = sc;
+		r->fmt_strict = json_is_true(st);
+		r->fmt_param = "response_format.json_schema";
+		return KV_OK;
+	}
+	return bad(r, "response_format.type", "must be \"text\", \"json_object\" or \"json_schema\"");
+}
+
+/* The structured-output fields: response_format, and llama.cpp's
+ * json_schema and grammar; at most one of them. */
+static int parse_format(struct ksv_req *r, const json_t *b)
+{
+	const json_t *js = json_object_get(b, "json_schema"), *gr = json_object_get(b, "grammar");
+	int rc = parse_response_format(r, json_object_get(b, "response_format"));
+	if (rc)
+		return rc;
+	if (js && !json_is_null(js)) {
+		if (r->fmt)
+			return bad(r, "json_schema", "give one of response_format, json_schema and grammar");
+		if (!json_is_object(js) && !json_is_boolean(js))
+			return bad(r, "json_schema", "must be a JSON Schema (an object)");
+		r->fmt = KSV_FMT_JSON_SCHEMA;
+		r->fmt_schema = js;
+		r->fmt_param = "json_schema";
+	}
+	if (gr && !json_is_null(gr)) {
+		if (!json_is_string(gr))
+			return bad(r, "grammar", "must be a string (GBNF)");
+		if (!json_string_length(gr)) /* llama.cpp clients send "" for none */
+			return KV_OK;
+		if (r->fmt)
+			return bad(r, "grammar", "give one of response_format, json_schema and grammar");
+		r->fmt = KSV_FMT_GRAMMAR;
+		r->grammar = json_string_value(gr);
+		r->grammar_len = json_string_length(gr);
+		r->fmt_param = "grammar";
+	}
+	return get_bool(r, b, "parallel_tool_calls", 1, &r->parallel_tool_calls);
 }
 
 static int parse_tool_choice(struct ksv_req *r, const json_t *tc)
@@ -515,12 +594,6 @@ static int check_unsupported(struct ksv_req *r, const json_t *b)
 	json_t *lb = json_object_get(b, "logit_bias");
 	if (lb && !json_is_null(lb) && !(json_is_object(lb) && json_object_size(lb) == 0))
 		return bad(r, "logit_bias", "is not supported");
-	json_t *rf = json_object_get(b, "response_format");
-	if (rf && !json_is_null(rf)) {
-		json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-		if (!json_is_string(t) || strcmp(json_string_value(t), "text"))
-			return bad(r, "response_format", "only {\"type\": \"text\"} is supported");
-	}
 	int64_t n;
 	int rc = get_int(r, b, "n", 1, 1, 1, &n);
 	if (rc)
@@ -606,11 +679,13 @@ int ksv_req_parse_json(int api, json_t *body, struct ksv_req *r)
 		if ((rc = parse_prompt(r, json_object_get(b, "prompt"))))
 			return rc;
 	}
-	if ((rc = check_unsupported(r, b)))
+	if ((rc = check_unsupported(r, b)) || (rc = parse_format(r, b)))
 		return rc;
 	if ((rc = get_bool(r, b, "stream", 0, &r->stream)))
 		return rc;
 	if ((rc = get_bool(r, b, "ignore_eos", 0, &r->ignore_eos)))
+		return rc;
+	if ((rc = get_bool(r, b, "return_progress", 0, &r->return_progress)))
 		return rc;
 	json_t *so = json_object_get(b, "stream_options");
 	if (so && !json_is_null(so)) {

@@ -28,7 +28,15 @@
  *   n (must be 1), chat_template_kwargs.enable_thinking (bool),
  *   ignore_eos (bool, vLLM's extension: generate max_tokens tokens even
  *   past end-of-sequence tokens; benchmarks and tests use it)
- *   logit_bias (only empty), response_format (only {"type": "text"})
+ *   return_progress (bool, llama.cpp's extension: a streamed answer sends
+ *   prompt_progress chunks while the prompt is prefilled)
+ *   logit_bias (only empty)
+ *   structured output (docs/api.md "Structured output"), one of:
+ *     response_format     {type: "text"} | {type: "json_object", schema?} |
+ *                         {type: "json_schema", json_schema: {name?, schema, strict?}}
+ *     json_schema         a JSON Schema (llama.cpp's field)
+ *     grammar             GBNF text (llama.cpp's field)
+ *   parallel_tool_calls (bool, default true); a tool's function.strict
  * POST /v1/completions takes prompt (string, [string], [int, ...] or
  * [[int, ...]]) instead of messages/tools, logprobs as an integer 0-20 and
  * echo (only false), suffix (only empty), best_of (only 1).
@@ -48,6 +56,8 @@
 
 enum ksv_api { KSV_API_CHAT = 0, KSV_API_COMPLETION = 1 };
 enum ksv_tool_choice { KSV_TC_AUTO = 0, KSV_TC_NONE, KSV_TC_REQUIRED, KSV_TC_NAMED };
+/* The answer's format (structured output). */
+enum ksv_fmt { KSV_FMT_TEXT = 0, KSV_FMT_JSON_OBJECT, KSV_FMT_JSON_SCHEMA, KSV_FMT_GRAMMAR };
 
 #define KSV_MAX_STOP 4
 #define KSV_MAX_TOP_LOGPROBS 20
@@ -69,6 +79,15 @@ struct ksv_req {
 	json_t *tools;             /* owned reference or NULL (no tools / empty list) */
 	int tool_choice;           /* enum ksv_tool_choice */
 	const char *tool_name;     /* KSV_TC_NAMED: borrowed */
+	int parallel_tool_calls;   /* several calls may follow each other (default 1) */
+	int tools_strict;          /* some function has "strict": true */
+	/* structured output */
+	int fmt;                   /* enum ksv_fmt */
+	const json_t *fmt_schema;  /* JSON_SCHEMA (or JSON_OBJECT with a schema): borrowed from body */
+	int fmt_strict;            /* json_schema.strict */
+	const char *grammar;       /* GRAMMAR: GBNF text, borrowed */
+	size_t grammar_len;
+	const char *fmt_param;     /* the field that asked for it, for errors */
 	/* completions */
 	const char *prompt;        /* borrowed, NULL when given as ids */
 	size_t prompt_len;
@@ -85,6 +104,7 @@ struct ksv_req {
 	int top_logprobs;          /* 0..20 alternatives per token */
 	int enable_thinking;       /* -1 unset, 0, 1 */
 	int ignore_eos;            /* vLLM extension: keep generating past end-of-sequence tokens */
+	int return_progress;       /* llama.cpp extension: prompt_progress chunks while prefilling (streams) */
 	int encrypted_reasoning;   /* Responses: include has "reasoning.encrypted_content" */
 	char err_param[96];        /* on error: the offending field's path */
 };

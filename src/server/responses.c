@@ -301,6 +301,36 @@ static int translate_tools(const json_t *tools, json_t *chat, char *param, size_
 	return rc;
 }
 
+/* text.format: {type: "text" | "json_object" | "json_schema", name?,
+ * schema, strict?} as chat's response_format (request.c checks it). */
+static int translate_text_format(const json_t *text, json_t *chat, char *param, size_t cap)
+{
+	const json_t *f = json_is_object(text) ? json_object_get(text, "format") : NULL;
+	if (text && !json_is_null(text) && !json_is_object(text))
+		return ksv_wire_bad(param, cap, "text", "%s: must be an object%s", NULL);
+	if (!f || json_is_null(f))
+		return KV_OK;
+	const json_t *ty = json_is_object(f) ? json_object_get(f, "type") : NULL;
+	if (ksv_wire_is(ty, "text"))
+		return KV_OK;
+	if (ksv_wire_is(ty, "json_object")) {
+		json_object_set_new(chat, "response_format", json_pack("{s:s}", "type", "json_object"));
+		return KV_OK;
+	}
+	if (!ksv_wire_is(ty, "json_schema"))
+		return ksv_wire_bad(param, cap, "text.format.type", "%s: must be \"text\", \"json_object\" or \"json_schema\"%s",
+				    NULL);
+	json_t *js = json_object();
+	static const char *const keys[] = {"name", "schema", "strict"};
+	for (size_t k = 0; k < 3; k++) {
+		const json_t *v = json_object_get(f, keys[k]);
+		if (v)
+			json_object_set(js, keys[k], (json_t *)v);
+	}
+	json_object_set_new(chat, "response_format", json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js));
+	return KV_OK;
+}
+
 int ksv_resp_to_chat(const json_t *body, json_t **chat_out, char *param, size_t cap)
 {
 	json_t *chat, *msgs;
@@ -375,6 +405,10 @@ int ksv_resp_to_chat(const json_t *body, json_t **chat_out, char *param, size_t 
 	}
 	if ((v = json_object_get(body, "max_output_tokens")) && !json_is_null(v))
 		json_object_set(chat, "max_tokens", (json_t *)v);
+	if ((v = json_object_get(body, "parallel_tool_calls")) && !json_is_null(v))
+		json_object_set(chat, "parallel_tool_calls", (json_t *)v);
+	if ((rc = translate_text_format(json_object_get(body, "text"), chat, param, cap)))
+		goto fail;
 	ksv_wire_copy_sampling(body, chat);
 fail:
 	return ksv_wire_translated(rc, msgs, chat, chat_out);
@@ -439,6 +473,17 @@ static json_t *resp_obj(const struct ksv_answer *a, const char *status, const ch
 	json_object_set_new(o, "incomplete_details", incomplete ? json_pack("{s:s}", "reason", incomplete) : json_null());
 	json_object_set_new(o, "usage", with_usage ? usage_json(a) : json_null());
 	return o;
+}
+
+/* The Responses API has no keep-alive event: while the prompt is
+ * prefilled, an SSE comment line once a second (every SSE parser skips
+ * lines that start with ':'; no sequence_number is used up), saying how
+ * far the prefill is. */
+static void resp_progress(struct ksv_answer *a, const struct ksv_progress *p, struct kv_buf *out)
+{
+	(void)a;
+	if (out && p->keepalive)
+		kv_buf_printf(out, ": keep-alive prefill %u/%u\n\n", p->processed, p->total);
 }
 
 static void resp_start(struct ksv_answer *a, struct kv_buf *out)

@@ -32,6 +32,9 @@
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "model/config.h"
+#include "model/probe.h"
+#include "base/pool.h"
+#include "engine/isa.h"
 #include "text/template.h"
 #include "text/tokenizer.h"
 #include "server/httpd.h"
@@ -215,6 +218,9 @@ static int set_names(struct ksv_server *s, const struct ksv_opts *o)
 	const char *b = dir + l;
 	while (b > dir && b[-1] != '/')
 		b--;
+	/* "Qwen3-8B-Q4_K_M.gguf" answers to "Qwen3-8B-Q4_K_M" */
+	if (dir + l - b > 5 && !strncmp(dir + l - 5, ".gguf", 5))
+		l -= 5;
 	snprintf(s->model_name, sizeof s->model_name, "%.*s", (int)(dir + l - b), b);
 	s->names[s->n_names++] = s->model_name;
 	return KV_OK;
@@ -323,13 +329,19 @@ static void route_models(struct ksv_server *s, const struct ksv_request *rq, con
 static void route_health(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
 {
 	(void)rest, (void)is_head;
-	int stopping = atomic_load(&s->stopping);
+	int stopping = atomic_load(&s->stopping), ready = atomic_load_explicit(&s->ready, memory_order_acquire);
 	json_t *j = json_object();
-	json_object_set_new(j, "status", json_string(stopping ? "shutting_down" : "ok"));
+	json_object_set_new(j, "status", json_string(stopping ? "shutting_down" : !ready ? "loading" : "ok"));
 	json_object_set_new(j, "model", json_string(s->model_name));
+	if (!ready && !stopping) {
+		/* llama.cpp's answer while loading, so its clients wait the same way */
+		json_object_set_new(j, "error", json_pack("{s:s, s:s, s:i}", "message", "Loading model", "type",
+							  "unavailable_error", "code", 503));
+		KV_DEBUG("http.health", "status=503 msg=\"loading\"");
+	}
 	if (stopping)
 		KV_INFO("http.error", "route=/health status=503 param=\"-\" msg=\"shutting down\"");
-	ksv_reply_json(rq->conn, stopping ? 503 : 200, j);
+	ksv_reply_json(rq->conn, stopping || !ready ? 503 : 200, j);
 }
 
 static void route_metrics(struct ksv_server *s, const struct ksv_request *rq, const char *rest, int is_head)
@@ -477,6 +489,13 @@ static void handler(void *ctx, const struct ksv_request *rq)
 		ksv_conn_reply(c, 204, NULL, "", 0);
 		return;
 	}
+	if (!atomic_load_explicit(&s->ready, memory_order_acquire) && r->fn != route_health && r->fn != route_dashboard) {
+		/* the port is bound before the model loads (a busy port fails
+		 * fast); until it is ready only /health and the page answer */
+		ksv_reply_error_wire(s, c, r->wire, 503, NULL,
+				     "Loading model: the server answers once it is loaded (GET /health is 200 then)");
+		return;
+	}
 	struct ksv_auth au = ksv_server_auth(s);
 	const char *key = ksv_server_key(c);
 	switch (ksv_auth_check(&au, r->auth, key)) {
@@ -484,6 +503,8 @@ static void handler(void *ctx, const struct ksv_request *rq)
 		break;
 	case KSV_AUTH_UNAUTHORIZED:
 		ksv_conn_header(c, "WWW-Authenticate", "Bearer");
+		/* which key would open it, so the dashboard asks for the right one */
+		ksv_conn_header(c, "X-Kvkeep-Key", r->auth == KSV_AUTH_ADMIN && au.admin_key && *au.admin_key ? "admin" : "api");
 		ksv_reply_error_wire(s, c, r->wire, 401, NULL, "%s",
 				     key ? "invalid API key" : "an API key is required (Authorization: Bearer KEY or x-api-key: KEY)");
 		return;
@@ -499,7 +520,12 @@ static void handler(void *ctx, const struct ksv_request *rq)
 		 * every admin call leaves a line at the default level */
 		char peer[96];
 		ksv_conn_peer(c, peer, sizeof peer);
-		KV_INFO("cache.admin", "route=%s peer=%s body_bytes=%zu", r->name, peer, rq->body_len);
+		/* except the dashboard's poll, once a second while a page is open
+		 * (3,600 lines an hour at info): at debug */
+		if (r->fn == route_dashboard_state)
+			KV_DEBUG("cache.admin", "route=%s peer=%s body_bytes=%zu", r->name, peer, rq->body_len);
+		else
+			KV_INFO("cache.admin", "route=%s peer=%s body_bytes=%zu", r->name, peer, rq->body_len);
 	}
 	int is_head = !strcmp(rq->method, "HEAD") && !strcmp(r->method, "GET");
 	if (strcmp(rq->method, r->method) && !is_head) {
@@ -520,6 +546,8 @@ static void on_done(void *ctx, const char *route, int status, int gone, double s
 	char st[16];
 	(void)gone;
 	(void)seconds;
+	if (!atomic_load_explicit(&s->ready, memory_order_acquire))
+		return; /* no metrics yet: the model is loading */
 	snprintf(st, sizeof st, "%d", status);
 	ksv_series_add(ksv_series_get(s->f_requests, "route", route, "status", st, NULL), 1);
 }
@@ -527,6 +555,8 @@ static void on_done(void *ctx, const char *route, int status, int gone, double s
 static void on_timeout(void *ctx)
 {
 	struct ksv_server *s = ctx;
+	if (!atomic_load_explicit(&s->ready, memory_order_acquire))
+		return;
 	ksv_metrics_add(s->f_timeouts, 1);
 }
 
@@ -955,6 +985,72 @@ static void open_salted_store(void *ctx, struct kv_h128 ns, struct kc_cache *cac
 	open_store(ctx, ns, cache, 1, out);
 }
 
+/* The memory cap before anything loads: --memory-cap-mb, else the cgroup
+ * limit (what kc_opts_resolve will choose); 0: none. */
+static uint64_t early_cap(const struct ksv_opts *o, const char **src)
+{
+	if (o->memory_cap_mb > 0) {
+		*src = "--memory-cap-mb";
+		return (uint64_t)o->memory_cap_mb * MiB;
+	}
+	struct kc_machine m;
+	kc_machine_read(&m);
+	*src = "the cgroup memory limit (--memory-cap-mb sets another)";
+	return m.cgroup_limit;
+}
+
+/* A cap no request could ever fit under is refused at start, with the
+ * numbers: before loading, from the weight files; after, from what the
+ * loaded model and one small request take. */
+static int refuse_cap(uint64_t cap, const char *src, uint64_t have, uint64_t need, const char *what)
+{
+	return kv_fail(KV_ERR_INVALID,
+		       "the memory cap (%s: %llu MiB) is below %s (%llu MiB): every request would get 503. Raise "
+		       "--memory-cap-mb to at least %llu, or leave it out",
+		       src, (unsigned long long)(cap / MiB), what, (unsigned long long)(have / MiB),
+		       (unsigned long long)((need + MiB - 1) / MiB));
+}
+
+/*
+ * The context length (docs/operations.md "Context length"): --max-model-len
+ * (-c) when given; else the config's max_position_embeddings (32768 when
+ * it has none), lowered to what one sequence's KV can take in half the
+ * memory the weights leave (the memory cap, else the machine's RAM),
+ * in steps of 1024 tokens and never below 4096. Logged with its source.
+ */
+static void pick_context(struct ksv_server *s)
+{
+	const struct ksv_opts *o = &s->o;
+	int cfg = s->cfg->max_positions > 0 ? s->cfg->max_positions : 32768;
+	uint64_t ram = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t limit = s->mem_cap ? s->mem_cap : ram, weights = kv_mem_used(KV_MEM_WEIGHTS);
+	uint64_t kvb = s->lay->kv_bytes_per_token ? s->lay->kv_bytes_per_token : 1;
+	uint64_t bound = limit > weights ? (limit - weights) / 2 / kvb : 0;
+	bound = bound / 1024 * 1024;
+	if (bound < 4096)
+		bound = 4096;
+	const char *src;
+	if (o->max_model_len > 0) {
+		s->ctx_len = (int)o->max_model_len;
+		src = "flag";
+	} else if (bound < (uint64_t)cfg) {
+		s->ctx_len = (int)bound;
+		src = "memory";
+	} else {
+		s->ctx_len = cfg;
+		src = s->cfg->max_positions > 0 ? "config" : "default";
+	}
+	KV_INFO("serve.context",
+		"ctx=%d source=%s config_max=%d memory_bound=%llu kv_bytes_per_token=%llu msg=\"context length %d tokens "
+		"(%s); --max-model-len or -c sets it\"",
+		s->ctx_len, src, s->cfg->max_positions, (unsigned long long)bound, (unsigned long long)kvb, s->ctx_len,
+		!strcmp(src, "memory") ? "the config's is more than half the free memory holds" : src);
+}
+
+/*
+ * Listen first: a busy port fails here, before the model loads, and
+ * clients get 503 "loading" (not "connection refused") while it does.
+ */
 int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 {
 	struct ksv_server *s;
@@ -971,25 +1067,90 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	s->created = kv_wall_s();
 	if ((rc = set_names(s, o)))
 		goto fail;
-	uint64_t t0 = kv_now_ns();
+	if (o->threads > 0 && (rc = kv_pool_global_threads((int)o->threads)))
+		goto fail;
+	{
+		/* what the model path holds, and whether the memory cap can
+		 * take its weights: seconds, before anything is bound or loaded */
+		struct kv_model_probe pb;
+		const char *cap_src;
+		if ((rc = kv_model_probe(o->model_dir, &pb)))
+			goto fail;
+		uint64_t cap = early_cap(o, &cap_src);
+		if (cap && pb.weight_bytes >= cap) {
+			rc = refuse_cap(cap, cap_src, pb.weight_bytes, pb.weight_bytes + 64 * MiB, "the model's weights");
+			goto fail;
+		}
+	}
+	if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK)) {
+		rc = kv_fail(KV_ERR_IO, "pipe: %s", strerror(errno));
+		goto fail;
+	}
+	struct ksv_httpd_params hp = {.host = o->host,
+				      .port = (int)o->port,
+				      .max_body = (size_t)o->max_body_mb * MiB,
+				      .max_connections = (int)o->max_connections,
+				      .header_timeout_ms = (int)o->header_timeout_ms,
+				      .stall_timeout_s = (int)o->stall_timeout_s,
+				      .handler = handler,
+				      .ctx = s,
+				      .on_done = on_done,
+				      .on_timeout = on_timeout,
+				      .route_of = route_of};
+	struct ksv_httpd *http = NULL;
+	if ((rc = ksv_httpd_start(&hp, &http)))
+		goto fail;
+	/* requests may already be arriving: publish the handle atomically */
+	__atomic_store_n(&s->http, http, __ATOMIC_RELEASE);
+	KV_INFO("serve.listening", "host=%s port=%d model=%s msg=\"loading the model: /health answers 503 until it is "
+		"loaded\"", o->host, ksv_httpd_port(http), o->model_dir);
+	*out = s;
+	return KV_OK;
+fail:
+	rc = rc ? rc : KV_ERR_INVALID;
+	{
+		char msg[1024];
+		snprintf(msg, sizeof msg, "%s", kv_errmsg());
+		ksv_server_destroy(s);
+		return kv_fail(rc, "%s", msg);
+	}
+}
 
-	if ((rc = kv_tok_load_model(o->model_dir, &s->tok))) {
-		kv_fail_ctx(rc, "tokenizer");
-		goto fail;
-	}
-	if ((rc = kv_chat_load(o->model_dir, s->tok, &s->chat))) {
-		kv_fail_ctx(rc, "chat template");
-		goto fail;
-	}
+int ksv_server_ready(const struct ksv_server *s)
+{
+	return atomic_load_explicit(&((struct ksv_server *)s)->ready, memory_order_acquire);
+}
+
+int ksv_server_port(const struct ksv_server *s)
+{
+	return ksv_httpd_port(s->http);
+}
+
+/* The tokenizer, the chat template and the weights, each error naming
+ * its cause (ksv_server_create has checked the path with model/probe.h,
+ * so the tokenizer is not blamed for a missing or damaged model file). */
+static int load_model(struct ksv_server *s)
+{
+	const struct ksv_opts *o = &s->o;
+	int rc;
+	KV_INFO("serve.threads", "threads=%d source=%s cores=%d isa=%s", kv_pool_size(kv_pool_global()),
+		o->threads > 0 ? "--threads" : kv_env(KV_ENV_THREADS) && atoi(kv_env(KV_ENV_THREADS)) > 0 ? "KVKEEP_THREADS"
+													    : "cores",
+		kv_ncores(), ke_isa_name(ke_isa()));
+	if ((rc = kv_tok_load_model(o->model_dir, &s->tok)))
+		return kv_fail_ctx(rc, "tokenizer");
+	if ((rc = kv_chat_load(o->model_dir, s->tok, &s->chat)))
+		return kv_fail_ctx(rc, "chat template");
 	s->xml_tools = kv_chat_xml_tools(s->chat);
 	s->harmony = kv_chat_harmony(s->chat);
-	if ((rc = ksv_norm_parse(o->prompt_normalize, &s->norm_rules)) || (rc = ksv_recent_create(&s->recent)))
-		goto fail;
+	if ((rc = ksv_norm_parse(o->prompt_normalize, &s->norm_rules)) || (rc = ksv_recent_create(&s->recent)) ||
+	    (rc = ksv_inflight_create(&s->inflight)))
+		return rc;
 	struct ke_model_params mp = {.kv_f32 = !strcmp(o->kv_dtype, "f32"),
 				     .page_tokens = (int)o->page_tokens,
 				     .quant_act = ke_quant_act_parse(o->quant_act)};
 	if ((rc = ke_model_load(o->model_dir, &mp, &s->model)))
-		goto fail;
+		return rc;
 	s->cfg = ke_model_config(s->model);
 	s->lay = ke_model_layout(s->model);
 	s->hybrid = ke_layout_nontrim(s->lay);
@@ -997,10 +1158,17 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	if (kv_tok_vocab_size(s->tok) > s->vocab)
 		KV_WARN("serve.vocab", "tokenizer_ids=%d model_vocab=%d msg=\"tokenizer has ids the model cannot embed\"",
 			kv_tok_vocab_size(s->tok), s->vocab);
-	s->ctx_len = o->max_model_len > 0 ? (int)o->max_model_len : s->cfg->max_positions > 0 ? s->cfg->max_positions : 32768;
 	setup_sampling(s);
-	if ((rc = kv_tokbytes_build(s->tok, s->vocab, &s->tb)))
-		goto fail;
+	return kv_tok_bytes_build(s->tok, s->vocab, &s->tb);
+}
+
+int ksv_server_load(struct ksv_server *s)
+{
+	const struct ksv_opts *o = &s->o;
+	uint64_t t0 = kv_now_ns();
+	int rc;
+	if ((rc = load_model(s)))
+		return rc;
 
 	/* the cache's own resolution of the flags and environment (budget,
 	 * policy, memory cap), the same for every command */
@@ -1042,15 +1210,16 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 	s->ns = ks_ns_derive(s->fingerprint, o->cache_salt);
 	struct kc_params cp;
 	if ((rc = kc_opts_resolve(&co, &mach, s->lay, kv_mem_used(KV_MEM_WEIGHTS), s->ns, &s->policy, &cp, &s->budget)))
-		goto fail;
+		return rc;
 	cp.mem_used = cache_mem_used;
 	cp.policy = &s->policy;
 	/* the server's own answers, per namespace (session/echo.h) */
 	cp.echo_bytes = !strcmp(o->echo_generated, "on") ? (uint64_t)o->echo_generated_mb * MiB : 0;
 	s->mem_cap = cp.mem_cap;
+	pick_context(s);
 	s->cache_params = cp;
 	if ((rc = kc_cache_create(&cp, &s->cache)))
-		goto fail;
+		return rc;
 	s->budget_total = kc_cache_budget(s->cache);
 	open_store(s, s->ns, s->cache, o->cache_salt && *o->cache_salt, &s->store);
 	struct kss_registry_params rp = {.cache = s->cache,
@@ -1061,7 +1230,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 					 .open_store = open_salted_store,
 					 .ctx = s};
 	if ((rc = kss_registry_create(&rp, &s->reg)))
-		goto fail;
+		return rc;
 	/* the engine's scheduler (session/sched.h): max_running requests
 	 * generate together, every forward batched into one engine step */
 	s->max_running = (int)o->max_running;
@@ -1083,10 +1252,10 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 				      .max_batch_tokens = (int)o->max_batch_tokens,
 				      .chunk = o->prefill_chunk < 8192 ? (int)o->prefill_chunk : 8192};
 	if ((rc = kss_sched_create(&ep, &s->engine)))
-		goto fail;
+		return rc;
 	struct kss_service_params svp = {.model = s->model,
 					 .tok = s->tok,
-					 .tb = &s->tb,
+					 .tb = s->tb,
 					 .reg = s->reg,
 					 .cache = s->cache,
 					 .engine = s->engine,
@@ -1095,38 +1264,26 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 					 .mem_cap = s->mem_cap,
 					 .prefill_chunk = (int)o->prefill_chunk};
 	if ((rc = kss_service_create(&svp, &s->svc)))
-		goto fail;
+		return rc;
 	s->queue = ksv_queue_create(s->max_running, (int)o->max_queue);
-	if (!s->queue) {
-		rc = KV_ERR_NOMEM;
-		goto fail;
-	}
+	if (!s->queue)
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	KV_INFO("serve.scheduler", "max_running=%d max_batch_tokens=%d chunk=%d", s->max_running,
 		o->max_batch_tokens ? (int)o->max_batch_tokens : ep.chunk + s->max_running, kss_sched_chunk(s->engine));
 	if ((rc = setup_metrics(s)) || (s->store && (rc = setup_disk_metrics(s))))
-		goto fail;
-	if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK)) {
-		rc = kv_fail(KV_ERR_IO, "pipe: %s", strerror(errno));
-		goto fail;
+		return rc;
+	{
+		/* the weights fit (checked before loading); one small request
+		 * must fit too, else every request would be a 503 */
+		uint64_t used = kv_mem_total();
+		uint64_t need = used + kss_service_request_overhead(s->svc) + 256ull * s->lay->kv_bytes_per_token;
+		if (s->mem_cap && s->mem_cap < need)
+			return refuse_cap(s->mem_cap, o->memory_cap_mb > 0 ? "--memory-cap-mb" : "the cgroup memory limit", need,
+					  need, "what the loaded model takes plus one small request");
 	}
-	struct ksv_httpd_params hp = {.host = o->host,
-				      .port = (int)o->port,
-				      .max_body = (size_t)o->max_body_mb * MiB,
-				      .max_connections = (int)o->max_connections,
-				      .header_timeout_ms = (int)o->header_timeout_ms,
-				      .stall_timeout_s = (int)o->stall_timeout_s,
-				      .handler = handler,
-				      .ctx = s,
-				      .on_done = on_done,
-				      .on_timeout = on_timeout,
-				      .route_of = route_of};
-	struct ksv_httpd *http = NULL;
-	if ((rc = ksv_httpd_start(&hp, &http)))
-		goto fail;
-	/* requests may already be arriving: publish the handle atomically */
-	__atomic_store_n(&s->http, http, __ATOMIC_RELEASE);
 	char nsx[33];
 	kv_h128_hex(s->ns, nsx);
+	atomic_store_explicit(&s->ready, 1, memory_order_release);
 	KV_INFO("serve.ready",
 		"host=%s port=%d model=%s arch=%s hybrid=%d vocab=%d ctx=%d prefix_cache=%d index=%s budget_bytes=%llu "
 		"budget=\"%s\" mem_cap=%llu namespace=%s load_ms=%.0f",
@@ -1135,16 +1292,7 @@ int ksv_server_create(const struct ksv_opts *o, struct ksv_server **out)
 		(unsigned long long)s->mem_cap, nsx, (double)(kv_now_ns() - t0) / 1e6);
 	/* /health answers: now the disk index is built, in the background */
 	ks_store_start_scan(s->store);
-	*out = s;
 	return KV_OK;
-fail:
-	rc = rc ? rc : KV_ERR_INVALID;
-	{
-		char msg[1024];
-		snprintf(msg, sizeof msg, "%s", kv_errmsg());
-		ksv_server_destroy(s);
-		return kv_fail(rc, "%s", msg);
-	}
 }
 
 void ksv_server_request_stop(struct ksv_server *s)
@@ -1218,7 +1366,8 @@ void ksv_server_destroy(struct ksv_server *s)
 	kv_tok_free(s->tok);
 	ksv_metrics_destroy(s->m);
 	ksv_recent_destroy(s->recent);
-	kv_tokbytes_free(&s->tb);
+	ksv_inflight_destroy(s->inflight);
+	kv_tok_bytes_free(s->tb);
 	free(s->names_buf);
 	if (s->stop_pipe[0] >= 0)
 		close(s->stop_pipe[0]);

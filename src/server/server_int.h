@@ -24,6 +24,7 @@
 #include "server/auth.h"
 #include "server/options.h"
 #include "server/recent.h"
+#include "server/inflight.h"
 #include "server/wire.h"
 #include "server/queue.h"
 #include "session/explain.h"
@@ -67,6 +68,7 @@ struct ksv_server {
 	int harmony;                      /* GPT-OSS harmony template (text/harmony.h) */
 	unsigned norm_rules;              /* --prompt-normalize (normalize.h) */
 	struct ksv_recent *recent;        /* the last requests, for the dashboard (recent.h) */
+	struct ksv_inflight *inflight;    /* the requests running now, for the dashboard (inflight.h) */
 	uint64_t mem_cap;
 	struct kc_budget budget;
 	struct kv_h128 ns;                /* namespace of the default tier */
@@ -76,10 +78,11 @@ struct ksv_server {
 	uint64_t budget_total;            /* RAM tier budget, shared by all namespaces */
 	struct kss_registry *reg;         /* every namespace: default + salted (session/registry.h) */
 	int64_t created;
-	struct kv_tokbytes tb;            /* token id -> raw bytes, for logprobs */
+	struct kv_tok_bytes *tb;           /* token id -> raw bytes: logprobs, grammars (text/tokbytes.h) */
 	/* stop */
 	int stop_pipe[2];
 	atomic_int stopping;
+	atomic_int ready;                 /* 1 once loaded: until then only /health (503) and the page answer */
 	/* metric families */
 	struct ksv_family *f_requests, *f_prompt_tok, *f_gen_tok, *f_cached_tok, *f_resume, *f_ttft, *f_itl, *f_e2e,
 		*f_queue_wait, *f_running, *f_waiting, *f_cancelled, *f_timeouts, *f_conns, *f_mem, *f_mem_peak,
@@ -110,6 +113,9 @@ void ksv_reply_error(struct ksv_server *s, struct ksv_conn *c, int status, const
 /* The same in the error shape of an API (enum ksv_wire). */
 void ksv_reply_error_wire(struct ksv_server *s, struct ksv_conn *c, int wire, int status, const char *param,
 			  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* The same with an OpenAI error code of its own (NULL: the status's). */
+void ksv_reply_error_code(struct ksv_server *s, struct ksv_conn *c, int wire, int status, const char *param,
+			  const char *code, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
 
 /* prompt.c: a request's prompt, rendered (or tokenized) */
 struct ksv_prompt {
@@ -145,9 +151,10 @@ struct ksv_intake {
 	const char *salt;         /* cache_salt (borrowed from raw, or salt_hdr), NULL: none */
 	char *salt_hdr;           /* the X-Cache-Salt header's copy (owned), or NULL */
 	struct ksv_prompt pr;     /* the rendered prompt (prompt.c) */
-	char *forced;             /* text forced at the start of the answer (tool_choice), or NULL */
-	uint32_t n_forced;        /* its tokens, appended to the prompt */
-	int max_tokens;           /* tokens to generate after the forced ones */
+	struct kv_grammar *grammar; /* structured output (session/constrain.h; a reference), or NULL */
+	int cons_kind;            /* enum kss_cons_kind */
+	int cons_hit;             /* the grammar was compiled before */
+	int max_tokens;           /* tokens to generate */
 	int trusted;              /* may see other clients' text (ksv_server_trusted) */
 };
 /* Parse, check and render a generation request in its API (enum

@@ -13,6 +13,9 @@
  *   open / delta / close
  *                  a block of the answer: text, reasoning or a tool call
  *   step           the end of one decoded token (OpenAI: its logprobs)
+ *   progress       a prefill chunk done: OpenAI's prompt_progress chunk
+ *                  (return_progress), Anthropic's ping, a Responses
+ *                  keep-alive comment (docs/api.md "Progress")
  *   finish         the last bytes of a stream, usage included
  *   stream_error   an error inside a stream that already started
  *   body           the whole answer, non-streaming
@@ -70,6 +73,15 @@ struct ksv_lp_rec {
 
 struct ksv_wire;
 
+/* Where a prefill stands (llama.cpp's prompt_progress fields). */
+struct ksv_progress {
+	uint32_t total;            /* prompt tokens */
+	uint32_t cache;            /* of those, resumed from the cache */
+	uint32_t processed;        /* done so far, the cached ones included */
+	int64_t time_ms;           /* since the prompt's processing began */
+	int keepalive;             /* 1: the stream has been quiet for a second: a keep-alive is due */
+};
+
 /* One answer being built. */
 struct ksv_answer {
 	const struct ksv_wire *w;
@@ -78,13 +90,14 @@ struct ksv_answer {
 	char id[48];               /* chatcmpl-..., msg_..., resp_... */
 	int64_t created;           /* unix seconds */
 	char model[256];           /* the name the answer reports */
-	const struct kv_tokbytes *tb; /* token bytes (logprobs) */
+	const struct kv_tok_bytes *tb; /* token bytes (logprobs) */
 	struct ksv_block *blk;     /* the blocks so far (owned) */
 	size_t n_blk, cap_blk;
 	int open;                  /* 1: blk[n_blk - 1] is open */
 	int n_tools;
 	/* OpenAI */
 	int include_usage, logprobs, role_sent;
+	int return_progress;       /* prompt_progress chunks (llama.cpp's return_progress) */
 	size_t text_offset;        /* completions: bytes of text sent so far */
 	struct ksv_lp_rec *lps;    /* every generated token's (logprobs only) */
 	size_t n_lps, cap_lps;
@@ -112,6 +125,7 @@ struct ksv_wire {
 	void (*delta)(struct ksv_answer *a, const struct ksv_block *b, const char *t, size_t n, struct kv_buf *out);
 	void (*close)(struct ksv_answer *a, const struct ksv_block *b, struct kv_buf *out);
 	void (*step)(struct ksv_answer *a, struct kv_buf *out);        /* may be NULL */
+	void (*progress)(struct ksv_answer *a, const struct ksv_progress *p, struct kv_buf *out); /* may be NULL */
 	void (*finish)(struct ksv_answer *a, struct kv_buf *out);
 	void (*stream_error)(struct ksv_answer *a, int status, const char *msg, struct kv_buf *out);
 	char *(*body)(struct ksv_answer *a, size_t *len);               /* malloc'd */
@@ -124,7 +138,7 @@ struct ksv_wire {
 #define KSV_WIRE_ROW(p, name_, answer_prefix, tool_prefix, step_, error_body_)                                  \
 	{.name = name_, .answer_id_prefix = answer_prefix, .tool_id_prefix = tool_prefix, .parse = p##_parse,        \
 	 .start = p##_start, .open = p##_open, .delta = p##_delta, .close = p##_close, .step = step_,                 \
-	 .finish = p##_finish, .stream_error = p##_stream_error, .body = p##_body, .error_body = error_body_}
+	 .progress = p##_progress, .finish = p##_finish, .stream_error = p##_stream_error, .body = p##_body, .error_body = error_body_}
 
 extern const struct ksv_wire ksv_wire_openai, ksv_wire_anthropic, ksv_wire_responses;
 /* The table of an API (wires.c, above the three formats). */

@@ -200,8 +200,6 @@ int kss_echo_remember_answer(struct kss_service *s, const char *salt, const stru
 	if (rc)
 		goto out;
 	kv_buf_add(&text, a->gp_text, a->gp_len);
-	if (a->forced)
-		kv_buf_adds(&text, a->forced);
 	kv_buf_add(&text, gtext, glen);
 	kv_buf_add(&toks, a->prefix, a->n_prefix * sizeof(int32_t));
 	kv_buf_add(&toks, a->gen, a->n_gen * sizeof(int32_t));

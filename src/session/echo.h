@@ -15,7 +15,7 @@
  *
  * Record. From the generation prompt on (the tokens after the last
  * message boundary of the request that generated it: "<|im_start|>
- * assistant\n", a think opening, a forced tool-call opening), then every
+ * assistant\n", a think opening), then every
  * generated token (not the end-of-turn token): text and tokens. A later
  * request whose messages hold the answer renders it from these
  * (text/template.h kv_chat_splice), so its prompt is the previous prompt
@@ -71,7 +71,6 @@ int kss_echo_remember(struct kss_service *s, const char *salt, const struct kc_e
 struct kss_echo_answer {
 	const char *gp_text;             /* the generation prompt's text */
 	size_t gp_len;
-	const char *forced;              /* a forced opening after it (tool_choice), or NULL */
 	const int32_t *prefix;           /* the tokens of both: the prompt after its last message */
 	size_t n_prefix;
 	const int32_t *gen;              /* the generated tokens (not the end-of-turn token) */

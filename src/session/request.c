@@ -11,6 +11,7 @@
 #include "engine/layout.h"
 #include "store/store.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@ struct kss_service {
 	int vocab;
 	int hybrid;
 	const struct ke_layout *lay;
+	struct kss_cons *cons;          /* compiled constraints (constrain.h) */
 	/* the admission projections of the requests running now: they may
 	 * still grow to them, so they count as used */
 	atomic_uint_fast64_t reserved;
@@ -44,13 +46,26 @@ int kss_service_create(const struct kss_service_params *p, struct kss_service **
 	s->vocab = ke_model_config(p->model)->vocab;
 	s->lay = ke_model_layout(p->model);
 	s->hybrid = ke_layout_nontrim(s->lay);
+	struct kss_cons_params cp = {.tok = p->tok, .vocab = s->vocab, .eos = s->eos, .n_eos = s->p.n_eos};
+	int rc = kss_cons_create(&cp, &s->cons);
+	if (rc) {
+		free(s);
+		return rc;
+	}
 	*out = s;
 	return KV_OK;
 }
 
 void kss_service_destroy(struct kss_service *s)
 {
+	if (s)
+		kss_cons_free(s->cons);
 	free(s);
+}
+
+struct kss_cons *kss_service_cons(struct kss_service *s)
+{
+	return s->cons;
 }
 
 uint64_t kss_request_overhead(const struct ke_model *m, int chunk)
@@ -94,6 +109,8 @@ struct req {
 	struct kv_tok_stream ds;
 	struct kv_buf piece;
 	int cache_on;             /* the tier keeps what this request prefills */
+	struct kss_cmatch *cm;    /* structured output, or NULL */
+	float *masked;            /* logits as the constraint leaves them (logprobs) */
 };
 
 static int is_eos(const struct kss_service *s, int32_t t)
@@ -121,7 +138,7 @@ static void on_out_event(void *ctx, const struct kv_out_ev *e)
 static void usage_at(struct req *q, uint32_t p)
 {
 	struct kss_usage *u = &q->r->usage;
-	u->prompt_tokens = q->p->n_prompt - q->p->n_forced;
+	u->prompt_tokens = q->p->n_prompt;
 	u->cached_tokens = p < u->prompt_tokens ? p : u->prompt_tokens;
 	/* what this request adds to the cache: the prompt it computes, which
 	 * the turn stores (the completion entry covers it; docs/api.md) */
@@ -134,9 +151,6 @@ static void on_resume(void *ctx, const struct kss_run_result *rr)
 	usage_at(q, rr->resumed);
 	if (q->k->resumed)
 		q->k->resumed(q->ctx, &q->r->usage);
-	/* the answer starts with the forced text (tool_choice) */
-	if (q->p->forced_text)
-		kv_out_feed(q->out, q->p->forced_text, strlen(q->p->forced_text));
 }
 
 static void on_progress(void *ctx, uint32_t pos, uint32_t n)
@@ -146,19 +160,33 @@ static void on_progress(void *ctx, uint32_t pos, uint32_t n)
 		q->k->progress(q->ctx, pos, n);
 }
 
+static void fail(struct req *q, int why, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fail(struct req *q, int why, const char *fmt, ...)
+{
+	va_list ap;
+	q->r->fail = why;
+	va_start(ap, fmt);
+	vsnprintf(q->r->err, sizeof q->r->err, fmt, ap);
+	va_end(ap);
+}
+
 /* Stop codes of pick (any non-KV_OK value ends decoding). */
-enum { PICK_EOS = 1, PICK_STOP_STRING = 2, PICK_CANCEL = 3 };
+enum { PICK_EOS = 1, PICK_STOP_STRING = 2, PICK_CANCEL = 3, PICK_FAIL = 4 };
 
 static void token_logprobs(struct req *q, const float *logits, int32_t t, struct kss_token *ti)
 {
-	const struct kv_tokbytes *tb = q->s->p.tb;
+	const struct kv_tok_bytes *tb = q->s->p.tb;
 	int top = q->p->top_logprobs;
 	if (top > KSS_MAX_TOP_LOGPROBS)
 		top = KSS_MAX_TOP_LOGPROBS;
 	ti->logprob = ke_token_logprob(logits, q->s->vocab, t);
 	ti->n_top = top ? ke_top_logprobs(logits, q->s->vocab, top, ti->top_id, ti->top_lp) : 0;
+	/* under a constraint fewer tokens than asked may be possible: the
+	 * impossible ones (-inf) are not alternatives */
+	while (ti->n_top > 0 && !isfinite(ti->top_lp[ti->n_top - 1]))
+		ti->n_top--;
 	for (int i = 0; i < ti->n_top; i++)
-		ti->top_bytes[i] = kv_tokbytes_get(tb, ti->top_id[i], &ti->top_len[i]);
+		ti->top_bytes[i] = kv_tok_bytes_get(tb, ti->top_id[i], &ti->top_len[i]);
 }
 
 /*
@@ -179,14 +207,29 @@ static int pick(void *ctx, const float *logits, int vocab, int32_t *tok)
 	r->t_last_ns = now;
 	if (cancelled(q))
 		return PICK_CANCEL;
-	int32_t t = ke_sample(q->smp, logits);
+	const uint32_t *mask = NULL;
+	if (q->cm && kss_cmatch_mask(q->cm, &mask)) {
+		fail(q, KSS_FAIL_ENGINE, "constraint: %s", kv_errmsg());
+		return PICK_FAIL;
+	}
+	int32_t t = mask ? ke_sample_masked(q->smp, logits, mask) : ke_sample(q->smp, logits);
+	if (q->cm && kss_cmatch_accept(q->cm, t)) {
+		fail(q, KSS_FAIL_ENGINE, "constraint: %s", kv_errmsg());
+		return PICK_FAIL;
+	}
+	if (mask && q->p->logprobs) {
+		/* the reported distribution is the one sampled from */
+		memcpy(q->masked, logits, (size_t)q->s->vocab * sizeof *logits);
+		ke_logits_mask(q->masked, q->s->vocab, mask);
+		logits = q->masked;
+	}
 	if (!q->p->ignore_eos && is_eos(q->s, t)) {
 		r->finish = "stop";
 		return PICK_EOS;
 	}
 	r->generated++;
 	struct kss_token ti = {.id = t};
-	ti.bytes = kv_tokbytes_get(q->s->p.tb, t, &ti.len);
+	ti.bytes = kv_tok_bytes_get(q->s->p.tb, t, &ti.len);
 	if (q->p->logprobs)
 		token_logprobs(q, logits, t, &ti);
 	if (q->k->token)
@@ -205,15 +248,6 @@ static int pick(void *ctx, const float *logits, int vocab, int32_t *tok)
 	return KV_OK;
 }
 
-static void fail(struct req *q, int why, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void fail(struct req *q, int why, const char *fmt, ...)
-{
-	va_list ap;
-	q->r->fail = why;
-	va_start(ap, fmt);
-	vsnprintf(q->r->err, sizeof q->r->err, fmt, ap);
-	va_end(ap);
-}
 
 /* Admission: the request's projected memory against the cap; the cache
  * gives up LRU entries before we ever answer 503. 0 or the failure. */
@@ -292,14 +326,12 @@ void kss_request(struct kss_service *s, const struct kss_request_params *p, cons
 	if (admit(&q, need))
 		goto out;
 	/* the sampler is this sequence's alone: its generator and its penalty
-	 * counts (prompt for repetition_penalty, forced tokens as generated) */
+	 * counts (the prompt, for repetition_penalty) */
 	if ((rc = ke_sampler_create(s->vocab, &p->sp, &q.smp))) {
 		fail(&q, KSS_FAIL_SAMPLER, "%s", kv_errmsg());
 		goto out;
 	}
-	ke_sampler_prompt(q.smp, p->prompt, p->n_prompt - p->n_forced);
-	for (uint32_t i = p->n_prompt - p->n_forced; i < p->n_prompt; i++)
-		ke_sampler_accept(q.smp, p->prompt[i]);
+	ke_sampler_prompt(q.smp, p->prompt, p->n_prompt);
 	struct kv_out_params op = p->out;
 	op.fn = on_out_event;
 	op.ctx = &q;
@@ -308,6 +340,11 @@ void kss_request(struct kss_service *s, const struct kss_request_params *p, cons
 		goto out;
 	}
 	kv_tok_stream_init(&q.ds, s->p.tok, !p->out.harmony); /* harmony's markers are parsed */
+	if (p->grammar && (kss_cmatch_create(s->cons, p->grammar, p->out.in_think, p->may_think, &q.cm) ||
+			   (p->logprobs && !(q.masked = malloc((size_t)s->vocab * sizeof *q.masked))))) {
+		fail(&q, KSS_FAIL_ENGINE, "constraint: %s", kv_errmsg());
+		goto out;
+	}
 
 	/* the status is decided: later failures reach a streaming client as
 	 * an error event */
@@ -344,8 +381,8 @@ void kss_request(struct kss_service *s, const struct kss_request_params *p, cons
 	r->decode_ms = res.decode_ms;
 	r->resume_kind = resume_kind(&q, res.resumed, res.shared);
 	usage_at(&q, res.resumed);
-	r->usage.completion_tokens = r->generated + p->n_forced;
-	uint32_t np = p->n_prompt - p->n_forced;
+	r->usage.completion_tokens = r->generated;
+	uint32_t np = p->n_prompt;
 	if (q.tier.cache && rc != KV_ERR_CANCELLED) {
 		/* the miss explainer: where this prompt departs from the cache */
 		kss_explain(s->p.tok, p->prompt, np, res.shared, res.next, res.n_next, &r->ex);
@@ -358,7 +395,7 @@ void kss_request(struct kss_service *s, const struct kss_request_params *p, cons
 	else if (rc)
 		fail(&q, rc == KV_ERR_FULL || rc == KV_ERR_NOMEM ? KSS_FAIL_MEMORY : KSS_FAIL_ENGINE, "engine: %s",
 		     kv_errmsg());
-	else
+	else if (!r->fail) /* pick may have failed (the constraint) */
 		finish_output(&q);
 out:
 	if (reserved)
@@ -367,6 +404,8 @@ out:
 	kv_out_destroy(q.out);
 	ke_sampler_destroy(q.smp);
 	kv_buf_free(&q.piece);
+	kss_cmatch_free(q.cm);
+	free(q.masked);
 }
 
 /* --- the probe ---------------------------------------------------------------- */

@@ -40,6 +40,7 @@
 #include "cache/cache.h"
 #include "engine/model.h"
 #include "engine/sample.h"
+#include "session/constrain.h"
 #include "session/explain.h"
 #include "session/registry.h"
 #include "session/sched.h"
@@ -55,7 +56,7 @@
 struct kss_service_params {
 	struct ke_model *model;
 	const struct kv_tok *tok;
-	const struct kv_tokbytes *tb;   /* token bytes, for logprobs */
+	const struct kv_tok_bytes *tb;   /* token bytes, for logprobs */
 	struct kss_registry *reg;       /* every namespace */
 	struct kc_cache *cache;         /* the default namespace's cache */
 	struct kss_sched *engine;       /* the engine's scheduler */
@@ -74,8 +75,10 @@ void kss_service_destroy(struct kss_service *s);
  * the prefill chunk (0: 256). */
 uint64_t kss_request_overhead(const struct ke_model *m, int chunk);
 uint64_t kss_service_request_overhead(const struct kss_service *s);
-/* The namespaces the service serves (registry.h), its tokenizer. */
+/* The namespaces the service serves (registry.h), its tokenizer, its
+ * compiled constraints (constrain.h). */
 struct kss_registry *kss_service_registry(struct kss_service *s);
+struct kss_cons *kss_service_cons(struct kss_service *s);
 const struct kv_tok *kss_service_tok(const struct kss_service *s);
 /* The calling request waits on its client (1) or is back (0): the engine
  * does not wait for it meanwhile (sched.h kss_sched_away). */
@@ -84,10 +87,10 @@ void kss_service_away(struct kss_service *s, int away);
 /* The usage numbers of a request, in one place: every API reports them
  * from this struct. prompt = cached + created + uncached. */
 struct kss_usage {
-	uint32_t prompt_tokens;         /* the prompt without forced tokens */
+	uint32_t prompt_tokens;         /* the prompt */
 	uint32_t cached_tokens;         /* resumed from the cache */
 	uint32_t cache_creation_tokens; /* prefilled and kept by the cache */
-	uint32_t completion_tokens;     /* generated, forced tokens included */
+	uint32_t completion_tokens;     /* generated */
 };
 
 /* One generated token, for logprobs (the sink copies what it keeps). */
@@ -117,18 +120,18 @@ struct kss_sink {
 struct kss_request_params {
 	const char *route;              /* for log lines ("/v1/messages") */
 	const char *salt;               /* cache_salt (NULL: the default namespace) */
-	const int32_t *prompt;          /* n_prompt tokens, the forced ones last */
+	const int32_t *prompt;          /* n_prompt tokens */
 	uint32_t n_prompt;
-	uint32_t n_forced;              /* trailing tokens that start the answer */
-	const char *forced_text;        /* their text (fed to the output pipeline first) */
 	const uint32_t *bounds;         /* message boundaries (may be NULL) */
 	size_t n_bounds;
-	uint32_t max_tokens;            /* tokens to generate after the forced ones */
+	uint32_t max_tokens;            /* tokens to generate */
 	struct ke_sample_params sp;
 	int logprobs;                   /* report the chosen tokens' logprobs */
 	int top_logprobs;               /* 0..KSS_MAX_TOP_LOGPROBS */
 	int ignore_eos;
 	struct kv_out_params out;       /* stop strings, reasoning split, tools (fn/ctx ignored) */
+	struct kv_grammar *grammar;     /* structured output (constrain.h; borrowed), or NULL */
+	int may_think;                  /* the model may open a reasoning block before the constraint */
 	const atomic_int *cancel;       /* set when the client leaves */
 };
 
@@ -139,7 +142,7 @@ struct kss_request_result {
 	int admitted;                   /* sink.admitted was called */
 	char err[300];                  /* why, when fail */
 	struct kss_usage usage;
-	uint32_t generated;             /* sampled tokens (no forced ones) */
+	uint32_t generated;             /* sampled tokens */
 	const char *finish;             /* "stop", "length", "tool_calls" */
 	int stop_hit;                   /* a stop string ended the output */
 	int n_tool_calls;

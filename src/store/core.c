@@ -18,6 +18,7 @@
 #include "store/ns.h"
 #include "store/store_int.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +37,10 @@ uint64_t ks_ckpt_cap_parse(const char *v)
 		return KS_CKPT_MAX_BYTES_DEFAULT;
 	/* the same number rule as the cache's KVKEEP_* byte counts */
 	if (kc_budget_parse_u64(v, &x) != 0) {
-		KV_WARN("store.ckpt_cap", "value=\"%.40s\" msg=\"KVKEEP_KV_CHECKPOINT_MAX_BYTES is not a byte count: "
+		/* read at every store open and scan: said once */
+		static atomic_int warned;
+		if (!atomic_exchange(&warned, 1))
+			KV_WARN("store.ckpt_cap", "value=\"%.40s\" msg=\"KVKEEP_KV_CHECKPOINT_MAX_BYTES is not a byte count: "
 					  "using 20 GiB\"",
 			v);
 		return KS_CKPT_MAX_BYTES_DEFAULT;

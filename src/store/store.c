@@ -15,6 +15,7 @@
 #include "store/store_int.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,10 @@ double ks_store_budget_parse(const char *env)
 	errno = 0;
 	v = strtod(env, &end);
 	if (errno || *end || !(v >= 0) || v > 3600) {
-		KV_WARN("store.budget", "value=\"%.40s\" msg=\"KVKEEP_SHUTDOWN_BUDGET is not a number of seconds: using "
+		/* read at every shutdown step and dashboard poll: said once */
+		static atomic_int warned;
+		if (!atomic_exchange(&warned, 1))
+			KV_WARN("store.budget", "value=\"%.40s\" msg=\"KVKEEP_SHUTDOWN_BUDGET is not a number of seconds: using "
 					"3.5\"",
 			env);
 		return KS_SHUTDOWN_BUDGET_DEFAULT;
@@ -356,9 +360,30 @@ size_t ks_store_list_entries(struct ks_store *s, struct ks_entry_info *out, size
 		const struct ks_rec *r = ks_cat_at(s->cat, i);
 		if (!r || !r->live || r->kind != KS_ENTRY || r->area != KS_AREA_MAIN)
 			continue;
-		if (n < max)
+		if (n < max) {
+			/* what the entry takes on disk: its manifest, the tail and
+			 * snapshot of its end (same id), and the blocks up to it (its
+			 * parent chain), as `kvkeep cache ls` counts them (which adds
+			 * its checkpoints' snapshots) */
+			uint64_t bytes = r->bytes;
+			for (int k = KS_TAIL; k <= KS_SNAP; k++) {
+				int32_t j = ks_cat_find(s->cat, KS_AREA_MAIN, k, r->id);
+				if (j >= 0)
+					bytes += ks_cat_at(s->cat, j)->bytes;
+			}
+			struct kv_h128 p = r->parent;
+			/* a chain is at most one block per token long: a bound, not a hope */
+			for (uint32_t hops = 0; hops <= r->pos; hops++) {
+				int32_t j = ks_cat_find(s->cat, KS_AREA_MAIN, KS_BLOCK, p);
+				if (j < 0)
+					break;
+				const struct ks_rec *b = ks_cat_at(s->cat, j);
+				bytes += b->bytes;
+				p = b->parent;
+			}
 			out[n] = (struct ks_entry_info){.tokens = r->pos, .anchor = r->anchor_pos,
-							.last_use_ms = r->mtime / 1000000, .bytes = r->bytes, .id = r->id};
+							.last_use_ms = r->mtime / 1000000, .bytes = bytes, .id = r->id};
+		}
 		n++;
 	}
 	pthread_mutex_unlock(&s->mu);

@@ -242,7 +242,7 @@ struct ks_entry_info {
 	uint32_t tokens;              /* the entry's length */
 	uint32_t anchor;              /* 0 = none */
 	int64_t last_use_ms;          /* the file's last use (wall clock) */
-	uint64_t bytes;               /* the manifest file's size */
+	uint64_t bytes;               /* its files: manifest, end tail / snapshot and the blocks before it */
 	struct kv_h128 id;            /* its resume point's name */
 };
 /* Up to max entries of the main area, in catalog order; returns how many

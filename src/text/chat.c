@@ -620,15 +620,15 @@ static int job_set_json(struct chat_job *j, const char *name, const json_t *v, i
 	return KV_OK;
 }
 
-/* Render messages[:k] (+ extra message) without storing: compare with
- * full. Returns the prefix length when the render is a prefix of full,
- * else 0. */
-static size_t prefix_len(struct chat_job *j, size_t k, const char *full, size_t full_len)
+/* Render messages[:k] without the generation prompt: into out, or (out
+ * NULL) compared with full, *got the length of the common prefix. The
+ * core of prefix_len and render_prefix. */
+static int render_head(struct chat_job *j, size_t k, struct kv_buf *out, const char *full, size_t full_len,
+		       size_t *got)
 {
 	struct list *l = kj_ar_alloc_raw(&j->base, sizeof *l + k * sizeof(struct val));
-	size_t got = 0;
 	if (!l)
-		return 0;
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	memset(l, 0, sizeof *l);
 	l->n = k;
 	l->kind = L_LIST;
@@ -636,10 +636,18 @@ static size_t prefix_len(struct chat_job *j, size_t k, const char *full, size_t 
 	struct val saved_m = j->g[j->i_messages].v, saved_a = j->g[j->i_agp].v;
 	j->g[j->i_messages].v = vlist(l);
 	j->g[j->i_agp].v = vbool(0);
-	int rc = kj_render_core(j->t, j->g, j->ng, NULL, NULL, full, full_len, &got, &j->memo);
+	int rc = kj_render_core(j->t, j->g, j->ng, NULL, out, full, full_len, got, &j->memo);
 	j->g[j->i_messages].v = saved_m;
 	j->g[j->i_agp].v = saved_a;
-	return rc == KV_OK ? got : 0;
+	return rc;
+}
+
+/* Render messages[:k] without storing: compare with full. Returns the
+ * prefix length when the render is a prefix of full, else 0. */
+static size_t prefix_len(struct chat_job *j, size_t k, const char *full, size_t full_len)
+{
+	size_t got = 0;
+	return render_head(j, k, NULL, full, full_len, &got) == KV_OK ? got : 0;
 }
 
 /* The head (the first h messages) plus a probe message of `role`,
@@ -1042,19 +1050,7 @@ static void memo_put_turn(const struct kv_chat *c, struct kv_h128 key, size_t d,
 /* Render messages[:k] without the generation prompt into out. */
 static int render_prefix(struct chat_job *j, size_t k, struct kv_buf *out)
 {
-	struct list *l = kj_ar_alloc_raw(&j->base, sizeof *l + k * sizeof(struct val));
-	if (!l)
-		return kv_fail(KV_ERR_NOMEM, "out of memory");
-	memset(l, 0, sizeof *l);
-	l->n = k;
-	l->kind = L_LIST;
-	memcpy(l->v, j->msgs->v, k * sizeof(struct val));
-	struct val saved_m = j->g[j->i_messages].v, saved_a = j->g[j->i_agp].v;
-	j->g[j->i_messages].v = vlist(l);
-	j->g[j->i_agp].v = vbool(0);
-	int rc = kj_render_core(j->t, j->g, j->ng, NULL, out, NULL, 0, NULL, &j->memo);
-	j->g[j->i_messages].v = saved_m;
-	j->g[j->i_agp].v = saved_a;
+	int rc = render_head(j, k, out, NULL, 0, NULL);
 	if (!rc && out->oom)
 		rc = kv_fail(KV_ERR_NOMEM, "out of memory");
 	return rc;

@@ -1,5 +1,10 @@
 /*
- * tokbytes.c - see tokbytes.h.
+ * tokbytes.c - token id -> raw bytes (tokbytes.h).
+ *
+ * A vocabulary piece is GPT-2 byte-level text: each character stands for
+ * one byte (printable Latin-1 for itself, the rest shifted to U+0100..).
+ * Pieces outside that alphabet (added tokens with other characters) are
+ * decoded with the tokenizer, which gives their literal text.
  */
 #include "text/tokbytes.h"
 #include "base/buf.h"
@@ -15,8 +20,8 @@ static int bytelevel_byte(uint32_t cp)
 	if ((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || (cp >= 174 && cp <= 255))
 		return (int)cp;
 	if (cp >= 256 && cp < 256 + 68) {
-		int k = (int)cp - 256, b;
-		for (b = 0; b < 256; b++) {
+		int k = (int)cp - 256;
+		for (int b = 0; b < 256; b++) {
 			int direct = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
 			if (!direct && k-- == 0)
 				return b;
@@ -25,8 +30,6 @@ static int bytelevel_byte(uint32_t cp)
 	return -1;
 }
 
-/* Raw bytes of one token from its vocabulary piece; falls back to the
- * tokenizer's decode for pieces outside the byte-level alphabet. */
 static int piece_bytes(const struct kv_tok *t, int32_t id, struct kv_buf *out)
 {
 	const char *p = kv_tok_piece(t, id);
@@ -35,7 +38,7 @@ static int piece_bytes(const struct kv_tok *t, int32_t id, struct kv_buf *out)
 		const unsigned char *u = (const unsigned char *)p;
 		size_t left = strlen(p);
 		int ok = 1;
-		while (left && ok) {
+		while (left) {
 			int32_t cp;
 			int n = kv_utf8_decode(u, left, &cp);
 			int b = n > 0 ? bytelevel_byte((uint32_t)cp) : -1;
@@ -61,47 +64,94 @@ static int piece_bytes(const struct kv_tok *t, int32_t id, struct kv_buf *out)
 	return KV_OK;
 }
 
-int kv_tokbytes_build(const struct kv_tok *t, int n_vocab, struct kv_tokbytes *out)
+/* A table of n ids without data (NULL: no memory). */
+static struct kv_tok_bytes *table_new(int n)
 {
-	struct kv_buf b = KV_BUF_INIT;
-	memset(out, 0, sizeof *out);
-	if (n_vocab < 0)
-		n_vocab = 0;
-	out->off = malloc(((size_t)n_vocab + 1) * sizeof *out->off);
-	out->len = malloc(((size_t)n_vocab + 1) * sizeof *out->len);
-	if (!out->off || !out->len) {
-		kv_tokbytes_free(out);
-		return kv_fail(KV_ERR_NOMEM, "out of memory for the token byte table");
+	struct kv_tok_bytes *b = n >= 0 ? calloc(1, sizeof *b) : NULL;
+	if (!b)
+		return NULL;
+	b->n = n;
+	b->off = malloc(((size_t)n + 1) * sizeof *b->off);
+	b->len = malloc(((size_t)n + 1) * sizeof *b->len);
+	b->special = calloc((size_t)n + 1, 1);
+	if (!b->off || !b->len || !b->special) {
+		kv_tok_bytes_free(b);
+		return NULL;
 	}
-	for (int i = 0; i < n_vocab; i++) {
-		size_t at = b.len;
-		if (i < kv_tok_vocab_size(t) && kv_tok_piece(t, i))
-			piece_bytes(t, i, &b);
-		if (b.len - at > 65535)
-			b.len = at + 65535;
-		out->off[i] = (uint32_t)at;
-		out->len[i] = (uint16_t)(b.len - at);
-	}
-	if (b.oom) {
-		kv_buf_free(&b);
-		kv_tokbytes_free(out);
-		return kv_fail(KV_ERR_NOMEM, "out of memory for the token byte table");
-	}
-	out->data = b.p ? kv_buf_take(&b) : calloc(1, 1);
-	if (!out->data) {
-		kv_tokbytes_free(out);
-		return kv_fail(KV_ERR_NOMEM, "out of memory for the token byte table");
-	}
-	out->n = n_vocab;
-	return KV_OK;
+	return b;
 }
 
-void kv_tokbytes_free(struct kv_tokbytes *b)
+/* The table's data from the buffer d (failed: it ran out of memory), or
+ * everything freed. */
+static int finish(struct kv_tok_bytes *b, struct kv_buf *d, int failed, struct kv_tok_bytes **out)
+{
+	if (b && !failed && !d->oom) {
+		b->data_len = d->len;
+		b->data = d->p ? kv_buf_take(d) : calloc(1, 1);
+		if (b->data) {
+			*out = b;
+			return KV_OK;
+		}
+	}
+	kv_buf_free(d);
+	kv_tok_bytes_free(b);
+	return kv_fail(KV_ERR_NOMEM, "token byte table: out of memory");
+}
+
+int kv_tok_bytes_build(const struct kv_tok *t, int n_ids, struct kv_tok_bytes **out)
+{
+	struct kv_tok_bytes *b = table_new(n_ids);
+	struct kv_buf d = KV_BUF_INIT;
+	*out = NULL;
+	if (!b)
+		return finish(b, &d, 1, out);
+	int nt = kv_tok_vocab_size(t);
+	for (int i = 0; i < n_ids; i++) {
+		size_t at = d.len;
+		if (i < nt && kv_tok_piece(t, i)) {
+			int rc = piece_bytes(t, i, &d);
+			if (rc) {
+				kv_buf_free(&d);
+				kv_tok_bytes_free(b);
+				return rc;
+			}
+			b->special[i] = (uint8_t)kv_tok_is_special(t, i);
+		}
+		if (d.len > UINT32_MAX / 2)
+			return finish(b, &d, 1, out);
+		b->off[i] = (uint32_t)at;
+		b->len[i] = (uint32_t)(d.len - at);
+	}
+	return finish(b, &d, 0, out);
+}
+
+void kv_tok_bytes_free(struct kv_tok_bytes *b)
 {
 	if (!b)
 		return;
 	free(b->off);
 	free(b->len);
+	free(b->special);
 	free(b->data);
-	memset(b, 0, sizeof *b);
+	free(b);
+}
+
+int kv_tok_bytes_from(const char *const *s, const size_t *len, const uint8_t *special, int n,
+		      struct kv_tok_bytes **out)
+{
+	struct kv_tok_bytes *b = table_new(n);
+	struct kv_buf d = KV_BUF_INIT;
+	*out = NULL;
+	if (!b)
+		return finish(b, &d, 1, out);
+	for (int i = 0; i < n; i++) {
+		if (d.len + len[i] > UINT32_MAX / 2)
+			return finish(b, &d, 1, out);
+		b->off[i] = (uint32_t)d.len;
+		b->len[i] = (uint32_t)len[i];
+		if (len[i])
+			kv_buf_add(&d, s[i], len[i]);
+		b->special[i] = special ? special[i] : 0;
+	}
+	return finish(b, &d, 0, out);
 }

@@ -1,17 +1,12 @@
 /*
- * tokbytes.h - every token's raw bytes, in one table.
+ * tokbytes.h - the raw bytes of every token id: what a token adds to the
+ * text, as the byte-level decoder produces it (GPT-2 byte alphabet pieces
+ * mapped back to bytes; added tokens as their literal content).
  *
- * Logprobs report a token's exact bytes ("bytes": [..] in the OpenAI
- * schema), and grammar masks test a token's bytes against a grammar; both
- * need them per token id, in O(1). A byte-level BPE vocabulary stores its
- * pieces in GPT-2's printable alphabet (one code point per byte): the table
- * maps them back. Pieces outside that alphabet (added tokens) fall back to
- * the tokenizer's own decode of the single id.
- *
- * Layout: one blob of all tokens' bytes, an offset and a length per id
- * (at most 65535 bytes per token: longer pieces are cut, none exists in a
- * real vocabulary). Ids the tokenizer does not know have no bytes. Built
- * once per loaded model; read-only afterwards, so any thread may read it.
+ * The constraint engine matches grammars against these bytes (gvocab.h),
+ * and the server's logprobs report them; ids past the tokenizer's (a
+ * model's padded vocabulary: the qwen35-9b preset has 248,320 logits for
+ * 151,669 ids) have no bytes.
  */
 #ifndef KV_TEXT_TOKBYTES_H
 #define KV_TEXT_TOKBYTES_H
@@ -21,20 +16,25 @@
 
 #include "text/tokenizer.h"
 
-struct kv_tokbytes {
-	int n;                /* ids in the table (the model's vocabulary) */
-	uint32_t *off;        /* n offsets into data */
-	uint16_t *len;        /* n lengths */
-	char *data;           /* the bytes (not NUL-terminated per token) */
+struct kv_tok_bytes {
+	int n;             /* ids covered: the model's vocabulary size */
+	uint32_t *off;     /* [n] offset into data */
+	uint32_t *len;     /* [n] byte length; 0 for ids the tokenizer lacks */
+	uint8_t *special;  /* [n] 1 for special added tokens (<|im_end|>, ...) */
+	char *data;        /* all bytes, concatenated (owned) */
+	size_t data_len;
 };
 
-/* Build the table for ids [0, n_vocab) (n_vocab may exceed the
- * tokenizer's size: the rest have no bytes). KV_ERR_NOMEM. */
-int kv_tokbytes_build(const struct kv_tok *t, int n_vocab, struct kv_tokbytes *out);
-void kv_tokbytes_free(struct kv_tokbytes *b);
+/* Build the table for ids 0..n_ids-1 (n_ids may exceed the tokenizer's
+ * size). *out is freed with kv_tok_bytes_free. */
+int kv_tok_bytes_build(const struct kv_tok *t, int n_ids, struct kv_tok_bytes **out);
+void kv_tok_bytes_free(struct kv_tok_bytes *b);
+/* A table from n byte strings (s[i], len[i]; len 0 = an id without text):
+ * tests and benchmarks build vocabularies with it. special may be NULL. */
+int kv_tok_bytes_from(const char *const *s, const size_t *len, const uint8_t *special, int n,
+		      struct kv_tok_bytes **out);
 
-/* The bytes of id (*len 0 and "" outside the table). */
-static inline const char *kv_tokbytes_get(const struct kv_tokbytes *b, int32_t id, size_t *len)
+static inline const char *kv_tok_bytes_get(const struct kv_tok_bytes *b, int32_t id, size_t *len)
 {
 	if (id < 0 || id >= b->n) {
 		*len = 0;

@@ -58,7 +58,6 @@
 enum kv_tc_format {
 	KV_TC_JSON = 0, /* Qwen3: <tool_call>{"name": ..., "arguments": ...}</tool_call> */
 	KV_TC_XML = 1,  /* Qwen3.5: <function=NAME><parameter=ARG>VALUE</parameter> */
-	KV_TC_HARMONY = 2, /* GPT-OSS: parsed by text/harmony.h; here only for kv_tc_opener */
 };
 
 enum kv_tc_kind { KV_TC_CONTENT = 0, KV_TC_CALL_START, KV_TC_ARGS_DELTA, KV_TC_CALL_END };
@@ -93,21 +92,6 @@ int kv_tc_feed(struct kv_tc_parser *p, const char *text, size_t len, kv_tc_emit_
 int kv_tc_finish(struct kv_tc_parser *p, kv_tc_emit_fn fn, void *ud);
 /* Number of tool calls reported so far. */
 int kv_tc_count(const struct kv_tc_parser *p);
-
-/*
- * The opening of a tool call in the format's own syntax, for answers that
- * must call a tool (tool_choice "required" or a named function): the
- * model can only continue it.
- *   JSON  <tool_call>\n{"name": "NAME", "arguments":     (named)
- *         <tool_call>\n{"name": "                       (any tool)
- *   XML   <tool_call>\n<function=NAME>\n                  (named)
- *         <tool_call>\n<function=                        (any tool)
- *   HARMONY <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>
- *         <|channel|>commentary to=functions.            (any tool)
- * name NULL: any tool. A name that cannot be written into the syntax as it
- * is (letters, digits, _ - . only) is KV_ERR_INVALID. *out is malloc'd.
- */
-int kv_tc_opener(int format, const char *name, char **out);
 
 /*
  * One shot: the whole generated text to OpenAI fields. *content is the

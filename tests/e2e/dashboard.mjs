@@ -7,11 +7,21 @@
 // forced miss shows its reason, and the page logs no console error.
 // Screenshots (1280 px and a phone-width window) go to out/dashboard-*.png.
 // The JSON route the page reads (/v1/dashboard/state) is checked on its own
-// first; with --admin-key it answers only to that key. Run by tests/e2e/dashboard.sh; prints ok/FAIL lines.
+// first; with --admin-key it answers only to that key.
+// Issue 35 item 5: the polls are logged at debug, not info; the first
+// request on an empty cache reads as a cold start, not as an error, and a
+// miss is amber, not red; the namespace row counts the rows the entries
+// table lists; disk-only entries show their files' bytes, as `kvkeep cache
+// ls` counts them; the key prompt asks for the key the server wants (API
+// or admin); and during a long prefill (bench-hybrid) the page shows the
+// request running with its progress and the prefill rate from the
+// engine's live counters (screenshot out/dashboard-prefill.png).
+// Run by tests/e2e/dashboard.sh; prints ok/FAIL lines.
 import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { createRequire } from 'node:module';
-import { ROOT, check, assert, eq, mkModel, startServer, postJSON, fail } from './server_util.mjs';
+import { execFileSync } from 'node:child_process';
+import { ROOT, KT_BIN, TMP, check, assert, eq, mkModel, startServer, postJSON, fail, sleep, until } from './server_util.mjs';
 
 const T = 'dashboard';
 const require = createRequire(import.meta.url);
@@ -20,6 +30,11 @@ const CHROMIUM = process.env.KVKEEP_CHROMIUM || '/usr/bin/chromium';
 if (!existsSync(pwPath)) { fail(`${T}:npm`, 'tests/node/node_modules/playwright-core is missing (run make npm)'); process.exit(1); }
 if (!existsSync(CHROMIUM)) { fail(`${T}:chromium`, `${CHROMIUM} is missing (apt-get install chromium)`); process.exit(1); }
 const { chromium } = require(pwPath);
+const launch = () => chromium.launch({
+  executablePath: CHROMIUM,
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
 
 const model = mkModel('tiny-hybrid', 'hybrid-dash', true);
 const S = await startServer(model, ['--served-model-name', 'tiny', '--page-tokens', '16']);
@@ -150,5 +165,120 @@ await check(`${T}:admin_key_protects_the_state`, async () => {
     await P.stop();
   }
 });
+
+await check(`${T}:polls_logged_at_debug`, async () => {
+  // the browser above polled for several seconds: none of it at info
+  const polls = S.log().split('\n').filter((l) => /event=cache\.admin route=\/v1\/dashboard\/state/.test(l));
+  eq(polls.length, 0, `poll lines at info: ${polls.slice(0, 2).join(' | ')}`);
+  // other admin routes still leave their line
+  await fetch(S.url('/v1/cache/info'));
+  assert(await until(() => /level=info event=cache\.admin route=\/v1\/cache\/info/.test(S.log()), 3000), 'cache/info logged at info');
+});
+
+await check(`${T}:cold_start_and_misses_are_not_errors_and_counts_agree`, async () => {
+  const browser = await launch();
+  try {
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    await page.goto(S.url('/dashboard'));
+    await page.waitForFunction(() => document.querySelectorAll('#requests .req').length === 4, null, { timeout: 20000 });
+    const rows = await page.$$eval('#requests .req', (ds) => ds.map((d) => {
+      const m = d.querySelector('.miss-reason');
+      return m ? { cls: m.className, text: m.textContent, color: getComputedStyle(m).color } : null;
+    }).reverse());
+    const warn = await page.evaluate(() => { const e = document.createElement('span'); e.style.color = 'var(--warn)'; document.body.append(e); const c = getComputedStyle(e).color; e.remove(); return c; });
+    assert(rows[0] && rows[0].cls === 'miss-reason cold' && /^cold start/.test(rows[0].text), `first request: ${JSON.stringify(rows[0])}`);
+    assert(rows[3] && rows[3].cls === 'miss-reason' && rows[3].color !== warn, `a miss is not drawn as an error: ${JSON.stringify(rows[3])} vs ${warn}`);
+    for (const r of rows) assert(!r || r.color !== warn, 'nothing in the error colour');
+    // the namespace row counts the rows the entries table lists
+    const nsCount = await page.$eval('#namespaces tbody tr[data-ns="default"] td:nth-child(2)', (td) => Number(td.textContent));
+    const listed = await page.$$eval('#entries tr.entry', (trs) => trs.filter((t) => t.firstChild.textContent === 'default').length);
+    eq(nsCount, listed, 'namespace entries = rows listed');
+  } finally { await browser.close(); }
+}, 60000);
+
+await check(`${T}:disk_only_entries_show_their_files`, async () => {
+  // a dense model: an entry's files are its manifest and its blocks (no
+  // snapshots), so the page's bytes and cache ls's are the same number
+  const dm = mkModel('tiny-dense', 'dense-disk', true);
+  const dir = `${TMP}/disk-sizes`;
+  const args = ['--served-model-name', 'tiny', '--page-tokens', '16', '--cache-dir', dir];
+  let P = await startServer(dm, args);
+  const r = await postJSON(P, '/v1/chat/completions', { model: 'tiny', messages: [{ role: 'user', content: 'Count the files. '.repeat(30) }], max_tokens: 4 });
+  eq(r.status, 200, 'request');
+  await P.stop();
+  P = await startServer(dm, args);
+  try {
+    // the startup scan catalogs the files in the background
+    assert(await until(async () => (await (await fetch(P.url('/v1/cache/info'))).json()).disk.scan_done, 20000), 'scan done');
+    const st = await until(async () => { const x = await (await fetch(P.url('/v1/dashboard/state'))).json(); return x.entries.some((e) => e.where === 'disk') ? x : null; }, 10000);
+    assert(st, 'a disk-only entry after the restart');
+    const ls = JSON.parse(execFileSync(KT_BIN, ['cache', 'ls', '--cache-dir', dir, '--json']).toString());
+    const lsEntries = ls.namespaces.flatMap((n) => n.entries);
+    for (const e of st.entries.filter((x) => x.where === 'disk')) {
+      const m = lsEntries.find((x) => x.tokens === e.tokens);
+      assert(m, `cache ls lists the ${e.tokens}-token entry`);
+      eq(e.bytes, m.bytes, `bytes of the ${e.tokens}-token entry`);
+      assert(e.bytes > 16 * 1024, `more than a manifest: ${e.bytes}`);
+    }
+    const ns = st.namespaces[0];
+    eq(ns.entries + ns.disk_only_entries, st.entries.filter((e) => e.ns === ns.name).length, 'counts agree');
+  } finally { await P.stop(); }
+}, 90000);
+
+// which key the page asks for: the one the server wants
+async function keyPrompt(args, key) {
+  const P = await startServer(model, ['--served-model-name', 'tiny', ...args]);
+  const browser = await launch();
+  try {
+    const page = await browser.newPage();
+    const asked = [];
+    page.on('dialog', (d) => { asked.push(d.message()); d.accept(key); });
+    await page.goto(P.url('/dashboard'));
+    await page.waitForFunction(() => window.kvkeepState && window.kvkeepState.model === 'tiny', null, { timeout: 20000 });
+    return { asked, status: await page.$eval('#status', (e) => e.textContent) };
+  } finally { await browser.close(); await P.stop(); }
+}
+await check(`${T}:key_prompt_asks_for_the_api_key`, async () => {
+  const r = await keyPrompt(['--api-key', 'k-api'], 'k-api');
+  eq(r.asked.length, 1, `one prompt: ${r.asked}`);
+  assert(/API key \(--api-key\)/.test(r.asked[0]) && !/admin/.test(r.asked[0]), `asks for the API key: ${r.asked[0]}`);
+}, 60000);
+await check(`${T}:key_prompt_asks_for_the_admin_key`, async () => {
+  const r = await keyPrompt(['--api-key', 'k-api', '--admin-key', 'k-admin'], 'k-admin');
+  assert(r.asked.length === 1 && /admin key \(--admin-key\)/.test(r.asked[0]), `asks for the admin key: ${r.asked}`);
+}, 60000);
+
+await check(`${T}:browser_during_a_long_prefill`, async () => {
+  const bm = mkModel('bench-hybrid', 'bench-dash', true);
+  const P = await startServer(bm, ['--served-model-name', 'tiny', '--prefill-chunk', '64']);
+  const ctl = new AbortController();
+  const pending = fetch(P.url('/v1/chat/completions'), { method: 'POST', signal: ctl.signal, headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'tiny', max_tokens: 2, messages: [{ role: 'user', content: 'Explain the failing test in detail. '.repeat(900) }] }) });
+  const browser = await launch();
+  try {
+    const errors = [];
+    const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+    page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+    page.on('pageerror', (e) => errors.push(String(e)));
+    await page.goto(P.url('/dashboard'));
+    await page.waitForSelector('#running .run[data-phase="prefill"]', { timeout: 60000 });
+    const a = await page.$eval('#running .run', (d) => ({ p: Number(d.dataset.processed), n: Number(d.dataset.prompt), text: d.textContent }));
+    assert(a.n > 5000 && /prefill \d+ \/ \d+ \(\d+%\), \d+ tok\/s/.test(a.text), `the running row: ${a.text}`);
+    await page.waitForFunction((p0) => { const d = document.querySelector('#running .run'); return d && Number(d.dataset.processed) > p0; }, a.p, { timeout: 30000 });
+    // two readings while prefilling: the prefill chart reads the engine's live counters
+    await page.waitForFunction(() => {
+      const t = [...document.querySelectorAll('#charts .chart')].find((c) => c.querySelector('.title span').textContent === 'prefill');
+      return t && parseFloat(t.querySelector('.title span:last-child').textContent) > 0;
+    }, null, { timeout: 30000 });
+    assert(await page.$eval('#requests', (b) => /no request yet/.test(b.textContent)), 'the request has not ended yet');
+    await page.screenshot({ path: join(OUT, 'dashboard-prefill.png'), fullPage: true });
+    eq(errors.length, 0, `console errors: ${errors.join(' | ')}`);
+  } finally {
+    await browser.close();
+    ctl.abort();
+    await pending.catch(() => {});
+    await P.stop();
+  }
+}, 180000);
 
 await S.stop();

@@ -11,4 +11,4 @@ if ! command -v node >/dev/null; then echo "FAIL dashboard:setup: node is not in
 if [ ! -d "$ROOT/tests/node/node_modules/playwright-core" ]; then
 	echo "FAIL dashboard:setup: tests/node/node_modules/playwright-core is missing (run make npm)"; exit 1
 fi
-exec timeout 300 node "$ROOT/tests/e2e/dashboard.mjs"
+exec timeout 800 node "$ROOT/tests/e2e/dashboard.mjs"

@@ -3,9 +3,10 @@
 //
 //   stop ids       <|return|> and <|call|> end a generation, <|end|> does not
 //                  (the final answer comes after the analysis message)
-//   tool calls     tool_choice forces "<|channel|>commentary to=functions.NAME
-//                  ...<|message|>": the three APIs, streaming and not, answer
-//                  with a call to NAME, never with harmony markup as text
+//   constraints    tool_choice required/named and response formats are a
+//                  400 naming the harmony format in the three APIs (the
+//                  grammar engine has no harmony syntax); auto, none and
+//                  strict functions run unconstrained
 //   history        an assistant turn sent back with reasoning_content and
 //                  tool_calls (arguments as JSON text) renders as harmony:
 //                  the analysis message and the arguments as an object; the
@@ -60,48 +61,33 @@ try {
     messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Weather in Paris?' }] };
   const named = { type: 'function', function: { name: 'get_weather' } };
 
-  await check(`${P}:chat_forced_call`, async () => {
-    const r = await postJSON(srv, '/v1/chat/completions', { ...base, tool_choice: named });
-    eq(r.status, 200, r.text.slice(0, 200));
-    const msg = r.json.choices[0].message;
-    assert(msg.tool_calls && msg.tool_calls.length >= 1, `no tool_calls: ${r.text.slice(0, 300)}`);
-    eq(msg.tool_calls[0].function.name, 'get_weather');
-    assert(!MARK.test(msg.tool_calls[0].function.arguments), 'harmony markup in the arguments');
-    assert(!msg.content || !MARK.test(msg.content.slice(0, 12)), `content starts with markup: ${msg.content}`);
-  });
-
-  await check(`${P}:chat_forced_call_streaming`, async () => {
-    const ev = await sse(srv, '/v1/chat/completions', { ...base, tool_choice: named });
-    const names = ev.flatMap((e) => (e.choices?.[0]?.delta?.tool_calls || []).map((c) => c.function?.name))
-      .filter(Boolean);
-    eq(names[0], 'get_weather', `streamed names ${names}`);
-  });
-
-  await check(`${P}:responses_forced_call`, async () => {
-    const b = { model: 'm', temperature: 0, max_output_tokens: 24, instructions: 'Be brief.', input: 'Weather in Paris?',
-      tools: [{ type: 'function', name: 'get_weather', description: 'Weather of a city', parameters: tools[0].function.parameters }],
-      tool_choice: { type: 'function', name: 'get_weather' } };
-    const r = await postJSON(srv, '/v1/responses', b);
-    eq(r.status, 200, r.text.slice(0, 200));
-    const calls = r.json.output.filter((o) => o.type === 'function_call');
-    assert(calls.length >= 1 && calls[0].name === 'get_weather', `output ${r.text.slice(0, 300)}`);
-    const ev = await sse(srv, '/v1/responses', b);
-    assert(ev.some((e) => e.item?.type === 'function_call' && e.item.name === 'get_weather'),
-      'no streamed function_call item');
-  });
-
-  await check(`${P}:messages_forced_call`, async () => {
-    const b = { model: 'm', max_tokens: 24, temperature: 0, system: 'Be brief.',
-      messages: [{ role: 'user', content: 'Weather in Paris?' }],
-      tools: [{ name: 'get_weather', description: 'Weather of a city', input_schema: tools[0].function.parameters }],
-      tool_choice: { type: 'tool', name: 'get_weather' } };
-    const r = await postJSON(srv, '/v1/messages', b);
-    eq(r.status, 200, r.text.slice(0, 200));
-    const uses = r.json.content.filter((c) => c.type === 'tool_use');
-    assert(uses.length >= 1 && uses[0].name === 'get_weather', `content ${r.text.slice(0, 300)}`);
-    const ev = await sse(srv, '/v1/messages', b);
-    assert(ev.some((e) => e.content_block?.type === 'tool_use' && e.content_block.name === 'get_weather'),
-      'no streamed tool_use block');
+  // Structured output's grammars know the Qwen call syntaxes only: a
+  // harmony model refuses forced calls and formats by name (400), in each
+  // API, instead of constraining them wrongly; auto, none and strict functions run
+  // unconstrained.
+  await check(`${P}:forced_call_and_format_refused`, async () => {
+    const bad = [
+      ['/v1/chat/completions', { ...base, tool_choice: named }],
+      ['/v1/chat/completions', { ...base, tool_choice: 'required' }],
+      ['/v1/chat/completions', { model: 'm', max_tokens: 8, messages: base.messages,
+        response_format: { type: 'json_object' } }],
+      ['/v1/responses', { model: 'm', max_output_tokens: 8, input: 'Weather in Paris?',
+        tools: [{ type: 'function', name: 'get_weather', description: 'Weather of a city',
+          parameters: tools[0].function.parameters }],
+        tool_choice: { type: 'function', name: 'get_weather' } }],
+      ['/v1/messages', { model: 'm', max_tokens: 8, messages: [{ role: 'user', content: 'Weather in Paris?' }],
+        tools: [{ name: 'get_weather', description: 'Weather of a city', input_schema: tools[0].function.parameters }],
+        tool_choice: { type: 'tool', name: 'get_weather' } }]];
+    for (const [path, b] of bad) {
+      const r = await postJSON(srv, path, b);
+      eq(r.status, 400, `${path}: ${r.text.slice(0, 200)}`);
+      assert(/harmony format/.test(r.text), `${path}: the error does not name the harmony format: ${r.text.slice(0, 300)}`);
+    }
+    for (const extra of [{ tool_choice: 'auto' }, { tool_choice: 'none' },
+      { tools: [{ ...tools[0], function: { ...tools[0].function, strict: true } }] }]) {
+      const r = await postJSON(srv, '/v1/chat/completions', { ...base, ...extra });
+      eq(r.status, 200, `${JSON.stringify(extra)}: ${r.text.slice(0, 200)}`);
+    }
   });
 
   await check(`${P}:history_renders_as_harmony`, async () => {

@@ -125,29 +125,28 @@ await check(`${T}:tool_choice_variants`, async () => {
   for (const tc of ['none', 'auto', 'required', { type: 'function', function: { name: 'read_file' } }]) {
     const r = await ca.chat.completions.create({
       model: NAME, max_tokens: 24, temperature: 0, tools: TOOLS, tool_choice: tc,
+      // no reasoning first: the model may think before a constrained call
+      chat_template_kwargs: { enable_thinking: false },
       messages: [{ role: 'user', content: 'list files' }],
     });
     checkChatCompletion(r, NAME);
     assert(r.usage.completion_tokens <= 24, `max_tokens holds (${r.usage.completion_tokens})`);
     const m = r.choices[0].message;
     const text = (m.content || '') + JSON.stringify(m.tool_calls || []);
-    // a forced tool call starts the answer in the template's syntax; the
-    // random-weight model cannot close it, so it comes back as content
+    // required and named are constrained to a call in the template's
+    // syntax (structured_output.sh checks complete calls); the random
+    // model's free-string argument runs to max_tokens, so the answer is
+    // the start of that call
     if (typeof tc === 'object') {
-      assert(m.content && m.content.startsWith('<tool_call>\n{"name": "read_file", "arguments": ') ||
+      assert(m.content && m.content.startsWith('<tool_call>\n{"name": "read_file"') ||
         (m.tool_calls && m.tool_calls[0].function.name === 'read_file'), `named: ${text.slice(0, 80)}`);
     } else if (tc === 'required') {
       assert(m.content && m.content.startsWith('<tool_call>\n{"name": "') || (m.tool_calls && m.tool_calls.length),
         `required: ${text.slice(0, 80)}`);
     } else {
-      assert(!(m.content || '').startsWith('<tool_call>'), `${tc}: nothing forced`);
+      assert(!(m.content || '').startsWith('<tool_call>'), `${tc}: a call`);
     }
   }
-  // a max_tokens too small for the forced opening is a clear 400
-  const r = await postJSON(A, '/v1/chat/completions', { model: NAME, max_tokens: 3, tools: TOOLS,
-    tool_choice: { type: 'function', function: { name: 'read_file' } }, messages: [{ role: 'user', content: 'x' }] });
-  eq(r.status, 400, 'tiny max_tokens with a forced call');
-  eq(r.json.error.param, 'max_tokens', 'param');
 });
 
 // A two-turn conversation; turn 2 must reuse turn 1 from the cache.
@@ -315,18 +314,6 @@ await check(`${T}:error_413`, async () => {
   assert(m, '413 counted under its route');
 });
 
-await check(`${T}:error_503_retry_after`, async () => {
-  // a 1 MiB memory cap: the weights alone do not fit and the cache has nothing to evict
-  const C = await startServer(model, ['--served-model-name', NAME, '--memory-cap-mb', '1']);
-  try {
-    const r = await postJSON(C, '/v1/chat/completions', { model: NAME, messages: [{ role: 'user', content: 'x' }], max_tokens: 2 });
-    expectError(r, 503);
-    assert(Number(r.headers.get('retry-after')) >= 1, `Retry-After ${r.headers.get('retry-after')}`);
-    const m = await metrics(C);
-    assert(m.get('kvkeep_admission_rejections_total') >= 1, 'admission rejection counted');
-  } finally { await C.stop(); }
-});
-
 // 503 only when the cache can free nothing: with a memory cap that fits one
 // big request but not it plus the cache left by the previous one, admission
 // evicts the cache and serves the request; a request bigger than the whole
@@ -336,9 +323,12 @@ await check(`${T}:admission_evicts_before_503`, async () => {
   const R = (max) => ({ model: NAME, messages: [{ role: 'user', content: 'fill the cache' }], max_tokens: max, ignore_eos: true, temperature: 0 });
   // measure on a server without a cap (the server documents its own numbers)
   const S1 = await startServer(dm, ['--served-model-name', NAME, '--page-tokens', '16']);
-  let ad, n1;
+  let ad, n1, ctx;
   try {
     ad = (await (await fetch(S1.url('/v1/cache/info'))).json()).admission;
+    // the capped server below keeps this context: by default a memory cap
+    // lowers the context to what half of it holds (operations.md)
+    ctx = (await (await fetch(S1.url('/v1/models'))).json()).data[0].max_model_len;
     const r1 = await postJSON(S1, '/v1/chat/completions', R(3000));
     eq(r1.status, 200, 'r1 without a cap');
     n1 = r1.json.usage.prompt_tokens;
@@ -346,7 +336,8 @@ await check(`${T}:admission_evicts_before_503`, async () => {
   const need1 = (n1 + 3000) * ad.kv_bytes_per_token + ad.per_request_bytes;
   // slack for per-thread buffers (the tokenizer's piece cache of each connection thread)
   const capMb = Math.ceil((ad.memory_used_bytes + need1 + 2 * 1024 * 1024) / (1024 * 1024));
-  const S2 = await startServer(dm, ['--served-model-name', NAME, '--page-tokens', '16', '--memory-cap-mb', String(capMb)]);
+  const S2 = await startServer(dm, ['--served-model-name', NAME, '--page-tokens', '16', '--memory-cap-mb', String(capMb),
+    '--max-model-len', String(ctx)]);
   try {
     const r1 = await postJSON(S2, '/v1/chat/completions', R(3000));
     eq(r1.status, 200, `r1 fits the cap of ${capMb} MiB`);
@@ -361,6 +352,9 @@ await check(`${T}:admission_evicts_before_503`, async () => {
     const r3 = await postJSON(S2, '/v1/chat/completions', R(200000));
     expectError(r3, 503);
     assert(Number(r3.headers.get('retry-after')) >= 1, 'Retry-After');
+    // (a cap below the weights is refused at start: tests/e2e/load_errors.sh)
+    const m3 = await metrics(S2);
+    assert(m3.get('kvkeep_admission_rejections_total') >= 1, 'admission rejection counted');
   } finally { await S2.stop(); }
 });
 

@@ -14,6 +14,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static double urand(uint64_t *st)
 {
@@ -264,4 +265,87 @@ KT_CASE(top_k_paths_agree)
 	free(pr);
 }
 
-KT_MAIN(dump_cases, penalties_follow_the_history, samplers_are_independent_and_deterministic, top_k_paths_agree)
+
+/* ke_sample_masked is ke_sample on the logits with the masked-out ones at
+ * -inf (penalties, filters and draws see the masked distribution), and it
+ * never returns a masked-out token; the logits are not written. */
+KT_CASE(masked_sampling_equals_masking_the_logits)
+{
+	uint64_t st = 777;
+	float logits[700], copy[700], keep[700];
+	uint32_t mask[(700 + 31) / 32];
+	int32_t ids_a[700], ids_b[700];
+	double pa[700], pb[700];
+	for (int c = 0; c < 300; c++) {
+		int V = 2 + (int)(kt_rand(&st) % 650);
+		for (int i = 0; i < V; i++)
+			logits[i] = (float)(-6 + 12 * urand(&st));
+		if (c % 7 == 0)
+			logits[kt_rand(&st) % (uint64_t)V] = -INFINITY;
+		memset(mask, 0, sizeof mask);
+		int dens = (int)(kt_rand(&st) % 4); /* one token, sparse, half, nearly all */
+		for (int i = 0; i < V; i++) {
+			int on = dens == 0 ? 0 : dens == 1 ? kt_rand(&st) % 20 == 0 : dens == 2 ? kt_rand(&st) % 2 : kt_rand(&st) % 50 != 0;
+			if (on)
+				mask[i >> 5] |= 1u << (i & 31);
+		}
+		int32_t one = (int32_t)(kt_rand(&st) % (uint64_t)V);
+		mask[one >> 5] |= 1u << (one & 31);
+		logits[one] = 1.0f; /* some allowed token is finite */
+		memcpy(copy, logits, (size_t)V * sizeof *copy);
+		memcpy(keep, logits, (size_t)V * sizeof *keep);
+		ke_logits_mask(copy, V, mask);
+		struct ke_sample_params p = {.temperature = (c % 5) ? 0.2 + 1.5 * urand(&st) : 0.0,
+					     .top_k = c % 3 ? 0 : 1 + (int)(kt_rand(&st) % 40),
+					     .top_p = c % 4 ? 1.0 : 0.3 + 0.7 * urand(&st),
+					     .min_p = c % 6 ? 0.0 : 0.1 * urand(&st),
+					     .presence_penalty = c % 2 ? 0.5 : 0.0,
+					     .frequency_penalty = c % 3 == 1 ? 0.3 : 0.0,
+					     .repetition_penalty = c % 4 == 2 ? 1.3 : 1.0,
+					     .seed = (uint64_t)c};
+		struct ke_sampler *a, *b;
+		KT_OK(ke_sampler_create(V, &p, &a));
+		KT_OK(ke_sampler_create(V, &p, &b));
+		int32_t hist[8];
+		for (int h = 0; h < 8; h++)
+			hist[h] = (int32_t)(kt_rand(&st) % (uint64_t)V);
+		ke_sampler_prompt(a, hist, 4);
+		ke_sampler_prompt(b, hist, 4);
+		for (int h = 4; h < 8; h++) {
+			ke_sampler_accept(a, hist[h]);
+			ke_sampler_accept(b, hist[h]);
+		}
+		int na = ke_sampler_dist_masked(a, logits, mask, ids_a, pa);
+		int nb = ke_sampler_dist(b, copy, ids_b, pb);
+		KT_EQ_INT(na, nb);
+		for (int i = 0; i < na && i < nb; i++) {
+			KT_EQ_INT(ids_a[i], ids_b[i]);
+			KT_CHECK(pa[i] == pb[i]);
+		}
+		for (int k = 0; k < 5; k++) {
+			int32_t ta = ke_sample_masked(a, logits, mask), tb = ke_sample(b, copy);
+			KT_EQ_INT(ta, tb);
+			KT_CHECK((mask[ta >> 5] >> (ta & 31)) & 1);
+		}
+		KT_CHECK(!memcmp(logits, keep, (size_t)V * sizeof *logits));
+		ke_sampler_destroy(a);
+		ke_sampler_destroy(b);
+	}
+	/* every allowed logit -inf: the lowest allowed id, never a masked one */
+	struct ke_sample_params g = {.temperature = 0.7, .top_p = 1.0};
+	struct ke_sampler *s;
+	KT_OK(ke_sampler_create(64, &g, &s));
+	for (int i = 0; i < 64; i++)
+		logits[i] = i < 40 ? -INFINITY : 5.0f;
+	uint32_t m2[2] = {0, (1u << 3) | (1u << 5)}; /* ids 35 and 37 */
+	KT_EQ_INT(ke_sample_masked(s, logits, m2), 35);
+	g.temperature = 0.0;
+	ke_sampler_destroy(s);
+	KT_OK(ke_sampler_create(64, &g, &s));
+	KT_EQ_INT(ke_sample_masked(s, logits, m2), 35);
+	logits[37] = 1.0f;
+	KT_EQ_INT(ke_sample_masked(s, logits, m2), 37);
+	ke_sampler_destroy(s);
+}
+
+KT_MAIN(dump_cases, masked_sampling_equals_masking_the_logits, penalties_follow_the_history, samplers_are_independent_and_deterministic, top_k_paths_agree)

@@ -149,7 +149,14 @@ KT_CASE(request_errors_name_the_field)
 	B("\"min_p\":-0.1", "min_p");
 	B("\"top_k\":2.5", "top_k");
 	B("\"logit_bias\":{\"1\":5}", "logit_bias");
-	B("\"response_format\":{\"type\":\"json_object\"}", "response_format");
+	B("\"response_format\":{\"type\":\"yaml\"}", "response_format.type");
+	B("\"response_format\":{\"type\":\"json_schema\"}", "response_format.json_schema");
+	B("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":3}}", "response_format.json_schema.schema");
+	B("\"response_format\":{\"type\":\"json_object\"},\"grammar\":\"root ::= \\\"a\\\"\"", "grammar");
+	B("\"grammar\":5", "grammar");
+	B("\"json_schema\":[]", "json_schema");
+	B("\"parallel_tool_calls\":\"yes\"", "parallel_tool_calls");
+	B("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":1}}]", "tools[0].function.strict");
 	B("\"tools\":{}", "tools");
 	B("\"tools\":[{\"type\":\"function\"}]", "tools[0].function");
 	B("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]", "tools[0].function.parameters");
@@ -218,12 +225,12 @@ static int sse_events(const char *text, json_t **ev, int cap, int *done)
 #define JS(obj, path) json_string_value(json_object_get(obj, path))
 
 /* A token table of four tokens: 0 "\xe4\xbd", 1 "a", 2 "\xff", 3 "ab", 4 "c". */
-static struct kv_tokbytes tiny_tb(void)
+static struct kv_tok_bytes tiny_tb(void)
 {
 	static uint32_t off[] = {0, 2, 3, 4, 6};
-	static uint16_t len[] = {2, 1, 1, 2, 1};
+	static uint32_t len[] = {2, 1, 1, 2, 1};
 	static char data[] = "\xe4\xbd" "a" "\xff" "ab" "c";
-	struct kv_tokbytes t = {.n = 5, .off = off, .len = len, .data = data};
+	struct kv_tok_bytes t = {.n = 5, .off = off, .len = len, .data = data};
 	return t;
 }
 
@@ -237,7 +244,7 @@ KT_CASE(chat_stream_chunks)
 {
 	struct ksv_answer o;
 	struct kv_buf b = KV_BUF_INIT;
-	struct kv_tokbytes tb = tiny_tb();
+	struct kv_tok_bytes tb = tiny_tb();
 	ksv_answer_init(&o, &ksv_wire_openai, KSV_API_CHAT, "tiny", 1);
 	o.tb = &tb;
 	o.include_usage = 1;
@@ -364,7 +371,7 @@ KT_CASE(completion_bodies)
 {
 	struct ksv_answer o;
 	struct kv_buf b = KV_BUF_INIT;
-	struct kv_tokbytes tb = tiny_tb();
+	struct kv_tok_bytes tb = tiny_tb();
 	ksv_answer_init(&o, &ksv_wire_openai, KSV_API_COMPLETION, "tiny", 1);
 	o.tb = &tb;
 	o.logprobs = 1;
@@ -777,7 +784,7 @@ KT_CASE(harmony_channels_every_split)
 	}
 }
 
-KT_CASE(harmony_long_header_stop_and_opener)
+KT_CASE(harmony_long_header_and_stop)
 {
 	/* a header that never reaches <|message|> is given up after
 	 * KV_HM_MAX_HEADER bytes: the text is content, nothing lost */
@@ -794,29 +801,23 @@ KT_CASE(harmony_long_header_stop_and_opener)
 	KT_EQ_INT(run_hm("<|channel|>analysis<|message|>ab STOP cd", 5, stop, 1, 1, 1, &c), 100);
 	KT_EQ_STR(cs(&c.reasoning), "ab ");
 	collect_free(&c);
-	/* tool_choice: the forced opening continues into the call */
-	char *op = NULL;
-	KT_OK(kv_tc_opener(KV_TC_HARMONY, "read_file", &op));
-	KT_EQ_STR(op, "<|channel|>commentary to=functions.read_file <|constrain|>json<|message|>");
+	/* a commentary call split anywhere in its header */
+	const char *op = "<|channel|>commentary to=functions.read_file <|constrain|>json<|message|>";
 	struct kv_buf t = KV_BUF_INIT;
 	kv_buf_adds(&t, op);
 	kv_buf_adds(&t, "{\"path\":\"a.c\"}");
 	KT_EQ_INT(run_hm(t.p, strlen(op), NULL, 0, 1, 1, &c), 1);
 	KT_EQ_STR(cs(&c.calls), "0:read_file({\"path\":\"a.c\"});");
 	collect_free(&c);
-	free(op);
-	KT_OK(kv_tc_opener(KV_TC_HARMONY, NULL, &op));
 	kv_buf_reset(&t);
-	kv_buf_adds(&t, op);
-	kv_buf_adds(&t, "ls <|constrain|>json<|message|>{}");
+	kv_buf_adds(&t, "<|channel|>commentary to=functions.ls <|constrain|>json<|message|>{}");
 	KT_EQ_INT(run_hm(t.p, 3, NULL, 0, 1, 1, &c), 1);
 	KT_EQ_STR(cs(&c.calls), "0:ls({});");
 	collect_free(&c);
-	free(op);
 	kv_buf_free(&t);
 }
 
 KT_MAIN(request_agent_shapes, request_errors_name_the_field, request_completions, chat_stream_chunks,
 	chat_response_body, completion_bodies, error_bodies, stop_strings_every_split, reasoning_split_every_split,
 	tool_calls_through_the_pipeline, tool_call_sse_from_pipeline, metrics_text_format, request_nul_in_names,
-	request_big_numbers_in_tools, harmony_channels_every_split, harmony_long_header_stop_and_opener)
+	request_big_numbers_in_tools, harmony_channels_every_split, harmony_long_header_and_stop)
