@@ -246,7 +246,9 @@ int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 	struct ke_moe *mo = kv_alloc(KV_MEM_WEIGHTS, sizeof *mo + 3 * (size_t)E * sizeof(struct ke_mat));
 	if (!mo)
 		return kv_fail(KV_ERR_NOMEM, "out of memory for the experts of layer %d", layer);
-	memset(mo, 0, sizeof *mo);
+	/* the views too: GPT-OSS's fused MXFP4 experts leave up[] unused, and
+	 * whoever walks every expert (touch_weights) must see them empty */
+	memset(mo, 0, sizeof *mo + 3 * (size_t)E * sizeof(struct ke_mat));
 	mo->E = E;
 	mo->k = c->n_experts_per_tok;
 	mo->I = I;
