@@ -2,6 +2,7 @@
  * hash.c - see hash.h.
  */
 #include "base/hash.h"
+#include "base/utf8.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -65,19 +66,11 @@ void kv_h128_hex(struct kv_h128 h, char out[33])
 	snprintf(out, 33, "%016llx%016llx", (unsigned long long)h.hi, (unsigned long long)h.lo);
 }
 
-static int hexval(char c)
-{
-	if (c >= '0' && c <= '9') return c - '0';
-	if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-	return -1;
-}
-
 int kv_h128_parse(const char *s, struct kv_h128 *out)
 {
 	uint64_t v[2] = {0, 0};
 	for (int i = 0; i < 32; i++) {
-		int d = hexval(s[i]);
+		int d = kv_hex_digit((unsigned char)s[i]);
 		if (d < 0)
 			return -1;
 		v[i / 16] = (v[i / 16] << 4) | (uint64_t)d;

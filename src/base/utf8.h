@@ -29,6 +29,18 @@
 
 #define KV_UTF8_FFFD "\xEF\xBF\xBD" /* U+FFFD REPLACEMENT CHARACTER */
 
+/* The value of one hexadecimal digit (either case), -1 if c is not one. */
+static inline int kv_hex_digit(int c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
 /*
  * The sequence at p[0..n), n >= 1: its length 1..4 when valid; 0 when
  * p[0..n) is a valid but incomplete start of one (it runs into the end);

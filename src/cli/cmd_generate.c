@@ -52,10 +52,13 @@
 #include "base/err.h"
 #include "base/mem.h"
 #include "cli/cli.h"
+#include "cli/gen_spec.h"
 #include "engine/isa.h"
+#include "engine/mtp.h"
 #include "engine/sample.h"
 #include "engine/seq.h"
 #include "model/genconfig.h"
+#include "session/spec.h"
 #include "base/io.h"
 #include "base/json.h"
 #include "text/gbnf.h"
@@ -635,6 +638,77 @@ static int report(struct dec *d, const struct kv_tok *tok, const int32_t *ids, s
 	return 0;
 }
 
+/* --mtp-logits-out: the MTP head over the prompt (position t: the hidden
+ * state there and token t + 1), every row's logits. */
+static int write_mtp_logits(struct ke_model *m, const float *hidden, const int32_t *ids, size_t n, const char *path)
+{
+	struct ke_mtp_seq *ms = NULL;
+	size_t V = (size_t)ke_model_config(m)->vocab;
+	float *lg = kv_alloc(KV_MEM_SCRATCH, (n - 1) * V * sizeof *lg);
+	int rc = !lg || ke_mtp_seq_create(m, &ms) || ke_mtp_seq_logits(ms, hidden, ids + 1, (int)n - 1, lg);
+	if (rc)
+		fprintf(stderr, "kvkeep: MTP head: %s\n", lg ? kv_errmsg() : "out of memory");
+	else
+		rc = write_f32(path, lg, (n - 1) * V * sizeof *lg);
+	ke_mtp_seq_destroy(ms);
+	kv_free(lg);
+	return rc;
+}
+
+/* The prompt's prefill (every position's logits into all, if set), and
+ * with mtp_out the MTP head's logits over it. */
+static int prefill(struct ke_model *m, struct ke_seq *s, const int32_t *ids, size_t n_ids, float *all, float *logits,
+		   const char *mtp_out)
+{
+	struct ke_prefill_opts po = {.logits_all = all};
+	int rc = -1;
+	if (mtp_out && (n_ids < 2 || n_ids > 65 || !ke_model_has_mtp(m))) {
+		fprintf(stderr, "kvkeep generate: --mtp-logits-out needs a model with an MTP head and 2-65 prompt tokens\n");
+		return -1;
+	}
+	if (mtp_out &&
+	    !(po.hidden_all = kv_alloc(KV_MEM_SCRATCH, n_ids * (size_t)ke_model_config(m)->hidden * sizeof(float)))) {
+		fprintf(stderr, "kvkeep: out of memory\n");
+		return -1;
+	}
+	if (ke_seq_prefill(s, ids, (int)n_ids, &po, logits))
+		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+	else
+		rc = mtp_out ? write_mtp_logits(m, po.hidden_all, ids, n_ids, mtp_out) : 0;
+	kv_free(po.hidden_all);
+	return rc;
+}
+
+/* decode(), or with --speculative (and no constraint) the same loop
+ * through the session's speculative decoder (gen_spec.h): the same ids. */
+static int decode_any(struct dec *d, const struct kv_tok *tok, const int32_t *ids, size_t n_ids, int mode,
+		      struct cmd_gen_spec *gs)
+{
+	if (mode <= 0 || d->gm)
+		return decode(d);
+	*gs = (struct cmd_gen_spec){.s = d->s, .smp = d->smp, .logits = d->logits, .ids = ids, .n_ids = n_ids,
+				    .max_tokens = (int)d->max_tokens, .stop_ids = d->stop_ids, .n_stop_ids = d->n_stop_ids,
+				    .ignore_eos = d->ignore_eos, .stop = d->stop, .tok = tok, .mode = mode,
+				    .out_ids = d->out_ids};
+	if (cmd_generate_spec(gs)) {
+		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+		return 1;
+	}
+	d->n_out = gs->n_out;
+	d->finish = gs->finish;
+	return 0;
+}
+
+/* report(), then what speculation did. */
+static int report_all(struct dec *d, const struct cmd_gen_spec *gs, const struct kv_tok *tok, const int32_t *ids,
+		      size_t n_ids, int quiet, const char *completion_out)
+{
+	int rc = report(d, tok, ids, n_ids, quiet, completion_out);
+	if (!rc && !quiet && gs->mode > 0)
+		cmd_generate_spec_report(gs);
+	return rc;
+}
+
 static int cmd_generate(int argc, char **argv)
 {
 	const char *model = NULL, *prompt = NULL, *tokens_s = NULL, *logits_out = NULL, *all_out = NULL,
@@ -644,7 +718,7 @@ static int cmd_generate(int argc, char **argv)
 	/* sampling flags by enum kv_gencfg_field; NaN: not given */
 	double sv[KV_GC_N] = {NAN, NAN, NAN, NAN, NAN, NAN, NAN};
 	int kv_f32 = 0, ignore_eos = 0, quiet = 0;
-	const char *quant_act = "q8";
+	const char *quant_act = "q8", *spec_s = "auto", *mtp_out = NULL;
 	struct cons_flags cf = {0};
 	const char *completion_out = NULL, *out_dir = NULL;
 	int64_t close_at = -1;
@@ -677,6 +751,10 @@ static int cmd_generate(int argc, char **argv)
 		{"page-tokens", KV_FLAG_INT, &page_tokens, "N", "tokens per KV page (default 256)"},
 		{"ignore-eos", KV_FLAG_BOOL, &ignore_eos, NULL, "do not stop at an EOS token"},
 		{"quiet", KV_FLAG_BOOL, &quiet, NULL, "no timing line on stderr"},
+		{"speculative", KV_FLAG_STR, &spec_s, "off|lookup|mtp|auto",
+		 "speculative decoding without a constraint (default auto): the same ids, fewer forwards"},
+		{"mtp-logits-out", KV_FLAG_STR, &mtp_out, "FILE",
+		 "the MTP head's logits at prompt positions 0..n-2 (it sees the prompt's tokens, at most 64), f32 LE"},
 		{"grammar", KV_FLAG_STR, &cf.grammar, "FILE", "constrain the output to a GBNF grammar (llama.cpp syntax)"},
 		{"json-schema", KV_FLAG_STR, &cf.schema, "FILE", "constrain the output to JSON valid under the JSON Schema in FILE"},
 		{"json-object", KV_FLAG_BOOL, &cf.json_object, NULL, "constrain the output to any JSON object"},
@@ -707,9 +785,10 @@ static int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "kvkeep generate: --model and exactly one of --prompt / --tokens are required\n");
 		return 2;
 	}
+	int spec_mode = kss_spec_mode_parse(spec_s);
 	if (max_tokens < 0 || max_tokens > 1000000 || chunk < 0 || chunk > 8192 || page_tokens < 0 ||
-	    page_tokens > 65536 || (stop && !*stop)) {
-		fprintf(stderr, "kvkeep generate: a numeric flag is out of range (see --help)\n");
+	    page_tokens > 65536 || (stop && !*stop) || spec_mode < 0) {
+		fprintf(stderr, "kvkeep generate: a flag is out of range (see --help)\n");
 		return 2;
 	}
 	struct kv_gencfg sd, file;
@@ -830,12 +909,9 @@ static int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "kvkeep: out of memory\n");
 		goto out;
 	}
-	struct ke_prefill_opts po = {.logits_all = all};
 	double t0 = kv_now_s();
-	if (ke_seq_prefill(s, ids, (int)n_ids, &po, logits)) {
-		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
+	if (prefill(m, s, ids, n_ids, all, logits, mtp_out))
 		goto out;
-	}
 	double t1 = kv_now_s();
 	if (logits_out && write_f32(logits_out, logits, (size_t)V * sizeof *logits))
 		goto out;
@@ -851,10 +927,11 @@ static int cmd_generate(int argc, char **argv)
 			.n_stop_ids = n_stop_ids, .ignore_eos = ignore_eos, .stop = stop, .ds = &ds, .piece = &piece,
 			.gen_text = &gen_text, .comp = &comp, .max_tokens = max_tokens, .close_at = close_at,
 			.out_ids = out_ids, .finish = "length"};
-	if (decode(&d))
+	struct cmd_gen_spec gs = {0};
+	if (decode_any(&d, tok, ids, n_ids, spec_mode, &gs))
 		goto out;
 	double t2 = kv_now_s();
-	if (report(&d, tok, ids, n_ids, quiet, completion_out))
+	if (report_all(&d, &gs, tok, ids, n_ids, quiet, completion_out))
 		goto out;
 	if (!quiet)
 		fprintf(stderr, "prompt %zu tokens in %.3f s (%.1f tok/s), %d generated in %.3f s (%.1f tok/s), isa=%s\n",

@@ -36,7 +36,7 @@ static int cmd_mkmodel(int argc, char **argv)
 {
 	const char *preset = NULL, *out = NULL, *tok = NULL, *dtype = "bf16";
 	int64_t seed = 0;
-	int config_only = 0, large = 0, list = 0, no_sync = 0, rc;
+	int config_only = 0, large = 0, list = 0, no_sync = 0, mtp = 0, rc;
 	struct kv_flag flags[] = {
 		{"preset", KV_FLAG_STR, &preset, "NAME", "preset to write (see --list)"},
 		{"out", KV_FLAG_STR, &out, "DIR", "output folder, created if missing"},
@@ -48,6 +48,9 @@ static int cmd_mkmodel(int argc, char **argv)
 		{"large", KV_FLAG_BOOL, &large, NULL,
 		 "write the weights of a real-size preset too (qwen3-1.7b 4 GB, qwen3-8b 16 GB, qwen35-9b 18 GB in "
 		 "bf16; for benchmarks)"},
+		{"mtp", KV_FLAG_BOOL, &mtp, NULL,
+		 "hybrid presets: add the multi-token-prediction head as the releases ship it (mtp.* tensors, "
+		 "mtp_num_hidden_layers 1): a draft source for speculative decoding"},
 		{"no-sync", KV_FLAG_BOOL, &no_sync, NULL, "skip fsync (throwaway test folders)"},
 		{"list", KV_FLAG_BOOL, &list, NULL, "list the presets and exit"},
 		{0},
@@ -92,6 +95,7 @@ static int cmd_mkmodel(int argc, char **argv)
 		.dtype = strcmp(dtype, "f32") ? KV_DT_BF16 : KV_DT_F32,
 		.config_only = config_only,
 		.large = large,
+		.mtp = mtp,
 		.dw_flags = no_sync ? KV_DW_NO_SYNC : 0,
 	};
 	rc = kv_synth_write(&o);

@@ -72,6 +72,13 @@ static const struct kv_flag_hint HINTS[] = {
 	{"--chat-template --chat-template-file", "kvkeep uses the model's own chat template (docs/templates.md)"},
 	{"-n --n-predict", "use --default-max-tokens N (clients usually send max_tokens themselves)"},
 	{"--temp", "use --default-temperature T"},
+	{"-md --model-draft -hfd --hf-repo-draft -ngld --gpu-layers-draft -cd --ctx-size-draft",
+	 "kvkeep needs no draft model: it drafts from the prompt and the output so far, and from the model's own MTP "
+	 "head when it has one (--speculative off|lookup|mtp|auto, auto by default)"},
+	{"--draft --draft-n --draft-max", "use --speculative-draft N (the longest draft; the length adapts to what is "
+					  "accepted)"},
+	{"--draft-min --draft-n-min --draft-p-min",
+	 "kvkeep picks the draft length from the measured acceptance and cost: leave it out (--speculative-draft N caps it)"},
 	{NULL, NULL},
 };
 
@@ -248,7 +255,13 @@ static int cmd_serve(int argc, char **argv)
 		 "requests generating together, batched into one engine step (default: 4, fewer when memory is short)",
 		 NULL, "-np --parallel"},
 		{"max-batch-tokens", KV_FLAG_INT, &o.max_batch_tokens, "N",
-		 "tokens per engine step: decode tokens plus prefill chunks (default: prefill chunk + max running)"},
+		 "tokens per engine step: decode tokens, verifications and prefill chunks (default: prefill chunk + "
+		 "max running x (speculative draft + 1))"},
+		{"speculative", KV_FLAG_STR, &o.speculative, "off|lookup|mtp|auto",
+		 "speculative decoding: drafts from the prompt and the output so far (lookup), from the model's MTP "
+		 "head (mtp), or either (auto, the default); the output is the same as without, only the speed changes"},
+		{"speculative-draft", KV_FLAG_INT, &o.speculative_draft, "N",
+		 "longest draft one step verifies, 1-15 (default 8)"},
 		{NULL, 0, NULL, NULL, NULL},
 	};
 	int rc = kv_flags_parse_hints(USAGE, flags, HINTS, argc, argv, pos, 1, &n_pos);

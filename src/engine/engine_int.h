@@ -49,6 +49,23 @@ struct ke_layer {
 
 #define KE_STASH 2
 
+/*
+ * The multi-token-prediction head (mtp.h), when the weights have one: a
+ * full-attention decoder layer fed fc([norm_e(embed(next token)) |
+ * norm_h(hidden)]), then its own final norm and the model's lm_head. Its
+ * attention keeps a KV of its own per sequence, in pages of a one-layer
+ * layout from its own pool.
+ */
+struct ke_mtp_head {
+	struct ke_mat fc;         /* [hidden][2 hidden] mtp.fc.weight */
+	const float *enorm;       /* [hidden] effective (1 + w) */
+	const float *hnorm;
+	const float *norm;        /* [hidden] the head's final norm */
+	struct ke_layer layer;    /* type ATTN, idx 0 (in lay) */
+	struct ke_layout lay;     /* one attention layer, the model's heads and page size */
+	struct kv_pages *pages;   /* its pool (KV pages of lay.page_bytes) */
+};
+
 struct ke_model {
 	char dir[1024];
 	char prefix[64];
@@ -73,6 +90,7 @@ struct ke_model {
 	struct ke_mat mats[KE_MAX_MATS];
 	const char *mat_names[KE_MAX_MATS];
 	int conv_dim;
+	struct ke_mtp_head *mtp;  /* NULL: no MTP head (model.c, mtp.c) */
 	/* Buffers of destroyed sequences kept for the next ones (seq.c): on
 	 * this kind of machine the first touch of fresh memory runs at a few
 	 * hundred MB/s, so a new sequence that allocated its 10-30 MiB of
@@ -124,6 +142,36 @@ struct ke_scratch {
 	size_t bytes;
 };
 
+/*
+ * What a speculative forward (seq.h ke_batch_item.spec) keeps so that its
+ * rows can be taken back (ke_seq_accept). Allocated on a sequence's first
+ * speculative forward and kept for its life.
+ *
+ * Hybrid models run the forward's DeltaNet layers out of place: the conv
+ * state and each head's S are read from `rec` (the state before the
+ * forward) and written to `alt`, head by head while the head is in cache,
+ * so keeping the old state costs no memory traffic. After the forward the
+ * two swap: rec holds the state after all rows, alt the state before.
+ * Taking rows back swaps them again and replays the kept rows' delta rule
+ * and conv shift on the old state from the log, which holds each row's
+ * DeltaNet inputs as the forward computed them (the same bits a plain
+ * decode of those tokens computes: the kernels are batch-invariant).
+ *
+ * Log, per DeltaNet layer (index among the DeltaNet layers), per row r <
+ * KE_SPEC_MAX_ROWS, W = 2 C + 2 Hv floats:
+ *   [0, C)            the conv's input x (q|k|v projections before the conv)
+ *   [C, 2C)           q|k|v after conv, SiLU, l2 norms and the q scale
+ *   [2C, 2C+Hv)       alpha
+ *   [2C+Hv, 2C+2Hv)   beta
+ */
+struct ke_spec {
+	float *alt;               /* snapshot_bytes (hybrid), else NULL */
+	float *log;               /* n_rec_layers x KE_SPEC_MAX_ROWS x W floats (hybrid) */
+	float *junk;              /* KE_SPEC_MAX_ROWS x Hv x dv: a replay's unused outputs */
+	int rows;                 /* rows of the last forward that may still be taken back (0: none) */
+	int pos0;                 /* that forward's first position */
+};
+
 struct ke_seq {
 	struct ke_model *m;
 	struct ke_seq_params p;
@@ -141,7 +189,19 @@ struct ke_seq {
 	int wpages_cap;
 	float *rec;               /* lay.rec_bytes, or NULL without recurrent layers */
 	struct ke_scratch sc;
+	struct ke_spec *spec;     /* NULL until the first speculative forward */
+	int spec_fwd;             /* the forward being run is speculative (set around it) */
 };
+
+/* Floats per row of a DeltaNet layer's speculative log (ke_spec). */
+static inline size_t ke_spec_log_w(const struct ke_model *m)
+{
+	return 2 * (size_t)m->conv_dim + 2 * (size_t)m->cfg.lin_v_heads;
+}
+/* Replay the first `keep` logged rows of every DeltaNet layer on s->rec
+ * (the state before the speculative forward): conv shift and delta rule.
+ * forward.c. */
+void ke_spec_replay(struct ke_seq *s, int keep);
 
 /* Scratch layout for a model and chunk; with block == NULL only sizes. */
 size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *sc, void *block);
@@ -153,6 +213,9 @@ size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *s
  * Advances nothing: the caller updates pos and tokens.
  */
 void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, float *last_out);
+/* The final-normed hidden state of every row (the MTP head's input) into
+ * hid_out (n x hidden), from the residual stream a forward left in sc->x. */
+void ke_forward_hidden(const struct ke_model *m, const struct ke_scratch *sc, int r0, int n, float *hid_out);
 
 /* Most rows of one forward (a prefill chunk, or one batch step). */
 #define KE_FWD_MAX_ROWS 8192
@@ -173,11 +236,23 @@ struct ke_fwd {
 	struct ke_seq *const *seqs;    /* [n_seq] */
 	const int *row0;               /* [n_seq + 1] */
 	const int *row_seq;            /* [n] */
+	const struct ke_layout *lay;   /* the KV layout of the layers run (NULL: the model's;
+					* the MTP head's one-layer layout for mtp.c) */
 };
 
+/* One embedding row (dequantized for quantized tables). forward.c */
+void ke_forward_embed(const struct ke_model *m, int32_t id, float *out);
+/* One decoder layer over f's rows in f->sc->x (RoPE tables made for f's
+ * sequences first): what a forward does per layer. forward.c */
+void ke_forward_layer(const struct ke_fwd *f, const struct ke_layer *ly);
+
 /* Run f. toks[i]: the row0[i+1] - row0[i] tokens of seqs[i]. last_out[i]
- * (V floats or NULL): logits of that sequence's last row. logits_tmp holds
- * n_seq x V floats. Pages must be writable; advances nothing. */
-void ke_forward_batch(const struct ke_fwd *f, const int32_t *const *toks, float *const *last_out, float *logits_tmp);
+ * (V floats or NULL): logits of that sequence's last row; all_out[i] (rows
+ * x V floats or NULL, all_out itself may be NULL): logits of every row of
+ * that sequence (then last_out[i] gets its last row too if set). logits_tmp
+ * holds one row of V floats per row asked for. Pages must be writable;
+ * advances nothing. */
+void ke_forward_batch(const struct ke_fwd *f, const int32_t *const *toks, float *const *last_out,
+		      float *const *all_out, float *logits_tmp);
 
 #endif

@@ -25,7 +25,7 @@
 static void embed_row_raw(const struct ke_model *m, int32_t id, float *out);
 
 /* The embedding of id, times the model's embedding scale (gemma). */
-static void embed_row(const struct ke_model *m, int32_t id, float *out)
+void ke_forward_embed(const struct ke_model *m, int32_t id, float *out)
 {
 	embed_row_raw(m, id, out);
 	if (m->embed_mul != 1.0f)
@@ -230,7 +230,7 @@ static void qk_row(const void *ctx, int t)
 	const struct ke_fwd *f = j->f;
 	const struct ke_layer *ly = j->ly;
 	const struct kv_model_config *c = &f->m->cfg;
-	const struct ke_layout *lay = &f->m->lay;
+	const struct ke_layout *lay = f->lay ? f->lay : &f->m->lay;
 	struct ke_scratch *sc = f->sc;
 	int hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
 	int gated = c->attn_output_gate, half = c->rotary_dim / 2;
@@ -311,7 +311,7 @@ static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 {
 	const struct ke_model *m = f->m;
 	const struct kv_model_config *c = &m->cfg;
-	const struct ke_layout *lay = &m->lay;
+	const struct ke_layout *lay = f->lay ? f->lay : &m->lay;
 	struct ke_scratch *sc = f->sc;
 	int n = f->n;
 	int D = c->hidden, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
@@ -358,6 +358,19 @@ static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	ke_gemm(&ly->o, sc->att, (size_t)H * hd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
 }
 
+/* Where a forward writes a sequence's recurrent state: in place, or, in a
+ * speculative forward, into the other buffer (engine_int.h struct ke_spec). */
+static float *state_out(const struct ke_seq *s)
+{
+	return s->spec_fwd ? s->spec->alt : s->rec;
+}
+
+/* Row r of DeltaNet layer `idx` in a speculative sequence's log. */
+static float *spec_log_row(const struct ke_seq *s, int idx, int r)
+{
+	return s->spec->log + ((size_t)idx * KE_SPEC_MAX_ROWS + (size_t)r) * ke_spec_log_w(s->m);
+}
+
 /* The delta rule of every (sequence, value head) pair of a forward: one
  * unit per pair, all in one pool dispatch (one dispatch per sequence made
  * a batch of c decode tokens wait c times for the slowest thread). */
@@ -381,7 +394,11 @@ static void dn_heads(void *ctx, size_t b, size_t e, int thread)
 	for (size_t u = b; u < e; u++) {
 		int i = (int)(u / (size_t)Hv), h = (int)(u % (size_t)Hv), kh = h / r;
 		int r0 = j->f->row0[i], ni = j->f->row0[i + 1] - r0;
-		float *S = j->f->seqs[i]->rec + j->state_off / sizeof(float) + (size_t)h * dk * dv;
+		const struct ke_seq *sq = j->f->seqs[i];
+		size_t off = j->state_off / sizeof(float) + (size_t)h * dk * dv;
+		float *S = state_out(sq) + off;
+		if (sq->spec_fwd) /* out of place: the head's old state stays for ke_seq_accept */
+			memcpy(S, sq->rec + off, (size_t)dk * dv * sizeof *S);
 		/* q, k of key head kh and v of value head h, all rows C floats apart */
 		const float *row = j->dq + (size_t)r0 * j->C;
 		ke_dn_rule_seq(isa, S, ni, row + (size_t)kh * dk, row + kd + (size_t)kh * dk, row + 2 * kd + (size_t)h * dv,
@@ -478,7 +495,7 @@ static void conv_part(void *ctx, size_t b, size_t e, int thread)
 	(void)thread;
 	int c0 = (int)b * CONV_BLOCK, c1 = (int)e * CONV_BLOCK < j->C ? (int)e * CONV_BLOCK : j->C;
 	for (int t = 0; t < f->n; t++) {
-		float *conv = f->seqs[f->row_seq[t]]->rec + j->conv_off / sizeof(float);
+		float *conv = state_out(f->seqs[f->row_seq[t]]) + j->conv_off / sizeof(float);
 		ke_dn_conv(conv + (size_t)c0 * (j->K - 1), j->ly->conv_w + (size_t)c0 * j->K, j->dq + (size_t)t * j->C + c0,
 			   c1 - c0, j->K);
 	}
@@ -530,6 +547,16 @@ static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 			}
 		}
 	}
+	/* speculative sequences: log the conv's inputs, and run the conv on a
+	 * copy of the old state (struct ke_spec) */
+	for (int i = 0; i < f->n_seq; i++) {
+		const struct ke_seq *sq = f->seqs[i];
+		if (!sq->spec_fwd)
+			continue;
+		memcpy((char *)sq->spec->alt + rl->conv_off, (const char *)sq->rec + rl->conv_off, rl->conv_bytes);
+		for (int t = f->row0[i]; t < f->row0[i + 1]; t++)
+			memcpy(spec_log_row(sq, ly->idx, t - f->row0[i]), sc->dq + (size_t)t * C, (size_t)C * sizeof(float));
+	}
 	/* causal conv, token by token through each sequence's conv state, then SiLU */
 	double t0 = ke_prof_t0();
 	struct conv_job cj = {f, ly, rl->conv_off, sc->dq, C, K};
@@ -541,6 +568,17 @@ static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	silu_rows(sc->dq, NULL, n, (size_t)C);
 	struct dn_row_job rj = {c, ly, sc, C};
 	par_rows(n, 6.0 * Hk * dk + 40.0 * Hv, dn_row, &rj);
+	for (int i = 0; i < f->n_seq; i++) {
+		const struct ke_seq *sq = f->seqs[i];
+		if (!sq->spec_fwd)
+			continue;
+		for (int t = f->row0[i]; t < f->row0[i + 1]; t++) {
+			float *lr = spec_log_row(sq, ly->idx, t - f->row0[i]);
+			memcpy(lr + C, sc->dq + (size_t)t * C, (size_t)C * sizeof(float));
+			memcpy(lr + 2 * (size_t)C, sc->alpha + (size_t)t * Hv, (size_t)Hv * sizeof(float));
+			memcpy(lr + 2 * (size_t)C + Hv, sc->beta + (size_t)t * Hv, (size_t)Hv * sizeof(float));
+		}
+	}
 	/* the delta rule runs through each sequence's own state S */
 	struct dn_job j = {f, rl->state_off, sc->dq, sc->beta, sc->alpha, sc->core, C};
 	size_t units = (size_t)f->n_seq * (size_t)Hv;
@@ -566,6 +604,51 @@ static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	ke_gemm(&ly->out, sc->core, vd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
 }
 
+/* The RoPE tables of f's rows, each at its sequence's position. */
+static void rope_rows(const struct ke_fwd *f)
+{
+	const struct kv_model_config *c = &f->m->cfg;
+	size_t half = (size_t)(c->rotary_dim / 2);
+	for (int i = 0; c->n_attn_layers && i < f->n_seq; i++) {
+		int r0 = f->row0[i], ni = f->row0[i + 1] - r0;
+		rope_tables(f->m, f->m->inv_freq, f->seqs[i]->pos, ni, f->sc->cosv + r0 * half, f->sc->sinv + r0 * half);
+		if (f->sc->cosl != f->sc->cosv)
+			rope_tables(f->m, f->m->inv_freq_local, f->seqs[i]->pos, ni, f->sc->cosl + r0 * half,
+				    f->sc->sinl + r0 * half);
+	}
+}
+
+/* One decoder layer on the residual stream of f's rows. */
+static void layer_rows(const struct ke_fwd *f, const struct ke_layer *ly)
+{
+	const struct kv_model_config *c = &f->m->cfg;
+	struct ke_scratch *sc = f->sc;
+	int D = c->hidden, I = c->intermediate, n = f->n;
+	float eps = (float)c->rms_eps;
+	norm_rows(sc->h, sc->x, ly->in_norm, n, D, eps);
+	if (ly->type == KV_LAYER_ATTN)
+		attn_layer(f, ly);
+	else
+		dn_layer(f, ly);
+	norm_rows(sc->h, sc->x, ly->post_norm, n, D, eps);
+	if (ly->moe) { /* sparse MoE block, moe.c */
+		ke_moe_forward(ly->moe, sc->h, n, D, sc->x, sc->moe);
+		return;
+	}
+	ke_gemm(&ly->gate, sc->h, (size_t)D, n, sc->m1, (size_t)I, 0);
+	ke_gemm(&ly->up, sc->h, (size_t)D, n, sc->m2, (size_t)I, 0);
+	if (c->mlp_act == KV_ACT_GELU_TANH)
+		gelu_rows(sc->m1, sc->m2, n, (size_t)I);
+	else
+		silu_rows(sc->m1, sc->m2, n, (size_t)I);
+	if (ly->ffn_post_norm) { /* gemma: the MLP output normed before the residual add */
+		ke_gemm(&ly->down, sc->m1, (size_t)I, n, sc->h, (size_t)D, 0);
+		branch_out(f, sc->h, NULL, ly->ffn_post_norm, sc->x, n);
+		return;
+	}
+	ke_gemm(&ly->down, sc->m1, (size_t)I, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
+}
+
 /*
  * The rows of every sequence of f, concatenated, through all layers: the
  * GEMMs and per-row steps run over all f->n rows at once (their result per
@@ -575,47 +658,21 @@ static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 static void forward_rows(const struct ke_fwd *f, const int32_t *const *toks)
 {
 	const struct ke_model *m = f->m;
-	const struct kv_model_config *c = &m->cfg;
-	struct ke_scratch *sc = f->sc;
-	int D = c->hidden, I = c->intermediate, n = f->n;
-	float eps = (float)c->rms_eps;
-
+	int D = m->cfg.hidden;
 	for (int i = 0; i < f->n_seq; i++) {
 		int r0 = f->row0[i], ni = f->row0[i + 1] - r0;
 		for (int t = 0; t < ni; t++)
-			embed_row(m, toks[i][t], sc->x + (size_t)(r0 + t) * D);
-		if (c->n_attn_layers) {
-			size_t half = (size_t)(c->rotary_dim / 2);
-			rope_tables(m, m->inv_freq, f->seqs[i]->pos, ni, sc->cosv + r0 * half, sc->sinv + r0 * half);
-			if (sc->cosl != sc->cosv)
-				rope_tables(m, m->inv_freq_local, f->seqs[i]->pos, ni, sc->cosl + r0 * half, sc->sinl + r0 * half);
-		}
+			ke_forward_embed(m, toks[i][t], f->sc->x + (size_t)(r0 + t) * D);
 	}
-	for (int l = 0; l < c->n_layers; l++) {
-		const struct ke_layer *ly = &m->layers[l];
-		norm_rows(sc->h, sc->x, ly->in_norm, n, D, eps);
-		if (ly->type == KV_LAYER_ATTN)
-			attn_layer(f, ly);
-		else
-			dn_layer(f, ly);
-		norm_rows(sc->h, sc->x, ly->post_norm, n, D, eps);
-		if (ly->moe) { /* sparse MoE block, moe.c */
-			ke_moe_forward(ly->moe, sc->h, n, D, sc->x, sc->moe);
-			continue;
-		}
-		ke_gemm(&ly->gate, sc->h, (size_t)D, n, sc->m1, (size_t)I, 0);
-		ke_gemm(&ly->up, sc->h, (size_t)D, n, sc->m2, (size_t)I, 0);
-		if (c->mlp_act == KV_ACT_GELU_TANH)
-			gelu_rows(sc->m1, sc->m2, n, (size_t)I);
-		else
-			silu_rows(sc->m1, sc->m2, n, (size_t)I);
-		if (ly->ffn_post_norm) { /* gemma: the MLP output normed before the residual add */
-			ke_gemm(&ly->down, sc->m1, (size_t)I, n, sc->h, (size_t)D, 0);
-			branch_out(f, sc->h, NULL, ly->ffn_post_norm, sc->x, n);
-			continue;
-		}
-		ke_gemm(&ly->down, sc->m1, (size_t)I, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
-	}
+	rope_rows(f);
+	for (int l = 0; l < m->cfg.n_layers; l++)
+		layer_rows(f, &m->layers[l]);
+}
+
+void ke_forward_layer(const struct ke_fwd *f, const struct ke_layer *ly)
+{
+	rope_rows(f);
+	layer_rows(f, ly);
 }
 
 void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, float *last_out)
@@ -644,7 +701,8 @@ void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, fl
 	}
 }
 
-void ke_forward_batch(const struct ke_fwd *f, const int32_t *const *toks, float *const *last_out, float *logits_tmp)
+void ke_forward_batch(const struct ke_fwd *f, const int32_t *const *toks, float *const *last_out,
+		      float *const *all_out, float *logits_tmp)
 {
 	const struct kv_model_config *c = &f->m->cfg;
 	struct ke_scratch *sc = f->sc;
@@ -652,19 +710,94 @@ void ke_forward_batch(const struct ke_fwd *f, const int32_t *const *toks, float 
 	float eps = (float)c->rms_eps;
 
 	forward_rows(f, toks);
-	/* the last row of each sequence that wants logits, gathered into h:
-	 * one lm_head GEMM over k rows gives each row what M = 1 would */
-	for (int i = 0; i < f->n_seq; i++)
-		if (last_out[i])
-			ke_vec_rmsnorm(sc->h + (size_t)k++ * D, sc->x + (size_t)(f->row0[i + 1] - 1) * D, f->m->final_norm, D,
-				       eps);
+	/* the rows that want logits (every row of a verification, else the
+	 * last row of each sequence that wants it), gathered into h: one
+	 * lm_head GEMM over k rows gives each row what M = 1 would */
+	for (int i = 0; i < f->n_seq; i++) {
+		int r1 = f->row0[i + 1], r0 = all_out && all_out[i] ? f->row0[i] : r1 - 1;
+		if (!last_out[i] && !(all_out && all_out[i]))
+			continue;
+		for (int t = r0; t < r1; t++)
+			ke_vec_rmsnorm(sc->h + (size_t)k++ * D, sc->x + (size_t)t * D, f->m->final_norm, D, eps);
+	}
 	if (!k)
 		return;
 	ke_gemm(&f->m->lm_head, sc->h, (size_t)D, k, logits_tmp, (size_t)V, 0);
 	if (c->final_softcap > 0)
 		ke_vec_softcap(logits_tmp, (float)c->final_softcap, (size_t)k * V);
 	k = 0;
-	for (int i = 0; i < f->n_seq; i++)
-		if (last_out[i])
+	for (int i = 0; i < f->n_seq; i++) {
+		int rows = f->row0[i + 1] - f->row0[i];
+		if (all_out && all_out[i]) {
+			memcpy(all_out[i], logits_tmp + (size_t)k * V, (size_t)rows * V * sizeof *logits_tmp);
+			if (last_out[i])
+				memcpy(last_out[i], logits_tmp + (size_t)(k + rows - 1) * V, (size_t)V * sizeof *logits_tmp);
+			k += rows;
+		} else if (last_out[i]) {
 			memcpy(last_out[i], logits_tmp + (size_t)k++ * V, (size_t)V * sizeof *logits_tmp);
+		}
+	}
+}
+
+void ke_forward_hidden(const struct ke_model *m, const struct ke_scratch *sc, int r0, int n, float *hid_out)
+{
+	int D = m->cfg.hidden;
+	for (int t = 0; t < n; t++)
+		ke_vec_rmsnorm(hid_out + (size_t)t * D, sc->x + (size_t)(r0 + t) * D, m->final_norm, D,
+			       (float)m->cfg.rms_eps);
+}
+
+/* --- taking speculative rows back (engine_int.h struct ke_spec) ----------- */
+
+struct replay_job {
+	struct ke_seq *s;
+	int keep;
+};
+
+/* Unit u = (DeltaNet layer u / Hv, value head u % Hv): the delta rule of
+ * the kept rows on the old state, from the log. */
+static void replay_heads(void *ctx, size_t b, size_t e, int thread)
+{
+	const struct replay_job *j = ctx;
+	const struct ke_model *m = j->s->m;
+	const struct kv_model_config *c = &m->cfg;
+	int Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim, r = Hv / Hk;
+	size_t kd = (size_t)Hk * dk, C = (size_t)m->conv_dim, W = ke_spec_log_w(m);
+	int isa = ke_isa();
+	(void)thread;
+	for (size_t u = b; u < e; u++) {
+		int l = (int)(u / (size_t)Hv), h = (int)(u % (size_t)Hv), kh = h / r;
+		const struct ke_rec_layer *rl = &m->lay.rec[l];
+		float *S = j->s->rec + rl->state_off / sizeof(float) + (size_t)h * dk * dv;
+		const float *row = spec_log_row(j->s, l, 0) + C;
+		const float *ab = spec_log_row(j->s, l, 0) + 2 * C;
+		ke_dn_rule_seq(isa, S, j->keep, row + (size_t)kh * dk, row + kd + (size_t)kh * dk,
+			       row + 2 * kd + (size_t)h * dv, W, ab + h, ab + Hv + h, W,
+			       j->s->spec->junk + (size_t)h * dv, (size_t)Hv * dv, dk, dv);
+	}
+}
+
+void ke_spec_replay(struct ke_seq *s, int keep)
+{
+	const struct ke_model *m = s->m;
+	const struct kv_model_config *c = &m->cfg;
+	int K = c->conv_kernel, C = m->conv_dim;
+	/* the conv state is the last K - 1 inputs: shift the kept rows' in */
+	for (int l = 0; K > 1 && l < m->lay.n_rec_layers; l++) {
+		float *st = s->rec + m->lay.rec[l].conv_off / sizeof(float);
+		for (int t = 0; t < keep; t++) {
+			const float *x = spec_log_row(s, l, t);
+			for (int ch = 0; ch < C; ch++) {
+				float *sc = st + (size_t)ch * (K - 1);
+				memmove(sc, sc + 1, (size_t)(K - 2) * sizeof *sc);
+				sc[K - 2] = x[ch];
+			}
+		}
+	}
+	struct replay_job j = {s, keep};
+	size_t units = (size_t)m->lay.n_rec_layers * (size_t)c->lin_v_heads;
+	if (units > 1 && 4.0 * keep * (double)units * c->lin_k_dim * c->lin_v_dim >= KE_PAR_MIN_WORK)
+		kv_pool_for(kv_pool_global(), units, 1, replay_heads, &j);
+	else
+		replay_heads(&j, 0, units, 0);
 }

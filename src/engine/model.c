@@ -166,7 +166,8 @@ static int load_vec(struct loader *L, const float **out, int n, int plus_one, co
 
 static size_t arena_floats(const struct kv_model_config *c)
 {
-	size_t n = (size_t)c->hidden + (size_t)c->rotary_dim + 64; /* + rope_freqs */
+	/* (+ rope_freqs; the MTP head's norms: 5 hidden + 2 head_dim, load_mtp) */
+	size_t n = (size_t)c->hidden + (size_t)c->rotary_dim + 64 + 5 * (size_t)c->hidden + 2 * (size_t)c->head_dim;
 	size_t C = (size_t)kv_config_conv_dim(c);
 	n += (size_t)c->rotary_dim / 2; /* the sliding layers' inverse frequencies */
 	for (int l = 0; l < c->n_layers; l++) {
@@ -306,6 +307,96 @@ static void fill_layout(struct ke_model *m, int kv_dtype, int B)
 	m->wlay.n_segments = l->n_win_layers * 2 * c->n_kv_heads;
 	m->wlay.page_bytes = (size_t)m->wlay.n_segments * (size_t)B * l->row_bytes;
 	m->wlay.kv_bytes_per_token = (size_t)m->wlay.n_segments * l->row_bytes;
+}
+
+/*
+ * The MTP head (engine_int.h struct ke_mtp_head) when the weights have
+ * mtp.fc.weight (Hugging Face names; a GGUF's nextn tensors load under
+ * them, model/gguf_model.c): its tensors as model/config.h
+ * kv_config_mtp_tensors lists them, its norms (1 + w) like the model's
+ * (po). Its matrices are not the model's (no part of the decode bytes or
+ * the benchmark list). MLX folders never have a head (mlx-lm drops it).
+ */
+static int load_mtp(struct loader *L, int po)
+{
+	struct ke_model *m = L->m;
+	const struct kv_model_config *c = &m->cfg;
+	char save[64];
+	int rc, n_mats = m->n_mats;
+	if (!c->hybrid || !kv_weights_find(m->w, "mtp.fc.weight"))
+		return KV_OK;
+	struct ke_mtp_head *h = kv_zalloc(KV_MEM_WEIGHTS, sizeof *h);
+	if (!h)
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	m->mtp = h;
+	snprintf(save, sizeof save, "%s", m->prefix);
+	snprintf(m->prefix, sizeof m->prefix, "mtp.");
+	struct ke_layer *ly = &h->layer;
+	ly->type = KV_LAYER_ATTN;
+	ly->idx = 0;
+	if ((rc = load_mat(L, &h->fc, "%sfc.weight", 0)) ||
+	    (rc = load_vec(L, &h->enorm, c->hidden, po, "%spre_fc_norm_embedding.weight", 0)) ||
+	    (rc = load_vec(L, &h->hnorm, c->hidden, po, "%spre_fc_norm_hidden.weight", 0)) ||
+	    (rc = load_vec(L, &h->norm, c->hidden, po, "%snorm.weight", 0)) ||
+	    (rc = load_vec(L, &ly->in_norm, c->hidden, po, "%slayers.%d.input_layernorm.weight", 0)) ||
+	    (rc = load_vec(L, &ly->post_norm, c->hidden, po, "%slayers.%d.post_attention_layernorm.weight", 0)) ||
+	    (rc = load_mat(L, &ly->q, "%slayers.%d.self_attn.q_proj.weight", 0)) ||
+	    (rc = load_mat(L, &ly->k, "%slayers.%d.self_attn.k_proj.weight", 0)) ||
+	    (rc = load_mat(L, &ly->v, "%slayers.%d.self_attn.v_proj.weight", 0)) ||
+	    (rc = load_mat(L, &ly->o, "%slayers.%d.self_attn.o_proj.weight", 0)) ||
+	    (rc = load_vec(L, &ly->q_norm, c->head_dim, po, "%slayers.%d.self_attn.q_norm.weight", 0)) ||
+	    (rc = load_vec(L, &ly->k_norm, c->head_dim, po, "%slayers.%d.self_attn.k_norm.weight", 0)))
+		goto out;
+	if (h->fc.rows != c->hidden || h->fc.cols != 2 * c->hidden ||
+	    ly->q.rows != c->n_heads * c->head_dim * (c->attn_output_gate ? 2 : 1) || ly->q.cols != c->hidden ||
+	    ly->k.rows != c->n_kv_heads * c->head_dim || ly->v.rows != c->n_kv_heads * c->head_dim ||
+	    ly->o.rows != c->hidden || ly->o.cols != c->n_heads * c->head_dim) {
+		rc = kv_fail(KV_ERR_INCOMPATIBLE, "%s: the MTP head's mtp.fc / self_attn matrices do not have the model's "
+			     "shapes", m->dir);
+		goto out;
+	}
+	if (kv_weights_find(m->w, "mtp.layers.0.mlp.gate.weight")) {
+		if (!c->n_experts) {
+			rc = kv_fail(KV_ERR_INCOMPATIBLE, "%s: the MTP head has experts, the model none", m->dir);
+			goto out;
+		}
+		rc = ke_moe_load(m, 0, &ly->moe);
+	} else {
+		if (!(rc = load_mat(L, &ly->gate, "%slayers.%d.mlp.gate_proj.weight", 0)) &&
+		    !(rc = load_mat(L, &ly->up, "%slayers.%d.mlp.up_proj.weight", 0)) &&
+		    !(rc = load_mat(L, &ly->down, "%slayers.%d.mlp.down_proj.weight", 0)) &&
+		    (ly->gate.rows != c->intermediate || ly->gate.cols != c->hidden || ly->down.cols != c->intermediate))
+			rc = kv_fail(KV_ERR_INCOMPATIBLE, "%s: the MTP head's MLP is not the model's", m->dir);
+	}
+out:
+	snprintf(m->prefix, sizeof m->prefix, "%s", save);
+	m->n_mats = n_mats;
+	return rc ? kv_fail_ctx(rc, "MTP head") : KV_OK;
+}
+
+/* The MTP head's one-layer KV layout and its page pool. */
+static int mtp_pages(struct ke_model *m)
+{
+	struct ke_mtp_head *h = m->mtp;
+	if (!h)
+		return KV_OK;
+	h->lay = m->lay;
+	h->lay.n_attn_layers = 1;
+	h->lay.n_segments = 2 * m->cfg.n_kv_heads;
+	h->lay.page_bytes = (size_t)h->lay.n_segments * (size_t)h->lay.page_tokens * h->lay.row_bytes;
+	h->lay.kv_bytes_per_token = (size_t)h->lay.n_segments * h->lay.row_bytes;
+	h->lay.n_rec_layers = 0;
+	h->lay.rec_bytes = 0;
+	h->lay.n_win_layers = 0;
+	h->lay.window = 0;
+	h->lay.snapshot_bytes = 0;
+	h->pages = kv_pages_create(h->lay.page_bytes, 0, 2);
+	return h->pages ? KV_OK : kv_fail(KV_ERR_NOMEM, "out of memory for the MTP head's page pool");
+}
+
+int ke_model_has_mtp(const struct ke_model *m)
+{
+	return m->mtp != NULL;
 }
 
 /*
@@ -574,6 +665,8 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		    (rc = load_mat(&L, &ly->down, "%slayers.%d.mlp.down_proj.weight", i)))
 			goto fail;
 	}
+	if ((rc = load_mtp(&L, po)))
+		goto fail;
 	/* RoPE inverse frequencies as Hugging Face computes them, in f32:
 	 * 1 / base^(2i / rot). */
 	int half = c->rotary_dim / 2;
@@ -625,6 +718,8 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 			goto fail;
 		}
 	}
+	if ((rc = mtp_pages(m)))
+		goto fail;
 	uint64_t db = 0;
 	for (int i = 0; i < m->n_mats; i++)
 		db += ke_mat_bytes(&m->mats[i]);
@@ -645,10 +740,11 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	t_touch = kv_now_s() - t_touch;
 	KV_INFO("engine.model.load", "dir=%s arch=%s layers=%d attn=%d sliding=%d window=%d deltanet=%d hidden=%d "
 		"vocab=%d kv=%s "
-		"page_tokens=%d weights_mb=%.1f touched_mb=%.1f touch_ms=%.0f", dir, kv_arch_name(c->arch),
+		"page_tokens=%d weights_mb=%.1f touched_mb=%.1f touch_ms=%.0f mtp=%d", dir, kv_arch_name(c->arch),
 		c->n_layers, c->n_attn_layers, c->n_swa_layers, c->sliding_window, c->n_deltanet_layers, c->hidden, c->vocab,
 		p->kv_f32 ? "f32" : "bf16",
-		m->lay.page_tokens, (double)kv_weights_bytes(m->w) / 1048576.0, touched / 1048576.0, t_touch * 1e3);
+		m->lay.page_tokens, (double)kv_weights_bytes(m->w) / 1048576.0, touched / 1048576.0, t_touch * 1e3,
+		m->mtp != NULL);
 	kv_mlx_qcfg_free(L.q);
 	free(L.specs);
 	*out = m;
@@ -713,6 +809,12 @@ void ke_model_destroy(struct ke_model *m)
 		kv_pages_destroy(m->wpages);
 	for (int i = 0; i < KV_MAX_LAYERS; i++)
 		ke_moe_free(m->layers[i].moe);
+	if (m->mtp) {
+		ke_moe_free(m->mtp->layer.moe);
+		if (m->mtp->pages)
+			kv_pages_destroy(m->mtp->pages);
+		kv_free(m->mtp);
+	}
 	kv_free(m->owned);
 	if (m->w)
 		kv_weights_close(m->w);

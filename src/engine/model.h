@@ -79,6 +79,8 @@ int ke_model_qdot(const struct ke_model *m);
 /* The model's matrices, largest first (for benchmarks). i < ke_model_n_mats. */
 int ke_model_n_mats(const struct ke_model *m);
 const struct ke_mat *ke_model_mat(const struct ke_model *m, int i, const char **name);
+/* 1 if the model has an MTP head that the engine loaded (engine/mtp.h). */
+int ke_model_has_mtp(const struct ke_model *m);
 /* Scratch bytes a sequence with this prefill chunk will allocate. */
 size_t ke_model_scratch_bytes(const struct ke_model *m, int chunk);
 /* The most window-page bytes a sequence holds while it prefills chunks of

@@ -71,10 +71,77 @@ int ke_seq_create(struct ke_model *m, const struct ke_seq_params *p, struct ke_s
 	return seq_create(m, p, 1, out);
 }
 
+static void spec_free(struct ke_seq *s)
+{
+	if (!s->spec)
+		return;
+	ke_stash_put(s->m, 1, s->spec->alt);
+	kv_free(s->spec->log);
+	kv_free(s->spec->junk);
+	free(s->spec);
+	s->spec = NULL;
+}
+
+size_t ke_model_spec_bytes(const struct ke_model *m)
+{
+	if (!m->lay.rec_bytes)
+		return 0;
+	return m->lay.rec_bytes +
+	       (size_t)m->lay.n_rec_layers * KE_SPEC_MAX_ROWS * ke_spec_log_w(m) * sizeof(float) +
+	       (size_t)KE_SPEC_MAX_ROWS * m->cfg.lin_v_heads * m->cfg.lin_v_dim * sizeof(float);
+}
+
+/* The undo buffers of speculative forwards (engine_int.h struct ke_spec),
+ * made on the first one. */
+static int spec_alloc(struct ke_seq *s)
+{
+	const struct ke_model *m = s->m;
+	if (s->spec)
+		return KV_OK;
+	struct ke_spec *sp = calloc(1, sizeof *sp);
+	if (!sp)
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	s->spec = sp;
+	if (!m->lay.rec_bytes) /* attention only (windows too): nothing to undo but cutting */
+		return KV_OK;
+	sp->alt = ke_stash_take(s->m, 1, m->lay.rec_bytes);
+	if (!sp->alt)
+		sp->alt = kv_alloc(KV_MEM_SCRATCH, m->lay.rec_bytes);
+	sp->log = kv_alloc(KV_MEM_SCRATCH,
+			   (size_t)m->lay.n_rec_layers * KE_SPEC_MAX_ROWS * ke_spec_log_w(m) * sizeof(float));
+	sp->junk = kv_alloc(KV_MEM_SCRATCH, (size_t)KE_SPEC_MAX_ROWS * m->cfg.lin_v_heads * m->cfg.lin_v_dim *
+						    sizeof(float));
+	if (!sp->alt || !sp->log || !sp->junk) {
+		spec_free(s);
+		return kv_fail(KV_ERR_NOMEM, "sequence: cannot allocate %zu bytes for speculative decoding",
+			       ke_model_spec_bytes(m));
+	}
+	return KV_OK;
+}
+
+/* A forward of n rows from position pos0 ran: speculative ones can be
+ * taken back until the next change, others end any earlier undo. */
+static void spec_after(struct ke_seq *s, int spec, int pos0, int n)
+{
+	if (!s->spec)
+		return;
+	s->spec->rows = 0;
+	if (!spec)
+		return;
+	if (s->spec->alt) { /* the new state is in alt: swap (struct ke_spec) */
+		float *t = s->rec;
+		s->rec = s->spec->alt;
+		s->spec->alt = t;
+	}
+	s->spec->rows = n;
+	s->spec->pos0 = pos0;
+}
+
 void ke_seq_destroy(struct ke_seq *s)
 {
 	if (!s)
 		return;
+	spec_free(s);
 	for (int i = 0; i < s->n_pages; i++)
 		kv_page_unref(s->pages[i]);
 	free(s->pages);
@@ -122,7 +189,7 @@ int ke_seq_window_pages(const struct ke_seq *s)
 
 size_t ke_seq_scratch_bytes(const struct ke_seq *s)
 {
-	return s->sc.bytes + s->m->lay.rec_bytes;
+	return s->sc.bytes + s->m->lay.rec_bytes + (s->spec ? ke_model_spec_bytes(s->m) : 0);
 }
 
 size_t ke_seq_snapshot_bytes(const struct ke_seq *s)
@@ -347,10 +414,13 @@ int ke_seq_prefill(struct ke_seq *s, const int32_t *tokens, int n, const struct 
 		if (o->stops[i] <= s->pos || o->stops[i] > s->pos + n || (i && o->stops[i] <= o->stops[i - 1]))
 			return kv_fail(KV_ERR_INVALID, "prefill: stop %d at position %d is not ascending inside (%d, %d]",
 				       i, o->stops[i], s->pos, s->pos + n);
-	if ((rc = tokens_reserve(s, s->pos + n)))
+	if (o->spec && (n > KE_SPEC_MAX_ROWS || n > s->p.chunk || o->n_stops))
+		return kv_fail(KV_ERR_INVALID, "prefill: a speculative forward of %d tokens (1..%d, one chunk, no stops)", n,
+			       KE_SPEC_MAX_ROWS);
+	if ((rc = tokens_reserve(s, s->pos + n)) || (o->spec && (rc = spec_alloc(s))))
 		return rc;
 
-	int V = s->m->cfg.vocab, next_stop = 0;
+	int V = s->m->cfg.vocab, D = s->m->cfg.hidden, next_stop = 0;
 	int base = s->pos;   /* absolute position of tokens[0] */
 	int done = 0;
 	while (done < n) {
@@ -365,9 +435,14 @@ int ke_seq_prefill(struct ke_seq *s, const int32_t *tokens, int n, const struct 
 		float *rows = o->logits_all ? o->logits_all + (size_t)done * V : NULL;
 		float *last = (!rows && end == n) ? logits : NULL;
 		double t0 = ke_prof_t0();
+		s->spec_fwd = o->spec;
 		ke_forward(s, tokens + done, cnt, rows, last);
+		s->spec_fwd = 0;
+		if (o->hidden_all)
+			ke_forward_hidden(s->m, &s->sc, 0, cnt, o->hidden_all + (size_t)done * D);
 		ke_prof_add(KE_PROF_FWD, t0, 0, 0);
 		memcpy(s->tokens + s->pos, tokens + done, (size_t)cnt * sizeof *tokens);
+		spec_after(s, o->spec, s->pos, cnt);
 		s->pos += cnt;
 		wpages_trim(s);
 		done = end;
@@ -410,6 +485,8 @@ static void wpages_clear(struct ke_seq *s)
 static void cut(struct ke_seq *s, int p)
 {
 	const struct ke_layout *lay = &s->m->lay;
+	if (s->spec)
+		s->spec->rows = 0;
 	if (lay->n_segments) {
 		int keep = (p + lay->page_tokens - 1) / lay->page_tokens;
 		for (int i = keep; i < s->n_pages; i++)
@@ -417,6 +494,26 @@ static void cut(struct ke_seq *s, int p)
 		s->n_pages = keep;
 	}
 	s->pos = p;
+}
+
+int ke_seq_accept(struct ke_seq *s, int keep)
+{
+	struct ke_spec *sp = s->spec;
+	if (!sp || !sp->rows || s->pos != sp->pos0 + sp->rows)
+		return kv_fail(KV_ERR_INVALID, "accept: the last forward of this sequence was not speculative");
+	if (keep < 1 || keep > sp->rows)
+		return kv_fail(KV_ERR_INVALID, "accept: keep %d of %d rows", keep, sp->rows);
+	if (keep < sp->rows && sp->alt) {
+		/* back to the state before the forward, then the kept rows */
+		float *t = s->rec;
+		s->rec = sp->alt;
+		sp->alt = t;
+		ke_spec_replay(s, keep);
+	}
+	if (keep < sp->rows)
+		cut(s, sp->pos0 + keep);
+	sp->rows = 0;
+	return KV_OK;
 }
 
 int ke_seq_rewind(struct ke_seq *s, int p, const void *snap, size_t len)
@@ -561,7 +658,9 @@ struct ke_batch {
 	struct ke_model *m;
 	int max_tokens, max_seqs;
 	struct ke_scratch sc;     /* max_tokens rows */
-	float *logits;            /* [max_seqs][vocab] */
+	float *logits;            /* [logit_rows][vocab] */
+	int logit_rows;           /* rows logits holds: max_seqs, grown for verifications */
+	float **all;              /* [max_seqs] */
 	struct ke_seq **seqs;     /* [max_seqs] */
 	const int32_t **toks;     /* [max_seqs] */
 	float **last;             /* [max_seqs] */
@@ -587,11 +686,13 @@ int ke_batch_create(struct ke_model *m, int max_tokens, int max_seqs, struct ke_
 	b->seqs = calloc((size_t)max_seqs, sizeof *b->seqs);
 	b->toks = calloc((size_t)max_seqs, sizeof *b->toks);
 	b->last = calloc((size_t)max_seqs, sizeof *b->last);
+	b->all = calloc((size_t)max_seqs, sizeof *b->all);
+	b->logit_rows = max_seqs;
 	b->row0 = calloc((size_t)max_seqs + 1, sizeof *b->row0);
 	b->row_seq = calloc((size_t)max_tokens, sizeof *b->row_seq);
 	if (block)
 		ke_scratch_plan(m, max_tokens, &b->sc, block);
-	if (!block || !b->logits || !b->seqs || !b->toks || !b->last || !b->row0 || !b->row_seq) {
+	if (!block || !b->logits || !b->seqs || !b->toks || !b->last || !b->all || !b->row0 || !b->row_seq) {
 		kv_free(block);
 		b->sc.block = NULL;
 		ke_batch_destroy(b);
@@ -610,6 +711,7 @@ void ke_batch_destroy(struct ke_batch *b)
 	free(b->seqs);
 	free(b->toks);
 	free(b->last);
+	free(b->all);
 	free(b->row0);
 	free(b->row_seq);
 	free(b);
@@ -627,7 +729,7 @@ int ke_batch_max_seqs(const struct ke_batch *b)
 
 int ke_batch_run(struct ke_batch *b, struct ke_batch_item *items, int n_items)
 {
-	int total = 0, k = 0;
+	int total = 0, k = 0, lrows = 0;
 	if (n_items < 0 || n_items > b->max_seqs)
 		return kv_fail(KV_ERR_INVALID, "batch: %d items, at most %d", n_items, b->max_seqs);
 	for (int i = 0; i < n_items; i++) {
@@ -636,10 +738,23 @@ int ke_batch_run(struct ke_batch *b, struct ke_batch_item *items, int n_items)
 		for (int j = 0; j < i; j++)
 			if (items[j].s == items[i].s)
 				return kv_fail(KV_ERR_INVALID, "batch: a sequence appears twice");
+		if (items[i].spec && items[i].n > KE_SPEC_MAX_ROWS)
+			return kv_fail(KV_ERR_INVALID, "batch: item %d: a speculative forward of %d rows (at most %d)", i,
+				       items[i].n, KE_SPEC_MAX_ROWS);
 		total += items[i].n;
+		lrows += items[i].logits_all ? items[i].n : 1;
 	}
 	if (total > b->max_tokens)
 		return kv_fail(KV_ERR_INVALID, "batch: %d tokens, at most %d", total, b->max_tokens);
+	if (lrows > b->logit_rows) {
+		/* verifications want every row's logits: grown once, kept */
+		float *nl = kv_alloc(KV_MEM_SCRATCH, (size_t)lrows * b->m->cfg.vocab * sizeof *nl);
+		if (!nl)
+			return kv_fail(KV_ERR_NOMEM, "batch: logits of %d rows", lrows);
+		kv_free(b->logits);
+		b->logits = nl;
+		b->logit_rows = lrows;
+	}
 	b->row0[0] = 0;
 	for (int i = 0; i < n_items; i++) {
 		struct ke_batch_item *it = &items[i];
@@ -648,13 +763,15 @@ int ke_batch_run(struct ke_batch *b, struct ke_batch_item *items, int n_items)
 			it->rc = kv_fail(KV_ERR_INVALID, "batch: %d + %d tokens exceed the sequence limit of %d", s->pos,
 					 it->n, s->p.max_tokens);
 		else if (!(it->rc = check_tokens(s, it->tokens, it->n)) && !(it->rc = tokens_reserve(s, s->pos + it->n)) &&
-			 !(it->rc = pages_for(s, s->pos + it->n)))
+			 !(it->rc = it->spec ? spec_alloc(s) : KV_OK) && !(it->rc = pages_for(s, s->pos + it->n)))
 			it->rc = wpages_for(s, s->pos + it->n);
 		if (it->rc)
 			continue;
+		s->spec_fwd = it->spec;
 		b->seqs[k] = s;
 		b->toks[k] = it->tokens;
 		b->last[k] = it->logits;
+		b->all[k] = it->logits_all;
 		b->row0[k + 1] = b->row0[k] + it->n;
 		for (int t = b->row0[k]; t < b->row0[k + 1]; t++)
 			b->row_seq[t] = k;
@@ -664,14 +781,19 @@ int ke_batch_run(struct ke_batch *b, struct ke_batch_item *items, int n_items)
 		struct ke_fwd f = {.m = b->m, .sc = &b->sc, .n = b->row0[k], .n_seq = k, .seqs = b->seqs,
 				   .row0 = b->row0, .row_seq = b->row_seq};
 		double t0 = ke_prof_t0();
-		ke_forward_batch(&f, b->toks, b->last, b->logits);
+		ke_forward_batch(&f, b->toks, b->last, b->all, b->logits);
 		ke_prof_add(KE_PROF_FWD, t0, 0, 0);
 	}
-	for (int i = 0; i < n_items; i++) {
+	for (int i = 0, j = 0; i < n_items; i++) {
 		struct ke_batch_item *it = &items[i];
 		if (it->rc)
 			continue;
+		if (it->hidden)
+			ke_forward_hidden(b->m, &b->sc, b->row0[j], it->n, it->hidden);
+		j++;
+		it->s->spec_fwd = 0;
 		memcpy(it->s->tokens + it->s->pos, it->tokens, (size_t)it->n * sizeof *it->tokens);
+		spec_after(it->s, it->spec, it->s->pos, it->n);
 		it->s->pos += it->n;
 		wpages_trim(it->s);
 	}

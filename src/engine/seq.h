@@ -91,6 +91,10 @@ struct ke_prefill_opts {
 	const int *cancel;       /* read (atomically) between chunks; nonzero stops
 				  * with KV_ERR_CANCELLED, state consistent */
 	float *logits_all;       /* if set: [n][vocab] logits of every new position */
+	float *hidden_all;       /* if set: [n][hidden] final-normed hidden state of every
+				  * new position (the MTP head's input, mtp.h) */
+	int spec;                /* speculative: n <= KE_SPEC_MAX_ROWS and no stops;
+				  * the rows may be taken back (ke_seq_accept) */
 };
 
 /*
@@ -127,6 +131,12 @@ struct ke_batch_item {
 	float *logits;           /* out: vocab floats, the last token's logits, or NULL */
 	int rc;                  /* out: KV_OK, or why this item did not run (the
 				  * sequence is then unchanged) */
+	float *logits_all;       /* out: n x vocab floats, every row's logits, or NULL
+				  * (verification of draft tokens) */
+	float *hidden;           /* out: n x hidden floats, every row's final-normed hidden
+				  * state (the MTP head's input), or NULL */
+	int spec;                /* speculative: the rows after the first may be taken
+				  * back with ke_seq_accept (n <= KE_SPEC_MAX_ROWS) */
 };
 
 int ke_batch_create(struct ke_model *m, int max_tokens, int max_seqs, struct ke_batch **out);
@@ -142,6 +152,26 @@ int ke_batch_max_seqs(const struct ke_batch *b);
  * items, an empty item); then nothing ran.
  */
 int ke_batch_run(struct ke_batch *b, struct ke_batch_item *items, int n_items);
+
+/*
+ * Speculative forwards (speculative decoding, docs/engine.md "Speculative
+ * decoding"). A forward with spec set (a batch item's, or a prefill's
+ * ke_prefill_opts.spec) runs like any other and advances the sequence by
+ * its n rows; until the sequence's next forward, ke_seq_accept(s, keep)
+ * keeps its first keep rows (1 <= keep <= n) and takes the others back:
+ * tokens and KV are cut to pos - n + keep and, for a hybrid model, the
+ * recurrent state becomes exactly the state after those keep rows (the
+ * state before the forward with the kept rows replayed: bit for bit what
+ * decoding them one at a time gives). keep == n only ends the undo. The
+ * first speculative forward allocates ke_model_spec_bytes (KV_MEM_SCRATCH;
+ * KV_ERR_NOMEM when that fails). Any other call that changes the
+ * sequence (a forward, rewind, truncate) ends the undo: ke_seq_accept then
+ * fails with KV_ERR_INVALID.
+ */
+#define KE_SPEC_MAX_ROWS 16
+int ke_seq_accept(struct ke_seq *s, int keep);
+/* Memory a sequence's first speculative forward allocates. */
+size_t ke_model_spec_bytes(const struct ke_model *m);
 
 /* Recurrent snapshot (hybrid; layout.snapshot_bytes, 0 for dense). */
 size_t ke_seq_snapshot_bytes(const struct ke_seq *s);

@@ -633,6 +633,8 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 	c->attn_output_gate = c->hybrid;
 	c->norm_plus_one = c->hybrid || c->arch == KV_ARCH_GEMMA3;
 	c->qk_norm = c->arch == KV_ARCH_QWEN3 || c->hybrid || c->arch == KV_ARCH_GEMMA3;
+	if (c->hybrid && (rc = get_int(p, p->text, p->tprefix, "mtp_num_hidden_layers", 0, 0, 8, &c->n_mtp_layers)))
+		return rc;
 	pre = p->tprefix;
 	arch = json_object_get(p->root, "architectures");
 	if (json_is_array(arch) && json_is_string(json_array_get(arch, 0)))
@@ -997,6 +999,46 @@ int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struc
 		free(s.v);
 		return kv_fail(KV_ERR_NOMEM, "out of memory listing tensors");
 	}
+	*out = s.v;
+	*n = s.n;
+	return KV_OK;
+}
+
+int kv_config_mtp_tensors(const struct kv_model_config *c, int moe, struct kv_tensor_spec **out, size_t *n)
+{
+	struct specs s = {0};
+	const char *p = "mtp.";
+	const int64_t H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, I = c->intermediate;
+	const int norm = c->norm_plus_one ? KV_ROLE_NORM_OFFSET : KV_ROLE_NORM;
+
+	*out = NULL;
+	*n = 0;
+	spec(&s, 0, KV_ROLE_LINEAR, 2, H, 2 * H, 0, "%sfc.weight", p);
+	spec(&s, 0, norm, 1, H, 0, 0, "%spre_fc_norm_embedding.weight", p);
+	spec(&s, 0, norm, 1, H, 0, 0, "%spre_fc_norm_hidden.weight", p);
+	spec(&s, 0, norm, 1, H, 0, 0, "%slayers.%d.input_layernorm.weight", p, 0);
+	spec(&s, 0, KV_ROLE_LINEAR, 2, nh * hd * (c->attn_output_gate ? 2 : 1), H, 0,
+	     "%slayers.%d.self_attn.q_proj.weight", p, 0);
+	spec(&s, 0, KV_ROLE_LINEAR, 2, nkv * hd, H, 0, "%slayers.%d.self_attn.k_proj.weight", p, 0);
+	spec(&s, 0, KV_ROLE_LINEAR, 2, nkv * hd, H, 0, "%slayers.%d.self_attn.v_proj.weight", p, 0);
+	spec(&s, 0, KV_ROLE_LINEAR_OUT, 2, H, nh * hd, 0, "%slayers.%d.self_attn.o_proj.weight", p, 0);
+	spec(&s, 0, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.q_norm.weight", p, 0);
+	spec(&s, 0, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.k_norm.weight", p, 0);
+	spec(&s, 0, norm, 1, H, 0, 0, "%slayers.%d.post_attention_layernorm.weight", p, 0);
+	if (moe) {
+		moe_specs(&s, c, p, 0);
+	} else {
+		spec(&s, 0, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.gate_proj.weight", p, 0);
+		spec(&s, 0, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.up_proj.weight", p, 0);
+		spec(&s, 0, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.down_proj.weight", p, 0);
+	}
+	spec(&s, 0, norm, 1, H, 0, 0, "%snorm.weight", p);
+	if (s.oom) {
+		free(s.v);
+		return kv_fail(KV_ERR_NOMEM, "out of memory listing tensors");
+	}
+	for (size_t i = 0; i < s.n; i++)
+		s.v[i].layer = c->n_layers;
 	*out = s.v;
 	*n = s.n;
 	return KV_OK;

@@ -165,6 +165,11 @@ struct kv_model_config {
 	int n_moe_layers;
 	uint8_t layer_moe[KV_MAX_LAYERS]; /* 1: layer l has the sparse MoE block */
 	int expert_layout;            /* enum kv_expert_layout the tensor list uses */
+	/* Multi-token prediction (hybrid): mtp_num_hidden_layers (Qwen3.5's
+	 * text config; GGUF nextn_predict_layers). The head's tensors are
+	 * listed by kv_config_mtp_tensors, never by kv_config_tensors: a folder
+	 * without them (mlx-lm drops them) is still a whole model. */
+	int n_mtp_layers;
 	/* Set when the model comes from a GGUF file (model/gguf_model.h). */
 	int gguf;                     /* 1: weights and metadata from a .gguf */
 	int a_is_neg_exp;             /* the A_log tensor holds -exp(A_log) (GGUF ssm_a) */
@@ -276,6 +281,17 @@ const char *kv_config_default_prefix(const struct kv_model_config *c);
  * (free()), *n its length. */
 int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struct kv_tensor_spec **out,
 		      size_t *n);
+/*
+ * The multi-token-prediction head's tensors (one MTP layer; hybrid
+ * families), by their Hugging Face names under "mtp.": fc [H, 2H] (input:
+ * the normed token embedding, then the normed hidden state),
+ * pre_fc_norm_embedding, pre_fc_norm_hidden and norm [H] ((1 + w)
+ * norms), and layers.0.* a full-attention decoder layer with the text
+ * model's attention geometry and its MLP (the sparse MoE block when
+ * `moe`, in c->expert_layout). Entries carry layer = c->n_layers. *out
+ * malloc'd.
+ */
+int kv_config_mtp_tensors(const struct kv_model_config *c, int moe, struct kv_tensor_spec **out, size_t *n);
 
 /* Name of the lm_head weight for a prefix: "language_model.lm_head.weight"
  * for mlx-lm's "language_model.model.", else "lm_head.weight". */

@@ -439,7 +439,7 @@ static int rope_freqs_fill(void *ctx, void *dst, uint64_t nbytes)
 	return KV_OK;
 }
 
-static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ftype)
+static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ftype, int n_mtp)
 {
 	char k[128];
 	const char *a = kv_gguf_arch(c);
@@ -453,7 +453,10 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
 	    (rc = kv_ggufw_set_u32(w, "general.file_type", (uint32_t)ftype)) ||
 	    (rc = kv_ggufw_set_u32(w, "general.quantization_version", 2)))
 		return rc;
-	SETU("block_count", c->n_layers);
+	/* llama.cpp counts the MTP layers in block_count */
+	SETU("block_count", c->n_layers + n_mtp);
+	if (n_mtp)
+		SETU("nextn_predict_layers", n_mtp);
 	SETU("context_length", c->max_positions > 0 ? c->max_positions : 32768);
 	SETU("embedding_length", c->hidden);
 	SETU("feed_forward_length", c->intermediate);
@@ -572,12 +575,32 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 	if ((rc = kv_weights_open(p->hf_dir, &wt)) || (rc = kv_config_check_weights(&c, wt, prefix, sizeof prefix)) ||
 	    (rc = kv_config_tensors(&c, prefix, &spec, &ns)))
 		goto out;
+	/* the MTP head (mtp.*) becomes llama.cpp's nextn layer after the others */
+	int n_mtp = 0;
+	if (c.hybrid && kv_weights_find(wt, "mtp.fc.weight")) {
+		struct kv_tensor_spec *mt = NULL, *all;
+		size_t nm = 0;
+		struct kv_model_config cm = c;
+		kv_config_detect_experts(&cm, wt, "mtp.");
+		if ((rc = kv_config_mtp_tensors(&cm, kv_weights_find(wt, "mtp.layers.0.mlp.gate.weight") != NULL, &mt, &nm)))
+			goto out;
+		if (!(all = realloc(spec, (ns + nm) * sizeof *spec))) {
+			free(mt);
+			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+			goto out;
+		}
+		spec = all;
+		memcpy(spec + ns, mt, nm * sizeof *mt);
+		ns += nm;
+		free(mt);
+		n_mtp = 1;
+	}
 	/* an HF tensor gives at most two GGUF tensors (gate_up_proj, in_proj_qkvz) */
 	if (!(w = kv_ggufw_create()) || !(ct = calloc(2 * ns + 1, sizeof *ct))) {
 		rc = kv_fail(KV_ERR_NOMEM, "out of memory");
 		goto out;
 	}
-	if ((rc = conv_meta(w, &c, p->ftype)) || (rc = conv_tokenizer(w, p->hf_dir, &c)))
+	if ((rc = conv_meta(w, &c, p->ftype, n_mtp)) || (rc = conv_tokenizer(w, p->hf_dir, &c)))
 		goto out;
 	struct kq_mix_ctx mix = {c.n_layers, c.n_layers, !c.tie_embeddings, c.n_moe_layers ? c.n_experts : 0,
 				  c.n_kv_heads ? c.n_heads / c.n_kv_heads : 0};
@@ -587,10 +610,15 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 		char hf[160], gg[96], ggb[96];
 		const char *name = spec[i].name, *rest = NULL;
 		const struct kv_tensor *src = kv_weights_find(wt, name);
-		int layer = spec[i].layer, nout = 0;
+		int layer = spec[i].layer, nout = 0, is_mtp = !strncmp(name, "mtp.", 4);
+		/* where a layer's tensors sit in the folder: the MTP layer under mtp.layers.0. */
+		const char *sprefix = is_mtp ? "mtp." : prefix;
+		int slayer = is_mtp ? 0 : layer;
 		struct conv_t *o[2] = {NULL, NULL};
 		/* kv_config_tensors names with the folder's prefix; map as "model.". */
-		if (!strncmp(name, prefix, strlen(prefix)))
+		if (is_mtp && !strncmp(name, "mtp.layers.0.", 13))
+			snprintf(hf, sizeof hf, "model.layers.%d.%s", layer, name + 13);
+		else if (!strncmp(name, prefix, strlen(prefix)))
 			snprintf(hf, sizeof hf, "model.%s", name + strlen(prefix));
 		else
 			snprintf(hf, sizeof hf, "%s", name);
@@ -641,7 +669,7 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 				goto oom;
 			for (int64_t e = 0; e < E; e++) {
 				char en[192];
-				snprintf(en, sizeof en, "%slayers.%d.mlp.experts.%lld.%s_proj.weight", prefix, layer,
+				snprintf(en, sizeof en, "%slayers.%d.mlp.experts.%lld.%s_proj.weight", sprefix, slayer,
 					 (long long)e, which);
 				const struct kv_tensor *et = kv_weights_find(wt, en);
 				if (!et || et->ndim != 2 || et->shape[0] != src->shape[0] || et->shape[1] != src->shape[1]) {
@@ -693,7 +721,10 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 			}
 			nout = 2;
 		} else {
-			if (!kv_gguf_name_from_hf(&c, hf, gg, sizeof gg)) {
+			const char *nx = is_mtp ? kv_gguf_nextn_gg(name, NULL) : NULL;
+			if (nx)
+				snprintf(gg, sizeof gg, "blk.%d.%s", layer, nx);
+			else if (!kv_gguf_name_from_hf(&c, hf, gg, sizeof gg)) {
 				rc = kv_fail(KV_ERR_INCOMPATIBLE, "convert: no GGUF name for tensor '%s'", name);
 				goto out;
 			}
@@ -727,6 +758,8 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 				t->xf = xf;
 			if (!strcmp(t->gg, "output_norm.weight"))
 				t->xf = KV_GGUF_XF_NORM1;
+			if (is_mtp && kv_gguf_nextn_gg(name, &xf))
+				t->xf = xf;
 			int role = spec[i].role;
 			int is_mat = t->ndim >= 2 && (role == KV_ROLE_EMBED || role == KV_ROLE_LM_HEAD ||
 						      role == KV_ROLE_LINEAR || role == KV_ROLE_LINEAR_OUT ||

@@ -147,6 +147,38 @@ static const struct {
 };
 #define N_MOE_MAP (sizeof g_moe / sizeof g_moe[0])
 
+/* The MTP head's own tensors (Hugging Face `mtp.*`, llama.cpp's
+ * blk.<n_layers>.nextn.*). */
+static const struct {
+	const char *hf, *gg;
+	int xf;
+} g_nextn[] = {
+	{"mtp.fc.weight", "nextn.eh_proj.weight", KV_GGUF_XF_NONE},
+	{"mtp.pre_fc_norm_embedding.weight", "nextn.enorm.weight", KV_GGUF_XF_NORM1},
+	{"mtp.pre_fc_norm_hidden.weight", "nextn.hnorm.weight", KV_GGUF_XF_NORM1},
+	{"mtp.norm.weight", "nextn.shared_head_norm.weight", KV_GGUF_XF_NORM1},
+};
+#define N_NEXTN_MAP (sizeof g_nextn / sizeof g_nextn[0])
+
+const char *kv_gguf_nextn_gg(const char *hf, int *xf)
+{
+	for (size_t m = 0; m < N_NEXTN_MAP; m++)
+		if (!strcmp(hf, g_nextn[m].hf)) {
+			if (xf)
+				*xf = g_nextn[m].xf;
+			return g_nextn[m].gg;
+		}
+	return NULL;
+}
+
+const char *kv_gguf_nextn_hf(const char *gg)
+{
+	for (size_t m = 0; m < N_NEXTN_MAP; m++)
+		if (!strcmp(gg, g_nextn[m].gg))
+			return g_nextn[m].hf;
+	return NULL;
+}
+
 static int applies(const struct name_map *m, const struct kv_model_config *c)
 {
 	return m->hybrid_only == 0 || (m->hybrid_only == 1) == (c->hybrid != 0);

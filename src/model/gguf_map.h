@@ -48,6 +48,12 @@ const char *kv_gguf_layer_hf(const struct kv_model_config *c, const char *gg, in
 /* The same for the MoE and fused DeltaNet tensors ("ffn_gate_exps.weight"
  * -> "mlp.switch_mlp.gate_proj.weight"); NULL if none. */
 const char *kv_gguf_moe_hf(const char *gg);
+/* The MTP head's own tensors: llama.cpp's nextn suffix (after
+ * "blk.<n_layers>.") for a Hugging Face mtp.* name and back, NULL when the
+ * name is not one (its decoder layer maps as any layer's, under
+ * mtp.layers.0.); *xf as for the layers (its norms are (1 + w) norms). */
+const char *kv_gguf_nextn_gg(const char *hf, int *xf);
+const char *kv_gguf_nextn_hf(const char *gg);
 
 /* 1 if c's value heads are stored tiled: llama.cpp's qwen35 / qwen35moe
  * converter tiles them (head j Hk + k is HF's head k (Hv / Hk) + j); its

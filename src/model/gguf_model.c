@@ -274,8 +274,10 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 	 * in block_count; the text model has block_count - nextn layers. */
 	{
 		int64_t nextn = 0, bc = json_integer_value(json_object_get(o, "num_hidden_layers"));
-		if (get_u(g, arch, "nextn_predict_layers", &nextn) == KV_OK && nextn > 0 && nextn < bc)
+		if (get_u(g, arch, "nextn_predict_layers", &nextn) == KV_OK && nextn > 0 && nextn < bc) {
 			json_object_set_new(o, "num_hidden_layers", json_integer(bc - nextn));
+			json_object_set_new(o, "mtp_num_hidden_layers", json_integer(nextn));
+		}
 		kv_errclear();
 	}
 	if (hybrid) {
@@ -451,8 +453,18 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 				if (h)
 					snprintf(hf, sizeof hf, "model.layers.%d.%s", layer, h);
 			}
+			/* the MTP layer (llama.cpp's nextn, after the others): under the
+			 * Hugging Face mtp.* names */
+			int mtp = c->n_mtp_layers > 0 && layer == c->n_layers && !strncmp(t->name, "blk.", 4);
+			if (mtp) {
+				const char *rest = strchr(t->name + 4, '.') + 1, *h = kv_gguf_nextn_hf(rest);
+				if (h)
+					snprintf(hf, sizeof hf, "%s", h);
+				else if ((h = kv_gguf_layer_hf(c, rest, NULL)))
+					snprintf(hf, sizeof hf, "mtp.layers.0.%s", h);
+			}
 			int ba_split = 0;
-			if (!hf[0] && layer >= 0 && layer < c->n_layers) {
+			if (!hf[0] && layer >= 0 && (layer < c->n_layers || mtp)) {
 				const char *rest = strchr(t->name + 4, '.') + 1;
 				const char *h = kv_gguf_moe_hf(rest);
 				if (h && !strcmp(rest, "ffn_down_exps.weight")) {
@@ -466,7 +478,9 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 					h = NULL;
 				if (h && !strcmp(rest, "ssm_ba.weight") && !c->fused_deltanet)
 					ba_split = 1;
-				if (h)
+				if (h && mtp)
+					snprintf(hf, sizeof hf, "mtp.layers.0.%s", h);
+				else if (h)
 					snprintf(hf, sizeof hf, "model.layers.%d.%s", layer, h);
 			}
 			if (!hf[0])

@@ -1310,6 +1310,22 @@ static int write_weights(const struct kv_model_config *c, const char *path, uint
 
 	if ((rc = kv_config_tensors(c, NULL, &sp, &n)))
 		return rc;
+	if (c->n_mtp_layers > 0) { /* the MTP head after the text model's tensors */
+		struct kv_tensor_spec *mt = NULL, *all;
+		size_t nm = 0;
+		if ((rc = kv_config_mtp_tensors(c, c->n_moe_layers > 0, &mt, &nm)))
+			goto out;
+		all = realloc(sp, (n + nm) * sizeof *sp);
+		if (!all) {
+			free(mt);
+			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+			goto out;
+		}
+		sp = all;
+		memcpy(sp + n, mt, nm * sizeof *mt);
+		n += nm;
+		free(mt);
+	}
 	fc = calloc(n ? n : 1, sizeof *fc);
 	w = kv_stw_create();
 	if (!fc || !w) {
@@ -1421,6 +1437,27 @@ int kv_synth_write(const struct kv_synth_opts *o)
 	if ((rc = kv_synth_config_json(p, n_ids, bos, p->release_files && bos >= 0 ? bos : eos, o->dtype, &cfg,
 					&cfg_len)))
 		goto out;
+	if (o->mtp) {
+		/* mtp_num_hidden_layers: 1 where the release has it (text_config) */
+		json_t *root = json_loadb(cfg, cfg_len, 0, NULL), *tc;
+		char *t2;
+		if (p->arch == KV_ARCH_QWEN3) {
+			json_decref(root);
+			rc = kv_fail(KV_ERR_INVALID, "--mtp: preset '%s' is not a hybrid (Qwen3.5 / Qwen3-Next) model", p->name);
+			goto out;
+		}
+		tc = root ? json_object_get(root, "text_config") : NULL;
+		if (!root || json_object_set_new(tc ? tc : root, "mtp_num_hidden_layers", json_integer(1)) ||
+		    !(t2 = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(10)))) {
+			json_decref(root);
+			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+			goto out;
+		}
+		json_decref(root);
+		free(cfg);
+		cfg = t2;
+		cfg_len = strlen(cfg);
+	}
 	/* What we write must be what we read: parse it back. */
 	if ((rc = kv_config_parse(cfg, cfg_len, "generated config.json", &c))) {
 		kv_fail_ctx(rc, "preset '%s'", p->name);

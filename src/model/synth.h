@@ -85,6 +85,9 @@ struct kv_synth_opts {
 	int large;                 /* write the weights of a config-only (real-size)
 				    * preset anyway (--large: tens of GB) */
 	unsigned dw_flags;         /* KV_DW_* for every file written */
+	int mtp;                   /* hybrid presets: add the multi-token-prediction head
+				    * (config mtp_num_hidden_layers 1, the mtp.* tensors of
+				    * the releases: model/config.h kv_config_mtp_tensors) */
 };
 
 /*

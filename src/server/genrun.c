@@ -5,6 +5,7 @@
  * the end the request is counted, logged and its answer remembered.
  */
 #include "server/gen_int.h"
+#include "session/spec.h"
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/err.h"
@@ -280,6 +281,7 @@ void gen_run(struct ksv_job *job)
 		.logprobs = g->in.req.logprobs,
 		.top_logprobs = g->in.req.top_logprobs,
 		.ignore_eos = g->in.req.ignore_eos,
+		.no_speculation = !g->in.req.speculative,
 		.out = {.stop = g->in.req.stop,
 			.n_stop = g->in.req.n_stop,
 			.split_reasoning = s->o.split_reasoning && g->in.req.api == KSV_API_CHAT,
@@ -347,15 +349,20 @@ void gen_run(struct ksv_job *job)
 
 	double dur = (double)(kv_now_ns() - g->t_arrive) / 1e9;
 	double gen_s = r->t_first_ns ? (double)(r->t_last_ns - r->t_first_ns) / 1e9 : 0;
+	unsigned spec_drafted = r->spec.drafted[0] + r->spec.drafted[1];
+	unsigned spec_accepted = r->spec.accepted[0] + r->spec.accepted[1];
 	KV_INFO("request",
 		"route=%s stream=%d prompt_tokens=%u cached_tokens=%u resume=%s disk=%d restored_messages=%zu gen_tokens=%u "
-		"constraint=%s finish=%s%s%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f%s%s",
+		"constraint=%s finish=%s%s%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f "
+		"spec=%s spec_drafted=%u spec_accepted=%u spec_acceptance=%.2f%s%s",
 		g->route, g->in.req.stream, r->usage.prompt_tokens, r->usage.cached_tokens,
 		r->admitted ? r->resume_kind : "none", r->from_disk > 0, g->in.pr.n_restored, r->generated, cons_name(g->in.cons_kind),
 		cancelled ? "cancelled" : status ? "error" : r->finish, why ? " why=" : "", why ? why : "",
 		r->t_first_ns ? (double)(r->t_first_ns - g->t_arrive) / 1e6 : 0.0,
 		gen_s > 0 && r->generated > 1 ? (r->generated - 1) / gen_s : 0.0, (double)(t_start - g->job.t_submit_ns) / 1e6,
-		r->prefill_ms, dur * 1e3, status && !cancelled ? " error=" : "", status && !cancelled ? r->err : "");
+		r->prefill_ms, dur * 1e3, kss_spec_mode_name(r->speculative), spec_drafted, spec_accepted,
+		spec_drafted ? (double)spec_accepted / spec_drafted : 0.0, status && !cancelled ? " error=" : "",
+		status && !cancelled ? r->err : "");
 	/* the worker's reference is dropped in gen_done, after the queue is
 	 * through with the job */
 }

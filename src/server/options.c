@@ -6,6 +6,8 @@
 #include "base/env.h"
 #include "base/err.h"
 #include "engine/model.h"
+#include "engine/seq.h"
+#include "session/spec.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -37,6 +39,8 @@ void ksv_opts_default(struct ksv_opts *o)
 	o->echo_generated = "on";
 	o->echo_generated_mb = 32;
 	o->prompt_normalize = "billing-header";
+	o->speculative = "auto";
+	o->speculative_draft = 8;
 	o->generation_config = "auto";
 	for (int i = 0; i < KV_GC_N; i++)
 		o->default_sp[i] = NAN;
@@ -91,6 +95,10 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--threads must be 1-4096 (0: KVKEEP_THREADS, else one per core)");
 	if (o->page_tokens < 1 || o->page_tokens > 65536)
 		return kv_fail(KV_ERR_INVALID, "--page-tokens must be 1-65536");
+	if (kss_spec_mode_parse(o->speculative) < 0)
+		return kv_fail(KV_ERR_INVALID, "--speculative must be off, lookup, mtp or auto");
+	if (o->speculative_draft < 1 || o->speculative_draft > KE_SPEC_MAX_ROWS - 1)
+		return kv_fail(KV_ERR_INVALID, "--speculative-draft must be 1-%d", KE_SPEC_MAX_ROWS - 1);
 	if (o->prefill_chunk < 1 || o->prefill_chunk > 65536)
 		return kv_fail(KV_ERR_INVALID, "--prefill-chunk must be 1-65536");
 	if (o->max_model_len < 0 || o->max_model_len > (1 << 24))

@@ -63,6 +63,8 @@ struct ksv_opts {
 	const char *prompt_normalize;     /* --prompt-normalize RULES (normalize.h), default "billing-header" */
 	int special_tokens_in_request;    /* --special-tokens-in-request: literals in request text become
 					     control tokens (Hugging Face); default 0: plain text */
+	const char *speculative;          /* --speculative off|lookup|mtp|auto, default auto (session/spec.h) */
+	int64_t speculative_draft;        /* --speculative-draft N: longest draft a step verifies, default 8 */
 
 	/* sampling defaults (docs/api.md "Sampling"): request > flag >
 	 * generation_config.json > the OpenAI defaults */

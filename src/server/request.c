@@ -685,6 +685,8 @@ int ksv_req_parse_json(int api, json_t *body, struct ksv_req *r)
 		return rc;
 	if ((rc = get_bool(r, b, "ignore_eos", 0, &r->ignore_eos)))
 		return rc;
+	if ((rc = get_bool(r, b, "speculative", 1, &r->speculative)))
+		return rc;
 	if ((rc = get_bool(r, b, "return_progress", 0, &r->return_progress)))
 		return rc;
 	json_t *so = json_object_get(b, "stream_options");

@@ -28,6 +28,8 @@
  *   n (must be 1), chat_template_kwargs.enable_thinking (bool),
  *   ignore_eos (bool, vLLM's extension: generate max_tokens tokens even
  *   past end-of-sequence tokens; benchmarks and tests use it)
+ *   speculative (bool, kvkeep's: false decodes this request without
+ *   speculative decoding; the output is the same, docs/api.md)
  *   return_progress (bool, llama.cpp's extension: a streamed answer sends
  *   prompt_progress chunks while the prompt is prefilled)
  *   logit_bias (only empty)
@@ -104,6 +106,8 @@ struct ksv_req {
 	int top_logprobs;          /* 0..20 alternatives per token */
 	int enable_thinking;       /* -1 unset, 0, 1 */
 	int ignore_eos;            /* vLLM extension: keep generating past end-of-sequence tokens */
+	int speculative;           /* kvkeep extension, default true: false decodes without drafts
+				    * (speculative decoding; the output is the same either way) */
 	int return_progress;       /* llama.cpp extension: prompt_progress chunks while prefilling (streams) */
 	int encrypted_reasoning;   /* Responses: include has "reasoning.encrypted_content" */
 	char err_param[96];        /* on error: the offending field's path */

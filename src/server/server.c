@@ -27,6 +27,7 @@
 #include "cache/opts.h"
 #include "cache/storage_policy.h"
 #include "session/sched.h"
+#include "session/spec.h"
 #include "engine/model.h"
 #include "engine/qdot.h"
 #include "engine/sample.h"
@@ -680,7 +681,33 @@ static json_t *stats_json(const struct kc_stats *st)
 struct engine_view {
 	struct kss_sched_stats es;
 	int max_running;
+	struct kss_spec_totals sp;       /* speculative decoding (session/request.h) */
 };
+
+/* Speculative decoding's draft tokens and kept ones by source. */
+static const char *const g_spec_src[2] = {"lookup", "mtp"};
+
+static void spec_drafted(struct ksv_family *f, const void *view)
+{
+	const struct kss_spec_totals *sp = &((const struct engine_view *)view)->sp;
+	for (int i = 0; i < 2; i++)
+		ksv_series_set(ksv_series_get(f, "source", g_spec_src[i], NULL), (double)sp->drafted[i]);
+}
+
+static void spec_accepted(struct ksv_family *f, const void *view)
+{
+	const struct kss_spec_totals *sp = &((const struct engine_view *)view)->sp;
+	for (int i = 0; i < 2; i++)
+		ksv_series_set(ksv_series_get(f, "source", g_spec_src[i], NULL), (double)sp->accepted[i]);
+}
+
+static void spec_acceptance(struct ksv_family *f, const void *view)
+{
+	const struct kss_spec_totals *sp = &((const struct engine_view *)view)->sp;
+	for (int i = 0; i < 2; i++)
+		ksv_series_set(ksv_series_get(f, "source", g_spec_src[i], NULL),
+			       sp->drafted[i] ? (double)sp->accepted[i] / (double)sp->drafted[i] : 0.0);
+}
 static const struct stat_row engine_rows[] = {
 	ROW(struct engine_view, es.steps, "kvkeep_engine_steps_total", C, 1, NULL, "Engine steps (one batched forward each)."),
 	ROW(struct engine_view, es.rows, "kvkeep_engine_step_tokens_total", C, 1, NULL,
@@ -704,6 +731,16 @@ static const struct stat_row engine_rows[] = {
 	    "Prompt tokens those waits found in the cache."),
 	ROW(struct engine_view, max_running, "kvkeep_engine_max_running", G, 1, NULL,
 	    "Requests that may generate together (--max-running)."),
+	ROW(struct engine_view, es.verify_rows, "kvkeep_engine_verify_tokens_total", C, 1, NULL,
+	    "Tokens through engine steps in verifications of drafts (speculative decoding)."),
+	ROW(struct engine_view, sp.steps, "kvkeep_spec_verifications_total", C, 1, NULL,
+	    "Decode forwards that verified a draft (speculative decoding)."),
+	ROW(struct engine_view, sp.plain, "kvkeep_spec_plain_steps_total", C, 1, NULL,
+	    "Decode forwards of speculating requests that verified no draft (none paid)."),
+	LROW(spec_drafted, "kvkeep_spec_draft_tokens_total", C, "Draft tokens verified, by source."),
+	LROW(spec_accepted, "kvkeep_spec_accepted_tokens_total", C,
+	     "Draft tokens kept (the model chose them), by source."),
+	LROW(spec_acceptance, "kvkeep_spec_acceptance_ratio", G, "Kept / verified draft tokens so far, by source."),
 };
 
 /* The disk tier's counters (store.h struct ks_stats), copied at scrape
@@ -826,6 +863,7 @@ static void scrape(void *ctx, struct ksv_metrics *m)
 	ksv_metrics_set(s->f_waiting, ksv_queue_queued(s->queue));
 	struct engine_view ev = {.max_running = s->max_running};
 	kss_sched_stats(s->engine, &ev.es);
+	kss_service_spec_totals(s->svc, &ev.sp);
 	stat_scrape(engine_rows, N_ROWS(engine_rows), s->fe, &ev);
 	struct ksv_httpd *http = __atomic_load_n(&s->http, __ATOMIC_ACQUIRE);
 	ksv_metrics_set(s->f_conns, http ? ksv_httpd_connections(http) : 0);
@@ -1247,10 +1285,16 @@ int ksv_server_load(struct ksv_server *s)
 			s->max_running = fit < 1 ? 1 : fit < 4 ? (int)fit : 4;
 		}
 	}
+	/* speculative decoding (session/spec.h): its verifications of
+	 * speculative_draft + 1 rows are engine items */
+	s->spec_mode = kss_spec_mode_parse(o->speculative);
+	if (s->spec_mode == KSS_SPEC_MTP && !ke_model_has_mtp(s->model))
+		return kv_fail(KV_ERR_INVALID, "--speculative mtp: the model has no MTP head (mtp.* or nextn tensors)");
 	struct kss_sched_params ep = {.model = s->model,
 				      .max_running = s->max_running,
 				      .max_batch_tokens = (int)o->max_batch_tokens,
-				      .chunk = o->prefill_chunk < 8192 ? (int)o->prefill_chunk : 8192};
+				      .chunk = o->prefill_chunk < 8192 ? (int)o->prefill_chunk : 8192,
+				      .spec_rows = s->spec_mode ? (int)o->speculative_draft + 1 : 0};
 	if ((rc = kss_sched_create(&ep, &s->engine)))
 		return rc;
 	struct kss_service_params svp = {.model = s->model,
@@ -1262,14 +1306,17 @@ int ksv_server_load(struct ksv_server *s)
 					 .eos = s->eos,
 					 .n_eos = s->n_eos,
 					 .mem_cap = s->mem_cap,
-					 .prefill_chunk = (int)o->prefill_chunk};
+					 .prefill_chunk = (int)o->prefill_chunk,
+					 .speculative = s->spec_mode,
+					 .spec_max_draft = (int)o->speculative_draft};
 	if ((rc = kss_service_create(&svp, &s->svc)))
 		return rc;
 	s->queue = ksv_queue_create(s->max_running, (int)o->max_queue);
 	if (!s->queue)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
-	KV_INFO("serve.scheduler", "max_running=%d max_batch_tokens=%d chunk=%d", s->max_running,
-		o->max_batch_tokens ? (int)o->max_batch_tokens : ep.chunk + s->max_running, kss_sched_chunk(s->engine));
+	KV_INFO("serve.scheduler", "max_running=%d max_batch_tokens=%d chunk=%d speculative=%s mtp=%d verify_rows=%d",
+		s->max_running, kss_sched_max_batch_tokens(s->engine), kss_sched_chunk(s->engine),
+		kss_spec_mode_name(s->spec_mode), ke_model_has_mtp(s->model), kss_sched_spec_rows(s->engine));
 	if ((rc = setup_metrics(s)) || (s->store && (rc = setup_disk_metrics(s))))
 		return rc;
 	{

@@ -55,6 +55,7 @@ struct ksv_server {
 	struct kss_sched *engine;         /* the engine's scheduler (session/sched.h) */
 	struct kss_service *svc;          /* a request's path below HTTP (session/request.h) */
 	int max_running;
+	int spec_mode;                    /* --speculative (session/spec.h enum kss_spec_mode) */
 	struct ksv_metrics *m;
 	struct ksv_httpd *http;
 	int vocab;
@@ -88,7 +89,7 @@ struct ksv_server {
 		*f_queue_wait, *f_running, *f_waiting, *f_cancelled, *f_timeouts, *f_conns, *f_mem, *f_mem_peak,
 		*f_pages, *f_rej_503, *f_rej_429, *f_corrupt, *f_info;
 	/* one per row of the tables in server.c (metrics section) */
-	struct ksv_family *fe[12];        /* the engine's scheduler (engine_rows) */
+	struct ksv_family *fe[20];        /* the engine's scheduler (engine_rows) */
 	struct ksv_family *fc[24];        /* the RAM cache (cache_rows) */
 	struct ksv_family *fd[40];        /* the disk tier (disk_rows) */
 };

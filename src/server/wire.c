@@ -303,7 +303,7 @@ json_t *ksv_explain_json(const struct kss_explain *e, int with_cached)
 void ksv_wire_copy_sampling(const json_t *body, json_t *chat)
 {
 	static const char *const copy[] = {"temperature", "top_p", "top_k", "stream", "min_p", "seed", "presence_penalty",
-					   "frequency_penalty", "repetition_penalty"};
+					   "frequency_penalty", "repetition_penalty", "speculative"};
 	json_t *v;
 	for (size_t k = 0; k < sizeof copy / sizeof *copy; k++)
 		if ((v = json_object_get(body, copy[k])) && !json_is_null(v))

@@ -12,6 +12,7 @@
 #include "store/store.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,8 @@ struct kss_service {
 	/* the admission projections of the requests running now: they may
 	 * still grow to them, so they count as used */
 	atomic_uint_fast64_t reserved;
+	pthread_mutex_t spec_mu;        /* guards spec */
+	struct kss_spec_totals spec;
 };
 
 int kss_service_create(const struct kss_service_params *p, struct kss_service **out)
@@ -52,20 +55,53 @@ int kss_service_create(const struct kss_service_params *p, struct kss_service **
 		free(s);
 		return rc;
 	}
+	pthread_mutex_init(&s->spec_mu, NULL);
 	*out = s;
 	return KV_OK;
 }
 
 void kss_service_destroy(struct kss_service *s)
 {
-	if (s)
-		kss_cons_free(s->cons);
+	if (!s)
+		return;
+	kss_cons_free(s->cons);
+	pthread_mutex_destroy(&s->spec_mu);
 	free(s);
 }
 
 struct kss_cons *kss_service_cons(struct kss_service *s)
 {
 	return s->cons;
+}
+
+void kss_service_spec_totals(struct kss_service *s, struct kss_spec_totals *out)
+{
+	pthread_mutex_lock(&s->spec_mu);
+	*out = s->spec;
+	pthread_mutex_unlock(&s->spec_mu);
+}
+
+/* A request's speculation, added to the totals. */
+static void spec_account(struct kss_service *s, const struct kss_run_spec *sp)
+{
+	pthread_mutex_lock(&s->spec_mu);
+	s->spec.requests++;
+	s->spec.steps += sp->steps;
+	s->spec.plain += sp->plain;
+	for (int i = 0; i < 2; i++) {
+		s->spec.drafted[i] += sp->drafted[i];
+		s->spec.accepted[i] += sp->accepted[i];
+	}
+	pthread_mutex_unlock(&s->spec_mu);
+}
+
+/* Memory a speculating request adds (engine/seq.h ke_model_spec_bytes,
+ * the logits of a verification, the lookup index): admission counts it. */
+static uint64_t spec_overhead(const struct kss_service *s, uint32_t n)
+{
+	int md = s->p.spec_max_draft ? s->p.spec_max_draft : KSS_RUN_SPEC_DRAFT;
+	return ke_model_spec_bytes(s->p.model) + (uint64_t)(md + 1) * (uint64_t)s->vocab * sizeof(float) +
+	       3ull * 4 * (2ull * n + 8192) + 4ull * n;
 }
 
 uint64_t kss_request_overhead(const struct ke_model *m, int chunk)
@@ -321,8 +357,12 @@ void kss_request(struct kss_service *s, const struct kss_request_params *p, cons
 		return;
 	}
 	q.cache_on = kc_cache_enabled(q.tier.cache);
+	/* speculation (session/decode.h): the server's mode unless the
+	 * request opts out; it changes nothing but speed */
+	r->speculative = p->no_speculation ? 0 : s->p.speculative;
 	uint64_t need = (uint64_t)(p->n_prompt + p->max_tokens) * s->lay->kv_bytes_per_token +
-			kss_service_request_overhead(s);
+			kss_service_request_overhead(s) +
+			(r->speculative ? spec_overhead(s, p->n_prompt + p->max_tokens) : 0);
 	if (admit(&q, need))
 		goto out;
 	/* the sampler is this sequence's alone: its generator and its penalty
@@ -373,8 +413,13 @@ void kss_request(struct kss_service *s, const struct kss_request_params *p, cons
 				   .sched = s->p.engine,
 				   .on_resume = on_resume,
 				   .on_progress = on_progress,
-				   .cb_ctx = &q};
+				   .cb_ctx = &q,
+				   .speculative = r->speculative,
+				   .spec_max_draft = s->p.spec_max_draft};
 	rc = kss_run(q.tier.cache, s->p.model, &rp, &res);
+	r->spec = res.spec;
+	if (r->speculative)
+		spec_account(s, &res.spec);
 	ks_store_kick(q.tier.store); /* new entries for the write-behind */
 	r->from_disk = res.from_disk;
 	r->prefill_ms = res.prefill_ms;

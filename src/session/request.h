@@ -43,6 +43,7 @@
 #include "session/constrain.h"
 #include "session/explain.h"
 #include "session/registry.h"
+#include "session/run.h"
 #include "session/sched.h"
 #include "text/output.h"
 #include "text/tokbytes.h"
@@ -64,6 +65,8 @@ struct kss_service_params {
 	int n_eos;                      /* <= KSS_MAX_EOS */
 	uint64_t mem_cap;               /* admission cap (0: none) */
 	int prefill_chunk;              /* tokens per prefill forward (0: engine default) */
+	int speculative;                /* --speculative: enum kss_spec_mode (session/spec.h), 0 off */
+	int spec_max_draft;             /* longest draft a step verifies (0: run.h's default) */
 };
 
 struct kss_service;
@@ -83,6 +86,17 @@ const struct kv_tok *kss_service_tok(const struct kss_service *s);
 /* The calling request waits on its client (1) or is back (0): the engine
  * does not wait for it meanwhile (sched.h kss_sched_away). */
 void kss_service_away(struct kss_service *s, int away);
+
+/* Speculative decoding over every request so far (for /metrics). Sources
+ * as session/spec.h enum kss_spec_src. */
+struct kss_spec_totals {
+	uint64_t requests;              /* requests that decoded speculatively */
+	uint64_t steps;                 /* verifications */
+	uint64_t plain;                 /* decode forwards without a draft, in those requests */
+	uint64_t drafted[2];            /* draft tokens verified, by source */
+	uint64_t accepted[2];           /* of those, kept */
+};
+void kss_service_spec_totals(struct kss_service *s, struct kss_spec_totals *out);
 
 /* The usage numbers of a request, in one place: every API reports them
  * from this struct. prompt = cached + created + uncached. */
@@ -129,6 +143,8 @@ struct kss_request_params {
 	int logprobs;                   /* report the chosen tokens' logprobs */
 	int top_logprobs;               /* 0..KSS_MAX_TOP_LOGPROBS */
 	int ignore_eos;
+	int no_speculation;             /* decode without drafts ("speculative": false; the output
+					 * is the same, only slower or faster) */
 	struct kv_out_params out;       /* stop strings, reasoning split, tools (fn/ctx ignored) */
 	struct kv_grammar *grammar;     /* structured output (constrain.h; borrowed), or NULL */
 	int may_think;                  /* the model may open a reasoning block before the constraint */
@@ -154,6 +170,8 @@ struct kss_request_result {
 	uint64_t t_last_ns;             /* the last one */
 	double prefill_ms, decode_ms;
 	uint64_t reserved_bytes;        /* the admission projection */
+	int speculative;                /* the mode this request decoded with (0: plain) */
+	struct kss_run_spec spec;       /* what speculation did (run.h) */
 };
 
 /*

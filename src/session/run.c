@@ -2,6 +2,7 @@
  * run.c - see run.h.
  */
 #include "session/run.h"
+#include "session/decode.h"
 #include "cache/turn.h"
 #include "engine/sample.h"
 #include "base/log.h"
@@ -28,6 +29,11 @@ struct run_ctx {
 	size_t n_tstops;
 	struct kss_sched *sched;
 	struct kss_flight *flight;  /* this prefill, for requests that share its stops */
+	/* the MTP head's context (session/decode.h): the hidden states of
+	 * the prompt's last forward, at most ctx_rows of them */
+	int ctx_rows;
+	float *ctx_hidden;          /* ctx_rows x hidden */
+	int n_ctx;
 };
 
 static int cmp_int(const void *a, const void *b)
@@ -143,12 +149,15 @@ static uint32_t disk_fetch(struct ks_store *st, const struct kss_run_params *p, 
 	return f.pos > h->pos ? f.pos : 0;
 }
 
-/* One forward of n tokens: through the scheduler's batch, or here. */
-static int forward(const struct kss_run_params *p, struct ke_seq *s, const int32_t *tok, int n, float *logits)
+/* One forward of n tokens: through the scheduler's batch, or here; hidden
+ * (may be NULL) gets every row's final hidden state. */
+static int forward(const struct kss_run_params *p, struct ke_seq *s, const int32_t *tok, int n, float *logits,
+		   float *hidden)
 {
 	if (p->sched)
-		return kss_sched_forward(p->sched, s, tok, n, logits);
-	struct ke_prefill_opts po = {.cancel = p->cancel};
+		return hidden ? kss_sched_forward_hidden(p->sched, s, tok, n, logits, hidden)
+			      : kss_sched_forward(p->sched, s, tok, n, logits);
+	struct ke_prefill_opts po = {.cancel = p->cancel, .hidden_all = hidden};
 	return ke_seq_prefill(s, tok, n, &po, logits);
 }
 
@@ -168,7 +177,14 @@ static int prefill(struct run_ctx *x, const struct kss_run_params *p, struct ke_
 		int end = at + chunk < n ? at + chunk : n;
 		if (next < n_stops && stops[next] < end)
 			end = stops[next];
-		if ((rc = forward(p, s, p->prompt + at, end - at, end == n ? logits : NULL)))
+		/* the last ctx_rows positions in a forward of their own, for
+		 * their hidden states (chunk ends never change results) */
+		if (x->ctx_rows && end == n && end - at > x->ctx_rows)
+			end = n - x->ctx_rows;
+		if (end == n)
+			x->n_ctx = x->ctx_rows ? end - at : 0;
+		if ((rc = forward(p, s, p->prompt + at, end - at, end == n ? logits : NULL,
+				  end == n && x->ctx_rows ? x->ctx_hidden : NULL)))
 			return rc;
 		if (ke_seq_pos(s) != end)
 			return kv_fail(KV_ERR_CANCELLED, "prefill stopped at position %d", ke_seq_pos(s));
@@ -203,7 +219,7 @@ int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params 
 	uint32_t *share = NULL;       /* the stops a waiting request may be given */
 	const uint32_t *st;
 	size_t n_st;
-	uint32_t total, n_gen = 0;
+	uint32_t total;
 	uint64_t t0;
 	int joined = 0;
 
@@ -223,6 +239,9 @@ int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params 
 		goto out;
 	}
 	memcpy(all, p->prompt, (size_t)p->n * sizeof *all);
+	if ((x.ctx_rows = kss_decode_ctx_rows(p, m)) &&
+	    !(x.ctx_hidden = kv_alloc(KV_MEM_SCRATCH, (size_t)x.ctx_rows * ke_model_config(m)->hidden * sizeof(float))))
+		x.ctx_rows = 0; /* the head starts without the prompt's context */
 
 	/* 0. another running request prefilling a stop point we share: wait
 	 * for it, then find it in the cache */
@@ -353,34 +372,19 @@ int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params 
 	if (p->logits)
 		memcpy(p->logits, logits, (size_t)V * sizeof *logits);
 
-	/* 5. decode: feed back every generated token but the last */
+	/* 5. decode (session/decode.h): feed back every generated token but
+	 * the last, plainly or verifying drafts */
 	t0 = kv_now_ns();
-	total = p->n;
-	for (uint32_t i = 0; i < p->max_new; i++) {
-		int32_t tok;
-		int stop = 0;
-		if (p->forced)
-			tok = p->forced[i];
-		else if (p->pick) {
-			if (p->pick(p->pick_ctx, logits, V, &tok) != KV_OK)
-				break;
-		} else
-			tok = ke_argmax(logits, V);
-		if (p->out)
-			p->out[i] = tok;
-		n_gen++;
-		for (size_t k = 0; k < p->n_stop_ids; k++)
-			stop |= tok == p->stop_ids[k];
-		if (stop || i + 1 == p->max_new)
-			break;
-		if ((rc = forward(p, s, &tok, 1, logits)))
-			goto out;
-		all[total++] = tok;
-		if (x.every && total % x.every == 0)
-			x.on_every(x.every_ctx, s, (int)total);
-	}
-	r->generated = n_gen;
+	struct kss_decode dc = {.p = p, .s = s, .logits = logits, .all = all, .total = p->n, .every = x.every,
+				.on_every = x.on_every, .every_ctx = x.every_ctx, .ctx_hidden = x.n_ctx ? x.ctx_hidden : NULL,
+				.n_ctx = x.n_ctx};
+	rc = kss_decode_run(&dc);
+	total = dc.total;
+	r->generated = dc.generated;
+	r->spec = dc.spec;
 	r->decode_ms = ms_since(t0);
+	if (rc)
+		goto out;
 
 	/* 6. store the completion entry */
 	t0 = kv_now_ns();
@@ -400,5 +404,6 @@ out:
 	free(x.pages);
 	free(all);
 	kv_free(logits);
+	kv_free(x.ctx_hidden);
 	return rc;
 }

@@ -43,6 +43,16 @@
  * anything else to stop generating (that code is not an error). */
 typedef int (*kss_pick_fn)(void *ctx, const float *logits, int vocab, int32_t *tok);
 
+/* What speculative decoding did in one run (session/decode.h); all 0 when
+ * it was off. Sources as session/spec.h enum kss_spec_src (0 lookup, 1 MTP). */
+struct kss_run_spec {
+	uint32_t steps;             /* verification forwards */
+	uint32_t plain;             /* decode forwards without a draft */
+	uint32_t drafted[2];        /* draft tokens verified, by source */
+	uint32_t accepted[2];       /* of those, kept */
+	double mtp_ms;              /* time the MTP head took drafting */
+};
+
 struct kss_run_result {
 	uint32_t resumed;           /* p: tokens restored from the cache */
 	uint32_t shared;            /* tokens shared with the cache's best sequence */
@@ -54,6 +64,7 @@ struct kss_run_result {
 	uint32_t from_disk;         /* resume point loaded from the disk tier (0: none) */
 	uint32_t waited;            /* stop of another request's prefill waited for (0: none) */
 	double lookup_ms, restore_ms, prefill_ms, decode_ms, store_ms;
+	struct kss_run_spec spec;   /* speculative decoding */
 };
 
 struct kss_run_params {
@@ -94,7 +105,18 @@ struct kss_run_params {
 	 * reached (pos of n). */
 	void (*on_progress)(void *ctx, uint32_t pos, uint32_t n);
 	void *cb_ctx;               /* for on_resume and on_progress */
+	/* Optional: speculative decoding (session/decode.h, spec.h): a mode of
+	 * enum kss_spec_mode (0: off) and the longest draft a step verifies
+	 * (0: KSS_RUN_SPEC_DRAFT). The output is the same either way. */
+	int speculative;
+	int spec_max_draft;
+	/* Optional: a draft source in the MTP head's place (session/spec.h
+	 * kss_mtp_fn; the tests' oracle drafts). NULL: the model's head, if any. */
+	int (*spec_draft)(void *ctx, int max, int32_t *out, double *seconds);
+	void *spec_draft_ctx;
 };
+
+#define KSS_RUN_SPEC_DRAFT 8
 
 
 /*

@@ -75,7 +75,7 @@ static int take_step(struct kss_sched *s)
 		struct fwd **pp = &s->head, *prev = NULL;
 		while (*pp && k < s->p.max_running) {
 			struct fwd *f = *pp;
-			int dec = f->it.n == 1;
+			int dec = f->it.n == 1 || f->it.spec; /* verifications are decodes */
 			if ((pass == 0) != dec || rows + f->it.n > s->p.max_batch_tokens) {
 				prev = f;
 				pp = &f->next;
@@ -137,7 +137,9 @@ static void *engine_main(void *arg)
 		for (int i = 0; i < k; i++) {
 			s->take[i]->it.rc = rc ? rc : s->items[i].rc;
 			s->take[i]->done = 1;
-			if (s->items[i].n > 1)
+			if (s->items[i].spec)
+				s->st.verify_rows += (uint64_t)s->items[i].n;
+			else if (s->items[i].n > 1)
 				s->st.prefill_rows += (uint64_t)s->items[i].n;
 		}
 		t_free = kv_now_ns();
@@ -177,8 +179,10 @@ int kss_sched_create(const struct kss_sched_params *p, struct kss_sched **out)
 	s->p = *p;
 	if (!s->p.chunk)
 		s->p.chunk = DEFAULT_CHUNK;
+	if (s->p.spec_rows < 0 || s->p.spec_rows > KE_SPEC_MAX_ROWS)
+		s->p.spec_rows = KE_SPEC_MAX_ROWS;
 	if (!s->p.max_batch_tokens)
-		s->p.max_batch_tokens = s->p.chunk + s->p.max_running;
+		s->p.max_batch_tokens = s->p.chunk + s->p.max_running * (s->p.spec_rows > 1 ? s->p.spec_rows : 1);
 	if (!s->p.gather_us)
 		s->p.gather_us = DEFAULT_GATHER_US;
 	if (s->p.max_running > s->p.max_batch_tokens) {
@@ -191,6 +195,11 @@ int kss_sched_create(const struct kss_sched_params *p, struct kss_sched **out)
 	 * sequence, or a prefill could wait forever behind them */
 	if (s->p.chunk > s->p.max_batch_tokens - s->p.max_running + 1)
 		s->p.chunk = s->p.max_batch_tokens - s->p.max_running + 1;
+	/* verifications of every running sequence beside a chunk */
+	if (s->p.spec_rows > 1 && s->p.spec_rows > (s->p.max_batch_tokens - s->p.chunk) / s->p.max_running)
+		s->p.spec_rows = (s->p.max_batch_tokens - s->p.chunk) / s->p.max_running;
+	if (s->p.spec_rows < 2)
+		s->p.spec_rows = 0;
 	s->take = calloc((size_t)s->p.max_running, sizeof *s->take);
 	s->items = calloc((size_t)s->p.max_running, sizeof *s->items);
 	if (!s->take || !s->items) {
@@ -253,6 +262,11 @@ int kss_sched_chunk(const struct kss_sched *s)
 	return s->p.chunk;
 }
 
+int kss_sched_max_batch_tokens(const struct kss_sched *s)
+{
+	return s->p.max_batch_tokens;
+}
+
 void kss_sched_join(struct kss_sched *s)
 {
 	pthread_mutex_lock(&s->mu);
@@ -276,11 +290,9 @@ void kss_sched_away(struct kss_sched *s, int away)
 	pthread_mutex_unlock(&s->mu);
 }
 
-int kss_sched_forward(struct kss_sched *s, struct ke_seq *seq, const int32_t *tok, int n, float *logits)
+static int submit(struct kss_sched *s, const struct ke_batch_item *it)
 {
-	if (n < 1 || n > s->p.chunk)
-		return kv_fail(KV_ERR_INVALID, "scheduler: a forward of %d tokens (1..%d)", n, s->p.chunk);
-	struct fwd f = {.it = {.s = seq, .tokens = tok, .n = n, .logits = logits}, .t_submit = kv_now_ns()};
+	struct fwd f = {.it = *it, .t_submit = kv_now_ns()};
 	pthread_mutex_lock(&s->mu);
 	if (s->stop) {
 		pthread_mutex_unlock(&s->mu);
@@ -299,6 +311,37 @@ int kss_sched_forward(struct kss_sched *s, struct ke_seq *seq, const int32_t *to
 	if (f.it.rc == KV_ERR_CANCELLED)
 		return kv_fail(KV_ERR_CANCELLED, "the scheduler is stopping");
 	return f.it.rc;
+}
+
+int kss_sched_forward(struct kss_sched *s, struct ke_seq *seq, const int32_t *tok, int n, float *logits)
+{
+	if (n < 1 || n > s->p.chunk)
+		return kv_fail(KV_ERR_INVALID, "scheduler: a forward of %d tokens (1..%d)", n, s->p.chunk);
+	struct ke_batch_item it = {.s = seq, .tokens = tok, .n = n, .logits = logits};
+	return submit(s, &it);
+}
+
+int kss_sched_forward_hidden(struct kss_sched *s, struct ke_seq *seq, const int32_t *tok, int n, float *logits,
+			     float *hidden)
+{
+	if (n < 1 || n > s->p.chunk)
+		return kv_fail(KV_ERR_INVALID, "scheduler: a forward of %d tokens (1..%d)", n, s->p.chunk);
+	struct ke_batch_item it = {.s = seq, .tokens = tok, .n = n, .logits = logits, .hidden = hidden};
+	return submit(s, &it);
+}
+
+int kss_sched_verify(struct kss_sched *s, struct ke_seq *seq, const int32_t *tok, int n, float *logits_all,
+		     float *hidden)
+{
+	if (n < 1 || n > s->p.spec_rows || !logits_all)
+		return kv_fail(KV_ERR_INVALID, "scheduler: a verification of %d tokens (1..%d)", n, s->p.spec_rows);
+	struct ke_batch_item it = {.s = seq, .tokens = tok, .n = n, .logits_all = logits_all, .hidden = hidden, .spec = 1};
+	return submit(s, &it);
+}
+
+int kss_sched_spec_rows(const struct kss_sched *s)
+{
+	return s->p.spec_rows;
 }
 
 void kss_sched_stats(struct kss_sched *s, struct kss_sched_stats *out)

@@ -55,13 +55,17 @@ struct kss_sched_params {
 				   * max_batch_tokens - max_running + 1 so that a chunk
 				   * always fits beside the other sequences' decodes */
 	int gather_us;            /* longest wait for joined sequences to submit; 0: 2000 */
+	int spec_rows;            /* rows a verification may hold (speculative decoding,
+				   * 1..KE_SPEC_MAX_ROWS); 0: none. With max_batch_tokens 0
+				   * the default becomes chunk + max_running x spec_rows */
 };
 
 struct kss_sched_stats {
 	uint64_t steps;           /* forwards run */
 	uint64_t rows;            /* tokens through them */
 	uint64_t items;           /* sequence-steps (sum of batch sizes) */
-	uint64_t prefill_rows;    /* rows of items with n > 1 */
+	uint64_t prefill_rows;    /* rows of items with n > 1, verifications aside */
+	uint64_t verify_rows;     /* rows of verifications (speculative decoding) */
 	double step_s;            /* seconds spent in ke_batch_run */
 	int last_batch;           /* sequences in the last step */
 	int last_rows;
@@ -80,8 +84,9 @@ int kss_sched_create(const struct kss_sched_params *p, struct kss_sched **out);
 /* Fails every pending forward with KV_ERR_CANCELLED, stops the engine
  * thread and frees. No forward may be submitted after. NULL ok. */
 void kss_sched_destroy(struct kss_sched *s);
-/* Prefill tokens one forward may carry. */
+/* Prefill tokens one forward may carry; rows one step may hold. */
 int kss_sched_chunk(const struct kss_sched *s);
+int kss_sched_max_batch_tokens(const struct kss_sched *s);
 
 /* A sequence starts / stops running (the engine waits for joined ones
  * when it gathers a step). */
@@ -98,6 +103,26 @@ void kss_sched_away(struct kss_sched *s, int away);
  * pool, KV_ERR_INVALID token ids) or KV_ERR_CANCELLED at shutdown.
  */
 int kss_sched_forward(struct kss_sched *s, struct ke_seq *seq, const int32_t *tok, int n, float *logits);
+
+/*
+ * A verification (speculative decoding, session/decode.h): n rows (1 <=
+ * n <= kss_sched_spec_rows) of seq as one speculative item
+ * (engine/seq.h ke_batch_item.spec) in the next step, taken with the
+ * decodes, before prefill chunks; blocks until it ran. logits_all gets
+ * every row's logits (n x vocab floats), hidden (may be NULL) every row's
+ * final-normed hidden state. Then the caller keeps what it accepts with
+ * ke_seq_accept before its next forward.
+ */
+int kss_sched_verify(struct kss_sched *s, struct ke_seq *seq, const int32_t *tok, int n, float *logits_all,
+		     float *hidden);
+/* A forward of n tokens like kss_sched_forward that also gives every
+ * row's final-normed hidden state into hidden (n x hidden floats): the
+ * context of the MTP head (engine/mtp.h). */
+int kss_sched_forward_hidden(struct kss_sched *s, struct ke_seq *seq, const int32_t *tok, int n, float *logits,
+			     float *hidden);
+/* Rows a verification may hold: spec_rows, cut so that every running
+ * sequence's verification and a prefill chunk fit one step (0: none). */
+int kss_sched_spec_rows(const struct kss_sched *s);
 
 void kss_sched_stats(struct kss_sched *s, struct kss_sched_stats *out);
 

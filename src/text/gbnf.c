@@ -76,17 +76,6 @@ static void space(struct ps *p, int nl_ok)
 	}
 }
 
-static int hexval(int c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* One character of a literal or class (escapes decoded) into *cp. */
 static int parse_char(struct ps *p, uint32_t *cp)
 {
@@ -102,7 +91,7 @@ static int parse_char(struct ps *p, uint32_t *cp)
 		if (digits) {
 			uint32_t v = 0;
 			for (int k = 0; k < digits; k++) {
-				int h = p->i + 2 + (size_t)k < p->n ? hexval(p->s[p->i + 2 + k]) : -1;
+				int h = p->i + 2 + (size_t)k < p->n ? kv_hex_digit(p->s[p->i + 2 + k]) : -1;
 				if (h < 0)
 					return err_atf(p, at, "escape \\%s needs hexadecimal digits", e == 'x' ? "x" : e == 'u' ? "u" : "U");
 				v = v * 16 + (uint32_t)h;
@@ -380,16 +369,8 @@ static int parse_seq(struct ps *p, int nested)
 		x = parse_postfix(p, x);
 		if (x < 0)
 			goto out;
-		if (n == c) {
-			c = c ? 2 * c : 8;
-			int *q = realloc(items, (size_t)c * sizeof *q);
-			if (!q) {
-				kv_fail(KV_ERR_NOMEM, "grammar: out of memory");
-				goto out;
-			}
-			items = q;
-		}
-		items[n++] = x;
+		if (kv_gram_ids_push(&items, &n, &c, x, "grammar"))
+			goto out;
 	}
 	out = kv_gram_seq(p->g, items, n);
 	if (out < 0)
@@ -406,16 +387,8 @@ static int parse_alts(struct ps *p, int nested)
 		int x = parse_seq(p, nested);
 		if (x < 0)
 			goto out;
-		if (n == c) {
-			c = c ? 2 * c : 4;
-			int *q = realloc(alts, (size_t)c * sizeof *q);
-			if (!q) {
-				kv_fail(KV_ERR_NOMEM, "grammar: out of memory");
-				goto out;
-			}
-			alts = q;
-		}
-		alts[n++] = x;
+		if (kv_gram_ids_push(&alts, &n, &c, x, "grammar"))
+			goto out;
 		space(p, nested);
 		if (p->i < p->n && p->s[p->i] == '|') {
 			p->i++;

@@ -273,6 +273,20 @@ int kv_gram_seq(struct kv_gram *g, const int *kids, int n)
 	return add_node(g, KV_GX_SEQ, 0, 0, kids, n);
 }
 
+int kv_gram_ids_push(int **ids, int *n, int *cap, int x, const char *what)
+{
+	if (*n == *cap) {
+		int c = *cap ? 2 * *cap : 8;
+		int *q = realloc(*ids, (size_t)c * sizeof *q);
+		if (!q)
+			return kv_fail(KV_ERR_NOMEM, "%s: out of memory", what);
+		*ids = q;
+		*cap = c;
+	}
+	(*ids)[(*n)++] = x;
+	return 0;
+}
+
 int kv_gram_alt(struct kv_gram *g, const int *kids, int n)
 {
 	if (n == 0)

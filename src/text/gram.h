@@ -86,6 +86,10 @@ int kv_gram_bytes(struct kv_gram *g, int lo, int hi);
 int kv_gram_lit(struct kv_gram *g, const void *s, size_t n);
 int kv_gram_lits(struct kv_gram *g, const char *s);
 int kv_gram_seq(struct kv_gram *g, const int *kids, int n);
+/* Appends x to the growing list (*ids)[0..*n) of capacity *cap (the parsers
+ * gather a sequence's or an alternation's parts this way); -1 and KV_ERR_NOMEM
+ * naming `what` when it cannot grow. */
+int kv_gram_ids_push(int **ids, int *n, int *cap, int x, const char *what);
 int kv_gram_alt(struct kv_gram *g, const int *kids, int n);
 int kv_gram_seq2(struct kv_gram *g, int a, int b);
 int kv_gram_seq3(struct kv_gram *g, int a, int b, int c);

@@ -5,6 +5,8 @@
  */
 #include "text/jinja_int.h"
 
+#include "base/utf8.h"
+
 const char *const kj_op_text[] = {
 	"+", "-", "/", "//", "*", "%", "**", "~", "[", "]", "(", ")", "{", "}", "==", "!=", ">", ">=", "<",
 	"<=", "=", ".", ":", "|", ",", ";",
@@ -132,17 +134,6 @@ static void emit_data(struct cstate *cs, const char *p, size_t n, size_t off)
 	k->n = n;
 }
 
-static int hexval(int c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* Decode a string literal body the way Jinja does (Python's
  * unicode-escape after backslashreplace). */
 static void decode_string(struct cstate *cs, struct tok *k, const char *p, size_t n, size_t off)
@@ -203,7 +194,7 @@ static void decode_string(struct cstate *cs, struct tok *k, const char *p, size_
 			i++;
 			cp = 0;
 			for (int d = 0; d < digits; d++) {
-				int h = i < n ? hexval((unsigned char)p[i]) : -1;
+				int h = i < n ? kv_hex_digit((unsigned char)p[i]) : -1;
 				if (h < 0)
 					kj_cfail(cs, off, "truncated \\%c escape in string literal", c);
 				cp = cp * 16 + h;
@@ -342,7 +333,7 @@ static size_t lex_tag(struct cstate *cs, size_t pos, int is_block, int *line_sta
 					size_t r = r0;
 					if (r < n && s[r] == '_')
 						r++;
-					int h = r < n ? hexval((unsigned char)s[r]) : -1;
+					int h = r < n ? kv_hex_digit((unsigned char)s[r]) : -1;
 					if (h < 0 || h >= base)
 						break;
 					acc = acc * (unsigned)base + (unsigned)h;

@@ -198,17 +198,6 @@ static int bad(struct rp *p, int code, const char *what)
 	return kv_fail(code, "pattern \"%.*s\": %s at offset %zu", (int)(p->n > 80 ? 80 : p->n), p->s, what, p->i);
 }
 
-static int hexv(int c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 static const uint32_t SPACES[] = {0x09, 0x0D, 0x20, 0x20, 0xA0, 0xA0, 0x1680, 0x1680, 0x2000, 0x200A,
 				  0x2028, 0x2029, 0x202F, 0x202F, 0x205F, 0x205F, 0x3000, 0x3000, 0xFEFF, 0xFEFF};
 
@@ -258,7 +247,7 @@ static int char_escape(struct rp *p, uint32_t *cp, int in_class)
 	case '0': *cp = 0; p->i++; return 0;
 	case 'x':
 		if (p->i + 2 < p->n) {
-			int a = hexv(p->s[p->i + 1]), b = hexv(p->s[p->i + 2]);
+			int a = kv_hex_digit(p->s[p->i + 1]), b = kv_hex_digit(p->s[p->i + 2]);
 			if (a >= 0 && b >= 0) {
 				*cp = (uint32_t)(a * 16 + b);
 				p->i += 3;
@@ -272,7 +261,7 @@ static int char_escape(struct rp *p, uint32_t *cp, int in_class)
 			size_t j = p->i + 2;
 			int nd = 0;
 			while (j < p->n && p->s[j] != '}' && nd < 7) {
-				int h = hexv(p->s[j]);
+				int h = kv_hex_digit(p->s[j]);
 				if (h < 0)
 					return bad(p, KV_ERR_INVALID, "bad \\u{...} escape"), -1;
 				v = v * 16 + (uint32_t)h;
@@ -286,7 +275,7 @@ static int char_escape(struct rp *p, uint32_t *cp, int in_class)
 			return 0;
 		}
 		for (int k = 1; k <= 4; k++) {
-			int h = p->i + (size_t)k < p->n ? hexv(p->s[p->i + k]) : -1;
+			int h = p->i + (size_t)k < p->n ? kv_hex_digit(p->s[p->i + k]) : -1;
 			if (h < 0)
 				return bad(p, KV_ERR_INVALID, "\\u needs four hexadecimal digits"), -1;
 			v = v * 16 + (uint32_t)h;
@@ -625,16 +614,8 @@ static int parse_seq(struct rp *p, int top, int *anch_start, int *anch_end)
 			bad(p, KV_ERR_INVALID, "nothing to repeat");
 			goto out;
 		}
-		if (n == c) {
-			c = c ? 2 * c : 16;
-			int *q = realloc(items, (size_t)c * sizeof *q);
-			if (!q) {
-				kv_fail(KV_ERR_NOMEM, "pattern: out of memory");
-				goto out;
-			}
-			items = q;
-		}
-		items[n++] = x;
+		if (kv_gram_ids_push(&items, &n, &c, x, "pattern"))
+			goto out;
 	}
 	out = kv_gram_seq(p->g, items, n);
 out:
@@ -664,16 +645,8 @@ static int parse_alt(struct rp *p, int top)
 			if (x < 0)
 				goto out;
 		}
-		if (n == c) {
-			c = c ? 2 * c : 4;
-			int *q = realloc(alts, (size_t)c * sizeof *q);
-			if (!q) {
-				kv_fail(KV_ERR_NOMEM, "pattern: out of memory");
-				goto out;
-			}
-			alts = q;
-		}
-		alts[n++] = x;
+		if (kv_gram_ids_push(&alts, &n, &c, x, "pattern"))
+			goto out;
 		if (p->i < p->n && p->s[p->i] == '|') {
 			p->i++;
 			continue;

@@ -79,6 +79,8 @@ say "$TMPD/model" --frobnicate; expect far_from_everything "unknown flag '--frob
 say "$TMPD/model" -ngl 99; expect gpu_layers_hint "-ngl: kvkeep runs on the CPU"
 say -hf Qwen/Qwen3-8B-GGUF; expect hf_download_hint "kvkeep never downloads"
 say "$TMPD/model" --jinja; expect jinja_hint "always renders the model's own Jinja chat template"
+say "$TMPD/model" -md draft.gguf; expect draft_model_hint "-md: kvkeep needs no draft model"
+say "$TMPD/model" --draft-max 16; expect draft_max_hint "--draft-max: use --speculative-draft N"
 say "$TMPD/model" -m "$TMPD/model"; expect two_models "two models"
 say; expect no_model "which model? kvkeep serve MODEL"
 OUT=$("$KT_BIN" serve --help); RC=$?

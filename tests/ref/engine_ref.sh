@@ -27,6 +27,8 @@
 # bf16-weight presets with the default bf16 KV are checked against the
 # reference with a looser 2e-2 bound (bf16 KV rounding). The reference also
 # checks its own recurrent delta rule against Hugging Face's chunked form.
+# The MTP head (mkmodel --mtp) is checked the same way (its logits at 63
+# positions, 1e-4), and its GGUF nextn tensors give the folder's numbers.
 # One "ok NAME" / "FAIL NAME: why" line per check.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -215,4 +217,46 @@ if [ -d "$T/tiny-gemma3" ]; then
 		"$PY" -c "import json,sys; p=sys.argv[1]+'/config.json'; j=json.load(open(p)); j['final_logit_softcapping']=3.0; json.dump(j, open(p, 'w'))" "$T/gemma3-scaled" &&
 		win_pair gemma3-scaled-softcap "$T/gemma3-scaled" --kv-f32 1e-4
 fi
+# The MTP head (mkmodel --mtp: the mtp.* tensors; dense MLP, stacked and
+# per-expert MoE): `kvkeep generate --mtp-logits-out` against the
+# reference's mtp() on the first 64 positions (row t: hidden state t and
+# token t + 1), and a GGUF's nextn tensors (kvkeep convert --type f32)
+# giving the folder's head logits bit for bit.
+mtp_pair() { # preset
+	local d="$T/$1-mtp" vocab TOK
+	"$BIN" mkmodel --preset "$1" --mtp --dtype f32 --out "$d" --no-sync >"$T/mk.log" 2>&1 ||
+		{ fail "mkmodel_$1_mtp" "$(tail -1 "$T/mk.log")"; return; }
+	vocab=$("$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print(j.get('text_config', j)['vocab_size'])" "$d/config.json")
+	TOK=$("$PY" -c "import random; r=random.Random(7); print(','.join(str(r.randrange($vocab)) for _ in range(64)))")
+	if ! KVKEEP_LOG=warn "$BIN" generate --model "$d" --tokens "$TOK" --max-tokens 0 --kv-f32 --quiet \
+		--mtp-logits-out "$T/$1.mtp.c" >"$T/mtp.log" 2>&1; then
+		fail "mtp_$1" "engine: $(tail -1 "$T/mtp.log")"
+		return
+	fi
+	if ! "$PY" "$REF" --model "$d" --tokens "$TOK" --logits-out "$T/$1.mtp.l" --mtp-logits-out "$T/$1.mtp.r" \
+		>"$T/mtp.log" 2>&1; then
+		fail "mtp_$1" "reference: $(tail -1 "$T/mtp.log")"
+		return
+	fi
+	if out=$("$PY" "$REF" --compare "$T/$1.mtp.c" "$T/$1.mtp.r" --vocab "$vocab" --tol 1e-4); then
+		ok "mtp_head_$1_63_positions"
+	else
+		fail "mtp_head_$1_63_positions" "$out"
+	fi
+	echo "  mtp $1: $out" >&2
+	[ "$1" = tiny-next ] && return # a dense layer: no llama.cpp qwen3next GGUF
+	if ! "$BIN" convert --model "$d" --out "$T/$1-mtp.gguf" --type f32 --no-sync >"$T/mtp.log" 2>&1 ||
+		! KVKEEP_LOG=warn "$BIN" generate --model "$T/$1-mtp.gguf" --tokens "$TOK" --max-tokens 0 --kv-f32 --quiet \
+			--mtp-logits-out "$T/$1.mtp.g" >>"$T/mtp.log" 2>&1; then
+		fail "mtp_gguf_$1" "$(tail -1 "$T/mtp.log")"
+	elif cmp -s "$T/$1.mtp.g" "$T/$1.mtp.c"; then
+		ok "mtp_gguf_nextn_equals_folder_$1"
+	else
+		fail "mtp_gguf_nextn_equals_folder_$1" "the GGUF's head logits differ from the folder's"
+	fi
+}
+mtp_pair tiny-hybrid
+mtp_pair tiny-moe
+mtp_pair tiny-next
+mtp_pair tiny-next-moe
 [ "$fails" -eq 0 ]

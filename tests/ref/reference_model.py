@@ -440,7 +440,34 @@ def forward(c, W, tokens, dt, check_chunked=False):
         x = x + m @ W[p + "mlp.down_proj.weight"].T
     x = rmsnorm(x, W[pre + "norm.weight"], c.eps, c.hybrid)
     head = W[pre + "embed_tokens.weight"] if c.tie else W["lm_head.weight"]
-    return x @ head.T, states, stats
+    return x @ head.T, states, stats, x
+
+
+def mtp(c, W, hidden, tokens, dt):
+    # The multi-token-prediction head (Qwen3.5 / Qwen3-Next mtp.*), written
+    # from its definition: row t takes the model's final (normed) hidden
+    # state at t and the embedding of token t + 1, fc([norm(e) | norm(h)]),
+    # one full-attention decoder layer over positions 0..n-1, its own
+    # final norm, the model's lm_head: the logits of token t + 2.
+    pre = "model.language_model." if "model.language_model.embed_tokens.weight" in W else "model."
+    W = {k: v.to(dt) for k, v in W.items()}
+    n = len(tokens) - 1
+    e = W[pre + "embed_tokens.weight"][torch.tensor(tokens[1:])]
+    h = hidden[:n].to(dt)
+    cat = torch.cat([rmsnorm(e, W["mtp.pre_fc_norm_embedding.weight"], c.eps, c.hybrid),
+                     rmsnorm(h, W["mtp.pre_fc_norm_hidden.weight"], c.eps, c.hybrid)], dim=-1)
+    x = cat @ W["mtp.fc.weight"].T
+    cos, sin = rope_cos_sin(c, n, dt)
+    p = "mtp.layers.0."
+    x = x + attention(c, W, p, rmsnorm(x, W[p + "input_layernorm.weight"], c.eps, c.hybrid), cos, sin, dt)
+    hh = rmsnorm(x, W[p + "post_attention_layernorm.weight"], c.eps, c.hybrid)
+    if (p + "mlp.gate.weight") in W:
+        x = x + sparse_moe(c, W, p + "mlp.", hh)
+    else:
+        x = x + (F.silu(hh @ W[p + "mlp.gate_proj.weight"].T) * (hh @ W[p + "mlp.up_proj.weight"].T)) @ W[p + "mlp.down_proj.weight"].T
+    g = rmsnorm(x, W["mtp.norm.weight"], c.eps, c.hybrid)
+    head = W[pre + "embed_tokens.weight"] if c.tie else W["lm_head.weight"]
+    return g @ head.T
 
 # --- tools ------------------------------------------------------------------
 
@@ -654,6 +681,7 @@ def main():
     ap.add_argument("--compare-state", nargs=2)
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--mtp-logits-out")
     a = ap.parse_args()
     torch.set_num_threads(1)
     if a.make_next:
@@ -680,7 +708,9 @@ def main():
     toks = [int(t) for t in a.tokens.split(",") if t.strip()]
     dt = torch.float64 if a.dtype == "float64" else torch.float32
     with torch.no_grad():
-        logits, states, stats = forward(c, W, toks, dt, a.check_chunked)
+        logits, states, stats, hidden = forward(c, W, toks, dt, a.check_chunked)
+        if a.mtp_logits_out:
+            mtp(c, W, hidden, toks, dt).to(torch.float32).numpy().astype("<f4").tofile(a.mtp_logits_out)
     logits.to(torch.float32).numpy().astype("<f4").tofile(a.logits_out)
     if a.state_out:
         parts = []
