@@ -444,7 +444,8 @@ int ke_seq_prefill(struct ke_seq *s, const int32_t *tokens, int n, const struct 
 		memcpy(s->tokens + s->pos, tokens + done, (size_t)cnt * sizeof *tokens);
 		spec_after(s, o->spec, s->pos, cnt);
 		s->pos += cnt;
-		wpages_trim(s);
+		if (!o->spec) /* a speculative forward keeps its window until accepted */
+			wpages_trim(s);
 		done = end;
 		if (rows && end == n && logits)
 			memcpy(logits, rows + (size_t)(cnt - 1) * V, (size_t)V * sizeof *logits);
@@ -481,6 +482,26 @@ static void wpages_clear(struct ke_seq *s)
 	s->n_wpages = 0;
 }
 
+/*
+ * Drop the window pages past the position (an accept that takes rows
+ * back). The speculative forward did not trim (ke_seq_prefill /
+ * ke_batch_run), so the pages the kept position's window reads are all
+ * still there: the rejected rows evicted nothing.
+ */
+static void wpages_cut(struct ke_seq *s)
+{
+	int B = s->m->wlay.page_tokens;
+	if (!s->m->wlay.n_segments)
+		return;
+	int keep = (s->pos + B - 1) / B;
+	for (int i = keep; i < s->n_wpages; i++) {
+		kv_page_unref(s->wpages[i]);
+		s->wpages[i] = NULL;
+	}
+	if (s->n_wpages > keep)
+		s->n_wpages = keep;
+}
+
 /* Cut pages and tokens to p (no state change). */
 static void cut(struct ke_seq *s, int p)
 {
@@ -510,9 +531,12 @@ int ke_seq_accept(struct ke_seq *s, int keep)
 		sp->alt = t;
 		ke_spec_replay(s, keep);
 	}
-	if (keep < sp->rows)
+	if (keep < sp->rows) {
 		cut(s, sp->pos0 + keep);
+		wpages_cut(s);
+	}
 	sp->rows = 0;
+	wpages_trim(s);
 	return KV_OK;
 }
 
@@ -795,7 +819,8 @@ int ke_batch_run(struct ke_batch *b, struct ke_batch_item *items, int n_items)
 		memcpy(it->s->tokens + it->s->pos, it->tokens, (size_t)it->n * sizeof *it->tokens);
 		spec_after(it->s, it->spec, it->s->pos, it->n);
 		it->s->pos += it->n;
-		wpages_trim(it->s);
+		if (!it->spec)
+			wpages_trim(it->s);
 	}
 	return KV_OK;
 }
