@@ -37,7 +37,7 @@ CFLAGS_ALL = -std=gnu11 $(OPT) -g -Wall -Wextra $(WERROR) -Wno-missing-field-ini
 	-fno-strict-aliasing -D_GNU_SOURCE -DKVKEEP_VERSION=\"$(KVKEEP_VERSION)\" \
 	-Isrc -pthread $(SAN) $(CFLAGS)
 LDFLAGS_ALL = -pthread $(SAN) $(LDFLAGS)
-LDLIBS_ALL = -ljansson -lmicrohttpd -lxxhash -lpcre2-8 -lutf8proc -ledit -ldl -lm $(LDLIBS)
+LDLIBS_ALL = -ljansson -lmicrohttpd -lxxhash -lpcre2-8 -lutf8proc -ledit -lhiredis -ldl -lm $(LDLIBS)
 
 LIB_SRC := $(sort $(wildcard src/base/*.c src/model/*.c src/text/*.c src/engine/*.c src/cache/*.c \
 	src/store/*.c src/session/*.c src/server/*.c src/client/*.c))

@@ -4,7 +4,7 @@
 #
 #   bash bench/peer_bench.sh --hf DIR --gguf FILE.gguf [--kvkeep-model PATH]
 #       [--threads 2] [--reps 3] [--contexts 1024,8192] [--decode-contexts 1024,8192]
-#       [--long] [--decode-tokens 32] [--kv-f32] [--json OUT.json] [--no-rss]
+#       [--long] [--decode-tokens 32] [--kv f32|q8_0] [--json OUT.json] [--no-rss]
 #
 # Each repetition runs, for every context C, `kvkeep bench engine --contexts C`
 # (prefill of C tokens, then --decode-tokens steps) and `kvpeer bench
@@ -18,14 +18,16 @@
 # kvkeep reads --kvkeep-model (default: the --hf folder; pass the GGUF once
 # kvkeep loads GGUF files); llama.cpp always reads --gguf. --long adds 32768
 # to the prefill contexts. KV: kvkeep's default (bf16) against llama.cpp's
-# default (f16, flash attention auto); --kv-f32 puts both on f32 KV with
-# llama.cpp's flash attention off.
+# default (f16, flash attention auto); --kv f32 (or --kv-f32) puts both on
+# f32 KV with llama.cpp's flash attention off; --kv q8_0 puts both on 8-bit
+# KV (kvkeep --kv-dtype q8_0, llama.cpp -ctk q8_0 -ctv q8_0 with flash
+# attention on, which its quantized V cache requires).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 KVKEEP=${KVKEEP:-$ROOT/build/kvkeep}
 KVPEER=${KVPEER:-$ROOT/build/peer/kvpeer}
-hf="" gguf="" kmodel="" threads=2 reps=3 ctxs="1024,8192" dctxs="1024,8192" long=0 ntok=32 kvf32=0 json="" rss=1
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+hf="" gguf="" kmodel="" threads=2 reps=3 ctxs="1024,8192" dctxs="1024,8192" long=0 ntok=32 kv="" json="" rss=1
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
 	case $1 in
 	--hf) hf=$2; shift 2 ;;
@@ -37,7 +39,8 @@ while [ $# -gt 0 ]; do
 	--decode-contexts) dctxs=$2; shift 2 ;;
 	--long) long=1; shift ;;
 	--decode-tokens) ntok=$2; shift 2 ;;
-	--kv-f32) kvf32=1; shift ;;
+	--kv-f32) kv=f32; shift ;;
+	--kv) kv=$2; shift 2 ;;
 	--json) json=$2; shift 2 ;;
 	--no-rss) rss=0; shift ;;
 	-h | --help) usage 0 ;;
@@ -62,7 +65,12 @@ if [ "$rss" = 1 ] && [ ! -x $TIME ]; then
 fi
 
 kflags=() pflags=()
-if [ "$kvf32" = 1 ]; then kflags=(--kv-f32); pflags=(--kv f32 --fa off); fi
+case $kv in
+"") ;;
+f32) kflags=(--kv-dtype f32); pflags=(--kv f32 --fa off) ;;
+q8_0) kflags=(--kv-dtype q8_0); pflags=(--kv q8_0 --fa on) ;;
+*) echo "peer_bench: --kv $kv: use f32 or q8_0" >&2; exit 2 ;;
+esac
 export KVKEEP_THREADS=$threads KVKEEP_LOG=${KVKEEP_LOG:-warn}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT

@@ -14,10 +14,12 @@
 #          time measures resident memory in bench/peer_bench.sh; Chromium
 #          for the dashboard test (tests/e2e/dashboard.sh); Universal Ctags
 #          finds the function definitions for the architecture check
-#          (tests/arch/check.py).
+#          (tests/arch/check.py); redis-server (a 6-node Redis Cluster) and
+#          haproxy (the session-affine front) for tests/e2e/remote_tier.sh.
+#   build includes libhiredis-dev: the remote tier's Redis client (base/redis.c).
 set -eu
-BUILD_PKGS="gcc make libc6-dev libmicrohttpd-dev libjansson-dev libxxhash-dev libpcre2-dev libutf8proc-dev libedit-dev"
-TEST_PKGS="chromium git python3 python3-torch python3-numpy python3-jinja2 prometheus clang-14 libclang-rt-14-dev libopenblas0-pthread procps time universal-ctags"
+BUILD_PKGS="gcc make libc6-dev libmicrohttpd-dev libjansson-dev libxxhash-dev libpcre2-dev libutf8proc-dev libedit-dev libhiredis-dev"
+TEST_PKGS="chromium git python3 python3-torch python3-numpy python3-jinja2 prometheus clang-14 libclang-rt-14-dev libopenblas0-pthread procps time universal-ctags redis-server haproxy"
 set_name=${1:-build}
 pkgs=$BUILD_PKGS
 [ "$set_name" = demo ] && pkgs="$BUILD_PKGS python3"

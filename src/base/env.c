@@ -41,6 +41,9 @@ static const struct kv_env_info g_info[KV_ENV__COUNT] = {
 	[KV_ENV_BENCH_BATCH_DEBUG] = {"KVKEEP_BENCH_BATCH_DEBUG", "any", "unset",
 				      "set (to anything): `kvkeep bench batch` prints each measurement's step "
 				      "count, mean batch and step times"},
+	[KV_ENV_REMOTE_CACHE_PASSWORD] = {"KVKEEP_REMOTE_CACHE_PASSWORD", "text", "unset",
+					  "the Redis password of `--remote-cache` when `--remote-cache-password-file` is "
+					  "not given (keeps it out of `ps`); wins over a password in the URL"},
 	[KV_ENV_XDG_CACHE_HOME] = {"XDG_CACHE_HOME", "path", "unset",
 				   "cache root `$XDG_CACHE_HOME/kvkeep` when neither `--cache-dir` nor "
 				   "`KVKEEP_CACHE_DIR` is set"},

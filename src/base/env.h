@@ -18,6 +18,7 @@
  *   KVKEEP_KV_CHECKPOINT_MAX_BYTES  store/store.c (ks_ckpt_cap_parse)
  *   KVKEEP_SHUTDOWN_BUDGET          store/store.c (ks_store_budget_parse)
  *   KVKEEP_API_KEY, KVKEEP_ADMIN_KEY server/options.c, cli (chat, bench)
+ *   KVKEEP_REMOTE_CACHE_PASSWORD    server/options.c -> store/remote.c
  *   HF_HUB_CACHE, HF_HOME, OLLAMA_MODELS  model/locate.c (kv_locate_roots_env)
  *
  * docs/operations.md ("Environment") shows the table kv_env_markdown()
@@ -43,6 +44,7 @@ enum kv_env_id {
 	KV_ENV_SHUTDOWN_BUDGET,
 	KV_ENV_KV_CHECKPOINT_MAX_BYTES,
 	KV_ENV_BENCH_BATCH_DEBUG,
+	KV_ENV_REMOTE_CACHE_PASSWORD,
 	/* not ours, read for the same reasons every program does */
 	KV_ENV_XDG_CACHE_HOME,
 	KV_ENV_HOME,

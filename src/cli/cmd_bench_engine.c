@@ -247,9 +247,10 @@ static const char *weights_label(const struct ke_model *m, char *buf, size_t cap
 }
 
 struct be_opts {
-	const char *model, *ctxs, *quant_act;
+	const char *model, *ctxs, *quant_act, *kv_dtype;
 	int64_t decode_tokens, repeat, gemm_m;
 	int json, kv_f32, long_ctx;
+	int kv;                    /* enum ke_kv, from --kv-dtype / --kv-f32 */
 	int32_t *cl;               /* the contexts (malloc'd), ncl of them */
 	size_t ncl;
 };
@@ -284,7 +285,8 @@ static int parse_opts(int argc, char **argv, struct be_opts *o)
 		{"decode-tokens", KV_FLAG_INT, &o->decode_tokens, "N", "decode steps timed per context (default 32)"},
 		{"repeat", KV_FLAG_INT, &o->repeat, "N", "GEMM repetitions, best kept (default 3)"},
 		{"gemm-m", KV_FLAG_INT, &o->gemm_m, "M", "activation rows of the GEMM measurement (default 256)"},
-		{"kv-f32", KV_FLAG_BOOL, &o->kv_f32, NULL, "f32 KV (default bf16)"},
+		{"kv-dtype", KV_FLAG_STR, &o->kv_dtype, "bf16|f32|q8_0", "KV element type (default bf16)"},
+		{"kv-f32", KV_FLAG_BOOL, &o->kv_f32, NULL, "f32 KV (the same as --kv-dtype f32)"},
 		{"quant-act", KV_FLAG_STR, &o->quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
 		{"long", KV_FLAG_BOOL, &o->long_ctx, NULL, "also measure a 32K context (slow)"},
 		{0},
@@ -484,7 +486,7 @@ static void print_json(const struct bench *b)
 	char wfmt[160];
 	printf("{\"model\": \"%s\", \"arch\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"weight_dtype\": \"%s\", "
 	       "\"kv_dtype\": \"%s\", \"quant_act\": \"%s\",\n", o->model, kv_arch_name(b->c->arch), ke_isa_name(ke_isa()),
-	       b->threads, weights_label(b->m, wfmt, sizeof wfmt), o->kv_f32 ? "f32" : "bf16",
+	       b->threads, weights_label(b->m, wfmt, sizeof wfmt), ke_kv_name(o->kv),
 	       ke_model_qdot(b->m) ? "q8" : "f32");
 	printf(" \"openblas_coretype\": \"%s\", \"openblas_coretype_from_env\": %s,", b->coretype ? b->coretype : "auto",
 	       b->coretype_env ? "true" : "false");
@@ -534,7 +536,7 @@ static void print_text(const struct bench *b)
 	double peak = b->peak, bw = b->bw, bound = b->bound;
 	char wfmt[160];
 	printf("model %s (%s, %s weights, %s KV), isa %s, %d threads\n", o->model, kv_arch_name(b->c->arch),
-	       weights_label(b->m, wfmt, sizeof wfmt), o->kv_f32 ? "f32" : "bf16", ke_isa_name(ke_isa()), b->threads);
+	       weights_label(b->m, wfmt, sizeof wfmt), ke_kv_name(o->kv), ke_isa_name(ke_isa()), b->threads);
 	printf("memcpy: %.2f GB/s (1 thread %.2f GB/s)\n", bw / 1e9, b->bw1 / 1e9);
 	for (int i = 0; i < b->nsh; i++) {
 		double fl = 2.0 * (double)gemm_m * sh[i].w->rows * sh[i].w->cols;
@@ -572,9 +574,15 @@ static int cmd_bench_engine(int argc, char **argv)
 		free(b.o.cl);
 		return rc == 1 ? 0 : 2;
 	}
-	struct ke_model_params mp = {.kv_f32 = b.o.kv_f32, .quant_act = ke_quant_act_parse(b.o.quant_act)};
+	b.o.kv = b.o.kv_f32 ? KE_KV_F32 : ke_kv_parse(b.o.kv_dtype);
+	struct ke_model_params mp = {.kv = b.o.kv, .quant_act = ke_quant_act_parse(b.o.quant_act)};
 	if (mp.quant_act < 0) {
 		fprintf(stderr, "kvkeep bench engine: --quant-act must be q8 or f32\n");
+		free(b.o.cl);
+		return 2;
+	}
+	if (mp.kv < 0 || (b.o.kv_f32 && b.o.kv_dtype && strcmp(b.o.kv_dtype, "f32"))) {
+		fprintf(stderr, "kvkeep bench engine: --kv-dtype must be bf16, f32 or q8_0 (and agree with --kv-f32)\n");
 		free(b.o.cl);
 		return 2;
 	}

@@ -4,7 +4,7 @@
  * cache (session/run.h) and store (store/store.h).
  *
  *   kvkeep bench restart [--model DIR] [--trace FILE] [--system-tokens N]
- *                        [--tools N] [--cache-dir DIR] [--json]
+ *                        [--tools N] [--cache-dir DIR] [--kv-dtype T] [--json]
  *
  * Steps (an agent session from `kvkeep bench mktrace`, or --trace: the
  * first two request bodies are turn 1 and turn 2):
@@ -355,23 +355,26 @@ static int write_floats(const char *path, const float *v, size_t n)
 }
 
 /* Load everything both phases need. */
-static int load_all(const char *model_dir, const char *trace, int need_t2, struct kv_tok **tok, struct kv_chat **chat,
-		    struct rig *g, struct turn *t1, struct turn *t2)
+static int load_all(const char *model_dir, const char *trace, int kv, int need_t2, struct kv_tok **tok,
+		    struct kv_chat **chat, struct rig *g, struct turn *t1, struct turn *t2)
 {
 	char path[4200], *text = NULL, *cfg = NULL;
 	size_t text_len = 0, cl = 0;
 	int rc;
 	if ((rc = kv_tok_load_model(model_dir, tok)) || (rc = kv_chat_load(model_dir, *tok, chat)))
 		return kv_fail_ctx(rc, "%s (make the model with `make demo` or `kvkeep mkmodel`)", model_dir);
-	struct ke_model_params mp = {0};
+	struct ke_model_params mp = {.kv = kv};
 	if ((rc = ke_model_load(model_dir, &mp, &g->m)))
 		return rc;
 	g->L = ke_model_layout(g->m);
-	/* a namespace for this benchmark: the model's config and numerics */
+	/* a namespace for this benchmark: the model's config, numerics and
+	 * KV dtype */
 	snprintf(path, sizeof path, "%s/config.json", model_dir);
 	if ((rc = kv_io_read_file(path, 16u << 20, &cfg, &cl)))
 		return rc;
-	g->ns = ks_ns_derive(kv_xxh3_128_cat(KE_NUMERICS_VERSION, strlen(KE_NUMERICS_VERSION), cfg, cl), "bench-restart");
+	char salt[64];
+	snprintf(salt, sizeof salt, "bench-restart|%s", ke_kv_name(kv));
+	g->ns = ks_ns_derive(kv_xxh3_128_cat(KE_NUMERICS_VERSION, strlen(KE_NUMERICS_VERSION), cfg, cl), salt);
 	free(cfg);
 	if ((rc = kv_io_read_file(trace, 256u << 20, &text, &text_len)) == KV_OK &&
 	    (rc = render(*chat, text, text_len, 0, t1)) == KV_OK && need_t2)
@@ -386,7 +389,7 @@ static int load_all(const char *model_dir, const char *trace, int need_t2, struc
  * hand back already mapped, the page pool's free list) helps it. It prints
  * its measurements as one JSON object.
  */
-static int phase_replay(const char *model_dir, const char *trace, const char *root, const char *logits_path)
+static int phase_replay(const char *model_dir, const char *trace, int kv, const char *root, const char *logits_path)
 {
 	struct rig g = {0};
 	struct kv_tok *tok = NULL;
@@ -396,7 +399,7 @@ static int phase_replay(const char *model_dir, const char *trace, const char *ro
 	size_t cold_len = 0;
 	int rc, ret = 1;
 
-	if ((rc = load_all(model_dir, trace, 1, &tok, &chat, &g, &t1, &t2)))
+	if ((rc = load_all(model_dir, trace, kv, 1, &tok, &chat, &g, &t1, &t2)))
 		goto fail;
 	snprintf(g.root, sizeof g.root, "%s", root);
 	int V = ke_model_config(g.m)->vocab;
@@ -495,7 +498,8 @@ out:
 }
 
 /* Run the replay phase as a new process; its JSON into *out. */
-static int spawn_replay(const char *model_dir, const char *trace, const char *root, const char *logits, json_t **out)
+static int spawn_replay(const char *model_dir, const char *trace, int kv, const char *root, const char *logits,
+			json_t **out)
 {
 	int pfd[2];
 	*out = NULL;
@@ -509,7 +513,7 @@ static int spawn_replay(const char *model_dir, const char *trace, const char *ro
 		close(pfd[0]);
 		close(pfd[1]);
 		execl("/proc/self/exe", "kvkeep", "bench", "restart", "--phase", "replay", "--model", model_dir, "--trace",
-		      trace, "--cache-dir", root, "--logits", logits, (char *)NULL);
+		      trace, "--cache-dir", root, "--logits", logits, "--kv-dtype", ke_kv_name(kv), (char *)NULL);
 		_exit(127);
 	}
 	close(pfd[1]);
@@ -537,7 +541,8 @@ static double jnum(const json_t *j, const char *k)
 
 static int cmd_bench_restart(int argc, char **argv)
 {
-	const char *model_dir = "models/bench-hybrid", *trace = NULL, *cache_dir = NULL, *phase = NULL, *logits = NULL;
+	const char *model_dir = "models/bench-hybrid", *trace = NULL, *cache_dir = NULL, *phase = NULL, *logits = NULL,
+		   *kv_dtype = NULL;
 	int64_t sys_tokens = 8000, tools = 30;
 	int json = 0, rc;
 	struct kv_flag flags[] = {
@@ -546,6 +551,7 @@ static int cmd_bench_restart(int argc, char **argv)
 		{"system-tokens", KV_FLAG_INT, &sys_tokens, "N", "mktrace system prompt size (default 8000)"},
 		{"tools", KV_FLAG_INT, &tools, "N", "mktrace tool count (default 30)"},
 		{"cache-dir", KV_FLAG_STR, &cache_dir, "DIR", "cache folder to use (default: a new temp folder, removed)"},
+		{"kv-dtype", KV_FLAG_STR, &kv_dtype, "bf16|f32|q8_0", "KV element type of the entries (default bf16)"},
 		{"json", KV_FLAG_BOOL, &json, NULL, "one JSON object on stdout, the table on stderr"},
 		{"phase", KV_FLAG_STR, &phase, "replay", "internal: run the replay phase (the restarted process)"},
 		{"logits", KV_FLAG_STR, &logits, "FILE", "internal: the cold run's logits (replay phase)"},
@@ -557,12 +563,17 @@ static int cmd_bench_restart(int argc, char **argv)
 		return rc == 1 ? 0 : 2;
 	if (!kv_env(KV_ENV_LOG))
 		kv_log_set_level(KV_LOG_WARN);
+	int kv = ke_kv_parse(kv_dtype);
+	if (kv < 0) {
+		fprintf(stderr, "kvkeep bench restart: --kv-dtype must be bf16, f32 or q8_0\n");
+		return 2;
+	}
 	if (phase) {
 		if (strcmp(phase, "replay") || !trace || !cache_dir || !logits) {
 			fprintf(stderr, "kvkeep bench restart: --phase replay needs --trace, --cache-dir and --logits\n");
 			return 2;
 		}
-		return phase_replay(model_dir, trace, cache_dir, logits);
+		return phase_replay(model_dir, trace, kv, cache_dir, logits);
 	}
 	FILE *tbl = json ? stderr : stdout;
 
@@ -588,8 +599,9 @@ static int cmd_bench_restart(int argc, char **argv)
 			goto fail;
 		trace = trace_path;
 	}
-	if ((rc = load_all(model_dir, trace, 0, &tok, &chat, &g, &t1, &t2)))
+	if ((rc = load_all(model_dir, trace, kv, 0, &tok, &chat, &g, &t1, &t2)))
 		goto fail;
+	size_t kv_token_bytes = g.L->kv_bytes_per_token; /* the model is gone before the report */
 	snprintf(g.root, sizeof g.root, "%s", cache_dir ? cache_dir : tmpdir);
 	int V = ke_model_config(g.m)->vocab;
 	cold = malloc((size_t)V * sizeof *cold);
@@ -625,11 +637,13 @@ static int cmd_bench_restart(int argc, char **argv)
 	if ((rc = ks_dir_ns_path(g.root, g.ns, KS_AREA_MAIN, nsdir, sizeof nsdir)))
 		goto fail;
 	ks_dir_walk(nsdir, drop_fn, NULL);
-	if ((rc = spawn_replay(model_dir, trace, g.root, logits_path, &rj)))
+	if ((rc = spawn_replay(model_dir, trace, kv, g.root, logits_path, &rj)))
 		goto fail;
 
 	json_t *j = json_object();
 	json_object_set_new(j, "model", json_string(model_dir));
+	json_object_set_new(j, "kv_dtype", json_string(ke_kv_name(kv)));
+	json_object_set_new(j, "kv_bytes_per_token", json_integer((json_int_t)kv_token_bytes));
 	json_object_set_new(j, "prompt_tokens", json_integer(t1.n));
 	json_object_set_new(j, "boundaries", json_integer((json_int_t)t1.n_bounds));
 	json_object_set_new(j, "first_boundary", json_integer(t1.n_bounds ? t1.bounds[0] : 0));
@@ -643,8 +657,8 @@ static int cmd_bench_restart(int argc, char **argv)
 	json_object_set_new(j, "flush_bw_ratio", json_real(one_bps > 0 ? flush_bps / one_bps : 0));
 	json_object_update(j, rj);
 
-	fprintf(tbl, "kvkeep bench restart: %s, turn 1 = %u tokens (%zu boundaries, first at %u)\n", model_dir, t1.n,
-		t1.n_bounds, t1.n_bounds ? t1.bounds[0] : 0);
+	fprintf(tbl, "kvkeep bench restart: %s (%s KV, %zu bytes a token), turn 1 = %u tokens (%zu boundaries, first at %u)\n",
+		model_dir, ke_kv_name(kv), kv_token_bytes, t1.n, t1.n_bounds, t1.n_bounds ? t1.bounds[0] : 0);
 	fprintf(tbl, "  cold turn 1      ttft %8.3f s\n", cold_ttft);
 	fprintf(tbl, "  shutdown flush   %.1f MB in %.3f s (probe %.3f s, writes %.3f s): %.1f MB/s; same bytes to one "
 		     "file + one fsync %.1f MB/s; ratio %.2f\n",

@@ -638,6 +638,25 @@ static int report(struct dec *d, const struct kv_tok *tok, const int32_t *ids, s
 	return 0;
 }
 
+/* The engine's parameters from the flags (--kv-f32 is the older spelling
+ * of --kv-dtype f32). -1, reported, on a bad value. */
+static int engine_params(int kv_f32, const char *kv_dtype, const char *quant_act, int64_t page_tokens,
+			 struct ke_model_params *mp)
+{
+	*mp = (struct ke_model_params){.kv = kv_f32 ? KE_KV_F32 : ke_kv_parse(kv_dtype),
+				       .page_tokens = (int)page_tokens,
+				       .quant_act = ke_quant_act_parse(quant_act)};
+	if (mp->quant_act < 0) {
+		fprintf(stderr, "kvkeep generate: --quant-act must be q8 or f32\n");
+		return -1;
+	}
+	if (mp->kv < 0 || (kv_f32 && kv_dtype && strcmp(kv_dtype, "f32"))) {
+		fprintf(stderr, "kvkeep generate: --kv-dtype must be bf16, f32 or q8_0 (and agree with --kv-f32)\n");
+		return -1;
+	}
+	return 0;
+}
+
 /* --mtp-logits-out: the MTP head over the prompt (position t: the hidden
  * state there and token t + 1), every row's logits. */
 static int write_mtp_logits(struct ke_model *m, const float *hidden, const int32_t *ids, size_t n, const char *path)
@@ -718,7 +737,7 @@ static int cmd_generate(int argc, char **argv)
 	/* sampling flags by enum kv_gencfg_field; NaN: not given */
 	double sv[KV_GC_N] = {NAN, NAN, NAN, NAN, NAN, NAN, NAN};
 	int kv_f32 = 0, ignore_eos = 0, quiet = 0;
-	const char *quant_act = "q8", *spec_s = "auto", *mtp_out = NULL;
+	const char *quant_act = "q8", *kv_dtype = NULL, *spec_s = "auto", *mtp_out = NULL;
 	struct cons_flags cf = {0};
 	const char *completion_out = NULL, *out_dir = NULL;
 	int64_t close_at = -1;
@@ -745,7 +764,8 @@ static int cmd_generate(int argc, char **argv)
 		{"logits-out", KV_FLAG_STR, &logits_out, "FILE", "write the last prompt position's logits (f32 LE)"},
 		{"all-logits-out", KV_FLAG_STR, &all_out, "FILE", "write every prompt position's logits (f32 LE)"},
 		{"state-out", KV_FLAG_STR, &state_out, "FILE", "write the recurrent snapshot after the prompt"},
-		{"kv-f32", KV_FLAG_BOOL, &kv_f32, NULL, "keep KV in f32 (default bf16)"},
+		{"kv-dtype", KV_FLAG_STR, &kv_dtype, "bf16|f32|q8_0", "KV element type (default bf16; q8_0: int8 blocks, half the bytes, lossy)"},
+		{"kv-f32", KV_FLAG_BOOL, &kv_f32, NULL, "keep KV in f32 (the same as --kv-dtype f32)"},
 		{"quant-act", KV_FLAG_STR, &quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
 		{"chunk", KV_FLAG_INT, &chunk, "N", "prefill chunk in tokens (default 256)"},
 		{"page-tokens", KV_FLAG_INT, &page_tokens, "N", "tokens per KV page (default 256)"},
@@ -818,12 +838,9 @@ static int cmd_generate(int argc, char **argv)
 		goto out;
 	}
 
-	struct ke_model_params mp = {.kv_f32 = kv_f32, .page_tokens = (int)page_tokens,
-				     .quant_act = ke_quant_act_parse(quant_act)};
-	if (mp.quant_act < 0) {
-		fprintf(stderr, "kvkeep generate: --quant-act must be q8 or f32\n");
+	struct ke_model_params mp;
+	if (engine_params(kv_f32, kv_dtype, quant_act, page_tokens, &mp))
 		goto out;
-	}
 	if (ke_model_load(model, &mp, &m)) {
 		fprintf(stderr, "kvkeep: %s\n", kv_errmsg());
 		goto out;

@@ -7,6 +7,7 @@
  * usage.
  */
 #include "cli/cli.h"
+#include "engine/layout.h"
 #include "model/config.h"
 #include "model/mlx.h"
 #include "model/gguf.h"
@@ -261,6 +262,14 @@ static int cmd_model_info(int argc, char **argv)
 	/* decode reads one row of an untied embedding table, all the rest */
 	uint64_t dec = active - (c.tie_embeddings ? 0 : (uint64_t)c.vocab * (uint64_t)c.hidden);
 	uint64_t kvb = kv_config_kv_bytes_per_token(&c, 2);
+	/* every --kv-dtype, as the engine's layout sizes them (q8_0: 0 when
+	 * head_dim is not a multiple of its 32-element blocks; the global
+	 * attention layers only: a sliding layer keeps its window, below) */
+	static const int kvd[3] = {KV_DT_F32, KV_DT_BF16, KV_DT_Q8_0};
+	static const char *const kvn[3] = {"f32", "bf16", "q8_0"};
+	uint64_t kvt[3];
+	for (int i = 0; i < 3; i++)
+		kvt[i] = ke_layout_token_bytes(kvd[i], c.n_attn_layers - c.n_swa_layers, c.n_kv_heads, c.head_dim);
 	/* A quantized file (a GGUF of block types, an MLX folder) leads with
 	 * its own figures: what it holds, what the engine keeps resident and
 	 * what decoding reads per token (the same share of it as of the
@@ -321,6 +330,10 @@ static int cmd_model_info(int argc, char **argv)
 		json_object_set_new(o, "sliding_window", json_integer(c.n_swa_layers ? c.sliding_window : 0));
 		json_object_set_new(o, "n_sliding_layers", json_integer(c.n_swa_layers));
 		json_object_set_new(o, "window_bytes_per_sequence", json_integer((json_int_t)kv_config_window_bytes(&c, 2)));
+		json_t *kd = json_object();
+		for (int i = 0; i < 3; i++)
+			json_object_set_new(kd, kvn[i], kvt[i] || !c.n_attn_layers ? json_integer((json_int_t)kvt[i]) : json_null());
+		json_object_set_new(o, "kv_bytes_per_token_by_dtype", kd);
 		json_object_set_new(o, "recurrent_state_bytes_per_layer", json_integer((json_int_t)rsb));
 		json_object_set_new(o, "conv_state_bytes_per_layer", json_integer((json_int_t)csb));
 		if (!has_weights) {
@@ -392,8 +405,13 @@ static int cmd_model_info(int argc, char **argv)
 		printf("%s %.1f MiB of BF16 weights per token (~%.1f MiB as Q4_K_M)\n",
 		       quantized ? "  they read  " : "decode reads", (double)dec * 2 / 1048576.0,
 		       (double)dec * Q4KM_BITS / 8 / 1048576.0);
-		printf("kv/token     %llu bytes (16-bit KV)%s\n", (unsigned long long)kvb,
-		       c.n_swa_layers ? ", global layers only" : "");
+		printf("kv/token     %llu bytes with --kv-dtype bf16 (the default), %llu f32, ", (unsigned long long)kvt[1],
+		       (unsigned long long)kvt[0]);
+		if (kvt[2] || !c.n_attn_layers)
+			printf("%llu q8_0 (%.3fx bf16)%s\n", (unsigned long long)kvt[2],
+			       kvt[1] ? (double)kvt[2] / (double)kvt[1] : 0.0, c.n_swa_layers ? ", global layers only" : "");
+		else
+			printf("no q8_0 (head_dim %d is not a multiple of 32)\n", c.head_dim);
 		if (c.n_swa_layers)
 			printf("window       %d tokens on %d sliding layers: %llu bytes per sequence (16-bit KV)\n",
 			       c.sliding_window, c.n_swa_layers, (unsigned long long)kv_config_window_bytes(&c, 2));

@@ -96,6 +96,7 @@ static const char *ENV_HELP =
 	"  KVKEEP_SHUTDOWN_BUDGET=S            seconds the SIGTERM flush may take (default 3.5)\n"
 	"  KVKEEP_KV_CHECKPOINT_MAX_BYTES=N    cap of kv_checkpoints/, oldest files first; 0 = no cap\n"
 	"                                      (default 20 GiB; read again at every startup scan)\n"
+	"  KVKEEP_REMOTE_CACHE_PASSWORD=PW     Redis password of --remote-cache (keeps it out of ps)\n"
 	"  HF_HUB_CACHE, HF_HOME               where -m ORG/NAME looks (default ~/.cache/huggingface/hub)\n"
 	"  OLLAMA_MODELS                       where -m NAME:TAG looks (default ~/.ollama/models)\n";
 
@@ -184,6 +185,20 @@ static int cmd_serve(int argc, char **argv)
 		 "disk cache object cap per namespace, least recently used out first (default 100000)"},
 		{"cache-salt", KV_FLAG_STR, &o.cache_salt, "S",
 		 "fold S into the cache namespace: another salt never shares cached prefixes (default: none)"},
+		{"remote-cache", KV_FLAG_STR, &o.remote_cache, "redis://[user:pass@]host:port[,host:port...]",
+		 "share the disk tier's objects with other servers through Redis Cluster (docs/cluster.md); put the "
+		 "password in --remote-cache-password-file or KVKEEP_REMOTE_CACHE_PASSWORD, not here (default: none)"},
+		{"remote-cache-prefix", KV_FLAG_STR, &o.remote_cache_prefix, "P", "key prefix in Redis (default kvkeep:)"},
+		{"remote-cache-user", KV_FLAG_STR, &o.remote_cache_user, "USER", "Redis ACL user (default: the URL's, else default)"},
+		{"remote-cache-password-file", KV_FLAG_STR, &o.remote_cache_password_file, "FILE",
+		 "read the Redis password from FILE (first line); wins over KVKEEP_REMOTE_CACHE_PASSWORD and the URL"},
+		{"remote-cache-timeout-ms", KV_FLAG_INT, &o.remote_cache_timeout_ms, "MS",
+		 "longest a request waits for one Redis call (plus, for a call that moves an object, its bytes at "
+		 "100 MB/s); a failure takes the tier down until a probe brings it back (default 200)"},
+		{"remote-cache-to-disk", KV_FLAG_STR, &o.remote_cache_to_disk, "on|off",
+		 "a remote hit is also written to the local disk tier (default on)"},
+		{"remote-cache-queue-mb", KV_FLAG_INT, &o.remote_cache_queue_mb, "MB",
+		 "objects waiting to be sent to Redis per namespace; more are dropped and counted (default 512)"},
 		{"api-key", KV_FLAG_STR, &o.api_key, "KEY",
 		 "require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on the API routes (default: KVKEEP_API_KEY, else open)"},
 		{"admin-key", KV_FLAG_STR, &o.admin_key, "KEY",
@@ -203,7 +218,8 @@ static int cmd_serve(int argc, char **argv)
 		{"special-tokens-in-request", KV_FLAG_BOOL, &o.special_tokens_in_request, NULL,
 		 "special-token literals (<|im_start|>...) in request text become control tokens, as in Hugging Face "
 		 "(default: they are tokenized as the text they are)"},
-		{"kv-dtype", KV_FLAG_STR, &o.kv_dtype, "bf16|f32", "KV cache element type (default bf16)"},
+		{"kv-dtype", KV_FLAG_STR, &o.kv_dtype, "bf16|f32|q8_0",
+		 "KV cache element type (default bf16; q8_0: int8 blocks, half the bytes, lossy)"},
 		{"quant-act", KV_FLAG_STR, &o.quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
 		{"page-tokens", KV_FLAG_INT, &o.page_tokens, "B", "tokens per KV page / cache block (default 256)"},
 		{"prefill-chunk", KV_FLAG_INT, &o.prefill_chunk, "N", "prefill tokens per forward step (default 256)"},

@@ -3,8 +3,8 @@
  *
  * A tile (query tokens [t0, t1) of one KV head, R = (t1 - t0) G rows)
  * walks the key blocks. Per block, on the vector paths with enough rows
- * ("wide" tiles: prefill), the block's bf16 keys and values are widened
- * to f32 a few keys at a time (exact), and:
+ * ("wide" tiles: prefill), the block's bf16 or q8_0 keys and values are
+ * widened to f32 a few keys at a time (exact), and:
  *   scores  S^T[j][r] = gemm-dot(k_j, q_r): the keys are the activation
  *           rows and the queries the weight rows of ke_gemm_range (an fma
  *           product is commutative, so these are the bits of dot(q_r,
@@ -24,13 +24,17 @@
  * weight rows, in place, and transpose them; on AVX-512 tiles of 1, 2, 4
  * or 8 rows do the same dots in qk_narrow, 16 outputs per register tile
  * reduced together, and prefetch K ahead and V for the PV pass (decode is
- * bound by streaming them). The chunks of the key split
+ * bound by streaming them). q8_0 rows are read as they are by the decode
+ * score kernel and the PV strips (16 codes, vpmovsxbd, convert, times the
+ * block's scale: the exact values); the scalar path and AVX2's decode
+ * scores take them through the f32 buffer of a wide tile. The chunks of the key split
  * (attn.h) are merged by the tile itself (prefill) or, for a decode step,
  * computed as separate units in parallel and merged by attn_split.
  */
 #include "engine/attn.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/kvq8.h"
 #include "engine/matmul.h"
 #include "engine/prof.h"
 #include "engine/vec.h"
@@ -145,15 +149,54 @@ static void scr_carve(struct tile_scr *s, float *p, int rmax, int hd)
 	s->slots = p;
 }
 
+/* What a KV row holds, as the kernels below are specialised (a
+ * compile-time constant in each): f32, bf16 (widened exactly), or Q8_0
+ * blocks (engine/kvq8.h: code x scale, exact). */
+enum { KT_F32 = 0, KT_BF16 = 1, KT_Q8 = 2 };
+
+static int kv_kind(int kv_dtype)
+{
+	return kv_dtype == KV_DT_BF16 ? KT_BF16 : kv_dtype == KV_DT_Q8_0 ? KT_Q8 : KT_F32;
+}
+
+/* The Q8_0 block holding element col of a row. */
+static inline const char *q8_block(const char *row, int col)
+{
+	return row + (size_t)(col / KE_KVQ8_BLOCK) * KE_KVQ8_BLOCK_BYTES;
+}
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define TGT2 __attribute__((target("avx2,fma")))
 
-TGT2 static inline __m256 ld8(const char *p, int bf)
+/* Elements [col, col + 8) of a row of kind kt, exactly as f32. */
+TGT2 static inline __m256 ld8(const char *row, int col, int kt)
 {
-	if (bf)
-		return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-	return _mm256_loadu_ps((const float *)(const void *)p);
+	if (kt == KT_BF16)
+		return _mm256_castsi256_ps(
+			_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)col))), 16));
+	if (kt == KT_Q8) {
+		const char *b = q8_block(row, col);
+		__m128i q = _mm_loadl_epi64((const __m128i *)(const void *)(b + 2 + (col & 31)));
+		return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(ke_kvq8_scale(b)));
+	}
+	return _mm256_loadu_ps((const float *)(const void *)(row + 4 * (size_t)col));
+}
+
+/* Elements [col, col + 16) (col a multiple of 16) as two vectors; a q8
+ * block's scale is read once. */
+TGT2 static inline void ld8x2(const char *row, int col, int kt, __m256 *v0, __m256 *v1)
+{
+	if (kt == KT_Q8) {
+		const char *b = q8_block(row, col);
+		__m128i q = _mm_loadu_si128((const __m128i *)(const void *)(b + 2 + (col & 31)));
+		__m256 d = _mm256_set1_ps(ke_kvq8_scale(b));
+		*v0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+		*v1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), d);
+		return;
+	}
+	*v0 = ld8(row, col, kt);
+	*v1 = ld8(row, col + 8, kt);
 }
 
 /* n bf16 values to f32 (exact). */
@@ -161,7 +204,7 @@ TGT2 static void widen_avx2(float *y, const char *x, int n)
 {
 	int i = 0;
 	for (; i + 8 <= n; i += 8)
-		_mm256_storeu_ps(y + i, ld8(x + 2 * i, 1));
+		_mm256_storeu_ps(y + i, ld8(x, i, KT_BF16));
 	for (; i < n; i++) {
 		uint16_t h;
 		memcpy(&h, x + 2 * i, 2);
@@ -170,12 +213,22 @@ TGT2 static void widen_avx2(float *y, const char *x, int n)
 	}
 }
 
+/* n (a multiple of 32) values of a q8 row to f32 (exact). */
+TGT2 static void dequant_avx2(float *y, const char *row, int n)
+{
+	for (int i = 0; i < n; i += 16) {
+		__m256 v0, v1;
+		ld8x2(row, i, KT_Q8, &v0, &v1);
+		_mm256_storeu_ps(y + i, v0);
+		_mm256_storeu_ps(y + i + 8, v1);
+	}
+}
+
 /* A 16-column strip of GS query rows: acc rows stay in registers across
  * the block's keys. P[j * ldp + i] is row i's weight of key j. */
 TGT2 static inline __attribute__((always_inline)) void pv_strip(const int GS, float *acc, const float *P, int ldp,
-								const char *const *vrow, int nb, int hd, int d0, int bf)
+								const char *const *vrow, int nb, int hd, int d0, int kt)
 {
-	size_t es = bf ? 2 : 4;
 	__m256 a[4][2];
 #pragma GCC unroll 4
 	for (int i = 0; i < GS; i++) {
@@ -183,7 +236,8 @@ TGT2 static inline __attribute__((always_inline)) void pv_strip(const int GS, fl
 		a[i][1] = _mm256_loadu_ps(acc + (size_t)i * hd + d0 + 8);
 	}
 	for (int j = 0; j < nb; j++) {
-		__m256 v0 = ld8(vrow[j] + (size_t)d0 * es, bf), v1 = ld8(vrow[j] + (size_t)(d0 + 8) * es, bf);
+		__m256 v0, v1;
+		ld8x2(vrow[j], d0, kt, &v0, &v1);
 #pragma GCC unroll 4
 		for (int i = 0; i < GS; i++) {
 			__m256 p = _mm256_broadcast_ss(P + (size_t)j * ldp + i);
@@ -200,11 +254,59 @@ TGT2 static inline __attribute__((always_inline)) void pv_strip(const int GS, fl
 
 #define TGT5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
 
-TGT5 static inline __m512 ld16(const char *p, int bf)
+/* The scale of a q8 block, broadcast: vcvtph2ps of the half in every
+ * word (exact, a NaN quieted: ke_kvq8_scale's value). */
+TGT5 static inline __m512 q8_scale16(const char *b)
 {
-	if (bf)
-		return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-	return _mm512_loadu_ps((const float *)(const void *)p);
+	uint16_t h;
+	memcpy(&h, b, 2);
+	return _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
+}
+
+/* 16 codes of a q8 block from element o (0 or 16) times its scale d. */
+TGT5 static inline __m512 q8x16(const char *b, int o, __m512 d)
+{
+	__m128i q = _mm_loadu_si128((const __m128i *)(const void *)(b + 2 + o));
+	return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), d);
+}
+
+/* Elements [col, col + 16) of a row of kind kt (col a multiple of 16). */
+TGT5 static inline __m512 ld16(const char *row, int col, int kt)
+{
+	if (kt == KT_BF16)
+		return _mm512_castsi512_ps(
+			_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)col))), 16));
+	if (kt == KT_Q8) {
+		const char *b = q8_block(row, col);
+		return q8x16(b, col & 31, q8_scale16(b));
+	}
+	return _mm512_loadu_ps((const float *)(const void *)(row + 4 * (size_t)col));
+}
+
+/* Elements [col, col + 32) (col a multiple of 32) as two vectors; a q8
+ * block is exactly these 32, its scale read once. */
+TGT5 static inline void ld16x2(const char *row, int col, int kt, __m512 *v0, __m512 *v1)
+{
+	if (kt == KT_Q8) {
+		const char *b = q8_block(row, col);
+		__m512 d = q8_scale16(b);
+		*v0 = q8x16(b, 0, d);
+		*v1 = q8x16(b, 16, d);
+		return;
+	}
+	*v0 = ld16(row, col, kt);
+	*v1 = ld16(row, col + 16, kt);
+}
+
+/* n (a multiple of 32) values of a q8 row to f32 (exact). */
+TGT5 static void dequant_avx512(float *y, const char *row, int n)
+{
+	for (int i = 0; i < n; i += 32) {
+		__m512 v0, v1;
+		ld16x2(row, i, KT_Q8, &v0, &v1);
+		_mm512_storeu_ps(y + i, v0);
+		_mm512_storeu_ps(y + i + 16, v1);
+	}
 }
 
 /* 16 bf16 values to f32 (exact): one word permute puts value i in the
@@ -231,11 +333,10 @@ TGT5 static void widen_avx512(float *y, const char *x, int n)
 }
 
 /* The same strip with 32 columns in two 16-lane registers per row, up to
- * 6 rows (12 accumulators). */
+ * 6 rows (12 accumulators); d0 is a multiple of 32. */
 TGT5 static inline __attribute__((always_inline)) void pv_strip5(const int GS, float *acc, const float *P, int ldp,
-								 const char *const *vrow, int nb, int hd, int d0, int bf)
+								 const char *const *vrow, int nb, int hd, int d0, int kt)
 {
-	size_t es = bf ? 2 : 4;
 	__m512 a[6][2];
 #pragma GCC unroll 6
 	for (int i = 0; i < GS; i++) {
@@ -243,7 +344,8 @@ TGT5 static inline __attribute__((always_inline)) void pv_strip5(const int GS, f
 		a[i][1] = _mm512_loadu_ps(acc + (size_t)i * hd + d0 + 16);
 	}
 	for (int j = 0; j < nb; j++) {
-		__m512 v0 = ld16(vrow[j] + (size_t)d0 * es, bf), v1 = ld16(vrow[j] + (size_t)(d0 + 16) * es, bf);
+		__m512 v0, v1;
+		ld16x2(vrow[j], d0, kt, &v0, &v1);
 #pragma GCC unroll 6
 		for (int i = 0; i < GS; i++) {
 			__m512 p = _mm512_set1_ps(P[(size_t)j * ldp + i]);
@@ -262,9 +364,8 @@ TGT5 static inline __attribute__((always_inline)) void pv_strip5(const int GS, f
  * so each broadcast weight feeds four fmas instead of two. (Strips of 6
  * rows, 24 accumulators, measured ~5% slower.) */
 TGT5 static inline __attribute__((always_inline)) void pv_strip5w(const int GS, float *acc, const float *P, int ldp,
-								  const char *const *vrow, int nb, int hd, int d0, int bf)
+								  const char *const *vrow, int nb, int hd, int d0, int kt)
 {
-	size_t es = bf ? 2 : 4;
 	__m512 a[5][4];
 #pragma GCC unroll 5
 	for (int i = 0; i < GS; i++)
@@ -273,9 +374,8 @@ TGT5 static inline __attribute__((always_inline)) void pv_strip5w(const int GS, 
 			a[i][c] = _mm512_loadu_ps(acc + (size_t)i * hd + d0 + 16 * c);
 	for (int j = 0; j < nb; j++) {
 		__m512 v[4];
-#pragma GCC unroll 4
-		for (int c = 0; c < 4; c++)
-			v[c] = ld16(vrow[j] + (size_t)(d0 + 16 * c) * es, bf);
+		ld16x2(vrow[j], d0, kt, &v[0], &v[1]);
+		ld16x2(vrow[j], d0 + 32, kt, &v[2], &v[3]);
 #pragma GCC unroll 5
 		for (int i = 0; i < GS; i++) {
 			__m512 p = _mm512_set1_ps(P[(size_t)j * ldp + i]);
@@ -291,31 +391,38 @@ TGT5 static inline __attribute__((always_inline)) void pv_strip5w(const int GS, 
 			_mm512_storeu_ps(acc + (size_t)i * hd + d0 + 16 * c, a[i][c]);
 }
 
-#define PVS5W(gs, bf) \
-	TGT5 static void pv5w_##gs##_##bf(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
+#define PVS5W(gs, kt) \
+	TGT5 static void pv5w_##gs##_##kt(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
 					  int d0) \
-	{ pv_strip5w(gs, acc, P, ldp, vrow, nb, hd, d0, bf); }
+	{ pv_strip5w(gs, acc, P, ldp, vrow, nb, hd, d0, kt); }
 PVS5W(1, 0) PVS5W(2, 0) PVS5W(3, 0) PVS5W(4, 0) PVS5W(5, 0)
 PVS5W(1, 1) PVS5W(2, 1) PVS5W(3, 1) PVS5W(4, 1) PVS5W(5, 1)
+PVS5W(1, 2) PVS5W(2, 2) PVS5W(3, 2) PVS5W(4, 2) PVS5W(5, 2)
 
-#define PVS5(gs, bf) \
-	TGT5 static void pv5_##gs##_##bf(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
+#define PVS5(gs, kt) \
+	TGT5 static void pv5_##gs##_##kt(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
 					 int d0) \
-	{ pv_strip5(gs, acc, P, ldp, vrow, nb, hd, d0, bf); }
+	{ pv_strip5(gs, acc, P, ldp, vrow, nb, hd, d0, kt); }
 PVS5(1, 0) PVS5(2, 0) PVS5(3, 0) PVS5(4, 0) PVS5(5, 0) PVS5(6, 0)
 PVS5(1, 1) PVS5(2, 1) PVS5(3, 1) PVS5(4, 1) PVS5(5, 1) PVS5(6, 1)
+PVS5(1, 2) PVS5(2, 2) PVS5(3, 2) PVS5(4, 2) PVS5(5, 2) PVS5(6, 2)
 
-#define PVS(gs, bf) \
-	TGT2 static void pv_##gs##_##bf(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
+#define PVS(gs, kt) \
+	TGT2 static void pv_##gs##_##kt(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int hd, \
 					int d0) \
-	{ pv_strip(gs, acc, P, ldp, vrow, nb, hd, d0, bf); }
+	{ pv_strip(gs, acc, P, ldp, vrow, nb, hd, d0, kt); }
 PVS(1, 0) PVS(2, 0) PVS(3, 0) PVS(4, 0) PVS(1, 1) PVS(2, 1) PVS(3, 1) PVS(4, 1)
+PVS(1, 2) PVS(2, 2) PVS(3, 2) PVS(4, 2)
 typedef void (*pv_fn)(float *, const float *, int, const char *const *, int, int, int);
-static const pv_fn g_pv[2][4] = {{pv_1_0, pv_2_0, pv_3_0, pv_4_0}, {pv_1_1, pv_2_1, pv_3_1, pv_4_1}};
-static const pv_fn g_pv5w[2][5] = {{pv5w_1_0, pv5w_2_0, pv5w_3_0, pv5w_4_0, pv5w_5_0},
-				   {pv5w_1_1, pv5w_2_1, pv5w_3_1, pv5w_4_1, pv5w_5_1}};
-static const pv_fn g_pv5[2][6] = {{pv5_1_0, pv5_2_0, pv5_3_0, pv5_4_0, pv5_5_0, pv5_6_0},
-				  {pv5_1_1, pv5_2_1, pv5_3_1, pv5_4_1, pv5_5_1, pv5_6_1}};
+static const pv_fn g_pv[3][4] = {{pv_1_0, pv_2_0, pv_3_0, pv_4_0},
+				 {pv_1_1, pv_2_1, pv_3_1, pv_4_1},
+				 {pv_1_2, pv_2_2, pv_3_2, pv_4_2}};
+static const pv_fn g_pv5w[3][5] = {{pv5w_1_0, pv5w_2_0, pv5w_3_0, pv5w_4_0, pv5w_5_0},
+				   {pv5w_1_1, pv5w_2_1, pv5w_3_1, pv5w_4_1, pv5w_5_1},
+				   {pv5w_1_2, pv5w_2_2, pv5w_3_2, pv5w_4_2, pv5w_5_2}};
+static const pv_fn g_pv5[3][6] = {{pv5_1_0, pv5_2_0, pv5_3_0, pv5_4_0, pv5_5_0, pv5_6_0},
+				  {pv5_1_1, pv5_2_1, pv5_3_1, pv5_4_1, pv5_5_1, pv5_6_1},
+				  {pv5_1_2, pv5_2_2, pv5_3_2, pv5_4_2, pv5_5_2, pv5_6_2}};
 
 /* Scores with the query rows in the lanes (AVX-512, hd a multiple of 16):
  * qt is the tile's queries transposed, qt[k * ldq + r], so one vector holds
@@ -481,12 +588,12 @@ TGT5 static inline __m512 tree16(const __m512 *a)
  * with neither, 0.53-0.62 with V alone, 0.46 with K alone, 0.30-0.34 with
  * both (K 1, 3, 4 or 8 KiB ahead: 0.32-0.38). */
 #define QKN_PF_K 2048
-TGT5 static inline __attribute__((always_inline)) void qk_narrow_tile(const int R, const int bf, const char *const *krow,
+TGT5 static inline __attribute__((always_inline)) void qk_narrow_tile(const int R, const int kt, const char *const *krow,
 								      int nk, int hd, const float *q, float *st,
 								      const char *const *vrow, int vbytes)
 {
 	const int NK = 16 / R;
-	const size_t es = bf ? 2 : 4;
+	const size_t es = kt == KT_BF16 ? 2 : 4;
 	const __m512i idx = bf16_idx();
 	__m512 a[16];
 	const char *kp[16];
@@ -502,46 +609,75 @@ TGT5 static inline __attribute__((always_inline)) void qk_narrow_tile(const int 
 #pragma GCC unroll 16
 	for (int n = 0; n < 16; n++)
 		a[n] = _mm512_setzero_ps();
-	for (int k = 0; k < hd; k += 16) {
-		__m512 qv[8];
+	if (kt == KT_Q8) {
+		/* a block (32 elements) per step: its scale converted once, the
+		 * two halves fed in k order, so every accumulator still takes
+		 * k = j, j + 16, j + 32, ... one fma each */
+		for (int k = 0; k < hd; k += 32) {
+			__m512 qv[2][8];
 #pragma GCC unroll 8
-		for (int r = 0; r < R; r++)
-			qv[r] = _mm512_loadu_ps(q + (size_t)r * hd + k);
+			for (int r = 0; r < R; r++) {
+				qv[0][r] = _mm512_loadu_ps(q + (size_t)r * hd + k);
+				qv[1][r] = _mm512_loadu_ps(q + (size_t)r * hd + k + 16);
+			}
 #pragma GCC unroll 16
-		for (int kk = 0; kk < NK; kk++) {
-			__m512 kv = bf ? bf16x16(kp[kk] + (size_t)k * es, idx)
-				       : _mm512_loadu_ps((const float *)(const void *)(kp[kk] + (size_t)k * es));
+			for (int kk = 0; kk < NK; kk++) {
+				const char *b = q8_block(kp[kk], k);
+				__m512 d = q8_scale16(b);
+#pragma GCC unroll 2
+				for (int h = 0; h < 2; h++) {
+					__m512 kv = q8x16(b, 16 * h, d);
+#pragma GCC unroll 8
+					for (int r = 0; r < R; r++)
+						a[kk * R + r] = _mm512_fmadd_ps(kv, qv[h][r], a[kk * R + r]);
+				}
+			}
+		}
+	} else {
+		for (int k = 0; k < hd; k += 16) {
+			__m512 qv[8];
 #pragma GCC unroll 8
 			for (int r = 0; r < R; r++)
-				a[kk * R + r] = _mm512_fmadd_ps(kv, qv[r], a[kk * R + r]);
+				qv[r] = _mm512_loadu_ps(q + (size_t)r * hd + k);
+#pragma GCC unroll 16
+			for (int kk = 0; kk < NK; kk++) {
+				__m512 kv = kt == KT_BF16
+						    ? bf16x16(kp[kk] + (size_t)k * es, idx)
+						    : _mm512_loadu_ps((const float *)(const void *)(kp[kk] + (size_t)k * es));
+#pragma GCC unroll 8
+				for (int r = 0; r < R; r++)
+					a[kk * R + r] = _mm512_fmadd_ps(kv, qv[r], a[kk * R + r]);
+			}
 		}
 	}
 	int n = nk * R;
 	_mm512_mask_storeu_ps(st, n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u), tree16(a));
 }
 
-#define QKN(R, bf) \
-	TGT5 static void qk_narrow_##R##_##bf(const char *const *krow, int nk, int hd, const float *q, float *st, \
+#define QKN(R, kt) \
+	TGT5 static void qk_narrow_##R##_##kt(const char *const *krow, int nk, int hd, const float *q, float *st, \
 					      const char *const *vrow, int vbytes) \
-	{ qk_narrow_tile(R, bf, krow, nk, hd, q, st, vrow, vbytes); }
+	{ qk_narrow_tile(R, kt, krow, nk, hd, q, st, vrow, vbytes); }
 QKN(1, 0) QKN(2, 0) QKN(4, 0) QKN(8, 0) QKN(1, 1) QKN(2, 1) QKN(4, 1) QKN(8, 1)
+QKN(1, 2) QKN(2, 2) QKN(4, 2) QKN(8, 2)
 typedef void (*qkn_fn)(const char *const *, int, int, const float *, float *, const char *const *, int);
-static const qkn_fn g_qkn[2][4] = {{qk_narrow_1_0, qk_narrow_2_0, qk_narrow_4_0, qk_narrow_8_0},
-				   {qk_narrow_1_1, qk_narrow_2_1, qk_narrow_4_1, qk_narrow_8_1}};
+static const qkn_fn g_qkn[3][4] = {{qk_narrow_1_0, qk_narrow_2_0, qk_narrow_4_0, qk_narrow_8_0},
+				   {qk_narrow_1_1, qk_narrow_2_1, qk_narrow_4_1, qk_narrow_8_1},
+				   {qk_narrow_1_2, qk_narrow_2_2, qk_narrow_4_2, qk_narrow_8_2}};
 
 /* The scores of keys [0, n) of a block for a narrow tile of R rows (R
  * divides 16), [key][row] as attn_tile keeps them. */
-TGT5 static void qk_narrow(const char *const *krow, int n, int hd, int bf, const float *q, float *st, int R,
+TGT5 static void qk_narrow(const char *const *krow, int n, int hd, int kt, const float *q, float *st, int R,
 			   const char *const *vrow, int vbytes)
 {
 	int NK = 16 / R, ri = R == 1 ? 0 : R == 2 ? 1 : R == 4 ? 2 : 3;
 	for (int k0 = 0; k0 < n; k0 += NK)
-		g_qkn[bf][ri](krow + k0, n - k0 < NK ? n - k0 : NK, hd, q, st + (size_t)k0 * R, vrow + k0, vbytes);
+		g_qkn[kt][ri](krow + k0, n - k0 < NK ? n - k0 : NK, hd, q, st + (size_t)k0 * R, vrow + k0, vbytes);
 }
 
 /* acc[i][d] = fma(P[j][i], V_j[d], acc[i][d]) for j ascending, i < G:
  * the same operations, element by element, as pv_scalar below. */
-static void pv_avx2(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int G, int hd, int bf,
+static void pv_avx2(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int G, int hd, int kt,
 		    int isa)
 {
 	int d0 = 0;
@@ -549,28 +685,31 @@ static void pv_avx2(float *acc, const float *P, int ldp, const char *const *vrow
 		for (; d0 + 64 <= hd; d0 += 64)
 			for (int g0 = 0; g0 < G; g0 += 5) {
 				int gs = G - g0 < 5 ? G - g0 : 5;
-				g_pv5w[bf][gs - 1](acc + (size_t)g0 * hd, P + g0, ldp, vrow, nb, hd, d0);
+				g_pv5w[kt][gs - 1](acc + (size_t)g0 * hd, P + g0, ldp, vrow, nb, hd, d0);
 			}
 	if (isa >= KE_ISA_AVX512)
 		for (; d0 + 32 <= hd; d0 += 32)
 			for (int g0 = 0; g0 < G; g0 += 6) {
 				int gs = G - g0 < 6 ? G - g0 : 6;
-				g_pv5[bf][gs - 1](acc + (size_t)g0 * hd, P + g0, ldp, vrow, nb, hd, d0);
+				g_pv5[kt][gs - 1](acc + (size_t)g0 * hd, P + g0, ldp, vrow, nb, hd, d0);
 			}
 	for (; d0 + 16 <= hd; d0 += 16)
 		for (int g0 = 0; g0 < G; g0 += 4) {
 			int gs = G - g0 < 4 ? G - g0 : 4;
-			g_pv[bf][gs - 1](acc + (size_t)g0 * hd, P + g0, ldp, vrow, nb, hd, d0);
+			g_pv[kt][gs - 1](acc + (size_t)g0 * hd, P + g0, ldp, vrow, nb, hd, d0);
 		}
 	for (int d = d0; d < hd; d++)
 		for (int j = 0; j < nb; j++)
 			for (int i = 0; i < G; i++) {
 				float v;
-				if (bf) {
+				if (kt == KT_BF16) {
 					uint16_t h;
 					memcpy(&h, vrow[j] + (size_t)d * 2, 2);
 					uint32_t u = (uint32_t)h << 16;
 					memcpy(&v, &u, 4);
+				} else if (kt == KT_Q8) {
+					const char *b = q8_block(vrow[j], d);
+					v = (float)(int8_t)b[2 + d % KE_KVQ8_BLOCK] * ke_kvq8_scale(b);
 				} else {
 					memcpy(&v, vrow[j] + (size_t)d * 4, 4);
 				}
@@ -793,6 +932,31 @@ static void widen(float *y, const char *x, int n, int isa)
 	ke_vec_bf16_to_f32(y, x, (size_t)n);
 }
 
+/* A KV row of kind kt (n elements) as f32 in y: the same exact values
+ * on every path. */
+static void row_f32(float *y, const char *row, int n, int kt, int isa)
+{
+	if (kt == KT_BF16) {
+		widen(y, row, n, isa);
+		return;
+	}
+	if (kt == KT_F32) {
+		memcpy(y, row, (size_t)n * sizeof *y);
+		return;
+	}
+#if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX512) {
+		dequant_avx512(y, row, n);
+		return;
+	}
+	if (isa >= KE_ISA_AVX2) {
+		dequant_avx2(y, row, n);
+		return;
+	}
+#endif
+	ke_kvq8_dequant_row(y, row, n);
+}
+
 static void sm_max(float *st, int R, int nbm, int base, int G, float scale, float *bm, int isa)
 {
 #if defined(__x86_64__)
@@ -869,39 +1033,41 @@ static void scores_lanes(const float *kf, int n, int hd, const float *qt, int ld
 #endif
 }
 
-static void scores_narrow(const char *const *krow, int n, int hd, int bf, const float *q, float *st, int R,
+static void scores_narrow(const char *const *krow, int n, int hd, int kt, const float *q, float *st, int R,
 			  const char *const *vrow, int vbytes)
 {
 #if defined(__x86_64__)
-	qk_narrow(krow, n, hd, bf, q, st, R, vrow, vbytes);
+	qk_narrow(krow, n, hd, kt, q, st, R, vrow, vbytes);
 #else
-	(void)krow, (void)n, (void)hd, (void)bf, (void)q, (void)st, (void)R, (void)vrow, (void)vbytes;
+	(void)krow, (void)n, (void)hd, (void)kt, (void)q, (void)st, (void)R, (void)vrow, (void)vbytes;
 #endif
 }
 
-static void pv_scalar(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int G, int hd, int bf)
+/* The scalar PV: f32 or bf16 rows (q8 rows reach it as f32, dequantized
+ * by the caller). */
+static void pv_scalar(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int G, int hd, int kt)
 {
 	for (int j = 0; j < nb; j++)
 		for (int i = 0; i < G; i++) {
 			float pj = P[(size_t)j * ldp + i];
-			if (bf)
+			if (kt == KT_BF16)
 				ke_vec_axpy_bf16_isa(KE_ISA_SCALAR, acc + (size_t)i * hd, pj, vrow[j], hd);
 			else
 				ke_vec_axpy_isa(KE_ISA_SCALAR, acc + (size_t)i * hd, pj, (const float *)(const void *)vrow[j], hd);
 		}
 }
 
-static void pv_rows(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int rows, int hd, int bf,
+static void pv_rows(float *acc, const float *P, int ldp, const char *const *vrow, int nb, int rows, int hd, int kt,
 		    int isa)
 {
 #if defined(__x86_64__)
 	if (isa >= KE_ISA_AVX2) {
-		pv_avx2(acc, P, ldp, vrow, nb, rows, hd, bf, isa);
+		pv_avx2(acc, P, ldp, vrow, nb, rows, hd, kt, isa);
 		return;
 	}
 #endif
 	(void)isa;
-	pv_scalar(acc, P, ldp, vrow, nb, rows, hd, bf);
+	pv_scalar(acc, P, ldp, vrow, nb, rows, hd, kt);
 }
 
 static inline const char *kv_row(const struct ke_layout *lay, struct kv_page *const *pages, int seg, int pos)
@@ -989,7 +1155,7 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 	int wide = isa >= KE_ISA_AVX2 && R >= WIDE_ROWS;
 	int wb = wb_keys(hd), qr = qk_rows(hd);
 	int kseg = (a->layer * 2 + 0) * Hkv + g, vseg = (a->layer * 2 + 1) * Hkv + g;
-	int bf = lay->kv_dtype == KV_DT_BF16;
+	int kt = kv_kind(lay->kv_dtype);
 	float *acc = s->acc, *m = s->m, *l = s->l;
 
 	for (int t = 0; t < nt; t++)
@@ -1046,12 +1212,14 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 			memset(acc + (size_t)r0 * hd, 0, (size_t)nr * hd * sizeof *acc);
 		}
 		/* Scores. Wide tiles make the keys the activation rows, which
-		 * writes the scores [key][row] directly; with bf16 KV they widen
-		 * the keys (and below the values) to f32 (exact) WB keys at a
-		 * time, so the widened rows, the queries or accumulators and the
+		 * writes the scores [key][row] directly; with bf16 or q8 KV they
+		 * widen the keys (and below the values) to f32 (exact) WB keys at
+		 * a time, so the widened rows, the queries or accumulators and the
 		 * scores stay in L1 together. Narrow tiles (decode) read the keys
-		 * in place as weight rows and transpose their few rows. Otherwise
-		 * one gemm per stretch of the block that lies in one page. */
+		 * in place as weight rows and transpose their few rows (q8 keys
+		 * off the AVX-512 kernel: dequantized WB at a time first).
+		 * Otherwise one gemm per stretch of the block that lies in one
+		 * page. */
 		for (int j = 0; j < nbm;) { /* one page at a time: no division per key */
 			int p = b0 + j, in_page = B - p % B;
 			int n = nbm - j < in_page ? nbm - j : in_page;
@@ -1065,19 +1233,15 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 		if (lanes) {
 			for (int w0 = 0; w0 < nbm; w0 += wb) {
 				int n = nbm - w0 < wb ? nbm - w0 : wb;
-				for (int j = 0; j < n; j++) {
-					if (bf)
-						widen(s->kf + (size_t)j * hd, krow[w0 + j], hd, isa);
-					else
-						memcpy(s->kf + (size_t)j * hd, krow[w0 + j], (size_t)hd * sizeof *s->kf);
-				}
+				for (int j = 0; j < n; j++)
+					row_f32(s->kf + (size_t)j * hd, krow[w0 + j], hd, kt, isa);
 				scores_lanes(s->kf, n, hd, s->qT, ldq, s->st + (size_t)w0 * R, R, r0);
 			}
-		} else if (wide && bf) {
+		} else if (wide && kt != KT_F32) {
 			for (int w0 = 0; w0 < nbm; w0 += wb) {
 				int n = nbm - w0 < wb ? nbm - w0 : wb;
 				for (int j = 0; j < n; j++)
-					widen(s->kf + (size_t)j * hd, krow[w0 + j], hd, isa);
+					row_f32(s->kf + (size_t)j * hd, krow[w0 + j], hd, kt, isa);
 				/* query rows in pieces of QK_ROWS: with the widened keys they
 				 * stay in L1 */
 				for (int q0 = r0; q0 < R; q0 += qr)
@@ -1085,7 +1249,21 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 						      q0 + qr < R ? q0 + qr : R);
 			}
 		} else if (nar) {
-			scores_narrow(krow, nbm, hd, bf, s->qt, s->st, R, vrow, hd * (bf ? 2 : 4));
+			scores_narrow(krow, nbm, hd, kt, s->qt, s->st, R, vrow, (int)lay->row_bytes);
+		} else if (kt == KT_Q8) {
+			/* narrow q8 tiles on AVX2 and the scalar path: the f32
+			 * weight rows of the gemm are the dequantized keys */
+			for (int w0 = 0; w0 < nbm; w0 += wb) {
+				int n = nbm - w0 < wb ? nbm - w0 : wb;
+				for (int j = 0; j < n; j++) {
+					row_f32(s->kf + (size_t)j * hd, krow[w0 + j], hd, kt, isa);
+					for (size_t o = 0; o < lay->row_bytes; o += 64)
+						__builtin_prefetch(vrow[w0 + j] + o);
+				}
+				struct ke_mat km = {s->kf, KV_DT_F32, n, hd, (size_t)hd};
+				ke_gemm_range(isa, &km, s->qt + (size_t)r0 * hd, (size_t)hd, nr,
+					      s->srm + (size_t)r0 * KE_ATTN_BLOCK + w0, KE_ATTN_BLOCK, 0, 0, n);
+			}
 		} else {
 			for (int j0 = 0; j0 < nbm;) {
 				int p = b0 + j0;
@@ -1144,14 +1322,16 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 		/* PV, WB keys at a time (each row still takes its keys in
 		 * order); runs of tokens with the same key count share a pass. */
 		for (int w0 = 0; w0 < nbm; w0 += wb) {
-			int wn = nbm - w0 < wb ? nbm - w0 : wb, vbf = bf;
+			int wn = nbm - w0 < wb ? nbm - w0 : wb, vkt = kt;
 			const char *vw[WB];
-			if (wide && bf) {
+			/* wide tiles widen each value row once for all their rows;
+			 * the scalar PV reads f32 or bf16 only */
+			if ((wide && kt != KT_F32) || (kt == KT_Q8 && isa < KE_ISA_AVX2)) {
 				for (int j = 0; j < wn; j++) {
-					widen(s->kf + (size_t)j * hd, vrow[w0 + j], hd, isa);
+					row_f32(s->kf + (size_t)j * hd, vrow[w0 + j], hd, kt, isa);
 					vw[j] = (const char *)(s->kf + (size_t)j * hd);
 				}
-				vbf = 0;
+				vkt = KT_F32;
 			} else {
 				memcpy(vw, vrow + w0, (size_t)wn * sizeof *vw);
 			}
@@ -1163,7 +1343,7 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 				while (te < nt && nb == wn)
 					te++;
 				pv_rows(acc + (size_t)t * G * hd, s->st + (size_t)w0 * R + (size_t)t * G, R, vw, nb, (te - t) * G,
-					hd, vbf, isa);
+					hd, vkt, isa);
 				t = te;
 			}
 		}

@@ -23,7 +23,12 @@
  * heads in parallel and merges them in the same order, so decode gives
  * the bits of prefill whatever the thread count (KE_NUMERICS_VERSION 2).
  *
- * KV rows are read in the page format of layout.h (bf16 or f32).
+ * KV rows are read in the page format of layout.h: f32, bf16 (widened
+ * exactly) or q8_0 (engine/kvq8.h: code x scale, exact in f32), always
+ * in place or a few rows at a time, never copied whole. Each element has
+ * one f32 value whatever path reads it, so the order above is the whole
+ * contract for every dtype: attention over q8_0 rows gives the bits of
+ * attention over f32 rows holding their values.
  *
  * Sliding windows (window = W > 0): the query at position p attends keys
  * [lo, p], lo = max(0, p - W + 1). The blocks and chunks stay aligned to

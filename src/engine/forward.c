@@ -13,6 +13,7 @@
 #include "engine/attn.h"
 #include "engine/deltanet.h"
 #include "engine/isa.h"
+#include "engine/kvq8.h"
 #include "engine/matmul.h"
 #include "engine/qgemm.h"
 #include "engine/prof.h"
@@ -102,6 +103,8 @@ static void write_row(const struct ke_layout *lay, struct kv_page **pages, int s
 	char *dst = (char *)pages[pos / B]->data + ke_layout_row_off(lay, seg, pos % B, B);
 	if (lay->kv_dtype == KV_DT_BF16)
 		ke_vec_f32_to_bf16(dst, src, (size_t)lay->head_dim);
+	else if (lay->kv_dtype == KV_DT_Q8_0)
+		ke_kvq8_quant_row(dst, src, lay->head_dim); /* once, here: attention reads the codes */
 	else
 		memcpy(dst, src, (size_t)lay->head_dim * sizeof *src);
 }

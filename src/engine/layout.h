@@ -10,7 +10,8 @@
  *   n_segments = n_attn_layers x 2 (K, V) x n_kv_heads segments, in order
  *   s = (l * 2 + kv) * n_kv_heads + h   (l: attention layer index among
  *   the attention layers, kv: 0 = K, 1 = V, h: KV head). Segment s holds
- *   B rows of row_bytes (head_dim elements of kv_dtype); row t of segment
+ *   B rows of row_bytes (head_dim elements of kv_dtype: F32, BF16, or
+ *   Q8_0 blocks of 32 elements in 34 bytes, engine/kvq8.h); row t of segment
  *   s starts at byte (s * B + t) * row_bytes. K rows are stored after the
  *   k norm and RoPE. So the first n tokens of a page ("a tail of n") are
  *   the first n rows of every segment.
@@ -37,7 +38,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/kvq8.h"
 #include "model/config.h"
+#include "model/safetensors.h"
 
 struct ke_rec_layer {
 	int layer;             /* model layer index */
@@ -59,12 +62,12 @@ struct ke_win_layer {
 
 struct ke_layout {
 	int page_tokens;         /* B: tokens per KV page (default 256) */
-	int kv_dtype;            /* enum kv_dtype: KV_DT_BF16 or KV_DT_F32 */
+	int kv_dtype;            /* enum kv_dtype: KV_DT_BF16, KV_DT_F32 or KV_DT_Q8_0 */
 	int n_attn_layers;
 	int n_kv_heads;
 	int head_dim;
 	int n_segments;          /* n_attn_layers x 2 x n_kv_heads */
-	size_t row_bytes;        /* head_dim x element size */
+	size_t row_bytes;        /* ke_layout_row_bytes(kv_dtype, head_dim) */
 	size_t page_bytes;       /* n_segments x page_tokens x row_bytes */
 	size_t kv_bytes_per_token; /* n_segments x row_bytes */
 	int n_rec_layers;        /* DeltaNet layers (0 for dense) */
@@ -83,6 +86,35 @@ struct ke_layout {
 static inline int ke_layout_nontrim(const struct ke_layout *l)
 {
 	return l->snapshot_bytes > 0;
+}
+
+/* Bytes of one KV row of head_dim elements of kv_dtype: 4 or 2 per
+ * element for F32 / BF16, 34 per 32 elements for Q8_0; 0 when the dtype
+ * cannot hold such a row (Q8_0 with head_dim not a multiple of 32). Every
+ * size of the KV (page, tail, bytes per token, the budget's and the disk
+ * tier's arithmetic) derives from it. */
+static inline size_t ke_layout_row_bytes(int kv_dtype, int head_dim)
+{
+	if (head_dim <= 0)
+		return 0;
+	switch (kv_dtype) {
+	case KV_DT_F32:
+		return (size_t)head_dim * 4;
+	case KV_DT_BF16:
+	case KV_DT_F16:
+		return (size_t)head_dim * 2;
+	case KV_DT_Q8_0:
+		return head_dim % KE_KVQ8_BLOCK ? 0 : ke_kvq8_row_bytes(head_dim);
+	default:
+		return 0;
+	}
+}
+
+/* KV bytes of one token: K and V rows of every KV head of every attention
+ * layer (layout.kv_bytes_per_token; `kvkeep model info` before a load). */
+static inline uint64_t ke_layout_token_bytes(int kv_dtype, int n_attn_layers, int n_kv_heads, int head_dim)
+{
+	return (uint64_t)n_attn_layers * 2u * (uint64_t)n_kv_heads * ke_layout_row_bytes(kv_dtype, head_dim);
 }
 
 /*

@@ -250,11 +250,49 @@ static void rope_scale_freqs(const struct kv_model_config *c, float *inv, int ha
 	}
 }
 
+int ke_kv_parse(const char *s)
+{
+	if (!s || !strcmp(s, "bf16"))
+		return KE_KV_BF16;
+	if (!strcmp(s, "f32"))
+		return KE_KV_F32;
+	if (!strcmp(s, "q8_0"))
+		return KE_KV_Q8_0;
+	return -1;
+}
+
+const char *ke_kv_name(int kv)
+{
+	switch (kv) {
+	case KE_KV_BF16:
+		return "bf16";
+	case KE_KV_F32:
+		return "f32";
+	case KE_KV_Q8_0:
+		return "q8_0";
+	default:
+		return NULL;
+	}
+}
+
+int ke_kv_dtype(int kv)
+{
+	switch (kv) {
+	case KE_KV_BF16:
+		return KV_DT_BF16;
+	case KE_KV_F32:
+		return KV_DT_F32;
+	case KE_KV_Q8_0:
+		return KV_DT_Q8_0;
+	default:
+		return -1;
+	}
+}
+
 static void fill_layout(struct ke_model *m, int kv_dtype, int B)
 {
 	const struct kv_model_config *c = &m->cfg;
 	struct ke_layout *l = &m->lay;
-	size_t es = kv_dtype == KV_DT_BF16 ? 2 : 4;
 	memset(l, 0, sizeof *l);
 	l->page_tokens = B;
 	l->kv_dtype = kv_dtype;
@@ -263,7 +301,7 @@ static void fill_layout(struct ke_model *m, int kv_dtype, int B)
 	l->n_kv_heads = c->n_kv_heads;
 	l->head_dim = c->head_dim;
 	l->n_segments = l->n_attn_layers * 2 * c->n_kv_heads;
-	l->row_bytes = (size_t)c->head_dim * es;
+	l->row_bytes = ke_layout_row_bytes(kv_dtype, c->head_dim);
 	l->page_bytes = (size_t)l->n_segments * (size_t)B * l->row_bytes;
 	l->kv_bytes_per_token = (size_t)l->n_segments * l->row_bytes;
 	size_t off = 0;
@@ -531,6 +569,15 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 			     HEAD_DIM_MAX);
 		goto fail;
 	}
+	if (ke_kv_dtype(p->kv) < 0) {
+		rc = kv_fail(KV_ERR_INVALID, "KV dtype %d is not bf16, f32 or q8_0", p->kv);
+		goto fail;
+	}
+	if (c->n_attn_layers && !ke_layout_row_bytes(ke_kv_dtype(p->kv), c->head_dim)) {
+		rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: q8_0 KV needs head_dim a multiple of %d, the model has %d", dir,
+			     KE_KVQ8_BLOCK, c->head_dim);
+		goto fail;
+	}
 	if ((rc = kv_weights_open(dir, &m->w)))
 		goto fail;
 	if ((rc = kv_config_check_weights(c, m->w, m->prefix, sizeof m->prefix)))
@@ -702,7 +749,7 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	 * sqrtf(n_embd); transformers rounds it to the weights' dtype) */
 	m->embed_mul = c->embed_scale ? sqrtf((float)c->hidden) : 1.0f;
 
-	fill_layout(m, p->kv_f32 ? KV_DT_F32 : KV_DT_BF16, p->page_tokens ? p->page_tokens : 256);
+	fill_layout(m, ke_kv_dtype(p->kv), p->page_tokens ? p->page_tokens : 256);
 	if (m->lay.n_segments > 0) {
 		m->pages = kv_pages_create(m->lay.page_bytes, p->max_pages, 8);
 		if (!m->pages) {
@@ -742,7 +789,7 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		"vocab=%d kv=%s "
 		"page_tokens=%d weights_mb=%.1f touched_mb=%.1f touch_ms=%.0f mtp=%d", dir, kv_arch_name(c->arch),
 		c->n_layers, c->n_attn_layers, c->n_swa_layers, c->sliding_window, c->n_deltanet_layers, c->hidden, c->vocab,
-		p->kv_f32 ? "f32" : "bf16",
+		ke_kv_name(p->kv),
 		m->lay.page_tokens, (double)kv_weights_bytes(m->w) / 1048576.0, touched / 1048576.0, t_touch * 1e3,
 		m->mtp != NULL);
 	kv_mlx_qcfg_free(L.q);

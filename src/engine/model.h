@@ -37,8 +37,23 @@
  * cache namespace, so KV written by other numerics is never reused. */
 #define KE_NUMERICS_VERSION "ke-numerics-2"
 
+/* --kv-dtype: how K and V rows are stored (layout.h kv_dtype), in the
+ * live sequences and in every cached and stored entry. bf16 (the
+ * default) and f32 are exact copies of what the forward pass computed,
+ * rounded to bf16 or not; q8_0 (engine/kvq8.h) quantizes each row to int8
+ * blocks with a half scale, half the bytes of bf16 and lossy. The
+ * dtype is part of the cache namespace (server/fingerprint.c). */
+enum ke_kv { KE_KV_BF16 = 0, KE_KV_F32 = 1, KE_KV_Q8_0 = 2 };
+/* "bf16" (or NULL), "f32", "q8_0" -> enum ke_kv; -1 for anything else. */
+int ke_kv_parse(const char *s);
+/* "bf16", "f32", "q8_0"; NULL for a value that is not an enum ke_kv. */
+const char *ke_kv_name(int kv);
+/* The layout kv_dtype (KV_DT_BF16, KV_DT_F32, KV_DT_Q8_0) of an enum
+ * ke_kv; -1 for anything else. */
+int ke_kv_dtype(int kv);
+
 struct ke_model_params {
-	int kv_f32;          /* 1: f32 KV; default (0): bf16 KV */
+	int kv;              /* enum ke_kv; default (0): bf16 KV */
 	int page_tokens;     /* B, tokens per KV page; 0 = 256 */
 	size_t max_pages;    /* page pool limit, 0 = none */
 	int quant_act;       /* enum ke_quant_act: how ggml block matrices (Q8_0 ... Q6_K) multiply */

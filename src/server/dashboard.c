@@ -17,6 +17,7 @@
 #include "base/env.h"
 #include "base/hash.h"
 #include "base/mem.h"
+#include "store/remote.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,6 +190,29 @@ static void each_ns(void *ctx, const struct kss_tier *t, struct kv_h128 ns, int 
 	add_ns(name, t, e->nss, e->ents, e->tot, e->ebuf, e->dbuf);
 }
 
+/* The remote tier (store/remote.h) in the page's state; null without one. */
+static json_t *remote_state(struct ksv_server *s)
+{
+	struct ks_remote_stats st;
+	if (!s->remote)
+		return json_null();
+	ks_remote_stats(s->remote, &st);
+	uint64_t dropped = 0;
+	for (int w = 0; w < KS_RDROP__COUNT; w++)
+		dropped += st.dropped[w];
+	uint64_t refused = 0;
+	for (int b = 1; b < KS_BAD__COUNT; b++)
+		refused += st.bad[b];
+	return json_pack("{s:s, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I}", "url",
+			 ks_remote_url_safe(s->remote), "up", st.up, "lookups", (json_int_t)st.lookups, "hits",
+			 (json_int_t)st.hits, "skipped", (json_int_t)st.skipped, "read_bytes", (json_int_t)st.read_bytes,
+			 "written_bytes", (json_int_t)st.written_bytes, "written_objects", (json_int_t)st.written_objects,
+			 "dropped_objects", (json_int_t)dropped, "refused_values", (json_int_t)refused, "errors",
+			 (json_int_t)(st.timeouts + st.io_errors + st.error_replies), "lookup_p99_ms", st.fetch_p99_ms,
+			 "queue_bytes", (json_int_t)st.queue_bytes, "masters", (json_int_t)st.masters, "downs",
+			 (json_int_t)st.downs);
+}
+
 void ksv_dashboard_handle_state(struct ksv_server *s, struct ksv_conn *c)
 {
 	struct kc_entry_info *ebuf = malloc(MAX_LIST * sizeof *ebuf);
@@ -221,6 +245,7 @@ void ksv_dashboard_handle_state(struct ksv_server *s, struct ksv_conn *c)
 	json_object_set_new(m, "ram_total_bytes", json_integer((json_int_t)mt));
 	json_object_set_new(m, "free_bytes", json_integer((json_int_t)ma));
 	json_object_set_new(j, "memory", m);
+	json_object_set_new(j, "remote", remote_state(s));
 	json_object_set_new(j, "namespaces", nss);
 	json_object_set_new(j, "entries", ents);
 	/*
@@ -236,6 +261,12 @@ void ksv_dashboard_handle_state(struct ksv_server *s, struct ksv_conn *c)
 	json_t *cn = json_object_get(j, "counters");
 	json_object_set_new(cn, "evictions", json_integer((json_int_t)tot.evictions));
 	json_object_set_new(cn, "disk_writes", json_integer((json_int_t)tot.disk_writes));
+	if (s->remote) {
+		struct ks_remote_stats rs;
+		ks_remote_stats(s->remote, &rs);
+		json_object_set_new(cn, "remote_hits", json_integer((json_int_t)rs.hits));
+		json_object_set_new(cn, "remote_writes", json_integer((json_int_t)rs.written_objects));
+	}
 	/* the shutdown flush's share of its budget if SIGTERM came now: what
 	 * the write-behind has not taken yet, at the observed write rate */
 	double avg = 0;

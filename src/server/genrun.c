@@ -201,8 +201,13 @@ static void account(struct gen *g)
 		return;
 	uint32_t np = r->usage.prompt_tokens, pc = r->usage.cached_tokens;
 	uint32_t from_disk = r->from_disk ? (r->from_disk < pc ? r->from_disk : pc) : 0;
-	struct ksv_recent_req rec = {.t_ms = kv_wall_ms(), .prompt_tokens = np, .cached_ram = pc - from_disk,
-				     .cached_disk = from_disk, .gen_tokens = r->generated,
+	/* what the remote tier added beyond the disk's (the tiers are asked in
+	 * that order: session/run.c) */
+	uint32_t from_remote = r->from_remote ? (r->from_remote < pc ? r->from_remote : pc) : 0;
+	from_remote = from_remote > from_disk ? from_remote - from_disk : 0;
+	struct ksv_recent_req rec = {.t_ms = kv_wall_ms(), .prompt_tokens = np,
+				     .cached_ram = pc - from_disk - from_remote, .cached_disk = from_disk,
+				     .cached_remote = from_remote, .gen_tokens = r->generated,
 				     .ttft_ms = r->t_first_ns ? (double)(r->t_first_ns - g->t_arrive) / 1e6 : 0,
 				     .prefill_ms = r->prefill_ms, .decode_ms = r->decode_ms,
 				     .miss = r->have_explain && pc < np ? ksv_explain_json(&r->ex, 1) : NULL,
@@ -352,11 +357,12 @@ void gen_run(struct ksv_job *job)
 	unsigned spec_drafted = r->spec.drafted[0] + r->spec.drafted[1];
 	unsigned spec_accepted = r->spec.accepted[0] + r->spec.accepted[1];
 	KV_INFO("request",
-		"route=%s stream=%d prompt_tokens=%u cached_tokens=%u resume=%s disk=%d restored_messages=%zu gen_tokens=%u "
-		"constraint=%s finish=%s%s%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f "
+		"route=%s stream=%d prompt_tokens=%u cached_tokens=%u resume=%s disk=%d remote=%d restored_messages=%zu "
+		"gen_tokens=%u constraint=%s finish=%s%s%s ttft_ms=%.1f tok_s=%.1f queue_ms=%.1f prefill_ms=%.1f total_ms=%.1f "
 		"spec=%s spec_drafted=%u spec_accepted=%u spec_acceptance=%.2f%s%s",
 		g->route, g->in.req.stream, r->usage.prompt_tokens, r->usage.cached_tokens,
-		r->admitted ? r->resume_kind : "none", r->from_disk > 0, g->in.pr.n_restored, r->generated, cons_name(g->in.cons_kind),
+		r->admitted ? r->resume_kind : "none", r->from_disk > 0, r->from_remote > 0, g->in.pr.n_restored, r->generated,
+		cons_name(g->in.cons_kind),
 		cancelled ? "cancelled" : status ? "error" : r->finish, why ? " why=" : "", why ? why : "",
 		r->t_first_ns ? (double)(r->t_first_ns - g->t_arrive) / 1e6 : 0.0,
 		gen_s > 0 && r->generated > 1 ? (r->generated - 1) / gen_s : 0.0, (double)(t_start - g->job.t_submit_ns) / 1e6,

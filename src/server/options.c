@@ -5,6 +5,7 @@
 #include "server/browser.h"
 #include "base/env.h"
 #include "base/err.h"
+#include "base/redis.h"
 #include "engine/model.h"
 #include "engine/seq.h"
 #include "session/spec.h"
@@ -28,6 +29,10 @@ void ksv_opts_default(struct ksv_opts *o)
 	o->kv_disk_checkpoint_interval = 0;
 	o->disk_cache_max_mb = -1;
 	o->disk_cache_max_files = -1;
+	o->remote_cache_prefix = "kvkeep:";
+	o->remote_cache_timeout_ms = 200;
+	o->remote_cache_to_disk = "on";
+	o->remote_cache_queue_mb = 512;
 	o->kv_dtype = "bf16";
 	o->quant_act = "q8";
 	o->page_tokens = 256;
@@ -62,6 +67,7 @@ void ksv_opts_env(struct ksv_opts *o)
 	o->env_kv_checkpoint_max_bytes = kv_env(KV_ENV_KV_CHECKPOINT_MAX_BYTES);
 	o->env_api_key = kv_env(KV_ENV_API_KEY);
 	o->env_admin_key = kv_env(KV_ENV_ADMIN_KEY);
+	o->env_remote_cache_password = kv_env(KV_ENV_REMOTE_CACHE_PASSWORD);
 }
 
 int ksv_opts_check(const struct ksv_opts *o)
@@ -87,8 +93,8 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--hybrid-cache-entries must be >= 0");
 	if (o->kv_disk_checkpoint_interval < 0)
 		return kv_fail(KV_ERR_INVALID, "--kv-disk-checkpoint-interval must be >= 0");
-	if (strcmp(o->kv_dtype, "bf16") && strcmp(o->kv_dtype, "f32"))
-		return kv_fail(KV_ERR_INVALID, "--kv-dtype must be bf16 or f32");
+	if (ke_kv_parse(o->kv_dtype) < 0)
+		return kv_fail(KV_ERR_INVALID, "--kv-dtype must be bf16, f32 or q8_0");
 	if (ke_quant_act_parse(o->quant_act) < 0)
 		return kv_fail(KV_ERR_INVALID, "--quant-act must be q8 or f32");
 	if (o->threads < 0 || o->threads > 4096)
@@ -140,6 +146,23 @@ int ksv_opts_check(const struct ksv_opts *o)
 		return kv_fail(KV_ERR_INVALID, "--retry-after-s must be >= 1");
 	if (o->disk_cache_max_files == 0 || o->disk_cache_max_files < -1)
 		return kv_fail(KV_ERR_INVALID, "--disk-cache-max-files must be >= 1");
+	if (o->remote_cache && !*o->remote_cache)
+		return kv_fail(KV_ERR_INVALID, "--remote-cache must not be empty (leave it out for no remote tier)");
+	if (o->remote_cache) {
+		struct kv_redis_url u;
+		int rc = kv_redis_url_parse(o->remote_cache, &u);
+		memset(&u, 0, sizeof u); /* it may hold a password */
+		if (rc)
+			return kv_fail_ctx(rc, "--remote-cache");
+	}
+	if (o->remote_cache_timeout_ms < 1 || o->remote_cache_timeout_ms > 60000)
+		return kv_fail(KV_ERR_INVALID, "--remote-cache-timeout-ms must be 1-60000");
+	if (strcmp(o->remote_cache_to_disk, "on") && strcmp(o->remote_cache_to_disk, "off"))
+		return kv_fail(KV_ERR_INVALID, "--remote-cache-to-disk must be on or off");
+	if (o->remote_cache_queue_mb < 1 || o->remote_cache_queue_mb > 1 << 20)
+		return kv_fail(KV_ERR_INVALID, "--remote-cache-queue-mb must be 1-1048576");
+	if ((o->remote_cache_password_file || o->remote_cache_user) && !o->remote_cache)
+		return kv_fail(KV_ERR_INVALID, "--remote-cache-password-file and --remote-cache-user need --remote-cache");
 	if (o->api_key && !*o->api_key)
 		return kv_fail(KV_ERR_INVALID, "--api-key must not be empty");
 	if (o->admin_key && !*o->admin_key)

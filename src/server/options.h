@@ -48,6 +48,16 @@ struct ksv_opts {
 	const char *env_shutdown_budget;  /* KVKEEP_SHUTDOWN_BUDGET (3.5 s) */
 	const char *env_kv_checkpoint_max_bytes; /* KVKEEP_KV_CHECKPOINT_MAX_BYTES (20 GiB) */
 
+	/* remote tier (store/remote.h, docs/cluster.md) */
+	const char *remote_cache;         /* --remote-cache redis://[user:pass@]host:port[,...]; NULL: none */
+	const char *remote_cache_prefix;  /* --remote-cache-prefix, default "kvkeep:" */
+	const char *remote_cache_user;    /* --remote-cache-user (overrides the URL's) */
+	const char *remote_cache_password_file; /* --remote-cache-password-file FILE */
+	int64_t remote_cache_timeout_ms;  /* --remote-cache-timeout-ms, default 200 (per call) */
+	const char *remote_cache_to_disk; /* --remote-cache-to-disk on|off, default on */
+	int64_t remote_cache_queue_mb;    /* --remote-cache-queue-mb per namespace, default 512 */
+	const char *env_remote_cache_password; /* KVKEEP_REMOTE_CACHE_PASSWORD */
+
 	/* engine */
 	int64_t threads;                  /* --threads / -t: engine threads; 0 = KVKEEP_THREADS, else one per core */
 	const char *kv_dtype;             /* --kv-dtype bf16|f32, default bf16 */

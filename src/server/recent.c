@@ -45,8 +45,8 @@ void ksv_recent_add(struct ksv_recent *r, const struct ksv_recent_req *q)
 	r->n++;
 	r->requests++;
 	r->prompt_tokens += q->prompt_tokens;
-	r->cached_tokens += q->cached_ram + q->cached_disk;
-	r->prefill_tokens += q->prompt_tokens - q->cached_ram - q->cached_disk;
+	r->cached_tokens += q->cached_ram + q->cached_disk + q->cached_remote;
+	r->prefill_tokens += q->prompt_tokens - q->cached_ram - q->cached_disk - q->cached_remote;
 	r->gen_tokens += q->gen_tokens;
 	r->prefill_ms += q->prefill_ms;
 	r->decode_ms += q->decode_ms;
@@ -71,10 +71,11 @@ void ksv_recent_json(struct ksv_recent *r, json_t *obj, int text_default, int te
 	uint64_t first = r->n > KSV_RECENT_MAX ? r->n - KSV_RECENT_MAX : 0;
 	for (uint64_t i = first; i < r->n; i++) {
 		const struct ksv_recent_req *q = &r->ring[i % KSV_RECENT_MAX];
-		json_t *j = json_pack("{s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f}", "t_ms", (json_int_t)q->t_ms,
-				      "route", q->route, "resume", q->resume, "prompt_tokens", (json_int_t)q->prompt_tokens,
-				      "cached_ram", (json_int_t)q->cached_ram, "cached_disk", (json_int_t)q->cached_disk,
-				      "computed", (json_int_t)(q->prompt_tokens - q->cached_ram - q->cached_disk),
+		json_t *j = json_pack("{s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f}", "t_ms",
+				      (json_int_t)q->t_ms, "route", q->route, "resume", q->resume, "prompt_tokens",
+				      (json_int_t)q->prompt_tokens, "cached_ram", (json_int_t)q->cached_ram, "cached_disk",
+				      (json_int_t)q->cached_disk, "cached_remote", (json_int_t)q->cached_remote, "computed",
+				      (json_int_t)(q->prompt_tokens - q->cached_ram - q->cached_disk - q->cached_remote),
 				      "gen_tokens", (json_int_t)q->gen_tokens, "ttft_ms", q->ttft_ms, "prefill_ms",
 				      q->prefill_ms, "decode_ms", q->decode_ms);
 		json_object_set_new(j, "namespace", json_string(q->salted ? "salted" : "default"));

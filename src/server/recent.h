@@ -22,6 +22,7 @@ struct ksv_recent_req {
 	uint32_t prompt_tokens;
 	uint32_t cached_ram;        /* prompt tokens the RAM tier served */
 	uint32_t cached_disk;       /* ... loaded from the disk tier for this request */
+	uint32_t cached_remote;     /* ... loaded from the remote tier beyond the disk's */
 	uint32_t gen_tokens;
 	double ttft_ms, prefill_ms, decode_ms;
 	json_t *miss;               /* explain.h JSON, owned by the ring (NULL: none) */

@@ -22,6 +22,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/pages.h"
+#include "base/redis.h"
 #include "cache/budget.h"
 #include "cache/cache.h"
 #include "cache/opts.h"
@@ -45,6 +46,7 @@
 #include "server/queue.h"
 #include "store/dir.h"
 #include "store/ns.h"
+#include "store/remote.h"
 #include "store/store.h"
 
 #include <dirent.h>
@@ -108,6 +110,9 @@ static json_t *disk_json(struct ksv_server *s)
 	return d;
 }
 
+/* The remote tier in GET /v1/cache/info (its counters: remote_rows). */
+static json_t *remote_json(struct ksv_server *s);
+
 /* One namespace in GET /v1/cache/info (registry locked). */
 static void ns_info(void *ctx, const struct kss_tier *t, struct kv_h128 ns, int salted)
 {
@@ -119,6 +124,7 @@ static void ns_info(void *ctx, const struct kss_tier *t, struct kv_h128 ns, int 
 	json_object_set_new(o, "namespace", json_string(nsx));
 	json_object_set_new(o, "kind", json_string(salted ? "request_salt" : "default"));
 	json_object_set_new(o, "disk_tier", json_boolean(t->store != NULL));
+	json_object_set_new(o, "remote_tier", json_boolean(ks_store_has_remote(t->store)));
 	json_object_set_new(o, "stats", stats_json(&st));
 	json_array_append_new(arr, o);
 }
@@ -132,6 +138,8 @@ static void handle_cache_info(struct ksv_server *s, struct ksv_conn *c)
 	json_array_append_new(tiers, json_string("ram"));
 	if (s->store)
 		json_array_append_new(tiers, json_string("disk"));
+	if (s->remote)
+		json_array_append_new(tiers, json_string("remote"));
 	json_object_set_new(j, "enabled", json_boolean(s->o.prefix_cache));
 	json_object_set_new(j, "model", json_string(s->model_name));
 	json_object_set_new(j, "index", json_string(index_name(s)));
@@ -140,6 +148,9 @@ static void handle_cache_info(struct ksv_server *s, struct ksv_conn *c)
 	json_object_set_new(j, "salt_tiers_open", json_integer(s->reg ? kss_registry_salted(s->reg) : 0));
 	if (s->store)
 		json_object_set_new(j, "disk", disk_json(s));
+	json_object_set_new(j, "remote_tier", json_boolean(s->remote != NULL));
+	if (s->remote)
+		json_object_set_new(j, "remote", remote_json(s));
 	json_object_set_new(j, "hybrid", json_boolean(s->hybrid));
 	json_object_set_new(j, "page_tokens", json_integer(s->lay->page_tokens));
 	json_object_set_new(j, "kv_bytes_per_token", json_integer((json_int_t)s->lay->kv_bytes_per_token));
@@ -847,6 +858,99 @@ static int setup_disk_metrics(struct ksv_server *s)
 	return KV_OK;
 }
 
+/* The remote tier's counters (store/remote.h struct ks_remote_stats). */
+static void remote_dropped(struct ksv_family *f, const void *view)
+{
+	const struct ks_remote_stats *st = view;
+	for (int w = 0; w < KS_RDROP__COUNT; w++)
+		ksv_series_set(ksv_series_get(f, "why", ks_rdrop_name(w), NULL), (double)st->dropped[w]);
+}
+
+static void remote_refused(struct ksv_family *f, const void *view)
+{
+	const struct ks_remote_stats *st = view;
+	for (int b = 1; b < KS_BAD__COUNT; b++)
+		ksv_series_set(ksv_series_get(f, "reason", ks_bad_name(b), NULL), (double)st->bad[b]);
+}
+
+#define C KSV_COUNTER
+#define G KSV_GAUGE
+#define RROW(f, name, type, div, json, help) ROW(struct ks_remote_stats, f, name, type, div, json, help)
+static const struct stat_row remote_rows[] = {
+	RROW(up, "kvkeep_remote_up", G, 1, "up", "1 while the remote tier (Redis Cluster) is up: lookups and writes go to it."),
+	RROW(lookups, "kvkeep_remote_lookups_total", C, 1, "lookups", "Lookups that asked the remote tier (RAM and disk lacked part of the prompt)."),
+	RROW(hits, "kvkeep_remote_hits_total", C, 1, "hits", "Of those, lookups that loaded a resume point from it."),
+	RROW(misses, "kvkeep_remote_misses_total", C, 1, "misses", "Lookups the remote tier could not extend."),
+	RROW(skipped, "kvkeep_remote_skipped_total", C, 1, "skipped", "Lookups that skipped the remote tier: it was down."),
+	RROW(hit_tokens, "kvkeep_remote_hit_tokens_total", C, 1, "hit_tokens", "Prompt tokens made available by remote hits."),
+	RROW(read_bytes, "kvkeep_remote_read_bytes_total", C, 1, "read_bytes", "Bytes of valid objects read from Redis."),
+	RROW(read_objects, "kvkeep_remote_read_objects_total", C, 1, "read_objects", "Valid objects read from Redis."),
+	RROW(fetch_seconds, "kvkeep_remote_lookup_seconds_total", C, 1, "lookup_seconds", "Time spent in remote lookups (divide by lookups: the mean)."),
+	RROW(fetch_p50_ms, "kvkeep_remote_lookup_p50_seconds", G, 1000, "lookup_p50_ms", "Median remote lookup time over the last 1024 lookups."),
+	RROW(fetch_p99_ms, "kvkeep_remote_lookup_p99_seconds", G, 1000, "lookup_p99_ms", "99th percentile remote lookup time over the last 1024 lookups."),
+	RROW(written_objects, "kvkeep_remote_written_objects_total", C, 1, "written_objects", "Objects written to Redis."),
+	RROW(written_bytes, "kvkeep_remote_written_bytes_total", C, 1, "written_bytes", "Bytes written to Redis."),
+	RROW(present_objects, "kvkeep_remote_present_objects_total", C, 1, "present_objects", "Objects not sent: Redis had them (content-addressed)."),
+	RROW(incomplete, "kvkeep_remote_incomplete_entries_total", C, 1, "incomplete_entries", "Entry manifests not written: a part was missing in Redis."),
+	LROW(remote_dropped, "kvkeep_remote_dropped_objects_total", C, "Objects the write-behind did not send, by why (down, queue, shutdown, error)."),
+	RROW(queue_len, "kvkeep_remote_queue_length", G, 1, "queue_length", "Cache views waiting for the remote writers."),
+	RROW(queue_bytes, "kvkeep_remote_queue_bytes", G, 1, "queue_bytes", "Bytes of those views."),
+	LROW(remote_refused, "kvkeep_remote_refused_values_total", C, "Values that failed validation (a miss for that part), by reason."),
+	RROW(deleted, "kvkeep_remote_deleted_values_total", C, 1, "deleted_values", "Refused values deleted from Redis."),
+	RROW(downs, "kvkeep_remote_down_total", C, 1, "downs", "Times the tier went down (a call failed: timeout, lost node)."),
+	RROW(ups, "kvkeep_remote_up_total", C, 1, "ups", "Times a probe found every slot's master answering."),
+	RROW(calls, "kvkeep_remote_calls_total", C, 1, "calls", "Calls to the cluster (each a pipelined batch)."),
+	RROW(call_seconds, "kvkeep_remote_call_seconds_total", C, 1, "call_seconds", "Time spent in those calls."),
+	RROW(timeouts, "kvkeep_remote_timeouts_total", C, 1, "timeouts", "Operations that ran past --remote-cache-timeout-ms."),
+	RROW(io_errors, "kvkeep_remote_io_errors_total", C, 1, "io_errors", "Operations no node could take (connection refused or lost)."),
+	RROW(error_replies, "kvkeep_remote_error_replies_total", C, 1, "error_replies", "Operations Redis refused (OOM, NOAUTH, ...)."),
+	RROW(moved, "kvkeep_remote_moved_total", C, 1, "moved", "MOVED redirects followed (the slot map changed)."),
+	RROW(ask, "kvkeep_remote_ask_total", C, 1, "ask", "ASK redirects followed (a slot migrating)."),
+	RROW(tryagain, "kvkeep_remote_retried_total", C, 1, "retried", "TRYAGAIN, CLUSTERDOWN, LOADING replies retried after a backoff."),
+	RROW(refreshes, "kvkeep_remote_slot_refreshes_total", C, 1, "slot_refreshes", "Slot maps read (CLUSTER SLOTS)."),
+	RROW(connects, "kvkeep_remote_connects_total", C, 1, "connects", "Connections opened to Redis nodes."),
+	RROW(nodes, "kvkeep_remote_nodes", G, 1, "nodes", "Redis nodes known."),
+	RROW(masters, "kvkeep_remote_masters", G, 1, "masters", "Nodes owning slots in the current slot map."),
+	RROW(slots_covered, "kvkeep_remote_slots_covered", G, 1, "slots_covered", "Slots with an owner in the current slot map (16384 when healthy)."),
+};
+#undef RROW
+#undef C
+#undef G
+_Static_assert(N_ROWS(remote_rows) <= (int)(sizeof((struct ksv_server *)0)->fr / sizeof(struct ksv_family *)),
+	       "server_int.h: fr[] too small");
+
+static void scrape_remote(struct ksv_server *s)
+{
+	struct ks_remote_stats st;
+	if (!s->remote)
+		return;
+	ks_remote_stats(s->remote, &st);
+	stat_scrape(remote_rows, N_ROWS(remote_rows), s->fr, &st);
+}
+
+static json_t *remote_json(struct ksv_server *s)
+{
+	struct ks_remote_stats st;
+	char last[256];
+	ks_remote_stats(s->remote, &st);
+	ks_remote_last_error(s->remote, last, sizeof last);
+	json_t *d = stat_json(remote_rows, N_ROWS(remote_rows), &st), *dr = json_object(), *bad = json_object();
+	json_object_set_new(d, "url", json_string(ks_remote_url_safe(s->remote)));
+	json_object_set_new(d, "prefix", json_string(ks_remote_prefix(s->remote)));
+	json_object_set_new(d, "timeout_ms", json_integer(ks_remote_timeout_ms(s->remote)));
+	json_object_set_new(d, "to_disk", json_boolean(ks_remote_to_disk(s->remote)));
+	json_object_set_new(d, "queue_cap_bytes", json_integer((json_int_t)ks_remote_queue_cap(s->remote)));
+	json_object_set_new(d, "standalone", json_boolean(st.standalone));
+	json_object_set_new(d, "last_error", json_string(last));
+	for (int w = 0; w < KS_RDROP__COUNT; w++)
+		json_object_set_new(dr, ks_rdrop_name(w), json_integer((json_int_t)st.dropped[w]));
+	for (int b = 1; b < KS_BAD__COUNT; b++)
+		json_object_set_new(bad, ks_bad_name(b), json_integer((json_int_t)st.bad[b]));
+	json_object_set_new(d, "dropped_objects", dr);
+	json_object_set_new(d, "refused_values", bad);
+	return d;
+}
+
 static void scrape(void *ctx, struct ksv_metrics *m)
 {
 	struct ksv_server *s = ctx;
@@ -869,6 +973,7 @@ static void scrape(void *ctx, struct ksv_metrics *m)
 	ksv_metrics_set(s->f_conns, http ? ksv_httpd_connections(http) : 0);
 	ksv_metrics_set(s->f_corrupt, (double)kv_corrupt_count());
 	scrape_disk(s);
+	scrape_remote(s);
 }
 
 static int setup_metrics(struct ksv_server *s)
@@ -1009,7 +1114,8 @@ static void open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_cache 
 			       .max_files = o->disk_cache_max_files > 0 ? (uint64_t)o->disk_cache_max_files : 0,
 			       .env_ckpt_max = o->env_kv_checkpoint_max_bytes,
 			       .ckpt_interval = (uint32_t)o->kv_disk_checkpoint_interval,
-			       .vocab = s->vocab};
+			       .vocab = s->vocab,
+			       .remote = s->remote};
 	if (ks_store_open(&sp, out)) {
 		KV_WARN("store.disabled", "root=%s err=\"%s\" msg=\"no disk tier: serving from RAM only\"", root,
 			kv_errmsg());
@@ -1021,6 +1127,62 @@ static void open_store(struct ksv_server *s, struct kv_h128 ns, struct kc_cache 
 static void open_salted_store(void *ctx, struct kv_h128 ns, struct kc_cache *cache, struct ks_store **out)
 {
 	open_store(ctx, ns, cache, 1, out);
+}
+
+/*
+ * The remote tier (--remote-cache, docs/cluster.md), shared by every
+ * namespace's store. The password: --remote-cache-password-file (its
+ * first line), else KVKEEP_REMOTE_CACHE_PASSWORD, else the URL's (which
+ * `ps` shows: a warning). A cluster that does not answer is no error
+ * (the tier starts down); a bad URL, prefix or password file is.
+ */
+static int open_remote(struct ksv_server *s)
+{
+	const struct ksv_opts *o = &s->o;
+	char *file = NULL;
+	size_t len = 0;
+	const char *pw = NULL;
+	int rc;
+	if (!o->prefix_cache) {
+		KV_WARN("remote.disabled", "msg=\"--remote-cache is ignored with --disable-prefix-cache\"");
+		return KV_OK;
+	}
+	if (o->remote_cache_password_file) {
+		if ((rc = kv_io_read_file(o->remote_cache_password_file, 4096, &file, &len)))
+			return kv_fail_ctx(rc, "--remote-cache-password-file");
+		while (len && (file[len - 1] == '\n' || file[len - 1] == '\r'))
+			file[--len] = 0;
+		char *nl = memchr(file, '\n', len);
+		if (nl)
+			*nl = 0;
+		if (!file[0]) {
+			free(file);
+			return kv_fail(KV_ERR_INVALID, "--remote-cache-password-file %s is empty", o->remote_cache_password_file);
+		}
+		pw = file;
+	} else if (o->env_remote_cache_password && *o->env_remote_cache_password) {
+		pw = o->env_remote_cache_password;
+	} else {
+		struct kv_redis_url u;
+		if (kv_redis_url_parse(o->remote_cache, &u) == KV_OK && u.pass[0])
+			KV_WARN("remote.password", "msg=\"the Redis password is in --remote-cache, which ps shows: use "
+						   "--remote-cache-password-file or KVKEEP_REMOTE_CACHE_PASSWORD\"");
+		memset(&u, 0, sizeof u);
+	}
+	struct ks_remote_params rp = {.url = o->remote_cache,
+				      .user = o->remote_cache_user,
+				      .password = pw,
+				      .prefix = o->remote_cache_prefix,
+				      .timeout_ms = (int)o->remote_cache_timeout_ms,
+				      .to_disk = !strcmp(o->remote_cache_to_disk, "on"),
+				      .queue_bytes = (uint64_t)o->remote_cache_queue_mb * MiB,
+				      .layout = s->lay};
+	rc = ks_remote_create(&rp, &s->remote);
+	if (file) {
+		memset(file, 0, len);
+		free(file);
+	}
+	return rc ? kv_fail_ctx(rc, "--remote-cache") : KV_OK;
 }
 
 /* The memory cap before anything loads: --memory-cap-mb, else the cgroup
@@ -1184,7 +1346,7 @@ static int load_model(struct ksv_server *s)
 	if ((rc = ksv_norm_parse(o->prompt_normalize, &s->norm_rules)) || (rc = ksv_recent_create(&s->recent)) ||
 	    (rc = ksv_inflight_create(&s->inflight)))
 		return rc;
-	struct ke_model_params mp = {.kv_f32 = !strcmp(o->kv_dtype, "f32"),
+	struct ke_model_params mp = {.kv = ke_kv_parse(o->kv_dtype),
 				     .page_tokens = (int)o->page_tokens,
 				     .quant_act = ke_quant_act_parse(o->quant_act)};
 	if ((rc = ke_model_load(o->model_dir, &mp, &s->model)))
@@ -1259,6 +1421,8 @@ int ksv_server_load(struct ksv_server *s)
 	if ((rc = kc_cache_create(&cp, &s->cache)))
 		return rc;
 	s->budget_total = kc_cache_budget(s->cache);
+	if (o->remote_cache && (rc = open_remote(s)))
+		return rc;
 	open_store(s, s->ns, s->cache, o->cache_salt && *o->cache_salt, &s->store);
 	struct kss_registry_params rp = {.cache = s->cache,
 					 .store = s->store,
@@ -1319,6 +1483,11 @@ int ksv_server_load(struct ksv_server *s)
 		kss_spec_mode_name(s->spec_mode), ke_model_has_mtp(s->model), kss_sched_spec_rows(s->engine));
 	if ((rc = setup_metrics(s)) || (s->store && (rc = setup_disk_metrics(s))))
 		return rc;
+	if (s->remote) {
+		if ((rc = stat_register(s->m, remote_rows, N_ROWS(remote_rows), s->fr)))
+			return rc;
+		scrape_remote(s); /* every series exists from the first scrape */
+	}
 	{
 		/* the weights fit (checked before loading); one small request
 		 * must fit too, else every request would be a 503 */
@@ -1382,6 +1551,9 @@ int ksv_server_run(struct ksv_server *s)
 		if (left > 0)
 			kss_registry_flush_salted(s->reg, left);
 	}
+	/* remote writes still in flight are cut, never waited for (the
+	 * flushes dropped what was queued) */
+	ks_remote_abort(s->remote);
 	/* every request already in progress gets its answer (a queued one its
 	 * 503 + Retry-After) before the daemon stops: stopping it closes
 	 * connections whose handler has not answered yet, which the client
@@ -1405,8 +1577,10 @@ void ksv_server_destroy(struct ksv_server *s)
 	ksv_queue_destroy(s->queue);
 	kss_service_destroy(s->svc);
 	kss_sched_destroy(s->engine); /* after the workers: no forward is in flight */
+	ks_remote_abort(s->remote); /* the stores' remote writers stop at once, not after a call */
 	kss_registry_destroy(s->reg); /* the salted namespaces */
 	ks_store_close(s->store); /* before the cache: its writer holds cache views */
+	ks_remote_destroy(s->remote); /* after every store that used it */
 	kc_cache_destroy(s->cache);
 	ke_model_destroy(s->model);
 	kv_chat_free(s->chat);

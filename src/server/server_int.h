@@ -51,6 +51,8 @@ struct ksv_server {
 	const struct ke_layout *lay;
 	struct kc_cache *cache;
 	struct ks_store *store;           /* the disk tier (NULL: none, e.g. --disable-prefix-cache) */
+	struct ks_remote *remote;         /* the remote tier (--remote-cache; NULL: none), shared by every
+					     namespace's store */
 	struct ksv_queue *queue;          /* the request queue: max_running workers */
 	struct kss_sched *engine;         /* the engine's scheduler (session/sched.h) */
 	struct kss_service *svc;          /* a request's path below HTTP (session/request.h) */
@@ -92,6 +94,7 @@ struct ksv_server {
 	struct ksv_family *fe[20];        /* the engine's scheduler (engine_rows) */
 	struct ksv_family *fc[24];        /* the RAM cache (cache_rows) */
 	struct ksv_family *fd[40];        /* the disk tier (disk_rows) */
+	struct ksv_family *fr[48];        /* the remote tier (remote_rows) */
 };
 
 /* server.c: the served model names. 1 if name is one of them. */

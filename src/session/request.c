@@ -422,6 +422,7 @@ void kss_request(struct kss_service *s, const struct kss_request_params *p, cons
 		spec_account(s, &res.spec);
 	ks_store_kick(q.tier.store); /* new entries for the write-behind */
 	r->from_disk = res.from_disk;
+	r->from_remote = res.from_remote;
 	r->prefill_ms = res.prefill_ms;
 	r->decode_ms = res.decode_ms;
 	r->resume_kind = resume_kind(&q, res.resumed, res.shared);

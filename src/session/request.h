@@ -164,6 +164,7 @@ struct kss_request_result {
 	int n_tool_calls;
 	const char *resume_kind;        /* "miss", "hit", "snap", "anchor" */
 	uint32_t from_disk;             /* resume point loaded from disk (0: none) */
+	uint32_t from_remote;           /* resume point loaded from the remote tier (0: none) */
 	int have_explain;
 	struct kss_explain ex;
 	uint64_t t_first_ns;            /* the first decode step (kv_now_ns), 0: none */

@@ -131,10 +131,11 @@ static void disk_checkpoint(void *ctx, struct ke_seq *seq, int pos)
 	free(pg);
 }
 
-/* Ask the disk tier for what the RAM hit lacks (its pages stay pinned by
- * the turn while the store reads). Returns the position now in RAM from
- * disk (0: nothing loaded). Never fails the request. */
-static uint32_t disk_fetch(struct ks_store *st, const struct kss_run_params *p, const struct kc_hit *h)
+/* Ask the disk tier (remote 0) or the remote tier for what the RAM hit
+ * lacks (its pages stay pinned by the turn while the store reads).
+ * Returns the position now in RAM from there (0: nothing loaded). Never
+ * fails the request. */
+static uint32_t tier_fetch(struct ks_store *st, int remote, const struct kss_run_params *p, const struct kc_hit *h)
 {
 	struct ks_fetch f = {0};
 	struct kv_page **rp = h->n_pages ? malloc(h->n_pages * sizeof *rp) : NULL;
@@ -144,7 +145,10 @@ static uint32_t disk_fetch(struct ks_store *st, const struct kss_run_params *p, 
 		kc_hit_pages(h, rp);
 	struct ks_req rq = {.tokens = p->prompt, .n = p->n, .bounds = p->bounds, .n_bounds = p->n_bounds,
 			    .ram_pos = h->pos, .ram_pages = rp, .ram_n_pages = rp ? h->n_pages : 0};
-	ks_store_fetch(st, &rq, &f);
+	if (remote)
+		ks_store_fetch_remote(st, &rq, &f);
+	else
+		ks_store_fetch(st, &rq, &f);
 	free(rp);
 	return f.pos > h->pos ? f.pos : 0;
 }
@@ -259,14 +263,23 @@ int kss_run(struct kc_cache *c, struct ke_model *m, const struct kss_run_params 
 		free(pv);
 	}
 
-	/* 1. lookup; the disk tier only for what RAM lacks */
+	/* 1. lookup: RAM, then the disk tier for what RAM lacks, then the
+	 * remote tier (store/remote.h) for what both lack */
 	t0 = kv_now_ns();
 	struct kc_turn_req tr = {.tokens = p->prompt, .n = p->n, .bounds = p->bounds, .n_bounds = p->n_bounds};
 	if ((rc = kc_turn_begin(c, &tr, &x.turn)))
 		goto out;
 	hit = kc_turn_hit(x.turn);
-	if (p->store && hit->pos + 1 < p->n && (r->from_disk = disk_fetch(p->store, p, hit))) {
-		/* the disk put a longer resume point into RAM: use it */
+	for (int remote = 0; remote < 2 && p->store; remote++) {
+		uint32_t got;
+		if (hit->pos + 1 >= p->n || (remote && !ks_store_has_remote(p->store)) ||
+		    !(got = tier_fetch(p->store, remote, p, hit)))
+			continue;
+		if (remote)
+			r->from_remote = got;
+		else
+			r->from_disk = got;
+		/* the tier put a longer resume point into RAM: use it */
 		kc_turn_free(x.turn);
 		x.turn = NULL;
 		if ((rc = kc_turn_begin(c, &tr, &x.turn)))

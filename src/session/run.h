@@ -17,7 +17,9 @@
  *        prefilling a stop point this prompt shares (sched.h)
  *     1. kc_turn_begin: lookup -> resume point p (pinned); with a disk
  *        tier, when RAM lacks part of the prompt the store is asked for the
- *        rest (ram_pos = p) and, if it loaded more, the turn looks up again
+ *        rest (ram_pos = p) and, if it loaded more, the turn looks up again;
+ *        then, the same way, the remote tier (when the store has one) for
+ *        what RAM and disk both lack
  *     2. p > 0: ke_seq_resume from the shared full pages, the tail rows and
  *        (hybrid) the snapshot; else a fresh sequence
  *     3. hybrid and a memory cap given: kc_cache_reclaim_prefill
@@ -62,6 +64,7 @@ struct kss_run_result {
 	uint32_t generated;         /* tokens in out */
 	uint32_t stops;             /* stop points the prefill paused at */
 	uint32_t from_disk;         /* resume point loaded from the disk tier (0: none) */
+	uint32_t from_remote;       /* resume point loaded from the remote tier (0: none) */
 	uint32_t waited;            /* stop of another request's prefill waited for (0: none) */
 	double lookup_ms, restore_ms, prefill_ms, decode_ms, store_ms;
 	struct kss_run_spec spec;   /* speculative decoding */

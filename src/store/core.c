@@ -181,6 +181,61 @@ struct kv_h128 *ks_store_chain(const struct ks_store *s, const int32_t *tok, uin
 	return h;
 }
 
+size_t ks_view_objs(const struct ks_store *s, const struct kc_view *v, struct ks_obj_src *o)
+{
+	size_t n = 0;
+	if (v->kind == KC_OBJ_BLOCK) {
+		o[n++] = (struct ks_obj_src){.kind = KS_BLOCK, .ns = s->p.ns, .id = v->id, .parent = v->parent,
+					     .pos = v->pos, .tokens = v->tokens, .n_tokens = v->n_tokens,
+					     .kv = v->page->data};
+	} else if (v->kind == KC_OBJ_RP) {
+		if (v->n_tokens)
+			o[n++] = (struct ks_obj_src){.kind = KS_TAIL, .ns = s->p.ns, .id = v->id, .parent = v->parent,
+						     .pos = v->pos, .tokens = v->tokens, .n_tokens = v->n_tokens,
+						     .kv = v->tail_kv};
+		if (v->snap && s->hybrid && v->snap_bytes == s->L.snapshot_bytes)
+			o[n++] = (struct ks_obj_src){.kind = KS_SNAP, .ns = s->p.ns, .id = v->id, .parent = v->parent,
+						     .pos = v->pos, .tokens = v->tokens, .n_tokens = v->n_tokens,
+						     .snap = v->snap, .anchor_flag = v->anchor};
+	} else if (v->kind == KC_OBJ_ENTRY) {
+		o[n++] = (struct ks_obj_src){.kind = KS_ENTRY, .ns = s->p.ns, .id = v->id, .parent = v->parent,
+					     .pos = v->n_tokens, .tokens = v->tokens, .n_tokens = v->n_tokens,
+					     .ckpt = v->ckpt, .n_ckpt = v->n_ckpt, .anchor = v->anchor_pos};
+	}
+	return n;
+}
+
+int ks_entry_needs(const struct ks_store *s, const int32_t *tok, uint32_t n, const uint32_t *ck, uint32_t n_ck,
+		   struct ks_need **out, size_t *count)
+{
+	uint32_t nh, B = s->B;
+	struct kv_h128 *h = ks_store_chain(s, tok, n, &nh);
+	struct ks_need *nd = h ? malloc(((size_t)nh + 2 * ((size_t)n_ck + 1)) * sizeof *nd) : NULL;
+	size_t k = 0;
+	*out = NULL;
+	*count = 0;
+	if (!nd) {
+		free(h);
+		return kv_fail(KV_ERR_NOMEM, "entry of %u tokens: out of memory", n);
+	}
+	for (uint32_t b = 1; b < nh; b++)
+		nd[k++] = (struct ks_need){KS_BLOCK, h[b]};
+	for (uint32_t i = 0; i <= n_ck; i++) {
+		uint32_t p = i < n_ck ? ck[i] : n, t = p % B;
+		if (p / B >= nh)
+			continue;
+		struct kv_h128 id = kc_rp_id(h[p / B], tok + (size_t)(p / B) * B, t);
+		if (t)
+			nd[k++] = (struct ks_need){KS_TAIL, id};
+		if (s->hybrid)
+			nd[k++] = (struct ks_need){KS_SNAP, id};
+	}
+	free(h);
+	*out = nd;
+	*count = k;
+	return KV_OK;
+}
+
 int ks_store_claim(struct ks_store *s)
 {
 	int rc;

@@ -21,6 +21,16 @@
  * and carries, for hybrid models, the stored entry's anchor below p as
  * its one checkpoint (read from the manifest ending at p), so the anchor
  * survives the restart.
+ *
+ * Sources. The same plan, loads and checks run against the remote tier
+ * (ks_fetch_remote, remote.h): it has no catalog, so the plan is always
+ * the direct one, with every name it may ask about (the prompt's blocks,
+ * the resume points of its candidate positions) looked up in one EXISTS
+ * batch first; an object is a GET instead of a file read, validated by
+ * the same code. A transport failure (timeout, a node gone) ends the
+ * lookup as a miss at once: replanning would only wait on the same
+ * cluster again. What it loads enters the RAM cache clean (or dirty, so
+ * the disk writer keeps it too, when the tier's to_disk is on).
  */
 #include "base/clock.h"
 #include "base/corrupt.h"
@@ -65,7 +75,17 @@ struct fctx {
 	const uint32_t *bounds;
 	size_t n_bounds;
 	int direct;
+	int remote;               /* the source is the remote tier (always direct) */
+	uint8_t *blk_have;        /* remote: block h[k] exists (nh of them) */
+	struct ks_need *rpn;      /* remote: resume-point objects asked about ... */
+	uint8_t *rp_have;         /* ... and whether each exists */
+	size_t n_rp;
 };
+
+static int transport_err(int rc)
+{
+	return rc == KV_ERR_TIMEOUT || rc == KV_ERR_IO || rc == KV_ERR_CANCELLED;
+}
 
 static int excluded(const struct fctx *f, struct kv_h128 id)
 {
@@ -91,9 +111,15 @@ static int file_exists(const struct ks_store *s, int area, int kind, struct kv_h
 }
 
 /* Area holding (kind, id): main first; -1 when neither. Catalog mode
- * needs mu held. */
+ * needs mu held. The remote tier has one area: "main". */
 static int area_of(struct fctx *f, int kind, struct kv_h128 id)
 {
+	if (f->remote) {
+		for (size_t i = 0; i < f->n_rp; i++)
+			if (f->rpn[i].kind == kind && kv_h128_eq(f->rpn[i].id, id))
+				return f->rp_have[i] ? KS_AREA_MAIN : -1;
+		return -1;
+	}
 	for (int a = 0; a < KS_AREA__COUNT; a++)
 		if (f->direct ? file_exists(f->s, a, kind, id) : ks_cat_find(f->s->cat, a, kind, id) >= 0)
 			return a;
@@ -129,6 +155,44 @@ static int try_rp(struct fctx *f, uint32_t j, uint32_t t, struct kv_h128 id, str
 	return 1;
 }
 
+/* Block h[k] of the prompt is in the source (catalog mode: mu held). */
+static int have_block(struct fctx *f, uint32_t k)
+{
+	if (f->remote)
+		return f->blk_have && k < f->nh && f->blk_have[k];
+	return f->direct ? file_exists(f->s, KS_AREA_MAIN, KS_BLOCK, f->h[k])
+			 : ks_cat_find(f->s->cat, KS_AREA_MAIN, KS_BLOCK, f->h[k]) >= 0;
+}
+
+/*
+ * Positions an entry of this prompt can end or checkpoint at, for the
+ * direct plan: its message boundaries, the stride and the interval
+ * multiples, in [1, n - 1], descending (repeats possible). *out malloc'd.
+ */
+static size_t candidates(const struct fctx *f, uint32_t **out)
+{
+	const struct ks_store *s = f->s;
+	uint32_t lim = f->n - 1, stride = s->p.stride, iv = s->p.ckpt_interval;
+	size_t nc = 0, cap = f->n_bounds + 64;
+	if (stride)
+		cap += lim / stride;
+	if (iv)
+		cap += lim / iv;
+	uint32_t *cand = malloc(cap * sizeof *cand);
+	*out = cand;
+	if (!cand)
+		return 0;
+	for (size_t i = 0; i < f->n_bounds; i++)
+		if (f->bounds[i] >= 1 && f->bounds[i] <= lim)
+			cand[nc++] = f->bounds[i];
+	for (uint32_t p = stride; stride && p <= lim && nc < cap; p += stride)
+		cand[nc++] = p;
+	for (uint32_t p = iv; iv && p <= lim && nc < cap; p += iv)
+		cand[nc++] = p;
+	qsort(cand, nc, sizeof *cand, cmp_desc);
+	return nc;
+}
+
 static void make_plan(struct fctx *f, struct plan *pl)
 {
 	struct ks_store *s = f->s;
@@ -138,8 +202,7 @@ static void make_plan(struct fctx *f, struct plan *pl)
 		K = f->max_blocks;
 	if (!f->direct)
 		pthread_mutex_lock(&s->mu);
-	while (d < K && (f->direct ? file_exists(s, KS_AREA_MAIN, KS_BLOCK, f->h[d + 1])
-				   : ks_cat_find(s->cat, KS_AREA_MAIN, KS_BLOCK, f->h[d + 1]) >= 0))
+	while (d < K && have_block(f, d + 1))
 		d++;
 
 	struct plan best = {0};
@@ -164,34 +227,17 @@ static void make_plan(struct fctx *f, struct plan *pl)
 		}
 		pthread_mutex_unlock(&s->mu);
 	} else {
-		/* positions an entry of this prompt can end or checkpoint at */
 		uint32_t *cand = NULL;
-		size_t nc = 0, cap = f->n_bounds + 64;
-		uint32_t stride = s->p.stride, iv = s->p.ckpt_interval;
-		if (stride)
-			cap += lim / stride;
-		if (iv)
-			cap += lim / iv;
-		cand = malloc(cap * sizeof *cand);
-		if (cand) {
-			for (size_t i = 0; i < f->n_bounds; i++)
-				if (f->bounds[i] >= 1 && f->bounds[i] <= lim)
-					cand[nc++] = f->bounds[i];
-			for (uint32_t p = stride; stride && p <= lim && nc < cap; p += stride)
-				cand[nc++] = p;
-			for (uint32_t p = iv; iv && p <= lim && nc < cap; p += iv)
-				cand[nc++] = p;
-			qsort(cand, nc, sizeof *cand, cmp_desc);
-			for (size_t i = 0; i < nc; i++) {
-				uint32_t p = cand[i], j = p / B, t = p % B;
-				if ((i && cand[i - 1] == p) || j > d || p <= best.pos)
-					continue;
-				struct kv_h128 id = kc_rp_id(f->h[j], f->tok + (size_t)j * B, t);
-				if (try_rp(f, j, t, id, &best))
-					break; /* descending: the first usable one is the longest */
-			}
-			free(cand);
+		size_t nc = candidates(f, &cand);
+		for (size_t i = 0; i < nc; i++) {
+			uint32_t p = cand[i], j = p / B, t = p % B;
+			if ((i && cand[i - 1] == p) || j > d || p <= best.pos)
+				continue;
+			struct kv_h128 id = kc_rp_id(f->h[j], f->tok + (size_t)j * B, t);
+			if (try_rp(f, j, t, id, &best))
+				break; /* descending: the first usable one is the longest */
 		}
+		free(cand);
 	}
 	/* dense: full blocks resume anywhere inside them */
 	if (!s->hybrid && d && d * B >= best.pos) {
@@ -203,14 +249,71 @@ static void make_plan(struct fctx *f, struct plan *pl)
 	*pl = best;
 }
 
-/* Open + validate one object into the given destination. On failure the
- * file is rejected (quarantine unless it is merely missing/foreign). */
-static int load_obj(struct ks_store *s, int area, int kind, struct kv_h128 id, struct kv_h128 parent,
+/*
+ * Remote: ask in one EXISTS batch about every name the plan may test: the
+ * prompt's blocks, and the tail and snapshot of each candidate position.
+ * KV_OK, or the transport error (the lookup ends).
+ */
+static int remote_probe(struct fctx *f)
+{
+	struct ks_store *s = f->s;
+	uint32_t B = s->B, K = f->nh - 1, *cand = NULL;
+	size_t nc = candidates(f, &cand), n = 0, cap = (size_t)K + 2 * nc + 1;
+	int *kinds = malloc(cap * sizeof *kinds);
+	struct kv_h128 *ids = malloc(cap * sizeof *ids);
+	uint8_t *have = malloc(cap);
+	int rc = KV_OK;
+	f->blk_have = calloc((size_t)f->nh + 1, 1);
+	f->rpn = malloc(2 * (nc + 1) * sizeof *f->rpn);
+	f->rp_have = calloc(2 * (nc + 1), 1);
+	if (!kinds || !ids || !have || !f->blk_have || !f->rpn || !f->rp_have) {
+		rc = kv_fail(KV_ERR_NOMEM, "remote lookup: out of memory");
+		goto out;
+	}
+	for (uint32_t k = 1; k <= K; k++) {
+		kinds[n] = KS_BLOCK;
+		ids[n++] = f->h[k];
+	}
+	for (size_t i = 0; i < nc; i++) {
+		uint32_t p = cand[i], j = p / B, t = p % B;
+		if ((i && cand[i - 1] == p) || j > K)
+			continue;
+		struct kv_h128 id = kc_rp_id(f->h[j], f->tok + (size_t)j * B, t);
+		if (t)
+			f->rpn[f->n_rp++] = (struct ks_need){KS_TAIL, id};
+		if (s->hybrid)
+			f->rpn[f->n_rp++] = (struct ks_need){KS_SNAP, id};
+	}
+	for (size_t i = 0; i < f->n_rp; i++) {
+		kinds[n] = f->rpn[i].kind;
+		ids[n++] = f->rpn[i].id;
+	}
+	if ((rc = ks_remote_have(s->p.remote, s->p.ns, kinds, ids, n, 0, have)))
+		goto out;
+	for (uint32_t k = 1; k <= K; k++)
+		f->blk_have[k] = have[k - 1];
+	for (size_t i = 0; i < f->n_rp; i++)
+		f->rp_have[i] = have[K + i];
+out:
+	free(cand);
+	free(kinds);
+	free(ids);
+	free(have);
+	return rc;
+}
+
+/* Open + validate one object into the given destination: a file, or a
+ * remote value (remote.h ks_remote_load validates and deletes a bad one).
+ * A file that fails is rejected (quarantine unless it is merely
+ * missing/foreign). */
+static int load_obj(struct ks_store *s, int remote, int area, int kind, struct kv_h128 id, struct kv_h128 parent,
 		    uint32_t pos, const struct ks_obj_dst *dst, struct ks_obj_info *info, uint64_t *bytes)
 {
 	char path[4096];
 	struct ks_obj *o;
 	int bad = KS_BAD_NONE, rc;
+	if (remote)
+		return ks_remote_load(s->p.remote, &s->L, s->p.ns, kind, id, parent, pos, dst, info, bytes);
 	if ((rc = ks_store_path(s, area, kind, id, path, sizeof path)))
 		return rc; /* no file can have that name: nothing to reject */
 	rc = ks_obj_open(path, &s->L, kind, &s->p.ns, &o, &bad);
@@ -306,13 +409,14 @@ static void load_item(void *ctx, size_t i)
 	}
 	if (i == b->n_want && b->tail) {
 		struct ks_obj_dst d = {.kv = b->tail, .expect = b->rq->tokens + (size_t)pl->j * B};
-		b->tail_rc = load_obj(b->s, pl->tail_area, KS_TAIL, pl->id, b->f->h[pl->j], pl->pos, &d, NULL, &b->tail_bytes);
+		b->tail_rc = load_obj(b->s, b->f->remote, pl->tail_area, KS_TAIL, pl->id, b->f->h[pl->j], pl->pos, &d, NULL,
+				      &b->tail_bytes);
 		return;
 	}
 	prefault(b->snap, b->s->L.snapshot_bytes);
 	struct ks_obj_dst d = {.snap = b->snap, .expect = b->rq->tokens + (size_t)pl->j * B};
-	b->snap_rc = load_obj(b->s, pl->snap_area, KS_SNAP, pl->id, b->f->h[pl->j], pl->pos, &d, &b->snap_info,
-			      &b->snap_bytes);
+	b->snap_rc = load_obj(b->s, b->f->remote, pl->snap_area, KS_SNAP, pl->id, b->f->h[pl->j], pl->pos, &d,
+			      &b->snap_info, &b->snap_bytes);
 }
 
 static void load_block(struct blk_ctx *b, size_t i)
@@ -326,7 +430,8 @@ static void load_block(struct blk_ctx *b, size_t i)
 	}
 	prefault(pg->data, b->s->L.page_bytes);
 	struct ks_obj_dst d = {.kv = pg->data, .expect = b->rq->tokens + (size_t)k * B};
-	b->rc[i] = load_obj(b->s, KS_AREA_MAIN, KS_BLOCK, b->f->h[k + 1], b->f->h[k], (k + 1) * B, &d, NULL, &b->bytes[i]);
+	b->rc[i] = load_obj(b->s, b->f->remote, KS_AREA_MAIN, KS_BLOCK, b->f->h[k + 1], b->f->h[k], (k + 1) * B, &d, NULL,
+			    &b->bytes[i]);
 	if (b->rc[i]) {
 		if (b->rc[i] == KV_ERR_NOMEM)
 			b->rc[i] = KV_ERR_CORRUPT; /* an allocation inside the check: treat as unusable */
@@ -426,11 +531,11 @@ static int load_plans(struct fetch_run *r)
 		}
 		/* tell the kernel every file this plan reads, so the device works
 		 * on all of them at once instead of one readahead window at a time */
-		for (uint32_t i = 0; i < n_want; i++)
+		for (uint32_t i = 0; i < n_want && !f->remote; i++)
 			will_need(s, KS_AREA_MAIN, KS_BLOCK, f->h[r->want[i] + 1]);
-		if (pl->rp && pl->t)
+		if (pl->rp && pl->t && !f->remote)
 			will_need(s, pl->tail_area, KS_TAIL, pl->id);
-		if (pl->rp && s->hybrid) {
+		if (pl->rp && s->hybrid && !f->remote) {
 			will_need(s, pl->snap_area, KS_SNAP, pl->id);
 			will_need(s, KS_AREA_MAIN, KS_ENTRY, pl->id); /* its anchor is read next */
 		}
@@ -444,6 +549,17 @@ static int load_plans(struct fetch_run *r)
 				     .snap = pl->rp && s->hybrid ? r->snap : NULL};
 		size_t n_items = n_want + (bc.tail ? 1 : 0) + (bc.snap ? 1 : 0);
 		ks_par_run(n_items, KS_READ_THREADS, load_item, &bc);
+		if (f->remote) {
+			/* the cluster failed a read: stop here (a miss), never wait on
+			 * it again for this request */
+			int tr = (bc.tail && transport_err(bc.tail_rc)) || (bc.snap && transport_err(bc.snap_rc));
+			for (uint32_t i = 0; i < n_want && !tr; i++)
+				tr = transport_err(r->wrc[i]);
+			if (tr) {
+				pl->pos = 0;
+				return KV_OK;
+			}
+		}
 		uint32_t bad_k = UINT32_MAX;
 		for (uint32_t i = 0; i < n_want; i++) {
 			if (r->wrc[i] == KV_ERR_NOMEM) {
@@ -546,7 +662,7 @@ static void extend_partial(struct fetch_run *r)
 		if (!pg)
 			break;
 		struct ks_obj_dst d2 = {.tokens = ctok, .kv = cand[i].kind == KS_BLOCK ? pg->data : r->tail};
-		if (load_obj(s, cand[i].area, cand[i].kind, cand[i].id, f->h[d], cand[i].pos, &d2, NULL, &r->bytes)) {
+		if (load_obj(s, 0, cand[i].area, cand[i].kind, cand[i].id, f->h[d], cand[i].pos, &d2, NULL, &r->bytes)) {
 			kv_page_unref(pg);
 			continue;
 		}
@@ -594,33 +710,37 @@ static void read_anchor(struct fetch_run *r)
 		r->anchor = pl->pos;
 		return;
 	}
-	int ea = -1;
+	int ea = -1, rem = f->remote;
+	/* the remote has no catalog: its GET is the existence check */
 	for (int a = 0; a < KS_AREA__COUNT && ea < 0; a++)
-		if (ks_store_has(s, a, KS_ENTRY, pl->id))
+		if (rem ? a == KS_AREA_MAIN : ks_store_has(s, a, KS_ENTRY, pl->id))
 			ea = a;
 	uint32_t ck[KS_MAX_CKPT];
 	struct ks_obj_info ei;
 	struct ks_obj_dst d = {.ckpt = ck, .expect = rq->tokens};
-	if (ea >= 0 && load_obj(s, ea, KS_ENTRY, pl->id, f->h[pl->j], pl->pos, &d, &ei, &r->bytes) == KV_OK) {
+	if (ea >= 0 && load_obj(s, rem, ea, KS_ENTRY, pl->id, f->h[pl->j], pl->pos, &d, &ei, &r->bytes) == KV_OK) {
 		r->files++;
 		uint32_t a = ei.anchor;
 		if (a && a < pl->pos && a / B < f->nh) {
 			struct kv_h128 aid = kc_rp_id(f->h[a / B], rq->tokens + (size_t)(a / B) * B, a % B);
-			int sa = ks_store_has(s, KS_AREA_MAIN, KS_SNAP, aid)   ? KS_AREA_MAIN
+			int sa = rem ? KS_AREA_MAIN
+				 : ks_store_has(s, KS_AREA_MAIN, KS_SNAP, aid) ? KS_AREA_MAIN
 				 : ks_store_has(s, KS_AREA_CKPT, KS_SNAP, aid) ? KS_AREA_CKPT
 									       : -1;
 			struct ks_obj_dst ad = {.expect = rq->tokens + (size_t)(a / B) * B};
 			if (sa >= 0 && (ad.snap = r->asnap = kc_cache_snap_alloc(s->p.cache)) &&
-			    load_obj(s, sa, KS_SNAP, aid, f->h[a / B], a, &ad, NULL, &r->bytes) == KV_OK) {
+			    load_obj(s, rem, sa, KS_SNAP, aid, f->h[a / B], a, &ad, NULL, &r->bytes) == KV_OK) {
 				r->files++;
 				r->anchor = a;
-				touch_used(s, sa, KS_SNAP, aid);
+				if (!rem)
+					touch_used(s, sa, KS_SNAP, aid);
 			} else {
 				kc_cache_snap_free(s->p.cache, r->asnap);
 				r->asnap = NULL;
 			}
 		}
-		touch_used(s, ea, KS_ENTRY, pl->id);
+		if (!rem)
+			touch_used(s, ea, KS_ENTRY, pl->id);
 	}
 }
 
@@ -640,7 +760,9 @@ static int put_entry(struct fetch_run *r)
 			     .ckpt = r->anchor && r->anchor < pl->e ? &ck : NULL,
 			     .n_ckpt = r->anchor && r->anchor < pl->e ? 1 : 0,
 			     .anchor = r->anchor,
-			     .clean = 1};
+			     /* a remote hit is queued for the disk writer too when the
+			      * tier says so */
+			     .clean = r->f.remote ? !ks_remote_to_disk(s->p.remote) : 1};
 	uint64_t eid = 0;
 	if (!put.n_ckpt && r->asnap) {
 		kc_cache_snap_free(s->p.cache, r->asnap);
@@ -653,6 +775,8 @@ static int put_entry(struct fetch_run *r)
 		KV_WARN("store.fetch", "msg=\"the RAM cache refused the loaded entry\" err=\"%s\"", kv_errmsg());
 		return prc;
 	}
+	if (r->f.remote)
+		return KV_OK; /* a GET already made the keys recently used */
 	for (uint32_t k = 0; k < pl->e / B; k++)
 		if (r->own[k])
 			touch_used(s, KS_AREA_MAIN, KS_BLOCK, r->f.h[k + 1]);
@@ -664,8 +788,16 @@ static int put_entry(struct fetch_run *r)
 }
 
 /* The fetch's counters and its log line. */
-static void count_fetch(struct ks_store *s, const struct ks_req *rq, const struct ks_fetch *out)
+static void count_fetch(struct ks_store *s, const struct ks_req *rq, const struct ks_fetch *out, int remote)
 {
+	if (remote) {
+		ks_remote_note_fetch(s->p.remote, out->pos, out->bytes, out->files, out->seconds);
+		if (out->pos)
+			KV_INFO("remote.fetch", "resumed_at=%u anchor=%u prompt=%u ram_pos=%u objects=%u bytes=%llu ms=%.2f",
+				out->pos, out->anchor, rq->n, rq->ram_pos, out->files, (unsigned long long)out->bytes,
+				out->seconds * 1e3);
+		return;
+	}
 	pthread_mutex_lock(&s->mu);
 	if (out->direct)
 		s->st.direct_lookups++;
@@ -683,19 +815,21 @@ static void count_fetch(struct ks_store *s, const struct ks_req *rq, const struc
 			out->seconds * 1e3, out->direct);
 }
 
-int ks_fetch_run(struct ks_store *s, const struct ks_req *rq, struct ks_fetch *out)
+/* One lookup against the disk (remote 0) or the remote tier. */
+static int fetch_from(struct ks_store *s, const struct ks_req *rq, struct ks_fetch *out, int remote)
 {
 	uint64_t t0 = kv_now_ns();
 	struct fetch_run r = {.s = s, .rq = rq};
 	int rc = KV_OK;
 
 	r.f = (struct fctx){.s = s, .tok = rq->tokens, .n = rq->n, .bounds = rq->bounds, .n_bounds = rq->n_bounds,
-			    .max_blocks = UINT32_MAX};
-	r.f.direct = !atomic_load(&s->scan_done);
+			    .max_blocks = UINT32_MAX, .remote = remote};
+	r.f.direct = remote || !atomic_load(&s->scan_done);
 	r.f.h = ks_store_chain(s, rq->tokens, rq->n, &r.f.nh);
 	if (!r.f.h)
 		return kv_fail(KV_ERR_NOMEM, "disk lookup: out of memory");
-	note_bounds(s, &r.f);
+	if (!remote)
+		note_bounds(s, &r.f); /* once per request: the disk lookup comes first */
 	r.own_n = r.f.nh;
 	r.own = calloc(r.own_n + 1, sizeof *r.own);
 	r.pages = calloc(r.own_n + 1, sizeof *r.pages);
@@ -706,6 +840,8 @@ int ks_fetch_run(struct ks_store *s, const struct ks_req *rq, struct ks_fetch *o
 		rc = kv_fail(KV_ERR_NOMEM, "disk lookup: out of memory");
 		goto out;
 	}
+	if (remote && remote_probe(&r.f))
+		goto out; /* the cluster failed the lookup: a miss (the tier is down now) */
 	if ((rc = load_plans(&r)))
 		goto out;
 	if (!s->hybrid && !r.f.direct && (r.pl.pos || !rq->ram_pos))
@@ -722,9 +858,9 @@ out:
 	out->anchor = out->pos ? r.anchor : 0;
 	out->bytes = r.bytes;
 	out->files = r.files;
-	out->direct = r.f.direct;
+	out->direct = r.f.direct && !remote;
 	out->seconds = (double)(kv_now_ns() - t0) / 1e9;
-	count_fetch(s, rq, out);
+	count_fetch(s, rq, out, remote);
 	for (uint32_t k = 0; k <= r.own_n && r.own; k++)
 		kv_page_unref(r.own[k]);
 	kv_page_unref(r.tail_page);
@@ -739,5 +875,22 @@ out:
 	free(r.wrc);
 	free(r.wbytes);
 	free(r.f.h);
+	free(r.f.blk_have);
+	free(r.f.rpn);
+	free(r.f.rp_have);
 	return rc;
+}
+
+int ks_fetch_run(struct ks_store *s, const struct ks_req *rq, struct ks_fetch *out)
+{
+	return fetch_from(s, rq, out, 0);
+}
+
+int ks_fetch_remote(struct ks_store *s, const struct ks_req *rq, struct ks_fetch *out)
+{
+	if (!ks_remote_up(s->p.remote)) {
+		ks_remote_note_skip(s->p.remote);
+		return KV_OK; /* down: the local tiers answer, nothing waits */
+	}
+	return fetch_from(s, rq, out, 1);
 }

@@ -398,6 +398,7 @@ int ks_flush_run(struct ks_store *s, double budget_s, struct ks_flush_report *re
 		rep->seconds = (double)(kv_now_ns() - t0) / 1e9;
 		return KV_ERR_TIMEOUT;
 	}
+	ks_rwrite_halt(s); /* remote writes still queued are dropped: the budget is the disk's */
 	ks_echo_save(s); /* the answer records first: small, and a replayed session needs them */
 	pthread_mutex_lock(&s->wmu);
 	take_dirty(&f);

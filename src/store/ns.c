@@ -96,8 +96,11 @@ int ks_ns_layout_parse(const char *s, struct ke_layout *L)
 	while (*p && *p != ' ' && i < sizeof dt - 1)
 		dt[i++] = *p++;
 	dt[i] = 0;
-	L->kv_dtype = kv_dtype_parse(dt);
-	if ((L->kv_dtype != KV_DT_BF16 && L->kv_dtype != KV_DT_F32 && L->kv_dtype != KV_DT_F16) || lit(&p, " attn=") ||
+	/* Q8_0 is not a safetensors dtype: kv_dtype_parse does not take it */
+	L->kv_dtype = !strcmp(dt, "Q8_0") ? KV_DT_Q8_0 : kv_dtype_parse(dt);
+	if ((L->kv_dtype != KV_DT_BF16 && L->kv_dtype != KV_DT_F32 && L->kv_dtype != KV_DT_F16 &&
+	     L->kv_dtype != KV_DT_Q8_0) ||
+	    lit(&p, " attn=") ||
 	    num(&p, 0, KV_MAX_LAYERS, " ", &attn) || lit(&p, " kvh=") || num(&p, 1, 4096, " ", &kvh) ||
 	    lit(&p, " hd=") || num(&p, 1, 65536, " ", &hd))
 		goto bad;
@@ -106,7 +109,9 @@ int ks_ns_layout_parse(const char *s, struct ke_layout *L)
 	L->n_kv_heads = (int)kvh;
 	L->head_dim = (int)hd;
 	L->n_segments = L->n_attn_layers * 2 * L->n_kv_heads;
-	L->row_bytes = (size_t)hd * kv_dtype_size(L->kv_dtype);
+	L->row_bytes = ke_layout_row_bytes(L->kv_dtype, (int)hd);
+	if (!L->row_bytes)
+		goto bad; /* Q8_0 with head_dim not a multiple of 32 */
 	L->page_bytes = (size_t)L->n_segments * (size_t)B * L->row_bytes;
 	L->kv_bytes_per_token = (size_t)L->n_segments * L->row_bytes;
 	if (L->page_bytes > (1ull << 32))

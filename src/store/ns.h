@@ -35,7 +35,8 @@
  * server starting meanwhile waits, then finds its lock file unlinked and
  * makes a new one.
  *
- * Layout text: "v1 B=256 dt=BF16 attn=8 kvh=4 hd=256" followed by one
+ * Layout text: "v1 B=256 dt=BF16 attn=8 kvh=4 hd=256" (dt F32, BF16, F16
+ * or Q8_0, the row bytes following from it: engine/layout.h) followed by one
  * " rec=L:conv_off:cd:k1:state_off:hv:dk:dv" per recurrent layer, where
  * conv_bytes = cd x k1 x 4 and state_bytes = hv x dk x dv x 4. Parsing
  * checks every number and rebuilds the derived fields.

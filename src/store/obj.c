@@ -118,6 +118,21 @@ static void rec_tensor(struct tplan *t, size_t bytes, const int *dims, int nd)
 	t->nbytes = bytes;
 }
 
+/* How a KV tensor is typed in the file: the layout's dtype where
+ * safetensors has it (F32, BF16, F16: [kv_heads, rows, head_dim]), else
+ * U8 over each row's bytes ([kv_heads, rows, row_bytes]: Q8_0 blocks,
+ * which safetensors cannot name; the "kv_dtype" metadata says what they
+ * are). */
+static int kv_tensor_dtype(const struct ke_layout *L, int64_t *last_dim)
+{
+	if (kv_dtype_size(L->kv_dtype)) {
+		*last_dim = L->head_dim;
+		return L->kv_dtype;
+	}
+	*last_dim = (int64_t)L->row_bytes;
+	return KV_DT_U8;
+}
+
 /* The tensors of an object, in file order. Returns the count. */
 static int plan(const struct ke_layout *L, int kind, uint32_t n_tokens, uint32_t n_ckpt, struct tplan *p)
 {
@@ -139,11 +154,10 @@ static int plan(const struct ke_layout *L, int kind, uint32_t n_tokens, uint32_t
 				struct tplan *t = &p[n++];
 				memset(t, 0, sizeof *t);
 				snprintf(t->name, sizeof t->name, "kv.%d.%c", l, kv ? 'v' : 'k');
-				t->dtype = L->kv_dtype;
+				t->dtype = kv_tensor_dtype(L, &t->shape[2]);
 				t->ndim = 3;
 				t->shape[0] = L->n_kv_heads;
 				t->shape[1] = rows;
-				t->shape[2] = L->head_dim;
 				t->nbytes = (uint64_t)seg_bytes * (uint64_t)L->n_kv_heads;
 				t->mem_off = off;
 				t->part = 1;
@@ -177,11 +191,10 @@ static int plan(const struct ke_layout *L, int kind, uint32_t n_tokens, uint32_t
 				struct tplan *t = &p[n++];
 				memset(t, 0, sizeof *t);
 				snprintf(t->name, sizeof t->name, "win.%d.%c", w->layer, kv ? 'v' : 'k');
-				t->dtype = L->kv_dtype;
+				t->dtype = kv_tensor_dtype(L, &t->shape[2]);
 				t->ndim = 3;
 				t->shape[0] = L->n_kv_heads;
 				t->shape[1] = w->rows;
-				t->shape[2] = L->head_dim;
 				t->nbytes = w->bytes / 2;
 				t->mem_off = kv ? w->v_off : w->k_off;
 				t->part = 2;
@@ -367,6 +380,8 @@ static int header(const struct ke_layout *L, const struct ks_obj_src *s, struct 
 	M("n_tokens", num[2]);
 	M("tokens_xxh3", hex[3]);
 	M("page_tokens", num[3]);
+	if (s->kind == KS_BLOCK || s->kind == KS_TAIL || (s->kind == KS_SNAP && L->n_win_layers))
+		M("kv_dtype", kv_dtype_name(L->kv_dtype)); /* (a snapshot's window rows are KV rows) */
 	if (s->kind == KS_SNAP || s->kind == KS_ENTRY)
 		M("anchor", num[5]);
 	M("created", num[4]);
@@ -499,12 +514,47 @@ int ks_obj_write(const char *path, const struct ke_layout *L, const struct ks_ob
 	return KV_OK;
 }
 
+int ks_obj_iov(const struct ke_layout *L, const struct ks_obj_src *s, struct iovec *iov, void **owned, uint64_t *total)
+{
+	struct tplan p[MAX_TENSORS];
+	int nt, rc, n = 0;
+	void *hdr = NULL;
+	size_t hl = 0;
+	int32_t *ck = NULL;
+	*owned = NULL;
+	*total = 0;
+	if ((rc = check_src(L, s)) || (rc = header(L, s, p, &nt, &hdr, &hl, &ck, total)))
+		return rc;
+	/* one owned block: the header, then the entry's int32 checkpoints */
+	size_t ckb = s->kind == KS_ENTRY ? (size_t)s->n_ckpt * 4 : 0;
+	char *own = realloc(hdr, hl + ckb + 1);
+	if (!own) {
+		free(hdr);
+		free(ck);
+		return kv_fail(KV_ERR_NOMEM, "remote object: out of memory");
+	}
+	if (ckb)
+		memcpy(own + hl, ck, ckb);
+	free(ck);
+	iov[n++] = (struct iovec){own, hl};
+	for (int i = 0; i < nt; i++) {
+		if (!p[i].nbytes)
+			continue;
+		const void *src = p[i].part == 3 ? (const void *)(own + hl) : part_ptr(s, &p[i], NULL);
+		iov[n++] = (struct iovec){(void *)src, (size_t)p[i].nbytes};
+	}
+	*owned = own;
+	return n;
+}
+
 /* --- reading ----------------------------------------------------------- */
 
 struct ks_obj {
 	char *path;
 	struct kv_st *st;
-	int fd;
+	int fd;                   /* -1 for an object in memory */
+	const uint8_t *mem;       /* ks_obj_open_mem: the bytes (borrowed) */
+	uint64_t mem_len;
 	const struct ke_layout *L;
 	struct ks_obj_info info;
 	struct tplan p[MAX_TENSORS];
@@ -604,12 +654,14 @@ static uint64_t max_size(const struct ke_layout *L, int kind)
 
 #define BAD(code, errv, ...) (*bad = (code), KV_CORRUPT(path, 0, __VA_ARGS__), (errv))
 
-int ks_obj_open(const char *path, const struct ke_layout *L, int want_kind, const struct kv_h128 *ns,
-		struct ks_obj **out, int *bad)
+/* ks_obj_open and ks_obj_open_mem: a file at path, or mem_len bytes at
+ * mem (path then only names them in messages). */
+static int obj_open(const char *path, const void *mem, size_t mem_len, const struct ke_layout *L, int want_kind,
+		    const struct kv_h128 *ns, struct ks_obj **out, int *bad)
 {
 	struct ks_obj *o;
 	struct stat sb;
-	int rc, fd;
+	int rc, fd = -1;
 	int dummy;
 	if (!bad)
 		bad = &dummy;
@@ -617,6 +669,12 @@ int ks_obj_open(const char *path, const struct ke_layout *L, int want_kind, cons
 	*out = NULL;
 
 	/* 1 size */
+	if (mem) {
+		memset(&sb, 0, sizeof sb);
+		sb.st_mode = S_IFREG;
+		sb.st_size = (off_t)mem_len;
+		goto sized;
+	}
 	fd = kv_io_open(path, O_RDONLY | O_CLOEXEC, 0);
 	if (fd < 0) {
 		int e = errno;
@@ -629,8 +687,10 @@ int ks_obj_open(const char *path, const struct ke_layout *L, int want_kind, cons
 		*bad = KS_BAD_IO;
 		return kv_fail(kv_io_errno_code(e), "%s: stat: %s", path, strerror(e));
 	}
+sized:
 	if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size < 10 || (uint64_t)sb.st_size > max_size(L, want_kind)) {
-		kv_io_close(fd);
+		if (fd >= 0)
+			kv_io_close(fd);
 		*bad = KS_BAD_SIZE;
 		return KV_CORRUPT(path, 0, "file of %lld bytes cannot be a %s object", (long long)sb.st_size,
 				  want_kind ? ks_kind_name(want_kind) : "disk");
@@ -638,15 +698,18 @@ int ks_obj_open(const char *path, const struct ke_layout *L, int want_kind, cons
 	o = calloc(1, sizeof *o);
 	if (!o || !(o->path = strdup(path))) {
 		free(o);
-		kv_io_close(fd);
+		if (fd >= 0)
+			kv_io_close(fd);
 		return kv_fail(KV_ERR_NOMEM, "%s: out of memory", path);
 	}
 	o->fd = fd;
+	o->mem = mem;
+	o->mem_len = mem_len;
 	o->L = L;
 	o->info.file_size = (uint64_t)sb.st_size;
 
 	/* 2 header: the safetensors rules, then ours */
-	rc = kv_st_open(path, &o->st);
+	rc = mem ? kv_st_open_mem(mem, mem_len, path, &o->st) : kv_st_open(path, &o->st);
 	if (rc) {
 		*bad = rc == KV_ERR_CORRUPT ? KS_BAD_HEADER : KS_BAD_IO;
 		goto fail;
@@ -799,6 +862,36 @@ fail:
 	return rc;
 }
 
+int ks_obj_open(const char *path, const struct ke_layout *L, int want_kind, const struct kv_h128 *ns,
+		struct ks_obj **out, int *bad)
+{
+	return obj_open(path, NULL, 0, L, want_kind, ns, out, bad);
+}
+
+int ks_obj_open_mem(const void *buf, size_t len, const char *what, const struct ke_layout *L, int want_kind,
+		    const struct kv_h128 *ns, struct ks_obj **out, int *bad)
+{
+	int dummy;
+	if (!buf) {
+		*out = NULL;
+		*(bad ? bad : &dummy) = KS_BAD_SIZE;
+		return KV_CORRUPT(what, 0, "no bytes");
+	}
+	return obj_open(what, buf, len, L, want_kind, ns, out, bad);
+}
+
+/* Bytes [off, off + len) of the object into dst. */
+static int obj_pread(const struct ks_obj *o, void *dst, size_t len, uint64_t off)
+{
+	if (!o->mem)
+		return kv_io_pread_full(o->fd, dst, len, off, o->path);
+	if (off > o->mem_len || len > o->mem_len - off)
+		return KV_CORRUPT(o->path, off, "%zu bytes past the end of a %llu-byte object", len,
+				  (unsigned long long)o->mem_len);
+	memcpy(dst, o->mem + off, len);
+	return KV_OK;
+}
+
 static void *part_dst(const struct ks_obj_dst *d, const struct tplan *t)
 {
 	switch (t->part) {
@@ -856,7 +949,7 @@ int ks_obj_read(struct ks_obj *o, const struct ks_obj_dst *d, int *bad)
 			continue;
 		}
 		if (dst) {
-			rc = kv_io_pread_full(o->fd, dst, (size_t)len, off, path);
+			rc = obj_pread(o, dst, (size_t)len, off);
 			if (!rc)
 				crc = kv_crc32c(crc, dst, (size_t)len);
 		} else {
@@ -871,7 +964,7 @@ int ks_obj_read(struct ks_obj *o, const struct ks_obj_dst *d, int *bad)
 			}
 			for (uint64_t k = 0; k < len && !rc; k += scratch_cap) {
 				size_t n = (size_t)(len - k < scratch_cap ? len - k : scratch_cap);
-				rc = kv_io_pread_full(o->fd, scratch, n, off + k, path);
+				rc = obj_pread(o, scratch, n, off + k);
 				if (!rc)
 					crc = kv_crc32c(crc, scratch, n);
 			}
@@ -923,7 +1016,18 @@ int ks_obj_read(struct ks_obj *o, const struct ks_obj_dst *d, int *bad)
 		goto out;
 	}
 
-	/* 9 shapes and dtypes against the layout */
+	/* 9 shapes and dtypes against the layout; KV objects name their KV
+	 * dtype (files written before the key existed carry F32 or BF16 in
+	 * the tensors themselves, checked below; a U8-coded dtype such as
+	 * Q8_0 must be named) */
+	if (in->kind == KS_BLOCK || in->kind == KS_TAIL || (in->kind == KS_SNAP && L->n_win_layers)) {
+		const char *kd = kv_st_meta(o->st, "kv_dtype"), *want = kv_dtype_name(L->kv_dtype);
+		if (kd ? !want || strcmp(kd, want) : !kv_dtype_size(L->kv_dtype)) {
+			rc = BAD(KS_BAD_SHAPE, KV_ERR_CORRUPT, "KV dtype '%.16s', the layout's is %s", kd ? kd : "(none)",
+				 want ? want : "?");
+			goto out;
+		}
+	}
 	for (int i = 0; i < o->nt; i++) {
 		const struct kv_tensor *t = o->t[i];
 		const struct tplan *p = &o->p[i];

@@ -25,6 +25,10 @@
  *   "n_tokens"     decimal                   length of the "tokens" tensor
  *   "tokens_xxh3"  32 hex                    XXH3-128 of the tokens (int32 LE)
  *   "page_tokens"  decimal                   B of the layout that wrote it
+ *   "kv_dtype"     "F32" | "BF16" | "Q8_0"   block and tail: the KV dtype
+ *                                            of the layout that wrote it
+ *                                            (absent in files written before
+ *                                            it existed, all F32 or BF16)
  *   "anchor"       decimal                   snapshot: 1 if the resume point
  *                                            is a protected anchor, else 0;
  *                                            entry: its anchor position (0 none)
@@ -39,9 +43,14 @@
  *                                            tokens; entry: all n tokens
  *   block          "kv.<l>.k", "kv.<l>.v"    KV dtype [kv_heads, B, head_dim]
  *                                            for attention layer l = 0, 1, ...
- *                                            (exactly layout.h's page bytes)
+ *                                            (exactly layout.h's page bytes);
+ *                                            Q8_0 KV, which safetensors has no
+ *                                            dtype for: U8 [kv_heads, B,
+ *                                            row_bytes], the rows' 34-byte
+ *                                            blocks as they are in the page
  *   tail           "kv.<l>.k", "kv.<l>.v"    KV dtype [kv_heads, t, head_dim]
- *                                            (a compact tail of t rows)
+ *                                            (a compact tail of t rows; Q8_0:
+ *                                            U8 [kv_heads, t, row_bytes])
  *   snapshot       "rec.<L>.conv"            F32 [conv_dim, K-1]   } for every
  *                  "rec.<L>.state"           F32 [Hv, dk, dv]      } recurrent
  *                                            layer L, in layer order (a layer
@@ -63,7 +72,8 @@
  *   7 crc       crc32c of the data section                      KS_BAD_CRC
  *   8 tokens    tokens_xxh3, the id recomputed from parent and
  *               tokens, the caller's expected tokens            KS_BAD_TOKENS
- *   9 shapes    dtype and shape of every tensor vs the layout   KS_BAD_SHAPE
+ *   9 shapes    "kv_dtype" and the dtype and shape of every
+ *               tensor vs the layout                            KS_BAD_SHAPE
  *  10 positions pos fits the kind and B; checkpoints ascending
  *               inside (0, n); anchor is 0, n or a checkpoint   KS_BAD_POS
  *  11 coverage  every recurrent layer of the layout present     KS_BAD_COVER
@@ -76,6 +86,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "base/durable.h"
 #include "base/hash.h"
@@ -168,6 +179,18 @@ int ks_obj_stage(const char *path, const struct ke_layout *L, const struct ks_ob
 int ks_obj_stage_commit(struct ks_obj_staged *st, unsigned dw_flags);
 void ks_obj_stage_abort(struct ks_obj_staged *st);
 
+/*
+ * The same bytes as ks_obj_write, in pieces for a socket (the remote
+ * tier, store/remote.h): iov[0] is the header (in *owned, malloc'd: free
+ * it after the send), then each tensor straight from the source's memory
+ * (valid as long as the source is). Nothing of the data is copied.
+ * Returns the number of pieces (at most KS_OBJ_MAX_IOV) and *total, the
+ * byte count; a negative error (KV_ERR_INVALID, KV_ERR_NOMEM) otherwise.
+ */
+#define KS_OBJ_MAX_IOV (3 + 2 * KV_MAX_LAYERS)
+int ks_obj_iov(const struct ke_layout *L, const struct ks_obj_src *s, struct iovec *iov, void **owned,
+	       uint64_t *total);
+
 /* Exact file size ks_obj_write would produce (header included). */
 uint64_t ks_obj_file_size(const struct ke_layout *L, const struct ks_obj_src *s);
 /* Bytes of the data section of an object (no header). */
@@ -196,6 +219,11 @@ struct ks_obj;
  */
 int ks_obj_open(const char *path, const struct ke_layout *L, int want_kind, const struct kv_h128 *ns,
 		struct ks_obj **out, int *bad);
+/* The same steps on an object held in memory (a value from the remote
+ * tier): len bytes at buf, which must outlive the handle; `what` names it
+ * in messages. Step 1 checks len instead of a file size. */
+int ks_obj_open_mem(const void *buf, size_t len, const char *what, const struct ke_layout *L, int want_kind,
+		    const struct kv_h128 *ns, struct ks_obj **out, int *bad);
 const struct ks_obj_info *ks_obj_info(const struct ks_obj *o);
 void ks_obj_close(struct ks_obj *o);
 

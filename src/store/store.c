@@ -123,6 +123,14 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 	s->reserve_bytes = p->reserve_bytes ? p->reserve_bytes : (total / 20 < (4ull << 30) ? total / 20 : (4ull << 30));
 	s->ckpt_cap_bytes = ks_ckpt_cap_parse(p->env_ckpt_max ? p->env_ckpt_max : kv_env(KV_ENV_KV_CHECKPOINT_MAX_BYTES));
 
+	if (s->p.remote && !p->tool && (rc = ks_rwrite_start(s))) {
+		s->p.remote = NULL;
+		KV_WARN("remote.disabled", "err=\"%s\" msg=\"no remote writer for this namespace: it only reads the remote "
+					    "tier\"",
+			kv_errmsg());
+	}
+	if (p->tool)
+		s->p.remote = NULL;
 	if (!p->no_threads) {
 		s->writer_running = 1;
 		if (pthread_create(&s->writer, NULL, ks_writer_main, s)) {
@@ -153,6 +161,7 @@ void ks_store_close(struct ks_store *s)
 	pthread_mutex_unlock(&s->mu);
 	if (s->writer_running)
 		pthread_join(s->writer, NULL);
+	ks_rwrite_stop(s); /* after the disk writer: it hands views on */
 	if (s->scan_running)
 		pthread_join(s->scanner, NULL);
 	while (s->q_head) {
@@ -205,6 +214,19 @@ int ks_store_fetch(struct ks_store *s, const struct ks_req *rq, struct ks_fetch 
 	return ks_fetch_run(s, rq, out);
 }
 
+int ks_store_fetch_remote(struct ks_store *s, const struct ks_req *rq, struct ks_fetch *out)
+{
+	memset(out, 0, sizeof *out);
+	if (!s || !s->p.remote || !rq || !rq->tokens || rq->n < 2)
+		return KV_OK;
+	return ks_fetch_remote(s, rq, out);
+}
+
+int ks_store_has_remote(const struct ks_store *s)
+{
+	return s && s->p.remote;
+}
+
 uint32_t ks_store_probe(struct ks_store *s, const int32_t *tok, uint32_t n, const uint32_t *bounds,
 			size_t n_bounds)
 {
@@ -215,7 +237,12 @@ uint32_t ks_store_probe(struct ks_store *s, const int32_t *tok, uint32_t n, cons
 
 size_t ks_store_drain(struct ks_store *s)
 {
-	return s ? ks_writer_drain(s, 0) : 0;
+	if (!s)
+		return 0;
+	size_t n = ks_writer_drain(s, 0);
+	if (s->p.no_threads)
+		ks_rwrite_drain(s); /* tests: the remote writer's queue too */
+	return n;
 }
 
 void ks_store_kick(struct ks_store *s)

@@ -52,6 +52,7 @@
 #include "cache/cache.h"
 #include "engine/layout.h"
 #include "store/obj.h"
+#include "store/remote.h"
 
 #define KS_SHUTDOWN_BUDGET_DEFAULT 3.5            /* seconds (KVKEEP_SHUTDOWN_BUDGET) */
 #define KS_CKPT_MAX_BYTES_DEFAULT (20ull << 30)   /* KVKEEP_KV_CHECKPOINT_MAX_BYTES */
@@ -87,6 +88,9 @@ struct ks_params {
 	int tool;                      /* offline tools: write no marker, start no thread; the scan
 					  only catalogs (no age-out, no caps, nothing quarantined) */
 	int vocab;                     /* token ids of answer records must be below it (0: unchecked) */
+	struct ks_remote *remote;      /* the remote tier (borrowed, shared by every store; outlives
+					  them), or NULL: views the disk writer has written go on to it,
+					  and ks_store_fetch_remote reads from it */
 };
 
 struct ks_store;
@@ -137,6 +141,19 @@ struct ks_fetch {
  * boundary entries first).
  */
 int ks_store_fetch(struct ks_store *s, const struct ks_req *rq, struct ks_fetch *out);
+/*
+ * The same against the remote tier (params.remote; remote.h), asked after
+ * the disk (the caller's order: RAM, disk, remote): its objects are
+ * validated like files and loaded into the RAM cache - queued for the
+ * disk writer too when the tier's to_disk is on. While the tier is down
+ * it returns at once (pos 0). The plan probes the names the prompt's
+ * chain hashes, message boundaries, checkpoint stride and interval give
+ * (the remote has no catalog); a transport failure ends the lookup (a
+ * miss: the tier goes down, nothing waits for it).
+ */
+int ks_store_fetch_remote(struct ks_store *s, const struct ks_req *rq, struct ks_fetch *out);
+/* 1 when the store has a remote tier (params.remote). */
+int ks_store_has_remote(const struct ks_store *s);
 /* The resume point the disk could give (no loading, no validation of
  * data): for POST /v1/cache/probe. bounds as in ks_req (may be NULL). */
 uint32_t ks_store_probe(struct ks_store *s, const int32_t *tok, uint32_t n, const uint32_t *bounds,

@@ -8,12 +8,15 @@
  *   fetch.c    disk lookups and loads              |  the workers: call
  *   scan.c     the startup scan                    |  evict.c and core.c
  *   flush.c    the shutdown flush (calls writer.c) |
- *   echo.c     the answer records' files           /
+ *   echo.c     the answer records' files           |
+ *   rwrite.c   the remote writer: views the disk  /
+ *              writer hands on, to the remote tier
  *   evict.c    disk eviction: caps, reserve, prune order; calls core.c
  *   core.c     paths, rejects and quarantine, write failures, the
  *              namespace claim, chain hashes, the rate, ks_par_run
  *
- * and below them catalog.c, dir.c, ns.c and obj.c.
+ * and below them catalog.c, dir.c, ns.c, obj.c and remote.c (the remote
+ * tier's client side: keys, values, validation, its up/down state).
  *
  * Locking: `mu` guards the catalog, the counters, the checkpoint queue,
  * the boundary ring and the flags below it. File I/O never runs under it.
@@ -46,6 +49,19 @@ struct ks_ckpt_job {
 	void *snap;                    /* snapshot_bytes (kv_alloc), or NULL for dense */
 	int64_t created;
 	struct ks_ckpt_job *next;
+};
+
+/* A cache view the disk writer handed to the remote writer (rwrite.c). */
+struct ks_rjob {
+	struct kc_view v;              /* owned: released once written or dropped */
+	uint64_t bytes;                /* its objects' data bytes */
+	struct ks_rjob *next;
+};
+
+/* One object an entry manifest names (ks_entry_needs). */
+struct ks_need {
+	int kind;
+	struct kv_h128 id;
 };
 
 /* Written objects whose folder has not been synced yet. */
@@ -119,6 +135,14 @@ struct ks_store {
 	int ns_dir_dirty[KS_AREA__COUNT];        /* a shard was created: sync the ns folder */
 
 	uint64_t echo_bytes;             /* answer records on disk (echo.c), under mu */
+
+	/* the remote writer (rwrite.c); the queue under mu */
+	struct ks_rjob *rq_head, *rq_tail;
+	uint32_t rq_len;
+	uint64_t rq_bytes;
+	int r_inited, r_running, r_stop, r_halt, r_busy;
+	pthread_t rwriter;
+	pthread_cond_t rcv;
 	int32_t *tool_order;             /* prune: eviction order, built once */
 	size_t tool_n, tool_i;
 };
@@ -160,6 +184,20 @@ int ks_store_is_boundary_locked(const struct ks_store *s, struct kv_h128 id);
 void ks_par_run(size_t n, size_t max_threads, void (*fn)(void *ctx, size_t i), void *ctx);
 /* Prefix chain hashes: h[0] = ns, h[k] = hash through block k (k <= n / B). */
 struct kv_h128 *ks_store_chain(const struct ks_store *s, const int32_t *tok, uint32_t n, uint32_t *nh);
+/*
+ * The objects one cache view is written as, in write order: a block; a
+ * tail (t > 0) then a snapshot (hybrid); an entry manifest. The sources
+ * borrow the view's memory and carry the store's namespace. The one list
+ * of what a view becomes, for the disk writer and the remote writer alike
+ * (a new object kind is added here). Returns how many (<= KS_VIEW_OBJS).
+ */
+#define KS_VIEW_OBJS 4
+size_t ks_view_objs(const struct ks_store *s, const struct kc_view *v, struct ks_obj_src *out);
+/* Every object the manifest of entry (tok, n, checkpoints ck) names:
+ * its blocks, then each resume point's tail and snapshot (*out malloc'd,
+ * *count of them). KV_OK or KV_ERR_NOMEM. */
+int ks_entry_needs(const struct ks_store *s, const int32_t *tok, uint32_t n, const uint32_t *ck, uint32_t n_ck,
+		   struct ks_need **out, size_t *count);
 
 /* The observed write rate: ks_rate_add adds one sample, ks_rate_bps gives
  * bytes/s (0 before the first sample). s->rate is under mu. */
@@ -206,6 +244,21 @@ void *ks_writer_main(void *arg);
 /* Bytes an object of this view would take on disk (flush predictions). */
 uint64_t ks_writer_view_bytes(const struct ks_store *s, const struct kc_view *v);
 
+/* rwrite.c ----------------------------------------------------------------- */
+
+/* Start the store's remote writer (ks_store_open, with p.remote). */
+int ks_rwrite_start(struct ks_store *s);
+/* Take a view the disk writer is done with (ownership passes): queued
+ * for the remote tier, or released at once and counted as dropped (the
+ * tier down, the queue full, the store stopping). */
+void ks_rwrite_offer(struct ks_store *s, struct kc_view *v);
+/* Shutdown flush: take nothing more, drop what is queued. */
+void ks_rwrite_halt(struct ks_store *s);
+/* ks_store_close: stop the thread, release the queue. */
+void ks_rwrite_stop(struct ks_store *s);
+/* no_threads mode (tests): write the queue in the caller. Returns views written. */
+size_t ks_rwrite_drain(struct ks_store *s);
+
 /* scan.c ------------------------------------------------------------------- */
 
 void ks_scan_run(struct ks_store *s);
@@ -214,6 +267,8 @@ void *ks_scan_main(void *arg);
 /* fetch.c ------------------------------------------------------------------ */
 
 int ks_fetch_run(struct ks_store *s, const struct ks_req *rq, struct ks_fetch *out);
+/* The same lookup against the remote tier (store.h ks_store_fetch_remote). */
+int ks_fetch_remote(struct ks_store *s, const struct ks_req *rq, struct ks_fetch *out);
 uint32_t ks_fetch_probe(struct ks_store *s, const int32_t *tok, uint32_t n, const uint32_t *bounds, size_t n_bounds);
 
 /* flush.c ------------------------------------------------------------------ */

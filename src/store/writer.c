@@ -249,55 +249,37 @@ static int has_any(struct ks_store *s, int kind, struct kv_h128 id)
 /* Every block and resume point the entry (tok, n, ckpt) needs is on disk. */
 static int entry_complete(struct ks_store *s, const int32_t *tok, uint32_t n, const uint32_t *ck, uint32_t n_ck)
 {
-	uint32_t nh, B = s->B;
-	struct kv_h128 *h = ks_store_chain(s, tok, n, &nh);
-	int ok = h != NULL;
-	for (uint32_t k = 1; ok && k < nh; k++)
-		ok = ks_store_has(s, KS_AREA_MAIN, KS_BLOCK, h[k]);
-	for (uint32_t i = 0; ok && i <= n_ck; i++) {
-		uint32_t p = i < n_ck ? ck[i] : n, t = p % B;
-		struct kv_h128 id = kc_rp_id(h[p / B], tok + (size_t)(p / B) * B, t);
-		if (t && !has_any(s, KS_TAIL, id))
-			ok = 0;
-		if (ok && s->hybrid && !has_any(s, KS_SNAP, id))
-			ok = 0;
-	}
-	free(h);
+	struct ks_need *nd;
+	size_t k;
+	int ok;
+	if (ks_entry_needs(s, tok, n, ck, n_ck, &nd, &k))
+		return 0;
+	ok = 1;
+	for (size_t i = 0; ok && i < k; i++)
+		ok = nd[i].kind == KS_BLOCK ? ks_store_has(s, KS_AREA_MAIN, KS_BLOCK, nd[i].id) : has_any(s, nd[i].kind, nd[i].id);
+	free(nd);
 	return ok;
 }
 
 int ks_writer_view(struct ks_store *s, const struct kc_view *v, uint64_t deadline_ns)
 {
+	struct ks_obj_src o[KS_VIEW_OBJS];
+	size_t n = ks_view_objs(s, v, o);
 	int rc = KV_OK;
-	if (v->kind == KC_OBJ_BLOCK) {
-		if (ks_store_has(s, KS_AREA_MAIN, KS_BLOCK, v->id)) {
-			touch_rec(s, KS_AREA_MAIN, KS_BLOCK, v->id);
-			return KV_OK;
+	for (size_t i = 0; i < n && !rc; i++) {
+		if (o[i].kind != KS_ENTRY) {
+			/* content-addressed: an object on disk is the same bytes */
+			if (ks_store_has(s, KS_AREA_MAIN, o[i].kind, o[i].id)) {
+				if (o[i].kind == KS_BLOCK)
+					touch_rec(s, KS_AREA_MAIN, KS_BLOCK, o[i].id);
+				continue;
+			}
+			rc = ks_writer_put(s, KS_AREA_MAIN, &o[i], deadline_ns);
+			continue;
 		}
-		struct ks_obj_src o = {.kind = KS_BLOCK, .id = v->id, .parent = v->parent, .pos = v->pos,
-				       .tokens = v->tokens, .n_tokens = v->n_tokens, .kv = v->page->data};
-		return ks_writer_put(s, KS_AREA_MAIN, &o, deadline_ns);
-	}
-	if (v->kind == KC_OBJ_RP) {
-		if (v->n_tokens && !ks_store_has(s, KS_AREA_MAIN, KS_TAIL, v->id)) {
-			struct ks_obj_src o = {.kind = KS_TAIL, .id = v->id, .parent = v->parent, .pos = v->pos,
-					       .tokens = v->tokens, .n_tokens = v->n_tokens, .kv = v->tail_kv};
-			if ((rc = ks_writer_put(s, KS_AREA_MAIN, &o, deadline_ns)))
-				return rc;
-		}
-		if (v->snap && s->hybrid && v->snap_bytes == s->L.snapshot_bytes &&
-		    !ks_store_has(s, KS_AREA_MAIN, KS_SNAP, v->id)) {
-			struct ks_obj_src o = {.kind = KS_SNAP, .id = v->id, .parent = v->parent, .pos = v->pos,
-					       .tokens = v->tokens, .n_tokens = v->n_tokens, .snap = v->snap,
-					       .anchor_flag = v->anchor};
-			rc = ks_writer_put(s, KS_AREA_MAIN, &o, deadline_ns);
-		}
-		return rc;
-	}
-	if (v->kind == KC_OBJ_ENTRY) {
-		if (ks_store_has(s, KS_AREA_MAIN, KS_ENTRY, v->id)) {
-			touch_rec(s, KS_AREA_MAIN, KS_ENTRY, v->id);
-			return KV_OK;
+		if (ks_store_has(s, KS_AREA_MAIN, KS_ENTRY, o[i].id)) {
+			touch_rec(s, KS_AREA_MAIN, KS_ENTRY, o[i].id);
+			continue;
 		}
 		/* what the manifest names must be durable and known first */
 		if ((rc = ks_writer_settle(s, deadline_ns)) == KV_ERR_TIMEOUT)
@@ -309,12 +291,9 @@ int ks_writer_view(struct ks_store *s, const struct kc_view *v, uint64_t deadlin
 			return kv_fail(KV_ERR_NOT_FOUND, "entry of %u tokens: a block or resume point is not on disk",
 				       v->n_tokens);
 		}
-		struct ks_obj_src o = {.kind = KS_ENTRY, .id = v->id, .parent = v->parent, .pos = v->n_tokens,
-				       .tokens = v->tokens, .n_tokens = v->n_tokens, .ckpt = v->ckpt,
-				       .n_ckpt = v->n_ckpt, .anchor = v->anchor_pos};
-		return ks_writer_put(s, KS_AREA_MAIN, &o, deadline_ns);
+		rc = ks_writer_put(s, KS_AREA_MAIN, &o[i], deadline_ns);
 	}
-	return KV_OK;
+	return rc;
 }
 
 uint64_t ks_writer_view_bytes(const struct ks_store *s, const struct kc_view *v)
@@ -424,7 +403,11 @@ size_t ks_writer_drain(struct ks_store *s, int honor_stop)
 		if (k) {
 			if (ks_writer_view(s, &v, 0) == KV_OK)
 				n++;
-			kc_cache_view_release(s->p.cache, &v);
+			/* the same view goes on to the remote tier, written or not here */
+			if (s->p.remote)
+				ks_rwrite_offer(s, &v);
+			else
+				kc_cache_view_release(s->p.cache, &v);
 			continue;
 		}
 		struct ks_ckpt_job *j = pop_job(s);

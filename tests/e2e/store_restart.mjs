@@ -20,6 +20,9 @@
 //            RAM, logs it once and reports it in /metrics.
 //   interval --kv-disk-checkpoint-interval: resume points land in
 //            kv_checkpoints/ and serve a hit after a restart.
+//   q8_0     --kv-dtype q8_0, hybrid and dense: cached == cold (RAM and
+//            disk, after a restart), and a namespace apart from bf16's on
+//            the same folder (neither reads the other's files).
 //   mlx      the hybrid converted to an MLX 4-bit folder: after a restart
 //            turn 1 resumes from disk, bit-identical to cold; the float
 //            folder does not see its entries (another namespace).
@@ -297,6 +300,80 @@ await check(`${P}:salts_share_only_within_a_salt`, async () => {
   assert(a2.cached > 0, 'the same salt after a restart did not hit');
   await srv.stop();
 }, 180000);
+
+// --- 8-bit KV (--kv-dtype q8_0) ----------------------------------------------------
+// For the hybrid and the dense model: a q8_0 server's turn 1 equals a q8_0
+// --disable-prefix-cache server's, its live turn 2 (resumed from RAM) too,
+// and after SIGTERM + restart turn 1 resumes from disk with the same bits.
+// The KV dtype is part of the namespace: a bf16 server on the same folder
+// does not read the q8_0 entries (a disk miss, its own cold answer), the
+// q8_0 server after it does not read the bf16 ones, each finds its own
+// again; the folder holds two namespaces, both verify, and a q8_0 block
+// file is 0.53-0.56x a bf16 one (34 bytes per 32 elements, plus the header).
+for (const [name, model, withTools] of [['hybrid', hybrid, true], ['dense', dense, false]]) {
+  await check(`${P}:q8_kv_${name}_restart_bit_identical_and_apart_from_bf16`, async () => {
+    const dir = join(TMP, `cache-q8-${name}`);
+    const q8 = ['--kv-dtype', 'q8_0'];
+    const b1 = turn1();
+    if (!withTools) delete b1.tools;
+    const b2 = (reply) => { const b = turn2(reply); if (!withTools) delete b.tools; return b; };
+    const qc = await (async () => {
+      const srv = await startServer(model, [...q8, '--disable-prefix-cache']);
+      try {
+        const i = await info(srv);
+        const a = await chat(srv, b1);
+        return { kvb: i.kv_bytes_per_token, a, t2: await chat(srv, b2(a.text)) };
+      } finally { await srv.stop(); }
+    })();
+    const bc = await cold(model, b1);
+    let srv = await startServer(model, [...q8, '--cache-dir', dir]);
+    const bf = await (async () => { const s2 = await startServer(model, ['--disable-prefix-cache']);
+      try { return (await info(s2)).kv_bytes_per_token; } finally { await s2.stop(); } })();
+    eq(qc.kvb * 64, bf * 34, `q8_0 KV bytes per token ${qc.kvb} vs bf16 ${bf}`);
+    const a = await chat(srv, b1);
+    eq(a.cached, 0, 'q8 turn 1 is cold');
+    eq(a.lp, qc.a.lp, 'q8 turn 1 vs a q8 --disable-prefix-cache server');
+    const t2 = await chat(srv, b2(a.text));
+    assert(t2.cached > 0, `q8 live turn 2 cached ${t2.cached}`);
+    eq(t2.lp, qc.t2.lp, 'q8 turn 2 resumed from RAM vs cold');
+    const st = await srv.stop('SIGTERM', 15000);
+    eq(st.code, 0, 'exit status after SIGTERM');
+    srv = await startServer(model, [...q8, '--cache-dir', dir]);
+    let r = await chat(srv, b1);
+    assert(await until(() => /event=store\.fetch /.test(srv.log()), 5000), 'q8: nothing was loaded from disk');
+    assert(r.cached > 0, `q8 after restart cached ${r.cached}`);
+    eq(r.text, qc.a.text, 'q8 text after restart vs cold');
+    eq(r.lp, qc.a.lp, 'q8 logprobs after restart vs cold');
+    await srv.stop();
+    // bf16 on the same folder: none of the q8 entries
+    srv = await startServer(model, ['--cache-dir', dir]);
+    r = await chat(srv, b1);
+    eq(r.cached, 0, 'a bf16 server hit the q8_0 entries');
+    assert(!/event=store\.fetch /.test(srv.log()), 'a bf16 server loaded q8_0 files');
+    eq(r.lp, bc.lp, 'bf16 answer on the q8 folder vs bf16 cold');
+    await srv.stop('SIGTERM', 15000);
+    // q8 again: its own entries, not the bf16 ones; then bf16 its own
+    srv = await startServer(model, [...q8, '--cache-dir', dir]);
+    r = await chat(srv, b1);
+    assert(r.cached > 0, 'q8 lost its entries');
+    eq(r.lp, qc.a.lp, 'q8 after the bf16 server vs q8 cold');
+    await srv.stop();
+    srv = await startServer(model, ['--cache-dir', dir]);
+    r = await chat(srv, b1);
+    assert(r.cached > 0, 'bf16 did not find its own entries');
+    eq(r.lp, bc.lp, 'bf16 from its own disk entries vs bf16 cold');
+    await srv.stop();
+    const ls = JSON.parse(execFileSync(KT_BIN, ['cache', 'ls', '--dir', dir, '--json']).toString());
+    eq(ls.namespaces.length, 2, 'namespaces in the folder');
+    const v = spawnSync(KT_BIN, ['cache', 'verify', '--dir', dir, '--json']);
+    eq(v.status, 0, `cache verify of both namespaces (${v.stdout})`);
+    const blocks = files(dir, (n) => n.endsWith('.block.safetensors')).map((f) => ({ f, size: statSync(f).size }));
+    const sizes = [...new Set(blocks.map((b) => b.size))].sort((x, y) => x - y);
+    eq(sizes.length, 2, `block file sizes ${sizes}`);
+    const ratio = sizes[0] / sizes[1];
+    assert(ratio >= 0.53 && ratio <= 0.56, `q8_0 / bf16 block file ${sizes[0]} / ${sizes[1]} = ${ratio}`);
+  }, 240000);
+}
 
 // --- MLX quantized weights -------------------------------------------------------
 await check(`${P}:mlx4_hybrid_restart_bit_identical_to_cold`, async () => {

@@ -15,6 +15,8 @@
 //   kill -9  and window snapshots with a flipped byte: the answer after the
 //            restart is cold's, bit for bit (a miss or a shorter hit, never
 //            a wrong one), the bad files are quarantined.
+//   q8_0     --kv-dtype q8_0 (gemma3, gpt-oss): the restart resumes at the
+//            last boundary from q8_0 window snapshots, equal to q8_0 cold.
 import { execFileSync, spawnSync } from 'node:child_process';
 import { readdirSync, existsSync, statSync, openSync, writeSync, closeSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -210,5 +212,31 @@ await check(`${P}:gptoss_corrupt_window_snapshots_quarantined_answer_cold`, asyn
   await srv.stop();
   assert(files(join(dir, 'quarantine')).length >= 1, 'quarantine/ is empty');
 }, 120000);
+
+// --- 8-bit KV (--kv-dtype q8_0): the window pages and the snapshots' window
+// rows are q8_0 rows (U8 tensors named by kv_dtype, disk-format.md) -------
+for (const name of ['gemma3', 'gptoss']) {
+  await check(`${P}:${name}_q8_kv_restart_resumes_at_boundary_equals_cold`, async () => {
+    const model = join(TMP, name), dir = join(TMP, `cache-q8-${name}`), q8 = ['--kv-dtype', 'q8_0'];
+    const b1 = body(sys, 'Which file holds the build rules?'), last = bounds(model, b1).at(-1);
+    let srv = await startServer(model, [...q8, '--disable-prefix-cache']);
+    const c1 = await chat(srv, b1);
+    await srv.stop();
+    srv = await startServer(model, [...q8, '--cache-dir', dir]);
+    const t1 = await chat(srv, b1);
+    eq(t1.lp, c1.lp, 'q8_0 turn 1 vs q8_0 cold');
+    eq((await srv.stop('SIGTERM', 15000)).code, 0, 'exit status after SIGTERM');
+    const v = spawnSync(KT_BIN, ['cache', 'verify', '--dir', dir]);
+    eq(v.status, 0, `cache verify on the q8_0 folder (stdout: ${v.stdout})`);
+    srv = await startServer(model, [...q8, '--cache-dir', dir]);
+    try {
+      await scanned(srv);
+      const r = await chat(srv, b1);
+      eq(r.cached, last, 'q8_0: turn 1 replayed after the restart resumes at its last message boundary');
+      eq(r.text, c1.text, 'q8_0 replay text vs cold');
+      eq(r.lp, c1.lp, 'q8_0 replay logprobs vs cold');
+    } finally { await srv.stop(); }
+  }, 120000);
+}
 
 process.exit(failures_count() ? 1 : 0);

@@ -253,6 +253,43 @@ KT_CASE(entry_size_9b_geometry)
 	KT_CHECK(b < kc_budget_floor(9600000000ull, 5200000000ull));
 }
 
+/* The same geometry with --kv-dtype q8_0: 8 blocks of 34 bytes a row, so
+ * 17 KiB of KV a token (0.531x); the recurrent snapshots stay f32, so a
+ * 23K-token hybrid entry shrinks to 0.653x and the 16 GB machine's floor
+ * holds 2 of them where it held 1. Every size the cache uses comes from
+ * the layout: the entry estimate, and the prefill projection's KV term. */
+KT_CASE(entry_size_9b_geometry_q8)
+{
+	struct ke_layout L, Lb;
+	uint32_t ck[4] = {8192, 16384, 20480, 22528};
+	layout_9b(&Lb);
+	layout_9b(&L);
+	L.kv_dtype = KV_DT_Q8_0;
+	L.row_bytes = ke_layout_row_bytes(KV_DT_Q8_0, 256);
+	L.page_bytes = (size_t)L.n_segments * 256 * L.row_bytes;
+	L.kv_bytes_per_token = (size_t)L.n_segments * L.row_bytes;
+	KT_EQ_U64(L.row_bytes, 272);
+	KT_EQ_U64(L.kv_bytes_per_token, 17408);
+	KT_EQ_U64(L.kv_bytes_per_token * 64, Lb.kv_bytes_per_token * 34);
+	uint64_t b = kc_policy_entry_bytes(&L, 22819, ck, 4), bb = kc_policy_entry_bytes(&Lb, 22819, ck, 4);
+	KT_EQ_U64(b, 89ull * (4456448 + 1024) + 35ull * (17408 + 4) + 5ull * 52690944);
+	KT_CHECKF(b * 1000 / bb == 653, "q8 entry %llu bytes, %.3f of bf16's", (unsigned long long)b, (double)b / bb);
+	uint64_t floor16 = kc_budget_floor(9600000000ull, 5200000000ull);
+	KT_EQ_U64(floor16 / bb, 1);
+	KT_EQ_U64(floor16 / b, 2);
+	/* the hybrid prefill projection counts the prompt's q8 KV */
+	struct kc_policy pol;
+	struct kc_cache *c;
+	kc_policy_default(&pol, 1);
+	struct kc_params prm = {.layout = &L, .policy = &pol};
+	KT_OK(kc_cache_create(&prm, &c));
+	struct kc_prefill_need need = {.recurrent = L.snapshot_bytes, .scratch = 1000, .remaining_tokens = 20000};
+	uint64_t proj = 0, rel = 0;
+	KT_OK(kc_cache_reclaim_prefill(c, &need, &proj, &rel));
+	KT_EQ_U64(proj, L.snapshot_bytes + 1000 + 20000ull * 17408);
+	kc_cache_destroy(c);
+}
+
 /* The entry estimate is exactly what the cache accounts for a lone entry. */
 KT_CASE(entry_size_matches_cache_accounting)
 {
@@ -741,7 +778,7 @@ KT_CASE(options_resolve)
 }
 
 KT_MAIN(stops_dense_is_prompt_end, stops_hybrid_merge_boundaries_strides_end, env_values_and_fallbacks,
-	thinning_seed_example, thinning_rules, anchor_choice, rule_64_tokens_and_completion, entry_size_9b_geometry,
+	thinning_seed_example, thinning_rules, anchor_choice, rule_64_tokens_and_completion, entry_size_9b_geometry, entry_size_9b_geometry_q8,
 	entry_size_matches_cache_accounting, budget_seed_floor_18gb, budget_sources_first_match_wins,
 	budget_cgroup_and_meminfo_readers, seed_replay_without_anchor_snaps_to_stride,
 	seed_replay_without_anchor_more_entries, seed_replay_with_anchor_hits_exactly, turn_skips_by_rule,

@@ -107,6 +107,28 @@ KT_CASE(quant_act_changes_namespace)
 	KT_CHECK(kv_h128_eq(f, ksv_model_fingerprint(&p, NULL)));
 }
 
+/* The KV dtype is part of the namespace: bf16, f32 and q8_0 servers of
+ * one model never share cache entries, in RAM or on disk (a q8_0 entry
+ * served to a bf16 server would be a lossy answer where an exact one was
+ * promised, and the other way round the bytes would not even be KV of
+ * the layout). */
+KT_CASE(kv_dtype_changes_namespace)
+{
+	char model[4096];
+	snprintf(model, sizeof model, "%s/m", kt_tmpdir());
+	mkdir(model, 0700);
+	make_model(model);
+	struct ksv_fp_params p = {.model_dir = model, .kv_dtype = "bf16", .page_tokens = 16, .skip_weights = 1};
+	struct kv_h128 b = ksv_model_fingerprint(&p, NULL);
+	p.kv_dtype = "q8_0";
+	struct kv_h128 q = ksv_model_fingerprint(&p, NULL);
+	p.kv_dtype = "f32";
+	struct kv_h128 f = ksv_model_fingerprint(&p, NULL);
+	KT_CHECK(!kv_h128_eq(b, q) && !kv_h128_eq(b, f) && !kv_h128_eq(q, f));
+	p.kv_dtype = "q8_0";
+	KT_CHECK(kv_h128_eq(q, ksv_model_fingerprint(&p, NULL)));
+}
+
 /* The second start reads no weight byte; a damaged memo is rehashed. */
 KT_CASE(memo_hit_and_damaged_memo)
 {
@@ -160,4 +182,4 @@ KT_CASE(bench_startup)
 	KT_EQ_INT(st.memo_hits, 1);
 }
 
-KT_MAIN(weight_byte_changes_namespace, quant_act_changes_namespace, memo_hit_and_damaged_memo, bench_startup)
+KT_MAIN(weight_byte_changes_namespace, quant_act_changes_namespace, memo_hit_and_damaged_memo, bench_startup, kv_dtype_changes_namespace)

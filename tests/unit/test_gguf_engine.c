@@ -41,7 +41,7 @@
 /* f32 activations: the exact numerics these tests compare bit for bit */
 static struct ke_model *load_qa(const char *path, int qa)
 {
-	struct ke_model_params p = {.kv_f32 = 1, .quant_act = qa};
+	struct ke_model_params p = {.kv = KE_KV_F32, .quant_act = qa};
 	struct ke_model *m = NULL;
 	if (ke_model_load(path, &p, &m))
 		kt_fail(__FILE__, __LINE__, "load %s: %s", path, kv_errmsg());
@@ -352,7 +352,7 @@ KT_CASE(moe_gguf_bad_expert_tensors)
 			KT_REQUIRE(patch_file(bad, "blk.3.ffn_down_exps.weight", "blk.3.ffn_gate_exps.weight") == 0);
 			KT_REQUIRE(patch_file(bad, "blk.3.ffn_gate_exps.weighY", "blk.3.ffn_down_exps.weight") == 0);
 		}
-		struct ke_model_params mp = {.kv_f32 = 1};
+		struct ke_model_params mp = {.kv = KE_KV_F32};
 		struct ke_model *m = NULL;
 		int rc = ke_model_load(bad, &mp, &m);
 		KT_CHECKF(rc == KV_ERR_INCOMPATIBLE, "case %zu: rc %d (%s)", i, rc, kv_errmsg());
@@ -387,7 +387,7 @@ KT_CASE(moe_gguf_bad_expert_tensors)
 	KT_REQUIRE(kt_sh("cp '%s' '%s'", gg, bad) == 0);
 	KT_REQUIRE(patch_file(bad, "qwen35moe.feed_forward_length", "qwen35moe.feed_forward_lengtX") == 0);
 	{
-		struct ke_model_params mp = {.kv_f32 = 1};
+		struct ke_model_params mp = {.kv = KE_KV_F32};
 		struct ke_model *m = NULL;
 		KT_CHECKF(ke_model_load(bad, &mp, &m) == KV_OK, "no feed_forward_length: %s", kv_errmsg());
 		ke_model_destroy(m);
@@ -395,7 +395,7 @@ KT_CASE(moe_gguf_bad_expert_tensors)
 	KT_REQUIRE(patch_file(bad, "qwen35moe.expert_feed_forward_length", "qwen35moe.expert_feed_forward_lengtX") == 0);
 	KT_REQUIRE(patch_file(bad, "qwen35moe.feed_forward_lengtX", "qwen35moe.feed_forward_length") == 0);
 	{
-		struct ke_model_params mp = {.kv_f32 = 1};
+		struct ke_model_params mp = {.kv = KE_KV_F32};
 		struct ke_model *m = NULL;
 		int rc = ke_model_load(bad, &mp, &m);
 		KT_CHECKF(rc == KV_ERR_INCOMPATIBLE && strstr(kv_errmsg(), "expected [8, 16, 64]"), "rc %d: %s", rc,

@@ -15,6 +15,7 @@
 #include "engine/deltanet.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/kvq8.h"
 #include "engine/matmul.h"
 #include "engine/sample.h"
 #include "engine/vec.h"
@@ -433,22 +434,24 @@ KT_CASE(rmsnorm_matches_double)
 struct kvfix {
 	struct ke_layout lay;
 	struct kv_pages *pool;
-	struct kv_page *pages[64];
+	struct kv_page *pages[128];
 	int n_pages;
 };
 
 /* One attention layer, Hkv heads of hd, B tokens per page, T positions of
- * K/V from kv (positions x heads x hd each for K then V). */
+ * K/V from kv (positions x heads x hd each for K then V); bf: 0 f32 rows,
+ * 1 bf16, 2 q8_0 (the engine's quantizer, engine/kvq8.h). */
 static void kvfix_make(struct kvfix *f, int Hkv, int hd, int B, int T, int bf, const float *kk, const float *vv)
 {
+	int dt = bf == 2 ? KV_DT_Q8_0 : bf ? KV_DT_BF16 : KV_DT_F32;
 	memset(f, 0, sizeof *f);
 	f->lay.page_tokens = B;
-	f->lay.kv_dtype = bf ? KV_DT_BF16 : KV_DT_F32;
+	f->lay.kv_dtype = dt;
 	f->lay.n_attn_layers = 1;
 	f->lay.n_kv_heads = Hkv;
 	f->lay.head_dim = hd;
 	f->lay.n_segments = 2 * Hkv;
-	f->lay.row_bytes = (size_t)hd * (bf ? 2 : 4);
+	f->lay.row_bytes = ke_layout_row_bytes(dt, hd);
 	f->lay.page_bytes = (size_t)f->lay.n_segments * B * f->lay.row_bytes;
 	f->pool = kv_pages_create(f->lay.page_bytes, 0, 0);
 	f->n_pages = (T + B - 1) / B;
@@ -459,7 +462,9 @@ static void kvfix_make(struct kvfix *f, int Hkv, int hd, int B, int T, int bf, c
 			for (int kv = 0; kv < 2; kv++) {
 				const float *src = (kv ? vv : kk) + ((size_t)t * Hkv + g) * hd;
 				char *dst = (char *)f->pages[t / B]->data + ke_layout_row_off(&f->lay, kv * Hkv + g, t % B, B);
-				if (bf)
+				if (bf == 2)
+					ke_kvq8_quant_row(dst, src, hd);
+				else if (bf)
 					ke_vec_f32_to_bf16(dst, src, (size_t)hd);
 				else
 					memcpy(dst, src, (size_t)hd * 4);
@@ -765,6 +770,209 @@ KT_CASE(attention_decode_scores_match_scalar)
 			ke_isa_set(saved);
 			kvfix_free(&f);
 		}
+		acase_free(&a);
+		free(out);
+	}
+}
+
+/* --- 8-bit KV (engine/kvq8.h) --------------------------------------------------- */
+
+/* The quantizer against its definition: d is the half of amax / 127
+ * (saturated at 65504), codes are rint(x / d) in [-127, 127], each value
+ * reads back within half a step (the block's largest within a step when
+ * d rounded down and it clamped); zeros, subnormal-only, huge, inf and
+ * NaN blocks; and the 34-byte ggml Q8_0 block layout. */
+KT_CASE(kvq8_quantizer_matches_its_definition)
+{
+	enum { N = 256 };
+	float x[N], y[N];
+	uint8_t row[N / 32 * 34];
+	KT_EQ_U64(ke_kvq8_row_bytes(N), sizeof row);
+	for (int rep = 0; rep < 400; rep++) {
+		float scale = rep % 4 == 0 ? 1e-3f : rep % 4 == 1 ? 1.0f : rep % 4 == 2 ? 300.0f : 1e-6f;
+		for (int i = 0; i < N; i++)
+			x[i] = frand() * scale;
+		if (rep % 5 == 0)
+			x[irand(N)] = 0.0f;
+		ke_kvq8_quant_row(row, x, N);
+		ke_kvq8_dequant_row(y, row, N);
+		for (int b = 0; b < N / 32; b++) {
+			const uint8_t *blk = row + b * 34;
+			float amax = 0;
+			for (int j = 0; j < 32; j++)
+				amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+			uint16_t h = (uint16_t)(blk[0] | blk[1] << 8);
+			KT_EQ_INT(h, kv_f32_to_f16(amax / 127.0f));
+			float d = ke_kvq8_scale(blk);
+			KT_CHECK(d == kv_f16_to_f32(h));
+			for (int j = 0; j < 32; j++) {
+				int q = (int8_t)blk[2 + j];
+				float v = x[b * 32 + j];
+				KT_CHECKF(q >= -127 && q <= 127, "code %d", q);
+				if (d == 0.0f) {
+					KT_EQ_INT(q, 0);
+					continue;
+				}
+				float want = rintf(v / d);
+				want = want > 127 ? 127 : want < -127 ? -127 : want;
+				KT_CHECKF(q == (int)want, "rep %d block %d elem %d: code %d, rint(x / d) %g", rep, b, j, q, want);
+				KT_CHECK(y[b * 32 + j] == (float)q * d); /* exact */
+				KT_CHECKF(fabsf(y[b * 32 + j] - v) <= (fabsf(v) == amax ? 1.01f : 0.5f) * d,
+					  "rep %d: %g read back as %g (d %g)", rep, v, y[b * 32 + j], d);
+			}
+		}
+	}
+	/* edge blocks */
+	for (int i = 0; i < 32; i++)
+		x[i] = 0.0f, x[32 + i] = (float)i * 1e-30f, x[64 + i] = (i - 16) * 1e7f, x[96 + i] = (float)i;
+	x[96 + 5] = INFINITY;
+	for (int i = 128; i < N; i++)
+		x[i] = (float)(i - 128);
+	x[200] = NAN;
+	ke_kvq8_quant_row(row, x, N);
+	ke_kvq8_dequant_row(y, row, N);
+	for (int i = 0; i < 64; i++)
+		KT_CHECKF(y[i] == 0.0f, "zero / subnormal-only block: %g at %d", y[i], i);
+	KT_EQ_INT(row[2 * 34] | row[2 * 34 + 1] << 8, 0x7bff); /* saturated at 65504 */
+	KT_CHECK(y[64] == -127.0f * 65504.0f && y[64 + 31] == 127.0f * 65504.0f);
+	for (int i = 96; i < 128; i++)
+		KT_CHECKF(isnan(y[i]), "inf block: %g at %d", y[i], i);
+	for (int i = 192; i < 224; i++)
+		KT_CHECKF(isnan(y[i]), "NaN block: %g at %d", y[i], i);
+	for (int i = 224; i < 256; i++)
+		KT_CHECK(!isnan(y[i]) && fabsf(y[i] - x[i]) <= 0.5f * ke_kvq8_scale(row + 7 * 34));
+	/* a half NaN (quiet or signalling) reads as a quiet NaN, as F16C gives */
+	uint8_t sn[2] = {0x01, 0x7c};
+	float f = ke_kvq8_scale(sn);
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	KT_CHECKF(isnan(f) && (u & 0x00400000u), "signalling half NaN read as %08x", u);
+}
+
+/* q8_0 rows (dt 2) and f32 rows holding their exact values (dequantized)
+ * into f / fd, pages of B tokens. */
+static void kvfix_q8_pair(struct kvfix *f, struct kvfix *fd, int Hkv, int hd, int B, int T, const float *kk,
+			  const float *vv)
+{
+	size_t n = (size_t)T * Hkv;
+	float *dk = malloc(n * hd * 4), *dv = malloc(n * hd * 4);
+	uint8_t *row = malloc(ke_kvq8_row_bytes(hd));
+	for (size_t r = 0; r < n; r++) {
+		ke_kvq8_quant_row(row, kk + r * hd, hd);
+		ke_kvq8_dequant_row(dk + r * hd, row, hd);
+		ke_kvq8_quant_row(row, vv + r * hd, hd);
+		ke_kvq8_dequant_row(dv + r * hd, row, hd);
+	}
+	kvfix_make(f, Hkv, hd, B, T, 2, kk, vv);
+	kvfix_make(fd, Hkv, hd, B, T, 0, dk, dv);
+	free(dk);
+	free(dv);
+	free(row);
+}
+
+/*
+ * The attention kernels on q8_0 KV, every path this CPU has: they read the
+ * 34-byte blocks directly (scores and PV of decode tiles in registers on
+ * AVX-512 and AVX2, wide tiles dequantizing each key and value row once
+ * per tile, the scalar path through a small f32 buffer), and give the
+ * bits of attention over f32 rows holding the dequantized values, which
+ * is the scalar reference (its paths are tested equal above). Checked for
+ * G = 1, 2, 4 (the AVX-512 decode kernel's 1, 2, 4 rows), 3 (the gemm
+ * fallback) and 8 (lane scores), head_dim 32, 64, 128 and 256, a context
+ * over one KE_ATTN_SPLIT chunk: whole prefill, decode and 2-token steps
+ * at the block and chunk edges (1 and 16 threads: the split decode),
+ * random query chunks on pages of 7 tokens (the best path; the others'
+ * chunk invariance is the f32 kernels' tests); and against a double
+ * softmax.
+ */
+KT_CASE(attention_q8_kv_paths_match_scalar_and_f32_of_its_values)
+{
+	static const int shapes[][3] = {{4, 4, 128}, {8, 4, 256}, {8, 2, 64}, {6, 2, 32}, {8, 1, 128}, {16, 2, 128}};
+	static const int probe[] = {0, 1, 31, 63, 64, 300, 511, 512, 513, 538};
+	int T = 540;
+	for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+		int H = shapes[si][0], Hkv = shapes[si][1], hd = shapes[si][2], G = H / Hkv;
+		struct acase a;
+		acase_make(&a, H, Hkv, hd, T);
+		for (size_t i = 0; i < (size_t)T * H * hd; i++)
+			a.q[i] *= 3.0f; /* peaky softmax: the scores matter */
+		float *q = a.q, *scr = a.scr, *out = malloc(a.sz), *ref = a.ref;
+		size_t row = a.row, sz = a.sz;
+		struct kvfix f, fd, f7, fd7;
+		kvfix_q8_pair(&f, &fd, Hkv, hd, 48, T, a.kk, a.vv);
+		kvfix_q8_pair(&f7, &fd7, Hkv, hd, 7, T, a.kk, a.vv);
+		int saved = ke_isa();
+		ke_isa_set(KE_ISA_SCALAR);
+		run_attn(&fd, H, q, ref, 0, T, scr, 1); /* the reference: f32 rows, scalar */
+		for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++) {
+			ke_isa_set(isa);
+			memset(out, 0, sz);
+			run_attn(&f, H, q, out, 0, T, scr, 16);
+			KT_CHECKF(!memcmp(out, ref, sz), "G %d hd %d isa %s: q8 prefill differs from the f32 of its values", G,
+				  hd, ke_isa_name(isa));
+			for (size_t i = 0; i < sizeof probe / sizeof probe[0]; i++)
+				for (int n = 1; n <= 2; n++)
+					for (int th = 1; th <= 16; th += 15) {
+						int t = probe[i];
+						run_attn(&f, H, q + (size_t)t * row, out, t, n, scr, th);
+						KT_CHECKF(!memcmp(out, ref + (size_t)t * row, (size_t)n * row * 4),
+							  "G %d hd %d isa %s: decode at %d, %d tokens, %d threads", G, hd,
+							  ke_isa_name(isa), t, n, th);
+					}
+			if (isa != ke_isa_best())
+				continue; /* (the chunking of the other paths: below) */
+			memset(out, 0, sz);
+			for (int t = 0; t < T;) {
+				int n = 1 + irand(130);
+				if (t + n > T)
+					n = T - t;
+				run_attn(&f7, H, q + (size_t)t * row, out + (size_t)t * row, t, n, scr, 1 + 15 * irand(2));
+				t += n;
+			}
+			KT_CHECKF(!memcmp(out, ref, sz), "G %d hd %d isa %s: random chunks, pages of 7", G, hd,
+				  ke_isa_name(isa));
+		}
+		ke_isa_set(saved);
+		/* and it is the softmax over the dequantized values (double) */
+		double worst = 0;
+		int ts[2] = {100, T - 1};
+		for (int k = 0; k < 2; k++) {
+			int t = ts[k];
+			float *dk = malloc((size_t)T * hd * 4), *dv = malloc((size_t)T * hd * 4);
+			for (int h = 0; h < H; h++) {
+				int g = h / G;
+				for (int j = 0; j <= t; j++) {
+					memcpy(dk + (size_t)j * hd, (char *)fd.pages[j / 48]->data +
+									    ke_layout_row_off(&fd.lay, g, j % 48, 48), (size_t)hd * 4);
+					memcpy(dv + (size_t)j * hd, (char *)fd.pages[j / 48]->data +
+									    ke_layout_row_off(&fd.lay, Hkv + g, j % 48, 48), (size_t)hd * 4);
+				}
+				double *sc = malloc((size_t)(t + 1) * sizeof *sc), mx = -1e300, sum = 0;
+				for (int j = 0; j <= t; j++) {
+					double d = 0;
+					for (int i = 0; i < hd; i++)
+						d += (double)q[(size_t)t * row + (size_t)h * hd + i] * dk[(size_t)j * hd + i];
+					sc[j] = d * 0.25;
+					mx = sc[j] > mx ? sc[j] : mx;
+				}
+				for (int j = 0; j <= t; j++)
+					sum += (sc[j] = exp(sc[j] - mx));
+				for (int i = 0; i < hd; i++) {
+					double o = 0;
+					for (int j = 0; j <= t; j++)
+						o += sc[j] / sum * dv[(size_t)j * hd + i];
+					worst = fmax(worst, fabs(ref[(size_t)t * row + (size_t)h * hd + i] - o));
+				}
+				free(sc);
+			}
+			free(dk);
+			free(dv);
+		}
+		KT_CHECKF(worst < 5e-5, "G %d hd %d: max abs error %g against the double softmax", G, hd, worst);
+		kvfix_free(&f);
+		kvfix_free(&fd);
+		kvfix_free(&f7);
+		kvfix_free(&fd7);
 		acase_free(&a);
 		free(out);
 	}
@@ -1107,7 +1315,8 @@ KT_MAIN(gemm_matches_double_reference, gemm_simd_paths_bit_identical_to_scalar, 
 	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
 	attention_invariant_to_chunks_threads_and_page_size,
 	attention_key_split_prefill_equals_decode_and_paths, attention_lane_scores_match_scalar_at_head_dims,
-	attention_decode_scores_match_scalar,
+	attention_decode_scores_match_scalar, kvq8_quantizer_matches_its_definition,
+	attention_q8_kv_paths_match_scalar_and_f32_of_its_values,
 	deltanet_rule_matches_double_and_paths_agree,
 	deltanet_rule_seq_paths_match_scalar_token_by_token, deltanet_conv_is_causal_with_state,
 	deltanet_conv_paths_match_scalar, sampler_greedy_and_reproducible, sampler_filters, logprobs)

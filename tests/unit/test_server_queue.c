@@ -253,6 +253,24 @@ KT_CASE(options_defaults_and_checks)
 	KT_EQ_INT(ksv_opts_check(&o), KV_ERR_INVALID);
 	o.header_timeout_ms = 1000;
 	KT_OK(ksv_opts_check(&o));
+	/* the remote tier's flags (docs/cluster.md) */
+	KT_EQ_INT(o.remote_cache_timeout_ms, 200);
+	KT_EQ_STR(o.remote_cache_prefix, "kvkeep:");
+	o.remote_cache = "http://h:1";
+	KT_EQ_INT(ksv_opts_check(&o), KV_ERR_INVALID);
+	KT_CHECK(strstr(kv_errmsg(), "--remote-cache") != NULL);
+	o.remote_cache = "redis://10.0.0.5:7000,10.0.0.6:7000";
+	KT_OK(ksv_opts_check(&o));
+	o.remote_cache_timeout_ms = 0;
+	KT_EQ_INT(ksv_opts_check(&o), KV_ERR_INVALID);
+	o.remote_cache_timeout_ms = 200;
+	o.remote_cache_to_disk = "maybe";
+	KT_EQ_INT(ksv_opts_check(&o), KV_ERR_INVALID);
+	o.remote_cache_to_disk = "off";
+	KT_OK(ksv_opts_check(&o));
+	o.remote_cache = NULL;
+	o.remote_cache_password_file = "/run/secrets/redis";
+	KT_EQ_INT(ksv_opts_check(&o), KV_ERR_INVALID); /* a password file without a URL */
 }
 
 KT_MAIN(fifo_order_and_done, queue_bound_counts_waiting_only, cancel_queued_and_running, close_and_destroy_in_flight,

@@ -36,22 +36,24 @@ static int rnd(int lo, int hi)
 	return lo + (int)(kt_rand(&g_seed) % (uint64_t)(hi - lo + 1));
 }
 
-/* preset, or "preset+mtp" for mkmodel --mtp */
+/* preset, or "preset+mtp" for mkmodel --mtp, "preset+q8" for 8-bit KV */
 static struct ke_model *load_model(const char *name)
 {
 	char dir[1024], preset[64];
 	struct ke_model *m = NULL;
 	snprintf(preset, sizeof preset, "%s", name);
-	int mtp = strstr(preset, "+mtp") != NULL;
+	int mtp = strstr(preset, "+mtp") != NULL, q8 = strstr(preset, "+q8") != NULL;
 	if (mtp)
 		*strstr(preset, "+mtp") = 0;
+	if (q8)
+		*strstr(preset, "+q8") = 0;
 	snprintf(dir, sizeof dir, "%s/%s%s", kt_tmpdir(), preset, mtp ? "-mtp" : "");
 	struct kv_synth_opts o = {.preset = preset, .out_dir = dir, .seed = 7, .dtype = KV_DT_BF16, .mtp = mtp};
 	if (kv_synth_write(&o) != KV_OK) {
 		kt_fail(__FILE__, __LINE__, "synth %s: %s", preset, kv_errmsg());
 		return NULL;
 	}
-	struct ke_model_params mp = {.page_tokens = 16};
+	struct ke_model_params mp = {.page_tokens = 16, .kv = q8 ? KE_KV_Q8_0 : KE_KV_BF16};
 	if (ke_model_load(dir, &mp, &m) != KV_OK) {
 		kt_fail(__FILE__, __LINE__, "load %s: %s", preset, kv_errmsg());
 		return NULL;
@@ -415,6 +417,13 @@ KT_CASE(on_equals_off_hybrid)
 	identity_case("tiny-hybrid");
 }
 
+/* the rollback cuts q8_0 rows (34-byte blocks) as it cuts bf16 ones */
+KT_CASE(on_equals_off_q8_kv)
+{
+	identity_case("tiny-dense+q8");
+	identity_case("tiny-hybrid+q8");
+}
+
 KT_CASE(on_equals_off_moe)
 {
 	identity_case("tiny-moe");
@@ -592,6 +601,6 @@ KT_CASE(cached_equals_cold_after_speculative_turns)
 }
 
 KT_MAIN(lookup_drafts_what_followed_the_longest_match, lookup_index_is_bounded_and_checked,
-	policy_turns_off_and_comes_back, on_equals_off_dense, on_equals_off_hybrid, on_equals_off_moe,
-	on_equals_off_on_every_cpu_path, on_equals_off_with_the_mtp_head, mtp_head_context_pieces_equal_whole,
+	policy_turns_off_and_comes_back, on_equals_off_dense, on_equals_off_hybrid, on_equals_off_q8_kv,
+	on_equals_off_moe, on_equals_off_on_every_cpu_path, on_equals_off_with_the_mtp_head, mtp_head_context_pieces_equal_whole,
 	cached_equals_cold_after_speculative_turns)

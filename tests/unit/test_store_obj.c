@@ -290,6 +290,169 @@ KT_CASE(version_and_metadata_checks)
 	KT_EQ_INT(ks_obj_write(path, &L, &m2.src, 0, 0, NULL), KV_ERR_INVALID);
 }
 
+/* A KV layout of one attention layer, one KV head and B = 8 with rows of
+ * hd elements of dt (Q8_0: hd / 32 blocks of 34 bytes). */
+static void kv_layout(struct ke_layout *L, int dt, int hd)
+{
+	memset(L, 0, sizeof *L);
+	L->page_tokens = TS_B;
+	L->kv_dtype = dt;
+	L->n_attn_layers = 1;
+	L->n_kv_heads = 1;
+	L->head_dim = hd;
+	L->n_segments = 2;
+	L->row_bytes = ke_layout_row_bytes(dt, hd);
+	L->page_bytes = (size_t)L->n_segments * TS_B * L->row_bytes;
+	L->kv_bytes_per_token = (size_t)L->n_segments * L->row_bytes;
+}
+
+static int cmp_cstr(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Rewrite an object without its "kv_dtype" metadata and with a correct
+ * meta_crc32c over what is left: the file a build from before the key
+ * existed would have written. */
+static void drop_kv_dtype(const char *path)
+{
+	void *buf;
+	size_t len;
+	struct kv_st *st;
+	char *keys[32], *vals[32], *sorted[32], crc[16];
+	size_t n = 0;
+	KT_OK(kv_io_read_file(path, 64u << 20, (char **)&buf, &len));
+	KT_OK(kv_st_open_mem(buf, len, "x", &st));
+	KT_REQUIRE(kv_st_meta(st, "kv_dtype") != NULL);
+	for (size_t i = 0; i < kv_st_meta_count(st) && n < 32; i++) {
+		const char *k, *v;
+		kv_st_meta_at(st, i, &k, &v);
+		if (strcmp(k, "kv_dtype") && strcmp(k, "meta_crc32c")) {
+			keys[n] = (char *)k;
+			vals[n] = (char *)v;
+			sorted[n++] = (char *)k;
+		}
+	}
+	qsort(sorted, n, sizeof *sorted, cmp_cstr);
+	uint32_t c = 0;
+	for (size_t i = 0; i < n; i++)
+		for (size_t j = 0; j < n; j++)
+			if (keys[j] == sorted[i]) {
+				c = kv_crc32c(c, keys[j], strlen(keys[j]));
+				c = kv_crc32c(c, "=", 1);
+				c = kv_crc32c(c, vals[j], strlen(vals[j]));
+				c = kv_crc32c(c, "\n", 1);
+			}
+	snprintf(crc, sizeof crc, "%08x", c);
+	struct kv_stw *w = kv_stw_create();
+	for (size_t i = 0; i < n; i++)
+		KT_OK(kv_stw_meta(w, keys[i], vals[i]));
+	KT_OK(kv_stw_meta(w, "meta_crc32c", crc));
+	for (size_t i = 0; i < kv_st_count(st); i++) {
+		const struct kv_tensor *t = kv_st_tensor(st, i);
+		KT_OK(kv_stw_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes));
+	}
+	KT_OK(kv_stw_write(w, path, KV_DW_NO_SYNC));
+	kv_stw_destroy(w);
+	kv_st_close(st);
+	free(buf);
+}
+
+/* Read a block or tail object of layout L; KV_OK or the error, *bad the
+ * reason. */
+static int read_kv_obj(const char *path, const struct ke_layout *L, int kind, uint8_t *kv, int *bad)
+{
+	struct ks_obj *o = NULL;
+	int rc = ks_obj_open(path, L, kind, &NS, &o, bad);
+	if (rc)
+		return rc;
+	struct ks_obj_dst d = {.kv = kv};
+	rc = ks_obj_read(o, &d, bad);
+	ks_obj_close(o);
+	return rc;
+}
+
+/*
+ * KV objects say their dtype: "kv_dtype" metadata on every block and
+ * tail; Q8_0 rows, which safetensors has no dtype for, as U8 [kv_heads,
+ * rows, row_bytes]. A file of another KV dtype is refused even where its
+ * bytes would fit (a Q8_0 row of 32 elements and a BF16 row of 17 are
+ * both 34 bytes), whichever way round: the validation's shape step, a
+ * miss and a quarantine, never KV read as another type. A file without
+ * the key (written before it existed) still loads when its tensors name
+ * the type (BF16, F32), and never as Q8_0.
+ */
+KT_CASE(kv_objects_say_their_dtype)
+{
+	struct ke_layout Lq, Lb, Lf;
+	struct sample m;
+	char path[4096];
+	uint8_t kv[4096];
+	int bad;
+	kv_layout(&Lq, KV_DT_Q8_0, 32);
+	kv_layout(&Lb, KV_DT_BF16, 17);
+	kv_layout(&Lf, KV_DT_F32, 8);
+	KT_EQ_U64(Lq.row_bytes, 34);
+	KT_EQ_U64(Lb.row_bytes, 34);
+	for (int kind = KS_BLOCK; kind <= KS_TAIL; kind++) {
+		int rows = kind == KS_BLOCK ? TS_B : 3;
+		size_t kvb = kind == KS_BLOCK ? Lq.page_bytes : ke_layout_tail_bytes(&Lq, 3);
+		make(&Lq, kind, 40 + (uint64_t)kind, &m);
+		obj_path(kind, path, sizeof path);
+		KT_OK(ks_obj_write(path, &Lq, &m.src, KV_DW_NO_SYNC, 0, NULL));
+		struct kv_st *st;
+		KT_OK(kv_st_open(path, &st));
+		KT_EQ_STR(kv_st_meta(st, "kv_dtype"), "Q8_0");
+		const struct kv_tensor *t = kv_st_find(st, "kv.0.v");
+		KT_REQUIRE(t);
+		KT_EQ_INT(t->dtype, KV_DT_U8);
+		KT_EQ_INT(t->ndim, 3);
+		KT_CHECK(t->shape[0] == 1 && t->shape[1] == rows && t->shape[2] == 34);
+		kv_st_close(st);
+		memset(kv, 0, sizeof kv);
+		KT_OK(read_kv_obj(path, &Lq, kind, kv, &bad));
+		KT_CHECK(!memcmp(kv, m.kv, kvb));
+		/* read by a BF16 layout with the same row bytes */
+		KT_EQ_INT(read_kv_obj(path, &Lb, kind, kv, &bad), KV_ERR_CORRUPT);
+		KT_EQ_INT(bad, KS_BAD_SHAPE);
+		/* and the other way round */
+		KT_OK(ks_obj_write(path, &Lb, &m.src, KV_DW_NO_SYNC, 0, NULL));
+		KT_OK(kv_st_open(path, &st));
+		KT_EQ_STR(kv_st_meta(st, "kv_dtype"), "BF16");
+		kv_st_close(st);
+		KT_OK(read_kv_obj(path, &Lb, kind, kv, &bad));
+		KT_EQ_INT(read_kv_obj(path, &Lq, kind, kv, &bad), KV_ERR_CORRUPT);
+		KT_EQ_INT(bad, KS_BAD_SHAPE);
+		/* a BF16 file from before the key: still read by BF16, not by Q8_0 */
+		drop_kv_dtype(path);
+		KT_OK(read_kv_obj(path, &Lb, kind, kv, &bad));
+		KT_EQ_INT(read_kv_obj(path, &Lq, kind, kv, &bad), KV_ERR_CORRUPT);
+		KT_EQ_INT(bad, KS_BAD_SHAPE);
+		/* a Q8_0 file that does not say so is not read as Q8_0 */
+		KT_OK(ks_obj_write(path, &Lq, &m.src, KV_DW_NO_SYNC, 0, NULL));
+		drop_kv_dtype(path);
+		KT_EQ_INT(read_kv_obj(path, &Lq, kind, kv, &bad), KV_ERR_CORRUPT);
+		KT_EQ_INT(bad, KS_BAD_SHAPE);
+		/* F32 says so too */
+		KT_OK(ks_obj_write(path, &Lf, &m.src, KV_DW_NO_SYNC, 0, NULL));
+		KT_OK(kv_st_open(path, &st));
+		KT_EQ_STR(kv_st_meta(st, "kv_dtype"), "F32");
+		KT_EQ_INT(kv_st_find(st, "kv.0.k")->dtype, KV_DT_F32);
+		kv_st_close(st);
+		KT_OK(read_kv_obj(path, &Lf, kind, kv, &bad));
+	}
+	/* snapshots and entries carry no KV and no key */
+	struct ke_layout Lh;
+	ts_layout(&Lh, 1);
+	make(&Lh, KS_SNAP, 3, &m);
+	obj_path(KS_SNAP, path, sizeof path);
+	KT_OK(ks_obj_write(path, &Lh, &m.src, KV_DW_NO_SYNC, 0, NULL));
+	struct kv_st *st;
+	KT_OK(kv_st_open(path, &st));
+	KT_CHECK(kv_st_meta(st, "kv_dtype") == NULL);
+	kv_st_close(st);
+}
+
 /*
  * The sweep: for each kind, truncations at every offset of the header and
  * a spread through the data, and many random flips of 1-3 bytes. Each
@@ -297,14 +460,16 @@ KT_CASE(version_and_metadata_checks)
  * padding space) succeed with exactly the original content. Never a
  * different content, never a crash.
  */
-static int check_variant(const char *path, const struct ke_layout *L, int kind, const struct sample *m, int *n_ok)
+/* A file at path, or (mem != NULL) len bytes in memory: the remote tier's values. */
+static int check_bytes(const char *path, const void *mem, size_t len, const struct ke_layout *L, int kind,
+		       const struct sample *m, int *n_ok)
 {
 	struct ks_obj *o;
 	int bad;
 	int32_t tok[64];
 	uint8_t kv[4096], snap[512];
 	uint32_t ck[64];
-	int rc = ks_obj_open(path, L, kind, &NS, &o, &bad);
+	int rc = mem ? ks_obj_open_mem(mem, len, "value", L, kind, &NS, &o, &bad) : ks_obj_open(path, L, kind, &NS, &o, &bad);
 	if (rc == KV_OK) {
 		const struct ks_obj_info *in = ks_obj_info(o);
 		struct ks_obj_dst d = {.tokens = tok, .kv = kv, .snap = snap, .ckpt = ck};
@@ -325,6 +490,11 @@ static int check_variant(const char *path, const struct ke_layout *L, int kind, 
 		rc = -101; /* anything else (IO, NOMEM) is not what a bad file should give */
 	}
 	return rc;
+}
+
+static int check_variant(const char *path, const struct ke_layout *L, int kind, const struct sample *m, int *n_ok)
+{
+	return check_bytes(path, NULL, 0, L, kind, m, n_ok);
 }
 
 KT_CASE(corruption_sweep)
@@ -390,6 +560,72 @@ KT_CASE(corruption_sweep)
 	}
 }
 
+/*
+ * The remote tier's side (store/remote.c): ks_obj_iov gives exactly the
+ * file's bytes, and ks_obj_open_mem validates a value in memory with the
+ * same steps, refusing truncations and flips as a file's would be.
+ */
+KT_CASE(memory_objects_are_the_file_bytes)
+{
+	uint64_t seed = 99;
+	for (int hybrid = 0; hybrid <= 1; hybrid++) {
+		struct ke_layout L;
+		ts_layout(&L, hybrid);
+		for (int kind = KS_BLOCK; kind <= KS_ENTRY; kind++) {
+			if (kind == KS_SNAP && !hybrid)
+				continue;
+			struct sample m;
+			char path[4096];
+			char *file;
+			size_t flen;
+			make(&L, kind, (uint64_t)kind * 5 + (uint64_t)hybrid, &m);
+			obj_path(kind, path, sizeof path);
+			KT_OK(ks_obj_write(path, &L, &m.src, KV_DW_NO_SYNC, 0, NULL));
+			KT_OK(kv_io_read_file(path, 1u << 20, &file, &flen));
+			struct iovec iov[KS_OBJ_MAX_IOV];
+			void *owned;
+			uint64_t total;
+			int n = ks_obj_iov(&L, &m.src, iov, &owned, &total);
+			KT_REQUIRE(n > 0 && n <= KS_OBJ_MAX_IOV);
+			KT_EQ_U64(total, flen);
+			uint8_t *val = malloc(total);
+			KT_REQUIRE(val);
+			size_t o = 0;
+			for (int i = 0; i < n; i++) {
+				memcpy(val + o, iov[i].iov_base, iov[i].iov_len);
+				o += iov[i].iov_len;
+			}
+			free(owned);
+			KT_EQ_U64(o, total);
+			KT_CHECKF(!memcmp(val, file, flen), "%s: the pieces are not the file's bytes", ks_kind_name(kind));
+			int n_ok = 0, tried = 0;
+			KT_EQ_INT(check_bytes(NULL, val, total, &L, kind, &m, &n_ok), KV_OK);
+			KT_EQ_INT(n_ok, 1);
+			n_ok = 0;
+			for (size_t cut = 0; cut < total; cut += cut < 600 ? 1 : 7, tried++) {
+				int rc = check_bytes(NULL, val, cut, &L, kind, &m, &n_ok);
+				KT_CHECKF(rc == KV_ERR_CORRUPT, "%s value truncated at %zu: rc %d", ks_kind_name(kind), cut, rc);
+			}
+			uint8_t *mut = malloc(total + 4);
+			KT_REQUIRE(mut);
+			for (int it = 0; it < 300; it++, tried++) {
+				memcpy(mut, val, total);
+				mut[kt_rand(&seed) % total] ^= (uint8_t)(1 + kt_rand(&seed) % 255);
+				int rc = check_bytes(NULL, mut, total, &L, kind, &m, &n_ok);
+				KT_CHECKF(rc == KV_OK || rc == KV_ERR_CORRUPT || rc == KV_ERR_NOT_OURS || rc == KV_ERR_VERSION,
+					  "%s value flip %d: rc %d", ks_kind_name(kind), it, rc);
+			}
+			memcpy(mut, val, total);
+			memcpy(mut + total, "junk", 4);
+			KT_EQ_INT(check_bytes(NULL, mut, total + 4, &L, kind, &m, &n_ok), KV_ERR_CORRUPT);
+			KT_CHECKF(n_ok < tried / 4, "%s: %d of %d mutated values accepted", ks_kind_name(kind), n_ok, tried);
+			free(mut);
+			free(val);
+			free(file);
+		}
+	}
+}
+
 KT_CASE(deadline_stops_a_write)
 {
 	struct ke_layout L;
@@ -430,6 +666,17 @@ KT_CASE(layout_text)
 			      "v1 B=8 dt=F32 attn=99999 kvh=1 hd=1"};
 	for (size_t i = 0; i < sizeof bads / sizeof *bads; i++)
 		KT_CHECKF(ks_ns_layout_parse(bads[i], &back) == KV_ERR_CORRUPT, "accepted '%s'", bads[i]);
+	/* Q8_0 KV: 34 bytes per 32 elements, head_dim a multiple of 32 */
+	kv_layout(&L, KV_DT_Q8_0, 256);
+	KT_OK(ks_ns_layout_str(&L, txt, sizeof txt));
+	KT_EQ_STR(txt, "v1 B=8 dt=Q8_0 attn=1 kvh=1 hd=256");
+	KT_OK(ks_ns_layout_parse(txt, &back));
+	KT_EQ_INT(back.kv_dtype, KV_DT_Q8_0);
+	KT_EQ_U64(back.row_bytes, 8 * 34);
+	KT_EQ_U64(back.page_bytes, L.page_bytes);
+	KT_EQ_U64(back.kv_bytes_per_token, 2 * 8 * 34);
+	KT_EQ_INT(ks_ns_layout_parse("v1 B=8 dt=Q8_0 attn=1 kvh=1 hd=48", &back), KV_ERR_CORRUPT);
+	KT_EQ_INT(ks_ns_layout_parse("v1 B=8 dt=Q4_0 attn=1 kvh=1 hd=32", &back), KV_ERR_CORRUPT);
 }
 
 KT_CASE(namespace_rules)
@@ -531,7 +778,8 @@ KT_CASE(temp_debris_cleaned)
 	KT_EQ_INT(ts_count_files(d, "keep"), 1);
 }
 
-KT_MAIN(names, roundtrip_every_kind, refusals_name_the_step, version_and_metadata_checks, corruption_sweep,
+KT_MAIN(names, roundtrip_every_kind, refusals_name_the_step, version_and_metadata_checks, kv_objects_say_their_dtype,
+	corruption_sweep, memory_objects_are_the_file_bytes,
 	deadline_stops_a_write, layout_text, namespace_rules, root_resolution, path_builders_refuse_truncation,
 	quarantine_is_capped,
 	temp_debris_cleaned)

@@ -664,6 +664,15 @@ KT_CASE(cli_mkmodel_and_info)
 	KT_EQ_INT(json_integer_value(json_object_get(j, "n_recurrent_layers")), 24);
 	/* docs/models.md: 32 KiB of 16-bit KV per token, 2 MiB of state per layer. */
 	KT_EQ_INT(json_integer_value(json_object_get(j, "kv_bytes_per_token")), 32768);
+	/* per --kv-dtype: 8 layers x K,V x 4 heads x 256 elements at 4, 2 and
+	 * 34/32 bytes (q8_0: 8 blocks of 34 bytes a row, 0.53x bf16) */
+	json_t *kd = json_object_get(j, "kv_bytes_per_token_by_dtype");
+	KT_EQ_INT(json_integer_value(json_object_get(kd, "f32")), 65536);
+	KT_EQ_INT(json_integer_value(json_object_get(kd, "bf16")), 32768);
+	KT_EQ_INT(json_integer_value(json_object_get(kd, "q8_0")), 8 * 2 * 4 * 8 * 34);
+	KT_EQ_INT(run(out, sizeof out, "model info '%s'%s", d9, ""), 0);
+	KT_CHECKF(strstr(out, "32768 bytes with --kv-dtype bf16 (the default), 65536 f32, 17408 q8_0 (0.531x bf16)") != NULL,
+		  "%s", out);
 	KT_EQ_INT(json_integer_value(json_object_get(j, "recurrent_state_bytes_per_layer")), 2097152);
 	KT_EQ_INT(json_integer_value(json_object_get(j, "conv_state_bytes_per_layer")), 8192 * 3 * 4);
 	KT_CHECK(json_integer_value(json_object_get(j, "params")) > 6000000000ll);
