@@ -538,6 +538,49 @@ static double touch_weights(const struct ke_model *m)
 	return bytes;
 }
 
+/* The RoPE tables' frequencies and gemma's embedding scale (ke_model_load). */
+static int rope_setup(struct loader *L)
+{
+	struct ke_model *m = L->m;
+	const struct kv_model_config *c = &m->cfg;
+	int rc;
+	/* RoPE inverse frequencies as Hugging Face computes them, in f32:
+	 * 1 / base^(2i / rot). */
+	int half = c->rotary_dim / 2;
+	m->inv_freq = L->next;
+	L->next += half;
+	for (int i = 0; i < half; i++)
+		m->inv_freq[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rotary_dim);
+	rope_scale_freqs(c, m->inv_freq, half);
+	if (c->rope_freqs_tensor) {
+		/* a llama3 GGUF: the frequencies divided by the file's factors
+		 * (ggml's rope: theta / freq_factor) */
+		const float *ff;
+		char save[64];
+		snprintf(save, sizeof save, "%s", m->prefix);
+		m->prefix[0] = 0;
+		rc = load_vec(L, &ff, half, 0, "%srope_freqs.weight", 0);
+		snprintf(m->prefix, sizeof m->prefix, "%s", save);
+		if (rc)
+			return rc;
+		for (int i = 0; i < half; i++)
+			m->inv_freq[i] = m->inv_freq[i] / ff[i];
+	}
+	m->inv_freq_local = m->inv_freq;
+	if (c->n_swa_layers && (c->rope_local_theta != c->rope_theta || c->rope_scaling != KV_ROPE_NONE) &&
+	    c->arch == KV_ARCH_GEMMA3) {
+		/* gemma3: the sliding layers' own base, without the scaling */
+		m->inv_freq_local = L->next;
+		L->next += half;
+		for (int i = 0; i < half; i++)
+			m->inv_freq_local[i] = 1.0f / powf((float)c->rope_local_theta, (float)(2 * i) / (float)c->rotary_dim);
+	}
+	/* gemma: the embedding times sqrt(hidden), in f32 (llama.cpp's
+	 * sqrtf(n_embd); transformers rounds it to the weights' dtype) */
+	m->embed_mul = c->embed_scale ? sqrtf((float)c->hidden) : 1.0f;
+	return KV_OK;
+}
+
 int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_model **out)
 {
 	struct ke_model_params dp = {0};
@@ -714,40 +757,8 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	}
 	if ((rc = load_mtp(&L, po)))
 		goto fail;
-	/* RoPE inverse frequencies as Hugging Face computes them, in f32:
-	 * 1 / base^(2i / rot). */
-	int half = c->rotary_dim / 2;
-	m->inv_freq = L.next;
-	L.next += half;
-	for (int i = 0; i < half; i++)
-		m->inv_freq[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rotary_dim);
-	rope_scale_freqs(c, m->inv_freq, half);
-	if (c->rope_freqs_tensor) {
-		/* a llama3 GGUF: the frequencies divided by the file's factors
-		 * (ggml's rope: theta / freq_factor) */
-		const float *ff;
-		char save[64];
-		snprintf(save, sizeof save, "%s", m->prefix);
-		m->prefix[0] = 0;
-		rc = load_vec(&L, &ff, half, 0, "%srope_freqs.weight", 0);
-		snprintf(m->prefix, sizeof m->prefix, "%s", save);
-		if (rc)
-			goto fail;
-		for (int i = 0; i < half; i++)
-			m->inv_freq[i] = m->inv_freq[i] / ff[i];
-	}
-	m->inv_freq_local = m->inv_freq;
-	if (c->n_swa_layers && (c->rope_local_theta != c->rope_theta || c->rope_scaling != KV_ROPE_NONE) &&
-	    c->arch == KV_ARCH_GEMMA3) {
-		/* gemma3: the sliding layers' own base, without the scaling */
-		m->inv_freq_local = L.next;
-		L.next += half;
-		for (int i = 0; i < half; i++)
-			m->inv_freq_local[i] = 1.0f / powf((float)c->rope_local_theta, (float)(2 * i) / (float)c->rotary_dim);
-	}
-	/* gemma: the embedding times sqrt(hidden), in f32 (llama.cpp's
-	 * sqrtf(n_embd); transformers rounds it to the weights' dtype) */
-	m->embed_mul = c->embed_scale ? sqrtf((float)c->hidden) : 1.0f;
+	if ((rc = rope_setup(&L)))
+		goto fail;
 
 	fill_layout(m, ke_kv_dtype(p->kv), p->page_tokens ? p->page_tokens : 256);
 	if (m->lay.n_segments > 0) {

@@ -554,6 +554,54 @@ static void conv_add(struct conv_t *t, const struct kv_tensor *src, int64_t r0, 
 	t->rows += rows;
 }
 
+/* The MTP head's tensors appended to spec (n_mtp 1), when the folder has
+ * one (kv_gguf_convert). */
+static int conv_mtp_specs(const struct kv_model_config *c, const struct kv_weights *wt, struct kv_tensor_spec **spec,
+			  size_t *ns, int *n_mtp)
+{
+	int rc;
+	if (!c->hybrid || !kv_weights_find(wt, "mtp.fc.weight"))
+		return KV_OK;
+	struct kv_tensor_spec *mt = NULL, *all;
+	size_t nm = 0;
+	struct kv_model_config cm = *c;
+	kv_config_detect_experts(&cm, wt, "mtp.");
+	if ((rc = kv_config_mtp_tensors(&cm, kv_weights_find(wt, "mtp.layers.0.mlp.gate.weight") != NULL, &mt, &nm)))
+		return rc;
+	if (!(all = realloc(*spec, (*ns + nm) * sizeof **spec))) {
+		free(mt);
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	}
+	*spec = all;
+	memcpy(*spec + *ns, mt, nm * sizeof *mt);
+	*ns += nm;
+	free(mt);
+	*n_mtp = 1;
+	return KV_OK;
+}
+
+/* Write the file, or its split parts (kv_gguf_convert). */
+static int conv_write(struct kv_ggufw *w, const struct kv_gguf_convert_params *p)
+{
+	int rc;
+	if (p->split_max_bytes || p->split_max_tensors) {
+		char pre[4096];
+		size_t ol = strlen(p->out);
+		if (ol >= 5 && !strcmp(p->out + ol - 5, ".gguf"))
+			ol -= 5;
+		if (ol == 0 || ol >= sizeof pre)
+			return kv_fail(KV_ERR_INVALID, "convert: bad output name '%s'", p->out);
+		memcpy(pre, p->out, ol);
+		pre[ol] = 0;
+		return kv_ggufw_write_split(w, pre, p->split_max_bytes, p->split_max_tensors, p->dw_flags, p->n_files);
+	}
+	if ((rc = kv_ggufw_write(w, p->out, p->dw_flags)))
+		return rc;
+	if (p->n_files)
+		*p->n_files = 1;
+	return KV_OK;
+}
+
 int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, uint64_t *bytes)
 {
 	struct kv_model_config c;
@@ -577,24 +625,8 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 		goto out;
 	/* the MTP head (mtp.*) becomes llama.cpp's nextn layer after the others */
 	int n_mtp = 0;
-	if (c.hybrid && kv_weights_find(wt, "mtp.fc.weight")) {
-		struct kv_tensor_spec *mt = NULL, *all;
-		size_t nm = 0;
-		struct kv_model_config cm = c;
-		kv_config_detect_experts(&cm, wt, "mtp.");
-		if ((rc = kv_config_mtp_tensors(&cm, kv_weights_find(wt, "mtp.layers.0.mlp.gate.weight") != NULL, &mt, &nm)))
-			goto out;
-		if (!(all = realloc(spec, (ns + nm) * sizeof *spec))) {
-			free(mt);
-			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
-			goto out;
-		}
-		spec = all;
-		memcpy(spec + ns, mt, nm * sizeof *mt);
-		ns += nm;
-		free(mt);
-		n_mtp = 1;
-	}
+	if ((rc = conv_mtp_specs(&c, wt, &spec, &ns, &n_mtp)))
+		goto out;
 	/* an HF tensor gives at most two GGUF tensors (gate_up_proj, in_proj_qkvz) */
 	if (!(w = kv_ggufw_create()) || !(ct = calloc(2 * ns + 1, sizeof *ct))) {
 		rc = kv_fail(KV_ERR_NOMEM, "out of memory");
@@ -796,25 +828,8 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 			goto out;
 		total += (uint64_t)half * 4;
 	}
-	if (p->split_max_bytes || p->split_max_tensors) {
-		char pre[4096];
-		size_t ol = strlen(p->out);
-		if (ol >= 5 && !strcmp(p->out + ol - 5, ".gguf"))
-			ol -= 5;
-		if (ol == 0 || ol >= sizeof pre) {
-			rc = kv_fail(KV_ERR_INVALID, "convert: bad output name '%s'", p->out);
-			goto out;
-		}
-		memcpy(pre, p->out, ol);
-		pre[ol] = 0;
-		if ((rc = kv_ggufw_write_split(w, pre, p->split_max_bytes, p->split_max_tensors, p->dw_flags, p->n_files)))
-			goto out;
-	} else {
-		if ((rc = kv_ggufw_write(w, p->out, p->dw_flags)))
-			goto out;
-		if (p->n_files)
-			*p->n_files = 1;
-	}
+	if ((rc = conv_write(w, p)))
+		goto out;
 	if (n_tensors)
 		*n_tensors = nt;
 	if (bytes)
