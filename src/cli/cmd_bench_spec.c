@@ -236,7 +236,7 @@ static void report(const struct tr *t, int reps, int mode, int json, int last)
  * --rollback: what taking rows back costs on this model, against the
  * alternative of snapshots. A sequence at 512 tokens; per trial (medians
  * of 15): a decode step; a forward of R = draft + 1 rows plain and
- * speculative (the out-of-place DeltaNet's cost is their difference);
+ * speculative (the out-of-place recurrent layers' cost is their difference);
  * ke_seq_accept keeping 1 .. R - 1 rows (the replay); and what the
  * snapshot way would pay instead: a copy of the recurrent state before the
  * verification, a copy back, and a forward of the kept rows.
@@ -296,7 +296,7 @@ static int rollback_bench(struct ke_model *m, int R, const char *path)
 		}
 	}
 	printf("rollback on %s, %d rows per verification, medians of %d (CPU ms of the process):\n", path, R, TR);
-	printf("  decode step %.3f; forward of %d rows %.3f plain, %.3f speculative (out-of-place DeltaNet)\n",
+	printf("  decode step %.3f; forward of %d rows %.3f plain, %.3f speculative (out-of-place recurrent state)\n",
 	       median(t1, TR), R, median(tp, TR), median(ts, TR));
 	printf("  recurrent state %.1f MiB: two copies (save + restore) %.3f\n", (double)sb / 1048576.0, median(tcopy, TR));
 	printf("  keep  accept(replay)  snapshot way (copies + forward of the kept rows)\n");

@@ -8,7 +8,7 @@
  *       [--repetition-penalty X] [--seed S] [--generation-config none|auto|DIR]
  *       [--stop TEXT] [--logits-out FILE]
  *       [--grammar FILE.gbnf | --json-schema FILE [--strict] | --json-object |
- *        --tools FILE --tool-choice required|auto|none|NAME [--tool-format json|xml]
+ *        --tools FILE --tool-choice required|auto|none|NAME [--tool-format json|xml|list]
  *        [--parallel-tool-calls]] [--grammar-close N] [--completion-out FILE]
  *
  * Prints the generated ids on one line ("ids: 1 2 3") and, when the folder
@@ -37,8 +37,8 @@
  * Constraints (docs/constrain.md): --grammar (GBNF), --json-schema (a JSON
  * Schema file; --strict makes an unsupported keyword an error),
  * --json-object (any JSON object) or --tools with --tool-choice (the
- * model's tool-call syntax, --tool-format json for Qwen3, xml for
- * Qwen3.5) mask every sampled token (ke_sample_masked) with the grammar's
+ * model's tool-call syntax, --tool-format json for Qwen3 and Granite
+ * 4.0-H, xml for Qwen3.5, list for Nemotron-H) mask every sampled token (ke_sample_masked) with the grammar's
  * allowed tokens; the stop ids are allowed exactly when the grammar can
  * end. --grammar-close N closes the output after N tokens with the
  * grammar's shortest completion (forced tokens), so a random model's
@@ -101,6 +101,14 @@ struct cons_flags {
 	int json_object, strict, parallel, print;
 };
 
+/* --tool-format: json (Qwen3, Granite 4.0-H), xml (Qwen3.5), list
+ * (Nemotron-H); -1 for anything else. */
+static int tool_format_of(const struct cons_flags *cf)
+{
+	const char *f = cf->tool_format ? cf->tool_format : "json";
+	return !strcmp(f, "json") ? KV_TC_JSON : !strcmp(f, "xml") ? KV_TC_XML : !strcmp(f, "list") ? KV_TC_LIST : -1;
+}
+
 /* The constraint's grammar from the flags: NULL and 0 when there is none. */
 static int build_constraint(const struct cons_flags *cf, struct kv_gram **out)
 {
@@ -138,9 +146,9 @@ static int build_constraint(const struct cons_flags *cf, struct kv_gram **out)
 		} else {
 			const char *ch = cf->tool_choice ? cf->tool_choice : "required";
 			struct kv_tcg_params tp = {.parallel = cf->parallel, .strict = cf->strict};
-			tp.format = cf->tool_format && !strcmp(cf->tool_format, "xml") ? KV_TC_XML : KV_TC_JSON;
-			if (cf->tool_format && strcmp(cf->tool_format, "xml") && strcmp(cf->tool_format, "json")) {
-				fprintf(stderr, "kvkeep generate: --tool-format must be json or xml\n");
+			tp.format = tool_format_of(cf);
+			if (tp.format < 0) {
+				fprintf(stderr, "kvkeep generate: --tool-format must be json, xml or list\n");
 				rc = -1;
 				goto done;
 			}
@@ -390,7 +398,13 @@ static int corpus_run(struct corpus *c, const struct cons_flags *cf, const char 
 		json_decref(tools);
 		return -1;
 	}
-	int format = cf->tool_format && !strcmp(cf->tool_format, "xml") ? KV_TC_XML : KV_TC_JSON;
+	int format = tool_format_of(cf);
+	if (format < 0) {
+		fprintf(stderr, "kvkeep generate: --tool-format must be json, xml or list\n");
+		free(txt);
+		json_decref(tools);
+		return -1;
+	}
 	size_t i;
 	json_t *t;
 	json_array_foreach(tools, i, t) {
@@ -782,7 +796,7 @@ static int cmd_generate(int argc, char **argv)
 		{"tools", KV_FLAG_STR, &cf.tools, "FILE", "an OpenAI tools array: constrain the output to tool calls"},
 		{"tool-choice", KV_FLAG_STR, &cf.tool_choice, "required|auto|none|NAME",
 		 "with --tools: which calls are allowed (default required)"},
-		{"tool-format", KV_FLAG_STR, &cf.tool_format, "json|xml",
+		{"tool-format", KV_FLAG_STR, &cf.tool_format, "json|xml|list",
 		 "with --tools: Qwen3 JSON (default) or Qwen3.5 XML tool-call syntax"},
 		{"parallel-tool-calls", KV_FLAG_BOOL, &cf.parallel, NULL, "with --tools: several calls may follow each other"},
 		{"print-grammar", KV_FLAG_BOOL, &cf.print, NULL, "print the constraint's grammar (GBNF-like) to stderr"},

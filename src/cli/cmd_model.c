@@ -196,7 +196,14 @@ static void weight_types(const struct kv_model_config *c, const struct kv_weight
 
 static const char *layer_letter(int t)
 {
-	return t == KV_LAYER_ATTN ? "A" : "D";
+	return t == KV_LAYER_ATTN ? "A" : t == KV_LAYER_MAMBA ? "M" : t == KV_LAYER_MLP ? "-" : "D";
+}
+
+/* layer_types as config.json names them */
+static const char *layer_name(int t)
+{
+	return t == KV_LAYER_ATTN ? "full_attention" : t == KV_LAYER_MAMBA ? "mamba" : t == KV_LAYER_MLP ? "mlp"
+												      : "linear_attention";
 }
 
 static int cmd_model_info(int argc, char **argv)
@@ -286,6 +293,7 @@ static int cmd_model_info(int argc, char **argv)
 	uint64_t file_dec = params ? (uint64_t)((double)wt.resident * (double)dec / (double)params) : 0;
 	uint64_t rsb = kv_config_recurrent_state_bytes(&c);
 	uint64_t csb = kv_config_conv_state_bytes(&c);
+	int n_rec = c.n_deltanet_layers + c.n_ssm_layers;
 	if (as_json) {
 		json_t *o = json_object(), *lt = json_array();
 		json_object_set_new(o, "architecture", json_string(kv_arch_name(c.arch)));
@@ -293,11 +301,11 @@ static int cmd_model_info(int argc, char **argv)
 		json_object_set_new(o, "hf_architecture", json_string(c.architecture));
 		json_object_set_new(o, "n_layers", json_integer(c.n_layers));
 		json_object_set_new(o, "n_attention_layers", json_integer(c.n_attn_layers));
-		json_object_set_new(o, "n_recurrent_layers", json_integer(c.n_deltanet_layers));
+		json_object_set_new(o, "n_recurrent_layers", json_integer(n_rec));
 		for (int l = 0; l < c.n_layers; l++)
-			json_array_append_new(lt, json_string(c.layer_type[l] != KV_LAYER_ATTN ? "linear_attention"
-							      : c.layer_window[l] > 0		 ? "sliding_attention"
-											 : "full_attention"));
+			json_array_append_new(lt, json_string(c.layer_type[l] == KV_LAYER_ATTN && c.layer_window[l] > 0
+								      ? "sliding_attention"
+								      : layer_name(c.layer_type[l])));
 		json_object_set_new(o, "layer_types", lt);
 		json_object_set_new(o, "hidden", json_integer(c.hidden));
 		json_object_set_new(o, "vocab", json_integer(c.vocab));
@@ -313,7 +321,7 @@ static int cmd_model_info(int argc, char **argv)
 		json_object_set_new(o, "resident_bytes_q4_k_m_est", json_integer((json_int_t)q4_bytes));
 		json_object_set_new(o, "decode_bytes_per_token_bf16", json_integer((json_int_t)(dec * 2)));
 		json_object_set_new(o, "recurrent_bytes_per_sequence",
-				    json_integer((json_int_t)((rsb + csb) * (uint64_t)c.n_deltanet_layers)));
+				    json_integer((json_int_t)((rsb + csb) * (uint64_t)n_rec)));
 		if (c.n_moe_layers) {
 			json_t *mo = json_object();
 			json_object_set_new(mo, "n_experts", json_integer(c.n_experts));
@@ -378,17 +386,20 @@ static int cmd_model_info(int argc, char **argv)
 		}
 		printf("architecture %s (model_type %s%s%s)\n", kv_arch_name(c.arch), c.model_type,
 		       c.architecture[0] ? ", " : "", c.architecture);
-		printf("layers       %d: %d attention, %d recurrent (Gated DeltaNet)\n              ", c.n_layers,
-		       c.n_attn_layers, c.n_deltanet_layers);
+		printf("layers       %d: %d attention, %d recurrent (%s)%s\n              ", c.n_layers, c.n_attn_layers,
+		       n_rec, c.ssm ? "Mamba-2" : "Gated DeltaNet", c.n_mlp_layers ? ", the rest MLP" : "");
 		for (int l = 0; l < c.n_layers; l++)
 			printf("%s", c.layer_type[l] == KV_LAYER_ATTN && c.layer_window[l] > 0 ? "S"
 											       : layer_letter(c.layer_type[l]));
-		printf("  (A attention, S sliding-window attention, D DeltaNet)\n");
+		printf("  (A attention, %s)\n", c.ssm ? "M Mamba-2, - MLP" : "S sliding-window attention, D DeltaNet");
 		printf("shape        hidden %d, intermediate %d, vocab %d, heads %d/%d kv x %d", c.hidden, c.intermediate,
 		       c.vocab, c.n_heads, c.n_kv_heads, c.head_dim);
 		if (c.hybrid)
 			printf(", rotary %d; DeltaNet Hk %d Hv %d dk %d dv %d K %d", c.rotary_dim, c.lin_k_heads,
 			       c.lin_v_heads, c.lin_k_dim, c.lin_v_dim, c.conv_kernel);
+		if (c.ssm)
+			printf("; Mamba-2 heads %d x %d, state %d, groups %d, conv %d", c.ssm_heads, c.ssm_head_dim,
+			       c.ssm_state, c.ssm_groups, c.conv_kernel);
 		printf("\n");
 		printf("params       %llu (%.2f M)%s\n", (unsigned long long)params, (double)params / 1e6,
 		       c.tie_embeddings ? ", embeddings tied" : "");
@@ -415,13 +426,13 @@ static int cmd_model_info(int argc, char **argv)
 		if (c.n_swa_layers)
 			printf("window       %d tokens on %d sliding layers: %llu bytes per sequence (16-bit KV)\n",
 			       c.sliding_window, c.n_swa_layers, (unsigned long long)kv_config_window_bytes(&c, 2));
-		if (c.hybrid)
-			printf("recurrent    %llu bytes of delta-rule state + %llu bytes of conv state per DeltaNet "
-			       "layer\n",
-			       (unsigned long long)rsb, (unsigned long long)csb);
-		if (c.hybrid)
+		if (c.hybrid || c.ssm)
+			printf("recurrent    %llu bytes of %s state + %llu bytes of conv state per %s layer\n",
+			       (unsigned long long)rsb, c.ssm ? "SSM" : "delta-rule", (unsigned long long)csb,
+			       c.ssm ? "Mamba-2" : "DeltaNet");
+		if (c.hybrid || c.ssm)
 			printf("             %.2f MiB of recurrent state per sequence\n",
-			       (double)((rsb + csb) * (uint64_t)c.n_deltanet_layers) / 1048576.0);
+			       (double)((rsb + csb) * (uint64_t)n_rec) / 1048576.0);
 		if (!has_weights)
 			printf("weights      none (config only)\n");
 		else if (w_rc)

@@ -41,6 +41,13 @@ struct ke_layer {
 	const float *dt_bias;     /* [Hv] */
 	const float *gnorm;       /* [dv] plain weight */
 	struct ke_moe *moe;       /* sparse MoE block instead of gate/up/down (moe.h), or NULL */
+	/* Mamba-2 (KV_LAYER_MAMBA, mamba.c): in_proj gives [z | xBC | dt];
+	 * conv_w, neg_a, dt_bias, gnorm ([H P]) and out above are its too.
+	 * Nemotron-H layers have no post_norm and no FFN (post_norm NULL);
+	 * its MLP layers (KV_LAYER_MLP) use up and down. */
+	struct ke_mat in_proj;
+	const float *conv_b;      /* [C] conv bias, or NULL */
+	const float *ssm_d;       /* [H] the D skip */
 };
 
 /* 8 matrices per layer at most for dense layers; a MoE layer lists its
@@ -163,11 +170,15 @@ struct ke_scratch {
  *   [C, 2C)           q|k|v after conv, SiLU, l2 norms and the q scale
  *   [2C, 2C+Hv)       alpha
  *   [2C+Hv, 2C+2Hv)   beta
+ * A Mamba-2 layer (mamba.c) runs out of place the same way (conv state
+ * and SSM state S per head), and logs W = C + H floats per row: the
+ * conv's input x|B|C before the conv, then the raw dt of each head;
+ * ke_mamba_replay redoes the conv, activations and scan of the kept rows.
  */
 struct ke_spec {
 	float *alt;               /* snapshot_bytes (hybrid), else NULL */
 	float *log;               /* n_rec_layers x KE_SPEC_MAX_ROWS x W floats (hybrid) */
-	float *junk;              /* KE_SPEC_MAX_ROWS x Hv x dv: a replay's unused outputs */
+	float *junk;              /* ke_spec_junk_w floats: a replay's unused outputs */
 	int rows;                 /* rows of the last forward that may still be taken back (0: none) */
 	int pos0;                 /* that forward's first position */
 };
@@ -193,11 +204,30 @@ struct ke_seq {
 	int spec_fwd;             /* the forward being run is speculative (set around it) */
 };
 
-/* Floats per row of a DeltaNet layer's speculative log (ke_spec). */
+/* Floats per row of a recurrent layer's speculative log (ke_spec):
+ * DeltaNet's conv input, q|k|v, alpha, beta; Mamba-2's conv input and raw
+ * dt (mamba.c). */
 static inline size_t ke_spec_log_w(const struct ke_model *m)
 {
+	if (m->cfg.n_ssm_layers)
+		return (size_t)m->conv_dim + (size_t)m->cfg.ssm_heads;
 	return 2 * (size_t)m->conv_dim + 2 * (size_t)m->cfg.lin_v_heads;
 }
+/* Floats of ke_spec.junk: the DeltaNet replay's outputs of every row, or
+ * Mamba-2's one row of conv output, dt, dA and one head's y. */
+static inline size_t ke_spec_junk_w(const struct ke_model *m)
+{
+	if (m->cfg.n_ssm_layers)
+		return (size_t)m->conv_dim + 2 * (size_t)m->cfg.ssm_heads + (size_t)m->cfg.ssm_head_dim;
+	return (size_t)KE_SPEC_MAX_ROWS * m->cfg.lin_v_heads * m->cfg.lin_v_dim;
+}
+/* Row r of recurrent layer `idx` in a speculative sequence's log. */
+static inline float *ke_spec_log_row(const struct ke_seq *s, int idx, int r)
+{
+	return s->spec->log + ((size_t)idx * KE_SPEC_MAX_ROWS + (size_t)r) * ke_spec_log_w(s->m);
+}
+/* ke_spec_replay for the Mamba-2 layers (mamba.c). */
+void ke_mamba_replay(struct ke_seq *s, int keep);
 /* Replay the first `keep` logged rows of every DeltaNet layer on s->rec
  * (the state before the speculative forward): conv shift and delta rule.
  * forward.c. */
@@ -240,6 +270,15 @@ struct ke_fwd {
 					* the MTP head's one-layer layout for mtp.c) */
 };
 
+/* fn(ctx, t) for t in [0, n) on the pool when there is enough work
+ * (about `work` float operations a row); each row the same function of its
+ * own data, so the split never changes a bit (rows.c). */
+typedef void (*ke_row_fn)(const void *ctx, int t);
+void ke_par_rows(int n, double work, ke_row_fn fn, const void *ctx);
+/* x += (in W^T) over the f->n rows, through sc->h (which must be dead)
+ * times residual_multiplier when the model has one (Granite), else
+ * accumulated straight into x. */
+void ke_gemm_residual(const struct ke_fwd *f, const struct ke_mat *w, const float *in, size_t k);
 /* One embedding row (dequantized for quantized tables). forward.c */
 void ke_forward_embed(const struct ke_model *m, int32_t id, float *out);
 /* One decoder layer over f's rows in f->sc->x (RoPE tables made for f's

@@ -13,6 +13,7 @@
 #include "engine/attn.h"
 #include "engine/deltanet.h"
 #include "engine/isa.h"
+#include "engine/mamba.h"
 #include "engine/kvq8.h"
 #include "engine/matmul.h"
 #include "engine/qgemm.h"
@@ -109,40 +110,10 @@ static void write_row(const struct ke_layout *lay, struct kv_page **pages, int s
 		memcpy(dst, src, (size_t)lay->head_dim * sizeof *src);
 }
 
-/*
- * Per-row steps (norms, RoPE, KV writes, pointwise gates) over the n rows
- * of a chunk, split across the pool when there is enough of them: each
- * row is computed by the same function on its own data, so the split
- * changes nothing but which thread runs it. At 2 threads these steps were
- * ~6-9% of a 1K prefill, on one thread while the other waited.
- */
-typedef void (*row_fn)(const void *ctx, int t);
-struct row_job {
-	row_fn fn;
-	const void *ctx;
-};
-
-static void rows_part(void *ctx, size_t b, size_t e, int thread)
+/* Per-row steps run on the pool by rows (engine/rows.c). */
+static void par_rows(int n, double work, ke_row_fn fn, const void *ctx)
 {
-	const struct row_job *j = ctx;
-	(void)thread;
-	for (size_t t = b; t < e; t++)
-		j->fn(j->ctx, (int)t);
-}
-
-/* fn(ctx, t) for t in [0, n); work = rough float operations per row. */
-static void par_rows(int n, double work, row_fn fn, const void *ctx)
-{
-	struct kv_pool *pool = kv_pool_global();
-	int T = kv_pool_size(pool);
-	if (T < 2 || n < 2 || (double)n * work < KE_PAR_MIN_WORK / 4) {
-		for (int t = 0; t < n; t++)
-			fn(ctx, t);
-		return;
-	}
-	struct row_job j = {fn, ctx};
-	size_t grain = (size_t)n / (4u * (size_t)T);
-	kv_pool_for(pool, (size_t)n, grain ? grain : 1, rows_part, &j);
+	ke_par_rows(n, work, fn, ctx);
 }
 
 struct norm_job {
@@ -358,7 +329,7 @@ static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 		branch_out(f, sc->h, ly->o_b, ly->attn_post_norm, sc->x, n);
 		return;
 	}
-	ke_gemm(&ly->o, sc->att, (size_t)H * hd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
+	ke_gemm_residual(f, &ly->o, sc->att, (size_t)H * hd);
 }
 
 /* Where a forward writes a sequence's recurrent state: in place, or, in a
@@ -371,7 +342,7 @@ static float *state_out(const struct ke_seq *s)
 /* Row r of DeltaNet layer `idx` in a speculative sequence's log. */
 static float *spec_log_row(const struct ke_seq *s, int idx, int r)
 {
-	return s->spec->log + ((size_t)idx * KE_SPEC_MAX_ROWS + (size_t)r) * ke_spec_log_w(s->m);
+	return ke_spec_log_row(s, idx, r);
 }
 
 /* The delta rule of every (sequence, value head) pair of a forward: one
@@ -607,6 +578,39 @@ static void dn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	ke_gemm(&ly->out, sc->core, vd, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
 }
 
+/* Nemotron-H's MLP layer: x += down(relu(up h)^2), the square one
+ * rounding of r * r as torch's relu(x) ** 2. */
+struct relu2_job {
+	float *u;
+	size_t w;
+};
+
+static void relu2_row(const void *ctx, int t)
+{
+	const struct relu2_job *j = ctx;
+	ke_vec_relu2(j->u + (size_t)t * j->w, (int)j->w);
+}
+
+static void mlp_relu2(const struct ke_fwd *f, const struct ke_layer *ly)
+{
+	struct ke_scratch *sc = f->sc;
+	int D = f->m->cfg.hidden, I = ly->up.rows;
+	ke_gemm(&ly->up, sc->h, (size_t)D, f->n, sc->m1, (size_t)I, 0);
+	struct relu2_job j = {sc->m1, (size_t)I};
+	par_rows(f->n, 2.0 * I, relu2_row, &j);
+	ke_gemm_residual(f, &ly->down, sc->m1, (size_t)I);
+}
+
+/* Granite: logits / logits_scaling (a division, as transformers does). */
+static void logits_div(const struct kv_model_config *c, float *v, size_t n)
+{
+	if (c->logits_div == 0.0 || c->logits_div == 1.0)
+		return;
+	float d = (float)c->logits_div;
+	for (size_t i = 0; i < n; i++)
+		v[i] = v[i] / d;
+}
+
 /* The RoPE tables of f's rows, each at its sequence's position. */
 static void rope_rows(const struct ke_fwd *f)
 {
@@ -626,18 +630,25 @@ static void layer_rows(const struct ke_fwd *f, const struct ke_layer *ly)
 {
 	const struct kv_model_config *c = &f->m->cfg;
 	struct ke_scratch *sc = f->sc;
-	int D = c->hidden, I = c->intermediate, n = f->n;
+	int D = c->hidden, n = f->n;
 	float eps = (float)c->rms_eps;
 	norm_rows(sc->h, sc->x, ly->in_norm, n, D, eps);
 	if (ly->type == KV_LAYER_ATTN)
 		attn_layer(f, ly);
+	else if (ly->type == KV_LAYER_MAMBA)
+		ke_mamba_layer(f, ly); /* mamba.c */
+	else if (ly->type == KV_LAYER_MLP)
+		mlp_relu2(f, ly);
 	else
 		dn_layer(f, ly);
+	if (!ly->post_norm) /* Nemotron-H: the mixer is the whole layer */
+		return;
 	norm_rows(sc->h, sc->x, ly->post_norm, n, D, eps);
 	if (ly->moe) { /* sparse MoE block, moe.c */
 		ke_moe_forward(ly->moe, sc->h, n, D, sc->x, sc->moe);
 		return;
 	}
+	int I = ly->gate.rows; /* Granite's dense MLP is shared_intermediate wide */
 	ke_gemm(&ly->gate, sc->h, (size_t)D, n, sc->m1, (size_t)I, 0);
 	ke_gemm(&ly->up, sc->h, (size_t)D, n, sc->m2, (size_t)I, 0);
 	if (c->mlp_act == KV_ACT_GELU_TANH)
@@ -649,7 +660,7 @@ static void layer_rows(const struct ke_fwd *f, const struct ke_layer *ly)
 		branch_out(f, sc->h, NULL, ly->ffn_post_norm, sc->x, n);
 		return;
 	}
-	ke_gemm(&ly->down, sc->m1, (size_t)I, n, sc->x, (size_t)D, KE_GEMM_ACCUM);
+	ke_gemm_residual(f, &ly->down, sc->m1, (size_t)ly->down.cols);
 }
 
 /*
@@ -666,6 +677,9 @@ static void forward_rows(const struct ke_fwd *f, const int32_t *const *toks)
 		int r0 = f->row0[i], ni = f->row0[i + 1] - r0;
 		for (int t = 0; t < ni; t++)
 			ke_forward_embed(m, toks[i][t], f->sc->x + (size_t)(r0 + t) * D);
+		if (m->cfg.embed_mult != 0.0 && m->cfg.embed_mult != 1.0) /* Granite's embedding_multiplier */
+			for (size_t e = (size_t)r0 * D; e < (size_t)(r0 + ni) * D; e++)
+				f->sc->x[e] = f->sc->x[e] * (float)m->cfg.embed_mult;
 	}
 	rope_rows(f);
 	for (int l = 0; l < m->cfg.n_layers; l++)
@@ -694,11 +708,13 @@ void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, fl
 	if (rows_out) {
 		norm_rows(sc->h, sc->x, m->final_norm, n, D, eps);
 		ke_gemm(&m->lm_head, sc->h, (size_t)D, n, rows_out, (size_t)V, 0);
+		logits_div(c, rows_out, (size_t)n * V);
 		if (c->final_softcap > 0)
 			ke_vec_softcap(rows_out, (float)c->final_softcap, (size_t)n * V);
 	} else if (last_out) {
 		ke_vec_rmsnorm(sc->h, sc->x + (size_t)(n - 1) * D, m->final_norm, D, eps);
 		ke_gemm(&m->lm_head, sc->h, (size_t)D, 1, last_out, (size_t)V, 0);
+		logits_div(c, last_out, (size_t)V);
 		if (c->final_softcap > 0)
 			ke_vec_softcap(last_out, (float)c->final_softcap, (size_t)V);
 	}
@@ -726,6 +742,7 @@ void ke_forward_batch(const struct ke_fwd *f, const int32_t *const *toks, float 
 	if (!k)
 		return;
 	ke_gemm(&f->m->lm_head, sc->h, (size_t)D, k, logits_tmp, (size_t)V, 0);
+	logits_div(c, logits_tmp, (size_t)k * V);
 	if (c->final_softcap > 0)
 		ke_vec_softcap(logits_tmp, (float)c->final_softcap, (size_t)k * V);
 	k = 0;
@@ -785,6 +802,10 @@ void ke_spec_replay(struct ke_seq *s, int keep)
 	const struct ke_model *m = s->m;
 	const struct kv_model_config *c = &m->cfg;
 	int K = c->conv_kernel, C = m->conv_dim;
+	if (c->n_ssm_layers) { /* the Mamba-2 hybrids have no DeltaNet layer */
+		ke_mamba_replay(s, keep);
+		return;
+	}
 	/* the conv state is the last K - 1 inputs: shift the kept rows' in */
 	for (int l = 0; K > 1 && l < m->lay.n_rec_layers; l++) {
 		float *st = s->rec + m->lay.rec[l].conv_off / sizeof(float);

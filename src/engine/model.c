@@ -172,7 +172,12 @@ static size_t arena_floats(const struct kv_model_config *c)
 	n += (size_t)c->rotary_dim / 2; /* the sliding layers' inverse frequencies */
 	for (int l = 0; l < c->n_layers; l++) {
 		n += 4 * (size_t)c->hidden; /* in/post norms, gemma's output norms */
-		if (c->layer_type[l] == KV_LAYER_ATTN)
+		if (c->layer_type[l] == KV_LAYER_MAMBA) /* conv w + b, A, dt_bias, D, gated norm */
+			n += C * ((size_t)c->conv_kernel + 1) + 3 * (size_t)c->ssm_heads +
+			     (size_t)c->ssm_heads * (size_t)c->ssm_head_dim;
+		else if (c->layer_type[l] == KV_LAYER_MLP)
+			;
+		else if (c->layer_type[l] == KV_LAYER_ATTN)
 			n += 2 * (size_t)c->head_dim + (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim +
 			     (size_t)c->hidden + (size_t)c->n_heads; /* q/k norms, biases, sinks */
 		else
@@ -307,6 +312,24 @@ static void fill_layout(struct ke_model *m, int kv_dtype, int B)
 	size_t off = 0;
 	int C = (int)kv_config_conv_dim(c), K1 = c->conv_kernel - 1;
 	for (int i = 0; i < c->n_layers; i++) {
+		if (c->layer_type[i] == KV_LAYER_MAMBA) {
+			/* a Mamba-2 layer: conv [C][K-1] then S [H][P][N], the same two
+			 * arrays as a DeltaNet layer, so the cache keeps them alike */
+			struct ke_rec_layer *r = &l->rec[l->n_rec_layers++];
+			r->layer = i;
+			r->conv_off = off;
+			r->conv_bytes = (size_t)C * (size_t)K1 * 4;
+			r->conv_dims[0] = C;
+			r->conv_dims[1] = K1;
+			off += r->conv_bytes;
+			r->state_off = off;
+			r->state_bytes = (size_t)c->ssm_heads * (size_t)c->ssm_head_dim * (size_t)c->ssm_state * 4;
+			r->state_dims[0] = c->ssm_heads;
+			r->state_dims[1] = c->ssm_head_dim;
+			r->state_dims[2] = c->ssm_state;
+			off += r->state_bytes;
+			continue;
+		}
 		if (c->layer_type[i] != KV_LAYER_DELTANET)
 			continue;
 		struct ke_rec_layer *r = &l->rec[l->n_rec_layers++];
@@ -581,6 +604,94 @@ static int rope_setup(struct loader *L)
 	return KV_OK;
 }
 
+/* Rows [r0, r0 + rows) of a loaded matrix as a matrix of its own (no
+ * copy): the row stride of its type, and an MLX matrix's scales and
+ * biases offset alike. */
+static void mat_rows(const struct ke_mat *src, int r0, int rows, struct ke_mat *out)
+{
+	*out = *src;
+	out->rows = rows;
+	if (src->dtype == KV_DT_MLX_AFFINE) {
+		size_t sb = (size_t)(src->cols / src->group) * kv_dtype_size(src->sb_dtype);
+		out->data = (const char *)src->data + (size_t)r0 * (size_t)src->cols * (size_t)src->bits / 8;
+		out->scales = (const char *)src->scales + (size_t)r0 * sb;
+		out->biases = (const char *)src->biases + (size_t)r0 * sb;
+		return;
+	}
+	out->data = (const char *)src->data + (size_t)r0 * (size_t)kv_dtype_row_bytes(src->dtype, (uint64_t)src->ld);
+}
+
+/* One layer of a Mamba-2 hybrid (Granite 4.0-H: model.layers.N.{mamba,
+ * self_attn}, post norm and FFN; Nemotron-H: backbone.layers.N.mixer, one
+ * norm, no FFN). Names and shapes: model/config_ssm.c. */
+static int load_ssm_layer(struct loader *L, int i)
+{
+	struct ke_model *m = L->m;
+	const struct kv_model_config *c = &m->cfg;
+	struct ke_layer *ly = &m->layers[i];
+	const int nem = c->arch == KV_ARCH_NEMOTRON_H, H = c->ssm_heads, W = c->ssm_heads * c->ssm_head_dim;
+	const char *mx = nem ? "%slayers.%d.mixer." : "%slayers.%d.mamba.", *at = nem ? "%slayers.%d.mixer." : "%slayers.%d.self_attn.";
+	char f[128];
+	int rc;
+#define NM(base, rest) (snprintf(f, sizeof f, "%s%s", base, rest), f)
+	ly->type = c->layer_type[i];
+	if ((rc = load_vec(L, &ly->in_norm, c->hidden, 0, nem ? "%slayers.%d.norm.weight" : "%slayers.%d.input_layernorm.weight",
+			   i)))
+		return rc;
+	if (ly->type == KV_LAYER_MAMBA) {
+		const float *a_log;
+		if ((rc = load_mat(L, &ly->in_proj, NM(mx, "in_proj.weight"), i)) ||
+		    (rc = load_mat(L, &ly->out, NM(mx, "out_proj.weight"), i)) ||
+		    (rc = load_vec(L, &ly->conv_w, m->conv_dim * c->conv_kernel, 0, NM(mx, "conv1d.weight"), i)) ||
+		    (c->ssm_conv_bias && (rc = load_vec(L, &ly->conv_b, m->conv_dim, 0, NM(mx, "conv1d.bias"), i))) ||
+		    (rc = load_vec(L, &a_log, H, 0, NM(mx, "A_log"), i)) ||
+		    (rc = load_vec(L, &ly->dt_bias, H, 0, NM(mx, "dt_bias"), i)) ||
+		    (rc = load_vec(L, &ly->ssm_d, H, 0, NM(mx, "D"), i)) ||
+		    (rc = load_vec(L, &ly->gnorm, W, 0, NM(mx, "norm.weight"), i)))
+			return rc;
+		float *na = (float *)a_log;
+		for (int h = 0; h < H && !c->a_is_neg_exp; h++)
+			na[h] = -expf(na[h]); /* A = -exp(A_log), as transformers' -torch.exp(A_log.float()) */
+		ly->neg_a = na;
+	} else if (ly->type == KV_LAYER_ATTN) {
+		if ((rc = load_mat(L, &ly->q, NM(at, "q_proj.weight"), i)) ||
+		    (rc = load_mat(L, &ly->k, NM(at, "k_proj.weight"), i)) ||
+		    (rc = load_mat(L, &ly->v, NM(at, "v_proj.weight"), i)) ||
+		    (rc = load_mat(L, &ly->o, NM(at, "o_proj.weight"), i)))
+			return rc;
+	} else {
+		if ((rc = load_mat(L, &ly->up, "%slayers.%d.mixer.up_proj.weight", i)) ||
+		    (rc = load_mat(L, &ly->down, "%slayers.%d.mixer.down_proj.weight", i)))
+			return rc;
+	}
+#undef NM
+	if (!c->layer_ffn)
+		return KV_OK;
+	if ((rc = load_vec(L, &ly->post_norm, c->hidden, 0, "%slayers.%d.post_attention_layernorm.weight", i)))
+		return rc;
+	if (c->layer_moe[i])
+		return ke_moe_load_granite(m, i, &ly->moe); /* moe.c */
+	char mn[160];
+	snprintf(mn, sizeof mn, "%slayers.%d.mlp.gate_proj.weight", m->prefix, i);
+	if (kv_weights_find(m->w, mn)) /* mlx-lm's dense Granite, a GGUF's ffn_{gate,up,down} */
+		return (rc = load_mat(L, &ly->gate, "%slayers.%d.mlp.gate_proj.weight", i)) ||
+				       (rc = load_mat(L, &ly->up, "%slayers.%d.mlp.up_proj.weight", i)) ||
+				       (rc = load_mat(L, &ly->down, "%slayers.%d.mlp.down_proj.weight", i))
+			       ? rc
+			       : KV_OK;
+	/* shared_mlp.input_linear holds gate then up */
+	struct ke_mat gu;
+	if ((rc = load_mat(L, &gu, "%slayers.%d.shared_mlp.input_linear.weight", i)) ||
+	    (rc = load_mat(L, &ly->down, "%slayers.%d.shared_mlp.output_linear.weight", i)))
+		return rc;
+	if (gu.rows != 2 * c->shared_intermediate)
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: layer %d shared_mlp.input_linear has %d rows, expected %d",
+			       m->dir, i, gu.rows, 2 * c->shared_intermediate);
+	mat_rows(&gu, 0, c->shared_intermediate, &ly->gate);
+	mat_rows(&gu, c->shared_intermediate, c->shared_intermediate, &ly->up);
+	return KV_OK;
+}
+
 int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_model **out)
 {
 	struct ke_model_params dp = {0};
@@ -625,6 +736,8 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		goto fail;
 	if ((rc = kv_config_check_weights(c, m->w, m->prefix, sizeof m->prefix)))
 		goto fail;
+	if (c->ssm && !c->gguf) /* mlx-lm's Granite names: the tensor list follows the weights */
+		kv_config_detect_experts(c, m->w, m->prefix);
 
 	size_t nf = arena_floats(c);
 	m->owned = kv_alloc(KV_MEM_WEIGHTS, nf * sizeof(float));
@@ -661,10 +774,11 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		break;
 	}
 	m->conv_dim = (int)kv_config_conv_dim(c);
-	if ((rc = load_mat(&L, &m->embed, "%sembed_tokens.weight", 0)))
+	int nem = c->arch == KV_ARCH_NEMOTRON_H;
+	if ((rc = load_mat(&L, &m->embed, nem ? "%sembeddings.weight" : "%sembed_tokens.weight", 0)))
 		goto fail;
 	m->n_mats--; /* the embedding table is looked up, not multiplied (unless tied, below) */
-	if ((rc = load_vec(&L, &m->final_norm, c->hidden, po, "%snorm.weight", 0)))
+	if ((rc = load_vec(&L, &m->final_norm, c->hidden, po, nem ? "%snorm_f.weight" : "%snorm.weight", 0)))
 		goto fail;
 	if (c->tie_embeddings) {
 		m->lm_head = m->embed;
@@ -683,6 +797,13 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	int n_attn = 0, n_dn = 0, n_win = 0;
 	for (int i = 0; i < c->n_layers; i++) {
 		struct ke_layer *ly = &m->layers[i];
+		if (c->ssm) {
+			if ((rc = load_ssm_layer(&L, i)))
+				goto fail;
+			/* index among the recurrent layers (layout.rec) or the attention ones */
+			ly->idx = ly->type == KV_LAYER_ATTN ? n_attn++ : ly->type == KV_LAYER_MAMBA ? n_dn++ : 0;
+			continue;
+		}
 		ly->type = c->layer_type[i];
 		/* gemma: post_attention_layernorm normalises the attention output
 		 * and pre_feedforward_layernorm is the MLP's input norm */
@@ -796,11 +917,11 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		}
 	double t_touch = kv_now_s(), touched = touch_weights(m);
 	t_touch = kv_now_s() - t_touch;
-	KV_INFO("engine.model.load", "dir=%s arch=%s layers=%d attn=%d sliding=%d window=%d deltanet=%d hidden=%d "
-		"vocab=%d kv=%s "
+	KV_INFO("engine.model.load", "dir=%s arch=%s layers=%d attn=%d sliding=%d window=%d deltanet=%d mamba=%d "
+		"hidden=%d vocab=%d kv=%s "
 		"page_tokens=%d weights_mb=%.1f touched_mb=%.1f touch_ms=%.0f mtp=%d", dir, kv_arch_name(c->arch),
-		c->n_layers, c->n_attn_layers, c->n_swa_layers, c->sliding_window, c->n_deltanet_layers, c->hidden, c->vocab,
-		ke_kv_name(p->kv),
+		c->n_layers, c->n_attn_layers, c->n_swa_layers, c->sliding_window, c->n_deltanet_layers, c->n_ssm_layers,
+		c->hidden, c->vocab, ke_kv_name(p->kv),
 		m->lay.page_tokens, (double)kv_weights_bytes(m->w) / 1048576.0, touched / 1048576.0, t_touch * 1e3,
 		m->mtp != NULL);
 	kv_mlx_qcfg_free(L.q);
@@ -961,8 +1082,11 @@ size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *s
 	 * buffers, the DeltaNet buffers and the MLP buffers are never live at
 	 * the same time (each step ends by adding into x), so they overlay. */
 	size_t base = off, end = off;
-	CARVE(m1, C * c->intermediate);
-	CARVE(m2, C * c->intermediate);
+	/* Granite's dense MLP is shared_intermediate wide */
+	size_t mlp_w = (size_t)(c->ssm && c->shared_intermediate > c->intermediate ? c->shared_intermediate
+											: c->intermediate);
+	CARVE(m1, C * mlp_w);
+	CARVE(m2, C * mlp_w);
 	CARVE(moe, ke_moe_scratch_floats(c, chunk));
 	end = off > end ? off : end;
 	if (c->n_attn_layers) {
@@ -974,6 +1098,16 @@ size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *s
 		CARVE(k, C * KVhd);
 		CARVE(v, C * KVhd);
 		CARVE(att, C * Hhd);
+		end = off > end ? off : end;
+	}
+	if (c->n_ssm_layers) {
+		/* Mamba-2 (mamba.c): in_proj output, the scan's operands, y */
+		size_t H = (size_t)c->ssm_heads, W = H * (size_t)c->ssm_head_dim;
+		off = base;
+		size_t GN = (size_t)c->ssm_groups * (size_t)c->ssm_state;
+		CARVE(mix, C * (W + (size_t)kv_config_conv_dim(c) + H));
+		CARVE(dq, C * (2 * W + 2 * GN + 2 * H)); /* the scan's compact operands (mamba.c) */
+		CARVE(core, C * W);
 		end = off > end ? off : end;
 	}
 	if (c->n_deltanet_layers) {

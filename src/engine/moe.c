@@ -322,6 +322,81 @@ fail:
 	return rc;
 }
 
+int ke_moe_load_granite(struct ke_model *m, int layer, struct ke_moe **out)
+{
+	const struct kv_model_config *c = &m->cfg;
+	const int E = c->n_experts, I = c->moe_intermediate, Is = c->shared_intermediate, D = c->hidden;
+	char name[192];
+	const struct kv_tensor *t, *dn;
+	struct kv_mlx_qmat mq;
+	int rc;
+
+	*out = NULL;
+	struct ke_moe *mo = kv_alloc(KV_MEM_WEIGHTS, sizeof *mo + 3 * (size_t)E * sizeof(struct ke_mat));
+	if (!mo)
+		return kv_fail(KV_ERR_NOMEM, "out of memory for the experts of layer %d", layer);
+	memset(mo, 0, sizeof *mo);
+	mo->E = E;
+	mo->k = c->n_experts_per_tok;
+	mo->I = I;
+	mo->Is = Is;
+	mo->norm_topk = 1;
+	mo->out_scale = c->residual_mult > 0 ? (float)c->residual_mult : 1.0f;
+	mo->gate = (struct ke_mat *)(mo + 1);
+	mo->up = mo->gate + E;
+	mo->down = mo->up + E;
+	if (c->shared_split) { /* a GGUF's ffn_{gate,up}_shexp */
+		if ((rc = mat2(m, &mo->sh_gate, Is, D, "%slayers.%d.shared_mlp.gate_proj.weight", layer, 1)) ||
+		    (rc = mat2(m, &mo->sh_up, Is, D, "%slayers.%d.shared_mlp.up_proj.weight", layer, 1)))
+			goto fail;
+	} else {
+		/* the shared expert's gate and up are the two halves of one matrix */
+		snprintf(name, sizeof name, "%slayers.%d.shared_mlp.input_linear.weight", m->prefix, layer);
+		if ((rc = get(m, name, 2, 2 * (int64_t)Is, D, 0, &t, &mq)))
+			goto fail;
+		view(m, &mo->sh_gate, t, &mq, 0, 2 * (int64_t)Is, 0, Is, D);
+		view(m, &mo->sh_up, t, &mq, 0, 2 * (int64_t)Is, Is, Is, D);
+		list_mat(m, &mo->sh_gate, t->name);
+		list_mat(m, &mo->sh_up, t->name);
+	}
+	if ((rc = mat2(m, &mo->router, E, D, "%slayers.%d.block_sparse_moe.router.layer.weight", layer, 1)) ||
+	    (rc = mat2(m, &mo->sh_down, D, Is, "%slayers.%d.shared_mlp.output_linear.weight", layer, 1)))
+		goto fail;
+	snprintf(name, sizeof name, "%slayers.%d.block_sparse_moe.input_linear.weight", m->prefix, layer);
+	if (kv_weights_find(m->w, name)) {
+		if ((rc = get(m, name, 3, E, 2 * (int64_t)I, D, &t, NULL)))
+			goto fail;
+		snprintf(name, sizeof name, "%slayers.%d.block_sparse_moe.output_linear.weight", m->prefix, layer);
+		if ((rc = get(m, name, 3, E, D, I, &dn, NULL)))
+			goto fail;
+		for (int e = 0; e < E; e++) {
+			view(m, &mo->gate[e], t, NULL, e, 2 * (int64_t)I, 0, I, D);
+			view(m, &mo->up[e], t, NULL, e, 2 * (int64_t)I, I, I, D);
+			view(m, &mo->down[e], dn, NULL, e, D, 0, D, I);
+		}
+	} else {
+		static const char *const nm[3] = {"gate_proj", "up_proj", "down_proj"};
+		const struct kv_tensor *st[3];
+		struct kv_mlx_qmat sq[3];
+		for (int j = 0; j < 3; j++) {
+			snprintf(name, sizeof name, "%slayers.%d.block_sparse_moe.switch_mlp.%s.weight", m->prefix, layer,
+				 nm[j]);
+			if ((rc = get(m, name, 3, E, j == 2 ? D : I, j == 2 ? I : D, &st[j], &sq[j])))
+				goto fail;
+		}
+		for (int e = 0; e < E; e++) {
+			view(m, &mo->gate[e], st[0], &sq[0], e, I, 0, I, D);
+			view(m, &mo->up[e], st[1], &sq[1], e, I, 0, I, D);
+			view(m, &mo->down[e], st[2], &sq[2], e, D, 0, D, I);
+		}
+	}
+	*out = mo;
+	return KV_OK;
+fail:
+	kv_free(mo);
+	return rc;
+}
+
 void ke_moe_free(struct ke_moe *mo)
 {
 	if (mo)
@@ -617,11 +692,14 @@ void ke_moe_forward(const struct ke_moe *mo, const float *h, int n, int D, float
 	ke_gemm(&mo->sh_up, h, (size_t)D, n, s.g2, (size_t)mo->Is, 0);
 	ke_vec_silu_mul(s.g1, s.g2, n * mo->Is);
 	ke_gemm(&mo->sh_down, s.g1, (size_t)mo->Is, n, s.so, (size_t)D, 0);
-	ke_gemm(&mo->sh_router, h, (size_t)D, n, s.sg, 1, 0);
+	if (mo->sh_router.data)
+		ke_gemm(&mo->sh_router, h, (size_t)D, n, s.sg, 1, 0);
 
 	/* the fixed-order sum of moe.h, then the residual */
+	const float os = mo->out_scale != 0.0f ? mo->out_scale : 1.0f;
 	for (int t = 0; t < n; t++) {
-		float g = 1.0f / (1.0f + ke_exp(0.0f - s.sg[t]));
+		/* ungated (Granite): g = 1, and 1 * so is so exactly */
+		float g = mo->sh_router.data ? 1.0f / (1.0f + ke_exp(0.0f - s.sg[t])) : 1.0f;
 		float *xr = x + (size_t)t * D;
 		const float *so = s.so + (size_t)t * D;
 		for (int i = 0; i < D; i++) {
@@ -632,7 +710,8 @@ void ke_moe_forward(const struct ke_moe *mo, const float *h, int n, int D, float
 			}
 			float sh = g * so[i];
 			y = y + sh;
-			xr[i] = xr[i] + y;
+			float v = y * os; /* 1 but for Granite: y exactly */
+			xr[i] = xr[i] + v;
 		}
 	}
 }

@@ -62,7 +62,8 @@ struct ke_moe {
 	struct ke_mat router;     /* [E][D] mlp.gate.weight */
 	struct ke_mat *gate, *up, *down; /* E views each: [I][D], [I][D], [D][I] */
 	struct ke_mat sh_gate, sh_up, sh_down; /* shared expert */
-	struct ke_mat sh_router;  /* [1][D] mlp.shared_expert_gate.weight */
+	struct ke_mat sh_router;  /* [1][D] mlp.shared_expert_gate.weight; no data: ungated (Granite) */
+	float out_scale;          /* x += out_scale * y: Granite's residual_multiplier; 0 means 1 */
 	/* GPT-OSS (kind KV_MOE_OAI); NULL / 0 for Qwen's */
 	int kind;                 /* enum kv_moe_kind */
 	int gu_fused;             /* gate[e] is the interleaved gate_up matrix [2I][D] */
@@ -80,6 +81,16 @@ struct ke_moe {
  * *out is kv_alloc'd (KV_MEM_WEIGHTS); free with ke_moe_free. */
 int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out);
 void ke_moe_free(struct ke_moe *mo);
+/* Granite 4.0-H's block (block_sparse_moe + shared_mlp): router
+ * block_sparse_moe.router.layer.weight [E][D]; experts from the stacked
+ * block_sparse_moe.input_linear.weight [E][2I][D] (gate rows, then up
+ * rows) + output_linear.weight [E][D][I], or mlx-lm's / a GGUF's
+ * block_sparse_moe.switch_mlp.{gate,up,down}_proj stacks; the shared
+ * expert from shared_mlp.input_linear.weight [2 Is][D] (gate, up) and
+ * output_linear.weight [D][Is], added without a gate; routing softmax
+ * over the top-k logits (= renormalised top-k); y scaled by
+ * residual_multiplier before the residual add. */
+int ke_moe_load_granite(struct ke_model *m, int layer, struct ke_moe **out);
 
 /* Scratch floats ke_moe_forward needs for `chunk` tokens (0 if dense). */
 size_t ke_moe_scratch_floats(const struct kv_model_config *c, int chunk);

@@ -88,7 +88,7 @@ size_t ke_model_spec_bytes(const struct ke_model *m)
 		return 0;
 	return m->lay.rec_bytes +
 	       (size_t)m->lay.n_rec_layers * KE_SPEC_MAX_ROWS * ke_spec_log_w(m) * sizeof(float) +
-	       (size_t)KE_SPEC_MAX_ROWS * m->cfg.lin_v_heads * m->cfg.lin_v_dim * sizeof(float);
+	       ke_spec_junk_w(m) * sizeof(float);
 }
 
 /* The undo buffers of speculative forwards (engine_int.h struct ke_spec),
@@ -109,8 +109,7 @@ static int spec_alloc(struct ke_seq *s)
 		sp->alt = kv_alloc(KV_MEM_SCRATCH, m->lay.rec_bytes);
 	sp->log = kv_alloc(KV_MEM_SCRATCH,
 			   (size_t)m->lay.n_rec_layers * KE_SPEC_MAX_ROWS * ke_spec_log_w(m) * sizeof(float));
-	sp->junk = kv_alloc(KV_MEM_SCRATCH, (size_t)KE_SPEC_MAX_ROWS * m->cfg.lin_v_heads * m->cfg.lin_v_dim *
-						    sizeof(float));
+	sp->junk = kv_alloc(KV_MEM_SCRATCH, ke_spec_junk_w(m) * sizeof(float));
 	if (!sp->alt || !sp->log || !sp->junk) {
 		spec_free(s);
 		return kv_fail(KV_ERR_NOMEM, "sequence: cannot allocate %zu bytes for speculative decoding",

@@ -189,6 +189,22 @@ TGT2 static void scale_avx2(float *y, float a, int n)
 		y[i] = y[i] * a;
 }
 
+/* max(x, 0)^2: maxps gives its second operand (+0) for NaN and for -0,
+ * as the scalar x > 0 ? x : 0 does */
+TGT2 static void relu2_avx2(float *x, int n)
+{
+	int i = 0;
+	__m256 z = _mm256_setzero_ps();
+	for (; i + 8 <= n; i += 8) {
+		__m256 r = _mm256_max_ps(_mm256_loadu_ps(x + i), z);
+		_mm256_storeu_ps(x + i, _mm256_mul_ps(r, r));
+	}
+	for (; i < n; i++) {
+		float r = x[i] > 0.0f ? x[i] : 0.0f;
+		x[i] = r * r;
+	}
+}
+
 TGT2 static void axpy_bf16_avx2(float *y, float a, const void *x, int n)
 {
 	int i = 0;
@@ -318,6 +334,26 @@ void ke_vec_axpy_bf16_isa(int isa, float *y, float a, const void *x, int n)
 void ke_vec_axpy_bf16(float *y, float a, const void *x, int n)
 {
 	ke_vec_axpy_bf16_isa(ke_isa(), y, a, x, n);
+}
+
+void ke_vec_relu2_isa(int isa, float *x, int n)
+{
+#if defined(__x86_64__)
+	if (isa2(isa)) {
+		relu2_avx2(x, n);
+		return;
+	}
+#endif
+	(void)isa;
+	for (int i = 0; i < n; i++) {
+		float r = x[i] > 0.0f ? x[i] : 0.0f;
+		x[i] = r * r;
+	}
+}
+
+void ke_vec_relu2(float *x, int n)
+{
+	ke_vec_relu2_isa(ke_isa(), x, n);
 }
 
 void ke_vec_scale(float *y, float a, int n)

@@ -47,6 +47,9 @@ void ke_vec_gelu_tanh_mul(float *g, const float *u, int n);
 void ke_vec_softcap(float *x, float cap, size_t n);
 /* Same with bf16 x (widened exactly). x may be unaligned. */
 void ke_vec_axpy_bf16(float *y, float a, const void *x, int n);
+/* x[i] = max(x[i], 0)^2 (relu(x) ** 2: Nemotron-H's MLP); NaN and -0 give +0. */
+void ke_vec_relu2(float *x, int n);
+void ke_vec_relu2_isa(int isa, float *x, int n);
 /* y[i] = y[i] * a. */
 void ke_vec_scale(float *y, float a, int n);
 /* Widen n bf16 values (possibly unaligned) to f32. */

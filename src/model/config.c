@@ -8,6 +8,7 @@
  * ("text_config.num_key_value_heads") and the file.
  */
 #include "model/config.h"
+#include "model/config_ssm.h"
 #include "base/err.h"
 #include "base/json.h"
 
@@ -567,6 +568,8 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 	snprintf(c->model_type, sizeof c->model_type, "%s", mt);
 	p->text = p->root;
 	p->tprefix = "";
+	if (kv_config_is_ssm_type(mt)) /* the Mamba-2 hybrids: config_ssm.c */
+		return kv_config_parse_ssm(p->root, p->what, c);
 	if (!strcmp(mt, "qwen3")) {
 		c->arch = KV_ARCH_QWEN3;
 		def_vocab = 151936, def_hidden = 4096, def_inter = 22016, def_layers = 32, def_heads = 32;
@@ -625,7 +628,7 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 	} else {
 		return kv_fail(KV_ERR_UNSUPPORTED,
 			       "%s: model_type '%s' is not supported (supported: qwen3, qwen3_5, qwen3_5_moe, qwen3_next, "
-			       "llama, gemma3, gemma3_text, gpt_oss)",
+			       "llama, gemma3, gemma3_text, gpt_oss, granitemoehybrid, nemotron_h)",
 			       p->what,
 			       mt);
 	}
@@ -668,7 +671,7 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %spartial_rotary_factor %g: %s rotates all of head_dim",
 			       p->what, pre, c->partial_rotary, c->model_type);
 	c->rope_local_theta = c->rope_theta;
-	if (c->arch >= KV_ARCH_LLAMA)
+	if (kv_arch_window_family(c->arch))
 		return parse_window_family(p, c);
 
 	/* Features the engine does not implement. */
@@ -735,7 +738,12 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 int kv_config_parse(const char *text, size_t len, const char *what, struct kv_model_config *out)
 {
 	struct cfgp p = {what ? what : "config.json", NULL, NULL, "", 0};
-	int rc = kv_json_parse(p.what, text, len, KV_JSON_MAX_DEPTH, &p.root);
+	char *relaxed = NULL;
+	size_t rlen = 0;
+	int rc = kv_config_json_relax(text, len, &relaxed, &rlen); /* Python's bare Infinity */
+	if (!rc)
+		rc = kv_json_parse(p.what, relaxed ? relaxed : text, relaxed ? rlen : len, KV_JSON_MAX_DEPTH, &p.root);
+	free(relaxed);
 	if (rc) {
 		memset(out, 0, sizeof *out);
 		return rc;
@@ -749,6 +757,8 @@ int kv_config_parse(const char *text, size_t len, const char *what, struct kv_mo
 
 uint64_t kv_config_conv_dim(const struct kv_model_config *c)
 {
+	if (c->ssm)
+		return kv_config_ssm_conv_dim(c);
 	if (!c->hybrid)
 		return 0;
 	return 2ull * (uint64_t)c->lin_k_heads * (uint64_t)c->lin_k_dim +
@@ -771,6 +781,8 @@ uint64_t kv_config_window_bytes(const struct kv_model_config *c, int elem_bytes)
 
 uint64_t kv_config_recurrent_state_bytes(const struct kv_model_config *c)
 {
+	if (c->ssm) /* S [H][P][N] */
+		return (uint64_t)c->ssm_heads * (uint64_t)c->ssm_head_dim * (uint64_t)c->ssm_state * 4;
 	if (!c->hybrid)
 		return 0;
 	return (uint64_t)c->lin_v_heads * (uint64_t)c->lin_k_dim * (uint64_t)c->lin_v_dim * 4;
@@ -778,7 +790,7 @@ uint64_t kv_config_recurrent_state_bytes(const struct kv_model_config *c)
 
 uint64_t kv_config_conv_state_bytes(const struct kv_model_config *c)
 {
-	if (!c->hybrid)
+	if (!c->hybrid && !c->ssm)
 		return 0;
 	return kv_config_conv_dim(c) * (uint64_t)(c->conv_kernel - 1) * 4;
 }
@@ -792,12 +804,16 @@ const char *kv_arch_name(int arch)
 	case KV_ARCH_LLAMA: return "llama";
 	case KV_ARCH_GEMMA3: return "gemma3";
 	case KV_ARCH_GPT_OSS: return "gpt_oss";
+	case KV_ARCH_GRANITE_HYBRID: return "granitemoehybrid";
+	case KV_ARCH_NEMOTRON_H: return "nemotron_h";
 	}
 	return "unknown";
 }
 
 const char *kv_config_default_prefix(const struct kv_model_config *c)
 {
+	if (c->ssm)
+		return kv_config_ssm_prefix(c);
 	return c->text_nested ? "model.language_model." : "model.";
 }
 
@@ -947,9 +963,11 @@ int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struc
 
 	*out = NULL;
 	*n = 0;
+	if (c->ssm)
+		return kv_config_tensors_ssm(c, p, out, n);
 	spec(&s, -1, KV_ROLE_EMBED, 2, c->vocab, H, 0, "%sembed_tokens.weight", p);
 	for (int l = 0; l < c->n_layers; l++) {
-		if (c->arch >= KV_ARCH_LLAMA) {
+		if (kv_arch_window_family(c->arch)) {
 			window_family_specs(&s, c, p, l);
 			continue;
 		}

@@ -107,6 +107,20 @@ enum kv_moe_kind { KV_MOE_QWEN = 0, KV_MOE_OAI = 1 };
 /* The MLP's activation: silu(gate) * up, or gelu_tanh(gate) * up. */
 enum kv_mlp_act { KV_ACT_SILU = 0, KV_ACT_GELU_TANH = 1 };
 enum kv_layer_type { KV_LAYER_ATTN = 0, KV_LAYER_DELTANET = 1 };
+/* The Mamba-2 hybrids (model/config_ssm.c): their own arch and layer
+ * values, far from the ones above so that other families can be added
+ * there without renumbering. */
+enum kv_arch_ssm { KV_ARCH_GRANITE_HYBRID = 32, KV_ARCH_NEMOTRON_H = 33 };
+/* 1: arch is a sliding-window family (llama, gemma3, gpt_oss); the Mamba-2
+ * arches above are numbered past them. */
+static inline int kv_arch_window_family(int arch)
+{
+	return arch >= KV_ARCH_LLAMA && arch <= KV_ARCH_GPT_OSS;
+}
+enum kv_layer_ssm {
+	KV_LAYER_MAMBA = 8,   /* Mamba-2 mixer: conv + SSM state (recurrent, snapshotted like DeltaNet) */
+	KV_LAYER_MLP = 9,     /* Nemotron-H '-': an MLP block alone */
+};
 
 enum kv_rope_scaling { KV_ROPE_NONE = 0, KV_ROPE_LINEAR, KV_ROPE_YARN, KV_ROPE_LLAMA3 };
 
@@ -192,7 +206,8 @@ struct kv_model_config {
 	int n_swa_layers;             /* attention layers with a window */
 	double rope_local_theta;      /* RoPE base of the sliding layers (gemma3
 					 rope_local_base_freq; rope_theta otherwise); no scaling */
-	double attn_scale;            /* softmax scale; 0: head_dim^-0.5 */
+	double attn_scale;            /* softmax scale; 0: head_dim^-0.5 (gemma3 query_pre_attn_scalar,
+					 granite attention_multiplier) */
 	int qk_norm;                  /* per-head q/k RMSNorm before RoPE (qwen3, gemma3) */
 	int attn_bias;                /* q/k/v/o projection biases (gpt_oss) */
 	int attn_sinks;               /* a learned sink logit per query head (gpt_oss) */
@@ -210,6 +225,27 @@ struct kv_model_config {
 					 rope_freqs factors (llama3) */
 	int moe_kind;                 /* enum kv_moe_kind */
 	double swiglu_limit;          /* gpt_oss clamp of the expert's gate and up (7) */
+	/* Mamba-2 hybrids (granitemoehybrid, nemotron_h; model/config_ssm.c).
+	 * Their recurrent layers are KV_LAYER_MAMBA; hybrid stays 0 (it names
+	 * the Qwen3.5 / Qwen3-Next conventions). conv_kernel is the mixer's
+	 * d_conv. */
+	int ssm;                      /* 1: Mamba-2 hybrid */
+	int n_ssm_layers;             /* KV_LAYER_MAMBA layers */
+	int n_mlp_layers;             /* KV_LAYER_MLP layers (nemotron_h) */
+	int ssm_heads;                /* H: mamba_n_heads */
+	int ssm_head_dim;             /* P: mamba_d_head / mamba_head_dim */
+	int ssm_state;                /* N: d_state */
+	int ssm_groups;               /* G: n_groups (B and C per group, H / G heads each) */
+	int ssm_norm_groups;          /* groups of the gated RMSNorm over the H P outputs */
+	int ssm_conv_bias;            /* conv1d has a bias */
+	int layer_ffn;                /* every layer has a post-norm FFN (granite); 0: nemotron_h */
+	int mlp_relu2;                /* the MLP is down(relu(up h)^2) (nemotron_h) */
+	int shared_ungated;           /* MoE shared expert added without a gate (granite) */
+	double embed_mult;            /* granite embedding_multiplier (1 otherwise) */
+	double residual_mult;         /* granite residual_multiplier (1 otherwise) */
+	double logits_div;            /* granite logits_scaling: logits / it (1 otherwise) */
+	int shared_split;             /* granite MoE: the shared expert as shared_mlp.{gate,up}_proj
+	                                 (a GGUF's ffn_{gate,up}_shexp) instead of input_linear */
 };
 
 /* Largest config.json read (model/open.c, the MLX readers and writer). */
@@ -217,6 +253,17 @@ struct kv_model_config {
 
 /* Parse config.json text. `what` names the source in messages. */
 int kv_config_parse(const char *text, size_t len, const char *what, struct kv_model_config *out);
+
+/* config_ssm.c: the Mamba-2 families. kv_config_parse hands them on. */
+int kv_config_is_ssm_type(const char *model_type);
+/* config.json text as Python's json writes it may hold the bare literals
+ * NaN, Infinity and -Infinity (Nemotron-H's "time_step_limit": [0.0,
+ * Infinity]), which JSON (and jansson) refuse: a copy with each such
+ * literal outside strings written as a string ("Infinity"), or NULL when
+ * the text has none (*out untouched). */
+int kv_config_json_relax(const char *text, size_t len, char **out, size_t *out_len);
+/* conv channels of a Mamba-2 layer: H P + 2 G N. */
+uint64_t kv_config_ssm_conv_dim(const struct kv_model_config *c);
 
 /* conv channels of a DeltaNet layer: 2 Hk dk + Hv dv. */
 uint64_t kv_config_conv_dim(const struct kv_model_config *c);
@@ -239,7 +286,8 @@ uint64_t kv_config_param_count(const struct kv_model_config *c);
  * experts a token does not use in each MoE layer (embeddings included;
  * equal to kv_config_param_count for dense models). */
 uint64_t kv_config_active_param_count(const struct kv_model_config *c);
-/* "qwen3", "qwen3_5", "qwen3_next", "llama", "gemma3", "gpt_oss". */
+/* "qwen3", "qwen3_5", "qwen3_next", "llama", "gemma3", "gpt_oss",
+ * "granitemoehybrid", "nemotron_h". */
 const char *kv_arch_name(int arch);
 
 /*
@@ -263,6 +311,11 @@ enum kv_tensor_role {
 	KV_ROLE_SINKS,        /* gpt_oss self_attn.sinks [heads] */
 	KV_ROLE_MXFP4_BLOCKS, /* gpt_oss expert codes, U8 [.., rows, cols/32, 16] */
 	KV_ROLE_MXFP4_SCALES, /* gpt_oss expert scales, U8 E8M0 [.., rows, cols/32] */
+};
+/* Roles of the Mamba-2 mixers (config_ssm.c), numbered apart. */
+enum kv_tensor_role_ssm {
+	KV_ROLE_CONV_BIAS = 32, /* conv1d.bias [conv channels] */
+	KV_ROLE_SSM_D = 33,   /* D [heads]: the skip y += D x */
 };
 
 struct kv_tensor_spec {

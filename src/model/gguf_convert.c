@@ -439,6 +439,69 @@ static int rope_freqs_fill(void *ctx, void *dst, uint64_t nbytes)
 	return KV_OK;
 }
 
+/* granitehybrid / nemotron_h, as llama.cpp's converter writes them: the
+ * layer pattern in per-layer arrays (head_count_kv 0 on Mamba layers;
+ * nemotron_h's feed_forward_length non-zero on MLP layers), ssm.*,
+ * Granite's multipliers, no RoPE (rope.scaling.finetuned false). */
+static int conv_meta_ssm(struct kv_ggufw *w, const struct kv_model_config *c, const char *a)
+{
+	char k[128];
+	int rc = KV_OK, L = c->n_layers;
+	int32_t *kvh = calloc((size_t)L, sizeof *kvh), *ff = calloc((size_t)L, sizeof *ff);
+#define SETU(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_u32(w, k, (uint32_t)(v)); } while (0)
+#define SETF(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_f32(w, k, (float)(v)); } while (0)
+#define SETA(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_arr_i32(w, k, (size_t)L, v); } while (0)
+	if (!kvh || !ff) {
+		free(kvh);
+		free(ff);
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	}
+	for (int l = 0; l < L; l++) {
+		kvh[l] = c->layer_type[l] == KV_LAYER_ATTN ? c->n_kv_heads : 0;
+		ff[l] = c->layer_type[l] == KV_LAYER_MLP ? c->intermediate : 0;
+	}
+	SETU("context_length", 1u << 20); /* no RoPE: llama.cpp's converter writes 2^20 */
+	SETU("embedding_length", c->hidden);
+	SETU("attention.head_count", c->n_heads);
+	SETA("attention.head_count_kv", kvh);
+	SETU("attention.key_length", c->head_dim);
+	SETU("attention.value_length", c->head_dim);
+	SETF("attention.layer_norm_rms_epsilon", c->rms_eps);
+	SETU("ssm.conv_kernel", c->conv_kernel);
+	SETU("ssm.state_size", c->ssm_state);
+	SETU("ssm.group_count", c->ssm_groups);
+	SETU("ssm.inner_size", c->ssm_heads * c->ssm_head_dim);
+	SETU("ssm.time_step_rank", c->ssm_heads);
+	if (c->arch == KV_ARCH_NEMOTRON_H) {
+		SETA("feed_forward_length", ff);
+		SETF("attention.layer_norm_epsilon", c->rms_eps); /* its loader requires it */
+	} else {
+		/* n_ff: an expert's width (MoE), else the dense shared_mlp's */
+		SETU("feed_forward_length", c->n_moe_layers ? c->moe_intermediate : c->shared_intermediate);
+		SETF("attention.scale", c->attn_scale);
+		SETF("embedding_scale", c->embed_mult);
+		SETF("residual_scale", c->residual_mult);
+		SETF("logit_scale", c->logits_div);
+		snprintf(k, sizeof k, "%s.rope.scaling.finetuned", a);
+		if (!rc)
+			rc = kv_ggufw_set_bool(w, k, 0);
+		if (c->n_moe_layers) {
+			SETU("expert_count", c->n_experts);
+			SETU("expert_used_count", c->n_experts_per_tok);
+			SETU("expert_shared_feed_forward_length", c->shared_intermediate);
+		}
+	}
+	free(kvh);
+	free(ff);
+	return rc;
+#undef SETA
+#undef SETU
+#undef SETF
+}
+
 static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ftype, int n_mtp)
 {
 	char k[128];
@@ -457,6 +520,16 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
 	SETU("block_count", c->n_layers + n_mtp);
 	if (n_mtp)
 		SETU("nextn_predict_layers", n_mtp);
+	if (c->ssm) {
+		rc = conv_meta_ssm(w, c, a);
+#undef SETU
+#undef SETF
+		return rc;
+	}
+#define SETU(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_u32(w, k, (uint32_t)(v)); } while (0)
+#define SETF(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_f32(w, k, (float)(v)); } while (0)
 	SETU("context_length", c->max_positions > 0 ? c->max_positions : 32768);
 	SETU("embedding_length", c->hidden);
 	SETU("feed_forward_length", c->intermediate);
@@ -467,7 +540,7 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
 	SETF("rope.freq_base", c->rope_theta);
 	SETU("rope.dimension_count", c->rotary_dim);
 	SETF("attention.layer_norm_rms_epsilon", c->rms_eps);
-	if (c->arch >= KV_ARCH_LLAMA && (rc = conv_meta_window(w, c, a)))
+	if (kv_arch_window_family(c->arch) && (rc = conv_meta_window(w, c, a)))
 		return rc;
 	if (c->hybrid) {
 		/* Text positions are equal in every M-RoPE section, so any split of
@@ -515,6 +588,14 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
  * key heads (the loaders size them by ssm.state_size). */
 static int conv_check_moe(const struct kv_model_config *c)
 {
+	/* Granite's gated norm spans the whole width in transformers and each
+	 * of the n_groups groups in llama.cpp: the same only for one group */
+	if (c->arch == KV_ARCH_GRANITE_HYBRID && c->ssm_groups != 1)
+		return kv_fail(KV_ERR_UNSUPPORTED, "convert: granitehybrid GGUF: llama.cpp normalises the Mamba output "
+			       "per group, transformers over the whole width; mamba_n_groups %d cannot be written",
+			       c->ssm_groups);
+	if (c->ssm)
+		return KV_OK;
 	if (c->arch == KV_ARCH_QWEN3_NEXT && c->n_moe_layers != c->n_layers)
 		return kv_fail(KV_ERR_UNSUPPORTED, "convert: qwen3next GGUF: llama.cpp's qwen3next has a sparse MoE block "
 			       "on every layer; this config has %d dense layer(s) (mlp_only_layers / decoder_sparse_step)",
@@ -602,6 +683,61 @@ static int conv_write(struct kv_ggufw *w, const struct kv_gguf_convert_params *p
 	return KV_OK;
 }
 
+/* The GGUF tensors o[0..nout) of one HF tensor: their dtype (the file
+ * type's mix for matrices, F32 otherwise, MXFP4 for gpt-oss's experts)
+ * and transform, added to w (kv_gguf_convert). */
+static int conv_add_outs(struct kv_ggufw *w, const struct kv_gguf_convert_params *p, const struct kv_model_config *c,
+			 const struct kq_mix_ctx *mix, struct conv_t **o, int nout, const char *name, int role, int layer,
+			 int *i_v, int *i_down, uint64_t *total)
+{
+	int rc, is_mtp = !strncmp(name, "mtp.", 4);
+	for (int j = 0; j < nout; j++) {
+		struct conv_t *t = o[j];
+		t->cols = t->shape[t->ndim - 1];
+		if (t->ndim == 1)
+			t->rows = 1;
+		t->xf = KV_GGUF_XF_NONE;
+		const char *suffix = strchr(t->gg, '.');
+		int xf;
+		if (!strncmp(t->gg, "blk.", 4) && suffix && kv_gguf_layer_hf(c, strchr(suffix + 1, '.') + 1, &xf))
+			t->xf = xf;
+		if (!strcmp(t->gg, "output_norm.weight"))
+			t->xf = KV_GGUF_XF_NORM1;
+		if (is_mtp && kv_gguf_nextn_gg(name, &xf))
+			t->xf = xf;
+		int is_mat = t->ndim >= 2 && (role == KV_ROLE_EMBED || role == KV_ROLE_LM_HEAD ||
+					      role == KV_ROLE_LINEAR || role == KV_ROLE_LINEAR_OUT ||
+					      role == KV_ROLE_LINEAR_A);
+		if (t->oss) {
+			/* gpt-oss experts: float files dequantize them, the others keep
+			 * the release's MXFP4 (as llama.cpp's converter does) */
+			int fl = p->ftype == KQ_FTYPE_F32 || p->ftype == KQ_FTYPE_F16 || p->ftype == KQ_FTYPE_BF16;
+			t->cols = t->oss == 2 ? t->shape[1] : t->shape[2];
+			t->dt = t->oss == 2 ? KV_DT_F32
+				: !fl ? KV_DT_MXFP4 : p->ftype == KQ_FTYPE_F32 ? KV_DT_F32
+				: p->ftype == KQ_FTYPE_F16 ? KV_DT_F16 : KV_DT_BF16;
+			if ((rc = kv_ggufw_add_fill(w, t->gg, t->dt, t->ndim, t->shape, oss_fill, t)))
+				return rc;
+			*total += kv_dtype_row_bytes(t->dt, (uint64_t)t->cols) * (uint64_t)t->rows;
+			continue;
+		}
+		if (is_mat) {
+			/* llama.cpp counts ffn_down tensors, not layers (equal unless some
+			 * layers have none, as Nemotron-H's Mamba and attention layers) */
+			int ml = strstr(t->gg, "ffn_down.") && c->ssm ? (*i_down)++ : layer;
+			t->dt = kq_ftype_tensor_dtype(p->ftype, mix, t->gg, ml, *i_v, t->cols);
+			if (strstr(t->gg, "attn_v.weight") || strstr(t->gg, "attn_qkv.weight"))
+				(*i_v)++;
+		} else {
+			t->dt = KV_DT_F32; /* norms, conv, dt, A, the router (llama.cpp keeps ffn_gate_inp F32) */
+		}
+		if ((rc = kv_ggufw_add_fill(w, t->gg, t->dt, t->ndim, t->shape, conv_fill, t)))
+			return rc;
+		*total += kv_dtype_row_bytes(t->dt, (uint64_t)t->cols) * (uint64_t)t->rows;
+	}
+	return KV_OK;
+}
+
 int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, uint64_t *bytes)
 {
 	struct kv_model_config c;
@@ -623,7 +759,6 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 	if ((rc = kv_weights_open(p->hf_dir, &wt)) || (rc = kv_config_check_weights(&c, wt, prefix, sizeof prefix)) ||
 	    (rc = kv_config_tensors(&c, prefix, &spec, &ns)))
 		goto out;
-	/* the MTP head (mtp.*) becomes llama.cpp's nextn layer after the others */
 	int n_mtp = 0;
 	if ((rc = conv_mtp_specs(&c, wt, &spec, &ns, &n_mtp)))
 		goto out;
@@ -636,8 +771,10 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 		goto out;
 	struct kq_mix_ctx mix = {c.n_layers, c.n_layers, !c.tie_embeddings, c.n_moe_layers ? c.n_experts : 0,
 				  c.n_kv_heads ? c.n_heads / c.n_kv_heads : 0};
-	int i_v = 0;
-	const int64_t E = c.n_experts, I = c.moe_intermediate, D = c.hidden;
+	if (c.ssm) /* attn_v only on the attention layers (no attn_qkv on the Mamba ones) */
+		mix.n_attn_v = c.n_attn_layers;
+	int i_v = 0, i_down = 0;
+	const int64_t E = c.n_experts, I = c.moe_intermediate, D = c.hidden, Is = c.shared_intermediate;
 	for (size_t i = 0; i < ns; i++) {
 		char hf[160], gg[96], ggb[96];
 		const char *name = spec[i].name, *rest = NULL;
@@ -715,7 +852,32 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 			o[0]->shape[1] = src->shape[0];
 			o[0]->shape[2] = src->shape[1];
 			nout = 1;
-		} else if (rest && !strcmp(rest, "mlp.experts.gate_up_proj")) {
+		} else if (c.ssm && rest && !strcmp(rest, "shared_mlp.input_linear.weight")) {
+			/* Granite's [2 Is][D] gate | up -> ffn_{gate,up}_shexp (MoE) or ffn_{gate,up} */
+			const char *sx = c.n_moe_layers ? "_shexp" : "";
+			snprintf(gg, sizeof gg, "blk.%d.ffn_gate%s.weight", layer, sx);
+			snprintf(ggb, sizeof ggb, "blk.%d.ffn_up%s.weight", layer, sx);
+			if (!(o[0] = conv_new(ct, &nt, &c, gg, 1)) || !(o[1] = conv_new(ct, &nt, &c, ggb, 1)))
+				goto oom;
+			conv_add(o[0], src, 0, Is);
+			conv_add(o[1], src, Is, Is);
+			for (int j = 0; j < 2; j++) {
+				o[j]->ndim = 2;
+				o[j]->shape[0] = Is;
+				o[j]->shape[1] = D;
+			}
+			nout = 2;
+		} else if (c.ssm && rest && !c.n_moe_layers && !strcmp(rest, "shared_mlp.output_linear.weight")) {
+			snprintf(gg, sizeof gg, "blk.%d.ffn_down.weight", layer); /* dense Granite */
+			if (!(o[0] = conv_new(ct, &nt, &c, gg, 1)))
+				goto oom;
+			conv_add(o[0], src, 0, D);
+			o[0]->ndim = 2;
+			o[0]->shape[0] = D;
+			o[0]->shape[1] = Is;
+			nout = 1;
+		} else if (rest && (!strcmp(rest, "mlp.experts.gate_up_proj") ||
+				    (c.ssm && !strcmp(rest, "block_sparse_moe.input_linear.weight")))) {
 			/* [E][2I][D] -> ffn_gate_exps and ffn_up_exps [E][I][D] (llama.cpp's converter splits it) */
 			snprintf(gg, sizeof gg, "blk.%d.ffn_gate_exps.weight", layer);
 			snprintf(ggb, sizeof ggb, "blk.%d.ffn_up_exps.weight", layer);
@@ -764,7 +926,18 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 				goto oom;
 			int64_t cols = src->shape[src->ndim - 1];
 			conv_add(o[0], src, 0, (int64_t)(src->numel / (uint64_t)cols));
-			if (src->ndim == 1 || (rest && !strcmp(rest, "mlp.shared_expert_gate.weight"))) {
+			size_t gl = strlen(gg);
+			if (c.ssm && gl > 6 && (!strcmp(gg + gl - 6, ".ssm_a") || !strcmp(gg + gl - 6, ".ssm_d"))) {
+				o[0]->ndim = 2; /* llama.cpp's {1, H}: [H][1] */
+				o[0]->shape[0] = (int64_t)src->numel;
+				o[0]->shape[1] = 1;
+				o[0]->rows = o[0]->pc[0].rows = o[0]->shape[0];
+			} else if (c.ssm && strstr(gg, ".ssm_norm.")) {
+				o[0]->ndim = 2; /* {W / G, G}: [G][W / G] */
+				o[0]->shape[0] = c.ssm_groups;
+				o[0]->shape[1] = (int64_t)src->numel / c.ssm_groups;
+				o[0]->rows = o[0]->pc[0].rows = c.ssm_groups;
+			} else if (src->ndim == 1 || (rest && !strcmp(rest, "mlp.shared_expert_gate.weight"))) {
 				o[0]->ndim = 1; /* llama.cpp's ffn_gate_inp_shexp is {n_embd} */
 				o[0]->shape[0] = (int64_t)src->numel;
 			} else if (src->ndim == 3 && strstr(gg, "_exps.")) {
@@ -778,48 +951,8 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 			}
 			nout = 1;
 		}
-		for (int j = 0; j < nout; j++) {
-			struct conv_t *t = o[j];
-			t->cols = t->shape[t->ndim - 1];
-			if (t->ndim == 1)
-				t->rows = 1;
-			t->xf = KV_GGUF_XF_NONE;
-			const char *suffix = strchr(t->gg, '.');
-			int xf;
-			if (!strncmp(t->gg, "blk.", 4) && suffix && kv_gguf_layer_hf(&c, strchr(suffix + 1, '.') + 1, &xf))
-				t->xf = xf;
-			if (!strcmp(t->gg, "output_norm.weight"))
-				t->xf = KV_GGUF_XF_NORM1;
-			if (is_mtp && kv_gguf_nextn_gg(name, &xf))
-				t->xf = xf;
-			int role = spec[i].role;
-			int is_mat = t->ndim >= 2 && (role == KV_ROLE_EMBED || role == KV_ROLE_LM_HEAD ||
-						      role == KV_ROLE_LINEAR || role == KV_ROLE_LINEAR_OUT ||
-						      role == KV_ROLE_LINEAR_A);
-			if (t->oss) {
-				/* gpt-oss experts: float files dequantize them, the others keep
-				 * the release's MXFP4 (as llama.cpp's converter does) */
-				int fl = p->ftype == KQ_FTYPE_F32 || p->ftype == KQ_FTYPE_F16 || p->ftype == KQ_FTYPE_BF16;
-				t->cols = t->oss == 2 ? t->shape[1] : t->shape[2];
-				t->dt = t->oss == 2 ? KV_DT_F32
-					: !fl ? KV_DT_MXFP4 : p->ftype == KQ_FTYPE_F32 ? KV_DT_F32
-					: p->ftype == KQ_FTYPE_F16 ? KV_DT_F16 : KV_DT_BF16;
-				if ((rc = kv_ggufw_add_fill(w, t->gg, t->dt, t->ndim, t->shape, oss_fill, t)))
-					goto out;
-				total += kv_dtype_row_bytes(t->dt, (uint64_t)t->cols) * (uint64_t)t->rows;
-				continue;
-			}
-			if (is_mat) {
-				t->dt = kq_ftype_tensor_dtype(p->ftype, &mix, t->gg, layer, i_v, t->cols);
-				if (strstr(t->gg, "attn_v.weight") || strstr(t->gg, "attn_qkv.weight"))
-					i_v++;
-			} else {
-				t->dt = KV_DT_F32; /* norms, conv, dt, A, the router (llama.cpp keeps ffn_gate_inp F32) */
-			}
-			if ((rc = kv_ggufw_add_fill(w, t->gg, t->dt, t->ndim, t->shape, conv_fill, t)))
-				goto out;
-			total += kv_dtype_row_bytes(t->dt, (uint64_t)t->cols) * (uint64_t)t->rows;
-		}
+		if ((rc = conv_add_outs(w, p, &c, &mix, o, nout, name, spec[i].role, layer, &i_v, &i_down, &total)))
+			goto out;
 	}
 	if (c.rope_scaling == KV_ROPE_LLAMA3) {
 		/* llama.cpp keeps llama3's frequencies as a factor tensor */

@@ -105,6 +105,102 @@ static const struct win_map *win_find(const struct kv_model_config *c, const cha
 	return NULL;
 }
 
+/* The Mamba-2 hybrids (llama.cpp's granitehybrid and nemotron_h). Granite
+ * names its layers model.layers.N.{mamba,self_attn,...}, Nemotron-H
+ * backbone.layers.N.mixer.*; both map to llama.cpp's ssm_* / attn_* /
+ * ffn_* names. Where two HF names share a GGUF name the first row is the
+ * one a GGUF loads as (the engine's names for a GGUF: switch_mlp stacks,
+ * the shared expert's split gate / up, the dense MLP as mlp.*); the
+ * converter writes the stacked and fused HF tensors itself
+ * (gguf_convert.c). arch 1 granite, 2 nemotron_h. */
+static const struct ssm_map {
+	const char *hf, *gg;
+	int arch, xf;
+} g_ssm[] = {
+	{"input_layernorm.weight", "attn_norm.weight", 1, KV_GGUF_XF_NONE},
+	{"post_attention_layernorm.weight", "ffn_norm.weight", 1, KV_GGUF_XF_NONE},
+	{"norm.weight", "attn_norm.weight", 2, KV_GGUF_XF_NONE},
+	{"mamba.in_proj.weight", "ssm_in.weight", 1, KV_GGUF_XF_NONE},
+	{"mamba.conv1d.weight", "ssm_conv1d.weight", 1, KV_GGUF_XF_F32},
+	{"mamba.conv1d.bias", "ssm_conv1d.bias", 1, KV_GGUF_XF_F32},
+	{"mamba.dt_bias", "ssm_dt.bias", 1, KV_GGUF_XF_F32},
+	{"mamba.A_log", "ssm_a", 1, KV_GGUF_XF_NEGEXP},
+	{"mamba.D", "ssm_d", 1, KV_GGUF_XF_F32},
+	{"mamba.norm.weight", "ssm_norm.weight", 1, KV_GGUF_XF_NONE},
+	{"mamba.out_proj.weight", "ssm_out.weight", 1, KV_GGUF_XF_NONE},
+	{"mixer.in_proj.weight", "ssm_in.weight", 2, KV_GGUF_XF_NONE},
+	{"mixer.conv1d.weight", "ssm_conv1d.weight", 2, KV_GGUF_XF_F32},
+	{"mixer.conv1d.bias", "ssm_conv1d.bias", 2, KV_GGUF_XF_F32},
+	{"mixer.dt_bias", "ssm_dt.bias", 2, KV_GGUF_XF_F32},
+	{"mixer.A_log", "ssm_a", 2, KV_GGUF_XF_NEGEXP},
+	{"mixer.D", "ssm_d", 2, KV_GGUF_XF_F32},
+	{"mixer.norm.weight", "ssm_norm.weight", 2, KV_GGUF_XF_NONE},
+	{"mixer.out_proj.weight", "ssm_out.weight", 2, KV_GGUF_XF_NONE},
+	{"self_attn.q_proj.weight", "attn_q.weight", 1, KV_GGUF_XF_NONE},
+	{"self_attn.k_proj.weight", "attn_k.weight", 1, KV_GGUF_XF_NONE},
+	{"self_attn.v_proj.weight", "attn_v.weight", 1, KV_GGUF_XF_NONE},
+	{"self_attn.o_proj.weight", "attn_output.weight", 1, KV_GGUF_XF_NONE},
+	{"mixer.q_proj.weight", "attn_q.weight", 2, KV_GGUF_XF_NONE},
+	{"mixer.k_proj.weight", "attn_k.weight", 2, KV_GGUF_XF_NONE},
+	{"mixer.v_proj.weight", "attn_v.weight", 2, KV_GGUF_XF_NONE},
+	{"mixer.o_proj.weight", "attn_output.weight", 2, KV_GGUF_XF_NONE},
+	{"mixer.up_proj.weight", "ffn_up.weight", 2, KV_GGUF_XF_NONE},
+	{"mixer.down_proj.weight", "ffn_down.weight", 2, KV_GGUF_XF_NONE},
+	{"block_sparse_moe.router.layer.weight", "ffn_gate_inp.weight", 1, KV_GGUF_XF_F32},
+	{"block_sparse_moe.switch_mlp.gate_proj.weight", "ffn_gate_exps.weight", 1, KV_GGUF_XF_NONE},
+	{"block_sparse_moe.switch_mlp.up_proj.weight", "ffn_up_exps.weight", 1, KV_GGUF_XF_NONE},
+	{"block_sparse_moe.switch_mlp.down_proj.weight", "ffn_down_exps.weight", 1, KV_GGUF_XF_NONE},
+	{"block_sparse_moe.output_linear.weight", "ffn_down_exps.weight", 1, KV_GGUF_XF_NONE},
+	{"shared_mlp.gate_proj.weight", "ffn_gate_shexp.weight", 1, KV_GGUF_XF_NONE},
+	{"shared_mlp.up_proj.weight", "ffn_up_shexp.weight", 1, KV_GGUF_XF_NONE},
+	{"shared_mlp.output_linear.weight", "ffn_down_shexp.weight", 1, KV_GGUF_XF_NONE},
+	{"mlp.gate_proj.weight", "ffn_gate.weight", 1, KV_GGUF_XF_NONE},
+	{"mlp.up_proj.weight", "ffn_up.weight", 1, KV_GGUF_XF_NONE},
+	{"mlp.down_proj.weight", "ffn_down.weight", 1, KV_GGUF_XF_NONE},
+};
+#define N_SSM_MAP (sizeof g_ssm / sizeof g_ssm[0])
+
+static int ssm_arch(const struct kv_model_config *c)
+{
+	return c->arch == KV_ARCH_NEMOTRON_H ? 2 : 1;
+}
+
+const char *kv_gguf_ssm_top_hf(const struct kv_model_config *c, const char *gg)
+{
+	int nem = ssm_arch(c) == 2;
+	if (!strcmp(gg, "token_embd.weight"))
+		return nem ? "backbone.embeddings.weight" : "model.embed_tokens.weight";
+	if (!strcmp(gg, "output_norm.weight"))
+		return nem ? "backbone.norm_f.weight" : "model.norm.weight";
+	if (!strcmp(gg, "output.weight"))
+		return "lm_head.weight";
+	return NULL;
+}
+
+/* hf: "<prefix>layers.N.<suffix>" or a top-level name, any prefix */
+static int ssm_name_from_hf(const struct kv_model_config *c, const char *hf, char *buf, size_t cap)
+{
+	const char *r = hf, *l;
+	int layer;
+	if (!strcmp(hf, "lm_head.weight"))
+		return snprintf(buf, cap, "output.weight"), 1;
+	if (!strncmp(r, "model.", 6))
+		r += 6;
+	else if (!strncmp(r, "backbone.", 9))
+		r += 9;
+	if (!strcmp(r, "embed_tokens.weight") || !strcmp(r, "embeddings.weight"))
+		return snprintf(buf, cap, "token_embd.weight"), 1;
+	if (!strcmp(r, "norm.weight") || !strcmp(r, "norm_f.weight"))
+		return snprintf(buf, cap, "output_norm.weight"), 1;
+	if (sscanf(r, "layers.%d.", &layer) != 1 || !(l = strchr(r + 7, '.')))
+		return 0;
+	l++;
+	for (size_t i = 0; i < N_SSM_MAP; i++)
+		if (g_ssm[i].arch == ssm_arch(c) && !strcmp(l, g_ssm[i].hf))
+			return snprintf(buf, cap, "blk.%d.%s", layer, g_ssm[i].gg), 1;
+	return 0;
+}
+
 const char *kv_gguf_arch(const struct kv_model_config *c)
 {
 	if (c->arch == KV_ARCH_LLAMA)
@@ -113,6 +209,8 @@ const char *kv_gguf_arch(const struct kv_model_config *c)
 		return "gemma3";
 	if (c->arch == KV_ARCH_GPT_OSS)
 		return "gpt-oss";
+	if (c->ssm)
+		return c->arch == KV_ARCH_NEMOTRON_H ? "nemotron_h" : "granitehybrid";
 	if (c->arch == KV_ARCH_QWEN3_NEXT)
 		return "qwen3next";
 	if (c->hybrid)
@@ -188,6 +286,8 @@ int kv_gguf_name_from_hf(const struct kv_model_config *c, const char *hf, char *
 {
 	const char *p = "model.";
 	int layer;
+	if (c->ssm)
+		return ssm_name_from_hf(c, hf, buf, cap);
 	if (!strcmp(hf, "model.embed_tokens.weight"))
 		return snprintf(buf, cap, "token_embd.weight"), 1;
 	if (!strcmp(hf, "model.norm.weight"))
@@ -200,7 +300,7 @@ int kv_gguf_name_from_hf(const struct kv_model_config *c, const char *hf, char *
 	if (!rest)
 		return 0;
 	rest++;
-	if (c->arch >= KV_ARCH_LLAMA) {
+	if (kv_arch_window_family(c->arch)) {
 		const struct win_map *w = win_find(c, rest, NULL);
 		return w ? (snprintf(buf, cap, "blk.%d.%s", layer, w->gg), 1) : 0;
 	}
@@ -215,11 +315,20 @@ int kv_gguf_name_from_hf(const struct kv_model_config *c, const char *hf, char *
 
 const char *kv_gguf_layer_hf(const struct kv_model_config *c, const char *gg, int *xf)
 {
-	if (c->arch >= KV_ARCH_LLAMA) {
+	if (kv_arch_window_family(c->arch)) {
 		const struct win_map *w = win_find(c, NULL, gg);
 		if (w && xf)
 			*xf = w->xf;
 		return w ? w->hf : NULL;
+	}
+	if (c->ssm) {
+		for (size_t m = 0; m < N_SSM_MAP; m++)
+			if (g_ssm[m].arch == ssm_arch(c) && !strcmp(gg, g_ssm[m].gg)) {
+				if (xf)
+					*xf = g_ssm[m].xf;
+				return g_ssm[m].hf;
+			}
+		return NULL;
 	}
 	for (size_t m = 0; m < N_LAYER_MAP; m++)
 		if (applies(&g_layer[m], c) && !strcmp(gg, g_layer[m].gg)) {

@@ -36,8 +36,14 @@ enum kv_gguf_xf {
 };
 
 /* general.architecture of a config: "qwen3", "qwen35", "qwen35moe",
- * "qwen3next", "llama", "gemma3" or "gpt-oss". */
+ * "qwen3next", "llama", "gemma3", "gpt-oss", "granitehybrid" or
+ * "nemotron_h". */
 const char *kv_gguf_arch(const struct kv_model_config *c);
+
+/* The Mamba-2 hybrids' top-level tensors (token_embd, output_norm,
+ * output) under their HF names for c ("backbone." names for nemotron_h);
+ * NULL for any other name. */
+const char *kv_gguf_ssm_top_hf(const struct kv_model_config *c, const char *gg);
 
 /* GGUF name of an HF tensor name (into buf); 0 if unmapped. */
 int kv_gguf_name_from_hf(const struct kv_model_config *c, const char *hf, char *buf, size_t cap);

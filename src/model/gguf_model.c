@@ -6,6 +6,7 @@
  */
 #include "model/gguf_model.h"
 #include "model/gguf_map.h"
+#include "model/gguf_ssm.h"
 #include "model/quant.h"
 #include "base/corrupt.h"
 #include "base/err.h"
@@ -207,10 +208,14 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 			     "docs/models.md)", kv_gguf_path(g));
 		goto out;
 	}
+	if (kv_gguf_is_ssm_arch(arch)) { /* the Mamba-2 hybrids: gguf_ssm.c */
+		rc = kv_gguf_config_ssm(g, arch, out);
+		goto out;
+	}
 	if (strcmp(arch, "qwen3") && strcmp(arch, "qwen35") && strcmp(arch, "qwen35moe") && strcmp(arch, "qwen3next") &&
 	    !win) {
 		rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: GGUF architecture '%s' (kvkeep runs qwen3, qwen35, qwen35moe, "
-			     "qwen3next, llama, gemma3 and gpt-oss)", kv_gguf_path(g), arch);
+			     "qwen3next, llama, gemma3, gpt-oss, granitehybrid and nemotron_h)", kv_gguf_path(g), arch);
 		goto out;
 	}
 	hybrid = strcmp(arch, "qwen3") != 0 && !win;
@@ -440,7 +445,13 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 			const struct kv_tensor *t = kv_gguf_tensor_at(g, i);
 			char hf[160] = "";
 			int xf = KV_GGUF_XF_NONE, layer = -1;
-			if (!strcmp(t->name, "token_embd.weight"))
+			if (c->ssm && kv_gguf_ssm_top_hf(c, t->name))
+				snprintf(hf, sizeof hf, "%s", kv_gguf_ssm_top_hf(c, t->name));
+			else if (c->ssm && sscanf(t->name, "blk.%d.", &layer) == 1 && layer >= 0 && layer < c->n_layers) {
+				const char *h = kv_gguf_layer_hf(c, strchr(t->name + 4, '.') + 1, &xf);
+				if (h)
+					snprintf(hf, sizeof hf, "%slayers.%d.%s", kv_config_default_prefix(c), layer, h);
+			} else if (!strcmp(t->name, "token_embd.weight"))
 				snprintf(hf, sizeof hf, "model.embed_tokens.weight");
 			else if (!strcmp(t->name, "output_norm.weight"))
 				snprintf(hf, sizeof hf, "model.norm.weight");
@@ -464,7 +475,7 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 					snprintf(hf, sizeof hf, "mtp.layers.0.%s", h);
 			}
 			int ba_split = 0;
-			if (!hf[0] && layer >= 0 && (layer < c->n_layers || mtp)) {
+			if (!hf[0] && layer >= 0 && (layer < c->n_layers || mtp) && !c->ssm) {
 				const char *rest = strchr(t->name + 4, '.') + 1;
 				const char *h = kv_gguf_moe_hf(rest);
 				if (h && !strcmp(rest, "ffn_down_exps.weight")) {
@@ -546,7 +557,16 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 				d->shape[1] = t->shape[0];
 				d->shape[0] = 1;
 			}
-			if (xf == KV_GGUF_XF_VROWS && strstr(t->name, "ssm_conv1d")) {
+			size_t tl = strlen(t->name);
+			if (c->ssm && t->ndim == 2 &&
+			    ((tl > 6 && (!strcmp(t->name + tl - 6, ".ssm_a") || !strcmp(t->name + tl - 6, ".ssm_d"))) ||
+			     strstr(t->name, ".ssm_norm."))) {
+				/* [H, 1] and [G, W / G] -> HF's 1-D [H] and [W] */
+				d->ndim = 1;
+				d->shape[0] = (int64_t)t->numel;
+				d->shape[1] = 0;
+			}
+			if ((xf == KV_GGUF_XF_VROWS || c->ssm) && strstr(t->name, "ssm_conv1d.weight") && t->ndim == 2) {
 				/* [C, K] -> HF's [C, 1, K] */
 				d->ndim = 3;
 				d->shape[2] = t->shape[1];

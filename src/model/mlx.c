@@ -63,9 +63,15 @@ static int get_bg(const json_t *o, const char *what, const char *key, int64_t *b
 int kv_mlx_qcfg_parse(const char *text, size_t len, const char *what, struct kv_mlx_qcfg **out)
 {
 	json_t *root = NULL;
+	char *relaxed = NULL;
+	size_t rlen = 0;
 	int rc;
 	*out = NULL;
-	if ((rc = kv_json_parse(what, text, len, 64, &root)))
+	if ((rc = kv_config_json_relax(text, len, &relaxed, &rlen))) /* Python's bare Infinity */
+		return rc;
+	rc = kv_json_parse(what, relaxed ? relaxed : text, relaxed ? rlen : len, 64, &root);
+	free(relaxed);
+	if (rc)
 		return rc;
 	const char *key = "quantization";
 	json_t *qo = json_object_get(root, key);

@@ -193,6 +193,79 @@ static int check_overrides(const char *list, const struct kv_tensor_spec *dv, si
 	return KV_OK;
 }
 
+/* config.json as JSON; Python's bare Infinity (Nemotron-H's
+ * time_step_limit) is read as a string and written back as one, which
+ * the reader takes too. */
+static int read_config(const char *path, json_t **cfg)
+{
+	char *text = NULL, *relaxed = NULL;
+	size_t len = 0, rlen = 0;
+	int rc = kv_io_read_file(path, KV_CONFIG_MAX_BYTES, &text, &len);
+	if (!rc && !(rc = kv_config_json_relax(text, len, &relaxed, &rlen)))
+		rc = kv_json_parse(path, relaxed ? relaxed : text, relaxed ? rlen : len, KV_JSON_MAX_DEPTH, cfg);
+	free(text);
+	free(relaxed);
+	return rc;
+}
+
+/* A dense Granite 4.0-H's shared_mlp as mlx-lm writes it:
+ * input_linear [2 Is][D] -> mlp.gate_proj + mlp.up_proj, output_linear ->
+ * mlp.down_proj; quantized unless the group does not divide the input. */
+static int granite_dense(struct kv_stw *st, struct job *jobs, size_t *nj, json_t *qo,
+			 const struct kv_mlx_write_opts *o, const struct kv_model_config *c,
+			 const struct kv_tensor_spec *s, const struct kv_tensor *t, const char *dprefix)
+{
+	int in = strstr(s->name, ".input_linear.") != NULL, rc = KV_OK;
+	const int64_t Is = c->shared_intermediate, D = c->hidden;
+	for (int k = 0; k < (in ? 2 : 1) && !rc; k++) {
+		char base[200], nm[220];
+		int64_t rows = in ? Is : D, cols = in ? D : Is;
+		snprintf(base, sizeof base, "%slayers.%d.mlp.%s_proj", dprefix, s->layer, in ? (k ? "up" : "gate") : "down");
+		int bits = o->bits, group = o->group_size;
+		snprintf(nm, sizeof nm, "%s.weight", base);
+		if (cols % group) {
+			int64_t fs[2] = {rows, cols};
+			struct job *j = &jobs[(*nj)++];
+			*j = (struct job){t, J_ROWS, 0, 0, rows, cols, rows, 0, k * Is, NULL};
+			json_object_set_new(qo, base, json_false());
+			rc = kv_stw_add_fill(st, nm, t->dtype, 2, fs, fill_job, j);
+			continue;
+		}
+		int64_t cs[2] = {rows, cols * bits / 32}, ss[2] = {rows, cols / group};
+		struct job *jc = &jobs[(*nj)++], *js = &jobs[(*nj)++], *jb = &jobs[(*nj)++];
+		*jc = (struct job){t, J_CODES, bits, group, rows, cols, rows, 0, k * Is, NULL};
+		*js = *jc;
+		js->kind = J_SCALES;
+		*jb = *jc;
+		jb->kind = J_BIASES;
+		if ((rc = kv_stw_add_fill(st, nm, KV_DT_U32, 2, cs, fill_job, jc)))
+			break;
+		snprintf(nm, sizeof nm, "%s.scales", base);
+		if ((rc = kv_stw_add_fill(st, nm, t->dtype, 2, ss, fill_job, js)))
+			break;
+		snprintf(nm, sizeof nm, "%s.biases", base);
+		rc = kv_stw_add_fill(st, nm, t->dtype, 2, ss, fill_job, jb);
+	}
+	return rc;
+}
+
+/* A folder this writer can quantize: not quantized already, not gpt_oss
+ * (kv_mlx_write). */
+static int check_source(const struct kv_mlx_write_opts *o, const struct kv_model_config *c, struct kv_weights *w)
+{
+	for (size_t i = 0; i < kv_weights_count(w); i++)
+		if (kv_weights_at(w, i)->dtype == KV_DT_U32)
+			return kv_fail(KV_ERR_INVALID, "%s is already quantized (tensor '%s' is U32)", o->hf_dir,
+				       kv_weights_at(w, i)->name);
+	if (c->arch == KV_ARCH_GPT_OSS)
+		/* mlx-lm writes GPT-OSS's experts in MLX's own mxfp4 mode (with
+		 * their biases beside the SwitchGLU stacks), which this writer
+		 * does not produce */
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: MLX conversion of gpt_oss is not supported (its experts are "
+			       "MXFP4 already: run the folder itself, or `kvkeep convert` to GGUF)", o->hf_dir);
+	return KV_OK;
+}
+
 int kv_mlx_write(const struct kv_mlx_write_opts *o)
 {
 	struct kv_model_config c;
@@ -217,25 +290,16 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 		return rc;
 	if ((rc = kv_config_check_weights(&c, w, prefix, sizeof prefix)))
 		goto out;
-	for (size_t i = 0; i < kv_weights_count(w); i++)
-		if (kv_weights_at(w, i)->dtype == KV_DT_U32) {
-			rc = kv_fail(KV_ERR_INVALID, "%s is already quantized (tensor '%s' is U32)", o->hf_dir,
-				     kv_weights_at(w, i)->name);
-			goto out;
-		}
-	if (c.arch == KV_ARCH_GPT_OSS) {
-		/* mlx-lm writes GPT-OSS's experts in MLX's own mxfp4 mode (with
-		 * their biases beside the SwitchGLU stacks), which this writer
-		 * does not produce */
-		rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: MLX conversion of gpt_oss is not supported (its experts are MXFP4 "
-			     "already: run the folder itself, or `kvkeep convert` to GGUF)", o->hf_dir);
+	if ((rc = check_source(o, &c, w)))
 		goto out;
-	}
 	/* mlx-lm's names: Qwen3.5 lives under language_model (its sanitize()
 	 * maps model.language_model.* and model.* there); the others keep the
 	 * Hugging Face names. */
 	int lm = c.arch == KV_ARCH_QWEN3_5;
-	const char *dprefix = lm ? "language_model.model." : "model.";
+	const char *dprefix = lm ? "language_model.model." : c.ssm ? prefix : "model.";
+	/* mlx-lm's Granite 4.0-H sanitize(): the experts as
+	 * block_sparse_moe.switch_mlp stacks, a dense shared_mlp as mlp.* */
+	int granite = c.arch == KV_ARCH_GRANITE_HYBRID;
 	if ((rc = kv_config_tensors(&c, prefix, &sv, &n)) || (rc = kv_config_tensors(&c, dprefix, &dv, &n2)))
 		goto out;
 	if ((rc = check_overrides(o->overrides, dv, n2, kv_config_lm_head_name(dprefix))))
@@ -262,7 +326,17 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 		 * mlp.switch_mlp.{gate,up,down}_proj [E, rows, cols] from any HF
 		 * layout (stacked gate_up_proj split, per-expert tensors stacked). */
 		const char *rest = s->layer >= 0 ? strstr(s->name, ".mlp.") : NULL;
-		if (rest && (s->expert >= 0 || strstr(rest, ".mlp.experts.") || strstr(rest, ".mlp.switch_mlp."))) {
+		const char *sw = "mlp";
+		if (granite && s->layer >= 0 && strstr(s->name, ".block_sparse_moe.") && s->role != KV_ROLE_ROUTER) {
+			rest = strstr(s->name, ".block_sparse_moe.");
+			sw = "block_sparse_moe";
+		}
+		if (granite && !c.n_moe_layers && s->layer >= 0 && strstr(s->name, ".shared_mlp.")) {
+			rc = granite_dense(st, jobs, &nj, qo, o, &c, s, t, dprefix);
+			continue;
+		}
+		if (rest && (s->expert >= 0 || strstr(rest, ".mlp.experts.") || strstr(rest, ".mlp.switch_mlp.") ||
+			     !strcmp(sw, "block_sparse_moe"))) {
 			if (s->expert > 0)
 				continue; /* stacked with expert 0 */
 			const int64_t E = c.n_experts, I = c.moe_intermediate, D = c.hidden;
@@ -282,7 +356,7 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 				}
 				n_esrc += (size_t)E;
 				tmpl[0] = (struct job){t, 0, 0, 0, E * s->shape[0], s->shape[1], s->shape[0], 0, 0, es};
-			} else if (strstr(rest, "gate_up_proj")) {
+			} else if (strstr(rest, "gate_up_proj") || strstr(rest, ".input_linear.")) {
 				which[0] = "gate";
 				which[1] = "up";
 				nst = 2;
@@ -296,7 +370,7 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 				char dn[220], base[200], nm[220];
 				struct job *jt = &tmpl[k];
 				int64_t per = jt->rows / E, cols = jt->cols;
-				snprintf(base, sizeof base, "%slayers.%d.mlp.switch_mlp.%s_proj", dprefix, s->layer, which[k]);
+				snprintf(base, sizeof base, "%slayers.%d.%s.switch_mlp.%s_proj", dprefix, s->layer, sw, which[k]);
 				snprintf(dn, sizeof dn, "%s.weight", base);
 				int bits = o->bits, group = o->group_size, ov = find_override(o->overrides, base, &bits, &group);
 				if (ov == 1) {
@@ -408,7 +482,7 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 	if ((rc = kv_stw_write(st, path, o->dw_flags)))
 		goto out;
 	snprintf(path, sizeof path, "%s/config.json", o->hf_dir);
-	if ((rc = kv_json_load_file(path, KV_CONFIG_MAX_BYTES, &cfg)))
+	if ((rc = read_config(path, &cfg)))
 		goto out;
 	json_object_set(cfg, "quantization", qo);
 	json_object_set_new(cfg, "quantization_config", json_deep_copy(qo));

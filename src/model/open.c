@@ -42,6 +42,18 @@ int kv_config_load(const char *model_dir, struct kv_model_config *out)
 void kv_config_detect_experts(struct kv_model_config *c, const struct kv_weights *w, const char *prefix)
 {
 	char name[160];
+	if (c->arch == KV_ARCH_GRANITE_HYBRID) {
+		/* HF: block_sparse_moe.input_linear (stacked gate|up) or shared_mlp
+		 * alone; mlx-lm: block_sparse_moe.switch_mlp.*, or mlp.* when dense */
+		if (c->n_moe_layers)
+			snprintf(name, sizeof name, "%slayers.0.block_sparse_moe.switch_mlp.gate_proj.weight", prefix);
+		else
+			snprintf(name, sizeof name, "%slayers.0.mlp.gate_proj.weight", prefix);
+		c->expert_layout = !kv_weights_find(w, name) ? KV_EXPERTS_STACKED
+				   : c->n_moe_layers	     ? KV_EXPERTS_SWITCH
+							     : KV_EXPERTS_SPLIT;
+		return;
+	}
 	for (int l = 0; l < c->n_layers; l++) {
 		if (!c->layer_moe[l])
 			continue;
@@ -76,6 +88,8 @@ int kv_config_check_weights(const struct kv_model_config *c, const struct kv_wei
 		p = "model.language_model.";
 	else if (kv_weights_find(w, "language_model.model.embed_tokens.weight"))
 		p = "language_model.model."; /* mlx-lm's Qwen3.5 names */
+	else if (c->ssm)
+		p = kv_config_default_prefix(c); /* backbone. (nemotron_h) or model. */
 	if (prefix && cap)
 		snprintf(prefix, cap, "%s", p);
 	struct kv_model_config cl = *c;

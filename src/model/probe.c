@@ -5,6 +5,7 @@
  * PATH`: each says what PATH is (or is not) and what to give instead.
  */
 #include "model/probe.h"
+#include "model/config.h"
 #include "model/gguf.h"
 #include "model/weights.h"
 #include "base/err.h"
@@ -134,7 +135,14 @@ static int read_config(const char *path, const char *cfg, struct kv_model_probe 
 	int rc = kv_io_read_file(cfg, 16u << 20, &text, &len);
 	if (rc)
 		return rc; /* its message names the file and the reason */
-	rc = kv_json_parse(cfg, text, len, 64, &j);
+	char *relaxed = NULL; /* Python's bare Infinity (Nemotron-H's time_step_limit) */
+	size_t rlen = 0;
+	if ((rc = kv_config_json_relax(text, len, &relaxed, &rlen))) {
+		free(text);
+		return rc;
+	}
+	rc = relaxed ? kv_json_parse(cfg, relaxed, rlen, 64, &j) : kv_json_parse(cfg, text, len, 64, &j);
+	free(relaxed);
 	free(text);
 	if (rc)
 		return kv_fail_ctx(KV_ERR_CORRUPT, "%s: config.json is not valid JSON (download it again)", path);

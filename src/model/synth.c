@@ -268,6 +268,89 @@ static const struct kv_synth_preset g_presets[] = {
 		.intermediate = 14336, .partial_rotary = 1.0, .rope_theta = 500000, .rms_eps = 1e-5,
 		.max_positions = 131072, .mlp_only_layer = -1, .vocab = 128256, .config_only = 1,
 	},
+	/* The Mamba-2 hybrids (config_ssm.c, synth_ssm.c). */
+	{
+		.name = "tiny-granite-h",
+		.summary = "Granite 4.0-H shape (MoE + shared expert): 3 Mamba-2 layers + 1 attention, 8 experts top 2",
+		.arch = KV_ARCH_GRANITE_HYBRID, .pattern = "MM*M",
+		.hidden = 64, .n_layers = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .intermediate = 32,
+		.n_experts = 8, .n_experts_per_tok = 2, .shared_intermediate = 48,
+		.ssm_heads = 4, .ssm_head_dim = 32, .ssm_state = 16, .ssm_groups = 1, .conv_kernel = 4,
+		.embed_mult = 2.0, .residual_mult = 0.5, .attn_mult = 0.0625, .logits_scaling = 1.25,
+		.rope_theta = 10000, .rms_eps = 1e-5, .tie_embeddings = 1, .max_positions = 131072,
+	},
+	{
+		.name = "tiny-granite-h-dense",
+		.summary = "Granite 4.0-H dense shape (no experts: shared_mlp alone), 3 Mamba-2 layers + 1 attention",
+		.arch = KV_ARCH_GRANITE_HYBRID, .pattern = "M*MM",
+		.hidden = 64, .n_layers = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .intermediate = 32,
+		.shared_intermediate = 96,
+		.ssm_heads = 4, .ssm_head_dim = 32, .ssm_state = 16, .ssm_groups = 1, .conv_kernel = 4,
+		.embed_mult = 2.0, .residual_mult = 0.5, .attn_mult = 0.0625, .logits_scaling = 1.25,
+		.rope_theta = 10000, .rms_eps = 1e-5, .tie_embeddings = 1, .max_positions = 131072,
+	},
+	{
+		/* Granite derives head_dim = hidden / heads: 2 heads give the 32
+		 * that q8_0 KV needs (engine/kvq8.h), for its tests on a hybrid */
+		.name = "tiny-granite-h-q8kv",
+		.summary = "tiny-granite-h with 2 attention heads of 32 (head_dim a multiple of 32: --kv-dtype q8_0 tests)",
+		.arch = KV_ARCH_GRANITE_HYBRID, .pattern = "MM*M",
+		.hidden = 64, .n_layers = 4, .n_heads = 2, .n_kv_heads = 1, .head_dim = 32, .intermediate = 32,
+		.n_experts = 8, .n_experts_per_tok = 2, .shared_intermediate = 48,
+		.ssm_heads = 4, .ssm_head_dim = 32, .ssm_state = 16, .ssm_groups = 1, .conv_kernel = 4,
+		.embed_mult = 2.0, .residual_mult = 0.5, .attn_mult = 0.03125, .logits_scaling = 1.25,
+		.rope_theta = 10000, .rms_eps = 1e-5, .tie_embeddings = 1, .max_positions = 131072,
+	},
+	{
+		.name = "tiny-nemotron-h",
+		.summary = "Nemotron-H shape: Mamba-2 (2 groups), attention and squared-ReLU MLP layers, M-M*-M",
+		.arch = KV_ARCH_NEMOTRON_H, .pattern = "M-M*-M",
+		.hidden = 64, .n_layers = 6, .n_heads = 4, .n_kv_heads = 2, .head_dim = 16, .intermediate = 128,
+		.ssm_heads = 8, .ssm_head_dim = 16, .ssm_state = 16, .ssm_groups = 2, .conv_kernel = 4,
+		.rope_theta = 10000, .rms_eps = 1e-5, .max_positions = 131072,
+	},
+	{
+		.name = "bench-granite-h",
+		.summary = "benchmarks: Granite 4.0-H MoE shape, 6 Mamba-2 (16 heads x 64, state 128) + 2 attention, "
+			   "32 experts top 4",
+		.arch = KV_ARCH_GRANITE_HYBRID, .pattern = "MMM*MMM*",
+		.hidden = 512, .n_layers = 8, .n_heads = 8, .n_kv_heads = 2, .head_dim = 64, .intermediate = 64,
+		.n_experts = 32, .n_experts_per_tok = 4, .shared_intermediate = 256,
+		.ssm_heads = 16, .ssm_head_dim = 64, .ssm_state = 128, .ssm_groups = 1, .conv_kernel = 4,
+		.embed_mult = 2.0, .residual_mult = 0.5, .attn_mult = 0.015625, .logits_scaling = 1.25,
+		.rope_theta = 10000, .rms_eps = 1e-5, .tie_embeddings = 1, .max_positions = 131072,
+	},
+	{
+		.name = "bench-nemotron-h",
+		.summary = "benchmarks: Nemotron Nano 2 shape, 7 Mamba-2 (32 heads x 80, 8 groups, state 128) + 7 MLP "
+			   "+ 2 attention",
+		.arch = KV_ARCH_NEMOTRON_H, .pattern = "M-M-M*-M-M-M*-M-",
+		.hidden = 512, .n_layers = 16, .n_heads = 8, .n_kv_heads = 2, .head_dim = 64, .intermediate = 2048,
+		.ssm_heads = 32, .ssm_head_dim = 80, .ssm_state = 128, .ssm_groups = 8, .conv_kernel = 4,
+		.rope_theta = 10000, .rms_eps = 1e-5, .max_positions = 131072,
+	},
+	{
+		/* ibm-granite/granite-4.0-h-small config.json (32B total, 9B active) */
+		.name = "granite-4.0-h-small",
+		.summary = "the released Granite 4.0-H Small geometry (config only; weights with --large)",
+		.arch = KV_ARCH_GRANITE_HYBRID, .pattern = "MMMMM*MMMMMMMMM*MMMMMMMMM*MMMMMMMMM*MMMM",
+		.hidden = 4096, .n_layers = 40, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128, .intermediate = 768,
+		.n_experts = 72, .n_experts_per_tok = 10, .shared_intermediate = 1024,
+		.ssm_heads = 128, .ssm_head_dim = 64, .ssm_state = 128, .ssm_groups = 1, .conv_kernel = 4,
+		.embed_mult = 12.0, .residual_mult = 0.22, .attn_mult = 0.0078125, .logits_scaling = 16.0,
+		.rope_theta = 10000, .rms_eps = 1e-5, .tie_embeddings = 1, .max_positions = 131072,
+		.config_only = 1, .vocab = 100352,
+	},
+	{
+		/* nvidia/NVIDIA-Nemotron-Nano-9B-v2 config.json (8.89B) */
+		.name = "nemotron-nano-9b-v2",
+		.summary = "the released Nemotron Nano 9B v2 geometry (config only; weights with --large)",
+		.arch = KV_ARCH_NEMOTRON_H, .pattern = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-",
+		.hidden = 4480, .n_layers = 56, .n_heads = 40, .n_kv_heads = 8, .head_dim = 128, .intermediate = 15680,
+		.ssm_heads = 128, .ssm_head_dim = 80, .ssm_state = 128, .ssm_groups = 8, .conv_kernel = 4,
+		.rope_theta = 10000, .rms_eps = 1e-5, .max_positions = 131072,
+		.config_only = 1, .vocab = 131072,
+	},
 };
 
 size_t kv_synth_preset_count(void)
@@ -404,6 +487,10 @@ int kv_synth_config_json(const struct kv_synth_preset *p, int vocab, int bos, in
 		*len = 0;
 	if (!root)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	if (p->arch == KV_ARCH_GRANITE_HYBRID || p->arch == KV_ARCH_NEMOTRON_H) {
+		json_decref(root);
+		return kv_synth_ssm_config_json(p, vocab, bos, eos, dtype, out, len);
+	}
 	if (p->arch == KV_ARCH_QWEN3) {
 		/* Qwen3ForCausalLM, as in the released Qwen3 config.json files. */
 		json_t *a = json_array();
@@ -425,7 +512,7 @@ int kv_synth_config_json(const struct kv_synth_preset *p, int vocab, int bos, in
 		json_object_set_new(root, "use_cache", json_true());
 		json_object_set_new(root, "use_sliding_window", json_false());
 		json_object_set_new(root, "vocab_size", json_integer(vocab));
-	} else if (p->arch >= KV_ARCH_LLAMA) {
+	} else if (kv_arch_window_family(p->arch)) {
 		window_family_config(root, p, vocab, bos, eos, dtype);
 	} else if (p->arch == KV_ARCH_QWEN3_NEXT) {
 		/* Qwen3NextForCausalLM: one flat config, as in the released
@@ -1263,6 +1350,12 @@ int kv_synth_fill(const struct kv_model_config *c, const struct kv_tensor_spec *
 		break;
 	case KV_ROLE_SINKS: /* about the size of a row's largest scores */
 		mean = 1.0, std = 1.0;
+		break;
+	case KV_ROLE_CONV_BIAS: /* conv bias: small */
+		std = 0.05;
+		break;
+	case KV_ROLE_SSM_D: /* Mamba's D skip: near 1 (transformers initialises ones) */
+		mean = 1.0, std = 0.05;
 		break;
 	default:
 		return kv_fail(KV_ERR_INVALID, "tensor '%s': unknown role %d", sp->name, sp->role);

@@ -67,6 +67,16 @@ struct kv_synth_preset {
 	 * intermediate per expert) in the MXFP4 release layout. */
 	int sliding_window, swa_pattern;
 	double rope_local_theta;
+	/* Mamba-2 hybrids (arch KV_ARCH_GRANITE_HYBRID / KV_ARCH_NEMOTRON_H,
+	 * synth_ssm.c): the layer pattern, one character per layer ('M'
+	 * Mamba-2, '*' attention, '-' an MLP layer of nemotron_h), the mixer's
+	 * heads, head dim, state size and groups (conv_kernel is its d_conv),
+	 * and Granite's multipliers. Granite with n_experts > 0 is the MoE +
+	 * shared-expert variant (intermediate = an expert's size), else dense
+	 * (shared_intermediate alone). */
+	const char *pattern;
+	int ssm_heads, ssm_head_dim, ssm_state, ssm_groups;
+	double embed_mult, residual_mult, attn_mult, logits_scaling;
 };
 
 size_t kv_synth_preset_count(void);
@@ -107,6 +117,10 @@ int kv_synth_write(const struct kv_synth_opts *o);
  */
 int kv_synth_config_json(const struct kv_synth_preset *p, int vocab, int bos_id, int eos_id, int dtype,
 			 char **out, size_t *len);
+/* The same for the Mamba-2 presets (synth_ssm.c; kv_synth_config_json
+ * hands them on). */
+int kv_synth_ssm_config_json(const struct kv_synth_preset *p, int vocab, int bos_id, int eos_id, int dtype,
+			     char **out, size_t *len);
 
 /*
  * The built-in tokenizer: tokenizer.json and tokenizer_config.json texts,

@@ -102,7 +102,7 @@ static int build(void *ctx, struct kv_gram **ir)
 	case KSS_CONS_GBNF:
 		return kv_gbnf_parse(sp->gbnf, sp->gbnf_len, ir);
 	case KSS_CONS_TOOLS: {
-		struct kv_tcg_params tp = {.format = sp->xml ? KV_TC_XML : KV_TC_JSON,
+		struct kv_tcg_params tp = {.format = sp->xml,
 					   .choice = sp->choice,
 					   .name = sp->name,
 					   .parallel = sp->parallel,

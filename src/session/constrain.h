@@ -56,7 +56,7 @@ struct kss_cons_spec {
 	int choice;            /* TOOLS: enum kv_tcg_choice */
 	const char *name;      /* TOOLS, KV_TCG_NAMED: the function */
 	int parallel;          /* TOOLS: several calls may follow each other */
-	int xml;               /* TOOLS: the Qwen3.5 XML call syntax (else Qwen3 JSON) */
+	int xml;               /* TOOLS: the call syntax, enum kv_tc_format (Qwen3 JSON, Qwen3.5 XML, Nemotron-H list) */
 };
 
 struct kss_cons;           /* the compiled-grammar cache of a service */

@@ -5,6 +5,7 @@
  * literals of request strings.
  */
 #include "text/jinja_int.h"
+#include "text/toolcall.h"
 #include "model/gguf_model.h"
 #include "base/hash.h"
 #include "base/io.h"
@@ -13,6 +14,18 @@
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
+
+/* The tool-call syntax a template renders (enum kv_tc_format):
+ * Nemotron-H's <TOOLCALL>[...] list, Qwen3.5's <function=...> XML, else
+ * the <tool_call> JSON of Qwen3 and Granite 4.0-H. */
+static int tool_format(const char *src, const char *src_tools)
+{
+	if (strstr(src, "<TOOLCALL>") || (src_tools && strstr(src_tools, "<TOOLCALL>")))
+		return KV_TC_LIST;
+	if (strstr(src, "<function=") || (src_tools && strstr(src_tools, "<function=")))
+		return KV_TC_XML;
+	return KV_TC_JSON;
+}
 
 /* ------------------------------------------------------------------------
  * The chat layer
@@ -271,8 +284,7 @@ static int chat_build(const json_t *cfg, const char *jinja_src, const char *what
 		for (size_t i = 0; i < c->n_added; i++)
 			if (c->added[i].cut && kv_tok_id(tok, c->added[i].s) < 0)
 				c->added[i].cut = 0;
-	c->xml_tools = strstr(c->src, "<function=") != NULL ||
-		       (c->src_tools && strstr(c->src_tools, "<function=") != NULL);
+	c->xml_tools = tool_format(c->src, c->src_tools);
 	c->harmony = is_harmony(c->src);
 	*out = c;
 	return KV_OK;
@@ -376,7 +388,7 @@ int kv_chat_set_template(struct kv_chat *c, const char *src, size_t len, const c
 	c->src = copy;
 	c->tmpl_tools = NULL;
 	c->src_tools = NULL;
-	c->xml_tools = strstr(copy, "<function=") != NULL;
+	c->xml_tools = tool_format(copy, NULL);
 	c->harmony = is_harmony(copy);
 	return KV_OK;
 }

@@ -74,7 +74,7 @@ int kv_out_create(const struct kv_out_params *p, struct kv_out **out)
 			return rc;
 		}
 	} else if (p->tools) {
-		struct kv_tc_params tp = {.format = p->xml_tools ? KV_TC_XML : KV_TC_JSON, .tools = p->tools};
+		struct kv_tc_params tp = {.format = p->xml_tools, .tools = p->tools};
 		int rc = kv_tc_parser_create(&tp, &o->tc);
 		if (rc) {
 			free(o);

@@ -62,7 +62,8 @@ struct kv_out_params {
 	int split_reasoning;     /* 1: split <think>...</think> out */
 	int in_think;            /* 1: the prompt ended inside an open think block */
 	const void *tools;       /* json_t array of the request's tools, NULL = no tool parsing */
-	int xml_tools;           /* 1: Qwen3.5 XML tool-call syntax, 0: Qwen3 JSON */
+	int xml_tools;           /* the tool-call syntax, enum kv_tc_format: 0 Qwen3 / Granite
+				    JSON, 1 Qwen3.5 XML, 2 Nemotron-H <TOOLCALL> list */
 	int harmony;             /* 1: GPT-OSS harmony messages (text/harmony.h), with
 	                            their special tokens in the text: replaces the
 	                            reasoning and tool-call stages */

@@ -14,6 +14,7 @@
 
 static const char *const JSON_WORDS[] = {"</tool_call>", NULL};
 static const char *const XML_WORDS[] = {"</tool_call>", "</function>", "</parameter>", "<parameter=", NULL};
+static const char *const LIST_WORDS[] = {"</TOOLCALL>", NULL};
 
 static const json_t *fn_of(const json_t *tool)
 {
@@ -29,9 +30,9 @@ static int xml_name_ok(const char *s)
 }
 
 /* The arguments of one function in the JSON form. */
-static int json_args(struct kv_gram *g, const json_t *params, int strict, int *x)
+static int json_args(struct kv_gram *g, const json_t *params, int strict, const char *const *forbid, int *x)
 {
-	struct kv_js_opts o = {.strict = strict, .forbid = JSON_WORDS};
+	struct kv_js_opts o = {.strict = strict, .forbid = forbid};
 	if (!params || json_is_null(params)) {
 		json_t *obj = json_pack("{s:s}", "type", "object");
 		int rc = kv_jschema_expr(g, obj, &o, x);
@@ -130,7 +131,8 @@ static int one_call(struct kv_gram *g, const json_t *fn, const struct kv_tcg_par
 		*x = kv_gram_seq3(g, kv_gram_lit(g, h.p, h.len), body, kv_gram_lits(g, "</function>\n</tool_call>"));
 		kv_buf_free(&h);
 	} else {
-		if ((rc = json_args(g, params, p->strict, &body)))
+		int list = p->format == KV_TC_LIST;
+		if ((rc = json_args(g, params, p->strict, list ? LIST_WORDS : JSON_WORDS, &body)))
 			return kv_fail_ctx(rc, "tool '%.100s'", name);
 		json_t *ns = json_string(name);
 		char *nt = json_dumps(ns, JSON_ENCODE_ANY);
@@ -138,9 +140,11 @@ static int one_call(struct kv_gram *g, const json_t *fn, const struct kv_tcg_par
 		if (!nt)
 			return kv_fail(KV_ERR_NOMEM, "out of memory");
 		struct kv_buf h = KV_BUF_INIT;
-		kv_buf_printf(&h, "<tool_call>\n{\"name\": %s, \"arguments\": ", nt);
+		/* the list form's element is the object alone: the block around
+		 * all the calls is written by kv_tcg_build */
+		kv_buf_printf(&h, list ? "{\"name\": %s, \"arguments\": " : "<tool_call>\n{\"name\": %s, \"arguments\": ", nt);
 		free(nt);
-		*x = kv_gram_seq3(g, kv_gram_lit(g, h.p, h.len), body, kv_gram_lits(g, "}\n</tool_call>"));
+		*x = kv_gram_seq3(g, kv_gram_lit(g, h.p, h.len), body, kv_gram_lits(g, list ? "}" : "}\n</tool_call>"));
 		kv_buf_free(&h);
 	}
 	return *x < 0 ? kv_gram_error(g) : KV_OK;
@@ -151,14 +155,15 @@ int kv_tcg_build(const json_t *tools, const struct kv_tcg_params *p, struct kv_g
 	struct kv_gram *g;
 	int rc, *calls = NULL, nc = 0;
 	*out = NULL;
-	if (p->format != KV_TC_JSON && p->format != KV_TC_XML)
+	if (p->format != KV_TC_JSON && p->format != KV_TC_XML && p->format != KV_TC_LIST)
 		return kv_fail(KV_ERR_INVALID, "tool-call format %d is unknown", p->format);
 	if (tools && !json_is_array(tools))
 		return kv_fail(KV_ERR_INVALID, "tools must be an array");
 	if ((rc = kv_gram_create(&g)))
 		return rc;
-	const char *const *words = p->format == KV_TC_XML ? (const char *const[]){"<tool_call>", "<function=", NULL}
-							  : (const char *const[]){"<tool_call>", NULL};
+	const char *const *words = p->format == KV_TC_XML    ? (const char *const[]){"<tool_call>", "<function=", NULL}
+				   : p->format == KV_TC_LIST ? (const char *const[]){"<TOOLCALL>", NULL}
+							     : (const char *const[]){"<tool_call>", NULL};
 	int root = kv_gram_rule(g, "root", 4), x = -1;
 	if (p->choice != KV_TCG_NONE) {
 		size_t n = tools ? json_array_size(tools) : 0, i;
@@ -185,12 +190,16 @@ int kv_tcg_build(const json_t *tools, const struct kv_tcg_params *p, struct kv_g
 			goto fail;
 		}
 		int call = kv_gram_alt(g, calls, nc);
+		int list = p->format == KV_TC_LIST;
 		if (p->parallel) {
 			int callr = kv_gram_rule_new(g, "tool-call");
 			kv_gram_define(g, callr, call);
 			call = kv_gram_seq2(g, kv_gram_ref(g, callr),
-					    kv_gram_star(g, kv_gram_seq2(g, kv_gram_lits(g, "\n"), kv_gram_ref(g, callr))));
+					    kv_gram_star(g, kv_gram_seq2(g, kv_gram_lits(g, list ? ", " : "\n"),
+									 kv_gram_ref(g, callr))));
 		}
+		if (list) /* one block holds every call, ", " between them */
+			call = kv_gram_seq3(g, kv_gram_lits(g, "<TOOLCALL>["), call, kv_gram_lits(g, "]</TOOLCALL>"));
 		x = call;
 	}
 	if (p->choice == KV_TCG_AUTO || p->choice == KV_TCG_NONE) {

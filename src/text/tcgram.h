@@ -1,6 +1,6 @@
 /*
  * tcgram.h - the grammar of a model's tool calls (the constraint of
- * tool_choice), in the model's own syntax: the two wire forms that
+ * tool_choice), in the model's own syntax: the three wire forms that
  * toolcall.h parses.
  *
  *   Qwen3 (KV_TC_JSON)   <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>
@@ -11,17 +11,20 @@
  *                        ones always, optional ones maybe; VALUE is raw text
  *                        for a string parameter and JSON text otherwise,
  *                        as toolcall.c coerces it back with the schema
- * Several calls (parallel) are separated by "\n", as the chat templates
- * write them. No string inside a call may contain a closing tag the
+ *   Nemotron-H (KV_TC_LIST)  <TOOLCALL>[{"name": "NAME", "arguments": ARGS}]</TOOLCALL>
+ *                        several calls (parallel) in the one block,
+ *                        separated by ", "
+ * Several calls (parallel) are otherwise separated by "\n", as the chat
+ * templates write them. No string inside a call may contain a closing tag the
  * parser looks for (</tool_call>; in XML also </function>, </parameter>,
- * <parameter=): free strings keep clear of the whole tag, constrained
+ * <parameter=; in the list form </TOOLCALL>): free strings keep clear of the whole tag, constrained
  * ones write '<' as \u003c (JSON) or leave it out (raw).
  *
  * Choices:
  *   KV_TCG_REQUIRED  one call (or several with parallel) of any tool
  *   KV_TCG_NAMED     calls of the named tool only
  *   KV_TCG_AUTO      free text without "<tool_call>" (nor "<function=" in
- *                    XML), then optionally the calls: a strict function
+ *                    XML; "<TOOLCALL>" in the list form), then optionally the calls: a strict function
  *                    schema under tool_choice auto
  *   KV_TCG_NONE      free text without them
  * tools is the OpenAI tools array ([{"type": "function", "function":

@@ -73,7 +73,9 @@ void kv_chat_free(struct kv_chat *c);
 /* Replace the chat's template(s) with this source (a --chat-template
  * override); `what` names it in errors. On error c is unchanged. */
 int kv_chat_set_template(struct kv_chat *c, const char *src, size_t len, const char *what);
-/* 1 if the template renders Qwen3.5-style XML tool calls (<function=...>). */
+/* The tool-call syntax the template renders, enum kv_tc_format
+ * (text/toolcall.h): 1 Qwen3.5-style XML (<function=...>), 2 Nemotron-H's
+ * <TOOLCALL>[...] list, 0 the <tool_call> JSON (Qwen3, Granite 4.0-H). */
 int kv_chat_xml_tools(const struct kv_chat *c);
 /* 1 if the template writes GPT-OSS harmony messages (<|channel|>...): the
  * answers are parsed with text/harmony.h, and assistant messages sent back

@@ -33,8 +33,15 @@
 
 enum { S_CONTENT, S_CALL, S_AFTER, S_SKIP };
 
-static const char *const openers[] = {"<tool_call>", "<function="};
-static const char *const closers[] = {"</tool_call>", "</function>"};
+static const char *const openers[] = {"<tool_call>", "<function=", "<TOOLCALL>"};
+static const char *const closers[] = {"</tool_call>", "</function>", "</TOOLCALL>"};
+
+/* The openers a format looks for: [*o0, *o1) of openers[]. */
+static void opener_range(int format, int *o0, int *o1)
+{
+	*o0 = format == KV_TC_LIST ? 2 : 0;
+	*o1 = format == KV_TC_XML ? 2 : format == KV_TC_LIST ? 3 : 1;
+}
 
 struct kv_tc_parser {
 	int format;
@@ -53,7 +60,7 @@ int kv_tc_parser_create(const struct kv_tc_params *prm, struct kv_tc_parser **ou
 	if (!p)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	if (prm) {
-		if (prm->format != KV_TC_JSON && prm->format != KV_TC_XML) {
+		if (prm->format != KV_TC_JSON && prm->format != KV_TC_XML && prm->format != KV_TC_LIST) {
 			free(p);
 			return kv_fail(KV_ERR_INVALID, "tool-call format %d is unknown", prm->format);
 		}
@@ -506,8 +513,9 @@ static int emit_text(kv_tc_emit_fn fn, void *ud, int kind, int index, const char
 static size_t held_tail(const struct kv_tc_parser *p, const char *s, size_t n)
 {
 	size_t best = 0;
-	int no = p->format == KV_TC_XML ? 2 : 1;
-	for (int o = 0; o < no; o++) {
+	int o0, o1;
+	opener_range(p->format, &o0, &o1);
+	for (int o = o0; o < o1; o++) {
 		size_t ol = strlen(openers[o]);
 		for (size_t k = ol - 1; k > best; k--)
 			if (k <= n && !memcmp(s + n - k, openers[o], k)) {
@@ -522,8 +530,9 @@ static size_t held_tail(const struct kv_tc_parser *p, const char *s, size_t n)
 static size_t first_opener(const struct kv_tc_parser *p, const char *s, size_t n, int *which)
 {
 	size_t best = n;
-	int no = p->format == KV_TC_XML ? 2 : 1;
-	for (int o = 0; o < no; o++) {
+	int o0, o1;
+	opener_range(p->format, &o0, &o1);
+	for (int o = o0; o < o1; o++) {
 		const char *hit = memmem(s, n, openers[o], strlen(openers[o]));
 		if (hit && (size_t)(hit - s) < best) {
 			best = (size_t)(hit - s);
@@ -551,13 +560,56 @@ static void consume(struct kv_buf *b, size_t n)
 	b->p[b->len] = 0;
 }
 
+/* A Nemotron-H block: a JSON array whose elements are JSON-form call
+ * objects. Each element's name and arguments go to names / args as
+ * NUL-separated entries (*n of them); -1 if anything is malformed (then
+ * the whole block is content). */
+static int parse_list_call(const char *b, size_t n, struct kv_buf *names, struct kv_buf *args, int *count)
+{
+	const char *s = js_ws(b, b + n), *end = b + n;
+	json_error_t e;
+	*count = 0;
+	while (end > s && (end[-1] == ' ' || end[-1] == '\n' || end[-1] == '\r' || end[-1] == '\t'))
+		end--;
+	if (s >= end || *s != '[' || kv_json_text_depth(s, (size_t)(end - s)) > KV_TC_MAX_DEPTH + 2)
+		return -1;
+	json_t *root = json_loadb(s, (size_t)(end - s), JSON_REJECT_DUPLICATES, &e);
+	int ok = json_is_array(root) && json_array_size(root) > 0;
+	json_decref(root);
+	if (!ok)
+		return -1;
+	const char *p = js_ws(s + 1, end);
+	while (p < end && *p != ']') {
+		const char *ve = js_skip(p, end, 1);
+		struct kv_buf nm = KV_BUF_INIT, ar = KV_BUF_INIT;
+		if (!ve || parse_json_call(p, (size_t)(ve - p), &nm, &ar) || memchr(nm.p, 0, nm.len)) {
+			kv_buf_free(&nm);
+			kv_buf_free(&ar);
+			return -1;
+		}
+		kv_buf_add(names, nm.p, nm.len);
+		kv_buf_addc(names, 0);
+		kv_buf_add(args, ar.p, ar.len);
+		kv_buf_addc(args, 0);
+		kv_buf_free(&nm);
+		kv_buf_free(&ar);
+		(*count)++;
+		p = js_ws(ve, end);
+		if (p < end && *p == ',')
+			p = js_ws(p + 1, end);
+	}
+	return p < end && *p == ']' && js_ws(p + 1, end) == end ? 0 : -1;
+}
+
 /* Parse the call body and report it; a body that does not parse goes out
  * as content, with its tags, exactly as generated. */
 static int finish_call(struct kv_tc_parser *p, const char *body, size_t n, int closed, kv_tc_emit_fn fn, void *ud)
 {
 	struct kv_buf name = KV_BUF_INIT, args = KV_BUF_INIT, raw = KV_BUF_INIT;
-	int bad, rc;
-	if (p->opener == 1) {
+	int bad, rc, count = 1;
+	if (p->opener == 2) {
+		bad = parse_list_call(body, n, &name, &args, &count);
+	} else if (p->opener == 1) {
 		/* bare <function=...>: parse it with its tags */
 		kv_buf_adds(&raw, openers[1]);
 		kv_buf_add(&raw, body, n);
@@ -579,6 +631,19 @@ static int finish_call(struct kv_tc_parser *p, const char *body, size_t n, int c
 			kv_buf_adds(&raw, closers[p->opener]);
 		rc = raw.oom ? kv_fail(KV_ERR_NOMEM, "out of memory")
 			     : emit_text(fn, ud, KV_TC_CONTENT, p->n_calls, raw.p, raw.len);
+	} else if (p->opener == 2) {
+		/* every call of the block, in order (names and args NUL-separated) */
+		const char *nm = name.p, *ar = args.p;
+		rc = 0;
+		for (int k = 0; k < count && !rc; k++) {
+			int idx = p->n_calls++;
+			size_t nl = strlen(nm), al = strlen(ar);
+			if (!(rc = emit_text(fn, ud, KV_TC_CALL_START, idx, nm, nl)) &&
+			    !(rc = emit_text(fn, ud, KV_TC_ARGS_DELTA, idx, ar, al)))
+				rc = emit_text(fn, ud, KV_TC_CALL_END, idx, NULL, 0);
+			nm += nl + 1;
+			ar += al + 1;
+		}
 	} else {
 		int idx = p->n_calls++;
 		if (!(rc = emit_text(fn, ud, KV_TC_CALL_START, idx, name.p, name.len)) &&

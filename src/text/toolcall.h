@@ -1,7 +1,7 @@
 /*
  * toolcall.h - tool calls in generated text, turned into OpenAI tool_calls.
  *
- * Two wire forms, both wrapped in <tool_call> ... </tool_call>:
+ * Three wire forms, two wrapped in <tool_call> ... </tool_call>:
  *
  *   Qwen3 (JSON)        <tool_call>
  *                       {"name": "read_file", "arguments": {"path": "a.c"}}
@@ -13,6 +13,12 @@
  *                       </parameter>
  *                       </function>
  *                       </tool_call>
+ *
+ *   Nemotron-H (list)   <TOOLCALL>[{"name": "read_file", "arguments": {"path": "a.c"}},
+ *                                  {"name": "grep", "arguments": {"q": "x"}}]</TOOLCALL>
+ *                       (one block, a JSON array of calls, each element as
+ *                       the JSON form's object; Granite 4.0-H uses the JSON
+ *                       form above)
  *
  * In the XML form (and only there) a bare <function=...>...</function>
  * without the wrapper is accepted too, as models sometimes drop it.
@@ -58,6 +64,7 @@
 enum kv_tc_format {
 	KV_TC_JSON = 0, /* Qwen3: <tool_call>{"name": ..., "arguments": ...}</tool_call> */
 	KV_TC_XML = 1,  /* Qwen3.5: <function=NAME><parameter=ARG>VALUE</parameter> */
+	KV_TC_LIST = 2, /* Nemotron-H: <TOOLCALL>[{"name": ..., "arguments": ...}, ...]</TOOLCALL> */
 };
 
 enum kv_tc_kind { KV_TC_CONTENT = 0, KV_TC_CALL_START, KV_TC_ARGS_DELTA, KV_TC_CALL_END };

@@ -7,6 +7,8 @@
 #include "kt.h"
 #include "model/config.h"
 #include "model/open.h"
+#include "model/synth.h"
+#include "model/dtype.h"
 #include "base/err.h"
 
 #include <stdlib.h>
@@ -619,6 +621,78 @@ KT_CASE(tensor_table)
 	KT_EQ_U64(kv_config_param_count(&c), 80 + 16 + 64 + 32 + 32 + 64 + 8 + 384 + 8);
 }
 
+/* The Mamba-2 hybrids: the released geometries' numbers (what `model
+ * info`, the budget and admission see through the layout), Python's bare
+ * Infinity, and what the engine does not run, refused naming the field. */
+KT_CASE(mamba_hybrids)
+{
+	const char *names[] = {"granite-4.0-h-small", "nemotron-nano-9b-v2"};
+	const uint64_t params[] = {31955679744ull, 8888227328ull};
+	const int rec[] = {36, 27}, attn[] = {4, 4};
+	const uint64_t state[] = {128ull * 64 * 128 * 4, 128ull * 80 * 128 * 4};
+	const uint64_t conv[] = {(8192ull + 256) * 3 * 4, (10240ull + 2048) * 3 * 4};
+	for (int i = 0; i < 2; i++) {
+		char *j = NULL;
+		size_t n = 0;
+		struct kv_model_config c;
+		const struct kv_synth_preset *p = kv_synth_preset_find(names[i]);
+		KT_REQUIRE(p);
+		KT_OK(kv_synth_config_json(p, 1000, 0, 1, KV_DT_BF16, &j, &n));
+		KT_OK(parse(j, &c));
+		KT_CHECK(c.ssm && !c.hybrid);
+		KT_EQ_INT(c.n_ssm_layers, rec[i]);
+		KT_EQ_INT(c.n_attn_layers, attn[i]);
+		KT_CHECK(kv_config_param_count(&c) == params[i]);
+		KT_CHECK(kv_config_recurrent_state_bytes(&c) == state[i]);
+		KT_CHECK(kv_config_conv_state_bytes(&c) == conv[i]);
+		KT_CHECK(kv_config_kv_bytes_per_token(&c, 2) == 16384);
+		if (i == 1)
+			KT_CHECK(strstr(j, "Infinity") != NULL); /* as Python writes it, read back */
+		free(j);
+	}
+	const char *g = "{\"model_type\": \"granitemoehybrid\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+			"\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"mamba_n_heads\": 4, \"mamba_d_head\": 32, "
+			"\"mamba_d_state\": 16, \"layer_types\": [\"mamba\", \"attention\"]%s}";
+	char b[1024];
+	struct kv_model_config c;
+	snprintf(b, sizeof b, g, "");
+	KT_OK(parse(b, &c));
+	KT_EQ_INT(c.ssm_head_dim * c.ssm_heads, 2 * c.hidden);
+	snprintf(b, sizeof b, g, ", \"position_embedding_type\": \"rope\"");
+	KT_CHECK(rejects(b, KV_ERR_UNSUPPORTED, "position_embedding_type", "RoPE"));
+	snprintf(b, sizeof b, g, ", \"mamba_proj_bias\": true");
+	KT_CHECK(rejects(b, KV_ERR_UNSUPPORTED, "mamba_proj_bias", NULL));
+	snprintf(b, sizeof b, g, ", \"mamba_n_groups\": 3");
+	KT_CHECK(rejects(b, KV_ERR_INVALID, "groups", NULL));
+	snprintf(b, sizeof b, g, ", \"mamba_d_head\": 16");
+	KT_CHECK(rejects(b, KV_ERR_INVALID, "mamba_d_head", NULL));
+	snprintf(b, sizeof b, g, ", \"time_step_limit\": [0.001, 100.0]");
+	KT_CHECK(rejects(b, KV_ERR_UNSUPPORTED, "time_step_limit", NULL));
+	const char *nm = "{\"model_type\": \"nemotron_h\", \"hidden_size\": 64, \"num_hidden_layers\": 3, "
+			 "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"mamba_num_heads\": 4, "
+			 "\"mamba_head_dim\": 16, \"n_groups\": 2, \"ssm_state_size\": 16, \"intermediate_size\": 32, "
+			 "\"time_step_limit\": [0.0, Infinity], \"hybrid_override_pattern\": \"%s\"%s}";
+	snprintf(b, sizeof b, nm, "M*-", "");
+	KT_OK(parse(b, &c));
+	KT_CHECK(c.layer_type[0] == KV_LAYER_MAMBA && c.layer_type[1] == KV_LAYER_ATTN && c.layer_type[2] == KV_LAYER_MLP);
+	snprintf(b, sizeof b, nm, "M*E", "");
+	KT_CHECK(rejects(b, KV_ERR_UNSUPPORTED, "'E'", NULL));
+	snprintf(b, sizeof b, nm, "M*", "");
+	KT_CHECK(rejects(b, KV_ERR_INVALID, "hybrid_override_pattern", NULL));
+	snprintf(b, sizeof b, nm, "M*-", ", \"mlp_hidden_act\": \"silu\"");
+	KT_CHECK(rejects(b, KV_ERR_UNSUPPORTED, "mlp_hidden_act", NULL));
+	/* a bare Infinity inside a string is text, not the literal */
+	char *out = NULL;
+	size_t ol = 0;
+	const char *t = "{\"a\": \"Infinity\", \"b\": [NaN, -Infinity]}";
+	KT_OK(kv_config_json_relax(t, strlen(t), &out, &ol));
+	KT_EQ_STR(out, "{\"a\": \"Infinity\", \"b\": [\"NaN\", \"-Infinity\"]}");
+	free(out);
+	out = NULL;
+	KT_OK(kv_config_json_relax("{}", 2, &out, &ol));
+	KT_CHECK(out == NULL);
+}
+
 KT_MAIN(qwen3_dense, qwen3_defaults, qwen35_nested, qwen35_flat_and_interval, rope_scaling_linear_and_yarn, qwen3_next,
 	rejections, qwen35_moe,
-	load_from_folder, tensor_table)
+	load_from_folder, tensor_table, mamba_hybrids)

@@ -48,8 +48,9 @@ static const char *models(void)
 	}
 	atexit(cleanup);
 	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe", "tiny-next",
-				 "tiny-gemma3", "tiny-gpt-oss", "tiny-llama3"};
-	for (int i = 0; i < 7; i++)
+				 "tiny-gemma3", "tiny-gpt-oss", "tiny-llama3",
+				 "tiny-granite-h", "tiny-nemotron-h", "tiny-granite-h-q8kv"};
+	for (int i = 0; i < 10; i++)
 		if (kt_sh("'%s' mkmodel --preset %s --out '%s/%s' --no-sync >/dev/null 2>&1", kt_bin(), presets[i], g_dir,
 			  presets[i]) ||
 		    kt_sh("'%s' mkmodel --preset %s --dtype f32 --out '%s/%s-f32' --no-sync >/dev/null 2>&1", kt_bin(),
@@ -394,6 +395,15 @@ KT_CASE(window_across_the_attention_split)
 	}
 }
 
+/* The Mamba-2 hybrids: conv and SSM state through 50 random splits, the
+ * same bits as token by token (engine/mamba.h). */
+KT_CASE(batch_invariance_mamba_50_splits)
+{
+	batch_invariance("tiny-granite-h");
+	batch_invariance("tiny-nemotron-h");
+	batch_invariance("tiny-nemotron-h-f32");
+}
+
 /* q8_0 KV: every row is quantized once when written, so a position's
  * logits, the KV codes and the state are still the same bytes however
  * the prompt was cut */
@@ -401,6 +411,7 @@ KT_CASE(batch_invariance_q8_kv_50_splits)
 {
 	batch_invariance_kv("tiny-dense", KE_KV_Q8_0);
 	batch_invariance_kv("tiny-hybrid", KE_KV_Q8_0);
+	batch_invariance_kv("tiny-granite-h-q8kv", KE_KV_Q8_0); /* its attention layers */
 }
 
 /*
@@ -565,6 +576,13 @@ static void batched_chunks_equal_alone(const char *name)
 	ke_batch_destroy(b);
 	free(lg);
 	ke_model_destroy(m);
+}
+
+KT_CASE(batched_equals_alone_mamba)
+{
+	batched_equals_alone("tiny-granite-h");
+	batched_equals_alone("tiny-nemotron-h");
+	batched_chunks_equal_alone("tiny-nemotron-h");
 }
 
 KT_CASE(batched_chunks_equal_alone_hybrid)
@@ -841,12 +859,25 @@ KT_CASE(resume_from_snapshot_pages_tail_hybrid)
 	resume_case("tiny-hybrid");
 }
 
+KT_CASE(cpu_paths_give_identical_logits_mamba)
+{
+	const char *names[] = {"tiny-granite-h", "tiny-nemotron-h-f32"};
+	cpu_paths(names, 2);
+}
+
+KT_CASE(resume_from_snapshot_pages_tail_mamba)
+{
+	resume_case("tiny-granite-h");
+	resume_case("tiny-nemotron-h");
+}
+
 /* q8_0 pages and compact q8_0 tails (34-byte blocks, rows not a multiple
  * of 4 bytes) resume bit-identically too */
 KT_CASE(resume_from_snapshot_pages_tail_q8_kv)
 {
 	resume_case_kv("tiny-dense", KE_KV_Q8_0);
 	resume_case_kv("tiny-hybrid", KE_KV_Q8_0);
+	resume_case_kv("tiny-granite-h-q8kv", KE_KV_Q8_0);
 }
 
 KT_CASE(fork_shares_full_pages_and_copies_on_write)
@@ -1389,6 +1420,7 @@ KT_MAIN(layout_of_tiny_models, batch_invariance_dense_50_splits, batch_invarianc
 	bad_inputs_and_page_limit, scratch_is_sized_once, bad_model_folders_fail_at_load_naming_the_tensor,
 	generate_cli_writes_the_logits, batch_invariance_window_50_splits, window_across_the_attention_split,
 	batched_equals_alone_window, cpu_paths_give_identical_logits_window, resume_from_snapshot_pages_tail_window,
-	layout_of_q8_kv, batch_invariance_q8_kv_50_splits, batched_equals_alone_q8_kv,
-	cpu_paths_give_identical_logits_q8_kv, resume_from_snapshot_pages_tail_q8_kv, q8_kv_top1_agrees_with_bf16_at_8k,
-	window_q8_kv)
+	batch_invariance_mamba_50_splits, batched_equals_alone_mamba, cpu_paths_give_identical_logits_mamba,
+	resume_from_snapshot_pages_tail_mamba, layout_of_q8_kv, batch_invariance_q8_kv_50_splits,
+	batched_equals_alone_q8_kv, cpu_paths_give_identical_logits_q8_kv, resume_from_snapshot_pages_tail_q8_kv,
+	q8_kv_top1_agrees_with_bf16_at_8k, window_q8_kv)

@@ -534,6 +534,38 @@ KT_CASE(tool_call_grammars_round_trip)
 		  "{\"path\": \"src/a <b>.c\", \"flags\": [\"-n\"]}");
 	free(content);
 	json_decref(calls);
+	/* Nemotron-H's list form: one <TOOLCALL>[...] block, ", " between
+	 * calls, the JSON form's object as each element; the parser gives the
+	 * calls back */
+	p = (struct kv_tcg_params){.format = KV_TC_LIST, .choice = KV_TCG_REQUIRED, .parallel = 1};
+	KT_OK(kv_tcg_build(tools, &p, &ir));
+	const char *lcall = "<TOOLCALL>[{\"name\": \"read\", \"arguments\": {\"path\": \"a</b>.c\"}}, {\"name\": \"stop\", "
+			    "\"arguments\": {}}]</TOOLCALL>";
+	KT_EQ_INT(gram_matches(ir, lcall), 1);
+	KT_EQ_INT(gram_matches(ir, "<TOOLCALL>[{\"name\": \"stop\", \"arguments\": {}}]</TOOLCALL>"), 1);
+	KT_EQ_INT(gram_matches(ir, "<TOOLCALL>[]</TOOLCALL>"), 0);
+	KT_EQ_INT(gram_matches(ir, "<tool_call>\n{\"name\": \"stop\", \"arguments\": {}}\n</tool_call>"), 0);
+	KT_EQ_INT(gram_matches(ir, "<TOOLCALL>[{\"name\": \"read\", \"arguments\": {\"path\": \"x</TOOLCALL>\"}}]</TOOLCALL>"), 0);
+	kv_gram_free(ir);
+	tp = (struct kv_tc_params){.format = KV_TC_LIST, .tools = tools};
+	KT_OK(kv_tc_parse(lcall, strlen(lcall), &tp, NULL, &content, &cl, &calls));
+	KT_EQ_INT(json_array_size(calls), 2);
+	KT_EQ_INT(cl, 0);
+	KT_EQ_STR(json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"), "arguments")),
+		  "{\"path\": \"a</b>.c\"}");
+	free(content);
+	json_decref(calls);
+	p = (struct kv_tcg_params){.format = KV_TC_LIST, .choice = KV_TCG_NAMED, .name = "stop"};
+	KT_OK(kv_tcg_build(tools, &p, &ir));
+	KT_EQ_INT(gram_matches(ir, "<TOOLCALL>[{\"name\": \"stop\", \"arguments\": {}}]</TOOLCALL>"), 1);
+	KT_EQ_INT(gram_matches(ir, "<TOOLCALL>[{\"name\": \"stop\", \"arguments\": {}}, {\"name\": \"stop\", \"arguments\": {}}]"
+				   "</TOOLCALL>"), 0);
+	kv_gram_free(ir);
+	p = (struct kv_tcg_params){.format = KV_TC_LIST, .choice = KV_TCG_AUTO};
+	KT_OK(kv_tcg_build(tools, &p, &ir));
+	KT_EQ_INT(gram_matches(ir, "Looking.<TOOLCALL>[{\"name\": \"stop\", \"arguments\": {}}]</TOOLCALL>"), 1);
+	KT_EQ_INT(gram_matches(ir, "text <TOOLCALL> more"), 0);
+	kv_gram_free(ir);
 	/* errors */
 	p = (struct kv_tcg_params){.format = KV_TC_JSON, .choice = KV_TCG_NAMED, .name = "nope"};
 	KT_CHECK(kv_tcg_build(tools, &p, &ir) == KV_ERR_INVALID && strstr(kv_errmsg(), "'nope', which is not in tools"));

@@ -600,7 +600,17 @@ KT_CASE(cached_equals_cold_after_speculative_turns)
 	cached_equals_cold("tiny-hybrid");
 }
 
+/* The Mamba-2 hybrids: conv and SSM state out of place, rejected rows
+ * taken back by replaying the kept ones (mamba.c ke_mamba_replay); q8_0
+ * KV on a hybrid's attention layer too. */
+KT_CASE(on_equals_off_mamba)
+{
+	identity_case("tiny-granite-h");
+	identity_case("tiny-nemotron-h");
+	identity_case("tiny-granite-h-q8kv+q8");
+}
+
 KT_MAIN(lookup_drafts_what_followed_the_longest_match, lookup_index_is_bounded_and_checked,
 	policy_turns_off_and_comes_back, on_equals_off_dense, on_equals_off_hybrid, on_equals_off_q8_kv,
 	on_equals_off_moe, on_equals_off_on_every_cpu_path, on_equals_off_with_the_mtp_head, mtp_head_context_pieces_equal_whole,
-	cached_equals_cold_after_speculative_turns)
+	cached_equals_cold_after_speculative_turns, on_equals_off_mamba)

@@ -1,7 +1,8 @@
 /*
  * test_spec_engine.c - speculative forwards and taking rows back
- * (engine/seq.h ke_seq_accept), on tiny-dense, tiny-hybrid, tiny-moe and
- * tiny-next (fused DeltaNet projections).
+ * (engine/seq.h ke_seq_accept), on tiny-dense, tiny-hybrid, tiny-moe,
+ * tiny-next (fused DeltaNet projections) and the Mamba-2 hybrids
+ * tiny-granite-h and tiny-nemotron-h.
  *
  * A speculative forward verifies a draft: its rows are the last sampled
  * token and the draft tokens, and the caller keeps the rows up to the
@@ -42,8 +43,9 @@ static const char *models(void)
 		return NULL;
 	}
 	atexit(cleanup);
-	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe", "tiny-next", "tiny-gemma3", "tiny-gpt-oss"};
-	for (int i = 0; i < 6; i++)
+	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe", "tiny-next", "tiny-gemma3", "tiny-gpt-oss",
+				 "tiny-granite-h", "tiny-nemotron-h"};
+	for (int i = 0; i < 8; i++)
 		if (kt_sh("'%s' mkmodel --preset %s --out '%s/%s' --no-sync >/dev/null 2>&1", kt_bin(), presets[i], g_dir,
 			  presets[i]))
 			return NULL;
@@ -212,6 +214,13 @@ KT_CASE(rollback_at_every_draft_position_moe)
 	rollback_every_position("tiny-moe");
 }
 
+/* conv and SSM state out of place, the kept rows replayed (mamba.c) */
+KT_CASE(rollback_at_every_draft_position_mamba)
+{
+	rollback_every_position("tiny-granite-h");
+	rollback_every_position("tiny-nemotron-h");
+}
+
 KT_CASE(rollback_at_every_draft_position_dense)
 {
 	rollback_every_position("tiny-dense");
@@ -260,8 +269,8 @@ KT_CASE(rollback_on_every_cpu_path)
 		return;
 	}
 	int saved = ke_isa();
-	const char *names[] = {"tiny-hybrid", "tiny-dense"};
-	for (int k = 0; k < 2; k++) {
+	const char *names[] = {"tiny-hybrid", "tiny-dense", "tiny-granite-h", "tiny-nemotron-h"};
+	for (int k = 0; k < 4; k++) {
 		struct ke_model *m = load(names[k]);
 		KT_REQUIRE(m);
 		int N = 40, V = ke_model_config(m)->vocab;
@@ -379,6 +388,8 @@ KT_CASE(verification_inside_continuous_batching_hybrid)
 {
 	batched_verification("tiny-hybrid", 70);
 	batched_verification("tiny-next", 70);
+	batched_verification("tiny-granite-h", 70);
+	batched_verification("tiny-nemotron-h", 70);
 }
 
 KT_CASE(verification_inside_continuous_batching_dense_moe)
@@ -434,7 +445,7 @@ KT_CASE(accept_refuses_what_it_cannot_undo)
 }
 
 KT_MAIN(rollback_at_every_draft_position_hybrid, rollback_at_every_draft_position_next,
-	rollback_at_every_draft_position_moe, rollback_at_every_draft_position_dense,
+	rollback_at_every_draft_position_moe, rollback_at_every_draft_position_mamba, rollback_at_every_draft_position_dense,
 	rollback_at_every_draft_position_window, rollback_on_every_cpu_path,
 	verification_inside_continuous_batching_hybrid, verification_inside_continuous_batching_dense_moe,
 	verification_inside_continuous_batching_window,

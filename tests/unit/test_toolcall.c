@@ -357,5 +357,33 @@ KT_CASE(one_shot_and_callback_stop)
 	kv_buf_free(&l.pending);
 }
 
+/* Nemotron-H: one <TOOLCALL> block, a JSON array of calls. */
+KT_CASE(list_form_nemotron)
+{
+	static const struct kv_tc_params LISTP = {.format = KV_TC_LIST};
+	check_chunkings("<think></think>Checking.<TOOLCALL>[{\"name\": \"read_file\", \"arguments\": {\"path\": \"a.c\"}}, "
+			"{\"name\": \"grep\", \"arguments\": {\"q\": \"x\", \"n\": 2}}]</TOOLCALL>",
+			&LISTP,
+			"C[<think></think>Checking.]S0[read_file]A0[{\"path\": \"a.c\"}]E0S1[grep]A1[{\"q\": \"x\", \"n\": 2}]E1");
+	/* one call, arguments double-encoded, and text after the block */
+	check_chunkings("<TOOLCALL>[{\"name\": \"g\", \"arguments\": \"{\\\"a\\\": 1}\"}]</TOOLCALL> ok", &LISTP,
+			"S0[g]A0[{\"a\": 1}]E0C[ ok]");
+	/* malformed: an empty list, an element without a name, not a list, a
+	 * NUL in a name: the block comes back as content, byte for byte */
+	const char *bad[] = {"<TOOLCALL>[]</TOOLCALL>", "<TOOLCALL>[{\"arguments\": {}}]</TOOLCALL>",
+			     "<TOOLCALL>{\"name\": \"f\"}</TOOLCALL>", "<TOOLCALL>[{\"name\": \"a\\u0000b\"}]</TOOLCALL>",
+			     "<TOOLCALL>[{\"name\": \"f\"}] trailing</TOOLCALL>"};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct kv_buf w = KV_BUF_INIT;
+		kv_buf_printf(&w, "C[%s]", bad[i]);
+		check_chunkings(bad[i], &LISTP, w.p);
+		kv_buf_free(&w);
+	}
+	/* the Qwen tags are plain text in this format, and the other way round */
+	check_chunkings("<tool_call>{\"name\": \"a\"}</tool_call>", &LISTP, "C[<tool_call>{\"name\": \"a\"}</tool_call>]");
+	check_chunkings("<TOOLCALL>[{\"name\": \"a\"}]</TOOLCALL>", &JSONP, "C[<TOOLCALL>[{\"name\": \"a\"}]</TOOLCALL>]");
+}
+
 KT_MAIN(json_form, several_calls_and_text_around, held_back_prefix, xml_form_with_coercion,
-	malformed_comes_back_as_content, unclosed_call_at_the_end, hostile_input, one_shot_and_callback_stop)
+	malformed_comes_back_as_content, unclosed_call_at_the_end, hostile_input, one_shot_and_callback_stop,
+	list_form_nemotron)
