@@ -61,7 +61,7 @@ int kc_cache_create(const struct kc_params *p, struct kc_cache **out)
 		return kv_fail(KV_ERR_INVALID, "prefix cache: inconsistent layout (page %zu bytes, %d segments of %d rows x %zu)",
 			       L ? L->page_bytes : 0, L ? L->n_segments : 0, L ? L->page_tokens : 0,
 			       L ? L->row_bytes : 0);
-	if (L->n_rec_layers > 0 && !L->snapshot_bytes)
+	if (L->n_rec_layers + L->n_win_layers > 0 && !L->snapshot_bytes)
 		return kv_fail(KV_ERR_INVALID, "prefix cache: recurrent layers without snapshot bytes");
 	if (p->index != KC_INDEX_RADIX && p->index != KC_INDEX_HASH)
 		return kv_fail(KV_ERR_INVALID, "prefix cache: unknown index kind %d", p->index);
@@ -71,7 +71,7 @@ int kc_cache_create(const struct kc_params *p, struct kc_cache **out)
 	pthread_mutex_init(&c->mu, NULL);
 	c->L = *L;
 	c->B = (uint32_t)L->page_tokens;
-	c->hybrid = L->n_rec_layers > 0;
+	c->hybrid = ke_layout_nontrim(L); /* recurrent or sliding-window state: entries are not trimmable */
 	if (p->policy) {
 		c->pol = *p->policy;
 		c->pol.hybrid = c->hybrid;

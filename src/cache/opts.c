@@ -39,7 +39,7 @@ int kc_opts_resolve(const struct kc_opts *o, const struct kc_machine *mach, cons
 		    struct kc_budget *budget)
 {
 	struct kc_budget_in in = {0};
-	int hybrid = layout->n_rec_layers > 0, rc, kind;
+	int hybrid = ke_layout_nontrim(layout), rc, kind;
 
 	memset(p, 0, sizeof *p);
 	if ((rc = kc_index_parse(o->index ? o->index : "radix", &kind)))

@@ -175,7 +175,7 @@ uint64_t kc_policy_rp_bytes(const struct ke_layout *L, uint32_t t, int with_snap
 uint64_t kc_policy_entry_bytes(const struct ke_layout *L, uint32_t n, const uint32_t *ckpt, uint32_t n_ckpt)
 {
 	uint32_t B = (uint32_t)L->page_tokens;
-	int hyb = L->n_rec_layers > 0 && L->snapshot_bytes > 0;
+	int hyb = ke_layout_nontrim(L);
 	uint64_t b;
 
 	if (B == 0)

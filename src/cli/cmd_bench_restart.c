@@ -162,7 +162,7 @@ struct rig {
 static int rig_open(struct rig *g)
 {
 	struct kc_policy pol;
-	kc_policy_default(&pol, g->L->n_rec_layers > 0);
+	kc_policy_default(&pol, ke_layout_nontrim(g->L));
 	kc_policy_from_env(&pol);
 	struct kc_params cp = {.layout = g->L, .ns = g->ns, .policy = &pol};
 	int rc = kc_cache_create(&cp, &g->c);
@@ -229,7 +229,7 @@ static void restore_files(const struct rig *g, const int32_t *tok, uint32_t pos,
 			if (ks_dir_obj_path(base[a], KS_TAIL, id, p, sizeof p) == KV_OK)
 				fl_add(fl, p);
 		}
-		if (g->L->n_rec_layers) {
+		if (ke_layout_nontrim(g->L)) {
 			if (ks_dir_obj_path(base[a], KS_SNAP, id, p, sizeof p) == KV_OK)
 				fl_add(fl, p);
 			/* the manifest is read when the snapshot is not itself the anchor */

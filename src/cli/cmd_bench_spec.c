@@ -381,7 +381,7 @@ static int cmd_bench_spec(int argc, char **argv)
 		n_tr++;
 	}
 	struct kc_policy pol;
-	kc_policy_default(&pol, ke_model_layout(m)->n_rec_layers > 0);
+	kc_policy_default(&pol, ke_layout_nontrim(ke_model_layout(m)));
 	struct kc_params cp = {.layout = ke_model_layout(m), .policy = &pol, .ns = {0x5bec, 1}};
 	struct kss_sched_params sp = {.model = m, .max_running = 1, .spec_rows = (int)draft + 1};
 	if (kc_cache_create(&cp, &c) || kss_sched_create(&sp, &s)) {

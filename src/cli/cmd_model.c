@@ -270,12 +270,13 @@ static int cmd_model_info(int argc, char **argv)
 	uint64_t dec = active - (c.tie_embeddings ? 0 : (uint64_t)c.vocab * (uint64_t)c.hidden);
 	uint64_t kvb = kv_config_kv_bytes_per_token(&c, 2);
 	/* every --kv-dtype, as the engine's layout sizes them (q8_0: 0 when
-	 * head_dim is not a multiple of its 32-element blocks) */
+	 * head_dim is not a multiple of its 32-element blocks; the global
+	 * attention layers only: a sliding layer keeps its window, below) */
 	static const int kvd[3] = {KV_DT_F32, KV_DT_BF16, KV_DT_Q8_0};
 	static const char *const kvn[3] = {"f32", "bf16", "q8_0"};
 	uint64_t kvt[3];
 	for (int i = 0; i < 3; i++)
-		kvt[i] = ke_layout_token_bytes(kvd[i], c.n_attn_layers, c.n_kv_heads, c.head_dim);
+		kvt[i] = ke_layout_token_bytes(kvd[i], c.n_attn_layers - c.n_swa_layers, c.n_kv_heads, c.head_dim);
 	/* A quantized file (a GGUF of block types, an MLX folder) leads with
 	 * its own figures: what it holds, what the engine keeps resident and
 	 * what decoding reads per token (the same share of it as of the
@@ -302,7 +303,9 @@ static int cmd_model_info(int argc, char **argv)
 		json_object_set_new(o, "n_attention_layers", json_integer(c.n_attn_layers));
 		json_object_set_new(o, "n_recurrent_layers", json_integer(n_rec));
 		for (int l = 0; l < c.n_layers; l++)
-			json_array_append_new(lt, json_string(layer_name(c.layer_type[l])));
+			json_array_append_new(lt, json_string(c.layer_type[l] == KV_LAYER_ATTN && c.layer_window[l] > 0
+								      ? "sliding_attention"
+								      : layer_name(c.layer_type[l])));
 		json_object_set_new(o, "layer_types", lt);
 		json_object_set_new(o, "hidden", json_integer(c.hidden));
 		json_object_set_new(o, "vocab", json_integer(c.vocab));
@@ -330,6 +333,11 @@ static int cmd_model_info(int argc, char **argv)
 			json_object_set_new(o, "moe", mo);
 		}
 		json_object_set_new(o, "kv_bytes_per_token", json_integer((json_int_t)kvb));
+		/* sliding layers: their window, held once per sequence (and per
+		 * window snapshot), not per token (docs/cache.md) */
+		json_object_set_new(o, "sliding_window", json_integer(c.n_swa_layers ? c.sliding_window : 0));
+		json_object_set_new(o, "n_sliding_layers", json_integer(c.n_swa_layers));
+		json_object_set_new(o, "window_bytes_per_sequence", json_integer((json_int_t)kv_config_window_bytes(&c, 2)));
 		json_t *kd = json_object();
 		for (int i = 0; i < 3; i++)
 			json_object_set_new(kd, kvn[i], kvt[i] || !c.n_attn_layers ? json_integer((json_int_t)kvt[i]) : json_null());
@@ -381,8 +389,9 @@ static int cmd_model_info(int argc, char **argv)
 		printf("layers       %d: %d attention, %d recurrent (%s)%s\n              ", c.n_layers, c.n_attn_layers,
 		       n_rec, c.ssm ? "Mamba-2" : "Gated DeltaNet", c.n_mlp_layers ? ", the rest MLP" : "");
 		for (int l = 0; l < c.n_layers; l++)
-			printf("%s", layer_letter(c.layer_type[l]));
-		printf("  (A attention, %s)\n", c.ssm ? "M Mamba-2, - MLP" : "D DeltaNet");
+			printf("%s", c.layer_type[l] == KV_LAYER_ATTN && c.layer_window[l] > 0 ? "S"
+											       : layer_letter(c.layer_type[l]));
+		printf("  (A attention, %s)\n", c.ssm ? "M Mamba-2, - MLP" : "S sliding-window attention, D DeltaNet");
 		printf("shape        hidden %d, intermediate %d, vocab %d, heads %d/%d kv x %d", c.hidden, c.intermediate,
 		       c.vocab, c.n_heads, c.n_kv_heads, c.head_dim);
 		if (c.hybrid)
@@ -395,10 +404,11 @@ static int cmd_model_info(int argc, char **argv)
 		printf("params       %llu (%.2f M)%s\n", (unsigned long long)params, (double)params / 1e6,
 		       c.tie_embeddings ? ", embeddings tied" : "");
 		if (c.n_moe_layers)
-			printf("experts      %d routed (top %d%s, %d x %d) + 1 shared (%d) on %d of %d layers\n"
+			printf("experts      %d routed (top %d%s, %d x %d)%s%.0d on %d of %d layers\n"
 			       "active       %llu parameters a token reads (%.2f M)\n",
 			       c.n_experts, c.n_experts_per_tok, c.norm_topk_prob ? ", renormalised" : "",
-			       c.moe_intermediate, c.hidden, c.shared_intermediate, c.n_moe_layers, c.n_layers,
+			       c.moe_intermediate, c.hidden, c.shared_intermediate ? " + 1 shared of " : "",
+			       c.shared_intermediate, c.n_moe_layers, c.n_layers,
 			       (unsigned long long)active, (double)active / 1e6);
 		printf("%s %.2f GiB as BF16, ~%.2f GiB as Q4_K_M (%.2f bits/weight, all experts resident)\n",
 		       quantized ? "other formats" : "resident    ", (double)bf16_bytes / 1073741824.0,
@@ -409,10 +419,13 @@ static int cmd_model_info(int argc, char **argv)
 		printf("kv/token     %llu bytes with --kv-dtype bf16 (the default), %llu f32, ", (unsigned long long)kvt[1],
 		       (unsigned long long)kvt[0]);
 		if (kvt[2] || !c.n_attn_layers)
-			printf("%llu q8_0 (%.3fx bf16)\n", (unsigned long long)kvt[2],
-			       kvt[1] ? (double)kvt[2] / (double)kvt[1] : 0.0);
+			printf("%llu q8_0 (%.3fx bf16)%s\n", (unsigned long long)kvt[2],
+			       kvt[1] ? (double)kvt[2] / (double)kvt[1] : 0.0, c.n_swa_layers ? ", global layers only" : "");
 		else
 			printf("no q8_0 (head_dim %d is not a multiple of 32)\n", c.head_dim);
+		if (c.n_swa_layers)
+			printf("window       %d tokens on %d sliding layers: %llu bytes per sequence (16-bit KV)\n",
+			       c.sliding_window, c.n_swa_layers, (unsigned long long)kv_config_window_bytes(&c, 2));
 		if (c.hybrid || c.ssm)
 			printf("recurrent    %llu bytes of %s state + %llu bytes of conv state per %s layer\n",
 			       (unsigned long long)rsb, c.ssm ? "SSM" : "delta-rule", (unsigned long long)csb,

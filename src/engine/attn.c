@@ -1098,6 +1098,39 @@ static void merge_state(float *M, float *L, float *ACC, float m, float l, const 
 	ke_vec_axpy_isa(isa, ACC, b, acc, hd);
 }
 
+/* The sink logit sk as one more key with no value (attn.h). */
+static void sink_merge(float *M, float *L, float *ACC, float sk, int hd)
+{
+	float mn = *M > sk ? *M : sk;
+	float a = ke_exp(*M - mn), b = ke_exp(sk - mn);
+	*L = fmaf(1.0f, b, *L * a);
+	*M = mn;
+	if (a != 1.0f) /* x * 1 == x exactly: skipping it changes no bit */
+		ke_vec_scale(ACC, a, (size_t)hd);
+}
+
+/* First key of the window of the query at pos (0 without a window). */
+static inline int win_lo(int W, int pos)
+{
+	return W > 0 && pos - W + 1 > 0 ? pos - W + 1 : 0;
+}
+
+/* Keys of block b0 below the window of each row get `v` (-inf before the
+ * block maximum, 0 after the exp): rows of tokens [ta, nt), G per token. */
+static void win_mask(const struct ke_attn_args *a, float *st, int R, int G, int nbm, int b0, int t0, int ta, int nt,
+		     float v)
+{
+	for (int t = nt - 1; t >= ta; t--) {
+		int cut = win_lo(a->window, a->pos0 + t0 + t) - b0;
+		if (cut <= 0)
+			break; /* earlier tokens' windows start earlier */
+		int n = cut < nbm ? cut : nbm;
+		for (int j = 0; j < n; j++)
+			for (int i = 0; i < G; i++)
+				st[(size_t)j * R + (size_t)t * G + i] = v;
+	}
+}
+
 /* l = l * c + sum, the multiply rounded on its own (plain code: no fma
  * contraction on the baseline target). */
 static void l_update(float *l, const float *c, const float *sum, int n)
@@ -1150,18 +1183,29 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 		}
 	struct ke_mat qm = {s->qt, KV_DT_F32, R, hd, (size_t)hd};
 	const char *vrow[KE_ATTN_BLOCK], *krow[KE_ATTN_BLOCK];
-	for (int b0 = kb; b0 < ke; b0 += KE_ATTN_BLOCK) {
+	/* a window: start at the block of the first row's first key (the
+	 * pages before it may be gone) */
+	int W = a->window, bs = kb;
+	if (W) {
+		int l0 = win_lo(W, a->pos0 + t0) / KE_ATTN_BLOCK * KE_ATTN_BLOCK;
+		bs = l0 > bs ? l0 : bs;
+	}
+	for (int b0 = bs; b0 < ke; b0 += KE_ATTN_BLOCK) {
 		int nbm = ke - b0 < KE_ATTN_BLOCK ? ke - b0 : KE_ATTN_BLOCK;
 		/* first token of the tile whose query reaches this block */
 		int ta = b0 - a->pos0 - t0;
 		if (ta < 0)
 			ta = 0;
 		int r0 = ta * G, nr = R - r0;
-		if (merge && b0 > 0 && b0 % KE_ATTN_SPLIT == 0) {
-			/* a new chunk for the rows that reach it */
+		if (merge && b0 > bs && b0 % KE_ATTN_SPLIT == 0) {
+			/* a new chunk for the rows that reach it; a row whose window
+			 * starts in this chunk or later has nothing to merge yet */
+			int cb = b0 / KE_ATTN_SPLIT;
 			for (int i = r0; i < R; i++) {
-				merge_state(s->M + i, s->L + i, s->ACC + (size_t)i * hd, m[i], l[i], acc + (size_t)i * hd, hd,
-					    b0 == KE_ATTN_SPLIT, isa);
+				int cl = win_lo(W, a->pos0 + t0 + i / G) / KE_ATTN_SPLIT;
+				if (cl < cb)
+					merge_state(s->M + i, s->L + i, s->ACC + (size_t)i * hd, m[i], l[i], acc + (size_t)i * hd,
+						    hd, cl == cb - 1, isa);
 				m[i] = -FLT_MAX;
 				l[i] = 0.0f;
 			}
@@ -1249,6 +1293,8 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 			for (int j = 0; j < nbm; j++)
 				for (int i = r0; i < R; i++)
 					s->st[(size_t)j * R + i] = s->srm[(size_t)i * KE_ATTN_BLOCK + j];
+		if (W)
+			win_mask(a, s->st, R, G, nbm, b0, t0, ta, nt, -INFINITY);
 		/* Softmax (attn.h), per row over the keys it uses. */
 		int base = b0 - a->pos0 - t0;
 		float *bm = s->tmp, *cf = s->cf;
@@ -1263,6 +1309,8 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 		ke_vec_exp_isa(isa, cf + r0, cf + r0, nr);
 		sm_sub(s->st, R, nbm, m, isa);
 		ke_vec_exp_isa(isa, s->st, s->st, R * nbm);
+		if (W)
+			win_mask(a, s->st, R, G, nbm, b0, t0, ta, nt, 0.0f);
 		float *sm = bm; /* reused for the sums */
 		for (int i = r0; i < R; i++)
 			sm[i] = 0.0f;
@@ -1307,13 +1355,16 @@ static void attn_tile(const struct ke_attn_args *a, int t0, int t1, int g, int k
 		int pos = a->pos0 + t0 + t;
 		for (int i = 0; i < G; i++) {
 			int r = t * G + i;
-			const float *ac = acc + (size_t)r * hd;
-			float L = l[r];
-			if (pos >= KE_ATTN_SPLIT) {
+			float *ac = acc + (size_t)r * hd;
+			float L = l[r], M = m[r];
+			if (pos / KE_ATTN_SPLIT > win_lo(W, pos) / KE_ATTN_SPLIT) {
 				merge_state(s->M + r, s->L + r, s->ACC + (size_t)r * hd, m[r], l[r], ac, hd, 0, isa);
 				ac = s->ACC + (size_t)r * hd;
 				L = s->L[r];
+				M = s->M[r];
 			}
+			if (a->sinks)
+				sink_merge(&M, &L, ac, a->sinks[g * G + i], hd);
 			float inv = 1.0f / L;
 			for (int d = 0; d < hd; d++)
 				o[(size_t)i * hd + d] = ac[d] * inv;
@@ -1326,8 +1377,8 @@ struct attn_job {
 	int isa;
 	size_t scr_floats;
 	int rmax, tq, n_tiles;
-	/* decode split: units [u0, u0 + n) of (chunk, head) = (u / Hkv, u % Hkv) */
-	int u0, slot_floats, slots_per_thread;
+	/* decode split: units [u0, u0 + n) of (chunk, head) = (c0 + u / Hkv, u % Hkv) */
+	int u0, slot_floats, slots_per_thread, c0;
 };
 
 static void attn_part(void *ctx, size_t b, size_t e, int thread)
@@ -1360,7 +1411,7 @@ static void split_part(void *ctx, size_t b, size_t e, int thread)
 	scr_carve(&s, base + (size_t)thread * j->scr_floats, j->rmax, hd);
 	for (size_t v = b; v < e; v++) {
 		int u = j->u0 + (int)v;
-		int c = u / Hkv, g = u % Hkv;
+		int c = j->c0 + u / Hkv, g = u % Hkv;
 		int kb = c * KE_ATTN_SPLIT, ke = kb + KE_ATTN_SPLIT < last ? kb + KE_ATTN_SPLIT : last;
 		attn_tile(a, 0, a->n_tok, g, kb, ke, 0, &s, j->isa);
 		/* slot v lives in the slot area of thread v / slots_per_thread */
@@ -1382,26 +1433,28 @@ static void attn_split(struct attn_job *j, int threads)
 	const struct ke_attn_args *a = j->a;
 	int Hkv = a->lay->n_kv_heads, hd = a->lay->head_dim, G = a->n_heads / Hkv, R = a->n_tok * G;
 	int last = a->pos0 + a->n_tok - 1, nch = last / KE_ATTN_SPLIT + 1;
+	int c0 = win_lo(a->window, a->pos0) / KE_ATTN_SPLIT; /* the first row's first chunk */
 	float M[SPLIT_MAX_ROWS], L[SPLIT_MAX_ROWS];
 	j->slot_floats = R * (hd + 2);
 	j->slots_per_thread = SLOT_TILES * j->rmax * (hd + 2) / j->slot_floats;
-	int nslot = j->slots_per_thread * threads, total = nch * Hkv;
+	j->c0 = c0;
+	int nslot = j->slots_per_thread * threads, total = (nch - c0) * Hkv;
 	for (int w0 = 0; w0 < total; w0 += nslot) {
 		int n = total - w0 < nslot ? total - w0 : nslot;
 		j->u0 = w0;
 		kv_pool_for(kv_pool_global(), (size_t)n, 1, split_part, j);
 		for (int v = 0; v < n; v++) {
-			int u = w0 + v, c = u / Hkv, g = u % Hkv;
+			int u = w0 + v, c = c0 + u / Hkv, g = u % Hkv;
 			struct tile_scr o;
 			scr_carve(&o, a->scratch + (size_t)(v / j->slots_per_thread) * j->scr_floats, j->rmax, hd);
 			const float *slot = o.slots + (size_t)(v % j->slots_per_thread) * j->slot_floats;
 			for (int r = 0; r < R; r++) {
-				int t = r / G, pos = a->pos0 + t;
-				if (pos < c * KE_ATTN_SPLIT)
+				int t = r / G, pos = a->pos0 + t, cl = win_lo(a->window, pos) / KE_ATTN_SPLIT;
+				if (pos < c * KE_ATTN_SPLIT || c < cl)
 					continue; /* this token's query does not reach chunk c */
 				float *out = a->out + ((size_t)t * a->n_heads + (size_t)g * G + (size_t)(r % G)) * hd;
 				merge_state(M + g * R + r, L + g * R + r, out, slot[(size_t)R * hd + r],
-					    slot[(size_t)R * hd + R + r], slot + (size_t)r * hd, hd, c == 0, j->isa);
+					    slot[(size_t)R * hd + R + r], slot + (size_t)r * hd, hd, c == cl, j->isa);
 			}
 		}
 	}
@@ -1409,6 +1462,8 @@ static void attn_split(struct attn_job *j, int threads)
 		for (int r = 0; r < R; r++) {
 			int t = r / G;
 			float *out = a->out + ((size_t)t * a->n_heads + (size_t)g * G + (size_t)(r % G)) * hd;
+			if (a->sinks)
+				sink_merge(&M[g * R + r], &L[g * R + r], out, a->sinks[g * G + r % G], hd);
 			float inv = 1.0f / L[g * R + r];
 			for (int d = 0; d < hd; d++)
 				out[d] = out[d] * inv;
@@ -1419,17 +1474,21 @@ void ke_attn(const struct ke_attn_args *a)
 {
 	int G = a->n_heads / a->lay->n_kv_heads, Hkv = a->lay->n_kv_heads;
 	struct attn_job j = {a, ke_isa(), ke_attn_scratch_floats(G, a->lay->head_dim),
-			     0, 0, 0, 0, 0, 0};
+			     0, 0, 0, 0, 0, 0, 0};
 	j.tq = tile_tokens(G, a->lay->head_dim, j.isa);
 	j.rmax = j.tq * G;
 	j.n_tiles = (a->n_tok + j.tq - 1) / j.tq;
 	size_t units = (size_t)j.n_tiles * (size_t)Hkv;
-	double work = (double)a->n_tok * (double)(a->pos0 + a->n_tok) * a->n_heads * a->lay->head_dim;
+	int span = a->pos0 + a->n_tok; /* keys a row may read */
+	if (a->window && a->window + a->n_tok < span)
+		span = a->window + a->n_tok;
+	double work = (double)a->n_tok * (double)span * a->n_heads * a->lay->head_dim;
 	double t0 = ke_prof_t0();
 	int threads = kv_pool_size(kv_pool_global());
 	int last = a->pos0 + a->n_tok - 1;
 	int serial = a->scratch_threads < threads || work < KE_PAR_MIN_WORK;
-	if (!serial && j.n_tiles == 1 && last >= KE_ATTN_SPLIT && Hkv * a->n_tok * G <= SPLIT_MAX_ROWS)
+	int chunks = last / KE_ATTN_SPLIT - win_lo(a->window, a->pos0) / KE_ATTN_SPLIT + 1;
+	if (!serial && j.n_tiles == 1 && chunks > 1 && Hkv * a->n_tok * G <= SPLIT_MAX_ROWS)
 		attn_split(&j, threads);
 	else if (serial || units == 1)
 		attn_part(&j, 0, units, 0);
@@ -1439,6 +1498,8 @@ void ke_attn(const struct ke_attn_args *a)
 		/* q.k and p.v: 4 flops per (query head, key, dim); each tile reads
 		 * the K and V rows of its keys once per KV head */
 		double n = a->n_tok, keys = n * (a->pos0 + 1) + n * (n - 1) / 2, kvb = 0;
+		if (a->window && keys > n * a->window)
+			keys = n * a->window; /* about: a window's rows read at most W keys */
 		for (int t = 0; t < a->n_tok; t += j.tq) {
 			int t1 = t + j.tq < a->n_tok ? t + j.tq : a->n_tok;
 			kvb += (double)(a->pos0 + t1) * 2.0 * (double)a->lay->row_bytes * a->lay->n_kv_heads;

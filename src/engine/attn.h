@@ -29,6 +29,24 @@
  * one f32 value whatever path reads it, so the order above is the whole
  * contract for every dtype: attention over q8_0 rows gives the bits of
  * attention over f32 rows holding their values.
+ *
+ * Sliding windows (window = W > 0): the query at position p attends keys
+ * [lo, p], lo = max(0, p - W + 1). The blocks and chunks stay aligned to
+ * absolute positions; a key below lo gets the score -inf before the block
+ * maximum and the weight exactly 0 after the exp (so it adds exact zeros
+ * to l and acc), a row's first chunk is the one holding lo (taken as it
+ * is, like chunk 0 above), chunks below it are not visited by that row,
+ * and the final merge happens when lo and p lie in different chunks.
+ * Keys below the first block a tile (or a decode chunk) needs are never
+ * read, so a sequence may drop the pages of positions before
+ * floor(lo / KE_ATTN_BLOCK) * KE_ATTN_BLOCK; the rows between that and
+ * lo are read but weigh 0 (they must be finite: a resumed sequence zeroes
+ * them).
+ *
+ * Sinks (gpt_oss): a learned logit s_h per query head joins the softmax
+ * as one more key with no value: after the chunks are merged,
+ *   M' = max(M, s); a = exp(M - M'); b = exp(s - M');
+ *   L = fma(1, b, L * a); ACC = ACC * a; out = ACC * (1 / L).
  */
 #ifndef KV_ENGINE_ATTN_H
 #define KV_ENGINE_ATTN_H
@@ -55,15 +73,18 @@ struct ke_attn_args {
 	float *out;                   /* [n_tok][H][head_dim] */
 	int pos0;                     /* absolute position of query 0 */
 	int n_tok;
-	float scale;                  /* 1 / sqrt(head_dim) */
+	float scale;                  /* 1 / sqrt(head_dim), or the model's softmax scale */
 	float *scratch;               /* n_threads x ke_attn_scratch_floats() */
 	int scratch_threads;          /* threads the scratch is sized for */
+	int window;                   /* W keys (sliding layer), 0: every earlier key */
+	const float *sinks;           /* [n_heads] sink logits, or NULL */
 };
 
 /* Floats of scratch one thread needs. */
 size_t ke_attn_scratch_floats(int group, int head_dim);
 /* Runs on the global pool (one unit per (token, KV head)). KV rows for
- * positions [0, pos0 + n_tok) must be written already. */
+ * positions [0, pos0 + n_tok) must be written already (with a window:
+ * from the first block of the first query's window on). */
 void ke_attn(const struct ke_attn_args *a);
 
 #endif

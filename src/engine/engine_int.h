@@ -24,8 +24,14 @@ struct ke_layer {
 	struct ke_mat gate, up, down;
 	/* attention */
 	struct ke_mat q, k, v, o;
-	const float *q_norm;      /* [head_dim] effective */
+	const float *q_norm;      /* [head_dim] effective, or NULL (no q/k norm) */
 	const float *k_norm;
+	int window;               /* sliding layer: W; its KV in the sequence's window pages */
+	int widx;                 /* index among the window layers (sliding) or the paged ones */
+	const float *q_b, *k_b, *v_b, *o_b; /* projection biases, or NULL */
+	const float *sinks;       /* [n_heads] sink logits, or NULL */
+	const float *attn_post_norm; /* gemma: norm of the attention output, or NULL */
+	const float *ffn_post_norm;  /* gemma: norm of the MLP output, or NULL */
 	/* DeltaNet */
 	int fused;                /* qwen3_next: qkvz and ba */
 	struct ke_mat qkv, z, b, a; /* qkv = in_proj_qkv or in_proj_qkvz; b = in_proj_b or in_proj_ba */
@@ -79,6 +85,10 @@ struct ke_model {
 	const float *final_norm;  /* [hidden] effective */
 	struct ke_layer layers[KV_MAX_LAYERS];
 	float *inv_freq;          /* [rotary_dim / 2] */
+	float *inv_freq_local;    /* the sliding layers' (gemma3 rope_local_base_freq), or == inv_freq */
+	struct ke_layout wlay;    /* window pages: lay's row format over the window layers */
+	struct kv_pages *wpages;  /* their pool, or NULL */
+	float embed_mul;          /* embeddings times this (sqrt(hidden) for gemma, else 1) */
 	void *owned;              /* one kv_alloc block holding every f32 copy */
 	uint64_t decode_bytes;
 	int qdot;            /* --quant-act q8: ggml block matrices set ke_mat.qdot
@@ -131,6 +141,8 @@ struct ke_scratch {
 	float *moe;    /* ke_moe_scratch_floats (MLP group) */
 	float *cosv;   /* [C][rot/2] */
 	float *sinv;   /* [C][rot/2] */
+	float *cosl;   /* [C][rot/2] the sliding layers' RoPE (own base), or == cosv */
+	float *sinl;
 	float *attn_scr; /* threads x ke_attn_scratch_floats */
 	int attn_threads;
 	void *block;
@@ -180,7 +192,13 @@ struct ke_seq {
 	struct kv_page **pages;
 	int n_pages;
 	int pages_cap;
-	float *rec;               /* snapshot_bytes, or NULL for dense */
+	/* window pages (sliding layers): page i holds positions [i B, (i+1) B)
+	 * of the window layers; entries below the current window are NULL
+	 * (dropped), n_wpages == ceil(pos / B) */
+	struct kv_page **wpages;
+	int n_wpages;
+	int wpages_cap;
+	float *rec;               /* lay.rec_bytes, or NULL without recurrent layers */
 	struct ke_scratch sc;
 	struct ke_spec *spec;     /* NULL until the first speculative forward */
 	int spec_fwd;             /* the forward being run is speculative (set around it) */

@@ -24,7 +24,18 @@
 #include <math.h>
 #include <string.h>
 
+static void embed_row_raw(const struct ke_model *m, int32_t id, float *out);
+
+/* The embedding of id, times the model's embedding scale (gemma). */
 void ke_forward_embed(const struct ke_model *m, int32_t id, float *out)
+{
+	embed_row_raw(m, id, out);
+	if (m->embed_mul != 1.0f)
+		for (int i = 0; i < m->cfg.hidden; i++)
+			out[i] = out[i] * m->embed_mul;
+}
+
+static void embed_row_raw(const struct ke_model *m, int32_t id, float *out)
 {
 	int D = m->cfg.hidden;
 	if (ke_qgemm_handles(&m->embed)) { /* quantized or F16 table: engine/qgemm.c */
@@ -44,17 +55,28 @@ void ke_forward_embed(const struct ke_model *m, int32_t id, float *out)
 
 /* cos/sin of position x inverse frequency, f32 like Hugging Face, times
  * the RoPE attention factor (YaRN's; 1 otherwise, and x * 1 == x). */
-static void rope_tables(const struct ke_model *m, int pos0, int n, float *cs, float *sn)
+static void rope_tables(const struct ke_model *m, const float *inv_freq, int pos0, int n, float *cs, float *sn)
 {
 	int half = m->cfg.rotary_dim / 2;
 	float af = m->cfg.rope_attn_factor > 0 ? (float)m->cfg.rope_attn_factor : 1.0f;
 	for (int t = 0; t < n; t++) {
 		float p = (float)(pos0 + t);
 		for (int i = 0; i < half; i++) {
-			float f = m->inv_freq[i] * p;
+			float f = inv_freq[i] * p;
 			cs[(size_t)t * half + i] = cosf(f) * af;
 			sn[(size_t)t * half + i] = sinf(f) * af;
 		}
+	}
+}
+
+/* RoPE on adjacent pairs (llama.cpp's "normal" mode, for a llama GGUF
+ * whose q/k rows the converter permuted for it) */
+static void rope_pairs(float *x, const float *cs, const float *sn, int half)
+{
+	for (int i = 0; i < half; i++) {
+		float x1 = x[2 * i], x2 = x[2 * i + 1];
+		x[2 * i] = x1 * cs[i] - x2 * sn[i];
+		x[2 * i + 1] = x2 * cs[i] + x1 * sn[i];
 	}
 }
 
@@ -66,6 +88,14 @@ static void rope(float *x, const float *cs, const float *sn, int half)
 		x[i] = x1 * cs[i] - x2 * sn[i];
 		x[i + half] = x2 * cs[i] + x1 * sn[i];
 	}
+}
+
+static void rope_any(const struct kv_model_config *c, float *x, const float *cs, const float *sn, int half)
+{
+	if (c->rope_interleaved)
+		rope_pairs(x, cs, sn, half);
+	else
+		rope(x, cs, sn, half);
 }
 
 static void write_row(const struct ke_layout *lay, struct kv_page **pages, int seg, int pos, const float *src)
@@ -130,6 +160,19 @@ static void silu_rows(float *g, const float *u, int n, size_t w)
 	par_rows(n, 20.0 * (double)w, silu_row, &j);
 }
 
+static void gelu_row(const void *ctx, int t)
+{
+	const struct silu_job *j = ctx;
+	ke_vec_gelu_tanh_mul(j->g + (size_t)t * j->w, j->u ? j->u + (size_t)t * j->w : NULL, (int)j->w);
+}
+
+/* g = gelu_tanh(g) * u over n rows of w floats (gemma's GeGLU) */
+static void gelu_rows(float *g, const float *u, int n, size_t w)
+{
+	struct silu_job j = {g, u, w};
+	par_rows(n, 40.0 * (double)w, gelu_row, &j);
+}
+
 /* att * sigmoid(gate) for one row of w floats */
 struct gate_job {
 	float *att, *gate;
@@ -167,7 +210,12 @@ static void qk_row(const void *ctx, int t)
 	int gated = c->attn_output_gate, half = c->rotary_dim / 2;
 	size_t qw = (size_t)H * hd * (gated ? 2 : 1), kw = (size_t)Hkv * hd;
 	float eps = (float)c->rms_eps;
-	const float *cs = sc->cosv + (size_t)t * half, *sn = sc->sinv + (size_t)t * half;
+	/* the sliding layers' RoPE may have its own base (gemma3) */
+	const float *cs = (ly->window ? sc->cosl : sc->cosv) + (size_t)t * half;
+	const float *sn = (ly->window ? sc->sinl : sc->sinv) + (size_t)t * half;
+	if (ly->q_b) /* gpt_oss: biases before RoPE */
+		for (size_t i = 0; i < (size_t)H * hd; i++)
+			sc->q[(size_t)t * qw + i] = sc->q[(size_t)t * qw + i] + ly->q_b[i];
 	for (int h = 0; h < H; h++) {
 		/* hybrid q_proj rows per head: [query hd | gate hd] */
 		const float *src = sc->q + (size_t)t * qw + (size_t)h * hd * (gated ? 2 : 1);
@@ -176,20 +224,61 @@ static void qk_row(const void *ctx, int t)
 			memcpy(sc->gate + ((size_t)t * H + h) * hd, src + hd, (size_t)hd * sizeof *src);
 		if (ly->q_norm)
 			ke_vec_rmsnorm(dst, src, ly->q_norm, hd, eps);
-		else /* Granite / Nemotron-H: no q/k norm */
+		else
 			memcpy(dst, src, (size_t)hd * sizeof *src);
-		rope(dst, cs, sn, half);
+		rope_any(c, dst, cs, sn, half);
 	}
+	struct ke_seq *s = f->seqs[f->row_seq[t]];
+	int pos = s->pos + t - f->row0[f->row_seq[t]];
+	/* a sliding layer's rows go to the sequence's window pages */
+	const struct ke_layout *wl = ly->window ? &f->m->wlay : lay;
+	struct kv_page **pg = ly->window ? s->wpages : s->pages;
 	for (int g = 0; g < Hkv; g++) {
-		float *k = sc->k + (size_t)t * kw + (size_t)g * hd;
+		float *k = sc->k + (size_t)t * kw + (size_t)g * hd, *v = sc->v + (size_t)t * kw + (size_t)g * hd;
+		if (ly->k_b)
+			for (int i = 0; i < hd; i++) {
+				k[i] = k[i] + ly->k_b[(size_t)g * hd + i];
+				v[i] = v[i] + ly->v_b[(size_t)g * hd + i];
+			}
 		if (ly->k_norm)
 			ke_vec_rmsnorm(k, k, ly->k_norm, hd, eps);
-		rope(k, cs, sn, half);
-		struct ke_seq *s = f->seqs[f->row_seq[t]];
-		int pos = s->pos + t - f->row0[f->row_seq[t]];
-		write_row(lay, s->pages, (ly->idx * 2 + 0) * Hkv + g, pos, k);
-		write_row(lay, s->pages, (ly->idx * 2 + 1) * Hkv + g, pos, sc->v + (size_t)t * kw + (size_t)g * hd);
+		rope_any(c, k, cs, sn, half);
+		write_row(wl, pg, (ly->idx * 2 + 0) * Hkv + g, pos, k);
+		write_row(wl, pg, (ly->idx * 2 + 1) * Hkv + g, pos, v);
 	}
+}
+
+/* x[t] += y[t] (+ b) for n rows of D floats: a branch's output added to
+ * the residual stream after its bias (HF: x + (W a + b)). */
+struct add_job {
+	float *x;
+	const float *y, *b;
+	int D;
+};
+
+static void add_row(const void *ctx, int t)
+{
+	const struct add_job *j = ctx;
+	float *x = j->x + (size_t)t * j->D;
+	const float *y = j->y + (size_t)t * j->D;
+	for (int i = 0; i < j->D; i++) {
+		float v = j->b ? y[i] + j->b[i] : y[i];
+		x[i] = x[i] + v;
+	}
+}
+
+/* The output of a branch computed into y (n rows of D): its bias, its
+ * norm (gemma's post-attention / post-feedforward RMSNorm), then into x. */
+static void branch_out(const struct ke_fwd *f, float *y, const float *b, const float *post, float *x, int n)
+{
+	const struct kv_model_config *c = &f->m->cfg;
+	int D = c->hidden;
+	struct add_job j = {x, y, b, D};
+	if (post) {
+		norm_rows(y, y, post, n, D, (float)c->rms_eps);
+		j.b = NULL; /* gemma has no biases */
+	}
+	par_rows(n, 2.0 * D, add_row, &j);
 }
 
 static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
@@ -212,8 +301,8 @@ static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	for (int i = 0; i < f->n_seq; i++) {
 		size_t r0 = (size_t)f->row0[i] * H * hd;
 		struct ke_attn_args a = {
-			.lay = lay,
-			.pages = f->seqs[i]->pages,
+			.lay = ly->window ? &m->wlay : lay,
+			.pages = ly->window ? f->seqs[i]->wpages : f->seqs[i]->pages,
 			.layer = ly->idx,
 			.n_heads = H,
 			.q = sc->qh + r0,
@@ -221,6 +310,8 @@ static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 			.pos0 = f->seqs[i]->pos,
 			.n_tok = f->row0[i + 1] - f->row0[i],
 			.scale = c->attn_scale > 0 ? (float)c->attn_scale : (float)(1.0 / sqrt((double)hd)),
+			.window = ly->window,
+			.sinks = ly->sinks,
 			.scratch = sc->attn_scr,
 			.scratch_threads = sc->attn_threads,
 		};
@@ -231,6 +322,12 @@ static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 		 * as ke_exp: one scalar call per element was ~5% of a prefill) */
 		struct gate_job gj = {sc->att, sc->gate, (size_t)H * hd};
 		par_rows(n, 30.0 * H * hd, gate_row, &gj);
+	}
+	if (ly->o_b || ly->attn_post_norm) {
+		/* h (the layer's normed input) is dead after q/k/v */
+		ke_gemm(&ly->o, sc->att, (size_t)H * hd, n, sc->h, (size_t)D, 0);
+		branch_out(f, sc->h, ly->o_b, ly->attn_post_norm, sc->x, n);
+		return;
 	}
 	ke_gemm_residual(f, &ly->o, sc->att, (size_t)H * hd);
 }
@@ -521,7 +618,10 @@ static void rope_rows(const struct ke_fwd *f)
 	size_t half = (size_t)(c->rotary_dim / 2);
 	for (int i = 0; c->n_attn_layers && i < f->n_seq; i++) {
 		int r0 = f->row0[i], ni = f->row0[i + 1] - r0;
-		rope_tables(f->m, f->seqs[i]->pos, ni, f->sc->cosv + r0 * half, f->sc->sinv + r0 * half);
+		rope_tables(f->m, f->m->inv_freq, f->seqs[i]->pos, ni, f->sc->cosv + r0 * half, f->sc->sinv + r0 * half);
+		if (f->sc->cosl != f->sc->cosv)
+			rope_tables(f->m, f->m->inv_freq_local, f->seqs[i]->pos, ni, f->sc->cosl + r0 * half,
+				    f->sc->sinl + r0 * half);
 	}
 }
 
@@ -551,7 +651,15 @@ static void layer_rows(const struct ke_fwd *f, const struct ke_layer *ly)
 	int I = ly->gate.rows; /* Granite's dense MLP is shared_intermediate wide */
 	ke_gemm(&ly->gate, sc->h, (size_t)D, n, sc->m1, (size_t)I, 0);
 	ke_gemm(&ly->up, sc->h, (size_t)D, n, sc->m2, (size_t)I, 0);
-	silu_rows(sc->m1, sc->m2, n, (size_t)I);
+	if (c->mlp_act == KV_ACT_GELU_TANH)
+		gelu_rows(sc->m1, sc->m2, n, (size_t)I);
+	else
+		silu_rows(sc->m1, sc->m2, n, (size_t)I);
+	if (ly->ffn_post_norm) { /* gemma: the MLP output normed before the residual add */
+		ke_gemm(&ly->down, sc->m1, (size_t)I, n, sc->h, (size_t)D, 0);
+		branch_out(f, sc->h, NULL, ly->ffn_post_norm, sc->x, n);
+		return;
+	}
 	ke_gemm_residual(f, &ly->down, sc->m1, (size_t)ly->down.cols);
 }
 
@@ -601,10 +709,14 @@ void ke_forward(struct ke_seq *s, const int32_t *tok, int n, float *rows_out, fl
 		norm_rows(sc->h, sc->x, m->final_norm, n, D, eps);
 		ke_gemm(&m->lm_head, sc->h, (size_t)D, n, rows_out, (size_t)V, 0);
 		logits_div(c, rows_out, (size_t)n * V);
+		if (c->final_softcap > 0)
+			ke_vec_softcap(rows_out, (float)c->final_softcap, (size_t)n * V);
 	} else if (last_out) {
 		ke_vec_rmsnorm(sc->h, sc->x + (size_t)(n - 1) * D, m->final_norm, D, eps);
 		ke_gemm(&m->lm_head, sc->h, (size_t)D, 1, last_out, (size_t)V, 0);
 		logits_div(c, last_out, (size_t)V);
+		if (c->final_softcap > 0)
+			ke_vec_softcap(last_out, (float)c->final_softcap, (size_t)V);
 	}
 }
 
@@ -631,6 +743,8 @@ void ke_forward_batch(const struct ke_fwd *f, const int32_t *const *toks, float 
 		return;
 	ke_gemm(&f->m->lm_head, sc->h, (size_t)D, k, logits_tmp, (size_t)V, 0);
 	logits_div(c, logits_tmp, (size_t)k * V);
+	if (c->final_softcap > 0)
+		ke_vec_softcap(logits_tmp, (float)c->final_softcap, (size_t)k * V);
 	k = 0;
 	for (int i = 0; i < f->n_seq; i++) {
 		int rows = f->row0[i + 1] - f->row0[i];

@@ -16,10 +16,21 @@
  *   k norm and RoPE. So the first n tokens of a page ("a tail of n") are
  *   the first n rows of every segment.
  *
- * Recurrent snapshot (hybrid models): for each DeltaNet layer in layer
- *   order, conv state [conv_dim][K-1] f32 then S [Hv][dk][dv] f32,
- *   concatenated; snapshot_bytes in total. A snapshot is valid only at the
- *   exact position it was taken.
+ * Snapshot: the state a sequence carries that the KV pages above do not
+ *   hold, valid only at the exact position p it was taken. These two
+ *   tables are the one list of it (which layers, where, how many bytes):
+ *   - rec[]: each DeltaNet layer in layer order, conv state [conv_dim][K-1]
+ *     f32 then S [Hv][dk][dv] f32 (rec_bytes in all);
+ *   - win[]: each sliding-window attention layer in layer order (after
+ *     the recurrent part), its K rows then its V rows of the W - 1
+ *     positions before p, [n_kv_heads][W - 1][row_bytes] each, in the KV
+ *     dtype: row i holds position p - (W - 1) + i, zero bytes for
+ *     positions below 0. These layers' KV is never in the pages above
+ *     (a sequence keeps only its window, in window pages of the same
+ *     segment layout over the window layers: engine/seq.c).
+ *   snapshot_bytes is the sum. A model with a snapshot cannot be cut back
+ *   to an earlier position without one taken there: its cache entries are
+ *   non-trimmable (ke_layout_nontrim).
  */
 #ifndef KV_ENGINE_LAYOUT_H
 #define KV_ENGINE_LAYOUT_H
@@ -41,6 +52,14 @@ struct ke_rec_layer {
 	int state_dims[3];     /* {Hv, dk, dv} */
 };
 
+struct ke_win_layer {
+	int layer;             /* model layer index */
+	int idx;               /* index among the window layers (its segments in window pages) */
+	int rows;              /* W - 1 */
+	size_t k_off, v_off;   /* byte offsets of the K and V rows in a snapshot */
+	size_t bytes;          /* both: 2 x n_kv_heads x rows x row_bytes */
+};
+
 struct ke_layout {
 	int page_tokens;         /* B: tokens per KV page (default 256) */
 	int kv_dtype;            /* enum kv_dtype: KV_DT_BF16, KV_DT_F32 or KV_DT_Q8_0 */
@@ -53,8 +72,21 @@ struct ke_layout {
 	size_t kv_bytes_per_token; /* n_segments x row_bytes */
 	int n_rec_layers;        /* DeltaNet layers (0 for dense) */
 	struct ke_rec_layer rec[KV_MAX_LAYERS];
-	size_t snapshot_bytes;   /* all recurrent state, f32 */
+	size_t rec_bytes;        /* the recurrent part of a snapshot, f32 */
+	int window;              /* W of the sliding layers (0: none) */
+	int n_win_layers;        /* sliding-window attention layers (not in the pages) */
+	struct ke_win_layer win[KV_MAX_LAYERS];
+	size_t snapshot_bytes;   /* rec_bytes + the windows */
 };
+
+/* 1 when a sequence's state at p is more than its KV pages (recurrent
+ * layers, sliding windows): then resuming at p needs a snapshot taken at
+ * exactly p, and a cache entry cannot be trimmed to a shorter prefix. The
+ * cache, the disk tier and the session ask this, never a layer kind. */
+static inline int ke_layout_nontrim(const struct ke_layout *l)
+{
+	return l->snapshot_bytes > 0;
+}
 
 /* Bytes of one KV row of head_dim elements of kv_dtype: 4 or 2 per
  * element for F32 / BF16, 34 per 32 elements for Q8_0; 0 when the dtype

@@ -166,18 +166,20 @@ static int load_vec(struct loader *L, const float **out, int n, int plus_one, co
 
 static size_t arena_floats(const struct kv_model_config *c)
 {
-	/* (the MTP head's norms: 5 hidden + 2 head_dim, load_mtp) */
-	size_t n = (size_t)c->hidden + (size_t)c->rotary_dim / 2 + 64 + 5 * (size_t)c->hidden + 2 * (size_t)c->head_dim;
+	/* (+ rope_freqs; the MTP head's norms: 5 hidden + 2 head_dim, load_mtp) */
+	size_t n = (size_t)c->hidden + (size_t)c->rotary_dim + 64 + 5 * (size_t)c->hidden + 2 * (size_t)c->head_dim;
 	size_t C = (size_t)kv_config_conv_dim(c);
+	n += (size_t)c->rotary_dim / 2; /* the sliding layers' inverse frequencies */
 	for (int l = 0; l < c->n_layers; l++) {
-		n += 2 * (size_t)c->hidden;
+		n += 4 * (size_t)c->hidden; /* in/post norms, gemma's output norms */
 		if (c->layer_type[l] == KV_LAYER_MAMBA) /* conv w + b, A, dt_bias, D, gated norm */
 			n += C * ((size_t)c->conv_kernel + 1) + 3 * (size_t)c->ssm_heads +
 			     (size_t)c->ssm_heads * (size_t)c->ssm_head_dim;
 		else if (c->layer_type[l] == KV_LAYER_MLP)
 			;
 		else if (c->layer_type[l] == KV_LAYER_ATTN)
-			n += 2 * (size_t)c->head_dim;
+			n += 2 * (size_t)c->head_dim + (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim +
+			     (size_t)c->hidden + (size_t)c->n_heads; /* q/k norms, biases, sinks */
 		else
 			n += C * (size_t)c->conv_kernel + 2 * (size_t)c->lin_v_heads + (size_t)c->lin_v_dim;
 	}
@@ -205,6 +207,24 @@ static int cmp_mat(const void *a, const void *b)
  */
 static void rope_scale_freqs(const struct kv_model_config *c, float *inv, int half)
 {
+	if (c->rope_scaling == KV_ROPE_LLAMA3) {
+		/* transformers' _compute_llama3_parameters, in f32 like its
+		 * tensors: wavelen = 2 pi / inv; long waves / factor, short ones
+		 * kept, a smooth blend between */
+		float fac = (float)c->rope_factor, lo = (float)c->rope_low_freq, hi = (float)c->rope_high_freq;
+		float om = (float)c->rope_orig_max_pos;
+		float low_wl = om / lo, high_wl = om / hi;
+		for (int i = 0; i < half; i++) {
+			float wl = 2.0f * (float)M_PI / inv[i];
+			if (wl > low_wl) {
+				inv[i] = inv[i] / fac;
+			} else if (wl >= high_wl) {
+				float sm = (om / wl - lo) / (hi - lo);
+				inv[i] = (1.0f - sm) * inv[i] / fac + sm * inv[i];
+			}
+		}
+		return;
+	}
 	if (c->rope_scaling == KV_ROPE_LINEAR) {
 		for (int i = 0; i < half; i++)
 			inv[i] = inv[i] / (float)c->rope_factor;
@@ -281,10 +301,11 @@ static void fill_layout(struct ke_model *m, int kv_dtype, int B)
 	memset(l, 0, sizeof *l);
 	l->page_tokens = B;
 	l->kv_dtype = kv_dtype;
-	l->n_attn_layers = c->n_attn_layers;
+	/* the pages hold the global attention layers only (layout.h) */
+	l->n_attn_layers = c->n_attn_layers - c->n_swa_layers;
 	l->n_kv_heads = c->n_kv_heads;
 	l->head_dim = c->head_dim;
-	l->n_segments = c->n_attn_layers * 2 * c->n_kv_heads;
+	l->n_segments = l->n_attn_layers * 2 * c->n_kv_heads;
 	l->row_bytes = ke_layout_row_bytes(kv_dtype, c->head_dim);
 	l->page_bytes = (size_t)l->n_segments * (size_t)B * l->row_bytes;
 	l->kv_bytes_per_token = (size_t)l->n_segments * l->row_bytes;
@@ -325,7 +346,28 @@ static void fill_layout(struct ke_model *m, int kv_dtype, int B)
 		r->state_dims[2] = c->lin_v_dim;
 		off += r->state_bytes;
 	}
+	l->rec_bytes = off;
+	l->window = c->n_swa_layers ? c->sliding_window : 0;
+	for (int i = 0; i < c->n_layers && l->window; i++) {
+		if (c->layer_type[i] != KV_LAYER_ATTN || !c->layer_window[i])
+			continue;
+		struct ke_win_layer *w = &l->win[l->n_win_layers];
+		w->layer = i;
+		w->idx = l->n_win_layers++;
+		w->rows = l->window - 1;
+		size_t half = (size_t)c->n_kv_heads * (size_t)w->rows * l->row_bytes;
+		w->k_off = off;
+		w->v_off = off + half;
+		w->bytes = 2 * half;
+		off += w->bytes;
+	}
 	l->snapshot_bytes = off;
+	/* the window pages: the same rows over the window layers */
+	m->wlay = *l;
+	m->wlay.n_attn_layers = l->n_win_layers;
+	m->wlay.n_segments = l->n_win_layers * 2 * c->n_kv_heads;
+	m->wlay.page_bytes = (size_t)m->wlay.n_segments * (size_t)B * l->row_bytes;
+	m->wlay.kv_bytes_per_token = (size_t)m->wlay.n_segments * l->row_bytes;
 }
 
 /*
@@ -405,6 +447,9 @@ static int mtp_pages(struct ke_model *m)
 	h->lay.page_bytes = (size_t)h->lay.n_segments * (size_t)h->lay.page_tokens * h->lay.row_bytes;
 	h->lay.kv_bytes_per_token = (size_t)h->lay.n_segments * h->lay.row_bytes;
 	h->lay.n_rec_layers = 0;
+	h->lay.rec_bytes = 0;
+	h->lay.n_win_layers = 0;
+	h->lay.window = 0;
 	h->lay.snapshot_bytes = 0;
 	h->pages = kv_pages_create(h->lay.page_bytes, 0, 2);
 	return h->pages ? KV_OK : kv_fail(KV_ERR_NOMEM, "out of memory for the MTP head's page pool");
@@ -514,6 +559,49 @@ static double touch_weights(const struct ke_model *m)
 		kv_pool_for(kv_pool_global(), j.n, 1, touch_part, &j);
 	free(j.r);
 	return bytes;
+}
+
+/* The RoPE tables' frequencies and gemma's embedding scale (ke_model_load). */
+static int rope_setup(struct loader *L)
+{
+	struct ke_model *m = L->m;
+	const struct kv_model_config *c = &m->cfg;
+	int rc;
+	/* RoPE inverse frequencies as Hugging Face computes them, in f32:
+	 * 1 / base^(2i / rot). */
+	int half = c->rotary_dim / 2;
+	m->inv_freq = L->next;
+	L->next += half;
+	for (int i = 0; i < half; i++)
+		m->inv_freq[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rotary_dim);
+	rope_scale_freqs(c, m->inv_freq, half);
+	if (c->rope_freqs_tensor) {
+		/* a llama3 GGUF: the frequencies divided by the file's factors
+		 * (ggml's rope: theta / freq_factor) */
+		const float *ff;
+		char save[64];
+		snprintf(save, sizeof save, "%s", m->prefix);
+		m->prefix[0] = 0;
+		rc = load_vec(L, &ff, half, 0, "%srope_freqs.weight", 0);
+		snprintf(m->prefix, sizeof m->prefix, "%s", save);
+		if (rc)
+			return rc;
+		for (int i = 0; i < half; i++)
+			m->inv_freq[i] = m->inv_freq[i] / ff[i];
+	}
+	m->inv_freq_local = m->inv_freq;
+	if (c->n_swa_layers && (c->rope_local_theta != c->rope_theta || c->rope_scaling != KV_ROPE_NONE) &&
+	    c->arch == KV_ARCH_GEMMA3) {
+		/* gemma3: the sliding layers' own base, without the scaling */
+		m->inv_freq_local = L->next;
+		L->next += half;
+		for (int i = 0; i < half; i++)
+			m->inv_freq_local[i] = 1.0f / powf((float)c->rope_local_theta, (float)(2 * i) / (float)c->rotary_dim);
+	}
+	/* gemma: the embedding times sqrt(hidden), in f32 (llama.cpp's
+	 * sqrtf(n_embd); transformers rounds it to the weights' dtype) */
+	m->embed_mul = c->embed_scale ? sqrtf((float)c->hidden) : 1.0f;
+	return KV_OK;
 }
 
 /* Rows [r0, r0 + rows) of a loaded matrix as a matrix of its own (no
@@ -706,7 +794,7 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		if (rc)
 			goto fail;
 	}
-	int n_attn = 0, n_dn = 0;
+	int n_attn = 0, n_dn = 0, n_win = 0;
 	for (int i = 0; i < c->n_layers; i++) {
 		struct ke_layer *ly = &m->layers[i];
 		if (c->ssm) {
@@ -717,17 +805,37 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 			continue;
 		}
 		ly->type = c->layer_type[i];
+		/* gemma: post_attention_layernorm normalises the attention output
+		 * and pre_feedforward_layernorm is the MLP's input norm */
 		if ((rc = load_vec(&L, &ly->in_norm, c->hidden, po, "%slayers.%d.input_layernorm.weight", i)) ||
-		    (rc = load_vec(&L, &ly->post_norm, c->hidden, po, "%slayers.%d.post_attention_layernorm.weight", i)))
+		    (rc = load_vec(&L, c->sandwich_norm ? &ly->attn_post_norm : &ly->post_norm, c->hidden, po,
+				   "%slayers.%d.post_attention_layernorm.weight", i)))
+			goto fail;
+		if (c->sandwich_norm &&
+		    ((rc = load_vec(&L, &ly->post_norm, c->hidden, po, "%slayers.%d.pre_feedforward_layernorm.weight", i)) ||
+		     (rc = load_vec(&L, &ly->ffn_post_norm, c->hidden, po, "%slayers.%d.post_feedforward_layernorm.weight",
+				    i))))
 			goto fail;
 		if (ly->type == KV_LAYER_ATTN) {
-			ly->idx = n_attn++;
+			ly->window = c->layer_window[i] ? c->sliding_window : 0;
+			ly->idx = ly->window ? n_win++ : n_attn++;
 			if ((rc = load_mat(&L, &ly->q, "%slayers.%d.self_attn.q_proj.weight", i)) ||
 			    (rc = load_mat(&L, &ly->k, "%slayers.%d.self_attn.k_proj.weight", i)) ||
 			    (rc = load_mat(&L, &ly->v, "%slayers.%d.self_attn.v_proj.weight", i)) ||
-			    (rc = load_mat(&L, &ly->o, "%slayers.%d.self_attn.o_proj.weight", i)) ||
-			    (rc = load_vec(&L, &ly->q_norm, c->head_dim, po, "%slayers.%d.self_attn.q_norm.weight", i)) ||
-			    (rc = load_vec(&L, &ly->k_norm, c->head_dim, po, "%slayers.%d.self_attn.k_norm.weight", i)))
+			    (rc = load_mat(&L, &ly->o, "%slayers.%d.self_attn.o_proj.weight", i)))
+				goto fail;
+			if (c->qk_norm &&
+			    ((rc = load_vec(&L, &ly->q_norm, c->head_dim, po, "%slayers.%d.self_attn.q_norm.weight", i)) ||
+			     (rc = load_vec(&L, &ly->k_norm, c->head_dim, po, "%slayers.%d.self_attn.k_norm.weight", i))))
+				goto fail;
+			int qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
+			if (c->attn_bias &&
+			    ((rc = load_vec(&L, &ly->q_b, qd, 0, "%slayers.%d.self_attn.q_proj.bias", i)) ||
+			     (rc = load_vec(&L, &ly->k_b, kd, 0, "%slayers.%d.self_attn.k_proj.bias", i)) ||
+			     (rc = load_vec(&L, &ly->v_b, kd, 0, "%slayers.%d.self_attn.v_proj.bias", i)) ||
+			     (rc = load_vec(&L, &ly->o_b, c->hidden, 0, "%slayers.%d.self_attn.o_proj.bias", i))))
+				goto fail;
+			if (c->attn_sinks && (rc = load_vec(&L, &ly->sinks, c->n_heads, 0, "%slayers.%d.self_attn.sinks", i)))
 				goto fail;
 		} else {
 			ly->idx = n_dn++;
@@ -770,20 +878,22 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	}
 	if ((rc = load_mtp(&L, po)))
 		goto fail;
-	/* RoPE inverse frequencies as Hugging Face computes them, in f32:
-	 * 1 / base^(2i / rot). */
-	int half = c->rotary_dim / 2;
-	m->inv_freq = L.next;
-	L.next += half;
-	for (int i = 0; i < half; i++)
-		m->inv_freq[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rotary_dim);
-	rope_scale_freqs(c, m->inv_freq, half);
+	if ((rc = rope_setup(&L)))
+		goto fail;
 
 	fill_layout(m, ke_kv_dtype(p->kv), p->page_tokens ? p->page_tokens : 256);
 	if (m->lay.n_segments > 0) {
 		m->pages = kv_pages_create(m->lay.page_bytes, p->max_pages, 8);
 		if (!m->pages) {
 			rc = kv_fail(KV_ERR_NOMEM, "out of memory for the page pool");
+			goto fail;
+		}
+	}
+	if (m->wlay.n_segments > 0) {
+		/* window pages are per sequence (a few each), never cached */
+		m->wpages = kv_pages_create(m->wlay.page_bytes, 0, 8);
+		if (!m->wpages) {
+			rc = kv_fail(KV_ERR_NOMEM, "out of memory for the window page pool");
 			goto fail;
 		}
 	}
@@ -807,9 +917,11 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		}
 	double t_touch = kv_now_s(), touched = touch_weights(m);
 	t_touch = kv_now_s() - t_touch;
-	KV_INFO("engine.model.load", "dir=%s arch=%s layers=%d attn=%d deltanet=%d mamba=%d hidden=%d vocab=%d kv=%s "
+	KV_INFO("engine.model.load", "dir=%s arch=%s layers=%d attn=%d sliding=%d window=%d deltanet=%d mamba=%d "
+		"hidden=%d vocab=%d kv=%s "
 		"page_tokens=%d weights_mb=%.1f touched_mb=%.1f touch_ms=%.0f mtp=%d", dir, kv_arch_name(c->arch),
-		c->n_layers, c->n_attn_layers, c->n_deltanet_layers, c->n_ssm_layers, c->hidden, c->vocab, ke_kv_name(p->kv),
+		c->n_layers, c->n_attn_layers, c->n_swa_layers, c->sliding_window, c->n_deltanet_layers, c->n_ssm_layers,
+		c->hidden, c->vocab, ke_kv_name(p->kv),
 		m->lay.page_tokens, (double)kv_weights_bytes(m->w) / 1048576.0, touched / 1048576.0, t_touch * 1e3,
 		m->mtp != NULL);
 	kv_mlx_qcfg_free(L.q);
@@ -837,7 +949,7 @@ void *ke_stash_take(struct ke_model *m, int kind, size_t bytes)
 			m->stash_scratch_bytes[i] = m->stash_scratch_bytes[m->n_scratch];
 			break;
 		}
-	} else if (m->n_rec && bytes == m->lay.snapshot_bytes) {
+	} else if (m->n_rec && bytes == m->lay.rec_bytes) {
 		p = m->stash_rec[--m->n_rec];
 	}
 	pthread_mutex_unlock(&m->stash_lock);
@@ -872,6 +984,8 @@ void ke_model_destroy(struct ke_model *m)
 	pthread_mutex_destroy(&m->stash_lock);
 	if (m->pages)
 		kv_pages_destroy(m->pages);
+	if (m->wpages)
+		kv_pages_destroy(m->wpages);
 	for (int i = 0; i < KV_MAX_LAYERS; i++)
 		ke_moe_free(m->layers[i].moe);
 	if (m->mtp) {
@@ -953,6 +1067,13 @@ size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *s
 		/* live across the layers of a chunk */
 		CARVE(cosv, C * (size_t)(c->rotary_dim / 2 + 1));
 		CARVE(sinv, C * (size_t)(c->rotary_dim / 2 + 1));
+		if (m->inv_freq_local != m->inv_freq) {
+			CARVE(cosl, C * (size_t)(c->rotary_dim / 2 + 1));
+			CARVE(sinl, C * (size_t)(c->rotary_dim / 2 + 1));
+		} else {
+			sc->cosl = sc->cosv;
+			sc->sinl = sc->sinv;
+		}
 		int th = kv_pool_size(kv_pool_global());
 		sc->attn_threads = th;
 		CARVE(attn_scr, (size_t)th * ke_attn_scratch_floats(c->n_heads / c->n_kv_heads, c->head_dim));
@@ -1013,4 +1134,13 @@ size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *s
 size_t ke_model_scratch_bytes(const struct ke_model *m, int chunk)
 {
 	return ke_scratch_plan(m, chunk > 0 ? chunk : 256, NULL, NULL);
+}
+
+size_t ke_model_window_seq_bytes(const struct ke_model *m, int chunk)
+{
+	if (!m->lay.n_win_layers)
+		return 0;
+	size_t B = (size_t)m->wlay.page_tokens;
+	size_t span = (size_t)m->lay.window + KE_ATTN_BLOCK + (size_t)(chunk > 0 ? chunk : 256);
+	return ((span + B - 1) / B + 1) * m->wlay.page_bytes;
 }

@@ -98,5 +98,9 @@ const struct ke_mat *ke_model_mat(const struct ke_model *m, int i, const char **
 int ke_model_has_mtp(const struct ke_model *m);
 /* Scratch bytes a sequence with this prefill chunk will allocate. */
 size_t ke_model_scratch_bytes(const struct ke_model *m, int chunk);
+/* The most window-page bytes a sequence holds while it prefills chunks of
+ * `chunk` tokens (sliding layers; 0 without): its window, the 64-key block
+ * the window starts in and the chunk, in whole pages (engine/seq.c). */
+size_t ke_model_window_seq_bytes(const struct ke_model *m, int chunk);
 
 #endif

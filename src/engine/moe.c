@@ -125,6 +125,115 @@ static int mat2(struct ke_model *m, struct ke_mat *v, int64_t rows, int64_t cols
 	return KV_OK;
 }
 
+/* A [rows][cols] float table (F32 / BF16 / F16) as f32 at dst. */
+static int bias_copy(const struct ke_model *m, const char *name, int64_t rows, int64_t cols, float *dst)
+{
+	const struct kv_tensor *t = kv_weights_find(m->w, name);
+	int64_t want[2] = {rows, cols};
+	char ws[64], hs[64];
+	if (!t)
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: weights lack tensor '%s'", m->dir, name);
+	if ((uint64_t)(rows * cols) != t->numel || (t->dtype != KV_DT_F32 && t->dtype != KV_DT_BF16 && t->dtype != KV_DT_F16))
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is %s %s, expected a float %s", t->file, name,
+			       kv_dtype_name(t->dtype) ? kv_dtype_name(t->dtype) : "?", kv_shape_str(t->ndim, t->shape, hs, sizeof hs),
+			       kv_shape_str(cols > 1 ? 2 : 1, cols > 1 ? want : &want[0], ws, sizeof ws));
+	return kv_tensor_to_f32(t, dst, 0, t->numel);
+}
+
+/* The release's U8 blocks [E, rows, nb, 16] and scales [E, rows, nb] of one
+ * stack, repacked to ggml MXFP4 rows at dst (rows x nb x 17 bytes per
+ * expert). Shapes are checked by kv_config_check_weights; checked again. */
+static int mxfp4_stack(const struct ke_model *m, const char *base, int64_t E, int64_t rows, int64_t cols, uint8_t *dst)
+{
+	char bn[192], sn[192];
+	snprintf(bn, sizeof bn, "%s_blocks", base);
+	snprintf(sn, sizeof sn, "%s_scales", base);
+	const struct kv_tensor *b = kv_weights_find(m->w, bn), *s = kv_weights_find(m->w, sn);
+	uint64_t nb = (uint64_t)E * (uint64_t)rows * (uint64_t)(cols / 32);
+	if (!b || !s)
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: weights lack tensor '%s'", m->dir, b ? sn : bn);
+	if (b->dtype != KV_DT_U8 || s->dtype != KV_DT_U8 || b->numel != nb * 16 || s->numel != nb || cols % 32)
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: MXFP4 tensors '%s' / '%s' do not hold %lld x %lld x %lld U8 blocks",
+			       b->file, bn, sn, (long long)E, (long long)rows, (long long)cols);
+	kq_mxfp4_from_hf(b->data, s->data, nb, dst);
+	return KV_OK;
+}
+
+/* GPT-OSS's block (moe.h): router with bias, experts with biases, from
+ * the release's MXFP4 layout or switch_mlp stacks. */
+static int oai_load(struct ke_model *m, int layer, struct ke_moe *mo)
+{
+	const struct kv_model_config *c = &m->cfg;
+	const int64_t E = mo->E, I = mo->I, D = c->hidden;
+	char name[192];
+	int rc;
+	int mx = c->expert_layout == KV_EXPERTS_OAI_MXFP4;
+	size_t fl = (size_t)E + (size_t)E * 2 * (size_t)I + (size_t)E * (size_t)D;
+	size_t gu_bytes = mx ? (size_t)(E * 2 * I) * (size_t)(D / 32) * 17 : 0;
+	size_t dn_bytes = mx ? (size_t)(E * D) * (size_t)(I / 32) * 17 : 0;
+	char *own = kv_alloc(KV_MEM_WEIGHTS, fl * sizeof(float) + gu_bytes + dn_bytes);
+	if (!own)
+		return kv_fail(KV_ERR_NOMEM, "out of memory for the experts of layer %d", layer);
+	mo->owned = own;
+	float *fb = (float *)(void *)own;
+	mo->kind = KV_MOE_OAI;
+	mo->limit = (float)c->swiglu_limit;
+	mo->router_b = fb;
+	mo->gu_b = fb + E;
+	mo->up_b = mo->gu_b + E * I;
+	mo->down_b = mo->gu_b + 2 * E * I;
+	if ((rc = mat2(m, &mo->router, E, D, "%slayers.%d.mlp.router.weight", layer, 1)))
+		return rc;
+	snprintf(name, sizeof name, "%slayers.%d.mlp.router.bias", m->prefix, layer);
+	if ((rc = bias_copy(m, name, E, 1, fb)))
+		return rc;
+	if (mx) {
+		uint8_t *gu = (uint8_t *)own + fl * sizeof(float), *dn = gu + gu_bytes;
+		snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", m->prefix, layer);
+		if ((rc = mxfp4_stack(m, name, E, 2 * I, D, gu)))
+			return rc;
+		snprintf(name, sizeof name, "%slayers.%d.mlp.experts.down_proj", m->prefix, layer);
+		if ((rc = mxfp4_stack(m, name, E, D, I, dn)))
+			return rc;
+		snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj_bias", m->prefix, layer);
+		if ((rc = bias_copy(m, name, E, 2 * I, (float *)mo->gu_b)))
+			return rc;
+		snprintf(name, sizeof name, "%slayers.%d.mlp.experts.down_proj_bias", m->prefix, layer);
+		if ((rc = bias_copy(m, name, E, D, (float *)mo->down_b)))
+			return rc;
+		mo->gu_fused = 1;
+		for (int e = 0; e < E; e++) {
+			struct ke_mat *g = &mo->gate[e], *d = &mo->down[e];
+			memset(g, 0, sizeof *g);
+			memset(d, 0, sizeof *d);
+			*g = (struct ke_mat){gu + (size_t)e * (size_t)(2 * I) * (size_t)(D / 32) * 17, KV_DT_MXFP4, (int)(2 * I),
+					     (int)D, (size_t)D};
+			*d = (struct ke_mat){dn + (size_t)e * (size_t)D * (size_t)(I / 32) * 17, KV_DT_MXFP4, (int)D, (int)I,
+					     (size_t)I};
+		}
+		return KV_OK;
+	}
+	/* switch_mlp stacks (GGUF, MLX): separate gate and up, with biases */
+	static const char *const nm[3] = {"gate_proj", "up_proj", "down_proj"};
+	const struct kv_tensor *st[3];
+	struct kv_mlx_qmat mq[3];
+	float *bd[3] = {(float *)mo->gu_b, (float *)mo->up_b, (float *)mo->down_b};
+	for (int j = 0; j < 3; j++) {
+		snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.%s.weight", m->prefix, layer, nm[j]);
+		if ((rc = get(m, name, 3, E, j == 2 ? D : I, j == 2 ? I : D, &st[j], &mq[j])))
+			return rc;
+		snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.%s.bias", m->prefix, layer, nm[j]);
+		if ((rc = bias_copy(m, name, E, j == 2 ? D : I, bd[j])))
+			return rc;
+	}
+	for (int e = 0; e < E; e++) {
+		view(m, &mo->gate[e], st[0], &mq[0], e, I, 0, (int)I, (int)D);
+		view(m, &mo->up[e], st[1], &mq[1], e, I, 0, (int)I, (int)D);
+		view(m, &mo->down[e], st[2], &mq[2], e, D, 0, (int)D, (int)I);
+	}
+	return KV_OK;
+}
+
 int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 {
 	const struct kv_model_config *c = &m->cfg;
@@ -137,7 +246,9 @@ int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 	struct ke_moe *mo = kv_alloc(KV_MEM_WEIGHTS, sizeof *mo + 3 * (size_t)E * sizeof(struct ke_mat));
 	if (!mo)
 		return kv_fail(KV_ERR_NOMEM, "out of memory for the experts of layer %d", layer);
-	memset(mo, 0, sizeof *mo);
+	/* the views too: GPT-OSS's fused MXFP4 experts leave up[] unused, and
+	 * whoever walks every expert (touch_weights) must see them empty */
+	memset(mo, 0, sizeof *mo + 3 * (size_t)E * sizeof(struct ke_mat));
 	mo->E = E;
 	mo->k = c->n_experts_per_tok;
 	mo->I = I;
@@ -146,6 +257,12 @@ int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 	mo->gate = (struct ke_mat *)(mo + 1);
 	mo->up = mo->gate + E;
 	mo->down = mo->up + E;
+	if (c->moe_kind == KV_MOE_OAI) {
+		if ((rc = oai_load(m, layer, mo)))
+			goto fail;
+		*out = mo;
+		return KV_OK;
+	}
 	if ((rc = mat2(m, &mo->router, E, D, "%slayers.%d.mlp.gate.weight", layer, 1)) ||
 	    (rc = mat2(m, &mo->sh_gate, Is, D, "%slayers.%d.mlp.shared_expert.gate_proj.weight", layer, 1)) ||
 	    (rc = mat2(m, &mo->sh_up, Is, D, "%slayers.%d.mlp.shared_expert.up_proj.weight", layer, 1)) ||
@@ -201,7 +318,7 @@ int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 	*out = mo;
 	return KV_OK;
 fail:
-	kv_free(mo);
+	ke_moe_free(mo);
 	return rc;
 }
 
@@ -282,6 +399,8 @@ fail:
 
 void ke_moe_free(struct ke_moe *mo)
 {
+	if (mo)
+		kv_free(mo->owned);
 	kv_free(mo);
 }
 
@@ -312,6 +431,8 @@ static size_t carve(const struct kv_model_config *c, int C, float *base, struct 
 	size_t E = (size_t)c->n_experts, k = (size_t)c->n_experts_per_tok, D = (size_t)c->hidden;
 	size_t Im = (size_t)(c->moe_intermediate > c->shared_intermediate ? c->moe_intermediate
 									  : c->shared_intermediate);
+	if (c->moe_kind == KV_MOE_OAI)
+		Im = 2 * (size_t)c->moe_intermediate; /* the interleaved gate_up outputs */
 	size_t off = 0, n = (size_t)C;
 #define TAKE(field, type, count) \
 	do { \
@@ -343,9 +464,50 @@ size_t ke_moe_scratch_floats(const struct kv_model_config *c, int chunk)
 	return carve(c, chunk, NULL, NULL);
 }
 
+/* GPT-OSS routing: the k largest logits (strict-greater argmax passes:
+ * ties to the lower id), softmax over those values in rank order, listed
+ * by ascending id. */
+static void oai_route(const struct ke_moe *mo, const float *lg, int32_t *sel, float *w)
+{
+	const int E = mo->E, k = mo->k;
+	uint64_t taken[(1 << 16) / 64 + 1];
+	int32_t rk[64];
+	float ev[64], sum = 0.0f;
+	memset(taken, 0, ((size_t)E / 64 + 1) * sizeof taken[0]);
+	for (int r = 0; r < k; r++) {
+		int best = -1;
+		for (int e = 0; e < E; e++) {
+			if (taken[e >> 6] >> (e & 63) & 1)
+				continue;
+			if (best < 0 || lg[e] > lg[best])
+				best = e;
+		}
+		taken[best >> 6] |= 1ull << (best & 63);
+		rk[r] = best;
+	}
+	for (int r = 0; r < k; r++) { /* rank 0 holds the maximum */
+		ev[r] = ke_exp(lg[rk[r]] - lg[rk[0]]);
+		sum += ev[r];
+	}
+	int r = 0;
+	for (int e = 0; e < E && r < k; e++)
+		if (taken[e >> 6] >> (e & 63) & 1) {
+			int q = 0;
+			while (rk[q] != e)
+				q++;
+			sel[r] = e;
+			w[r] = ev[q] / sum;
+			r++;
+		}
+}
+
 void ke_moe_route(const struct ke_moe *mo, float *p, int32_t *sel, float *w)
 {
 	const int E = mo->E, k = mo->k;
+	if (mo->kind == KV_MOE_OAI) {
+		oai_route(mo, p, sel, w);
+		return;
+	}
 	float mx = p[0], sum = 0.0f;
 	for (int e = 1; e < E; e++)
 		mx = p[e] > mx ? p[e] : mx;
@@ -390,13 +552,55 @@ struct expert_job {
 	int shared_bufs;   /* 1: use the chunk-sized buffers (one thread) */
 };
 
+/* GPT-OSS expert e on m gathered rows xin [m][D]; its output replaces
+ * xin. g1 holds up to 2I floats a row, g2 I. */
+static void oai_expert(const struct ke_moe *mo, int e, float *xin, int m, int D, float *g1, float *g2)
+{
+	const int I = mo->I;
+	const float L = mo->limit;
+	if (mo->gu_fused) {
+		ke_gemm(&mo->gate[e], xin, (size_t)D, m, g1, 2 * (size_t)I, 0);
+	} else {
+		/* separate stacks: gate into g1's first half, up into g2, then
+		 * interleaved like the release's outputs */
+		ke_gemm(&mo->gate[e], xin, (size_t)D, m, g2, (size_t)I, 0);
+		for (int t = m - 1; t >= 0; t--)
+			for (int i = I - 1; i >= 0; i--)
+				g1[(size_t)t * 2 * I + 2 * i] = g2[(size_t)t * I + i];
+		ke_gemm(&mo->up[e], xin, (size_t)D, m, g2, (size_t)I, 0);
+		for (int t = 0; t < m; t++)
+			for (int i = 0; i < I; i++)
+				g1[(size_t)t * 2 * I + 2 * i + 1] = g2[(size_t)t * I + i];
+	}
+	const float *bg = mo->gu_b + (size_t)e * (mo->gu_fused ? 2 * (size_t)I : (size_t)I);
+	const float *bu = mo->gu_fused ? bg + 1 : mo->up_b + (size_t)e * I;
+	int st = mo->gu_fused ? 2 : 1;
+	for (int t = 0; t < m; t++) {
+		const float *a = g1 + (size_t)t * 2 * I;
+		float *y = g2 + (size_t)t * I;
+		for (int i = 0; i < I; i++) {
+			float g = a[2 * i] + bg[(size_t)st * i], u = a[2 * i + 1] + bu[(size_t)st * i];
+			g = g < L ? g : L;
+			u = u < L ? (u > -L ? u : -L) : L;
+			float glu = g / (1.0f + ke_exp(0.0f - 1.702f * g));
+			y[i] = (u + 1.0f) * glu;
+		}
+	}
+	ke_gemm(&mo->down[e], g2, (size_t)I, m, xin, (size_t)D, 0);
+	const float *bd = mo->down_b + (size_t)e * D;
+	for (int t = 0; t < m; t++)
+		for (int i = 0; i < D; i++)
+			xin[(size_t)t * D + i] = xin[(size_t)t * D + i] + bd[i];
+}
+
 static void experts_part(void *ctx, size_t b0, size_t b1, int thread)
 {
 	const struct expert_job *j = ctx;
 	const struct ke_moe *mo = j->mo;
 	const struct moe_scr *s = j->s;
 	const int D = j->D, k = mo->k, I = mo->I;
-	const size_t Im = (size_t)(mo->I > mo->Is ? mo->I : mo->Is);
+	/* the row width carve() gave g1 and g2: GPT-OSS's gate_up is 2I wide */
+	const size_t Im = mo->kind == KV_MOE_OAI ? 2 * (size_t)mo->I : (size_t)(mo->I > mo->Is ? mo->I : mo->Is);
 	float *xin = s->xin, *g1 = s->g1, *g2 = s->g2;
 	if (!j->shared_bufs) {
 		xin = s->par + (size_t)thread * PAR_ROWS * ((size_t)D + 2 * Im);
@@ -407,10 +611,14 @@ static void experts_part(void *ctx, size_t b0, size_t b1, int thread)
 		int e = s->act[a], b = s->cnt[e], m = s->cnt[e + 1] - b;
 		for (int i = 0; i < m; i++)
 			memcpy(xin + (size_t)i * D, j->h + (size_t)(s->list[b + i] / k) * D, (size_t)D * sizeof *xin);
-		ke_gemm(&mo->gate[e], xin, (size_t)D, m, g1, (size_t)I, 0);
-		ke_gemm(&mo->up[e], xin, (size_t)D, m, g2, (size_t)I, 0);
-		ke_vec_silu_mul(g1, g2, m * I);
-		ke_gemm(&mo->down[e], g1, (size_t)I, m, xin, (size_t)D, 0);
+		if (mo->kind == KV_MOE_OAI) {
+			oai_expert(mo, e, xin, m, D, g1, g2);
+		} else {
+			ke_gemm(&mo->gate[e], xin, (size_t)D, m, g1, (size_t)I, 0);
+			ke_gemm(&mo->up[e], xin, (size_t)D, m, g2, (size_t)I, 0);
+			ke_vec_silu_mul(g1, g2, m * I);
+			ke_gemm(&mo->down[e], g1, (size_t)I, m, xin, (size_t)D, 0);
+		}
 		for (int i = 0; i < m; i++)
 			memcpy(s->eo + (size_t)s->list[b + i] * D, xin + (size_t)i * D, (size_t)D * sizeof *xin);
 	}
@@ -426,10 +634,15 @@ void ke_moe_forward(const struct ke_moe *mo, const float *h, int n, int D, float
 	cc.hidden = D;
 	cc.moe_intermediate = mo->I;
 	cc.shared_intermediate = mo->Is;
+	cc.moe_kind = mo->kind;
 	carve(&cc, n, scratch, &s);
 
 	/* route every token */
 	ke_gemm(&mo->router, h, (size_t)D, n, s.logits, (size_t)E, 0);
+	if (mo->router_b)
+		for (int t = 0; t < n; t++)
+			for (int e = 0; e < E; e++)
+				s.logits[(size_t)t * E + e] = s.logits[(size_t)t * E + e] + mo->router_b[e];
 	for (int t = 0; t < n; t++)
 		ke_moe_route(mo, s.logits + (size_t)t * E, s.sel + (size_t)t * k, s.w + (size_t)t * k);
 
@@ -462,6 +675,18 @@ void ke_moe_forward(const struct ke_moe *mo, const float *h, int n, int D, float
 		experts_part(&j, 0, (size_t)n_act, 0);
 	}
 
+	if (mo->kind == KV_MOE_OAI) { /* no shared expert: the fixed-order sum */
+		for (int t = 0; t < n; t++) {
+			float *xr = x + (size_t)t * D;
+			for (int i = 0; i < D; i++) {
+				float y = 0.0f;
+				for (int r = 0; r < k; r++)
+					y = y + s.eo[((size_t)t * k + r) * D + i] * s.w[(size_t)t * k + r];
+				xr[i] = xr[i] + y;
+			}
+		}
+		return;
+	}
 	/* shared expert and its gate */
 	ke_gemm(&mo->sh_gate, h, (size_t)D, n, s.g1, (size_t)mo->Is, 0);
 	ke_gemm(&mo->sh_up, h, (size_t)D, n, s.g2, (size_t)mo->Is, 0);
@@ -500,8 +725,10 @@ uint64_t ke_moe_decode_bytes(const struct ke_model *m)
 			continue;
 		/* the k experts a token reads, at the first expert's size (one
 		 * checkpoint stores all experts of a layer alike) */
-		b += (uint64_t)mo->k * (ke_mat_bytes(&mo->gate[0]) + ke_mat_bytes(&mo->up[0]) + ke_mat_bytes(&mo->down[0]));
-		b += ke_mat_bytes(&mo->sh_router);
+		b += (uint64_t)mo->k * (ke_mat_bytes(&mo->gate[0]) + (mo->gu_fused ? 0 : ke_mat_bytes(&mo->up[0])) +
+					ke_mat_bytes(&mo->down[0]));
+		if (mo->kind != KV_MOE_OAI)
+			b += ke_mat_bytes(&mo->sh_router);
 	}
 	return b;
 }

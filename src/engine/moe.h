@@ -20,6 +20,18 @@
  * residual add. So 1 token or 2048 tokens per chunk, any thread count and
  * any CPU path give the same bits.
  *
+ * GPT-OSS (kind KV_MOE_OAI, GptOssTopKRouter / GptOssExperts):
+ *   logits = h W_router^T + b_router; S = the k largest logits (ties to
+ *   the lower id); w = softmax over those k values (f32, in rank order);
+ *   expert e: a = W_gu h + b_gu (gate i and up i: rows 2i and 2i + 1 of
+ *   the release's interleaved gate_up, or separate gate / up stacks with
+ *   their biases); gate = min(gate, L); up = clamp(up, -L, L);
+ *   out_e = W_down ((up + 1) * gate * sigmoid(1.702 gate)) + b_down;
+ *   y summed as above (no shared expert), x += y. The release's MXFP4
+ *   blocks / scales are repacked into ggml's MXFP4 layout at load (one
+ *   copy of the expert bytes, kept by the block); GGUF MXFP4 stacks are
+ *   used in the mapping.
+ *
  * Weights stay in the mapping: an expert is three ke_mat views, either
  * into the per-expert tensors (mlp.experts.N.{gate,up,down}_proj.weight)
  * or into the stacked ones (mlp.experts.gate_up_proj [E][2I][D],
@@ -52,6 +64,15 @@ struct ke_moe {
 	struct ke_mat sh_gate, sh_up, sh_down; /* shared expert */
 	struct ke_mat sh_router;  /* [1][D] mlp.shared_expert_gate.weight; no data: ungated (Granite) */
 	float out_scale;          /* x += out_scale * y: Granite's residual_multiplier; 0 means 1 */
+	/* GPT-OSS (kind KV_MOE_OAI); NULL / 0 for Qwen's */
+	int kind;                 /* enum kv_moe_kind */
+	int gu_fused;             /* gate[e] is the interleaved gate_up matrix [2I][D] */
+	const float *router_b;    /* [E] */
+	const float *gu_b;        /* [E][2I] interleaved (gu_fused) or gate then up: [E][I] each */
+	const float *up_b;        /* [E][I] when not fused */
+	const float *down_b;      /* [E][D] */
+	float limit;              /* swiglu_limit */
+	void *owned;              /* biases and repacked MXFP4 experts (kv_alloc) */
 };
 
 /* Load layer `layer`'s block from m->w (names under m->prefix). Errors

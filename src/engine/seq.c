@@ -1,7 +1,13 @@
 /*
  * seq.c - see seq.h. Invariant kept by every function: n_pages ==
  * ceil(pos / B) and the sequence holds exactly one reference on each.
+ * Window pages (sliding layers, layout.h): n_wpages == ceil(pos / B),
+ * entries before the page of the next query's first needed block are NULL
+ * (dropped: the sequence keeps only its window), the others hold one
+ * reference each and are never shared (a fork or resume copies the
+ * window through a snapshot).
  */
+#include "engine/attn.h"
 #include "engine/prof.h"
 #include "engine/seq.h"
 #include "engine/engine_int.h"
@@ -44,16 +50,16 @@ static int seq_create(struct ke_model *m, const struct ke_seq_params *p, int zer
 		return kv_fail(KV_ERR_NOMEM, "sequence: cannot allocate %zu bytes of scratch", bytes);
 	}
 	ke_scratch_plan(m, s->p.chunk, &s->sc, block);
-	if (m->lay.snapshot_bytes) {
-		s->rec = ke_stash_take(m, 1, m->lay.snapshot_bytes);
+	if (m->lay.rec_bytes) {
+		s->rec = ke_stash_take(m, 1, m->lay.rec_bytes);
 		if (!s->rec)
-			s->rec = kv_alloc(KV_MEM_SCRATCH, m->lay.snapshot_bytes);
+			s->rec = kv_alloc(KV_MEM_SCRATCH, m->lay.rec_bytes);
 		if (s->rec && zero_rec)
-			memset(s->rec, 0, m->lay.snapshot_bytes);
+			memset(s->rec, 0, m->lay.rec_bytes);
 		if (!s->rec) {
 			ke_seq_destroy(s);
 			return kv_fail(KV_ERR_NOMEM, "sequence: cannot allocate %zu bytes of recurrent state",
-				       m->lay.snapshot_bytes);
+				       m->lay.rec_bytes);
 		}
 	}
 	*out = s;
@@ -78,9 +84,9 @@ static void spec_free(struct ke_seq *s)
 
 size_t ke_model_spec_bytes(const struct ke_model *m)
 {
-	if (!m->lay.snapshot_bytes)
+	if (!m->lay.rec_bytes)
 		return 0;
-	return m->lay.snapshot_bytes +
+	return m->lay.rec_bytes +
 	       (size_t)m->lay.n_rec_layers * KE_SPEC_MAX_ROWS * ke_spec_log_w(m) * sizeof(float) +
 	       ke_spec_junk_w(m) * sizeof(float);
 }
@@ -96,11 +102,11 @@ static int spec_alloc(struct ke_seq *s)
 	if (!sp)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	s->spec = sp;
-	if (!m->lay.snapshot_bytes)
+	if (!m->lay.rec_bytes) /* attention only (windows too): nothing to undo but cutting */
 		return KV_OK;
-	sp->alt = ke_stash_take(s->m, 1, m->lay.snapshot_bytes);
+	sp->alt = ke_stash_take(s->m, 1, m->lay.rec_bytes);
 	if (!sp->alt)
-		sp->alt = kv_alloc(KV_MEM_SCRATCH, m->lay.snapshot_bytes);
+		sp->alt = kv_alloc(KV_MEM_SCRATCH, m->lay.rec_bytes);
 	sp->log = kv_alloc(KV_MEM_SCRATCH,
 			   (size_t)m->lay.n_rec_layers * KE_SPEC_MAX_ROWS * ke_spec_log_w(m) * sizeof(float));
 	sp->junk = kv_alloc(KV_MEM_SCRATCH, ke_spec_junk_w(m) * sizeof(float));
@@ -138,6 +144,9 @@ void ke_seq_destroy(struct ke_seq *s)
 	for (int i = 0; i < s->n_pages; i++)
 		kv_page_unref(s->pages[i]);
 	free(s->pages);
+	for (int i = 0; i < s->n_wpages; i++)
+		kv_page_unref(s->wpages[i]);
+	free(s->wpages);
 	kv_free(s->tokens);
 	ke_stash_put(s->m, 1, s->rec);
 	ke_stash_put(s->m, 0, s->sc.block);
@@ -169,9 +178,17 @@ struct ke_model *ke_seq_model(const struct ke_seq *s)
 	return s->m;
 }
 
+int ke_seq_window_pages(const struct ke_seq *s)
+{
+	int n = 0;
+	for (int i = 0; i < s->n_wpages; i++)
+		n += s->wpages[i] != NULL;
+	return n;
+}
+
 size_t ke_seq_scratch_bytes(const struct ke_seq *s)
 {
-	return s->sc.bytes + s->m->lay.snapshot_bytes + (s->spec ? ke_model_spec_bytes(s->m) : 0);
+	return s->sc.bytes + s->m->lay.rec_bytes + (s->spec ? ke_model_spec_bytes(s->m) : 0);
 }
 
 size_t ke_seq_snapshot_bytes(const struct ke_seq *s)
@@ -250,6 +267,123 @@ static int pages_for(struct ke_seq *s, int end)
 	return KV_OK;
 }
 
+/* The first position whose window-page rows the next query may read
+ * (attn.h: the block of its window's first key). */
+static int win_keep_pos(const struct ke_seq *s, int pos)
+{
+	int W = s->m->lay.window, lo = pos - W + 1 > 0 ? pos - W + 1 : 0;
+	return lo / KE_ATTN_BLOCK * KE_ATTN_BLOCK;
+}
+
+/* Window pages for positions [pos, end): fresh pages where there are none
+ * (never shared, so written in place). On failure nothing changed. */
+static int wpages_for(struct ke_seq *s, int end)
+{
+	const struct ke_layout *wl = &s->m->wlay;
+	int B = wl->page_tokens;
+	if (!wl->n_segments)
+		return KV_OK;
+	int need = (end + B - 1) / B;
+	if (need > s->wpages_cap) {
+		int cap = s->wpages_cap ? s->wpages_cap : 16;
+		while (cap < need)
+			cap *= 2;
+		struct kv_page **p = realloc(s->wpages, (size_t)cap * sizeof *p);
+		if (!p)
+			return kv_fail(KV_ERR_NOMEM, "sequence: out of memory for the window page list");
+		s->wpages = p;
+		s->wpages_cap = cap;
+	}
+	for (int i = s->n_wpages; i < need; i++) {
+		struct kv_page *pg = kv_page_alloc(s->m->wpages);
+		if (!pg) {
+			for (int j = s->n_wpages; j < i; j++)
+				kv_page_unref(s->wpages[j]);
+			return kv_fail_ctx(KV_ERR_FULL, "sequence: window page for position %d", i * B);
+		}
+		s->wpages[i] = pg;
+	}
+	if (need > s->n_wpages)
+		s->n_wpages = need;
+	return KV_OK;
+}
+
+/* Drop the window pages no later query reads (below win_keep_pos). */
+static void wpages_trim(struct ke_seq *s)
+{
+	if (!s->m->wlay.n_segments)
+		return;
+	int keep = win_keep_pos(s, s->pos) / s->m->wlay.page_tokens;
+	for (int i = 0; i < keep && i < s->n_wpages; i++) {
+		kv_page_unref(s->wpages[i]);
+		s->wpages[i] = NULL;
+	}
+}
+
+/* Row t of segment seg of the window pages at position q. */
+static char *wrow(const struct ke_seq *s, int seg, int q)
+{
+	const struct ke_layout *wl = &s->m->wlay;
+	int B = wl->page_tokens;
+	return (char *)s->wpages[q / B]->data + ke_layout_row_off(wl, seg, q % B, B);
+}
+
+/* The windows at s->pos into a snapshot buffer (layout.h: W - 1 rows per
+ * head, zeros below position 0). */
+static void win_gather(const struct ke_seq *s, char *snap)
+{
+	const struct ke_layout *L = &s->m->lay;
+	int Hkv = L->n_kv_heads, p = s->pos;
+	for (int w = 0; w < L->n_win_layers; w++) {
+		const struct ke_win_layer *wl = &L->win[w];
+		for (int kv = 0; kv < 2; kv++)
+			for (int h = 0; h < Hkv; h++) {
+				char *dst = snap + (kv ? wl->v_off : wl->k_off) + (size_t)h * wl->rows * L->row_bytes;
+				int seg = (wl->idx * 2 + kv) * Hkv + h;
+				for (int i = 0; i < wl->rows; i++) {
+					int q = p - wl->rows + i;
+					if (q < 0)
+						memset(dst + (size_t)i * L->row_bytes, 0, L->row_bytes);
+					else
+						memcpy(dst + (size_t)i * L->row_bytes, wrow(s, seg, q), L->row_bytes);
+				}
+			}
+	}
+}
+
+/* Fresh window pages at s->pos from a snapshot: the rows of [lo, p) copied,
+ * the rows of the first needed block below lo zeroed (attn.h reads them
+ * with weight 0; they must be finite). s has no window pages yet. */
+static int win_scatter(struct ke_seq *s, const char *snap)
+{
+	const struct ke_layout *L = &s->m->lay;
+	int Hkv = L->n_kv_heads, p = s->pos, B = L->page_tokens, rc;
+	if (!L->n_win_layers || !p)
+		return KV_OK;
+	int keep = win_keep_pos(s, p);
+	s->n_wpages = keep / B; /* the entries below stay NULL */
+	if ((rc = wpages_for(s, p)))
+		return rc;
+	for (int i = 0; i < keep / B; i++)
+		s->wpages[i] = NULL;
+	for (int w = 0; w < L->n_win_layers; w++) {
+		const struct ke_win_layer *wl = &L->win[w];
+		for (int kv = 0; kv < 2; kv++)
+			for (int h = 0; h < Hkv; h++) {
+				const char *src = snap + (kv ? wl->v_off : wl->k_off) + (size_t)h * wl->rows * L->row_bytes;
+				int seg = (wl->idx * 2 + kv) * Hkv + h;
+				for (int q = keep; q < p; q++) {
+					int i = q - (p - wl->rows);
+					if (i < 0)
+						memset(wrow(s, seg, q), 0, L->row_bytes);
+					else
+						memcpy(wrow(s, seg, q), src + (size_t)i * L->row_bytes, L->row_bytes);
+				}
+			}
+	}
+	return KV_OK;
+}
+
 static int check_tokens(const struct ke_seq *s, const int32_t *tokens, int n)
 {
 	int V = s->m->cfg.vocab;
@@ -295,7 +429,7 @@ int ke_seq_prefill(struct ke_seq *s, const int32_t *tokens, int n, const struct 
 		if (next_stop < o->n_stops && o->stops[next_stop] - base < end)
 			end = o->stops[next_stop] - base;
 		int cnt = end - done;
-		if ((rc = pages_for(s, s->pos + cnt)))
+		if ((rc = pages_for(s, s->pos + cnt)) || (rc = wpages_for(s, s->pos + cnt)))
 			return rc;
 		float *rows = o->logits_all ? o->logits_all + (size_t)done * V : NULL;
 		float *last = (!rows && end == n) ? logits : NULL;
@@ -309,6 +443,8 @@ int ke_seq_prefill(struct ke_seq *s, const int32_t *tokens, int n, const struct 
 		memcpy(s->tokens + s->pos, tokens + done, (size_t)cnt * sizeof *tokens);
 		spec_after(s, o->spec, s->pos, cnt);
 		s->pos += cnt;
+		if (!o->spec) /* a speculative forward keeps its window until accepted */
+			wpages_trim(s);
 		done = end;
 		if (rows && end == n && logits)
 			memcpy(logits, rows + (size_t)(cnt - 1) * V, (size_t)V * sizeof *logits);
@@ -331,9 +467,38 @@ int ke_seq_snapshot(const struct ke_seq *s, void *buf, size_t len)
 	size_t need = s->m->lay.snapshot_bytes;
 	if (len != need)
 		return kv_fail(KV_ERR_INVALID, "snapshot: buffer of %zu bytes, the state is %zu", len, need);
-	if (need)
-		memcpy(buf, s->rec, need);
+	if (s->m->lay.rec_bytes)
+		memcpy(buf, s->rec, s->m->lay.rec_bytes);
+	win_gather(s, buf);
 	return KV_OK;
+}
+
+/* Drop every window page (before a scatter). */
+static void wpages_clear(struct ke_seq *s)
+{
+	for (int i = 0; i < s->n_wpages; i++)
+		kv_page_unref(s->wpages[i]);
+	s->n_wpages = 0;
+}
+
+/*
+ * Drop the window pages past the position (an accept that takes rows
+ * back). The speculative forward did not trim (ke_seq_prefill /
+ * ke_batch_run), so the pages the kept position's window reads are all
+ * still there: the rejected rows evicted nothing.
+ */
+static void wpages_cut(struct ke_seq *s)
+{
+	int B = s->m->wlay.page_tokens;
+	if (!s->m->wlay.n_segments)
+		return;
+	int keep = (s->pos + B - 1) / B;
+	for (int i = keep; i < s->n_wpages; i++) {
+		kv_page_unref(s->wpages[i]);
+		s->wpages[i] = NULL;
+	}
+	if (s->n_wpages > keep)
+		s->n_wpages = keep;
 }
 
 /* Cut pages and tokens to p (no state change). */
@@ -365,9 +530,12 @@ int ke_seq_accept(struct ke_seq *s, int keep)
 		sp->alt = t;
 		ke_spec_replay(s, keep);
 	}
-	if (keep < sp->rows)
+	if (keep < sp->rows) {
 		cut(s, sp->pos0 + keep);
+		wpages_cut(s);
+	}
 	sp->rows = 0;
+	wpages_trim(s);
 	return KV_OK;
 }
 
@@ -381,10 +549,16 @@ int ke_seq_rewind(struct ke_seq *s, int p, const void *snap, size_t len)
 			return kv_fail(KV_ERR_INVALID, "rewind: snapshot of %zu bytes, the state is %zu", len, need);
 		if (!snap && p != s->pos && p != 0)
 			return kv_fail(KV_ERR_INVALID, "rewind to %d: a hybrid model needs a snapshot taken there", p);
-		if (snap)
-			memcpy(s->rec, snap, need);
-		else if (p == 0)
-			memset(s->rec, 0, need);
+		size_t rb = s->m->lay.rec_bytes;
+		if (snap && rb)
+			memcpy(s->rec, snap, rb);
+		else if (p == 0 && rb)
+			memset(s->rec, 0, rb);
+		if (snap || p == 0) {
+			wpages_clear(s);
+			cut(s, p);
+			return win_scatter(s, snap);
+		}
 	} else if (snap && len) {
 		return kv_fail(KV_ERR_INVALID, "rewind: a dense model has no recurrent snapshot");
 	}
@@ -428,7 +602,7 @@ int ke_seq_resume(struct ke_model *m, const struct ke_seq_params *p, const struc
 	} else if (r->snapshot && r->snapshot_len) {
 		return kv_fail(KV_ERR_INVALID, "resume: a dense model has no recurrent snapshot");
 	}
-	if ((rc = seq_create(m, p, lay->snapshot_bytes == 0, &s)))
+	if ((rc = seq_create(m, p, lay->rec_bytes == 0, &s)))
 		return rc;
 	if (r->pos && (rc = check_tokens(s, r->tokens, r->pos)))
 		goto fail;
@@ -449,9 +623,11 @@ int ke_seq_resume(struct ke_model *m, const struct ke_seq_params *p, const struc
 	}
 	if (r->pos)
 		memcpy(s->tokens, r->tokens, (size_t)r->pos * sizeof *s->tokens);
-	if (lay->snapshot_bytes)
-		memcpy(s->rec, r->snapshot, lay->snapshot_bytes);
+	if (lay->rec_bytes)
+		memcpy(s->rec, r->snapshot, lay->rec_bytes);
 	s->pos = r->pos;
+	if (lay->n_win_layers && (rc = win_scatter(s, r->snapshot)))
+		goto fail;
 	*out = s;
 	return KV_OK;
 fail:
@@ -482,6 +658,18 @@ int ke_seq_fork(const struct ke_seq *src, int p, const struct ke_seq_params *par
 	if (lay->snapshot_bytes && p == 0) {
 		/* position 0: the zero state, not the source's */
 		int rc = ke_seq_create(src->m, &sp, out);
+		return rc;
+	}
+	if (lay->n_win_layers) {
+		/* the window pages are the source's own: copy them through a snapshot */
+		void *snap = kv_alloc(KV_MEM_SCRATCH, lay->snapshot_bytes);
+		if (!snap)
+			return kv_fail(KV_ERR_NOMEM, "fork: no memory for a %zu-byte snapshot", lay->snapshot_bytes);
+		int rc = ke_seq_snapshot(src, snap, lay->snapshot_bytes);
+		r.snapshot = snap;
+		if (!rc)
+			rc = ke_seq_resume(src->m, &sp, &r, out);
+		kv_free(snap);
 		return rc;
 	}
 	return ke_seq_resume(src->m, &sp, &r, out);
@@ -598,8 +786,8 @@ int ke_batch_run(struct ke_batch *b, struct ke_batch_item *items, int n_items)
 			it->rc = kv_fail(KV_ERR_INVALID, "batch: %d + %d tokens exceed the sequence limit of %d", s->pos,
 					 it->n, s->p.max_tokens);
 		else if (!(it->rc = check_tokens(s, it->tokens, it->n)) && !(it->rc = tokens_reserve(s, s->pos + it->n)) &&
-			 !(it->rc = it->spec ? spec_alloc(s) : KV_OK))
-			it->rc = pages_for(s, s->pos + it->n);
+			 !(it->rc = it->spec ? spec_alloc(s) : KV_OK) && !(it->rc = pages_for(s, s->pos + it->n)))
+			it->rc = wpages_for(s, s->pos + it->n);
 		if (it->rc)
 			continue;
 		s->spec_fwd = it->spec;
@@ -630,6 +818,8 @@ int ke_batch_run(struct ke_batch *b, struct ke_batch_item *items, int n_items)
 		memcpy(it->s->tokens + it->s->pos, it->tokens, (size_t)it->n * sizeof *it->tokens);
 		spec_after(it->s, it->spec, it->s->pos, it->n);
 		it->s->pos += it->n;
+		if (!it->spec)
+			wpages_trim(it->s);
 	}
 	return KV_OK;
 }

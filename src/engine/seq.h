@@ -73,6 +73,9 @@ int ke_seq_n_pages(const struct ke_seq *s);
 /* Borrowed: valid while s holds it (ref it to keep it). */
 struct kv_page *ke_seq_page(const struct ke_seq *s, int i);
 struct ke_model *ke_seq_model(const struct ke_seq *s);
+/* Window pages the sequence holds (sliding layers; the ones before its
+ * window are dropped). */
+int ke_seq_window_pages(const struct ke_seq *s);
 /* Scratch bytes this sequence allocated (KV_MEM_SCRATCH). */
 size_t ke_seq_scratch_bytes(const struct ke_seq *s);
 
@@ -159,7 +162,10 @@ int ke_batch_run(struct ke_batch *b, struct ke_batch_item *items, int n_items);
  * tokens and KV are cut to pos - n + keep and, for a hybrid model, the
  * recurrent state becomes exactly the state after those keep rows (the
  * state before the forward with the kept rows replayed: bit for bit what
- * decoding them one at a time gives). keep == n only ends the undo. The
+ * decoding them one at a time gives); with sliding-window layers the
+ * window pages the forward would have dropped are kept until the accept,
+ * so the kept position still has its whole window. keep == n only ends
+ * the undo. The
  * first speculative forward allocates ke_model_spec_bytes (KV_MEM_SCRATCH;
  * KV_ERR_NOMEM when that fails). Any other call that changes the
  * sequence (a forward, rewind, truncate) ends the undo: ke_seq_accept then

@@ -288,6 +288,23 @@ void ke_vec_silu(float *x, int n)
 	ke_vec_silu_mul_isa(ke_isa(), x, NULL, n);
 }
 
+void ke_vec_gelu_tanh_mul(float *g, const float *u, int n)
+{
+	const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+	for (int i = 0; i < n; i++) {
+		float x = g[i];
+		float inner = k * (x + 0.044715f * (x * x * x));
+		float y = 0.5f * x * (1.0f + tanhf(inner));
+		g[i] = u ? y * u[i] : y;
+	}
+}
+
+void ke_vec_softcap(float *x, float cap, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		x[i] = cap * tanhf(x[i] / cap);
+}
+
 void ke_vec_axpy_isa(int isa, float *y, float a, const float *x, int n)
 {
 #if defined(__x86_64__)

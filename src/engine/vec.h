@@ -39,6 +39,12 @@ void ke_vec_exp(float *y, const float *x, int n);
 void ke_vec_silu_mul(float *g, const float *u, int n);
 /* x[i] = silu(x[i]). */
 void ke_vec_silu(float *x, int n);
+/* g = gelu_tanh(g) (* u when u is set): transformers' gelu_pytorch_tanh,
+ * 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), scalar code (libm's
+ * tanhf) on every path. */
+void ke_vec_gelu_tanh_mul(float *g, const float *u, int n);
+/* x = cap tanh(x / cap) (final logit softcapping), scalar code. */
+void ke_vec_softcap(float *x, float cap, size_t n);
 /* Same with bf16 x (widened exactly). x may be unaligned. */
 void ke_vec_axpy_bf16(float *y, float a, const void *x, int n);
 /* x[i] = max(x[i], 0)^2 (relu(x) ** 2: Nemotron-H's MLP); NaN and -0 give +0. */

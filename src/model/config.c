@@ -29,6 +29,7 @@ struct cfgp {
 	json_t *root;
 	json_t *text;         /* text_config or root */
 	const char *tprefix;  /* "text_config." or "" */
+	double local_theta;   /* rope_parameters.sliding_attention.rope_theta, 0 if absent */
 };
 
 /* Integer field of the text config in [lo, hi]; def when absent/null. */
@@ -119,6 +120,16 @@ static int parse_rope(struct cfgp *p, struct kv_model_config *c, double def_part
 
 	if ((rc = get_num(p, p->text, pre, "rope_theta", 10000.0, &c->rope_theta)))
 		return rc;
+	/* transformers 4.57+ writes Gemma's as {"full_attention": {...},
+	 * "sliding_attention": {...}}: the global layers' block is the
+	 * model's RoPE, the sliding layers' theta is rope_local_theta */
+	if (rp && json_is_object(rp) && json_is_object(json_object_get(rp, "full_attention"))) {
+		json_t *sl = json_object_get(rp, "sliding_attention");
+		double lt = 0;
+		if (json_is_object(sl) && !kv_json_get_num(sl, "rope_theta", 0, &lt, p->what) && lt > 0)
+			p->local_theta = lt;
+		rp = json_object_get(rp, "full_attention");
+	}
 	if ((rc = get_num(p, p->text, pre, "partial_rotary_factor", def_partial, &c->partial_rotary)))
 		return rc;
 	if (rp && !json_is_null(rp)) {
@@ -166,6 +177,8 @@ static int parse_rope(struct cfgp *p, struct kv_model_config *c, double def_part
 				kind = KV_ROPE_LINEAR;
 			else if (!strcmp(s, "yarn"))
 				kind = KV_ROPE_YARN;
+			else if (!strcmp(s, "llama3") && c->arch == KV_ARCH_LLAMA)
+				kind = KV_ROPE_LLAMA3;
 			else if (!strcmp(s, "dynamic"))
 				return kv_fail(KV_ERR_UNSUPPORTED,
 					       "%s: %s%s.rope_type 'dynamic' is not supported: its frequencies change with "
@@ -173,7 +186,8 @@ static int parse_rope(struct cfgp *p, struct kv_model_config *c, double def_part
 					       "was cut (use 'yarn' or 'linear')", p->what, pre, names[i]);
 			else
 				return kv_fail(KV_ERR_UNSUPPORTED,
-					       "%s: %s%s.rope_type '%s' is not supported (default, linear or yarn)",
+					       "%s: %s%s.rope_type '%s' is not supported (default, linear or yarn; llama3 "
+					       "for llama)",
 					       p->what, pre, names[i], s);
 			if (so && kind != c->rope_scaling)
 				return kv_fail(KV_ERR_INVALID, "%s: %srope_parameters and rope_scaling name different "
@@ -200,6 +214,15 @@ static int parse_rope(struct cfgp *p, struct kv_model_config *c, double def_part
 			return rc;
 		if (!(c->rope_factor > 0 && c->rope_factor <= 1e6))
 			return kv_fail(KV_ERR_INVALID, "%s: %sfactor %g must be in (0, 1e6]", p->what, sp, c->rope_factor);
+		if (c->rope_scaling == KV_ROPE_LLAMA3) {
+			/* transformers' _compute_llama3_parameters */
+			if ((rc = get_num(p, so, sp, "low_freq_factor", 1.0, &c->rope_low_freq)) ||
+			    (rc = get_num(p, so, sp, "high_freq_factor", 4.0, &c->rope_high_freq)))
+				return rc;
+			if (!(c->rope_low_freq > 0 && c->rope_high_freq > c->rope_low_freq && c->rope_orig_max_pos > 0))
+				return kv_fail(KV_ERR_INVALID, "%s: %shigh_freq_factor must exceed low_freq_factor > 0, with "
+					       "original_max_position_embeddings", p->what, sp);
+		}
 		if (c->rope_scaling == KV_ROPE_YARN) {
 			double mscale = 0, mscale_all = 0, af = -1;
 			if ((rc = get_num(p, so, sp, "beta_fast", 32.0, &c->rope_beta_fast)) ||
@@ -268,7 +291,10 @@ static int parse_layer_types(struct cfgp *p, struct kv_model_config *c)
 			/* "attention" / "mamba" are the legacy names transformers remaps. */
 			if (!strcmp(s, "full_attention") || !strcmp(s, "attention"))
 				c->layer_type[i] = KV_LAYER_ATTN;
-			else if (c->hybrid && (!strcmp(s, "linear_attention") || !strcmp(s, "mamba")))
+			else if (c->sliding_window > 0 && !strcmp(s, "sliding_attention")) {
+				c->layer_type[i] = KV_LAYER_ATTN;
+				c->layer_window[i] = 1;
+			} else if (c->hybrid && (!strcmp(s, "linear_attention") || !strcmp(s, "mamba")))
 				c->layer_type[i] = KV_LAYER_DELTANET;
 			else if (!strcmp(s, "sliding_attention") || !strcmp(s, "linear_attention"))
 				return kv_fail(KV_ERR_UNSUPPORTED, "%s: %slayer_types[%zu] '%s' is not supported for %s",
@@ -277,6 +303,20 @@ static int parse_layer_types(struct cfgp *p, struct kv_model_config *c)
 				return kv_fail(KV_ERR_INVALID, "%s: %slayer_types[%zu] '%s' is not a known layer type",
 					       p->what, pre, i, s);
 		}
+	} else if (c->arch == KV_ARCH_GEMMA3 || c->arch == KV_ARCH_GPT_OSS) {
+		/* transformers' defaults: gemma3 every sliding_window_pattern-th
+		 * layer global (6), gpt_oss even layers sliding (pattern 2) */
+		int pat;
+		if ((rc = get_int(p, p->text, pre, "sliding_window_pattern", c->arch == KV_ARCH_GEMMA3 ? 6 : 2, 1,
+				  1 << 20, &pat)))
+			return rc;
+		for (int l = 0; l < c->n_layers; l++) {
+			c->layer_type[l] = KV_LAYER_ATTN;
+			c->layer_window[l] = c->sliding_window > 0 && (l + 1) % pat != 0;
+		}
+	} else if (c->arch == KV_ARCH_LLAMA) {
+		for (int l = 0; l < c->n_layers; l++)
+			c->layer_type[l] = KV_LAYER_ATTN;
 	} else if (c->hybrid) {
 		int interval;
 		if ((rc = get_int(p, p->text, pre, "full_attention_interval", 4, 1, 1 << 20, &interval)))
@@ -299,13 +339,16 @@ static int parse_layer_types(struct cfgp *p, struct kv_model_config *c)
 			c->layer_type[l] = KV_LAYER_ATTN;
 		}
 	}
-	c->n_attn_layers = c->n_deltanet_layers = 0;
+	c->n_attn_layers = c->n_deltanet_layers = c->n_swa_layers = 0;
 	for (int l = 0; l < c->n_layers; l++) {
 		if (c->layer_type[l] == KV_LAYER_ATTN)
 			c->n_attn_layers++;
 		else
 			c->n_deltanet_layers++;
+		c->n_swa_layers += c->layer_window[l];
 	}
+	if (c->sliding_window > 0 && !c->n_swa_layers)
+		c->sliding_window = 0; /* a window no layer uses (gemma3 sliding_window_pattern 1) */
 	return KV_OK;
 }
 
@@ -373,6 +416,138 @@ static int parse_moe(struct cfgp *p, struct kv_model_config *c, int all_sparse, 
 	return KV_OK;
 }
 
+/* The activation name of the MLP (hidden_activation wins, as in
+ * Gemma3TextConfig). */
+static int parse_act(struct cfgp *p, struct kv_model_config *c, const char *def)
+{
+	const char *pre = p->tprefix, *s = def, *key = "hidden_act";
+	json_t *v = json_object_get(p->text, "hidden_activation");
+	if (v && !json_is_null(v))
+		key = "hidden_activation";
+	else
+		v = json_object_get(p->text, "hidden_act");
+	if (v && !json_is_null(v)) {
+		if (!json_is_string(v))
+			return kv_fail(KV_ERR_INVALID, "%s: %s%s must be a string", p->what, pre, key);
+		s = json_string_value(v);
+	}
+	if (!strcmp(s, "silu"))
+		c->mlp_act = KV_ACT_SILU;
+	else if (!strcmp(s, "gelu_pytorch_tanh") || !strcmp(s, "gelu_tanh"))
+		c->mlp_act = KV_ACT_GELU_TANH;
+	else
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %s%s '%s' is not supported (silu, gelu_pytorch_tanh)", p->what,
+			       pre, key, s);
+	return KV_OK;
+}
+
+/* A boolean feature that must be off: 'what' names it. */
+static int refuse_true(struct cfgp *p, const char *key, const char *what)
+{
+	int on = 0, rc;
+	if ((rc = get_bool(p, p->text, p->tprefix, key, 0, &on)))
+		return rc;
+	if (on)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %s%s true (%s) is not supported", p->what, p->tprefix, key, what);
+	return KV_OK;
+}
+
+/*
+ * llama, gemma3 and gpt_oss after the shared fields (vocab, sizes, heads,
+ * RoPE): their attention variant, windows, MLP or MoE, norms.
+ */
+static int parse_window_family(struct cfgp *p, struct kv_model_config *c)
+{
+	const char *pre = p->tprefix, *s;
+	json_t *v;
+	int rc;
+
+	if (c->arch == KV_ARCH_LLAMA) {
+		if ((rc = parse_act(p, c, "silu")) || (rc = refuse_true(p, "attention_bias", "attention biases")) ||
+		    (rc = refuse_true(p, "mlp_bias", "MLP biases")))
+			return rc;
+		if (c->mlp_act != KV_ACT_SILU)
+			return kv_fail(KV_ERR_UNSUPPORTED, "%s: %shidden_act: llama runs silu", p->what, pre);
+	} else if (c->arch == KV_ARCH_GEMMA3) {
+		double qpas = 256;
+		if ((rc = parse_act(p, c, "gelu_pytorch_tanh")) ||
+		    (rc = get_int(p, p->text, pre, "sliding_window", 4096, 0, 1 << 30, &c->sliding_window)) ||
+		    (rc = get_num(p, p->text, pre, "query_pre_attn_scalar", 256, &qpas)) ||
+		    (rc = get_num(p, p->text, pre, "rope_local_base_freq", p->local_theta > 0 ? p->local_theta : 10000,
+				  &c->rope_local_theta)) ||
+		    (rc = get_num(p, p->text, pre, "final_logit_softcapping", 0, &c->final_softcap)) ||
+		    (rc = refuse_true(p, "attention_bias", "attention biases")))
+			return rc;
+		v = json_object_get(p->text, "attn_logit_softcapping");
+		if (v && !json_is_null(v))
+			return kv_fail(KV_ERR_UNSUPPORTED, "%s: %sattn_logit_softcapping (Gemma 2's) is not supported",
+				       p->what, pre);
+		if (!(qpas > 0) || !(c->rope_local_theta > 0) || c->final_softcap < 0)
+			return kv_fail(KV_ERR_INVALID, "%s: %squery_pre_attn_scalar, rope_local_base_freq and "
+				       "final_logit_softcapping must be positive", p->what, pre);
+		c->attn_scale = 1.0 / sqrt(qpas);
+		c->sandwich_norm = 1;
+		c->embed_scale = 1;
+	} else {
+		int bias = 1;
+		if ((rc = get_int(p, p->text, pre, "sliding_window", 128, 0, 1 << 30, &c->sliding_window)) ||
+		    (rc = get_bool(p, p->text, pre, "attention_bias", 1, &bias)) ||
+		    (rc = get_num(p, p->text, pre, "swiglu_limit", 7.0, &c->swiglu_limit)))
+			return rc;
+		if (!bias)
+			return kv_fail(KV_ERR_UNSUPPORTED, "%s: %sattention_bias false: gpt_oss projections carry biases",
+				       p->what, pre);
+		if (!(c->swiglu_limit > 0))
+			return kv_fail(KV_ERR_INVALID, "%s: %sswiglu_limit must be positive", p->what, pre);
+		c->attn_bias = c->attn_sinks = 1;
+		c->moe_kind = KV_MOE_OAI;
+		c->expert_layout = KV_EXPERTS_OAI_MXFP4;
+		int k = 4;
+		if ((rc = get_int(p, p->text, pre, "num_local_experts", 128, 1, 1 << 16, &c->n_experts)) ||
+		    (rc = get_int(p, p->text, pre, "experts_per_token", 4, 1, 1 << 16, &k)) ||
+		    (rc = get_int(p, p->text, pre, "num_experts_per_tok", k, 1, 1 << 16, &c->n_experts_per_tok)))
+			return rc;
+		if (c->n_experts_per_tok > c->n_experts)
+			return kv_fail(KV_ERR_INVALID, "%s: %snum_experts_per_tok %d is more than num_local_experts %d",
+				       p->what, pre, c->n_experts_per_tok, c->n_experts);
+		c->moe_intermediate = c->intermediate;
+		c->norm_topk_prob = 1;
+		if (c->hidden % 32 || c->intermediate % 32)
+			return kv_fail(KV_ERR_INVALID, "%s: %shidden_size %d and intermediate_size %d must be multiples of 32 "
+				       "(MXFP4 expert blocks)", p->what, pre, c->hidden, c->intermediate);
+	}
+	if ((rc = parse_layer_types(p, c)))
+		return rc;
+	if (c->moe_kind == KV_MOE_OAI) {
+		c->n_moe_layers = c->n_layers;
+		for (int l = 0; l < c->n_layers; l++)
+			c->layer_moe[l] = 1;
+	}
+	{
+		json_t *o = text_or_root(p, "tie_word_embeddings", &s);
+		if ((rc = get_bool(p, o, s, "tie_word_embeddings", c->arch == KV_ARCH_GEMMA3, &c->tie_embeddings)))
+			return rc;
+	}
+	if ((rc = parse_eos(p, c)))
+		return rc;
+	{
+		json_t *o = text_or_root(p, "bos_token_id", &s);
+		int bos;
+		if ((rc = get_int(p, o, s, "bos_token_id", -1, -1, CFG_MAX_VOCAB - 1, &bos)))
+			return rc;
+		c->bos_id = bos;
+	}
+	{
+		json_t *o = text_or_root(p, "torch_dtype", &s);
+		json_t *d = json_object_get(o, "torch_dtype");
+		if (!d || json_is_null(d))
+			d = json_object_get(text_or_root(p, "dtype", &s), "dtype");
+		if (json_is_string(d))
+			snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", json_string_value(d));
+	}
+	return KV_OK;
+}
+
 static int parse(struct cfgp *p, struct kv_model_config *c)
 {
 	const char *mt, *pre, *s;
@@ -420,19 +595,47 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 		c->fused_deltanet = 1;
 		def_vocab = 151936, def_hidden = 2048, def_inter = 5632, def_layers = 48, def_heads = 16;
 		def_kv = 2, def_hd = 256;
+	} else if (!strcmp(mt, "llama")) {
+		/* LlamaConfig: head_dim = hidden / heads unless given */
+		c->arch = KV_ARCH_LLAMA;
+		def_vocab = 32000, def_hidden = 4096, def_inter = 11008, def_layers = 32, def_heads = 32;
+		def_kv = -1, def_hd = -1;
+	} else if (!strcmp(mt, "gemma3_text") || !strcmp(mt, "gemma3")) {
+		/* Gemma3TextConfig; "gemma3" nests it under text_config */
+		c->arch = KV_ARCH_GEMMA3;
+		def_vocab = 262208, def_hidden = 2304, def_inter = 9216, def_layers = 26, def_heads = 8;
+		def_kv = 4, def_hd = 256;
+		v = json_object_get(p->root, "text_config");
+		if (!strcmp(mt, "gemma3") && v && !json_is_null(v)) {
+			if (!json_is_object(v))
+				return kv_fail(KV_ERR_INVALID, "%s: text_config must be an object", p->what);
+			p->text = v;
+			p->tprefix = "text_config.";
+			c->text_nested = 1;
+		}
+	} else if (!strcmp(mt, "gpt_oss")) {
+		c->arch = KV_ARCH_GPT_OSS; /* GptOssConfig */
+		def_vocab = 201088, def_hidden = 2880, def_inter = 2880, def_layers = 36, def_heads = 64;
+		def_kv = 8, def_hd = 64;
+	} else if (!strcmp(mt, "gemma4") || !strcmp(mt, "gemma4_text")) {
+		return kv_fail(KV_ERR_UNSUPPORTED,
+			       "%s: model_type '%s': Gemma 4 is not run by kvkeep yet (per-layer embeddings, KV shared "
+			       "across layers, per-layer head sizes and its MoE are not implemented; docs/models.md)",
+			       p->what, mt);
 	} else if (strstr(mt, "moe")) {
 		return kv_fail(KV_ERR_UNSUPPORTED, "%s: model_type '%s': mixture-of-experts models are not supported",
 			       p->what, mt);
 	} else {
 		return kv_fail(KV_ERR_UNSUPPORTED,
 			       "%s: model_type '%s' is not supported (supported: qwen3, qwen3_5, qwen3_5_moe, qwen3_next, "
-			       "granitemoehybrid, nemotron_h)",
+			       "llama, gemma3, gemma3_text, gpt_oss, granitemoehybrid, nemotron_h)",
 			       p->what,
 			       mt);
 	}
-	c->hybrid = c->arch != KV_ARCH_QWEN3;
+	c->hybrid = c->arch == KV_ARCH_QWEN3_5 || c->arch == KV_ARCH_QWEN3_NEXT;
 	c->attn_output_gate = c->hybrid;
-	c->norm_plus_one = c->hybrid;
+	c->norm_plus_one = c->hybrid || c->arch == KV_ARCH_GEMMA3;
+	c->qk_norm = c->arch == KV_ARCH_QWEN3 || c->hybrid || c->arch == KV_ARCH_GEMMA3;
 	if (c->hybrid && (rc = get_int(p, p->text, p->tprefix, "mtp_num_hidden_layers", 0, 0, 8, &c->n_mtp_layers)))
 		return rc;
 	pre = p->tprefix;
@@ -449,6 +652,8 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 	if (c->n_layers > KV_MAX_LAYERS)
 		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %snum_hidden_layers %d is more than the %d supported", p->what,
 			       pre, c->n_layers, KV_MAX_LAYERS);
+	if (def_hd < 0) /* llama: hidden / heads */
+		def_hd = c->hidden / c->n_heads > 0 ? c->hidden / c->n_heads : 1;
 	if ((rc = get_int(p, p->text, pre, "num_key_value_heads", def_kv < 0 ? c->n_heads : def_kv, 1,
 			  CFG_MAX_HEADS, &c->n_kv_heads)) ||
 	    (rc = get_int(p, p->text, pre, "head_dim", def_hd, 1, CFG_MAX_HEAD_DIM, &c->head_dim)) ||
@@ -463,8 +668,11 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 	if ((rc = parse_rope(p, c, c->hybrid ? 0.25 : 1.0)))
 		return rc;
 	if (!c->hybrid && c->partial_rotary != 1.0)
-		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %spartial_rotary_factor %g: qwen3 rotates all of head_dim",
-			       p->what, pre, c->partial_rotary);
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %spartial_rotary_factor %g: %s rotates all of head_dim",
+			       p->what, pre, c->partial_rotary, c->model_type);
+	c->rope_local_theta = c->rope_theta;
+	if (kv_arch_window_family(c->arch))
+		return parse_window_family(p, c);
 
 	/* Features the engine does not implement. */
 	{
@@ -529,7 +737,7 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 
 int kv_config_parse(const char *text, size_t len, const char *what, struct kv_model_config *out)
 {
-	struct cfgp p = {what ? what : "config.json", NULL, NULL, ""};
+	struct cfgp p = {what ? what : "config.json", NULL, NULL, "", 0};
 	char *relaxed = NULL;
 	size_t rlen = 0;
 	int rc = kv_config_json_relax(text, len, &relaxed, &rlen); /* Python's bare Infinity */
@@ -559,8 +767,16 @@ uint64_t kv_config_conv_dim(const struct kv_model_config *c)
 
 uint64_t kv_config_kv_bytes_per_token(const struct kv_model_config *c, int elem_bytes)
 {
-	return (uint64_t)c->n_attn_layers * 2 * (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim *
+	return (uint64_t)(c->n_attn_layers - c->n_swa_layers) * 2 * (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim *
 	       (uint64_t)elem_bytes;
+}
+
+uint64_t kv_config_window_bytes(const struct kv_model_config *c, int elem_bytes)
+{
+	if (!c->n_swa_layers || c->sliding_window < 1)
+		return 0;
+	return (uint64_t)c->n_swa_layers * 2 * (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim *
+	       (uint64_t)(c->sliding_window - 1) * (uint64_t)elem_bytes;
 }
 
 uint64_t kv_config_recurrent_state_bytes(const struct kv_model_config *c)
@@ -585,6 +801,9 @@ const char *kv_arch_name(int arch)
 	case KV_ARCH_QWEN3: return "qwen3";
 	case KV_ARCH_QWEN3_5: return "qwen3_5";
 	case KV_ARCH_QWEN3_NEXT: return "qwen3_next";
+	case KV_ARCH_LLAMA: return "llama";
+	case KV_ARCH_GEMMA3: return "gemma3";
+	case KV_ARCH_GPT_OSS: return "gpt_oss";
 	case KV_ARCH_GRANITE_HYBRID: return "granitemoehybrid";
 	case KV_ARCH_NEMOTRON_H: return "nemotron_h";
 	}
@@ -668,6 +887,70 @@ static void moe_specs(struct specs *s, const struct kv_model_config *c, const ch
 	spec(s, l, KV_ROLE_LINEAR, 2, 1, H, 0, "%slayers.%d.mlp.shared_expert_gate.weight", p, l);
 }
 
+/* gpt_oss's MoE block of layer l: router with bias, experts with biases
+ * (kv_expert_layout: the MXFP4 release or switch_mlp stacks). */
+static void oai_moe_specs(struct specs *s, const struct kv_model_config *c, const char *p, int l)
+{
+	const int64_t D = c->hidden, E = c->n_experts, I = c->moe_intermediate;
+	spec(s, l, KV_ROLE_ROUTER, 2, E, D, 0, "%slayers.%d.mlp.router.weight", p, l);
+	spec(s, l, KV_ROLE_BIAS, 1, E, 0, 0, "%slayers.%d.mlp.router.bias", p, l);
+	if (c->expert_layout == KV_EXPERTS_SWITCH) {
+		static const char *const nm[3] = {"gate_proj", "up_proj", "down_proj"};
+		for (int j = 0; j < 3; j++) {
+			int64_t r = j == 2 ? D : I, k = j == 2 ? I : D;
+			spec(s, l, j == 2 ? KV_ROLE_LINEAR_OUT : KV_ROLE_LINEAR, 3, E, r, k,
+			     "%slayers.%d.mlp.switch_mlp.%s.weight", p, l, nm[j]);
+			spec(s, l, KV_ROLE_BIAS, 2, E, r, 0, "%slayers.%d.mlp.switch_mlp.%s.bias", p, l, nm[j]);
+		}
+		return;
+	}
+	/* the release: U8 codes [E, rows, cols / 32, 16] and E8M0 scales */
+	spec(s, l, KV_ROLE_MXFP4_BLOCKS, 4, E, 2 * I, D / 32, "%slayers.%d.mlp.experts.gate_up_proj_blocks", p, l);
+	s->v[s->n - 1].shape[3] = 16;
+	spec(s, l, KV_ROLE_MXFP4_SCALES, 3, E, 2 * I, D / 32, "%slayers.%d.mlp.experts.gate_up_proj_scales", p, l);
+	spec(s, l, KV_ROLE_BIAS, 2, E, 2 * I, 0, "%slayers.%d.mlp.experts.gate_up_proj_bias", p, l);
+	spec(s, l, KV_ROLE_MXFP4_BLOCKS, 4, E, D, I / 32, "%slayers.%d.mlp.experts.down_proj_blocks", p, l);
+	s->v[s->n - 1].shape[3] = 16;
+	spec(s, l, KV_ROLE_MXFP4_SCALES, 3, E, D, I / 32, "%slayers.%d.mlp.experts.down_proj_scales", p, l);
+	spec(s, l, KV_ROLE_BIAS, 2, E, D, 0, "%slayers.%d.mlp.experts.down_proj_bias", p, l);
+}
+
+/* llama, gemma3, gpt_oss layer l (config.h lists the names). */
+static void window_family_specs(struct specs *s, const struct kv_model_config *c, const char *p, int l)
+{
+	const int64_t H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, I = c->intermediate;
+	const int norm = c->norm_plus_one ? KV_ROLE_NORM_OFFSET : KV_ROLE_NORM;
+	static const char *const qkv[3] = {"q_proj", "k_proj", "v_proj"};
+	spec(s, l, norm, 1, H, 0, 0, "%slayers.%d.input_layernorm.weight", p, l);
+	for (int j = 0; j < 3; j++) {
+		int64_t rows = (j ? nkv : nh) * hd;
+		spec(s, l, KV_ROLE_LINEAR, 2, rows, H, 0, "%slayers.%d.self_attn.%s.weight", p, l, qkv[j]);
+		if (c->attn_bias)
+			spec(s, l, KV_ROLE_BIAS, 1, rows, 0, 0, "%slayers.%d.self_attn.%s.bias", p, l, qkv[j]);
+	}
+	spec(s, l, KV_ROLE_LINEAR_OUT, 2, H, nh * hd, 0, "%slayers.%d.self_attn.o_proj.weight", p, l);
+	if (c->attn_bias)
+		spec(s, l, KV_ROLE_BIAS, 1, H, 0, 0, "%slayers.%d.self_attn.o_proj.bias", p, l);
+	if (c->attn_sinks)
+		spec(s, l, KV_ROLE_SINKS, 1, nh, 0, 0, "%slayers.%d.self_attn.sinks", p, l);
+	if (c->qk_norm) {
+		spec(s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.q_norm.weight", p, l);
+		spec(s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.k_norm.weight", p, l);
+	}
+	spec(s, l, norm, 1, H, 0, 0, "%slayers.%d.post_attention_layernorm.weight", p, l);
+	if (c->sandwich_norm) {
+		spec(s, l, norm, 1, H, 0, 0, "%slayers.%d.pre_feedforward_layernorm.weight", p, l);
+		spec(s, l, norm, 1, H, 0, 0, "%slayers.%d.post_feedforward_layernorm.weight", p, l);
+	}
+	if (c->layer_moe[l]) {
+		oai_moe_specs(s, c, p, l);
+		return;
+	}
+	spec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.gate_proj.weight", p, l);
+	spec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.up_proj.weight", p, l);
+	spec(s, l, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.down_proj.weight", p, l);
+}
+
 int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struct kv_tensor_spec **out,
 		      size_t *n)
 {
@@ -684,6 +967,10 @@ int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struc
 		return kv_config_tensors_ssm(c, p, out, n);
 	spec(&s, -1, KV_ROLE_EMBED, 2, c->vocab, H, 0, "%sembed_tokens.weight", p);
 	for (int l = 0; l < c->n_layers; l++) {
+		if (kv_arch_window_family(c->arch)) {
+			window_family_specs(&s, c, p, l);
+			continue;
+		}
 		spec(&s, l, norm, 1, H, 0, 0, "%slayers.%d.input_layernorm.weight", p, l);
 		if (c->layer_type[l] == KV_LAYER_ATTN) {
 			int64_t qout = nh * hd * (c->attn_output_gate ? 2 : 1);
@@ -784,9 +1071,11 @@ uint64_t kv_config_param_count(const struct kv_model_config *c)
 		return 0;
 	for (size_t i = 0; i < n; i++) {
 		uint64_t e = 1;
+		if (v[i].role == KV_ROLE_MXFP4_SCALES)
+			continue; /* a block's scale is not a parameter */
 		for (int d = 0; d < v[i].ndim; d++)
 			e *= (uint64_t)v[i].shape[d];
-		total += e;
+		total += v[i].role == KV_ROLE_MXFP4_BLOCKS ? 2 * e : e; /* two 4-bit codes a byte */
 	}
 	free(v);
 	return total;

@@ -19,6 +19,27 @@
  *               like qwen3_5; qwen3_5_moe_text is its flat text config.
  *   qwen3_5_text  the flat text config of Qwen3.5 (what the nested
  *               "text_config" holds), read like qwen3_5.
+ *   llama       Llama 2/3.x (LlamaForCausalLM): plain attention, SwiGLU,
+ *               RoPE with the "llama3" frequency scaling (rope_scaling
+ *               rope_type llama3: factor, low_freq_factor,
+ *               high_freq_factor, original_max_position_embeddings).
+ *   gemma3_text Gemma 3 (Gemma3ForCausalLM); gemma3 is the multimodal
+ *               Gemma3ForConditionalGeneration with the text model under
+ *               "text_config" (weights under model.language_model.).
+ *               Sliding-window layers (layer_types, else every layer but
+ *               each sliding_window_pattern-th), rope_local_base_freq on
+ *               the sliding layers and rope_theta / rope_scaling on the
+ *               global ones, (1 + w) RMSNorms before and after attention
+ *               and the MLP, q/k norms, GeGLU (gelu_pytorch_tanh), the
+ *               embedding scaled by sqrt(hidden), the softmax scale
+ *               query_pre_attn_scalar^-0.5, final_logit_softcapping.
+ *   gpt_oss     GPT-OSS (GptOssForCausalLM): alternating sliding (128)
+ *               and full attention layers, q/k/v/o biases, a learned sink
+ *               logit per query head, YaRN RoPE, a sparse MoE on every
+ *               layer (router with bias, top-k on the logits then softmax
+ *               over the k, experts with biases and the clamped SwiGLU
+ *               of swiglu_limit and alpha 1.702), experts in the MXFP4
+ *               release layout (_blocks / _scales) or as GGUF stacks.
  * Anything else is KV_ERR_UNSUPPORTED naming the model_type (qwen3_moe
  * gets a message saying MoE). Impossible shapes (heads not
  * dividing, zero sizes, head counts that do not match GQA, rotary dims
@@ -62,7 +83,9 @@
 
 #define KV_MAX_LAYERS 256
 
-enum kv_arch { KV_ARCH_QWEN3 = 0, KV_ARCH_QWEN3_5 = 1, KV_ARCH_QWEN3_NEXT = 2 };
+enum kv_arch { KV_ARCH_QWEN3 = 0, KV_ARCH_QWEN3_5 = 1, KV_ARCH_QWEN3_NEXT = 2,
+	       /* the sliding-window families (issue 32) */
+	       KV_ARCH_LLAMA = 16, KV_ARCH_GEMMA3 = 17, KV_ARCH_GPT_OSS = 18 };
 /* How a checkpoint stores the routed experts of a MoE layer (docs/models.md):
  *   STACKED   mlp.experts.gate_up_proj [E, 2 I, D] (gate rows then up rows
  *             of each expert) and mlp.experts.down_proj [E, D, I], the
@@ -73,18 +96,33 @@ enum kv_arch { KV_ARCH_QWEN3 = 0, KV_ARCH_QWEN3_5 = 1, KV_ARCH_QWEN3_NEXT = 2 };
  *   SWITCH    mlp.switch_mlp.{gate,up}_proj.weight [E, I, D] and
  *             mlp.switch_mlp.down_proj.weight [E, D, I] (mlx-lm's SwitchGLU
  *             stacks, unquantized). */
-enum kv_expert_layout { KV_EXPERTS_STACKED = 0, KV_EXPERTS_SPLIT = 1, KV_EXPERTS_SWITCH = 2 };
+enum kv_expert_layout { KV_EXPERTS_STACKED = 0, KV_EXPERTS_SPLIT = 1, KV_EXPERTS_SWITCH = 2,
+	/* GPT-OSS's release: mlp.experts.gate_up_proj_blocks [E, 2I, D/32, 16]
+	 * and _scales [E, 2I, D/32] (U8, MXFP4: gate and up rows interleaved,
+	 * row 2i gate i, row 2i + 1 up i), down_proj_blocks [E, D, I/32, 16]
+	 * and _scales; gate_up_proj_bias [E, 2I], down_proj_bias [E, D]. */
+	KV_EXPERTS_OAI_MXFP4 = 3 };
+/* How a MoE layer routes and what an expert computes (moe.h). */
+enum kv_moe_kind { KV_MOE_QWEN = 0, KV_MOE_OAI = 1 };
+/* The MLP's activation: silu(gate) * up, or gelu_tanh(gate) * up. */
+enum kv_mlp_act { KV_ACT_SILU = 0, KV_ACT_GELU_TANH = 1 };
 enum kv_layer_type { KV_LAYER_ATTN = 0, KV_LAYER_DELTANET = 1 };
 /* The Mamba-2 hybrids (model/config_ssm.c): their own arch and layer
  * values, far from the ones above so that other families can be added
  * there without renumbering. */
-enum kv_arch_ssm { KV_ARCH_GRANITE_HYBRID = 16, KV_ARCH_NEMOTRON_H = 17 };
+enum kv_arch_ssm { KV_ARCH_GRANITE_HYBRID = 32, KV_ARCH_NEMOTRON_H = 33 };
+/* 1: arch is a sliding-window family (llama, gemma3, gpt_oss); the Mamba-2
+ * arches above are numbered past them. */
+static inline int kv_arch_window_family(int arch)
+{
+	return arch >= KV_ARCH_LLAMA && arch <= KV_ARCH_GPT_OSS;
+}
 enum kv_layer_ssm {
 	KV_LAYER_MAMBA = 8,   /* Mamba-2 mixer: conv + SSM state (recurrent, snapshotted like DeltaNet) */
 	KV_LAYER_MLP = 9,     /* Nemotron-H '-': an MLP block alone */
 };
 
-enum kv_rope_scaling { KV_ROPE_NONE = 0, KV_ROPE_LINEAR, KV_ROPE_YARN };
+enum kv_rope_scaling { KV_ROPE_NONE = 0, KV_ROPE_LINEAR, KV_ROPE_YARN, KV_ROPE_LLAMA3 };
 
 struct kv_model_config {
 	int arch;                     /* enum kv_arch */
@@ -153,6 +191,40 @@ struct kv_model_config {
 	                                 value-head order (its input must be permuted) */
 	int vrows_tiled;              /* DeltaNet in_proj_qkv (v rows), in_proj_z, in_proj_b,
 	                                 in_proj_a rows in tiled order (outputs permuted) */
+	/*
+	 * Sliding-window attention and the block variants of llama, gemma3 and
+	 * gpt_oss. A sliding layer is an attention layer (layer_type ATTN)
+	 * with layer_window[l] set: its query at position p attends keys
+	 * [max(0, p - W + 1), p] (W keys, its own included: transformers'
+	 * "kv_idx > q_idx - sliding_window", llama.cpp's standard SWA). Its KV
+	 * is not paged with the global layers' (engine/layout.h): a sequence
+	 * keeps only the window, and a cache entry of such a model cannot be
+	 * trimmed (its window state is snapshot state, like a recurrent one).
+	 */
+	int sliding_window;           /* W, keys a sliding layer attends; 0: no sliding layer */
+	uint8_t layer_window[KV_MAX_LAYERS]; /* 1: attention layer l is sliding (window W) */
+	int n_swa_layers;             /* attention layers with a window */
+	double rope_local_theta;      /* RoPE base of the sliding layers (gemma3
+					 rope_local_base_freq; rope_theta otherwise); no scaling */
+	double attn_scale;            /* softmax scale; 0: head_dim^-0.5 (gemma3 query_pre_attn_scalar,
+					 granite attention_multiplier) */
+	int qk_norm;                  /* per-head q/k RMSNorm before RoPE (qwen3, gemma3) */
+	int attn_bias;                /* q/k/v/o projection biases (gpt_oss) */
+	int attn_sinks;               /* a learned sink logit per query head (gpt_oss) */
+	int sandwich_norm;            /* gemma3: RMSNorm of the attention and MLP outputs
+					 before the residual adds (post_attention_layernorm,
+					 pre/post_feedforward_layernorm) */
+	int mlp_act;                  /* enum kv_mlp_act */
+	int embed_scale;              /* embeddings times sqrt(hidden) (gemma, in f32) */
+	double final_softcap;         /* logits = cap tanh(logits / cap); 0: none */
+	double rope_low_freq;         /* llama3 rope low_freq_factor (1) */
+	double rope_high_freq;        /* llama3 rope high_freq_factor (4) */
+	int rope_interleaved;         /* RoPE rotates adjacent pairs (llama.cpp's "normal"
+					 mode: a llama GGUF's q/k rows are permuted for it) */
+	int rope_freqs_tensor;        /* GGUF: inverse frequencies divided by the file's
+					 rope_freqs factors (llama3) */
+	int moe_kind;                 /* enum kv_moe_kind */
+	double swiglu_limit;          /* gpt_oss clamp of the expert's gate and up (7) */
 	/* Mamba-2 hybrids (granitemoehybrid, nemotron_h; model/config_ssm.c).
 	 * Their recurrent layers are KV_LAYER_MAMBA; hybrid stays 0 (it names
 	 * the Qwen3.5 / Qwen3-Next conventions). conv_kernel is the mixer's
@@ -171,7 +243,6 @@ struct kv_model_config {
 	int shared_ungated;           /* MoE shared expert added without a gate (granite) */
 	double embed_mult;            /* granite embedding_multiplier (1 otherwise) */
 	double residual_mult;         /* granite residual_multiplier (1 otherwise) */
-	double attn_scale;            /* attention scale; 0: head_dim^-0.5 */
 	double logits_div;            /* granite logits_scaling: logits / it (1 otherwise) */
 	int shared_split;             /* granite MoE: the shared expert as shared_mlp.{gate,up}_proj
 	                                 (a GGUF's ffn_{gate,up}_shexp) instead of input_linear */
@@ -199,6 +270,11 @@ uint64_t kv_config_conv_dim(const struct kv_model_config *c);
 /* KV bytes per token over all attention layers for an element size
  * (2 for 16-bit KV): n_attn_layers x 2 x n_kv_heads x head_dim x elem. */
 uint64_t kv_config_kv_bytes_per_token(const struct kv_model_config *c, int elem_bytes);
+/* KV bytes of the sliding layers' windows (W - 1 rows each: what a
+ * snapshot keeps), for an element size: n_swa_layers x 2 x n_kv_heads x
+ * head_dim x (W - 1) x elem. kv_config_kv_bytes_per_token counts only the
+ * other (global) attention layers. */
+uint64_t kv_config_window_bytes(const struct kv_model_config *c, int elem_bytes);
 /* fp32 delta-rule state of one DeltaNet layer: Hv x dk x dv x 4. */
 uint64_t kv_config_recurrent_state_bytes(const struct kv_model_config *c);
 /* fp32 conv state of one DeltaNet layer: conv_dim x (K - 1) x 4. */
@@ -210,7 +286,8 @@ uint64_t kv_config_param_count(const struct kv_model_config *c);
  * experts a token does not use in each MoE layer (embeddings included;
  * equal to kv_config_param_count for dense models). */
 uint64_t kv_config_active_param_count(const struct kv_model_config *c);
-/* "qwen3", "qwen3_5", "qwen3_next", "granitemoehybrid", "nemotron_h". */
+/* "qwen3", "qwen3_5", "qwen3_next", "llama", "gemma3", "gpt_oss",
+ * "granitemoehybrid", "nemotron_h". */
 const char *kv_arch_name(int arch);
 
 /*
@@ -230,10 +307,14 @@ enum kv_tensor_role {
 	KV_ROLE_DT_BIAS,      /* DeltaNet dt_bias [Hv] */
 	KV_ROLE_A_LOG,        /* DeltaNet A_log [Hv] */
 	KV_ROLE_ROUTER,       /* MoE mlp.gate [E, hidden] router */
+	KV_ROLE_BIAS,         /* a projection's bias (gpt_oss) */
+	KV_ROLE_SINKS,        /* gpt_oss self_attn.sinks [heads] */
+	KV_ROLE_MXFP4_BLOCKS, /* gpt_oss expert codes, U8 [.., rows, cols/32, 16] */
+	KV_ROLE_MXFP4_SCALES, /* gpt_oss expert scales, U8 E8M0 [.., rows, cols/32] */
 };
 /* Roles of the Mamba-2 mixers (config_ssm.c), numbered apart. */
 enum kv_tensor_role_ssm {
-	KV_ROLE_BIAS = 32,    /* conv1d.bias [conv channels] */
+	KV_ROLE_CONV_BIAS = 32, /* conv1d.bias [conv channels] */
 	KV_ROLE_SSM_D = 33,   /* D [heads]: the skip y += D x */
 };
 

@@ -529,7 +529,7 @@ int kv_config_tensors_ssm(const struct kv_model_config *c, const char *p, struct
 			spec(&s, l, KV_ROLE_LINEAR, 2, W + C + H, D, 0, "%slayers.%d.%s.in_proj.weight", p, l, mx);
 			spec(&s, l, KV_ROLE_CONV, 3, C, 1, c->conv_kernel, "%slayers.%d.%s.conv1d.weight", p, l, mx);
 			if (c->ssm_conv_bias)
-				spec(&s, l, KV_ROLE_BIAS, 1, C, 0, 0, "%slayers.%d.%s.conv1d.bias", p, l, mx);
+				spec(&s, l, KV_ROLE_CONV_BIAS, 1, C, 0, 0, "%slayers.%d.%s.conv1d.bias", p, l, mx);
 			spec(&s, l, KV_ROLE_DT_BIAS, 1, H, 0, 0, "%slayers.%d.%s.dt_bias", p, l, mx);
 			spec(&s, l, KV_ROLE_A_LOG, 1, H, 0, 0, "%slayers.%d.%s.A_log", p, l, mx);
 			spec(&s, l, KV_ROLE_SSM_D, 1, H, 0, 0, "%slayers.%d.%s.D", p, l, mx);

@@ -23,6 +23,7 @@ static const struct {
 	[KV_DT_Q5_1] = {"Q5_1", 0, 32, 24},   [KV_DT_Q8_0] = {"Q8_0", 0, 32, 34},   [KV_DT_Q2_K] = {"Q2_K", 0, 256, 84},
 	[KV_DT_Q3_K] = {"Q3_K", 0, 256, 110}, [KV_DT_Q4_K] = {"Q4_K", 0, 256, 144}, [KV_DT_Q5_K] = {"Q5_K", 0, 256, 176},
 	[KV_DT_Q6_K] = {"Q6_K", 0, 256, 210}, [KV_DT_Q8_K] = {"Q8_K", 0, 256, 292},
+	[KV_DT_MXFP4] = {"MXFP4", 0, 32, 17},
 };
 
 static int known(int dt)
@@ -56,7 +57,7 @@ size_t kv_dtype_block_bytes(int dt)
 
 int kv_dtype_is_quant(int dt)
 {
-	return dt >= KV_DT_Q4_0 && dt <= KV_DT_Q8_K;
+	return (dt >= KV_DT_Q4_0 && dt <= KV_DT_Q8_K) || dt == KV_DT_MXFP4;
 }
 
 uint64_t kv_dtype_row_bytes(int dt, uint64_t n)

@@ -45,6 +45,7 @@ enum kv_dtype {
 	KV_DT_Q5_K,
 	KV_DT_Q6_K,
 	KV_DT_Q8_K,
+	KV_DT_MXFP4,     /* ggml MXFP4: 32 elements, u8 e (E8M0) + u8 qs[16] (gpt_oss experts) */
 	KV_DT__COUNT,
 	/* Weight-matrix formats that are not safetensors element types (no
 	 * size, no name; kv_dtype_parse never returns them): */
@@ -57,7 +58,7 @@ size_t kv_dtype_size(int dt);
  * plain types); 0 for an unknown dtype. */
 int kv_dtype_block_elems(int dt);
 size_t kv_dtype_block_bytes(int dt);
-/* 1 for a ggml block type (Q4_0 ... Q8_K). */
+/* 1 for a ggml block type (Q4_0 ... Q8_K, MXFP4). */
 int kv_dtype_is_quant(int dt);
 /* Bytes of a row of n elements of any dtype, block types included; 0 if
  * the dtype is unknown or n is not a multiple of its block. */

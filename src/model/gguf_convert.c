@@ -31,6 +31,11 @@ struct piece {
 
 struct conv_t {
 	const struct kv_model_config *c;
+	/* gpt-oss (oss_fill): 1 MXFP4 blocks of the release (src; scales in
+	 * src2), 2 a float [E][2I] bias; split 0 all rows, 1 the even rows or
+	 * elements (gate), 2 the odd ones (up) */
+	int oss, split;
+	const struct kv_tensor *src2;
 	const struct kv_tensor *src;  /* the first piece's tensor (names, vectors) */
 	struct piece *pc;             /* the output's rows, in order (npc runs) */
 	int npc;
@@ -75,9 +80,28 @@ static int conv_fill(void *ctx, void *dst, uint64_t nbytes)
 				      (uint64_t)t->pc[i].rows * (uint64_t)t->cols);
 	if (rc)
 		goto out;
-	if (t->xf == KV_GGUF_XF_NORM1 && t->c->hybrid)
+	if (t->xf == KV_GGUF_XF_NORM1 && t->c->norm_plus_one)
 		for (uint64_t i = 0; i < n; i++)
 			f[i] = 1.0f + f[i];
+	if (t->xf == KV_GGUF_XF_PERMQK && t->c->arch == KV_ARCH_LLAMA) {
+		/* llama.cpp's LlamaModel.permute: per head, row (half, i) -> (i,
+		 * half), so its adjacent-pair RoPE rotates what HF's rotate-half
+		 * rotates */
+		int64_t hd = t->c->head_dim, heads = t->rows / hd;
+		if (!(tmp = kv_alloc(KV_MEM_OTHER, (size_t)n * 4 + 64))) {
+			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+			goto out;
+		}
+		memcpy(tmp, f, (size_t)n * 4);
+		for (int64_t h = 0; h < heads; h++)
+			for (int64_t half = 0; half < 2; half++)
+				for (int64_t i = 0; i < hd / 2; i++)
+					memcpy(f + (size_t)(h * hd + 2 * i + half) * (size_t)t->cols,
+					       (float *)(void *)tmp + (size_t)(h * hd + half * (hd / 2) + i) * (size_t)t->cols,
+					       (size_t)t->cols * 4);
+		kv_free(tmp);
+		tmp = NULL;
+	}
 	if (t->xf == KV_GGUF_XF_NEGEXP)
 		for (uint64_t i = 0; i < n; i++)
 			f[i] = -expf(f[i]);
@@ -116,6 +140,63 @@ static int conv_fill(void *ctx, void *dst, uint64_t nbytes)
 	}
 out:
 	kv_free(tmp);
+	kv_free(f);
+	return rc;
+}
+
+/* gpt-oss's expert tensors from the release's layout: MXFP4 blocks (rows
+ * split into gate = even, up = odd for gate_up) repacked to ggml's MXFP4
+ * as they are, or dequantized for a float file; the [E][2I] bias split
+ * the same way. */
+static int oss_fill(void *ctx, void *dst, uint64_t nbytes)
+{
+	struct conv_t *t = ctx;
+	uint64_t rows = (uint64_t)t->rows, cols = (uint64_t)t->cols;
+	uint64_t rb = kv_dtype_row_bytes(t->dt, cols);
+	int rc = KV_OK;
+	if (rb * rows != nbytes)
+		return kv_fail(KV_ERR_INVALID, "internal: '%s' size", t->gg);
+	float *f = kv_alloc(KV_MEM_OTHER, (size_t)cols * 4 + 64), *g = NULL;
+	if (!f)
+		return kv_fail(KV_ERR_NOMEM, "out of memory converting '%s'", t->gg);
+	if (t->oss == 2) { /* bias [E][2I] -> [E][I] */
+		uint64_t E = rows, w = cols * (t->split ? 2 : 1);
+		if (!(g = kv_alloc(KV_MEM_OTHER, (size_t)w * 4 + 64))) {
+			rc = kv_fail(KV_ERR_NOMEM, "out of memory");
+			goto out;
+		}
+		for (uint64_t e = 0; e < E && !rc; e++) {
+			if ((rc = kv_tensor_to_f32(t->src, g, e * w, w)))
+				break;
+			for (uint64_t i = 0; i < cols; i++)
+				f[i] = t->split ? g[2 * i + (uint64_t)(t->split - 1)] : g[i];
+			rc = kq_quant_row(t->dt, f, (uint8_t *)dst + e * rb, (size_t)cols);
+		}
+		goto out;
+	}
+	/* MXFP4 blocks: source row of output row r */
+	uint64_t nb = cols / 32, per = (uint64_t)t->shape[1];
+	const uint8_t *B = t->src->data, *S = t->src2->data;
+	for (uint64_t r = 0; r < rows && !rc; r++) {
+		uint64_t e = r / per, i = r % per;
+		uint64_t sr = t->split ? e * 2 * per + 2 * i + (uint64_t)(t->split - 1) : r;
+		uint8_t *o = (uint8_t *)dst + r * rb;
+		if (t->dt == KV_DT_MXFP4) {
+			kq_mxfp4_from_hf(B + sr * nb * 16, S + sr * nb, nb, o);
+			continue;
+		}
+		uint8_t tmpb[17 * 64];
+		for (uint64_t b0 = 0; b0 < nb; b0 += 64) {
+			uint64_t k = nb - b0 < 64 ? nb - b0 : 64;
+			kq_mxfp4_from_hf(B + (sr * nb + b0) * 16, S + sr * nb + b0, k, tmpb);
+			if ((rc = kq_dequant_row(KV_DT_MXFP4, tmpb, f + b0 * 32, (size_t)k * 32)))
+				break;
+		}
+		if (!rc)
+			rc = kq_quant_row(t->dt, f, o, (size_t)cols);
+	}
+out:
+	kv_free(g);
 	kv_free(f);
 	return rc;
 }
@@ -275,6 +356,89 @@ out:
 	return rc;
 }
 
+/*
+ * llama / gemma3 / gpt-oss keys (gguf_model.c reads them back). What
+ * llama.cpp's loaders cannot hold is refused naming the field: a sliding
+ * pattern other than "every p-th layer global", a gemma3 softmax scale
+ * other than the one llama.cpp computes.
+ */
+static int conv_meta_window(struct kv_ggufw *w, const struct kv_model_config *c, const char *a)
+{
+	char k[128];
+	int rc = KV_OK;
+	if (c->n_swa_layers) {
+		int per = 0;
+		for (int l = 0; l < c->n_layers && !per; l++)
+			if (!c->layer_window[l])
+				per = l + 1;
+		for (int l = 0; l < c->n_layers && per; l++)
+			if (c->layer_window[l] != (l % per < per - 1))
+				per = 0;
+		if (!per)
+			return kv_fail(KV_ERR_UNSUPPORTED, "convert: %s GGUF: layer_types must make every p-th layer global "
+				       "(llama.cpp's sliding_window_pattern)", a);
+		snprintf(k, sizeof k, "%s.attention.sliding_window", a);
+		rc = kv_ggufw_set_u32(w, k, (uint32_t)c->sliding_window);
+		snprintf(k, sizeof k, "%s.attention.sliding_window_pattern", a);
+		if (!rc)
+			rc = kv_ggufw_set_u32(w, k, (uint32_t)per);
+	}
+	if (!rc && c->arch == KV_ARCH_GEMMA3) {
+		double want = c->n_layers == 62 ? (double)c->hidden / c->n_heads : (double)c->head_dim;
+		if (fabs(c->attn_scale - 1.0 / sqrt(want)) > 1e-9)
+			return kv_fail(KV_ERR_UNSUPPORTED, "convert: gemma3 GGUF: query_pre_attn_scalar must be %g, the "
+				       "scale llama.cpp computes for %d layers", want, c->n_layers);
+		snprintf(k, sizeof k, "%s.rope.freq_base_swa", a);
+		rc = kv_ggufw_set_f32(w, k, (float)c->rope_local_theta);
+		snprintf(k, sizeof k, "%s.final_logit_softcapping", a);
+		if (!rc && c->final_softcap > 0)
+			rc = kv_ggufw_set_f32(w, k, (float)c->final_softcap);
+	}
+	if (!rc && (c->rope_scaling == KV_ROPE_LINEAR || c->rope_scaling == KV_ROPE_YARN)) {
+		snprintf(k, sizeof k, "%s.rope.scaling.type", a);
+		rc = kv_ggufw_set_str(w, k, c->rope_scaling == KV_ROPE_LINEAR ? "linear" : "yarn");
+		snprintf(k, sizeof k, "%s.rope.scaling.factor", a);
+		if (!rc)
+			rc = kv_ggufw_set_f32(w, k, (float)c->rope_factor);
+		if (!rc && c->rope_scaling == KV_ROPE_YARN) {
+			snprintf(k, sizeof k, "%s.rope.scaling.original_context_length", a);
+			rc = kv_ggufw_set_u32(w, k, (uint32_t)c->rope_orig_max_pos);
+			snprintf(k, sizeof k, "%s.rope.scaling.yarn_beta_fast", a);
+			if (!rc)
+				rc = kv_ggufw_set_f32(w, k, (float)c->rope_beta_fast);
+			snprintf(k, sizeof k, "%s.rope.scaling.yarn_beta_slow", a);
+			if (!rc)
+				rc = kv_ggufw_set_f32(w, k, (float)c->rope_beta_slow);
+		}
+	}
+	return rc;
+}
+
+/* llama3's rope_freqs: the factor each inverse frequency is divided by
+ * (llama.cpp's converter: 1 for short waves, factor for long ones, the
+ * blend's inverse between). */
+static int rope_freqs_fill(void *ctx, void *dst, uint64_t nbytes)
+{
+	const struct kv_model_config *c = ctx;
+	int half = c->rotary_dim / 2;
+	if (nbytes != (uint64_t)half * 4)
+		return kv_fail(KV_ERR_INVALID, "internal: rope_freqs size");
+	float *o = dst;
+	double fac = c->rope_factor, lo = c->rope_low_freq, hi = c->rope_high_freq, om = c->rope_orig_max_pos;
+	for (int i = 0; i < half; i++) {
+		double inv = 1.0 / pow(c->rope_theta, (double)(2 * i) / c->rotary_dim), wl = 2 * M_PI / inv;
+		if (wl < om / hi)
+			o[i] = 1.0f;
+		else if (wl > om / lo)
+			o[i] = (float)fac;
+		else {
+			double sm = (om / wl - lo) / (hi - lo);
+			o[i] = (float)(1.0 / ((1 - sm) / fac + sm));
+		}
+	}
+	return KV_OK;
+}
+
 /* granitehybrid / nemotron_h, as llama.cpp's converter writes them: the
  * layer pattern in per-layer arrays (head_count_kv 0 on Mamba layers;
  * nemotron_h's feed_forward_length non-zero on MLP layers), ssm.*,
@@ -376,6 +540,8 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
 	SETF("rope.freq_base", c->rope_theta);
 	SETU("rope.dimension_count", c->rotary_dim);
 	SETF("attention.layer_norm_rms_epsilon", c->rms_eps);
+	if (kv_arch_window_family(c->arch) && (rc = conv_meta_window(w, c, a)))
+		return rc;
 	if (c->hybrid) {
 		/* Text positions are equal in every M-RoPE section, so any split of
 		 * rot/2 gives plain RoPE; this is the 11/11/10 shape scaled. */
@@ -401,7 +567,11 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
 		if (!rc && c->arch != KV_ARCH_QWEN3_NEXT) /* qwen3next: plain NeoX RoPE */
 			rc = kv_ggufw_set_arr_i32(w, k, 4, sec);
 	}
-	if (c->n_moe_layers) {
+	if (c->n_moe_layers && c->moe_kind == KV_MOE_OAI) {
+		SETU("expert_count", c->n_experts);
+		SETU("expert_used_count", c->n_experts_per_tok);
+		SETU("expert_feed_forward_length", c->moe_intermediate);
+	} else if (c->n_moe_layers) {
 		SETU("expert_count", c->n_experts);
 		SETU("expert_used_count", c->n_experts_per_tok);
 		SETU("expert_feed_forward_length", c->moe_intermediate);
@@ -465,30 +635,106 @@ static void conv_add(struct conv_t *t, const struct kv_tensor *src, int64_t r0, 
 	t->rows += rows;
 }
 
-/* The MTP head (mtp.*), when the folder has one, becomes llama.cpp's
- * nextn layer after the others: its tensors appended to *spec, *n_mtp 1. */
-static int conv_mtp_specs(const struct kv_model_config *c, struct kv_weights *wt, struct kv_tensor_spec **spec,
+/* The MTP head's tensors appended to spec (n_mtp 1), when the folder has
+ * one (kv_gguf_convert). */
+static int conv_mtp_specs(const struct kv_model_config *c, const struct kv_weights *wt, struct kv_tensor_spec **spec,
 			  size_t *ns, int *n_mtp)
 {
+	int rc;
+	if (!c->hybrid || !kv_weights_find(wt, "mtp.fc.weight"))
+		return KV_OK;
 	struct kv_tensor_spec *mt = NULL, *all;
 	size_t nm = 0;
 	struct kv_model_config cm = *c;
-	int rc;
-	*n_mtp = 0;
-	if (!c->hybrid || !kv_weights_find(wt, "mtp.fc.weight"))
-		return KV_OK;
 	kv_config_detect_experts(&cm, wt, "mtp.");
 	if ((rc = kv_config_mtp_tensors(&cm, kv_weights_find(wt, "mtp.layers.0.mlp.gate.weight") != NULL, &mt, &nm)))
 		return rc;
-	if (!(all = realloc(*spec, (*ns + nm) * sizeof *all))) {
+	if (!(all = realloc(*spec, (*ns + nm) * sizeof **spec))) {
 		free(mt);
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	}
 	*spec = all;
-	memcpy(all + *ns, mt, nm * sizeof *mt);
+	memcpy(*spec + *ns, mt, nm * sizeof *mt);
 	*ns += nm;
 	free(mt);
 	*n_mtp = 1;
+	return KV_OK;
+}
+
+/* Write the file, or its split parts (kv_gguf_convert). */
+static int conv_write(struct kv_ggufw *w, const struct kv_gguf_convert_params *p)
+{
+	int rc;
+	if (p->split_max_bytes || p->split_max_tensors) {
+		char pre[4096];
+		size_t ol = strlen(p->out);
+		if (ol >= 5 && !strcmp(p->out + ol - 5, ".gguf"))
+			ol -= 5;
+		if (ol == 0 || ol >= sizeof pre)
+			return kv_fail(KV_ERR_INVALID, "convert: bad output name '%s'", p->out);
+		memcpy(pre, p->out, ol);
+		pre[ol] = 0;
+		return kv_ggufw_write_split(w, pre, p->split_max_bytes, p->split_max_tensors, p->dw_flags, p->n_files);
+	}
+	if ((rc = kv_ggufw_write(w, p->out, p->dw_flags)))
+		return rc;
+	if (p->n_files)
+		*p->n_files = 1;
+	return KV_OK;
+}
+
+/* The GGUF tensors o[0..nout) of one HF tensor: their dtype (the file
+ * type's mix for matrices, F32 otherwise, MXFP4 for gpt-oss's experts)
+ * and transform, added to w (kv_gguf_convert). */
+static int conv_add_outs(struct kv_ggufw *w, const struct kv_gguf_convert_params *p, const struct kv_model_config *c,
+			 const struct kq_mix_ctx *mix, struct conv_t **o, int nout, const char *name, int role, int layer,
+			 int *i_v, int *i_down, uint64_t *total)
+{
+	int rc, is_mtp = !strncmp(name, "mtp.", 4);
+	for (int j = 0; j < nout; j++) {
+		struct conv_t *t = o[j];
+		t->cols = t->shape[t->ndim - 1];
+		if (t->ndim == 1)
+			t->rows = 1;
+		t->xf = KV_GGUF_XF_NONE;
+		const char *suffix = strchr(t->gg, '.');
+		int xf;
+		if (!strncmp(t->gg, "blk.", 4) && suffix && kv_gguf_layer_hf(c, strchr(suffix + 1, '.') + 1, &xf))
+			t->xf = xf;
+		if (!strcmp(t->gg, "output_norm.weight"))
+			t->xf = KV_GGUF_XF_NORM1;
+		if (is_mtp && kv_gguf_nextn_gg(name, &xf))
+			t->xf = xf;
+		int is_mat = t->ndim >= 2 && (role == KV_ROLE_EMBED || role == KV_ROLE_LM_HEAD ||
+					      role == KV_ROLE_LINEAR || role == KV_ROLE_LINEAR_OUT ||
+					      role == KV_ROLE_LINEAR_A);
+		if (t->oss) {
+			/* gpt-oss experts: float files dequantize them, the others keep
+			 * the release's MXFP4 (as llama.cpp's converter does) */
+			int fl = p->ftype == KQ_FTYPE_F32 || p->ftype == KQ_FTYPE_F16 || p->ftype == KQ_FTYPE_BF16;
+			t->cols = t->oss == 2 ? t->shape[1] : t->shape[2];
+			t->dt = t->oss == 2 ? KV_DT_F32
+				: !fl ? KV_DT_MXFP4 : p->ftype == KQ_FTYPE_F32 ? KV_DT_F32
+				: p->ftype == KQ_FTYPE_F16 ? KV_DT_F16 : KV_DT_BF16;
+			if ((rc = kv_ggufw_add_fill(w, t->gg, t->dt, t->ndim, t->shape, oss_fill, t)))
+				return rc;
+			*total += kv_dtype_row_bytes(t->dt, (uint64_t)t->cols) * (uint64_t)t->rows;
+			continue;
+		}
+		if (is_mat) {
+			/* llama.cpp counts ffn_down tensors, not layers (equal unless some
+			 * layers have none, as Nemotron-H's Mamba and attention layers) */
+			int ml = strstr(t->gg, "ffn_down.") && c->ssm ? (*i_down)++ : layer;
+			t->dt = kq_ftype_tensor_dtype(p->ftype, mix, t->gg, ml, *i_v, t->cols);
+			if (strstr(t->gg, "attn_v.weight") || strstr(t->gg, "attn_qkv.weight"))
+				(*i_v)++;
+		} else {
+			t->dt = KV_DT_F32; /* norms, conv, dt, A, the router (llama.cpp keeps ffn_gate_inp F32) */
+		}
+		if ((rc = kv_ggufw_add_fill(w, t->gg, t->dt, t->ndim, t->shape, conv_fill, t)))
+			return rc;
+		*total += kv_dtype_row_bytes(t->dt, (uint64_t)t->cols) * (uint64_t)t->rows;
+	}
 	return KV_OK;
 }
 
@@ -547,13 +793,44 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 			snprintf(hf, sizeof hf, "%s", name);
 		if (layer >= 0 && strchr(hf + 13, '.'))
 			rest = strchr(hf + 13, '.') + 1; /* after "model.layers.N." */
-		if (spec[i].expert > 0)
-			continue; /* SPLIT experts: all stacked with expert 0 */
+		if (spec[i].expert > 0 || spec[i].role == KV_ROLE_MXFP4_SCALES)
+			continue; /* SPLIT experts: all stacked with expert 0; scales go with their blocks */
 		if (!src) {
 			rc = kv_fail(KV_ERR_INCOMPATIBLE, "convert: no tensor '%s'", name);
 			goto out;
 		}
-		if (spec[i].expert == 0) {
+		if (rest && c.moe_kind == KV_MOE_OAI && (spec[i].role == KV_ROLE_MXFP4_BLOCKS ||
+							    (spec[i].role == KV_ROLE_BIAS && strstr(rest, "mlp.experts.")))) {
+			/* gpt-oss's release: gate_up rows (and bias elements) interleaved */
+			int gu = strstr(rest, "gate_up_proj") != NULL, blk = spec[i].role == KV_ROLE_MXFP4_BLOCKS;
+			const struct kv_tensor *sc = NULL;
+			if (blk) {
+				char sn[192];
+				snprintf(sn, sizeof sn, "%.*s_scales", (int)(strlen(name) - 7), name);
+				if (!(sc = kv_weights_find(wt, sn))) {
+					rc = kv_fail(KV_ERR_INCOMPATIBLE, "convert: no tensor '%s'", sn);
+					goto out;
+				}
+			}
+			for (int j = 0; j < (gu ? 2 : 1); j++) {
+				snprintf(gg, sizeof gg, "blk.%d.ffn_%s_exps.%s", layer, gu ? (j ? "up" : "gate") : "down",
+					 blk ? "weight" : "bias");
+				if (!(o[j] = conv_new(ct, &nt, &c, gg, 1)))
+					goto oom;
+				o[j]->src = src;
+				o[j]->src2 = sc;
+				o[j]->oss = blk ? 1 : 2;
+				o[j]->split = gu ? j + 1 : 0;
+				o[j]->ndim = blk ? 3 : 2;
+				o[j]->shape[0] = E;
+				o[j]->shape[1] = gu ? I : D;
+				o[j]->shape[2] = gu ? D : I;
+				if (!blk)
+					o[j]->shape[1] = gu ? I : D;
+				o[j]->rows = blk ? E * o[j]->shape[1] : E;
+			}
+			nout = gu ? 2 : 1;
+		} else if (spec[i].expert == 0) {
 			/* mlp.experts.0.{gate,up,down}_proj.weight: stack the E experts */
 			const char *which = strstr(rest, "gate_proj") ? "gate" : strstr(rest, "up_proj") ? "up" : "down";
 			snprintf(gg, sizeof gg, "blk.%d.ffn_%s_exps.weight", layer, which);
@@ -674,58 +951,18 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 			}
 			nout = 1;
 		}
-		for (int j = 0; j < nout; j++) {
-			struct conv_t *t = o[j];
-			t->cols = t->shape[t->ndim - 1];
-			if (t->ndim == 1)
-				t->rows = 1;
-			t->xf = KV_GGUF_XF_NONE;
-			const char *suffix = strchr(t->gg, '.');
-			int xf;
-			if (!strncmp(t->gg, "blk.", 4) && suffix && kv_gguf_layer_hf(&c, strchr(suffix + 1, '.') + 1, &xf))
-				t->xf = xf;
-			if (!strcmp(t->gg, "output_norm.weight"))
-				t->xf = KV_GGUF_XF_NORM1;
-			if (is_mtp && kv_gguf_nextn_gg(name, &xf))
-				t->xf = xf;
-			int role = spec[i].role;
-			int is_mat = t->ndim >= 2 && (role == KV_ROLE_EMBED || role == KV_ROLE_LM_HEAD ||
-						      role == KV_ROLE_LINEAR || role == KV_ROLE_LINEAR_OUT ||
-						      role == KV_ROLE_LINEAR_A);
-			if (is_mat) {
-				/* llama.cpp counts ffn_down tensors, not layers (equal unless some
-				 * layers have none, as Nemotron-H's Mamba and attention layers) */
-				int ml = strstr(t->gg, "ffn_down.") && c.ssm ? i_down++ : layer;
-				t->dt = kq_ftype_tensor_dtype(p->ftype, &mix, t->gg, ml, i_v, t->cols);
-				if (strstr(t->gg, "attn_v.weight") || strstr(t->gg, "attn_qkv.weight"))
-					i_v++;
-			} else {
-				t->dt = KV_DT_F32; /* norms, conv, dt, A, the router (llama.cpp keeps ffn_gate_inp F32) */
-			}
-			if ((rc = kv_ggufw_add_fill(w, t->gg, t->dt, t->ndim, t->shape, conv_fill, t)))
-				goto out;
-			total += kv_dtype_row_bytes(t->dt, (uint64_t)t->cols) * (uint64_t)t->rows;
-		}
+		if ((rc = conv_add_outs(w, p, &c, &mix, o, nout, name, spec[i].role, layer, &i_v, &i_down, &total)))
+			goto out;
 	}
-	if (p->split_max_bytes || p->split_max_tensors) {
-		char pre[4096];
-		size_t ol = strlen(p->out);
-		if (ol >= 5 && !strcmp(p->out + ol - 5, ".gguf"))
-			ol -= 5;
-		if (ol == 0 || ol >= sizeof pre) {
-			rc = kv_fail(KV_ERR_INVALID, "convert: bad output name '%s'", p->out);
+	if (c.rope_scaling == KV_ROPE_LLAMA3) {
+		/* llama.cpp keeps llama3's frequencies as a factor tensor */
+		int64_t half = c.rotary_dim / 2;
+		if ((rc = kv_ggufw_add_fill(w, "rope_freqs.weight", KV_DT_F32, 1, &half, rope_freqs_fill, &c)))
 			goto out;
-		}
-		memcpy(pre, p->out, ol);
-		pre[ol] = 0;
-		if ((rc = kv_ggufw_write_split(w, pre, p->split_max_bytes, p->split_max_tensors, p->dw_flags, p->n_files)))
-			goto out;
-	} else {
-		if ((rc = kv_ggufw_write(w, p->out, p->dw_flags)))
-			goto out;
-		if (p->n_files)
-			*p->n_files = 1;
+		total += (uint64_t)half * 4;
 	}
+	if ((rc = conv_write(w, p)))
+		goto out;
 	if (n_tensors)
 		*n_tensors = nt;
 	if (bytes)

@@ -12,6 +12,15 @@
 static const char g_re_qwen2[] =
 	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
 	"\\s+(?!\\S)|\\s+";
+/* Llama 3's (tokenizer.ggml.pre "llama-bpe") and o200k's (GPT-OSS,
+ * "gpt-4o") Split patterns, as their tokenizer.json files write them */
+static const char g_re_llama3[] =
+	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+	"\\s+(?!\\S)|\\s+";
+static const char g_re_gpt4o[] =
+	"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+	"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+	"\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char g_re_qwen35[] =
 	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"
 	"\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
@@ -47,6 +56,54 @@ static const struct name_map g_layer[] = {
 	{"linear_attn.out_proj.weight", "ssm_out.weight", 1, KV_GGUF_XF_VCOLS},
 };
 #define N_LAYER_MAP (sizeof g_layer / sizeof g_layer[0])
+
+/* llama (L), gemma3 (G) and gpt-oss (O): llama.cpp's names per family. */
+struct win_map {
+	const char *hf, *gg;
+	const char *archs;   /* the families it applies to */
+	int xf;
+};
+
+static const struct win_map g_win[] = {
+	{"input_layernorm.weight", "attn_norm.weight", "LGO", KV_GGUF_XF_NORM1},
+	{"post_attention_layernorm.weight", "ffn_norm.weight", "L", KV_GGUF_XF_NONE},
+	{"post_attention_layernorm.weight", "post_attention_norm.weight", "GO", KV_GGUF_XF_NORM1},
+	{"pre_feedforward_layernorm.weight", "ffn_norm.weight", "G", KV_GGUF_XF_NORM1},
+	{"post_feedforward_layernorm.weight", "post_ffw_norm.weight", "G", KV_GGUF_XF_NORM1},
+	{"self_attn.q_proj.weight", "attn_q.weight", "LGO", KV_GGUF_XF_PERMQK},
+	{"self_attn.k_proj.weight", "attn_k.weight", "LGO", KV_GGUF_XF_PERMQK},
+	{"self_attn.v_proj.weight", "attn_v.weight", "LGO", KV_GGUF_XF_NONE},
+	{"self_attn.o_proj.weight", "attn_output.weight", "LGO", KV_GGUF_XF_NONE},
+	{"self_attn.q_proj.bias", "attn_q.bias", "O", KV_GGUF_XF_NONE},
+	{"self_attn.k_proj.bias", "attn_k.bias", "O", KV_GGUF_XF_NONE},
+	{"self_attn.v_proj.bias", "attn_v.bias", "O", KV_GGUF_XF_NONE},
+	{"self_attn.o_proj.bias", "attn_output.bias", "O", KV_GGUF_XF_NONE},
+	{"self_attn.sinks", "attn_sinks.weight", "O", KV_GGUF_XF_NONE},
+	{"self_attn.q_norm.weight", "attn_q_norm.weight", "G", KV_GGUF_XF_NORM1},
+	{"self_attn.k_norm.weight", "attn_k_norm.weight", "G", KV_GGUF_XF_NORM1},
+	{"mlp.gate_proj.weight", "ffn_gate.weight", "LG", KV_GGUF_XF_NONE},
+	{"mlp.up_proj.weight", "ffn_up.weight", "LG", KV_GGUF_XF_NONE},
+	{"mlp.down_proj.weight", "ffn_down.weight", "LG", KV_GGUF_XF_NONE},
+	/* gpt-oss's MoE: the router and the expert stacks with their biases */
+	{"mlp.router.weight", "ffn_gate_inp.weight", "O", KV_GGUF_XF_NONE},
+	{"mlp.router.bias", "ffn_gate_inp.bias", "O", KV_GGUF_XF_NONE},
+	{"mlp.switch_mlp.gate_proj.weight", "ffn_gate_exps.weight", "O", KV_GGUF_XF_NONE},
+	{"mlp.switch_mlp.up_proj.weight", "ffn_up_exps.weight", "O", KV_GGUF_XF_NONE},
+	{"mlp.switch_mlp.down_proj.weight", "ffn_down_exps.weight", "O", KV_GGUF_XF_NONE},
+	{"mlp.switch_mlp.gate_proj.bias", "ffn_gate_exps.bias", "O", KV_GGUF_XF_NONE},
+	{"mlp.switch_mlp.up_proj.bias", "ffn_up_exps.bias", "O", KV_GGUF_XF_NONE},
+	{"mlp.switch_mlp.down_proj.bias", "ffn_down_exps.bias", "O", KV_GGUF_XF_NONE},
+};
+#define N_WIN_MAP (sizeof g_win / sizeof g_win[0])
+
+static const struct win_map *win_find(const struct kv_model_config *c, const char *hf, const char *gg)
+{
+	char f = c->arch == KV_ARCH_LLAMA ? 'L' : c->arch == KV_ARCH_GEMMA3 ? 'G' : 'O';
+	for (size_t i = 0; i < N_WIN_MAP; i++)
+		if (strchr(g_win[i].archs, f) && (hf ? !strcmp(hf, g_win[i].hf) : !strcmp(gg, g_win[i].gg)))
+			return &g_win[i];
+	return NULL;
+}
 
 /* The Mamba-2 hybrids (llama.cpp's granitehybrid and nemotron_h). Granite
  * names its layers model.layers.N.{mamba,self_attn,...}, Nemotron-H
@@ -146,6 +203,12 @@ static int ssm_name_from_hf(const struct kv_model_config *c, const char *hf, cha
 
 const char *kv_gguf_arch(const struct kv_model_config *c)
 {
+	if (c->arch == KV_ARCH_LLAMA)
+		return "llama";
+	if (c->arch == KV_ARCH_GEMMA3)
+		return "gemma3";
+	if (c->arch == KV_ARCH_GPT_OSS)
+		return "gpt-oss";
 	if (c->ssm)
 		return c->arch == KV_ARCH_NEMOTRON_H ? "nemotron_h" : "granitehybrid";
 	if (c->arch == KV_ARCH_QWEN3_NEXT)
@@ -237,6 +300,10 @@ int kv_gguf_name_from_hf(const struct kv_model_config *c, const char *hf, char *
 	if (!rest)
 		return 0;
 	rest++;
+	if (kv_arch_window_family(c->arch)) {
+		const struct win_map *w = win_find(c, rest, NULL);
+		return w ? (snprintf(buf, cap, "blk.%d.%s", layer, w->gg), 1) : 0;
+	}
 	for (size_t i = 0; i < N_LAYER_MAP; i++)
 		if (applies(&g_layer[i], c) && !strcmp(rest, g_layer[i].hf))
 			return snprintf(buf, cap, "blk.%d.%s", layer, g_layer[i].gg), 1;
@@ -248,6 +315,12 @@ int kv_gguf_name_from_hf(const struct kv_model_config *c, const char *hf, char *
 
 const char *kv_gguf_layer_hf(const struct kv_model_config *c, const char *gg, int *xf)
 {
+	if (kv_arch_window_family(c->arch)) {
+		const struct win_map *w = win_find(c, NULL, gg);
+		if (w && xf)
+			*xf = w->xf;
+		return w ? w->hf : NULL;
+	}
 	if (c->ssm) {
 		for (size_t m = 0; m < N_SSM_MAP; m++)
 			if (g_ssm[m].arch == ssm_arch(c) && !strcmp(gg, g_ssm[m].gg)) {
@@ -340,6 +413,10 @@ const char *kv_gguf_pre_regex(const char *pre)
 		return g_re_qwen2;
 	if (pre && !strcmp(pre, "qwen35"))
 		return g_re_qwen35;
+	if (pre && !strcmp(pre, "llama-bpe"))
+		return g_re_llama3;
+	if (pre && !strcmp(pre, "gpt-4o"))
+		return g_re_gpt4o;
 	return NULL;
 }
 
@@ -349,5 +426,9 @@ const char *kv_gguf_pre_name(const char *re)
 		return "qwen2";
 	if (re && !strcmp(re, g_re_qwen35))
 		return "qwen35";
+	if (re && !strcmp(re, g_re_llama3))
+		return "llama-bpe";
+	if (re && !strcmp(re, g_re_gpt4o))
+		return "gpt-4o";
 	return NULL;
 }

@@ -30,10 +30,14 @@ enum kv_gguf_xf {
 	KV_GGUF_XF_VROWS,     /* rows are value heads (blocks of vrow rows) from row voff on */
 	KV_GGUF_XF_VCOLS,     /* columns are value heads (blocks of dv) */
 	KV_GGUF_XF_F32,       /* kept F32 whatever the file type (1-D, conv) */
+	KV_GGUF_XF_PERMQK,    /* llama: q/k rows permuted per head for llama.cpp's adjacent-pair
+				 RoPE (its converter's LlamaModel.permute); read back as is,
+				 with RoPE on adjacent pairs (config.h rope_interleaved) */
 };
 
 /* general.architecture of a config: "qwen3", "qwen35", "qwen35moe",
- * "qwen3next", "granitehybrid" or "nemotron_h". */
+ * "qwen3next", "llama", "gemma3", "gpt-oss", "granitehybrid" or
+ * "nemotron_h". */
 const char *kv_gguf_arch(const struct kv_model_config *c);
 
 /* The Mamba-2 hybrids' top-level tensors (token_embd, output_norm,

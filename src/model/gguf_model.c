@@ -92,6 +92,103 @@ static int check_moe(const struct kv_gguf *g, const struct kv_model_config *c)
 	return KV_OK;
 }
 
+/*
+ * llama, gemma3 and gpt-oss files: the keys llama.cpp's loaders read, as
+ * the config.json fields kv_config_parse reads (docs/gguf.md). Where
+ * llama.cpp decides something the file does not say, kvkeep decides it the
+ * same way: gemma3's softmax scale (head_dim^-0.5, or (hidden / heads)^-0.5
+ * for the 62-layer 27B), the sliding pattern when absent (every 6th layer
+ * global for gemma3, every 2nd for gpt-oss), the sliding layers' RoPE base
+ * (10000 unless rope.freq_base_swa), YaRN's correction range always
+ * rounded (ggml_rope_yarn_corr_dims floors and ceils).
+ */
+static int window_family_json(const struct kv_gguf *g, const char *arch, json_t *o)
+{
+	int gemma = !strcmp(arch, "gemma3"), oss = !strcmp(arch, "gpt-oss");
+	int64_t L = json_integer_value(json_object_get(o, "num_hidden_layers")), v;
+	double f;
+	char k[128];
+	json_object_set_new(o, "model_type", json_string(gemma ? "gemma3_text" : oss ? "gpt_oss" : "llama"));
+	if (gemma || oss) {
+		snprintf(k, sizeof k, "%s.attention.sliding_window", arch);
+		if (kv_gguf_get_int(g, k, &v) || v < 1)
+			return kv_fail(KV_ERR_INCOMPATIBLE, "%s: %s lacks %s", kv_gguf_path(g), arch, k);
+		json_object_set_new(o, "sliding_window", json_integer(v));
+		/* the pattern: an array of per-layer flags, a period, or the default */
+		snprintf(k, sizeof k, "%s.attention.sliding_window_pattern", arch);
+		const struct kv_gguf_kv *pk = kv_gguf_kv_find(g, k);
+		int64_t per = gemma ? 6 : 2;
+		json_t *lt = json_array();
+		if (pk && pk->type == KV_GGUF_ARR && (int64_t)pk->n != L)
+			return kv_fail(KV_ERR_INCOMPATIBLE, "%s: %s has %llu entries for %lld layers", kv_gguf_path(g), k,
+				       (unsigned long long)pk->n, (long long)L);
+		if (pk && pk->type != KV_GGUF_ARR && (kv_gguf_get_int(g, k, &per) || per < 1))
+			return kv_fail(KV_ERR_INCOMPATIBLE, "%s: %s is not a layer period", kv_gguf_path(g), k);
+		for (int64_t l = 0; l < L; l++) {
+			int64_t s = 0;
+			if (pk && pk->type == KV_GGUF_ARR)
+				kv_gguf_arr_int(pk, (uint64_t)l, &s);
+			else
+				s = l % per < per - 1; /* llama.cpp's set_swa_pattern */
+			json_array_append_new(lt, json_string(s ? "sliding_attention" : "full_attention"));
+		}
+		json_object_set_new(o, "layer_types", lt);
+	}
+	snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+	char *st = NULL;
+	double factor = 0;
+	snprintf(k, sizeof k, "%s.rope.scaling.factor", arch);
+	kv_gguf_get_float(g, k, &factor);
+	snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+	kv_gguf_get_str(g, k, &st);
+	kv_errclear();
+	if (st && strcmp(st, "none") && factor > 0 && factor != 1.0) {
+		json_t *rs = json_object();
+		json_object_set_new(rs, "rope_type", json_string(st));
+		json_object_set_new(rs, "factor", json_real(factor));
+		if (!strcmp(st, "yarn")) {
+			snprintf(k, sizeof k, "%s.rope.scaling.original_context_length", arch);
+			if (!kv_gguf_get_int(g, k, &v))
+				json_object_set_new(rs, "original_max_position_embeddings", json_integer(v));
+			snprintf(k, sizeof k, "%s.rope.scaling.yarn_beta_fast", arch);
+			if (!kv_gguf_get_float(g, k, &f))
+				json_object_set_new(rs, "beta_fast", json_real(f));
+			snprintf(k, sizeof k, "%s.rope.scaling.yarn_beta_slow", arch);
+			if (!kv_gguf_get_float(g, k, &f))
+				json_object_set_new(rs, "beta_slow", json_real(f));
+			json_object_set_new(rs, "truncate", json_true());
+		}
+		json_object_set_new(o, "rope_scaling", rs);
+	}
+	free(st);
+	kv_errclear();
+	if (gemma) {
+		int64_t hd = json_integer_value(json_object_get(o, "head_dim")),
+			D = json_integer_value(json_object_get(o, "hidden_size")),
+			H = json_integer_value(json_object_get(o, "num_attention_heads"));
+		json_object_set_new(o, "query_pre_attn_scalar", json_integer(L == 62 && H ? D / H : hd));
+		snprintf(k, sizeof k, "%s.rope.freq_base_swa", arch);
+		json_object_set_new(o, "rope_local_base_freq", json_real(kv_gguf_get_float(g, k, &f) ? 10000.0 : f));
+		snprintf(k, sizeof k, "%s.final_logit_softcapping", arch);
+		if (!kv_gguf_get_float(g, k, &f) && f > 0)
+			json_object_set_new(o, "final_logit_softcapping", json_real(f));
+		json_object_set_new(o, "hidden_activation", json_string("gelu_pytorch_tanh"));
+	}
+	if (oss) {
+		static const char *const ek[3][2] = {{"expert_count", "num_local_experts"},
+						     {"expert_used_count", "num_experts_per_tok"},
+						     {"expert_feed_forward_length", "intermediate_size"}};
+		for (int i = 0; i < 3; i++) {
+			snprintf(k, sizeof k, "%s.%s", arch, ek[i][0]);
+			if (get_u(g, arch, ek[i][0], &v))
+				return kv_fail(KV_ERR_INCOMPATIBLE, "%s: gpt-oss lacks %s", kv_gguf_path(g), k);
+			json_object_set_new(o, ek[i][1], json_integer(v));
+		}
+	}
+	kv_errclear();
+	return KV_OK;
+}
+
 int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 {
 	char *arch = NULL;
@@ -104,16 +201,24 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	if ((rc = kv_gguf_get_str(g, "general.architecture", &arch)))
 		goto out;
+	int win = !strcmp(arch, "llama") || !strcmp(arch, "gemma3") || !strcmp(arch, "gpt-oss");
+	if (!strcmp(arch, "gemma4")) {
+		rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: GGUF architecture 'gemma4': not run by kvkeep yet (per-layer "
+			     "embeddings, KV shared across layers, per-layer head sizes and its MoE are not implemented; "
+			     "docs/models.md)", kv_gguf_path(g));
+		goto out;
+	}
 	if (kv_gguf_is_ssm_arch(arch)) { /* the Mamba-2 hybrids: gguf_ssm.c */
 		rc = kv_gguf_config_ssm(g, arch, out);
 		goto out;
 	}
-	if (strcmp(arch, "qwen3") && strcmp(arch, "qwen35") && strcmp(arch, "qwen35moe") && strcmp(arch, "qwen3next")) {
+	if (strcmp(arch, "qwen3") && strcmp(arch, "qwen35") && strcmp(arch, "qwen35moe") && strcmp(arch, "qwen3next") &&
+	    !win) {
 		rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: GGUF architecture '%s' (kvkeep runs qwen3, qwen35, qwen35moe, "
-			     "qwen3next, granitehybrid and nemotron_h)", kv_gguf_path(g), arch);
+			     "qwen3next, llama, gemma3, gpt-oss, granitehybrid and nemotron_h)", kv_gguf_path(g), arch);
 		goto out;
 	}
-	hybrid = strcmp(arch, "qwen3") != 0;
+	hybrid = strcmp(arch, "qwen3") != 0 && !win;
 	moe = !strcmp(arch, "qwen35moe") || !strcmp(arch, "qwen3next");
 	next = !strcmp(arch, "qwen3next");
 	json_object_set_new(o, "model_type", json_string(next ? "qwen3_next" : moe ? "qwen3_5_moe_text" : hybrid ? "qwen3_5_text" : "qwen3"));
@@ -129,7 +234,7 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 	} ints[] = {
 		{"block_count", "num_hidden_layers", 1},
 		{"embedding_length", "hidden_size", 1},
-		{"feed_forward_length", "intermediate_size", 1},
+		{"feed_forward_length", "intermediate_size", 5},
 		{"attention.head_count", "num_attention_heads", 1},
 		{"attention.head_count_kv", "num_key_value_heads", 1},
 		{"attention.key_length", "head_dim", 0},
@@ -145,13 +250,15 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 		{"expert_shared_feed_forward_length", "shared_expert_intermediate_size", 4},
 	};
 	for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-		if ((ints[i].required == 2 && !hybrid) || (ints[i].required >= 3 && !moe))
+		if ((ints[i].required == 2 && !hybrid) || (ints[i].required >= 3 && ints[i].required <= 4 && !moe))
 			continue;
 		rc = get_u(g, arch, ints[i].gg, &v);
 		/* a MoE text config may have no dense intermediate_size; the expert
 		 * sizes have llama.cpp's fallbacks below */
+		/* gpt-oss has no dense feed_forward_length (its experts' size is
+		 * expert_feed_forward_length) */
 		if (rc == KV_ERR_NOT_FOUND && (!ints[i].required || ints[i].required == 4 ||
-						 (moe && !strcmp(ints[i].gg, "feed_forward_length"))))
+						 (ints[i].required == 5 && (moe || !strcmp(arch, "gpt-oss")))))
 			continue;
 		if (rc)
 			goto out;
@@ -219,6 +326,8 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 	}
 	json_object_set_new(o, "vocab_size", json_integer(emb->shape[0]));
 	json_object_set_new(o, "tie_word_embeddings", json_boolean(!kv_gguf_tensor_find(g, "output.weight")));
+	if (win && (rc = window_family_json(g, arch, o)))
+		goto out;
 	if (kv_gguf_get_int(g, "tokenizer.ggml.eos_token_id", &v) == KV_OK)
 		json_object_set_new(o, "eos_token_id", json_integer(v));
 	if (kv_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v) == KV_OK)
@@ -237,6 +346,14 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 	}
 	snprintf(out->torch_dtype, sizeof out->torch_dtype, "gguf");
 	out->gguf = 1;
+	if (out->arch == KV_ARCH_GEMMA3)
+		out->norm_plus_one = 0; /* llama.cpp's converter stores Gemma's norms with the 1 added */
+	if (out->arch == KV_ARCH_LLAMA) {
+		out->rope_interleaved = 1; /* q/k rows permuted for llama.cpp's adjacent-pair RoPE */
+		out->rope_freqs_tensor = kv_gguf_tensor_find(g, "rope_freqs.weight") != NULL;
+	}
+	if (out->arch == KV_ARCH_GPT_OSS)
+		out->expert_layout = KV_EXPERTS_SWITCH;
 	if (hybrid) {
 		out->norm_plus_one = 0; /* stored with the 1 added */
 		out->a_is_neg_exp = 1;
@@ -256,9 +373,9 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 				break;
 			}
 	}
-	if (out->n_moe_layers && (rc = check_moe(g, out)))
+	if (out->n_moe_layers && out->moe_kind == KV_MOE_QWEN && (rc = check_moe(g, out)))
 		goto out;
-	if (out->n_moe_layers) {
+	if (out->n_moe_layers && out->moe_kind == KV_MOE_QWEN) {
 		/* the names kv_gguf_hf_tensors gives the expert stacks */
 		char n[64];
 		for (int l = 0; l < out->n_layers; l++)
@@ -340,6 +457,8 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 				snprintf(hf, sizeof hf, "model.norm.weight");
 			else if (!strcmp(t->name, "output.weight"))
 				snprintf(hf, sizeof hf, "lm_head.weight");
+			else if (!strcmp(t->name, "rope_freqs.weight"))
+				snprintf(hf, sizeof hf, "rope_freqs.weight"); /* llama3: read by the engine as it is */
 			else if (sscanf(t->name, "blk.%d.", &layer) == 1 && layer >= 0 && layer < c->n_layers) {
 				const char *h = kv_gguf_layer_hf(c, strchr(t->name + 4, '.') + 1, &xf);
 				if (h)

@@ -82,6 +82,14 @@ int kv_mlx_qcfg_parse(const char *text, size_t len, const char *what, struct kv_
 		 * only mlx's block (bits + group_size, no method) is read here. */
 		if (qo && json_is_object(qo) && json_object_get(qo, "quant_method")) {
 			json_t *m = json_object_get(qo, "quant_method");
+			json_t *mt = json_object_get(root, "model_type");
+			if (json_is_string(m) && !strcmp(json_string_value(m), "mxfp4") && json_is_string(mt) &&
+			    !strcmp(json_string_value(mt), "gpt_oss")) {
+				/* GPT-OSS's release: its MXFP4 experts are read by
+				 * engine/moe.c from the _blocks / _scales tensors */
+				json_decref(root);
+				return KV_OK;
+			}
 			rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: quantization_config.quant_method %s is not supported (the "
 				     "engine runs MLX affine folders)", what, json_is_string(m) ? json_string_value(m) : "?");
 			json_decref(root);

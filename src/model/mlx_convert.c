@@ -249,6 +249,23 @@ static int granite_dense(struct kv_stw *st, struct job *jobs, size_t *nj, json_t
 	return rc;
 }
 
+/* A folder this writer can quantize: not quantized already, not gpt_oss
+ * (kv_mlx_write). */
+static int check_source(const struct kv_mlx_write_opts *o, const struct kv_model_config *c, struct kv_weights *w)
+{
+	for (size_t i = 0; i < kv_weights_count(w); i++)
+		if (kv_weights_at(w, i)->dtype == KV_DT_U32)
+			return kv_fail(KV_ERR_INVALID, "%s is already quantized (tensor '%s' is U32)", o->hf_dir,
+				       kv_weights_at(w, i)->name);
+	if (c->arch == KV_ARCH_GPT_OSS)
+		/* mlx-lm writes GPT-OSS's experts in MLX's own mxfp4 mode (with
+		 * their biases beside the SwitchGLU stacks), which this writer
+		 * does not produce */
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: MLX conversion of gpt_oss is not supported (its experts are "
+			       "MXFP4 already: run the folder itself, or `kvkeep convert` to GGUF)", o->hf_dir);
+	return KV_OK;
+}
+
 int kv_mlx_write(const struct kv_mlx_write_opts *o)
 {
 	struct kv_model_config c;
@@ -273,12 +290,8 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 		return rc;
 	if ((rc = kv_config_check_weights(&c, w, prefix, sizeof prefix)))
 		goto out;
-	for (size_t i = 0; i < kv_weights_count(w); i++)
-		if (kv_weights_at(w, i)->dtype == KV_DT_U32) {
-			rc = kv_fail(KV_ERR_INVALID, "%s is already quantized (tensor '%s' is U32)", o->hf_dir,
-				     kv_weights_at(w, i)->name);
-			goto out;
-		}
+	if ((rc = check_source(o, &c, w)))
+		goto out;
 	/* mlx-lm's names: Qwen3.5 lives under language_model (its sanitize()
 	 * maps model.language_model.* and model.* there); the others keep the
 	 * Hugging Face names. */
@@ -454,7 +467,9 @@ int kv_mlx_write(const struct kv_mlx_write_opts *o)
 			shape[1] = s->shape[2];
 			shape[2] = 1;
 		}
-		if (s->role == KV_ROLE_NORM_OFFSET)
+		/* mlx-lm's Qwen3.5 / Qwen3-Next sanitize() stores their (1 + w)
+		 * norms as 1 + w; its Gemma 3 keeps w and adds 1 when it runs */
+		if (s->role == KV_ROLE_NORM_OFFSET && c.hybrid)
 			j->kind = J_SHIFT;
 		rc = kv_stw_add_fill(st, dname, t->dtype, nd, shape, fill_job, j);
 	}

@@ -57,6 +57,12 @@ void kv_config_detect_experts(struct kv_model_config *c, const struct kv_weights
 	for (int l = 0; l < c->n_layers; l++) {
 		if (!c->layer_moe[l])
 			continue;
+		if (c->moe_kind == KV_MOE_OAI) {
+			/* gpt_oss: the MXFP4 release, or switch_mlp stacks (GGUF, MLX) */
+			snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.gate_proj.weight", prefix, l);
+			c->expert_layout = kv_weights_find(w, name) ? KV_EXPERTS_SWITCH : KV_EXPERTS_OAI_MXFP4;
+			return;
+		}
 		snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", prefix, l);
 		c->expert_layout = KV_EXPERTS_SPLIT;
 		if (kv_weights_find(w, name)) {
@@ -94,6 +100,17 @@ int kv_config_check_weights(const struct kv_model_config *c, const struct kv_wei
 		const char *name = v[i].role == KV_ROLE_LM_HEAD ? kv_config_lm_head_name(p) : v[i].name;
 		const struct kv_tensor *t = kv_weights_find(w, name);
 		char want[160];
+		if (!t && v[i].role == KV_ROLE_MXFP4_BLOCKS) {
+			char alt[160];
+			snprintf(alt, sizeof alt, "%slayers.%d.mlp.experts.gate_up_proj", p, v[i].layer);
+			rc = kv_fail(KV_ERR_INCOMPATIBLE, "weights lack tensor '%s'%s", name,
+				     kv_weights_find(w, alt)
+					     ? ": gpt_oss experts as float [E, hidden, 2 I] matrices (a dequantized "
+					       "checkpoint) are not read; use the MXFP4 release (_blocks / _scales) or convert "
+					       "it to GGUF"
+					     : " (gpt_oss experts: the MXFP4 release's _blocks / _scales, or switch_mlp stacks)");
+			break;
+		}
 		if (!t) {
 			rc = kv_fail(KV_ERR_INCOMPATIBLE, "weights lack tensor '%s' (expected shape %s)%s", name,
 				     kv_shape_str(v[i].ndim, v[i].shape, want, sizeof want),
@@ -123,6 +140,12 @@ int kv_config_check_weights(const struct kv_model_config *c, const struct kv_wei
 			/* mlx-lm's sanitized [C, K, 1]: the same bytes as [C, 1, K]. */
 		} else if ((rc = kv_tensor_expect(t, -1, v[i].ndim, v[i].shape))) {
 			break;
+		}
+		if (v[i].role == KV_ROLE_MXFP4_BLOCKS || v[i].role == KV_ROLE_MXFP4_SCALES) {
+			if (t->dtype != KV_DT_U8)
+				rc = kv_fail(KV_ERR_INCOMPATIBLE, "%s: tensor '%s' is %s, MXFP4 %s are U8", t->file, t->name,
+					     kv_dtype_name(t->dtype), v[i].role == KV_ROLE_MXFP4_BLOCKS ? "blocks" : "scales");
+			continue;
 		}
 		int mat = v[i].role == KV_ROLE_EMBED || v[i].role == KV_ROLE_LM_HEAD || v[i].role == KV_ROLE_LINEAR ||
 			  v[i].role == KV_ROLE_LINEAR_OUT || v[i].role == KV_ROLE_LINEAR_A;

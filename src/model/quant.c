@@ -41,6 +41,7 @@ static const struct {
 	{KQ_GGML_Q4_0, KV_DT_Q4_0}, {KQ_GGML_Q4_1, KV_DT_Q4_1}, {KQ_GGML_Q5_0, KV_DT_Q5_0}, {KQ_GGML_Q5_1, KV_DT_Q5_1},
 	{KQ_GGML_Q8_0, KV_DT_Q8_0}, {KQ_GGML_Q2_K, KV_DT_Q2_K}, {KQ_GGML_Q3_K, KV_DT_Q3_K}, {KQ_GGML_Q4_K, KV_DT_Q4_K},
 	{KQ_GGML_Q5_K, KV_DT_Q5_K}, {KQ_GGML_Q6_K, KV_DT_Q6_K}, {KQ_GGML_Q8_K, KV_DT_Q8_K},
+	{KQ_GGML_MXFP4, KV_DT_MXFP4},
 };
 #define N_MAP (sizeof g_map / sizeof g_map[0])
 
@@ -280,6 +281,43 @@ static void dq_q8_k(const uint8_t *b, float *y)
 		y[j] = d * (float)(int8_t)b[4 + j];
 }
 
+/* ggml's dequantize_row_mxfp4: the doubled E2M1 value times 2^(e - 128)
+ * (GGML_E8M0_TO_FP32_HALF, built from the bits: exact for every e) */
+static const int8_t g_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static float e8m0_half(uint8_t e)
+{
+	uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+	float d;
+	memcpy(&d, &bits, 4);
+	return d;
+}
+
+static void dq_mxfp4(const uint8_t *b, float *y)
+{
+	const float d = e8m0_half(b[0]);
+	for (int j = 0; j < 16; j++) {
+		y[j] = (float)g_mxfp4[b[1 + j] & 15] * d;
+		y[j + 16] = (float)g_mxfp4[b[1 + j] >> 4] * d;
+	}
+}
+
+void kq_mxfp4_from_hf(const uint8_t *blocks, const uint8_t *scales, uint64_t n_blocks, uint8_t *dst)
+{
+	for (uint64_t i = 0; i < n_blocks; i++) {
+		const uint8_t *q = blocks + i * 16;
+		uint8_t *o = dst + i * 17;
+		uint8_t c[32];
+		for (int j = 0; j < 16; j++) {
+			c[2 * j] = q[j] & 15;
+			c[2 * j + 1] = q[j] >> 4;
+		}
+		o[0] = scales[i];
+		for (int j = 0; j < 16; j++)
+			o[1 + j] = (uint8_t)(c[j] | c[j + 16] << 4);
+	}
+}
+
 typedef void (*dq_fn)(const uint8_t *, float *);
 
 static dq_fn dq_for(int dt)
@@ -296,6 +334,7 @@ static dq_fn dq_for(int dt)
 	case KV_DT_Q5_K: return dq_q5_k;
 	case KV_DT_Q6_K: return dq_q6_k;
 	case KV_DT_Q8_K: return dq_q8_k;
+	case KV_DT_MXFP4: return dq_mxfp4;
 	}
 	return NULL;
 }

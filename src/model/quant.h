@@ -23,6 +23,9 @@
  *   Q6_K  QK_K, 210 B: u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d
  *                     x = d sc (q - 32)
  *   Q8_K  QK_K, 292 B: f32 d; i8 qs[256]; i16 bsums[16]   x = d qs
+ *   MXFP4 QK 32, 17 B: u8 e (E8M0); u8 qs[16]   x[j] = v(qs[j] & 15) 2^(e - 128),
+ *                     x[j+16] = v(qs[j] >> 4) 2^(e - 128), v = {0, 1, 2, 3, 4, 6,
+ *                     8, 12} and their negatives for codes 8..15 (E2M1 doubled)
  *
  * Dequantization follows ggml's reference to_float (ggml-quants.c
  * dequantize_row_*) operation by operation, in the same order and with
@@ -75,7 +78,7 @@ enum kq_ggml_type {
 	KQ_GGML_Q2_K = 10, KQ_GGML_Q3_K = 11, KQ_GGML_Q4_K = 12, KQ_GGML_Q5_K = 13,
 	KQ_GGML_Q6_K = 14, KQ_GGML_Q8_K = 15, KQ_GGML_I8 = 24, KQ_GGML_I16 = 25,
 	KQ_GGML_I32 = 26, KQ_GGML_I64 = 27, KQ_GGML_F64 = 28, KQ_GGML_BF16 = 30,
-	KQ_GGML__COUNT = 40
+	KQ_GGML_MXFP4 = 39, KQ_GGML__COUNT = 40
 };
 
 #define KQ_QK 32
@@ -93,6 +96,11 @@ const char *kq_ggml_name(int ggml_type);
  * dtype `dt` at src (any alignment) into dst. KV_ERR_INVALID for a dtype
  * without a to_float or n not a multiple. F32/F16/BF16 are accepted. */
 int kq_dequant_row(int dt, const void *src, float *dst, size_t n);
+
+/* gpt_oss's release layout (Hugging Face, U8 _blocks [rows, nb, 16] with
+ * element 2j in the low nibble of byte j and 2j + 1 in the high one, and
+ * _scales [rows, nb]) -> ggml MXFP4 blocks, nb per row: the same values. */
+void kq_mxfp4_from_hf(const uint8_t *blocks, const uint8_t *scales, uint64_t n_blocks, uint8_t *dst);
 
 /* Quantize n floats (a multiple of the block size) into dst. Supported:
  * F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.

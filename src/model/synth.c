@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 /* --- presets ------------------------------------------------------------- */
@@ -194,6 +195,79 @@ static const struct kv_synth_preset g_presets[] = {
 		.lin_k_heads = 2, .lin_v_heads = 4, .lin_k_dim = 64, .lin_v_dim = 64, .conv_kernel = 4,
 		.partial_rotary = 0.25, .rope_theta = 10000000, .rms_eps = 1e-6, .max_positions = 262144,
 	},
+	/* The sliding-window families (issue 32). Windows of 16 keys in the
+	 * tiny presets so a 64-token reference check runs far past them. */
+	{
+		.name = "tiny-llama3",
+		.summary = "Llama 3.1 shape (llama3 RoPE scaling), ~0.6M parameters",
+		.arch = KV_ARCH_LLAMA,
+		.hidden = 128, .n_layers = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
+		.intermediate = 256, .partial_rotary = 1.0, .rope_theta = 500000, .rms_eps = 1e-5,
+		.max_positions = 131072, .mlp_only_layer = -1,
+	},
+	{
+		.name = "tiny-gemma3",
+		.summary = "Gemma 3 shape: 5 sliding (window 16) : 1 global, GeGLU, sandwich norms, tied",
+		.arch = KV_ARCH_GEMMA3,
+		.hidden = 128, .n_layers = 6, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
+		.intermediate = 256, .partial_rotary = 1.0, .rope_theta = 1000000, .rms_eps = 1e-6,
+		.tie_embeddings = 1, .max_positions = 32768, .mlp_only_layer = -1,
+		.sliding_window = 16, .swa_pattern = 6, .rope_local_theta = 10000,
+	},
+	{
+		.name = "tiny-gpt-oss",
+		.summary = "GPT-OSS shape: sliding (16) / full alternating, sinks, biases, 8 MXFP4 experts top-2, YaRN",
+		.arch = KV_ARCH_GPT_OSS,
+		.hidden = 64, .n_layers = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
+		.intermediate = 64, .partial_rotary = 1.0, .rope_theta = 150000, .rms_eps = 1e-5,
+		.max_positions = 131072, .n_experts = 8, .n_experts_per_tok = 2, .mlp_only_layer = -1,
+		.sliding_window = 16, .swa_pattern = 2,
+	},
+	{
+		.name = "bench-llama3",
+		.summary = "Llama 3 shape, ~34M parameters without embeddings, 8 KiB of KV per token",
+		.arch = KV_ARCH_LLAMA,
+		.hidden = 512, .n_layers = 8, .n_heads = 8, .n_kv_heads = 2, .head_dim = 128,
+		.intermediate = 2048, .partial_rotary = 1.0, .rope_theta = 500000, .rms_eps = 1e-5,
+		.max_positions = 131072, .mlp_only_layer = -1,
+	},
+	{
+		.name = "bench-gemma3",
+		.summary = "Gemma 3 shape, ~35M parameters without embeddings: 5 sliding (window 512) : 1 global",
+		.arch = KV_ARCH_GEMMA3,
+		.hidden = 512, .n_layers = 12, .n_heads = 4, .n_kv_heads = 1, .head_dim = 256,
+		.intermediate = 1536, .partial_rotary = 1.0, .rope_theta = 1000000, .rms_eps = 1e-6,
+		.tie_embeddings = 1, .max_positions = 32768, .mlp_only_layer = -1,
+		.sliding_window = 512, .swa_pattern = 6, .rope_local_theta = 10000,
+	},
+	{
+		.name = "bench-gpt-oss",
+		.summary = "GPT-OSS shape, ~47M parameters without embeddings: window 128, 16 MXFP4 experts top-4",
+		.arch = KV_ARCH_GPT_OSS,
+		.hidden = 512, .n_layers = 8, .n_heads = 8, .n_kv_heads = 2, .head_dim = 64,
+		.intermediate = 256, .partial_rotary = 1.0, .rope_theta = 150000, .rms_eps = 1e-5,
+		.max_positions = 131072, .n_experts = 16, .n_experts_per_tok = 4, .mlp_only_layer = -1,
+		.sliding_window = 128, .swa_pattern = 2,
+	},
+	{
+		/* openai/gpt-oss-20b config.json */
+		.name = "gpt-oss-20b",
+		.summary = "the real gpt-oss-20b geometry (32 MXFP4 experts top-4): config only, or --large (13 GB)",
+		.arch = KV_ARCH_GPT_OSS,
+		.hidden = 2880, .n_layers = 24, .n_heads = 64, .n_kv_heads = 8, .head_dim = 64,
+		.intermediate = 2880, .partial_rotary = 1.0, .rope_theta = 150000, .rms_eps = 1e-5,
+		.max_positions = 131072, .n_experts = 32, .n_experts_per_tok = 4, .mlp_only_layer = -1,
+		.sliding_window = 128, .swa_pattern = 2, .vocab = 201088, .config_only = 1,
+	},
+	{
+		/* meta-llama/Llama-3.1-8B-Instruct config.json */
+		.name = "llama-3.1-8b",
+		.summary = "the real Llama-3.1-8B geometry: config only, or --large for 16 GB of weights",
+		.arch = KV_ARCH_LLAMA,
+		.hidden = 4096, .n_layers = 32, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128,
+		.intermediate = 14336, .partial_rotary = 1.0, .rope_theta = 500000, .rms_eps = 1e-5,
+		.max_positions = 131072, .mlp_only_layer = -1, .vocab = 128256, .config_only = 1,
+	},
 	/* The Mamba-2 hybrids (config_ssm.c, synth_ssm.c). */
 	{
 		.name = "tiny-granite-h",
@@ -323,6 +397,83 @@ static void cfg_common(json_t *o, const struct kv_synth_preset *p, int vocab, in
 	(void)vocab;
 }
 
+/* llama, gemma3_text and gpt_oss, as their released config.json files
+ * write them (Llama-3.1-8B-Instruct, gemma-3-1b-it, gpt-oss-20b). */
+static void window_family_config(json_t *root, const struct kv_synth_preset *p, int vocab, int bos, int eos,
+				 int dtype)
+{
+	static const char *const arch[] = {"LlamaForCausalLM", "Gemma3ForCausalLM", "GptOssForCausalLM"};
+	static const char *const mt[] = {"llama", "gemma3_text", "gpt_oss"};
+	int k = p->arch - KV_ARCH_LLAMA;
+	json_t *a = json_array(), *rs = json_object();
+	json_array_append_new(a, json_string(arch[k]));
+	json_object_set_new(root, "architectures", a);
+	cfg_common(root, p, vocab, bos, eos, dtype);
+	json_object_set_new(root, "attention_bias", json_boolean(p->arch == KV_ARCH_GPT_OSS));
+	if (p->sliding_window) {
+		json_t *lt = json_array();
+		for (int l = 0; l < p->n_layers; l++)
+			json_array_append_new(lt, json_string((l + 1) % p->swa_pattern ? "sliding_attention" : "full_attention"));
+		json_object_set_new(root, "layer_types", lt);
+		json_object_set_new(root, "sliding_window", json_integer(p->sliding_window));
+	}
+	json_object_set_new(root, "model_type", json_string(mt[k]));
+	json_object_set_new(root, "num_attention_heads", json_integer(p->n_heads));
+	json_object_set_new(root, "num_hidden_layers", json_integer(p->n_layers));
+	json_object_set_new(root, "num_key_value_heads", json_integer(p->n_kv_heads));
+	json_object_set_new(root, "rms_norm_eps", json_real(p->rms_eps));
+	json_object_set_new(root, "rope_theta", json_real(p->rope_theta));
+	json_object_set_new(root, "tie_word_embeddings", json_boolean(p->tie_embeddings));
+	json_object_set_new(root, "torch_dtype", json_string(dtype_torch(dtype)));
+	json_object_set_new(root, "use_cache", json_true());
+	json_object_set_new(root, "vocab_size", json_integer(vocab));
+	if (p->arch == KV_ARCH_LLAMA) {
+		json_object_set_new(root, "mlp_bias", json_false());
+		json_object_set_new(rs, "factor", json_real(8.0));
+		json_object_set_new(rs, "high_freq_factor", json_real(4.0));
+		json_object_set_new(rs, "low_freq_factor", json_real(1.0));
+		json_object_set_new(rs, "original_max_position_embeddings", json_integer(8192));
+		json_object_set_new(rs, "rope_type", json_string("llama3"));
+		json_object_set_new(root, "rope_scaling", rs);
+		json_object_set_new(root, "transformers_version", json_string("4.43.0"));
+	} else if (p->arch == KV_ARCH_GEMMA3) {
+		json_object_del(root, "hidden_act");
+		json_object_set_new(root, "attn_logit_softcapping", json_null());
+		json_object_set_new(root, "final_logit_softcapping", json_null());
+		json_object_set_new(root, "hidden_activation", json_string("gelu_pytorch_tanh"));
+		json_object_set_new(root, "query_pre_attn_scalar", json_integer(p->head_dim));
+		json_object_set_new(root, "rope_local_base_freq", json_real(p->rope_local_theta));
+		json_object_set_new(root, "rope_scaling", json_null());
+		json_object_set_new(root, "sliding_window_pattern", json_integer(p->swa_pattern));
+		json_object_set_new(root, "transformers_version", json_string("4.50.0"));
+		json_decref(rs);
+	} else {
+		json_t *q = json_object(), *nc = json_array();
+		json_object_set_new(root, "experts_per_token", json_integer(p->n_experts_per_tok));
+		json_object_set_new(root, "initial_context_length", json_integer(4096));
+		json_object_set_new(root, "num_experts_per_tok", json_integer(p->n_experts_per_tok));
+		json_object_set_new(root, "num_local_experts", json_integer(p->n_experts));
+		json_object_set_new(root, "output_router_logits", json_false());
+		json_array_append_new(nc, json_string("model.layers.*.self_attn"));
+		json_array_append_new(nc, json_string("model.layers.*.mlp.router"));
+		json_array_append_new(nc, json_string("model.embed_tokens"));
+		json_array_append_new(nc, json_string("lm_head"));
+		json_object_set_new(q, "modules_to_not_convert", nc);
+		json_object_set_new(q, "quant_method", json_string("mxfp4"));
+		json_object_set_new(root, "quantization_config", q);
+		json_object_set_new(rs, "beta_fast", json_real(32.0));
+		json_object_set_new(rs, "beta_slow", json_real(1.0));
+		json_object_set_new(rs, "factor", json_real(32.0));
+		json_object_set_new(rs, "original_max_position_embeddings", json_integer(4096));
+		json_object_set_new(rs, "rope_type", json_string("yarn"));
+		json_object_set_new(rs, "truncate", json_false());
+		json_object_set_new(root, "rope_scaling", rs);
+		json_object_set_new(root, "router_aux_loss_coef", json_real(0.9));
+		json_object_set_new(root, "swiglu_limit", json_real(7.0));
+		json_object_set_new(root, "transformers_version", json_string("4.55.0"));
+	}
+}
+
 int kv_synth_config_json(const struct kv_synth_preset *p, int vocab, int bos, int eos, int dtype, char **out,
 			 size_t *len)
 {
@@ -361,6 +512,8 @@ int kv_synth_config_json(const struct kv_synth_preset *p, int vocab, int bos, in
 		json_object_set_new(root, "use_cache", json_true());
 		json_object_set_new(root, "use_sliding_window", json_false());
 		json_object_set_new(root, "vocab_size", json_integer(vocab));
+	} else if (kv_arch_window_family(p->arch)) {
+		window_family_config(root, p, vocab, bos, eos, dtype);
 	} else if (p->arch == KV_ARCH_QWEN3_NEXT) {
 		/* Qwen3NextForCausalLM: one flat config, as in the released
 		 * Qwen3-Next config.json. */
@@ -966,9 +1119,34 @@ int kv_synth_tokenizer(char **tok_json, size_t *tok_len, char **cfg_json, size_t
 	return KV_OK;
 }
 
+/*
+ * The begin and end tokens of the tokenizers kvkeep ships presets for, by
+ * family, the first name of each list that the tokenizer has winning:
+ * GPT-OSS (harmony: the answer ends with <|return|>), Llama 3 and Gemma 3
+ * (end of turn), Qwen (ChatML; its <|endoftext|> is last because GPT-OSS
+ * has one too).
+ */
+static const char *const bos_names[] = {"<|startoftext|>", "<|begin_of_text|>", "<bos>", "<|endoftext|>"};
+static const char *const eos_names[] = {"<|im_end|>", "<|return|>", "<|eot_id|>", "<end_of_turn>"};
+
+static void note_special(const char *name, int id, int *bos_rank, int *bos_id, int *eos_rank, int *eos_id)
+{
+	for (int i = 0; i < (int)(sizeof bos_names / sizeof bos_names[0]); i++)
+		if (!strcmp(name, bos_names[i]) && i < *bos_rank) {
+			*bos_rank = i;
+			*bos_id = id;
+		}
+	for (int i = 0; i < (int)(sizeof eos_names / sizeof eos_names[0]); i++)
+		if (!strcmp(name, eos_names[i]) && i < *eos_rank) {
+			*eos_rank = i;
+			*eos_id = id;
+		}
+}
+
 int kv_synth_tokenizer_ids(const char *json, size_t len, const char *what, int *n_ids, int *bos_id, int *eos_id)
 {
 	json_t *root, *model, *vocab, *added, *v;
+	int bos_rank = 99, eos_rank = 99;
 	const char *k;
 	int64_t max_id = -1;
 	size_t i;
@@ -992,10 +1170,7 @@ int kv_synth_tokenizer_ids(const char *json, size_t len, const char *what, int *
 		}
 		if (json_integer_value(v) > max_id)
 			max_id = json_integer_value(v);
-		if (!strcmp(k, "<|endoftext|>"))
-			*bos_id = (int)json_integer_value(v);
-		if (!strcmp(k, "<|im_end|>"))
-			*eos_id = (int)json_integer_value(v);
+		note_special(k, (int)json_integer_value(v), &bos_rank, bos_id, &eos_rank, eos_id);
 	}
 	json_array_foreach(added, i, v) {
 		json_t *id = json_object_get(v, "id");
@@ -1006,10 +1181,7 @@ int kv_synth_tokenizer_ids(const char *json, size_t len, const char *what, int *
 		}
 		if (json_integer_value(id) > max_id)
 			max_id = json_integer_value(id);
-		if (!strcmp(c, "<|endoftext|>"))
-			*bos_id = (int)json_integer_value(id);
-		if (!strcmp(c, "<|im_end|>"))
-			*eos_id = (int)json_integer_value(id);
+		note_special(c, (int)json_integer_value(id), &bos_rank, bos_id, &eos_rank, eos_id);
 	}
 	json_decref(root);
 	if (max_id < 0)
@@ -1070,10 +1242,66 @@ static float a_log_value(uint64_t seed, int layer, int h, int n_heads, int dtype
 	return store_round((float)log(rate / sp), dtype);
 }
 
+/* E2M1 codes' values (OCP MX): code & 7 indexes the magnitude, bit 3 the
+ * sign. */
+static const float g_e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+/* gpt_oss expert blocks / scales (U8, the release layout: per 32-element
+ * block one E8M0 scale 2^(e - 127) and 16 bytes of codes, element 2j in
+ * the low nibble of byte j, 2j + 1 in the high one). The values are the
+ * float matrix the tensor stands for ("..._blocks" / "..._scales" without
+ * the suffix, its own normal stream), each block quantized with the
+ * scale 2^(floor(log2 amax) - 2) (6 = 1.5 x 4: the largest code fits)
+ * and every element the nearest code, ties to the smaller magnitude. */
+static int fill_mxfp4(const struct kv_model_config *c, const struct kv_tensor_spec *sp, uint64_t seed, void *dst,
+		      uint64_t nbytes)
+{
+	int blocks = sp->role == KV_ROLE_MXFP4_BLOCKS;
+	uint64_t rows = (uint64_t)sp->shape[0] * (uint64_t)sp->shape[1], nb = (uint64_t)sp->shape[2];
+	char base[96];
+	snprintf(base, sizeof base, "%.*s", (int)(strlen(sp->name) - 7), sp->name); /* "_blocks" / "_scales" */
+	if (nbytes != rows * nb * (blocks ? 16 : 1))
+		return kv_fail(KV_ERR_INVALID, "tensor '%s': %llu bytes asked", sp->name, (unsigned long long)nbytes);
+	double fan_in = (double)nb * 32, std = 1.0 / sqrt(fan_in);
+	if (strstr(base, "down_proj"))
+		std = std / sqrt(2.0 * c->n_layers);
+	uint64_t s = kv_xxh3_64(base, strlen(base), seed);
+	uint8_t *o = dst;
+	for (uint64_t b = 0; b < rows * nb; b++) {
+		float x[32], amax = 0;
+		for (int i = 0; i < 32; i++) {
+			x[i] = (float)(std * gauss(&s));
+			amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+		}
+		int e = amax > 0 ? (int)floorf(log2f(amax)) - 2 + 127 : 0;
+		e = e < 1 ? 1 : e > 254 ? 254 : e;
+		if (!blocks) {
+			o[b] = (uint8_t)e;
+			continue;
+		}
+		float d = ldexpf(1.0f, e - 127);
+		for (int j = 0; j < 16; j++) {
+			uint8_t q[2];
+			for (int h = 0; h < 2; h++) {
+				float v = x[2 * j + h] / d, a = fabsf(v);
+				int best = 0;
+				for (int k = 1; k < 8; k++)
+					if (fabsf(g_e2m1[k] - a) < fabsf(g_e2m1[best] - a))
+						best = k;
+				q[h] = (uint8_t)(best | (v < 0 && best ? 8 : 0));
+			}
+			o[b * 16 + (uint64_t)j] = (uint8_t)(q[0] | q[1] << 4);
+		}
+	}
+	return KV_OK;
+}
+
 int kv_synth_fill(const struct kv_model_config *c, const struct kv_tensor_spec *sp, uint64_t seed, int dtype,
 		  void *dst, uint64_t nbytes)
 {
 	uint64_t numel = 1, s;
+	if (sp->role == KV_ROLE_MXFP4_BLOCKS || sp->role == KV_ROLE_MXFP4_SCALES)
+		return fill_mxfp4(c, sp, seed, dst, nbytes);
 	double std = 0, mean = 0, fan_in = sp->ndim >= 2 ? (double)sp->shape[sp->ndim - 1] : 1;
 	size_t es = kv_dtype_size(dtype);
 
@@ -1117,7 +1345,13 @@ int kv_synth_fill(const struct kv_model_config *c, const struct kv_tensor_spec *
 	case KV_ROLE_DT_BIAS:
 	case KV_ROLE_A_LOG:
 		break;
-	case KV_ROLE_BIAS: /* conv bias: small */
+	case KV_ROLE_BIAS:
+		std = 0.1;
+		break;
+	case KV_ROLE_SINKS: /* about the size of a row's largest scores */
+		mean = 1.0, std = 1.0;
+		break;
+	case KV_ROLE_CONV_BIAS: /* conv bias: small */
 		std = 0.05;
 		break;
 	case KV_ROLE_SSM_D: /* Mamba's D skip: near 1 (transformers initialises ones) */
@@ -1199,7 +1433,8 @@ static int write_weights(const struct kv_model_config *c, const char *path, uint
 		goto out;
 	for (size_t i = 0; i < n; i++) {
 		fc[i] = (struct fill_ctx){c, &sp[i], seed, dtype};
-		if ((rc = kv_stw_add_fill(w, sp[i].name, dtype, sp[i].ndim, sp[i].shape, fill_cb, &fc[i])))
+		int mx = sp[i].role == KV_ROLE_MXFP4_BLOCKS || sp[i].role == KV_ROLE_MXFP4_SCALES;
+		if ((rc = kv_stw_add_fill(w, sp[i].name, mx ? KV_DT_U8 : dtype, sp[i].ndim, sp[i].shape, fill_cb, &fc[i])))
 			goto out;
 	}
 	rc = kv_stw_write(w, path, flags);
@@ -1236,6 +1471,23 @@ static int write_file(const char *dir, const char *name, const char *p, size_t n
 	if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
 		return kv_fail(KV_ERR_INVALID, "output path too long");
 	return kv_durable_write(path, p, n, flags | KV_DW_PUBLIC);
+}
+
+/* chat_template.jinja of the tokenizer folder, when there is one. */
+static int copy_template(const char *from, const char *to, unsigned flags)
+{
+	char path[4096];
+	char *t = NULL;
+	size_t n = 0;
+	if ((size_t)snprintf(path, sizeof path, "%s/chat_template.jinja", from) >= sizeof path)
+		return kv_fail(KV_ERR_INVALID, "tokenizer folder path too long");
+	if (access(path, F_OK))
+		return KV_OK;
+	int rc = kv_io_read_file(path, 16u << 20, &t, &n);
+	if (!rc)
+		rc = write_file(to, "chat_template.jinja", t, n, flags);
+	free(t);
+	return rc;
 }
 
 int kv_synth_write(const struct kv_synth_opts *o)
@@ -1308,6 +1560,10 @@ int kv_synth_write(const struct kv_synth_opts *o)
 		goto out;
 	if ((rc = write_file(o->out_dir, "tokenizer.json", tok, tok_len, o->dw_flags)) ||
 	    (rc = write_file(o->out_dir, "tokenizer_config.json", tcfg, tcfg_len, o->dw_flags)))
+		goto out;
+	/* a template that ships beside the tokenizer (GPT-OSS's release keeps
+	 * it in chat_template.jinja, not in tokenizer_config.json) */
+	if (o->tokenizer_dir && (rc = copy_template(o->tokenizer_dir, o->out_dir, o->dw_flags)))
 		goto out;
 	if (!o->config_only) {
 		if ((size_t)snprintf(path, sizeof path, "%s/model.safetensors", o->out_dir) >= sizeof path) {

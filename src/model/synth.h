@@ -61,6 +61,12 @@ struct kv_synth_preset {
 	int norm_topk_prob;        /* qwen3_next only */
 	int mlp_only_layer;        /* qwen3_next: this layer keeps the dense MLP; -1 none */
 	int vocab;                 /* config-only presets: the real vocab_size (0: the tokenizer's) */
+	/* llama / gemma3 / gpt_oss (config.h): sliding window W (0 none) and
+	 * pattern (layer i global iff (i + 1) % pattern == 0); gemma3's local
+	 * RoPE base; gpt_oss's experts (n_experts, n_experts_per_tok,
+	 * intermediate per expert) in the MXFP4 release layout. */
+	int sliding_window, swa_pattern;
+	double rope_local_theta;
 	/* Mamba-2 hybrids (arch KV_ARCH_GRANITE_HYBRID / KV_ARCH_NEMOTRON_H,
 	 * synth_ssm.c): the layer pattern, one character per layer ('M'
 	 * Mamba-2, '*' attention, '-' an MLP layer of nemotron_h), the mixer's

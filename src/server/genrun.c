@@ -292,7 +292,8 @@ void gen_run(struct ksv_job *job)
 			.split_reasoning = s->o.split_reasoning && g->in.req.api == KSV_API_CHAT,
 			.in_think = g->in.pr.in_think,
 			.tools = g->in.req.tool_choice != KSV_TC_NONE ? g->in.req.tools : NULL,
-			.xml_tools = s->xml_tools},
+			.xml_tools = s->xml_tools,
+			.harmony = s->harmony && g->in.req.api == KSV_API_CHAT},
 		.cancel = &g->job.cancel,
 	};
 	ksv_sampling_resolve(&g->in.req.sp, &s->sdef, kv_now_ns() ^ (uint64_t)(uintptr_t)g, &rp.sp);

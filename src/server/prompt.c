@@ -58,7 +58,8 @@ static int render_chat(struct ksv_server *s, const struct ksv_req *r, const char
 				  .kwargs = json_is_object(kw) ? kw : NULL,
 				  .max_message_boundaries = KSV_MAX_MESSAGE_BOUNDARIES,
 				  .keep_reasoning = !strcmp(s->o.reasoning_history, "keep"),
-				  .request_specials = s->o.special_tokens_in_request};
+				  .request_specials = s->o.special_tokens_in_request,
+				  .reasoning_effort = json_string_value(json_object_get(r->body, "reasoning_effort"))};
 	/* the server's own answers the client sent back: their exact tokens
 	 * (only with keep: the template's letter renders them its own way) */
 	struct kss_echo_found ef = {0};

@@ -400,6 +400,7 @@ int ksv_resp_to_chat(const json_t *body, json_t **chat_out, char *param, size_t 
 			}
 			int on = !(ksv_wire_is(e, "none") || ksv_wire_is(e, "minimal"));
 			json_object_set_new(chat, "chat_template_kwargs", json_pack("{s:b}", "enable_thinking", on));
+			json_object_set(chat, "reasoning_effort", (json_t *)e); /* harmony's variable */
 		}
 	}
 	if ((v = json_object_get(body, "max_output_tokens")) && !json_is_null(v))

@@ -1342,6 +1342,7 @@ static int load_model(struct ksv_server *s)
 	if ((rc = kv_chat_load(o->model_dir, s->tok, &s->chat)))
 		return kv_fail_ctx(rc, "chat template");
 	s->xml_tools = kv_chat_xml_tools(s->chat);
+	s->harmony = kv_chat_harmony(s->chat);
 	if ((rc = ksv_norm_parse(o->prompt_normalize, &s->norm_rules)) || (rc = ksv_recent_create(&s->recent)) ||
 	    (rc = ksv_inflight_create(&s->inflight)))
 		return rc;
@@ -1352,7 +1353,7 @@ static int load_model(struct ksv_server *s)
 		return rc;
 	s->cfg = ke_model_config(s->model);
 	s->lay = ke_model_layout(s->model);
-	s->hybrid = s->lay->n_rec_layers > 0;
+	s->hybrid = ke_layout_nontrim(s->lay);
 	s->vocab = s->cfg->vocab;
 	if (kv_tok_vocab_size(s->tok) > s->vocab)
 		KV_WARN("serve.vocab", "tokenizer_ids=%d model_vocab=%d msg=\"tokenizer has ids the model cannot embed\"",

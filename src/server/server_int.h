@@ -68,6 +68,7 @@ struct ksv_server {
 	int ctx_len;
 	int hybrid;
 	int xml_tools;
+	int harmony;                      /* GPT-OSS harmony template (text/harmony.h) */
 	unsigned norm_rules;              /* --prompt-normalize (normalize.h) */
 	struct ksv_recent *recent;        /* the last requests, for the dashboard (recent.h) */
 	struct ksv_inflight *inflight;    /* the requests running now, for the dashboard (inflight.h) */

@@ -48,7 +48,7 @@ int kss_service_create(const struct kss_service_params *p, struct kss_service **
 	s->p.eos = s->eos;
 	s->vocab = ke_model_config(p->model)->vocab;
 	s->lay = ke_model_layout(p->model);
-	s->hybrid = s->lay->n_rec_layers > 0;
+	s->hybrid = ke_layout_nontrim(s->lay);
 	struct kss_cons_params cp = {.tok = p->tok, .vocab = s->vocab, .eos = s->eos, .n_eos = s->p.n_eos};
 	int rc = kss_cons_create(&cp, &s->cons);
 	if (rc) {
@@ -107,6 +107,7 @@ static uint64_t spec_overhead(const struct kss_service *s, uint32_t n)
 uint64_t kss_request_overhead(const struct ke_model *m, int chunk)
 {
 	return ke_model_layout(m)->snapshot_bytes + ke_model_scratch_bytes(m, chunk ? chunk : 256) +
+	       ke_model_window_seq_bytes(m, chunk) +
 	       (uint64_t)ke_model_config(m)->vocab * sizeof(float);
 }
 
@@ -378,7 +379,7 @@ void kss_request(struct kss_service *s, const struct kss_request_params *p, cons
 		fail(&q, KSS_FAIL_ENGINE, "%s", kv_errmsg());
 		goto out;
 	}
-	kv_tok_stream_init(&q.ds, s->p.tok, 1);
+	kv_tok_stream_init(&q.ds, s->p.tok, !p->out.harmony); /* harmony's markers are parsed */
 	if (p->grammar && (kss_cmatch_create(s->cons, p->grammar, p->out.in_think, p->may_think, &q.cm) ||
 			   (p->logprobs && !(q.masked = malloc((size_t)s->vocab * sizeof *q.masked))))) {
 		fail(&q, KSS_FAIL_ENGINE, "constraint: %s", kv_errmsg());

@@ -50,6 +50,14 @@ int ks_ns_layout_str(const struct ke_layout *L, char *out, size_t cap)
 			return kv_fail(KV_ERR_INVALID, "layout text does not fit");
 		n += (size_t)k;
 	}
+	/* sliding layers: layer:rows:k_off:v_off (after every rec=) */
+	for (int i = 0; i < L->n_win_layers; i++) {
+		const struct ke_win_layer *w = &L->win[i];
+		k = snprintf(out + n, cap - n, " win=%d:%d:%zu:%zu", w->layer, w->rows, w->k_off, w->v_off);
+		if (k < 0 || (size_t)k >= cap - n)
+			return kv_fail(KV_ERR_INVALID, "layout text does not fit");
+		n += (size_t)k;
+	}
 	return KV_OK;
 }
 
@@ -109,7 +117,7 @@ int ks_ns_layout_parse(const char *s, struct ke_layout *L)
 	if (L->page_bytes > (1ull << 32))
 		goto bad;
 	size_t off = 0;
-	while (*p) {
+	while (*p && strncmp(p, " win=", 5)) {
 		if (L->n_rec_layers >= KV_MAX_LAYERS || lit(&p, " rec="))
 			goto bad;
 		for (int k = 0; k < 8; k++)
@@ -131,6 +139,27 @@ int ks_ns_layout_parse(const char *s, struct ke_layout *L)
 		if (r->conv_off != off || r->state_off != off + r->conv_bytes || r->state_bytes > (1ull << 34))
 			goto bad;
 		off = r->state_off + r->state_bytes;
+	}
+	L->rec_bytes = off;
+	while (*p) {
+		if (L->n_win_layers >= KV_MAX_LAYERS || lit(&p, " win="))
+			goto bad;
+		for (int k = 0; k < 4; k++)
+			if (num(&p, 0, k < 2 ? (1ll << 20) : (1ll << 40), k < 3 ? ":" : " ", &v[k]) || (k < 3 && lit(&p, ":")))
+				goto bad;
+		struct ke_win_layer *w = &L->win[L->n_win_layers];
+		w->layer = (int)v[0];
+		w->idx = L->n_win_layers++;
+		w->rows = (int)v[1];
+		size_t half = (size_t)L->n_kv_heads * (size_t)w->rows * L->row_bytes;
+		w->k_off = (size_t)v[2];
+		w->v_off = (size_t)v[3];
+		w->bytes = 2 * half;
+		/* K then V, one layer after another, as layout.h says */
+		if (w->rows < 1 || w->k_off != off || w->v_off != off + half || half > (1ull << 34))
+			goto bad;
+		off += w->bytes;
+		L->window = w->rows + 1;
 	}
 	L->snapshot_bytes = off;
 	return KV_OK;

@@ -80,7 +80,8 @@ int ks_obj_parse_name(const char *name, int *kind, struct kv_h128 *id)
 
 /* --- the tensor plan: names, dtypes, shapes and bytes of each kind ------- */
 
-#define MAX_TENSORS (2 + 2 * KV_MAX_LAYERS) /* block: 1 + 2 x attention layers; snapshot: 1 + 2 x recurrent */
+#define MAX_TENSORS (2 + 2 * KV_MAX_LAYERS) /* block: 1 + 2 x attention layers; snapshot: 1 + 2 x
+						* (recurrent + window layers) */
 
 struct tplan {
 	char name[32];
@@ -90,7 +91,8 @@ struct tplan {
 	uint64_t nbytes;
 	size_t mem_off;   /* offset inside the destination buffer of its part */
 	int part;         /* 0 tokens, 1 kv, 2 snap, 3 ckpt */
-	int rec;          /* snapshot: index into layout.rec, else -1 */
+	int rec;          /* snapshot: index into layout.rec, or n_rec_layers + index into
+			     layout.win, else -1 */
 };
 
 /* A recurrent array: dims when they describe the bytes, else U8 [bytes]. */
@@ -181,6 +183,23 @@ static int plan(const struct ke_layout *L, int kind, uint32_t n_tokens, uint32_t
 			t->mem_off = r->state_off;
 			t->part = 2;
 			t->rec = i;
+		}
+		/* sliding layers: K then V rows of the window, in the KV dtype */
+		for (int i = 0; i < L->n_win_layers; i++) {
+			const struct ke_win_layer *w = &L->win[i];
+			for (int kv = 0; kv < 2; kv++) {
+				struct tplan *t = &p[n++];
+				memset(t, 0, sizeof *t);
+				snprintf(t->name, sizeof t->name, "win.%d.%c", w->layer, kv ? 'v' : 'k');
+				t->dtype = kv_tensor_dtype(L, &t->shape[2]);
+				t->ndim = 3;
+				t->shape[0] = L->n_kv_heads;
+				t->shape[1] = w->rows;
+				t->nbytes = w->bytes / 2;
+				t->mem_off = kv ? w->v_off : w->k_off;
+				t->part = 2;
+				t->rec = L->n_rec_layers + i;
+			}
 		}
 	} else if (kind == KS_ENTRY) {
 		struct tplan *t = &p[n++];
@@ -361,8 +380,8 @@ static int header(const struct ke_layout *L, const struct ks_obj_src *s, struct 
 	M("n_tokens", num[2]);
 	M("tokens_xxh3", hex[3]);
 	M("page_tokens", num[3]);
-	if (s->kind == KS_BLOCK || s->kind == KS_TAIL)
-		M("kv_dtype", kv_dtype_name(L->kv_dtype));
+	if (s->kind == KS_BLOCK || s->kind == KS_TAIL || (s->kind == KS_SNAP && L->n_win_layers))
+		M("kv_dtype", kv_dtype_name(L->kv_dtype)); /* (a snapshot's window rows are KV rows) */
 	if (s->kind == KS_SNAP || s->kind == KS_ENTRY)
 		M("anchor", num[5]);
 	M("created", num[4]);
@@ -1001,7 +1020,7 @@ int ks_obj_read(struct ks_obj *o, const struct ks_obj_dst *d, int *bad)
 	 * dtype (files written before the key existed carry F32 or BF16 in
 	 * the tensors themselves, checked below; a U8-coded dtype such as
 	 * Q8_0 must be named) */
-	if (in->kind == KS_BLOCK || in->kind == KS_TAIL) {
+	if (in->kind == KS_BLOCK || in->kind == KS_TAIL || (in->kind == KS_SNAP && L->n_win_layers)) {
 		const char *kd = kv_st_meta(o->st, "kv_dtype"), *want = kv_dtype_name(L->kv_dtype);
 		if (kd ? !want || strcmp(kd, want) : !kv_dtype_size(L->kv_dtype)) {
 			rc = BAD(KS_BAD_SHAPE, KV_ERR_CORRUPT, "KV dtype '%.16s', the layout's is %s", kd ? kd : "(none)",
@@ -1068,6 +1087,14 @@ int ks_obj_read(struct ks_obj *o, const struct ks_obj_dst *d, int *bad)
 					have++;
 			if (have != (L->rec[r].conv_bytes ? 2 : 1))
 				rc = BAD(KS_BAD_COVER, KV_ERR_CORRUPT, "recurrent layer %d is not covered", L->rec[r].layer);
+		}
+		for (int w = 0; w < L->n_win_layers && !rc; w++) {
+			int have = 0;
+			for (int i = 0; i < o->nt; i++)
+				if (o->p[i].rec == L->n_rec_layers + w && kv_st_find(o->st, o->p[i].name))
+					have++;
+			if (have != 2)
+				rc = BAD(KS_BAD_COVER, KV_ERR_CORRUPT, "sliding-window layer %d is not covered", L->win[w].layer);
 		}
 	}
 out:

@@ -56,7 +56,7 @@ int ks_store_open(const struct ks_params *p, struct ks_store **out)
 	s->L = *p->layout;
 	s->p.layout = &s->L;
 	s->B = (uint32_t)s->L.page_tokens;
-	s->hybrid = s->L.n_rec_layers > 0;
+	s->hybrid = ke_layout_nontrim(&s->L);
 	if ((rc = kv_path_fmt(s->root, sizeof s->root, "%s", p->root))) {
 		free(s);
 		return kv_fail_ctx(rc, "disk cache");

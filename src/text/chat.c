@@ -50,6 +50,7 @@ struct kv_chat {
 	size_t n_added;
 	size_t max_added;               /* longest added token, bytes */
 	int xml_tools;
+	int harmony;                    /* GPT-OSS harmony template (see harmony_messages) */
 	struct keep_memo *memo;         /* renders of earlier user turns (keep_reasoning) */
 };
 
@@ -175,6 +176,12 @@ static int collect_added(struct kv_chat *c, const json_t *list)
 	return KV_OK;
 }
 
+/* GPT-OSS's template writes harmony messages: channels and message markers. */
+static int is_harmony(const char *src)
+{
+	return strstr(src, "<|channel|>") && strstr(src, "<|message|>") && strstr(src, "<|start|>");
+}
+
 static int compile_named(const char *src, const char *what, char **copy, struct kv_tmpl **out)
 {
 	int rc = kv_tmpl_compile(src, strlen(src), what, out);
@@ -278,6 +285,7 @@ static int chat_build(const json_t *cfg, const char *jinja_src, const char *what
 			if (c->added[i].cut && kv_tok_id(tok, c->added[i].s) < 0)
 				c->added[i].cut = 0;
 	c->xml_tools = tool_format(c->src, c->src_tools);
+	c->harmony = is_harmony(c->src);
 	*out = c;
 	return KV_OK;
 fail:
@@ -381,12 +389,18 @@ int kv_chat_set_template(struct kv_chat *c, const char *src, size_t len, const c
 	c->tmpl_tools = NULL;
 	c->src_tools = NULL;
 	c->xml_tools = tool_format(copy, NULL);
+	c->harmony = is_harmony(copy);
 	return KV_OK;
 }
 
 int kv_chat_xml_tools(const struct kv_chat *c)
 {
 	return c->xml_tools;
+}
+
+int kv_chat_harmony(const struct kv_chat *c)
+{
+	return c->harmony;
 }
 
 const char *kv_chat_template_source(const struct kv_chat *c, int tool_use)
@@ -512,6 +526,55 @@ int kv_chat_prepare_messages(const json_t *messages, json_t **out)
 	return KV_OK;
 }
 
+/*
+ * Harmony templates (GPT-OSS) read an assistant message's reasoning from
+ * "thinking" and write a tool call's arguments with tojson, so they want
+ * an object. The chat APIs send "reasoning_content" and arguments as JSON
+ * text: in place on prep (a private array of shallow copies), reasoning
+ * becomes "thinking" (kept out of a tool-call message that also has
+ * content, which the template refuses), and arguments text that parses
+ * as an object becomes that object (other text stays as it is).
+ */
+static int harmony_messages(json_t *prep)
+{
+	size_t i, j;
+	json_t *m, *call;
+	json_array_foreach(prep, i, m) {
+		if (strcmp(json_string_value(json_object_get(m, "role")), "assistant"))
+			continue;
+		const json_t *rc = json_object_get(m, "reasoning_content");
+		json_t *tc = json_object_get(m, "tool_calls");
+		int has_calls = json_is_array(tc) && json_array_size(tc) > 0;
+		const char *content = json_string_value(json_object_get(m, "content"));
+		if (json_is_string(rc) && json_string_length(rc) && !json_object_get(m, "thinking") &&
+		    !(has_calls && content && *content) &&
+		    json_object_set(m, "thinking", (json_t *)rc))
+			return kv_fail(KV_ERR_NOMEM, "out of memory");
+		if (!has_calls)
+			continue;
+		json_t *calls = json_array();
+		if (!calls)
+			return kv_fail(KV_ERR_NOMEM, "out of memory");
+		json_array_foreach(tc, j, call) {
+			json_t *c2 = json_copy(call), *fn = json_copy(json_object_get(call, "function"));
+			const json_t *args = json_object_get(fn, "arguments");
+			json_t *obj = json_is_string(args)
+					      ? json_loadb(json_string_value(args), json_string_length(args), 0, NULL)
+					      : NULL;
+			if (json_is_object(obj))
+				json_object_set(fn, "arguments", obj);
+			json_decref(obj);
+			if (!c2 || !fn || json_object_set_new(c2, "function", fn) || json_array_append_new(calls, c2)) {
+				json_decref(calls);
+				return kv_fail(KV_ERR_NOMEM, "out of memory");
+			}
+		}
+		if (json_object_set_new(m, "tool_calls", calls))
+			return kv_fail(KV_ERR_NOMEM, "out of memory");
+	}
+	return KV_OK;
+}
+
 /* --- rendering with boundaries ---------------------------------------------- */
 
 /* May the token sequence be cut at byte c of text (see kv_chat_render)? */
@@ -599,15 +662,69 @@ static size_t prefix_len(struct chat_job *j, size_t k, const char *full, size_t 
 	return render_head(j, k, NULL, full, full_len, &got) == KV_OK ? got : 0;
 }
 
-/* The end of system + tools when rendering the head alone fails or is
+/* The head (the first h messages) plus a probe message of `role`,
+ * rendered into b; 0 if the template refuses it. */
+static int probe_render(struct chat_job *j, size_t h, const char *role, struct kv_buf *b);
+
+/* The added token that starts at byte `at` (the longest), or NULL. */
+static const struct added_tok *cut_token(const struct kv_chat *c, const char *text, size_t len, size_t at)
+{
+	const struct added_tok *best = NULL;
+	for (size_t i = 0; i < c->n_added; i++) {
+		const struct added_tok *a = &c->added[i];
+		if (a->cut && a->n <= len - at && !memcmp(text + at, a->s, a->n) && (!best || a->n > best->n))
+			best = a;
+	}
+	return best;
+}
+
+/*
+ * The end of system + tools when rendering the head alone fails or is
  * not a prefix (templates that insist on a user message): render the head
  * plus a probe user message and take the last clean cut before the two
- * renders part. Both conversations share the tokens up to there. */
+ * renders part. Both conversations share the tokens up to there. A turn
+ * header may spell the role between two added tokens (harmony's
+ * "<|start|>user<|message|>", Llama 3's "<|start_header_id|>user
+ * <|end_header_id|>", Gemma's "<start_of_turn>user" then its "\n"
+ * token): then that last cut lies inside the next message's header, and
+ * the turn starts at the cut before the role.
+ */
 static size_t probe_anchor(struct chat_job *j, size_t h, const char *full, size_t full_len)
 {
 	struct kv_buf b = KV_BUF_INIT;
 	size_t res = 0;
-	json_t *pm = json_pack("{s:s,s:s}", "role", "user", "content", CHAT_PROBE);
+	if (probe_render(j, h, "user", &b) && !b.oom && b.p) {
+		size_t lcp = 0, n = b.len < full_len ? b.len : full_len;
+		while (lcp < n && b.p[lcp] == full[lcp])
+			lcp++;
+		for (size_t cpos = lcp; cpos > 0; cpos--) {
+			if (cpos >= full_len || cpos >= b.len || !clean_cut(j->c, full, full_len, cpos) ||
+			    !clean_cut(j->c, b.p, b.len, cpos))
+				continue;
+			if (!res) {
+				res = cpos;
+				continue;
+			}
+			/* the previous cut: is what lies between it and res the role? */
+			const struct added_tok *t = cut_token(j->c, full, full_len, cpos);
+			size_t a = cpos + (t ? t->n : 0), e = res;
+			while (a < e && (full[a] == ' ' || full[a] == '\n'))
+				a++;
+			while (e > a && (full[e - 1] == ' ' || full[e - 1] == '\n'))
+				e--;
+			if (e - a == 4 && !memcmp(full + a, "user", 4))
+				res = cpos;
+			break;
+		}
+	}
+	kv_buf_free(&b);
+	return res;
+}
+
+static int probe_render(struct chat_job *j, size_t h, const char *role, struct kv_buf *b)
+{
+	int ok = 0;
+	json_t *pm = json_pack("{s:s,s:s}", "role", role, "content", CHAT_PROBE);
 	struct val pv;
 	struct list *l = kj_ar_alloc_raw(&j->base, sizeof *l + (h + 1) * sizeof(struct val));
 	/* pv borrows its strings from pm: keep pm until the render is done */
@@ -623,23 +740,14 @@ static size_t probe_anchor(struct chat_job *j, size_t h, const char *full, size_
 	struct val saved_m = j->g[j->i_messages].v, saved_a = j->g[j->i_agp].v;
 	j->g[j->i_messages].v = vlist(l);
 	j->g[j->i_agp].v = vbool(0);
-	int rc = kj_render_core(j->t, j->g, j->ng, NULL, &b, NULL, 0, NULL, &j->memo);
+	int rc = kj_render_core(j->t, j->g, j->ng, NULL, b, NULL, 0, NULL, &j->memo);
 	j->g[j->i_messages].v = saved_m;
 	j->g[j->i_agp].v = saved_a;
-	if (rc == KV_OK && !b.oom && b.p) {
-		size_t lcp = 0, n = b.len < full_len ? b.len : full_len;
-		while (lcp < n && b.p[lcp] == full[lcp])
-			lcp++;
-		for (size_t cpos = lcp; cpos > 0; cpos--)
-			if (cpos < full_len && cpos < b.len && clean_cut(j->c, full, full_len, cpos) &&
-			    clean_cut(j->c, b.p, b.len, cpos)) {
-				res = cpos;
-				break;
-			}
-	}
-	kv_buf_free(&b);
+	ok = rc == KV_OK;
+	if (!ok)
+		kv_errclear(); /* a template that refuses the probe: not an error */
 	json_decref(pm);
-	return res;
+	return ok;
 }
 
 void kv_chat_render_free(struct kv_chat_render *r)
@@ -987,7 +1095,8 @@ static int keep_hashes(const struct kv_chat *c, const struct kv_tmpl *t, const j
 {
 	struct kv_buf b = KV_BUF_INIT;
 	char *x;
-	kv_buf_printf(&b, "kvkeep-keep-1 %p %d %d|", (const void *)t, o->enable_thinking, o->request_specials);
+	kv_buf_printf(&b, "kvkeep-keep-1 %p %d %d %s|", (const void *)t, o->enable_thinking, o->request_specials,
+		      o->reasoning_effort ? o->reasoning_effort : "-");
 	if (tools && (x = json_dumps(tools, JSON_COMPACT | JSON_SORT_KEYS | JSON_ALLOW_NUL))) {
 		kv_buf_adds(&b, x);
 		free(x);
@@ -1012,6 +1121,23 @@ static int keep_hashes(const struct kv_chat *c, const struct kv_tmpl *t, const j
 		free(x);
 	}
 	return KV_OK;
+}
+
+/*
+ * A harmony template ends a conversation whose last message is the
+ * assistant's with "<|return|>", the end of a generation; in a history
+ * that goes on, harmony's rule makes it "<|end|>" (what the template
+ * writes for every earlier answer).
+ */
+static void harmony_turn_end(const struct kv_chat *c, struct kv_buf *r)
+{
+	static const char ret[] = "<|return|>", end[] = "<|end|>";
+	size_t rl = sizeof ret - 1, el = sizeof end - 1;
+	if (!c->harmony || r->len < rl || memcmp(r->p + r->len - rl, ret, rl))
+		return;
+	memcpy(r->p + r->len - rl, end, el);
+	r->len -= rl - el;
+	r->p[r->len] = 0;
 }
 
 /*
@@ -1079,6 +1205,7 @@ static int keep_build(struct chat_job *j, const json_t *prep, const json_t *tool
 		}
 		if (r.len < k->d[i] || memcmp(r.p, full, k->d[i]))
 			goto out; /* the text before the turn differs: the rule fails */
+		harmony_turn_end(c, &r);
 		kv_buf_add(&k->t, r.p + k->d[i], r.len - k->d[i]);
 		memo_put_turn(c, h[k->q[i + 1]], k->d[i], before, r.p + k->d[i], r.len - k->d[i]);
 	}
@@ -1353,9 +1480,19 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 		return kv_fail(KV_ERR_INVALID, "chat_template_kwargs must be an object");
 	if ((rc = kv_chat_prepare_messages(messages, &prep)))
 		return rc;
+	if (c->harmony) {
+		if ((rc = harmony_messages(prep))) {
+			json_decref(prep);
+			return rc;
+		}
+		/* an answer's generated text holds several harmony messages
+		 * (analysis, then final or a call), which the splice's one
+		 * stand-in message cannot stand for */
+		o.n_splices = 0;
+	}
 	/* special-token literals in the request: placeholders (see template.h) */
 	struct lits lits = {0};
-	json_t *tools_sub = NULL, *kw_sub = NULL;
+	json_t *tools_sub = NULL, *kw_sub = NULL, *effort = NULL;
 	size_t *spans = NULL, n_spans = 0;
 	int subst = 0;
 	pthread_once(&g_lit_once, lit_tag_init);
@@ -1420,6 +1557,13 @@ int kv_chat_render(const struct kv_chat *c, const json_t *messages, const json_t
 	}
 	if (o.enable_thinking >= 0)
 		job_set(&j, "enable_thinking", vbool(o.enable_thinking));
+	if (o.reasoning_effort && !(o.kwargs && json_object_get(o.kwargs, "reasoning_effort"))) {
+		/* the template's value borrows the string: it lives to the end */
+		effort = json_string(o.reasoning_effort);
+		rc = effort ? job_set_json(&j, "reasoning_effort", effort, NULL) : kv_fail(KV_ERR_NOMEM, "out of memory");
+		if (rc)
+			goto done;
+	}
 	if ((rc = job_set_json(&j, "messages", prep, &j.i_messages)))
 		goto done;
 	j.msgs = j.g[j.i_messages].v.u.l;
@@ -1546,6 +1690,7 @@ done:
 	json_decref(prep);
 	json_decref(tools_sub);
 	json_decref(kw_sub);
+	json_decref(effort);
 	free(lits.t);
 	free(spans);
 	return rc;

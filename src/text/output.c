@@ -7,6 +7,7 @@
  */
 #include "text/output.h"
 #include "base/err.h"
+#include "text/harmony.h"
 #include "text/toolcall.h"
 
 #include <stdlib.h>
@@ -24,6 +25,8 @@ struct kv_out {
 	int th;                    /* TH_* */
 	int stopped;
 	struct kv_tc_parser *tc;   /* tool-call parser (tools on), else NULL */
+	struct kv_hm *hm;          /* harmony parser (harmony on), else NULL */
+	int oom;                   /* the harmony parser ran out of memory */
 };
 
 size_t kv_out_stop_scan(const char *p, size_t n, const char *const *stop, size_t n_stop, int *hit)
@@ -62,7 +65,15 @@ int kv_out_create(const struct kv_out_params *p, struct kv_out **out)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	o->p = *p;
 	o->th = !p->split_reasoning ? TH_CONTENT : p->in_think ? TH_IN : TH_UNDECIDED;
-	if (p->tools) {
+	if (p->harmony) {
+		struct kv_hm_params hp = {.split_reasoning = p->split_reasoning, .tools = p->tools != NULL, .fn = p->fn,
+					  .ctx = p->ctx};
+		int rc = kv_hm_create(&hp, &o->hm);
+		if (rc) {
+			free(o);
+			return rc;
+		}
+	} else if (p->tools) {
 		struct kv_tc_params tp = {.format = p->xml_tools, .tools = p->tools};
 		int rc = kv_tc_parser_create(&tp, &o->tc);
 		if (rc) {
@@ -81,12 +92,13 @@ void kv_out_destroy(struct kv_out *o)
 	kv_buf_free(&o->stop_pend);
 	kv_buf_free(&o->think_pend);
 	kv_tc_parser_free(o->tc);
+	kv_hm_destroy(o->hm);
 	free(o);
 }
 
 int kv_out_n_tool_calls(const struct kv_out *o)
 {
-	return o->tc ? kv_tc_count(o->tc) : 0;
+	return o->hm ? kv_hm_n_calls(o->hm) : o->tc ? kv_tc_count(o->tc) : 0;
 }
 
 static void ev_text(struct kv_out *o, int kind, const char *t, size_t n)
@@ -217,6 +229,11 @@ static void release(struct kv_out *o, const char *t, size_t n)
 {
 	if (!n)
 		return;
+	if (o->hm) {
+		if (kv_hm_feed(o->hm, t, n))
+			o->oom = 1;
+		return;
+	}
 	kv_buf_add(&o->think_pend, t, n);
 	think_run(o, 0);
 }
@@ -227,7 +244,7 @@ int kv_out_feed(struct kv_out *o, const char *text, size_t n)
 		return 1;
 	if (!o->p.n_stop) {
 		release(o, text, n);
-		return o->think_pend.oom ? kv_fail(KV_ERR_NOMEM, "out of memory") : 0;
+		return o->think_pend.oom || o->oom ? kv_fail(KV_ERR_NOMEM, "out of memory") : 0;
 	}
 	kv_buf_add(&o->stop_pend, text, n);
 	if (o->stop_pend.oom)
@@ -249,9 +266,14 @@ int kv_out_feed(struct kv_out *o, const char *text, size_t n)
 int kv_out_finish(struct kv_out *o)
 {
 	if (!o->stopped && o->stop_pend.len) {
-		kv_buf_add(&o->think_pend, o->stop_pend.p, o->stop_pend.len);
+		if (o->hm)
+			kv_hm_feed(o->hm, o->stop_pend.p, o->stop_pend.len);
+		else
+			kv_buf_add(&o->think_pend, o->stop_pend.p, o->stop_pend.len);
 		kv_buf_reset(&o->stop_pend);
 	}
+	if (o->hm)
+		return kv_hm_finish(o->hm);
 	think_run(o, 1);
 	if (o->tc)
 		kv_tc_finish(o->tc, tc_event, o);

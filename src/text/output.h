@@ -23,6 +23,10 @@
  *                  become tool-call events (start with name, argument
  *                  pieces, end). Malformed calls come out as plain content.
  *
+ * With harmony on, the stop matcher's output goes to the harmony parser
+ * (text/harmony.h) instead: its channels give reasoning, content and tool
+ * calls.
+ *
  * Events are delivered through a callback as they become certain. Nothing
  * here allocates per token beyond the held-back buffers.
  */
@@ -60,6 +64,9 @@ struct kv_out_params {
 	const void *tools;       /* json_t array of the request's tools, NULL = no tool parsing */
 	int xml_tools;           /* the tool-call syntax, enum kv_tc_format: 0 Qwen3 / Granite
 				    JSON, 1 Qwen3.5 XML, 2 Nemotron-H <TOOLCALL> list */
+	int harmony;             /* 1: GPT-OSS harmony messages (text/harmony.h), with
+	                            their special tokens in the text: replaces the
+	                            reasoning and tool-call stages */
 	kv_out_fn fn;
 	void *ctx;
 };

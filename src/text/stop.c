@@ -33,6 +33,14 @@ int kv_gencfg_stop_ids(const struct kv_model_config *cfg, const struct kv_gencfg
 	if (!tok)
 		return n;
 	const char *src = chat ? kv_chat_template_source(chat, 0) : NULL;
+	if (chat && kv_chat_harmony(chat)) {
+		/* harmony: "<|end|>" ends a message, not the answer (the final
+		 * answer comes after the analysis); "<|return|>" and "<|call|>"
+		 * end the generation */
+		n = add_id(ids, n, cap, kv_tok_id(tok, "<|return|>"));
+		n = add_id(ids, n, cap, kv_tok_id(tok, "<|call|>"));
+		src = NULL;
+	}
 	for (size_t i = 0; src && i < sizeof eot / sizeof eot[0]; i++) {
 		int32_t id = kv_tok_id(tok, eot[i]);
 		if (id >= 0 && strstr(src, eot[i])) {

@@ -77,6 +77,11 @@ int kv_chat_set_template(struct kv_chat *c, const char *src, size_t len, const c
  * (text/toolcall.h): 1 Qwen3.5-style XML (<function=...>), 2 Nemotron-H's
  * <TOOLCALL>[...] list, 0 the <tool_call> JSON (Qwen3, Granite 4.0-H). */
 int kv_chat_xml_tools(const struct kv_chat *c);
+/* 1 if the template writes GPT-OSS harmony messages (<|channel|>...): the
+ * answers are parsed with text/harmony.h, and assistant messages sent back
+ * get their reasoning_content as "thinking" and their tool-call arguments
+ * as objects, as the template expects. */
+int kv_chat_harmony(const struct kv_chat *c);
 
 /*
  * An assistant message rendered exactly as the model generated it (the
@@ -118,6 +123,9 @@ struct kv_chat_opts {
 	                                Face; 0 (default): they are tokenized as the
 	                                text they are, and only the template's own
 	                                special tokens are control tokens */
+	const char *reasoning_effort; /* NULL, or the template variable
+	                                reasoning_effort (harmony: "low", "medium",
+	                                "high"); chat_template_kwargs win; borrowed */
 };
 
 /*

@@ -619,6 +619,34 @@ static size_t bpe_large(const struct kv_tok *t, struct enc *e, size_t m)
 	return k;
 }
 
+/* SentencePiece's initial symbols of a piece: each character's id, or
+ * its bytes as <0xXX> tokens, or unk (a run of unknowns one unk with
+ * fuse_unk). Returns the count (<= n). */
+static size_t sp_symbols(const struct kv_tok *t, const uint8_t *p, size_t n, int32_t *sym)
+{
+	size_t m = 0;
+	for (size_t i = 0; i < n;) {
+		int l;
+		uint64_t id;
+		kv_utf8_get(p + i, &l);
+		if (kv_map_get(t->vocab, p + i, (size_t)l, &id)) {
+			sym[m++] = (int32_t)id;
+		} else {
+			for (int b = 0; b < l; b++) {
+				int32_t f = t->fb_id[p[i + (size_t)b]];
+				if (f < 0) {
+					if (t->unk_id < 0 || (t->fuse_unk && m && sym[m - 1] == t->unk_id))
+						continue;
+					f = t->unk_id;
+				}
+				sym[m++] = f;
+			}
+		}
+		i += (size_t)l;
+	}
+	return m;
+}
+
 /* One pre-tokenized piece -> ids. */
 static int encode_piece(struct enc *e, const uint8_t *p, size_t n)
 {
@@ -626,7 +654,7 @@ static int encode_piece(struct enc *e, const uint8_t *p, size_t n)
 	uint64_t h = 0;
 	size_t m = 0;
 	int rc;
-	if (n == 1) {
+	if (n == 1 && !t->sp) {
 		int32_t id = t->byte_id[p[0]] >= 0 ? t->byte_id[p[0]] : t->unk_id;
 		return id >= 0 ? emit(e, id) : KV_OK;
 	}
@@ -666,10 +694,14 @@ static int encode_piece(struct enc *e, const uint8_t *p, size_t n)
 	}
 	if ((rc = scratch(e, n)))
 		return rc;
-	for (size_t i = 0; i < n; i++) {
-		int32_t id = t->byte_id[p[i]] >= 0 ? t->byte_id[p[i]] : t->unk_id;
-		if (id >= 0)
-			e->sym[m++] = id;
+	if (t->sp) {
+		m = sp_symbols(t, p, n, e->sym);
+	} else {
+		for (size_t i = 0; i < n; i++) {
+			int32_t id = t->byte_id[p[i]] >= 0 ? t->byte_id[p[i]] : t->unk_id;
+			if (id >= 0)
+				e->sym[m++] = id;
+		}
 	}
 	m = m <= BPE_SMALL ? bpe_small(t, e->sym, m) : bpe_large(t, e, m);
 	if (h && m <= PC_MAX_IDS) {
@@ -860,9 +892,36 @@ static int split_added(struct enc *e, const struct trie *tr, const uint8_t *p, s
 	return KV_OK;
 }
 
+/* SentencePiece: every space becomes U+2581; the result is one piece, or
+ * with Metaspace's split one piece per U+2581 it starts with. */
+static int sp_gap(struct enc *e, const uint8_t *p, size_t n)
+{
+	int rc;
+	kv_buf_reset(&e->shadow);
+	for (size_t i = 0; i < n; i++) {
+		if (p[i] == ' ')
+			kv_buf_add(&e->shadow, "\xe2\x96\x81", 3);
+		else
+			kv_buf_addc(&e->shadow, (char)p[i]);
+	}
+	if (e->shadow.oom)
+		return kv_fail(KV_ERR_NOMEM, "encode: out of memory");
+	const uint8_t *q = (const uint8_t *)e->shadow.p;
+	size_t m = e->shadow.len, start = 0;
+	if (!e->t->sp_split)
+		return encode_piece(e, q, m);
+	for (size_t i = 3; i + 3 <= m; i++)
+		if (!memcmp(q + i, "\xe2\x96\x81", 3)) {
+			if ((rc = encode_piece(e, q + start, i - start)))
+				return rc;
+			start = i;
+		}
+	return start < m ? encode_piece(e, q + start, m - start) : KV_OK;
+}
+
 static int gap_normalized(struct enc *e, const uint8_t *p, size_t n)
 {
-	return pretok_gap(e, p, n);
+	return e->t->sp ? sp_gap(e, p, n) : pretok_gap(e, p, n);
 }
 
 static int gap_raw(struct enc *e, const uint8_t *p, size_t n)
@@ -879,7 +938,7 @@ static int gap_raw(struct enc *e, const uint8_t *p, size_t n)
 	}
 	if (t->has_norm_added)
 		return split_added(e, &t->trie_norm, p, n, gap_normalized);
-	return pretok_gap(e, p, n);
+	return t->sp ? sp_gap(e, p, n) : pretok_gap(e, p, n);
 }
 
 int kv_tok_encode_opt(const struct kv_tok *t, const char *text, size_t len, int allow_special, int use_cache,

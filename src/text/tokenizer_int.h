@@ -124,6 +124,16 @@ struct kv_tok {
 	struct mslot *merges;     /* kv_alloc'd, mcap slots */
 	uint64_t mmask;
 	int mshift;
+	/* SentencePiece-style BPE (Gemma): spaces become U+2581 before BPE, a
+	 * piece's initial symbols are its characters (one without a vocab entry
+	 * becomes its UTF-8 bytes as <0xXX> tokens), and decoding turns U+2581
+	 * back into spaces and <0xXX> tokens into their bytes. */
+	int sp;                   /* decoder Replace + ByteFallback + Fuse, or Metaspace */
+	int sp_space;             /* normalizer Replace " " -> U+2581 (or Metaspace) */
+	int sp_split;             /* Metaspace split: a piece starts at each U+2581 */
+	int byte_fallback;        /* model.byte_fallback */
+	int fuse_unk;             /* model.fuse_unk: a run of unknowns is one unk */
+	int32_t fb_id[256];       /* <0xXX> ids (byte_fallback), -1 none */
 	/* normalizer / pre-tokenizer */
 	int nfc;
 	struct split splits[KV_TOK_MAX_SPLITS];

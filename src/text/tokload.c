@@ -33,6 +33,14 @@
  *                 the GPT-2 split pattern.
  *   "decoder": {"type": "ByteLevel"}
  *
+ * SentencePiece-style BPE (Gemma's tokenizer.json): "normalizer" Replace
+ * {"String": " "} -> "\u2581" (or a Metaspace pre-tokenizer with
+ * prepend_scheme "never"), "pre_tokenizer" null, that Metaspace, or
+ * Split {"String": " "} MergedWithPrevious (a no-op once spaces are gone),
+ * "model" with byte_fallback (every byte as a <0xXX> token) and fuse_unk,
+ * "decoder" a Sequence of Replace "\u2581" -> " ", ByteFallback and Fuse
+ * (or Metaspace). BPE then starts from characters instead of bytes.
+ *
  * Loading: model.vocab and model.merges (nearly all of an 11 MB file) are
  * streamed by a small strict JSON reader into flat arrays; every other
  * value goes through jansson (tokjson.c).
@@ -200,6 +208,68 @@ static const char *type_of(const json_t *o)
 	return json_is_string(ty) ? json_string_value(ty) : NULL;
 }
 
+/* "▁" (U+2581), SentencePiece's space. */
+static const char SP_SPACE[] = "\xe2\x96\x81";
+
+/* A Replace (normalizer or decoder) of exactly `from` by `to`. */
+static int is_replace(const json_t *o, const char *from, const char *to)
+{
+	const char *ty = type_of(o);
+	json_t *pat = json_object_get(o, "pattern"), *s = json_object_get(pat, "String"), *c = json_object_get(o, "content");
+	return ty && !strcmp(ty, "Replace") && json_is_string(s) && !strcmp(json_string_value(s), from) &&
+	       json_is_string(c) && !strcmp(json_string_value(c), to);
+}
+
+/* A Metaspace (pre-tokenizer or decoder) with SentencePiece's space and
+ * no prefix; *split its "split" flag. Other variants are refused. */
+static int metaspace(const json_t *o, int *split, const char *what)
+{
+	json_t *r = json_object_get(o, "replacement"), *ps = json_object_get(o, "prepend_scheme");
+	int rc;
+	if (!json_is_string(r) || strcmp(json_string_value(r), SP_SPACE))
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: Metaspace replacement other than U+2581 is not supported", what);
+	if (ps && !(json_is_string(ps) && !strcmp(json_string_value(ps), "never")))
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: Metaspace prepend_scheme other than \"never\" is not supported",
+			       what);
+	if (json_object_get(o, "add_prefix_space") && json_is_true(json_object_get(o, "add_prefix_space")))
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: Metaspace add_prefix_space true is not supported", what);
+	if ((rc = opt_bool(o, "split", 1, split, what, "Metaspace")))
+		return rc;
+	return KV_OK;
+}
+
+/* The decoder: ByteLevel (byte-level BPE) or SentencePiece's (t->sp). */
+static int load_decoder(struct kv_tok *t, const json_t *dec, const char *what)
+{
+	const char *ty = json_is_object(dec) ? type_of(dec) : NULL;
+	int split;
+	if (ty && !strcmp(ty, "ByteLevel"))
+		return KV_OK;
+	if (ty && !strcmp(ty, "Metaspace")) {
+		t->sp = 1;
+		return metaspace(dec, &split, what);
+	}
+	if (ty && !strcmp(ty, "Sequence")) {
+		json_t *arr = json_object_get(dec, "decoders"), *v;
+		size_t i;
+		int rep = 0;
+		json_array_foreach(arr, i, v) {
+			const char *vt = type_of(v);
+			if (is_replace(v, SP_SPACE, " "))
+				rep = 1;
+			else if (!vt || (strcmp(vt, "ByteFallback") && strcmp(vt, "Fuse")))
+				return kv_fail(KV_ERR_UNSUPPORTED, "%s: decoder %s in a Sequence is not supported (Replace "
+					       "U+2581 -> space, ByteFallback, Fuse)", what, vt ? vt : "(none)");
+		}
+		if (rep) {
+			t->sp = 1;
+			return KV_OK;
+		}
+	}
+	return kv_fail(KV_ERR_UNSUPPORTED, "%s: decoder \"%s\" is not supported (ByteLevel, or SentencePiece's "
+		       "Replace + ByteFallback + Fuse / Metaspace)", what, ty ? ty : "(none)");
+}
+
 static int add_split(struct kv_tok *t, const char *pattern, size_t plen, int literal, const char *what)
 {
 	int errcode;
@@ -247,6 +317,10 @@ static int load_pretok(struct kv_tok *t, const json_t *pt, int *seen_bl, const c
 		}
 		return KV_OK;
 	}
+	if (!strcmp(ty, "Metaspace") && t->sp) {
+		t->sp_space = 1;
+		return metaspace(pt, &t->sp_split, what);
+	}
 	if (!strcmp(ty, "Split")) {
 		json_t *pat = json_object_get(pt, "pattern"), *beh = json_object_get(pt, "behavior"), *s;
 		int invert, rc;
@@ -256,6 +330,12 @@ static int load_pretok(struct kv_tok *t, const json_t *pt, int *seen_bl, const c
 			return kv_fail(KV_ERR_UNSUPPORTED, "%s: Split with invert true is not supported", what);
 		if (!json_is_string(beh))
 			return kv_fail(KV_ERR_INVALID, "%s: Split needs a \"behavior\" string", what);
+		/* Gemma: split at " " after the normalizer turned every space
+		 * into U+2581, so it never splits */
+		s = json_object_get(pat, "String");
+		if (t->sp_space && !strcmp(json_string_value(beh), "MergedWithPrevious") && json_is_string(s) &&
+		    !strcmp(json_string_value(s), " "))
+			return KV_OK;
 		if (strcmp(json_string_value(beh), "Isolated"))
 			return kv_fail(KV_ERR_UNSUPPORTED, "%s: Split behavior \"%s\" is not supported (only Isolated)",
 				       what, json_string_value(beh));
@@ -302,6 +382,10 @@ static int load_normalizer(struct kv_tok *t, const json_t *n, const char *what)
 		t->nfc = 1;
 		return KV_OK;
 	}
+	if (is_replace(n, " ", SP_SPACE) && t->sp) {
+		t->sp_space = 1;
+		return KV_OK;
+	}
 	if (!strcmp(ty, "Sequence")) {
 		json_t *arr = json_object_get(n, "normalizers"), *v;
 		size_t i;
@@ -316,6 +400,25 @@ static int load_normalizer(struct kv_tok *t, const json_t *n, const char *what)
 		return KV_OK;
 	}
 	return kv_fail(KV_ERR_UNSUPPORTED, "%s: normalizer \"%s\" is not supported (only NFC)", what, ty);
+}
+
+/* Decoded bytes of a SentencePiece token: <0xXX> is the byte XX (with
+ * byte_fallback), U+2581 is a space, the rest as it is. */
+static void decode_sp(const struct kv_tok *t, const char *s, size_t n, struct kv_buf *out)
+{
+	unsigned b;
+	if (t->byte_fallback && n == 6 && !memcmp(s, "<0x", 3) && s[5] == '>' && sscanf(s + 3, "%2X", &b) == 1) {
+		kv_buf_addc(out, (char)b);
+		return;
+	}
+	for (size_t i = 0; i < n;) {
+		if (i + 3 <= n && !memcmp(s + i, SP_SPACE, 3)) {
+			kv_buf_addc(out, ' ');
+			i += 3;
+		} else {
+			kv_buf_addc(out, s[i++]);
+		}
+	}
 }
 
 /* Decoded bytes of a token string: through the byte-level table, or its
@@ -363,10 +466,14 @@ static int check_model(struct kv_tok *t, const struct tj *tj, const json_t *mode
 	    (rc = opt_bool(model, "byte_fallback", 0, &byte_fallback, what, "model")) ||
 	    (rc = opt_bool(model, "ignore_merges", 0, &t->ignore_merges, what, "model")))
 		return rc;
-	if (byte_fallback)
-		return kv_fail(KV_ERR_UNSUPPORTED, "%s: model.byte_fallback true is not supported", what);
+	t->byte_fallback = byte_fallback;
+	t->fuse_unk = *fuse_unk;
+	if (byte_fallback && !t->sp)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: model.byte_fallback true needs a SentencePiece-style decoder "
+			       "(Replace + ByteFallback, or Metaspace)", what);
 	return KV_OK;
 }
+
 
 /* The per-id arrays, sized by the largest id of model.vocab and
  * added_tokens (ids index arrays, so they must be dense). */
@@ -556,7 +663,10 @@ static int build_pieces(struct kv_tok *t, const struct tj *tj, size_t total, con
 		if (!t->flags[id])
 			continue;
 		t->dec_off[id] = (uint32_t)dec.len;
-		decode_piece(t->pieces + t->piece_off[id], t->piece_len[id], &dec);
+		if (t->sp)
+			decode_sp(t, t->pieces + t->piece_off[id], t->piece_len[id], &dec);
+		else
+			decode_piece(t->pieces + t->piece_off[id], t->piece_len[id], &dec);
 		t->dec_len[id] = (uint32_t)(dec.len - t->dec_off[id]);
 	}
 	if (dec.oom || dec.len > UINT32_MAX) {
@@ -591,9 +701,17 @@ static int load_bytes(struct kv_tok *t, const json_t *model, int fuse_unk, const
 			return kv_fail(KV_ERR_INVALID, "%s: model.unk_token \"%.40s\" is not in the vocab", what,
 				       json_string_value(v));
 		t->unk_id = (int32_t)id;
-		if (fuse_unk)
+		if (fuse_unk && !t->sp)
 			return kv_fail(KV_ERR_UNSUPPORTED, "%s: model.fuse_unk true is not supported", what);
 	}
+	for (int b = 0; b < 256; b++) {
+		char nm[8];
+		uint64_t id;
+		snprintf(nm, sizeof nm, "<0x%02X>", b);
+		t->fb_id[b] = t->byte_fallback && kv_map_get(t->vocab, nm, 6, &id) ? (int32_t)id : -1;
+	}
+	if (t->sp) /* SentencePiece starts from characters: the byte-level table is not used */
+		return KV_OK;
 	for (int b = 0; b < 256; b++)
 		if (t->byte_id[b] < 0 && t->unk_id < 0) {
 			KV_WARN("tok.missing_bytes", "what=%s first_missing_byte=%d note=\"such bytes are dropped, as "
@@ -758,6 +876,19 @@ int kv_tok_load_mem(const char *json, size_t len, const char *what, struct kv_to
 	if ((rc = kv_tokjson_read(&tj, json ? json : "", len, what)))
 		goto fail;
 	root = tj.root;
+	/* the decoder says which BPE this is (checked in full below, after the
+	 * model, so a file's first problem is the one reported) */
+	{
+		const json_t *d = json_object_get(root, "decoder");
+		const char *dt = json_is_object(d) ? type_of(d) : NULL;
+		json_t *dv;
+		size_t di;
+		if (dt && !strcmp(dt, "Metaspace"))
+			t->sp = 1;
+		json_array_foreach(json_object_get(d, "decoders"), di, dv)
+			if (is_replace(dv, SP_SPACE, " "))
+				t->sp = 1;
+	}
 	if ((rc = load_model(t, &tj, what)))
 		goto fail;
 	if ((rc = load_normalizer(t, json_object_get(root, "normalizer"), what)))
@@ -767,18 +898,17 @@ int kv_tok_load_mem(const char *json, size_t len, const char *what, struct kv_to
 		if (pt && !json_is_null(pt) && (rc = load_pretok(t, pt, &seen_bl, what)))
 			goto fail;
 	}
-	if (!seen_bl) {
-		rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: pre_tokenizer has no ByteLevel (only byte-level BPE is supported)",
-			     what);
+	if (t->sp ? !t->sp_space || seen_bl || t->n_splits : !seen_bl) {
+		rc = kv_fail(KV_ERR_UNSUPPORTED, t->sp ? "%s: a SentencePiece-style decoder needs the U+2581 normalizer "
+			     "(Replace or Metaspace) and no byte-level or regex pre-tokenizer"
+			     : "%s: pre_tokenizer has no ByteLevel (byte-level BPE, or SentencePiece-style BPE)", what);
 		goto fail;
 	}
 	dec = json_object_get(root, "decoder");
-	ty = json_is_object(dec) ? type_of(dec) : NULL;
-	if (!ty || strcmp(ty, "ByteLevel")) {
-		rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: decoder \"%s\" is not supported (only ByteLevel)", what,
-			     ty ? ty : "(none)");
+	ty = NULL;
+	if ((rc = load_decoder(t, dec, what)))
 		goto fail;
-	}
+	(void)ty;
 	if ((rc = build_tries(t, what)))
 		goto fail;
 	kv_tokjson_free(&tj);

@@ -831,4 +831,3 @@ int kv_tc_parse(const char *text, size_t len, const struct kv_tc_params *prm, co
 	*tool_calls = c.calls;
 	return KV_OK;
 }
-

@@ -6,7 +6,8 @@
 # 3.22.1 and @node-llama-cpp/linux-x64 3.22.1) and git. llama.cpp's headers
 # are checked out of the release's source bundle (llama/gitRelease.bundle in
 # the node-llama-cpp package) into BUILD/peer/include, and its Python GGUF
-# reader into BUILD/peer/gguf-py: they are never copied into this repository. The driver links the package's prebuilt libraries
+# reader into BUILD/peer/gguf-py, and GPT-OSS's chat template into
+# BUILD/peer/templates: they are never copied into this repository. The driver links the package's prebuilt libraries
 # with an rpath to their folder, where the CPU backend variants lie too.
 #
 # Exit status 3 (and a "skip" reason on stdout) when the npm package is not
@@ -40,6 +41,18 @@ if [ ! -f "$INC/.stamp" ] || [ "$BUNDLE" -nt "$INC/.stamp" ]; then
 	git -C "$OUT/bundle.git" archive FETCH_HEAD gguf-py | tar -x -C "$OUT"
 	rm -rf "$OUT/bundle.git"
 	touch "$INC/.stamp"
+fi
+# the chat templates llama.cpp keeps for models whose tokenizer packages
+# carry none (GPT-OSS's harmony template): for tests/ref/template_window.sh
+if [ ! -f "$OUT/templates/.stamp" ] || [ "$BUNDLE" -nt "$OUT/templates/.stamp" ]; then
+	rm -rf "$OUT/templates" "$OUT/tbundle.git"
+	git init -q --bare "$OUT/tbundle.git"
+	git -C "$OUT/tbundle.git" fetch -q "$BUNDLE" HEAD
+	mkdir -p "$OUT/templates"
+	git -C "$OUT/tbundle.git" archive FETCH_HEAD models/templates/openai-gpt-oss-120b.jinja |
+		tar -x -C "$OUT/templates" --strip-components=2
+	rm -rf "$OUT/tbundle.git"
+	touch "$OUT/templates/.stamp"
 fi
 
 SRC=$ROOT/tests/peer/kvpeer.c

@@ -181,6 +181,42 @@ f16_pair() { # preset check_state
 }
 [ -d "$T/tiny-dense" ] && f16_pair tiny-dense 0
 [ -d "$T/tiny-hybrid" ] && f16_pair tiny-hybrid 1
+# The sliding-window families against tests/ref/reference_window.py (its own
+# PyTorch code: explicit window masks, sinks, MXFP4 dequantized on its own):
+# 64 positions, windows of 16 keys, so most queries attend a window.
+win_pair() { # name dir kvflag tol
+	local name=$1 dir=$2 kvflag=$3 tol=$4 vocab TOK
+	vocab=$("$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); print(j.get('text_config', j)['vocab_size'])" "$dir/config.json")
+	TOK=$("$PY" -c "import random; r=random.Random(11); print(','.join(str(r.randrange($vocab)) for _ in range(64)))")
+	if ! KVKEEP_LOG=warn "$BIN" generate --model "$dir" --tokens "$TOK" --max-tokens 0 $kvflag --quiet \
+		--all-logits-out "$T/$name.c.bin" >"$T/$name.gen.log" 2>&1; then
+		fail "${name}_logits" "engine: $(tail -1 "$T/$name.gen.log")"
+		return
+	fi
+	if ! "$PY" "$ROOT/tests/ref/reference_window.py" --model "$dir" --tokens "$TOK" --logits-out "$T/$name.r.bin" \
+		>"$T/$name.ref.log" 2>&1; then
+		fail "${name}_reference" "$(tail -1 "$T/$name.ref.log")"
+		return
+	fi
+	if out=$("$PY" "$REF" --compare "$T/$name.c.bin" "$T/$name.r.bin" --vocab "$vocab" --tol "$tol"); then
+		ok "${name}_logits_64_positions"
+	else
+		fail "${name}_logits_64_positions" "$out"
+	fi
+	echo "  $name: $out" >&2
+}
+for p in tiny-llama3 tiny-gemma3 tiny-gpt-oss; do
+	mk $p f32 "$T/$p" && win_pair $p "$T/$p" --kv-f32 1e-4
+	mk $p bf16 "$T/$p-bf16" && win_pair $p-bf16 "$T/$p-bf16" "" 2e-2
+done
+# gemma3 with what its larger releases add: linear RoPE scaling on the global
+# layers only, the sliding ones keeping rope_local_base_freq; and a final
+# logit softcap (Gemma 2's, still read)
+if [ -d "$T/tiny-gemma3" ]; then
+	rope_variant "$T/tiny-gemma3" "$T/gemma3-scaled" rope_scaling '{"rope_type": "linear", "factor": 8.0}' &&
+		"$PY" -c "import json,sys; p=sys.argv[1]+'/config.json'; j=json.load(open(p)); j['final_logit_softcapping']=3.0; json.dump(j, open(p, 'w'))" "$T/gemma3-scaled" &&
+		win_pair gemma3-scaled-softcap "$T/gemma3-scaled" --kv-f32 1e-4
+fi
 # The MTP head (mkmodel --mtp: the mtp.* tensors; dense MLP, stacked and
 # per-expert MoE): `kvkeep generate --mtp-logits-out` against the
 # reference's mtp() on the first 64 positions (row t: hidden state t and

@@ -93,7 +93,17 @@ PROBE = "\u0001kvkeep-probe\u0001"
 TURN = "<|im_start|>"
 
 
-def keep_render(tmpl, ctx):
+def turn_marker(src):
+    """The token that opens a turn in a template (kvkeep's C code finds any
+    clean cut; the oracle looks for this one): ChatML's, harmony's (GPT-OSS),
+    Llama 3's or Gemma's."""
+    for m in ("<|im_start|>", "<|start|>", "<|start_header_id|>", "<start_of_turn>"):
+        if m in src:
+            return m
+    return "<|im_start|>"
+
+
+def keep_render(tmpl, ctx, turn=TURN, harmony=False):
     """kvkeep's --reasoning-history keep, written again from its definition
     (src/text/template.h "Reasoning history"): each user turn j (messages
     q_j up to q_{j+1}) is the text of render(messages[:q_{j+1}]) from where
@@ -115,7 +125,7 @@ def keep_render(tmpl, ctx):
         n = 0
         while n < min(len(probe), len(full)) and probe[n] == full[n]:
             n += 1
-        p = full.rfind(TURN, 0, n + 1)
+        p = full.rfind(turn, 0, n + 1)
         if p <= 0 or not probe.startswith(full[:p]):
             raise ValueError("no turn start for message %d" % k)
         return p
@@ -126,13 +136,15 @@ def keep_render(tmpl, ctx):
         r = tmpl.render(**dict(ctx, add_generation_prompt=False, messages=msgs[:q[i + 1]]))
         if not r.startswith(full[:d[i]]):
             return full  # the rule fails: the template's own text
+        if harmony and r.endswith("<|return|>"):
+            r = r[:-len("<|return|>")] + "<|end|>"  # harmony: a history goes on after it
         out += r[d[i]:]
     return out + full[d[-1]:]
 
 
 def chat_render(src, ctx, keep):
     tmpl = ENV.from_string(src)
-    return keep_render(tmpl, ctx) if keep else tmpl.render(**ctx)
+    return keep_render(tmpl, ctx, turn_marker(src), is_harmony(src)) if keep else tmpl.render(**ctx)
 
 
 def prepare_messages(messages):
@@ -163,7 +175,46 @@ def token_str(v):
     return v
 
 
-def chat_context(config, request, add_generation_prompt):
+def is_harmony(src):
+    return "<|channel|>" in src and "<|message|>" in src and "<|start|>" in src
+
+
+def harmony_messages(messages):
+    """kvkeep's harmony preparation (chat.c harmony_messages): an assistant
+    message's reasoning_content becomes "thinking" (not beside content in
+    a tool-call message), and tool-call arguments given as JSON text of an
+    object become the object."""
+    out = []
+    for m in messages:
+        if m.get("role") != "assistant":
+            out.append(m)
+            continue
+        m = dict(m)
+        calls = m.get("tool_calls") or []
+        rc = m.get("reasoning_content")
+        if isinstance(rc, str) and rc and "thinking" not in m and not (calls and m.get("content")):
+            m["thinking"] = rc
+        if calls:
+            new = []
+            for c in calls:
+                c = dict(c)
+                fn = dict(c["function"])
+                a = fn.get("arguments")
+                if isinstance(a, str):
+                    try:
+                        o = json.loads(a)
+                    except ValueError:
+                        o = None
+                    if isinstance(o, dict):
+                        fn["arguments"] = o
+                c["function"] = fn
+                new.append(c)
+            m["tool_calls"] = new
+        out.append(m)
+    return out
+
+
+def chat_context(config, request, add_generation_prompt, src=None):
     ctx = {}
     for k in SPECIAL_KEYS:
         v = token_str(config.get(k))
@@ -175,6 +226,8 @@ def chat_context(config, request, add_generation_prompt):
     kwargs = request.get("chat_template_kwargs") or {}
     ctx.update(kwargs)
     ctx["messages"] = prepare_messages(request["messages"])
+    if src is not None and is_harmony(src):
+        ctx["messages"] = harmony_messages(ctx["messages"])
     ctx["tools"] = request.get("tools") or None
     ctx["documents"] = None
     ctx["add_generation_prompt"] = add_generation_prompt
@@ -230,12 +283,17 @@ def boundary_texts(name, config, request, ours, src, keep=False):
     if src is None:
         src = pick_template(config, bool(request.get("tools")))
     tmpl = ENV.from_string(src)
-    ctx = chat_context(config, request, True)
+    ctx = chat_context(config, request, True, src)
     msgs = ctx["messages"]
 
     class Keep:
         def render(self, **c):
-            return keep_render(tmpl, c)
+            t = keep_render(tmpl, c, turn_marker(src), is_harmony(src))
+            # a prefix that ends with an answer, as the history that goes on
+            # carries it (harmony's "<|return|>" becomes "<|end|>")
+            if is_harmony(src) and not c["add_generation_prompt"] and t.endswith("<|return|>"):
+                t = t[:-len("<|return|>")] + "<|end|>"
+            return t
     if keep:
         tmpl_keep = Keep()
         full = tmpl_keep.render(**ctx)
@@ -327,7 +385,7 @@ def main(argv):
             gen = False
         if src is None:
             src = pick_template(config, bool(request.get("tools")))
-        ctx = chat_context(config, request, gen)
+        ctx = chat_context(config, request, gen, src)
         if prefix is not None:
             ctx["messages"] = ctx["messages"][:prefix]
         if probe:
@@ -351,7 +409,7 @@ def main(argv):
                 config = json.load(open(config, encoding="utf-8"))
                 request = json.load(open(request, encoding="utf-8"))
                 src = open(tmpl, encoding="utf-8").read() if tmpl != "-" else pick_template(config, bool(request.get("tools")))
-                text = chat_render(src, chat_context(config, request, gen == "1"), keep)
+                text = chat_render(src, chat_context(config, request, gen == "1", src), keep)
                 with open(out, "w", encoding="utf-8", newline="") as f:
                     f.write(text)
             except Exception as e:

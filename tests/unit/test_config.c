@@ -376,7 +376,8 @@ KT_CASE(qwen3_next)
 KT_CASE(rejections)
 {
 	const int I = KV_ERR_INVALID, U = KV_ERR_UNSUPPORTED;
-	KT_CHECK(rejects("{\"model_type\": \"llama\"}", U, "'llama'", "qwen3_5"));
+	KT_CHECK(rejects("{\"model_type\": \"phi3\"}", U, "'phi3'", "gpt_oss"));
+	KT_CHECK(rejects("{\"model_type\": \"gemma4_text\"}", U, "Gemma 4", NULL));
 	KT_CHECK(rejects("{\"model_type\": \"qwen3_moe\"}", U, "mixture-of-experts", NULL));
 	KT_CHECK(rejects("{\"hidden_size\": 8}", I, "model_type", NULL));
 	KT_CHECK(rejects("{\"model_type\": 3}", I, "model_type", NULL));

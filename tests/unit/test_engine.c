@@ -48,8 +48,9 @@ static const char *models(void)
 	}
 	atexit(cleanup);
 	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe", "tiny-next",
+				 "tiny-gemma3", "tiny-gpt-oss", "tiny-llama3",
 				 "tiny-granite-h", "tiny-nemotron-h", "tiny-granite-h-q8kv"};
-	for (int i = 0; i < 7; i++)
+	for (int i = 0; i < 10; i++)
 		if (kt_sh("'%s' mkmodel --preset %s --out '%s/%s' --no-sync >/dev/null 2>&1", kt_bin(), presets[i], g_dir,
 			  presets[i]) ||
 		    kt_sh("'%s' mkmodel --preset %s --dtype f32 --out '%s/%s-f32' --no-sync >/dev/null 2>&1", kt_bin(),
@@ -342,6 +343,58 @@ KT_CASE(batch_invariance_next_moe_50_splits)
 	batch_invariance("tiny-next");
 }
 
+/* Sliding windows (16 keys in the tiny presets, 100 tokens: most queries
+ * attend a window that starts inside a page), sinks and GPT-OSS's MoE:
+ * whole == token by token == 50 random splits, KV, windows and all. */
+KT_CASE(batch_invariance_window_50_splits)
+{
+	batch_invariance("tiny-gemma3");
+	batch_invariance("tiny-gpt-oss");
+	batch_invariance("tiny-gpt-oss-f32");
+	batch_invariance("tiny-llama3");
+}
+
+/*
+ * Windows past the 512-key attention split: a decode step whose window
+ * straddles a chunk boundary merges two chunks (attn_split, the row's
+ * first chunk taken as it is), one whose window lies in one chunk merges
+ * none. Token-by-token decode from 480 to 560 equals the whole prefill,
+ * on every page size the pages may cut the window at (7, 16, 48).
+ */
+KT_CASE(window_across_the_attention_split)
+{
+	int B[] = {7, 16, 48};
+	for (int k = 0; k < 3; k++) {
+		struct ke_model *m = load("tiny-gpt-oss", 0, B[k]);
+		KT_REQUIRE(m);
+		int N = 560, P = 480, V = ke_model_config(m)->vocab;
+		int32_t *tok = rand_tokens(N, V);
+		float *ref = cold_logits(m, tok, N), *got = malloc((size_t)V * 4);
+		struct ke_seq *s = seq_new(m, 64);
+		KT_OK(ke_seq_prefill(s, tok, P, NULL, NULL));
+		int bad = 0;
+		for (int i = P; i < N; i++) {
+			KT_OK(ke_seq_decode(s, tok[i], got));
+			bad += memcmp(got, ref + (size_t)i * V, (size_t)V * 4) != 0;
+		}
+		KT_CHECKF(bad == 0, "page %d: %d decode steps differ from the whole prefill", B[k], bad);
+		/* only the window's pages are kept */
+		int live = ke_seq_window_pages(s);
+		KT_CHECKF(live <= (16 + 64) / B[k] + 2, "page %d: %d window pages live at %d", B[k], live, N);
+		/* and the admission's bound (ke_model_window_seq_bytes) holds them */
+		const struct ke_layout *L = ke_model_layout(m);
+		size_t wpage = (size_t)B[k] * (size_t)L->n_win_layers * 2 * (size_t)ke_model_config(m)->n_kv_heads *
+			       L->row_bytes;
+		KT_CHECKF((size_t)live * wpage <= ke_model_window_seq_bytes(m, 64) && ke_model_window_seq_bytes(m, 64) > 0,
+			  "page %d: %d live window pages above the bound %zu", B[k], live, ke_model_window_seq_bytes(m, 64));
+		ke_seq_destroy(s);
+		free(tok);
+		free(ref);
+		free(got);
+		ke_model_destroy(m);
+	}
+}
+
 /* The Mamba-2 hybrids: conv and SSM state through 50 random splits, the
  * same bits as token by token (engine/mamba.h). */
 KT_CASE(batch_invariance_mamba_50_splits)
@@ -465,6 +518,12 @@ KT_CASE(batched_equals_alone_hybrid)
 	batched_equals_alone("tiny-hybrid");
 }
 
+KT_CASE(batched_equals_alone_window)
+{
+	batched_equals_alone("tiny-gemma3");
+	batched_equals_alone("tiny-gpt-oss");
+}
+
 KT_CASE(batched_equals_alone_q8_kv)
 {
 	batched_equals_alone_kv("tiny-dense", KE_KV_Q8_0);
@@ -581,6 +640,12 @@ KT_CASE(cpu_paths_give_identical_logits_moe)
 {
 	const char *names[] = {"tiny-moe", "tiny-next"};
 	cpu_paths(names, 2);
+}
+
+KT_CASE(cpu_paths_give_identical_logits_window)
+{
+	const char *names[] = {"tiny-gemma3", "tiny-gpt-oss", "tiny-llama3"};
+	cpu_paths(names, 3);
 }
 
 /* Routing: softmax, top-k with ties to the lower expert id, the selected
@@ -778,6 +843,15 @@ static void resume_case(const char *name)
 KT_CASE(resume_from_snapshot_pages_tail_dense)
 {
 	resume_case("tiny-dense");
+}
+
+/* window models: stops at 16 (the window itself), 37, 64 and 90 (past it):
+ * the snapshot holds the W - 1 rows before each, the pages the global
+ * layers only */
+KT_CASE(resume_from_snapshot_pages_tail_window)
+{
+	resume_case("tiny-gemma3");
+	resume_case("tiny-gpt-oss");
 }
 
 KT_CASE(resume_from_snapshot_pages_tail_hybrid)
@@ -1154,6 +1228,41 @@ KT_CASE(bad_model_folders_fail_at_load_naming_the_tensor)
 	KT_EQ_INT(kt_sh("rm -rf '%s'", dst), 0);
 }
 
+/* Sliding-window families (issue 32): a missing or misshapen sinks
+ * vector, MXFP4 expert blocks or scales of the wrong shape, and a window
+ * pattern that does not fit the layers: the error names what is wrong. */
+KT_CASE(bad_window_folders_name_the_problem)
+{
+	const char *d = models();
+	KT_REQUIRE(d);
+	char src[1024], dst[1024];
+	snprintf(src, sizeof src, "%s/tiny-gpt-oss", d);
+	snprintf(dst, sizeof dst, "%s/badwin", d);
+	const char *t[] = {"model.layers.1.self_attn.sinks", "model.layers.1.mlp.experts.gate_up_proj_blocks",
+			   "model.layers.0.mlp.experts.down_proj_scales", "model.layers.2.mlp.experts.gate_up_proj_bias"};
+	for (int i = 0; i < 4; i++) {
+		KT_OK(edit_model(src, dst, t[i], EDIT_DROP));
+		expect_load_fails(dst, t[i]);
+		KT_OK(edit_model(src, dst, t[i], EDIT_SHAPE));
+		expect_load_fails(dst, t[i]);
+	}
+	/* MXFP4 blocks must be bytes */
+	KT_OK(edit_model(src, dst, t[1], EDIT_I32));
+	expect_load_fails(dst, t[1]);
+	/* layer_types one short of num_hidden_layers; an unknown layer type */
+	KT_EQ_INT(kt_sh("rm -rf '%s' && cp -r '%s' '%s' && sed -i '0,/\"sliding_attention\",/{/\"sliding_attention\",/d}' "
+			"'%s/config.json'", dst, src, dst, dst), 0);
+	expect_load_fails(dst, "layer_types has 3 entries");
+	KT_EQ_INT(kt_sh("rm -rf '%s' && cp -r '%s' '%s' && sed -i '0,/\"sliding_attention\"/s//\"chunked_attention\"/' "
+			"'%s/config.json'", dst, src, dst, dst), 0);
+	expect_load_fails(dst, "layer_types[0] 'chunked_attention'");
+	snprintf(src, sizeof src, "%s/tiny-gemma3", d);
+	const char *g = "model.layers.2.post_feedforward_layernorm.weight";
+	KT_OK(edit_model(src, dst, g, EDIT_DROP));
+	expect_load_fails(dst, g);
+	KT_EQ_INT(kt_sh("rm -rf '%s'", dst), 0);
+}
+
 /* Expert weights count as resident: the budget and admission read
  * KV_MEM_WEIGHTS, which holds every mapped byte (all experts, routed to or
  * not) and the expert views. */
@@ -1287,15 +1396,31 @@ KT_CASE(generate_cli_writes_the_logits)
 	ke_model_destroy(m);
 }
 
+/* q8_0 KV on the sliding-window presets (head_dim 32): the window pages
+ * and the window rows of a snapshot are q8_0 rows too; splits, batching
+ * and resuming from a snapshot give the same bytes. */
+KT_CASE(window_q8_kv)
+{
+	batch_invariance_kv("tiny-gemma3", KE_KV_Q8_0);
+	batch_invariance_kv("tiny-gpt-oss", KE_KV_Q8_0);
+	batched_equals_alone_kv("tiny-gemma3", KE_KV_Q8_0);
+	batched_equals_alone_kv("tiny-gpt-oss", KE_KV_Q8_0);
+	resume_case_kv("tiny-gemma3", KE_KV_Q8_0);
+	resume_case_kv("tiny-gpt-oss", KE_KV_Q8_0);
+}
+
 KT_MAIN(layout_of_tiny_models, batch_invariance_dense_50_splits, batch_invariance_hybrid_50_splits,
 	batched_equals_alone_dense, batched_equals_alone_hybrid, batched_chunks_equal_alone_hybrid,
 	cpu_paths_give_identical_logits, batch_invariance_moe_50_splits, batch_invariance_next_moe_50_splits,
 	cpu_paths_give_identical_logits_moe, moe_routing_ties_and_order, moe_reads_only_selected_experts,
-	bad_moe_folders_name_the_expert_tensor, moe_weights_are_counted_as_resident, moe_threads_give_identical_logits,
+	bad_moe_folders_name_the_expert_tensor, bad_window_folders_name_the_problem,
+	moe_weights_are_counted_as_resident, moe_threads_give_identical_logits,
 	resume_from_snapshot_pages_tail_dense, resume_from_snapshot_pages_tail_hybrid,
 	fork_shares_full_pages_and_copies_on_write, stop_points_callback_and_cancel, rewind_and_truncate,
 	bad_inputs_and_page_limit, scratch_is_sized_once, bad_model_folders_fail_at_load_naming_the_tensor,
-	generate_cli_writes_the_logits, batch_invariance_mamba_50_splits, batched_equals_alone_mamba,
-	cpu_paths_give_identical_logits_mamba, resume_from_snapshot_pages_tail_mamba,
-	layout_of_q8_kv, batch_invariance_q8_kv_50_splits, batched_equals_alone_q8_kv,
-	cpu_paths_give_identical_logits_q8_kv, resume_from_snapshot_pages_tail_q8_kv, q8_kv_top1_agrees_with_bf16_at_8k)
+	generate_cli_writes_the_logits, batch_invariance_window_50_splits, window_across_the_attention_split,
+	batched_equals_alone_window, cpu_paths_give_identical_logits_window, resume_from_snapshot_pages_tail_window,
+	batch_invariance_mamba_50_splits, batched_equals_alone_mamba, cpu_paths_give_identical_logits_mamba,
+	resume_from_snapshot_pages_tail_mamba, layout_of_q8_kv, batch_invariance_q8_kv_50_splits,
+	batched_equals_alone_q8_kv, cpu_paths_give_identical_logits_q8_kv, resume_from_snapshot_pages_tail_q8_kv,
+	q8_kv_top1_agrees_with_bf16_at_8k, window_q8_kv)

@@ -660,5 +660,59 @@ KT_CASE(convert_command_mlx_bits)
 	KT_CHECK(kt_sh("%s convert --model %s --out %s/bad --mlx-bits 5 --no-sync >/dev/null 2>&1", kt_bin(), src, kt_tmpdir()) != 0);
 }
 
-KT_MAIN(convert_command_mlx_bits, moe_switch_stacks, packing_round_trip, kernels_bit_identical, quant_config, load_errors, model_chunk_invariance,
+/* The sliding-window families (issue 32): tiny-llama3 and tiny-gemma3 as
+ * MLX 4- and 8-bit folders load, are chunk invariant and stay near the
+ * float model (8-bit nearer than 4-bit); GPT-OSS is refused with a reason
+ * (mlx-lm writes its experts in MLX's own mxfp4 mode). */
+KT_CASE(window_families)
+{
+	const char *presets[] = {"tiny-llama3", "tiny-gemma3"};
+	for (int p = 0; p < 2; p++) {
+		double err[2] = {0, 0};
+		for (int q = 0; q < 2; q++) {
+			char dir[1200], hf[1200], name[64];
+			struct ke_model *m = NULL, *f = NULL;
+			snprintf(name, sizeof name, "w%d-%d", p, q);
+			KT_OK(convert(presets[p], name, q ? 8 : 4, 64, dir, sizeof dir));
+			snprintf(hf, sizeof hf, "%s/%s-hf", kt_tmpdir(), presets[p]);
+			KT_OK(ke_model_load(dir, NULL, &m));
+			KT_OK(ke_model_load(hf, NULL, &f));
+			if (!m || !f) {
+				ke_model_destroy(m);
+				ke_model_destroy(f);
+				return;
+			}
+			int V = ke_model_config(m)->vocab, n = 40; /* past the window of 16 */
+			int32_t tok[40];
+			for (int i = 0; i < n; i++)
+				tok[i] = 20 + (int)(kt_rand(&g_seed) % 500);
+			float *a = malloc((size_t)V * 4), *b = malloc((size_t)V * 4), *c = malloc((size_t)V * 4);
+			KT_OK(prefill(m, tok, n, n, a));
+			KT_OK(prefill(m, tok, n, 7, b));
+			KT_CHECKF(!memcmp(a, b, (size_t)V * 4), "%s %d-bit: chunk 7 differs from whole", presets[p],
+				  q ? 8 : 4);
+			KT_OK(prefill(f, tok, n, n, c));
+			double d = 0, mx = 0;
+			for (int i = 0; i < V; i++) {
+				d = fmax(d, fabs((double)a[i] - c[i]));
+				mx = fmax(mx, fabs((double)c[i]));
+			}
+			err[q] = d / mx;
+			KT_CHECKF(d > 0 && d < 0.5 * mx, "%s %d-bit vs float: max diff %g of %g", presets[p], q ? 8 : 4, d,
+				  mx);
+			free(a);
+			free(b);
+			free(c);
+			ke_model_destroy(m);
+			ke_model_destroy(f);
+		}
+		KT_CHECKF(err[1] < err[0], "%s: 8-bit (%g) not nearer the float model than 4-bit (%g)", presets[p], err[1],
+			  err[0]);
+	}
+	char dir[1200];
+	KT_CHECK(convert("tiny-gpt-oss", "oss4", 4, 64, dir, sizeof dir) == KV_ERR_UNSUPPORTED);
+	KT_CHECKF(strstr(kv_errmsg(), "gpt_oss") != NULL, "message: %s", kv_errmsg());
+}
+
+KT_MAIN(convert_command_mlx_bits, moe_switch_stacks, window_families, packing_round_trip, kernels_bit_identical, quant_config, load_errors, model_chunk_invariance,
 	mixed_overrides, namespace_has_format)

@@ -11,6 +11,7 @@
 #include "server/openai.h"
 #include "server/wire.h"
 #include "text/output.h"
+#include "text/toolcall.h"
 #include "server/request.h"
 
 #include <jansson.h>
@@ -702,7 +703,121 @@ KT_CASE(request_big_numbers_in_tools)
 	    "max_tokens");
 }
 
+/* GPT-OSS harmony output through the pipeline, cut into two pieces at
+ * one point (tools on when tools != 0). */
+static int run_hm(const char *text, size_t split, const char *const *stop, size_t n_stop, int split_reasoning,
+		  int tools, struct collect *c)
+{
+	struct kv_out *o;
+	json_t *t = tools ? json_array() : NULL;
+	struct kv_out_params p = {.stop = stop, .n_stop = n_stop, .split_reasoning = split_reasoning, .harmony = 1,
+				  .tools = t, .fn = collect_fn, .ctx = c};
+	memset(c, 0, sizeof *c);
+	if (kv_out_create(&p, &o)) {
+		json_decref(t);
+		return -1;
+	}
+	int hit = kv_out_feed(o, text, split);
+	if (!hit)
+		hit = kv_out_feed(o, text + split, strlen(text) - split);
+	kv_out_finish(o);
+	if (hit >= 0)
+		hit = hit * 100 + kv_out_n_tool_calls(o);
+	kv_out_destroy(o);
+	json_decref(t);
+	return hit;
+}
+
+static void collect_free(struct collect *c)
+{
+	kv_buf_free(&c->content);
+	kv_buf_free(&c->reasoning);
+	kv_buf_free(&c->calls);
+}
+
+struct hm_case {
+	const char *text;
+	int split_reasoning, tools;
+	const char *reasoning, *content, *calls;
+	int n_calls;
+};
+
+KT_CASE(harmony_channels_every_split)
+{
+	static const struct hm_case cases[] = {
+		/* analysis, then a call in the model's header form, ended by the
+		 * stop token <|call|> (never fed): the end of the output closes it */
+		{"<|channel|>analysis<|message|>Need <|w|> a<b.<|end|><|start|>assistant<|channel|>commentary "
+		 "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+		 1, 1, "Need <|w|> a<b.", "", "0:get_weather({\"city\": \"Paris\"});", 1},
+		/* analysis then final; a literal <|call|> closes a call too */
+		{"<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>Hello "
+		 "<b>x</b><|return|>",
+		 1, 1, "think", "Hello <b>x</b>", "", 0},
+		{"<|channel|>commentary to=functions.a <|constrain|>json<|message|>{}<|call|>\n<|start|>assistant to=b"
+		 "<|channel|>commentary json<|message|> {\"k\":[1]} <|call|>",
+		 1, 1, "", "", "0:a({});1:b({\"k\":[1]});", 2},
+		/* commentary without a recipient is content; tools off: a call's body too */
+		{"<|channel|>commentary<|message|>Let me look.<|end|><|start|>assistant<|channel|>commentary "
+		 "to=functions.f<|message|>{\"q\":1}<|call|>",
+		 1, 0, "", "Let me look.{\"q\":1}", "", 0},
+		/* split_reasoning off: analysis is content */
+		{"<|channel|>analysis<|message|>A<|end|><|start|>assistant<|channel|>final<|message|>B", 0, 1, "", "AB",
+		 "", 0},
+		/* not harmony: everything is content, markers and all */
+		{"plain <|message text", 1, 1, "", "plain <|message text", "", 0},
+		{"<|channel|>final<|message|>ok<|end|> stray <|end|>", 1, 1, "", "okstray <|end|>", "", 0},
+	};
+	for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+		const struct hm_case *hc = &cases[k];
+		for (size_t s = 0; s <= strlen(hc->text); s++) {
+			struct collect c;
+			int r = run_hm(hc->text, s, NULL, 0, hc->split_reasoning, hc->tools, &c);
+			KT_CHECKF(r == hc->n_calls, "case %zu split %zu: %d calls", k, s, r);
+			KT_CHECKF(!strcmp(cs(&c.reasoning), hc->reasoning), "case %zu split %zu reasoning '%s'", k, s,
+				  cs(&c.reasoning));
+			KT_CHECKF(!strcmp(cs(&c.content), hc->content), "case %zu split %zu content '%s'", k, s,
+				  cs(&c.content));
+			KT_CHECKF(!strcmp(cs(&c.calls), hc->calls), "case %zu split %zu calls '%s'", k, s, cs(&c.calls));
+			collect_free(&c);
+		}
+	}
+}
+
+KT_CASE(harmony_long_header_and_stop)
+{
+	/* a header that never reaches <|message|> is given up after
+	 * KV_HM_MAX_HEADER bytes: the text is content, nothing lost */
+	char big[2000];
+	for (size_t i = 0; i < sizeof big - 1; i++)
+		big[i] = (char)('a' + i % 26);
+	big[sizeof big - 1] = 0;
+	struct collect c;
+	KT_EQ_INT(run_hm(big, 700, NULL, 0, 1, 1, &c), 0);
+	KT_EQ_STR(cs(&c.content), big);
+	collect_free(&c);
+	/* stop strings see the whole text, markers included */
+	const char *stop[] = {"STOP"};
+	KT_EQ_INT(run_hm("<|channel|>analysis<|message|>ab STOP cd", 5, stop, 1, 1, 1, &c), 100);
+	KT_EQ_STR(cs(&c.reasoning), "ab ");
+	collect_free(&c);
+	/* a commentary call split anywhere in its header */
+	const char *op = "<|channel|>commentary to=functions.read_file <|constrain|>json<|message|>";
+	struct kv_buf t = KV_BUF_INIT;
+	kv_buf_adds(&t, op);
+	kv_buf_adds(&t, "{\"path\":\"a.c\"}");
+	KT_EQ_INT(run_hm(t.p, strlen(op), NULL, 0, 1, 1, &c), 1);
+	KT_EQ_STR(cs(&c.calls), "0:read_file({\"path\":\"a.c\"});");
+	collect_free(&c);
+	kv_buf_reset(&t);
+	kv_buf_adds(&t, "<|channel|>commentary to=functions.ls <|constrain|>json<|message|>{}");
+	KT_EQ_INT(run_hm(t.p, 3, NULL, 0, 1, 1, &c), 1);
+	KT_EQ_STR(cs(&c.calls), "0:ls({});");
+	collect_free(&c);
+	kv_buf_free(&t);
+}
+
 KT_MAIN(request_agent_shapes, request_errors_name_the_field, request_completions, chat_stream_chunks,
 	chat_response_body, completion_bodies, error_bodies, stop_strings_every_split, reasoning_split_every_split,
 	tool_calls_through_the_pipeline, tool_call_sse_from_pipeline, metrics_text_format, request_nul_in_names,
-	request_big_numbers_in_tools)
+	request_big_numbers_in_tools, harmony_channels_every_split, harmony_long_header_and_stop)

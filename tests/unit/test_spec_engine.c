@@ -43,8 +43,9 @@ static const char *models(void)
 		return NULL;
 	}
 	atexit(cleanup);
-	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe", "tiny-next", "tiny-granite-h", "tiny-nemotron-h"};
-	for (int i = 0; i < 6; i++)
+	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe", "tiny-next", "tiny-gemma3", "tiny-gpt-oss",
+				 "tiny-granite-h", "tiny-nemotron-h"};
+	for (int i = 0; i < 8; i++)
 		if (kt_sh("'%s' mkmodel --preset %s --out '%s/%s' --no-sync >/dev/null 2>&1", kt_bin(), presets[i], g_dir,
 			  presets[i]))
 			return NULL;
@@ -225,6 +226,40 @@ KT_CASE(rollback_at_every_draft_position_dense)
 	rollback_every_position("tiny-dense");
 }
 
+/*
+ * Sliding-window layers (windows of 16 keys, pages of 16; window pages are
+ * dropped a 64-key block at a time). From P = 72 a 9-row draft ends at 81,
+ * whose window starts in the second block: a forward that trimmed would
+ * drop the first block's pages, which position 73 still reads. The kept
+ * rows' logits, the global KV and the window rows (in the snapshot) must
+ * equal plain decoding at every keep.
+ */
+static void rollback_window(const char *name)
+{
+	struct ke_model *m = load(name);
+	KT_REQUIRE(m);
+	KT_REQUIRE(ke_model_layout(m)->n_win_layers > 0);
+	int N = 100, V = ke_model_config(m)->vocab, R = 9;
+	int32_t *tok = rand_tokens(N, V);
+	float *ref = plain_logits(m, tok, N);
+	const int P[] = {14, 60, 72};
+	for (int k = 0; k < 3; k++)
+		for (int keep = 1; keep <= R; keep++) {
+			int bad = rollback_once(m, tok, N, ref, P[k], R, keep);
+			KT_CHECKF(bad == 0, "%s: from %d keeping %d of %d rows: %d mismatches against plain decoding", name,
+				  P[k], keep, R, bad);
+		}
+	free(ref);
+	free(tok);
+	ke_model_destroy(m);
+}
+
+KT_CASE(rollback_at_every_draft_position_window)
+{
+	rollback_window("tiny-gemma3");
+	rollback_window("tiny-gpt-oss");
+}
+
 /* The same on every CPU path (scalar, AVX2, AVX-512), each against plain
  * decoding on the scalar path. */
 KT_CASE(rollback_on_every_cpu_path)
@@ -265,9 +300,9 @@ KT_CASE(rollback_on_every_cpu_path)
  * that is kept has the logits of plain decoding, and each sequence ends
  * with the KV and state of decoding its tokens one by one.
  */
-static void batched_verification(const char *name)
+static void batched_verification(const char *name, int N)
 {
-	enum { K = 4, N = 70 };
+	enum { K = 4 };
 	struct ke_model *m = load(name);
 	KT_REQUIRE(m);
 	int V = ke_model_config(m)->vocab, bad = 0, spec_steps = 0, multi = 0;
@@ -351,16 +386,26 @@ static void batched_verification(const char *name)
 
 KT_CASE(verification_inside_continuous_batching_hybrid)
 {
-	batched_verification("tiny-hybrid");
-	batched_verification("tiny-next");
-	batched_verification("tiny-granite-h");
-	batched_verification("tiny-nemotron-h");
+	batched_verification("tiny-hybrid", 70);
+	batched_verification("tiny-next", 70);
+	batched_verification("tiny-granite-h", 70);
+	batched_verification("tiny-nemotron-h", 70);
 }
 
 KT_CASE(verification_inside_continuous_batching_dense_moe)
 {
-	batched_verification("tiny-dense");
-	batched_verification("tiny-moe");
+	batched_verification("tiny-dense", 70);
+	batched_verification("tiny-moe", 70);
+}
+
+/* Sliding windows of 16 keys (pages of 16): the sequences run well past
+ * the first 64-key block, where a forward drops window pages, so the
+ * rejected rows of a speculative item would have evicted keys the kept
+ * position still reads. */
+KT_CASE(verification_inside_continuous_batching_window)
+{
+	batched_verification("tiny-gemma3", 150);
+	batched_verification("tiny-gpt-oss", 150);
 }
 
 /* What ke_seq_accept refuses, and the limits of a speculative forward. */
@@ -400,6 +445,8 @@ KT_CASE(accept_refuses_what_it_cannot_undo)
 }
 
 KT_MAIN(rollback_at_every_draft_position_hybrid, rollback_at_every_draft_position_next,
-	rollback_at_every_draft_position_moe, rollback_at_every_draft_position_mamba, rollback_at_every_draft_position_dense, rollback_on_every_cpu_path,
+	rollback_at_every_draft_position_moe, rollback_at_every_draft_position_mamba, rollback_at_every_draft_position_dense,
+	rollback_at_every_draft_position_window, rollback_on_every_cpu_path,
 	verification_inside_continuous_batching_hybrid, verification_inside_continuous_batching_dense_moe,
+	verification_inside_continuous_batching_window,
 	accept_refuses_what_it_cannot_undo)

@@ -717,6 +717,79 @@ static void expect_fail_opts(const struct opts *o, int code, const char *needle)
 	free(j);
 }
 
+
+/* SentencePiece-style BPE (Gemma's tokenizer.json): spaces become U+2581,
+ * characters are the first symbols, a character without a vocab entry
+ * becomes its bytes as <0xXX> tokens (an unknown byte unk, fused), merges
+ * over characters; decoding maps U+2581 back and <0xXX> to bytes. */
+static char *sp_json(const char *normalizer, const char *pretok, const char *decoder, int fallback, int fuse)
+{
+	struct kv_buf b = KV_BUF_INIT;
+	kv_buf_printf(&b, "{\"version\":\"1.0\",\"added_tokens\":[{\"id\":0,\"content\":\"<unk>\",\"special\":true,"
+			  "\"normalized\":false},{\"id\":1,\"content\":\"<eos>\",\"special\":true,\"normalized\":false},"
+			  "{\"id\":2,\"content\":\"\\n\",\"special\":false,\"normalized\":false}],"
+			  "\"normalizer\":%s,\"pre_tokenizer\":%s,\"decoder\":%s,"
+			  "\"model\":{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"fuse_unk\":%s,\"byte_fallback\":%s,"
+			  "\"vocab\":{\"<unk>\":0,\"<eos>\":1,\"\\n\":2,\"a\":3,\"b\":4,\"\\u2581\":5,\"\\u00e9\":6,"
+			  "\"ab\":7,\"\\u2581a\":8,\"\\u2581ab\":9",
+		      normalizer, pretok, decoder, fuse ? "true" : "false", fallback ? "true" : "false");
+	for (int i = 0; i < 256; i++)
+		kv_buf_printf(&b, ",\"<0x%02X>\":%d", i, 10 + i);
+	kv_buf_adds(&b, "},\"merges\":[\"\\u2581 a\",\"\\u2581a b\",\"a b\"]}}");
+	return kv_buf_take(&b);
+}
+
+#define SP_NORM "{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\\u2581\"}"
+#define SP_PRE "{\"type\":\"Split\",\"pattern\":{\"String\":\" \"},\"behavior\":\"MergedWithPrevious\",\"invert\":false}"
+#define SP_DEC "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":\"\\u2581\"}," \
+	       "\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"}]}"
+
+KT_CASE(sentencepiece_bpe_with_byte_fallback)
+{
+	struct kv_tok *t = NULL;
+	char *j = sp_json(SP_NORM, SP_PRE, SP_DEC, 1, 1);
+	KT_OK(kv_tok_load_mem(j, strlen(j), "sp.json", &t));
+	free(j);
+	KT_REQUIRE(t);
+	ENC_IS(t, "ab", 1, 7);
+	ENC_IS(t, " ab", 1, 9);            /* \u2581 a -> \u2581a (rank 0), then + b (rank 1) */
+	ENC_IS(t, "a ab", 1, 3, 9);
+	ENC_IS(t, "\xc3\xa9z", 1, 6, 10 + 'z'); /* e-acute is a vocab char; z falls back to <0x7A> */
+	ENC_IS(t, "\xe4\xbd\xa0", 1, 10 + 0xe4, 10 + 0xbd, 10 + 0xa0);
+	ENC_IS(t, "a\nb", 1, 3, 2, 4);     /* added tokens split first */
+	ENC_IS(t, "a<eos>", 1, 3, 1);
+	char *text;
+	size_t len;
+	int32_t ids[] = {9, 5, 10 + 0xe4, 10 + 0xbd, 10 + 0xa0, 2, 6};
+	KT_OK(kv_tok_decode(t, ids, 7, 0, &text, &len));
+	KT_CHECKF(len == 10 && !memcmp(text, " ab \xe4\xbd\xa0\n\xc3\xa9", 10), "decode gave \"%.*s\"", (int)len, text);
+	free(text);
+	kv_tok_free(t);
+	/* Metaspace (no prefix, split at each \u2581): " ab ab" is two pieces */
+	j = sp_json("null", "{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_scheme\":\"never\","
+			    "\"split\":true}",
+		    "{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_scheme\":\"never\"}", 1, 0);
+	KT_OK(kv_tok_load_mem(j, strlen(j), "sp.json", &t));
+	free(j);
+	KT_REQUIRE(t);
+	ENC_IS(t, " ab ab", 1, 9, 9);
+	kv_tok_free(t);
+	/* without byte fallback an unknown character is <unk>, a run fused */
+	j = sp_json(SP_NORM, SP_PRE, SP_DEC, 0, 1);
+	KT_CHECK(kv_tok_load_mem(j, strlen(j), "sp.json", &t) == KV_OK);
+	free(j);
+	KT_REQUIRE(t);
+	ENC_IS(t, "azzb", 1, 3, 0, 4);
+	kv_tok_free(t);
+	/* what kvkeep does not implement is refused by name */
+	j = sp_json("null", "{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_scheme\":\"first\"}", SP_DEC, 1, 0);
+	expect_fail(j, KV_ERR_UNSUPPORTED, "prepend_scheme");
+	free(j);
+	j = sp_json("null", "null", SP_DEC, 1, 0);
+	expect_fail(j, KV_ERR_UNSUPPORTED, "U+2581 normalizer");
+	free(j);
+}
+
 KT_CASE(malformed_files_are_clear_errors)
 {
 	expect_fail("", KV_ERR_INVALID, "bad.json");
@@ -1046,4 +1119,4 @@ KT_MAIN(merges_string_form, merges_pair_form_same_ids, bpe_matches_reference_on_
 	fast_nfc_equals_full_nfc, regex_sees_the_oracles_unicode_classes, invalid_utf8_is_rejected_with_offset, decode_roundtrip_and_unknown_ids, decode_replaces_invalid_utf8_like_hf,
 	stream_decoder_holds_back_partial_chars, pretokenizer_variants, malformed_files_are_clear_errors,
 	json_reader_strictness, missing_byte_tokens_follow_hf, cache_does_not_change_ids,
-	cache_entries_of_all_shapes, concurrent_encodes_agree, qwen3_known_vectors)
+	cache_entries_of_all_shapes, concurrent_encodes_agree, qwen3_known_vectors, sentencepiece_bpe_with_byte_fallback)

@@ -1,0 +1,278 @@
+#!/usr/bin/python3
+"""Reference forward pass of the sliding-window families, in PyTorch.
+
+Llama 3.x (models/llama/modeling_llama.py with the "llama3" rope of
+modeling_rope_utils.py), Gemma 3 (models/gemma3/modeling_gemma3.py,
+Gemma3ForCausalLM) and GPT-OSS (models/gpt_oss/modeling_gpt_oss.py),
+written from the definitions in docs/engine.md for one unbatched prompt
+without a cache, and reading the safetensors folder the C engine reads
+(GPT-OSS experts in the MXFP4 release layout, dequantized here on their
+own). Sliding layers use an explicit mask (query p sees keys p - W + 1 ..
+p); GPT-OSS's sinks join the softmax as one more column that is dropped.
+It shares no code with the engine (and none with reference_model.py but
+the idea).
+
+    reference_window.py --model DIR --tokens 1,2,3 --logits-out F [--dtype float32|float64]
+
+Output: raw little-endian float32 logits [n_tokens][vocab]; compare them
+with reference_model.py --compare. Must run under Debian's /usr/bin/python3.
+"""
+import argparse
+import json
+import math
+import os
+import struct
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        buf = raw[base + b: base + end]
+        shape, dt = e["shape"], e["dtype"]
+        if dt == "F32":
+            a = np.frombuffer(buf, dtype="<f4").astype(np.float32)
+        elif dt == "BF16":
+            a = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        elif dt == "F16":
+            a = np.frombuffer(buf, dtype="<f2").astype(np.float32)
+        elif dt == "U8":
+            out[name] = np.frombuffer(buf, dtype=np.uint8).reshape(shape).copy()
+            continue
+        else:
+            raise SystemExit(f"{path}: tensor {name}: dtype {dt} not handled")
+        out[name] = torch.from_numpy(a.reshape(shape).copy())
+    return out
+
+
+def load(d):
+    with open(os.path.join(d, "config.json")) as f:
+        j = json.load(f)
+    single = os.path.join(d, "model.safetensors")
+    if os.path.exists(single):
+        W = read_safetensors(single)
+    else:
+        with open(os.path.join(d, "model.safetensors.index.json")) as f:
+            idx = json.load(f)
+        W = {}
+        for shard in sorted(set(idx["weight_map"].values())):
+            W.update(read_safetensors(os.path.join(d, shard)))
+    return j, W
+
+
+FP4 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def mxfp4(blocks, scales):
+    """[.., rows, nb, 16] codes (element 2j low nibble of byte j) and
+    [.., rows, nb] E8M0 scales -> float [.., rows, nb * 32]."""
+    lut = np.array(FP4, dtype=np.float64)
+    lo = lut[blocks & 15]
+    hi = lut[blocks >> 4]
+    v = np.stack([lo, hi], axis=-1).reshape(*blocks.shape[:-1], 32)
+    v = v * np.exp2(scales.astype(np.float64) - 127)[..., None]
+    return torch.from_numpy(v.reshape(*blocks.shape[:-2], -1).astype(np.float32))
+
+
+def rms(x, w, eps, plus_one):
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return h * (1.0 + w) if plus_one else h * w
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def inv_freq(theta, dim, rs, max_pos):
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim))
+    if not rs or rs.get("rope_type", rs.get("type")) in (None, "default"):
+        return inv, 1.0
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind == "linear":
+        return inv / rs["factor"], 1.0
+    if kind == "llama3":
+        fac, lo, hi, om = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"], rs["original_max_position_embeddings"]
+        wl = 2 * math.pi / inv
+        out = torch.where(wl > om / lo, inv / fac, inv)
+        sm = (om / wl - lo) / (hi - lo)
+        mid = (1 - sm) * out / fac + sm * out
+        is_mid = ~(wl < om / hi) * ~(wl > om / lo)
+        return torch.where(is_mid, mid, out), 1.0
+    assert kind == "yarn", kind
+    orig = rs.get("original_max_position_embeddings") or max_pos
+    factor = rs["factor"]
+    af = rs.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+
+    def corr(r):
+        return dim * math.log(orig / (r * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = corr(rs.get("beta_fast") or 32), corr(rs.get("beta_slow") or 1)
+    if rs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pf = theta ** (torch.arange(0, dim, 2).to(torch.float32) / dim)
+    e = 1 - ramp
+    return (1.0 / (factor * pf)) * (1 - e) + (1.0 / pf) * e, af
+
+
+def cos_sin(theta, hd, rs, max_pos, n, dt):
+    inv, af = inv_freq(theta, hd, rs, max_pos)
+    f = torch.outer(torch.arange(n, dtype=torch.float32), inv)
+    emb = torch.cat((f, f), dim=-1)
+    return (emb.cos() * af).to(dt), (emb.sin() * af).to(dt)
+
+
+def forward(j, W, toks, dt):
+    mt = j["model_type"]
+    t = j.get("text_config", j) if mt == "gemma3" else j
+    gemma, oss = mt.startswith("gemma3"), mt == "gpt_oss"
+    pre = "model.language_model." if "model.language_model.embed_tokens.weight" in W else "model."
+    W = {k: (v.to(dt) if isinstance(v, torch.Tensor) else v) for k, v in W.items()}
+    D, L = t["hidden_size"], t["num_hidden_layers"]
+    H, Hkv = t["num_attention_heads"], t.get("num_key_value_heads", t["num_attention_heads"])
+    hd = t.get("head_dim", D // H)
+    eps = t.get("rms_norm_eps", 1e-6)
+    n = len(toks)
+    W_ = t.get("sliding_window") or 0
+    lt = t.get("layer_types")
+    if lt is None:
+        pat = t.get("sliding_window_pattern", 6 if gemma else 2)
+        lt = ["sliding_attention" if W_ and (i + 1) % pat else "full_attention" for i in range(L)]
+    theta = t.get("rope_theta", 10000.0)
+    rs = t.get("rope_scaling")
+    max_pos = t.get("max_position_embeddings", 32768)
+    cg, sg = cos_sin(theta, hd, rs, max_pos, n, dt)
+    cl, sl = cg, sg
+    if gemma:
+        cl, sl = cos_sin(t.get("rope_local_base_freq", 10000.0), hd, None, max_pos, n, dt)
+    scale = t.get("query_pre_attn_scalar", hd) ** -0.5 if gemma else hd ** -0.5
+    x = W[pre + "embed_tokens.weight"][torch.tensor(toks)]
+    if gemma:
+        x = x * torch.tensor(math.sqrt(D), dtype=dt)
+    ii = torch.arange(n)
+    causal = ii[None, :] <= ii[:, None]
+    for l in range(L):
+        p = f"{pre}layers.{l}."
+        sliding = lt[l] == "sliding_attention"
+        h = rms(x, W[p + "input_layernorm.weight"], eps, gemma)
+        q = h @ W[p + "self_attn.q_proj.weight"].T
+        k = h @ W[p + "self_attn.k_proj.weight"].T
+        v = h @ W[p + "self_attn.v_proj.weight"].T
+        if oss:
+            q = q + W[p + "self_attn.q_proj.bias"]
+            k = k + W[p + "self_attn.k_proj.bias"]
+            v = v + W[p + "self_attn.v_proj.bias"]
+        q, k, v = q.view(n, H, hd), k.view(n, Hkv, hd), v.view(n, Hkv, hd)
+        if gemma:
+            q = rms(q, W[p + "self_attn.q_norm.weight"], eps, True)
+            k = rms(k, W[p + "self_attn.k_norm.weight"], eps, True)
+        cs, sn = (cl, sl) if sliding else (cg, sg)
+        cs, sn = cs[:, None, :], sn[:, None, :]
+        q = q * cs + rotate_half(q) * sn
+        k = k * cs + rotate_half(k) * sn
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        k = k.repeat_interleave(H // Hkv, dim=0)
+        v = v.repeat_interleave(H // Hkv, dim=0)
+        sc = (q @ k.transpose(1, 2)) * scale
+        ok = causal & ((ii[:, None] - ii[None, :]) < W_ if sliding else causal)
+        sc = sc.masked_fill(~ok, float("-inf"))
+        if oss:
+            sink = W[p + "self_attn.sinks"].view(H, 1, 1).expand(H, n, 1)
+            comb = torch.cat([sc, sink], dim=-1)
+            comb = comb - comb.max(dim=-1, keepdim=True).values
+            pr = torch.softmax(comb, dim=-1)[..., :-1]
+        else:
+            pr = torch.softmax(sc, dim=-1)
+        o = (pr @ v).transpose(0, 1).reshape(n, H * hd) @ W[p + "self_attn.o_proj.weight"].T
+        if oss:
+            o = o + W[p + "self_attn.o_proj.bias"]
+        if gemma:
+            o = rms(o, W[p + "post_attention_layernorm.weight"], eps, True)
+        x = x + o
+        if gemma:
+            h = rms(x, W[p + "pre_feedforward_layernorm.weight"], eps, True)
+            g = h @ W[p + "mlp.gate_proj.weight"].T
+            g = 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * torch.pow(g, 3.0))))
+            m = (g * (h @ W[p + "mlp.up_proj.weight"].T)) @ W[p + "mlp.down_proj.weight"].T
+            x = x + rms(m, W[p + "post_feedforward_layernorm.weight"], eps, True)
+        elif oss:
+            h = rms(x, W[p + "post_attention_layernorm.weight"], eps, False)
+            x = x + oss_moe(t, W, p + "mlp.", h, dt)
+        else:
+            h = rms(x, W[p + "post_attention_layernorm.weight"], eps, False)
+            m = F.silu(h @ W[p + "mlp.gate_proj.weight"].T) * (h @ W[p + "mlp.up_proj.weight"].T)
+            x = x + m @ W[p + "mlp.down_proj.weight"].T
+    x = rms(x, W[pre + "norm.weight"], eps, gemma)
+    tie = t.get("tie_word_embeddings", j.get("tie_word_embeddings", gemma))
+    logits = x @ (W[pre + "embed_tokens.weight"] if tie else W["lm_head.weight"]).T
+    cap = t.get("final_logit_softcapping")
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def oss_moe(t, W, p, h, dt):
+    # GptOssTopKRouter: top-k of the biased logits, softmax over the k;
+    # GptOssExperts: gate_up interleaved (::2 gate, 1::2 up), clamped
+    # SwiGLU with alpha 1.702, (up + 1) * glu, down with bias; summed over
+    # the experts in ascending id.
+    E, k = t["num_local_experts"], t.get("num_experts_per_tok", t.get("experts_per_token", 4))
+    lim, alpha = t.get("swiglu_limit", 7.0), 1.702
+    logits = h @ W[p + "router.weight"].T + W[p + "router.bias"]
+    tv, ti = torch.topk(logits, k, dim=-1)
+    tw = torch.softmax(tv, dim=-1)
+    if p + "experts.gate_up_proj_blocks" in W:
+        gu = mxfp4(W[p + "experts.gate_up_proj_blocks"], W[p + "experts.gate_up_proj_scales"]).to(dt)
+        dn = mxfp4(W[p + "experts.down_proj_blocks"], W[p + "experts.down_proj_scales"]).to(dt)
+    else:
+        sw = p + "switch_mlp."
+        gate, up = W[sw + "gate_proj.weight"], W[sw + "up_proj.weight"]
+        gu = torch.stack([gate, up], dim=2).reshape(gate.shape[0], -1, gate.shape[2])
+        dn = W[sw + "down_proj.weight"]
+    gub = W[p + "experts.gate_up_proj_bias"] if p + "experts.gate_up_proj_bias" in W else torch.stack(
+        [W[p + "switch_mlp.gate_proj.bias"], W[p + "switch_mlp.up_proj.bias"]], dim=2).reshape(E, -1)
+    dnb = W[p + "experts.down_proj_bias"] if p + "experts.down_proj_bias" in W else W[p + "switch_mlp.down_proj.bias"]
+    out = torch.zeros_like(h)
+    for e in range(E):
+        tok, pos = torch.where(ti == e)
+        if tok.numel() == 0:
+            continue
+        a = h[tok] @ gu[e].T + gub[e]
+        g, u = a[..., ::2].clamp(max=lim), a[..., 1::2].clamp(min=-lim, max=lim)
+        y = ((u + 1) * (g * torch.sigmoid(g * alpha))) @ dn[e].T + dnb[e]
+        out.index_add_(0, tok, y * tw[tok, pos, None])
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--tokens", required=True)
+    ap.add_argument("--logits-out", required=True)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    a = ap.parse_args()
+    j, W = load(a.model)
+    dt = torch.float64 if a.dtype == "float64" else torch.float32
+    toks = [int(x) for x in a.tokens.split(",")]
+    with torch.no_grad():
+        lg = forward(j, W, toks, dt)
+    lg.to(torch.float32).numpy().astype("<f4").tofile(a.logits_out)
+
+
+if __name__ == "__main__":
+    main()
