@@ -177,7 +177,9 @@ static struct efile *list_files(const char *dir, size_t *n, uint64_t *total)
 			v = nv;
 			cap = nc;
 		}
-		snprintf(v[*n].name, sizeof v[*n].name, "%s", e->d_name);
+		if (l >= sizeof v[*n].name)
+			continue;
+		memcpy(v[*n].name, e->d_name, l + 1);
 		v[*n].size = (uint64_t)st.st_size;
 		v[*n].mtime = (int64_t)st.st_mtime;
 		*total += (uint64_t)st.st_size;
