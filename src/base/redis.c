@@ -293,10 +293,11 @@ struct conn {
 	redisContext *c;
 	int node;
 	int reused;               /* came from the idle list */
-	/* GET batches read their replies here, not through hiredis's reader
-	 * (raw_reply): a value's bytes then go from the socket straight into
-	 * the buffer the caller gets, where the reader would have copied them
-	 * twice more (its growing buffer, then the reply object) */
+	/* batches of reads (GET, GETRANGE, STRLEN) read their replies here,
+	 * not through hiredis's reader (raw_reply): a value's bytes then go
+	 * from the socket straight into the buffer the caller gets (or gave:
+	 * kv_redis_op.buf), where the reader would have copied them twice
+	 * more (its growing buffer, then the reply object) */
 	int raw;
 	char *rb;                 /* RAW_BUF bytes (more while a send waits), or NULL */
 	size_t rb_cap, rb_pos, rb_len;
