@@ -130,6 +130,10 @@ try {
       assert(/^(yes|no|maybe)\.$/.test(r.json.choices[0].message.content), `grammar: ${r.json.choices[0].message.content}`);
       const j = await postJSON(srv, '/v1/chat/completions', chat({ seed, json_schema: SCHEMA }));
       validSchema(j.json.choices[0].message.content, SCHEMA, 'the json_schema field');
+      // the completions API has no template: its text is the grammar's alone
+      const c = await postJSON(srv, '/v1/completions', { model: 'm', prompt: 'Q: ', max_tokens: 20, temperature: 1, seed, grammar: gbnf });
+      eq(c.status, 200, c.text.slice(0, 300));
+      assert(/^(yes|no|maybe)\.$/.test(c.json.choices[0].text), `completion grammar: ${c.json.choices[0].text}`);
     }
     const o = await postJSON(srv, '/v1/chat/completions', chat({ seed: 3, max_tokens: 30, response_format: { type: 'json_object' } }));
     eq(o.status, 200, o.text.slice(0, 300));
