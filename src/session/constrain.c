@@ -121,6 +121,19 @@ static int ready_locked(struct kss_cons *c)
 {
 	if (c->gc)
 		return KV_OK;
+	/* from scratch: an earlier try may have failed half-way (the
+	 * grammars first: they hold the vocabulary) */
+	if (c->g_an)
+		kv_grammar_unref(c->g_an);
+	if (c->g_re)
+		kv_grammar_unref(c->g_re);
+	c->g_an = c->g_re = NULL;
+	kv_gvocab_free(c->gv);
+	c->gv = NULL;
+	free(c->ws);
+	free(c->hm_free);
+	c->ws = c->hm_free = NULL;
+	c->n_hm_eos = 0;
 	uint64_t t0 = kv_now_ns();
 	struct kv_tok_bytes *tb;
 	int nt = kv_tok_vocab_size(c->p.tok);
@@ -149,7 +162,7 @@ static int ready_locked(struct kss_cons *c)
 	struct kv_gcache_params gp = {.max_entries = c->p.max_grammars};
 	if ((rc = kv_gcache_create(c->gv, &gp, &c->gc)))
 		return rc;
-	KV_INFO("constrain.ready", "vocab=%d trie_nodes=%d ms=%.1f", c->p.vocab, c->gv->n_nodes,
+	KV_INFO("constrain.ready", "vocab=%d trie_nodes=%d harmony=%d ms=%.1f", c->p.vocab, c->gv->n_nodes, c->harmony,
 		(double)(kv_now_ns() - t0) / 1e6);
 	return KV_OK;
 }
