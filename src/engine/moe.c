@@ -210,6 +210,9 @@ static int oai_load(struct ke_model *m, int layer, struct ke_moe *mo)
 					     (int)D, (size_t)D};
 			*d = (struct ke_mat){dn + (size_t)e * (size_t)D * (size_t)(I / 32) * 17, KV_DT_MXFP4, (int)D, (int)I,
 					     (size_t)I};
+			/* the --quant-act mode, as view() sets it for GGUF's stacks:
+			 * the release folder and its GGUF round alike */
+			g->qdot = d->qdot = m->qdot;
 		}
 		return KV_OK;
 	}

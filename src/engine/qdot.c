@@ -63,6 +63,12 @@ static inline float h2f(const uint8_t *p)
 	return f;
 }
 
+/* A 32-block's scale: the f16 at its start, or MXFP4's E8M0 byte. */
+static inline float q0_d(int dt, const uint8_t *blk)
+{
+	return dt == KV_DT_MXFP4 ? kq_e8m0_half(blk[0]) : h2f(blk);
+}
+
 /* The block's scale from the exact |x| maximum (as bits); 0 when the codes
  * are all zero, with *id the multiplier for the codes. */
 static inline float block_scale(uint32_t mb, float *id, int *zero)
@@ -196,6 +202,16 @@ TGT2 static inline __m128 h2f4(const uint8_t *p0, const uint8_t *p1, const uint8
 	__m128i h = _mm_cvtsi32_si128((int)((uint32_t)u16_at(p0) | ((uint32_t)u16_at(p1) << 16)));
 	h = _mm_insert_epi32(h, (int)((uint32_t)u16_at(p2) | ((uint32_t)u16_at(p3) << 16)), 1);
 	return _mm_cvtph_ps(h);
+}
+
+/* Four MXFP4 scales (kq_e8m0_half, exact): 0x00200000 << e below 2,
+ * (e - 1) << 23 from 2 on. */
+TGT2 static inline __m128 e8m0_4(uint8_t e0, uint8_t e1, uint8_t e2, uint8_t e3)
+{
+	const __m128i e = _mm_setr_epi32(e0, e1, e2, e3);
+	const __m128i lo = _mm_sllv_epi32(_mm_set1_epi32(0x00200000), e);
+	const __m128i hi = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23);
+	return _mm_castsi128_ps(_mm_blendv_epi8(hi, lo, _mm_cmplt_epi32(e, _mm_set1_epi32(2))));
 }
 
 /*
@@ -347,7 +363,8 @@ TGT2 static AINL2 void q0_k4(int dt, const uint8_t *const *wr, int K, const uint
 			}
 		}
 		const size_t o = (size_t)bb * b;
-		const __m128 dw = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+		const __m128 dw = dt == KV_DT_MXFP4 ? e8m0_4(wr[0][o], wr[1][o], wr[2][o], wr[3][o])
+						    : h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
 #pragma GCC unroll 4
 		for (int i = 0; i < mr; i++) {
 			float dx;
@@ -680,11 +697,13 @@ typedef void gemv_fn(const uint8_t *w, size_t wstride, int K, const uint8_t *a, 
 	}
 Q0_K4(q4_0_k4, q0_k4, KV_DT_Q4_0)
 Q0_K4(q5_0_k4, q0_k4, KV_DT_Q5_0)
+Q0_K4(mxfp4_k4, q0_k4, KV_DT_MXFP4)
 Q0_K4(q4_1_k4, q1_k4, KV_DT_Q4_1)
 Q0_K4(q5_1_k4, q1_k4, KV_DT_Q5_1)
 GEMV_LOOP(TGT2, q8_0_gemv, q8_0_k4)
 GEMV_LOOP(TGT2, q4_0_gemv, q4_0_k4)
 GEMV_LOOP(TGT2, q5_0_gemv, q5_0_k4)
+GEMV_LOOP(TGT2, mxfp4_gemv, mxfp4_k4)
 GEMV_LOOP(TGT2, q4_1_gemv, q4_1_k4)
 GEMV_LOOP(TGT2, q5_1_gemv, q5_1_k4)
 
@@ -981,7 +1000,7 @@ static float q0_scalar(int dt, const uint8_t *wrow, int K, const uint8_t *xr)
 		int32_t isum = 0;
 		for (int k = 0; k < 32; k++)
 			isum += (u[k] - off) * qx[k];
-		acc = fmaf(h2f(blk) * dx[b], (float)isum, acc);
+		acc = fmaf(q0_d(dt, blk) * dx[b], (float)isum, acc);
 	}
 	return acc;
 }
@@ -1151,7 +1170,8 @@ float ke_qdot_ref(int dt, const uint8_t *wrow, int K, const uint8_t *arow)
 {
 	switch (dt) {
 	case KV_DT_Q4_0:
-	case KV_DT_Q5_0: return q0_scalar(dt, wrow, K, arow);
+	case KV_DT_Q5_0:
+	case KV_DT_MXFP4: return q0_scalar(dt, wrow, K, arow);
 	case KV_DT_Q4_1:
 	case KV_DT_Q5_1: return q1_scalar(dt, wrow, K, arow);
 	case KV_DT_Q8_0: return q8_0_scalar(wrow, K, arow);
@@ -1192,6 +1212,7 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 		gemv_fn *fn = dt == KV_DT_Q8_0	 ? q8_0_gemv
 			      : dt == KV_DT_Q4_0 ? q4_0_gemv
 			      : dt == KV_DT_Q5_0 ? q5_0_gemv
+			      : dt == KV_DT_MXFP4 ? mxfp4_gemv
 			      : dt == KV_DT_Q4_1 ? q4_1_gemv
 			      : dt == KV_DT_Q5_1 ? q5_1_gemv
 			      : dt == KV_DT_Q4_K ? (v5 ? q4_k_gemv5 : q4_k_gemv)
