@@ -287,7 +287,7 @@ static int parse_opts(int argc, char **argv, struct be_opts *o)
 		{"gemm-m", KV_FLAG_INT, &o->gemm_m, "M", "activation rows of the GEMM measurement (default 256)"},
 		{"kv-dtype", KV_FLAG_STR, &o->kv_dtype, "bf16|f32|q8_0", "KV element type (default bf16)"},
 		{"kv-f32", KV_FLAG_BOOL, &o->kv_f32, NULL, "f32 KV (the same as --kv-dtype f32)"},
-		{"quant-act", KV_FLAG_STR, &o->quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
+		{"quant-act", KV_FLAG_STR, &o->quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/MXFP4 weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
 		{"long", KV_FLAG_BOOL, &o->long_ctx, NULL, "also measure a 32K context (slow)"},
 		{0},
 	};

@@ -780,7 +780,7 @@ static int cmd_generate(int argc, char **argv)
 		{"state-out", KV_FLAG_STR, &state_out, "FILE", "write the recurrent snapshot after the prompt"},
 		{"kv-dtype", KV_FLAG_STR, &kv_dtype, "bf16|f32|q8_0", "KV element type (default bf16; q8_0: int8 blocks, half the bytes, lossy)"},
 		{"kv-f32", KV_FLAG_BOOL, &kv_f32, NULL, "keep KV in f32 (the same as --kv-dtype f32)"},
-		{"quant-act", KV_FLAG_STR, &quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
+		{"quant-act", KV_FLAG_STR, &quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/MXFP4 weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
 		{"chunk", KV_FLAG_INT, &chunk, "N", "prefill chunk in tokens (default 256)"},
 		{"page-tokens", KV_FLAG_INT, &page_tokens, "N", "tokens per KV page (default 256)"},
 		{"ignore-eos", KV_FLAG_BOOL, &ignore_eos, NULL, "do not stop at an EOS token"},

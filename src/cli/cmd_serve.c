@@ -220,7 +220,7 @@ static int cmd_serve(int argc, char **argv)
 		 "(default: they are tokenized as the text they are)"},
 		{"kv-dtype", KV_FLAG_STR, &o.kv_dtype, "bf16|f32|q8_0",
 		 "KV cache element type (default bf16; q8_0: int8 blocks, half the bytes, lossy)"},
-		{"quant-act", KV_FLAG_STR, &o.quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
+		{"quant-act", KV_FLAG_STR, &o.quant_act, "q8|f32", "products with Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/MXFP4 weights: q8 (default) quantizes each activation row to int8 for integer dots, f32 keeps activations f32 against the exactly dequantized weights"},
 		{"page-tokens", KV_FLAG_INT, &o.page_tokens, "B", "tokens per KV page / cache block (default 256)"},
 		{"prefill-chunk", KV_FLAG_INT, &o.prefill_chunk, "N", "prefill tokens per forward step (default 256)"},
 		{"max-model-len", KV_FLAG_INT, &o.max_model_len, "N",

@@ -63,6 +63,12 @@ static inline float h2f(const uint8_t *p)
 	return f;
 }
 
+/* A 32-block's scale: the f16 at its start, or MXFP4's E8M0 byte. */
+static inline float q0_d(int dt, const uint8_t *blk)
+{
+	return dt == KV_DT_MXFP4 ? kq_e8m0_half(blk[0]) : h2f(blk);
+}
+
 /* The block's scale from the exact |x| maximum (as bits); 0 when the codes
  * are all zero, with *id the multiplier for the codes. */
 static inline float block_scale(uint32_t mb, float *id, int *zero)
@@ -196,6 +202,17 @@ TGT2 static inline __m128 h2f4(const uint8_t *p0, const uint8_t *p1, const uint8
 	__m128i h = _mm_cvtsi32_si128((int)((uint32_t)u16_at(p0) | ((uint32_t)u16_at(p1) << 16)));
 	h = _mm_insert_epi32(h, (int)((uint32_t)u16_at(p2) | ((uint32_t)u16_at(p3) << 16)), 1);
 	return _mm_cvtph_ps(h);
+}
+
+/* Four MXFP4 scales (kq_e8m0_half, exact): 0x00200000 << e below 2,
+ * (e - 1) << 23 from 2 on. */
+TGT2 static inline __m128 e8m0_4(uint8_t e0, uint8_t e1, uint8_t e2, uint8_t e3)
+{
+	const __m128i e = _mm_cvtepu8_epi32(
+		_mm_cvtsi32_si128((int)((uint32_t)e0 | (uint32_t)e1 << 8 | (uint32_t)e2 << 16 | (uint32_t)e3 << 24)));
+	const __m128i lo = _mm_sllv_epi32(_mm_set1_epi32(0x00200000), e);
+	const __m128i hi = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23);
+	return _mm_castsi128_ps(_mm_blendv_epi8(hi, lo, _mm_cmplt_epi32(e, _mm_set1_epi32(2))));
 }
 
 /*
@@ -347,7 +364,8 @@ TGT2 static AINL2 void q0_k4(int dt, const uint8_t *const *wr, int K, const uint
 			}
 		}
 		const size_t o = (size_t)bb * b;
-		const __m128 dw = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+		const __m128 dw = dt == KV_DT_MXFP4 ? e8m0_4(wr[0][o], wr[1][o], wr[2][o], wr[3][o])
+						    : h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
 #pragma GCC unroll 4
 		for (int i = 0; i < mr; i++) {
 			float dx;
@@ -680,11 +698,13 @@ typedef void gemv_fn(const uint8_t *w, size_t wstride, int K, const uint8_t *a, 
 	}
 Q0_K4(q4_0_k4, q0_k4, KV_DT_Q4_0)
 Q0_K4(q5_0_k4, q0_k4, KV_DT_Q5_0)
+Q0_K4(mxfp4_k4, q0_k4, KV_DT_MXFP4)
 Q0_K4(q4_1_k4, q1_k4, KV_DT_Q4_1)
 Q0_K4(q5_1_k4, q1_k4, KV_DT_Q5_1)
 GEMV_LOOP(TGT2, q8_0_gemv, q8_0_k4)
 GEMV_LOOP(TGT2, q4_0_gemv, q4_0_k4)
 GEMV_LOOP(TGT2, q5_0_gemv, q5_0_k4)
+GEMV_LOOP(TGT2, mxfp4_gemv, mxfp4_k4)
 GEMV_LOOP(TGT2, q4_1_gemv, q4_1_k4)
 GEMV_LOOP(TGT2, q5_1_gemv, q5_1_k4)
 
@@ -947,6 +967,124 @@ GEMV_LOOP(TGT5, q2_k_gemv5, q2_k4_512)
 GEMV_LOOP(TGT5, q4_k_gemv5, q4_k4_512)
 GEMV_LOOP(TGT5, q5_k_gemv5, q5_k4_512)
 
+/*
+ * The 32-blocks with one scale (Q8_0, Q4_0, Q5_0, MXFP4) on 512 bits: a
+ * register holds two blocks of a weight row (unsigned codes: Q8_0's + 128,
+ * the others' as q0_codes_avx2 gives them), one vpdpbusd per activation
+ * row gives 8 dword sums per block, and one reduction tree turns the 4
+ * rows' registers into [S_r(b)] and [S_r(b+1)]. The offset (128 / 8 / 16
+ * times the activation codes' sum) comes off exactly through the row's ns,
+ * and the float steps are q0_k4's, block b before b + 1. An odd last block
+ * takes the same steps on 256 bits.
+ */
+/* The 32 unsigned codes of block blk. */
+TGT5 static AINL __m256i b32_codes(const int dt, const uint8_t *blk)
+{
+	if (dt == KV_DT_Q8_0)
+		return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)), _mm256_set1_epi8((char)0x80));
+	return q0_codes_avx2(dt, blk);
+}
+
+/* The 4 rows' scales of the block at byte offset o. */
+TGT5 static AINL __m128 b32_scales(const int dt, const uint8_t *const *wr, size_t o)
+{
+	if (dt == KV_DT_MXFP4)
+		return e8m0_4(wr[0][o], wr[1][o], wr[2][o], wr[3][o]);
+	return h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
+}
+
+/* [sum p_r over lanes 0-7] (block b) and [sum p_r over lanes 8-15] (block
+ * b + 1) for the 4 rows r: exact int32 sums in a fixed tree. */
+TGT5 static AINL void hsum4x2_i32(const __m512i *p, __m128i *sb, __m128i *sb1)
+{
+	const __m512i a01 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1]));
+	const __m512i a23 = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+	const __m512i q = _mm512_add_epi32(_mm512_unpacklo_epi64(a01, a23), _mm512_unpackhi_epi64(a01, a23));
+	const __m512i t = _mm512_add_epi32(q, _mm512_shuffle_i32x4(q, q, _MM_SHUFFLE(2, 3, 0, 1)));
+	*sb = _mm512_castsi512_si128(t);
+	*sb1 = _mm512_extracti32x4_epi32(t, 2);
+}
+
+TGT5 static AINL void b32_k4_512(const int dt, const uint8_t *const *wr, int K, const uint8_t *a, size_t astride,
+				 const int mr, float *out)
+{
+	const int nb = K / 32, bb = dt == KV_DT_Q8_0 ? 34 : q0_bytes(dt), sh = dt == KV_DT_Q8_0 ? 0 : q0_shift(dt);
+	const uint8_t *ns = a + K + (size_t)nb * 4;
+	const ptrdiff_t ahead = pf_dist(wr);
+	__m128 acc[AMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm_setzero_ps();
+	int b = 0;
+	for (; b + 2 <= nb; b += 2) {
+		__m512i p[AMR][4];
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++) {
+			const uint8_t *blk = wr[r] + (size_t)bb * b;
+			pf_ahead(blk, ahead, 2 * bb);
+			const __m512i u =
+				_mm512_inserti64x4(_mm512_castsi256_si512(b32_codes(dt, blk)), b32_codes(dt, blk + bb), 1);
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				p[i][r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u,
+							      _mm512_load_si512((const void *)(a + (size_t)i * astride + 32 * (size_t)b)));
+		}
+		const __m128 d0 = b32_scales(dt, wr, (size_t)bb * b), d1 = b32_scales(dt, wr, (size_t)bb * (b + 1));
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx[2];
+			int32_t n[2];
+			memcpy(dx, a + (size_t)i * astride + K + 4 * (size_t)b, 8);
+			memcpy(n, ns + (size_t)i * astride + 4 * (size_t)b, 8);
+			__m128i s0, s1;
+			hsum4x2_i32(p[i], &s0, &s1);
+			s0 = _mm_add_epi32(s0, _mm_set1_epi32(n[0] >> sh));
+			s1 = _mm_add_epi32(s1, _mm_set1_epi32(n[1] >> sh));
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d0, _mm_set1_ps(dx[0])), _mm_cvtepi32_ps(s0), acc[i]);
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d1, _mm_set1_ps(dx[1])), _mm_cvtepi32_ps(s1), acc[i]);
+		}
+	}
+	if (b < nb) { /* the odd last block */
+		__m256i p[AMR][4];
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++) {
+			const __m256i u = b32_codes(dt, wr[r] + (size_t)bb * b);
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++)
+				p[i][r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u,
+							      _mm256_load_si256((const __m256i *)(a + (size_t)i * astride + 32 * (size_t)b)));
+		}
+		const __m128 d0 = b32_scales(dt, wr, (size_t)bb * b);
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			int32_t n;
+			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+			memcpy(&n, ns + (size_t)i * astride + 4 * (size_t)b, 4);
+			const __m128i s0 = _mm_add_epi32(hsum4_i32(p[i][0], p[i][1], p[i][2], p[i][3]), _mm_set1_epi32(n >> sh));
+			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d0, _mm_set1_ps(dx)), _mm_cvtepi32_ps(s0), acc[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm_storeu_ps(out + 4 * i, acc[i]);
+}
+
+#define B32_K4_512(NAME, DT)                                                                                      \
+	TGT5 static AINL void NAME(const uint8_t *const *wr, int K, const uint8_t *a, size_t astride, const int mr, \
+				   float *out)                                                                    \
+	{                                                                                                         \
+		b32_k4_512(DT, wr, K, a, astride, mr, out);                                                       \
+	}
+B32_K4_512(q8_0_k4_512, KV_DT_Q8_0)
+B32_K4_512(q4_0_k4_512, KV_DT_Q4_0)
+B32_K4_512(q5_0_k4_512, KV_DT_Q5_0)
+B32_K4_512(mxfp4_k4_512, KV_DT_MXFP4)
+GEMV_LOOP(TGT5, q8_0_gemv5, q8_0_k4_512)
+GEMV_LOOP(TGT5, q4_0_gemv5, q4_0_k4_512)
+GEMV_LOOP(TGT5, q5_0_gemv5, q5_0_k4_512)
+GEMV_LOOP(TGT5, mxfp4_gemv5, mxfp4_k4_512)
+
 #endif
 
 /* ---- scalar: the definition ---- */
@@ -981,7 +1119,7 @@ static float q0_scalar(int dt, const uint8_t *wrow, int K, const uint8_t *xr)
 		int32_t isum = 0;
 		for (int k = 0; k < 32; k++)
 			isum += (u[k] - off) * qx[k];
-		acc = fmaf(h2f(blk) * dx[b], (float)isum, acc);
+		acc = fmaf(q0_d(dt, blk) * dx[b], (float)isum, acc);
 	}
 	return acc;
 }
@@ -1151,7 +1289,8 @@ float ke_qdot_ref(int dt, const uint8_t *wrow, int K, const uint8_t *arow)
 {
 	switch (dt) {
 	case KV_DT_Q4_0:
-	case KV_DT_Q5_0: return q0_scalar(dt, wrow, K, arow);
+	case KV_DT_Q5_0:
+	case KV_DT_MXFP4: return q0_scalar(dt, wrow, K, arow);
 	case KV_DT_Q4_1:
 	case KV_DT_Q5_1: return q1_scalar(dt, wrow, K, arow);
 	case KV_DT_Q8_0: return q8_0_scalar(wrow, K, arow);
@@ -1189,9 +1328,10 @@ void ke_qdot_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, cons
 		return;
 	if (isa >= KE_ISA_AVX2) {
 		const int v5 = isa == KE_ISA_AVX512 && have_vnni(); /* the 512-bit GEMVs */
-		gemv_fn *fn = dt == KV_DT_Q8_0	 ? q8_0_gemv
-			      : dt == KV_DT_Q4_0 ? q4_0_gemv
-			      : dt == KV_DT_Q5_0 ? q5_0_gemv
+		gemv_fn *fn = dt == KV_DT_Q8_0	 ? (v5 ? q8_0_gemv5 : q8_0_gemv)
+			      : dt == KV_DT_Q4_0 ? (v5 ? q4_0_gemv5 : q4_0_gemv)
+			      : dt == KV_DT_Q5_0 ? (v5 ? q5_0_gemv5 : q5_0_gemv)
+			      : dt == KV_DT_MXFP4 ? (v5 ? mxfp4_gemv5 : mxfp4_gemv)
 			      : dt == KV_DT_Q4_1 ? q4_1_gemv
 			      : dt == KV_DT_Q5_1 ? q5_1_gemv
 			      : dt == KV_DT_Q4_K ? (v5 ? q4_k_gemv5 : q4_k_gemv)

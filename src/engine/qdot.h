@@ -3,7 +3,7 @@
  * quantized per row to int8 (the `--quant-act q8` mode, docs/engine.md).
  *
  * Activation rows. A row x[0..K) is cut into blocks of B elements, B = 32
- * for Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 weights and B = 256 for the K types
+ * for Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1 / MXFP4 weights and B = 256 for the K types
  * (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K); each block
  * is quantized on its own, from its own values only:
  *   amax = max |x[k]| over the block, found exactly on the bit patterns
@@ -30,7 +30,9 @@
  *        isum = sum_k qw[k] qx[k]                               (int32)
  *        acc  = fmaf(dw_b * dx_b, (float)isum, acc)
  *     y = acc. Q4_0 / Q5_0 (w = dw (q - 8 | 16)) the same with
- *     isum = sum_k (q[k] - 8 | 16) qx[k].
+ *     isum = sum_k (q[k] - 8 | 16) qx[k]. MXFP4 (w = d v, v the doubled
+ *     E2M1 value of the 4-bit code, -12..12; dw = 2^(e - 128) from the
+ *     E8M0 byte, exact) the same with isum = sum_k v[k] qx[k].
  *   Q4_1 / Q5_1 (w = dw q + m, codes 0..15 / 0..31, blocks of 32):
  *     acc = +0; for each block b, two steps in this order:
  *        isum = sum_k q[k] qx[k],  sumq = sum_k qx[k] = -ns[b] / 128 (int32)
@@ -63,8 +65,9 @@
  * bump it whenever some matrix's numbers under --quant-act q8 change.
  * "q8" until 2026-12-01; "q8.2" from the types Q4_1, Q5_1, Q2_K, Q3_K,
  * Q5_K (a Q4_K_M file's Q5_1 matrices moved to the integer path, under
- * the same tag, which would have served old entries as valid). */
-#define KE_QDOT_VERSION "q8.2"
+ * the same tag, which would have served old entries as valid); "q8.3"
+ * from MXFP4 (GPT-OSS's experts moved from the f32 path to this one). */
+#define KE_QDOT_VERSION "q8.3"
 
 #include <stddef.h>
 #include <stdint.h>

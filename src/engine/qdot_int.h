@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "engine/qdot.h"
+#include "model/quant.h"
 #include "model/safetensors.h"
 
 #if defined(__x86_64__)
@@ -22,7 +23,8 @@
  * here so that qpanel.c asks it without calling back into qdot.c. */
 static inline int q_block(int dt)
 {
-	if (dt == KV_DT_Q8_0 || dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0 || dt == KV_DT_Q4_1 || dt == KV_DT_Q5_1)
+	if (dt == KV_DT_Q8_0 || dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0 || dt == KV_DT_Q4_1 || dt == KV_DT_Q5_1 ||
+	    dt == KV_DT_MXFP4)
 		return 32;
 	if (dt == KV_DT_Q4_K || dt == KV_DT_Q6_K || dt == KV_DT_Q5_K || dt == KV_DT_Q3_K || dt == KV_DT_Q2_K)
 		return 256;
@@ -30,18 +32,24 @@ static inline int q_block(int dt)
 }
 
 /* The 32-blocks with 4/5-bit unsigned codes: Q4_0 / Q5_0 (w = d (q - 8 |
- * 16)) and Q4_1 / Q5_1 (w = d q + m). Bytes per block, where qh and qs
- * start (qh: 0 if none), and for Q4_0 / Q5_0 the shift that turns a row's
- * ns (-128 sum q) into -offset sum q. */
+ * 16)), Q4_1 / Q5_1 (w = d q + m) and MXFP4 (w = d (u - 16), u = 16 + the
+ * doubled E2M1 value of the 4-bit code, 4..28: a table lookup, then
+ * Q5_0's arithmetic; d = 2^(e - 128) from the E8M0 byte, not an f16).
+ * Bytes per block, where qh and qs start (qh: 0 if none), and for Q4_0 /
+ * Q5_0 / MXFP4 the shift that turns a row's ns (-128 sum q) into -offset
+ * sum q. */
 static inline int q0_bytes(int dt)
 {
-	return dt == KV_DT_Q4_0 ? 18 : dt == KV_DT_Q5_0 ? 22 : dt == KV_DT_Q4_1 ? 20 : 24;
+	return dt == KV_DT_Q4_0 ? 18 : dt == KV_DT_Q5_0 ? 22 : dt == KV_DT_Q4_1 ? 20 : dt == KV_DT_MXFP4 ? 17 : 24;
 }
 
 static inline int q0_qs(int dt)
 {
-	return dt == KV_DT_Q4_0 ? 2 : dt == KV_DT_Q5_0 ? 6 : dt == KV_DT_Q4_1 ? 4 : 8;
+	return dt == KV_DT_Q4_0 ? 2 : dt == KV_DT_Q5_0 ? 6 : dt == KV_DT_Q4_1 ? 4 : dt == KV_DT_MXFP4 ? 1 : 8;
 }
+
+/* MXFP4's codes as unsigned bytes: 16 + kq_mxfp4_values[code]. */
+static const uint8_t q_mxfp4_u[16] = {16, 17, 18, 19, 20, 22, 24, 28, 16, 15, 14, 13, 12, 10, 8, 4};
 
 static inline int q0_qh(int dt)
 {
@@ -55,13 +63,20 @@ static inline int q0_is1(int dt) /* Q4_1 / Q5_1: a min instead of an offset */
 
 static inline int q0_shift(int dt)
 {
-	return dt == KV_DT_Q4_0 ? 4 : 3;
+	return dt == KV_DT_Q4_0 ? 4 : 3; /* offset 8, or 16 (Q5_0, MXFP4) */
 }
 
-/* The 32 unsigned codes (0..15 / 0..31) of such a block. */
+/* The 32 unsigned codes (0..15 / 0..31 / MXFP4's 4..28) of such a block. */
 static inline void q0_codes(int dt, const uint8_t *blk, uint8_t *u)
 {
 	const uint8_t *qs = blk + q0_qs(dt);
+	if (dt == KV_DT_MXFP4) {
+		for (int j = 0; j < 16; j++) {
+			u[j] = q_mxfp4_u[qs[j] & 15];
+			u[j + 16] = q_mxfp4_u[qs[j] >> 4];
+		}
+		return;
+	}
 	uint32_t qh = 0;
 	if (q0_qh(dt))
 		memcpy(&qh, blk + q0_qh(dt), 4);
@@ -127,12 +142,14 @@ TGT2 static inline __m256i bit_to(__m256i v, int s, int t)
 	return _mm256_and_si256(sh, _mm256_set1_epi8((char)(1 << t)));
 }
 
-/* The codes of a Q4_0 / Q5_0 block as 32 unsigned bytes. */
+/* The codes of a Q4_0 / Q5_0 / Q4_1 / Q5_1 / MXFP4 block as 32 unsigned bytes. */
 TGT2 static inline __m256i q0_codes_avx2(int dt, const uint8_t *blk)
 {
 	const __m128i m4 = _mm_set1_epi8(0x0F);
 	const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + q0_qs(dt)));
 	__m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+	if (dt == KV_DT_MXFP4) /* the table in both lanes: one shuffle */
+		return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q_mxfp4_u)), u);
 	if (q0_qh(dt)) { /* bit j of qh -> 0x10 in byte j */
 		uint32_t qh;
 		memcpy(&qh, blk + q0_qh(dt), 4);

@@ -427,8 +427,8 @@ TGT5 static void pack_q8_0(const uint8_t *const *wr, int nb, uint8_t *pk)
 	}
 }
 
-/* Q4_0 / Q5_0 panel: the layout of Q8_0's, unsigned codes (no flip);
- * Q4_1 / Q5_1 add their mins. */
+/* Q4_0 / Q5_0 / MXFP4 panel: the layout of Q8_0's, unsigned codes (no
+ * flip); Q4_1 / Q5_1 add their mins. */
 TGT5 static void pack_q0(int dt, const uint8_t *const *wr, int nb, uint8_t *pk)
 {
 	const int bb = q0_bytes(dt), q1 = q0_is1(dt);
@@ -445,7 +445,11 @@ TGT5 static void pack_q0(int dt, const uint8_t *const *wr, int nb, uint8_t *pk)
 			memcpy(&h[r], blk, 2);
 			memcpy(&hm[r], blk + 2, 2);
 		}
-		scales16(h, (float *)(o + 512));
+		if (dt == KV_DT_MXFP4) /* E8M0 bytes, not f16 */
+			for (int r = 0; r < PR; r++)
+				((float *)(o + 512))[r] = kq_e8m0_half(wr[r][(size_t)bb * b]);
+		else
+			scales16(h, (float *)(o + 512));
 		if (q1)
 			scales16(hm, (float *)(o + 576));
 		transpose16x8(src, o, _mm512_setzero_si512());

@@ -283,22 +283,14 @@ static void dq_q8_k(const uint8_t *b, float *y)
 
 /* ggml's dequantize_row_mxfp4: the doubled E2M1 value times 2^(e - 128)
  * (GGML_E8M0_TO_FP32_HALF, built from the bits: exact for every e) */
-static const int8_t g_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-
-static float e8m0_half(uint8_t e)
-{
-	uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
-	float d;
-	memcpy(&d, &bits, 4);
-	return d;
-}
+const int8_t kq_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 static void dq_mxfp4(const uint8_t *b, float *y)
 {
-	const float d = e8m0_half(b[0]);
+	const float d = kq_e8m0_half(b[0]);
 	for (int j = 0; j < 16; j++) {
-		y[j] = (float)g_mxfp4[b[1 + j] & 15] * d;
-		y[j + 16] = (float)g_mxfp4[b[1 + j] >> 4] * d;
+		y[j] = (float)kq_mxfp4_values[b[1 + j] & 15] * d;
+		y[j + 16] = (float)kq_mxfp4_values[b[1 + j] >> 4] * d;
 	}
 }
 

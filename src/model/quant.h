@@ -102,6 +102,20 @@ int kq_dequant_row(int dt, const void *src, float *dst, size_t n);
  * _scales [rows, nb]) -> ggml MXFP4 blocks, nb per row: the same values. */
 void kq_mxfp4_from_hf(const uint8_t *blocks, const uint8_t *scales, uint64_t n_blocks, uint8_t *dst);
 
+/* MXFP4's block scale: 2^(e - 128) (ggml's GGML_E8M0_TO_FP32_HALF; the
+ * element values are the doubled E2M1 codes, kq_mxfp4_values), built
+ * from the bits: exact for every e, 2^-128 and 2^-127 subnormal. */
+static inline float kq_e8m0_half(uint8_t e)
+{
+	uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+	float d;
+	memcpy(&d, &bits, 4);
+	return d;
+}
+
+/* The doubled E2M1 value of each 4-bit MXFP4 code. */
+extern const int8_t kq_mxfp4_values[16];
+
 /* Quantize n floats (a multiple of the block size) into dst. Supported:
  * F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
  * KV_ERR_INVALID otherwise. */

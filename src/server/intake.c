@@ -229,18 +229,14 @@ static int constraint(struct ksv_server *s, struct ksv_conn *c, int wire, struct
 	}
 	if (sp.kind == KSS_CONS_NONE)
 		return 0;
-	if (s->harmony) {
-		/* the grammar engine writes calls and answers in the Qwen syntaxes;
-		 * GPT-OSS's channels (analysis, then final or a commentary call)
-		 * are not in it yet. "none" and "auto" with strict functions run
-		 * unconstrained (the calls are parsed as harmony); a form the answer
-		 * must follow is refused rather than constrained wrongly. */
+	if (s->harmony && r->api == KSV_API_CHAT) {
+		/* GPT-OSS: the answer in harmony's final channel, a forced call
+		 * in its commentary channel (session/constrain.h). "none" and
+		 * "auto" with strict functions run unconstrained (the calls are
+		 * parsed as harmony) */
 		if (sp.kind == KSS_CONS_TOOLS && (sp.choice == KV_TCG_NONE || sp.choice == KV_TCG_AUTO))
 			return 0;
-		refuse(s, c, wire, 400, param,
-		       "%s: structured output and forced tool calls are not supported for the harmony format "
-		       "(GPT-OSS) yet", param);
-		return 1;
+		sp.harmony = 1;
 	}
 	in->cons_kind = sp.kind;
 	int rc = kss_cons_get(kss_service_cons(s->svc), &sp, &in->grammar, &in->cons_hit);

@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "text/gbnf.h"
 #include "text/gcache.h"
+#include "text/harmony.h"
 #include "text/jschema.h"
 #include "text/tcgram.h"
 
@@ -26,6 +27,15 @@ struct kss_cons {
 	struct kv_gvocab *gv;
 	struct kv_gcache *gc;
 	uint32_t *ws;                    /* newline-only tokens */
+	/* harmony (the tokenizer has its markers; the vocabulary spells them
+	 * as bytes, harmony.h) */
+	int harmony;
+	int32_t hm_id[KV_HM_N_MARKERS];  /* marker ids by byte - KV_HM_B_START */
+	int32_t hm_eos[KSS_MAX_EOS_IDS]; /* eos without <|call|>, <|return|> (grammar bytes) */
+	int n_hm_eos;
+	uint32_t *hm_free;               /* the analysis body's mask */
+	struct kv_grammar *g_an;         /* <|channel|>analysis<|message|> */
+	struct kv_grammar *g_re;         /* <|start|>assistant */
 };
 
 int kss_cons_create(const struct kss_cons_params *p, struct kss_cons **out)
@@ -51,10 +61,57 @@ void kss_cons_free(struct kss_cons *c)
 	if (!c)
 		return;
 	kv_gcache_free(c->gc);
+	if (c->g_an)
+		kv_grammar_unref(c->g_an);
+	if (c->g_re)
+		kv_grammar_unref(c->g_re);
 	kv_gvocab_free(c->gv);
 	free(c->ws);
+	free(c->hm_free);
 	pthread_mutex_destroy(&c->mu);
 	free(c);
+}
+
+/* A grammar of one literal (markers as their bytes), compiled. */
+static int literal(struct kss_cons *c, const char *lit, size_t n, struct kv_grammar **out)
+{
+	struct kv_gram *g;
+	int rc = kv_gram_create(&g);
+	if (rc)
+		return rc;
+	int root = kv_gram_rule(g, "root", 4);
+	if (!(rc = kv_gram_define(g, root, kv_gram_lit(g, lit, n))) && !(rc = kv_gram_error(g))) {
+		kv_gram_set_root(g, root);
+		rc = kv_grammar_create(g, c->gv, NULL, out);
+	}
+	kv_gram_free(g);
+	return rc;
+}
+
+/* The harmony parts: the ids the grammars must not end on, the analysis
+ * body's mask, the two fixed pieces around an analysis message. */
+static int harmony_ready(struct kss_cons *c)
+{
+	for (int i = 0; i < c->p.n_eos; i++)
+		if (c->eos[i] != c->hm_id[KV_HM_B_CALL - KV_HM_B_START] &&
+		    c->eos[i] != c->hm_id[KV_HM_B_RETURN - KV_HM_B_START])
+			c->hm_eos[c->n_hm_eos++] = c->eos[i];
+	c->hm_free = malloc((size_t)c->words * sizeof *c->hm_free);
+	if (!c->hm_free)
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	memset(c->hm_free, 0xff, (size_t)c->words * sizeof *c->hm_free);
+	if (c->p.vocab % 32)
+		c->hm_free[c->words - 1] = (1u << (c->p.vocab % 32)) - 1;
+	for (int i = 0; i < KV_HM_N_MARKERS; i++)
+		if (KV_HM_B_START + i != KV_HM_B_END)
+			c->hm_free[c->hm_id[i] / 32] &= ~(1u << (c->hm_id[i] % 32));
+	for (int i = 0; i < c->p.n_eos; i++)
+		if (c->eos[i] >= 0 && c->eos[i] < c->p.vocab)
+			c->hm_free[c->eos[i] / 32] &= ~(1u << (c->eos[i] % 32));
+	static const char an[] = {(char)KV_HM_B_CHANNEL, 'a', 'n', 'a', 'l', 'y', 's', 'i', 's', (char)KV_HM_B_MESSAGE};
+	static const char re[] = {(char)KV_HM_B_START, 'a', 's', 's', 'i', 's', 't', 'a', 'n', 't'};
+	int rc = literal(c, an, sizeof an, &c->g_an);
+	return rc ? rc : literal(c, re, sizeof re, &c->g_re);
 }
 
 /* The vocabulary trie, the grammar cache and the whitespace tokens, made
@@ -64,9 +121,27 @@ static int ready_locked(struct kss_cons *c)
 {
 	if (c->gc)
 		return KV_OK;
+	/* from scratch: an earlier try may have failed half-way (the
+	 * grammars first: they hold the vocabulary) */
+	if (c->g_an)
+		kv_grammar_unref(c->g_an);
+	if (c->g_re)
+		kv_grammar_unref(c->g_re);
+	c->g_an = c->g_re = NULL;
+	kv_gvocab_free(c->gv);
+	c->gv = NULL;
+	free(c->ws);
+	free(c->hm_free);
+	c->ws = c->hm_free = NULL;
+	c->n_hm_eos = 0;
 	uint64_t t0 = kv_now_ns();
-	int rc = kv_gvocab_create(c->p.tok, c->p.vocab, &c->gv);
+	struct kv_tok_bytes *tb;
+	int nt = kv_tok_vocab_size(c->p.tok);
+	int rc = kv_tok_bytes_build(c->p.tok, c->p.vocab > nt ? c->p.vocab : nt, &tb);
 	if (rc)
+		return rc;
+	c->harmony = kv_hm_vocab_mark(tb, c->p.tok, c->hm_id);
+	if ((rc = kv_gvocab_from_bytes(tb, &c->gv)))
 		return rc;
 	c->ws = calloc((size_t)c->words, sizeof *c->ws);
 	if (!c->ws)
@@ -82,18 +157,46 @@ static int ready_locked(struct kss_cons *c)
 		if (k == n)
 			c->ws[id / 32] |= 1u << (id % 32);
 	}
+	if (c->harmony && (rc = harmony_ready(c)))
+		return rc;
 	struct kv_gcache_params gp = {.max_entries = c->p.max_grammars};
 	if ((rc = kv_gcache_create(c->gv, &gp, &c->gc)))
 		return rc;
-	KV_INFO("constrain.ready", "vocab=%d trie_nodes=%d ms=%.1f", c->p.vocab, c->gv->n_nodes,
+	KV_INFO("constrain.ready", "vocab=%d trie_nodes=%d harmony=%d ms=%.1f", c->p.vocab, c->gv->n_nodes, c->harmony,
 		(double)(kv_now_ns() - t0) / 1e6);
 	return KV_OK;
 }
 
+/* The answer's grammar in harmony's final channel: the body's root rule
+ * inside the frame. */
+static int harmony_final(struct kv_gram *g)
+{
+	int root = kv_gram_root(g), r = kv_gram_rule_new(g, "harmony-final");
+	int rc = kv_gram_define(g, r, kv_hm_gram_final(g, kv_gram_ref(g, root)));
+	if (!rc && !(rc = kv_gram_error(g)))
+		kv_gram_set_root(g, r);
+	return rc;
+}
+
+static int build_plain(const struct kss_cons_spec *sp, struct kv_gram **ir);
+
 static int build(void *ctx, struct kv_gram **ir)
 {
 	const struct kss_cons_spec *sp = ctx;
-	struct kv_js_opts jo = {.strict = sp->strict};
+	int rc = build_plain(sp, ir);
+	if (rc || !sp->harmony || sp->kind == KSS_CONS_TOOLS)
+		return rc;
+	if ((rc = harmony_final(*ir))) {
+		kv_gram_free(*ir);
+		*ir = NULL;
+	}
+	return rc;
+}
+
+static int build_plain(const struct kss_cons_spec *sp, struct kv_gram **ir)
+{
+	/* harmony: strings keep clear of the texts that end a message body */
+	struct kv_js_opts jo = {.strict = sp->strict, .forbid = sp->harmony ? kv_hm_body_words : NULL};
 	switch (sp->kind) {
 	case KSS_CONS_SCHEMA:
 		return kv_jschema_compile(sp->schema, &jo, ir);
@@ -106,7 +209,8 @@ static int build(void *ctx, struct kv_gram **ir)
 					   .choice = sp->choice,
 					   .name = sp->name,
 					   .parallel = sp->parallel,
-					   .strict = sp->strict};
+					   .strict = sp->strict,
+					   .harmony = sp->harmony};
 		return kv_tcg_build(sp->tools, &tp, ir);
 	}
 	default:
@@ -119,7 +223,8 @@ static int build(void *ctx, struct kv_gram **ir)
 static int spec_key(const struct kss_cons_spec *sp, struct kv_buf *k)
 {
 	char head[64];
-	int n = snprintf(head, sizeof head, "%d/%d/%d/%d/%d/", sp->kind, sp->strict, sp->choice, sp->parallel, sp->xml);
+	int n = snprintf(head, sizeof head, "%d/%d/%d/%d/%d/%d/", sp->kind, sp->strict, sp->choice, sp->parallel, sp->xml,
+			 sp->harmony);
 	kv_buf_add(k, head, (size_t)n);
 	if (sp->name)
 		kv_buf_add(k, sp->name, strlen(sp->name) + 1);
@@ -145,6 +250,8 @@ int kss_cons_get(struct kss_cons *c, const struct kss_cons_spec *spec, struct kv
 	pthread_mutex_unlock(&c->mu);
 	if (rc)
 		return rc;
+	if (spec->harmony && !c->harmony)
+		return kv_fail(KV_ERR_UNSUPPORTED, "the harmony format needs a tokenizer with its markers (<|channel|>, ...)");
 	struct kv_buf key = KV_BUF_INIT;
 	if (!(rc = spec_key(spec, &key)))
 		rc = kv_gcache_get(c->gc, key.p, key.len, build, (void *)spec, out, hit);
@@ -154,7 +261,7 @@ int kss_cons_get(struct kss_cons *c, const struct kss_cons_spec *spec, struct kv
 
 /* --- one generation ------------------------------------------------------------ */
 
-enum { PH_FREE = 0, PH_LEAD, PH_GRAMMAR };
+enum { PH_FREE = 0, PH_LEAD, PH_GRAMMAR, PH_RESTART };
 
 struct kss_cmatch {
 	struct kss_cons *c;
@@ -164,7 +271,40 @@ struct kss_cmatch {
 	int first;        /* no token sampled yet */
 	int may_think;
 	int lead_ws;      /* newline tokens the lead may still take */
+	/* harmony (the grammar is framed): the analysis gate while it may
+	 * still open, the "<|start|>assistant" after it */
+	int hm;
+	int g_off;        /* the lead left the answer's grammar for the analysis */
+	struct kv_gmatch *an, *re;
+	uint32_t *mask2;
 };
+
+/* The frame's first byte: a grammar that takes it is harmony-framed. */
+static int take_frame(struct kv_gmatch *gm)
+{
+	static const char fr[] = {(char)KV_HM_B_FRAME};
+	return kv_gmatch_accept_bytes(gm, fr, 1);
+}
+
+static int harmony_create(struct kss_cmatch *m, struct kv_grammar *g, int may_think)
+{
+	struct kss_cons *c = m->c;
+	int rc = kv_gmatch_create(g, c->hm_eos, c->n_hm_eos, &m->gm);
+	if (rc)
+		return rc;
+	if (take_frame(m->gm)) { /* a grammar of another format */
+		kv_gmatch_free(m->gm);
+		m->gm = NULL;
+		return KV_OK;
+	}
+	m->hm = 1;
+	if (may_think && (rc = kv_gmatch_create(c->g_an, NULL, 0, &m->an)))
+		return rc;
+	if (may_think && !(m->mask2 = malloc((size_t)c->words * sizeof *m->mask2)))
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	m->phase = PH_LEAD;
+	return KV_OK;
+}
 
 int kss_cmatch_create(struct kss_cons *c, struct kv_grammar *g, int in_think, int may_think, struct kss_cmatch **out)
 {
@@ -174,17 +314,25 @@ int kss_cmatch_create(struct kss_cons *c, struct kv_grammar *g, int in_think, in
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	m->c = c;
 	m->mask = malloc((size_t)c->words * sizeof *m->mask);
-	int rc = m->mask ? kv_gmatch_create(g, c->eos, c->p.n_eos, &m->gm) : kv_fail(KV_ERR_NOMEM, "out of memory");
+	int rc = m->mask ? KV_OK : kv_fail(KV_ERR_NOMEM, "out of memory");
+	if (!rc && c->harmony)
+		rc = harmony_create(m, g, may_think);
+	if (!rc && !m->hm)
+		rc = kv_gmatch_create(g, c->eos, c->p.n_eos, &m->gm);
 	if (rc) {
 		kss_cmatch_free(m);
 		return rc;
+	}
+	m->first = 1;
+	if (m->hm) {
+		*out = m;
+		return KV_OK;
 	}
 	/* reasoning needs its end token to ever reach the constraint */
 	int thinks = c->think_close >= 0;
 	m->phase = in_think && thinks ? PH_FREE : PH_LEAD;
 	m->lead_ws = 0; /* newlines only after a reasoning block */
 	m->may_think = may_think && thinks && c->think_open >= 0 && !in_think;
-	m->first = 1;
 	*out = m;
 	return KV_OK;
 }
@@ -194,13 +342,92 @@ void kss_cmatch_free(struct kss_cmatch *m)
 	if (!m)
 		return;
 	kv_gmatch_free(m->gm);
+	kv_gmatch_free(m->an);
+	kv_gmatch_free(m->re);
 	free(m->mask);
+	free(m->mask2);
 	free(m);
+}
+
+static int harmony_mask(struct kss_cmatch *m, const uint32_t **mask)
+{
+	const struct kss_cons *c = m->c;
+	int rc = KV_OK;
+	switch (m->phase) {
+	case PH_FREE:
+		*mask = c->hm_free;
+		return KV_OK;
+	case PH_RESTART:
+		rc = kv_gmatch_fill_mask(m->re, m->mask);
+		break;
+	default:
+		if (m->g_off)
+			memset(m->mask, 0, (size_t)c->words * sizeof *m->mask);
+		else
+			rc = kv_gmatch_fill_mask(m->gm, m->mask);
+		if (!rc && m->phase == PH_LEAD && m->an && !(rc = kv_gmatch_fill_mask(m->an, m->mask2)))
+			for (int i = 0; i < c->words; i++)
+				m->mask[i] |= m->mask2[i];
+	}
+	if (!rc)
+		*mask = m->mask;
+	return rc;
+}
+
+static int harmony_accept(struct kss_cmatch *m, int32_t t)
+{
+	const struct kss_cons *c = m->c;
+	int rc;
+	switch (m->phase) {
+	case PH_FREE:
+		if (t == c->hm_id[KV_HM_B_END - KV_HM_B_START]) {
+			if (!m->re && (rc = kv_gmatch_create(c->g_re, NULL, 0, &m->re)))
+				return rc;
+			m->phase = PH_RESTART;
+		}
+		return KV_OK;
+	case PH_RESTART:
+		if ((rc = kv_gmatch_accept(m->re, t)))
+			return rc;
+		if (kv_gmatch_done(m->re))
+			m->phase = PH_LEAD; /* the answer's message; no second analysis */
+		return KV_OK;
+	case PH_LEAD: {
+		int to_g = !m->g_off && kv_gmatch_allows(m->gm, t), to_a = m->an && kv_gmatch_allows(m->an, t);
+		if (!to_g && !to_a)
+			return kv_fail(KV_ERR_INVALID, "token %d is not allowed at the start of the harmony answer", t);
+		if (to_g && (rc = kv_gmatch_accept(m->gm, t)))
+			return rc;
+		if (to_a && (rc = kv_gmatch_accept(m->an, t)))
+			return rc;
+		m->g_off |= !to_g;
+		if (to_a && kv_gmatch_done(m->an)) {
+			/* "<|channel|>analysis<|message|>": the model reasons; the
+			 * answer's grammar starts again after it */
+			kv_gmatch_reset(m->gm);
+			if ((rc = take_frame(m->gm)))
+				return rc;
+			m->g_off = 0;
+			m->phase = PH_FREE;
+		}
+		if (!to_a || m->phase == PH_FREE) {
+			kv_gmatch_free(m->an);
+			m->an = NULL;
+			if (!to_a)
+				m->phase = PH_GRAMMAR;
+		}
+		return KV_OK;
+	}
+	default:
+		return kv_gmatch_accept(m->gm, t);
+	}
 }
 
 int kss_cmatch_mask(struct kss_cmatch *m, const uint32_t **mask)
 {
 	*mask = NULL;
+	if (m->hm)
+		return harmony_mask(m, mask);
 	if (m->phase == PH_FREE)
 		return KV_OK;
 	int rc = kv_gmatch_fill_mask(m->gm, m->mask);
@@ -223,6 +450,8 @@ int kss_cmatch_accept(struct kss_cmatch *m, int32_t t)
 	const struct kss_cons *c = m->c;
 	int first = m->first;
 	m->first = 0;
+	if (m->hm)
+		return harmony_accept(m, t);
 	switch (m->phase) {
 	case PH_FREE:
 		if (t == c->think_close) {

@@ -23,6 +23,20 @@
  *            reason, <think>;
  *   grammar  every token is one the grammar allows; end-of-sequence ids
  *            only where the grammar may end.
+ * Harmony (GPT-OSS, spec.harmony; docs/constrain.md "Harmony"): the
+ * grammar holds the message's frame, its markers as the bytes of
+ * text/harmony.h (the constraint's vocabulary gives the marker tokens
+ * those bytes), and starts with KV_HM_B_FRAME, which the matcher feeds
+ * itself: that is how a generation knows its grammar is framed. Phases:
+ *   lead     the grammar's first tokens, and when the model may reason
+ *            (may_think) also "<|channel|>analysis<|message|>";
+ *   free     the analysis body: every token but the markers other than
+ *            <|end|> and the end-of-sequence ids; <|end|> ends it;
+ *   restart  "<|start|>assistant" (tokens of the text), then the lead
+ *            again without the analysis (one analysis message at most);
+ *   grammar  the rest: "<|channel|>final<|message|>" + body +
+ *            "<|return|>", or " to=functions.NAME<|channel|>commentary
+ *            json<|message|>" + arguments + "<|call|>".
  * The mask is applied before sampling (ke_sample_masked), so the
  * penalties, the filters and the reported logprobs all see it. Prefill,
  * the cache and the batch are untouched: the mask is the sequence's own.
@@ -57,6 +71,8 @@ struct kss_cons_spec {
 	const char *name;      /* TOOLS, KV_TCG_NAMED: the function */
 	int parallel;          /* TOOLS: several calls may follow each other */
 	int xml;               /* TOOLS: the call syntax, enum kv_tc_format (Qwen3 JSON, Qwen3.5 XML, Nemotron-H list) */
+	int harmony;           /* GPT-OSS's harmony frame (TOOLS: required and named only); needs a
+				* harmony tokenizer (KV_ERR_UNSUPPORTED otherwise) */
 };
 
 struct kss_cons;           /* the compiled-grammar cache of a service */

@@ -278,3 +278,53 @@ int kv_hm_finish(struct kv_hm *h)
 		body_end_msg(h);
 	return rc;
 }
+
+/* --- the constraint engine's side ------------------------------------------- */
+
+static const char *const markers[KV_HM_N_MARKERS] = {M_START,	  M_CHANNEL,  M_MESSAGE, "<|end|>",
+						     "<|constrain|>", "<|call|>", "<|return|>"};
+
+const char *const kv_hm_body_words[] = {"<|end|>", "<|call|>", "<|return|>", M_START, NULL};
+
+const char *kv_hm_marker(int i)
+{
+	return i >= 0 && i < KV_HM_N_MARKERS ? markers[i] : NULL;
+}
+
+int kv_hm_vocab_mark(struct kv_tok_bytes *b, const struct kv_tok *t, int32_t ids[KV_HM_N_MARKERS])
+{
+	int32_t id[KV_HM_N_MARKERS];
+	for (int i = 0; i < KV_HM_N_MARKERS; i++) {
+		id[i] = kv_tok_id(t, markers[i]);
+		/* a marker's text is longer than one byte, so its byte fits where
+		 * its text was */
+		if (id[i] < 0 || id[i] >= b->n || !b->len[id[i]])
+			return 0;
+	}
+	for (int32_t k = 0; k < b->n; k++) {
+		if (b->special[k])
+			continue;
+		const unsigned char *p = (const unsigned char *)b->data + b->off[k];
+		for (uint32_t j = 0; j < b->len[k]; j++)
+			if (p[j] >= KV_HM_B_START) {
+				b->len[k] = 0;
+				break;
+			}
+	}
+	for (int i = 0; i < KV_HM_N_MARKERS; i++) {
+		b->data[b->off[id[i]]] = (char)(KV_HM_B_START + i);
+		b->len[id[i]] = 1;
+		b->special[id[i]] = 0;
+		if (ids)
+			ids[i] = id[i];
+	}
+	return 1;
+}
+
+int kv_hm_gram_final(struct kv_gram *g, int body)
+{
+	static const char open[] = {(char)KV_HM_B_FRAME, (char)KV_HM_B_CHANNEL, 'f', 'i', 'n', 'a', 'l',
+				    (char)KV_HM_B_MESSAGE};
+	static const char close[] = {(char)KV_HM_B_RETURN};
+	return kv_gram_seq3(g, kv_gram_lit(g, open, sizeof open), body, kv_gram_lit(g, close, sizeof close));
+}

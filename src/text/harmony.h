@@ -37,8 +37,12 @@
 #define KV_TEXT_HARMONY_H
 
 #include <stddef.h>
+#include <stdint.h>
 
+#include "text/gram.h"
 #include "text/output.h"
+#include "text/tokbytes.h"
+#include "text/tokenizer.h"
 
 #define KV_HM_MAX_HEADER 512
 
@@ -60,5 +64,51 @@ int kv_hm_feed(struct kv_hm *h, const char *text, size_t n);
 int kv_hm_finish(struct kv_hm *h);
 /* Tool calls reported so far. */
 int kv_hm_n_calls(const struct kv_hm *h);
+
+/*
+ * The constraint engine's side (session/constrain.c, text/tcgram.c;
+ * docs/constrain.md "Harmony"). A grammar matches bytes, and harmony's
+ * markers are special tokens that no text spells; so the constraint's
+ * vocabulary gives each marker token one byte that UTF-8 text never holds
+ * (0xF8..0xFE, below), and a grammar writes a marker as that byte.
+ * Ordinary tokens that hold such a byte are taken out of that vocabulary:
+ * no UTF-8 grammar could allow them anyway.
+ *
+ * KV_HM_B_FRAME (0xFF) starts every harmony-framed grammar: no token has
+ * it, the matcher is fed it by hand (session/constrain.c), and a grammar
+ * that takes it is thereby known to be framed.
+ */
+enum {
+	KV_HM_B_START = 0xF8,  /* <|start|> */
+	KV_HM_B_CHANNEL,       /* <|channel|> */
+	KV_HM_B_MESSAGE,       /* <|message|> */
+	KV_HM_B_END,           /* <|end|> */
+	KV_HM_B_CONSTRAIN,     /* <|constrain|> */
+	KV_HM_B_CALL,          /* <|call|> */
+	KV_HM_B_RETURN,        /* <|return|> */
+	KV_HM_B_FRAME = 0xFF,
+};
+#define KV_HM_N_MARKERS 7
+
+/* The marker of byte KV_HM_B_START + i ("<|start|>", ...). */
+const char *kv_hm_marker(int i);
+/* The texts at which the parser ends a message body ("<|end|>",
+ * "<|call|>", "<|return|>", "<|start|>"; NULL-terminated): a string in a
+ * constrained body keeps clear of them (jschema.h forbid). */
+extern const char *const kv_hm_body_words[];
+
+/* Rewrites b (built from t) into the constraint's harmony vocabulary: each
+ * marker token becomes its one byte and is no longer special; ordinary
+ * tokens holding a byte 0xF8..0xFF lose their bytes (len 0: no grammar
+ * allows them). ids[i] gets the id of marker i (may be NULL). 1 when t has
+ * all the markers (b rewritten), 0 when it is not a harmony tokenizer (b
+ * untouched). */
+int kv_hm_vocab_mark(struct kv_tok_bytes *b, const struct kv_tok *t, int32_t ids[KV_HM_N_MARKERS]);
+
+/* The final answer's frame around body (an expression of g):
+ *   FRAME <|channel|>final<|message|> body <|return|>
+ * as the model writes it after the prompt's "<|start|>assistant". -1 with
+ * the grammar's sticky error on failure. */
+int kv_hm_gram_final(struct kv_gram *g, int body);
 
 #endif

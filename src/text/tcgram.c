@@ -7,6 +7,7 @@
  */
 #include "text/tcgram.h"
 #include "base/err.h"
+#include "text/harmony.h"
 #include "text/jschema.h"
 
 #include <stdlib.h>
@@ -112,6 +113,30 @@ static int xml_params(struct kv_gram *g, const json_t *params, int strict, int *
 	return rc;
 }
 
+/* A name the harmony header can carry: the parser reads it up to a blank
+ * or '<' (harmony.c), at most 256 bytes. */
+static int harmony_name_ok(const char *s)
+{
+	size_t n = strlen(s);
+	return n && n <= 256 && !strpbrk(s, "<> \t\n\r");
+}
+
+/* One harmony call: the template's form of an assistant tool call. */
+static int harmony_call(struct kv_gram *g, const char *name, const json_t *params, int strict, int *x)
+{
+	int body, rc;
+	if (!harmony_name_ok(name))
+		return kv_fail(KV_ERR_UNSUPPORTED, "function name \"%.100s\" cannot be written in a harmony header", name);
+	if ((rc = json_args(g, params, strict, kv_hm_body_words, &body)))
+		return kv_fail_ctx(rc, "tool '%.100s'", name);
+	struct kv_buf h = KV_BUF_INIT;
+	kv_buf_printf(&h, "%c to=functions.%s%ccommentary json%c", KV_HM_B_FRAME, name, KV_HM_B_CHANNEL, KV_HM_B_MESSAGE);
+	static const char close[] = {(char)KV_HM_B_CALL};
+	*x = kv_gram_seq3(g, h.oom ? -1 : kv_gram_lit(g, h.p, h.len), body, kv_gram_lit(g, close, 1));
+	kv_buf_free(&h);
+	return *x < 0 ? kv_gram_error(g) : KV_OK;
+}
+
 /* One call of one function. */
 static int one_call(struct kv_gram *g, const json_t *fn, const struct kv_tcg_params *p, int *x)
 {
@@ -120,6 +145,8 @@ static int one_call(struct kv_gram *g, const json_t *fn, const struct kv_tcg_par
 	int body, rc;
 	if (!name || !*name)
 		return kv_fail(KV_ERR_INVALID, "a tool has no function name");
+	if (p->harmony)
+		return harmony_call(g, name, params, p->strict, x);
 	if (p->format == KV_TC_XML) {
 		if (!xml_name_ok(name))
 			return kv_fail(KV_ERR_UNSUPPORTED, "function name \"%.100s\" cannot be written in the XML tool-call form",
@@ -155,8 +182,10 @@ int kv_tcg_build(const json_t *tools, const struct kv_tcg_params *p, struct kv_g
 	struct kv_gram *g;
 	int rc, *calls = NULL, nc = 0;
 	*out = NULL;
-	if (p->format != KV_TC_JSON && p->format != KV_TC_XML && p->format != KV_TC_LIST)
+	if (!p->harmony && p->format != KV_TC_JSON && p->format != KV_TC_XML && p->format != KV_TC_LIST)
 		return kv_fail(KV_ERR_INVALID, "tool-call format %d is unknown", p->format);
+	if (p->harmony && p->choice != KV_TCG_REQUIRED && p->choice != KV_TCG_NAMED)
+		return kv_fail(KV_ERR_UNSUPPORTED, "the harmony format constrains tool_choice required and named only");
 	if (tools && !json_is_array(tools))
 		return kv_fail(KV_ERR_INVALID, "tools must be an array");
 	if ((rc = kv_gram_create(&g)))
@@ -190,8 +219,8 @@ int kv_tcg_build(const json_t *tools, const struct kv_tcg_params *p, struct kv_g
 			goto fail;
 		}
 		int call = kv_gram_alt(g, calls, nc);
-		int list = p->format == KV_TC_LIST;
-		if (p->parallel) {
+		int list = !p->harmony && p->format == KV_TC_LIST;
+		if (p->parallel && !p->harmony) {
 			int callr = kv_gram_rule_new(g, "tool-call");
 			kv_gram_define(g, callr, call);
 			call = kv_gram_seq2(g, kv_gram_ref(g, callr),

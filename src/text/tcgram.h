@@ -27,6 +27,14 @@
  *                    XML; "<TOOLCALL>" in the list form), then optionally the calls: a strict function
  *                    schema under tool_choice auto
  *   KV_TCG_NONE      free text without them
+ * GPT-OSS's harmony format (harmony = 1; format is then not read): one
+ * call, the message the chat template writes for an earlier call, after
+ * the prompt's "<|start|>assistant":
+ *   FRAME " to=functions.NAME" <|channel|> "commentary json" <|message|> ARGS <|call|>
+ * the markers as the bytes of text/harmony.h. The template keeps one call
+ * per assistant message and <|call|> ends the generation, so parallel is
+ * not read. Only required and named are grammars here (auto and none run
+ * unconstrained: KV_ERR_UNSUPPORTED).
  * tools is the OpenAI tools array ([{"type": "function", "function":
  * {"name", "parameters"}}], a bare {"name", "parameters"} accepted too).
  */
@@ -46,6 +54,7 @@ struct kv_tcg_params {
 	const char *name;  /* KV_TCG_NAMED: the function's name */
 	int parallel;      /* more than one call allowed */
 	int strict;        /* unsupported schema keywords are errors (jschema.h) */
+	int harmony;       /* GPT-OSS's harmony call (above) */
 };
 
 /* A new grammar (*out, kv_gram_free). KV_ERR_INVALID for a tools array

@@ -2,7 +2,7 @@
  * test_qdot.c - the integer path for quantized weights (engine/qdot.h,
  * --quant-act q8): per-row activation quantization and the dots of every
  * type it takes (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
- * Q6_K; several K and M) are bit-identical on the scalar, AVX2 and AVX-512 paths
+ * Q6_K, MXFP4; several K and M) are bit-identical on the scalar, AVX2 and AVX-512 paths
  * (random data and edge cases), an output never depends on M, the tile,
  * the column range or the thread (ke_gemm row i of M = 37 == the M = 1
  * GEMV, memcmp), and the float result matches a double evaluation of the
@@ -114,8 +114,8 @@ KT_CASE(act_quant_paths_identical)
 	free(x);
 }
 
-static const int g_types[] = {KV_DT_Q8_0, KV_DT_Q4_K, KV_DT_Q6_K, KV_DT_Q4_0, KV_DT_Q5_0,
-			      KV_DT_Q4_1, KV_DT_Q5_1, KV_DT_Q5_K, KV_DT_Q3_K, KV_DT_Q2_K};
+static const int g_types[] = {KV_DT_Q8_0, KV_DT_Q4_K, KV_DT_Q6_K, KV_DT_Q4_0, KV_DT_Q5_0, KV_DT_Q4_1,
+			      KV_DT_Q5_1, KV_DT_Q5_K, KV_DT_Q3_K, KV_DT_Q2_K, KV_DT_MXFP4};
 
 /* Where a block of dt keeps its f16 scale (f16[0]) and its f16 min
  * (f16[1], -1 if none). */
@@ -144,6 +144,20 @@ static void weight_rows(int dt, uint8_t *wq, int N, int K, uint64_t *s)
 	float *wf = malloc((size_t)K * 4);
 	for (int r = 0; r < N; r++) {
 		uint8_t *row = wq + (size_t)r * rb;
+		if (dt == KV_DT_MXFP4) {
+			/* no quantizer: random codes (every one of the 16), or all
+			 * 0xFF (-12, the largest magnitude), under E8M0 scales around
+			 * the release's (2^-8 .. 2^2) and the extremes that still
+			 * stay finite in the dot: 0 and 1 (subnormal 2^-128, 2^-127) */
+			for (size_t i = 0; i < rb; i++)
+				row[i] = r % 4 == 3 ? 0xFF : (uint8_t)kt_rand(s);
+			for (size_t b = 0; b < rb / 17; b++) {
+				unsigned pick = b == 0 ? 8 : (unsigned)(kt_rand(s) % 9); /* block 0 normal: a row's error
+											  is measured against its sum */
+				row[b * 17] = pick == 0 ? 0 : pick == 1 ? 1 : pick == 2 ? 2 : (uint8_t)(120 + kt_rand(s) % 11);
+			}
+			continue;
+		}
 		if (r % 2 == 0) {
 			for (int k = 0; k < K; k++)
 				wf[k] = frand(s, 0.05f * (float)(1 + r));
@@ -200,7 +214,7 @@ static double ref_dot(int dt, const uint8_t *w, int K, const uint8_t *a, double 
 
 KT_CASE(dot_paths_identical_and_exact)
 {
-	const int Ks[] = {256, 768, 2048}, N = 21, M = 24;
+	const int Ks[] = {256, 768, 2048, 288}, N = 21, M = 24; /* 288: an odd count of 32-blocks */
 	uint64_t s = 23;
 	double worst[sizeof g_types / sizeof g_types[0]] = {0};
 	float *x = malloc((size_t)M * 2048 * 4);
@@ -208,6 +222,8 @@ KT_CASE(dot_paths_identical_and_exact)
 		const int K = Ks[kk];
 		for (size_t t = 0; t < sizeof g_types / sizeof g_types[0]; t++) {
 			int dt = g_types[t], block = ke_qdot_block(dt);
+			if (K % block)
+				continue;
 			size_t wb = (size_t)kv_dtype_row_bytes(dt, (uint64_t)K), ab = ke_qact_row_bytes(block, K);
 			uint8_t *wq = malloc(wb * N), *a = amalloc(ab * M);
 			weight_rows(dt, wq, N, K, &s);
