@@ -110,12 +110,15 @@ size_t ks_remote_key(const struct ks_remote *r, struct kv_h128 ns, int kind, str
 /* --- the objects (for the store's workers) ------------------------------ */
 
 /*
- * GET one object and validate it like a disk file (fetch.c load_obj): its
+ * Read one object (a GET, or STRLEN and GETRANGE windows for one of at
+ * least range_min bytes; one deadline for the whole) and validate it like
+ * a disk file (fetch.c load_obj): its
  * kind, namespace ns, id, parent and position, then ks_obj_read into dst
  * (dst->expect: the prompt's tokens). KV_OK (*bytes += its size, *info
  * filled when not NULL); KV_ERR_NOT_FOUND when the key is missing; a
  * validation error (KV_ERR_CORRUPT, KV_ERR_NOT_OURS, KV_ERR_VERSION: the
- * value is counted and deleted); a transport error (KV_ERR_TIMEOUT,
+ * value is counted and deleted; a value that shrank or vanished between
+ * two of its calls is KV_ERR_NOT_FOUND); a transport error (KV_ERR_TIMEOUT,
  * KV_ERR_IO, KV_ERR_CANCELLED: the tier goes down) - or KV_ERR_IO at once
  * while it is down.
  */
