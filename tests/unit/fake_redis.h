@@ -13,7 +13,9 @@
  *   delay_ms        every command of a node waits this long (a slow node)
  *   set_delay_ms    every SET of a node waits this long (slow writes only)
  *   read_delay_ms   every GET, GETRANGE and STRLEN of a node waits this long
- *                   (slow reads only: a lookup's EXISTS goes through)
+ *                   (slow reads only: a lookup's EXISTS goes through);
+ *                   reads_in_flight / max_reads_in_flight count the reads
+ *                   waiting so on all nodes at once (a client's concurrency)
  *   down            the node closes its listener and every connection (a
  *                   dead master); fr_up opens it again on the same port
  *   tryagain        the next n commands get -TRYAGAIN
@@ -85,6 +87,7 @@ struct fr_cluster {
 	char password[64];
 	atomic_int tryagain;
 	atomic_int drop_after_ranges;
+	atomic_int reads_in_flight, max_reads_in_flight;
 	int standalone;
 };
 
@@ -252,8 +255,13 @@ static void *fr_conn_main(void *arg)
 		if ((d = atomic_load(&nd->set_delay_ms)) && !strcasecmp(cmd, "SET"))
 			usleep((useconds_t)d * 1000);
 		if ((d = atomic_load(&nd->read_delay_ms)) &&
-		    (!strcasecmp(cmd, "GET") || !strcasecmp(cmd, "GETRANGE") || !strcasecmp(cmd, "STRLEN")))
+		    (!strcasecmp(cmd, "GET") || !strcasecmp(cmd, "GETRANGE") || !strcasecmp(cmd, "STRLEN"))) {
+			int now = atomic_fetch_add(&cl->reads_in_flight, 1) + 1, m = atomic_load(&cl->max_reads_in_flight);
+			while (now > m && !atomic_compare_exchange_weak(&cl->max_reads_in_flight, &m, now))
+				;
 			usleep((useconds_t)d * 1000);
+			atomic_fetch_sub(&cl->reads_in_flight, 1);
+		}
 		if (!strcasecmp(cmd, "AUTH")) {
 			const char *pw = argv[argc - 1];
 			authed = !strcmp(pw, cl->password);

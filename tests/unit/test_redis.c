@@ -5,7 +5,9 @@
  * migration, TRYAGAIN, a slow node against the call's deadline, a dead
  * node (fails fast, then the replica's promotion through a map refresh),
  * a restarted node behind pooled connections, AUTH, standalone servers,
- * values in pieces and the reply size limit, the probe, and abort.
+ * values in pieces and the reply size limit, the probe, abort, STRLEN
+ * and GETRANGE into the caller's buffers, MOVED and ASK inside one
+ * pipelined batch, and a slow node inside a batch over two nodes.
  * tests/e2e/remote_tier.sh runs the same client against real redis-server
  * clusters.
  */

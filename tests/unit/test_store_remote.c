@@ -8,7 +8,11 @@
  * and deleted; another namespace never hits; a tier that is down is
  * skipped at once and its writes dropped, then picked up again; a slow
  * node bounds a lookup at the timeout; the shutdown flush drops what is
- * queued; a remote hit goes to the local disk when to_disk is on.
+ * queued; a remote hit goes to the local disk when to_disk is on. Every
+ * object is read in small ranges (several pipelined calls each) unless a
+ * case says plain GETs; a restore has several reads in flight on several
+ * nodes, one node slow mid-restore makes it a clean miss within the
+ * deadline, and a value evicted between its calls is a miss, not corrupt.
  * tests/e2e/remote_tier.sh runs the real servers against a real cluster.
  */
 #include "base/clock.h"
@@ -217,7 +221,7 @@ KT_CASE(plain_gets_restore_too)
 }
 
 /*
- * Objects in flight on every node at once (the read threads), and one
+ * Objects in flight on several nodes at once (the read threads), and one
  * node that stops answering reads in the middle of the restore: the
  * lookup ends near the deadline as a clean miss (nothing enters RAM, no
  * page kept: ts_close checks), the tier goes down; back up, the same
@@ -267,9 +271,18 @@ KT_CASE(one_node_slow_mid_restore_then_eviction_mid_read)
 	kv_sleep_ms(1600); /* the fake finishes the slow commands */
 	KT_CHECK(ks_remote_probe_now(r));
 	ts_close(&b);
+	/* every read a little slow: the restore has several objects in flight
+	 * at once (the read threads), on several nodes */
+	for (int n = 0; n < 3; n++)
+		atomic_store(&cl->node[n].read_delay_ms, 3);
+	atomic_store(&cl->max_reads_in_flight, 0);
 	KT_OK(open_env(&b, "b2", 1, r, NS));
 	KT_EQ_INT(lookup(&b, tok, N_PROMPT, bounds, 2, &anchor, &rpos), B1);
 	KT_EQ_INT(rpos, B1);
+	KT_CHECKF(atomic_load(&cl->max_reads_in_flight) >= 2, "at most %d reads in flight during a restore",
+		  atomic_load(&cl->max_reads_in_flight));
+	for (int n = 0; n < 3; n++)
+		atomic_store(&cl->node[n].read_delay_ms, 0);
 	ts_close(&b);
 
 	/* eviction in the middle of a ranged read: the value whose ranges are
