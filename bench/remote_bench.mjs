@@ -312,11 +312,19 @@ if (results.ttft.length) {
     cold_vs_remote: median(col('cold')) / median(col('remote')),
     restore_mb_s: { disk: median(bw('disk')), disk_dropped: median(bw('disk-dropped')), remote: median(bw('remote')) },
     wrong_answers: results.ttft.filter((r) => r.wrong).length,
+    // the spread: every repetition's value, and the per-repetition ratio
+    spread: { disk_ms: col('disk'), disk_dropped_ms: col('disk-dropped'), remote_ms: col('remote'),
+      remote_vs_disk: results.ttft.map((r) => r.remote.ttft_ms / r.disk.ttft_ms),
+      restore_mb_s: { disk: bw('disk'), disk_dropped: bw('disk-dropped'), remote: bw('remote') },
+      load1: results.ttft.map((r) => r.load.load1) },
   };
   console.log(`\n${LABEL}: TTFT medians over ${REPS} reps (ms): cold ${results.ttft_summary.cold_ms.toFixed(0)}, disk ${results.ttft_summary.disk_ms.toFixed(0)}, ` +
     `disk (page cache dropped) ${results.ttft_summary.disk_dropped_ms.toFixed(0)}, remote ${results.ttft_summary.remote_ms.toFixed(0)}; ` +
     `remote/disk ${results.ttft_summary.remote_vs_disk.toFixed(2)}x, cold/remote ${results.ttft_summary.cold_vs_remote.toFixed(0)}x; ` +
     `restore MB/s: disk ${results.ttft_summary.restore_mb_s.disk.toFixed(0)}, disk dropped ${results.ttft_summary.restore_mb_s.disk_dropped.toFixed(0)}, remote ${results.ttft_summary.restore_mb_s.remote.toFixed(0)}`);
+  const sp = results.ttft_summary.spread, r0 = (xs) => xs.map((x) => x.toFixed(0)).join('/');
+  console.log(`${LABEL}: per repetition: disk ${r0(sp.disk_ms)} ms, remote ${r0(sp.remote_ms)} ms, remote/disk ${sp.remote_vs_disk.map((x) => x.toFixed(2)).join('/')}; ` +
+    `restore MB/s disk ${r0(sp.restore_mb_s.disk)}, remote ${r0(sp.restore_mb_s.remote)}; load ${sp.load1.join('/')}`);
 }
 if (results.trace.length) {
   const m = (r) => median(results.trace.filter((x) => x.remote === r).map((x) => x.tok_s));

@@ -209,6 +209,7 @@ struct rrep {
 	char *str;
 	size_t elements;
 	struct rrep **element;
+	int borrowed;             /* str is the caller's buffer (kv_redis_op.buf): not ours to free */
 };
 
 static void *rep_attach(const redisReadTask *task, struct rrep *r)
@@ -279,7 +280,8 @@ static void rep_free(void *o)
 	for (size_t i = 0; i < r->elements; i++)
 		rep_free(r->element[i]);
 	free(r->element);
-	free(r->str);
+	if (!r->borrowed)
+		free(r->str);
 	free(r);
 }
 
@@ -291,10 +293,11 @@ struct conn {
 	redisContext *c;
 	int node;
 	int reused;               /* came from the idle list */
-	/* GET batches read their replies here, not through hiredis's reader
-	 * (raw_reply): a value's bytes then go from the socket straight into
-	 * the buffer the caller gets, where the reader would have copied them
-	 * twice more (its growing buffer, then the reply object) */
+	/* batches of reads (GET, GETRANGE, STRLEN) read their replies here,
+	 * not through hiredis's reader (raw_reply): a value's bytes then go
+	 * from the socket straight into the buffer the caller gets (or gave:
+	 * kv_redis_op.buf), where the reader would have copied them twice
+	 * more (its growing buffer, then the reply object) */
 	int raw;
 	char *rb;                 /* RAW_BUF bytes (more while a send waits), or NULL */
 	size_t rb_cap, rb_pos, rb_len;
@@ -491,14 +494,15 @@ static int conn_fill(struct kv_redis *r, struct conn *k, uint64_t deadline, char
 	return KV_OK;
 }
 
-static int raw_reply(struct kv_redis *r, struct conn *k, uint64_t deadline, struct rrep **out);
+static int raw_reply(struct kv_redis *r, struct conn *k, uint64_t deadline, struct rrep **out, void *dst, size_t dcap);
 
-/* The next reply. */
-static int conn_reply(struct kv_redis *r, struct conn *k, uint64_t deadline, char *buf, struct rrep **out)
+/* The next reply (raw mode: a bulk string lands in dst when dst is set). */
+static int conn_reply_into(struct kv_redis *r, struct conn *k, uint64_t deadline, char *buf, struct rrep **out,
+			   void *dst, size_t dcap)
 {
 	*out = NULL;
 	if (k->raw)
-		return raw_reply(r, k, deadline, out);
+		return raw_reply(r, k, deadline, out, dst, dcap);
 	for (;;) {
 		void *rep = NULL;
 		if (redisReaderGetReply(k->c->reader, &rep) != REDIS_OK)
@@ -511,6 +515,11 @@ static int conn_reply(struct kv_redis *r, struct conn *k, uint64_t deadline, cha
 		if (rc)
 			return rc;
 	}
+}
+
+static int conn_reply(struct kv_redis *r, struct conn *k, uint64_t deadline, char *buf, struct rrep **out)
+{
+	return conn_reply_into(r, k, deadline, buf, out, NULL, 0);
 }
 
 /* Raw mode: read what the socket has (waiting for it first) into rb. */
@@ -578,11 +587,13 @@ static int raw_bytes(struct kv_redis *r, struct conn *k, uint64_t deadline, char
 }
 
 /*
- * Raw mode: one reply of a GET batch (a status for ASKING, an error, a
- * bulk string or nil; anything else is out of step). A bulk string's
- * bytes land in an exact-size buffer that becomes the caller's value.
+ * Raw mode: one reply of a batch of reads (a status for ASKING, an error,
+ * an integer for STRLEN, a bulk string or nil; anything else is out of
+ * step). A bulk string's bytes land in dst (the op's own buffer: a reply
+ * longer than dcap is KV_ERR_FULL), else in an exact-size buffer that
+ * becomes the caller's value.
  */
-static int raw_reply(struct kv_redis *r, struct conn *k, uint64_t deadline, struct rrep **out)
+static int raw_reply(struct kv_redis *r, struct conn *k, uint64_t deadline, struct rrep **out, void *dst, size_t dcap)
 {
 	char *crlf;
 	int rc;
@@ -616,10 +627,16 @@ static int raw_reply(struct kv_redis *r, struct conn *k, uint64_t deadline, stru
 		return KV_OK;
 	}
 	char *end = NULL;
-	long long n = type == '$' ? strtoll(line, &end, 10) : -2;
+	long long n = type == '$' || type == ':' ? strtoll(line, &end, 10) : -2;
+	if (type == ':' && end && !*end && ll) {
+		rep->type = REDIS_REPLY_INTEGER;
+		rep->integer = n;
+		*out = rep;
+		return KV_OK;
+	}
 	if (type != '$' || !end || *end || n < -1) {
 		rep_free(rep);
-		return kv_fail(KV_ERR_IO, "remote cache: a GET answered with an unexpected reply ('%c')", type);
+		return kv_fail(KV_ERR_IO, "remote cache: a read answered with an unexpected reply ('%c')", type);
 	}
 	if (n == -1) {
 		rep->type = REDIS_REPLY_NIL;
@@ -630,9 +647,16 @@ static int raw_reply(struct kv_redis *r, struct conn *k, uint64_t deadline, stru
 		rep_free(rep);
 		return kv_fail(KV_ERR_FULL, "remote cache: a reply of %lld bytes is over %zu", n, r->p.max_reply);
 	}
+	if (dst && (unsigned long long)n > dcap) {
+		rep_free(rep);
+		return kv_fail(KV_ERR_FULL, "remote cache: a reply of %lld bytes is over the %zu asked for", n, dcap);
+	}
 	rep->type = REDIS_REPLY_STRING;
 	rep->len = (size_t)n;
-	if (!(rep->str = malloc((size_t)n + 1))) {
+	if (dst) {
+		rep->str = dst;
+		rep->borrowed = 1;
+	} else if (!(rep->str = malloc((size_t)n + 1))) {
 		rep_free(rep);
 		return kv_fail(KV_ERR_IO, "remote cache: out of memory for a value of %lld bytes", n);
 	}
@@ -645,7 +669,8 @@ static int raw_reply(struct kv_redis *r, struct conn *k, uint64_t deadline, stru
 		rep_free(rep);
 		return kv_fail(KV_ERR_IO, "remote cache: a value not followed by CRLF");
 	}
-	rep->str[n] = 0;
+	if (!dst)
+		rep->str[n] = 0;
 	*out = rep;
 	return KV_OK;
 }
@@ -915,8 +940,17 @@ static void handle_reply(struct kv_redis *r, struct kv_redis_op *op, struct opx 
 	rd->completed++;
 	switch (op->cmd) {
 	case KV_REDIS_GET:
+	case KV_REDIS_GETRANGE:
 		if (rep->type == REDIS_REPLY_NIL) {
 			op->rc = KV_ERR_NOT_FOUND;
+		} else if (rep->type == REDIS_REPLY_STRING && op->buf && !rep->borrowed && rep->len > op->cap) {
+			op->rc = KV_ERR_FULL;
+		} else if (rep->type == REDIS_REPLY_STRING && op->buf && !rep->borrowed) {
+			/* read through hiredis (a batch mixing writes): to the buffer too */
+			memcpy(op->buf, rep->str, rep->len);
+			op->data = op->buf;
+			op->len = rep->len;
+			op->rc = KV_OK;
 		} else if (rep->type == REDIS_REPLY_STRING) {
 			op->data = rep->str;
 			op->len = rep->len;
@@ -946,8 +980,8 @@ static void handle_reply(struct kv_redis *r, struct kv_redis_op *op, struct opx 
 
 static const char *cmd_name(int cmd, size_t *len)
 {
-	static const char *const n[] = {NULL, "GET", "SET", "EXISTS", "TOUCH", "DEL"};
-	const char *s = cmd == CMD_PING ? "PING" : cmd >= KV_REDIS_GET && cmd <= KV_REDIS_DEL ? n[cmd] : "PING";
+	static const char *const n[] = {NULL, "GET", "SET", "EXISTS", "TOUCH", "DEL", "PING", "GETRANGE", "STRLEN"};
+	const char *s = cmd == CMD_PING ? "PING" : cmd >= KV_REDIS_GET && cmd <= KV_REDIS_STRLEN ? n[cmd] : "PING";
 	*len = strlen(s);
 	return s;
 }
@@ -961,7 +995,7 @@ static void run_batch(struct kv_redis *r, int node, struct kv_redis_op *ops, str
 	size_t hsize = 0, niov = 0, got = 0;
 	int rc;
 	for (size_t i = 0; i < k; i++)
-		hsize += 96 + 2 * ops[idx[i]].klen + (x[idx[i]].asked ? 32 : 0);
+		hsize += 160 + 2 * ops[idx[i]].klen + (x[idx[i]].asked ? 32 : 0);
 	for (size_t i = 0; i < k; i++)
 		niov += 2 + (size_t)(ops[idx[i]].cmd == KV_REDIS_SET ? ops[idx[i]].nval + 1 : 0);
 	char *h = malloc(hsize);
@@ -978,10 +1012,10 @@ static void run_batch(struct kv_redis *r, int node, struct kv_redis_op *ops, str
 		rd->unreachable += k;
 		goto out;
 	}
-	/* a batch of GETs reads its replies raw (struct conn) */
+	/* a batch of reads reads its replies raw (struct conn) */
 	c->raw = 1;
 	for (size_t i = 0; i < k; i++)
-		if (ops[idx[i]].cmd != KV_REDIS_GET)
+		if (ops[idx[i]].cmd != KV_REDIS_GET && ops[idx[i]].cmd != KV_REDIS_GETRANGE && ops[idx[i]].cmd != KV_REDIS_STRLEN)
 			c->raw = 0;
 	/* the pipeline: [ASKING] cmd key [value], for each op */
 	size_t o = 0, v = 0;
@@ -997,9 +1031,16 @@ static void run_batch(struct kv_redis *r, int node, struct kv_redis_op *ops, str
 			iov[v++] = (struct iovec){h + start, o - start};
 			continue;
 		}
-		o += (size_t)sprintf(h + o, "*%d\r\n", op->cmd == KV_REDIS_SET ? 3 : 2);
+		o += (size_t)sprintf(h + o, "*%d\r\n", op->cmd == KV_REDIS_SET ? 3 : op->cmd == KV_REDIS_GETRANGE ? 4 : 2);
 		o += fmt_bulk(h + o, cn, cl);
 		o += fmt_bulk(h + o, op->key, op->klen);
+		if (op->cmd == KV_REDIS_GETRANGE) {
+			char a[24], b[24];
+			int la = snprintf(a, sizeof a, "%llu", (unsigned long long)op->start);
+			int lb = snprintf(b, sizeof b, "%llu", (unsigned long long)op->end);
+			o += fmt_bulk(h + o, a, (size_t)la);
+			o += fmt_bulk(h + o, b, (size_t)lb);
+		}
 		if (op->cmd == KV_REDIS_SET) {
 			size_t vl = 0;
 			for (int j = 0; j < op->nval; j++)
@@ -1024,9 +1065,11 @@ static void run_batch(struct kv_redis *r, int node, struct kv_redis_op *ops, str
 			rep_free(rep); /* +OK; an error shows in the command's own reply */
 			rep = NULL;
 		}
-		if ((rc = conn_reply(r, c, deadline, buf, &rep)))
+		struct kv_redis_op *op = &ops[idx[got]];
+		int into = op->buf && (op->cmd == KV_REDIS_GET || op->cmd == KV_REDIS_GETRANGE);
+		if ((rc = conn_reply_into(r, c, deadline, buf, &rep, into ? op->buf : NULL, into ? op->cap : 0)))
 			break;
-		handle_reply(r, &ops[idx[got]], xi, rep, rd);
+		handle_reply(r, op, xi, rep, rd);
 		rep_free(rep);
 	}
 	if (rc) {
@@ -1289,6 +1332,15 @@ size_t kv_redis_exec(struct kv_redis *r, struct kv_redis_op *ops, size_t n, int 
 		}
 		if (rd.redirected && !rd.transient && !rd.unreachable)
 			continue; /* follow the redirects at once */
+		if (!rd.transient && !rd.unreachable && !rd.redirected) {
+			/* every op of the round got its answer: done, without the
+			 * backoff below (it cost every call a millisecond) */
+			size_t left = 0;
+			for (size_t i = 0; i < n; i++)
+				left += !x[i].done;
+			if (!left)
+				break;
+		}
 		if (rd.unreachable && !rd.completed && !rd.redirected && !rd.transient) {
 			/* nothing could take the ops: after a few tries with a
 			 * refreshed map, give up rather than wait for the deadline */

@@ -36,7 +36,8 @@
  *                 final: KV_ERR_INVALID, the server's text in kv_errmsg
  * At most 5 redirects per operation per call. What is not done at the
  * deadline ends with KV_ERR_TIMEOUT. Every operation here is idempotent
- * (GET, SET, EXISTS, TOUCH, DEL), so a retry after a lost reply is safe.
+ * (GET, GETRANGE, STRLEN, SET, EXISTS, TOUCH, DEL), so a retry after a
+ * lost reply is safe.
  *
  * Authentication: "AUTH user pass" (Redis ACL) or "AUTH pass" on every
  * new connection; a refusal is logged by the caller, counted, and the
@@ -88,7 +89,16 @@ struct kv_redis_params {
 	int idle_per_node;         /* idle connections kept per node; 0: 8 */
 };
 
-enum kv_redis_cmd { KV_REDIS_GET = 1, KV_REDIS_SET, KV_REDIS_EXISTS, KV_REDIS_TOUCH, KV_REDIS_DEL, KV_REDIS_PING };
+enum kv_redis_cmd {
+	KV_REDIS_GET = 1,
+	KV_REDIS_SET,
+	KV_REDIS_EXISTS,
+	KV_REDIS_TOUCH,
+	KV_REDIS_DEL,
+	KV_REDIS_PING,
+	KV_REDIS_GETRANGE,         /* bytes [start, end] of a value ("" past its end or for a missing key) */
+	KV_REDIS_STRLEN,           /* a value's length in n (0: missing) */
+};
 
 struct kv_redis_op {
 	int cmd;                   /* enum kv_redis_cmd */
@@ -96,15 +106,20 @@ struct kv_redis_op {
 	size_t klen;
 	const struct iovec *val;   /* SET: the value, in pieces (borrowed) */
 	int nval;
+	uint64_t start, end;       /* GETRANGE: the bytes asked for (inclusive) */
+	void *buf;                 /* GET / GETRANGE: when set, the value lands here (a reply
+				      longer than cap is KV_ERR_FULL) and data == buf: nothing
+				      to free, no allocation and no copy per reply */
+	size_t cap;
 	/* results */
 	int rc;                    /* KV_OK; KV_ERR_NOT_FOUND: GET of a missing key, or
 				      EXISTS / TOUCH / DEL that counted 0; KV_ERR_TIMEOUT;
 				      KV_ERR_IO: no node could take it; KV_ERR_FULL: the
 				      reply was over max_reply; KV_ERR_INVALID: the
 				      server refused it; KV_ERR_CANCELLED: aborted */
-	void *data;                /* GET: the value, malloc'd (the caller frees it) */
+	void *data;                /* GET / GETRANGE: the value, malloc'd (the caller frees it) unless buf */
 	size_t len;
-	long long n;               /* EXISTS / TOUCH / DEL: the count */
+	long long n;               /* EXISTS / TOUCH / DEL: the count; STRLEN: the length */
 };
 
 struct kv_redis;

@@ -16,7 +16,11 @@
  * the bytes of whatever (kind, id) the store's workers ask for, so a new
  * object kind of the disk tier needs nothing here.
  *
- * Reading (store/fetch.c with the remote as its source). Every value goes
+ * Reading (store/fetch.c with the remote as its source). A big value is
+ * read in ranges (STRLEN and GETRANGE, pipelined a window at a time,
+ * straight into one buffer; remote.c says why), a small one with a GET;
+ * the store's read threads have several objects in flight at once, on
+ * the nodes that own them. Every value goes
  * through the disk tier's own validation (ks_obj_open_mem + ks_obj_read:
  * size, header, version, namespace, checksums, the tokens against the
  * prompt's, shapes, positions, coverage) plus the key's own id, parent and
@@ -72,6 +76,11 @@ struct ks_remote_params {
 	uint64_t queue_bytes;      /* per store; 0: KS_REMOTE_QUEUE_DEFAULT */
 	const struct ke_layout *layout; /* the largest object bounds a reply (copied) */
 	int no_thread;             /* tests: no background probe (ks_remote_probe_now) */
+	/* objects expected at least range_min bytes are read in ranges of
+	 * range_chunk bytes, range_window of them per call (remote.c; 0: the
+	 * defaults, 4 MiB, 1 MiB and 10; tests make them small) */
+	size_t range_min, range_chunk;
+	int range_window;
 };
 
 struct ks_remote;
@@ -101,12 +110,15 @@ size_t ks_remote_key(const struct ks_remote *r, struct kv_h128 ns, int kind, str
 /* --- the objects (for the store's workers) ------------------------------ */
 
 /*
- * GET one object and validate it like a disk file (fetch.c load_obj): its
+ * Read one object (a GET, or STRLEN and GETRANGE windows for one of at
+ * least range_min bytes; one deadline for the whole) and validate it like
+ * a disk file (fetch.c load_obj): its
  * kind, namespace ns, id, parent and position, then ks_obj_read into dst
  * (dst->expect: the prompt's tokens). KV_OK (*bytes += its size, *info
  * filled when not NULL); KV_ERR_NOT_FOUND when the key is missing; a
  * validation error (KV_ERR_CORRUPT, KV_ERR_NOT_OURS, KV_ERR_VERSION: the
- * value is counted and deleted); a transport error (KV_ERR_TIMEOUT,
+ * value is counted and deleted; a value that shrank or vanished between
+ * two of its calls is KV_ERR_NOT_FOUND); a transport error (KV_ERR_TIMEOUT,
  * KV_ERR_IO, KV_ERR_CANCELLED: the tier goes down) - or KV_ERR_IO at once
  * while it is down.
  */

@@ -12,14 +12,21 @@
  *                   the target serves it only right after ASKING
  *   delay_ms        every command of a node waits this long (a slow node)
  *   set_delay_ms    every SET of a node waits this long (slow writes only)
+ *   read_delay_ms   every GET, GETRANGE and STRLEN of a node waits this long
+ *                   (slow reads only: a lookup's EXISTS goes through);
+ *                   reads_in_flight / max_reads_in_flight count the reads
+ *                   waiting so on all nodes at once (a client's concurrency)
  *   down            the node closes its listener and every connection (a
  *                   dead master); fr_up opens it again on the same port
  *   tryagain        the next n commands get -TRYAGAIN
+ *   drop_after_ranges  the value a GETRANGE reads is deleted just before
+ *                   the n-th GETRANGE from now is answered (evicted in the
+ *                   middle of a ranged read)
  *   password        AUTH required
  *   standalone      CLUSTER SLOTS answers "cluster support disabled"
  *
  * Only what the client sends is understood: AUTH, PING, ASKING, CLUSTER
- * SLOTS, GET, SET, EXISTS, TOUCH, DEL. Values live in one list shared by
+ * SLOTS, GET, GETRANGE, STRLEN, SET, EXISTS, TOUCH, DEL. Values live in one list shared by
  * every node (the fake has no real data placement: ownership only decides
  * who answers). Counters per node let tests see where commands went.
  */
@@ -31,6 +38,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -62,6 +70,7 @@ struct fr_node {
 	atomic_int down;
 	atomic_int delay_ms;
 	atomic_int set_delay_ms;
+	atomic_int read_delay_ms;
 	atomic_int commands;    /* data commands served (GET/SET/...) */
 	atomic_int moved_sent, ask_sent;
 	int conns[FR_MAX_CONNS];
@@ -77,6 +86,8 @@ struct fr_cluster {
 	struct fr_kv *kv;
 	char password[64];
 	atomic_int tryagain;
+	atomic_int drop_after_ranges;
+	atomic_int reads_in_flight, max_reads_in_flight;
 	int standalone;
 };
 
@@ -243,6 +254,14 @@ static void *fr_conn_main(void *arg)
 		const char *cmd = argv[0];
 		if ((d = atomic_load(&nd->set_delay_ms)) && !strcasecmp(cmd, "SET"))
 			usleep((useconds_t)d * 1000);
+		if ((d = atomic_load(&nd->read_delay_ms)) &&
+		    (!strcasecmp(cmd, "GET") || !strcasecmp(cmd, "GETRANGE") || !strcasecmp(cmd, "STRLEN"))) {
+			int now = atomic_fetch_add(&cl->reads_in_flight, 1) + 1, m = atomic_load(&cl->max_reads_in_flight);
+			while (now > m && !atomic_compare_exchange_weak(&cl->max_reads_in_flight, &m, now))
+				;
+			usleep((useconds_t)d * 1000);
+			atomic_fetch_sub(&cl->reads_in_flight, 1);
+		}
 		if (!strcasecmp(cmd, "AUTH")) {
 			const char *pw = argv[argc - 1];
 			authed = !strcmp(pw, cl->password);
@@ -336,6 +355,39 @@ static void *fr_conn_main(void *arg)
 			memcpy(v + o + vl, "\r\n", 2);
 			fr_send(c->fd, v, (size_t)o + vl + 2);
 			free(v);
+		} else if (!strcasecmp(cmd, "GETRANGE") && argc == 4) {
+			/* bytes [start, end] clamped to the value, "" past its end or
+			 * for a missing key (as Redis; negative offsets not needed) */
+			long long st = atoll(argv[2]), en = atoll(argv[3]);
+			pthread_mutex_lock(&cl->mu);
+			struct fr_kv **p = fr_find(cl, argv[1], argl[1]);
+			if (p && atomic_load(&cl->drop_after_ranges) > 0 && atomic_fetch_sub(&cl->drop_after_ranges, 1) == 1) {
+				struct fr_kv *e = *p;
+				*p = e->next;
+				free(e->key);
+				free(e->val);
+				free(e);
+				p = NULL;
+			}
+			size_t vl = p ? (*p)->vlen : 0, from = 0, n = 0;
+			if (p && st >= 0 && en >= st && (size_t)st < vl) {
+				from = (size_t)st;
+				n = ((size_t)en < vl ? (size_t)en + 1 : vl) - from;
+			}
+			char *v = malloc(n + 64);
+			int o = sprintf(v, "$%zu\r\n", n);
+			if (n)
+				memcpy(v + o, (*p)->val + from, n);
+			pthread_mutex_unlock(&cl->mu);
+			memcpy(v + o + n, "\r\n", 2);
+			fr_send(c->fd, v, (size_t)o + n + 2);
+			free(v);
+		} else if (!strcasecmp(cmd, "STRLEN")) {
+			pthread_mutex_lock(&cl->mu);
+			struct fr_kv **p = fr_find(cl, argv[1], argl[1]);
+			size_t vl = p ? (*p)->vlen : 0;
+			pthread_mutex_unlock(&cl->mu);
+			fr_sendf(c->fd, ":%zu\r\n", vl);
 		} else if (!strcasecmp(cmd, "SET") && argc == 3) {
 			fr_put(cl, argv[1], argl[1], argv[2], argl[2]);
 			fr_sendf(c->fd, "+OK\r\n");
@@ -386,6 +438,10 @@ static void *fr_accept_main(void *arg)
 			close(fd);
 			continue;
 		}
+		/* as redis-server does: with Nagle on, a reply sent in pieces
+		 * waits for the client's delayed ACK (40 ms per call) */
+		int one = 1;
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 		struct fr_conn *c = calloc(1, sizeof *c);
 		c->nd = nd;
 		c->fd = fd;

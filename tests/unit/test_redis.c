@@ -5,7 +5,9 @@
  * migration, TRYAGAIN, a slow node against the call's deadline, a dead
  * node (fails fast, then the replica's promotion through a map refresh),
  * a restarted node behind pooled connections, AUTH, standalone servers,
- * values in pieces and the reply size limit, the probe, and abort.
+ * values in pieces and the reply size limit, the probe, abort, STRLEN
+ * and GETRANGE into the caller's buffers, MOVED and ASK inside one
+ * pipelined batch, and a slow node inside a batch over two nodes.
  * tests/e2e/remote_tier.sh runs the same client against real redis-server
  * clusters.
  */
@@ -445,6 +447,191 @@ KT_CASE(abort_ends_calls_in_flight)
 	fr_stop(cl);
 }
 
+/* A key of node `node` of a 3-node fake (slots split in thirds). */
+static void key_of(int node, int nth, char *out, size_t cap)
+{
+	for (int i = 0, seen = 0;; i++) {
+		snprintf(out, cap, "k%d-%d", node, i);
+		if (kv_redis_slot(out, strlen(out)) * 3 / KV_REDIS_SLOTS == node && seen++ == nth)
+			return;
+	}
+}
+
+static void fill(uint8_t *p, size_t n, uint64_t seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)kt_rand(&seed);
+}
+
+/* STRLEN and GETRANGE, the values landing in the caller's buffers. */
+KT_CASE(ranges_into_buffers)
+{
+	struct fr_cluster *cl = fr_start(3, NULL);
+	KT_REQUIRE(cl);
+	struct kv_redis *r = client(cl, NULL, NULL, 2000);
+	KT_REQUIRE(r);
+	size_t n = 300000, ch = 65536;
+	uint8_t *a = malloc(n), *got = malloc(n + 16);
+	KT_REQUIRE(a && got);
+	fill(a, n, 3);
+	struct iovec iov = {a, n};
+	struct kv_redis_op set = {.cmd = KV_REDIS_SET, .key = "v", .klen = 1, .val = &iov, .nval = 1};
+	KT_EQ_INT(kv_redis_exec(r, &set, 1, 0), 0);
+	KT_OK(set.rc);
+	/* STRLEN then every range of the value and one past its end, pipelined */
+	struct kv_redis_op ops[8];
+	int k = 0;
+	ops[k++] = (struct kv_redis_op){.cmd = KV_REDIS_STRLEN, .key = "v", .klen = 1};
+	for (size_t off = 0; off < n + ch; off += ch, k++)
+		ops[k] = (struct kv_redis_op){.cmd = KV_REDIS_GETRANGE, .key = "v", .klen = 1, .start = off,
+					      .end = off + ch - 1, .buf = got + (off < n ? off : n), .cap = ch};
+	KT_EQ_INT(kv_redis_exec(r, ops, (size_t)k, 0), 0);
+	KT_OK(ops[0].rc);
+	KT_EQ_U64((uint64_t)ops[0].n, n);
+	size_t total = 0;
+	for (int i = 1; i < k; i++) {
+		KT_OK(ops[i].rc);
+		KT_CHECK(ops[i].data == ops[i].buf); /* no copy, nothing to free */
+		total += ops[i].len;
+	}
+	KT_EQ_U64(ops[k - 1].len, 0); /* past the end: "" */
+	KT_EQ_U64(total, n);
+	KT_CHECK(!memcmp(got, a, n));
+	/* a reply longer than the buffer: KV_ERR_FULL, and the client goes on */
+	struct kv_redis_op small = {.cmd = KV_REDIS_GETRANGE, .key = "v", .klen = 1, .start = 0, .end = 999, .buf = got, .cap = 10};
+	kv_redis_exec(r, &small, 1, 0);
+	KT_EQ_INT(small.rc, KV_ERR_FULL);
+	struct kv_redis_op whole = {.cmd = KV_REDIS_GET, .key = "v", .klen = 1, .buf = got, .cap = n};
+	KT_EQ_INT(kv_redis_exec(r, &whole, 1, 0), 0);
+	KT_OK(whole.rc);
+	KT_CHECK(whole.data == got && whole.len == n && !memcmp(got, a, n));
+	/* a missing key: STRLEN 0 (not found), GETRANGE "" */
+	struct kv_redis_op miss[2] = {{.cmd = KV_REDIS_STRLEN, .key = "nope", .klen = 4},
+				      {.cmd = KV_REDIS_GETRANGE, .key = "nope", .klen = 4, .start = 0, .end = 9, .buf = got, .cap = 10}};
+	KT_EQ_INT(kv_redis_exec(r, miss, 2, 0), 0);
+	KT_EQ_INT(miss[0].rc, KV_ERR_NOT_FOUND);
+	KT_EQ_INT(miss[0].n, 0);
+	KT_OK(miss[1].rc);
+	KT_EQ_U64(miss[1].len, 0);
+	free(a);
+	free(got);
+	kv_redis_destroy(r);
+	fr_stop(cl);
+}
+
+/*
+ * One pipelined batch of ranged reads over every node, with a MOVED (a
+ * resharded slot) and an ASK (a migrating slot) in its middle: every op
+ * ends with the right bytes, the others of the batch untouched.
+ */
+KT_CASE(moved_and_ask_inside_a_batch)
+{
+	struct fr_cluster *cl = fr_start(3, NULL);
+	KT_REQUIRE(cl);
+	struct kv_redis *r = client(cl, NULL, NULL, 2000);
+	KT_REQUIRE(r);
+	enum { NK = 6, SZ = 5000, CH = 1024 };
+	char key[NK][32];
+	static uint8_t val[NK][SZ], got[NK][SZ];
+	for (int i = 0; i < NK; i++) {
+		key_of(i % 3, i / 3, key[i], sizeof key[i]);
+		fill(val[i], SZ, (uint64_t)i + 10);
+		struct iovec iov = {val[i], SZ};
+		struct kv_redis_op set = {.cmd = KV_REDIS_SET, .key = key[i], .klen = strlen(key[i]), .val = &iov, .nval = 1};
+		kv_redis_exec(r, &set, 1, 0);
+		KT_OK(set.rc);
+	}
+	/* key 1's slot (node 1) moves to node 2: the map is stale */
+	int s1 = kv_redis_slot(key[1], strlen(key[1]));
+	fr_set_owner(cl, s1, s1, 2);
+	/* key 5's slot (node 2) migrates to node 0: key 5 is still on the
+	 * source and served there; a key of that slot the source lacks is
+	 * ASKed of the target (which has nothing either: "" and 0) */
+	int s5 = kv_redis_slot(key[5], strlen(key[5]));
+	pthread_mutex_lock(&cl->mu);
+	cl->migrating[s5] = 0;
+	pthread_mutex_unlock(&cl->mu);
+	char gone[32];
+	for (int i = 0;; i++) {
+		snprintf(gone, sizeof gone, "gone%d", i);
+		if (kv_redis_slot(gone, strlen(gone)) == s5)
+			break;
+	}
+	char gb[8];
+	struct kv_redis_op ops[NK * (SZ / CH + 1) + 3];
+	int n = 0;
+	for (int i = 0; i < NK; i++) {
+		const char *k = key[i];
+		for (size_t off = 0; off < SZ; off += CH)
+			ops[n++] = (struct kv_redis_op){.cmd = KV_REDIS_GETRANGE, .key = k, .klen = strlen(k), .start = off,
+							.end = off + CH - 1, .buf = got[i] + off, .cap = SZ - off < CH ? SZ - off : CH};
+		if (i == 2) {
+			ops[n++] = (struct kv_redis_op){.cmd = KV_REDIS_STRLEN, .key = gone, .klen = strlen(gone)};
+			ops[n++] = (struct kv_redis_op){.cmd = KV_REDIS_GETRANGE, .key = gone, .klen = strlen(gone), .start = 0,
+							.end = 7, .buf = gb, .cap = sizeof gb};
+		}
+	}
+	struct kv_redis_stats st0, st1;
+	kv_redis_stats(r, &st0);
+	int asks0 = atomic_load(&cl->node[2].ask_sent);
+	KT_EQ_INT(kv_redis_exec(r, ops, (size_t)n, 0), 0);
+	for (int i = 0; i < n; i++)
+		KT_CHECKF(ops[i].rc == KV_OK || (ops[i].cmd == KV_REDIS_STRLEN && ops[i].rc == KV_ERR_NOT_FOUND), "op %d: rc %d",
+			  i, ops[i].rc);
+	for (int i = 0; i < NK; i++)
+		KT_CHECKF(!memcmp(got[i], val[i], SZ), "value %d differs", i);
+	for (int i = 0; i < n; i++)
+		if (ops[i].key == gone)
+			KT_CHECK(ops[i].cmd == KV_REDIS_STRLEN ? ops[i].n == 0 : ops[i].len == 0);
+	kv_redis_stats(r, &st1);
+	KT_CHECK(st1.moved > st0.moved);
+	KT_CHECK(atomic_load(&cl->node[2].ask_sent) > asks0);
+	KT_CHECK(st1.ask > st0.ask);
+	kv_redis_destroy(r);
+	fr_stop(cl);
+}
+
+/* A batch over two nodes, one of them slow: the call ends at its
+ * deadline, the slow node's ops time out holding nothing, the client
+ * then serves both nodes again. */
+KT_CASE(slow_node_inside_a_batch)
+{
+	struct fr_cluster *cl = fr_start(3, NULL);
+	KT_REQUIRE(cl);
+	struct kv_redis *r = client(cl, NULL, NULL, 150);
+	KT_REQUIRE(r);
+	char k0[32], k1[32];
+	key_of(0, 0, k0, sizeof k0);
+	key_of(1, 0, k1, sizeof k1);
+	KT_OK(set1(r, k0, "zero"));
+	KT_OK(set1(r, k1, "one"));
+	atomic_store(&cl->node[1].delay_ms, 1500);
+	char b0[16], b1[16];
+	struct kv_redis_op ops[4] = {{.cmd = KV_REDIS_GETRANGE, .key = k0, .klen = strlen(k0), .start = 0, .end = 15, .buf = b0, .cap = 16},
+				     {.cmd = KV_REDIS_GETRANGE, .key = k1, .klen = strlen(k1), .start = 0, .end = 15, .buf = b1, .cap = 16},
+				     {.cmd = KV_REDIS_STRLEN, .key = k0, .klen = strlen(k0)},
+				     {.cmd = KV_REDIS_GET, .key = k1, .klen = strlen(k1)}};
+	uint64_t t0 = kv_now_ns();
+	size_t failed = kv_redis_exec(r, ops, 4, 0);
+	double ms = (double)(kv_now_ns() - t0) / 1e6;
+	KT_CHECKF(ms < 700, "a batch with a slow node took %.0f ms (timeout 150, the node delays 1500)", ms);
+	/* node 0's group went first and answered; node 1's timed out */
+	KT_EQ_INT(ops[0].rc, KV_OK);
+	KT_CHECK(ops[0].len == 4 && !memcmp(b0, "zero", 4));
+	KT_EQ_INT(ops[2].rc, KV_OK);
+	KT_EQ_INT(ops[2].n, 4);
+	KT_EQ_INT(failed, 2);
+	KT_EQ_INT(ops[1].rc, KV_ERR_TIMEOUT);
+	KT_EQ_INT(ops[3].rc, KV_ERR_TIMEOUT);
+	KT_CHECK(ops[3].data == NULL);
+	atomic_store(&cl->node[1].delay_ms, 0);
+	kv_sleep_ms(1600); /* the fake finishes the slow commands */
+	KT_OK(get1(r, k1, "one"));
+	KT_OK(get1(r, k0, "zero"));
+	kv_redis_destroy(r);
+	fr_stop(cl);
+}
+
 KT_CASE(nothing_listening)
 {
 	/* a port nobody listens on: create succeeds (lazy), calls fail fast */
@@ -463,4 +650,5 @@ KT_CASE(nothing_listening)
 KT_MAIN(url_rules, crc16_and_slots, routes_from_one_seed, moved_after_a_reshard, ask_during_a_migration,
 	tryagain_is_retried, slow_node_costs_at_most_the_timeout, dead_master_fails_fast_then_failover,
 	restarted_node_behind_pooled_connections, auth, standalone_server_owns_every_slot,
-	values_in_pieces_and_the_reply_limit, abort_ends_calls_in_flight, nothing_listening)
+	values_in_pieces_and_the_reply_limit, abort_ends_calls_in_flight, ranges_into_buffers, moved_and_ask_inside_a_batch,
+	slow_node_inside_a_batch, nothing_listening)

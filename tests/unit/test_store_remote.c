@@ -8,7 +8,11 @@
  * and deleted; another namespace never hits; a tier that is down is
  * skipped at once and its writes dropped, then picked up again; a slow
  * node bounds a lookup at the timeout; the shutdown flush drops what is
- * queued; a remote hit goes to the local disk when to_disk is on.
+ * queued; a remote hit goes to the local disk when to_disk is on. Every
+ * object is read in small ranges (several pipelined calls each) unless a
+ * case says plain GETs; a restore has several reads in flight on several
+ * nodes, one node slow mid-restore makes it a clean miss within the
+ * deadline, and a value evicted between its calls is a miss, not corrupt.
  * tests/e2e/remote_tier.sh runs the real servers against a real cluster.
  */
 #include "base/clock.h"
@@ -40,13 +44,19 @@ static void session(struct ts_env *e, const int32_t *tok)
 	ts_put(e, tok, N_DONE, ck2, 3, B0);
 }
 
+/* Objects read in ranges: every block, tail and snapshot of these small
+ * layouts (range_min 1), in odd-sized ranges, a few per call, so each
+ * value takes several pipelined calls; 0: plain GETs (range_min huge). */
+static int g_ranges = 1;
+
 static struct ks_remote *hub(struct fr_cluster *cl, int timeout_ms, int to_disk, uint64_t queue, const struct ke_layout *L)
 {
 	char url[128];
 	struct ks_remote *r = NULL;
 	fr_url(cl, NULL, url, sizeof url);
 	struct ks_remote_params p = {.url = url, .timeout_ms = timeout_ms, .to_disk = to_disk, .queue_bytes = queue,
-				     .layout = L, .no_thread = 1};
+				     .layout = L, .no_thread = 1, .range_min = g_ranges ? 1 : SIZE_MAX,
+				     .range_chunk = 200, .range_window = 2};
 	if (ks_remote_create(&p, &r))
 		return NULL;
 	return r;
@@ -169,6 +179,132 @@ KT_CASE(a_writes_b_resumes_at_the_boundary)
 	KT_EQ_U64(ds.written[KS_BLOCK] + ds.written[KS_ENTRY], 0);
 	ts_close(&a);
 	ts_close(&b);
+	ks_remote_destroy(r);
+	fr_stop(cl);
+}
+
+/* The same restore with plain GETs (the objects under range_min). */
+KT_CASE(plain_gets_restore_too)
+{
+	struct fr_cluster *cl = fr_start(3, NULL);
+	KT_REQUIRE(cl);
+	struct ke_layout L;
+	ts_layout(&L, 1);
+	g_ranges = 0;
+	struct ks_remote *r = hub(cl, 1000, 0, 0, &L);
+	g_ranges = 1;
+	KT_REQUIRE(r);
+	struct ts_env a, b;
+	int32_t tok[64];
+	uint32_t bounds[] = {B0, B1}, anchor = 0, rpos = 0;
+	ts_tokens(tok, 64, 64, 4);
+	KT_OK(open_env(&a, "a", 1, r, NS));
+	session(&a, tok);
+	ks_store_drain(a.s);
+	KT_OK(open_env(&b, "b", 1, r, NS));
+	int ranges0 = 0;
+	for (int i = 0; i < 3; i++)
+		ranges0 += atomic_load(&cl->node[i].commands);
+	KT_EQ_INT(lookup(&b, tok, N_PROMPT, bounds, 2, &anchor, &rpos), B1);
+	KT_EQ_INT(rpos, B1);
+	KT_EQ_INT(anchor, B0);
+	int cmds = 0;
+	for (int i = 0; i < 3; i++)
+		cmds += atomic_load(&cl->node[i].commands);
+	/* one EXISTS batch and one GET per object: far fewer commands than
+	 * the ranged reads of the other cases */
+	KT_CHECKF(cmds - ranges0 < 60, "%d commands for a restore of plain GETs", cmds - ranges0);
+	ts_close(&a);
+	ts_close(&b);
+	ks_remote_destroy(r);
+	fr_stop(cl);
+}
+
+/*
+ * Objects in flight on several nodes at once (the read threads), and one
+ * node that stops answering reads in the middle of the restore: the
+ * lookup ends near the deadline as a clean miss (nothing enters RAM, no
+ * page kept: ts_close checks), the tier goes down; back up, the same
+ * restore hits. Then a value evicted between two of its ranged calls: a
+ * miss for that part (a shorter hit), not a corrupt value.
+ */
+KT_CASE(one_node_slow_mid_restore_then_eviction_mid_read)
+{
+	struct fr_cluster *cl = fr_start(3, NULL);
+	KT_REQUIRE(cl);
+	struct ke_layout L;
+	ts_layout(&L, 1);
+	struct ks_remote *r = hub(cl, 150, 0, 0, &L);
+	KT_REQUIRE(r);
+	struct ts_env a, b;
+	int32_t tok[64];
+	uint32_t bounds[] = {B0, B1}, anchor = 0, rpos = 0;
+	ts_tokens(tok, 64, 64, 12);
+	KT_OK(open_env(&a, "a", 1, r, NS));
+	session(&a, tok);
+	ks_store_drain(a.s);
+	/* the objects are spread over the nodes */
+	int nodes_with = 0;
+	for (int n = 0; n < 3; n++) {
+		int have = 0;
+		pthread_mutex_lock(&cl->mu);
+		for (struct fr_kv *e = cl->kv; e; e = e->next)
+			have |= kv_redis_slot(e->key, e->klen) * 3 / KV_REDIS_SLOTS == n;
+		pthread_mutex_unlock(&cl->mu);
+		nodes_with += have;
+	}
+	KT_EQ_INT(nodes_with, 3);
+	kv_log_set_level(KV_LOG_ERROR);
+	atomic_store(&cl->node[1].read_delay_ms, 1500);
+	KT_OK(open_env(&b, "b", 1, r, NS));
+	uint64_t t0 = kv_now_ns();
+	KT_EQ_INT(lookup(&b, tok, N_PROMPT, bounds, 2, NULL, &rpos), 0);
+	double ms = (double)(kv_now_ns() - t0) / 1e6;
+	KT_EQ_INT(rpos, 0);
+	KT_CHECKF(ms < 1000, "a restore with one slow node took %.0f ms (timeout 150, the node delays 1500)", ms);
+	struct ks_remote_stats st;
+	ks_remote_stats(r, &st);
+	KT_CHECK(st.timeouts >= 1);
+	KT_CHECK(!ks_remote_up(r));
+	KT_EQ_U64(st.hits, 0);
+	atomic_store(&cl->node[1].read_delay_ms, 0);
+	kv_sleep_ms(1600); /* the fake finishes the slow commands */
+	KT_CHECK(ks_remote_probe_now(r));
+	ts_close(&b);
+	/* every read a little slow: the restore has several objects in flight
+	 * at once (the read threads), on several nodes */
+	for (int n = 0; n < 3; n++)
+		atomic_store(&cl->node[n].read_delay_ms, 3);
+	atomic_store(&cl->max_reads_in_flight, 0);
+	KT_OK(open_env(&b, "b2", 1, r, NS));
+	KT_EQ_INT(lookup(&b, tok, N_PROMPT, bounds, 2, &anchor, &rpos), B1);
+	KT_EQ_INT(rpos, B1);
+	KT_CHECKF(atomic_load(&cl->max_reads_in_flight) >= 2, "at most %d reads in flight during a restore",
+		  atomic_load(&cl->max_reads_in_flight));
+	for (int n = 0; n < 3; n++)
+		atomic_store(&cl->node[n].read_delay_ms, 0);
+	ts_close(&b);
+
+	/* eviction in the middle of a ranged read: the value whose ranges are
+	 * being read is gone at the 2nd GETRANGE from now */
+	ks_remote_stats(r, &st);
+	uint64_t bad0 = 0;
+	for (int i = 0; i < KS_BAD__COUNT; i++)
+		bad0 += st.bad[i];
+	atomic_store(&cl->drop_after_ranges, 2);
+	KT_OK(open_env(&b, "b3", 1, r, NS));
+	uint32_t pos = lookup(&b, tok, N_PROMPT, bounds, 2, NULL, &rpos);
+	KT_CHECKF(pos < B1, "resumed at %u with a part evicted mid-read", pos);
+	KT_EQ_INT(atomic_load(&cl->drop_after_ranges), 0);
+	ks_remote_stats(r, &st);
+	uint64_t bad1 = 0;
+	for (int i = 0; i < KS_BAD__COUNT; i++)
+		bad1 += st.bad[i];
+	KT_EQ_U64(bad1, bad0); /* a miss, not a corrupt value */
+	KT_CHECK(ks_remote_up(r));
+	kv_log_set_level(KV_LOG_WARN);
+	ts_close(&b);
+	ts_close(&a);
 	ks_remote_destroy(r);
 	fr_stop(cl);
 }
@@ -638,4 +774,4 @@ KT_CASE(queue_cap_and_shutdown_drop)
 KT_MAIN(a_writes_b_resumes_at_the_boundary, remote_hit_goes_to_disk_when_asked, dense_longest_prefix,
 	manifest_only_when_every_part_is_there, bad_values_are_misses_counted_and_deleted, other_namespace_never_hits,
 	down_tier_is_skipped_then_picked_up, slow_node_bounds_the_lookup, writes_outlast_a_lookup_deadline,
-	queue_cap_and_shutdown_drop)
+	queue_cap_and_shutdown_drop, plain_gets_restore_too, one_node_slow_mid_restore_then_eviction_mid_read)
