@@ -23,6 +23,7 @@ struct kss_lookup {
 	uint32_t indexed;     /* n-grams ending before this are in the tables */
 	uint32_t mask;        /* slots - 1 */
 	uint32_t *tab[NG];    /* [slots]: end position + 1 of the n-gram, 0 empty */
+	uint32_t src, src_len; /* the last draft's source: candidate end src, history length src_len (0: none) */
 };
 
 /* The n tokens ending at t[end] (inclusive). */
@@ -93,12 +94,23 @@ int kss_lookup_append(struct kss_lookup *l, const int32_t *tok, uint32_t n)
 	return KV_OK;
 }
 
-int kss_lookup_draft(const struct kss_lookup *l, int max, int32_t *out, int *match)
+/* How far back the tokens ending at c equal those ending at end (c < end),
+ * up to KSS_LOOKUP_MAX_MATCH; 0 if tok[c] != tok[end]. */
+static int match_len(const struct kss_lookup *l, uint32_t c, uint32_t end)
+{
+	int m = 0;
+	while (m < KSS_LOOKUP_MAX_MATCH && (uint32_t)m <= c && l->tok[c - (uint32_t)m] == l->tok[end - (uint32_t)m])
+		m++;
+	return m;
+}
+
+int kss_lookup_draft(struct kss_lookup *l, int max, int32_t *out, int *match)
 {
 	*match = 0;
 	if (max <= 0 || l->len < 2)
 		return 0;
-	uint32_t end = l->len - 1;
+	uint32_t end = l->len - 1, best = 0;
+	int bm = 0;
 	for (int g = NG; g >= 1; g--) {
 		if ((uint32_t)g > l->len)
 			continue;
@@ -108,14 +120,32 @@ int kss_lookup_draft(const struct kss_lookup *l, int max, int32_t *out, int *mat
 		uint32_t c = slot - 1; /* end of the candidate n-gram, < end */
 		if (c < (uint32_t)g - 1 || memcmp(l->tok + c + 1 - g, l->tok + end + 1 - g, (size_t)g * sizeof *l->tok))
 			continue; /* another n-gram in the slot */
-		int m = g;
-		while (m < KSS_LOOKUP_MAX_MATCH && (uint32_t)m <= c && l->tok[c - (uint32_t)m] == l->tok[end - (uint32_t)m])
-			m++;
-		uint32_t avail = end - c; /* tokens after the candidate, up to the end */
-		int n = (uint32_t)max < avail ? max : (int)avail;
-		memcpy(out, l->tok + c + 1, (size_t)n * sizeof *out);
-		*match = m;
-		return n;
+		best = c;
+		bm = match_len(l, c, end);
+		break;
 	}
-	return 0;
+	/* The last draft's source, moved on by what the history gained since:
+	 * while the text being copied goes on, it is the same place in it, and
+	 * it wins over the table's most recent occurrence unless that matches
+	 * further back (a short n-gram common in code, "    return", recurs
+	 * everywhere: its latest occurrence is rarely the copied line's). */
+	if (l->src_len && l->len > l->src_len && l->src + (l->len - l->src_len) < end) {
+		uint32_t a = l->src + (l->len - l->src_len);
+		int am = match_len(l, a, end);
+		if (am > 0 && am >= bm) {
+			best = a;
+			bm = am;
+		}
+	}
+	if (!bm) {
+		l->src_len = 0;
+		return 0;
+	}
+	uint32_t avail = end - best; /* tokens after the candidate, up to the end */
+	int n = (uint32_t)max < avail ? max : (int)avail;
+	memcpy(out, l->tok + best + 1, (size_t)n * sizeof *out);
+	*match = bm;
+	l->src = best;
+	l->src_len = l->len;
+	return n;
 }

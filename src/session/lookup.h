@@ -11,7 +11,11 @@
  * the history's end, checks the candidate's tokens (a hash only finds
  * it), measures how far back the match really goes (up to
  * KSS_LOOKUP_MAX_MATCH tokens: the caller's measure of confidence) and
- * proposes the tokens that followed it.
+ * proposes the tokens that followed it. The previous draft's source,
+ * moved on by the tokens the history gained since, is a second candidate
+ * and wins when it matches at least as far back: while a copy goes on it
+ * stays on the copied text instead of jumping to the latest occurrence of
+ * a common n-gram.
  *
  * Bounded: three tables of `slots` positions each (a power of two, sized
  * once from the expected length, 4,096 to 1,048,576: at most 12 MiB), a
@@ -37,6 +41,6 @@ uint32_t kss_lookup_len(const struct kss_lookup *l);
 /* Up to max tokens that continue the history, into out; *match gets the
  * length of the suffix the draft's source matched (1..KSS_LOOKUP_MAX_MATCH).
  * Returns how many were written (0: the suffix never occurred before). */
-int kss_lookup_draft(const struct kss_lookup *l, int max, int32_t *out, int *match);
+int kss_lookup_draft(struct kss_lookup *l, int max, int32_t *out, int *match);
 
 #endif

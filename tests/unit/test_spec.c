@@ -110,6 +110,38 @@ KT_CASE(lookup_drafts_what_followed_the_longest_match)
 	kss_lookup_destroy(l);
 }
 
+/* A copy in progress stays on the copied text: the latest occurrence of
+ * the current 3-gram is elsewhere in the file (code repeats short runs),
+ * but the previous draft's source, moved on, matches further back. */
+KT_CASE(lookup_follows_the_text_being_copied)
+{
+	struct kss_lookup *l = NULL;
+	int32_t out[8];
+	int match = -1;
+	KT_OK(kss_lookup_create(0, &l));
+	int32_t file[] = {10, 1, 2, 3, 11, 12, 1, 2, 3, 13, 14, 15}, copy[] = {10, 1, 2, 3};
+	KT_OK(kss_lookup_append(l, file, 12));
+	KT_OK(kss_lookup_append(l, copy, 2));
+	KT_EQ_INT(kss_lookup_draft(l, 4, out, &match), 4); /* 10 1 at 0..1 */
+	KT_EQ_INT(out[0], 2);
+	KT_EQ_INT(out[2], 11);
+	/* two kept: the 3-gram 1 2 3 last ended at 8 (then 13), the copy is at 3 */
+	KT_OK(kss_lookup_append(l, copy + 2, 2));
+	KT_EQ_INT(kss_lookup_draft(l, 4, out, &match), 4);
+	KT_EQ_INT(out[0], 11);
+	KT_EQ_INT(out[1], 12);
+	KT_EQ_INT(out[2], 1);
+	KT_EQ_INT(match, 4);
+	/* the copy diverges (an edit): the source no longer matches, the
+	 * table's candidate is taken */
+	int32_t e = 13;
+	KT_OK(kss_lookup_append(l, &e, 1));
+	KT_EQ_INT(kss_lookup_draft(l, 2, out, &match), 2);
+	KT_EQ_INT(out[0], 14);
+	KT_EQ_INT(out[1], 15);
+	kss_lookup_destroy(l);
+}
+
 /* The table is bounded: 100,000 random tokens in 4,096 slots per n-gram
  * size; every draft is what followed a real earlier occurrence of the
  * suffix it claims to match (a slot overwritten by another n-gram is
@@ -610,7 +642,7 @@ KT_CASE(on_equals_off_mamba)
 	identity_case("tiny-granite-h-q8kv+q8");
 }
 
-KT_MAIN(lookup_drafts_what_followed_the_longest_match, lookup_index_is_bounded_and_checked,
+KT_MAIN(lookup_drafts_what_followed_the_longest_match, lookup_follows_the_text_being_copied, lookup_index_is_bounded_and_checked,
 	policy_turns_off_and_comes_back, on_equals_off_dense, on_equals_off_hybrid, on_equals_off_q8_kv,
 	on_equals_off_moe, on_equals_off_on_every_cpu_path, on_equals_off_with_the_mtp_head, mtp_head_context_pieces_equal_whole,
 	cached_equals_cold_after_speculative_turns, on_equals_off_mamba)
