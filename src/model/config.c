@@ -8,6 +8,7 @@
  * ("text_config.num_key_value_heads") and the file.
  */
 #include "model/config.h"
+#include "model/tspec.h"
 #include "model/config_ssm.h"
 #include "base/err.h"
 #include "base/json.h"
@@ -107,6 +108,29 @@ static int parse_eos(struct cfgp *p, struct kv_model_config *c)
 			return kv_fail(KV_ERR_INVALID, "%s: %seos_token_id[%zu] is not a valid token id", p->what, pre, i);
 		c->eos_ids[c->n_eos++] = (int)json_integer_value(e);
 	}
+	return KV_OK;
+}
+
+/* What every family ends with: the eos ids, bos_token_id and the
+ * checkpoint's torch_dtype (or dtype). */
+static int parse_ids_dtype(struct cfgp *p, struct kv_model_config *c)
+{
+	const char *s;
+	int rc;
+	if ((rc = parse_eos(p, c)))
+		return rc;
+	{
+		json_t *o = text_or_root(p, "bos_token_id", &s);
+		int bos;
+		if ((rc = get_int(p, o, s, "bos_token_id", -1, -1, CFG_MAX_VOCAB - 1, &bos)))
+			return rc;
+		c->bos_id = bos;
+	}
+	json_t *d = json_object_get(text_or_root(p, "torch_dtype", &s), "torch_dtype");
+	if (!d || json_is_null(d))
+		d = json_object_get(text_or_root(p, "dtype", &s), "dtype");
+	if (json_is_string(d))
+		snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", json_string_value(d));
 	return KV_OK;
 }
 
@@ -528,24 +552,7 @@ static int parse_window_family(struct cfgp *p, struct kv_model_config *c)
 		if ((rc = get_bool(p, o, s, "tie_word_embeddings", c->arch == KV_ARCH_GEMMA3, &c->tie_embeddings)))
 			return rc;
 	}
-	if ((rc = parse_eos(p, c)))
-		return rc;
-	{
-		json_t *o = text_or_root(p, "bos_token_id", &s);
-		int bos;
-		if ((rc = get_int(p, o, s, "bos_token_id", -1, -1, CFG_MAX_VOCAB - 1, &bos)))
-			return rc;
-		c->bos_id = bos;
-	}
-	{
-		json_t *o = text_or_root(p, "torch_dtype", &s);
-		json_t *d = json_object_get(o, "torch_dtype");
-		if (!d || json_is_null(d))
-			d = json_object_get(text_or_root(p, "dtype", &s), "dtype");
-		if (json_is_string(d))
-			snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", json_string_value(d));
-	}
-	return KV_OK;
+	return parse_ids_dtype(p, c);
 }
 
 static int parse(struct cfgp *p, struct kv_model_config *c)
@@ -715,24 +722,7 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 			       "%s: %snum_experts: a qwen3_5 config with experts must say model_type qwen3_5_moe",
 			       p->what, pre);
 
-	if ((rc = parse_eos(p, c)))
-		return rc;
-	{
-		json_t *o = text_or_root(p, "bos_token_id", &s);
-		int bos;
-		if ((rc = get_int(p, o, s, "bos_token_id", -1, -1, CFG_MAX_VOCAB - 1, &bos)))
-			return rc;
-		c->bos_id = bos;
-	}
-	{
-		json_t *o = text_or_root(p, "torch_dtype", &s);
-		json_t *d = json_object_get(o, "torch_dtype");
-		if (!d || json_is_null(d))
-			d = json_object_get(text_or_root(p, "dtype", &s), "dtype");
-		if (json_is_string(d))
-			snprintf(c->torch_dtype, sizeof c->torch_dtype, "%s", json_string_value(d));
-	}
-	return KV_OK;
+	return parse_ids_dtype(p, c);
 }
 
 int kv_config_parse(const char *text, size_t len, const char *what, struct kv_model_config *out)
@@ -819,142 +809,102 @@ const char *kv_config_default_prefix(const struct kv_model_config *c)
 
 /* --- tensor table -------------------------------------------------------- */
 
-struct specs {
-	struct kv_tensor_spec *v;
-	size_t n, cap;
-	int oom;
-};
-
-static void spec(struct specs *s, int layer, int role, int ndim, int64_t d0, int64_t d1, int64_t d2,
-		 const char *fmt, ...) __attribute__((format(printf, 8, 9)));
-
-static void spec(struct specs *s, int layer, int role, int ndim, int64_t d0, int64_t d1, int64_t d2,
-		 const char *fmt, ...)
-{
-	va_list ap;
-	struct kv_tensor_spec *t;
-	if (s->oom)
-		return;
-	if (s->n == s->cap) {
-		size_t nc = s->cap ? s->cap * 2 : 64;
-		struct kv_tensor_spec *nv = realloc(s->v, nc * sizeof *nv);
-		if (!nv) {
-			s->oom = 1;
-			return;
-		}
-		s->v = nv;
-		s->cap = nc;
-	}
-	t = &s->v[s->n++];
-	memset(t, 0, sizeof *t);
-	va_start(ap, fmt);
-	vsnprintf(t->name, sizeof t->name, fmt, ap);
-	va_end(ap);
-	t->ndim = ndim;
-	t->shape[0] = d0;
-	t->shape[1] = d1;
-	t->shape[2] = d2;
-	t->role = role;
-	t->layer = layer;
-	t->expert = -1;
-}
-
 /* The sparse MoE block of layer l (docs/models.md, kv_expert_layout). */
-static void moe_specs(struct specs *s, const struct kv_model_config *c, const char *p, int l)
+static void moe_specs(struct kv_tspecs *s, const struct kv_model_config *c, const char *p, int l)
 {
 	const int64_t H = c->hidden, E = c->n_experts, I = c->moe_intermediate, Is = c->shared_intermediate;
-	spec(s, l, KV_ROLE_ROUTER, 2, E, H, 0, "%slayers.%d.mlp.gate.weight", p, l);
+	kv_tspec(s, l, KV_ROLE_ROUTER, 2, E, H, 0, "%slayers.%d.mlp.gate.weight", p, l);
 	if (c->expert_layout == KV_EXPERTS_STACKED) {
-		spec(s, l, KV_ROLE_LINEAR, 3, E, 2 * I, H, "%slayers.%d.mlp.experts.gate_up_proj", p, l);
-		spec(s, l, KV_ROLE_LINEAR_OUT, 3, E, H, I, "%slayers.%d.mlp.experts.down_proj", p, l);
+		kv_tspec(s, l, KV_ROLE_LINEAR, 3, E, 2 * I, H, "%slayers.%d.mlp.experts.gate_up_proj", p, l);
+		kv_tspec(s, l, KV_ROLE_LINEAR_OUT, 3, E, H, I, "%slayers.%d.mlp.experts.down_proj", p, l);
 	} else if (c->expert_layout == KV_EXPERTS_SWITCH) {
-		spec(s, l, KV_ROLE_LINEAR, 3, E, I, H, "%slayers.%d.mlp.switch_mlp.gate_proj.weight", p, l);
-		spec(s, l, KV_ROLE_LINEAR, 3, E, I, H, "%slayers.%d.mlp.switch_mlp.up_proj.weight", p, l);
-		spec(s, l, KV_ROLE_LINEAR_OUT, 3, E, H, I, "%slayers.%d.mlp.switch_mlp.down_proj.weight", p, l);
+		kv_tspec(s, l, KV_ROLE_LINEAR, 3, E, I, H, "%slayers.%d.mlp.switch_mlp.gate_proj.weight", p, l);
+		kv_tspec(s, l, KV_ROLE_LINEAR, 3, E, I, H, "%slayers.%d.mlp.switch_mlp.up_proj.weight", p, l);
+		kv_tspec(s, l, KV_ROLE_LINEAR_OUT, 3, E, H, I, "%slayers.%d.mlp.switch_mlp.down_proj.weight", p, l);
 	} else {
 		for (int e = 0; e < E && !s->oom; e++) {
-			spec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
+			kv_tspec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
 			s->v[s->n - 1].expert = e;
-			spec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.experts.%d.up_proj.weight", p, l, e);
+			kv_tspec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.experts.%d.up_proj.weight", p, l, e);
 			s->v[s->n - 1].expert = e;
-			spec(s, l, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.experts.%d.down_proj.weight", p, l, e);
+			kv_tspec(s, l, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.experts.%d.down_proj.weight", p, l, e);
 			s->v[s->n - 1].expert = e;
 		}
 	}
-	spec(s, l, KV_ROLE_LINEAR, 2, Is, H, 0, "%slayers.%d.mlp.shared_expert.gate_proj.weight", p, l);
-	spec(s, l, KV_ROLE_LINEAR, 2, Is, H, 0, "%slayers.%d.mlp.shared_expert.up_proj.weight", p, l);
-	spec(s, l, KV_ROLE_LINEAR_OUT, 2, H, Is, 0, "%slayers.%d.mlp.shared_expert.down_proj.weight", p, l);
-	spec(s, l, KV_ROLE_LINEAR, 2, 1, H, 0, "%slayers.%d.mlp.shared_expert_gate.weight", p, l);
+	kv_tspec(s, l, KV_ROLE_LINEAR, 2, Is, H, 0, "%slayers.%d.mlp.shared_expert.gate_proj.weight", p, l);
+	kv_tspec(s, l, KV_ROLE_LINEAR, 2, Is, H, 0, "%slayers.%d.mlp.shared_expert.up_proj.weight", p, l);
+	kv_tspec(s, l, KV_ROLE_LINEAR_OUT, 2, H, Is, 0, "%slayers.%d.mlp.shared_expert.down_proj.weight", p, l);
+	kv_tspec(s, l, KV_ROLE_LINEAR, 2, 1, H, 0, "%slayers.%d.mlp.shared_expert_gate.weight", p, l);
 }
 
 /* gpt_oss's MoE block of layer l: router with bias, experts with biases
  * (kv_expert_layout: the MXFP4 release or switch_mlp stacks). */
-static void oai_moe_specs(struct specs *s, const struct kv_model_config *c, const char *p, int l)
+static void oai_moe_specs(struct kv_tspecs *s, const struct kv_model_config *c, const char *p, int l)
 {
 	const int64_t D = c->hidden, E = c->n_experts, I = c->moe_intermediate;
-	spec(s, l, KV_ROLE_ROUTER, 2, E, D, 0, "%slayers.%d.mlp.router.weight", p, l);
-	spec(s, l, KV_ROLE_BIAS, 1, E, 0, 0, "%slayers.%d.mlp.router.bias", p, l);
+	kv_tspec(s, l, KV_ROLE_ROUTER, 2, E, D, 0, "%slayers.%d.mlp.router.weight", p, l);
+	kv_tspec(s, l, KV_ROLE_BIAS, 1, E, 0, 0, "%slayers.%d.mlp.router.bias", p, l);
 	if (c->expert_layout == KV_EXPERTS_SWITCH) {
 		static const char *const nm[3] = {"gate_proj", "up_proj", "down_proj"};
 		for (int j = 0; j < 3; j++) {
 			int64_t r = j == 2 ? D : I, k = j == 2 ? I : D;
-			spec(s, l, j == 2 ? KV_ROLE_LINEAR_OUT : KV_ROLE_LINEAR, 3, E, r, k,
+			kv_tspec(s, l, j == 2 ? KV_ROLE_LINEAR_OUT : KV_ROLE_LINEAR, 3, E, r, k,
 			     "%slayers.%d.mlp.switch_mlp.%s.weight", p, l, nm[j]);
-			spec(s, l, KV_ROLE_BIAS, 2, E, r, 0, "%slayers.%d.mlp.switch_mlp.%s.bias", p, l, nm[j]);
+			kv_tspec(s, l, KV_ROLE_BIAS, 2, E, r, 0, "%slayers.%d.mlp.switch_mlp.%s.bias", p, l, nm[j]);
 		}
 		return;
 	}
 	/* the release: U8 codes [E, rows, cols / 32, 16] and E8M0 scales */
-	spec(s, l, KV_ROLE_MXFP4_BLOCKS, 4, E, 2 * I, D / 32, "%slayers.%d.mlp.experts.gate_up_proj_blocks", p, l);
+	kv_tspec(s, l, KV_ROLE_MXFP4_BLOCKS, 4, E, 2 * I, D / 32, "%slayers.%d.mlp.experts.gate_up_proj_blocks", p, l);
 	s->v[s->n - 1].shape[3] = 16;
-	spec(s, l, KV_ROLE_MXFP4_SCALES, 3, E, 2 * I, D / 32, "%slayers.%d.mlp.experts.gate_up_proj_scales", p, l);
-	spec(s, l, KV_ROLE_BIAS, 2, E, 2 * I, 0, "%slayers.%d.mlp.experts.gate_up_proj_bias", p, l);
-	spec(s, l, KV_ROLE_MXFP4_BLOCKS, 4, E, D, I / 32, "%slayers.%d.mlp.experts.down_proj_blocks", p, l);
+	kv_tspec(s, l, KV_ROLE_MXFP4_SCALES, 3, E, 2 * I, D / 32, "%slayers.%d.mlp.experts.gate_up_proj_scales", p, l);
+	kv_tspec(s, l, KV_ROLE_BIAS, 2, E, 2 * I, 0, "%slayers.%d.mlp.experts.gate_up_proj_bias", p, l);
+	kv_tspec(s, l, KV_ROLE_MXFP4_BLOCKS, 4, E, D, I / 32, "%slayers.%d.mlp.experts.down_proj_blocks", p, l);
 	s->v[s->n - 1].shape[3] = 16;
-	spec(s, l, KV_ROLE_MXFP4_SCALES, 3, E, D, I / 32, "%slayers.%d.mlp.experts.down_proj_scales", p, l);
-	spec(s, l, KV_ROLE_BIAS, 2, E, D, 0, "%slayers.%d.mlp.experts.down_proj_bias", p, l);
+	kv_tspec(s, l, KV_ROLE_MXFP4_SCALES, 3, E, D, I / 32, "%slayers.%d.mlp.experts.down_proj_scales", p, l);
+	kv_tspec(s, l, KV_ROLE_BIAS, 2, E, D, 0, "%slayers.%d.mlp.experts.down_proj_bias", p, l);
 }
 
 /* llama, gemma3, gpt_oss layer l (config.h lists the names). */
-static void window_family_specs(struct specs *s, const struct kv_model_config *c, const char *p, int l)
+static void window_family_specs(struct kv_tspecs *s, const struct kv_model_config *c, const char *p, int l)
 {
 	const int64_t H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, I = c->intermediate;
 	const int norm = c->norm_plus_one ? KV_ROLE_NORM_OFFSET : KV_ROLE_NORM;
 	static const char *const qkv[3] = {"q_proj", "k_proj", "v_proj"};
-	spec(s, l, norm, 1, H, 0, 0, "%slayers.%d.input_layernorm.weight", p, l);
+	kv_tspec(s, l, norm, 1, H, 0, 0, "%slayers.%d.input_layernorm.weight", p, l);
 	for (int j = 0; j < 3; j++) {
 		int64_t rows = (j ? nkv : nh) * hd;
-		spec(s, l, KV_ROLE_LINEAR, 2, rows, H, 0, "%slayers.%d.self_attn.%s.weight", p, l, qkv[j]);
+		kv_tspec(s, l, KV_ROLE_LINEAR, 2, rows, H, 0, "%slayers.%d.self_attn.%s.weight", p, l, qkv[j]);
 		if (c->attn_bias)
-			spec(s, l, KV_ROLE_BIAS, 1, rows, 0, 0, "%slayers.%d.self_attn.%s.bias", p, l, qkv[j]);
+			kv_tspec(s, l, KV_ROLE_BIAS, 1, rows, 0, 0, "%slayers.%d.self_attn.%s.bias", p, l, qkv[j]);
 	}
-	spec(s, l, KV_ROLE_LINEAR_OUT, 2, H, nh * hd, 0, "%slayers.%d.self_attn.o_proj.weight", p, l);
+	kv_tspec(s, l, KV_ROLE_LINEAR_OUT, 2, H, nh * hd, 0, "%slayers.%d.self_attn.o_proj.weight", p, l);
 	if (c->attn_bias)
-		spec(s, l, KV_ROLE_BIAS, 1, H, 0, 0, "%slayers.%d.self_attn.o_proj.bias", p, l);
+		kv_tspec(s, l, KV_ROLE_BIAS, 1, H, 0, 0, "%slayers.%d.self_attn.o_proj.bias", p, l);
 	if (c->attn_sinks)
-		spec(s, l, KV_ROLE_SINKS, 1, nh, 0, 0, "%slayers.%d.self_attn.sinks", p, l);
+		kv_tspec(s, l, KV_ROLE_SINKS, 1, nh, 0, 0, "%slayers.%d.self_attn.sinks", p, l);
 	if (c->qk_norm) {
-		spec(s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.q_norm.weight", p, l);
-		spec(s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.k_norm.weight", p, l);
+		kv_tspec(s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.q_norm.weight", p, l);
+		kv_tspec(s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.k_norm.weight", p, l);
 	}
-	spec(s, l, norm, 1, H, 0, 0, "%slayers.%d.post_attention_layernorm.weight", p, l);
+	kv_tspec(s, l, norm, 1, H, 0, 0, "%slayers.%d.post_attention_layernorm.weight", p, l);
 	if (c->sandwich_norm) {
-		spec(s, l, norm, 1, H, 0, 0, "%slayers.%d.pre_feedforward_layernorm.weight", p, l);
-		spec(s, l, norm, 1, H, 0, 0, "%slayers.%d.post_feedforward_layernorm.weight", p, l);
+		kv_tspec(s, l, norm, 1, H, 0, 0, "%slayers.%d.pre_feedforward_layernorm.weight", p, l);
+		kv_tspec(s, l, norm, 1, H, 0, 0, "%slayers.%d.post_feedforward_layernorm.weight", p, l);
 	}
 	if (c->layer_moe[l]) {
 		oai_moe_specs(s, c, p, l);
 		return;
 	}
-	spec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.gate_proj.weight", p, l);
-	spec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.up_proj.weight", p, l);
-	spec(s, l, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.down_proj.weight", p, l);
+	kv_tspec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.gate_proj.weight", p, l);
+	kv_tspec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.up_proj.weight", p, l);
+	kv_tspec(s, l, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.down_proj.weight", p, l);
 }
 
 int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struct kv_tensor_spec **out,
 		      size_t *n)
 {
-	struct specs s = {0};
+	struct kv_tspecs s = {0};
 	const char *p = prefix ? prefix : kv_config_default_prefix(c);
 	const int64_t H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, I = c->intermediate;
 	const int64_t Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
@@ -965,54 +915,54 @@ int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struc
 	*n = 0;
 	if (c->ssm)
 		return kv_config_tensors_ssm(c, p, out, n);
-	spec(&s, -1, KV_ROLE_EMBED, 2, c->vocab, H, 0, "%sembed_tokens.weight", p);
+	kv_tspec(&s, -1, KV_ROLE_EMBED, 2, c->vocab, H, 0, "%sembed_tokens.weight", p);
 	for (int l = 0; l < c->n_layers; l++) {
 		if (kv_arch_window_family(c->arch)) {
 			window_family_specs(&s, c, p, l);
 			continue;
 		}
-		spec(&s, l, norm, 1, H, 0, 0, "%slayers.%d.input_layernorm.weight", p, l);
+		kv_tspec(&s, l, norm, 1, H, 0, 0, "%slayers.%d.input_layernorm.weight", p, l);
 		if (c->layer_type[l] == KV_LAYER_ATTN) {
 			int64_t qout = nh * hd * (c->attn_output_gate ? 2 : 1);
-			spec(&s, l, KV_ROLE_LINEAR, 2, qout, H, 0, "%slayers.%d.self_attn.q_proj.weight", p, l);
-			spec(&s, l, KV_ROLE_LINEAR, 2, nkv * hd, H, 0, "%slayers.%d.self_attn.k_proj.weight", p, l);
-			spec(&s, l, KV_ROLE_LINEAR, 2, nkv * hd, H, 0, "%slayers.%d.self_attn.v_proj.weight", p, l);
-			spec(&s, l, KV_ROLE_LINEAR_OUT, 2, H, nh * hd, 0, "%slayers.%d.self_attn.o_proj.weight", p, l);
-			spec(&s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.q_norm.weight", p, l);
-			spec(&s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.k_norm.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_LINEAR, 2, qout, H, 0, "%slayers.%d.self_attn.q_proj.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_LINEAR, 2, nkv * hd, H, 0, "%slayers.%d.self_attn.k_proj.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_LINEAR, 2, nkv * hd, H, 0, "%slayers.%d.self_attn.v_proj.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_LINEAR_OUT, 2, H, nh * hd, 0, "%slayers.%d.self_attn.o_proj.weight", p, l);
+			kv_tspec(&s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.q_norm.weight", p, l);
+			kv_tspec(&s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.k_norm.weight", p, l);
 		} else {
 			if (c->fused_deltanet) {
-				spec(&s, l, KV_ROLE_LINEAR, 2, 2 * Hk * dk + 2 * Hv * dv, H, 0,
+				kv_tspec(&s, l, KV_ROLE_LINEAR, 2, 2 * Hk * dk + 2 * Hv * dv, H, 0,
 				     "%slayers.%d.linear_attn.in_proj_qkvz.weight", p, l);
-				spec(&s, l, KV_ROLE_LINEAR, 2, 2 * Hv, H, 0, "%slayers.%d.linear_attn.in_proj_ba.weight", p,
+				kv_tspec(&s, l, KV_ROLE_LINEAR, 2, 2 * Hv, H, 0, "%slayers.%d.linear_attn.in_proj_ba.weight", p,
 				     l);
 			} else {
-				spec(&s, l, KV_ROLE_LINEAR, 2, 2 * Hk * dk + Hv * dv, H, 0,
+				kv_tspec(&s, l, KV_ROLE_LINEAR, 2, 2 * Hk * dk + Hv * dv, H, 0,
 				     "%slayers.%d.linear_attn.in_proj_qkv.weight", p, l);
-				spec(&s, l, KV_ROLE_LINEAR, 2, Hv * dv, H, 0, "%slayers.%d.linear_attn.in_proj_z.weight", p,
+				kv_tspec(&s, l, KV_ROLE_LINEAR, 2, Hv * dv, H, 0, "%slayers.%d.linear_attn.in_proj_z.weight", p,
 				     l);
-				spec(&s, l, KV_ROLE_LINEAR, 2, Hv, H, 0, "%slayers.%d.linear_attn.in_proj_b.weight", p, l);
-				spec(&s, l, KV_ROLE_LINEAR_A, 2, Hv, H, 0, "%slayers.%d.linear_attn.in_proj_a.weight", p, l);
+				kv_tspec(&s, l, KV_ROLE_LINEAR, 2, Hv, H, 0, "%slayers.%d.linear_attn.in_proj_b.weight", p, l);
+				kv_tspec(&s, l, KV_ROLE_LINEAR_A, 2, Hv, H, 0, "%slayers.%d.linear_attn.in_proj_a.weight", p, l);
 			}
-			spec(&s, l, KV_ROLE_CONV, 3, conv, 1, c->conv_kernel, "%slayers.%d.linear_attn.conv1d.weight", p,
+			kv_tspec(&s, l, KV_ROLE_CONV, 3, conv, 1, c->conv_kernel, "%slayers.%d.linear_attn.conv1d.weight", p,
 			     l);
-			spec(&s, l, KV_ROLE_DT_BIAS, 1, Hv, 0, 0, "%slayers.%d.linear_attn.dt_bias", p, l);
-			spec(&s, l, KV_ROLE_A_LOG, 1, Hv, 0, 0, "%slayers.%d.linear_attn.A_log", p, l);
-			spec(&s, l, KV_ROLE_NORM, 1, dv, 0, 0, "%slayers.%d.linear_attn.norm.weight", p, l);
-			spec(&s, l, KV_ROLE_LINEAR_OUT, 2, H, Hv * dv, 0, "%slayers.%d.linear_attn.out_proj.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_DT_BIAS, 1, Hv, 0, 0, "%slayers.%d.linear_attn.dt_bias", p, l);
+			kv_tspec(&s, l, KV_ROLE_A_LOG, 1, Hv, 0, 0, "%slayers.%d.linear_attn.A_log", p, l);
+			kv_tspec(&s, l, KV_ROLE_NORM, 1, dv, 0, 0, "%slayers.%d.linear_attn.norm.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_LINEAR_OUT, 2, H, Hv * dv, 0, "%slayers.%d.linear_attn.out_proj.weight", p, l);
 		}
-		spec(&s, l, norm, 1, H, 0, 0, "%slayers.%d.post_attention_layernorm.weight", p, l);
+		kv_tspec(&s, l, norm, 1, H, 0, 0, "%slayers.%d.post_attention_layernorm.weight", p, l);
 		if (c->layer_moe[l]) {
 			moe_specs(&s, c, p, l);
 			continue;
 		}
-		spec(&s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.gate_proj.weight", p, l);
-		spec(&s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.up_proj.weight", p, l);
-		spec(&s, l, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.down_proj.weight", p, l);
+		kv_tspec(&s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.gate_proj.weight", p, l);
+		kv_tspec(&s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.up_proj.weight", p, l);
+		kv_tspec(&s, l, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.down_proj.weight", p, l);
 	}
-	spec(&s, -1, norm, 1, H, 0, 0, "%snorm.weight", p);
+	kv_tspec(&s, -1, norm, 1, H, 0, 0, "%snorm.weight", p);
 	if (!c->tie_embeddings)
-		spec(&s, -1, KV_ROLE_LM_HEAD, 2, c->vocab, H, 0, "lm_head.weight");
+		kv_tspec(&s, -1, KV_ROLE_LM_HEAD, 2, c->vocab, H, 0, "lm_head.weight");
 	if (s.oom) {
 		free(s.v);
 		return kv_fail(KV_ERR_NOMEM, "out of memory listing tensors");
@@ -1024,33 +974,33 @@ int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struc
 
 int kv_config_mtp_tensors(const struct kv_model_config *c, int moe, struct kv_tensor_spec **out, size_t *n)
 {
-	struct specs s = {0};
+	struct kv_tspecs s = {0};
 	const char *p = "mtp.";
 	const int64_t H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, I = c->intermediate;
 	const int norm = c->norm_plus_one ? KV_ROLE_NORM_OFFSET : KV_ROLE_NORM;
 
 	*out = NULL;
 	*n = 0;
-	spec(&s, 0, KV_ROLE_LINEAR, 2, H, 2 * H, 0, "%sfc.weight", p);
-	spec(&s, 0, norm, 1, H, 0, 0, "%spre_fc_norm_embedding.weight", p);
-	spec(&s, 0, norm, 1, H, 0, 0, "%spre_fc_norm_hidden.weight", p);
-	spec(&s, 0, norm, 1, H, 0, 0, "%slayers.%d.input_layernorm.weight", p, 0);
-	spec(&s, 0, KV_ROLE_LINEAR, 2, nh * hd * (c->attn_output_gate ? 2 : 1), H, 0,
+	kv_tspec(&s, 0, KV_ROLE_LINEAR, 2, H, 2 * H, 0, "%sfc.weight", p);
+	kv_tspec(&s, 0, norm, 1, H, 0, 0, "%spre_fc_norm_embedding.weight", p);
+	kv_tspec(&s, 0, norm, 1, H, 0, 0, "%spre_fc_norm_hidden.weight", p);
+	kv_tspec(&s, 0, norm, 1, H, 0, 0, "%slayers.%d.input_layernorm.weight", p, 0);
+	kv_tspec(&s, 0, KV_ROLE_LINEAR, 2, nh * hd * (c->attn_output_gate ? 2 : 1), H, 0,
 	     "%slayers.%d.self_attn.q_proj.weight", p, 0);
-	spec(&s, 0, KV_ROLE_LINEAR, 2, nkv * hd, H, 0, "%slayers.%d.self_attn.k_proj.weight", p, 0);
-	spec(&s, 0, KV_ROLE_LINEAR, 2, nkv * hd, H, 0, "%slayers.%d.self_attn.v_proj.weight", p, 0);
-	spec(&s, 0, KV_ROLE_LINEAR_OUT, 2, H, nh * hd, 0, "%slayers.%d.self_attn.o_proj.weight", p, 0);
-	spec(&s, 0, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.q_norm.weight", p, 0);
-	spec(&s, 0, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.k_norm.weight", p, 0);
-	spec(&s, 0, norm, 1, H, 0, 0, "%slayers.%d.post_attention_layernorm.weight", p, 0);
+	kv_tspec(&s, 0, KV_ROLE_LINEAR, 2, nkv * hd, H, 0, "%slayers.%d.self_attn.k_proj.weight", p, 0);
+	kv_tspec(&s, 0, KV_ROLE_LINEAR, 2, nkv * hd, H, 0, "%slayers.%d.self_attn.v_proj.weight", p, 0);
+	kv_tspec(&s, 0, KV_ROLE_LINEAR_OUT, 2, H, nh * hd, 0, "%slayers.%d.self_attn.o_proj.weight", p, 0);
+	kv_tspec(&s, 0, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.q_norm.weight", p, 0);
+	kv_tspec(&s, 0, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.k_norm.weight", p, 0);
+	kv_tspec(&s, 0, norm, 1, H, 0, 0, "%slayers.%d.post_attention_layernorm.weight", p, 0);
 	if (moe) {
 		moe_specs(&s, c, p, 0);
 	} else {
-		spec(&s, 0, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.gate_proj.weight", p, 0);
-		spec(&s, 0, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.up_proj.weight", p, 0);
-		spec(&s, 0, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.down_proj.weight", p, 0);
+		kv_tspec(&s, 0, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.gate_proj.weight", p, 0);
+		kv_tspec(&s, 0, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.up_proj.weight", p, 0);
+		kv_tspec(&s, 0, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.down_proj.weight", p, 0);
 	}
-	spec(&s, 0, norm, 1, H, 0, 0, "%snorm.weight", p);
+	kv_tspec(&s, 0, norm, 1, H, 0, 0, "%snorm.weight", p);
 	if (s.oom) {
 		free(s.v);
 		return kv_fail(KV_ERR_NOMEM, "out of memory listing tensors");

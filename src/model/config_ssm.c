@@ -35,6 +35,7 @@
  * time_step_limit other than (0, inf).
  */
 #include "model/config_ssm.h"
+#include "model/tspec.h"
 #include "base/err.h"
 #include "base/json.h"
 
@@ -467,45 +468,6 @@ uint64_t kv_config_ssm_conv_dim(const struct kv_model_config *c)
 
 /* --- tensors ----------------------------------------------------------------- */
 
-struct specs {
-	struct kv_tensor_spec *v;
-	size_t n, cap;
-	int oom;
-};
-
-static void spec(struct specs *s, int layer, int role, int ndim, int64_t d0, int64_t d1, int64_t d2,
-		 const char *fmt, ...) __attribute__((format(printf, 8, 9)));
-
-static void spec(struct specs *s, int layer, int role, int ndim, int64_t d0, int64_t d1, int64_t d2,
-		 const char *fmt, ...)
-{
-	va_list ap;
-	if (s->oom)
-		return;
-	if (s->n == s->cap) {
-		size_t nc = s->cap ? 2 * s->cap : 64;
-		struct kv_tensor_spec *nv = realloc(s->v, nc * sizeof *nv);
-		if (!nv) {
-			s->oom = 1;
-			return;
-		}
-		s->v = nv;
-		s->cap = nc;
-	}
-	struct kv_tensor_spec *t = &s->v[s->n++];
-	memset(t, 0, sizeof *t);
-	va_start(ap, fmt);
-	vsnprintf(t->name, sizeof t->name, fmt, ap);
-	va_end(ap);
-	t->ndim = ndim;
-	t->shape[0] = d0;
-	t->shape[1] = d1;
-	t->shape[2] = d2;
-	t->role = role;
-	t->layer = layer;
-	t->expert = -1;
-}
-
 const char *kv_config_ssm_prefix(const struct kv_model_config *c)
 {
 	return c->arch == KV_ARCH_NEMOTRON_H ? "backbone." : "model.";
@@ -513,7 +475,7 @@ const char *kv_config_ssm_prefix(const struct kv_model_config *c)
 
 int kv_config_tensors_ssm(const struct kv_model_config *c, const char *p, struct kv_tensor_spec **out, size_t *n)
 {
-	struct specs s = {0};
+	struct kv_tspecs s = {0};
 	const int nem = c->arch == KV_ARCH_NEMOTRON_H;
 	const int64_t D = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads;
 	const int64_t W = (int64_t)c->ssm_heads * c->ssm_head_dim, H = c->ssm_heads;
@@ -521,67 +483,67 @@ int kv_config_tensors_ssm(const struct kv_model_config *c, const char *p, struct
 	const char *mx = nem ? "mixer" : "mamba", *at = nem ? "mixer" : "self_attn";
 	*out = NULL;
 	*n = 0;
-	spec(&s, -1, KV_ROLE_EMBED, 2, c->vocab, D, 0, nem ? "%sembeddings.weight" : "%sembed_tokens.weight", p);
+	kv_tspec(&s, -1, KV_ROLE_EMBED, 2, c->vocab, D, 0, nem ? "%sembeddings.weight" : "%sembed_tokens.weight", p);
 	for (int l = 0; l < c->n_layers; l++) {
-		spec(&s, l, KV_ROLE_NORM, 1, D, 0, 0, nem ? "%slayers.%d.norm.weight" : "%slayers.%d.input_layernorm.weight",
+		kv_tspec(&s, l, KV_ROLE_NORM, 1, D, 0, 0, nem ? "%slayers.%d.norm.weight" : "%slayers.%d.input_layernorm.weight",
 		     p, l);
 		if (c->layer_type[l] == KV_LAYER_MAMBA) {
-			spec(&s, l, KV_ROLE_LINEAR, 2, W + C + H, D, 0, "%slayers.%d.%s.in_proj.weight", p, l, mx);
-			spec(&s, l, KV_ROLE_CONV, 3, C, 1, c->conv_kernel, "%slayers.%d.%s.conv1d.weight", p, l, mx);
+			kv_tspec(&s, l, KV_ROLE_LINEAR, 2, W + C + H, D, 0, "%slayers.%d.%s.in_proj.weight", p, l, mx);
+			kv_tspec(&s, l, KV_ROLE_CONV, 3, C, 1, c->conv_kernel, "%slayers.%d.%s.conv1d.weight", p, l, mx);
 			if (c->ssm_conv_bias)
-				spec(&s, l, KV_ROLE_CONV_BIAS, 1, C, 0, 0, "%slayers.%d.%s.conv1d.bias", p, l, mx);
-			spec(&s, l, KV_ROLE_DT_BIAS, 1, H, 0, 0, "%slayers.%d.%s.dt_bias", p, l, mx);
-			spec(&s, l, KV_ROLE_A_LOG, 1, H, 0, 0, "%slayers.%d.%s.A_log", p, l, mx);
-			spec(&s, l, KV_ROLE_SSM_D, 1, H, 0, 0, "%slayers.%d.%s.D", p, l, mx);
-			spec(&s, l, KV_ROLE_NORM, 1, W, 0, 0, "%slayers.%d.%s.norm.weight", p, l, mx);
-			spec(&s, l, KV_ROLE_LINEAR_OUT, 2, D, W, 0, "%slayers.%d.%s.out_proj.weight", p, l, mx);
+				kv_tspec(&s, l, KV_ROLE_CONV_BIAS, 1, C, 0, 0, "%slayers.%d.%s.conv1d.bias", p, l, mx);
+			kv_tspec(&s, l, KV_ROLE_DT_BIAS, 1, H, 0, 0, "%slayers.%d.%s.dt_bias", p, l, mx);
+			kv_tspec(&s, l, KV_ROLE_A_LOG, 1, H, 0, 0, "%slayers.%d.%s.A_log", p, l, mx);
+			kv_tspec(&s, l, KV_ROLE_SSM_D, 1, H, 0, 0, "%slayers.%d.%s.D", p, l, mx);
+			kv_tspec(&s, l, KV_ROLE_NORM, 1, W, 0, 0, "%slayers.%d.%s.norm.weight", p, l, mx);
+			kv_tspec(&s, l, KV_ROLE_LINEAR_OUT, 2, D, W, 0, "%slayers.%d.%s.out_proj.weight", p, l, mx);
 		} else if (c->layer_type[l] == KV_LAYER_ATTN) {
-			spec(&s, l, KV_ROLE_LINEAR, 2, nh * hd, D, 0, "%slayers.%d.%s.q_proj.weight", p, l, at);
-			spec(&s, l, KV_ROLE_LINEAR, 2, nkv * hd, D, 0, "%slayers.%d.%s.k_proj.weight", p, l, at);
-			spec(&s, l, KV_ROLE_LINEAR, 2, nkv * hd, D, 0, "%slayers.%d.%s.v_proj.weight", p, l, at);
-			spec(&s, l, KV_ROLE_LINEAR_OUT, 2, D, nh * hd, 0, "%slayers.%d.%s.o_proj.weight", p, l, at);
+			kv_tspec(&s, l, KV_ROLE_LINEAR, 2, nh * hd, D, 0, "%slayers.%d.%s.q_proj.weight", p, l, at);
+			kv_tspec(&s, l, KV_ROLE_LINEAR, 2, nkv * hd, D, 0, "%slayers.%d.%s.k_proj.weight", p, l, at);
+			kv_tspec(&s, l, KV_ROLE_LINEAR, 2, nkv * hd, D, 0, "%slayers.%d.%s.v_proj.weight", p, l, at);
+			kv_tspec(&s, l, KV_ROLE_LINEAR_OUT, 2, D, nh * hd, 0, "%slayers.%d.%s.o_proj.weight", p, l, at);
 		} else {
-			spec(&s, l, KV_ROLE_LINEAR, 2, c->intermediate, D, 0, "%slayers.%d.mixer.up_proj.weight", p, l);
-			spec(&s, l, KV_ROLE_LINEAR_OUT, 2, D, c->intermediate, 0, "%slayers.%d.mixer.down_proj.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_LINEAR, 2, c->intermediate, D, 0, "%slayers.%d.mixer.up_proj.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_LINEAR_OUT, 2, D, c->intermediate, 0, "%slayers.%d.mixer.down_proj.weight", p, l);
 		}
 		if (!c->layer_ffn)
 			continue;
-		spec(&s, l, KV_ROLE_NORM, 1, D, 0, 0, "%slayers.%d.post_attention_layernorm.weight", p, l);
+		kv_tspec(&s, l, KV_ROLE_NORM, 1, D, 0, 0, "%slayers.%d.post_attention_layernorm.weight", p, l);
 		const int64_t Is = c->shared_intermediate, E = c->n_experts, I = c->moe_intermediate;
 		if (c->layer_moe[l]) {
-			spec(&s, l, KV_ROLE_ROUTER, 2, E, D, 0, "%slayers.%d.block_sparse_moe.router.layer.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_ROUTER, 2, E, D, 0, "%slayers.%d.block_sparse_moe.router.layer.weight", p, l);
 			if (c->expert_layout == KV_EXPERTS_SWITCH) {
 				/* mlx-lm's sanitized SwitchGLU stacks (and a GGUF's, loaded under these names) */
-				spec(&s, l, KV_ROLE_LINEAR, 3, E, I, D, "%slayers.%d.block_sparse_moe.switch_mlp.gate_proj.weight",
+				kv_tspec(&s, l, KV_ROLE_LINEAR, 3, E, I, D, "%slayers.%d.block_sparse_moe.switch_mlp.gate_proj.weight",
 				     p, l);
-				spec(&s, l, KV_ROLE_LINEAR, 3, E, I, D, "%slayers.%d.block_sparse_moe.switch_mlp.up_proj.weight", p,
+				kv_tspec(&s, l, KV_ROLE_LINEAR, 3, E, I, D, "%slayers.%d.block_sparse_moe.switch_mlp.up_proj.weight", p,
 				     l);
-				spec(&s, l, KV_ROLE_LINEAR_OUT, 3, E, D, I,
+				kv_tspec(&s, l, KV_ROLE_LINEAR_OUT, 3, E, D, I,
 				     "%slayers.%d.block_sparse_moe.switch_mlp.down_proj.weight", p, l);
 			} else {
-				spec(&s, l, KV_ROLE_LINEAR, 3, E, 2 * I, D, "%slayers.%d.block_sparse_moe.input_linear.weight", p, l);
-				spec(&s, l, KV_ROLE_LINEAR_OUT, 3, E, D, I, "%slayers.%d.block_sparse_moe.output_linear.weight", p,
+				kv_tspec(&s, l, KV_ROLE_LINEAR, 3, E, 2 * I, D, "%slayers.%d.block_sparse_moe.input_linear.weight", p, l);
+				kv_tspec(&s, l, KV_ROLE_LINEAR_OUT, 3, E, D, I, "%slayers.%d.block_sparse_moe.output_linear.weight", p,
 				     l);
 			}
 		}
 		if (c->expert_layout == KV_EXPERTS_SPLIT && !c->layer_moe[l]) {
 			/* a dense Granite as mlx-lm writes it: mlp.{gate,up,down}_proj */
-			spec(&s, l, KV_ROLE_LINEAR, 2, Is, D, 0, "%slayers.%d.mlp.gate_proj.weight", p, l);
-			spec(&s, l, KV_ROLE_LINEAR, 2, Is, D, 0, "%slayers.%d.mlp.up_proj.weight", p, l);
-			spec(&s, l, KV_ROLE_LINEAR_OUT, 2, D, Is, 0, "%slayers.%d.mlp.down_proj.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_LINEAR, 2, Is, D, 0, "%slayers.%d.mlp.gate_proj.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_LINEAR, 2, Is, D, 0, "%slayers.%d.mlp.up_proj.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_LINEAR_OUT, 2, D, Is, 0, "%slayers.%d.mlp.down_proj.weight", p, l);
 			continue;
 		}
 		if (c->shared_split) {
-			spec(&s, l, KV_ROLE_LINEAR, 2, Is, D, 0, "%slayers.%d.shared_mlp.gate_proj.weight", p, l);
-			spec(&s, l, KV_ROLE_LINEAR, 2, Is, D, 0, "%slayers.%d.shared_mlp.up_proj.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_LINEAR, 2, Is, D, 0, "%slayers.%d.shared_mlp.gate_proj.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_LINEAR, 2, Is, D, 0, "%slayers.%d.shared_mlp.up_proj.weight", p, l);
 		} else {
-			spec(&s, l, KV_ROLE_LINEAR, 2, 2 * Is, D, 0, "%slayers.%d.shared_mlp.input_linear.weight", p, l);
+			kv_tspec(&s, l, KV_ROLE_LINEAR, 2, 2 * Is, D, 0, "%slayers.%d.shared_mlp.input_linear.weight", p, l);
 		}
-		spec(&s, l, KV_ROLE_LINEAR_OUT, 2, D, Is, 0, "%slayers.%d.shared_mlp.output_linear.weight", p, l);
+		kv_tspec(&s, l, KV_ROLE_LINEAR_OUT, 2, D, Is, 0, "%slayers.%d.shared_mlp.output_linear.weight", p, l);
 	}
-	spec(&s, -1, KV_ROLE_NORM, 1, D, 0, 0, nem ? "%snorm_f.weight" : "%snorm.weight", p);
+	kv_tspec(&s, -1, KV_ROLE_NORM, 1, D, 0, 0, nem ? "%snorm_f.weight" : "%snorm.weight", p);
 	if (!c->tie_embeddings)
-		spec(&s, -1, KV_ROLE_LM_HEAD, 2, c->vocab, D, 0, "lm_head.weight");
+		kv_tspec(&s, -1, KV_ROLE_LM_HEAD, 2, c->vocab, D, 0, "lm_head.weight");
 	if (s.oom) {
 		free(s.v);
 		return kv_fail(KV_ERR_NOMEM, "out of memory listing tensors");
