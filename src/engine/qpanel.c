@@ -894,10 +894,15 @@ int ke_qpanel_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, con
 	const int b32 = q_block(dt) == 32; /* Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 */
 	const int nbk = b32 ? K / 32 : K / 256;
 	const int q1 = b32 && q0_is1(dt), k45 = dt == KV_DT_Q4_K || dt == KV_DT_Q5_K;
-	/* below about 8 (K types) / 12 (Q8_0) rows the repack costs more than
-	 * it saves: the 4-row kernels, same numbers; no repack buffer (NULL)
-	 * the same */
-	if (isa == KE_ISA_AVX512 && have_vnni() && m >= (b32 ? 12 : 8)) {
+	/* below the crossover the repack costs more than it saves: the 4-row
+	 * kernels, same numbers; no repack buffer (NULL) the same. Crossovers
+	 * on a Zen 4 (2 threads, N x K = 32768 x 4096 streamed from memory,
+	 * panels and 4-row kernels alternating, docs/engine.md): 12 rows for
+	 * the 32-blocks, 8 for Q4_K / Q5_K, 9 for Q2_K and 17 for Q6_K (its
+	 * 4-row kernel took 0.56x the panels' time at M = 8, 0.67x at 9, 0.85x
+	 * at 16 and 1.23x at 20) */
+	const int vmin = b32 ? 12 : k45 ? 8 : dt == KV_DT_Q2_K ? 9 : 17;
+	if (isa == KE_ISA_AVX512 && have_vnni() && m >= vmin) {
 		uint8_t *pk = pack_buf((size_t)nbk * (b32		     ? (q1 ? P1_BLK : P8_BLK)
 						      : k45		     ? P4_BLK
 						      : dt == KV_DT_Q2_K ? P2_BLK

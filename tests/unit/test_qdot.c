@@ -249,7 +249,7 @@ KT_CASE(dot_paths_identical_and_exact)
 				}
 			for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++)
 				for (int mr = 1; mr <= M; mr++) {
-					/* rows in groups of mr (4-row kernels below 8 / 12 / 20 rows, panels above), columns split at 5 */
+					/* rows in groups of mr (4-row kernels below the crossovers of qpanel.c: 8 to 17 rows, panels from there), columns split at 5 */
 					for (int i0 = 0; i0 < M; i0 += mr) {
 						int r = M - i0 < mr ? M - i0 : mr;
 						ke_qdot_gemm(isa, dt, wq, wb, K, a + (size_t)i0 * ab, ab, r, got + i0 * N, N, 0, 0, 5);
