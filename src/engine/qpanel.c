@@ -898,10 +898,10 @@ int ke_qpanel_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, con
 	 * kernels, same numbers; no repack buffer (NULL) the same. Crossovers
 	 * on a Zen 4 (2 threads, N x K = 32768 x 4096 streamed from memory,
 	 * panels and 4-row kernels alternating, docs/engine.md): 12 rows for
-	 * the 32-blocks, 8 for Q4_K / Q5_K, 9 for Q2_K and 17 for Q6_K (its
+	 * the 32-blocks, 8 for Q4_K / Q5_K, 10 for Q3_K, 17 for Q6_K (its
 	 * 4-row kernel took 0.56x the panels' time at M = 8, 0.67x at 9, 0.85x
-	 * at 16 and 1.23x at 20) */
-	const int vmin = b32 ? 12 : k45 ? 8 : dt == KV_DT_Q2_K ? 9 : 17;
+	 * at 16 and 1.23x at 20) and 20 for Q2_K (0.84x at 16, 1.07x at 24) */
+	const int vmin = b32 ? 12 : k45 ? 8 : dt == KV_DT_Q3_K ? 10 : dt == KV_DT_Q6_K ? 17 : 20;
 	if (isa == KE_ISA_AVX512 && have_vnni() && m >= vmin) {
 		uint8_t *pk = pack_buf((size_t)nbk * (b32		     ? (q1 ? P1_BLK : P8_BLK)
 						      : k45		     ? P4_BLK
