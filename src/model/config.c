@@ -849,7 +849,7 @@ static void oai_moe_specs(struct kv_tspecs *s, const struct kv_model_config *c, 
 		for (int j = 0; j < 3; j++) {
 			int64_t r = j == 2 ? D : I, k = j == 2 ? I : D;
 			kv_tspec(s, l, j == 2 ? KV_ROLE_LINEAR_OUT : KV_ROLE_LINEAR, 3, E, r, k,
-			     "%slayers.%d.mlp.switch_mlp.%s.weight", p, l, nm[j]);
+			         "%slayers.%d.mlp.switch_mlp.%s.weight", p, l, nm[j]);
 			kv_tspec(s, l, KV_ROLE_BIAS, 2, E, r, 0, "%slayers.%d.mlp.switch_mlp.%s.bias", p, l, nm[j]);
 		}
 		return;
@@ -933,19 +933,19 @@ int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struc
 		} else {
 			if (c->fused_deltanet) {
 				kv_tspec(&s, l, KV_ROLE_LINEAR, 2, 2 * Hk * dk + 2 * Hv * dv, H, 0,
-				     "%slayers.%d.linear_attn.in_proj_qkvz.weight", p, l);
+				         "%slayers.%d.linear_attn.in_proj_qkvz.weight", p, l);
 				kv_tspec(&s, l, KV_ROLE_LINEAR, 2, 2 * Hv, H, 0, "%slayers.%d.linear_attn.in_proj_ba.weight", p,
-				     l);
+				         l);
 			} else {
 				kv_tspec(&s, l, KV_ROLE_LINEAR, 2, 2 * Hk * dk + Hv * dv, H, 0,
-				     "%slayers.%d.linear_attn.in_proj_qkv.weight", p, l);
+				         "%slayers.%d.linear_attn.in_proj_qkv.weight", p, l);
 				kv_tspec(&s, l, KV_ROLE_LINEAR, 2, Hv * dv, H, 0, "%slayers.%d.linear_attn.in_proj_z.weight", p,
-				     l);
+				         l);
 				kv_tspec(&s, l, KV_ROLE_LINEAR, 2, Hv, H, 0, "%slayers.%d.linear_attn.in_proj_b.weight", p, l);
 				kv_tspec(&s, l, KV_ROLE_LINEAR_A, 2, Hv, H, 0, "%slayers.%d.linear_attn.in_proj_a.weight", p, l);
 			}
 			kv_tspec(&s, l, KV_ROLE_CONV, 3, conv, 1, c->conv_kernel, "%slayers.%d.linear_attn.conv1d.weight", p,
-			     l);
+			         l);
 			kv_tspec(&s, l, KV_ROLE_DT_BIAS, 1, Hv, 0, 0, "%slayers.%d.linear_attn.dt_bias", p, l);
 			kv_tspec(&s, l, KV_ROLE_A_LOG, 1, Hv, 0, 0, "%slayers.%d.linear_attn.A_log", p, l);
 			kv_tspec(&s, l, KV_ROLE_NORM, 1, dv, 0, 0, "%slayers.%d.linear_attn.norm.weight", p, l);
@@ -963,13 +963,7 @@ int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struc
 	kv_tspec(&s, -1, norm, 1, H, 0, 0, "%snorm.weight", p);
 	if (!c->tie_embeddings)
 		kv_tspec(&s, -1, KV_ROLE_LM_HEAD, 2, c->vocab, H, 0, "lm_head.weight");
-	if (s.oom) {
-		free(s.v);
-		return kv_fail(KV_ERR_NOMEM, "out of memory listing tensors");
-	}
-	*out = s.v;
-	*n = s.n;
-	return KV_OK;
+	return kv_tspec_finish(&s, out, n);
 }
 
 int kv_config_mtp_tensors(const struct kv_model_config *c, int moe, struct kv_tensor_spec **out, size_t *n)
@@ -986,7 +980,7 @@ int kv_config_mtp_tensors(const struct kv_model_config *c, int moe, struct kv_te
 	kv_tspec(&s, 0, norm, 1, H, 0, 0, "%spre_fc_norm_hidden.weight", p);
 	kv_tspec(&s, 0, norm, 1, H, 0, 0, "%slayers.%d.input_layernorm.weight", p, 0);
 	kv_tspec(&s, 0, KV_ROLE_LINEAR, 2, nh * hd * (c->attn_output_gate ? 2 : 1), H, 0,
-	     "%slayers.%d.self_attn.q_proj.weight", p, 0);
+	         "%slayers.%d.self_attn.q_proj.weight", p, 0);
 	kv_tspec(&s, 0, KV_ROLE_LINEAR, 2, nkv * hd, H, 0, "%slayers.%d.self_attn.k_proj.weight", p, 0);
 	kv_tspec(&s, 0, KV_ROLE_LINEAR, 2, nkv * hd, H, 0, "%slayers.%d.self_attn.v_proj.weight", p, 0);
 	kv_tspec(&s, 0, KV_ROLE_LINEAR_OUT, 2, H, nh * hd, 0, "%slayers.%d.self_attn.o_proj.weight", p, 0);
@@ -1001,15 +995,9 @@ int kv_config_mtp_tensors(const struct kv_model_config *c, int moe, struct kv_te
 		kv_tspec(&s, 0, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.down_proj.weight", p, 0);
 	}
 	kv_tspec(&s, 0, norm, 1, H, 0, 0, "%snorm.weight", p);
-	if (s.oom) {
-		free(s.v);
-		return kv_fail(KV_ERR_NOMEM, "out of memory listing tensors");
-	}
-	for (size_t i = 0; i < s.n; i++)
+	for (size_t i = 0; i < s.n; i++) /* an incomplete list (oom) is refused below */
 		s.v[i].layer = c->n_layers;
-	*out = s.v;
-	*n = s.n;
-	return KV_OK;
+	return kv_tspec_finish(&s, out, n);
 }
 
 uint64_t kv_config_param_count(const struct kv_model_config *c)

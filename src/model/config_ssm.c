@@ -486,7 +486,7 @@ int kv_config_tensors_ssm(const struct kv_model_config *c, const char *p, struct
 	kv_tspec(&s, -1, KV_ROLE_EMBED, 2, c->vocab, D, 0, nem ? "%sembeddings.weight" : "%sembed_tokens.weight", p);
 	for (int l = 0; l < c->n_layers; l++) {
 		kv_tspec(&s, l, KV_ROLE_NORM, 1, D, 0, 0, nem ? "%slayers.%d.norm.weight" : "%slayers.%d.input_layernorm.weight",
-		     p, l);
+		         p, l);
 		if (c->layer_type[l] == KV_LAYER_MAMBA) {
 			kv_tspec(&s, l, KV_ROLE_LINEAR, 2, W + C + H, D, 0, "%slayers.%d.%s.in_proj.weight", p, l, mx);
 			kv_tspec(&s, l, KV_ROLE_CONV, 3, C, 1, c->conv_kernel, "%slayers.%d.%s.conv1d.weight", p, l, mx);
@@ -515,15 +515,15 @@ int kv_config_tensors_ssm(const struct kv_model_config *c, const char *p, struct
 			if (c->expert_layout == KV_EXPERTS_SWITCH) {
 				/* mlx-lm's sanitized SwitchGLU stacks (and a GGUF's, loaded under these names) */
 				kv_tspec(&s, l, KV_ROLE_LINEAR, 3, E, I, D, "%slayers.%d.block_sparse_moe.switch_mlp.gate_proj.weight",
-				     p, l);
+				         p, l);
 				kv_tspec(&s, l, KV_ROLE_LINEAR, 3, E, I, D, "%slayers.%d.block_sparse_moe.switch_mlp.up_proj.weight", p,
-				     l);
+				         l);
 				kv_tspec(&s, l, KV_ROLE_LINEAR_OUT, 3, E, D, I,
-				     "%slayers.%d.block_sparse_moe.switch_mlp.down_proj.weight", p, l);
+				         "%slayers.%d.block_sparse_moe.switch_mlp.down_proj.weight", p, l);
 			} else {
 				kv_tspec(&s, l, KV_ROLE_LINEAR, 3, E, 2 * I, D, "%slayers.%d.block_sparse_moe.input_linear.weight", p, l);
 				kv_tspec(&s, l, KV_ROLE_LINEAR_OUT, 3, E, D, I, "%slayers.%d.block_sparse_moe.output_linear.weight", p,
-				     l);
+				         l);
 			}
 		}
 		if (c->expert_layout == KV_EXPERTS_SPLIT && !c->layer_moe[l]) {
@@ -544,11 +544,5 @@ int kv_config_tensors_ssm(const struct kv_model_config *c, const char *p, struct
 	kv_tspec(&s, -1, KV_ROLE_NORM, 1, D, 0, 0, nem ? "%snorm_f.weight" : "%snorm.weight", p);
 	if (!c->tie_embeddings)
 		kv_tspec(&s, -1, KV_ROLE_LM_HEAD, 2, c->vocab, D, 0, "lm_head.weight");
-	if (s.oom) {
-		free(s.v);
-		return kv_fail(KV_ERR_NOMEM, "out of memory listing tensors");
-	}
-	*out = s.v;
-	*n = s.n;
-	return KV_OK;
+	return kv_tspec_finish(&s, out, n);
 }

@@ -2,6 +2,7 @@
  * tspec.c - see tspec.h.
  */
 #include "model/tspec.h"
+#include "base/err.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -36,4 +37,18 @@ void kv_tspec(struct kv_tspecs *s, int layer, int role, int ndim, int64_t d0, in
 	t->role = role;
 	t->layer = layer;
 	t->expert = -1;
+}
+
+int kv_tspec_finish(struct kv_tspecs *s, struct kv_tensor_spec **out, size_t *n)
+{
+	*out = NULL;
+	*n = 0;
+	if (s->oom) {
+		free(s->v);
+		s->v = NULL;
+		return kv_fail(KV_ERR_NOMEM, "out of memory listing tensors");
+	}
+	*out = s->v;
+	*n = s->n;
+	return KV_OK;
 }

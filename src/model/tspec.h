@@ -23,5 +23,9 @@ struct kv_tspecs {
  * ignores this and every later call. */
 void kv_tspec(struct kv_tspecs *s, int layer, int role, int ndim, int64_t d0, int64_t d1, int64_t d2,
 	      const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+/* Hand the list over: *out = the tensors (malloc'd, the caller frees),
+ * *n their count; KV_ERR_NOMEM (list freed, *out NULL) when an append
+ * failed. */
+int kv_tspec_finish(struct kv_tspecs *s, struct kv_tensor_spec **out, size_t *n);
 
 #endif
