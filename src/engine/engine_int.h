@@ -32,6 +32,10 @@ struct ke_layer {
 	const float *sinks;       /* [n_heads] sink logits, or NULL */
 	const float *attn_post_norm; /* gemma: norm of the attention output, or NULL */
 	const float *ffn_post_norm;  /* gemma: norm of the MLP output, or NULL */
+	int hd, n_kv;             /* attention: head size and KV heads of this layer (gemma4's
+				     sliding and global layers differ) */
+	int v_is_k;               /* gemma4 attention_k_eq_v global layer: no v_proj, V = k_proj x */
+	const float *scalar;      /* [1] gemma4 layer_scalar: the layer's output times it, or NULL */
 	/* DeltaNet */
 	int fused;                /* qwen3_next: qkvz and ba */
 	struct ke_mat qkv, z, b, a; /* qkv = in_proj_qkv or in_proj_qkvz; b = in_proj_b or in_proj_ba */
@@ -84,8 +88,10 @@ struct ke_model {
 	struct ke_mat lm_head;    /* embed when tied */
 	const float *final_norm;  /* [hidden] effective */
 	struct ke_layer layers[KV_MAX_LAYERS];
-	float *inv_freq;          /* [rotary_dim / 2] */
-	float *inv_freq_local;    /* the sliding layers' (gemma3 rope_local_base_freq), or == inv_freq */
+	float *inv_freq;          /* [rot_half]: rotary_dim / 2 */
+	float *inv_freq_local;    /* [rot_half_local] the sliding layers' (gemma3 rope_local_base_freq,
+				     gemma4's own rotary dim), or == inv_freq */
+	int rot_half, rot_half_local;
 	struct ke_layout wlay;    /* window pages: lay's row format over the window layers */
 	struct kv_pages *wpages;  /* their pool, or NULL */
 	float embed_mul;          /* embeddings times this (sqrt(hidden) for gemma, else 1) */
@@ -139,9 +145,9 @@ struct ke_scratch {
 	float *alpha;  /* [C][Hv] */
 	float *core;   /* [C][Hv dv] */
 	float *moe;    /* ke_moe_scratch_floats (MLP group) */
-	float *cosv;   /* [C][rot/2] */
-	float *sinv;   /* [C][rot/2] */
-	float *cosl;   /* [C][rot/2] the sliding layers' RoPE (own base), or == cosv */
+	float *cosv;   /* [C][rot_half] */
+	float *sinv;   /* [C][rot_half] */
+	float *cosl;   /* [C][rot_half_local] the sliding layers' RoPE (own base or dim), or == cosv */
 	float *sinl;
 	float *attn_scr; /* threads x ke_attn_scratch_floats */
 	int attn_threads;

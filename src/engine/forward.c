@@ -55,9 +55,9 @@ static void embed_row_raw(const struct ke_model *m, int32_t id, float *out)
 
 /* cos/sin of position x inverse frequency, f32 like Hugging Face, times
  * the RoPE attention factor (YaRN's; 1 otherwise, and x * 1 == x). */
-static void rope_tables(const struct ke_model *m, const float *inv_freq, int pos0, int n, float *cs, float *sn)
+static void rope_tables(const struct ke_model *m, const float *inv_freq, int half, int pos0, int n, float *cs,
+			float *sn)
 {
-	int half = m->cfg.rotary_dim / 2;
 	float af = m->cfg.rope_attn_factor > 0 ? (float)m->cfg.rope_attn_factor : 1.0f;
 	for (int t = 0; t < n; t++) {
 		float p = (float)(pos0 + t);
@@ -96,6 +96,18 @@ static void rope_any(const struct kv_model_config *c, float *x, const float *cs,
 		rope_pairs(x, cs, sn, half);
 	else
 		rope(x, cs, sn, half);
+}
+
+/* Head size and KV heads of an attention layer (gemma4's sliding and
+ * global layers differ; 0 in a layer the loader did not set: the model's). */
+static int layer_hd(const struct kv_model_config *c, const struct ke_layer *ly)
+{
+	return ly->hd ? ly->hd : c->head_dim;
+}
+
+static int layer_kv(const struct kv_model_config *c, const struct ke_layer *ly)
+{
+	return ly->n_kv ? ly->n_kv : c->n_kv_heads;
 }
 
 static void write_row(const struct ke_layout *lay, struct kv_page **pages, int seg, int pos, const float *src)
@@ -206,11 +218,11 @@ static void qk_row(const void *ctx, int t)
 	const struct kv_model_config *c = &f->m->cfg;
 	const struct ke_layout *lay = f->lay ? f->lay : &f->m->lay;
 	struct ke_scratch *sc = f->sc;
-	int hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
-	int gated = c->attn_output_gate, half = c->rotary_dim / 2;
+	int hd = layer_hd(c, ly), H = c->n_heads, Hkv = layer_kv(c, ly);
+	int gated = c->attn_output_gate, half = ly->window ? f->m->rot_half_local : f->m->rot_half;
 	size_t qw = (size_t)H * hd * (gated ? 2 : 1), kw = (size_t)Hkv * hd;
 	float eps = (float)c->rms_eps;
-	/* the sliding layers' RoPE may have its own base (gemma3) */
+	/* the sliding layers' RoPE may have its own base (gemma3) and dim (gemma4) */
 	const float *cs = (ly->window ? sc->cosl : sc->cosv) + (size_t)t * half;
 	const float *sn = (ly->window ? sc->sinl : sc->sinv) + (size_t)t * half;
 	if (ly->q_b) /* gpt_oss: biases before RoPE */
@@ -240,6 +252,8 @@ static void qk_row(const void *ctx, int t)
 				k[i] = k[i] + ly->k_b[(size_t)g * hd + i];
 				v[i] = v[i] + ly->v_b[(size_t)g * hd + i];
 			}
+		if (c->v_norm) /* gemma4: V RMS-normalised without a weight */
+			ke_vec_rmsnorm(v, v, NULL, hd, eps);
 		if (ly->k_norm)
 			ke_vec_rmsnorm(k, k, ly->k_norm, hd, eps);
 		rope_any(c, k, cs, sn, half);
@@ -288,13 +302,16 @@ static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	const struct ke_layout *lay = f->lay ? f->lay : &m->lay;
 	struct ke_scratch *sc = f->sc;
 	int n = f->n;
-	int D = c->hidden, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
+	int D = c->hidden, hd = layer_hd(c, ly), H = c->n_heads, Hkv = layer_kv(c, ly);
 	int gated = c->attn_output_gate;
 	size_t qw = (size_t)H * hd * (gated ? 2 : 1), kw = (size_t)Hkv * hd;
 
 	ke_gemm(&ly->q, sc->h, (size_t)D, n, sc->q, qw, 0);
 	ke_gemm(&ly->k, sc->h, (size_t)D, n, sc->k, kw, 0);
-	ke_gemm(&ly->v, sc->h, (size_t)D, n, sc->v, kw, 0);
+	if (ly->v_is_k) /* gemma4 attention_k_eq_v: V is k_proj's output */
+		memcpy(sc->v, sc->k, (size_t)n * kw * sizeof *sc->v);
+	else
+		ke_gemm(&ly->v, sc->h, (size_t)D, n, sc->v, kw, 0);
 	struct qk_job qj = {f, ly};
 	par_rows(n, 8.0 * (H + 2 * Hkv) * hd, qk_row, &qj);
 	/* attention reads each sequence's own pages: one call per sequence */
@@ -615,18 +632,45 @@ static void logits_div(const struct kv_model_config *c, float *v, size_t n)
 static void rope_rows(const struct ke_fwd *f)
 {
 	const struct kv_model_config *c = &f->m->cfg;
-	size_t half = (size_t)(c->rotary_dim / 2);
+	size_t half = (size_t)f->m->rot_half, lh = (size_t)f->m->rot_half_local;
 	for (int i = 0; c->n_attn_layers && i < f->n_seq; i++) {
 		int r0 = f->row0[i], ni = f->row0[i + 1] - r0;
-		rope_tables(f->m, f->m->inv_freq, f->seqs[i]->pos, ni, f->sc->cosv + r0 * half, f->sc->sinv + r0 * half);
+		rope_tables(f->m, f->m->inv_freq, (int)half, f->seqs[i]->pos, ni, f->sc->cosv + r0 * half,
+			    f->sc->sinv + r0 * half);
 		if (f->sc->cosl != f->sc->cosv)
-			rope_tables(f->m, f->m->inv_freq_local, f->seqs[i]->pos, ni, f->sc->cosl + r0 * half,
-				    f->sc->sinl + r0 * half);
+			rope_tables(f->m, f->m->inv_freq_local, (int)lh, f->seqs[i]->pos, ni, f->sc->cosl + r0 * lh,
+				    f->sc->sinl + r0 * lh);
 	}
 }
 
-/* One decoder layer on the residual stream of f's rows. */
+struct scale_job {
+	float *x;
+	float s;
+	int D;
+};
+
+static void scale_row(const void *ctx, int t)
+{
+	const struct scale_job *j = ctx;
+	float *x = j->x + (size_t)t * j->D;
+	for (int i = 0; i < j->D; i++)
+		x[i] = x[i] * j->s;
+}
+
+static void layer_body(const struct ke_fwd *f, const struct ke_layer *ly);
+
+/* One decoder layer on the residual stream of f's rows; gemma4 multiplies
+ * its output (the residual stream) by the layer's scalar. */
 static void layer_rows(const struct ke_fwd *f, const struct ke_layer *ly)
+{
+	layer_body(f, ly);
+	if (ly->scalar) {
+		struct scale_job j = {f->sc->x, ly->scalar[0], f->m->cfg.hidden};
+		par_rows(f->n, 1.0 * j.D, scale_row, &j);
+	}
+}
+
+static void layer_body(const struct ke_fwd *f, const struct ke_layer *ly)
 {
 	const struct kv_model_config *c = &f->m->cfg;
 	struct ke_scratch *sc = f->sc;

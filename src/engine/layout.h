@@ -23,11 +23,13 @@
  *     f32 then S [Hv][dk][dv] f32 (rec_bytes in all);
  *   - win[]: each sliding-window attention layer in layer order (after
  *     the recurrent part), its K rows then its V rows of the W - 1
- *     positions before p, [n_kv_heads][W - 1][row_bytes] each, in the KV
- *     dtype: row i holds position p - (W - 1) + i, zero bytes for
- *     positions below 0. These layers' KV is never in the pages above
- *     (a sequence keeps only its window, in window pages of the same
- *     segment layout over the window layers: engine/seq.c).
+ *     positions before p, [kv_heads][W - 1][row_bytes] each (the window
+ *     layer's own geometry: Gemma 4's sliding layers have other head
+ *     sizes and KV head counts than its global ones), in the KV dtype:
+ *     row i holds position p - (W - 1) + i, zero bytes for positions
+ *     below 0. These layers' KV is never in the pages above (a sequence
+ *     keeps only its window, in window pages of the same segment layout
+ *     over the window layers, with their geometry: engine/seq.c).
  *   snapshot_bytes is the sum. A model with a snapshot cannot be cut back
  *   to an earlier position without one taken there: its cache entries are
  *   non-trimmable (ke_layout_nontrim).
@@ -56,8 +58,11 @@ struct ke_win_layer {
 	int layer;             /* model layer index */
 	int idx;               /* index among the window layers (its segments in window pages) */
 	int rows;              /* W - 1 */
+	int kv_heads;          /* KV heads of the layer (the layout's n_kv_heads unless gemma4) */
+	int head_dim;          /* its head size (the layout's head_dim unless gemma4) */
+	size_t row_bytes;      /* ke_layout_row_bytes(kv_dtype, head_dim) */
 	size_t k_off, v_off;   /* byte offsets of the K and V rows in a snapshot */
-	size_t bytes;          /* both: 2 x n_kv_heads x rows x row_bytes */
+	size_t bytes;          /* both: 2 x kv_heads x rows x row_bytes */
 };
 
 struct ke_layout {

@@ -169,17 +169,20 @@ static size_t arena_floats(const struct kv_model_config *c)
 	/* (+ rope_freqs; the MTP head's norms: 5 hidden + 2 head_dim, load_mtp) */
 	size_t n = (size_t)c->hidden + (size_t)c->rotary_dim + 64 + 5 * (size_t)c->hidden + 2 * (size_t)c->head_dim;
 	size_t C = (size_t)kv_config_conv_dim(c);
-	n += (size_t)c->rotary_dim / 2; /* the sliding layers' inverse frequencies */
+	/* the sliding layers' inverse frequencies (their own rotary dim: gemma4) */
+	n += (size_t)(c->local_rotary_dim > c->rotary_dim ? c->local_rotary_dim : c->rotary_dim) / 2;
 	for (int l = 0; l < c->n_layers; l++) {
-		n += 4 * (size_t)c->hidden; /* in/post norms, gemma's output norms */
+		n += 4 * (size_t)c->hidden + 1; /* in/post norms, gemma's output norms, gemma4's layer_scalar */
 		if (c->layer_type[l] == KV_LAYER_MAMBA) /* conv w + b, A, dt_bias, D, gated norm */
 			n += C * ((size_t)c->conv_kernel + 1) + 3 * (size_t)c->ssm_heads +
 			     (size_t)c->ssm_heads * (size_t)c->ssm_head_dim;
 		else if (c->layer_type[l] == KV_LAYER_MLP)
 			;
-		else if (c->layer_type[l] == KV_LAYER_ATTN)
-			n += 2 * (size_t)c->head_dim + (size_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim +
-			     (size_t)c->hidden + (size_t)c->n_heads; /* q/k norms, biases, sinks */
+		else if (c->layer_type[l] == KV_LAYER_ATTN) {
+			size_t hd = (size_t)kv_config_layer_head_dim(c, l), nkv = (size_t)kv_config_layer_kv_heads(c, l);
+			n += 2 * hd + ((size_t)c->n_heads + 2 * nkv) * hd + (size_t)c->hidden +
+			     (size_t)c->n_heads; /* q/k norms, biases, sinks */
+		}
 		else
 			n += C * (size_t)c->conv_kernel + 2 * (size_t)c->lin_v_heads + (size_t)c->lin_v_dim;
 	}
@@ -355,19 +358,26 @@ static void fill_layout(struct ke_model *m, int kv_dtype, int B)
 		w->layer = i;
 		w->idx = l->n_win_layers++;
 		w->rows = l->window - 1;
-		size_t half = (size_t)c->n_kv_heads * (size_t)w->rows * l->row_bytes;
+		w->kv_heads = kv_config_swa_kv_heads(c);
+		w->head_dim = kv_config_swa_head_dim(c);
+		w->row_bytes = ke_layout_row_bytes(kv_dtype, w->head_dim);
+		size_t half = (size_t)w->kv_heads * (size_t)w->rows * w->row_bytes;
 		w->k_off = off;
 		w->v_off = off + half;
 		w->bytes = 2 * half;
 		off += w->bytes;
 	}
 	l->snapshot_bytes = off;
-	/* the window pages: the same rows over the window layers */
+	/* the window pages: the same segment layout over the window layers,
+	 * with their geometry */
 	m->wlay = *l;
 	m->wlay.n_attn_layers = l->n_win_layers;
-	m->wlay.n_segments = l->n_win_layers * 2 * c->n_kv_heads;
-	m->wlay.page_bytes = (size_t)m->wlay.n_segments * (size_t)B * l->row_bytes;
-	m->wlay.kv_bytes_per_token = (size_t)m->wlay.n_segments * l->row_bytes;
+	m->wlay.n_kv_heads = kv_config_swa_kv_heads(c);
+	m->wlay.head_dim = kv_config_swa_head_dim(c);
+	m->wlay.row_bytes = ke_layout_row_bytes(kv_dtype, m->wlay.head_dim);
+	m->wlay.n_segments = l->n_win_layers * 2 * m->wlay.n_kv_heads;
+	m->wlay.page_bytes = (size_t)m->wlay.n_segments * (size_t)B * m->wlay.row_bytes;
+	m->wlay.kv_bytes_per_token = (size_t)m->wlay.n_segments * m->wlay.row_bytes;
 }
 
 /*
@@ -572,8 +582,14 @@ static int rope_setup(struct loader *L)
 	int half = c->rotary_dim / 2;
 	m->inv_freq = L->next;
 	L->next += half;
+	m->rot_half = m->rot_half_local = half;
 	for (int i = 0; i < half; i++)
 		m->inv_freq[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rotary_dim);
+	/* gemma4's "proportional" RoPE: the frequencies of the whole global
+	 * head, the first rope_rot_pairs of them rotating, the others 0 (cos 1,
+	 * sin 0: those dims pass through) */
+	for (int i = c->rope_rot_pairs; c->rope_rot_pairs > 0 && i < half; i++)
+		m->inv_freq[i] = 0.0f;
 	rope_scale_freqs(c, m->inv_freq, half);
 	if (c->rope_freqs_tensor) {
 		/* a llama3 GGUF: the frequencies divided by the file's factors
@@ -597,6 +613,16 @@ static int rope_setup(struct loader *L)
 		L->next += half;
 		for (int i = 0; i < half; i++)
 			m->inv_freq_local[i] = 1.0f / powf((float)c->rope_local_theta, (float)(2 * i) / (float)c->rotary_dim);
+	}
+	if (c->n_swa_layers && c->arch == KV_ARCH_GEMMA4) {
+		/* gemma4: the sliding layers rotate their whole (smaller) head
+		 * with their own base */
+		int lrot = c->local_rotary_dim ? c->local_rotary_dim : c->rotary_dim, lh = lrot / 2;
+		m->inv_freq_local = L->next;
+		L->next += lh;
+		m->rot_half_local = lh;
+		for (int i = 0; i < lh; i++)
+			m->inv_freq_local[i] = 1.0f / powf((float)c->rope_local_theta, (float)(2 * i) / (float)lrot);
 	}
 	/* gemma: the embedding times sqrt(hidden), in f32 (llama.cpp's
 	 * sqrtf(n_embd); transformers rounds it to the weights' dtype) */
@@ -727,9 +753,10 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		rc = kv_fail(KV_ERR_INVALID, "KV dtype %d is not bf16, f32 or q8_0", p->kv);
 		goto fail;
 	}
-	if (c->n_attn_layers && !ke_layout_row_bytes(ke_kv_dtype(p->kv), c->head_dim)) {
+	if (c->n_attn_layers && (!ke_layout_row_bytes(ke_kv_dtype(p->kv), c->head_dim) ||
+				 !ke_layout_row_bytes(ke_kv_dtype(p->kv), kv_config_swa_head_dim(c)))) {
 		rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: q8_0 KV needs head_dim a multiple of %d, the model has %d", dir,
-			     KE_KVQ8_BLOCK, c->head_dim);
+			     KE_KVQ8_BLOCK, c->head_dim % KE_KVQ8_BLOCK ? c->head_dim : kv_config_swa_head_dim(c));
 		goto fail;
 	}
 	if ((rc = kv_weights_open(dir, &m->w)))
@@ -816,19 +843,24 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		     (rc = load_vec(&L, &ly->ffn_post_norm, c->hidden, po, "%slayers.%d.post_feedforward_layernorm.weight",
 				    i))))
 			goto fail;
+		if (c->layer_scalar && (rc = load_vec(&L, &ly->scalar, 1, 0, "%slayers.%d.layer_scalar", i)))
+			goto fail;
 		if (ly->type == KV_LAYER_ATTN) {
 			ly->window = c->layer_window[i] ? c->sliding_window : 0;
 			ly->idx = ly->window ? n_win++ : n_attn++;
+			ly->hd = kv_config_layer_head_dim(c, i);
+			ly->n_kv = kv_config_layer_kv_heads(c, i);
+			ly->v_is_k = kv_config_layer_v_is_k(c, i);
 			if ((rc = load_mat(&L, &ly->q, "%slayers.%d.self_attn.q_proj.weight", i)) ||
 			    (rc = load_mat(&L, &ly->k, "%slayers.%d.self_attn.k_proj.weight", i)) ||
-			    (rc = load_mat(&L, &ly->v, "%slayers.%d.self_attn.v_proj.weight", i)) ||
+			    (!ly->v_is_k && (rc = load_mat(&L, &ly->v, "%slayers.%d.self_attn.v_proj.weight", i))) ||
 			    (rc = load_mat(&L, &ly->o, "%slayers.%d.self_attn.o_proj.weight", i)))
 				goto fail;
 			if (c->qk_norm &&
-			    ((rc = load_vec(&L, &ly->q_norm, c->head_dim, po, "%slayers.%d.self_attn.q_norm.weight", i)) ||
-			     (rc = load_vec(&L, &ly->k_norm, c->head_dim, po, "%slayers.%d.self_attn.k_norm.weight", i))))
+			    ((rc = load_vec(&L, &ly->q_norm, ly->hd, po, "%slayers.%d.self_attn.q_norm.weight", i)) ||
+			     (rc = load_vec(&L, &ly->k_norm, ly->hd, po, "%slayers.%d.self_attn.k_norm.weight", i))))
 				goto fail;
-			int qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
+			int qd = c->n_heads * ly->hd, kd = ly->n_kv * ly->hd;
 			if (c->attn_bias &&
 			    ((rc = load_vec(&L, &ly->q_b, qd, 0, "%slayers.%d.self_attn.q_proj.bias", i)) ||
 			     (rc = load_vec(&L, &ly->k_b, kd, 0, "%slayers.%d.self_attn.k_proj.bias", i)) ||
@@ -1060,23 +1092,32 @@ size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *s
 		sc->field = b ? (float *)(void *)(b + off) : NULL; \
 		off += ((_n * sizeof(float)) + 63) & ~(size_t)63; \
 	} while (0)
-	size_t Hhd = (size_t)c->n_heads * c->head_dim, KVhd = (size_t)c->n_kv_heads * c->head_dim;
+	/* the wider of the global and the sliding layers' heads (gemma4) */
+	int hd_max = c->head_dim > kv_config_swa_head_dim(c) ? c->head_dim : kv_config_swa_head_dim(c);
+	size_t kv_g = (size_t)c->n_kv_heads * c->head_dim,
+	       kv_s = (size_t)kv_config_swa_kv_heads(c) * kv_config_swa_head_dim(c);
+	size_t Hhd = (size_t)c->n_heads * hd_max, KVhd = kv_g > kv_s ? kv_g : kv_s;
 	CARVE(x, C * c->hidden);
 	CARVE(h, C * c->hidden);
 	if (c->n_attn_layers) {
 		/* live across the layers of a chunk */
-		CARVE(cosv, C * (size_t)(c->rotary_dim / 2 + 1));
-		CARVE(sinv, C * (size_t)(c->rotary_dim / 2 + 1));
+		CARVE(cosv, C * (size_t)(m->rot_half + 1));
+		CARVE(sinv, C * (size_t)(m->rot_half + 1));
 		if (m->inv_freq_local != m->inv_freq) {
-			CARVE(cosl, C * (size_t)(c->rotary_dim / 2 + 1));
-			CARVE(sinl, C * (size_t)(c->rotary_dim / 2 + 1));
+			CARVE(cosl, C * (size_t)(m->rot_half_local + 1));
+			CARVE(sinl, C * (size_t)(m->rot_half_local + 1));
 		} else {
 			sc->cosl = sc->cosv;
 			sc->sinl = sc->sinv;
 		}
 		int th = kv_pool_size(kv_pool_global());
 		sc->attn_threads = th;
-		CARVE(attn_scr, (size_t)th * ke_attn_scratch_floats(c->n_heads / c->n_kv_heads, c->head_dim));
+		size_t as = ke_attn_scratch_floats(c->n_heads / c->n_kv_heads, c->head_dim);
+		if (c->n_swa_layers) {
+			size_t asw = ke_attn_scratch_floats(c->n_heads / kv_config_swa_kv_heads(c), kv_config_swa_head_dim(c));
+			as = asw > as ? asw : as;
+		}
+		CARVE(attn_scr, (size_t)th * as);
 	}
 	/* One region for what lives inside one step of a layer: the attention
 	 * buffers, the DeltaNet buffers and the MLP buffers are never live at

@@ -333,19 +333,21 @@ static char *wrow(const struct ke_seq *s, int seg, int q)
 static void win_gather(const struct ke_seq *s, char *snap)
 {
 	const struct ke_layout *L = &s->m->lay;
-	int Hkv = L->n_kv_heads, p = s->pos;
+	/* every window layer has the window pages' geometry (wlay) */
+	int Hkv = s->m->wlay.n_kv_heads, p = s->pos;
+	size_t rb = s->m->wlay.row_bytes;
 	for (int w = 0; w < L->n_win_layers; w++) {
 		const struct ke_win_layer *wl = &L->win[w];
 		for (int kv = 0; kv < 2; kv++)
 			for (int h = 0; h < Hkv; h++) {
-				char *dst = snap + (kv ? wl->v_off : wl->k_off) + (size_t)h * wl->rows * L->row_bytes;
+				char *dst = snap + (kv ? wl->v_off : wl->k_off) + (size_t)h * wl->rows * rb;
 				int seg = (wl->idx * 2 + kv) * Hkv + h;
 				for (int i = 0; i < wl->rows; i++) {
 					int q = p - wl->rows + i;
 					if (q < 0)
-						memset(dst + (size_t)i * L->row_bytes, 0, L->row_bytes);
+						memset(dst + (size_t)i * rb, 0, rb);
 					else
-						memcpy(dst + (size_t)i * L->row_bytes, wrow(s, seg, q), L->row_bytes);
+						memcpy(dst + (size_t)i * rb, wrow(s, seg, q), rb);
 				}
 			}
 	}
@@ -357,7 +359,8 @@ static void win_gather(const struct ke_seq *s, char *snap)
 static int win_scatter(struct ke_seq *s, const char *snap)
 {
 	const struct ke_layout *L = &s->m->lay;
-	int Hkv = L->n_kv_heads, p = s->pos, B = L->page_tokens, rc;
+	int Hkv = s->m->wlay.n_kv_heads, p = s->pos, B = L->page_tokens, rc;
+	size_t rb = s->m->wlay.row_bytes;
 	if (!L->n_win_layers || !p)
 		return KV_OK;
 	int keep = win_keep_pos(s, p);
@@ -370,14 +373,14 @@ static int win_scatter(struct ke_seq *s, const char *snap)
 		const struct ke_win_layer *wl = &L->win[w];
 		for (int kv = 0; kv < 2; kv++)
 			for (int h = 0; h < Hkv; h++) {
-				const char *src = snap + (kv ? wl->v_off : wl->k_off) + (size_t)h * wl->rows * L->row_bytes;
+				const char *src = snap + (kv ? wl->v_off : wl->k_off) + (size_t)h * wl->rows * rb;
 				int seg = (wl->idx * 2 + kv) * Hkv + h;
 				for (int q = keep; q < p; q++) {
 					int i = q - (p - wl->rows);
 					if (i < 0)
-						memset(wrow(s, seg, q), 0, L->row_bytes);
+						memset(wrow(s, seg, q), 0, rb);
 					else
-						memcpy(wrow(s, seg, q), src + (size_t)i * L->row_bytes, L->row_bytes);
+						memcpy(wrow(s, seg, q), src + (size_t)i * rb, rb);
 				}
 			}
 	}

@@ -203,6 +203,8 @@ static int parse_rope(struct cfgp *p, struct kv_model_config *c, double def_part
 				kind = KV_ROPE_YARN;
 			else if (!strcmp(s, "llama3") && c->arch == KV_ARCH_LLAMA)
 				kind = KV_ROPE_LLAMA3;
+			else if (!strcmp(s, "proportional") && c->arch == KV_ARCH_GEMMA4)
+				continue; /* gemma4's global layers: parse_gemma4 */
 			else if (!strcmp(s, "dynamic"))
 				return kv_fail(KV_ERR_UNSUPPORTED,
 					       "%s: %s%s.rope_type 'dynamic' is not supported: its frequencies change with "
@@ -327,11 +329,11 @@ static int parse_layer_types(struct cfgp *p, struct kv_model_config *c)
 				return kv_fail(KV_ERR_INVALID, "%s: %slayer_types[%zu] '%s' is not a known layer type",
 					       p->what, pre, i, s);
 		}
-	} else if (c->arch == KV_ARCH_GEMMA3 || c->arch == KV_ARCH_GPT_OSS) {
+	} else if (c->arch == KV_ARCH_GEMMA3 || c->arch == KV_ARCH_GEMMA4 || c->arch == KV_ARCH_GPT_OSS) {
 		/* transformers' defaults: gemma3 every sliding_window_pattern-th
 		 * layer global (6), gpt_oss even layers sliding (pattern 2) */
 		int pat;
-		if ((rc = get_int(p, p->text, pre, "sliding_window_pattern", c->arch == KV_ARCH_GEMMA3 ? 6 : 2, 1,
+		if ((rc = get_int(p, p->text, pre, "sliding_window_pattern", c->arch == KV_ARCH_GPT_OSS ? 2 : 6, 1,
 				  1 << 20, &pat)))
 			return rc;
 		for (int l = 0; l < c->n_layers; l++) {
@@ -476,6 +478,99 @@ static int refuse_true(struct cfgp *p, const char *key, const char *what)
 	return KV_OK;
 }
 
+/* A positive int field that must be 0 / absent (a feature kvkeep does not
+ * run): 'what' names it. */
+static int refuse_pos(struct cfgp *p, const char *key, const char *what)
+{
+	int v = 0, rc;
+	if ((rc = get_int(p, p->text, p->tprefix, key, 0, 0, 1 << 30, &v)))
+		return rc;
+	if (v)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %s%s %d: Gemma 4's %s is not run by kvkeep (docs/models.md)",
+			       p->what, p->tprefix, key, v, what);
+	return KV_OK;
+}
+
+/*
+ * Gemma 4 (Gemma4TextConfig, llama.cpp's gemma4 graph): after the shared
+ * fields, whose head_dim and num_key_value_heads are the sliding layers'.
+ * The global layers have global_head_dim and num_global_key_value_heads,
+ * "proportional" RoPE (rope_parameters.full_attention: the frequencies of
+ * the whole global head, the first partial_rotary_factor of them rotating)
+ * and, with attention_k_eq_v, no v_proj. Softmax scale 1 (the q/k norms
+ * carry it), V normed without a weight, sandwich norms stored as w (not
+ * 1 + w), GeGLU, the embedding times sqrt(hidden), layer_scalar,
+ * final_logit_softcapping. What kvkeep does not run is refused by name:
+ * per-layer embeddings (E2B / E4B), KV shared across layers, the MoE
+ * block (26B-A4B), per_layer_config.
+ */
+static int parse_gemma4(struct cfgp *p, struct kv_model_config *c)
+{
+	const char *pre = p->tprefix;
+	int ghd, gkv, moe = 0, rc;
+	json_t *v;
+	if ((rc = parse_act(p, c, "gelu_pytorch_tanh")) ||
+	    (rc = get_int(p, p->text, pre, "sliding_window", 512, 0, 1 << 30, &c->sliding_window)) ||
+	    (rc = get_int(p, p->text, pre, "global_head_dim", c->head_dim, 1, CFG_MAX_HEAD_DIM, &ghd)) ||
+	    (rc = get_int(p, p->text, pre, "num_global_key_value_heads", c->n_kv_heads, 1, CFG_MAX_HEADS, &gkv)) ||
+	    (rc = get_bool(p, p->text, pre, "attention_k_eq_v", 0, &c->k_eq_v)) ||
+	    (rc = get_num(p, p->text, pre, "final_logit_softcapping", 0, &c->final_softcap)) ||
+	    (rc = refuse_true(p, "attention_bias", "attention biases")) ||
+	    (rc = refuse_pos(p, "hidden_size_per_layer_input", "per-layer embeddings (E2B / E4B)")) ||
+	    (rc = refuse_pos(p, "num_kv_shared_layers", "KV shared across layers (E2B / E4B)")) ||
+	    (rc = get_bool(p, p->text, pre, "enable_moe_block", 0, &moe)))
+		return rc;
+	if (moe)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %senable_moe_block true: Gemma 4's MoE block (26B-A4B: a dense "
+			       "MLP beside the routed experts) is not run by kvkeep (docs/models.md)", p->what, pre);
+	v = json_object_get(p->text, "per_layer_config");
+	if (v && !json_is_null(v))
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %sper_layer_config: per-layer attention geometry is not run by "
+			       "kvkeep (global_head_dim and num_global_key_value_heads are)", p->what, pre);
+	if (c->n_heads % gkv)
+		return kv_fail(KV_ERR_INVALID, "%s: %snum_global_key_value_heads %d does not divide "
+			       "num_attention_heads %d", p->what, pre, gkv, c->n_heads);
+	if (c->final_softcap < 0)
+		return kv_fail(KV_ERR_INVALID, "%s: %sfinal_logit_softcapping must not be negative", p->what, pre);
+	if (c->rope_scaling != KV_ROPE_NONE)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %srope scaling on Gemma 4's global layers is not supported",
+			       p->what, pre);
+	/* the sliding layers' RoPE: its own theta, the whole head */
+	json_t *rp = json_object_get(p->text, "rope_parameters");
+	json_t *sl = json_is_object(rp) ? json_object_get(rp, "sliding_attention") : NULL;
+	if (json_is_object(sl)) {
+		double pr = 1.0;
+		const char *t = NULL;
+		if ((rc = get_num(p, sl, "rope_parameters.sliding_attention.", "partial_rotary_factor", 1.0, &pr)))
+			return rc;
+		json_t *tv = json_object_get(sl, "rope_type");
+		if (tv && !json_is_null(tv) && (!(t = json_string_value(tv)) || strcmp(t, "default")))
+			return kv_fail(KV_ERR_UNSUPPORTED, "%s: %srope_parameters.sliding_attention.rope_type must be "
+				       "'default'", p->what, pre);
+		if (pr != 1.0)
+			return kv_fail(KV_ERR_UNSUPPORTED, "%s: %srope_parameters.sliding_attention.partial_rotary_factor "
+				       "%g: the sliding layers rotate their whole head", p->what, pre, pr);
+	}
+	c->rope_local_theta = p->local_theta > 0 ? p->local_theta : 10000.0;
+	c->swa_head_dim = c->head_dim;
+	c->swa_kv_heads = c->n_kv_heads;
+	c->local_rotary_dim = c->head_dim;
+	c->head_dim = ghd;
+	c->n_kv_heads = gkv;
+	c->rotary_dim = ghd;
+	c->rope_rot_pairs = (int)((double)ghd * c->partial_rotary / 2.0);
+	if (ghd & 1 || c->swa_head_dim & 1 || c->rope_rot_pairs < 1)
+		return kv_fail(KV_ERR_INVALID, "%s: %sglobal_head_dim %d, head_dim %d must be even and "
+			       "partial_rotary_factor %g rotate at least one pair", p->what, pre, ghd, c->swa_head_dim,
+			       c->partial_rotary);
+	c->attn_scale = 1.0;
+	c->sandwich_norm = 1;
+	c->embed_scale = 1;
+	c->v_norm = 1;
+	c->layer_scalar = 1;
+	return KV_OK;
+}
+
 /*
  * llama, gemma3 and gpt_oss after the shared fields (vocab, sizes, heads,
  * RoPE): their attention variant, windows, MLP or MoE, norms.
@@ -512,6 +607,9 @@ static int parse_window_family(struct cfgp *p, struct kv_model_config *c)
 		c->attn_scale = 1.0 / sqrt(qpas);
 		c->sandwich_norm = 1;
 		c->embed_scale = 1;
+	} else if (c->arch == KV_ARCH_GEMMA4) {
+		if ((rc = parse_gemma4(p, c)))
+			return rc;
 	} else {
 		int bias = 1;
 		if ((rc = get_int(p, p->text, pre, "sliding_window", 128, 0, 1 << 30, &c->sliding_window)) ||
@@ -549,7 +647,8 @@ static int parse_window_family(struct cfgp *p, struct kv_model_config *c)
 	}
 	{
 		json_t *o = text_or_root(p, "tie_word_embeddings", &s);
-		if ((rc = get_bool(p, o, s, "tie_word_embeddings", c->arch == KV_ARCH_GEMMA3, &c->tie_embeddings)))
+		if ((rc = get_bool(p, o, s, "tie_word_embeddings", c->arch == KV_ARCH_GEMMA3 || c->arch == KV_ARCH_GEMMA4,
+				   &c->tie_embeddings)))
 			return rc;
 	}
 	return parse_ids_dtype(p, c);
@@ -625,10 +724,18 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 		def_vocab = 201088, def_hidden = 2880, def_inter = 2880, def_layers = 36, def_heads = 64;
 		def_kv = 8, def_hd = 64;
 	} else if (!strcmp(mt, "gemma4") || !strcmp(mt, "gemma4_text")) {
-		return kv_fail(KV_ERR_UNSUPPORTED,
-			       "%s: model_type '%s': Gemma 4 is not run by kvkeep yet (per-layer embeddings, KV shared "
-			       "across layers, per-layer head sizes and its MoE are not implemented; docs/models.md)",
-			       p->what, mt);
+		/* Gemma4TextConfig; "gemma4" nests it under text_config */
+		c->arch = KV_ARCH_GEMMA4;
+		def_vocab = 262144, def_hidden = 2304, def_inter = 9216, def_layers = 30, def_heads = 8;
+		def_kv = 4, def_hd = 256;
+		v = json_object_get(p->root, "text_config");
+		if (!strcmp(mt, "gemma4") && v && !json_is_null(v)) {
+			if (!json_is_object(v))
+				return kv_fail(KV_ERR_INVALID, "%s: text_config must be an object", p->what);
+			p->text = v;
+			p->tprefix = "text_config.";
+			c->text_nested = 1;
+		}
 	} else if (strstr(mt, "moe")) {
 		return kv_fail(KV_ERR_UNSUPPORTED, "%s: model_type '%s': mixture-of-experts models are not supported",
 			       p->what, mt);
@@ -642,7 +749,7 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 	c->hybrid = c->arch == KV_ARCH_QWEN3_5 || c->arch == KV_ARCH_QWEN3_NEXT;
 	c->attn_output_gate = c->hybrid;
 	c->norm_plus_one = c->hybrid || c->arch == KV_ARCH_GEMMA3;
-	c->qk_norm = c->arch == KV_ARCH_QWEN3 || c->hybrid || c->arch == KV_ARCH_GEMMA3;
+	c->qk_norm = c->arch == KV_ARCH_QWEN3 || c->hybrid || c->arch == KV_ARCH_GEMMA3 || c->arch == KV_ARCH_GEMMA4;
 	if (c->hybrid && (rc = get_int(p, p->text, p->tprefix, "mtp_num_hidden_layers", 0, 0, 8, &c->n_mtp_layers)))
 		return rc;
 	pre = p->tprefix;
@@ -674,7 +781,7 @@ static int parse(struct cfgp *p, struct kv_model_config *c)
 		return kv_fail(KV_ERR_INVALID, "%s: %srms_norm_eps %g must be in (0, 1)", p->what, pre, c->rms_eps);
 	if ((rc = parse_rope(p, c, c->hybrid ? 0.25 : 1.0)))
 		return rc;
-	if (!c->hybrid && c->partial_rotary != 1.0)
+	if (!c->hybrid && c->arch != KV_ARCH_GEMMA4 && c->partial_rotary != 1.0)
 		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %spartial_rotary_factor %g: %s rotates all of head_dim",
 			       p->what, pre, c->partial_rotary, c->model_type);
 	c->rope_local_theta = c->rope_theta;
@@ -765,7 +872,7 @@ uint64_t kv_config_window_bytes(const struct kv_model_config *c, int elem_bytes)
 {
 	if (!c->n_swa_layers || c->sliding_window < 1)
 		return 0;
-	return (uint64_t)c->n_swa_layers * 2 * (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim *
+	return (uint64_t)c->n_swa_layers * 2 * (uint64_t)kv_config_swa_kv_heads(c) * (uint64_t)kv_config_swa_head_dim(c) *
 	       (uint64_t)(c->sliding_window - 1) * (uint64_t)elem_bytes;
 }
 
@@ -794,6 +901,7 @@ const char *kv_arch_name(int arch)
 	case KV_ARCH_LLAMA: return "llama";
 	case KV_ARCH_GEMMA3: return "gemma3";
 	case KV_ARCH_GPT_OSS: return "gpt_oss";
+	case KV_ARCH_GEMMA4: return "gemma4";
 	case KV_ARCH_GRANITE_HYBRID: return "granitemoehybrid";
 	case KV_ARCH_NEMOTRON_H: return "nemotron_h";
 	}
@@ -868,12 +976,17 @@ static void oai_moe_specs(struct kv_tspecs *s, const struct kv_model_config *c, 
 /* llama, gemma3, gpt_oss layer l (config.h lists the names). */
 static void window_family_specs(struct kv_tspecs *s, const struct kv_model_config *c, const char *p, int l)
 {
-	const int64_t H = c->hidden, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, I = c->intermediate;
+	const int64_t H = c->hidden, hd = kv_config_layer_head_dim(c, l), nh = c->n_heads,
+		      nkv = kv_config_layer_kv_heads(c, l), I = c->intermediate;
 	const int norm = c->norm_plus_one ? KV_ROLE_NORM_OFFSET : KV_ROLE_NORM;
 	static const char *const qkv[3] = {"q_proj", "k_proj", "v_proj"};
 	kv_tspec(s, l, norm, 1, H, 0, 0, "%slayers.%d.input_layernorm.weight", p, l);
+	if (c->layer_scalar)
+		kv_tspec(s, l, KV_ROLE_NORM, 1, 1, 0, 0, "%slayers.%d.layer_scalar", p, l);
 	for (int j = 0; j < 3; j++) {
 		int64_t rows = (j ? nkv : nh) * hd;
+		if (j == 2 && kv_config_layer_v_is_k(c, l))
+			continue; /* gemma4 attention_k_eq_v: V is k_proj's output */
 		kv_tspec(s, l, KV_ROLE_LINEAR, 2, rows, H, 0, "%slayers.%d.self_attn.%s.weight", p, l, qkv[j]);
 		if (c->attn_bias)
 			kv_tspec(s, l, KV_ROLE_BIAS, 1, rows, 0, 0, "%slayers.%d.self_attn.%s.bias", p, l, qkv[j]);

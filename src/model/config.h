@@ -85,7 +85,8 @@
 
 enum kv_arch { KV_ARCH_QWEN3 = 0, KV_ARCH_QWEN3_5 = 1, KV_ARCH_QWEN3_NEXT = 2,
 	       /* the sliding-window families (issue 32) */
-	       KV_ARCH_LLAMA = 16, KV_ARCH_GEMMA3 = 17, KV_ARCH_GPT_OSS = 18 };
+	       KV_ARCH_LLAMA = 16, KV_ARCH_GEMMA3 = 17, KV_ARCH_GPT_OSS = 18,
+	       KV_ARCH_GEMMA4 = 19 };
 /* How a checkpoint stores the routed experts of a MoE layer (docs/models.md):
  *   STACKED   mlp.experts.gate_up_proj [E, 2 I, D] (gate rows then up rows
  *             of each expert) and mlp.experts.down_proj [E, D, I], the
@@ -111,11 +112,11 @@ enum kv_layer_type { KV_LAYER_ATTN = 0, KV_LAYER_DELTANET = 1 };
  * values, far from the ones above so that other families can be added
  * there without renumbering. */
 enum kv_arch_ssm { KV_ARCH_GRANITE_HYBRID = 32, KV_ARCH_NEMOTRON_H = 33 };
-/* 1: arch is a sliding-window family (llama, gemma3, gpt_oss); the Mamba-2
- * arches above are numbered past them. */
+/* 1: arch is a sliding-window family (llama, gemma3, gpt_oss, gemma4);
+ * the Mamba-2 arches above are numbered past them. */
 static inline int kv_arch_window_family(int arch)
 {
-	return arch >= KV_ARCH_LLAMA && arch <= KV_ARCH_GPT_OSS;
+	return arch >= KV_ARCH_LLAMA && arch <= KV_ARCH_GEMMA4;
 }
 enum kv_layer_ssm {
 	KV_LAYER_MAMBA = 8,   /* Mamba-2 mixer: conv + SSM state (recurrent, snapshotted like DeltaNet) */
@@ -246,7 +247,50 @@ struct kv_model_config {
 	double logits_div;            /* granite logits_scaling: logits / it (1 otherwise) */
 	int shared_split;             /* granite MoE: the shared expert as shared_mlp.{gate,up}_proj
 	                                 (a GGUF's ffn_{gate,up}_shexp) instead of input_linear */
+	/*
+	 * Gemma 4 (gemma4_text / gemma4): the sliding and the global layers
+	 * have their own head geometry. head_dim and n_kv_heads above are the
+	 * global (paged) layers' (HF global_head_dim, num_global_key_value_heads);
+	 * the sliding layers' are below (HF head_dim, num_key_value_heads).
+	 * 0 means "as the global layers" (every other family):
+	 * kv_config_layer_head_dim / kv_config_layer_kv_heads answer per layer.
+	 */
+	int swa_head_dim;             /* head_dim of the sliding layers, or 0 */
+	int swa_kv_heads;             /* KV heads of the sliding layers, or 0 */
+	int local_rotary_dim;         /* rotary dim of the sliding layers, or 0 (rotary_dim) */
+	int rope_rot_pairs;           /* "proportional" RoPE of the global layers: the first
+					 rope_rot_pairs of the rotary_dim / 2 frequencies
+					 rotate, the others are 0 (0: all rotate) */
+	int k_eq_v;                   /* attention_k_eq_v: the global layers have no v_proj,
+					 V is k_proj's output (before k_norm and RoPE) */
+	int v_norm;                   /* V rows RMS-normalised, without a weight (gemma4) */
+	int layer_scalar;             /* layers.N.layer_scalar [1] multiplies each layer's
+					 output (gemma4) */
 };
+
+/* Head size and KV heads of attention layer l (the sliding layers' may
+ * differ: gemma4). */
+static inline int kv_config_layer_head_dim(const struct kv_model_config *c, int l)
+{
+	return c->layer_window[l] && c->swa_head_dim ? c->swa_head_dim : c->head_dim;
+}
+static inline int kv_config_layer_kv_heads(const struct kv_model_config *c, int l)
+{
+	return c->layer_window[l] && c->swa_kv_heads ? c->swa_kv_heads : c->n_kv_heads;
+}
+static inline int kv_config_swa_head_dim(const struct kv_model_config *c)
+{
+	return c->swa_head_dim ? c->swa_head_dim : c->head_dim;
+}
+static inline int kv_config_swa_kv_heads(const struct kv_model_config *c)
+{
+	return c->swa_kv_heads ? c->swa_kv_heads : c->n_kv_heads;
+}
+/* 1: layer l of a k_eq_v model has no v_proj (a global layer). */
+static inline int kv_config_layer_v_is_k(const struct kv_model_config *c, int l)
+{
+	return c->k_eq_v && !c->layer_window[l];
+}
 
 /* Largest config.json read (model/open.c, the MLX readers and writer). */
 #define KV_CONFIG_MAX_BYTES (16u * 1024 * 1024)

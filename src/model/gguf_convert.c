@@ -357,6 +357,67 @@ out:
 }
 
 /*
+ * gemma4's keys as llama.cpp's converter writes them: per-layer arrays for
+ * the sliding flags and the KV heads, the global layers' head size as
+ * key_length (and rope.dimension_count), the sliding layers' as *_swa,
+ * the no-feature keys (per-layer embeddings, shared KV layers) as 0.
+ * attention_k_eq_v needs no key: the global layers have no attn_v.
+ */
+static int conv_meta_gemma4(struct kv_ggufw *w, const struct kv_model_config *c, const char *a)
+{
+	char k[128];
+	int rc = KV_OK, L = c->n_layers;
+	int32_t *swa = calloc((size_t)L, sizeof *swa), *kvh = calloc((size_t)L, sizeof *kvh);
+	if (!swa || !kvh) {
+		free(swa);
+		free(kvh);
+		return kv_fail(KV_ERR_NOMEM, "out of memory");
+	}
+	for (int l = 0; l < L; l++) {
+		swa[l] = c->layer_window[l];
+		kvh[l] = kv_config_layer_kv_heads(c, l);
+	}
+#define SETU(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_u32(w, k, (uint32_t)(v)); } while (0)
+#define SETF(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_f32(w, k, (float)(v)); } while (0)
+#define SETA(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_arr_i32(w, k, (size_t)L, v); } while (0)
+	SETA("attention.head_count_kv", kvh);
+	SETU("attention.sliding_window", c->sliding_window > 0 ? c->sliding_window : 512);
+	SETA("attention.sliding_window_pattern", swa);
+	SETU("attention.key_length_swa", kv_config_swa_head_dim(c));
+	SETU("attention.value_length_swa", kv_config_swa_head_dim(c));
+	SETU("rope.dimension_count_swa", c->local_rotary_dim ? c->local_rotary_dim : kv_config_swa_head_dim(c));
+	SETF("rope.freq_base_swa", c->rope_local_theta);
+	SETU("attention.shared_kv_layers", 0);
+	SETU("embedding_length_per_layer_input", 0);
+	if (c->final_softcap > 0)
+		SETF("final_logit_softcapping", c->final_softcap);
+#undef SETU
+#undef SETF
+#undef SETA
+	free(swa);
+	free(kvh);
+	return rc;
+}
+
+/* gemma4's rope_freqs (the global layers' "proportional" RoPE): factor 1
+ * for the rope_rot_pairs frequencies that rotate, 1e30 (frequency ~0) for
+ * the others, as llama.cpp's converter writes it. */
+static int rope_freqs_gemma4_fill(void *ctx, void *dst, uint64_t nbytes)
+{
+	const struct kv_model_config *c = ctx;
+	int half = c->rotary_dim / 2;
+	if (nbytes != (uint64_t)half * 4)
+		return kv_fail(KV_ERR_INVALID, "internal: rope_freqs size");
+	float *o = dst;
+	for (int i = 0; i < half; i++)
+		o[i] = i < c->rope_rot_pairs || !c->rope_rot_pairs ? 1.0f : 1e30f;
+	return KV_OK;
+}
+
+/*
  * llama / gemma3 / gpt-oss keys (gguf_model.c reads them back). What
  * llama.cpp's loaders cannot hold is refused naming the field: a sliding
  * pattern other than "every p-th layer global", a gemma3 softmax scale
@@ -366,6 +427,8 @@ static int conv_meta_window(struct kv_ggufw *w, const struct kv_model_config *c,
 {
 	char k[128];
 	int rc = KV_OK;
+	if (c->arch == KV_ARCH_GEMMA4)
+		return conv_meta_gemma4(w, c, a);
 	if (c->n_swa_layers) {
 		int per = 0;
 		for (int l = 0; l < c->n_layers && !per; l++)
@@ -534,7 +597,8 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
 	SETU("embedding_length", c->hidden);
 	SETU("feed_forward_length", c->intermediate);
 	SETU("attention.head_count", c->n_heads);
-	SETU("attention.head_count_kv", c->n_kv_heads);
+	if (c->arch != KV_ARCH_GEMMA4) /* gemma4: a per-layer array (conv_meta_gemma4) */
+		SETU("attention.head_count_kv", c->n_kv_heads);
 	SETU("attention.key_length", c->head_dim);
 	SETU("attention.value_length", c->head_dim);
 	SETF("rope.freq_base", c->rope_theta);
@@ -958,6 +1022,12 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 		/* llama.cpp keeps llama3's frequencies as a factor tensor */
 		int64_t half = c.rotary_dim / 2;
 		if ((rc = kv_ggufw_add_fill(w, "rope_freqs.weight", KV_DT_F32, 1, &half, rope_freqs_fill, &c)))
+			goto out;
+		total += (uint64_t)half * 4;
+	}
+	if (c.arch == KV_ARCH_GEMMA4) {
+		int64_t half = c.rotary_dim / 2;
+		if ((rc = kv_ggufw_add_fill(w, "rope_freqs.weight", KV_DT_F32, 1, &half, rope_freqs_gemma4_fill, &c)))
 			goto out;
 		total += (uint64_t)half * 4;
 	}

@@ -57,7 +57,8 @@ static const struct name_map g_layer[] = {
 };
 #define N_LAYER_MAP (sizeof g_layer / sizeof g_layer[0])
 
-/* llama (L), gemma3 (G) and gpt-oss (O): llama.cpp's names per family. */
+/* llama (L), gemma3 (G), gpt-oss (O) and gemma4 (4): llama.cpp's names
+ * per family (gemma4's norms are stored as they are, not 1 + w). */
 struct win_map {
 	const char *hf, *gg;
 	const char *archs;   /* the families it applies to */
@@ -65,25 +66,26 @@ struct win_map {
 };
 
 static const struct win_map g_win[] = {
-	{"input_layernorm.weight", "attn_norm.weight", "LGO", KV_GGUF_XF_NORM1},
+	{"input_layernorm.weight", "attn_norm.weight", "LGO4", KV_GGUF_XF_NORM1},
 	{"post_attention_layernorm.weight", "ffn_norm.weight", "L", KV_GGUF_XF_NONE},
-	{"post_attention_layernorm.weight", "post_attention_norm.weight", "GO", KV_GGUF_XF_NORM1},
-	{"pre_feedforward_layernorm.weight", "ffn_norm.weight", "G", KV_GGUF_XF_NORM1},
-	{"post_feedforward_layernorm.weight", "post_ffw_norm.weight", "G", KV_GGUF_XF_NORM1},
-	{"self_attn.q_proj.weight", "attn_q.weight", "LGO", KV_GGUF_XF_PERMQK},
-	{"self_attn.k_proj.weight", "attn_k.weight", "LGO", KV_GGUF_XF_PERMQK},
-	{"self_attn.v_proj.weight", "attn_v.weight", "LGO", KV_GGUF_XF_NONE},
-	{"self_attn.o_proj.weight", "attn_output.weight", "LGO", KV_GGUF_XF_NONE},
+	{"post_attention_layernorm.weight", "post_attention_norm.weight", "GO4", KV_GGUF_XF_NORM1},
+	{"pre_feedforward_layernorm.weight", "ffn_norm.weight", "G4", KV_GGUF_XF_NORM1},
+	{"post_feedforward_layernorm.weight", "post_ffw_norm.weight", "G4", KV_GGUF_XF_NORM1},
+	{"self_attn.q_proj.weight", "attn_q.weight", "LGO4", KV_GGUF_XF_PERMQK},
+	{"self_attn.k_proj.weight", "attn_k.weight", "LGO4", KV_GGUF_XF_PERMQK},
+	{"self_attn.v_proj.weight", "attn_v.weight", "LGO4", KV_GGUF_XF_NONE},
+	{"self_attn.o_proj.weight", "attn_output.weight", "LGO4", KV_GGUF_XF_NONE},
 	{"self_attn.q_proj.bias", "attn_q.bias", "O", KV_GGUF_XF_NONE},
 	{"self_attn.k_proj.bias", "attn_k.bias", "O", KV_GGUF_XF_NONE},
 	{"self_attn.v_proj.bias", "attn_v.bias", "O", KV_GGUF_XF_NONE},
 	{"self_attn.o_proj.bias", "attn_output.bias", "O", KV_GGUF_XF_NONE},
 	{"self_attn.sinks", "attn_sinks.weight", "O", KV_GGUF_XF_NONE},
-	{"self_attn.q_norm.weight", "attn_q_norm.weight", "G", KV_GGUF_XF_NORM1},
-	{"self_attn.k_norm.weight", "attn_k_norm.weight", "G", KV_GGUF_XF_NORM1},
-	{"mlp.gate_proj.weight", "ffn_gate.weight", "LG", KV_GGUF_XF_NONE},
-	{"mlp.up_proj.weight", "ffn_up.weight", "LG", KV_GGUF_XF_NONE},
-	{"mlp.down_proj.weight", "ffn_down.weight", "LG", KV_GGUF_XF_NONE},
+	{"self_attn.q_norm.weight", "attn_q_norm.weight", "G4", KV_GGUF_XF_NORM1},
+	{"self_attn.k_norm.weight", "attn_k_norm.weight", "G4", KV_GGUF_XF_NORM1},
+	{"mlp.gate_proj.weight", "ffn_gate.weight", "LG4", KV_GGUF_XF_NONE},
+	{"mlp.up_proj.weight", "ffn_up.weight", "LG4", KV_GGUF_XF_NONE},
+	{"mlp.down_proj.weight", "ffn_down.weight", "LG4", KV_GGUF_XF_NONE},
+	{"layer_scalar", "layer_output_scale.weight", "4", KV_GGUF_XF_NONE},
 	/* gpt-oss's MoE: the router and the expert stacks with their biases */
 	{"mlp.router.weight", "ffn_gate_inp.weight", "O", KV_GGUF_XF_NONE},
 	{"mlp.router.bias", "ffn_gate_inp.bias", "O", KV_GGUF_XF_NONE},
@@ -98,7 +100,7 @@ static const struct win_map g_win[] = {
 
 static const struct win_map *win_find(const struct kv_model_config *c, const char *hf, const char *gg)
 {
-	char f = c->arch == KV_ARCH_LLAMA ? 'L' : c->arch == KV_ARCH_GEMMA3 ? 'G' : 'O';
+	char f = c->arch == KV_ARCH_LLAMA ? 'L' : c->arch == KV_ARCH_GEMMA3 ? 'G' : c->arch == KV_ARCH_GEMMA4 ? '4' : 'O';
 	for (size_t i = 0; i < N_WIN_MAP; i++)
 		if (strchr(g_win[i].archs, f) && (hf ? !strcmp(hf, g_win[i].hf) : !strcmp(gg, g_win[i].gg)))
 			return &g_win[i];
@@ -207,6 +209,8 @@ const char *kv_gguf_arch(const struct kv_model_config *c)
 		return "llama";
 	if (c->arch == KV_ARCH_GEMMA3)
 		return "gemma3";
+	if (c->arch == KV_ARCH_GEMMA4)
+		return "gemma4";
 	if (c->arch == KV_ARCH_GPT_OSS)
 		return "gpt-oss";
 	if (c->ssm)

@@ -102,14 +102,131 @@ static int check_moe(const struct kv_gguf *g, const struct kv_model_config *c)
  * (10000 unless rope.freq_base_swa), YaRN's correction range always
  * rounded (ggml_rope_yarn_corr_dims floors and ceils).
  */
+/* An int metadata value, or def when absent. */
+static int64_t meta_int(const struct kv_gguf *g, const char *arch, const char *key, int64_t def)
+{
+	char k[128];
+	int64_t v;
+	snprintf(k, sizeof k, "%s.%s", arch, key);
+	if (kv_gguf_get_int(g, k, &v) != KV_OK) {
+		kv_errclear();
+		return def;
+	}
+	return v;
+}
+
+/*
+ * gemma4 (llama.cpp's gemma4 loader): key_length is the global layers'
+ * head size and key_length_swa the sliding layers', head_count_kv a
+ * per-layer array (one value per layer type), rope_freqs the global
+ * layers' "proportional" RoPE (factor 1 for the frequencies that rotate,
+ * 1e30 for the ones that do not: any other factor is refused),
+ * attention_k_eq_v when a global layer has no attn_v. The features kvkeep
+ * does not run are refused by name in kv_config_parse.
+ */
+static int gemma4_json(const struct kv_gguf *g, const char *arch, json_t *o)
+{
+	const char *path = kv_gguf_path(g);
+	int64_t L = json_integer_value(json_object_get(o, "num_hidden_layers"));
+	int64_t ghd = json_integer_value(json_object_get(o, "head_dim"));
+	int64_t shd = meta_int(g, arch, "attention.key_length_swa", ghd);
+	int64_t kvs = -1, kvg = -1, v;
+	char k[128];
+	double f;
+	json_t *lt = json_object_get(o, "layer_types"), *rp, *fa, *sa;
+	snprintf(k, sizeof k, "%s.attention.head_count_kv", arch);
+	const struct kv_gguf_kv *hk = kv_gguf_kv_find(g, k);
+	if (!hk)
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: gemma4 lacks %s", path, k);
+	for (int64_t l = 0; l < L; l++) {
+		int sw = !strcmp(json_string_value(json_array_get(lt, (size_t)l)), "sliding_attention");
+		if (hk->type == KV_GGUF_ARR) {
+			if ((int64_t)hk->n != L || kv_gguf_arr_int(hk, (uint64_t)l, &v))
+				return kv_fail(KV_ERR_INCOMPATIBLE, "%s: %s must have one entry per layer", path, k);
+		} else if (kv_gguf_get_int(g, k, &v))
+			return kv_fail_ctx(KV_ERR_INCOMPATIBLE, "%s: %s", path, k);
+		int64_t *dst = sw ? &kvs : &kvg;
+		if (v < 1 || (*dst >= 0 && *dst != v))
+			return kv_fail(KV_ERR_UNSUPPORTED, "%s: %s: layer %lld has %lld KV heads; kvkeep runs one count "
+				       "for the sliding layers and one for the global ones", path, k, (long long)l,
+				       (long long)v);
+		*dst = v;
+	}
+	if (kvs < 0)
+		kvs = kvg;
+	if (kvg < 0)
+		kvg = kvs;
+	json_object_set_new(o, "head_dim", json_integer(shd));
+	json_object_set_new(o, "global_head_dim", json_integer(ghd));
+	json_object_set_new(o, "num_key_value_heads", json_integer(kvs));
+	json_object_set_new(o, "num_global_key_value_heads", json_integer(kvg));
+	json_object_set_new(o, "num_kv_shared_layers", json_integer(meta_int(g, arch, "attention.shared_kv_layers", 0)));
+	json_object_set_new(o, "hidden_size_per_layer_input",
+			    json_integer(meta_int(g, arch, "embedding_length_per_layer_input", 0)));
+	json_object_set_new(o, "enable_moe_block", json_boolean(meta_int(g, arch, "expert_count", 0) > 0));
+	if (meta_int(g, arch, "rope.dimension_count_swa", shd) != shd || meta_int(g, arch, "rope.dimension_count", ghd) != ghd)
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: gemma4 rope.dimension_count(_swa) other than the head sizes "
+			       "is not supported", path);
+	/* the global layers' rotated share from rope_freqs */
+	int64_t half = ghd / 2, rot = half;
+	const struct kv_tensor *rf = kv_gguf_tensor_find(g, "rope_freqs.weight");
+	if (rf) {
+		float *ff = malloc((size_t)half * sizeof *ff);
+		if (!ff)
+			return kv_fail(KV_ERR_NOMEM, "out of memory");
+		int rc = rf->numel == (uint64_t)half ? kv_tensor_to_f32(rf, ff, 0, (uint64_t)half) : KV_ERR_INCOMPATIBLE;
+		rot = 0;
+		while (!rc && rot < half && ff[rot] == 1.0f)
+			rot++;
+		for (int64_t i = rot; !rc && i < half; i++)
+			if (!(ff[i] >= 1e20f))
+				rc = KV_ERR_UNSUPPORTED;
+		free(ff);
+		if (rc || rot < 1)
+			return kv_fail(KV_ERR_UNSUPPORTED, "%s: gemma4 rope_freqs.weight must be %lld factors, 1 for the "
+				       "rotated frequencies then 1e30 (proportional RoPE)", path, (long long)half);
+	}
+	rp = json_object();
+	fa = json_object();
+	sa = json_object();
+	json_object_set_new(fa, "partial_rotary_factor", json_real((double)(2 * rot) / (double)ghd));
+	json_t *th = json_object_get(o, "rope_theta");
+	json_object_set_new(fa, "rope_theta", json_real(th ? json_number_value(th) : 1000000.0));
+	json_object_set_new(fa, "rope_type", json_string("proportional"));
+	snprintf(k, sizeof k, "%s.rope.freq_base_swa", arch);
+	json_object_set_new(sa, "rope_theta", json_real(kv_gguf_get_float(g, k, &f) ? 10000.0 : f));
+	json_object_set_new(sa, "rope_type", json_string("default"));
+	json_object_set_new(rp, "full_attention", fa);
+	json_object_set_new(rp, "sliding_attention", sa);
+	json_object_set_new(o, "rope_parameters", rp);
+	snprintf(k, sizeof k, "%s.final_logit_softcapping", arch);
+	if (!kv_gguf_get_float(g, k, &f) && f > 0)
+		json_object_set_new(o, "final_logit_softcapping", json_real(f));
+	json_object_set_new(o, "hidden_activation", json_string("gelu_pytorch_tanh"));
+	/* attention_k_eq_v: the global layers have no attn_v */
+	int keqv = -1;
+	for (int64_t l = 0; l < L; l++) {
+		if (!strcmp(json_string_value(json_array_get(lt, (size_t)l)), "sliding_attention"))
+			continue;
+		snprintf(k, sizeof k, "blk.%lld.attn_v.weight", (long long)l);
+		int has = kv_gguf_tensor_find(g, k) != NULL;
+		if (keqv >= 0 && keqv != !has)
+			return kv_fail(KV_ERR_UNSUPPORTED, "%s: gemma4: some global layers have attn_v and some do not", path);
+		keqv = !has;
+	}
+	json_object_set_new(o, "attention_k_eq_v", json_boolean(keqv > 0));
+	kv_errclear();
+	return KV_OK;
+}
+
 static int window_family_json(const struct kv_gguf *g, const char *arch, json_t *o)
 {
-	int gemma = !strcmp(arch, "gemma3"), oss = !strcmp(arch, "gpt-oss");
+	int gemma = !strcmp(arch, "gemma3"), oss = !strcmp(arch, "gpt-oss"), g4 = !strcmp(arch, "gemma4");
 	int64_t L = json_integer_value(json_object_get(o, "num_hidden_layers")), v;
 	double f;
 	char k[128];
-	json_object_set_new(o, "model_type", json_string(gemma ? "gemma3_text" : oss ? "gpt_oss" : "llama"));
-	if (gemma || oss) {
+	json_object_set_new(o, "model_type", json_string(gemma ? "gemma3_text" : oss ? "gpt_oss" : g4 ? "gemma4_text" : "llama"));
+	if (gemma || oss || g4) {
 		snprintf(k, sizeof k, "%s.attention.sliding_window", arch);
 		if (kv_gguf_get_int(g, k, &v) || v < 1)
 			return kv_fail(KV_ERR_INCOMPATIBLE, "%s: %s lacks %s", kv_gguf_path(g), arch, k);
@@ -117,7 +234,7 @@ static int window_family_json(const struct kv_gguf *g, const char *arch, json_t 
 		/* the pattern: an array of per-layer flags, a period, or the default */
 		snprintf(k, sizeof k, "%s.attention.sliding_window_pattern", arch);
 		const struct kv_gguf_kv *pk = kv_gguf_kv_find(g, k);
-		int64_t per = gemma ? 6 : 2;
+		int64_t per = gemma || g4 ? 6 : 2;
 		json_t *lt = json_array();
 		if (pk && pk->type == KV_GGUF_ARR && (int64_t)pk->n != L)
 			return kv_fail(KV_ERR_INCOMPATIBLE, "%s: %s has %llu entries for %lld layers", kv_gguf_path(g), k,
@@ -174,6 +291,11 @@ static int window_family_json(const struct kv_gguf *g, const char *arch, json_t 
 			json_object_set_new(o, "final_logit_softcapping", json_real(f));
 		json_object_set_new(o, "hidden_activation", json_string("gelu_pytorch_tanh"));
 	}
+	if (g4) {
+		int rc = gemma4_json(g, arch, o);
+		if (rc)
+			return rc;
+	}
 	if (oss) {
 		static const char *const ek[3][2] = {{"expert_count", "num_local_experts"},
 						     {"expert_used_count", "num_experts_per_tok"},
@@ -201,13 +323,8 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 		return kv_fail(KV_ERR_NOMEM, "out of memory");
 	if ((rc = kv_gguf_get_str(g, "general.architecture", &arch)))
 		goto out;
-	int win = !strcmp(arch, "llama") || !strcmp(arch, "gemma3") || !strcmp(arch, "gpt-oss");
-	if (!strcmp(arch, "gemma4")) {
-		rc = kv_fail(KV_ERR_UNSUPPORTED, "%s: GGUF architecture 'gemma4': not run by kvkeep yet (per-layer "
-			     "embeddings, KV shared across layers, per-layer head sizes and its MoE are not implemented; "
-			     "docs/models.md)", kv_gguf_path(g));
-		goto out;
-	}
+	int g4 = !strcmp(arch, "gemma4");
+	int win = !strcmp(arch, "llama") || !strcmp(arch, "gemma3") || !strcmp(arch, "gpt-oss") || g4;
 	if (kv_gguf_is_ssm_arch(arch)) { /* the Mamba-2 hybrids: gguf_ssm.c */
 		rc = kv_gguf_config_ssm(g, arch, out);
 		goto out;
@@ -252,6 +369,8 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 	for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
 		if ((ints[i].required == 2 && !hybrid) || (ints[i].required >= 3 && ints[i].required <= 4 && !moe))
 			continue;
+		if (g4 && !strcmp(ints[i].gg, "attention.head_count_kv"))
+			continue; /* a per-layer array: gemma4_json */
 		rc = get_u(g, arch, ints[i].gg, &v);
 		/* a MoE text config may have no dense intermediate_size; the expert
 		 * sizes have llama.cpp's fallbacks below */
@@ -313,7 +432,9 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 			hd = h ? e / h : 0;
 			json_object_set_new(o, "head_dim", json_integer(hd));
 		}
-		if (kv_gguf_get_int(g, k, &v) == KV_OK && hd > 0)
+		if (g4)
+			; /* gemma4_json: the rotated share comes from rope_freqs */
+		else if (kv_gguf_get_int(g, k, &v) == KV_OK && hd > 0)
 			json_object_set_new(o, "partial_rotary_factor", json_real((double)v / (double)hd));
 		else if (hybrid)
 			json_object_set_new(o, "partial_rotary_factor", json_real(0.25));

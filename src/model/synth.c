@@ -224,6 +224,18 @@ static const struct kv_synth_preset g_presets[] = {
 		.sliding_window = 16, .swa_pattern = 2,
 	},
 	{
+		.name = "tiny-gemma4",
+		.summary = "Gemma 4 shape: 5 sliding (window 16, heads of 32) : 1 global (heads of 64, K = V, "
+			   "proportional RoPE), layer scalars, softcap 30",
+		.arch = KV_ARCH_GEMMA4,
+		.hidden = 128, .n_layers = 6, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
+		.intermediate = 256, .partial_rotary = 1.0, .rope_theta = 1000000, .rms_eps = 1e-6,
+		.tie_embeddings = 1, .max_positions = 131072, .mlp_only_layer = -1,
+		.sliding_window = 16, .swa_pattern = 6, .rope_local_theta = 10000,
+		.global_head_dim = 64, .global_kv_heads = 1, .k_eq_v = 1, .global_partial_rotary = 0.25,
+		.final_softcap = 30.0,
+	},
+	{
 		.name = "bench-llama3",
 		.summary = "Llama 3 shape, ~34M parameters without embeddings, 8 KiB of KV per token",
 		.arch = KV_ARCH_LLAMA,
@@ -248,6 +260,30 @@ static const struct kv_synth_preset g_presets[] = {
 		.intermediate = 256, .partial_rotary = 1.0, .rope_theta = 150000, .rms_eps = 1e-5,
 		.max_positions = 131072, .n_experts = 16, .n_experts_per_tok = 4, .mlp_only_layer = -1,
 		.sliding_window = 128, .swa_pattern = 2,
+	},
+	{
+		.name = "bench-gemma4",
+		.summary = "Gemma 4 shape, ~38M parameters without embeddings: 5 sliding (window 512, heads of 128) : "
+			   "1 global (heads of 256, K = V)",
+		.arch = KV_ARCH_GEMMA4,
+		.hidden = 512, .n_layers = 12, .n_heads = 8, .n_kv_heads = 2, .head_dim = 128,
+		.intermediate = 1536, .partial_rotary = 1.0, .rope_theta = 1000000, .rms_eps = 1e-6,
+		.tie_embeddings = 1, .max_positions = 131072, .mlp_only_layer = -1,
+		.sliding_window = 512, .swa_pattern = 6, .rope_local_theta = 10000,
+		.global_head_dim = 256, .global_kv_heads = 1, .k_eq_v = 1, .global_partial_rotary = 0.25,
+		.final_softcap = 30.0,
+	},
+	{
+		/* google/gemma-4-31B-it's text config (docs/models.md) */
+		.name = "gemma-4-31b",
+		.summary = "the gemma-4-31B geometry (60 layers, 5 sliding : 1 global, K = V): config only, or --large",
+		.arch = KV_ARCH_GEMMA4,
+		.hidden = 5376, .n_layers = 60, .n_heads = 32, .n_kv_heads = 16, .head_dim = 256,
+		.intermediate = 21504, .partial_rotary = 1.0, .rope_theta = 1000000, .rms_eps = 1e-6,
+		.tie_embeddings = 1, .max_positions = 262144, .mlp_only_layer = -1,
+		.sliding_window = 1024, .swa_pattern = 6, .rope_local_theta = 10000, .vocab = 262144,
+		.config_only = 1, .global_head_dim = 512, .global_kv_heads = 4, .k_eq_v = 1,
+		.global_partial_rotary = 0.25, .final_softcap = 30.0,
 	},
 	{
 		/* openai/gpt-oss-20b config.json */
@@ -402,8 +438,9 @@ static void cfg_common(json_t *o, const struct kv_synth_preset *p, int vocab, in
 static void window_family_config(json_t *root, const struct kv_synth_preset *p, int vocab, int bos, int eos,
 				 int dtype)
 {
-	static const char *const arch[] = {"LlamaForCausalLM", "Gemma3ForCausalLM", "GptOssForCausalLM"};
-	static const char *const mt[] = {"llama", "gemma3_text", "gpt_oss"};
+	static const char *const arch[] = {"LlamaForCausalLM", "Gemma3ForCausalLM", "GptOssForCausalLM",
+					   "Gemma4ForCausalLM"};
+	static const char *const mt[] = {"llama", "gemma3_text", "gpt_oss", "gemma4_text"};
 	int k = p->arch - KV_ARCH_LLAMA;
 	json_t *a = json_array(), *rs = json_object();
 	json_array_append_new(a, json_string(arch[k]));
@@ -436,6 +473,32 @@ static void window_family_config(json_t *root, const struct kv_synth_preset *p, 
 		json_object_set_new(rs, "rope_type", json_string("llama3"));
 		json_object_set_new(root, "rope_scaling", rs);
 		json_object_set_new(root, "transformers_version", json_string("4.43.0"));
+	} else if (p->arch == KV_ARCH_GEMMA4) {
+		/* Gemma4TextConfig: the sliding layers' head_dim and
+		 * num_key_value_heads, the global layers' own, RoPE per layer type */
+		json_t *rp = json_object(), *fa = json_object(), *sa = json_object();
+		json_object_del(root, "hidden_act");
+		json_object_del(root, "rope_theta");
+		json_object_set_new(root, "attention_k_eq_v", json_boolean(p->k_eq_v));
+		json_object_set_new(root, "enable_moe_block", json_false());
+		json_object_set_new(root, "final_logit_softcapping", p->final_softcap > 0 ? json_real(p->final_softcap)
+											  : json_null());
+		json_object_set_new(root, "global_head_dim", json_integer(p->global_head_dim));
+		json_object_set_new(root, "hidden_activation", json_string("gelu_pytorch_tanh"));
+		json_object_set_new(root, "hidden_size_per_layer_input", json_integer(0));
+		json_object_set_new(root, "num_global_key_value_heads", json_integer(p->global_kv_heads));
+		json_object_set_new(root, "num_kv_shared_layers", json_integer(0));
+		json_object_set_new(fa, "partial_rotary_factor", json_real(p->global_partial_rotary));
+		json_object_set_new(fa, "rope_theta", json_real(p->rope_theta));
+		json_object_set_new(fa, "rope_type", json_string("proportional"));
+		json_object_set_new(sa, "rope_theta", json_real(p->rope_local_theta));
+		json_object_set_new(sa, "rope_type", json_string("default"));
+		json_object_set_new(rp, "full_attention", fa);
+		json_object_set_new(rp, "sliding_attention", sa);
+		json_object_set_new(root, "rope_parameters", rp);
+		json_object_set_new(root, "transformers_version", json_string("5.5.0"));
+		json_object_set_new(root, "use_double_wide_mlp", json_false());
+		json_decref(rs);
 	} else if (p->arch == KV_ARCH_GEMMA3) {
 		json_object_del(root, "hidden_act");
 		json_object_set_new(root, "attn_logit_softcapping", json_null());
@@ -1325,6 +1388,12 @@ int kv_synth_fill(const struct kv_model_config *c, const struct kv_tensor_spec *
 		break;
 	case KV_ROLE_NORM:
 		mean = 1.0, std = 0.05;
+		/* gemma4's softmax scale is 1: its q/k norms carry the
+		 * temperature, so they start at head_dim^-1/4 each (scores with
+		 * the spread of a head_dim^-1/2 scale, as a trained model keeps
+		 * them; weights of 1 would make every softmax nearly one-hot) */
+		if (c->arch == KV_ARCH_GEMMA4 && (strstr(sp->name, "q_norm.weight") || strstr(sp->name, "k_norm.weight")))
+			mean = pow((double)sp->shape[0], -0.25), std = 0.05 * mean;
 		break;
 	case KV_ROLE_NORM_OFFSET:
 		mean = 0.0, std = 0.05;

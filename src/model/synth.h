@@ -67,6 +67,11 @@ struct kv_synth_preset {
 	 * intermediate per expert) in the MXFP4 release layout. */
 	int sliding_window, swa_pattern;
 	double rope_local_theta;
+	/* gemma4: the global layers' head size and KV heads (head_dim and
+	 * n_kv_heads above are the sliding layers'), their share of rotated
+	 * dims ("proportional" RoPE), attention_k_eq_v, the final softcap */
+	int global_head_dim, global_kv_heads, k_eq_v;
+	double global_partial_rotary, final_softcap;
 	/* Mamba-2 hybrids (arch KV_ARCH_GRANITE_HYBRID / KV_ARCH_NEMOTRON_H,
 	 * synth_ssm.c): the layer pattern, one character per layer ('M'
 	 * Mamba-2, '*' attention, '-' an MLP layer of nemotron_h), the mixer's

@@ -53,7 +53,11 @@ int ks_ns_layout_str(const struct ke_layout *L, char *out, size_t cap)
 	/* sliding layers: layer:rows:k_off:v_off (after every rec=) */
 	for (int i = 0; i < L->n_win_layers; i++) {
 		const struct ke_win_layer *w = &L->win[i];
-		k = snprintf(out + n, cap - n, " win=%d:%d:%zu:%zu", w->layer, w->rows, w->k_off, w->v_off);
+		if (w->kv_heads == L->n_kv_heads && w->head_dim == L->head_dim)
+			k = snprintf(out + n, cap - n, " win=%d:%d:%zu:%zu", w->layer, w->rows, w->k_off, w->v_off);
+		else /* a geometry of its own (gemma4): :kv_heads:head_dim */
+			k = snprintf(out + n, cap - n, " win=%d:%d:%zu:%zu:%d:%d", w->layer, w->rows, w->k_off,
+				     w->v_off, w->kv_heads, w->head_dim);
 		if (k < 0 || (size_t)k >= cap - n)
 			return kv_fail(KV_ERR_INVALID, "layout text does not fit");
 		n += (size_t)k;
@@ -145,13 +149,23 @@ int ks_ns_layout_parse(const char *s, struct ke_layout *L)
 		if (L->n_win_layers >= KV_MAX_LAYERS || lit(&p, " win="))
 			goto bad;
 		for (int k = 0; k < 4; k++)
-			if (num(&p, 0, k < 2 ? (1ll << 20) : (1ll << 40), k < 3 ? ":" : " ", &v[k]) || (k < 3 && lit(&p, ":")))
+			if (num(&p, 0, k < 2 ? (1ll << 20) : (1ll << 40), k < 3 ? ":" : ": ", &v[k]) || (k < 3 && lit(&p, ":")))
 				goto bad;
+		v[4] = L->n_kv_heads;
+		v[5] = L->head_dim;
+		if (*p == ':' && (lit(&p, ":") || num(&p, 1, 4096, ":", &v[4]) || lit(&p, ":") ||
+				  num(&p, 1, 65536, " ", &v[5])))
+			goto bad;
 		struct ke_win_layer *w = &L->win[L->n_win_layers];
 		w->layer = (int)v[0];
 		w->idx = L->n_win_layers++;
 		w->rows = (int)v[1];
-		size_t half = (size_t)L->n_kv_heads * (size_t)w->rows * L->row_bytes;
+		w->kv_heads = (int)v[4];
+		w->head_dim = (int)v[5];
+		w->row_bytes = ke_layout_row_bytes(L->kv_dtype, w->head_dim);
+		if (!w->row_bytes)
+			goto bad;
+		size_t half = (size_t)w->kv_heads * (size_t)w->rows * w->row_bytes;
 		w->k_off = (size_t)v[2];
 		w->v_off = (size_t)v[3];
 		w->bytes = 2 * half;

@@ -123,13 +123,13 @@ static void rec_tensor(struct tplan *t, size_t bytes, const int *dims, int nd)
  * U8 over each row's bytes ([kv_heads, rows, row_bytes]: Q8_0 blocks,
  * which safetensors cannot name; the "kv_dtype" metadata says what they
  * are). */
-static int kv_tensor_dtype(const struct ke_layout *L, int64_t *last_dim)
+static int kv_tensor_dtype(const struct ke_layout *L, int head_dim, size_t row_bytes, int64_t *last_dim)
 {
 	if (kv_dtype_size(L->kv_dtype)) {
-		*last_dim = L->head_dim;
+		*last_dim = head_dim;
 		return L->kv_dtype;
 	}
-	*last_dim = (int64_t)L->row_bytes;
+	*last_dim = (int64_t)row_bytes;
 	return KV_DT_U8;
 }
 
@@ -154,7 +154,7 @@ static int plan(const struct ke_layout *L, int kind, uint32_t n_tokens, uint32_t
 				struct tplan *t = &p[n++];
 				memset(t, 0, sizeof *t);
 				snprintf(t->name, sizeof t->name, "kv.%d.%c", l, kv ? 'v' : 'k');
-				t->dtype = kv_tensor_dtype(L, &t->shape[2]);
+				t->dtype = kv_tensor_dtype(L, L->head_dim, L->row_bytes, &t->shape[2]);
 				t->ndim = 3;
 				t->shape[0] = L->n_kv_heads;
 				t->shape[1] = rows;
@@ -191,9 +191,9 @@ static int plan(const struct ke_layout *L, int kind, uint32_t n_tokens, uint32_t
 				struct tplan *t = &p[n++];
 				memset(t, 0, sizeof *t);
 				snprintf(t->name, sizeof t->name, "win.%d.%c", w->layer, kv ? 'v' : 'k');
-				t->dtype = kv_tensor_dtype(L, &t->shape[2]);
+				t->dtype = kv_tensor_dtype(L, w->head_dim, w->row_bytes, &t->shape[2]);
 				t->ndim = 3;
-				t->shape[0] = L->n_kv_heads;
+				t->shape[0] = w->kv_heads;
 				t->shape[1] = w->rows;
 				t->nbytes = w->bytes / 2;
 				t->mem_off = kv ? w->v_off : w->k_off;

@@ -1,7 +1,8 @@
 // window_restart.mjs - sliding-window models through the server (issue 32):
 // tiny-gemma3 (5 sliding : 1 global), tiny-gpt-oss (sliding / full, sinks,
-// MXFP4 experts) with a window of 16 keys, and tiny-llama3 (no window) as
-// the control. For each, three system prompts whose end (the anchor, the
+// MXFP4 experts), tiny-gemma4 (5 sliding : 1 global with other head sizes
+// and KV heads in each) with a window of 16 keys, and tiny-llama3 (no
+// window) as the control. For each, three system prompts whose end (the anchor, the
 // first message boundary) lies before the window (< 16 tokens), exactly at
 // it (16) and far past it (~300):
 //
@@ -12,10 +13,11 @@
 //            resumes exactly at its last message boundary, and a new user
 //            message after the same system prompt exactly at the anchor;
 //            both answers bit-identical to cold.
-//   kill -9  and window snapshots with a flipped byte: the answer after the
+//   kill -9  (gpt-oss) and window snapshots with a flipped byte (gpt-oss,
+//            gemma4): the answer after the
 //            restart is cold's, bit for bit (a miss or a shorter hit, never
 //            a wrong one), the bad files are quarantined.
-//   q8_0     --kv-dtype q8_0 (gemma3, gpt-oss): the restart resumes at the
+//   q8_0     --kv-dtype q8_0 (gemma3, gpt-oss, gemma4): the restart resumes at the
 //            last boundary from q8_0 window snapshots, equal to q8_0 cold.
 import { execFileSync, spawnSync } from 'node:child_process';
 import { readdirSync, existsSync, statSync, openSync, writeSync, closeSync, readFileSync, writeFileSync } from 'node:fs';
@@ -96,7 +98,8 @@ async function cold(model, ...bodies) {
   } finally { await srv.stop(); }
 }
 
-const models = [['tiny-gemma3', 'gemma3'], ['tiny-gpt-oss', 'gptoss'], ['tiny-llama3', 'llama3']];
+const models = [['tiny-gemma3', 'gemma3'], ['tiny-gpt-oss', 'gptoss'], ['tiny-llama3', 'llama3'],
+  ['tiny-gemma4', 'gemma4']];
 for (const [preset, name] of models) {
   const model = mkModel(preset, name, false);
   const prompts = {
@@ -187,9 +190,12 @@ await check(`${P}:gptoss_sigkill_then_hit_or_miss_equals_cold`, async () => {
   eq(r.lp, kcold.lp, 'logprobs after kill -9 + restart vs cold');
 }, 180000);
 
-await check(`${P}:gptoss_corrupt_window_snapshots_quarantined_answer_cold`, async () => {
-  assert(kcold, 'no cold answer');
-  const dir = join(TMP, 'cache-corrupt');
+// gemma4's window rows have their own geometry (2 heads of 32 beside the
+// pages' 1 head of 64): the same flipped byte in them
+for (const name of ['gptoss', 'gemma4'])
+await check(`${P}:${name}_corrupt_window_snapshots_quarantined_answer_cold`, async () => {
+  const oss = join(TMP, name), [kcold] = await cold(oss, kb);
+  const dir = join(TMP, `cache-corrupt-${name}`);
   let srv = await startServer(oss, ['--cache-dir', dir]);
   await chat(srv, kb);
   await srv.stop();
@@ -215,7 +221,7 @@ await check(`${P}:gptoss_corrupt_window_snapshots_quarantined_answer_cold`, asyn
 
 // --- 8-bit KV (--kv-dtype q8_0): the window pages and the snapshots' window
 // rows are q8_0 rows (U8 tensors named by kv_dtype, disk-format.md) -------
-for (const name of ['gemma3', 'gptoss']) {
+for (const name of ['gemma3', 'gptoss', 'gemma4']) {
   await check(`${P}:${name}_q8_kv_restart_resumes_at_boundary_equals_cold`, async () => {
     const model = join(TMP, name), dir = join(TMP, `cache-q8-${name}`), q8 = ['--kv-dtype', 'q8_0'];
     const b1 = body(sys, 'Which file holds the build rules?'), last = bounds(model, b1).at(-1);

@@ -10,7 +10,10 @@
 #     (ggml_vec_geglu_f32) looks its values up in an fp16 table, which
 #     rounds the MLP's gate input and output to fp16 (measured 3.7e-4;
 #     kvkeep computes gelu_pytorch_tanh in f32 like transformers, and agrees
-#     with the PyTorch reference within 1.1e-6, tests/ref/engine_ref.sh);
+#     with the PyTorch reference within 1.1e-6, tests/ref/engine_ref.sh).
+#     tiny-gemma4 (dense: 5 sliding heads of 32 : 1 global head of 64, K = V,
+#     proportional RoPE, layer scalars, softcap 30) likewise (measured
+#     4.1e-4; 1e-6 against the PyTorch reference);
 #   - Q8_0 and Q4_K_M files (gpt-oss's experts stay MXFP4, as llama.cpp's
 #     converter keeps them): top-1 >= 98% with --quant-act f32 (kvkeep's
 #     exact dequantization against llama.cpp's int8 activations), and >= 96%
@@ -46,7 +49,7 @@ kv_logits() { # file out flags...
 		>/dev/null 2>"$T/err"
 }
 
-for preset in tiny-llama3 tiny-gemma3 tiny-gpt-oss; do
+for preset in tiny-llama3 tiny-gemma3 tiny-gpt-oss tiny-gemma4; do
 	M=$T/$preset
 	if ! "$KV" mkmodel --preset "$preset" --dtype f32 --out "$M" --no-sync >/dev/null 2>"$T/err"; then
 		echo "FAIL mkmodel_$preset: $(head -c 300 "$T/err")"
@@ -67,6 +70,7 @@ for preset in tiny-llama3 tiny-gemma3 tiny-gpt-oss; do
 		if [ "$t" = f32 ]; then
 			tol=1e-4
 			[ "$preset" = tiny-gemma3 ] && tol=1e-3
+			[ "$preset" = tiny-gemma4 ] && tol=1e-3
 			if ! kv_logits "$F" "$T/lk.f32"; then
 				echo "FAIL kvkeep_loads_${preset}_$t: $(grep -v 'level=info' "$T/err" | head -c 300)"
 				continue

@@ -208,7 +208,7 @@ win_pair() { # name dir kvflag tol
 # f32: exact numerics (--quant-act f32: GPT-OSS's MXFP4 experts dequantized,
 # as the reference does); bf16: the defaults, so GPT-OSS's experts take the
 # q8 integer products (engine/qdot.h) there.
-for p in tiny-llama3 tiny-gemma3 tiny-gpt-oss; do
+for p in tiny-llama3 tiny-gemma3 tiny-gpt-oss tiny-gemma4; do
 	mk $p f32 "$T/$p" && win_pair $p "$T/$p" "--kv-f32 --quant-act f32" 1e-4
 	mk $p bf16 "$T/$p-bf16" && win_pair $p-bf16 "$T/$p-bf16" "" 2e-2
 done

@@ -3,7 +3,10 @@
 
 Llama 3.x (models/llama/modeling_llama.py with the "llama3" rope of
 modeling_rope_utils.py), Gemma 3 (models/gemma3/modeling_gemma3.py,
-Gemma3ForCausalLM) and GPT-OSS (models/gpt_oss/modeling_gpt_oss.py),
+Gemma3ForCausalLM), GPT-OSS (models/gpt_oss/modeling_gpt_oss.py) and the
+dense Gemma 4 (llama.cpp's gemma4 graph: per-layer-type head sizes and KV
+heads, K = V on the global layers, V normed without a weight, softmax
+scale 1, "proportional" RoPE on the global layers, layer_scalar),
 written from the definitions in docs/engine.md for one unbatched prompt
 without a cache, and reading the safetensors folder the C engine reads
 (GPT-OSS experts in the MXFP4 release layout, dequantized here on their
@@ -139,8 +142,10 @@ def cos_sin(theta, hd, rs, max_pos, n, dt):
 
 def forward(j, W, toks, dt):
     mt = j["model_type"]
-    t = j.get("text_config", j) if mt == "gemma3" else j
-    gemma, oss = mt.startswith("gemma3"), mt == "gpt_oss"
+    t = j.get("text_config", j) if mt in ("gemma3", "gemma4") else j
+    g4 = mt.startswith("gemma4")
+    gemma, oss = mt.startswith("gemma3") or g4, mt == "gpt_oss"
+    po = gemma and not g4  # Gemma 3 norms scale by 1 + w, Gemma 4's by w
     pre = "model.language_model." if "model.language_model.embed_tokens.weight" in W else "model."
     W = {k: (v.to(dt) if isinstance(v, torch.Tensor) else v) for k, v in W.items()}
     D, L = t["hidden_size"], t["num_hidden_layers"]
@@ -156,11 +161,25 @@ def forward(j, W, toks, dt):
     theta = t.get("rope_theta", 10000.0)
     rs = t.get("rope_scaling")
     max_pos = t.get("max_position_embeddings", 32768)
-    cg, sg = cos_sin(theta, hd, rs, max_pos, n, dt)
-    cl, sl = cg, sg
-    if gemma:
-        cl, sl = cos_sin(t.get("rope_local_base_freq", 10000.0), hd, None, max_pos, n, dt)
-    scale = t.get("query_pre_attn_scalar", hd) ** -0.5 if gemma else hd ** -0.5
+    ghd, gkv = hd, Hkv
+    if g4:
+        ghd, gkv = t.get("global_head_dim", hd), t.get("num_global_key_value_heads", Hkv)
+        rp = t["rope_parameters"]
+        fa, sa = rp["full_attention"], rp["sliding_attention"]
+        # proportional: the frequencies of the whole global head, the
+        # first partial_rotary_factor of them rotating, the others 0
+        inv = 1.0 / (fa["rope_theta"] ** (torch.arange(0, ghd, 2, dtype=torch.int64).to(torch.float32) / ghd))
+        inv[int(ghd * fa.get("partial_rotary_factor", 1.0) / 2):] = 0.0
+        f = torch.outer(torch.arange(n, dtype=torch.float32), inv)
+        emb = torch.cat((f, f), dim=-1)
+        cg, sg = emb.cos().to(dt), emb.sin().to(dt)
+        cl, sl = cos_sin(sa.get("rope_theta", 10000.0), hd, None, max_pos, n, dt)
+    else:
+        cg, sg = cos_sin(theta, hd, rs, max_pos, n, dt)
+        cl, sl = cg, sg
+        if gemma:
+            cl, sl = cos_sin(t.get("rope_local_base_freq", 10000.0), hd, None, max_pos, n, dt)
+    scale = 1.0 if g4 else t.get("query_pre_attn_scalar", hd) ** -0.5 if gemma else hd ** -0.5
     x = W[pre + "embed_tokens.weight"][torch.tensor(toks)]
     if gemma:
         x = x * torch.tensor(math.sqrt(D), dtype=dt)
@@ -169,25 +188,29 @@ def forward(j, W, toks, dt):
     for l in range(L):
         p = f"{pre}layers.{l}."
         sliding = lt[l] == "sliding_attention"
-        h = rms(x, W[p + "input_layernorm.weight"], eps, gemma)
+        hd_l, kv_l = (hd, Hkv) if sliding else (ghd, gkv)
+        h = rms(x, W[p + "input_layernorm.weight"], eps, po)
         q = h @ W[p + "self_attn.q_proj.weight"].T
         k = h @ W[p + "self_attn.k_proj.weight"].T
-        v = h @ W[p + "self_attn.v_proj.weight"].T
+        # gemma4 attention_k_eq_v: a global layer without v_proj uses k_proj's output
+        v = h @ W[p + "self_attn.v_proj.weight"].T if p + "self_attn.v_proj.weight" in W else k
         if oss:
             q = q + W[p + "self_attn.q_proj.bias"]
             k = k + W[p + "self_attn.k_proj.bias"]
             v = v + W[p + "self_attn.v_proj.bias"]
-        q, k, v = q.view(n, H, hd), k.view(n, Hkv, hd), v.view(n, Hkv, hd)
+        q, k, v = q.view(n, H, hd_l), k.view(n, kv_l, hd_l), v.view(n, kv_l, hd_l)
         if gemma:
-            q = rms(q, W[p + "self_attn.q_norm.weight"], eps, True)
-            k = rms(k, W[p + "self_attn.k_norm.weight"], eps, True)
+            q = rms(q, W[p + "self_attn.q_norm.weight"], eps, po)
+            k = rms(k, W[p + "self_attn.k_norm.weight"], eps, po)
+        if g4:
+            v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
         cs, sn = (cl, sl) if sliding else (cg, sg)
         cs, sn = cs[:, None, :], sn[:, None, :]
         q = q * cs + rotate_half(q) * sn
         k = k * cs + rotate_half(k) * sn
         q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-        k = k.repeat_interleave(H // Hkv, dim=0)
-        v = v.repeat_interleave(H // Hkv, dim=0)
+        k = k.repeat_interleave(H // kv_l, dim=0)
+        v = v.repeat_interleave(H // kv_l, dim=0)
         sc = (q @ k.transpose(1, 2)) * scale
         ok = causal & ((ii[:, None] - ii[None, :]) < W_ if sliding else causal)
         sc = sc.masked_fill(~ok, float("-inf"))
@@ -198,18 +221,20 @@ def forward(j, W, toks, dt):
             pr = torch.softmax(comb, dim=-1)[..., :-1]
         else:
             pr = torch.softmax(sc, dim=-1)
-        o = (pr @ v).transpose(0, 1).reshape(n, H * hd) @ W[p + "self_attn.o_proj.weight"].T
+        o = (pr @ v).transpose(0, 1).reshape(n, H * hd_l) @ W[p + "self_attn.o_proj.weight"].T
         if oss:
             o = o + W[p + "self_attn.o_proj.bias"]
         if gemma:
-            o = rms(o, W[p + "post_attention_layernorm.weight"], eps, True)
+            o = rms(o, W[p + "post_attention_layernorm.weight"], eps, po)
         x = x + o
         if gemma:
-            h = rms(x, W[p + "pre_feedforward_layernorm.weight"], eps, True)
+            h = rms(x, W[p + "pre_feedforward_layernorm.weight"], eps, po)
             g = h @ W[p + "mlp.gate_proj.weight"].T
             g = 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * torch.pow(g, 3.0))))
             m = (g * (h @ W[p + "mlp.up_proj.weight"].T)) @ W[p + "mlp.down_proj.weight"].T
-            x = x + rms(m, W[p + "post_feedforward_layernorm.weight"], eps, True)
+            x = x + rms(m, W[p + "post_feedforward_layernorm.weight"], eps, po)
+            if g4:
+                x = x * W[p + "layer_scalar"]
         elif oss:
             h = rms(x, W[p + "post_attention_layernorm.weight"], eps, False)
             x = x + oss_moe(t, W, p + "mlp.", h, dt)
@@ -217,7 +242,7 @@ def forward(j, W, toks, dt):
             h = rms(x, W[p + "post_attention_layernorm.weight"], eps, False)
             m = F.silu(h @ W[p + "mlp.gate_proj.weight"].T) * (h @ W[p + "mlp.up_proj.weight"].T)
             x = x + m @ W[p + "mlp.down_proj.weight"].T
-    x = rms(x, W[pre + "norm.weight"], eps, gemma)
+    x = rms(x, W[pre + "norm.weight"], eps, po)
     tie = t.get("tie_word_embeddings", j.get("tie_word_embeddings", gemma))
     logits = x @ (W[pre + "embed_tokens.weight"] if tie else W["lm_head.weight"]).T
     cap = t.get("final_logit_softcapping")

@@ -377,7 +377,6 @@ KT_CASE(rejections)
 {
 	const int I = KV_ERR_INVALID, U = KV_ERR_UNSUPPORTED;
 	KT_CHECK(rejects("{\"model_type\": \"phi3\"}", U, "'phi3'", "gpt_oss"));
-	KT_CHECK(rejects("{\"model_type\": \"gemma4_text\"}", U, "Gemma 4", NULL));
 	KT_CHECK(rejects("{\"model_type\": \"qwen3_moe\"}", U, "mixture-of-experts", NULL));
 	KT_CHECK(rejects("{\"hidden_size\": 8}", I, "model_type", NULL));
 	KT_CHECK(rejects("{\"model_type\": 3}", I, "model_type", NULL));
@@ -693,6 +692,73 @@ KT_CASE(mamba_hybrids)
 	KT_CHECK(out == NULL);
 }
 
+/* Gemma 4 as gemma-4-31B-it nests it (Gemma4ForConditionalGeneration,
+ * text_config): the sliding layers' head_dim / num_key_value_heads, the
+ * global layers' own, "proportional" RoPE, K = V; and the features kvkeep
+ * does not run refused by name. */
+#define G4_TEXT \
+	"\"attention_k_eq_v\": true, \"final_logit_softcapping\": 30.0, \"global_head_dim\": 512," \
+	" \"head_dim\": 256, \"hidden_activation\": \"gelu_pytorch_tanh\", \"hidden_size\": 5376," \
+	" \"intermediate_size\": 21504, \"layer_types\": [\"sliding_attention\", \"sliding_attention\"," \
+	" \"sliding_attention\", \"sliding_attention\", \"sliding_attention\", \"full_attention\"]," \
+	" \"model_type\": \"gemma4_text\", \"num_attention_heads\": 32, \"num_global_key_value_heads\": 4," \
+	" \"num_hidden_layers\": 6, \"num_key_value_heads\": 16, \"rms_norm_eps\": 1e-06," \
+	" \"rope_parameters\": {\"full_attention\": {\"partial_rotary_factor\": 0.25, \"rope_theta\": 1000000.0," \
+	" \"rope_type\": \"proportional\"}, \"sliding_attention\": {\"rope_theta\": 10000.0," \
+	" \"rope_type\": \"default\"}}, \"sliding_window\": 1024, \"vocab_size\": 262144"
+
+KT_CASE(gemma4)
+{
+	struct kv_model_config c;
+	const char *nested = "{\"architectures\": [\"Gemma4ForConditionalGeneration\"], \"model_type\": \"gemma4\","
+			     " \"text_config\": {" G4_TEXT "}, \"tie_word_embeddings\": true}";
+	KT_EQ_INT(parse(nested, &c), KV_OK);
+	KT_EQ_INT(c.arch, KV_ARCH_GEMMA4);
+	KT_EQ_INT(c.text_nested, 1);
+	KT_EQ_INT(c.head_dim, 512);
+	KT_EQ_INT(c.n_kv_heads, 4);
+	KT_EQ_INT(kv_config_swa_head_dim(&c), 256);
+	KT_EQ_INT(kv_config_swa_kv_heads(&c), 16);
+	KT_EQ_INT(kv_config_layer_head_dim(&c, 0), 256);
+	KT_EQ_INT(kv_config_layer_head_dim(&c, 5), 512);
+	KT_EQ_INT(kv_config_layer_v_is_k(&c, 5), 1);
+	KT_EQ_INT(kv_config_layer_v_is_k(&c, 0), 0);
+	KT_EQ_INT(c.rotary_dim, 512);
+	KT_EQ_INT(c.rope_rot_pairs, 64);
+	KT_EQ_INT(c.local_rotary_dim, 256);
+	KT_CHECK(c.rope_theta == 1e6 && c.rope_local_theta == 1e4 && c.attn_scale == 1.0 && c.final_softcap == 30.0);
+	KT_EQ_INT(c.norm_plus_one, 0);
+	KT_EQ_INT(c.n_swa_layers, 5);
+	KT_EQ_INT(c.tie_embeddings, 1);
+	/* global: 1 layer x 2 x 4 heads x 512; windows: 5 x 2 x 16 x 256 x 1023 */
+	KT_EQ_U64(kv_config_kv_bytes_per_token(&c, 2), 1u * 2 * 4 * 512 * 2);
+	KT_EQ_U64(kv_config_window_bytes(&c, 2), 5ull * 2 * 16 * 256 * 1023 * 2);
+	struct kv_tensor_spec *sp;
+	size_t n;
+	KT_EQ_INT(kv_config_tensors(&c, NULL, &sp, &n), KV_OK);
+	int v5 = 0, v0 = 0, ls = 0;
+	for (size_t i = 0; i < n; i++) {
+		v5 += !strcmp(sp[i].name, "model.language_model.layers.5.self_attn.v_proj.weight");
+		v0 += !strcmp(sp[i].name, "model.language_model.layers.0.self_attn.v_proj.weight");
+		ls += strstr(sp[i].name, ".layer_scalar") != NULL;
+		if (!strcmp(sp[i].name, "model.language_model.layers.5.self_attn.k_proj.weight"))
+			KT_EQ_INT((int)sp[i].shape[0], 4 * 512);
+		if (!strcmp(sp[i].name, "model.language_model.layers.0.self_attn.q_norm.weight"))
+			KT_EQ_INT((int)sp[i].shape[0], 256);
+	}
+	KT_EQ_INT(v5, 0);
+	KT_EQ_INT(v0, 1);
+	KT_EQ_INT(ls, 6);
+	free(sp);
+	const int U = KV_ERR_UNSUPPORTED, I = KV_ERR_INVALID;
+	KT_CHECK(rejects("{" G4_TEXT ", \"hidden_size_per_layer_input\": 256}", U, "per-layer embeddings", NULL));
+	KT_CHECK(rejects("{" G4_TEXT ", \"num_kv_shared_layers\": 2}", U, "KV shared", NULL));
+	KT_CHECK(rejects("{" G4_TEXT ", \"enable_moe_block\": true}", U, "MoE", NULL));
+	KT_CHECK(rejects("{\"model_type\": \"gemma4_text\", \"num_attention_heads\": 8, \"num_key_value_heads\": 4,"
+			 " \"num_global_key_value_heads\": 3}", I, "num_global_key_value_heads", NULL));
+	KT_CHECK(rejects("{" G4_TEXT ", \"per_layer_config\": {}}", U, "per_layer_config", NULL));
+}
+
 KT_MAIN(qwen3_dense, qwen3_defaults, qwen35_nested, qwen35_flat_and_interval, rope_scaling_linear_and_yarn, qwen3_next,
 	rejections, qwen35_moe,
-	load_from_folder, tensor_table, mamba_hybrids)
+	load_from_folder, tensor_table, mamba_hybrids, gemma4)

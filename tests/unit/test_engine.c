@@ -49,8 +49,8 @@ static const char *models(void)
 	atexit(cleanup);
 	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe", "tiny-next",
 				 "tiny-gemma3", "tiny-gpt-oss", "tiny-llama3",
-				 "tiny-granite-h", "tiny-nemotron-h", "tiny-granite-h-q8kv"};
-	for (int i = 0; i < 10; i++)
+				 "tiny-granite-h", "tiny-nemotron-h", "tiny-granite-h-q8kv", "tiny-gemma4"};
+	for (int i = 0; i < 11; i++)
 		if (kt_sh("'%s' mkmodel --preset %s --out '%s/%s' --no-sync >/dev/null 2>&1", kt_bin(), presets[i], g_dir,
 			  presets[i]) ||
 		    kt_sh("'%s' mkmodel --preset %s --dtype f32 --out '%s/%s-f32' --no-sync >/dev/null 2>&1", kt_bin(),
@@ -176,6 +176,40 @@ KT_CASE(layout_of_tiny_models)
 	KT_EQ_INT(kv_pages_page_bytes(ke_model_pages(h)), (int)l->page_bytes);
 	ke_model_destroy(d);
 	ke_model_destroy(h);
+}
+
+/* gemma4: the pages hold the global layer (1 KV head of 64), the window
+ * pages and the snapshot's window rows the sliding layers (2 heads of 32);
+ * bytes per token and window bytes count each with its own geometry. */
+KT_CASE(layout_of_gemma4_split_geometry)
+{
+	struct ke_model *m = load("tiny-gemma4", 1, 0);
+	KT_REQUIRE(m);
+	const struct ke_layout *l = ke_model_layout(m);
+	const struct kv_model_config *c = ke_model_config(m);
+	KT_EQ_INT(c->head_dim, 64);
+	KT_EQ_INT(c->n_kv_heads, 1);
+	KT_EQ_INT(kv_config_swa_head_dim(c), 32);
+	KT_EQ_INT(kv_config_swa_kv_heads(c), 2);
+	KT_EQ_INT(l->n_attn_layers, 1);
+	KT_EQ_INT(l->head_dim, 64);
+	KT_EQ_INT(l->n_kv_heads, 1);
+	KT_EQ_U64(l->kv_bytes_per_token, 2u * 64 * 4);
+	KT_EQ_U64(l->kv_bytes_per_token, kv_config_kv_bytes_per_token(c, 4));
+	KT_EQ_INT(l->n_win_layers, 5);
+	size_t off = 0;
+	for (int i = 0; i < l->n_win_layers; i++) {
+		const struct ke_win_layer *w = &l->win[i];
+		KT_EQ_INT(w->kv_heads, 2);
+		KT_EQ_INT(w->head_dim, 32);
+		KT_EQ_U64(w->row_bytes, 32u * 4);
+		KT_EQ_U64(w->k_off, off);
+		KT_EQ_U64(w->bytes, 2u * 2 * 15 * 32 * 4);
+		off += w->bytes;
+	}
+	KT_EQ_U64(l->snapshot_bytes, off);
+	KT_EQ_U64(l->snapshot_bytes, kv_config_window_bytes(c, 4));
+	ke_model_destroy(m);
 }
 
 /* q8_0 KV: rows of head_dim / 32 blocks of 34 bytes, and every size the
@@ -352,6 +386,7 @@ KT_CASE(batch_invariance_window_50_splits)
 	batch_invariance("tiny-gpt-oss");
 	batch_invariance("tiny-gpt-oss-f32");
 	batch_invariance("tiny-llama3");
+	batch_invariance("tiny-gemma4"); /* its own geometry for the window pages */
 }
 
 /*
@@ -522,6 +557,7 @@ KT_CASE(batched_equals_alone_window)
 {
 	batched_equals_alone("tiny-gemma3");
 	batched_equals_alone("tiny-gpt-oss");
+	batched_equals_alone("tiny-gemma4");
 }
 
 KT_CASE(batched_equals_alone_q8_kv)
@@ -644,8 +680,8 @@ KT_CASE(cpu_paths_give_identical_logits_moe)
 
 KT_CASE(cpu_paths_give_identical_logits_window)
 {
-	const char *names[] = {"tiny-gemma3", "tiny-gpt-oss", "tiny-llama3"};
-	cpu_paths(names, 3);
+	const char *names[] = {"tiny-gemma3", "tiny-gpt-oss", "tiny-llama3", "tiny-gemma4"};
+	cpu_paths(names, 4);
 }
 
 /* Routing: softmax, top-k with ties to the lower expert id, the selected
@@ -852,6 +888,7 @@ KT_CASE(resume_from_snapshot_pages_tail_window)
 {
 	resume_case("tiny-gemma3");
 	resume_case("tiny-gpt-oss");
+	resume_case("tiny-gemma4");
 }
 
 KT_CASE(resume_from_snapshot_pages_tail_hybrid)
@@ -1407,6 +1444,8 @@ KT_CASE(window_q8_kv)
 	batched_equals_alone_kv("tiny-gpt-oss", KE_KV_Q8_0);
 	resume_case_kv("tiny-gemma3", KE_KV_Q8_0);
 	resume_case_kv("tiny-gpt-oss", KE_KV_Q8_0);
+	batch_invariance_kv("tiny-gemma4", KE_KV_Q8_0);
+	resume_case_kv("tiny-gemma4", KE_KV_Q8_0);
 }
 
 KT_MAIN(layout_of_tiny_models, batch_invariance_dense_50_splits, batch_invariance_hybrid_50_splits,
@@ -1423,4 +1462,4 @@ KT_MAIN(layout_of_tiny_models, batch_invariance_dense_50_splits, batch_invarianc
 	batch_invariance_mamba_50_splits, batched_equals_alone_mamba, cpu_paths_give_identical_logits_mamba,
 	resume_from_snapshot_pages_tail_mamba, layout_of_q8_kv, batch_invariance_q8_kv_50_splits,
 	batched_equals_alone_q8_kv, cpu_paths_give_identical_logits_q8_kv, resume_from_snapshot_pages_tail_q8_kv,
-	q8_kv_top1_agrees_with_bf16_at_8k, window_q8_kv)
+	q8_kv_top1_agrees_with_bf16_at_8k, window_q8_kv, layout_of_gemma4_split_geometry)

@@ -677,6 +677,32 @@ KT_CASE(layout_text)
 	KT_EQ_U64(back.kv_bytes_per_token, 2 * 8 * 34);
 	KT_EQ_INT(ks_ns_layout_parse("v1 B=8 dt=Q8_0 attn=1 kvh=1 hd=48", &back), KV_ERR_CORRUPT);
 	KT_EQ_INT(ks_ns_layout_parse("v1 B=8 dt=Q4_0 attn=1 kvh=1 hd=32", &back), KV_ERR_CORRUPT);
+	/* window layers: the pages' geometry unless the text gives its own
+	 * (gemma4: 2 heads of 32 in the windows, 1 head of 64 in the pages) */
+	const char *w1 = "v1 B=16 dt=F32 attn=1 kvh=2 hd=32 win=0:15:0:3840";
+	KT_OK(ks_ns_layout_parse(w1, &back));
+	KT_EQ_INT(back.n_win_layers, 1);
+	KT_EQ_INT(back.win[0].kv_heads, 2);
+	KT_EQ_INT(back.win[0].head_dim, 32);
+	KT_EQ_U64(back.snapshot_bytes, 7680);
+	KT_OK(ks_ns_layout_str(&back, txt, sizeof txt));
+	KT_EQ_STR(txt, w1);
+	const char *w2 = "v1 B=16 dt=F32 attn=1 kvh=1 hd=64 win=0:15:0:3840:2:32 win=1:15:7680:11520:2:32";
+	KT_OK(ks_ns_layout_parse(w2, &back));
+	KT_EQ_INT(back.n_win_layers, 2);
+	KT_EQ_INT(back.win[1].kv_heads, 2);
+	KT_EQ_INT(back.win[1].head_dim, 32);
+	KT_EQ_U64(back.win[1].row_bytes, 128);
+	KT_EQ_U64(back.snapshot_bytes, 15360);
+	KT_EQ_U64(back.kv_bytes_per_token, 2 * 64 * 4);
+	KT_OK(ks_ns_layout_str(&back, txt, sizeof txt));
+	KT_EQ_STR(txt, w2);
+	const char *wbad[] = {"v1 B=16 dt=F32 attn=1 kvh=1 hd=64 win=0:15:0:3840:0:32",
+			      "v1 B=16 dt=F32 attn=1 kvh=1 hd=64 win=0:15:0:3840:2",
+			      "v1 B=16 dt=F32 attn=1 kvh=1 hd=64 win=0:15:0:1920:2:32",
+			      "v1 B=16 dt=Q8_0 attn=1 kvh=1 hd=64 win=0:15:0:3840:2:48"};
+	for (size_t i = 0; i < sizeof wbad / sizeof *wbad; i++)
+		KT_CHECKF(ks_ns_layout_parse(wbad[i], &back) == KV_ERR_CORRUPT, "accepted '%s'", wbad[i]);
 }
 
 KT_CASE(namespace_rules)
