@@ -276,7 +276,7 @@ static int cmd_model_info(int argc, char **argv)
 	static const char *const kvn[3] = {"f32", "bf16", "q8_0"};
 	uint64_t kvt[3];
 	for (int i = 0; i < 3; i++)
-		kvt[i] = ke_layout_token_bytes(kvd[i], c.n_attn_layers - c.n_swa_layers, c.n_kv_heads, c.head_dim);
+		kvt[i] = ke_layout_token_bytes(kvd[i], kv_config_kv_layers(&c, 0), c.n_kv_heads, c.head_dim);
 	/* A quantized file (a GGUF of block types, an MLX folder) leads with
 	 * its own figures: what it holds, what the engine keeps resident and
 	 * what decoding reads per token (the same share of it as of the
@@ -425,7 +425,12 @@ static int cmd_model_info(int argc, char **argv)
 			printf("no q8_0 (head_dim %d is not a multiple of 32)\n", c.head_dim);
 		if (c.n_swa_layers)
 			printf("window       %d tokens on %d sliding layers: %llu bytes per sequence (16-bit KV)\n",
-			       c.sliding_window, c.n_swa_layers, (unsigned long long)kv_config_window_bytes(&c, 2));
+			       c.sliding_window, kv_config_kv_layers(&c, 1), (unsigned long long)kv_config_window_bytes(&c, 2));
+		if (c.n_kv_shared)
+			printf("shared KV    the last %d layers read earlier layers' KV (no KV of their own)\n", c.n_kv_shared);
+		if (c.swa_head_dim && c.swa_head_dim != c.head_dim)
+			printf("heads        global layers %d KV heads of %d, sliding layers %d of %d\n", c.n_kv_heads,
+			       c.head_dim, kv_config_swa_kv_heads(&c), c.swa_head_dim);
 		if (c.hybrid || c.ssm)
 			printf("recurrent    %llu bytes of %s state + %llu bytes of conv state per %s layer\n",
 			       (unsigned long long)rsb, c.ssm ? "SSM" : "delta-rule", (unsigned long long)csb,

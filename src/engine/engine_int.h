@@ -32,9 +32,14 @@ struct ke_layer {
 	const float *sinks;       /* [n_heads] sink logits, or NULL */
 	const float *attn_post_norm; /* gemma: norm of the attention output, or NULL */
 	const float *ffn_post_norm;  /* gemma: norm of the MLP output, or NULL */
+	const float *ffn_post_norm1; /* gemma4 MoE layer: norm of the dense MLP's output before
+					the experts' is added (post_feedforward_layernorm_1) */
 	int hd, n_kv;             /* attention: head size and KV heads of this layer (gemma4's
 				     sliding and global layers differ) */
 	int v_is_k;               /* gemma4 attention_k_eq_v global layer: no v_proj, V = k_proj x */
+	int kv_shared;            /* gemma4 KV-shared layer: q only; idx is the KV layer it reads */
+	struct ke_mat ple_gate, ple_out; /* gemma4 per-layer embedding block: [P][D], [D][P] */
+	const float *ple_post;    /* [D] its output norm, or NULL (no per-layer embeddings) */
 	const float *scalar;      /* [1] gemma4 layer_scalar: the layer's output times it, or NULL */
 	/* DeltaNet */
 	int fused;                /* qwen3_next: qkvz and ba */
@@ -95,6 +100,11 @@ struct ke_model {
 	struct ke_layout wlay;    /* window pages: lay's row format over the window layers */
 	struct kv_pages *wpages;  /* their pool, or NULL */
 	float embed_mul;          /* embeddings times this (sqrt(hidden) for gemma, else 1) */
+	/* gemma4 per-layer embeddings (cfg.ple_dim = P > 0): the table
+	 * [vocab][L P], the projection [L P][D] of the scaled embedding, the
+	 * norm [P] of each layer's P-slice of it */
+	struct ke_mat ple_embed, ple_proj;
+	const float *ple_norm;
 	void *owned;              /* one kv_alloc block holding every f32 copy */
 	uint64_t decode_bytes;
 	int qdot;            /* --quant-act q8: ggml block matrices set ke_mat.qdot
@@ -149,6 +159,8 @@ struct ke_scratch {
 	float *sinv;   /* [C][rot_half] */
 	float *cosl;   /* [C][rot_half_local] the sliding layers' RoPE (own base or dim), or == cosv */
 	float *sinl;
+	float *ple;    /* [C][L P] gemma4: each row's per-layer inputs (live across the layers) */
+	float *ple2;   /* [C][L P] their projection, while they are made */
 	float *attn_scr; /* threads x ke_attn_scratch_floats */
 	int attn_threads;
 	void *block;

@@ -35,22 +35,28 @@ void ke_forward_embed(const struct ke_model *m, int32_t id, float *out)
 			out[i] = out[i] * m->embed_mul;
 }
 
+/* Row id of a looked-up table (the embeddings, gemma4's per-layer ones)
+ * as f32, whatever its type. */
+static void table_row(const struct ke_mat *t, int32_t id, float *out)
+{
+	if (ke_qgemm_handles(t)) { /* quantized or F16 table: engine/qgemm.c */
+		ke_qgemm_row(t, id, out);
+		return;
+	}
+	if (t->dtype == KV_DT_MLX_AFFINE) {
+		ke_mat_row_f32(t, id, out); /* MLX: the one row, dequantized */
+		return;
+	}
+	const char *row = (const char *)t->data + (size_t)id * t->ld * (t->dtype == KV_DT_BF16 ? 2 : 4);
+	if (t->dtype == KV_DT_BF16)
+		ke_vec_bf16_to_f32(out, row, (size_t)t->cols);
+	else
+		memcpy(out, row, (size_t)t->cols * sizeof *out);
+}
+
 static void embed_row_raw(const struct ke_model *m, int32_t id, float *out)
 {
-	int D = m->cfg.hidden;
-	if (ke_qgemm_handles(&m->embed)) { /* quantized or F16 table: engine/qgemm.c */
-		ke_qgemm_row(&m->embed, id, out);
-		return;
-	}
-	if (m->embed.dtype == KV_DT_MLX_AFFINE) {
-		ke_mat_row_f32(&m->embed, id, out); /* MLX: the one row, dequantized */
-		return;
-	}
-	const char *row = (const char *)m->embed.data + (size_t)id * m->embed.ld * (m->embed.dtype == KV_DT_BF16 ? 2 : 4);
-	if (m->embed.dtype == KV_DT_BF16)
-		ke_vec_bf16_to_f32(out, row, (size_t)D);
-	else
-		memcpy(out, row, (size_t)D * sizeof *out);
+	table_row(&m->embed, id, out);
 }
 
 /* cos/sin of position x inverse frequency, f32 like Hugging Face, times
@@ -240,6 +246,8 @@ static void qk_row(const void *ctx, int t)
 			memcpy(dst, src, (size_t)hd * sizeof *src);
 		rope_any(c, dst, cs, sn, half);
 	}
+	if (ly->kv_shared) /* gemma4: this layer reads an earlier layer's KV */
+		return;
 	struct ke_seq *s = f->seqs[f->row_seq[t]];
 	int pos = s->pos + t - f->row0[f->row_seq[t]];
 	/* a sliding layer's rows go to the sequence's window pages */
@@ -307,11 +315,15 @@ static void attn_layer(const struct ke_fwd *f, const struct ke_layer *ly)
 	size_t qw = (size_t)H * hd * (gated ? 2 : 1), kw = (size_t)Hkv * hd;
 
 	ke_gemm(&ly->q, sc->h, (size_t)D, n, sc->q, qw, 0);
-	ke_gemm(&ly->k, sc->h, (size_t)D, n, sc->k, kw, 0);
-	if (ly->v_is_k) /* gemma4 attention_k_eq_v: V is k_proj's output */
+	if (ly->kv_shared) /* gemma4: no K or V of its own */
+		;
+	else if (ly->v_is_k) { /* gemma4 attention_k_eq_v: V is k_proj's output */
+		ke_gemm(&ly->k, sc->h, (size_t)D, n, sc->k, kw, 0);
 		memcpy(sc->v, sc->k, (size_t)n * kw * sizeof *sc->v);
-	else
+	} else {
+		ke_gemm(&ly->k, sc->h, (size_t)D, n, sc->k, kw, 0);
 		ke_gemm(&ly->v, sc->h, (size_t)D, n, sc->v, kw, 0);
+	}
 	struct qk_job qj = {f, ly};
 	par_rows(n, 8.0 * (H + 2 * Hkv) * hd, qk_row, &qj);
 	/* attention reads each sequence's own pages: one call per sequence */
@@ -659,11 +671,85 @@ static void scale_row(const void *ctx, int t)
 
 static void layer_body(const struct ke_fwd *f, const struct ke_layer *ly);
 
-/* One decoder layer on the residual stream of f's rows; gemma4 multiplies
- * its output (the residual stream) by the layer's scalar. */
+/* gemma4's per-layer inputs of f's rows (sc->ple, [n][L P]), llama.cpp's
+ * project_per_layer_inputs: for layer l, P-slice of
+ *   (rmsnorm(W_proj x * D^-1/2) * norm + table[token] * sqrt(P)) * 2^-1/2
+ * with x the scaled embedding (sc->x before the first layer). */
+struct ple_job {
+	const struct ke_model *m;
+	const struct ke_fwd *f;
+	const int32_t *const *toks;
+};
+
+static void ple_row(const void *ctx, int t)
+{
+	const struct ple_job *j = ctx;
+	const struct ke_model *m = j->m;
+	const struct kv_model_config *c = &m->cfg;
+	const struct ke_fwd *f = j->f;
+	int P = c->ple_dim, L = c->n_layers, i = f->row_seq[t];
+	size_t LP = (size_t)L * P;
+	float *e = f->sc->ple + (size_t)t * LP, *pr = f->sc->ple2 + (size_t)t * LP;
+	float sp = sqrtf((float)P), sd = 1.0f / sqrtf((float)c->hidden), s2 = 1.0f / sqrtf(2.0f);
+	table_row(&m->ple_embed, j->toks[i][t - f->row0[i]], e);
+	for (int l = 0; l < L; l++) {
+		float *v = pr + (size_t)l * P, *o = e + (size_t)l * P;
+		for (int p = 0; p < P; p++)
+			v[p] = v[p] * sd;
+		ke_vec_rmsnorm(v, v, m->ple_norm, P, (float)c->rms_eps);
+		for (int p = 0; p < P; p++)
+			o[p] = (v[p] + o[p] * sp) * s2;
+	}
+}
+
+static void ple_inputs(const struct ke_fwd *f, const int32_t *const *toks)
+{
+	const struct ke_model *m = f->m;
+	const struct kv_model_config *c = &m->cfg;
+	size_t LP = (size_t)c->n_layers * c->ple_dim;
+	ke_gemm(&m->ple_proj, f->sc->x, (size_t)c->hidden, f->n, f->sc->ple2, LP, 0);
+	struct ple_job j = {m, f, toks};
+	par_rows(f->n, 8.0 * (double)LP, ple_row, &j);
+}
+
+struct ple_mul_job {
+	float *g;
+	const float *ple;
+	int P, l, L;
+};
+
+static void ple_mul_row(const void *ctx, int t)
+{
+	const struct ple_mul_job *j = ctx;
+	float *g = j->g + (size_t)t * j->P;
+	const float *in = j->ple + ((size_t)t * j->L + j->l) * j->P;
+	ke_vec_gelu_tanh_mul(g, NULL, j->P);
+	for (int p = 0; p < j->P; p++)
+		g[p] = g[p] * in[p];
+}
+
+/* gemma4's per-layer embedding block at the end of layer l: x +=
+ * rmsnorm(W_out (gelu(W_gate x) * ple_l)) * post_per_layer_input_norm. */
+static void ple_block(const struct ke_fwd *f, const struct ke_layer *ly, int l)
+{
+	const struct kv_model_config *c = &f->m->cfg;
+	struct ke_scratch *sc = f->sc;
+	int D = c->hidden, P = c->ple_dim, n = f->n;
+	ke_gemm(&ly->ple_gate, sc->x, (size_t)D, n, sc->m1, (size_t)P, 0);
+	struct ple_mul_job j = {sc->m1, sc->ple, P, l, c->n_layers};
+	par_rows(n, 40.0 * P, ple_mul_row, &j);
+	ke_gemm(&ly->ple_out, sc->m1, (size_t)P, n, sc->h, (size_t)D, 0);
+	branch_out(f, sc->h, NULL, ly->ple_post, sc->x, n);
+}
+
+/* One decoder layer on the residual stream of f's rows; gemma4 adds its
+ * per-layer embedding block and multiplies the result (the residual
+ * stream) by the layer's scalar. */
 static void layer_rows(const struct ke_fwd *f, const struct ke_layer *ly)
 {
 	layer_body(f, ly);
+	if (ly->ple_post)
+		ple_block(f, ly, (int)(ly - f->m->layers));
 	if (ly->scalar) {
 		struct scale_job j = {f->sc->x, ly->scalar[0], f->m->cfg.hidden};
 		par_rows(f->n, 1.0 * j.D, scale_row, &j);
@@ -688,7 +774,7 @@ static void layer_body(const struct ke_fwd *f, const struct ke_layer *ly)
 	if (!ly->post_norm) /* Nemotron-H: the mixer is the whole layer */
 		return;
 	norm_rows(sc->h, sc->x, ly->post_norm, n, D, eps);
-	if (ly->moe) { /* sparse MoE block, moe.c */
+	if (ly->moe && !ly->ffn_post_norm1) { /* sparse MoE block, moe.c */
 		ke_moe_forward(ly->moe, sc->h, n, D, sc->x, sc->moe);
 		return;
 	}
@@ -701,6 +787,10 @@ static void layer_body(const struct ke_fwd *f, const struct ke_layer *ly)
 		silu_rows(sc->m1, sc->m2, n, (size_t)I);
 	if (ly->ffn_post_norm) { /* gemma: the MLP output normed before the residual add */
 		ke_gemm(&ly->down, sc->m1, (size_t)I, n, sc->h, (size_t)D, 0);
+		if (ly->ffn_post_norm1) { /* gemma4: the dense branch normed, the experts' added (moe.h) */
+			norm_rows(sc->h, sc->h, ly->ffn_post_norm1, n, D, eps);
+			ke_moe_forward_gemma4(ly->moe, sc->x, sc->h, n, D, sc->moe);
+		}
 		branch_out(f, sc->h, NULL, ly->ffn_post_norm, sc->x, n);
 		return;
 	}
@@ -726,6 +816,8 @@ static void forward_rows(const struct ke_fwd *f, const int32_t *const *toks)
 				f->sc->x[e] = f->sc->x[e] * (float)m->cfg.embed_mult;
 	}
 	rope_rows(f);
+	if (m->cfg.ple_dim)
+		ple_inputs(f, toks);
 	for (int l = 0; l < m->cfg.n_layers; l++)
 		layer_rows(f, &m->layers[l]);
 }

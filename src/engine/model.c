@@ -167,12 +167,14 @@ static int load_vec(struct loader *L, const float **out, int n, int plus_one, co
 static size_t arena_floats(const struct kv_model_config *c)
 {
 	/* (+ rope_freqs; the MTP head's norms: 5 hidden + 2 head_dim, load_mtp) */
-	size_t n = (size_t)c->hidden + (size_t)c->rotary_dim + 64 + 5 * (size_t)c->hidden + 2 * (size_t)c->head_dim;
+	size_t n = (size_t)c->hidden + (size_t)c->rotary_dim + 64 + 5 * (size_t)c->hidden + 2 * (size_t)c->head_dim +
+		   (size_t)c->ple_dim;
 	size_t C = (size_t)kv_config_conv_dim(c);
 	/* the sliding layers' inverse frequencies (their own rotary dim: gemma4) */
 	n += (size_t)(c->local_rotary_dim > c->rotary_dim ? c->local_rotary_dim : c->rotary_dim) / 2;
 	for (int l = 0; l < c->n_layers; l++) {
-		n += 4 * (size_t)c->hidden + 1; /* in/post norms, gemma's output norms, gemma4's layer_scalar */
+		n += 5 * (size_t)c->hidden + 1; /* in/post norms, gemma's output norms, gemma4's layer_scalar
+						   and per-layer embedding norm */
 		if (c->layer_type[l] == KV_LAYER_MAMBA) /* conv w + b, A, dt_bias, D, gated norm */
 			n += C * ((size_t)c->conv_kernel + 1) + 3 * (size_t)c->ssm_heads +
 			     (size_t)c->ssm_heads * (size_t)c->ssm_head_dim;
@@ -304,8 +306,10 @@ static void fill_layout(struct ke_model *m, int kv_dtype, int B)
 	memset(l, 0, sizeof *l);
 	l->page_tokens = B;
 	l->kv_dtype = kv_dtype;
-	/* the pages hold the global attention layers only (layout.h) */
-	l->n_attn_layers = c->n_attn_layers - c->n_swa_layers;
+	/* the pages hold the global attention layers only (layout.h), and of
+	 * those only the ones with KV of their own (gemma4's shared layers
+	 * read an earlier layer's) */
+	l->n_attn_layers = kv_config_kv_layers(c, 0);
 	l->n_kv_heads = c->n_kv_heads;
 	l->head_dim = c->head_dim;
 	l->n_segments = l->n_attn_layers * 2 * c->n_kv_heads;
@@ -352,7 +356,7 @@ static void fill_layout(struct ke_model *m, int kv_dtype, int B)
 	l->rec_bytes = off;
 	l->window = c->n_swa_layers ? c->sliding_window : 0;
 	for (int i = 0; i < c->n_layers && l->window; i++) {
-		if (c->layer_type[i] != KV_LAYER_ATTN || !c->layer_window[i])
+		if (c->layer_type[i] != KV_LAYER_ATTN || !c->layer_window[i] || kv_config_kv_layer(c, i) != i)
 			continue;
 		struct ke_win_layer *w = &l->win[l->n_win_layers];
 		w->layer = i;
@@ -821,6 +825,16 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		if (rc)
 			goto fail;
 	}
+	if (c->ple_dim) {
+		/* gemma4's per-layer embeddings: the table is looked up (not
+		 * multiplied, like embed_tokens), its projection multiplied */
+		if ((rc = load_mat(&L, &m->ple_embed, "%sembed_tokens_per_layer.weight", 0)))
+			goto fail;
+		m->n_mats--;
+		if ((rc = load_mat(&L, &m->ple_proj, "%sper_layer_model_projection.weight", 0)) ||
+		    (rc = load_vec(&L, &m->ple_norm, c->ple_dim, po, "%sper_layer_projection_norm.weight", 0)))
+			goto fail;
+	}
 	int n_attn = 0, n_dn = 0, n_win = 0;
 	for (int i = 0; i < c->n_layers; i++) {
 		struct ke_layer *ly = &m->layers[i];
@@ -845,20 +859,30 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 			goto fail;
 		if (c->layer_scalar && (rc = load_vec(&L, &ly->scalar, 1, 0, "%slayers.%d.layer_scalar", i)))
 			goto fail;
+		if (c->ple_dim && ((rc = load_mat(&L, &ly->ple_gate, "%slayers.%d.per_layer_input_gate.weight", i)) ||
+				   (rc = load_mat(&L, &ly->ple_out, "%slayers.%d.per_layer_projection.weight", i)) ||
+				   (rc = load_vec(&L, &ly->ple_post, c->hidden, po,
+						  "%slayers.%d.post_per_layer_input_norm.weight", i))))
+			goto fail;
 		if (ly->type == KV_LAYER_ATTN) {
+			int src = kv_config_kv_layer(c, i);
 			ly->window = c->layer_window[i] ? c->sliding_window : 0;
-			ly->idx = ly->window ? n_win++ : n_attn++;
+			/* gemma4's KV-shared layers: the pages (index) of the layer they read */
+			ly->kv_shared = src != i;
+			ly->idx = ly->kv_shared ? m->layers[src].idx : ly->window ? n_win++ : n_attn++;
 			ly->hd = kv_config_layer_head_dim(c, i);
 			ly->n_kv = kv_config_layer_kv_heads(c, i);
 			ly->v_is_k = kv_config_layer_v_is_k(c, i);
 			if ((rc = load_mat(&L, &ly->q, "%slayers.%d.self_attn.q_proj.weight", i)) ||
-			    (rc = load_mat(&L, &ly->k, "%slayers.%d.self_attn.k_proj.weight", i)) ||
-			    (!ly->v_is_k && (rc = load_mat(&L, &ly->v, "%slayers.%d.self_attn.v_proj.weight", i))) ||
+			    (!ly->kv_shared && (rc = load_mat(&L, &ly->k, "%slayers.%d.self_attn.k_proj.weight", i))) ||
+			    (!ly->v_is_k && !ly->kv_shared &&
+			     (rc = load_mat(&L, &ly->v, "%slayers.%d.self_attn.v_proj.weight", i))) ||
 			    (rc = load_mat(&L, &ly->o, "%slayers.%d.self_attn.o_proj.weight", i)))
 				goto fail;
 			if (c->qk_norm &&
 			    ((rc = load_vec(&L, &ly->q_norm, ly->hd, po, "%slayers.%d.self_attn.q_norm.weight", i)) ||
-			     (rc = load_vec(&L, &ly->k_norm, ly->hd, po, "%slayers.%d.self_attn.k_norm.weight", i))))
+			     (!ly->kv_shared &&
+			      (rc = load_vec(&L, &ly->k_norm, ly->hd, po, "%slayers.%d.self_attn.k_norm.weight", i)))))
 				goto fail;
 			int qd = c->n_heads * ly->hd, kd = ly->n_kv * ly->hd;
 			if (c->attn_bias &&
@@ -901,7 +925,12 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		if (c->layer_moe[i]) { /* moe.c */
 			if ((rc = ke_moe_load(m, i, &ly->moe)))
 				goto fail;
-			continue;
+			/* gemma4: the experts run beside the dense MLP */
+			if (c->moe_kind != KV_MOE_GEMMA4)
+				continue;
+			if ((rc = load_vec(&L, &ly->ffn_post_norm1, c->hidden, po,
+					   "%slayers.%d.post_feedforward_layernorm_1.weight", i)))
+				goto fail;
 		}
 		if ((rc = load_mat(&L, &ly->gate, "%slayers.%d.mlp.gate_proj.weight", i)) ||
 		    (rc = load_mat(&L, &ly->up, "%slayers.%d.mlp.up_proj.weight", i)) ||
@@ -1099,6 +1128,10 @@ size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *s
 	size_t Hhd = (size_t)c->n_heads * hd_max, KVhd = kv_g > kv_s ? kv_g : kv_s;
 	CARVE(x, C * c->hidden);
 	CARVE(h, C * c->hidden);
+	if (c->ple_dim) { /* live across the layers of a chunk */
+		CARVE(ple, C * (size_t)c->n_layers * (size_t)c->ple_dim);
+		CARVE(ple2, C * (size_t)c->n_layers * (size_t)c->ple_dim);
+	}
 	if (c->n_attn_layers) {
 		/* live across the layers of a chunk */
 		CARVE(cosv, C * (size_t)(m->rot_half + 1));
@@ -1126,6 +1159,10 @@ size_t ke_scratch_plan(const struct ke_model *m, int chunk, struct ke_scratch *s
 	/* Granite's dense MLP is shared_intermediate wide */
 	size_t mlp_w = (size_t)(c->ssm && c->shared_intermediate > c->intermediate ? c->shared_intermediate
 											: c->intermediate);
+	if (c->double_wide) /* gemma4's double-wide KV-shared layers */
+		mlp_w = 2 * (size_t)c->intermediate;
+	if ((size_t)c->ple_dim > mlp_w) /* the per-layer embedding block's gate runs in m1 */
+		mlp_w = (size_t)c->ple_dim;
 	CARVE(m1, C * mlp_w);
 	CARVE(m2, C * mlp_w);
 	CARVE(moe, ke_moe_scratch_floats(c, chunk));

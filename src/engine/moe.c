@@ -14,6 +14,7 @@
 #include "model/quant.h"
 #include "model/weights.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -237,6 +238,49 @@ static int oai_load(struct ke_model *m, int layer, struct ke_moe *mo)
 	return KV_OK;
 }
 
+/* Gemma 4's block (moe.h): router.proj / .scale / .per_expert_scale, the
+ * fused experts.gate_up_proj [E][2I][D] (gate rows then up rows) and
+ * experts.down_proj [E][D][I], the two branch norms. */
+static int gemma4_load(struct ke_model *m, int layer, struct ke_moe *mo)
+{
+	const struct kv_model_config *c = &m->cfg;
+	const int E = mo->E, I = mo->I, D = c->hidden;
+	char name[192];
+	const struct kv_tensor *gu, *dn;
+	int rc;
+	mo->kind = KV_MOE_GEMMA4;
+	mo->eps = (float)c->rms_eps;
+	float *f = kv_alloc(KV_MEM_WEIGHTS, (3 * (size_t)D + (size_t)E) * sizeof *f);
+	if (!f)
+		return kv_fail(KV_ERR_NOMEM, "out of memory for the experts of layer %d", layer);
+	mo->owned = f;
+	mo->rscale = f;
+	mo->pre2 = f + D;
+	mo->post2 = f + 2 * (size_t)D;
+	mo->escale = f + 3 * (size_t)D;
+	static const char *const vn[4] = {"router.scale", "pre_feedforward_layernorm_2.weight",
+					  "post_feedforward_layernorm_2.weight", "router.per_expert_scale"};
+	for (int i = 0; i < 4; i++) {
+		snprintf(name, sizeof name, "%slayers.%d.%s", m->prefix, layer, vn[i]);
+		if ((rc = bias_copy(m, name, i == 3 ? E : D, 1, f + (size_t)i * D)))
+			return rc;
+	}
+	if ((rc = mat2(m, &mo->router, E, D, "%slayers.%d.router.proj.weight", layer, 1)))
+		return rc;
+	snprintf(name, sizeof name, "%slayers.%d.experts.gate_up_proj", m->prefix, layer);
+	if ((rc = get(m, name, 3, E, 2 * (int64_t)I, D, &gu, NULL)))
+		return rc;
+	snprintf(name, sizeof name, "%slayers.%d.experts.down_proj", m->prefix, layer);
+	if ((rc = get(m, name, 3, E, D, I, &dn, NULL)))
+		return rc;
+	for (int e = 0; e < E; e++) {
+		view(m, &mo->gate[e], gu, NULL, e, 2 * (int64_t)I, 0, I, D);
+		view(m, &mo->up[e], gu, NULL, e, 2 * (int64_t)I, I, I, D);
+		view(m, &mo->down[e], dn, NULL, e, D, 0, D, I);
+	}
+	return KV_OK;
+}
+
 int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 {
 	const struct kv_model_config *c = &m->cfg;
@@ -260,8 +304,8 @@ int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 	mo->gate = (struct ke_mat *)(mo + 1);
 	mo->up = mo->gate + E;
 	mo->down = mo->up + E;
-	if (c->moe_kind == KV_MOE_OAI) {
-		if ((rc = oai_load(m, layer, mo)))
+	if (c->moe_kind == KV_MOE_OAI || c->moe_kind == KV_MOE_GEMMA4) {
+		if ((rc = c->moe_kind == KV_MOE_OAI ? oai_load(m, layer, mo) : gemma4_load(m, layer, mo)))
 			goto fail;
 		*out = mo;
 		return KV_OK;
@@ -422,6 +466,7 @@ struct moe_scr {
 	float *sg;     /* [C] shared expert gate logit */
 	int32_t *act;  /* [E] experts with at least one slot */
 	float *par;    /* threads x PAR_ROWS x (D + 2 Im): per-thread xin, g1, g2 */
+	float *rin;    /* [C][D] gemma4: the router's input, then the experts' */
 };
 
 /* Experts run in parallel (one per thread, single-threaded products) when
@@ -456,6 +501,8 @@ static size_t carve(const struct kv_model_config *c, int C, float *base, struct 
 	TAKE(sg, float, n);
 	TAKE(act, int32_t, E);
 	TAKE(par, float, (size_t)kv_pool_size(kv_pool_global()) * PAR_ROWS * (D + 2 * Im));
+	if (c->moe_kind == KV_MOE_GEMMA4)
+		TAKE(rin, float, n * D);
 #undef TAKE
 	return off;
 }
@@ -623,6 +670,14 @@ static void experts_part(void *ctx, size_t b0, size_t b1, int thread)
 			memcpy(xin + (size_t)i * D, j->h + (size_t)(s->list[b + i] / k) * D, (size_t)D * sizeof *xin);
 		if (mo->kind == KV_MOE_OAI) {
 			oai_expert(mo, e, xin, m, D, g1, g2);
+		} else if (mo->kind == KV_MOE_GEMMA4) {
+			ke_gemm(&mo->gate[e], xin, (size_t)D, m, g1, (size_t)I, 0);
+			ke_gemm(&mo->up[e], xin, (size_t)D, m, g2, (size_t)I, 0);
+			ke_vec_gelu_tanh_mul(g1, g2, m * I);
+			ke_gemm(&mo->down[e], g1, (size_t)I, m, xin, (size_t)D, 0);
+			const float sc = mo->escale[e];
+			for (size_t q = 0; q < (size_t)m * D; q++)
+				xin[q] = xin[q] * sc;
 		} else {
 			ke_gemm(&mo->gate[e], xin, (size_t)D, m, g1, (size_t)I, 0);
 			ke_gemm(&mo->up[e], xin, (size_t)D, m, g2, (size_t)I, 0);
@@ -634,21 +689,15 @@ static void experts_part(void *ctx, size_t b0, size_t b1, int thread)
 	}
 }
 
-void ke_moe_forward(const struct ke_moe *mo, const float *h, int n, int D, float *x, float *scratch)
+/* Route the n tokens, run each selected expert once on its tokens (their
+ * outputs in s->eo, slot t * k + r); rin: the router's input rows (h for
+ * all but gemma4). */
+static void route_and_run(const struct ke_moe *mo, const float *rin, const float *h, int n, int D,
+			  struct moe_scr *sp)
 {
 	const int E = mo->E, k = mo->k;
-	struct kv_model_config cc;
-	struct moe_scr s;
-	cc.n_experts = E;
-	cc.n_experts_per_tok = k;
-	cc.hidden = D;
-	cc.moe_intermediate = mo->I;
-	cc.shared_intermediate = mo->Is;
-	cc.moe_kind = mo->kind;
-	carve(&cc, n, scratch, &s);
-
-	/* route every token */
-	ke_gemm(&mo->router, h, (size_t)D, n, s.logits, (size_t)E, 0);
+	struct moe_scr s = *sp;
+	ke_gemm(&mo->router, rin, (size_t)D, n, s.logits, (size_t)E, 0);
 	if (mo->router_b)
 		for (int t = 0; t < n; t++)
 			for (int e = 0; e < E; e++)
@@ -684,6 +733,80 @@ void ke_moe_forward(const struct ke_moe *mo, const float *h, int n, int D, float
 		j.shared_bufs = 1;
 		experts_part(&j, 0, (size_t)n_act, 0);
 	}
+}
+
+static void carve_for(const struct ke_moe *mo, int n, int D, float *scratch, struct moe_scr *s)
+{
+	struct kv_model_config cc;
+	cc.n_experts = mo->E;
+	cc.n_experts_per_tok = mo->k;
+	cc.hidden = D;
+	cc.moe_intermediate = mo->I;
+	cc.shared_intermediate = mo->Is;
+	cc.moe_kind = mo->kind;
+	carve(&cc, n, scratch, s);
+}
+
+struct g4_row_job {
+	const struct ke_moe *mo;
+	const struct moe_scr *s;
+	const float *x;
+	float *y;
+	int D, phase;
+};
+
+/* gemma4, per row: phase 0 the router's input (rmsnorm(x) D^-1/2 scale)
+ * into rin and the experts' (rmsnorm(x) pre2) into xin; phase 1 the
+ * fixed-order weighted sum, normed by post2, added to y. */
+static void g4_row(const void *ctx, int t)
+{
+	const struct g4_row_job *j = ctx;
+	const struct ke_moe *mo = j->mo;
+	const struct moe_scr *s = j->s;
+	const int D = j->D, k = mo->k;
+	const float *xr = j->x + (size_t)t * D;
+	if (j->phase == 0) {
+		float *r = s->rin + (size_t)t * D, inv = 1.0f / sqrtf((float)D);
+		ke_vec_rmsnorm(r, xr, NULL, D, mo->eps);
+		ke_vec_rmsnorm(s->xin + (size_t)t * D, xr, mo->pre2, D, mo->eps);
+		for (int i = 0; i < D; i++)
+			r[i] = (r[i] * inv) * mo->rscale[i];
+		return;
+	}
+	float *sum = s->rin + (size_t)t * D, *yr = j->y + (size_t)t * D;
+	for (int i = 0; i < D; i++) {
+		float v = 0.0f;
+		for (int r = 0; r < k; r++)
+			v = v + s->eo[((size_t)t * k + r) * D + i] * s->w[(size_t)t * k + r];
+		sum[i] = v;
+	}
+	ke_vec_rmsnorm(sum, sum, mo->post2, D, mo->eps);
+	for (int i = 0; i < D; i++)
+		yr[i] = yr[i] + sum[i];
+}
+
+void ke_moe_forward_gemma4(const struct ke_moe *mo, const float *x, float *y, int n, int D, float *scratch)
+{
+	struct moe_scr s;
+	carve_for(mo, n, D, scratch, &s);
+	/* the experts' input rows go to s.so ([C][D], unused by gemma4):
+	 * route_and_run gathers from them */
+	struct moe_scr s2 = s;
+	s2.xin = s.so;
+	struct g4_row_job j = {mo, &s2, x, y, D, 0};
+	ke_par_rows(n, 8.0 * D, g4_row, &j);
+	route_and_run(mo, s.rin, s.so, n, D, &s);
+	j.s = &s;
+	j.phase = 1;
+	ke_par_rows(n, 4.0 * D * (mo->k + 2), g4_row, &j);
+}
+
+void ke_moe_forward(const struct ke_moe *mo, const float *h, int n, int D, float *x, float *scratch)
+{
+	const int k = mo->k;
+	struct moe_scr s;
+	carve_for(mo, n, D, scratch, &s);
+	route_and_run(mo, h, h, n, D, &s);
 
 	if (mo->kind == KV_MOE_OAI) { /* no shared expert: the fixed-order sum */
 		for (int t = 0; t < n; t++) {

@@ -32,6 +32,19 @@
  *   copy of the expert bytes, kept by the block); GGUF MXFP4 stacks are
  *   used in the mapping.
  *
+ * Gemma 4 (kind KV_MOE_GEMMA4, llama.cpp's gemma4 graph; 26B-A4B): the
+ * experts run beside the layer's dense MLP, on the residual stream x
+ * after attention:
+ *   r      = (rmsnorm(x) * D^-1/2) * router.scale      (no weight in the norm)
+ *   logits = r W_router^T; S, w as Qwen's above (softmax, top k renormalised)
+ *   h2     = rmsnorm(x) * pre_feedforward_layernorm_2
+ *   out_e  = (W_down_e (gelu_tanh(W_gate_e h2) * W_up_e h2)) * per_expert_scale[e]
+ *            (gate rows then up rows of the fused experts.gate_up_proj)
+ *   y      = rmsnorm(sum, ascending e, w_e out_e) * post_feedforward_layernorm_2
+ *   mlp   += y   (the dense MLP's output, already normed by its own
+ *                 post_feedforward_layernorm_1; the layer then norms the
+ *                 sum with post_feedforward_layernorm and adds it to x).
+ *
  * Weights stay in the mapping: an expert is three ke_mat views, either
  * into the per-expert tensors (mlp.experts.N.{gate,up,down}_proj.weight)
  * or into the stacked ones (mlp.experts.gate_up_proj [E][2I][D],
@@ -72,6 +85,11 @@ struct ke_moe {
 	const float *up_b;        /* [E][I] when not fused */
 	const float *down_b;      /* [E][D] */
 	float limit;              /* swiglu_limit */
+	/* Gemma 4 (kind KV_MOE_GEMMA4); NULL otherwise */
+	const float *rscale;      /* [D] router.scale */
+	const float *escale;      /* [E] router.per_expert_scale */
+	const float *pre2, *post2; /* [D] pre_feedforward_layernorm_2, post_feedforward_layernorm_2 */
+	float eps;                /* rms_norm_eps */
 	void *owned;              /* biases and repacked MXFP4 experts (kv_alloc) */
 };
 
@@ -97,6 +115,10 @@ size_t ke_moe_scratch_floats(const struct kv_model_config *c, int chunk);
 
 /* x[t] += the block's output for h[t], t < n (rows of D floats). */
 void ke_moe_forward(const struct ke_moe *mo, const float *h, int n, int D, float *x, float *scratch);
+
+/* Gemma 4's experts (moe.h): y[t] += the experts' normed output for the
+ * residual rows x[t], t < n. */
+void ke_moe_forward_gemma4(const struct ke_moe *mo, const float *x, float *y, int n, int D, float *scratch);
 
 /* Route one token (for tests): the k selected expert ids in ascending id
  * order and their weights. logits [E] are overwritten with p. */

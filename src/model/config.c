@@ -478,19 +478,6 @@ static int refuse_true(struct cfgp *p, const char *key, const char *what)
 	return KV_OK;
 }
 
-/* A positive int field that must be 0 / absent (a feature kvkeep does not
- * run): 'what' names it. */
-static int refuse_pos(struct cfgp *p, const char *key, const char *what)
-{
-	int v = 0, rc;
-	if ((rc = get_int(p, p->text, p->tprefix, key, 0, 0, 1 << 30, &v)))
-		return rc;
-	if (v)
-		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %s%s %d: Gemma 4's %s is not run by kvkeep (docs/models.md)",
-			       p->what, p->tprefix, key, v, what);
-	return KV_OK;
-}
-
 /*
  * Gemma 4 (Gemma4TextConfig, llama.cpp's gemma4 graph): after the shared
  * fields, whose head_dim and num_key_value_heads are the sliding layers'.
@@ -500,9 +487,12 @@ static int refuse_pos(struct cfgp *p, const char *key, const char *what)
  * and, with attention_k_eq_v, no v_proj. Softmax scale 1 (the q/k norms
  * carry it), V normed without a weight, sandwich norms stored as w (not
  * 1 + w), GeGLU, the embedding times sqrt(hidden), layer_scalar,
- * final_logit_softcapping. What kvkeep does not run is refused by name:
- * per-layer embeddings (E2B / E4B), KV shared across layers, the MoE
- * block (26B-A4B), per_layer_config.
+ * final_logit_softcapping; with enable_moe_block (26B-A4B) the routed
+ * experts beside the dense MLP on every layer; per-layer embeddings
+ * (hidden_size_per_layer_input), KV shared by the last
+ * num_kv_shared_layers and use_double_wide_mlp (E2B / E4B). Refused by
+ * name: per_layer_config, vocab_size_per_layer_input other than
+ * vocab_size, MoE together with the E2B / E4B features.
  */
 static int parse_gemma4(struct cfgp *p, struct kv_model_config *c)
 {
@@ -516,13 +506,49 @@ static int parse_gemma4(struct cfgp *p, struct kv_model_config *c)
 	    (rc = get_bool(p, p->text, pre, "attention_k_eq_v", 0, &c->k_eq_v)) ||
 	    (rc = get_num(p, p->text, pre, "final_logit_softcapping", 0, &c->final_softcap)) ||
 	    (rc = refuse_true(p, "attention_bias", "attention biases")) ||
-	    (rc = refuse_pos(p, "hidden_size_per_layer_input", "per-layer embeddings (E2B / E4B)")) ||
-	    (rc = refuse_pos(p, "num_kv_shared_layers", "KV shared across layers (E2B / E4B)")) ||
+	    (rc = get_int(p, p->text, pre, "hidden_size_per_layer_input", 0, 0, CFG_MAX_DIM, &c->ple_dim)) ||
+	    (rc = get_int(p, p->text, pre, "num_kv_shared_layers", 0, 0, c->n_layers - 1, &c->n_kv_shared)) ||
+	    (rc = get_bool(p, p->text, pre, "use_double_wide_mlp", 0, &c->double_wide)) ||
 	    (rc = get_bool(p, p->text, pre, "enable_moe_block", 0, &moe)))
 		return rc;
-	if (moe)
-		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %senable_moe_block true: Gemma 4's MoE block (26B-A4B: a dense "
-			       "MLP beside the routed experts) is not run by kvkeep (docs/models.md)", p->what, pre);
+	if (c->ple_dim) {
+		int vp;
+		if ((rc = get_int(p, p->text, pre, "vocab_size_per_layer_input", c->vocab, 1, CFG_MAX_VOCAB, &vp)))
+			return rc;
+		if (vp != c->vocab)
+			return kv_fail(KV_ERR_UNSUPPORTED, "%s: %svocab_size_per_layer_input %d: kvkeep runs per-layer "
+				       "embeddings over the whole vocabulary (%d)", p->what, pre, vp, c->vocab);
+	}
+	if (!c->n_kv_shared)
+		c->double_wide = 0; /* it widens only the KV-shared layers */
+	if (moe) {
+		/* 26B-A4B: every layer has the dense MLP and, beside it, the
+		 * routed experts (softmax, top k renormalised, GeGLU experts from
+		 * a fused gate_up stack, a per-expert output scale) */
+		int E, k, I;
+		const char *ek = json_object_get(p->text, "num_experts") ? "num_experts" : "num_local_experts";
+		const char *kk = json_object_get(p->text, "top_k_experts") ? "top_k_experts" : "num_experts_per_tok";
+		const char *ik = json_object_get(p->text, "moe_intermediate_size") ? "moe_intermediate_size"
+										    : "expert_intermediate_size";
+		if ((rc = get_int(p, p->text, pre, ek, 128, 1, 1 << 16, &E)) ||
+		    (rc = get_int(p, p->text, pre, kk, 8, 1, 1 << 16, &k)) ||
+		    (rc = get_int(p, p->text, pre, ik, 704, 1, CFG_MAX_DIM, &I)))
+			return rc;
+		if (k > E)
+			return kv_fail(KV_ERR_INVALID, "%s: %s%s %d is more than %s %d", p->what, pre, kk, k, ek, E);
+		c->n_experts = E;
+		c->n_experts_per_tok = k;
+		c->moe_intermediate = I;
+		c->norm_topk_prob = 1;
+		c->moe_kind = KV_MOE_GEMMA4;
+		c->expert_layout = KV_EXPERTS_STACKED;
+		c->n_moe_layers = c->n_layers;
+		for (int l = 0; l < c->n_layers; l++)
+			c->layer_moe[l] = 1;
+	}
+	if (moe && (c->ple_dim || c->n_kv_shared))
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %senable_moe_block with per-layer embeddings or shared KV "
+			       "layers is not a Gemma 4 release kvkeep runs", p->what, pre);
 	v = json_object_get(p->text, "per_layer_config");
 	if (v && !json_is_null(v))
 		return kv_fail(KV_ERR_UNSUPPORTED, "%s: %sper_layer_config: per-layer attention geometry is not run by "
@@ -640,6 +666,11 @@ static int parse_window_family(struct cfgp *p, struct kv_model_config *c)
 	}
 	if ((rc = parse_layer_types(p, c)))
 		return rc;
+	for (int l = 0; l < c->n_layers; l++)
+		if (kv_config_kv_layer(c, l) < 0)
+			return kv_fail(KV_ERR_INVALID, "%s: %snum_kv_shared_layers %d: layer %d (%s) has no earlier %s layer "
+				       "to read the KV of", p->what, pre, c->n_kv_shared, l,
+				       c->layer_window[l] ? "sliding" : "global", c->layer_window[l] ? "sliding" : "global");
 	if (c->moe_kind == KV_MOE_OAI) {
 		c->n_moe_layers = c->n_layers;
 		for (int l = 0; l < c->n_layers; l++)
@@ -864,7 +895,7 @@ uint64_t kv_config_conv_dim(const struct kv_model_config *c)
 
 uint64_t kv_config_kv_bytes_per_token(const struct kv_model_config *c, int elem_bytes)
 {
-	return (uint64_t)(c->n_attn_layers - c->n_swa_layers) * 2 * (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim *
+	return (uint64_t)kv_config_kv_layers(c, 0) * 2 * (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim *
 	       (uint64_t)elem_bytes;
 }
 
@@ -872,7 +903,8 @@ uint64_t kv_config_window_bytes(const struct kv_model_config *c, int elem_bytes)
 {
 	if (!c->n_swa_layers || c->sliding_window < 1)
 		return 0;
-	return (uint64_t)c->n_swa_layers * 2 * (uint64_t)kv_config_swa_kv_heads(c) * (uint64_t)kv_config_swa_head_dim(c) *
+	return (uint64_t)kv_config_kv_layers(c, 1) * 2 * (uint64_t)kv_config_swa_kv_heads(c) *
+	       (uint64_t)kv_config_swa_head_dim(c) *
 	       (uint64_t)(c->sliding_window - 1) * (uint64_t)elem_bytes;
 }
 
@@ -977,7 +1009,8 @@ static void oai_moe_specs(struct kv_tspecs *s, const struct kv_model_config *c, 
 static void window_family_specs(struct kv_tspecs *s, const struct kv_model_config *c, const char *p, int l)
 {
 	const int64_t H = c->hidden, hd = kv_config_layer_head_dim(c, l), nh = c->n_heads,
-		      nkv = kv_config_layer_kv_heads(c, l), I = c->intermediate;
+		      nkv = kv_config_layer_kv_heads(c, l), I = kv_config_layer_intermediate(c, l);
+	const int own_kv = kv_config_kv_layer(c, l) == l; /* gemma4's shared layers: q alone */
 	const int norm = c->norm_plus_one ? KV_ROLE_NORM_OFFSET : KV_ROLE_NORM;
 	static const char *const qkv[3] = {"q_proj", "k_proj", "v_proj"};
 	kv_tspec(s, l, norm, 1, H, 0, 0, "%slayers.%d.input_layernorm.weight", p, l);
@@ -985,7 +1018,7 @@ static void window_family_specs(struct kv_tspecs *s, const struct kv_model_confi
 		kv_tspec(s, l, KV_ROLE_NORM, 1, 1, 0, 0, "%slayers.%d.layer_scalar", p, l);
 	for (int j = 0; j < 3; j++) {
 		int64_t rows = (j ? nkv : nh) * hd;
-		if (j == 2 && kv_config_layer_v_is_k(c, l))
+		if ((j == 2 && kv_config_layer_v_is_k(c, l)) || (j && !own_kv))
 			continue; /* gemma4 attention_k_eq_v: V is k_proj's output */
 		kv_tspec(s, l, KV_ROLE_LINEAR, 2, rows, H, 0, "%slayers.%d.self_attn.%s.weight", p, l, qkv[j]);
 		if (c->attn_bias)
@@ -998,20 +1031,39 @@ static void window_family_specs(struct kv_tspecs *s, const struct kv_model_confi
 		kv_tspec(s, l, KV_ROLE_SINKS, 1, nh, 0, 0, "%slayers.%d.self_attn.sinks", p, l);
 	if (c->qk_norm) {
 		kv_tspec(s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.q_norm.weight", p, l);
-		kv_tspec(s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.k_norm.weight", p, l);
+		if (own_kv)
+			kv_tspec(s, l, norm, 1, hd, 0, 0, "%slayers.%d.self_attn.k_norm.weight", p, l);
+	}
+	if (c->ple_dim) { /* gemma4's per-layer embedding block */
+		kv_tspec(s, l, KV_ROLE_LINEAR, 2, c->ple_dim, H, 0, "%slayers.%d.per_layer_input_gate.weight", p, l);
+		kv_tspec(s, l, KV_ROLE_LINEAR_OUT, 2, H, c->ple_dim, 0, "%slayers.%d.per_layer_projection.weight", p, l);
+		kv_tspec(s, l, norm, 1, H, 0, 0, "%slayers.%d.post_per_layer_input_norm.weight", p, l);
 	}
 	kv_tspec(s, l, norm, 1, H, 0, 0, "%slayers.%d.post_attention_layernorm.weight", p, l);
 	if (c->sandwich_norm) {
 		kv_tspec(s, l, norm, 1, H, 0, 0, "%slayers.%d.pre_feedforward_layernorm.weight", p, l);
 		kv_tspec(s, l, norm, 1, H, 0, 0, "%slayers.%d.post_feedforward_layernorm.weight", p, l);
 	}
-	if (c->layer_moe[l]) {
+	if (c->layer_moe[l] && c->moe_kind == KV_MOE_OAI) {
 		oai_moe_specs(s, c, p, l);
 		return;
 	}
 	kv_tspec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.gate_proj.weight", p, l);
 	kv_tspec(s, l, KV_ROLE_LINEAR, 2, I, H, 0, "%slayers.%d.mlp.up_proj.weight", p, l);
 	kv_tspec(s, l, KV_ROLE_LINEAR_OUT, 2, H, I, 0, "%slayers.%d.mlp.down_proj.weight", p, l);
+	if (c->layer_moe[l] && c->moe_kind == KV_MOE_GEMMA4) {
+		/* gemma4's experts beside the dense MLP, each branch with its own
+		 * norms (post_feedforward_layernorm then norms their sum) */
+		const int64_t E = c->n_experts, Ie = c->moe_intermediate;
+		kv_tspec(s, l, norm, 1, H, 0, 0, "%slayers.%d.pre_feedforward_layernorm_2.weight", p, l);
+		kv_tspec(s, l, norm, 1, H, 0, 0, "%slayers.%d.post_feedforward_layernorm_1.weight", p, l);
+		kv_tspec(s, l, norm, 1, H, 0, 0, "%slayers.%d.post_feedforward_layernorm_2.weight", p, l);
+		kv_tspec(s, l, KV_ROLE_ROUTER, 2, E, H, 0, "%slayers.%d.router.proj.weight", p, l);
+		kv_tspec(s, l, KV_ROLE_NORM, 1, H, 0, 0, "%slayers.%d.router.scale", p, l);
+		kv_tspec(s, l, KV_ROLE_NORM, 1, E, 0, 0, "%slayers.%d.router.per_expert_scale", p, l);
+		kv_tspec(s, l, KV_ROLE_LINEAR, 3, E, 2 * Ie, H, "%slayers.%d.experts.gate_up_proj", p, l);
+		kv_tspec(s, l, KV_ROLE_LINEAR_OUT, 3, E, H, Ie, "%slayers.%d.experts.down_proj", p, l);
+	}
 }
 
 int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struct kv_tensor_spec **out,
@@ -1029,6 +1081,12 @@ int kv_config_tensors(const struct kv_model_config *c, const char *prefix, struc
 	if (c->ssm)
 		return kv_config_tensors_ssm(c, p, out, n);
 	kv_tspec(&s, -1, KV_ROLE_EMBED, 2, c->vocab, H, 0, "%sembed_tokens.weight", p);
+	if (c->ple_dim) { /* gemma4's per-layer embeddings: a table, its projection from x, a norm */
+		const int64_t LP = (int64_t)c->n_layers * c->ple_dim;
+		kv_tspec(&s, -1, KV_ROLE_LINEAR, 2, c->vocab, LP, 0, "%sembed_tokens_per_layer.weight", p);
+		kv_tspec(&s, -1, KV_ROLE_LINEAR, 2, LP, H, 0, "%sper_layer_model_projection.weight", p);
+		kv_tspec(&s, -1, norm, 1, c->ple_dim, 0, 0, "%sper_layer_projection_norm.weight", p);
+	}
 	for (int l = 0; l < c->n_layers; l++) {
 		if (kv_arch_window_family(c->arch)) {
 			window_family_specs(&s, c, p, l);

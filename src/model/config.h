@@ -104,7 +104,7 @@ enum kv_expert_layout { KV_EXPERTS_STACKED = 0, KV_EXPERTS_SPLIT = 1, KV_EXPERTS
 	 * and _scales; gate_up_proj_bias [E, 2I], down_proj_bias [E, D]. */
 	KV_EXPERTS_OAI_MXFP4 = 3 };
 /* How a MoE layer routes and what an expert computes (moe.h). */
-enum kv_moe_kind { KV_MOE_QWEN = 0, KV_MOE_OAI = 1 };
+enum kv_moe_kind { KV_MOE_QWEN = 0, KV_MOE_OAI = 1, KV_MOE_GEMMA4 = 2 };
 /* The MLP's activation: silu(gate) * up, or gelu_tanh(gate) * up. */
 enum kv_mlp_act { KV_ACT_SILU = 0, KV_ACT_GELU_TANH = 1 };
 enum kv_layer_type { KV_LAYER_ATTN = 0, KV_LAYER_DELTANET = 1 };
@@ -266,6 +266,13 @@ struct kv_model_config {
 	int v_norm;                   /* V rows RMS-normalised, without a weight (gemma4) */
 	int layer_scalar;             /* layers.N.layer_scalar [1] multiplies each layer's
 					 output (gemma4) */
+	int n_kv_shared;              /* gemma4 num_kv_shared_layers: the last ones have no KV
+					 of their own and read the last earlier layer of their
+					 type's (kv_config_kv_layer) */
+	int double_wide;              /* gemma4 use_double_wide_mlp: the KV-shared layers' MLP
+					 is 2 x intermediate_size wide */
+	int ple_dim;                  /* gemma4 hidden_size_per_layer_input: per-layer
+					 embeddings of this width (0: none) */
 };
 
 /* Head size and KV heads of attention layer l (the sliding layers' may
@@ -285,6 +292,34 @@ static inline int kv_config_swa_head_dim(const struct kv_model_config *c)
 static inline int kv_config_swa_kv_heads(const struct kv_model_config *c)
 {
 	return c->swa_kv_heads ? c->swa_kv_heads : c->n_kv_heads;
+}
+/* The layer whose KV attention layer l reads: l itself, or for gemma4's
+ * last n_kv_shared layers the last layer before them of the same type
+ * (sliding or global), as transformers' Gemma 4 picks it; -1 when there is
+ * none (kv_config_parse refuses that). */
+static inline int kv_config_kv_layer(const struct kv_model_config *c, int l)
+{
+	int F = c->n_layers - c->n_kv_shared;
+	if (!c->n_kv_shared || l < F)
+		return l;
+	for (int j = F - 1; j >= 0; j--)
+		if (c->layer_type[j] == c->layer_type[l] && c->layer_window[j] == c->layer_window[l])
+			return j;
+	return -1;
+}
+/* Attention layers with KV of their own: the global (paged) ones, or
+ * (swa 1) the sliding ones. */
+static inline int kv_config_kv_layers(const struct kv_model_config *c, int swa)
+{
+	int n = 0;
+	for (int l = 0; l < c->n_layers - c->n_kv_shared; l++)
+		n += c->layer_type[l] == KV_LAYER_ATTN && (c->layer_window[l] != 0) == (swa != 0);
+	return n;
+}
+/* The MLP width of layer l (gemma4's double-wide KV-shared layers). */
+static inline int kv_config_layer_intermediate(const struct kv_model_config *c, int l)
+{
+	return c->double_wide && l >= c->n_layers - c->n_kv_shared ? 2 * c->intermediate : c->intermediate;
 }
 /* 1: layer l of a k_eq_v model has no v_proj (a global layer). */
 static inline int kv_config_layer_v_is_k(const struct kv_model_config *c, int l)

@@ -390,8 +390,11 @@ static int conv_meta_gemma4(struct kv_ggufw *w, const struct kv_model_config *c,
 	SETU("attention.value_length_swa", kv_config_swa_head_dim(c));
 	SETU("rope.dimension_count_swa", c->local_rotary_dim ? c->local_rotary_dim : kv_config_swa_head_dim(c));
 	SETF("rope.freq_base_swa", c->rope_local_theta);
-	SETU("attention.shared_kv_layers", 0);
-	SETU("embedding_length_per_layer_input", 0);
+	SETU("attention.shared_kv_layers", c->n_kv_shared);
+	SETU("embedding_length_per_layer_input", c->ple_dim);
+	for (int l = 0; l < L; l++) /* the MLP widths (double-wide KV-shared layers) */
+		kvh[l] = kv_config_layer_intermediate(c, l);
+	SETA("feed_forward_length", kvh);
 	if (c->final_softcap > 0)
 		SETF("final_logit_softcapping", c->final_softcap);
 #undef SETU
@@ -595,7 +598,8 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
 	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_f32(w, k, (float)(v)); } while (0)
 	SETU("context_length", c->max_positions > 0 ? c->max_positions : 32768);
 	SETU("embedding_length", c->hidden);
-	SETU("feed_forward_length", c->intermediate);
+	if (c->arch != KV_ARCH_GEMMA4) /* gemma4: a per-layer array (conv_meta_gemma4) */
+		SETU("feed_forward_length", c->intermediate);
 	SETU("attention.head_count", c->n_heads);
 	if (c->arch != KV_ARCH_GEMMA4) /* gemma4: a per-layer array (conv_meta_gemma4) */
 		SETU("attention.head_count_kv", c->n_kv_heads);
@@ -631,7 +635,7 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
 		if (!rc && c->arch != KV_ARCH_QWEN3_NEXT) /* qwen3next: plain NeoX RoPE */
 			rc = kv_ggufw_set_arr_i32(w, k, 4, sec);
 	}
-	if (c->n_moe_layers && c->moe_kind == KV_MOE_OAI) {
+	if (c->n_moe_layers && (c->moe_kind == KV_MOE_OAI || c->moe_kind == KV_MOE_GEMMA4)) {
 		SETU("expert_count", c->n_experts);
 		SETU("expert_used_count", c->n_experts_per_tok);
 		SETU("expert_feed_forward_length", c->moe_intermediate);

@@ -86,6 +86,19 @@ static const struct win_map g_win[] = {
 	{"mlp.up_proj.weight", "ffn_up.weight", "LG4", KV_GGUF_XF_NONE},
 	{"mlp.down_proj.weight", "ffn_down.weight", "LG4", KV_GGUF_XF_NONE},
 	{"layer_scalar", "layer_output_scale.weight", "4", KV_GGUF_XF_NONE},
+	/* gemma4 E2B / E4B: the per-layer embedding block */
+	{"per_layer_input_gate.weight", "inp_gate.weight", "4", KV_GGUF_XF_NONE},
+	{"per_layer_projection.weight", "proj.weight", "4", KV_GGUF_XF_NONE},
+	{"post_per_layer_input_norm.weight", "post_norm.weight", "4", KV_GGUF_XF_NONE},
+	/* gemma4's MoE (26B-A4B): experts beside the dense MLP */
+	{"pre_feedforward_layernorm_2.weight", "pre_ffw_norm_2.weight", "4", KV_GGUF_XF_NONE},
+	{"post_feedforward_layernorm_1.weight", "post_ffw_norm_1.weight", "4", KV_GGUF_XF_NONE},
+	{"post_feedforward_layernorm_2.weight", "post_ffw_norm_2.weight", "4", KV_GGUF_XF_NONE},
+	{"router.proj.weight", "ffn_gate_inp.weight", "4", KV_GGUF_XF_NONE},
+	{"router.scale", "ffn_gate_inp.scale", "4", KV_GGUF_XF_NONE},
+	{"router.per_expert_scale", "ffn_down_exps.scale", "4", KV_GGUF_XF_NONE},
+	{"experts.gate_up_proj", "ffn_gate_up_exps.weight", "4", KV_GGUF_XF_NONE},
+	{"experts.down_proj", "ffn_down_exps.weight", "4", KV_GGUF_XF_NONE},
 	/* gpt-oss's MoE: the router and the expert stacks with their biases */
 	{"mlp.router.weight", "ffn_gate_inp.weight", "O", KV_GGUF_XF_NONE},
 	{"mlp.router.bias", "ffn_gate_inp.bias", "O", KV_GGUF_XF_NONE},
@@ -203,6 +216,13 @@ static int ssm_name_from_hf(const struct kv_model_config *c, const char *hf, cha
 	return 0;
 }
 
+/* gemma4's per-layer embedding tensors outside the layers: HF, GGUF. */
+const char *const kv_gguf_g4_top[3][2] = {
+	{"model.embed_tokens_per_layer.weight", "per_layer_token_embd.weight"},
+	{"model.per_layer_model_projection.weight", "per_layer_model_proj.weight"},
+	{"model.per_layer_projection_norm.weight", "per_layer_proj_norm.weight"},
+};
+
 const char *kv_gguf_arch(const struct kv_model_config *c)
 {
 	if (c->arch == KV_ARCH_LLAMA)
@@ -298,6 +318,9 @@ int kv_gguf_name_from_hf(const struct kv_model_config *c, const char *hf, char *
 		return snprintf(buf, cap, "output_norm.weight"), 1;
 	if (!strcmp(hf, "lm_head.weight"))
 		return snprintf(buf, cap, "output.weight"), 1;
+	for (int i = 0; c->arch == KV_ARCH_GEMMA4 && i < 3; i++)
+		if (!strcmp(hf, kv_gguf_g4_top[i][0]))
+			return snprintf(buf, cap, "%s", kv_gguf_g4_top[i][1]), 1;
 	if (strncmp(hf, p, strlen(p)) || sscanf(hf + strlen(p), "layers.%d.", &layer) != 1)
 		return 0;
 	const char *rest = strchr(hf + strlen(p) + 7, '.');

@@ -77,6 +77,10 @@ void kv_gguf_perm_rows(const struct kv_model_config *c, uint8_t *p, size_t row_b
 void kv_gguf_perm_cols(const struct kv_model_config *c, uint8_t *p, int64_t rows, size_t row_bytes,
 		       size_t head_bytes, int to_gguf, uint8_t *tmp);
 
+/* gemma4's per-layer embedding tensors outside the layers: {Hugging Face
+ * name (model. prefix), GGUF name}. */
+extern const char *const kv_gguf_g4_top[3][2];
+
 /* The Split regex of tokenizer.ggml.pre ("qwen2", "qwen35"), NULL if
  * kvkeep has none; and back, the name of a regex, NULL if it is neither. */
 const char *kv_gguf_pre_regex(const char *pre);

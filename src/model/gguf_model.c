@@ -163,7 +163,17 @@ static int gemma4_json(const struct kv_gguf *g, const char *arch, json_t *o)
 	json_object_set_new(o, "num_kv_shared_layers", json_integer(meta_int(g, arch, "attention.shared_kv_layers", 0)));
 	json_object_set_new(o, "hidden_size_per_layer_input",
 			    json_integer(meta_int(g, arch, "embedding_length_per_layer_input", 0)));
-	json_object_set_new(o, "enable_moe_block", json_boolean(meta_int(g, arch, "expert_count", 0) > 0));
+	int64_t ne = meta_int(g, arch, "expert_count", 0);
+	json_object_set_new(o, "enable_moe_block", json_boolean(ne > 0));
+	if (ne > 0) {
+		int64_t k = meta_int(g, arch, "expert_used_count", 0), ie = meta_int(g, arch, "expert_feed_forward_length", 0);
+		if (k < 1 || ie < 1)
+			return kv_fail(KV_ERR_INCOMPATIBLE, "%s: gemma4 with %lld experts lacks expert_used_count or "
+				       "expert_feed_forward_length", path, (long long)ne);
+		json_object_set_new(o, "num_experts", json_integer(ne));
+		json_object_set_new(o, "top_k_experts", json_integer(k));
+		json_object_set_new(o, "moe_intermediate_size", json_integer(ie));
+	}
 	if (meta_int(g, arch, "rope.dimension_count_swa", shd) != shd || meta_int(g, arch, "rope.dimension_count", ghd) != ghd)
 		return kv_fail(KV_ERR_UNSUPPORTED, "%s: gemma4 rope.dimension_count(_swa) other than the head sizes "
 			       "is not supported", path);
@@ -203,9 +213,37 @@ static int gemma4_json(const struct kv_gguf *g, const char *arch, json_t *o)
 	if (!kv_gguf_get_float(g, k, &f) && f > 0)
 		json_object_set_new(o, "final_logit_softcapping", json_real(f));
 	json_object_set_new(o, "hidden_activation", json_string("gelu_pytorch_tanh"));
-	/* attention_k_eq_v: the global layers have no attn_v */
-	int keqv = -1;
+	/* the MLP width: one value, or a per-layer array where the KV-shared
+	 * layers may be twice as wide (use_double_wide_mlp) */
+	int64_t nsh = meta_int(g, arch, "attention.shared_kv_layers", 0), ff = -1, dw = -1;
+	snprintf(k, sizeof k, "%s.feed_forward_length", arch);
+	const struct kv_gguf_kv *fk = kv_gguf_kv_find(g, k);
+	if (!fk)
+		return kv_fail(KV_ERR_INCOMPATIBLE, "%s: gemma4 lacks %s", path, k);
 	for (int64_t l = 0; l < L; l++) {
+		if (fk->type == KV_GGUF_ARR) {
+			if ((int64_t)fk->n != L || kv_gguf_arr_int(fk, (uint64_t)l, &v))
+				return kv_fail(KV_ERR_INCOMPATIBLE, "%s: %s must have one entry per layer", path, k);
+		} else if (kv_gguf_get_int(g, k, &v))
+			return kv_fail_ctx(KV_ERR_INCOMPATIBLE, "%s: %s", path, k);
+		if (ff < 0)
+			ff = v;
+		int shared = l >= L - nsh, ok = v == ff;
+		if (shared) { /* all as wide as the others, or all twice as wide */
+			if (dw < 0)
+				dw = v == 2 * ff && ff > 0;
+			ok = v == (dw ? 2 * ff : ff);
+		}
+		if (!ok || v < 1)
+			return kv_fail(KV_ERR_UNSUPPORTED, "%s: %s: layer %lld is %lld wide; kvkeep runs one width, or twice "
+				       "it on every KV-shared layer (use_double_wide_mlp)", path, k, (long long)l, (long long)v);
+	}
+	dw = dw > 0;
+	json_object_set_new(o, "intermediate_size", json_integer(ff));
+	json_object_set_new(o, "use_double_wide_mlp", json_boolean(dw));
+	/* attention_k_eq_v: the global layers (with KV of their own) have no attn_v */
+	int keqv = -1;
+	for (int64_t l = 0; l < L - nsh; l++) {
 		if (!strcmp(json_string_value(json_array_get(lt, (size_t)l)), "sliding_attention"))
 			continue;
 		snprintf(k, sizeof k, "blk.%lld.attn_v.weight", (long long)l);
@@ -369,8 +407,8 @@ int kv_gguf_config(const struct kv_gguf *g, struct kv_model_config *out)
 	for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
 		if ((ints[i].required == 2 && !hybrid) || (ints[i].required >= 3 && ints[i].required <= 4 && !moe))
 			continue;
-		if (g4 && !strcmp(ints[i].gg, "attention.head_count_kv"))
-			continue; /* a per-layer array: gemma4_json */
+		if (g4 && (!strcmp(ints[i].gg, "attention.head_count_kv") || !strcmp(ints[i].gg, "feed_forward_length")))
+			continue; /* per-layer arrays: gemma4_json */
 		rc = get_u(g, arch, ints[i].gg, &v);
 		/* a MoE text config may have no dense intermediate_size; the expert
 		 * sizes have llama.cpp's fallbacks below */
@@ -580,6 +618,11 @@ int kv_gguf_hf_tensors(const struct kv_gguf *g, const struct kv_model_config *c,
 				snprintf(hf, sizeof hf, "lm_head.weight");
 			else if (!strcmp(t->name, "rope_freqs.weight"))
 				snprintf(hf, sizeof hf, "rope_freqs.weight"); /* llama3: read by the engine as it is */
+			else if (c->arch == KV_ARCH_GEMMA4 && !strncmp(t->name, "per_layer_", 10)) {
+				for (int q = 0; q < 3; q++)
+					if (!strcmp(t->name, kv_gguf_g4_top[q][1]))
+						snprintf(hf, sizeof hf, "%s", kv_gguf_g4_top[q][0]);
+			}
 			else if (sscanf(t->name, "blk.%d.", &layer) == 1 && layer >= 0 && layer < c->n_layers) {
 				const char *h = kv_gguf_layer_hf(c, strchr(t->name + 4, '.') + 1, &xf);
 				if (h)

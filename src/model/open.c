@@ -57,6 +57,8 @@ void kv_config_detect_experts(struct kv_model_config *c, const struct kv_weights
 	for (int l = 0; l < c->n_layers; l++) {
 		if (!c->layer_moe[l])
 			continue;
+		if (c->moe_kind == KV_MOE_GEMMA4)
+			return; /* one layout: experts.gate_up_proj / down_proj stacks */
 		if (c->moe_kind == KV_MOE_OAI) {
 			/* gpt_oss: the MXFP4 release, or switch_mlp stacks (GGUF, MLX) */
 			snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.gate_proj.weight", prefix, l);

@@ -236,6 +236,30 @@ static const struct kv_synth_preset g_presets[] = {
 		.final_softcap = 30.0,
 	},
 	{
+		.name = "tiny-gemma4-moe",
+		.summary = "Gemma 4 26B-A4B shape: tiny-gemma4 with 8 experts top-2 (GeGLU, per-expert scales) beside "
+			   "the dense MLP on every layer",
+		.arch = KV_ARCH_GEMMA4,
+		.hidden = 128, .n_layers = 6, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
+		.intermediate = 96, .partial_rotary = 1.0, .rope_theta = 1000000, .rms_eps = 1e-6,
+		.tie_embeddings = 1, .max_positions = 131072, .mlp_only_layer = -1,
+		.sliding_window = 16, .swa_pattern = 6, .rope_local_theta = 10000,
+		.global_head_dim = 64, .global_kv_heads = 1, .k_eq_v = 1, .global_partial_rotary = 0.25,
+		.final_softcap = 30.0, .n_experts = 8, .n_experts_per_tok = 2, .moe_intermediate = 64,
+	},
+	{
+		.name = "tiny-gemma4-e",
+		.summary = "Gemma 4 E2B shape: 9 layers (2 sliding : 1 global), the last 3 reading earlier layers' KV, "
+			   "per-layer embeddings of 16, double-wide MLPs on the shared layers, V projected",
+		.arch = KV_ARCH_GEMMA4,
+		.hidden = 128, .n_layers = 9, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
+		.intermediate = 128, .partial_rotary = 1.0, .rope_theta = 1000000, .rms_eps = 1e-6,
+		.tie_embeddings = 1, .max_positions = 131072, .mlp_only_layer = -1,
+		.sliding_window = 16, .swa_pattern = 3, .rope_local_theta = 10000,
+		.global_head_dim = 64, .global_kv_heads = 1, .k_eq_v = 0, .global_partial_rotary = 0.25,
+		.final_softcap = 30.0, .kv_shared = 3, .ple_dim = 16, .double_wide = 1,
+	},
+	{
 		.name = "bench-llama3",
 		.summary = "Llama 3 shape, ~34M parameters without embeddings, 8 KiB of KV per token",
 		.arch = KV_ARCH_LLAMA,
@@ -284,6 +308,20 @@ static const struct kv_synth_preset g_presets[] = {
 		.sliding_window = 1024, .swa_pattern = 6, .rope_local_theta = 10000, .vocab = 262144,
 		.config_only = 1, .global_head_dim = 512, .global_kv_heads = 4, .k_eq_v = 1,
 		.global_partial_rotary = 0.25, .final_softcap = 30.0,
+	},
+	{
+		/* google/gemma-4-26B-A4B-it's text config (docs/models.md) */
+		.name = "gemma-4-26b-a4b",
+		.summary = "the gemma-4-26B-A4B geometry (30 layers, 128 experts top-8 beside a dense MLP): config only, "
+			   "or --large",
+		.arch = KV_ARCH_GEMMA4,
+		.hidden = 2816, .n_layers = 30, .n_heads = 16, .n_kv_heads = 8, .head_dim = 256,
+		.intermediate = 2112, .partial_rotary = 1.0, .rope_theta = 1000000, .rms_eps = 1e-6,
+		.tie_embeddings = 1, .max_positions = 262144, .mlp_only_layer = -1,
+		.sliding_window = 1024, .swa_pattern = 6, .rope_local_theta = 10000, .vocab = 262144,
+		.config_only = 1, .global_head_dim = 512, .global_kv_heads = 2, .k_eq_v = 1,
+		.global_partial_rotary = 0.25, .final_softcap = 30.0, .n_experts = 128, .n_experts_per_tok = 8,
+		.moe_intermediate = 704,
 	},
 	{
 		/* openai/gpt-oss-20b config.json */
@@ -480,14 +518,19 @@ static void window_family_config(json_t *root, const struct kv_synth_preset *p, 
 		json_object_del(root, "hidden_act");
 		json_object_del(root, "rope_theta");
 		json_object_set_new(root, "attention_k_eq_v", json_boolean(p->k_eq_v));
-		json_object_set_new(root, "enable_moe_block", json_false());
+		json_object_set_new(root, "enable_moe_block", json_boolean(p->n_experts > 0));
+		if (p->n_experts > 0) {
+			json_object_set_new(root, "moe_intermediate_size", json_integer(p->moe_intermediate));
+			json_object_set_new(root, "num_experts", json_integer(p->n_experts));
+			json_object_set_new(root, "top_k_experts", json_integer(p->n_experts_per_tok));
+		}
 		json_object_set_new(root, "final_logit_softcapping", p->final_softcap > 0 ? json_real(p->final_softcap)
 											  : json_null());
 		json_object_set_new(root, "global_head_dim", json_integer(p->global_head_dim));
 		json_object_set_new(root, "hidden_activation", json_string("gelu_pytorch_tanh"));
-		json_object_set_new(root, "hidden_size_per_layer_input", json_integer(0));
+		json_object_set_new(root, "hidden_size_per_layer_input", json_integer(p->ple_dim));
 		json_object_set_new(root, "num_global_key_value_heads", json_integer(p->global_kv_heads));
-		json_object_set_new(root, "num_kv_shared_layers", json_integer(0));
+		json_object_set_new(root, "num_kv_shared_layers", json_integer(p->kv_shared));
 		json_object_set_new(fa, "partial_rotary_factor", json_real(p->global_partial_rotary));
 		json_object_set_new(fa, "rope_theta", json_real(p->rope_theta));
 		json_object_set_new(fa, "rope_type", json_string("proportional"));
@@ -497,7 +540,9 @@ static void window_family_config(json_t *root, const struct kv_synth_preset *p, 
 		json_object_set_new(rp, "sliding_attention", sa);
 		json_object_set_new(root, "rope_parameters", rp);
 		json_object_set_new(root, "transformers_version", json_string("5.5.0"));
-		json_object_set_new(root, "use_double_wide_mlp", json_false());
+		json_object_set_new(root, "use_double_wide_mlp", json_boolean(p->double_wide));
+		if (p->ple_dim)
+			json_object_set_new(root, "vocab_size_per_layer_input", json_integer(vocab));
 		json_decref(rs);
 	} else if (p->arch == KV_ARCH_GEMMA3) {
 		json_object_del(root, "hidden_act");
@@ -1394,6 +1439,11 @@ int kv_synth_fill(const struct kv_model_config *c, const struct kv_tensor_spec *
 		 * them; weights of 1 would make every softmax nearly one-hot) */
 		if (c->arch == KV_ARCH_GEMMA4 && (strstr(sp->name, "q_norm.weight") || strstr(sp->name, "k_norm.weight")))
 			mean = pow((double)sp->shape[0], -0.25), std = 0.05 * mean;
+		/* its router reads rmsnorm(x) / sqrt(hidden) * router.scale: a
+		 * scale of sqrt(hidden) gives logits ~ N(0, 1) like the other
+		 * presets' routers (1 would leave near-ties everywhere) */
+		if (c->arch == KV_ARCH_GEMMA4 && strstr(sp->name, "router.scale"))
+			mean = sqrt((double)c->hidden), std = 0.05 * mean;
 		break;
 	case KV_ROLE_NORM_OFFSET:
 		mean = 0.0, std = 0.05;

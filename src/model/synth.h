@@ -72,6 +72,9 @@ struct kv_synth_preset {
 	 * dims ("proportional" RoPE), attention_k_eq_v, the final softcap */
 	int global_head_dim, global_kv_heads, k_eq_v;
 	double global_partial_rotary, final_softcap;
+	/* gemma4 E2B / E4B: the last kv_shared layers read an earlier layer's
+	 * KV, per-layer embeddings of ple_dim, double-wide shared-layer MLPs */
+	int kv_shared, ple_dim, double_wide;
 	/* Mamba-2 hybrids (arch KV_ARCH_GRANITE_HYBRID / KV_ARCH_NEMOTRON_H,
 	 * synth_ssm.c): the layer pattern, one character per layer ('M'
 	 * Mamba-2, '*' attention, '-' an MLP layer of nemotron_h), the mixer's

@@ -1,8 +1,9 @@
 // window_restart.mjs - sliding-window models through the server (issue 32):
 // tiny-gemma3 (5 sliding : 1 global), tiny-gpt-oss (sliding / full, sinks,
 // MXFP4 experts), tiny-gemma4 (5 sliding : 1 global with other head sizes
-// and KV heads in each) with a window of 16 keys, and tiny-llama3 (no
-// window) as the control. For each, three system prompts whose end (the anchor, the
+// and KV heads in each), tiny-gemma4-e (its last 3 layers read earlier
+// layers' KV, per-layer embeddings) with a window of 16 keys, and
+// tiny-llama3 (no window) as the control. For each, three system prompts whose end (the anchor, the
 // first message boundary) lies before the window (< 16 tokens), exactly at
 // it (16) and far past it (~300):
 //
@@ -99,7 +100,7 @@ async function cold(model, ...bodies) {
 }
 
 const models = [['tiny-gemma3', 'gemma3'], ['tiny-gpt-oss', 'gptoss'], ['tiny-llama3', 'llama3'],
-  ['tiny-gemma4', 'gemma4']];
+  ['tiny-gemma4', 'gemma4'], ['tiny-gemma4-e', 'gemma4e']];
 for (const [preset, name] of models) {
   const model = mkModel(preset, name, false);
   const prompts = {

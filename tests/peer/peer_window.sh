@@ -12,8 +12,11 @@
 #     kvkeep computes gelu_pytorch_tanh in f32 like transformers, and agrees
 #     with the PyTorch reference within 1.1e-6, tests/ref/engine_ref.sh).
 #     tiny-gemma4 (dense: 5 sliding heads of 32 : 1 global head of 64, K = V,
-#     proportional RoPE, layer scalars, softcap 30) likewise (measured
-#     4.1e-4; 1e-6 against the PyTorch reference);
+#     proportional RoPE, layer scalars, softcap 30) and tiny-gemma4-moe (8
+#     experts top-2 beside the dense MLP) and tiny-gemma4-e (E2B's shape:
+#     the last 3 of 9 layers read earlier layers' KV, per-layer embeddings,
+#     double-wide MLPs) likewise (measured 4.1e-4, 5.5e-4 and 9.2e-4; within
+#     2e-6 of the PyTorch reference);
 #   - Q8_0 and Q4_K_M files (gpt-oss's experts stay MXFP4, as llama.cpp's
 #     converter keeps them): top-1 >= 98% with --quant-act f32 (kvkeep's
 #     exact dequantization against llama.cpp's int8 activations), and >= 96%
@@ -29,16 +32,27 @@ set -u
 peer_setup peer_window
 N=500
 
-compare() { # peer.f32 kv.f32 rel_max top1_min
-	$PY - "$1" "$2" "$N" "$3" "$4" <<'PYEOF'
+compare() { # peer.f32 kv.f32 rel_max top1_min [decidable]
+	$PY - "$1" "$2" "$N" "$3" "$4" "${5:-0}" <<'PYEOF'
 import numpy as np, sys
 a = np.fromfile(sys.argv[1], np.float32); b = np.fromfile(sys.argv[2], np.float32); n = int(sys.argv[3])
 if a.size != b.size or a.size % n: print("sizes %d vs %d" % (a.size, b.size)); sys.exit(1)
 a = a.reshape(n, -1); b = b.reshape(n, -1)
-rel = float((np.abs(a - b).max(axis=1) / np.abs(a).max(axis=1)).max())
-top1 = float((a.argmax(1) == b.argmax(1)).mean())
-print("max rel %.3g, top-1 agreement %.3f" % (rel, top1))
-sys.exit(0 if rel <= float(sys.argv[4]) and top1 >= float(sys.argv[5]) else 1)
+d = np.abs(a - b).max(axis=1)
+rel = float((d / np.abs(a).max(axis=1)).max())
+agree = a.argmax(1) == b.argmax(1)
+top1 = float(agree.mean())
+msg = "max rel %.3g, top-1 agreement %.3f" % (rel, top1)
+ok = rel <= float(sys.argv[4]) and top1 >= float(sys.argv[5])
+if sys.argv[6] == "1":
+    # rows whose top-2 gap (llama.cpp's) exceeds the two sides' largest
+    # logit difference in that row cannot flip by noise: all must agree
+    s = np.sort(a, 1)
+    dec = (s[:, -1] - s[:, -2]) > 2 * d
+    msg += ", decidable rows %d/%d agree %d" % (dec.sum(), n, (agree & dec).sum())
+    ok = ok and bool(agree[dec].all())
+print(msg)
+sys.exit(0 if ok else 1)
 PYEOF
 }
 
@@ -49,7 +63,7 @@ kv_logits() { # file out flags...
 		>/dev/null 2>"$T/err"
 }
 
-for preset in tiny-llama3 tiny-gemma3 tiny-gpt-oss tiny-gemma4; do
+for preset in tiny-llama3 tiny-gemma3 tiny-gpt-oss tiny-gemma4 tiny-gemma4-moe tiny-gemma4-e; do
 	M=$T/$preset
 	if ! "$KV" mkmodel --preset "$preset" --dtype f32 --out "$M" --no-sync >/dev/null 2>"$T/err"; then
 		echo "FAIL mkmodel_$preset: $(head -c 300 "$T/err")"
@@ -70,7 +84,7 @@ for preset in tiny-llama3 tiny-gemma3 tiny-gpt-oss tiny-gemma4; do
 		if [ "$t" = f32 ]; then
 			tol=1e-4
 			[ "$preset" = tiny-gemma3 ] && tol=1e-3
-			[ "$preset" = tiny-gemma4 ] && tol=1e-3
+			case $preset in tiny-gemma4*) tol=1e-3 ;; esac
 			if ! kv_logits "$F" "$T/lk.f32"; then
 				echo "FAIL kvkeep_loads_${preset}_$t: $(grep -v 'level=info' "$T/err" | head -c 300)"
 				continue
@@ -83,13 +97,19 @@ for preset in tiny-llama3 tiny-gemma3 tiny-gpt-oss tiny-gemma4; do
 			continue
 		fi
 		for qa in f32 q8; do
-			min=0.98
+			min=0.98 dec=0
 			[ $qa = q8 ] && min=0.96
+			# tiny-gemma4-e's logits are flatter (median top-2 gap 14% of the
+			# largest logit against 37% for the others; 5.4% of rows within 1%):
+			# its Q8_0 file measured 97.8% (f32 activations) with every flip at
+			# a row whose gap is below the two sides' difference; held to 97%
+			# plus no flip where the gap exceeds twice the row's difference
+			[ $preset = tiny-gemma4-e ] && min=0.97 dec=1
 			if ! kv_logits "$F" "$T/lk.f32" --quant-act $qa; then
 				echo "FAIL kvkeep_loads_${preset}_$t: $(grep -v 'level=info' "$T/err" | head -c 300)"
 				continue
 			fi
-			if msg=$(compare "$T/lp.f32" "$T/lk.f32" 1e9 $min); then
+			if msg=$(compare "$T/lp.f32" "$T/lk.f32" 1e9 $min $dec); then
 				echo "ok top1_vs_llama_${preset}_${t}_act_$qa ($msg)"
 			else
 				echo "FAIL top1_vs_llama_${preset}_${t}_act_$qa: $msg"

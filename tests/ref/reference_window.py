@@ -185,13 +185,25 @@ def forward(j, W, toks, dt):
         x = x * torch.tensor(math.sqrt(D), dtype=dt)
     ii = torch.arange(n)
     causal = ii[None, :] <= ii[:, None]
+    # gemma4 E2B / E4B: per-layer inputs (llama.cpp's project_per_layer_inputs)
+    P = t.get("hidden_size_per_layer_input") or 0 if g4 else 0
+    if P:
+        tab = W[pre + "embed_tokens_per_layer.weight"][torch.tensor(toks)] * math.sqrt(P)
+        pr = (x @ W[pre + "per_layer_model_projection.weight"].T) * (1.0 / math.sqrt(D))
+        pr = rms(pr.view(n, L, P), W[pre + "per_layer_projection_norm.weight"], eps, False)
+        ple = (pr + tab.view(n, L, P)) * (1.0 / math.sqrt(2.0))
+    # gemma4's last num_kv_shared_layers read the KV of the last earlier
+    # layer of their type
+    F_ = L - (t.get("num_kv_shared_layers") or 0 if g4 else 0)
+    kvs = {}
     for l in range(L):
         p = f"{pre}layers.{l}."
         sliding = lt[l] == "sliding_attention"
         hd_l, kv_l = (hd, Hkv) if sliding else (ghd, gkv)
         h = rms(x, W[p + "input_layernorm.weight"], eps, po)
         q = h @ W[p + "self_attn.q_proj.weight"].T
-        k = h @ W[p + "self_attn.k_proj.weight"].T
+        shared = l >= F_
+        k = h @ W[p + "self_attn.k_proj.weight"].T if not shared else q[:, :kv_l * hd_l]
         # gemma4 attention_k_eq_v: a global layer without v_proj uses k_proj's output
         v = h @ W[p + "self_attn.v_proj.weight"].T if p + "self_attn.v_proj.weight" in W else k
         if oss:
@@ -201,13 +213,18 @@ def forward(j, W, toks, dt):
         q, k, v = q.view(n, H, hd_l), k.view(n, kv_l, hd_l), v.view(n, kv_l, hd_l)
         if gemma:
             q = rms(q, W[p + "self_attn.q_norm.weight"], eps, po)
-            k = rms(k, W[p + "self_attn.k_norm.weight"], eps, po)
+            if not shared:
+                k = rms(k, W[p + "self_attn.k_norm.weight"], eps, po)
         if g4:
             v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
         cs, sn = (cl, sl) if sliding else (cg, sg)
         cs, sn = cs[:, None, :], sn[:, None, :]
         q = q * cs + rotate_half(q) * sn
         k = k * cs + rotate_half(k) * sn
+        if shared:
+            src = max(j for j in range(F_) if lt[j] == lt[l])
+            k, v = kvs[src]
+        kvs[l] = (k, v)
         q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
         k = k.repeat_interleave(H // kv_l, dim=0)
         v = v.repeat_interleave(H // kv_l, dim=0)
@@ -232,7 +249,14 @@ def forward(j, W, toks, dt):
             g = h @ W[p + "mlp.gate_proj.weight"].T
             g = 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * torch.pow(g, 3.0))))
             m = (g * (h @ W[p + "mlp.up_proj.weight"].T)) @ W[p + "mlp.down_proj.weight"].T
+            if p + "router.proj.weight" in W:  # gemma4 MoE: the experts beside the dense MLP
+                m = rms(m, W[p + "post_feedforward_layernorm_1.weight"], eps, po) + g4_moe(t, W, p, x, eps, dt)
             x = x + rms(m, W[p + "post_feedforward_layernorm.weight"], eps, po)
+            if P:
+                g = x @ W[p + "per_layer_input_gate.weight"].T
+                g = 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * torch.pow(g, 3.0))))
+                y = (g * ple[:, l, :]) @ W[p + "per_layer_projection.weight"].T
+                x = x + rms(y, W[p + "post_per_layer_input_norm.weight"], eps, False)
             if g4:
                 x = x * W[p + "layer_scalar"]
         elif oss:
@@ -249,6 +273,34 @@ def forward(j, W, toks, dt):
     if cap:
         logits = torch.tanh(logits / cap) * cap
     return logits
+
+
+def g4_moe(t, W, p, x, eps, dt):
+    # llama.cpp's gemma4 graph: the router on rmsnorm(x) / sqrt(D) * scale,
+    # softmax over all experts, top k renormalised; experts GeGLU on
+    # rmsnorm(x) * pre_feedforward_layernorm_2 (gate rows then up rows of
+    # gate_up_proj), each output times per_expert_scale; the weighted sum
+    # normed by post_feedforward_layernorm_2.
+    E, k, D = t["num_experts"], t["top_k_experts"], x.shape[-1]
+    r = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    r = r * (1.0 / math.sqrt(D)) * W[p + "router.scale"]
+    pr = torch.softmax(r @ W[p + "router.proj.weight"].T, dim=-1)
+    tv, ti = torch.topk(pr, k, dim=-1)
+    tw = tv / tv.sum(-1, keepdim=True)
+    h = rms(x, W[p + "pre_feedforward_layernorm_2.weight"], eps, False)
+    gu, dn, es = W[p + "experts.gate_up_proj"], W[p + "experts.down_proj"], W[p + "router.per_expert_scale"]
+    I = dn.shape[-1]
+    out = torch.zeros_like(x)
+    for e in range(E):
+        tok, pos = torch.where(ti == e)
+        if tok.numel() == 0:
+            continue
+        a = h[tok] @ gu[e].T
+        g, u = a[..., :I], a[..., I:]
+        g = 0.5 * g * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * torch.pow(g, 3.0))))
+        y = ((g * u) @ dn[e].T) * es[e]
+        out.index_add_(0, tok, y * tw[tok, pos, None])
+    return rms(out, W[p + "post_feedforward_layernorm_2.weight"], eps, False)
 
 
 def oss_moe(t, W, p, h, dt):

@@ -751,12 +751,69 @@ KT_CASE(gemma4)
 	KT_EQ_INT(ls, 6);
 	free(sp);
 	const int U = KV_ERR_UNSUPPORTED, I = KV_ERR_INVALID;
-	KT_CHECK(rejects("{" G4_TEXT ", \"hidden_size_per_layer_input\": 256}", U, "per-layer embeddings", NULL));
-	KT_CHECK(rejects("{" G4_TEXT ", \"num_kv_shared_layers\": 2}", U, "KV shared", NULL));
-	KT_CHECK(rejects("{" G4_TEXT ", \"enable_moe_block\": true}", U, "MoE", NULL));
+	/* 26B-A4B's experts beside the dense MLP on every layer */
+	KT_EQ_INT(parse("{" G4_TEXT ", \"enable_moe_block\": true, \"num_experts\": 128, \"top_k_experts\": 8,"
+			" \"moe_intermediate_size\": 704}", &c), KV_OK);
+	KT_EQ_INT(c.moe_kind, KV_MOE_GEMMA4);
+	KT_EQ_INT(c.n_moe_layers, 6);
+	KT_EQ_INT(c.n_experts, 128);
+	KT_EQ_INT(c.n_experts_per_tok, 8);
+	KT_EQ_INT(c.moe_intermediate, 704);
+	KT_EQ_INT(kv_config_tensors(&c, NULL, &sp, &n), KV_OK);
+	int gu = 0, dense = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!strcmp(sp[i].name, "model.layers.3.experts.gate_up_proj"))
+			gu = sp[i].ndim == 3 && sp[i].shape[0] == 128 && sp[i].shape[1] == 2 * 704 && sp[i].shape[2] == 5376;
+		dense += !strcmp(sp[i].name, "model.layers.3.mlp.gate_proj.weight");
+	}
+	KT_EQ_INT(gu, 1);
+	KT_EQ_INT(dense, 1);
+	free(sp);
+	KT_CHECK(rejects("{" G4_TEXT ", \"enable_moe_block\": true, \"num_experts\": 4, \"top_k_experts\": 8}", I,
+			 "top_k_experts", NULL));
 	KT_CHECK(rejects("{\"model_type\": \"gemma4_text\", \"num_attention_heads\": 8, \"num_key_value_heads\": 4,"
 			 " \"num_global_key_value_heads\": 3}", I, "num_global_key_value_heads", NULL));
 	KT_CHECK(rejects("{" G4_TEXT ", \"per_layer_config\": {}}", U, "per_layer_config", NULL));
+	/* E2B / E4B: per-layer embeddings, the last layers reading earlier KV
+	 * (layers s s g s s g: the last 3 read layers 1 and 2) */
+	const char *e2b = "{\"model_type\": \"gemma4_text\", \"num_hidden_layers\": 6, \"num_attention_heads\": 8,"
+			  " \"num_key_value_heads\": 1, \"head_dim\": 256, \"global_head_dim\": 512,"
+			  " \"hidden_size\": 1536, \"intermediate_size\": 6144, \"sliding_window\": 512,"
+			  " \"layer_types\": [\"sliding_attention\", \"sliding_attention\", \"full_attention\","
+			  " \"sliding_attention\", \"sliding_attention\", \"full_attention\"],"
+			  " \"hidden_size_per_layer_input\": 256, \"num_kv_shared_layers\": 3,"
+			  " \"use_double_wide_mlp\": true}";
+	KT_EQ_INT(parse(e2b, &c), KV_OK);
+	KT_EQ_INT(c.ple_dim, 256);
+	KT_EQ_INT(c.n_kv_shared, 3);
+	KT_EQ_INT(kv_config_kv_layer(&c, 3), 1);
+	KT_EQ_INT(kv_config_kv_layer(&c, 4), 1);
+	KT_EQ_INT(kv_config_kv_layer(&c, 5), 2);
+	KT_EQ_INT(kv_config_kv_layer(&c, 2), 2);
+	KT_EQ_INT(kv_config_kv_layers(&c, 0), 1);
+	KT_EQ_INT(kv_config_kv_layers(&c, 1), 2);
+	KT_EQ_INT(kv_config_layer_intermediate(&c, 3), 2 * 6144);
+	KT_EQ_INT(kv_config_layer_intermediate(&c, 2), 6144);
+	KT_EQ_U64(kv_config_kv_bytes_per_token(&c, 2), 1u * 2 * 1 * 512 * 2);
+	KT_EQ_INT(kv_config_tensors(&c, NULL, &sp, &n), KV_OK);
+	int k3 = 0, k2 = 0, ple = 0, gate3 = 0;
+	for (size_t i = 0; i < n; i++) {
+		k3 += !strcmp(sp[i].name, "model.layers.3.self_attn.k_proj.weight");
+		k2 += !strcmp(sp[i].name, "model.layers.2.self_attn.k_proj.weight");
+		ple += !strcmp(sp[i].name, "model.embed_tokens_per_layer.weight") && sp[i].shape[1] == 6 * 256;
+		if (!strcmp(sp[i].name, "model.layers.3.mlp.gate_proj.weight"))
+			gate3 = (int)sp[i].shape[0];
+	}
+	KT_EQ_INT(k3, 0);
+	KT_EQ_INT(k2, 1);
+	KT_EQ_INT(ple, 1);
+	KT_EQ_INT(gate3, 2 * 6144);
+	free(sp);
+	/* a shared global layer with no global layer before the shared ones */
+	KT_CHECK(rejects("{" G4_TEXT ", \"num_kv_shared_layers\": 1}", I, "no earlier global layer", NULL));
+	KT_CHECK(rejects("{" G4_TEXT ", \"num_kv_shared_layers\": 6}", I, "num_kv_shared_layers", NULL));
+	KT_CHECK(rejects("{" G4_TEXT ", \"hidden_size_per_layer_input\": 8, \"vocab_size_per_layer_input\": 7}", U,
+			 "vocab_size_per_layer_input", NULL));
 }
 
 KT_MAIN(qwen3_dense, qwen3_defaults, qwen35_nested, qwen35_flat_and_interval, rope_scaling_linear_and_yarn, qwen3_next,

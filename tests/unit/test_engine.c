@@ -49,8 +49,9 @@ static const char *models(void)
 	atexit(cleanup);
 	const char *presets[] = {"tiny-dense", "tiny-hybrid", "tiny-moe", "tiny-next",
 				 "tiny-gemma3", "tiny-gpt-oss", "tiny-llama3",
-				 "tiny-granite-h", "tiny-nemotron-h", "tiny-granite-h-q8kv", "tiny-gemma4"};
-	for (int i = 0; i < 11; i++)
+				 "tiny-granite-h", "tiny-nemotron-h", "tiny-granite-h-q8kv", "tiny-gemma4",
+				 "tiny-gemma4-moe", "tiny-gemma4-e"};
+	for (int i = 0; i < 13; i++)
 		if (kt_sh("'%s' mkmodel --preset %s --out '%s/%s' --no-sync >/dev/null 2>&1", kt_bin(), presets[i], g_dir,
 			  presets[i]) ||
 		    kt_sh("'%s' mkmodel --preset %s --dtype f32 --out '%s/%s-f32' --no-sync >/dev/null 2>&1", kt_bin(),
@@ -208,6 +209,23 @@ KT_CASE(layout_of_gemma4_split_geometry)
 		off += w->bytes;
 	}
 	KT_EQ_U64(l->snapshot_bytes, off);
+	KT_EQ_U64(l->snapshot_bytes, kv_config_window_bytes(c, 4));
+	ke_model_destroy(m);
+	/* tiny-gemma4-e: 9 layers s s g s s g | s s g, the last 3 reading the
+	 * KV of layers 4 (sliding) and 5 (global): 2 paged layers, 4 windows */
+	m = load("tiny-gemma4-e", 1, 0);
+	KT_REQUIRE(m);
+	l = ke_model_layout(m);
+	c = ke_model_config(m);
+	KT_EQ_INT(c->n_kv_shared, 3);
+	KT_EQ_INT(kv_config_kv_layer(c, 6), 4);
+	KT_EQ_INT(kv_config_kv_layer(c, 7), 4);
+	KT_EQ_INT(kv_config_kv_layer(c, 8), 5);
+	KT_EQ_INT(kv_config_kv_layer(c, 3), 3);
+	KT_EQ_INT(l->n_attn_layers, 2);
+	KT_EQ_INT(l->n_win_layers, 4);
+	KT_EQ_INT(l->win[3].layer, 4);
+	KT_EQ_U64(l->kv_bytes_per_token, kv_config_kv_bytes_per_token(c, 4));
 	KT_EQ_U64(l->snapshot_bytes, kv_config_window_bytes(c, 4));
 	ke_model_destroy(m);
 }
@@ -387,6 +405,8 @@ KT_CASE(batch_invariance_window_50_splits)
 	batch_invariance("tiny-gpt-oss-f32");
 	batch_invariance("tiny-llama3");
 	batch_invariance("tiny-gemma4"); /* its own geometry for the window pages */
+	batch_invariance("tiny-gemma4-moe"); /* experts beside the dense MLP */
+	batch_invariance("tiny-gemma4-e");   /* KV-shared layers, per-layer embeddings */
 }
 
 /*
@@ -558,6 +578,8 @@ KT_CASE(batched_equals_alone_window)
 	batched_equals_alone("tiny-gemma3");
 	batched_equals_alone("tiny-gpt-oss");
 	batched_equals_alone("tiny-gemma4");
+	batched_equals_alone("tiny-gemma4-moe");
+	batched_equals_alone("tiny-gemma4-e");
 }
 
 KT_CASE(batched_equals_alone_q8_kv)
@@ -680,8 +702,9 @@ KT_CASE(cpu_paths_give_identical_logits_moe)
 
 KT_CASE(cpu_paths_give_identical_logits_window)
 {
-	const char *names[] = {"tiny-gemma3", "tiny-gpt-oss", "tiny-llama3", "tiny-gemma4"};
-	cpu_paths(names, 4);
+	const char *names[] = {"tiny-gemma3", "tiny-gpt-oss", "tiny-llama3", "tiny-gemma4", "tiny-gemma4-moe",
+			       "tiny-gemma4-e"};
+	cpu_paths(names, 6);
 }
 
 /* Routing: softmax, top-k with ties to the lower expert id, the selected
@@ -889,6 +912,7 @@ KT_CASE(resume_from_snapshot_pages_tail_window)
 	resume_case("tiny-gemma3");
 	resume_case("tiny-gpt-oss");
 	resume_case("tiny-gemma4");
+	resume_case("tiny-gemma4-e");
 }
 
 KT_CASE(resume_from_snapshot_pages_tail_hybrid)
