@@ -263,6 +263,13 @@ static int check_source(const struct kv_mlx_write_opts *o, const struct kv_model
 		 * does not produce */
 		return kv_fail(KV_ERR_UNSUPPORTED, "%s: MLX conversion of gpt_oss is not supported (its experts are "
 			       "MXFP4 already: run the folder itself, or `kvkeep convert` to GGUF)", o->hf_dir);
+	if (c->arch == KV_ARCH_GEMMA4 && c->n_moe_layers)
+		/* how mlx-lm stores Gemma 4's fused expert stacks (names, which
+		 * are quantized) is not known here: refuse rather than write a
+		 * folder no other tool reads */
+		return kv_fail(KV_ERR_UNSUPPORTED, "%s: MLX conversion of gemma4 with experts (enable_moe_block) is not "
+			       "supported (mlx-lm's layout of its fused experts is not known to kvkeep: run the folder "
+			       "itself, or `kvkeep convert` to GGUF)", o->hf_dir);
 	return KV_OK;
 }
 

@@ -660,14 +660,15 @@ KT_CASE(convert_command_mlx_bits)
 	KT_CHECK(kt_sh("%s convert --model %s --out %s/bad --mlx-bits 5 --no-sync >/dev/null 2>&1", kt_bin(), src, kt_tmpdir()) != 0);
 }
 
-/* The sliding-window families (issue 32): tiny-llama3 and tiny-gemma3 as
- * MLX 4- and 8-bit folders load, are chunk invariant and stay near the
- * float model (8-bit nearer than 4-bit); GPT-OSS is refused with a reason
- * (mlx-lm writes its experts in MLX's own mxfp4 mode). */
+/* The sliding-window families (issue 32): tiny-llama3, tiny-gemma3 and
+ * the dense Gemma 4 shapes as MLX 4- and 8-bit folders load, are chunk
+ * invariant and stay near the float model (8-bit nearer than 4-bit);
+ * GPT-OSS is refused with a reason (mlx-lm writes its experts in MLX's own
+ * mxfp4 mode), and so is Gemma 4 with experts. */
 KT_CASE(window_families)
 {
-	const char *presets[] = {"tiny-llama3", "tiny-gemma3"};
-	for (int p = 0; p < 2; p++) {
+	const char *presets[] = {"tiny-llama3", "tiny-gemma3", "tiny-gemma4", "tiny-gemma4-e"};
+	for (int p = 0; p < 4; p++) {
 		double err[2] = {0, 0};
 		for (int q = 0; q < 2; q++) {
 			char dir[1200], hf[1200], name[64];
@@ -712,6 +713,8 @@ KT_CASE(window_families)
 	char dir[1200];
 	KT_CHECK(convert("tiny-gpt-oss", "oss4", 4, 64, dir, sizeof dir) == KV_ERR_UNSUPPORTED);
 	KT_CHECKF(strstr(kv_errmsg(), "gpt_oss") != NULL, "message: %s", kv_errmsg());
+	KT_CHECK(convert("tiny-gemma4-moe", "g4moe4", 4, 64, dir, sizeof dir) == KV_ERR_UNSUPPORTED);
+	KT_CHECKF(strstr(kv_errmsg(), "enable_moe_block") != NULL, "message: %s", kv_errmsg());
 }
 
 KT_MAIN(convert_command_mlx_bits, moe_switch_stacks, window_families, packing_round_trip, kernels_bit_identical, quant_config, load_errors, model_chunk_invariance,
