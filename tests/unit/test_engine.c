@@ -1321,6 +1321,21 @@ KT_CASE(bad_window_folders_name_the_problem)
 	const char *g = "model.layers.2.post_feedforward_layernorm.weight";
 	KT_OK(edit_model(src, dst, g, EDIT_DROP));
 	expect_load_fails(dst, g);
+	/* gemma4: a layer scalar, the global layer's K (its own geometry), an
+	 * expert stack and the per-expert scales, the per-layer embeddings */
+	const char *g4[][2] = {{"tiny-gemma4", "model.layers.5.layer_scalar"},
+			       {"tiny-gemma4", "model.layers.5.self_attn.k_proj.weight"},
+			       {"tiny-gemma4-moe", "model.layers.2.experts.gate_up_proj"},
+			       {"tiny-gemma4-moe", "model.layers.1.router.per_expert_scale"},
+			       {"tiny-gemma4-e", "model.embed_tokens_per_layer.weight"},
+			       {"tiny-gemma4-e", "model.layers.0.per_layer_input_gate.weight"}};
+	for (size_t i = 0; i < sizeof g4 / sizeof g4[0]; i++) {
+		snprintf(src, sizeof src, "%s/%s", d, g4[i][0]);
+		KT_OK(edit_model(src, dst, g4[i][1], EDIT_DROP));
+		expect_load_fails(dst, g4[i][1]);
+		KT_OK(edit_model(src, dst, g4[i][1], EDIT_SHAPE));
+		expect_load_fails(dst, g4[i][1]);
+	}
 	KT_EQ_INT(kt_sh("rm -rf '%s'", dst), 0);
 }
 
