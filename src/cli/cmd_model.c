@@ -206,6 +206,20 @@ static const char *layer_name(int t)
 												      : "linear_attention";
 }
 
+/* model info's lines on sliding windows, shared KV layers and per-type
+ * head geometry (Gemma 3 / 4, GPT-OSS). */
+static void print_window_lines(const struct kv_model_config *c)
+{
+	if (c->n_swa_layers)
+		printf("window       %d tokens on %d sliding layers: %llu bytes per sequence (16-bit KV)\n",
+		       c->sliding_window, kv_config_kv_layers(c, 1), (unsigned long long)kv_config_window_bytes(c, 2));
+	if (c->n_kv_shared)
+		printf("shared KV    the last %d layers read earlier layers' KV (no KV of their own)\n", c->n_kv_shared);
+	if (c->swa_head_dim && c->swa_head_dim != c->head_dim)
+		printf("heads        global layers %d KV heads of %d, sliding layers %d of %d\n", c->n_kv_heads,
+		       c->head_dim, kv_config_swa_kv_heads(c), c->swa_head_dim);
+}
+
 static int cmd_model_info(int argc, char **argv)
 {
 	int as_json = 0, rc, n_pos = 0, w_rc = KV_OK;
@@ -423,14 +437,7 @@ static int cmd_model_info(int argc, char **argv)
 			       kvt[1] ? (double)kvt[2] / (double)kvt[1] : 0.0, c.n_swa_layers ? ", global layers only" : "");
 		else
 			printf("no q8_0 (head_dim %d is not a multiple of 32)\n", c.head_dim);
-		if (c.n_swa_layers)
-			printf("window       %d tokens on %d sliding layers: %llu bytes per sequence (16-bit KV)\n",
-			       c.sliding_window, kv_config_kv_layers(&c, 1), (unsigned long long)kv_config_window_bytes(&c, 2));
-		if (c.n_kv_shared)
-			printf("shared KV    the last %d layers read earlier layers' KV (no KV of their own)\n", c.n_kv_shared);
-		if (c.swa_head_dim && c.swa_head_dim != c.head_dim)
-			printf("heads        global layers %d KV heads of %d, sliding layers %d of %d\n", c.n_kv_heads,
-			       c.head_dim, kv_config_swa_kv_heads(&c), c.swa_head_dim);
+		print_window_lines(&c);
 		if (c.hybrid || c.ssm)
 			printf("recurrent    %llu bytes of %s state + %llu bytes of conv state per %s layer\n",
 			       (unsigned long long)rsb, c.ssm ? "SSM" : "delta-rule", (unsigned long long)csb,

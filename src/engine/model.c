@@ -722,6 +722,46 @@ static int load_ssm_layer(struct loader *L, int i)
 	return KV_OK;
 }
 
+/* Attention layer i (its K/V geometry, the KV layer it reads, its
+ * projections, norms, biases and sinks); counts it among the paged or the
+ * window layers when it has KV of its own. */
+static int load_attn_layer(struct loader *L, int i, int po, int *n_attn, int *n_win)
+{
+	struct ke_model *m = L->m;
+	const struct kv_model_config *c = &m->cfg;
+	struct ke_layer *ly = &m->layers[i];
+	int rc;
+	int src = kv_config_kv_layer(c, i);
+	ly->window = c->layer_window[i] ? c->sliding_window : 0;
+	/* gemma4's KV-shared layers: the pages (index) of the layer they read */
+	ly->kv_shared = src != i;
+	ly->idx = ly->kv_shared ? m->layers[src].idx : ly->window ? (*n_win)++ : (*n_attn)++;
+	ly->hd = kv_config_layer_head_dim(c, i);
+	ly->n_kv = kv_config_layer_kv_heads(c, i);
+	ly->v_is_k = kv_config_layer_v_is_k(c, i);
+	if ((rc = load_mat(L, &ly->q, "%slayers.%d.self_attn.q_proj.weight", i)) ||
+	    (!ly->kv_shared && (rc = load_mat(L, &ly->k, "%slayers.%d.self_attn.k_proj.weight", i))) ||
+	    (!ly->v_is_k && !ly->kv_shared &&
+	     (rc = load_mat(L, &ly->v, "%slayers.%d.self_attn.v_proj.weight", i))) ||
+	    (rc = load_mat(L, &ly->o, "%slayers.%d.self_attn.o_proj.weight", i)))
+		return rc;
+	if (c->qk_norm &&
+	    ((rc = load_vec(L, &ly->q_norm, ly->hd, po, "%slayers.%d.self_attn.q_norm.weight", i)) ||
+	     (!ly->kv_shared &&
+	      (rc = load_vec(L, &ly->k_norm, ly->hd, po, "%slayers.%d.self_attn.k_norm.weight", i)))))
+		return rc;
+	int qd = c->n_heads * ly->hd, kd = ly->n_kv * ly->hd;
+	if (c->attn_bias &&
+	    ((rc = load_vec(L, &ly->q_b, qd, 0, "%slayers.%d.self_attn.q_proj.bias", i)) ||
+	     (rc = load_vec(L, &ly->k_b, kd, 0, "%slayers.%d.self_attn.k_proj.bias", i)) ||
+	     (rc = load_vec(L, &ly->v_b, kd, 0, "%slayers.%d.self_attn.v_proj.bias", i)) ||
+	     (rc = load_vec(L, &ly->o_b, c->hidden, 0, "%slayers.%d.self_attn.o_proj.bias", i))))
+		return rc;
+	if (c->attn_sinks && (rc = load_vec(L, &ly->sinks, c->n_heads, 0, "%slayers.%d.self_attn.sinks", i)))
+		return rc;
+	return KV_OK;
+}
+
 int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_model **out)
 {
 	struct ke_model_params dp = {0};
@@ -865,33 +905,7 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 						  "%slayers.%d.post_per_layer_input_norm.weight", i))))
 			goto fail;
 		if (ly->type == KV_LAYER_ATTN) {
-			int src = kv_config_kv_layer(c, i);
-			ly->window = c->layer_window[i] ? c->sliding_window : 0;
-			/* gemma4's KV-shared layers: the pages (index) of the layer they read */
-			ly->kv_shared = src != i;
-			ly->idx = ly->kv_shared ? m->layers[src].idx : ly->window ? n_win++ : n_attn++;
-			ly->hd = kv_config_layer_head_dim(c, i);
-			ly->n_kv = kv_config_layer_kv_heads(c, i);
-			ly->v_is_k = kv_config_layer_v_is_k(c, i);
-			if ((rc = load_mat(&L, &ly->q, "%slayers.%d.self_attn.q_proj.weight", i)) ||
-			    (!ly->kv_shared && (rc = load_mat(&L, &ly->k, "%slayers.%d.self_attn.k_proj.weight", i))) ||
-			    (!ly->v_is_k && !ly->kv_shared &&
-			     (rc = load_mat(&L, &ly->v, "%slayers.%d.self_attn.v_proj.weight", i))) ||
-			    (rc = load_mat(&L, &ly->o, "%slayers.%d.self_attn.o_proj.weight", i)))
-				goto fail;
-			if (c->qk_norm &&
-			    ((rc = load_vec(&L, &ly->q_norm, ly->hd, po, "%slayers.%d.self_attn.q_norm.weight", i)) ||
-			     (!ly->kv_shared &&
-			      (rc = load_vec(&L, &ly->k_norm, ly->hd, po, "%slayers.%d.self_attn.k_norm.weight", i)))))
-				goto fail;
-			int qd = c->n_heads * ly->hd, kd = ly->n_kv * ly->hd;
-			if (c->attn_bias &&
-			    ((rc = load_vec(&L, &ly->q_b, qd, 0, "%slayers.%d.self_attn.q_proj.bias", i)) ||
-			     (rc = load_vec(&L, &ly->k_b, kd, 0, "%slayers.%d.self_attn.k_proj.bias", i)) ||
-			     (rc = load_vec(&L, &ly->v_b, kd, 0, "%slayers.%d.self_attn.v_proj.bias", i)) ||
-			     (rc = load_vec(&L, &ly->o_b, c->hidden, 0, "%slayers.%d.self_attn.o_proj.bias", i))))
-				goto fail;
-			if (c->attn_sinks && (rc = load_vec(&L, &ly->sinks, c->n_heads, 0, "%slayers.%d.self_attn.sinks", i)))
+			if ((rc = load_attn_layer(&L, i, po, &n_attn, &n_win)))
 				goto fail;
 		} else {
 			ly->idx = n_dn++;

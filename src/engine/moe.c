@@ -238,15 +238,37 @@ static int oai_load(struct ke_model *m, int layer, struct ke_moe *mo)
 	return KV_OK;
 }
 
+/* The experts of layer `layer` as views into the stacked
+ * <where>gate_up_proj [E][2I][D] (expert e's gate rows, then its up rows)
+ * and <where>down_proj [E][D][I]. */
+static int stacked_views(struct ke_model *m, struct ke_moe *mo, int layer, const char *where)
+{
+	const int E = mo->E, I = mo->I, D = m->cfg.hidden;
+	char name[192];
+	const struct kv_tensor *gu, *dn;
+	int rc;
+	snprintf(name, sizeof name, "%slayers.%d.%sgate_up_proj", m->prefix, layer, where);
+	if ((rc = get(m, name, 3, E, 2 * (int64_t)I, D, &gu, NULL)))
+		return rc;
+	snprintf(name, sizeof name, "%slayers.%d.%sdown_proj", m->prefix, layer, where);
+	if ((rc = get(m, name, 3, E, D, I, &dn, NULL)))
+		return rc;
+	for (int e = 0; e < E; e++) {
+		view(m, &mo->gate[e], gu, NULL, e, 2 * (int64_t)I, 0, I, D);
+		view(m, &mo->up[e], gu, NULL, e, 2 * (int64_t)I, I, I, D);
+		view(m, &mo->down[e], dn, NULL, e, D, 0, D, I);
+	}
+	return KV_OK;
+}
+
 /* Gemma 4's block (moe.h): router.proj / .scale / .per_expert_scale, the
  * fused experts.gate_up_proj [E][2I][D] (gate rows then up rows) and
  * experts.down_proj [E][D][I], the two branch norms. */
 static int gemma4_load(struct ke_model *m, int layer, struct ke_moe *mo)
 {
 	const struct kv_model_config *c = &m->cfg;
-	const int E = mo->E, I = mo->I, D = c->hidden;
+	const int E = mo->E, D = c->hidden;
 	char name[192];
-	const struct kv_tensor *gu, *dn;
 	int rc;
 	mo->kind = KV_MOE_GEMMA4;
 	mo->eps = (float)c->rms_eps;
@@ -267,18 +289,7 @@ static int gemma4_load(struct ke_model *m, int layer, struct ke_moe *mo)
 	}
 	if ((rc = mat2(m, &mo->router, E, D, "%slayers.%d.router.proj.weight", layer, 1)))
 		return rc;
-	snprintf(name, sizeof name, "%slayers.%d.experts.gate_up_proj", m->prefix, layer);
-	if ((rc = get(m, name, 3, E, 2 * (int64_t)I, D, &gu, NULL)))
-		return rc;
-	snprintf(name, sizeof name, "%slayers.%d.experts.down_proj", m->prefix, layer);
-	if ((rc = get(m, name, 3, E, D, I, &dn, NULL)))
-		return rc;
-	for (int e = 0; e < E; e++) {
-		view(m, &mo->gate[e], gu, NULL, e, 2 * (int64_t)I, 0, I, D);
-		view(m, &mo->up[e], gu, NULL, e, 2 * (int64_t)I, I, I, D);
-		view(m, &mo->down[e], dn, NULL, e, D, 0, D, I);
-	}
-	return KV_OK;
+	return stacked_views(m, mo, layer, "experts.");
 }
 
 int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
@@ -318,18 +329,8 @@ int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 		goto fail;
 	snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", m->prefix, layer);
 	if (kv_weights_find(m->w, name)) {
-		/* stacked: expert e's gate rows then up rows, then its down matrix */
-		const struct kv_tensor *dn;
-		if ((rc = get(m, name, 3, E, 2 * (int64_t)I, D, &t, NULL)))
+		if ((rc = stacked_views(m, mo, layer, "mlp.experts.")))
 			goto fail;
-		snprintf(name, sizeof name, "%slayers.%d.mlp.experts.down_proj", m->prefix, layer);
-		if ((rc = get(m, name, 3, E, D, I, &dn, NULL)))
-			goto fail;
-		for (int e = 0; e < E; e++) {
-			view(m, &mo->gate[e], t, NULL, e, 2 * (int64_t)I, 0, I, D);
-			view(m, &mo->up[e], t, NULL, e, 2 * (int64_t)I, I, I, D);
-			view(m, &mo->down[e], dn, NULL, e, D, 0, D, I);
-		}
 	} else if (snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.gate_proj.weight", m->prefix, layer),
 		   kv_weights_find(m->w, name)) {
 		/* mlx-lm SwitchGLU (floats or MLX groups) and GGUF's

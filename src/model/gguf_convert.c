@@ -405,21 +405,6 @@ static int conv_meta_gemma4(struct kv_ggufw *w, const struct kv_model_config *c,
 	return rc;
 }
 
-/* gemma4's rope_freqs (the global layers' "proportional" RoPE): factor 1
- * for the rope_rot_pairs frequencies that rotate, 1e30 (frequency ~0) for
- * the others, as llama.cpp's converter writes it. */
-static int rope_freqs_gemma4_fill(void *ctx, void *dst, uint64_t nbytes)
-{
-	const struct kv_model_config *c = ctx;
-	int half = c->rotary_dim / 2;
-	if (nbytes != (uint64_t)half * 4)
-		return kv_fail(KV_ERR_INVALID, "internal: rope_freqs size");
-	float *o = dst;
-	for (int i = 0; i < half; i++)
-		o[i] = i < c->rope_rot_pairs || !c->rope_rot_pairs ? 1.0f : 1e30f;
-	return KV_OK;
-}
-
 /*
  * llama / gemma3 / gpt-oss keys (gguf_model.c reads them back). What
  * llama.cpp's loaders cannot hold is refused naming the field: a sliding
@@ -480,9 +465,11 @@ static int conv_meta_window(struct kv_ggufw *w, const struct kv_model_config *c,
 	return rc;
 }
 
-/* llama3's rope_freqs: the factor each inverse frequency is divided by
- * (llama.cpp's converter: 1 for short waves, factor for long ones, the
- * blend's inverse between). */
+/* rope_freqs, the factor each inverse frequency is divided by, as
+ * llama.cpp's converter writes it: llama3's (1 for short waves, factor for
+ * long ones, the blend's inverse between); gemma4's global layers'
+ * "proportional" RoPE (1 for the rope_rot_pairs frequencies that rotate,
+ * 1e30, a frequency of ~0, for the others). */
 static int rope_freqs_fill(void *ctx, void *dst, uint64_t nbytes)
 {
 	const struct kv_model_config *c = ctx;
@@ -490,6 +477,11 @@ static int rope_freqs_fill(void *ctx, void *dst, uint64_t nbytes)
 	if (nbytes != (uint64_t)half * 4)
 		return kv_fail(KV_ERR_INVALID, "internal: rope_freqs size");
 	float *o = dst;
+	if (c->arch == KV_ARCH_GEMMA4) {
+		for (int i = 0; i < half; i++)
+			o[i] = i < c->rope_rot_pairs || !c->rope_rot_pairs ? 1.0f : 1e30f;
+		return KV_OK;
+	}
 	double fac = c->rope_factor, lo = c->rope_low_freq, hi = c->rope_high_freq, om = c->rope_orig_max_pos;
 	for (int i = 0; i < half; i++) {
 		double inv = 1.0 / pow(c->rope_theta, (double)(2 * i) / c->rotary_dim), wl = 2 * M_PI / inv;
@@ -1022,16 +1014,10 @@ int kv_gguf_convert(const struct kv_gguf_convert_params *p, size_t *n_tensors, u
 		if ((rc = conv_add_outs(w, p, &c, &mix, o, nout, name, spec[i].role, layer, &i_v, &i_down, &total)))
 			goto out;
 	}
-	if (c.rope_scaling == KV_ROPE_LLAMA3) {
-		/* llama.cpp keeps llama3's frequencies as a factor tensor */
+	if (c.rope_scaling == KV_ROPE_LLAMA3 || c.arch == KV_ARCH_GEMMA4) {
+		/* llama.cpp keeps llama3's and gemma4's frequencies as a factor tensor */
 		int64_t half = c.rotary_dim / 2;
 		if ((rc = kv_ggufw_add_fill(w, "rope_freqs.weight", KV_DT_F32, 1, &half, rope_freqs_fill, &c)))
-			goto out;
-		total += (uint64_t)half * 4;
-	}
-	if (c.arch == KV_ARCH_GEMMA4) {
-		int64_t half = c.rotary_dim / 2;
-		if ((rc = kv_ggufw_add_fill(w, "rope_freqs.weight", KV_DT_F32, 1, &half, rope_freqs_gemma4_fill, &c)))
 			goto out;
 		total += (uint64_t)half * 4;
 	}

@@ -88,9 +88,20 @@ KT_CASE(presets_geometry)
 		KT_EQ_INT(c.hidden, p->hidden);
 		KT_EQ_INT(c.n_layers, p->n_layers);
 		KT_EQ_INT(c.n_heads, p->n_heads);
-		KT_EQ_INT(c.n_kv_heads, p->n_kv_heads);
-		KT_EQ_INT(c.head_dim, p->head_dim);
+		/* gemma4: the preset's heads are the sliding layers', the config
+		 * keeps the global (paged) layers' in n_kv_heads / head_dim */
+		KT_EQ_INT(kv_config_swa_kv_heads(&c), p->n_kv_heads);
+		KT_EQ_INT(kv_config_swa_head_dim(&c), p->head_dim);
+		KT_EQ_INT(c.n_kv_heads, p->arch == KV_ARCH_GEMMA4 ? p->global_kv_heads : p->n_kv_heads);
+		KT_EQ_INT(c.head_dim, p->arch == KV_ARCH_GEMMA4 ? p->global_head_dim : p->head_dim);
 		KT_EQ_INT(c.intermediate, p->intermediate);
+		if (p->arch == KV_ARCH_GEMMA4) {
+			KT_EQ_INT(c.n_experts, p->n_experts);
+			KT_EQ_INT(c.n_kv_shared, p->kv_shared);
+			KT_EQ_INT(c.ple_dim, p->ple_dim);
+			KT_EQ_INT(c.double_wide, p->double_wide);
+			KT_EQ_INT(c.k_eq_v, p->k_eq_v);
+		}
 		KT_EQ_INT(c.vocab, p->vocab && p->config_only ? p->vocab : 666);
 		KT_EQ_INT(c.bos_id, 656);
 		KT_EQ_INT(c.eos_ids[0], 658);
