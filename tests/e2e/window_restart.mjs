@@ -14,8 +14,8 @@
 //            resumes exactly at its last message boundary, and a new user
 //            message after the same system prompt exactly at the anchor;
 //            both answers bit-identical to cold.
-//   kill -9  (gpt-oss) and window snapshots with a flipped byte (gpt-oss,
-//            gemma4): the answer after the
+//   kill -9  (gpt-oss, gemma4-e) and window snapshots with a flipped byte
+//            (gpt-oss, gemma4): the answer after the
 //            restart is cold's, bit for bit (a miss or a shorter hit, never
 //            a wrong one), the bad files are quarantined.
 //   q8_0     --kv-dtype q8_0 (gemma3, gpt-oss, gemma4): the restart resumes at the
@@ -165,13 +165,12 @@ for (const [preset, name] of models) {
 }
 
 // --- kill -9 and corrupt window snapshots (gpt-oss: windows and sinks) ----
-const oss = join(TMP, 'gptoss');
 const sys = 'You are a careful coding agent with a long list of rules to follow. '.repeat(20);
 const kb = body(sys, 'Which file holds the build rules?');
-let kcold = null;
-await check(`${P}:gptoss_sigkill_then_hit_or_miss_equals_cold`, async () => {
-  [kcold] = await cold(oss, kb);
-  const dir = join(TMP, 'cache-kill');
+for (const name of ['gptoss', 'gemma4e'])
+await check(`${P}:${name}_sigkill_then_hit_or_miss_equals_cold`, async () => {
+  const oss = join(TMP, name), [kcold] = await cold(oss, kb);
+  const dir = join(TMP, `cache-kill-${name}`);
   for (let k = 0; k < 3; k++) {
     const srv = await startServer(oss, ['--cache-dir', dir]);
     const p = chat(srv, kb).then((r) => r, (e) => ({ error: e }));
