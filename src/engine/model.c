@@ -610,22 +610,16 @@ static int rope_setup(struct loader *L)
 			m->inv_freq[i] = m->inv_freq[i] / ff[i];
 	}
 	m->inv_freq_local = m->inv_freq;
-	if (c->n_swa_layers && (c->rope_local_theta != c->rope_theta || c->rope_scaling != KV_ROPE_NONE) &&
-	    c->arch == KV_ARCH_GEMMA3) {
-		/* gemma3: the sliding layers' own base, without the scaling */
+	/* the sliding layers' own table: gemma3's own base without the
+	 * scaling, gemma4's own base over its own (smaller) head */
+	int lrot = c->local_rotary_dim ? c->local_rotary_dim : c->rotary_dim;
+	if (c->n_swa_layers &&
+	    (c->arch == KV_ARCH_GEMMA4 || (c->arch == KV_ARCH_GEMMA3 && (c->rope_local_theta != c->rope_theta ||
+									 c->rope_scaling != KV_ROPE_NONE)))) {
 		m->inv_freq_local = L->next;
-		L->next += half;
-		for (int i = 0; i < half; i++)
-			m->inv_freq_local[i] = 1.0f / powf((float)c->rope_local_theta, (float)(2 * i) / (float)c->rotary_dim);
-	}
-	if (c->n_swa_layers && c->arch == KV_ARCH_GEMMA4) {
-		/* gemma4: the sliding layers rotate their whole (smaller) head
-		 * with their own base */
-		int lrot = c->local_rotary_dim ? c->local_rotary_dim : c->rotary_dim, lh = lrot / 2;
-		m->inv_freq_local = L->next;
-		L->next += lh;
-		m->rot_half_local = lh;
-		for (int i = 0; i < lh; i++)
+		m->rot_half_local = lrot / 2;
+		L->next += lrot / 2;
+		for (int i = 0; i < lrot / 2; i++)
 			m->inv_freq_local[i] = 1.0f / powf((float)c->rope_local_theta, (float)(2 * i) / (float)lrot);
 	}
 	/* gemma: the embedding times sqrt(hidden), in f32 (llama.cpp's

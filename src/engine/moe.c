@@ -238,19 +238,19 @@ static int oai_load(struct ke_model *m, int layer, struct ke_moe *mo)
 	return KV_OK;
 }
 
-/* The experts of layer `layer` as views into the stacked
- * <where>gate_up_proj [E][2I][D] (expert e's gate rows, then its up rows)
- * and <where>down_proj [E][D][I]. */
-static int stacked_views(struct ke_model *m, struct ke_moe *mo, int layer, const char *where)
+/* The experts of layer `layer` as views into the stacked gate_up
+ * [E][2I][D] (expert e's gate rows, then its up rows) and down [E][D][I]
+ * tensors layers.N.<gu> and layers.N.<down>. */
+static int stacked_views(struct ke_model *m, struct ke_moe *mo, int layer, const char *gu_name, const char *dn_name)
 {
 	const int E = mo->E, I = mo->I, D = m->cfg.hidden;
 	char name[192];
 	const struct kv_tensor *gu, *dn;
 	int rc;
-	snprintf(name, sizeof name, "%slayers.%d.%sgate_up_proj", m->prefix, layer, where);
+	snprintf(name, sizeof name, "%slayers.%d.%s", m->prefix, layer, gu_name);
 	if ((rc = get(m, name, 3, E, 2 * (int64_t)I, D, &gu, NULL)))
 		return rc;
-	snprintf(name, sizeof name, "%slayers.%d.%sdown_proj", m->prefix, layer, where);
+	snprintf(name, sizeof name, "%slayers.%d.%s", m->prefix, layer, dn_name);
 	if ((rc = get(m, name, 3, E, D, I, &dn, NULL)))
 		return rc;
 	for (int e = 0; e < E; e++) {
@@ -289,7 +289,7 @@ static int gemma4_load(struct ke_model *m, int layer, struct ke_moe *mo)
 	}
 	if ((rc = mat2(m, &mo->router, E, D, "%slayers.%d.router.proj.weight", layer, 1)))
 		return rc;
-	return stacked_views(m, mo, layer, "experts.");
+	return stacked_views(m, mo, layer, "experts.gate_up_proj", "experts.down_proj");
 }
 
 int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
@@ -329,7 +329,7 @@ int ke_moe_load(struct ke_model *m, int layer, struct ke_moe **out)
 		goto fail;
 	snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", m->prefix, layer);
 	if (kv_weights_find(m->w, name)) {
-		if ((rc = stacked_views(m, mo, layer, "mlp.experts.")))
+		if ((rc = stacked_views(m, mo, layer, "mlp.experts.gate_up_proj", "mlp.experts.down_proj")))
 			goto fail;
 	} else if (snprintf(name, sizeof name, "%slayers.%d.mlp.switch_mlp.gate_proj.weight", m->prefix, layer),
 		   kv_weights_find(m->w, name)) {
@@ -375,7 +375,7 @@ int ke_moe_load_granite(struct ke_model *m, int layer, struct ke_moe **out)
 	const struct kv_model_config *c = &m->cfg;
 	const int E = c->n_experts, I = c->moe_intermediate, Is = c->shared_intermediate, D = c->hidden;
 	char name[192];
-	const struct kv_tensor *t, *dn;
+	const struct kv_tensor *t;
 	struct kv_mlx_qmat mq;
 	int rc;
 
@@ -412,16 +412,9 @@ int ke_moe_load_granite(struct ke_model *m, int layer, struct ke_moe **out)
 		goto fail;
 	snprintf(name, sizeof name, "%slayers.%d.block_sparse_moe.input_linear.weight", m->prefix, layer);
 	if (kv_weights_find(m->w, name)) {
-		if ((rc = get(m, name, 3, E, 2 * (int64_t)I, D, &t, NULL)))
+		if ((rc = stacked_views(m, mo, layer, "block_sparse_moe.input_linear.weight",
+					"block_sparse_moe.output_linear.weight")))
 			goto fail;
-		snprintf(name, sizeof name, "%slayers.%d.block_sparse_moe.output_linear.weight", m->prefix, layer);
-		if ((rc = get(m, name, 3, E, D, I, &dn, NULL)))
-			goto fail;
-		for (int e = 0; e < E; e++) {
-			view(m, &mo->gate[e], t, NULL, e, 2 * (int64_t)I, 0, I, D);
-			view(m, &mo->up[e], t, NULL, e, 2 * (int64_t)I, I, I, D);
-			view(m, &mo->down[e], dn, NULL, e, D, 0, D, I);
-		}
 	} else {
 		static const char *const nm[3] = {"gate_proj", "up_proj", "down_proj"};
 		const struct kv_tensor *st[3];

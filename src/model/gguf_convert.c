@@ -356,6 +356,16 @@ out:
 	return rc;
 }
 
+/* The metadata writers below set <arch>.<key> through w, a (the arch
+ * name), k (a key buffer) and rc (the first error wins); SETA writes a
+ * per-layer array of L values. */
+#define SETU(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_u32(w, k, (uint32_t)(v)); } while (0)
+#define SETF(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_f32(w, k, (float)(v)); } while (0)
+#define SETA(key, v) \
+	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_arr_i32(w, k, (size_t)L, v); } while (0)
+
 /*
  * gemma4's keys as llama.cpp's converter writes them: per-layer arrays for
  * the sliding flags and the KV heads, the global layers' head size as
@@ -377,12 +387,6 @@ static int conv_meta_gemma4(struct kv_ggufw *w, const struct kv_model_config *c,
 		swa[l] = c->layer_window[l];
 		kvh[l] = kv_config_layer_kv_heads(c, l);
 	}
-#define SETU(key, v) \
-	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_u32(w, k, (uint32_t)(v)); } while (0)
-#define SETF(key, v) \
-	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_f32(w, k, (float)(v)); } while (0)
-#define SETA(key, v) \
-	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_arr_i32(w, k, (size_t)L, v); } while (0)
 	SETA("attention.head_count_kv", kvh);
 	SETU("attention.sliding_window", c->sliding_window > 0 ? c->sliding_window : 512);
 	SETA("attention.sliding_window_pattern", swa);
@@ -397,9 +401,6 @@ static int conv_meta_gemma4(struct kv_ggufw *w, const struct kv_model_config *c,
 	SETA("feed_forward_length", kvh);
 	if (c->final_softcap > 0)
 		SETF("final_logit_softcapping", c->final_softcap);
-#undef SETU
-#undef SETF
-#undef SETA
 	free(swa);
 	free(kvh);
 	return rc;
@@ -506,12 +507,6 @@ static int conv_meta_ssm(struct kv_ggufw *w, const struct kv_model_config *c, co
 	char k[128];
 	int rc = KV_OK, L = c->n_layers;
 	int32_t *kvh = calloc((size_t)L, sizeof *kvh), *ff = calloc((size_t)L, sizeof *ff);
-#define SETU(key, v) \
-	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_u32(w, k, (uint32_t)(v)); } while (0)
-#define SETF(key, v) \
-	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_f32(w, k, (float)(v)); } while (0)
-#define SETA(key, v) \
-	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_arr_i32(w, k, (size_t)L, v); } while (0)
 	if (!kvh || !ff) {
 		free(kvh);
 		free(ff);
@@ -555,9 +550,6 @@ static int conv_meta_ssm(struct kv_ggufw *w, const struct kv_model_config *c, co
 	free(kvh);
 	free(ff);
 	return rc;
-#undef SETA
-#undef SETU
-#undef SETF
 }
 
 static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ftype, int n_mtp)
@@ -565,10 +557,6 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
 	char k[128];
 	const char *a = kv_gguf_arch(c);
 	int rc = KV_OK;
-#define SETU(key, v) \
-	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_u32(w, k, (uint32_t)(v)); } while (0)
-#define SETF(key, v) \
-	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_f32(w, k, (float)(v)); } while (0)
 	if ((rc = kv_ggufw_set_str(w, "general.architecture", a)) ||
 	    (rc = kv_ggufw_set_str(w, "general.name", "kvkeep convert")) ||
 	    (rc = kv_ggufw_set_u32(w, "general.file_type", (uint32_t)ftype)) ||
@@ -580,14 +568,8 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
 		SETU("nextn_predict_layers", n_mtp);
 	if (c->ssm) {
 		rc = conv_meta_ssm(w, c, a);
-#undef SETU
-#undef SETF
 		return rc;
 	}
-#define SETU(key, v) \
-	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_u32(w, k, (uint32_t)(v)); } while (0)
-#define SETF(key, v) \
-	do { snprintf(k, sizeof k, "%s.%s", a, key); if (!rc) rc = kv_ggufw_set_f32(w, k, (float)(v)); } while (0)
 	SETU("context_length", c->max_positions > 0 ? c->max_positions : 32768);
 	SETU("embedding_length", c->hidden);
 	if (c->arch != KV_ARCH_GEMMA4) /* gemma4: a per-layer array (conv_meta_gemma4) */
@@ -637,8 +619,6 @@ static int conv_meta(struct kv_ggufw *w, const struct kv_model_config *c, int ft
 		SETU("expert_feed_forward_length", c->moe_intermediate);
 		SETU("expert_shared_feed_forward_length", c->shared_intermediate);
 	}
-#undef SETU
-#undef SETF
 	return rc;
 }
 
