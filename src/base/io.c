@@ -408,3 +408,25 @@ int kv_path_fmt(char *out, size_t cap, const char *fmt, ...)
 		out[0] = 0;
 	return rc;
 }
+
+int kv_io_read_small(const char *path, char *buf, size_t cap)
+{
+	size_t len = 0;
+	int fd = kv_io_open(path, O_RDONLY, 0);
+	if (fd < 0)
+		return kv_fail(kv_io_errno_code(errno), "%s: %s", path, strerror(errno));
+	while (len + 1 < cap) {
+		ssize_t r = kv_io_pread(fd, buf + len, cap - 1 - len, len);
+		if (r < 0) {
+			int e = errno;
+			kv_io_close(fd);
+			return kv_fail(KV_ERR_IO, "%s: read: %s", path, strerror(e));
+		}
+		if (r == 0)
+			break;
+		len += (size_t)r;
+	}
+	kv_io_close(fd);
+	buf[len] = 0;
+	return KV_OK;
+}

@@ -106,6 +106,9 @@ int kv_io_pwrite_full(int fd, const void *buf, size_t n, uint64_t off, const cha
 /* Whole file into a malloc'd buffer (NUL-terminated, *len excludes it);
  * files over max_len are KV_ERR_INVALID. Caller frees with free(). */
 int kv_io_read_file(const char *path, size_t max_len, char **out, size_t *len);
+/* A small file (a /proc or /sys one: read to the end, whatever its size
+ * says) into buf, at most cap - 1 bytes, NUL-terminated. */
+int kv_io_read_small(const char *path, char *buf, size_t cap);
 /* mkdir -p with mode for each created folder. */
 int kv_io_mkdirs(const char *path, mode_t mode);
 /*

@@ -7,6 +7,9 @@
  */
 #include "base/mem.h"
 #include "base/err.h"
+#include "base/io.h"
+
+#include <ctype.h>
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -218,4 +221,32 @@ const char *kv_mem_cat_name(int cat)
 {
 	static const char *n[KV_MEM__COUNT] = {"weights", "kv_pages", "cache", "scratch", "other"};
 	return n[clamp_cat(cat)];
+}
+
+int kv_mem_available(const char *meminfo_path, uint64_t *out)
+{
+	char buf[8192];
+	const char *p;
+	uint64_t kb = 0;
+
+	if (!meminfo_path)
+		meminfo_path = "/proc/meminfo";
+	int rc = kv_io_read_small(meminfo_path, buf, sizeof buf);
+	if (rc != KV_OK)
+		return rc;
+	p = strstr(buf, "MemAvailable:");
+	if (!p)
+		return kv_fail(KV_ERR_NOT_FOUND, "%s: no MemAvailable line", meminfo_path);
+	p += strlen("MemAvailable:");
+	while (*p == ' ' || *p == '\t')
+		p++;
+	if (!isdigit((unsigned char)*p))
+		return kv_fail(KV_ERR_CORRUPT, "%s: MemAvailable is not a number", meminfo_path);
+	while (isdigit((unsigned char)*p)) {
+		if (kb > UINT64_MAX / 10 / 1024)
+			return kv_fail(KV_ERR_CORRUPT, "%s: MemAvailable too large", meminfo_path);
+		kb = kb * 10 + (uint64_t)(*p++ - '0');
+	}
+	*out = kb * 1024;
+	return KV_OK;
 }

@@ -64,5 +64,8 @@ void *kv_tls_scratch(int slot, size_t bytes);
 uint64_t kv_mem_peak(int cat);
 /* Short lowercase name ("weights", "kv_pages", ...). */
 const char *kv_mem_cat_name(int cat);
+/* MemAvailable of a meminfo file (NULL: "/proc/meminfo") in bytes.
+ * KV_ERR_NOT_FOUND / KV_ERR_IO / KV_ERR_CORRUPT with a message. */
+int kv_mem_available(const char *meminfo_path, uint64_t *out);
 
 #endif

@@ -103,36 +103,13 @@ int kc_budget_compute(const struct kc_budget_in *in, struct kc_budget *out)
 	return KV_OK;
 }
 
-/* Read a small pseudo-file (size 0 in stat, so read until EOF). */
-static int read_small(const char *path, char *buf, size_t cap)
-{
-	size_t len = 0;
-	int fd = kv_io_open(path, O_RDONLY, 0);
-	if (fd < 0)
-		return kv_fail(kv_io_errno_code(errno), "%s: %s", path, strerror(errno));
-	while (len + 1 < cap) {
-		ssize_t r = kv_io_pread(fd, buf + len, cap - 1 - len, len);
-		if (r < 0) {
-			int e = errno;
-			kv_io_close(fd);
-			return kv_fail(KV_ERR_IO, "%s: read: %s", path, strerror(e));
-		}
-		if (r == 0)
-			break;
-		len += (size_t)r;
-	}
-	kv_io_close(fd);
-	buf[len] = 0;
-	return KV_OK;
-}
-
 /* 1 and *out set if the file holds a limit, -1 if it says "unlimited",
  * 0 if it cannot be read or parsed (try the next file). */
 static int read_limit(const char *path, uint64_t *out)
 {
 	char buf[64];
 	uint64_t v;
-	if (read_small(path, buf, sizeof buf) != KV_OK)
+	if (kv_io_read_small(path, buf, sizeof buf) != KV_OK)
 		return 0;
 	if (!strncmp(buf, "max", 3))
 		return -1; /* readable and explicitly unlimited */
@@ -154,7 +131,7 @@ int kc_budget_cgroup_limit(const char *root, const char *proc_self_cgroup, uint6
 	if (!root)
 		root = "/sys/fs/cgroup";
 	/* cgroup v2: "0::/some/path" names our own group. */
-	if (proc_self_cgroup && read_small(proc_self_cgroup, own, sizeof own) == KV_OK) {
+	if (proc_self_cgroup && kv_io_read_small(proc_self_cgroup, own, sizeof own) == KV_OK) {
 		char *p = strstr(own, "0::");
 		if (p) {
 			char *nl;
@@ -180,31 +157,3 @@ int kc_budget_cgroup_limit(const char *root, const char *proc_self_cgroup, uint6
 	return KV_OK;
 }
 
-int kc_budget_mem_available(const char *meminfo_path, uint64_t *out)
-{
-	char buf[8192];
-	const char *p;
-	uint64_t kb = 0;
-	int rc;
-
-	if (!meminfo_path)
-		meminfo_path = "/proc/meminfo";
-	rc = read_small(meminfo_path, buf, sizeof buf);
-	if (rc != KV_OK)
-		return rc;
-	p = strstr(buf, "MemAvailable:");
-	if (!p)
-		return kv_fail(KV_ERR_NOT_FOUND, "%s: no MemAvailable line", meminfo_path);
-	p += strlen("MemAvailable:");
-	while (*p == ' ' || *p == '\t')
-		p++;
-	if (!isdigit((unsigned char)*p))
-		return kv_fail(KV_ERR_CORRUPT, "%s: MemAvailable is not a number", meminfo_path);
-	while (isdigit((unsigned char)*p)) {
-		if (kb > UINT64_MAX / 10 / 1024)
-			return kv_fail(KV_ERR_CORRUPT, "%s: MemAvailable too large", meminfo_path);
-		kb = kb * 10 + (uint64_t)(*p++ - '0');
-	}
-	*out = kb * 1024;
-	return KV_OK;
-}

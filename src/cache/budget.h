@@ -79,10 +79,6 @@ uint64_t kc_budget_floor(uint64_t mem_cap, uint64_t weights);
  */
 int kc_budget_cgroup_limit(const char *root, const char *proc_self_cgroup, uint64_t *out);
 
-/* MemAvailable of a meminfo file (normally "/proc/meminfo") in bytes.
- * KV_ERR_NOT_FOUND / KV_ERR_IO / KV_ERR_CORRUPT with a message. */
-int kc_budget_mem_available(const char *meminfo_path, uint64_t *out);
-
 /* Parse a non-negative decimal integer that fills the whole string
  * (surrounding blanks allowed). 0 on success, -1 if invalid or blank. */
 int kc_budget_parse_u64(const char *s, uint64_t *out);

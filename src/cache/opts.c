@@ -4,6 +4,7 @@
 #include "cache/opts.h"
 #include "base/env.h"
 #include "base/err.h"
+#include "base/mem.h"
 #include "base/log.h"
 
 #include <stdlib.h>
@@ -26,7 +27,7 @@ void kc_opts_default(struct kc_opts *o)
 void kc_machine_read(struct kc_machine *m)
 {
 	memset(m, 0, sizeof *m);
-	if (kc_budget_mem_available(NULL, &m->avail_ram) != KV_OK)
+	if (kv_mem_available(NULL, &m->avail_ram) != KV_OK)
 		m->avail_ram = 0;
 	kc_budget_cgroup_limit("/sys/fs/cgroup", "/proc/self/cgroup", &m->cgroup_limit);
 	m->env_max_bytes = kv_env(KV_ENV_PREFIX_CACHE_MAX_BYTES);

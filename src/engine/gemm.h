@@ -54,6 +54,10 @@ struct ke_mat {
 	/* ggml block types only: 1 = products with int8 per-row quantized
 	 * activations (engine/qgemm.h, --quant-act q8), 0 = exact f32. */
 	int qdot;
+	/* qdot matrices whose path takes them (Q8_0 on AVX-512 VNNI): the
+	 * rows prepacked into 16-row panels at model load (engine/qpanel.h),
+	 * or NULL. data stays the rows. */
+	const void *panels;
 };
 
 /* Bytes of one matrix as stored (codes + scales + biases for MLX). */

@@ -6,6 +6,8 @@
 #include "engine/engine_int.h"
 #include "engine/qgemm.h"
 #include "engine/qdot.h"
+#include "engine/qpanel.h"
+#include "engine/isa.h"
 #include "engine/moe.h"
 #include "model/open.h"
 #include "model/quant.h"
@@ -575,6 +577,123 @@ static double touch_weights(const struct ke_model *m)
 	return bytes;
 }
 
+/* The matrices the products read, each ke_mat once (not the embedding
+ * tables, whose rows are looked up: a tied lm_head is its own ke_mat). */
+struct mat_list {
+	struct ke_mat **v;
+	int n, cap;
+};
+
+static void list_add(struct mat_list *l, struct ke_mat *w)
+{
+	if (!w->data || w->rows <= 0)
+		return;
+	if (l->n == l->cap) {
+		int cap = l->cap ? 2 * l->cap : 256;
+		struct ke_mat **v = realloc(l->v, (size_t)cap * sizeof *v);
+		if (!v)
+			return; /* a matrix left out runs on its rows: the same numbers */
+		l->v = v;
+		l->cap = cap;
+	}
+	l->v[l->n++] = w;
+}
+
+static void list_layer(struct mat_list *l, struct ke_layer *ly)
+{
+	struct ke_mat *own[] = {&ly->gate, &ly->up,	  &ly->down, &ly->q, &ly->k, &ly->v,   &ly->o,	     &ly->ple_gate,
+				&ly->ple_out, &ly->qkv, &ly->z,    &ly->b, &ly->a, &ly->out, &ly->in_proj};
+	for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+		list_add(l, own[i]);
+	struct ke_moe *mo = ly->moe;
+	if (!mo)
+		return;
+	list_add(l, &mo->router);
+	for (int e = 0; e < mo->E; e++) {
+		list_add(l, &mo->gate[e]);
+		list_add(l, &mo->up[e]);
+		list_add(l, &mo->down[e]);
+	}
+	list_add(l, &mo->sh_gate);
+	list_add(l, &mo->sh_up);
+	list_add(l, &mo->sh_down);
+	list_add(l, &mo->sh_router);
+}
+
+struct pack_job {
+	const struct ke_mat *w;
+	uint8_t *out;
+};
+
+static void pack_part(void *ctx, size_t b, size_t e, int thread)
+{
+	const struct pack_job *j = ctx;
+	(void)thread;
+	ke_qpanel_pre_pack(j->w->dtype, j->w->data, (size_t)kv_dtype_row_bytes(j->w->dtype, (uint64_t)j->w->ld),
+			   j->w->rows, j->w->cols, (int)b, (int)e, j->out);
+}
+
+/* The prepacked panels of every matrix the path takes (engine/qpanel.h:
+ * Q8_0 under --quant-act q8 on AVX-512 VNNI), in one block m->packed;
+ * returns its bytes. Without the memory the rows serve, same numbers. */
+static size_t prepack(struct ke_model *m)
+{
+	const int isa = ke_isa();
+	struct mat_list l = {0};
+	if (!m->qdot)
+		return 0;
+	list_add(&l, &m->lm_head);
+	list_add(&l, &m->ple_proj);
+	for (int i = 0; i < m->cfg.n_layers; i++)
+		list_layer(&l, &m->layers[i]);
+	if (m->mtp) {
+		list_add(&l, &m->mtp->fc);
+		list_layer(&l, &m->mtp->layer);
+	}
+	size_t total = 0;
+	for (int i = 0; i < l.n; i++)
+		if (l.v[i]->qdot)
+			total += ke_qpanel_pre_bytes(isa, l.v[i]->dtype, l.v[i]->rows, l.v[i]->cols);
+	/* a copy as large as the matrices: only with room to spare (a
+	 * quarter of what is available left over), never pushing the machine
+	 * into swap; GGUF rows are mmap'd pages the kernel can drop */
+	uint64_t avail = 0;
+	if (total && kv_mem_available(NULL, &avail) == KV_OK && (double)total > 0.75 * (double)avail) {
+		KV_WARN("engine.model.prepack", "dir=%s bytes=%zu available=%llu: no room for the prepacked panels; the "
+			"products read the rows (same numbers, slower)", m->dir, total, (unsigned long long)avail);
+		total = 0;
+	}
+	kv_errclear();
+	if (total && !(m->packed = kv_alloc(KV_MEM_WEIGHTS, total))) {
+		KV_WARN("engine.model.prepack", "dir=%s bytes=%zu: no memory for the prepacked panels; the products "
+			"read the rows (same numbers, slower)", m->dir, total);
+		total = 0;
+	}
+	size_t off = 0;
+	for (int i = 0; i < l.n && total; i++) {
+		struct ke_mat *w = l.v[i];
+		size_t bytes = w->qdot ? ke_qpanel_pre_bytes(isa, w->dtype, w->rows, w->cols) : 0;
+		for (int j = 0; j < i && bytes; j++) /* the same rows seen before: their panels */
+			if (l.v[j]->panels && l.v[j]->data == w->data && l.v[j]->rows == w->rows && l.v[j]->cols == w->cols) {
+				w->panels = l.v[j]->panels;
+				bytes = 0;
+			}
+		if (!bytes)
+			continue;
+		struct pack_job j = {w, (uint8_t *)m->packed + off};
+		kv_pool_for(kv_pool_global(), (size_t)(w->rows + 15) / 16, 16, pack_part, &j);
+		w->panels = j.out;
+		off += bytes;
+	}
+	for (int i = 0; i < m->n_mats && off; i++) /* the listed copies (ke_model_mat) get them too */
+		for (int j = 0; j < l.n && !m->mats[i].panels; j++)
+			if (l.v[j]->panels && l.v[j]->data == m->mats[i].data && l.v[j]->rows == m->mats[i].rows &&
+			    l.v[j]->cols == m->mats[i].cols)
+				m->mats[i].panels = l.v[j]->panels;
+	free(l.v);
+	return off;
+}
+
 /* The RoPE tables' frequencies and gemma's embedding scale (ke_model_load). */
 static int rope_setup(struct loader *L)
 {
@@ -986,13 +1105,16 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		}
 	double t_touch = kv_now_s(), touched = touch_weights(m);
 	t_touch = kv_now_s() - t_touch;
+	double t_pack = kv_now_s(), packed = (double)prepack(m);
+	t_pack = kv_now_s() - t_pack;
 	KV_INFO("engine.model.load", "dir=%s arch=%s layers=%d attn=%d sliding=%d window=%d deltanet=%d mamba=%d "
 		"hidden=%d vocab=%d kv=%s "
-		"page_tokens=%d weights_mb=%.1f touched_mb=%.1f touch_ms=%.0f mtp=%d", dir, kv_arch_name(c->arch),
+		"page_tokens=%d weights_mb=%.1f touched_mb=%.1f touch_ms=%.0f packed_mb=%.1f pack_ms=%.0f mtp=%d", dir,
+		kv_arch_name(c->arch),
 		c->n_layers, c->n_attn_layers, c->n_swa_layers, c->sliding_window, c->n_deltanet_layers, c->n_ssm_layers,
 		c->hidden, c->vocab, ke_kv_name(p->kv),
 		m->lay.page_tokens, (double)kv_weights_bytes(m->w) / 1048576.0, touched / 1048576.0, t_touch * 1e3,
-		m->mtp != NULL);
+		packed / 1048576.0, t_pack * 1e3, m->mtp != NULL);
 	kv_mlx_qcfg_free(L.q);
 	free(L.specs);
 	*out = m;
@@ -1064,6 +1186,7 @@ void ke_model_destroy(struct ke_model *m)
 		kv_free(m->mtp);
 	}
 	kv_free(m->owned);
+	kv_free(m->packed);
 	if (m->w)
 		kv_weights_close(m->w);
 	free(m);

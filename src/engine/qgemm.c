@@ -12,6 +12,7 @@
 #include "engine/isa.h"
 #include "engine/prof.h"
 #include "engine/qdot.h"
+#include "engine/qpanel.h"
 #include "model/quant.h"
 #include "model/safetensors.h"
 
@@ -424,12 +425,23 @@ static void act_quant(int isa, const struct ke_mat *w, const float *x, size_t ld
 		ke_qact_quant(isa, blk, x + (size_t)i * ldx, w->cols, a + (size_t)i * rb);
 }
 
-/* Outputs [n0, n1) of m quantized rows a (stride rb). */
+/* Outputs [n0, n1) of m quantized rows a (stride rb): the prepacked
+ * panels from the first panel boundary on when the matrix has them and
+ * the path takes them, the rows otherwise (same numbers). */
 static void qdot_run(int isa, const struct ke_mat *w, const uint8_t *a, size_t rb, int m, float *y, size_t ldy,
 		     unsigned flags, int n0, int n1)
 {
-	ke_qdot_gemm(isa, w->dtype, w->data, (size_t)kv_dtype_row_bytes(w->dtype, (uint64_t)w->ld), w->cols, a, rb, m,
-		     y, ldy, (flags & KE_GEMM_ACCUM) != 0, n0, n1);
+	const size_t ws = (size_t)kv_dtype_row_bytes(w->dtype, (uint64_t)w->ld);
+	const int accum = (flags & KE_GEMM_ACCUM) != 0;
+	if (w->panels && n1 > n0) {
+		int h = n0 % 16 ? n0 + 16 - n0 % 16 : n0;
+		h = h < n1 ? h : n1;
+		ke_qdot_gemm(isa, w->dtype, w->data, ws, w->cols, a, rb, m, y, ldy, accum, n0, h);
+		if (h == n1 || ke_qpanel_gemm_pre(isa, w->dtype, w->panels, w->cols, a, rb, m, y, ldy, accum, h, n1))
+			return;
+		n0 = h;
+	}
+	ke_qdot_gemm(isa, w->dtype, w->data, ws, w->cols, a, rb, m, y, ldy, accum, n0, n1);
 }
 
 struct qjob {

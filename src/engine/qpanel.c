@@ -368,6 +368,17 @@ TGT2 static void k_gemm8(const int dt, const uint8_t *pk, int K, const uint8_t *
  * then f32 dmin[16]. */
 #define P1_BLK (P8_BLK + 64)
 #define P2_BLK (P6_BLK + 64)
+/* Prepacked Q8_0 (ke_qpanel_pre_*): u8 w[8][16][4] (code + 128), then the
+ * 16 rows' f16 scales as the file stores them: the 544 bytes of the 16
+ * rows' blocks, so a product streams no more than the rows themselves. */
+#define PP8_BLK (512 + 32)
+/* Prepacked Q4_0 / MXFP4: the codes stay nibbles. ggml's byte j of a
+ * block holds element j (low nibble) and j + 16 (high), so word h < 4 of
+ * the 16 rows' qs, transposed, holds word h of the codes in its low
+ * nibbles and word h + 4 in its high ones: u8 qs[4 words][16 rows][4],
+ * then the scales as stored (Q4_0: f16 [16]; MXFP4: E8M0 [16]), 288 /
+ * 272 bytes, the 16 rows' blocks again. */
+#define PP4_BLK(dt) ((dt) == KV_DT_MXFP4 ? 256 + 16 : 256 + 32)
 
 /* 16 rows of 32 bytes (row r at src[r]) to 8 registers of 64 bytes:
  * out + 64 g holds word g (bytes 4g..4g+3) of rows 0..15, xor-ed with
@@ -396,9 +407,9 @@ TGT5 static inline void transpose16x8(const uint8_t *const *src, uint8_t *out, _
 	}
 #pragma GCC unroll 4
 	for (int k = 0; k < 4; k++) {
-		_mm512_store_si512((void *)(out + 64 * k),
-				   _mm512_xor_si512(_mm512_permutex2var_epi64(u[k], lo_idx, u[k + 4]), flip));
-		_mm512_store_si512((void *)(out + 64 * (k + 4)),
+		_mm512_storeu_si512((void *)(out + 64 * k),
+				    _mm512_xor_si512(_mm512_permutex2var_epi64(u[k], lo_idx, u[k + 4]), flip));
+		_mm512_storeu_si512((void *)(out + 64 * (k + 4)),
 				   _mm512_xor_si512(_mm512_permutex2var_epi64(u[k], hi_idx, u[k + 4]), flip));
 	}
 }
@@ -411,20 +422,30 @@ TGT5 static inline void scales16(const uint16_t *h, float *d)
 	_mm512_storeu_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
 }
 
-TGT5 static void pack_q8_0(const uint8_t *const *wr, int nb, uint8_t *pk)
+/* Q8_0 panels; pre: the prepacked layout (PP8_BLK, the f16 scales as
+ * stored), else P8_BLK's f32 scales. */
+TGT5 static void pack_q8_0_t(const uint8_t *const *wr, int nb, uint8_t *pk, const int pre)
 {
 	const __m512i flip = _mm512_set1_epi8((char)0x80); /* codes + 128: the unsigned operand of vpdpbusd */
 	for (int b = 0; b < nb; b++) {
-		uint8_t *o = pk + (size_t)b * P8_BLK;
+		uint8_t *o = pk + (size_t)b * (pre ? PP8_BLK : P8_BLK);
 		const uint8_t *src[PR];
 		uint16_t h[PR];
 		for (int r = 0; r < PR; r++) {
 			src[r] = wr[r] + 34 * (size_t)b + 2;
 			memcpy(&h[r], src[r] - 2, 2);
 		}
-		scales16(h, (float *)(o + 512));
+		if (pre)
+			memcpy(o + 512, h, sizeof h);
+		else
+			scales16(h, (float *)(o + 512));
 		transpose16x8(src, o, flip);
 	}
+}
+
+TGT5 static void pack_q8_0(const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	pack_q8_0_t(wr, nb, pk, 0);
 }
 
 /* Q4_0 / Q5_0 / MXFP4 panel: the layout of Q8_0's, unsigned codes (no
@@ -572,10 +593,10 @@ TGT5 static void pack_g16(const int dt, const uint8_t *const *wr, int nb, uint8_
 /* Q8_0 (sh = 0: codes + 128 against -128 sum q) and Q4_0 / Q5_0 (sh = 4 / 3:
  * unsigned codes against -8 / -16 sum q). */
 TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, size_t astride, const int mr,
-				    const int sh, const int q1, float *out)
+				    const int sh, const int q1, const int pre, float *out)
 {
 	const int nb = K / 32;
-	const size_t pb = q1 ? P1_BLK : P8_BLK;
+	const size_t pb = pre ? PP8_BLK : q1 ? P1_BLK : P8_BLK;
 	const uint8_t *ns = a + K + (size_t)(K / 32) * 4, *dxp = a + K;
 	__m512 acc[GMR];
 #pragma GCC unroll 4
@@ -593,7 +614,8 @@ TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, 
 		}
 #pragma GCC unroll 8
 		for (int g = 0; g < 8; g++) {
-			const __m512i w = _mm512_load_si512((const void *)(o + 64 * g));
+			const __m512i w = pre ? _mm512_loadu_si512((const void *)(o + 64 * g))
+					      : _mm512_load_si512((const void *)(o + 64 * g));
 #pragma GCC unroll 4
 			for (int i = 0; i < mr; i++) {
 				const __m512i xw = _mm512_set1_epi32(word_at(a + (size_t)i * astride + 32 * (size_t)b + 4 * g));
@@ -606,7 +628,9 @@ TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, 
 #pragma GCC unroll 4
 		for (int i = 0; i < mr; i++)
 			t[i] = _mm512_add_epi32(t[i], t2[i]);
-		const __m512 dw = _mm512_load_ps((const float *)(o + 512));
+		/* f16 scales: vcvtph2ps, exact, a NaN quieted as scales16 gives it */
+		const __m512 dw = pre ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 512)))
+				      : _mm512_load_ps((const float *)(o + 512));
 #pragma GCC unroll 4
 		for (int i = 0; i < mr; i++) {
 			float dx;
@@ -777,20 +801,112 @@ G16_DISPATCH(q2_k_gemm16, 0)
 TGT5 static void q8_0_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, int sh, float *out)
 {
 	switch (mr) {
-	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, sh, 0, out); break;
-	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, sh, 0, out); break;
-	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, sh, 0, out); break;
-	default: q8_0_gemm16_t(pk, K, a, astride, 4, sh, 0, out); break;
+	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, sh, 0, 0, out); break;
+	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, sh, 0, 0, out); break;
+	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, sh, 0, 0, out); break;
+	default: q8_0_gemm16_t(pk, K, a, astride, 4, sh, 0, 0, out); break;
 	}
 }
 
 TGT5 static void q1_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
 {
 	switch (mr) {
-	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, 0, 1, out); break;
-	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, 0, 1, out); break;
-	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, 0, 1, out); break;
-	default: q8_0_gemm16_t(pk, K, a, astride, 4, 0, 1, out); break;
+	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, 0, 1, 0, out); break;
+	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, 0, 1, 0, out); break;
+	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, 0, 1, 0, out); break;
+	default: q8_0_gemm16_t(pk, K, a, astride, 4, 0, 1, 0, out); break;
+	}
+}
+
+/* Sixteen MXFP4 scales (kq_e8m0_half, exact): 0x00200000 << e below 2,
+ * (e - 1) << 23 from 2 on. */
+TGT5 static inline __m512 e8m0_16(const uint8_t *p)
+{
+	const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+	const __m512i lo = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+	const __m512i hi = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+	return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2)), hi, lo));
+}
+
+/* Prepacked Q4_0 / MXFP4 panels (PP4_BLK): each register of nibbles gives
+ * two code words by mask and shift (MXFP4's through its table of unsigned
+ * codes, as q0_codes gives them); the offset comes off through ns as in
+ * q8_0_gemm16_t, and the float steps are its. */
+TGT5 static AINL void q4_gemm16p_t(const int dt, const uint8_t *pk, int K, const uint8_t *a, size_t astride,
+				   const int mr, float *out)
+{
+	const int nb = K / 32, sh = q0_shift(dt);
+	const size_t pb = PP4_BLK(dt);
+	const uint8_t *ns = a + K + (size_t)(K / 32) * 4, *dxp = a + K;
+	const __m512i m4 = _mm512_set1_epi8(0x0f);
+	const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q_mxfp4_u));
+	__m512 acc[GMR];
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		acc[i] = _mm512_setzero_ps();
+	for (int b = 0; b < nb; b++) {
+		const uint8_t *o = pk + (size_t)b * pb;
+		__m512i t[GMR], t2[GMR];
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			t[i] = _mm512_set1_epi32(word_at(ns + (size_t)i * astride + 4 * (size_t)b) >> sh);
+			t2[i] = _mm512_setzero_si512();
+		}
+#pragma GCC unroll 4
+		for (int h = 0; h < 4; h++) {
+			const __m512i p = _mm512_loadu_si512((const void *)(o + 64 * h));
+			__m512i lo = _mm512_and_si512(p, m4), hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
+			if (dt == KV_DT_MXFP4) {
+				lo = _mm512_shuffle_epi8(lut, lo);
+				hi = _mm512_shuffle_epi8(lut, hi);
+			}
+#pragma GCC unroll 4
+			for (int i = 0; i < mr; i++) {
+				const uint8_t *x = a + (size_t)i * astride + 32 * (size_t)b;
+				t[i] = _mm512_dpbusd_epi32(t[i], lo, _mm512_set1_epi32(word_at(x + 4 * h)));
+				t2[i] = _mm512_dpbusd_epi32(t2[i], hi, _mm512_set1_epi32(word_at(x + 16 + 4 * h)));
+			}
+		}
+		const __m512 dw = dt == KV_DT_MXFP4 ? e8m0_16(o + 256)
+						    : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 256)));
+#pragma GCC unroll 4
+		for (int i = 0; i < mr; i++) {
+			float dx;
+			memcpy(&dx, dxp + (size_t)i * astride + 4 * (size_t)b, 4);
+			acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx)),
+						 _mm512_cvtepi32_ps(_mm512_add_epi32(t[i], t2[i])), acc[i]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < mr; i++)
+		_mm512_storeu_ps(out + PR * i, acc[i]);
+}
+
+#define Q4P_CASE(DT)                                                                          \
+	switch (mr) {                                                                         \
+	case 1: q4_gemm16p_t(DT, pk, K, a, astride, 1, out); break;                           \
+	case 2: q4_gemm16p_t(DT, pk, K, a, astride, 2, out); break;                           \
+	case 3: q4_gemm16p_t(DT, pk, K, a, astride, 3, out); break;                           \
+	default: q4_gemm16p_t(DT, pk, K, a, astride, 4, out); break;                          \
+	}
+
+TGT5 static void q4_gemm16p(int dt, const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
+{
+	if (dt == KV_DT_MXFP4)
+		Q4P_CASE(KV_DT_MXFP4)
+	else
+		Q4P_CASE(KV_DT_Q4_0)
+}
+
+/* Prepacked Q8_0 panels (PP8_BLK) */
+TGT5 static void q8_0_gemm16p(int dt, const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
+{
+	(void)dt;
+	switch (mr) {
+	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, 0, 0, 1, out); break;
+	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, 0, 0, 1, out); break;
+	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, 0, 0, 1, out); break;
+	default: q8_0_gemm16_t(pk, K, a, astride, 4, 0, 0, 1, out); break;
 	}
 }
 
@@ -859,6 +975,26 @@ TGT2 static void pack8(int dt, const uint8_t *const *wr, int nb, uint8_t *pk)
 
 _Static_assert(GMR == AMR, "the VNNI and AVX2 tiles take the same activation rows");
 
+/* One packed panel pk of pr rows against the m activation rows: outputs
+ * y[t * ldy + r] for the panel's first nr rows r. */
+static void panel_tiles(int pr, panel_tile_fn *tile, int dt, const uint8_t *pk, int K, const uint8_t *a,
+			size_t astride, int m, float *y, size_t ldy, int accum, int nr)
+{
+	for (int i = 0; i < m; i += AMR) {
+		int mr = m - i < AMR ? m - i : AMR;
+		float o[AMR * PR];
+		tile(dt, pk, K, a + (size_t)i * astride, astride, mr, o);
+		for (int t = 0; t < mr; t++) {
+			float *yo = y + (size_t)(i + t) * ldy;
+			if (nr == pr && !accum)
+				memcpy(yo, o + pr * t, sizeof(float) * (size_t)pr);
+			else
+				for (int r = 0; r < nr; r++)
+					put(yo + r, accum, o[pr * t + r]);
+		}
+	}
+}
+
 /* Weight rows [n0, n1) against the m activation rows, panel by panel (a
  * short panel repeats its last row), each repacked once into pk. */
 static void panel_gemm(int pr, panel_pack_fn *pack, panel_tile_fn *tile, int dt, const uint8_t *w, size_t wstride,
@@ -871,19 +1007,7 @@ static void panel_gemm(int pr, panel_pack_fn *pack, panel_tile_fn *tile, int dt,
 		for (int r = 0; r < pr; r++)
 			wr[r] = w + (size_t)(p0 + (r < nr ? r : nr - 1)) * wstride;
 		pack(dt, wr, nb, pk);
-		for (int i = 0; i < m; i += AMR) {
-			int mr = m - i < AMR ? m - i : AMR;
-			float o[AMR * PR];
-			tile(dt, pk, K, a + (size_t)i * astride, astride, mr, o);
-			for (int t = 0; t < mr; t++) {
-				float *yo = y + (size_t)(i + t) * ldy + p0;
-				if (nr == pr && !accum)
-					memcpy(yo, o + pr * t, sizeof(float) * (size_t)pr);
-				else
-					for (int r = 0; r < nr; r++)
-						put(yo + r, accum, o[pr * t + r]);
-			}
-		}
+		panel_tiles(pr, tile, dt, pk, K, a, astride, m, y + p0, ldy, accum, nr);
 	}
 }
 
@@ -921,6 +1045,90 @@ int ke_qpanel_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, con
 			return 1;
 		}
 	}
+	return 0;
+}
+
+static int pre_takes(int isa, int dt)
+{
+	return isa == KE_ISA_AVX512 && have_vnni() && (dt == KV_DT_Q8_0 || dt == KV_DT_Q4_0 || dt == KV_DT_MXFP4);
+}
+
+/* Bytes of one prepacked block of 16 rows. */
+static size_t pre_blk(int dt)
+{
+	return dt == KV_DT_Q8_0 ? PP8_BLK : PP4_BLK(dt);
+}
+
+size_t ke_qpanel_pre_bytes(int isa, int dt, int rows, int K)
+{
+	if (!pre_takes(isa, dt) || rows <= 0 || K <= 0 || K % 32)
+		return 0;
+	return (size_t)((rows + PR - 1) / PR) * (size_t)(K / 32) * pre_blk(dt);
+}
+
+/* The 16 rows' blocks as PP4_BLK panels: a 16 x 4 transpose of the qs
+ * words, the scales' bytes as they are. */
+static void pack4_pre(int dt, const uint8_t *const *wr, int nb, uint8_t *pk)
+{
+	const int bb = q0_bytes(dt), qo = q0_qs(dt), mx = dt == KV_DT_MXFP4;
+	for (int b = 0; b < nb; b++) {
+		uint8_t *o = pk + (size_t)b * PP4_BLK(dt);
+		for (int r = 0; r < PR; r++) {
+			const uint8_t *blk = wr[r] + (size_t)bb * b;
+			for (int h = 0; h < 4; h++)
+				memcpy(o + 64 * h + 4 * r, blk + qo + 4 * h, 4);
+			memcpy(o + 256 + (mx ? 1 : 2) * r, blk, mx ? 1 : 2);
+		}
+	}
+}
+
+void ke_qpanel_pre_pack(int dt, const uint8_t *w, size_t wstride, int rows, int K, int p0, int p1, uint8_t *out)
+{
+	const int nb = K / 32;
+	for (int p = p0; p < p1; p++) {
+		const uint8_t *wr[PR];
+		for (int r = 0; r < PR; r++) {
+			int n = p * PR + r;
+			wr[r] = w + (size_t)(n < rows ? n : rows - 1) * wstride;
+		}
+		uint8_t *o = out + (size_t)p * (size_t)nb * pre_blk(dt);
+		if (dt == KV_DT_Q8_0)
+			pack_q8_0_t(wr, nb, o, 1);
+		else
+			pack4_pre(dt, wr, nb, o);
+	}
+}
+
+int ke_qpanel_gemm_pre(int isa, int dt, const uint8_t *pk, int K, const uint8_t *a, size_t astride, int m, float *y,
+		       size_t ldy, int accum, int n0, int n1)
+{
+	if (!pk || !pre_takes(isa, dt) || n0 % PR)
+		return 0;
+	const size_t ps = (size_t)(K / 32) * pre_blk(dt);
+	for (int p0 = n0; p0 < n1; p0 += PR)
+		panel_tiles(PR, dt == KV_DT_Q8_0 ? q8_0_gemm16p : q4_gemm16p, dt, pk + (size_t)(p0 / PR) * ps, K, a, astride,
+			    m, y + p0, ldy, accum, n1 - p0 < PR ? n1 - p0 : PR);
+	return 1;
+}
+
+#else
+
+size_t ke_qpanel_pre_bytes(int isa, int dt, int rows, int K)
+{
+	(void)isa, (void)dt, (void)rows, (void)K;
+	return 0;
+}
+
+void ke_qpanel_pre_pack(int dt, const uint8_t *w, size_t wstride, int rows, int K, int p0, int p1, uint8_t *out)
+{
+	(void)dt, (void)w, (void)wstride, (void)rows, (void)K, (void)p0, (void)p1, (void)out;
+}
+
+int ke_qpanel_gemm_pre(int isa, int dt, const uint8_t *pk, int K, const uint8_t *a, size_t astride, int m, float *y,
+		       size_t ldy, int accum, int n0, int n1)
+{
+	(void)isa, (void)dt, (void)pk, (void)K, (void)a, (void)astride, (void)m, (void)y, (void)ldy, (void)accum;
+	(void)n0, (void)n1;
 	return 0;
 }
 

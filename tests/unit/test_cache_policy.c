@@ -6,6 +6,7 @@
 #include "kt.h"
 #include "test_cache_util.h"
 #include "base/err.h"
+#include "base/mem.h"
 #include "base/log.h"
 #include "cache/budget.h"
 #include "cache/opts.h"
@@ -466,14 +467,14 @@ KT_CASE(budget_cgroup_and_meminfo_readers)
 	/* meminfo */
 	snprintf(p, sizeof p, "%s/meminfo", d);
 	write_file(p, "MemTotal:       16000000 kB\nMemFree:  100 kB\nMemAvailable:    8000000 kB\n");
-	KT_OK(kc_budget_mem_available(p, &v));
+	KT_OK(kv_mem_available(p, &v));
 	KT_EQ_U64(v, 8000000ull * 1024);
 	write_file(p, "MemTotal: 5 kB\n");
-	KT_EQ_INT(kc_budget_mem_available(p, &v), KV_ERR_NOT_FOUND);
+	KT_EQ_INT(kv_mem_available(p, &v), KV_ERR_NOT_FOUND);
 	write_file(p, "MemAvailable: x kB\n");
-	KT_EQ_INT(kc_budget_mem_available(p, &v), KV_ERR_CORRUPT);
+	KT_EQ_INT(kv_mem_available(p, &v), KV_ERR_CORRUPT);
 	/* The real machine answers (any value). */
-	KT_OK(kc_budget_mem_available(NULL, &v));
+	KT_OK(kv_mem_available(NULL, &v));
 	KT_CHECK(v > 0);
 }
 

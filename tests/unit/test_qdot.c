@@ -12,6 +12,7 @@
 #include "base/err.h"
 #include "engine/gemm.h"
 #include "engine/isa.h"
+#include "engine/qpanel.h"
 #include "engine/matmul.h"
 #include "engine/qdot.h"
 #include "engine/qgemm.h"
@@ -212,6 +213,39 @@ static double ref_dot(int dt, const uint8_t *w, int K, const uint8_t *a, double 
 	return y;
 }
 
+/* The prepacked panels (engine/qpanel.h) where this CPU's path takes
+ * them: every panel packed, then products of 1..M activation rows over
+ * rows [0, N) and [16, N) (a short last panel) equal the definition. */
+static void pre_panels_match(int dt, const uint8_t *wq, size_t wb, int N, int K, const uint8_t *a, size_t ab, int M,
+			     const float *ref)
+{
+	const int isa = ke_isa_best();
+	size_t pb = ke_qpanel_pre_bytes(isa, dt, N, K);
+	if (!pb)
+		return;
+	KT_CHECK(pb == (size_t)((N + 15) / 16) * 16 * wb); /* the rows' bytes, a short panel padded */
+	uint8_t *pk = amalloc(pb);
+	ke_qpanel_pre_pack(dt, wq, wb, N, K, 0, 1, pk);
+	ke_qpanel_pre_pack(dt, wq, wb, N, K, 1, (N + 15) / 16, pk);
+	float *got = malloc((size_t)M * N * 4);
+	for (int mr = 1; mr <= M; mr++) {
+		memset(got, 0xff, (size_t)M * N * 4);
+		for (int i0 = 0; i0 < M; i0 += mr) {
+			int r = M - i0 < mr ? M - i0 : mr;
+			KT_CHECK(ke_qpanel_gemm_pre(isa, dt, pk, K, a + (size_t)i0 * ab, ab, r, got + i0 * N, N, 0, 0, 16));
+			KT_CHECK(ke_qpanel_gemm_pre(isa, dt, pk, K, a + (size_t)i0 * ab, ab, r, got + i0 * N, N, 0, 16, N));
+		}
+		KT_CHECKF(!memcmp(ref, got, (size_t)M * N * 4), "%s K %d: prepacked panels, rows by %d differ from the "
+			  "definition", kv_dtype_name(dt), K, mr);
+	}
+	/* not on a panel boundary, or a path without panels: refused */
+	KT_CHECK(!ke_qpanel_gemm_pre(isa, dt, pk, K, a, ab, 1, got, N, 0, 5, N));
+	KT_CHECK(!ke_qpanel_gemm_pre(KE_ISA_AVX2, dt, pk, K, a, ab, 1, got, N, 0, 0, N));
+	KT_CHECK(!ke_qpanel_pre_bytes(KE_ISA_AVX2, dt, N, K) && !ke_qpanel_pre_bytes(isa, KV_DT_Q4_K, N, 256));
+	free(got);
+	free(pk);
+}
+
 KT_CASE(dot_paths_identical_and_exact)
 {
 	const int Ks[] = {256, 768, 2048, 288}, N = 21, M = 24; /* 288: an odd count of 32-blocks */
@@ -258,6 +292,7 @@ KT_CASE(dot_paths_identical_and_exact)
 					KT_CHECKF(!memcmp(ref, got, sizeof ref), "%s K %d: ISA %s, rows by %d differ from the definition",
 						  kv_dtype_name(dt), K, ke_isa_name(isa), mr);
 				}
+			pre_panels_match(dt, wq, wb, N, K, a, ab, M, ref);
 			free(wq);
 			free(a);
 		}
@@ -321,6 +356,42 @@ KT_CASE(gemm_m_invariance)
 				KT_CHECKF(!memcmp(ref, y, (size_t)M * N * 4), "%s ISA %s differs from scalar", kv_dtype_name(dt),
 					  ke_isa_name(isa));
 			}
+		}
+		/* with prepacked panels (where this CPU's path takes them): the
+		 * same numbers through ke_gemm, M = 1 and column ranges that do
+		 * and do not start on a panel boundary; a path without panels
+		 * reads the rows */
+		size_t pb = ke_qpanel_pre_bytes(ke_isa_best(), dt, N, K);
+		if (pb) {
+			uint8_t *pk = amalloc(pb);
+			ke_qpanel_pre_pack(dt, wq, wb, N, K, 0, (N + 15) / 16, pk);
+			struct ke_mat qp = q;
+			qp.panels = pk;
+			for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
+				ke_isa_set(isa);
+				ke_gemm(&qp, x, (size_t)K, M, y, (size_t)N, 0);
+				KT_CHECKF(!memcmp(ref, y, (size_t)M * N * 4), "%s ISA %s: with panels != without",
+					  kv_dtype_name(dt), ke_isa_name(isa));
+				for (int i = 0; i < M; i++) {
+					ke_gemm(&qp, x + (size_t)i * K, (size_t)K, 1, y1, (size_t)N, 0);
+					KT_CHECKF(!memcmp(y1, ref + (size_t)i * N, (size_t)N * 4),
+						  "%s ISA %s: panels, row %d of M=1 != without", kv_dtype_name(dt),
+						  ke_isa_name(isa), i);
+				}
+				const int cuts[][3] = {{0, 7, N}, {0, 16, N}, {0, 19, N}};
+				for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+					memset(yr, 0, (size_t)M * N * 4);
+					for (int h = 0; h < 2; h++)
+						ke_gemm_range(isa, &qp, x, (size_t)K, M, yr, (size_t)N, KE_GEMM_ACCUM, cuts[c][h],
+							      cuts[c][h + 1]);
+					int same = 1;
+					for (int i = 0; i < M * N; i++)
+						same &= yr[i] == ref[i] || (isnan(yr[i]) && isnan(ref[i]));
+					KT_CHECKF(same, "%s ISA %s: panels, ranges cut at %d differ", kv_dtype_name(dt),
+						  ke_isa_name(isa), cuts[c][1]);
+				}
+			}
+			free(pk);
 		}
 		ke_isa_set(saved);
 		/* more rows than one quantized piece (ke_qgemm works in pieces of at
