@@ -7,7 +7,9 @@
  * usage.
  */
 #include "cli/cli.h"
+#include "engine/isa.h"
 #include "engine/layout.h"
+#include "engine/qpanel.h"
 #include "model/config.h"
 #include "model/mlx.h"
 #include "model/gguf.h"
@@ -120,8 +122,15 @@ KV_COMMAND(mkmodel, "mkmodel", "write a synthetic model folder (Hugging Face lay
 struct wtypes {
 	char name[12][16];
 	uint64_t count[12], bytes[12], resident;
+	uint64_t packed; /* the prepacked panels this CPU's products add (engine/qpanel.h) */
 	int n;
 };
+
+/* Whether this CPU's products keep prepacked panels of dtype dt. */
+static int packs(int dt)
+{
+	return ke_qpanel_pre_bytes(ke_isa(), dt, 16, 32) > 0;
+}
 
 static void wtypes_add(struct wtypes *t, const char *name, uint64_t bytes)
 {
@@ -181,6 +190,11 @@ static void weight_types(const struct kv_model_config *c, const struct kv_weight
 		if (!x)
 			continue;
 		t->resident += x->nbytes;
+		/* the products' matrices (not the embedding table, a lookup) of a
+		 * type with panels, and GPT-OSS's MXFP4 expert codes and scales */
+		if ((v[i].role != KV_ROLE_EMBED && packs(x->dtype)) ||
+		    ((v[i].role == KV_ROLE_MXFP4_BLOCKS || v[i].role == KV_ROLE_MXFP4_SCALES) && packs(KV_DT_MXFP4)))
+			t->packed += x->nbytes;
 		if (x->dtype == KV_DT_U32) {
 			size_t L = strlen(name);
 			static const char *const sfx[2] = {"scales", "biases"};
@@ -296,11 +310,12 @@ static int cmd_model_info(int argc, char **argv)
 	 * what decoding reads per token (the same share of it as of the
 	 * parameters); the BF16 / Q4_K_M lines become estimates for other
 	 * formats. */
-	int quantized = 0;
+	int quantized = 0, mlx = 0;
 	char file_types[160] = "";
 	for (int i = 0, at = 0; w && !w_rc && i < wt.n; i++) {
 		if (strcmp(wt.name[i], "F32") && strcmp(wt.name[i], "F16") && strcmp(wt.name[i], "BF16"))
 			quantized = 1;
+		mlx |= !strncmp(wt.name[i], "MLX", 3);
 		if (at < (int)sizeof file_types - 24)
 			at += snprintf(file_types + at, sizeof file_types - (size_t)at, "%s%s", at ? ", " : "", wt.name[i]);
 	}
@@ -326,7 +341,7 @@ static int cmd_model_info(int argc, char **argv)
 		json_object_set_new(o, "params", json_integer((json_int_t)params));
 		json_object_set_new(o, "active_params", json_integer((json_int_t)active));
 		if (quantized) {
-			json_object_set_new(o, "file", json_pack("{s:s, s:I, s:I, s:I}", "format", kv_weights_gguf(w) ? "gguf" : "mlx",
+			json_object_set_new(o, "file", json_pack("{s:s, s:I, s:I, s:I}", "format", kv_weights_gguf(w) ? "gguf" : mlx ? "mlx" : "hf",
 							       "bytes", (json_int_t)kv_weights_bytes(w), "resident_bytes",
 							       (json_int_t)wt.resident, "decode_bytes_per_token_est",
 							       (json_int_t)file_dec));
@@ -380,6 +395,7 @@ static int cmd_model_info(int argc, char **argv)
 				}
 				json_object_set_new(wo, "types", ty);
 				json_object_set_new(wo, "resident_bytes", json_integer((json_int_t)wt.resident));
+				json_object_set_new(wo, "prepacked_bytes_est", json_integer((json_int_t)wt.packed));
 			} else {
 				json_object_set_new(wo, "error", json_string(werr));
 			}
@@ -392,20 +408,30 @@ static int cmd_model_info(int argc, char **argv)
 	} else {
 		printf("model        %s\n", pos[0]);
 		if (quantized) {
-			printf("this file    %s %s: %.2f GiB of weights (%s)\n", kv_weights_gguf(w) ? "GGUF" : "MLX",
-			       kv_weights_gguf(w) ? "quantized" : "folder", (double)kv_weights_bytes(w) / 1073741824.0,
-			       file_types);
+			printf("this file    %s: %.2f GiB of weights (%s)\n",
+			       kv_weights_gguf(w) ? "GGUF quantized" : mlx ? "MLX folder" : "Hugging Face folder",
+			       (double)kv_weights_bytes(w) / 1073741824.0, file_types);
 			printf("             %.2f GiB resident, decode reads ~%.1f MiB of it per token\n",
 			       (double)wt.resident / 1073741824.0, (double)file_dec / 1048576.0);
+			if (wt.packed)
+				printf("             + ~%.2f GiB of prepacked panels of its Q8_0 / Q4_0 / MXFP4 matrices on "
+				       "this CPU (docs/engine.md)\n", (double)wt.packed / 1073741824.0);
 		}
 		printf("architecture %s (model_type %s%s%s)\n", kv_arch_name(c.arch), c.model_type,
 		       c.architecture[0] ? ", " : "", c.architecture);
-		printf("layers       %d: %d attention, %d recurrent (%s)%s\n              ", c.n_layers, c.n_attn_layers,
-		       n_rec, c.ssm ? "Mamba-2" : "Gated DeltaNet", c.n_mlp_layers ? ", the rest MLP" : "");
+		if (n_rec)
+			printf("layers       %d: %d attention, %d recurrent (%s)%s\n              ", c.n_layers,
+			       c.n_attn_layers, n_rec, c.ssm ? "Mamba-2" : "Gated DeltaNet",
+			       c.n_mlp_layers ? ", the rest MLP" : "");
+		else /* attention only: how many of them slide */
+			printf("layers       %d: %d attention, %d of them sliding-window\n              ", c.n_layers,
+			       c.n_attn_layers, c.n_swa_layers);
 		for (int l = 0; l < c.n_layers; l++)
 			printf("%s", c.layer_type[l] == KV_LAYER_ATTN && c.layer_window[l] > 0 ? "S"
 											       : layer_letter(c.layer_type[l]));
-		printf("  (A attention, %s)\n", c.ssm ? "M Mamba-2, - MLP" : "S sliding-window attention, D DeltaNet");
+		printf("  (A attention, %s)\n", c.ssm ? "M Mamba-2, - MLP"
+					     : n_rec ? "S sliding-window attention, D DeltaNet"
+						     : "S sliding-window attention");
 		printf("shape        hidden %d, intermediate %d, vocab %d, heads %d/%d kv x %d", c.hidden, c.intermediate,
 		       c.vocab, c.n_heads, c.n_kv_heads, c.head_dim);
 		if (c.hybrid)

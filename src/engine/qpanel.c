@@ -592,12 +592,33 @@ TGT5 static void pack_g16(const int dt, const uint8_t *const *wr, int nb, uint8_
 
 /* Q8_0 (sh = 0: codes + 128 against -128 sum q) and Q4_0 / Q5_0 (sh = 4 / 3:
  * unsigned codes against -8 / -16 sum q). */
+/* Sixteen MXFP4 scales (kq_e8m0_half, exact): 0x00200000 << e below 2,
+ * (e - 1) << 23 from 2 on. */
+TGT5 static inline __m512 e8m0_16(const uint8_t *p)
+{
+	const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+	const __m512i lo = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+	const __m512i hi = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+	return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2)), hi, lo));
+}
+
+/* pre: the panels' layout, PRE_NONE (P8_BLK / P1_BLK, packed per call)
+ * or a prepacked one (PP8_BLK; PP4_BLK, whose registers of nibbles give
+ * two code words each by mask and shift, MXFP4's through its table of
+ * unsigned codes as q0_codes gives them). */
+enum { PRE_NONE, PRE_Q8_0, PRE_Q4_0, PRE_MXFP4 };
+
 TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, size_t astride, const int mr,
 				    const int sh, const int q1, const int pre, float *out)
 {
-	const int nb = K / 32;
-	const size_t pb = pre ? PP8_BLK : q1 ? P1_BLK : P8_BLK;
+	const int nb = K / 32, nib = pre == PRE_Q4_0 || pre == PRE_MXFP4;
+	const size_t pb = pre == PRE_Q8_0 ? PP8_BLK
+			  : nib	       ? (size_t)PP4_BLK(pre == PRE_MXFP4 ? KV_DT_MXFP4 : KV_DT_Q4_0)
+			  : q1	       ? P1_BLK
+					 : P8_BLK;
 	const uint8_t *ns = a + K + (size_t)(K / 32) * 4, *dxp = a + K;
+	const __m512i m4 = _mm512_set1_epi8(0x0f);
+	const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q_mxfp4_u));
 	__m512 acc[GMR];
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
@@ -614,8 +635,15 @@ TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, 
 		}
 #pragma GCC unroll 8
 		for (int g = 0; g < 8; g++) {
-			const __m512i w = pre ? _mm512_loadu_si512((const void *)(o + 64 * g))
-					      : _mm512_load_si512((const void *)(o + 64 * g));
+			__m512i w;
+			if (nib && g >= 4) /* word g - 4's high nibbles */
+				w = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512((const void *)(o + 64 * (g - 4))), 4), m4);
+			else if (nib)
+				w = _mm512_and_si512(_mm512_loadu_si512((const void *)(o + 64 * g)), m4);
+			else
+				w = pre ? _mm512_loadu_si512((const void *)(o + 64 * g)) : _mm512_load_si512((const void *)(o + 64 * g));
+			if (pre == PRE_MXFP4)
+				w = _mm512_shuffle_epi8(lut, w);
 #pragma GCC unroll 4
 			for (int i = 0; i < mr; i++) {
 				const __m512i xw = _mm512_set1_epi32(word_at(a + (size_t)i * astride + 32 * (size_t)b + 4 * g));
@@ -628,9 +656,12 @@ TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, 
 #pragma GCC unroll 4
 		for (int i = 0; i < mr; i++)
 			t[i] = _mm512_add_epi32(t[i], t2[i]);
-		/* f16 scales: vcvtph2ps, exact, a NaN quieted as scales16 gives it */
-		const __m512 dw = pre ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 512)))
-				      : _mm512_load_ps((const float *)(o + 512));
+		/* the scales as stored: f16 through vcvtph2ps (exact, a NaN quieted
+		 * as scales16 gives it), E8M0 through e8m0_16 */
+		const __m512 dw = pre == PRE_MXFP4 ? e8m0_16(o + 256)
+				  : nib		     ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 256)))
+				  : pre		     ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 512)))
+						     : _mm512_load_ps((const float *)(o + 512));
 #pragma GCC unroll 4
 		for (int i = 0; i < mr; i++) {
 			float dx;
@@ -801,113 +832,40 @@ G16_DISPATCH(q2_k_gemm16, 0)
 TGT5 static void q8_0_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, int sh, float *out)
 {
 	switch (mr) {
-	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, sh, 0, 0, out); break;
-	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, sh, 0, 0, out); break;
-	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, sh, 0, 0, out); break;
-	default: q8_0_gemm16_t(pk, K, a, astride, 4, sh, 0, 0, out); break;
+	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, sh, 0, PRE_NONE, out); break;
+	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, sh, 0, PRE_NONE, out); break;
+	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, sh, 0, PRE_NONE, out); break;
+	default: q8_0_gemm16_t(pk, K, a, astride, 4, sh, 0, PRE_NONE, out); break;
 	}
 }
 
 TGT5 static void q1_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
 {
 	switch (mr) {
-	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, 0, 1, 0, out); break;
-	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, 0, 1, 0, out); break;
-	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, 0, 1, 0, out); break;
-	default: q8_0_gemm16_t(pk, K, a, astride, 4, 0, 1, 0, out); break;
+	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, 0, 1, PRE_NONE, out); break;
+	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, 0, 1, PRE_NONE, out); break;
+	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, 0, 1, PRE_NONE, out); break;
+	default: q8_0_gemm16_t(pk, K, a, astride, 4, 0, 1, PRE_NONE, out); break;
 	}
 }
 
-/* Sixteen MXFP4 scales (kq_e8m0_half, exact): 0x00200000 << e below 2,
- * (e - 1) << 23 from 2 on. */
-TGT5 static inline __m512 e8m0_16(const uint8_t *p)
-{
-	const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-	const __m512i lo = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-	const __m512i hi = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
-	return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2)), hi, lo));
-}
-
-/* Prepacked Q4_0 / MXFP4 panels (PP4_BLK): each register of nibbles gives
- * two code words by mask and shift (MXFP4's through its table of unsigned
- * codes, as q0_codes gives them); the offset comes off through ns as in
- * q8_0_gemm16_t, and the float steps are its. */
-TGT5 static AINL void q4_gemm16p_t(const int dt, const uint8_t *pk, int K, const uint8_t *a, size_t astride,
-				   const int mr, float *out)
-{
-	const int nb = K / 32, sh = q0_shift(dt);
-	const size_t pb = PP4_BLK(dt);
-	const uint8_t *ns = a + K + (size_t)(K / 32) * 4, *dxp = a + K;
-	const __m512i m4 = _mm512_set1_epi8(0x0f);
-	const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)q_mxfp4_u));
-	__m512 acc[GMR];
-#pragma GCC unroll 4
-	for (int i = 0; i < mr; i++)
-		acc[i] = _mm512_setzero_ps();
-	for (int b = 0; b < nb; b++) {
-		const uint8_t *o = pk + (size_t)b * pb;
-		__m512i t[GMR], t2[GMR];
-#pragma GCC unroll 4
-		for (int i = 0; i < mr; i++) {
-			t[i] = _mm512_set1_epi32(word_at(ns + (size_t)i * astride + 4 * (size_t)b) >> sh);
-			t2[i] = _mm512_setzero_si512();
-		}
-#pragma GCC unroll 4
-		for (int h = 0; h < 4; h++) {
-			const __m512i p = _mm512_loadu_si512((const void *)(o + 64 * h));
-			__m512i lo = _mm512_and_si512(p, m4), hi = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
-			if (dt == KV_DT_MXFP4) {
-				lo = _mm512_shuffle_epi8(lut, lo);
-				hi = _mm512_shuffle_epi8(lut, hi);
-			}
-#pragma GCC unroll 4
-			for (int i = 0; i < mr; i++) {
-				const uint8_t *x = a + (size_t)i * astride + 32 * (size_t)b;
-				t[i] = _mm512_dpbusd_epi32(t[i], lo, _mm512_set1_epi32(word_at(x + 4 * h)));
-				t2[i] = _mm512_dpbusd_epi32(t2[i], hi, _mm512_set1_epi32(word_at(x + 16 + 4 * h)));
-			}
-		}
-		const __m512 dw = dt == KV_DT_MXFP4 ? e8m0_16(o + 256)
-						    : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 256)));
-#pragma GCC unroll 4
-		for (int i = 0; i < mr; i++) {
-			float dx;
-			memcpy(&dx, dxp + (size_t)i * astride + 4 * (size_t)b, 4);
-			acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(dx)),
-						 _mm512_cvtepi32_ps(_mm512_add_epi32(t[i], t2[i])), acc[i]);
-		}
-	}
-#pragma GCC unroll 4
-	for (int i = 0; i < mr; i++)
-		_mm512_storeu_ps(out + PR * i, acc[i]);
-}
-
-#define Q4P_CASE(DT)                                                                          \
-	switch (mr) {                                                                         \
-	case 1: q4_gemm16p_t(DT, pk, K, a, astride, 1, out); break;                           \
-	case 2: q4_gemm16p_t(DT, pk, K, a, astride, 2, out); break;                           \
-	case 3: q4_gemm16p_t(DT, pk, K, a, astride, 3, out); break;                           \
-	default: q4_gemm16p_t(DT, pk, K, a, astride, 4, out); break;                          \
+/* Prepacked panels (PP8_BLK, PP4_BLK) */
+#define PRE_CASE(SH, PRE)                                                                   \
+	switch (mr) {                                                                       \
+	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, SH, 0, PRE, out); break;                \
+	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, SH, 0, PRE, out); break;                \
+	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, SH, 0, PRE, out); break;                \
+	default: q8_0_gemm16_t(pk, K, a, astride, 4, SH, 0, PRE, out); break;               \
 	}
 
-TGT5 static void q4_gemm16p(int dt, const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
+TGT5 static void gemm16_pre(int dt, const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
 {
 	if (dt == KV_DT_MXFP4)
-		Q4P_CASE(KV_DT_MXFP4)
+		PRE_CASE(3, PRE_MXFP4)
+	else if (dt == KV_DT_Q4_0)
+		PRE_CASE(4, PRE_Q4_0)
 	else
-		Q4P_CASE(KV_DT_Q4_0)
-}
-
-/* Prepacked Q8_0 panels (PP8_BLK) */
-TGT5 static void q8_0_gemm16p(int dt, const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
-{
-	(void)dt;
-	switch (mr) {
-	case 1: q8_0_gemm16_t(pk, K, a, astride, 1, 0, 0, 1, out); break;
-	case 2: q8_0_gemm16_t(pk, K, a, astride, 2, 0, 0, 1, out); break;
-	case 3: q8_0_gemm16_t(pk, K, a, astride, 3, 0, 0, 1, out); break;
-	default: q8_0_gemm16_t(pk, K, a, astride, 4, 0, 0, 1, out); break;
-	}
+		PRE_CASE(0, PRE_Q8_0)
 }
 
 TGT5 static void q4_k_gemm16(const uint8_t *pk, int K, const uint8_t *a, size_t astride, int mr, float *out)
@@ -1106,8 +1064,8 @@ int ke_qpanel_gemm_pre(int isa, int dt, const uint8_t *pk, int K, const uint8_t 
 		return 0;
 	const size_t ps = (size_t)(K / 32) * pre_blk(dt);
 	for (int p0 = n0; p0 < n1; p0 += PR)
-		panel_tiles(PR, dt == KV_DT_Q8_0 ? q8_0_gemm16p : q4_gemm16p, dt, pk + (size_t)(p0 / PR) * ps, K, a, astride,
-			    m, y + p0, ldy, accum, n1 - p0 < PR ? n1 - p0 : PR);
+		panel_tiles(PR, gemm16_pre, dt, pk + (size_t)(p0 / PR) * ps, K, a, astride, m, y + p0, ldy, accum,
+			    n1 - p0 < PR ? n1 - p0 : PR);
 	return 1;
 }
 

@@ -121,6 +121,12 @@ MJ=$("$KT_BIN" model info "$TMPD/q.gguf" --json)
 if py 'import json,sys; f=json.loads(sys.argv[1])["file"]; assert f["format"]=="gguf" and f["bytes"]>0 and f["resident_bytes"]>0, f' "$MJ"; then
 	ok model_info_json_file
 else fail model_info_json_file "$(head -c 300 <<<"$MJ")"; fi
+# the prepacked panels (Q8_0 matrices on AVX-512 VNNI, docs/engine.md): counted in the JSON
+# on every CPU, named in the text exactly where this CPU keeps them
+PB=$(py 'import json,sys; print(json.loads(sys.argv[1])["weights"]["prepacked_bytes_est"])' "$MJ")
+if [ -n "$PB" ] && { { [ "$PB" -gt 0 ] && grep -q "prepacked panels" <<<"$MI"; } ||
+	{ [ "$PB" -eq 0 ] && ! grep -q "prepacked panels" <<<"$MI"; }; }; then ok model_info_prepacked
+else fail model_info_prepacked "$PB: $(head -5 <<<"$MI")"; fi
 MI=$("$KT_BIN" model info "$TMPD/hf")
 if ! grep -q "^this file" <<<"$MI" && grep -q "^resident     .* as BF16" <<<"$MI"; then ok model_info_float_folder_unchanged
 else fail model_info_float_folder_unchanged "$(head -3 <<<"$MI")"; fi
