@@ -12,6 +12,7 @@
  *   KVKEEP_LOG                      base/log.c (kv_log_parse_level)
  *   KVKEEP_THREADS                  base/pool.c
  *   KVKEEP_ISA                      engine/isa.c
+ *   KVKEEP_PREPACK                  engine/model.c (prepack)
  *   KVKEEP_PREFIX_CACHE_MAX_BYTES   cache/budget.c (kc_budget_compute)
  *   KVKEEP_HYBRID_CHECKPOINT_*      cache/storage_policy.c (kc_policy_env)
  *   KVKEEP_CACHE_DIR, XDG_CACHE_HOME, HOME   store/dir.c (ks_dir_root_from)
@@ -38,6 +39,7 @@ enum kv_env_id {
 	KV_ENV_LOG,
 	KV_ENV_THREADS,
 	KV_ENV_ISA,
+	KV_ENV_PREPACK,
 	KV_ENV_CACHE_DIR,
 	KV_ENV_API_KEY,
 	KV_ENV_ADMIN_KEY,

@@ -107,6 +107,7 @@ struct ke_model {
 	const float *ple_norm;
 	void *owned;              /* one kv_alloc block holding every f32 copy */
 	void *packed;             /* one kv_alloc block: every ke_mat.panels (model.c prepack) */
+	size_t packed_bytes;
 	uint64_t decode_bytes;
 	int qdot;            /* --quant-act q8: ggml block matrices set ke_mat.qdot
 				(engine/qgemm.h); every ke_mat of the model follows it */

@@ -12,6 +12,7 @@
 #include "model/open.h"
 #include "model/quant.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/err.h"
 #include "base/log.h"
 #include "base/mem.h"
@@ -640,7 +641,10 @@ static size_t prepack(struct ke_model *m)
 {
 	const int isa = ke_isa();
 	struct mat_list l = {0};
-	if (!m->qdot)
+	const char *env = kv_env(KV_ENV_PREPACK);
+	if (env && strcmp(env, "0") && strcmp(env, "1"))
+		KV_WARN("engine.model.prepack", "msg=\"KVKEEP_PREPACK is 0 or 1; using 1\" value=%s", env);
+	if (!m->qdot || (env && !strcmp(env, "0")))
 		return 0;
 	list_add(&l, &m->lm_head);
 	list_add(&l, &m->ple_proj);
@@ -1105,7 +1109,9 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 		}
 	double t_touch = kv_now_s(), touched = touch_weights(m);
 	t_touch = kv_now_s() - t_touch;
-	double t_pack = kv_now_s(), packed = (double)prepack(m);
+	double t_pack = kv_now_s();
+	m->packed_bytes = prepack(m);
+	double packed = (double)m->packed_bytes;
 	t_pack = kv_now_s() - t_pack;
 	KV_INFO("engine.model.load", "dir=%s arch=%s layers=%d attn=%d sliding=%d window=%d deltanet=%d mamba=%d "
 		"hidden=%d vocab=%d kv=%s "
@@ -1190,6 +1196,11 @@ void ke_model_destroy(struct ke_model *m)
 	if (m->w)
 		kv_weights_close(m->w);
 	free(m);
+}
+
+size_t ke_model_packed_bytes(const struct ke_model *m)
+{
+	return m->packed_bytes;
 }
 
 const struct kv_model_config *ke_model_config(const struct ke_model *m)

@@ -80,6 +80,9 @@ void ke_model_destroy(struct ke_model *m);
 
 /* Views valid for the model's lifetime. */
 const struct kv_model_config *ke_model_config(const struct ke_model *m);
+/* Bytes of the prepacked panels the model's products read (engine/qpanel.h),
+ * 0 when this path and these types keep none. */
+size_t ke_model_packed_bytes(const struct ke_model *m);
 const struct ke_layout *ke_model_layout(const struct ke_model *m);
 /* The pool KV pages come from (shared with the prefix cache). */
 struct kv_pages *ke_model_pages(struct ke_model *m);

@@ -127,6 +127,15 @@ PB=$(py 'import json,sys; print(json.loads(sys.argv[1])["weights"]["prepacked_by
 if [ -n "$PB" ] && { { [ "$PB" -gt 0 ] && grep -q "prepacked panels" <<<"$MI"; } ||
 	{ [ "$PB" -eq 0 ] && ! grep -q "prepacked panels" <<<"$MI"; }; }; then ok model_info_prepacked
 else fail model_info_prepacked "$PB: $(head -5 <<<"$MI")"; fi
+# KVKEEP_PREPACK=0 loads without them and answers the same; a bad value warns and keeps them
+G1=$("$KT_BIN" generate --model "$TMPD/q.gguf" --tokens 1,2,3 --max-tokens 12 2>&1)
+G0=$(KVKEEP_PREPACK=0 "$KT_BIN" generate --model "$TMPD/q.gguf" --tokens 1,2,3 --max-tokens 12 2>&1)
+GX=$(KVKEEP_PREPACK=yes "$KT_BIN" generate --model "$TMPD/q.gguf" --tokens 1,2,3 --max-tokens 12 2>&1)
+T1=$(grep '^text:' <<<"$G1"); T0=$(grep '^text:' <<<"$G0"); TX=$(grep '^text:' <<<"$GX")
+if [ -n "$T1" ] && [ "$T1" = "$T0" ] && [ "$T1" = "$TX" ] && grep -q "packed_mb=0.0 " <<<"$G0" &&
+	grep -q 'KVKEEP_PREPACK is 0 or 1' <<<"$GX" &&
+	{ [ "$PB" -eq 0 ] || ! grep -q "packed_mb=0.0 " <<<"$G1"; }; then ok prepack_env_same_answer
+else fail prepack_env_same_answer "$(grep -h -o 'packed_mb=[0-9.]*' <<<"$G1$G0") $T1 / $T0 / $TX"; fi
 MI=$("$KT_BIN" model info "$TMPD/hf")
 if ! grep -q "^this file" <<<"$MI" && grep -q "^resident     .* as BF16" <<<"$MI"; then ok model_info_float_folder_unchanged
 else fail model_info_float_folder_unchanged "$(head -3 <<<"$MI")"; fi

@@ -18,6 +18,7 @@
 #include "base/io.h"
 #include "base/mem.h"
 #include "engine/isa.h"
+#include "engine/qpanel.h"
 #include "engine/matmul.h"
 #include "engine/gemm.h"
 #include "base/clock.h"
@@ -266,6 +267,12 @@ KT_CASE(quantized_equals_dequantized_f32)
 			 * and close to the exact logits */
 			struct ke_model *q = load_qa(gg, KE_QACT_Q8);
 			KT_REQUIRE(q);
+			/* a Q8_0 file on a CPU whose path keeps prepacked panels has
+			 * them (the ISA loop below then compares them with the rows) */
+			if (types[k] == KQ_FTYPE_Q8_0 && ke_qpanel_pre_bytes(ke_isa(), KV_DT_Q8_0, 16, 32))
+				KT_CHECKF(ke_model_packed_bytes(q) > 0, "%s Q8_0: no prepacked panels", presets[i]);
+			if (types[k] == KQ_FTYPE_BF16)
+				KT_CHECK(ke_model_packed_bytes(q) == 0);
 			float *lq = logits(q, tok, NTOK, 512), *lq5 = logits(q, tok, NTOK, 5);
 			KT_CHECKF(!memcmp(lq, lq5, (size_t)NTOK * V * 4), "%s %s q8: chunked prefill differs", presets[i],
 				  kq_ftype_name(types[k]));
