@@ -234,6 +234,23 @@ static void print_window_lines(const struct kv_model_config *c)
 		       c->head_dim, kv_config_swa_kv_heads(c), c->swa_head_dim);
 }
 
+/* The layers line of `model info` and its one letter a layer. */
+static void print_layers(const struct kv_model_config *c, int n_rec)
+{
+	if (n_rec)
+		printf("layers       %d: %d attention, %d recurrent (%s)%s\n              ", c->n_layers, c->n_attn_layers,
+		       n_rec, c->ssm ? "Mamba-2" : "Gated DeltaNet", c->n_mlp_layers ? ", the rest MLP" : "");
+	else /* attention only: how many of them slide */
+		printf("layers       %d: %d attention, %d of them sliding-window\n              ", c->n_layers,
+		       c->n_attn_layers, c->n_swa_layers);
+	for (int l = 0; l < c->n_layers; l++)
+		printf("%s", c->layer_type[l] == KV_LAYER_ATTN && c->layer_window[l] > 0 ? "S"
+											 : layer_letter(c->layer_type[l]));
+	printf("  (A attention, %s)\n", c->ssm ? "M Mamba-2, - MLP"
+				     : n_rec ? "S sliding-window attention, D DeltaNet"
+					     : "S sliding-window attention");
+}
+
 static int cmd_model_info(int argc, char **argv)
 {
 	int as_json = 0, rc, n_pos = 0, w_rc = KV_OK;
@@ -419,19 +436,7 @@ static int cmd_model_info(int argc, char **argv)
 		}
 		printf("architecture %s (model_type %s%s%s)\n", kv_arch_name(c.arch), c.model_type,
 		       c.architecture[0] ? ", " : "", c.architecture);
-		if (n_rec)
-			printf("layers       %d: %d attention, %d recurrent (%s)%s\n              ", c.n_layers,
-			       c.n_attn_layers, n_rec, c.ssm ? "Mamba-2" : "Gated DeltaNet",
-			       c.n_mlp_layers ? ", the rest MLP" : "");
-		else /* attention only: how many of them slide */
-			printf("layers       %d: %d attention, %d of them sliding-window\n              ", c.n_layers,
-			       c.n_attn_layers, c.n_swa_layers);
-		for (int l = 0; l < c.n_layers; l++)
-			printf("%s", c.layer_type[l] == KV_LAYER_ATTN && c.layer_window[l] > 0 ? "S"
-											       : layer_letter(c.layer_type[l]));
-		printf("  (A attention, %s)\n", c.ssm ? "M Mamba-2, - MLP"
-					     : n_rec ? "S sliding-window attention, D DeltaNet"
-						     : "S sliding-window attention");
+		print_layers(&c, n_rec);
 		printf("shape        hidden %d, intermediate %d, vocab %d, heads %d/%d kv x %d", c.hidden, c.intermediate,
 		       c.vocab, c.n_heads, c.n_kv_heads, c.head_dim);
 		if (c.hybrid)

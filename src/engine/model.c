@@ -699,6 +699,28 @@ static size_t prepack(struct ke_model *m)
 	return off;
 }
 
+/* The bytes a decode step reads (m->decode_bytes) and m->mats largest
+ * first (ke_model_load). */
+static void mats_finish(struct ke_model *m)
+{
+	uint64_t db = 0;
+	for (int i = 0; i < m->n_mats; i++)
+		db += ke_mat_bytes(&m->mats[i]);
+	db += m->embed.rows ? ke_mat_bytes(&m->embed) / (uint64_t)m->embed.rows : 0; /* one embedding row */
+	db += ke_moe_decode_bytes(m); /* only the k experts a token routes to */
+	m->decode_bytes = db;
+	/* Largest first, names kept in step: sort index pairs. */
+	for (int i = 1; i < m->n_mats; i++)
+		for (int j = i; j > 0 && cmp_mat(&m->mats[j - 1], &m->mats[j]) > 0; j--) {
+			struct ke_mat t = m->mats[j];
+			const char *tn = m->mat_names[j];
+			m->mats[j] = m->mats[j - 1];
+			m->mat_names[j] = m->mat_names[j - 1];
+			m->mats[j - 1] = t;
+			m->mat_names[j - 1] = tn;
+		}
+}
+
 /* The RoPE tables' frequencies and gemma's embedding scale (ke_model_load). */
 static int rope_setup(struct loader *L)
 {
@@ -1092,22 +1114,7 @@ int ke_model_load(const char *dir, const struct ke_model_params *p, struct ke_mo
 	}
 	if ((rc = mtp_pages(m)))
 		goto fail;
-	uint64_t db = 0;
-	for (int i = 0; i < m->n_mats; i++)
-		db += ke_mat_bytes(&m->mats[i]);
-	db += m->embed.rows ? ke_mat_bytes(&m->embed) / (uint64_t)m->embed.rows : 0; /* one embedding row */
-	db += ke_moe_decode_bytes(m); /* only the k experts a token routes to */
-	m->decode_bytes = db;
-	/* Largest first, names kept in step: sort index pairs. */
-	for (int i = 1; i < m->n_mats; i++)
-		for (int j = i; j > 0 && cmp_mat(&m->mats[j - 1], &m->mats[j]) > 0; j--) {
-			struct ke_mat t = m->mats[j];
-			const char *tn = m->mat_names[j];
-			m->mats[j] = m->mats[j - 1];
-			m->mat_names[j] = m->mat_names[j - 1];
-			m->mats[j - 1] = t;
-			m->mat_names[j - 1] = tn;
-		}
+	mats_finish(m);
 	double t_touch = kv_now_s(), touched = touch_weights(m);
 	t_touch = kv_now_s() - t_touch;
 	double t_pack = kv_now_s();
