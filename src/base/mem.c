@@ -10,6 +10,8 @@
 #include "base/io.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -248,5 +250,62 @@ int kv_mem_available(const char *meminfo_path, uint64_t *out)
 		kb = kb * 10 + (uint64_t)(*p++ - '0');
 	}
 	*out = kb * 1024;
+	return KV_OK;
+}
+
+/* 1 and *out set if the file holds a limit, -1 if it says "unlimited",
+ * 0 if it cannot be read or parsed (try the next file). */
+static int read_limit(const char *path, uint64_t *out)
+{
+	char buf[64];
+	uint64_t v;
+	if (kv_io_read_small(path, buf, sizeof buf) != KV_OK)
+		return 0;
+	if (!strncmp(buf, "max", 3))
+		return -1; /* readable and explicitly unlimited */
+	char *end;
+	errno = 0;
+	v = strtoull(buf, &end, 10);
+	if (end == buf || errno || (*end && *end != '\n'))
+		return 0;
+	if (v >= (1ull << 62))
+		return -1; /* cgroup v1 "unlimited" is a page-rounded LONG_MAX */
+	*out = v;
+	return 1;
+}
+
+int kv_mem_cgroup_limit(const char *root, const char *proc_self_cgroup, uint64_t *out)
+{
+	char path[1024];
+	char own[512];
+	int r;
+
+	*out = 0;
+	if (!root)
+		root = "/sys/fs/cgroup";
+	/* cgroup v2: "0::/some/path" names our own group. */
+	if (proc_self_cgroup && kv_io_read_small(proc_self_cgroup, own, sizeof own) == KV_OK) {
+		char *p = strstr(own, "0::");
+		if (p) {
+			char *nl;
+			p += 3;
+			nl = strchr(p, '\n');
+			if (nl)
+				*nl = 0;
+			if (*p == '/' && p[1] && !strstr(p, "..")) {
+				snprintf(path, sizeof path, "%s%s/memory.max", root, p);
+				r = read_limit(path, out);
+				if (r != 0)
+					return KV_OK;
+			}
+		}
+	}
+	snprintf(path, sizeof path, "%s/memory.max", root);
+	r = read_limit(path, out);
+	if (r != 0)
+		return KV_OK;
+	snprintf(path, sizeof path, "%s/memory/memory.limit_in_bytes", root);
+	read_limit(path, out);
+	kv_errclear();
 	return KV_OK;
 }

@@ -67,5 +67,15 @@ const char *kv_mem_cat_name(int cat);
 /* MemAvailable of a meminfo file (NULL: "/proc/meminfo") in bytes.
  * KV_ERR_NOT_FOUND / KV_ERR_IO / KV_ERR_CORRUPT with a message. */
 int kv_mem_available(const char *meminfo_path, uint64_t *out);
+/*
+ * The cgroup memory limit of this process, read under `root` (normally
+ * "/sys/fs/cgroup"): cgroup v2 <root>/<own path from proc_self_cgroup>/
+ * memory.max, then <root>/memory.max, then cgroup v1
+ * <root>/memory/memory.limit_in_bytes. "max" and v1's "unlimited" values
+ * (>= 2^62) mean no limit. proc_self_cgroup may be NULL (skip the own
+ * path). *out = 0 when there is no limit or nothing could be read; always
+ * returns KV_OK (a missing cgroup is not an error).
+ */
+int kv_mem_cgroup_limit(const char *root, const char *proc_self_cgroup, uint64_t *out);
 
 #endif

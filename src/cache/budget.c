@@ -1,14 +1,11 @@
 /*
- * budget.c - see budget.h. The compute function is pure; the two readers
- * are the only places that look at the machine.
+ * budget.c - see budget.h: pure functions (the machine readers, MemAvailable
+ * and the cgroup limit, are base/mem.c's kv_mem_available and
+ * kv_mem_cgroup_limit).
  */
 #include "cache/budget.h"
 #include "base/err.h"
-#include "base/io.h"
 
-#include <ctype.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,60 +97,6 @@ int kc_budget_compute(const struct kc_budget_in *in, struct kc_budget *out)
 			 : out->source == KC_BUDGET_PERCENT ? "--cache-memory-percent x available RAM"
 			 : out->source == KC_BUDGET_FLOOR   ? "floor (cap - weights) / 3"
 							    : "0.20 x available RAM");
-	return KV_OK;
-}
-
-/* 1 and *out set if the file holds a limit, -1 if it says "unlimited",
- * 0 if it cannot be read or parsed (try the next file). */
-static int read_limit(const char *path, uint64_t *out)
-{
-	char buf[64];
-	uint64_t v;
-	if (kv_io_read_small(path, buf, sizeof buf) != KV_OK)
-		return 0;
-	if (!strncmp(buf, "max", 3))
-		return -1; /* readable and explicitly unlimited */
-	if (kc_budget_parse_u64(buf, &v) != 0)
-		return 0;
-	if (v >= (1ull << 62))
-		return -1; /* cgroup v1 "unlimited" is a page-rounded LONG_MAX */
-	*out = v;
-	return 1;
-}
-
-int kc_budget_cgroup_limit(const char *root, const char *proc_self_cgroup, uint64_t *out)
-{
-	char path[1024];
-	char own[512];
-	int r;
-
-	*out = 0;
-	if (!root)
-		root = "/sys/fs/cgroup";
-	/* cgroup v2: "0::/some/path" names our own group. */
-	if (proc_self_cgroup && kv_io_read_small(proc_self_cgroup, own, sizeof own) == KV_OK) {
-		char *p = strstr(own, "0::");
-		if (p) {
-			char *nl;
-			p += 3;
-			nl = strchr(p, '\n');
-			if (nl)
-				*nl = 0;
-			if (*p == '/' && p[1] && !strstr(p, "..")) {
-				snprintf(path, sizeof path, "%s%s/memory.max", root, p);
-				r = read_limit(path, out);
-				if (r != 0)
-					return KV_OK;
-			}
-		}
-	}
-	snprintf(path, sizeof path, "%s/memory.max", root);
-	r = read_limit(path, out);
-	if (r != 0)
-		return KV_OK;
-	snprintf(path, sizeof path, "%s/memory/memory.limit_in_bytes", root);
-	read_limit(path, out);
-	kv_errclear();
 	return KV_OK;
 }
 

@@ -21,8 +21,10 @@
  * "Available RAM" is what the OS reports after the weights are resident
  * (MemAvailable), so the budget is recomputed when a model is (re)loaded.
  *
- * The readers below (cgroup limit, MemAvailable) go through kv_io_* and
- * take their root folders as arguments so tests can point them at fixtures.
+ * The readers of the machine (the cgroup limit, MemAvailable) are base/mem.h's
+ * kv_mem_cgroup_limit and kv_mem_available (the engine sizes its prepacked
+ * panels by them too); they take their root folders as arguments so tests
+ * can point them at fixtures.
  */
 #ifndef KV_CACHE_BUDGET_H
 #define KV_CACHE_BUDGET_H
@@ -67,17 +69,6 @@ int kc_budget_compute(const struct kc_budget_in *in, struct kc_budget *out);
 /* The floor rule alone: min((cap - weights) / 3, 4 GiB), 0 if cap <= weights
  * or cap == 0. */
 uint64_t kc_budget_floor(uint64_t mem_cap, uint64_t weights);
-
-/*
- * The cgroup memory limit of this process, read under `root` (normally
- * "/sys/fs/cgroup"): cgroup v2 <root>/<own path from proc_self_cgroup>/
- * memory.max, then <root>/memory.max, then cgroup v1
- * <root>/memory/memory.limit_in_bytes. "max" and v1's "unlimited" values
- * (>= 2^62) mean no limit. proc_self_cgroup may be NULL (skip the own
- * path). *out = 0 when there is no limit or nothing could be read; always
- * returns KV_OK (a missing cgroup is not an error).
- */
-int kc_budget_cgroup_limit(const char *root, const char *proc_self_cgroup, uint64_t *out);
 
 /* Parse a non-negative decimal integer that fills the whole string
  * (surrounding blanks allowed). 0 on success, -1 if invalid or blank. */

@@ -29,7 +29,7 @@ void kc_machine_read(struct kc_machine *m)
 	memset(m, 0, sizeof *m);
 	if (kv_mem_available(NULL, &m->avail_ram) != KV_OK)
 		m->avail_ram = 0;
-	kc_budget_cgroup_limit("/sys/fs/cgroup", "/proc/self/cgroup", &m->cgroup_limit);
+	kv_mem_cgroup_limit("/sys/fs/cgroup", "/proc/self/cgroup", &m->cgroup_limit);
 	m->env_max_bytes = kv_env(KV_ENV_PREFIX_CACHE_MAX_BYTES);
 	m->env_stride = kv_env(KV_ENV_HYBRID_CHECKPOINT_STRIDE);
 	m->env_ckpt_max = kv_env(KV_ENV_HYBRID_CHECKPOINT_MAX);

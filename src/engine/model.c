@@ -661,9 +661,20 @@ static size_t prepack(struct ke_model *m)
 			total += ke_qpanel_pre_bytes(isa, l.v[i]->dtype, l.v[i]->rows, l.v[i]->cols);
 	/* a copy as large as the matrices: only with room to spare (a
 	 * quarter of what is available left over), never pushing the machine
-	 * into swap; GGUF rows are mmap'd pages the kernel can drop */
-	uint64_t avail = 0;
-	if (total && kv_mem_available(NULL, &avail) == KV_OK && (double)total > 0.75 * (double)avail) {
+	 * into swap or a container past its cgroup limit (against which the
+	 * mapped weights and our own allocations count); GGUF rows are mmap'd
+	 * pages the kernel can drop */
+	uint64_t avail = 0, lim = 0, used = kv_weights_bytes(m->w);
+	int known = total && kv_mem_available(NULL, &avail) == KV_OK;
+	kv_mem_cgroup_limit(NULL, "/proc/self/cgroup", &lim);
+	for (int c = 0; c < KV_MEM__COUNT; c++)
+		used += kv_mem_used(c);
+	if (total && lim) {
+		uint64_t room = used < lim ? lim - used : 0;
+		avail = known && avail < room ? avail : room;
+		known = 1;
+	}
+	if (known && (double)total > 0.75 * (double)avail) {
 		KV_WARN("engine.model.prepack", "dir=%s bytes=%zu available=%llu: no room for the prepacked panels; the "
 			"products read the rows (same numbers, slower)", m->dir, total, (unsigned long long)avail);
 		total = 0;

@@ -324,6 +324,21 @@ static const struct kv_synth_preset g_presets[] = {
 		.moe_intermediate = 704,
 	},
 	{
+		/* gemma-4-26b-a4b at full width, 6 of its 30 layers: its MoE at real
+		 * size where the whole model does not fit this machine (docs/peer.md) */
+		.name = "gemma-4-26b-a4b-l6",
+		.summary = "gemma-4-26B-A4B's full width with 6 of its 30 layers (5 sliding : 1 global), 5.6B parameters: "
+			   "config only, or --large (11 GB)",
+		.arch = KV_ARCH_GEMMA4,
+		.hidden = 2816, .n_layers = 6, .n_heads = 16, .n_kv_heads = 8, .head_dim = 256,
+		.intermediate = 2112, .partial_rotary = 1.0, .rope_theta = 1000000, .rms_eps = 1e-6,
+		.tie_embeddings = 1, .max_positions = 262144, .mlp_only_layer = -1,
+		.sliding_window = 1024, .swa_pattern = 6, .rope_local_theta = 10000, .vocab = 262144,
+		.config_only = 1, .global_head_dim = 512, .global_kv_heads = 2, .k_eq_v = 1,
+		.global_partial_rotary = 0.25, .final_softcap = 30.0, .n_experts = 128, .n_experts_per_tok = 8,
+		.moe_intermediate = 704,
+	},
+	{
 		/* openai/gpt-oss-20b config.json */
 		.name = "gpt-oss-20b",
 		.summary = "the real gpt-oss-20b geometry (32 MXFP4 experts top-4): config only, or --large (13 GB)",

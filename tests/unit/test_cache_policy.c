@@ -430,15 +430,15 @@ KT_CASE(budget_cgroup_and_meminfo_readers)
 	snprintf(root, sizeof root, "%s/cg", d);
 	mkdir(root, 0755);
 	/* Nothing there: no limit, not an error. */
-	KT_OK(kc_budget_cgroup_limit(root, NULL, &v));
+	KT_OK(kv_mem_cgroup_limit(root, NULL, &v));
 	KT_EQ_U64(v, 0);
 	/* cgroup v2 root file. */
 	snprintf(p, sizeof p, "%s/memory.max", root);
 	write_file(p, "max\n");
-	KT_OK(kc_budget_cgroup_limit(root, NULL, &v));
+	KT_OK(kv_mem_cgroup_limit(root, NULL, &v));
 	KT_EQ_U64(v, 0);
 	write_file(p, "1073741824\n");
-	KT_OK(kc_budget_cgroup_limit(root, NULL, &v));
+	KT_OK(kv_mem_cgroup_limit(root, NULL, &v));
 	KT_EQ_U64(v, 1073741824);
 	/* Our own group, named by /proc/self/cgroup, wins. */
 	snprintf(p, sizeof p, "%s/user.slice", root);
@@ -447,7 +447,7 @@ KT_CASE(budget_cgroup_and_meminfo_readers)
 	write_file(p, "2147483648\n");
 	snprintf(proc, sizeof proc, "%s/cgroup", d);
 	write_file(proc, "0::/user.slice\n");
-	KT_OK(kc_budget_cgroup_limit(root, proc, &v));
+	KT_OK(kv_mem_cgroup_limit(root, proc, &v));
 	KT_EQ_U64(v, 2147483648ull);
 	/* cgroup v1, unlimited and limited. */
 	snprintf(p, sizeof p, "%s/memory.max", root);
@@ -456,13 +456,13 @@ KT_CASE(budget_cgroup_and_meminfo_readers)
 	mkdir(p, 0755);
 	snprintf(p, sizeof p, "%s/memory/memory.limit_in_bytes", root);
 	write_file(p, "9223372036854771712\n");
-	KT_OK(kc_budget_cgroup_limit(root, NULL, &v));
+	KT_OK(kv_mem_cgroup_limit(root, NULL, &v));
 	KT_EQ_U64(v, 0);
 	write_file(p, "536870912\n");
-	KT_OK(kc_budget_cgroup_limit(root, NULL, &v));
+	KT_OK(kv_mem_cgroup_limit(root, NULL, &v));
 	KT_EQ_U64(v, 536870912);
 	write_file(p, "garbage\n");
-	KT_OK(kc_budget_cgroup_limit(root, NULL, &v));
+	KT_OK(kv_mem_cgroup_limit(root, NULL, &v));
 	KT_EQ_U64(v, 0);
 	/* meminfo */
 	snprintf(p, sizeof p, "%s/meminfo", d);
