@@ -221,8 +221,8 @@ TGT2 static inline __m128 e8m0_4(uint8_t e0, uint8_t e1, uint8_t e2, uint8_t e3)
  * the output of weight row r, so the per-output chain of qdot.h runs as
  * one vector FMA per block.
  */
-/* Decode (one activation row) is a stream over the weights: the kernels
- * prefetch the same bytes of the rows whole 4-row panels ahead, the first
+/* Decode (one activation row) is a stream over the weights: the 32-block
+ * kernels prefetch the same bytes of the rows whole 4-row panels ahead, the first
  * panel at least PF_BYTES on (the rows of a matrix are contiguous, so that
  * is the stream's next stretch; a prefetch is a hint, past the end it
  * never faults). */
@@ -231,6 +231,30 @@ TGT2 static inline __m128 e8m0_4(uint8_t e0, uint8_t e1, uint8_t e2, uint8_t e3)
  * 256 30 -> 23, Q6_K 131072 x 256 32 -> 28; 8 KB and 32 KB measured the
  * same or worse. */
 #define PF_BYTES 16384
+
+/* Rows outer (the K types' kernels). A 4-row pass reads its 4 rows one
+ * after another, each whole: the blocks' integer sums wait in ro_buf for
+ * the float steps, which then run block by block as before (same
+ * integers, same float steps). Block by block, the 4 rows were 4
+ * interleaved streams: M = 1 GEMVs on 2 threads, 262144 x 2816 from
+ * memory, went Q6_K 20-23 -> 28-29 GB/s and Q4_K 17-18 -> 25-28 on 512
+ * bits, Q6_K 20-23 -> 27-28 and Q4_K 21 -> 28-29 on AVX2 (a plain read of
+ * the bytes 29-34 in the same runs). A row read in pieces is worse than
+ * either (Q8_0 at K = 4096 in two chunks per row: 28-29 -> 13-15), so a
+ * chunk is a whole row whenever ro_buf holds the sums of mr x 4 rows of
+ * it; only rows longer than 64 super-blocks (K 16384) at 4 activation rows,
+ * 256 at one, come in pieces. The 32-blocks keep the block-by-block order and its prefetch:
+ * their dot is so cheap that storing the sums cost more than the order
+ * gained (Q8_0 2816 wide: 31-38 -> 28-31 GB/s in L2, 22-24 -> 13-19 from
+ * memory). */
+#define RO_BYTES 65536
+static _Thread_local __m512i ro_buf[RO_BYTES / 64];
+#define RO_AT(bi, mr, i, r) ((((bi) * (mr) + (i)) << 2) + (r))
+/* Blocks per chunk: narr arrays of vbytes-byte vectors, mr x 4 per block. */
+static inline int ro_cb(int mr, int vbytes, int narr)
+{
+	return RO_BYTES / (narr * vbytes * 4 * mr);
+}
 
 static inline ptrdiff_t pf_dist(const uint8_t *const *wr)
 {
@@ -434,57 +458,63 @@ TGT2 static AINL2 void q45_k4(const uint8_t *const *wr, int K, const uint8_t *a,
 	const size_t bb = q5 ? 176 : 144;
 	const size_t bso = (size_t)K + (size_t)nb * 4;
 	const __m256i m4 = _mm256_set1_epi8(0x0F);
-	const ptrdiff_t ahead = pf_dist(wr);
 	__m256 ac[AMR]; /* [acc | c] (fin_block) */
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
 		ac[i] = _mm256_setzero_ps();
-	for (int b = 0; b < nb; b++) {
-		__m256i S[AMR][4], C[AMR][4];
+	const int cb = ro_cb(mr, 32, 2);
+	__m256i *const Sv = (__m256i *)ro_buf;
+	__m256i *const Cv = Sv + RO_BYTES / 64;
+	for (int b0 = 0; b0 < nb; b0 += cb) {
+		const int b1 = nb - b0 < cb ? nb : b0 + cb;
 #pragma GCC unroll 4
-		for (int r = 0; r < 4; r++) {
-			const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
-			pf_ahead(blk, ahead, (int)bb);
-			uint32_t scw[2], mnw[2];
-			kq_scale_min_k4_words(blk + 4, scw, mnw);
-			const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
-			const __m256i mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb)); /* m0 m0 m1 m1 ... */
-			const __m256i sv = _mm256_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)scw[1], (int)scw[0]));
-			const __m256i lo16 = _mm256_permute2x128_si256(sv, sv, 0x00);
-			__m256i t[AMR];
+		for (int r = 0; r < 4; r++)
+			for (int b = b0; b < b1; b++) {
+				const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
+				uint32_t scw[2], mnw[2];
+				kq_scale_min_k4_words(blk + 4, scw, mnw);
+				const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
+				const __m256i mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb)); /* m0 m0 m1 m1 ... */
+				const __m256i sv = _mm256_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)scw[1], (int)scw[0]));
+				const __m256i lo16 = _mm256_permute2x128_si256(sv, sv, 0x00);
+				__m256i t[AMR];
 #pragma GCC unroll 4
-			for (int i = 0; i < mr; i++)
-				t[i] = _mm256_setzero_si256();
+				for (int i = 0; i < mr; i++)
+					t[i] = _mm256_setzero_si256();
 #pragma GCC unroll 4
-			for (int ch = 0; ch < 4; ch++) {
-				const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
-				__m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-				if (q5) {
-					const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
-					lo = _mm256_or_si256(lo, bit_to(qh, 2 * ch, 4));
-					hi = _mm256_or_si256(hi, bit_to(qh, 2 * ch + 1, 4));
+				for (int ch = 0; ch < 4; ch++) {
+					const __m256i raw = _mm256_loadu_si256((const __m256i *)(qs + 32 * ch));
+					__m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+					if (q5) {
+						const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+						lo = _mm256_or_si256(lo, bit_to(qh, 2 * ch, 4));
+						hi = _mm256_or_si256(hi, bit_to(qh, 2 * ch + 1, 4));
+					}
+					/* scales 2ch and 2ch + 1 in every int16 lane */
+					const __m256i s0 = _mm256_shuffle_epi8(lo16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * ch)));
+					const __m256i s1 = _mm256_shuffle_epi8(lo16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * ch + 1))));
+#pragma GCC unroll 4
+					for (int i = 0; i < mr; i++) {
+						const uint8_t *xq = a + (size_t)i * astride + 256 * (size_t)b + 64 * ch;
+						__m256i x0 = _mm256_load_si256((const __m256i *)xq);
+						__m256i x1 = _mm256_load_si256((const __m256i *)(xq + 32));
+						t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s0));
+						t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s1));
+					}
 				}
-				/* scales 2ch and 2ch + 1 in every int16 lane */
-				const __m256i s0 = _mm256_shuffle_epi8(lo16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * 2 * ch)));
-				const __m256i s1 = _mm256_shuffle_epi8(lo16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * ch + 1))));
 #pragma GCC unroll 4
 				for (int i = 0; i < mr; i++) {
-					const uint8_t *xq = a + (size_t)i * astride + 256 * (size_t)b + 64 * ch;
-					__m256i x0 = _mm256_load_si256((const __m256i *)xq);
-					__m256i x1 = _mm256_load_si256((const __m256i *)(xq + 32));
-					t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, x0), s0));
-					t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x1), s1));
+					Sv[RO_AT(b - b0, mr, i, r)] = t[i];
+					Cv[RO_AT(b - b0, mr, i, r)] = _mm256_madd_epi16(
+						mv, _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b)));
 				}
 			}
-#pragma GCC unroll 4
-			for (int i = 0; i < mr; i++) {
-				S[i][r] = t[i];
-				C[i][r] = _mm256_madd_epi16(
-					mv, _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b)));
-			}
+		for (int b = b0; b < b1; b++) {
+			__m256i(*S)[4] = (__m256i(*)[4])(Sv + RO_AT(b - b0, mr, 0, 0));
+			__m256i(*C)[4] = (__m256i(*)[4])(Cv + RO_AT(b - b0, mr, 0, 0));
+			const size_t o = bb * (size_t)b;
+			fin_block(mr, a, astride, K, b, h2f4x2(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), S, C, ac);
 		}
-		const size_t o = bb * (size_t)b;
-		fin_block(mr, a, astride, K, b, h2f4x2(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), S, C, ac);
 	}
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
@@ -497,64 +527,68 @@ TGT2 static AINL2 void q6_k_k4(const uint8_t *const *wr, int K, const uint8_t *a
 	const int nb = K / 256;
 	const size_t bso = (size_t)K + (size_t)nb * 4;
 	const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
-	const ptrdiff_t ahead = pf_dist(wr);
 	__m128 acc[AMR];
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
 		acc[i] = _mm_setzero_ps();
-	for (int b = 0; b < nb; b++) {
-		__m256i S[AMR][4];
+	const int cb = ro_cb(mr, 32, 1);
+	__m256i *const Sv = (__m256i *)ro_buf;
+	for (int b0 = 0; b0 < nb; b0 += cb) {
+		const int b1 = nb - b0 < cb ? nb : b0 + cb;
 #pragma GCC unroll 4
-		for (int r = 0; r < 4; r++) {
-			const uint8_t *blk = wr[r] + 210 * (size_t)b;
-			pf_ahead(blk, ahead, 210);
-			const int8_t *sc = (const int8_t *)(blk + 192);
-			const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
-			__m256i t[AMR];
+		for (int r = 0; r < 4; r++)
+			for (int b = b0; b < b1; b++) {
+				const uint8_t *blk = wr[r] + 210 * (size_t)b;
+				const int8_t *sc = (const int8_t *)(blk + 192);
+				const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+				__m256i t[AMR];
 #pragma GCC unroll 4
-			for (int i = 0; i < mr; i++)
-				t[i] = _mm256_setzero_si256();
+				for (int i = 0; i < mr; i++)
+					t[i] = _mm256_setzero_si256();
 #pragma GCC unroll 2
-			for (int n = 0; n < 2; n++) {
-				const uint8_t *ql = blk + 64 * n;
-				/* scales 8n..8n+7 in both halves, picked per slice by a shuffle */
-				const __m256i sdup = n ? _mm256_permute2x128_si256(s16, s16, 0x11)
-						       : _mm256_permute2x128_si256(s16, s16, 0x00);
-				const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+				for (int n = 0; n < 2; n++) {
+					const uint8_t *ql = blk + 64 * n;
+					/* scales 8n..8n+7 in both halves, picked per slice by a shuffle */
+					const __m256i sdup = n ? _mm256_permute2x128_si256(s16, s16, 0x11)
+							       : _mm256_permute2x128_si256(s16, s16, 0x00);
+					const __m256i hb = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
 #pragma GCC unroll 4
-				for (int part = 0; part < 4; part++) {
-					__m256i lo = _mm256_loadu_si256((const __m256i *)(ql + ((part & 1) ? 32 : 0)));
-					__m256i low = part < 2 ? _mm256_and_si256(lo, m4)
-							       : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
-					__m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m3);
-					const __m256i u = _mm256_or_si256(low, _mm256_slli_epi16(hi2, 4));
-					const int s = 4 * n + part;
-					const __m256i scv = _mm256_shuffle_epi8(
-						sdup, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * part + 1))),
-								       _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * part)))));
+					for (int part = 0; part < 4; part++) {
+						__m256i lo = _mm256_loadu_si256((const __m256i *)(ql + ((part & 1) ? 32 : 0)));
+						__m256i low = part < 2 ? _mm256_and_si256(lo, m4)
+								       : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
+						__m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * part), m3);
+						const __m256i u = _mm256_or_si256(low, _mm256_slli_epi16(hi2, 4));
+						const int s = 4 * n + part;
+						const __m256i scv = _mm256_shuffle_epi8(
+							sdup, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * part + 1))),
+									       _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * part)))));
 #pragma GCC unroll 4
-					for (int i = 0; i < mr; i++) {
-						__m256i xv = _mm256_load_si256(
-							(const __m256i *)(a + (size_t)i * astride + 256 * (size_t)b + 32 * s));
-						t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), scv));
+						for (int i = 0; i < mr; i++) {
+							__m256i xv = _mm256_load_si256(
+								(const __m256i *)(a + (size_t)i * astride + 256 * (size_t)b + 32 * s));
+							t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), scv));
+						}
 					}
 				}
+				/* minus 32 sum_g sc_g bs_g */
+#pragma GCC unroll 4
+				for (int i = 0; i < mr; i++) {
+					__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
+					Sv[RO_AT(b - b0, mr, i, r)] = _mm256_sub_epi32(t[i], _mm256_slli_epi32(_mm256_madd_epi16(s16, bsv), 5));
+				}
 			}
-			/* minus 32 sum_g sc_g bs_g */
+		for (int b = b0; b < b1; b++) {
+			__m256i(*S)[4] = (__m256i(*)[4])(Sv + RO_AT(b - b0, mr, 0, 0));
+			const size_t o = 210 * (size_t)b + 208;
+			const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
 #pragma GCC unroll 4
 			for (int i = 0; i < mr; i++) {
-				__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
-				S[i][r] = _mm256_sub_epi32(t[i], _mm256_slli_epi32(_mm256_madd_epi16(s16, bsv), 5));
+				float dx;
+				memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
+				acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(dx)),
+						      _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])), acc[i]);
 			}
-		}
-		const size_t o = 210 * (size_t)b + 208;
-		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
-#pragma GCC unroll 4
-		for (int i = 0; i < mr; i++) {
-			float dx;
-			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
-			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(dx)),
-					      _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])), acc[i]);
 		}
 	}
 #pragma GCC unroll 4
@@ -584,7 +618,6 @@ TGT2 static AINL2 void g16_k4(const int dt, const uint8_t *const *wr, int K, con
 {
 	const int nb = K / 256, q3 = dt == KV_DT_Q3_K;
 	const size_t bso = (size_t)K + (size_t)nb * 4, bb = q3 ? 110 : 84;
-	const ptrdiff_t ahead = pf_dist(wr);
 	__m128 acc[AMR]; /* Q3_K */
 	__m256 ac[AMR];  /* Q2_K: [acc | c] (fin_block) */
 #pragma GCC unroll 4
@@ -592,53 +625,60 @@ TGT2 static AINL2 void g16_k4(const int dt, const uint8_t *const *wr, int K, con
 		acc[i] = _mm_setzero_ps();
 		ac[i] = _mm256_setzero_ps();
 	}
-	for (int b = 0; b < nb; b++) {
-		__m256i S[AMR][4], C[AMR][4];
+	const int cb = ro_cb(mr, 32, 2);
+	__m256i *const Sv = (__m256i *)ro_buf;
+	__m256i *const Cv = Sv + RO_BYTES / 64;
+	for (int b0 = 0; b0 < nb; b0 += cb) {
+		const int b1 = nb - b0 < cb ? nb : b0 + cb;
 #pragma GCC unroll 4
-		for (int r = 0; r < 4; r++) {
-			const uint8_t *blk = wr[r] + bb * (size_t)b;
-			pf_ahead(blk, ahead, (int)bb);
-			__m256i s16, m16;
-			g16_scales(dt, blk, &s16, &m16);
-			__m256i t[AMR];
+		for (int r = 0; r < 4; r++)
+			for (int b = b0; b < b1; b++) {
+				const uint8_t *blk = wr[r] + bb * (size_t)b;
+				__m256i s16, m16;
+				g16_scales(dt, blk, &s16, &m16);
+				__m256i t[AMR];
 #pragma GCC unroll 4
-			for (int i = 0; i < mr; i++)
-				t[i] = _mm256_setzero_si256();
+				for (int i = 0; i < mr; i++)
+					t[i] = _mm256_setzero_si256();
 #pragma GCC unroll 2
-			for (int n = 0; n < 2; n++) {
-				const __m256i sdup = n ? _mm256_permute2x128_si256(s16, s16, 0x11)
-						       : _mm256_permute2x128_si256(s16, s16, 0x00);
+				for (int n = 0; n < 2; n++) {
+					const __m256i sdup = n ? _mm256_permute2x128_si256(s16, s16, 0x11)
+							       : _mm256_permute2x128_si256(s16, s16, 0x00);
 #pragma GCC unroll 4
-				for (int j = 0; j < 4; j++) {
-					const int s = 4 * n + j;
-					const __m256i u = g16_codes(dt, blk, s);
-					const __m256i scv = _mm256_shuffle_epi8(
-						sdup, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * j + 1))),
-								       _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * j)))));
+					for (int j = 0; j < 4; j++) {
+						const int s = 4 * n + j;
+						const __m256i u = g16_codes(dt, blk, s);
+						const __m256i scv = _mm256_shuffle_epi8(
+							sdup, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * j + 1))),
+									       _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * j)))));
 #pragma GCC unroll 4
-					for (int i = 0; i < mr; i++) {
-						__m256i xv = _mm256_load_si256(
-							(const __m256i *)(a + (size_t)i * astride + 256 * (size_t)b + 32 * s));
-						t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), scv));
+						for (int i = 0; i < mr; i++) {
+							__m256i xv = _mm256_load_si256(
+								(const __m256i *)(a + (size_t)i * astride + 256 * (size_t)b + 32 * s));
+							t[i] = _mm256_add_epi32(t[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), scv));
+						}
+					}
+				}
+#pragma GCC unroll 4
+				for (int i = 0; i < mr; i++) {
+					__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
+					if (q3) {
+						Sv[RO_AT(b - b0, mr, i, r)] = _mm256_sub_epi32(t[i], _mm256_slli_epi32(_mm256_madd_epi16(s16, bsv), 2));
+					} else {
+						Sv[RO_AT(b - b0, mr, i, r)] = t[i];
+						Cv[RO_AT(b - b0, mr, i, r)] = _mm256_madd_epi16(m16, bsv);
 					}
 				}
 			}
-#pragma GCC unroll 4
-			for (int i = 0; i < mr; i++) {
-				__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
-				if (q3) {
-					S[i][r] = _mm256_sub_epi32(t[i], _mm256_slli_epi32(_mm256_madd_epi16(s16, bsv), 2));
-				} else {
-					S[i][r] = t[i];
-					C[i][r] = _mm256_madd_epi16(m16, bsv);
-				}
-			}
+		for (int b = b0; b < b1; b++) {
+			__m256i(*S)[4] = (__m256i(*)[4])(Sv + RO_AT(b - b0, mr, 0, 0));
+			__m256i(*C)[4] = (__m256i(*)[4])(Cv + RO_AT(b - b0, mr, 0, 0));
+			const size_t o = bb * (size_t)b + (q3 ? 108 : 80);
+			if (q3)
+				fin_block1(mr, a, astride, K, b, h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), S, acc);
+			else
+				fin_block(mr, a, astride, K, b, h2f4x2(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), S, C, ac);
 		}
-		const size_t o = bb * (size_t)b + (q3 ? 108 : 80);
-		if (q3)
-			fin_block1(mr, a, astride, K, b, h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), S, acc);
-		else
-			fin_block(mr, a, astride, K, b, h2f4x2(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), S, C, ac);
 	}
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
@@ -756,59 +796,65 @@ TGT5 static AINL void q45_k4_512(const uint8_t *const *wr, int K, const uint8_t 
 	const int nb = K / 256;
 	const size_t bso = (size_t)K + (size_t)nb * 4, bb = q5 ? 176 : 144;
 	const __m512i m4 = _mm512_set1_epi8(0x0F);
-	const ptrdiff_t ahead = pf_dist(wr);
 	__m256 ac[AMR]; /* [acc | c] (fin_block) */
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
 		ac[i] = _mm256_setzero_ps();
-	for (int b = 0; b < nb; b++) {
-		__m256i S[AMR][4], C[AMR][4];
+	const int cb = ro_cb(mr, 32, 2);
+	__m256i *const Sv = (__m256i *)ro_buf;
+	__m256i *const Cv = Sv + RO_BYTES / 64;
+	for (int b0 = 0; b0 < nb; b0 += cb) {
+		const int b1 = nb - b0 < cb ? nb : b0 + cb;
 #pragma GCC unroll 4
-		for (int r = 0; r < 4; r++) {
-			const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
-			pf_ahead(blk, ahead, (int)bb);
-			uint32_t scw[2], mnw[2];
-			kq_scale_min_k4_words(blk + 4, scw, mnw);
-			const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
-			const __m256i mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb)); /* m0 m0 m1 m1 ... */
-			/* the 8 scale bytes in every 128-bit lane, picked per dword by vpshufb */
-			const __m512i scb = _mm512_set1_epi64((long long)(((uint64_t)scw[1] << 32) | scw[0]));
-			__m512i qh2 = _mm512_setzero_si512();
-			if (q5) { /* qh in the low half, qh >> 1 in the high: bits 2ch of both halves */
-				const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
-				qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 1), 1);
-			}
-			__m512i t[AMR];
+		for (int r = 0; r < 4; r++)
+			for (int b = b0; b < b1; b++) {
+				const uint8_t *blk = wr[r] + bb * (size_t)b, *qs = blk + (q5 ? 48 : 16);
+				uint32_t scw[2], mnw[2];
+				kq_scale_min_k4_words(blk + 4, scw, mnw);
+				const __m128i mb = _mm_set_epi32(0, 0, (int)mnw[1], (int)mnw[0]);
+				const __m256i mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb)); /* m0 m0 m1 m1 ... */
+				/* the 8 scale bytes in every 128-bit lane, picked per dword by vpshufb */
+				const __m512i scb = _mm512_set1_epi64((long long)(((uint64_t)scw[1] << 32) | scw[0]));
+				__m512i qh2 = _mm512_setzero_si512();
+				if (q5) { /* qh in the low half, qh >> 1 in the high: bits 2ch of both halves */
+					const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+					qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 1), 1);
+				}
+				__m512i t[AMR];
 #pragma GCC unroll 4
-			for (int i = 0; i < mr; i++)
-				t[i] = _mm512_setzero_si512();
+				for (int i = 0; i < mr; i++)
+					t[i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
-			for (int ch = 0; ch < 4; ch++) {
-				/* the 32 bytes in both halves (a broadcast load: no shuffle),
-				 * the high half shifted to its high nibbles under a mask */
-				const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * ch)));
-				__m512i w = _mm512_and_si512(_mm512_mask_srli_epi16(raw, (__mmask32)0xFFFF0000u, raw, 4), m4);
-				if (q5)
-					w = _mm512_or_si512(w, bit_to5(qh2, 2 * ch, 4));
-				/* scale 2ch in dwords 0-7, 2ch + 1 in 8-15 (bytes 1-3 zero) */
-				const int j0 = (int)0x80808000 | (2 * ch), j1 = j0 + 1;
-				const __m512i scv = _mm512_shuffle_epi8(
-					scb, _mm512_set_epi32(j1, j1, j1, j1, j1, j1, j1, j1, j0, j0, j0, j0, j0, j0, j0, j0));
+				for (int ch = 0; ch < 4; ch++) {
+					/* the 32 bytes in both halves (a broadcast load: no shuffle),
+					 * the high half shifted to its high nibbles under a mask */
+					const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * ch)));
+					__m512i w = _mm512_and_si512(_mm512_mask_srli_epi16(raw, (__mmask32)0xFFFF0000u, raw, 4), m4);
+					if (q5)
+						w = _mm512_or_si512(w, bit_to5(qh2, 2 * ch, 4));
+					/* scale 2ch in dwords 0-7, 2ch + 1 in 8-15 (bytes 1-3 zero) */
+					const int j0 = (int)0x80808000 | (2 * ch), j1 = j0 + 1;
+					const __m512i scv = _mm512_shuffle_epi8(
+						scb, _mm512_set_epi32(j1, j1, j1, j1, j1, j1, j1, j1, j0, j0, j0, j0, j0, j0, j0, j0));
+#pragma GCC unroll 4
+					for (int i = 0; i < mr; i++) {
+						const __m512i x = _mm512_load_si512((const void *)(a + (size_t)i * astride + 256 * (size_t)b + 64 * ch));
+						t[i] = _mm512_dpwssd_epi32(t[i], _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x), scv);
+					}
+				}
 #pragma GCC unroll 4
 				for (int i = 0; i < mr; i++) {
-					const __m512i x = _mm512_load_si512((const void *)(a + (size_t)i * astride + 256 * (size_t)b + 64 * ch));
-					t[i] = _mm512_dpwssd_epi32(t[i], _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x), scv);
+					const int v = ((b - b0) * mr + i) * 4 + r;
+					Sv[v] = _mm256_add_epi32(_mm512_castsi512_si256(t[i]), _mm512_extracti64x4_epi64(t[i], 1));
+					Cv[v] = _mm256_madd_epi16(
+						mv, _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b)));
 				}
-			}
-#pragma GCC unroll 4
-			for (int i = 0; i < mr; i++) {
-				S[i][r] = _mm256_add_epi32(_mm512_castsi512_si256(t[i]), _mm512_extracti64x4_epi64(t[i], 1));
-				C[i][r] = _mm256_madd_epi16(
-					mv, _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b)));
-			}
 		}
-		const size_t o = bb * (size_t)b;
-		fin_block(mr, a, astride, K, b, h2f4x2(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), S, C, ac);
+		for (int b = b0; b < b1; b++) {
+			const size_t o = bb * (size_t)b;
+			fin_block(mr, a, astride, K, b, h2f4x2(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o),
+				  (__m256i(*)[4])(Sv + (b - b0) * mr * 4), (__m256i(*)[4])(Cv + (b - b0) * mr * 4), ac);
+		}
 	}
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
@@ -824,62 +870,59 @@ TGT5 static AINL void q6_k4_512(const uint8_t *const *wr, int K, const uint8_t *
 	const int nb = K / 256;
 	const size_t bso = (size_t)K + (size_t)nb * 4;
 	const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3), lo16 = _mm512_set1_epi32(0xFFFF);
-	const ptrdiff_t ahead = pf_dist(wr);
 	__m128 acc[AMR];
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
 		acc[i] = _mm_setzero_ps();
-	for (int b = 0; b < nb; b++) {
-		__m256i S[AMR][4];
+	const int cb = ro_cb(mr, 32, 1);
+	__m256i *const Sv = (__m256i *)ro_buf;
+	for (int b0 = 0; b0 < nb; b0 += cb) {
+		const int b1 = nb - b0 < cb ? nb : b0 + cb;
 #pragma GCC unroll 4
-		for (int r = 0; r < 4; r++) {
-			const uint8_t *blk = wr[r] + 210 * (size_t)b;
-			pf_ahead(blk, ahead, 210);
-			const __m128i s8 = _mm_loadu_si128((const __m128i *)(blk + 192));
-			const __m256i s16 = _mm256_cvtepi8_epi16(s8);
-			const __m512i sc32 = _mm512_and_si512(_mm512_cvtepi8_epi32(s8), lo16);
-			__m512i t[AMR];
+		for (int r = 0; r < 4; r++)
+			for (int b = b0; b < b1; b++) {
+				const uint8_t *blk = wr[r] + 210 * (size_t)b;
+				const __m128i s8 = _mm_loadu_si128((const __m128i *)(blk + 192));
+				const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+				const __m512i sc32 = _mm512_and_si512(_mm512_cvtepi8_epi32(s8), lo16);
+				__m512i t[AMR];
 #pragma GCC unroll 4
-			for (int i = 0; i < mr; i++)
-				t[i] = _mm512_setzero_si512();
+				for (int i = 0; i < mr; i++)
+					t[i] = _mm512_setzero_si512();
 #pragma GCC unroll 2
-			for (int n = 0; n < 2; n++) {
-				const __m512i ql = _mm512_loadu_si512((const void *)(blk + 64 * n));
-				const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
-				const __m512i qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+				for (int n = 0; n < 2; n++) {
+					const __m512i ql = _mm512_loadu_si512((const void *)(blk + 64 * n));
+					const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * n));
+					const __m512i qh2 = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
 #pragma GCC unroll 2
-				for (int pp = 0; pp < 2; pp++) { /* slices 4n + 2pp, 4n + 2pp + 1 */
-					const __m512i low = pp ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4) : _mm512_and_si512(ql, m4);
-					const __m512i hi = _mm512_and_si512(pp ? _mm512_srli_epi16(qh2, 4) : qh2, m3);
-					const __m512i w = _mm512_or_si512(low, _mm512_slli_epi16(hi, 4));
-					const int g = 8 * n + 4 * pp; /* groups g .. g + 3, 4 dwords each */
-					const __m512i scv = _mm512_permutexvar_epi32(
-						_mm512_set_epi32(g + 3, g + 3, g + 3, g + 3, g + 2, g + 2, g + 2, g + 2, g + 1, g + 1, g + 1, g + 1, g,
-								 g, g, g),
-						sc32);
+					for (int pp = 0; pp < 2; pp++) { /* slices 4n + 2pp, 4n + 2pp + 1 */
+						const __m512i low = pp ? _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4) : _mm512_and_si512(ql, m4);
+						const __m512i hi = _mm512_and_si512(pp ? _mm512_srli_epi16(qh2, 4) : qh2, m3);
+						const __m512i w = _mm512_or_si512(low, _mm512_slli_epi16(hi, 4));
+						const int g = 8 * n + 4 * pp; /* groups g .. g + 3, 4 dwords each */
+						const __m512i scv = _mm512_permutexvar_epi32(
+							_mm512_set_epi32(g + 3, g + 3, g + 3, g + 3, g + 2, g + 2, g + 2, g + 2, g + 1, g + 1, g + 1, g + 1, g,
+									 g, g, g),
+							sc32);
 #pragma GCC unroll 4
-					for (int i = 0; i < mr; i++) {
-						const __m512i x = _mm512_load_si512(
-							(const void *)(a + (size_t)i * astride + 256 * (size_t)b + 128 * n + 64 * pp));
-						t[i] = _mm512_dpwssd_epi32(t[i], _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x), scv);
+						for (int i = 0; i < mr; i++) {
+							const __m512i x = _mm512_load_si512(
+								(const void *)(a + (size_t)i * astride + 256 * (size_t)b + 128 * n + 64 * pp));
+							t[i] = _mm512_dpwssd_epi32(t[i], _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x), scv);
+						}
 					}
 				}
-			}
 #pragma GCC unroll 4
-			for (int i = 0; i < mr; i++) {
-				__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
-				__m256i tt = _mm256_add_epi32(_mm512_castsi512_si256(t[i]), _mm512_extracti64x4_epi64(t[i], 1));
-				S[i][r] = _mm256_sub_epi32(tt, _mm256_slli_epi32(_mm256_madd_epi16(s16, bsv), 5));
-			}
+				for (int i = 0; i < mr; i++) {
+					__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
+					__m256i tt = _mm256_add_epi32(_mm512_castsi512_si256(t[i]), _mm512_extracti64x4_epi64(t[i], 1));
+					Sv[((b - b0) * mr + i) * 4 + r] = _mm256_sub_epi32(tt, _mm256_slli_epi32(_mm256_madd_epi16(s16, bsv), 5));
+				}
 		}
-		const size_t o = 210 * (size_t)b + 208;
-		const __m128 d = h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o);
-#pragma GCC unroll 4
-		for (int i = 0; i < mr; i++) {
-			float dx;
-			memcpy(&dx, a + (size_t)i * astride + K + 4 * (size_t)b, 4);
-			acc[i] = _mm_fmadd_ps(_mm_mul_ps(d, _mm_set1_ps(dx)),
-					      _mm_cvtepi32_ps(hsum4_i32(S[i][0], S[i][1], S[i][2], S[i][3])), acc[i]);
+		for (int b = b0; b < b1; b++) {
+			const size_t o = 210 * (size_t)b + 208;
+			fin_block1(mr, a, astride, K, b, h2f4(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o),
+				   (__m256i(*)[4])(Sv + (b - b0) * mr * 4), acc);
 		}
 	}
 #pragma GCC unroll 4
@@ -899,53 +942,59 @@ TGT5 static AINL void q2_k4_512(const uint8_t *const *wr, int K, const uint8_t *
 	const int nb = K / 256;
 	const size_t bso = (size_t)K + (size_t)nb * 4;
 	const __m512i m3 = _mm512_set1_epi8(3);
-	const ptrdiff_t ahead = pf_dist(wr);
 	__m256 ac[AMR]; /* [acc | c] (fin_block) */
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)
 		ac[i] = _mm256_setzero_ps();
-	for (int b = 0; b < nb; b++) {
-		__m256i S[AMR][4], C[AMR][4];
+	const int cb = ro_cb(mr, 32, 2);
+	__m256i *const Sv = (__m256i *)ro_buf;
+	__m256i *const Cv = Sv + RO_BYTES / 64;
+	for (int b0 = 0; b0 < nb; b0 += cb) {
+		const int b1 = nb - b0 < cb ? nb : b0 + cb;
 #pragma GCC unroll 4
-		for (int r = 0; r < 4; r++) {
-			const uint8_t *blk = wr[r] + 84 * (size_t)b, *qs = blk + 16;
-			pf_ahead(blk, ahead, 84);
-			__m256i s16, m16;
-			g16_scales(KV_DT_Q2_K, blk, &s16, &m16);
-			const __m512i sc32 = _mm512_cvtepi16_epi32(s16); /* 0..15: high words 0 */
-			__m512i t[AMR];
+		for (int r = 0; r < 4; r++)
+			for (int b = b0; b < b1; b++) {
+				const uint8_t *blk = wr[r] + 84 * (size_t)b, *qs = blk + 16;
+				__m256i s16, m16;
+				g16_scales(KV_DT_Q2_K, blk, &s16, &m16);
+				const __m512i sc32 = _mm512_cvtepi16_epi32(s16); /* 0..15: high words 0 */
+				__m512i t[AMR];
 #pragma GCC unroll 4
-			for (int i = 0; i < mr; i++)
-				t[i] = _mm512_setzero_si512();
+				for (int i = 0; i < mr; i++)
+					t[i] = _mm512_setzero_si512();
 #pragma GCC unroll 2
-			for (int n = 0; n < 2; n++) {
-				const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * n));
-				const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 2), 1);
+				for (int n = 0; n < 2; n++) {
+					const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * n));
+					const __m512i qq = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 2), 1);
 #pragma GCC unroll 2
-				for (int pp = 0; pp < 2; pp++) { /* slices s0 = 4n + 2pp and s0 + 1 */
-					const int s0 = 4 * n + 2 * pp, g = 2 * s0;
-					const __m512i w = _mm512_and_si512(pp ? _mm512_srli_epi16(qq, 4) : qq, m3);
-					const __m512i scv = _mm512_permutexvar_epi32(
-						_mm512_set_epi32(g + 3, g + 3, g + 3, g + 3, g + 2, g + 2, g + 2, g + 2, g + 1, g + 1, g + 1, g + 1, g,
-								 g, g, g),
-						sc32);
+					for (int pp = 0; pp < 2; pp++) { /* slices s0 = 4n + 2pp and s0 + 1 */
+						const int s0 = 4 * n + 2 * pp, g = 2 * s0;
+						const __m512i w = _mm512_and_si512(pp ? _mm512_srli_epi16(qq, 4) : qq, m3);
+						const __m512i scv = _mm512_permutexvar_epi32(
+							_mm512_set_epi32(g + 3, g + 3, g + 3, g + 3, g + 2, g + 2, g + 2, g + 2, g + 1, g + 1, g + 1, g + 1, g,
+									 g, g, g),
+							sc32);
 #pragma GCC unroll 4
-					for (int i = 0; i < mr; i++) {
-						const __m512i x =
-							_mm512_load_si512((const void *)(a + (size_t)i * astride + 256 * (size_t)b + 32 * s0));
-						t[i] = _mm512_dpwssd_epi32(t[i], _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x), scv);
+						for (int i = 0; i < mr; i++) {
+							const __m512i x =
+								_mm512_load_si512((const void *)(a + (size_t)i * astride + 256 * (size_t)b + 32 * s0));
+							t[i] = _mm512_dpwssd_epi32(t[i], _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x), scv);
+						}
 					}
 				}
-			}
 #pragma GCC unroll 4
-			for (int i = 0; i < mr; i++) {
-				__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
-				S[i][r] = _mm256_add_epi32(_mm512_castsi512_si256(t[i]), _mm512_extracti64x4_epi64(t[i], 1));
-				C[i][r] = _mm256_madd_epi16(m16, bsv);
+				for (int i = 0; i < mr; i++) {
+					__m256i bsv = _mm256_loadu_si256((const __m256i *)(a + (size_t)i * astride + bso + 32 * (size_t)b));
+					Sv[RO_AT(b - b0, mr, i, r)] = _mm256_add_epi32(_mm512_castsi512_si256(t[i]), _mm512_extracti64x4_epi64(t[i], 1));
+					Cv[RO_AT(b - b0, mr, i, r)] = _mm256_madd_epi16(m16, bsv);
+				}
 			}
+		for (int b = b0; b < b1; b++) {
+			__m256i(*S)[4] = (__m256i(*)[4])(Sv + RO_AT(b - b0, mr, 0, 0));
+			__m256i(*C)[4] = (__m256i(*)[4])(Cv + RO_AT(b - b0, mr, 0, 0));
+			const size_t o = 84 * (size_t)b + 80;
+			fin_block(mr, a, astride, K, b, h2f4x2(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), S, C, ac);
 		}
-		const size_t o = 84 * (size_t)b + 80;
-		fin_block(mr, a, astride, K, b, h2f4x2(wr[0] + o, wr[1] + o, wr[2] + o, wr[3] + o), S, C, ac);
 	}
 #pragma GCC unroll 4
 	for (int i = 0; i < mr; i++)

@@ -248,10 +248,13 @@ static void pre_panels_match(int dt, const uint8_t *wq, size_t wb, int N, int K,
 
 KT_CASE(dot_paths_identical_and_exact)
 {
-	const int Ks[] = {256, 768, 2048, 288}, N = 21, M = 24; /* 288: an odd count of 32-blocks */
+	/* 288: an odd count of 32-blocks; 33024 (129 super-blocks) and 8224
+	 * (257 32-blocks): rows longer than one chunk of the 4-row kernels'
+	 * rows-outer order at 4 activation rows (qdot.c ro_cb) */
+	const int Ks[] = {256, 768, 2048, 288, 33024, 8224}, N = 21, M = 24;
 	uint64_t s = 23;
 	double worst[sizeof g_types / sizeof g_types[0]] = {0};
-	float *x = malloc((size_t)M * 2048 * 4);
+	float *x = malloc((size_t)M * 33024 * 4);
 	for (size_t kk = 0; kk < sizeof Ks / sizeof Ks[0]; kk++) {
 		const int K = Ks[kk];
 		for (size_t t = 0; t < sizeof g_types / sizeof g_types[0]; t++) {
@@ -282,7 +285,7 @@ KT_CASE(dot_paths_identical_and_exact)
 						  kv_dtype_name(dt), K, n, i, ref[i * N + n], r, e);
 				}
 			for (int isa = KE_ISA_SCALAR; isa <= ke_isa_best(); isa++)
-				for (int mr = 1; mr <= M; mr++) {
+				for (int mr = 1; mr <= M; mr += K > 4096 ? 3 : 1) {
 					/* rows in groups of mr (4-row kernels below the crossovers of qpanel.c: 8 to 17 rows, panels from there), columns split at 5 */
 					for (int i0 = 0; i0 < M; i0 += mr) {
 						int r = M - i0 < mr ? M - i0 : mr;
