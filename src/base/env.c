@@ -25,7 +25,7 @@ static const struct kv_env_info g_info[KV_ENV__COUNT] = {
 	[KV_ENV_ISA] = {"KVKEEP_ISA", "scalar\\|avx2\\|avx512", "the best the CPU has",
 			"forces a lower kernel path (engine.md); unknown or above the CPU: one warning"},
 	[KV_ENV_PREPACK] = {"KVKEEP_PREPACK", "0\\|1", "1",
-			    "0: no prepacked panels of Q8_0 / Q4_0 / MXFP4 matrices on AVX-512 VNNI (engine.md): a "
+			    "0: no prepacked panels of Q8_0 / Q4_0 / Q5_0 / MXFP4 matrices on AVX-512 VNNI (engine.md): a "
 			    "faster load and one copy of those weights less, slower decode, the same numbers; "
 			    "anything else: 1 (with one warning unless unset)"},
 	[KV_ENV_CACHE_DIR] = {"KVKEEP_CACHE_DIR", "path", "unset",

@@ -431,7 +431,7 @@ static int cmd_model_info(int argc, char **argv)
 			printf("             %.2f GiB resident, decode reads ~%.1f MiB of it per token\n",
 			       (double)wt.resident / 1073741824.0, (double)file_dec / 1048576.0);
 			if (wt.packed)
-				printf("             + ~%.2f GiB of prepacked panels of its Q8_0 / Q4_0 / MXFP4 matrices on "
+				printf("             + ~%.2f GiB of prepacked panels of its Q8_0 / Q4_0 / Q5_0 / MXFP4 matrices on "
 				       "this CPU (docs/engine.md)\n", (double)wt.packed / 1073741824.0);
 		}
 		printf("architecture %s (model_type %s%s%s)\n", kv_arch_name(c.arch), c.model_type,

@@ -635,7 +635,7 @@ static void pack_part(void *ctx, size_t b, size_t e, int thread)
 }
 
 /* The prepacked panels of every matrix the path takes (engine/qpanel.h:
- * Q8_0, Q4_0 and MXFP4 under --quant-act q8 on AVX-512 VNNI; not with
+ * Q8_0, Q4_0, Q5_0 and MXFP4 under --quant-act q8 on AVX-512 VNNI; not with
  * KVKEEP_PREPACK=0), in one block m->packed; returns its bytes. Without
  * the memory the rows serve, same numbers. */
 static size_t prepack(struct ke_model *m)

@@ -372,13 +372,15 @@ TGT2 static void k_gemm8(const int dt, const uint8_t *pk, int K, const uint8_t *
  * 16 rows' f16 scales as the file stores them: the 544 bytes of the 16
  * rows' blocks, so a product streams no more than the rows themselves. */
 #define PP8_BLK (512 + 32)
-/* Prepacked Q4_0 / MXFP4: the codes stay nibbles. ggml's byte j of a
- * block holds element j (low nibble) and j + 16 (high), so word h < 4 of
- * the 16 rows' qs, transposed, holds word h of the codes in its low
+/* Prepacked Q4_0 / Q5_0 / MXFP4: the codes stay nibbles. ggml's byte j
+ * of a block holds element j (low nibble) and j + 16 (high), so word h < 4
+ * of the 16 rows' qs, transposed, holds word h of the codes in its low
  * nibbles and word h + 4 in its high ones: u8 qs[4 words][16 rows][4],
- * then the scales as stored (Q4_0: f16 [16]; MXFP4: E8M0 [16]), 288 /
- * 272 bytes, the 16 rows' blocks again. */
-#define PP4_BLK(dt) ((dt) == KV_DT_MXFP4 ? 256 + 16 : 256 + 32)
+ * then the scales as stored (Q4_0, Q5_0: f16 [16]; MXFP4: E8M0 [16]), and
+ * Q5_0's 5th bits as 8 byte masks, one per code register g (bit 4r + j:
+ * row r's element 4g + j): 288 / 352 / 272 bytes, the 16 rows' blocks
+ * again. */
+#define PP4_BLK(dt) ((dt) == KV_DT_MXFP4 ? 256 + 16 : (dt) == KV_DT_Q5_0 ? 256 + 32 + 64 : 256 + 32)
 
 /* 16 rows of 32 bytes (row r at src[r]) to 8 registers of 64 bytes:
  * out + 64 g holds word g (bytes 4g..4g+3) of rows 0..15, xor-ed with
@@ -606,14 +608,14 @@ TGT5 static inline __m512 e8m0_16(const uint8_t *p)
  * or a prepacked one (PP8_BLK; PP4_BLK, whose registers of nibbles give
  * two code words each by mask and shift, MXFP4's through its table of
  * unsigned codes as q0_codes gives them). */
-enum { PRE_NONE, PRE_Q8_0, PRE_Q4_0, PRE_MXFP4 };
+enum { PRE_NONE, PRE_Q8_0, PRE_Q4_0, PRE_Q5_0, PRE_MXFP4 };
 
 TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, size_t astride, const int mr,
 				    const int sh, const int q1, const int pre, float *out)
 {
-	const int nb = K / 32, nib = pre == PRE_Q4_0 || pre == PRE_MXFP4;
+	const int nb = K / 32, nib = pre == PRE_Q4_0 || pre == PRE_Q5_0 || pre == PRE_MXFP4;
 	const size_t pb = pre == PRE_Q8_0 ? PP8_BLK
-			  : nib	       ? (size_t)PP4_BLK(pre == PRE_MXFP4 ? KV_DT_MXFP4 : KV_DT_Q4_0)
+			  : nib	       ? (size_t)PP4_BLK(pre == PRE_MXFP4 ? KV_DT_MXFP4 : pre == PRE_Q5_0 ? KV_DT_Q5_0 : KV_DT_Q4_0)
 			  : q1	       ? P1_BLK
 					 : P8_BLK;
 	const uint8_t *ns = a + K + (size_t)(K / 32) * 4, *dxp = a + K;
@@ -644,6 +646,11 @@ TGT5 static AINL void q8_0_gemm16_t(const uint8_t *pk, int K, const uint8_t *a, 
 				w = pre ? _mm512_loadu_si512((const void *)(o + 64 * g)) : _mm512_load_si512((const void *)(o + 64 * g));
 			if (pre == PRE_MXFP4)
 				w = _mm512_shuffle_epi8(lut, w);
+			if (pre == PRE_Q5_0) { /* + 16 where the 5th bit is set */
+				uint64_t hm;
+				memcpy(&hm, o + 288 + 8 * g, 8);
+				w = _mm512_mask_add_epi8(w, (__mmask64)hm, w, _mm512_set1_epi8(16));
+			}
 #pragma GCC unroll 4
 			for (int i = 0; i < mr; i++) {
 				const __m512i xw = _mm512_set1_epi32(word_at(a + (size_t)i * astride + 32 * (size_t)b + 4 * g));
@@ -864,6 +871,8 @@ TGT5 static void gemm16_pre(int dt, const uint8_t *pk, int K, const uint8_t *a, 
 		PRE_CASE(3, PRE_MXFP4)
 	else if (dt == KV_DT_Q4_0)
 		PRE_CASE(4, PRE_Q4_0)
+	else if (dt == KV_DT_Q5_0)
+		PRE_CASE(3, PRE_Q5_0)
 	else
 		PRE_CASE(0, PRE_Q8_0)
 }
@@ -1008,7 +1017,8 @@ int ke_qpanel_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, con
 
 static int pre_takes(int isa, int dt)
 {
-	return isa == KE_ISA_AVX512 && have_vnni() && (dt == KV_DT_Q8_0 || dt == KV_DT_Q4_0 || dt == KV_DT_MXFP4);
+	return isa == KE_ISA_AVX512 && have_vnni() &&
+	       (dt == KV_DT_Q8_0 || dt == KV_DT_Q4_0 || dt == KV_DT_Q5_0 || dt == KV_DT_MXFP4);
 }
 
 /* Bytes of one prepacked block of 16 rows. */
@@ -1025,18 +1035,28 @@ size_t ke_qpanel_pre_bytes(int isa, int dt, int rows, int K)
 }
 
 /* The 16 rows' blocks as PP4_BLK panels: a 16 x 4 transpose of the qs
- * words, the scales' bytes as they are. */
+ * words, the scales' bytes as they are, Q5_0's qh regrouped per code
+ * register. */
 static void pack4_pre(int dt, const uint8_t *const *wr, int nb, uint8_t *pk)
 {
-	const int bb = q0_bytes(dt), qo = q0_qs(dt), mx = dt == KV_DT_MXFP4;
+	const int bb = q0_bytes(dt), qo = q0_qs(dt), mx = dt == KV_DT_MXFP4, q5 = dt == KV_DT_Q5_0;
 	for (int b = 0; b < nb; b++) {
 		uint8_t *o = pk + (size_t)b * PP4_BLK(dt);
+		uint64_t hm[8] = {0};
 		for (int r = 0; r < PR; r++) {
 			const uint8_t *blk = wr[r] + (size_t)bb * b;
 			for (int h = 0; h < 4; h++)
 				memcpy(o + 64 * h + 4 * r, blk + qo + 4 * h, 4);
 			memcpy(o + 256 + (mx ? 1 : 2) * r, blk, mx ? 1 : 2);
+			if (q5) {
+				uint32_t qh;
+				memcpy(&qh, blk + q0_qh(dt), 4);
+				for (int g = 0; g < 8; g++)
+					hm[g] |= (uint64_t)((qh >> (4 * g)) & 0xF) << (4 * r);
+			}
 		}
+		if (q5)
+			memcpy(o + 288, hm, sizeof hm);
 	}
 }
 

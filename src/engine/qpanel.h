@@ -22,11 +22,12 @@ int ke_qpanel_gemm(int isa, int dt, const uint8_t *w, size_t wstride, int K, con
 #endif
 
 /*
- * Prepacked panels (struct ke_mat.panels): a Q8_0, Q4_0 or MXFP4 matrix
- * on the AVX-512 VNNI path is repacked once, at model load, into panels
- * of 16 rows (Q8_0: codes + 128 in register order; Q4_0 / MXFP4: the
- * nibbles, one register giving two code words; then the 16 rows' scales
- * as stored: as many bytes as the rows, qpanel.c). Every product of it, decode's one
+ * Prepacked panels (struct ke_mat.panels): a Q8_0, Q4_0, Q5_0 or MXFP4
+ * matrix on the AVX-512 VNNI path is repacked once, at model load, into
+ * panels of 16 rows (Q8_0: codes + 128 in register order; Q4_0 / Q5_0 /
+ * MXFP4: the nibbles, one register giving two code words, Q5_0's 5th bits
+ * as a byte mask per register; then the 16 rows' scales as stored: as
+ * many bytes as the rows, qpanel.c). Every product of it, decode's one
  * activation row included, then streams the panels: one vpdpbusd per
  * activation word for 16 outputs, no lane reductions, one contiguous
  * stream instead of 4 rows'. Same integers and float operations per
