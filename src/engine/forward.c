@@ -655,8 +655,9 @@ static void logits_part(void *ctx, size_t b0, size_t b1, int thread)
 
 /* The logits' final steps, each element on its own (the same floats on
  * any split): the division (granite's logits_scaling), then the final
- * softcap (Gemma: a tanhf per logit, 262144 of them a token, 2.3 ms on
- * one thread), over the pool's threads. */
+ * softcap (Gemma: a tanh per logit, 262144 of them a token: 2.3 ms on one
+ * thread with libm's tanhf, before vec.c's canonical tanh), over the
+ * pool's threads. */
 static void logits_finish(const struct kv_model_config *c, float *v, size_t n)
 {
 	struct logits_job j = {v, n, c->logits_div == 0.0 || c->logits_div == 1.0 ? 0.0f : (float)c->logits_div,

@@ -43,7 +43,10 @@ void ke_vec_silu(float *x, int n);
  * 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), scalar code (libm's
  * tanhf) on every path. */
 void ke_vec_gelu_tanh_mul(float *g, const float *u, int n);
-/* x = cap tanh(x / cap) (final logit softcapping), scalar code. */
+/* x = cap tanh(x / cap) (final logit softcapping) with the canonical
+ * tanh (vec.c ke_tanh: a Taylor polynomial below |z| = 0.25, (e - 1) /
+ * (e + 1) of the canonical exp above; within 2e-7 relative of tanh), the
+ * same bits on every path. */
 void ke_vec_softcap(float *x, float cap, size_t n);
 /* Same with bf16 x (widened exactly). x may be unaligned. */
 void ke_vec_axpy_bf16(float *y, float a, const void *x, int n);
@@ -60,6 +63,7 @@ void ke_vec_f32_to_bf16(void *y, const float *x, size_t n);
 /* Explicit-path versions, for the tests that compare paths. */
 float ke_vec_dot_isa(int isa, const float *a, const float *b, int n);
 void ke_vec_exp_isa(int isa, float *y, const float *x, int n);
+void ke_vec_softcap_isa(int isa, float *x, float cap, size_t n);
 void ke_vec_silu_mul_isa(int isa, float *g, const float *u, int n);
 void ke_vec_axpy_isa(int isa, float *y, float a, const float *x, int n);
 void ke_vec_axpy_bf16_isa(int isa, float *y, float a, const void *x, int n);

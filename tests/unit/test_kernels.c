@@ -370,6 +370,40 @@ KT_CASE(exp_accuracy_and_paths)
 	free(b);
 }
 
+/* The final softcap's canonical tanh: every path the scalar's bits
+ * (NaN kept, infinities to +-cap), and near libm's tanh in double across
+ * both branches (|x / cap| below and above 0.25) and the clamp. */
+KT_CASE(softcap_paths_and_accuracy)
+{
+	const float cap = 30.0f;
+	const size_t n = 4099;
+	float *x = malloc(n * 4), *a = malloc(n * 4), *b = malloc(n * 4);
+	for (size_t i = 0; i < n; i++)
+		x[i] = i < 2000 ? (float)((double)i - 1000.0) * 0.0125f /* +-12.5: across |x / cap| = 0.25 */
+			       : (frand() - 0.5f) * (i % 3 ? 200.0f : 4000.0f);
+	x[0] = NAN, x[1] = INFINITY, x[2] = -INFINITY, x[3] = 1e-30f, x[4] = -7.5f, x[5] = 7.5f, x[6] = 3000.0f;
+	memcpy(a, x, n * 4);
+	ke_vec_softcap_isa(KE_ISA_SCALAR, a, cap, n);
+	double worst = 0;
+	for (size_t i = 1; i < n; i++) {
+		const double r = (double)cap * tanh((double)x[i] / cap), e = fabs(a[i] - r) / (fabs(r) + 1e-30);
+		worst = e > worst ? e : worst;
+		KT_CHECKF(e <= 1e-6, "softcap(%g) = %.9g, want %.9g (relative error %.3g)", x[i], a[i], r, e);
+	}
+	fprintf(stderr, "  softcap: worst relative error %.3g against double tanh\n", worst);
+	KT_CHECK(isnan(a[0]) && a[1] == cap && a[2] == -cap);
+	if (ke_isa_best() < KE_ISA_AVX2)
+		kt_skip("no AVX2 path on this CPU (accuracy checked)");
+	for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++) {
+		memcpy(b, x, n * 4);
+		ke_vec_softcap_isa(isa, b, cap, n);
+		KT_CHECKF(!memcmp(a, b, n * 4), "softcap %s != scalar", ke_isa_name(isa));
+	}
+	free(x);
+	free(a);
+	free(b);
+}
+
 KT_CASE(silu_axpy_paths_and_accuracy)
 {
 	int n = 1000 + irand(100);
@@ -1312,7 +1346,7 @@ KT_CASE(logprobs)
 KT_MAIN(gemm_matches_double_reference, gemm_simd_paths_bit_identical_to_scalar, gemm_long_rows_paths_bit_identical,
 	gemm_packed_panels_bit_identical, gemm_every_tile_shape_bit_identical,
 	gemm_row_result_independent_of_m_and_split, gemm_accum_and_unaligned_weights, dot_is_the_gemm_order,
-	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
+	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, softcap_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
 	attention_invariant_to_chunks_threads_and_page_size,
 	attention_key_split_prefill_equals_decode_and_paths, attention_lane_scores_match_scalar_at_head_dims,
 	attention_decode_scores_match_scalar, kvq8_quantizer_matches_its_definition,
