@@ -35,7 +35,7 @@
 
 /* Bumped whenever a kernel's order of operations changes: part of the
  * cache namespace, so KV written by other numerics is never reused. */
-#define KE_NUMERICS_VERSION "ke-numerics-2"
+#define KE_NUMERICS_VERSION "ke-numerics-3"
 
 /* --kv-dtype: how K and V rows are stored (layout.h kv_dtype), in the
  * live sequences and in every cached and stored entry. bf16 (the

@@ -64,6 +64,8 @@ float ke_exp(float x)
 #define TH9 2.18694885362e-2f
 #define TH11 -8.86323552990e-3f
 #define TH_SMALL 0.25f
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+#define GELU_C 0.044715f
 
 static float ke_tanh(float z)
 {
@@ -82,6 +84,16 @@ static float ke_tanh(float z)
 	}
 	const float e = ke_exp(a + a);
 	return copysignf((e - 1.0f) / (e + 1.0f), z);
+}
+
+/* gelu_tanh of one value, canonical: x^3 as (x x) x, the inner sum as an
+ * fma (0.044715 x^3 + x: nothing is left for a compiler to contract), the
+ * canonical tanh, then (0.5 x) (1 + t). */
+static float ke_gelu(float x)
+{
+	const float x3 = (x * x) * x;
+	const float t = ke_tanh(GELU_K * fmaf(GELU_C, x3, x));
+	return (0.5f * x) * (1.0f + t);
 }
 
 static inline float bf16f(const void *p, size_t i)
@@ -190,6 +202,23 @@ TGT5 static void softcap_avx512(float *x, float cap, size_t n)
 		x[i] = cap * ke_tanh(x[i] / cap);
 }
 
+TGT5 static void gelu_avx512(float *g, const float *u, int n)
+{
+	const __m512 k = _mm512_set1_ps(GELU_K), c = _mm512_set1_ps(GELU_C), h = _mm512_set1_ps(0.5f),
+		     one = _mm512_set1_ps(1.0f);
+	int i = 0;
+	for (; i + 16 <= n; i += 16) {
+		const __m512 x = _mm512_loadu_ps(g + i), x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+		const __m512 t = tanh16(_mm512_mul_ps(k, _mm512_fmadd_ps(c, x3, x)));
+		__m512 y = _mm512_mul_ps(_mm512_mul_ps(h, x), _mm512_add_ps(one, t));
+		if (u)
+			y = _mm512_mul_ps(y, _mm512_loadu_ps(u + i));
+		_mm512_storeu_ps(g + i, y);
+	}
+	for (; i < n; i++)
+		g[i] = u ? ke_gelu(g[i]) * u[i] : ke_gelu(g[i]);
+}
+
 TGT5 static void exp_avx512(float *y, const float *x, int n)
 {
 	int i = 0;
@@ -233,6 +262,23 @@ TGT2 static void softcap_avx2(float *x, float cap, size_t n)
 		_mm256_storeu_ps(x + i, _mm256_mul_ps(c, tanh8(_mm256_div_ps(_mm256_loadu_ps(x + i), c))));
 	for (; i < n; i++)
 		x[i] = cap * ke_tanh(x[i] / cap);
+}
+
+TGT2 static void gelu_avx2(float *g, const float *u, int n)
+{
+	const __m256 k = _mm256_set1_ps(GELU_K), c = _mm256_set1_ps(GELU_C), h = _mm256_set1_ps(0.5f),
+		     one = _mm256_set1_ps(1.0f);
+	int i = 0;
+	for (; i + 8 <= n; i += 8) {
+		const __m256 x = _mm256_loadu_ps(g + i), x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+		const __m256 t = tanh8(_mm256_mul_ps(k, _mm256_fmadd_ps(c, x3, x)));
+		__m256 y = _mm256_mul_ps(_mm256_mul_ps(h, x), _mm256_add_ps(one, t));
+		if (u)
+			y = _mm256_mul_ps(y, _mm256_loadu_ps(u + i));
+		_mm256_storeu_ps(g + i, y);
+	}
+	for (; i < n; i++)
+		g[i] = u ? ke_gelu(g[i]) * u[i] : ke_gelu(g[i]);
 }
 
 TGT2 static void silu_mul_avx2(float *g, const float *u, int n)
@@ -373,15 +419,27 @@ void ke_vec_silu(float *x, int n)
 	ke_vec_silu_mul_isa(ke_isa(), x, NULL, n);
 }
 
+
+void ke_vec_gelu_tanh_mul_isa(int isa, float *g, const float *u, int n)
+{
+#if defined(__x86_64__)
+	if (isa >= KE_ISA_AVX512 && ke_isa_best() >= KE_ISA_AVX512) {
+		gelu_avx512(g, u, n);
+		return;
+	}
+	if (isa2(isa)) {
+		gelu_avx2(g, u, n);
+		return;
+	}
+#endif
+	(void)isa;
+	for (int i = 0; i < n; i++)
+		g[i] = u ? ke_gelu(g[i]) * u[i] : ke_gelu(g[i]);
+}
+
 void ke_vec_gelu_tanh_mul(float *g, const float *u, int n)
 {
-	const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-	for (int i = 0; i < n; i++) {
-		float x = g[i];
-		float inner = k * (x + 0.044715f * (x * x * x));
-		float y = 0.5f * x * (1.0f + tanhf(inner));
-		g[i] = u ? y * u[i] : y;
-	}
+	ke_vec_gelu_tanh_mul_isa(ke_isa(), g, u, n);
 }
 
 void ke_vec_softcap_isa(int isa, float *x, float cap, size_t n)

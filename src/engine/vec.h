@@ -40,8 +40,9 @@ void ke_vec_silu_mul(float *g, const float *u, int n);
 /* x[i] = silu(x[i]). */
 void ke_vec_silu(float *x, int n);
 /* g = gelu_tanh(g) (* u when u is set): transformers' gelu_pytorch_tanh,
- * 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), scalar code (libm's
- * tanhf) on every path. */
+ * 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), with the canonical
+ * tanh below (not libm's tanhf, whose bits are glibc's), 8 or 16 lanes at
+ * a time, the same bits on every path. */
 void ke_vec_gelu_tanh_mul(float *g, const float *u, int n);
 /* x = cap tanh(x / cap) (final logit softcapping) with the canonical
  * tanh (vec.c ke_tanh: a Taylor polynomial below |z| = 0.25, (e - 1) /
@@ -64,6 +65,7 @@ void ke_vec_f32_to_bf16(void *y, const float *x, size_t n);
 float ke_vec_dot_isa(int isa, const float *a, const float *b, int n);
 void ke_vec_exp_isa(int isa, float *y, const float *x, int n);
 void ke_vec_softcap_isa(int isa, float *x, float cap, size_t n);
+void ke_vec_gelu_tanh_mul_isa(int isa, float *g, const float *u, int n);
 void ke_vec_silu_mul_isa(int isa, float *g, const float *u, int n);
 void ke_vec_axpy_isa(int isa, float *y, float a, const float *x, int n);
 void ke_vec_axpy_bf16_isa(int isa, float *y, float a, const void *x, int n);

@@ -404,6 +404,55 @@ KT_CASE(softcap_paths_and_accuracy)
 	free(b);
 }
 
+KT_CASE(gelu_paths_and_accuracy)
+{
+	/* gelu_tanh(x) * u: the canonical tanh inside, the same bits on every
+	 * path (tails of 1..15 included). Accuracy against the double formula:
+	 * within 1e-6 relative, plus what 1 + tanh's rounding costs where tanh
+	 * is near -1 (0.5 |x| |u| times 2.5e-7: the cancellation any float
+	 * evaluation of this formula has, libm's tanhf's or torch's) */
+	const int n = 4099;
+	float *x = malloc((size_t)n * 4), *u = malloc((size_t)n * 4), *a = malloc((size_t)n * 4),
+	      *b = malloc((size_t)n * 4);
+	for (int i = 0; i < n; i++) {
+		x[i] = i < 2000 ? (float)(i - 1000) * 0.006f /* +-6: across the tanh's 0.25 boundary */
+				: (frand() - 0.5f) * (i % 3 ? 20.0f : 400.0f);
+		u[i] = frand() - 0.5f;
+	}
+	x[0] = NAN, x[1] = INFINITY, x[2] = -INFINITY, x[3] = 1e-30f, x[4] = -0.0f, x[5] = 60.0f, x[6] = -60.0f;
+	for (int with_u = 0; with_u < 2; with_u++) {
+		const float *uu = with_u ? u : NULL;
+		memcpy(a, x, (size_t)n * 4);
+		ke_vec_gelu_tanh_mul_isa(KE_ISA_SCALAR, a, uu, n);
+		double worst = 0;
+		for (int i = 3; i < n; i++) {
+			const double v = x[i], r = 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))) *
+						   (with_u ? (double)u[i] : 1.0);
+			const double bound = 1e-6 * fabs(r) + 2.5e-7 * 0.5 * fabs(v) * (with_u ? fabs((double)u[i]) : 1.0);
+			const double e = fabs(a[i] - r) / (bound + 1e-300);
+			worst = e > worst ? e : worst;
+			KT_CHECKF(fabs(a[i] - r) <= bound, "gelu(%g)%s = %.9g, want %.9g (error %.3g of the bound)", x[i],
+				  with_u ? " * u" : "", a[i], r, e);
+		}
+		if (with_u)
+			fprintf(stderr, "  gelu: worst error %.3g of the bound against double tanh\n", worst);
+		else
+			KT_CHECK(isnan(a[0]) && isnan(a[1]) == 0 && a[1] == INFINITY && isnan(a[2]));
+		for (int isa = KE_ISA_AVX2; isa <= ke_isa_best(); isa++)
+			for (int len = n; len >= n - 15; len -= 5) {
+				memcpy(b, x, (size_t)n * 4);
+				ke_vec_gelu_tanh_mul_isa(isa, b, uu, len);
+				KT_CHECKF(!memcmp(a, b, (size_t)len * 4), "gelu %s (n %d) != scalar", ke_isa_name(isa), len);
+			}
+	}
+	if (ke_isa_best() < KE_ISA_AVX2)
+		kt_skip("no AVX2 path on this CPU (accuracy checked)");
+	free(x);
+	free(u);
+	free(a);
+	free(b);
+}
+
 KT_CASE(silu_axpy_paths_and_accuracy)
 {
 	int n = 1000 + irand(100);
@@ -1346,7 +1395,7 @@ KT_CASE(logprobs)
 KT_MAIN(gemm_matches_double_reference, gemm_simd_paths_bit_identical_to_scalar, gemm_long_rows_paths_bit_identical,
 	gemm_packed_panels_bit_identical, gemm_every_tile_shape_bit_identical,
 	gemm_row_result_independent_of_m_and_split, gemm_accum_and_unaligned_weights, dot_is_the_gemm_order,
-	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, softcap_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
+	exp_accuracy_and_paths, silu_axpy_paths_and_accuracy, softcap_paths_and_accuracy, gelu_paths_and_accuracy, rmsnorm_matches_double, attention_matches_naive_softmax,
 	attention_invariant_to_chunks_threads_and_page_size,
 	attention_key_split_prefill_equals_decode_and_paths, attention_lane_scores_match_scalar_at_head_dims,
 	attention_decode_scores_match_scalar, kvq8_quantizer_matches_its_definition,
