@@ -96,6 +96,14 @@ static float ke_gelu(float x)
 	return (0.5f * x) * (1.0f + t);
 }
 
+/* Elements [i, n) on the scalar path: the SIMD paths' tails, and the
+ * whole of the scalar one. */
+static void gelu_from(float *g, const float *u, int i, int n)
+{
+	for (; i < n; i++)
+		g[i] = u ? ke_gelu(g[i]) * u[i] : ke_gelu(g[i]);
+}
+
 static inline float bf16f(const void *p, size_t i)
 {
 	uint16_t h;
@@ -215,8 +223,7 @@ TGT5 static void gelu_avx512(float *g, const float *u, int n)
 			y = _mm512_mul_ps(y, _mm512_loadu_ps(u + i));
 		_mm512_storeu_ps(g + i, y);
 	}
-	for (; i < n; i++)
-		g[i] = u ? ke_gelu(g[i]) * u[i] : ke_gelu(g[i]);
+	gelu_from(g, u, i, n);
 }
 
 TGT5 static void exp_avx512(float *y, const float *x, int n)
@@ -277,8 +284,7 @@ TGT2 static void gelu_avx2(float *g, const float *u, int n)
 			y = _mm256_mul_ps(y, _mm256_loadu_ps(u + i));
 		_mm256_storeu_ps(g + i, y);
 	}
-	for (; i < n; i++)
-		g[i] = u ? ke_gelu(g[i]) * u[i] : ke_gelu(g[i]);
+	gelu_from(g, u, i, n);
 }
 
 TGT2 static void silu_mul_avx2(float *g, const float *u, int n)
@@ -419,7 +425,6 @@ void ke_vec_silu(float *x, int n)
 	ke_vec_silu_mul_isa(ke_isa(), x, NULL, n);
 }
 
-
 void ke_vec_gelu_tanh_mul_isa(int isa, float *g, const float *u, int n)
 {
 #if defined(__x86_64__)
@@ -433,8 +438,7 @@ void ke_vec_gelu_tanh_mul_isa(int isa, float *g, const float *u, int n)
 	}
 #endif
 	(void)isa;
-	for (int i = 0; i < n; i++)
-		g[i] = u ? ke_gelu(g[i]) * u[i] : ke_gelu(g[i]);
+	gelu_from(g, u, 0, n);
 }
 
 void ke_vec_gelu_tanh_mul(float *g, const float *u, int n)
